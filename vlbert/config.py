@@ -1,0 +1,191 @@
+"""Model configuration, field-for-field compatible with Hugging Face ``BertConfig`` / ``config.json``.
+
+Source: transformers ``BertConfig`` (field names and defaults) and the BERT paper, Devlin et al. 2019, section 3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: model_type values whose config.json describes the BERT architecture this library implements.
+BERT_MODEL_TYPES = ("bert", "vlbert")
+
+#: Hugging Face config.json keys that carry no architecture information and are dropped quietly.
+_HF_BOOKKEEPING_KEYS = {
+    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "gradient_checkpointing",
+    "use_cache", "classifier_dropout", "_name_or_path", "pad_token_id", "bos_token_id", "eos_token_id",
+    "output_past", "directionality", "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers",
+    "pooler_size_per_head", "pooler_type", "id2label", "label2id", "problem_type", "tie_word_embeddings",
+    "is_decoder", "add_cross_attention", "chunk_size_feed_forward", "return_dict", "output_hidden_states",
+    "output_attentions", "torchscript", "finetuning_task", "tokenizer_class", "prefix", "sep_token_id",
+    "decoder_start_token_id", "task_specific_params", "problem_type", "num_labels", "attn_implementation",
+}
+
+SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+
+
+@dataclass
+class BertConfig:
+    """Architecture of a BERT encoder (Devlin et al. 2019, section 3; transformers ``BertConfig``).
+
+    Field names and defaults are Hugging Face's, so a ``config.json`` written by transformers loads here and one
+    written here loads in transformers. Defaults describe BERT-base uncased (L=12, H=768, A=12).
+
+    Raises:
+        ValueError: from :meth:`validate` when ``hidden_size`` is not divisible by ``num_attention_heads``,
+            an activation or position embedding type is unsupported, or a size is not positive.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    position_embedding_type: str = "absolute"
+    pad_token_id: int = 0
+
+    model_type = "bert"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check the fields for consistency; raise ``ValueError`` naming the field and the fix."""
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"config.{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"config.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads}); pick a head count that divides it")
+        if self.hidden_act not in SUPPORTED_ACTIVATIONS:
+            raise ValueError(f"config.hidden_act={self.hidden_act!r} is not supported; use one of {SUPPORTED_ACTIVATIONS}")
+        if self.position_embedding_type != "absolute":
+            raise ValueError(
+                f"config.position_embedding_type={self.position_embedding_type!r} is not supported; "
+                "only BERT's learned 'absolute' position embeddings are implemented")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"config.{name} must be in [0, 1), got {value!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Size of one attention head, ``hidden_size // num_attention_heads``."""
+        return self.hidden_size // self.num_attention_heads
+
+    # ------------------------------------------------------------------ (de)serialisation
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], strict: bool = False) -> "BertConfig":
+        """Build a config from a dict such as a parsed ``config.json`` or a YAML ``model:`` section.
+
+        Args:
+            values: field name -> value.
+            strict: if True (run configs written by people), an unknown key is an error; if False (config.json
+                files written by transformers), known Hugging Face bookkeeping keys are dropped and other unknown
+                keys are logged and dropped.
+
+        Raises:
+            ValueError: ``model_type`` names another architecture, an unknown key with ``strict=True``, or a
+                field fails :meth:`validate`.
+        """
+        values = dict(values)
+        model_type = values.get("model_type")
+        if model_type is not None and model_type not in cls.accepted_model_types():
+            raise ValueError(
+                f"this checkpoint's config.json has model_type={model_type!r}, but {cls.__name__} loads "
+                f"{cls.accepted_model_types()} checkpoints; use a BERT checkpoint (e.g. bert-base-uncased)")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if strict and unknown:
+            raise ValueError(
+                f"unknown model config key(s) {unknown}; valid keys are {sorted(known)}")
+        surprising = [k for k in unknown if k not in _HF_BOOKKEEPING_KEYS]
+        if surprising:
+            logger.info("ignoring config keys with no meaning for %s: %s", cls.__name__, surprising)
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    @classmethod
+    def accepted_model_types(cls) -> tuple[str, ...]:
+        return BERT_MODEL_TYPES
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike) -> "BertConfig":
+        """Read a Hugging Face style ``config.json``.
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+            ValueError: the file is not valid JSON, or see :meth:`from_dict`.
+        """
+        with open(path, encoding="utf-8") as f:
+            try:
+                values = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} is not valid JSON ({e}); is this a config.json?") from e
+        return cls.from_dict(values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields plus ``model_type``, the form written to ``config.json``."""
+        out = dataclasses.asdict(self)
+        out["model_type"] = self.model_type
+        return out
+
+    def to_json_file(self, path: str | os.PathLike, architectures: list[str] | None = None) -> None:
+        """Write ``config.json`` readable by both this library and ``transformers.AutoConfig``."""
+        values = self.to_dict()
+        if architectures:
+            values["architectures"] = architectures
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(values, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+
+@dataclass
+class VLBertConfig(BertConfig):
+    """A BERT encoder plus the region pathway of a single-stream vision-language model (UNITER, VisualBERT).
+
+    Extra fields:
+        region_feature_dim: size D of one RoI feature vector (2048 for bottom-up-attention Faster R-CNN).
+        region_location_dim: size of the location feature, 7 = [x1, y1, x2, y2, w, h, w*h] in normalised units.
+        num_region_classes: size of the detector's class distribution used by masked region classification
+            (1601 for Visual Genome bottom-up-attention including background; 0 disables MRC).
+    """
+
+    region_feature_dim: int = 2048
+    region_location_dim: int = 7
+    num_region_classes: int = 1601
+
+    model_type = "vlbert"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.region_feature_dim <= 0:
+            raise ValueError(f"config.region_feature_dim must be positive, got {self.region_feature_dim}")
+        if self.region_location_dim != 7:
+            raise ValueError("config.region_location_dim must be 7 ([x1, y1, x2, y2, w, h, w*h])")
+        if self.num_region_classes < 0:
+            raise ValueError(f"config.num_region_classes must be >= 0, got {self.num_region_classes}")
+
+    @classmethod
+    def accepted_model_types(cls) -> tuple[str, ...]:
+        # A plain BERT checkpoint initialises the shared encoder of a VL model.
+        return BERT_MODEL_TYPES
+
+
+__all__ = ["BertConfig", "VLBertConfig", "SUPPORTED_ACTIVATIONS"]

@@ -1,0 +1,306 @@
+"""BERT pretraining data: segment pairs for next-sentence prediction and dynamic masking for masked LM.
+
+Source: BERT paper section 3.1 and appendix A.1, and the reference ``create_pretraining_data.py``
+(google-research/bert): documents -> sentences -> chunks filling a target length (shorter with probability
+``short_seq_prob``), split into segments A and B, where B is the true continuation 50% of the time and a span
+from another document otherwise; 15% of wordpieces are chosen for prediction, of which 80% become [MASK], 10% a
+random token and 10% stay unchanged. Masking is drawn anew every time a batch is built (dynamic masking, RoBERTa
+section 4.1), seeded by the samples themselves so that a run is reproducible and resumable.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from vlbert.models.bert import IGNORE_INDEX
+
+IS_NEXT, IS_RANDOM = 0, 1  # next_sentence_label values, as transformers: 0 = B continues A
+
+
+def tokenize_documents(documents: Sequence[str], tokenizer, split_sentences) -> list[list[list[int]]]:
+    """documents -> sentences -> wordpiece ids (no special tokens), dropping sentences that tokenize to nothing."""
+    sentence_lists = [split_sentences(d) for d in documents]
+    flat = [s for sents in sentence_lists for s in sents]
+    encoded = tokenizer(flat, add_special_tokens=False, return_attention_mask=False,
+                        return_token_type_ids=False)["input_ids"] if flat else []
+    out, pos = [], 0
+    for sents in sentence_lists:
+        ids = [e for e in encoded[pos:pos + len(sents)] if e]
+        pos += len(sents)
+        if ids:
+            out.append(ids)
+    return out
+
+
+def truncate_pair(tokens_a: list[int], tokens_b: list[int], max_tokens: int, rng: random.Random) -> None:
+    """Shorten the longer segment one token at a time, from the front or back at random, until the pair fits
+    (reference ``truncate_seq_pair``: removes position bias from truncation)."""
+    while len(tokens_a) + len(tokens_b) > max_tokens:
+        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+        if rng.random() < 0.5:
+            del longer[0]
+        else:
+            longer.pop()
+
+
+def create_segment_pairs(documents: list[list[list[int]]], max_seq_length: int, short_seq_prob: float,
+                         rng: random.Random, cls_id: int, sep_id: int) -> list[dict]:
+    """Build NSP instances ``[CLS] A [SEP] B [SEP]`` from tokenized documents.
+
+    Args:
+        documents: documents -> sentences -> wordpiece ids.
+        max_seq_length: total length including the three special tokens.
+        short_seq_prob: probability of a shorter random target length (reference: 0.1), so the model also sees
+            short sequences.
+        rng: source of randomness (one per epoch for a new pairing every epoch).
+        cls_id, sep_id: ids of [CLS] and [SEP].
+    Returns:
+        dicts with ``input_ids`` and ``token_type_ids`` (lists of int) and ``next_sentence_label``
+        (0 = B follows A, 1 = B random). The label is drawn 50/50 before the pair is built; a chunk of a single
+        sentence takes the document's next sentence as its true B (or, at the document's end, the previous one
+        as A), so the 50/50 holds; the reference code forces one-sentence chunks to random, which skews it.
+    Raises:
+        ValueError: ``max_seq_length`` < 5 (no room for two segments).
+    """
+    if max_seq_length < 5:
+        raise ValueError(f"max_seq_length must be at least 5 to hold [CLS] A [SEP] B [SEP], got {max_seq_length}")
+    max_tokens = max_seq_length - 3
+    instances = []
+    for doc_index, document in enumerate(documents):
+        target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
+        chunk: list[list[int]] = []
+        length = 0
+        i = 0
+        while i < len(document):
+            chunk.append(document[i])
+            length += len(document[i])
+            if i == len(document) - 1 or length >= target:
+                # A random B needs another document to come from.
+                is_random = len(documents) > 1 and rng.random() < 0.5
+                if not is_random and len(chunk) == 1:
+                    if i + 1 < len(document):  # take the next sentence as the true B
+                        i += 1
+                        chunk.append(document[i])
+                    elif i > 0:  # the document's last sentence: the previous one becomes A
+                        chunk.insert(0, document[i - 1])
+                    elif len(documents) > 1:  # a one-sentence document has no true continuation
+                        is_random = True
+                    else:
+                        break
+                a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+                tokens_a = [t for s in chunk[:a_end] for t in s]
+                if is_random:
+                    target_b = max(1, target - len(tokens_a))
+                    other = doc_index
+                    for _ in range(10):
+                        other = rng.randrange(len(documents))
+                        if other != doc_index:
+                            break
+                    other_doc = documents[other]
+                    start = rng.randrange(len(other_doc))
+                    tokens_b = []
+                    for sentence in other_doc[start:]:
+                        tokens_b.extend(sentence)
+                        if len(tokens_b) >= target_b:
+                            break
+                    i -= len(chunk) - a_end  # the unused sentences start the next chunk
+                else:
+                    tokens_b = [t for s in chunk[a_end:] for t in s]
+                truncate_pair(tokens_a, tokens_b, max_tokens, rng)
+                if tokens_a and tokens_b:
+                    instances.append({
+                        "input_ids": [cls_id, *tokens_a, sep_id, *tokens_b, sep_id],
+                        "token_type_ids": [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1),
+                        "next_sentence_label": IS_RANDOM if is_random else IS_NEXT,
+                    })
+                chunk, length = [], 0
+                target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
+            i += 1
+    return instances
+
+
+class TextPretrainingDataset(Dataset):
+    """Segment pairs from tokenized documents, re-paired every epoch (:meth:`set_epoch`).
+
+    Each item is a dict ``input_ids``, ``token_type_ids`` (lists of int), ``next_sentence_label`` (int) and
+    ``mask_seed`` (int), the seed :class:`MaskingCollator` draws that sample's masking from.
+    """
+
+    def __init__(self, documents: list[list[list[int]]], tokenizer, max_seq_length: int = 128,
+                 short_seq_prob: float = 0.1, seed: int = 0, epoch: int = 0):
+        if not documents:
+            raise ValueError("no documents to build pretraining pairs from: the corpus is empty after tokenization")
+        self.documents = documents
+        self.max_seq_length = max_seq_length
+        self.short_seq_prob = short_seq_prob
+        self.seed = seed
+        self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+        self.set_epoch(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Rebuild the pairs for ``epoch`` (deterministic in (seed, epoch))."""
+        self.epoch = epoch
+        rng = random.Random(f"pairs-{self.seed}-{epoch}")
+        self.instances = create_segment_pairs(self.documents, self.max_seq_length, self.short_seq_prob, rng,
+                                              self.cls_id, self.sep_id)
+        if not self.instances:
+            raise ValueError("the corpus yields no sentence pairs; it needs at least two sentences")
+
+    def __len__(self) -> int:
+        return len(self.instances)
+
+    def __getitem__(self, index: int) -> dict:
+        item = dict(self.instances[index])
+        item["mask_seed"] = hash((self.seed, self.epoch, index)) & 0x7FFFFFFF
+        return item
+
+    def lengths(self) -> list[int]:
+        """Token count of every item (for length-grouped batching)."""
+        return [len(x["input_ids"]) for x in self.instances]
+
+
+@dataclass
+class MaskingCollator:
+    """Pad a list of pretraining items into a batch and apply BERT's masking (dynamic, per batch).
+
+    For each sequence, round(mlm_probability x n) of its n maskable wordpieces (at least one; never [CLS],
+    [SEP], [PAD] or other special tokens) are chosen uniformly; of those, 80% are replaced by [MASK], 10% by a
+    uniformly random vocabulary id and 10% left unchanged (BERT appendix A.1). ``labels`` holds the original id
+    at chosen positions and -100 elsewhere.
+
+    Returns a dict of tensors: input_ids, token_type_ids, attention_mask, labels (int64 [B, T]) and, when the
+    items carry it, next_sentence_label (int64 [B]). T is the longest item rounded up to ``pad_to_multiple_of``.
+    """
+
+    vocab_size: int
+    mask_token_id: int
+    pad_token_id: int
+    special_token_ids: tuple[int, ...]
+    mlm_probability: float = 0.15
+    mask_replace_prob: float = 0.8
+    random_replace_prob: float = 0.1
+    pad_to_multiple_of: int = 8
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, **kwargs) -> "MaskingCollator":
+        return cls(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
+                   pad_token_id=tokenizer.pad_token_id, special_token_ids=tuple(tokenizer.all_special_ids), **kwargs)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise ValueError(f"mlm_probability must be in (0, 1), got {self.mlm_probability}")
+        if self.mask_replace_prob + self.random_replace_prob > 1.0:
+            raise ValueError("mask_replace_prob + random_replace_prob must be at most 1")
+
+    def pad(self, items: list[dict]) -> dict[str, torch.Tensor]:
+        """Pad input_ids/token_type_ids to a common length; build attention_mask (1 = real token)."""
+        if not items:
+            raise ValueError("cannot collate an empty batch")
+        length = max(len(x["input_ids"]) for x in items)
+        m = self.pad_to_multiple_of
+        if m and m > 1:
+            length = (length + m - 1) // m * m
+        batch = len(items)
+        input_ids = torch.full((batch, length), self.pad_token_id, dtype=torch.long)
+        token_type_ids = torch.zeros((batch, length), dtype=torch.long)
+        attention_mask = torch.zeros((batch, length), dtype=torch.long)
+        for row, x in enumerate(items):
+            n = len(x["input_ids"])
+            input_ids[row, :n] = torch.tensor(x["input_ids"])
+            if "token_type_ids" in x:
+                token_type_ids[row, :n] = torch.tensor(x["token_type_ids"])
+            attention_mask[row, :n] = 1
+        return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+
+    def mask(self, input_ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Apply masking to int64 [B, T] ids. Returns (masked input_ids, labels)."""
+        maskable = ~torch.isin(input_ids, torch.tensor(self.special_token_ids + (self.pad_token_id,)))
+        n_maskable = maskable.sum(1)
+        n_chosen = torch.where(n_maskable > 0,
+                               (n_maskable.double() * self.mlm_probability).round().clamp(min=1).long(), 0)
+        scores = torch.rand(input_ids.shape, generator=generator).masked_fill(~maskable, 2.0)
+        ranks = scores.argsort(dim=1).argsort(dim=1)
+        chosen = ranks < n_chosen[:, None]
+        labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+        action = torch.rand(input_ids.shape, generator=generator)
+        to_mask = chosen & (action < self.mask_replace_prob)
+        to_random = chosen & (action >= self.mask_replace_prob) & (
+            action < self.mask_replace_prob + self.random_replace_prob)
+        random_ids = torch.randint(self.vocab_size, input_ids.shape, generator=generator)
+        masked = torch.where(to_mask, torch.full_like(input_ids, self.mask_token_id), input_ids)
+        masked = torch.where(to_random, random_ids, masked)
+        return masked, labels
+
+    def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
+        batch = self.pad(items)
+        seed = hash(tuple(x.get("mask_seed", 0) for x in items)) & 0x7FFFFFFFFFFF
+        generator = torch.Generator().manual_seed(seed)
+        batch["input_ids"], batch["labels"] = self.mask(batch["input_ids"], generator)
+        if "next_sentence_label" in items[0]:
+            batch["next_sentence_label"] = torch.tensor([x["next_sentence_label"] for x in items], dtype=torch.long)
+        return batch
+
+
+class LengthGroupedBatchSampler(Sampler[list[int]]):
+    """Shuffled batches of items of similar length, so little padding is computed.
+
+    Items are shuffled (seeded by ``seed`` and the epoch), cut into groups of ``group_size`` batches, sorted by
+    length inside each group and cut into batches; the batches are then shuffled. With ``world_size`` > 1 each
+    rank takes every world_size-th batch (batches beyond an even share are dropped so all ranks step together).
+
+    Args:
+        lengths: token count of every item.
+        batch_size: items per batch (per rank).
+        seed, epoch: randomness; call :meth:`set_epoch` for a new order.
+        group_size: batches per length-sorting group (1 = no grouping, plain shuffled batches).
+        drop_last: drop a final incomplete batch.
+        rank, world_size: data-parallel position.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int = 0, epoch: int = 0,
+                 group_size: int = 50, drop_last: bool = False, shuffle: bool = True, rank: int = 0,
+                 world_size: int = 1):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.lengths = list(lengths)
+        self.batch_size, self.seed, self.epoch = batch_size, seed, epoch
+        self.group_size, self.drop_last, self.shuffle = group_size, drop_last, shuffle
+        self.rank, self.world_size = rank, world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches(self) -> list[list[int]]:
+        """All batches of this epoch for this rank, in order."""
+        rng = random.Random(f"batches-{self.seed}-{self.epoch}")
+        order = list(range(len(self.lengths)))
+        if self.shuffle:
+            rng.shuffle(order)
+        group = self.batch_size * max(1, self.group_size)
+        all_batches = []
+        for start in range(0, len(order), group):
+            block = order[start:start + group]
+            if self.group_size > 1:
+                block.sort(key=lambda i: self.lengths[i])
+            all_batches.extend(block[j:j + self.batch_size] for j in range(0, len(block), self.batch_size))
+        if self.drop_last and all_batches and len(all_batches[-1]) < self.batch_size:
+            all_batches.pop()
+        if self.shuffle:
+            rng.shuffle(all_batches)
+        usable = len(all_batches) // self.world_size * self.world_size
+        return all_batches[self.rank:usable:self.world_size]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches())
+
+    def __len__(self) -> int:
+        return len(self.batches())
+
+
+__all__ = ["tokenize_documents", "create_segment_pairs", "truncate_pair", "TextPretrainingDataset",
+           "MaskingCollator", "LengthGroupedBatchSampler", "IS_NEXT", "IS_RANDOM"]

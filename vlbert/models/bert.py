@@ -1,0 +1,335 @@
+"""The BERT encoder and its pretraining heads.
+
+Architecture: Devlin et al. 2019 ("BERT"), section 3 and appendix A: token + learned position + segment embeddings,
+a post-LayerNorm Transformer encoder (Vaswani et al. 2017), a tanh pooler on [CLS], a masked-LM head whose output
+projection is tied to the word embeddings, and a 2-way next-sentence head on the pooled output. Numerically it is
+transformers' ``BertModel`` / ``BertForPreTraining`` (same weights give the same outputs; see
+tests/test_parity_transformers.py); the parameter names are our own and map onto Hugging Face's in
+:mod:`vlbert.checkpoint`.
+
+Differences from transformers, all for speed and none visible in the numbers:
+  * query/key/value are one fused ``qkv`` projection;
+  * attention runs through ``torch.nn.functional.scaled_dot_product_attention``;
+  * with ``labels``, MLM logits are computed on masked positions only (never [B, T, vocab_size]).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlbert.config import BertConfig
+from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
+from vlbert.models.pretrained import PreTrainedModel
+
+IGNORE_INDEX = -100
+
+
+def activation(name: str):
+    """The feed-forward activation named by ``config.hidden_act`` (transformers' ACT2FN subset).
+
+    ``gelu`` is the exact erf form used by BERT; ``gelu_new``/``gelu_pytorch_tanh`` the tanh approximation.
+    """
+    if name == "gelu":
+        return F.gelu
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    raise ValueError(f"unsupported hidden_act {name!r}")
+
+
+def extended_attention_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Turn a key padding mask into the boolean mask ``scaled_dot_product_attention`` broadcasts over heads.
+
+    Args:
+        mask: [B, S], 1/True = a real token or region that may be attended to, 0/False = padding.
+    Returns:
+        bool [B, 1, 1, S]: True where attention is allowed.
+    """
+    return mask.bool()[:, None, None, :]
+
+
+class BertEmbeddings(nn.Module):
+    """Input embeddings: word + learned absolute position + segment (token type), then LayerNorm and dropout.
+
+    Source: BERT paper section 3.2, figure 2; transformers ``BertEmbeddings``.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Args: input_ids int64 [B, T]; token_type_ids int64 [B, T] (0 = segment A, default all 0).
+        Returns: float [B, T, H]."""
+        seq_len = input_ids.shape[1]
+        positions = torch.arange(seq_len, device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.norm(x))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head scaled dot-product self-attention (Vaswani et al. 2017, section 3.2) with a fused QKV projection.
+
+    The kernel is ``torch.nn.functional.scaled_dot_product_attention``, which picks a flash / memory-efficient
+    implementation where the hardware has one.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.out = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """Args: x float [B, S, H]; attn_mask bool [B, 1, 1, S] (True = attend) or None (attend everywhere).
+        Returns: float [B, S, H] (after the output projection, before dropout and residual)."""
+        b, s, h = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_p if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(b, s, h))
+
+
+class BertLayer(nn.Module):
+    """One post-LN Transformer encoder layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)) (BERT section 3)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = SelfAttention(config)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.act = activation(config.hidden_act)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """Args: x float [B, S, H]; attn_mask as :class:`SelfAttention`. Returns float [B, S, H]."""
+        x = self.attention_norm(x + self.dropout(self.attention(x, attn_mask)))
+        return self.ffn_norm(x + self.dropout(self.ffn_out(self.act(self.ffn_in(x)))))
+
+
+class BertEncoder(nn.Module):
+    """A stack of ``num_hidden_layers`` :class:`BertLayer`; shared by the text and vision-language models."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_hidden_states: bool = False
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Args: x float [B, S, H] embeddings; mask [B, S] (1 = real) or None.
+        Returns: (last layer [B, S, H], the L + 1 hidden states incl. the input when asked, else None)."""
+        attn_mask = extended_attention_mask(mask) if mask is not None else None
+        hidden_states = [x] if output_hidden_states else None
+        for layer in self.layers:
+            x = layer(x, attn_mask)
+            if hidden_states is not None:
+                hidden_states.append(x)
+        return x, tuple(hidden_states) if hidden_states is not None else None
+
+
+class BertPooler(nn.Module):
+    """tanh(W h_[CLS] + b): the sentence summary used by NSP and sequence classification (BERT section 3)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, last_hidden_state: torch.Tensor) -> torch.Tensor:
+        """Args: float [B, S, H]. Returns float [B, H]."""
+        return torch.tanh(self.dense(last_hidden_state[:, 0]))
+
+
+class BertModel(PreTrainedModel):
+    """The BERT encoder: embeddings, Transformer layers and pooler (transformers ``BertModel``).
+
+    Load weights with ``BertModel.from_pretrained(dir_or_hub_name)``: any Hugging Face BERT checkpoint works,
+    with or without pretraining heads.
+    """
+
+    config_class = BertConfig
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.init_weights()
+
+    def check_text_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                          attention_mask: torch.Tensor | None) -> None:
+        """Raise ``ValueError`` for inputs the model cannot embed (checked on shapes only: no device sync)."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+        if input_ids.shape[1] > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings="
+                f"{self.config.max_position_embeddings}; truncate inputs (e.g. max_seq_length) to at most that")
+        for name, t in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
+            if t is not None and t.shape != input_ids.shape:
+                raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has {tuple(input_ids.shape)}")
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False) -> EncoderOutput:
+        """Encode a batch of wordpiece sequences.
+
+        Args:
+            input_ids: int64 [B, T], wordpiece ids starting with [CLS].
+            token_type_ids: int64 [B, T], 0 for segment A, 1 for segment B (default all 0).
+            attention_mask: [B, T], 1 for real tokens, 0 for padding (default all 1).
+            output_hidden_states: also return the L + 1 per-layer hidden states.
+        Returns:
+            :class:`EncoderOutput` with last_hidden_state [B, T, H] and pooler_output [B, H].
+        Raises:
+            ValueError: wrong rank/dtype, mismatched shapes, or T > max_position_embeddings.
+        """
+        self.check_text_inputs(input_ids, token_type_ids, attention_mask)
+        x = self.embeddings(input_ids, token_type_ids)
+        last, hidden_states = self.encoder(x, attention_mask, output_hidden_states)
+        pooled = self.pooler(last) if self.pooler is not None else None
+        return EncoderOutput(last_hidden_state=last, pooler_output=pooled, hidden_states=hidden_states)
+
+
+class MaskedLMHead(nn.Module):
+    """MLM head: dense + activation + LayerNorm, then a projection tied to the word embeddings plus a bias.
+
+    Source: BERT appendix A.1; transformers ``BertLMPredictionHead``. The decoder weight is not a parameter of
+    this module: it is the word embedding matrix, passed to :meth:`forward`.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        """Args: hidden float [..., H]; word_embeddings float [V, H]. Returns logits float [..., V]."""
+        h = self.norm(self.act(self.dense(hidden)))
+        return F.linear(h, word_embeddings, self.bias)
+
+
+def masked_lm_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidden: torch.Tensor,
+                   labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Sparse masked-LM loss: the vocabulary projection runs on masked positions only.
+
+    Args:
+        head, word_embeddings: the MLM head and the tied [V, H] matrix.
+        hidden: float [B, T, H] (text positions only).
+        labels: int64 [B, T], the original token id at masked positions, -100 elsewhere.
+    Returns:
+        (mean cross-entropy over masked positions, logits float [N, V], accuracy, N). With N = 0 the loss is
+        a zero that still depends on the head's parameters, so ``backward`` and DDP see every parameter.
+    """
+    selected = labels != IGNORE_INDEX
+    targets = labels[selected]
+    logits = head(hidden[selected], word_embeddings)
+    count = targets.numel()
+    if count == 0:
+        zero = logits.sum() * 0.0
+        return zero, logits, zero.detach(), 0
+    loss = F.cross_entropy(logits.float(), targets)
+    with torch.no_grad():
+        accuracy = (logits.argmax(-1) == targets).float().mean()
+    return loss, logits, accuracy, count
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Cross-entropy and accuracy of [N, C] logits against int64 [N] labels. Returns (loss, accuracy, N)."""
+    loss = F.cross_entropy(logits.float(), labels)
+    with torch.no_grad():
+        accuracy = (logits.argmax(-1) == labels).float().mean()
+    return loss, accuracy, labels.numel()
+
+
+class BertForPreTraining(PreTrainedModel):
+    """BERT with its two pretraining objectives: masked LM and next-sentence prediction (BERT section 3.1).
+
+    ``loss`` = mean MLM cross-entropy over masked positions + NSP cross-entropy, as transformers'
+    ``BertForPreTraining``. ``save_pretrained(dir)`` writes a directory that
+    ``transformers.BertForPreTraining.from_pretrained(dir)`` loads with no missing or unexpected keys.
+    """
+
+    config_class = BertConfig
+    base_model_prefix = "bert"
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.masked_lm = MaskedLMHead(config)
+        self.next_sentence = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                next_sentence_label: torch.Tensor | None = None,
+                output_hidden_states: bool = False) -> PreTrainingOutput:
+        """Run BERT and its MLM/NSP heads.
+
+        Args:
+            input_ids, token_type_ids, attention_mask: as :meth:`BertModel.forward`, [B, T].
+            labels: int64 [B, T], the original id at masked positions and -100 elsewhere. When given,
+                ``prediction_logits`` is [N, V] over the N masked positions only; otherwise [B, T, V].
+            next_sentence_label: int64 [B], 0 = segment B follows A, 1 = B is a random segment.
+            output_hidden_states: also return per-layer hidden states.
+        Returns:
+            :class:`PreTrainingOutput`; ``losses``/``metrics`` carry ``mlm``/``mlm_accuracy`` and
+            ``nsp``/``nsp_accuracy`` for whichever labels were given, ``loss`` their sum.
+        """
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states)
+        out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
+                                hidden_states=enc.hidden_states)
+        word_embeddings = self.bert.embeddings.word_embeddings.weight
+        if labels is not None:
+            loss, out.prediction_logits, acc, n = masked_lm_loss(
+                self.masked_lm, word_embeddings, enc.last_hidden_state, labels)
+            out.add("mlm", loss, "mlm_accuracy", acc, n)
+        else:
+            out.prediction_logits = self.masked_lm(enc.last_hidden_state, word_embeddings)
+        out.seq_relationship_logits = self.next_sentence(enc.pooler_output)
+        if next_sentence_label is not None:
+            loss, acc, n = classification_loss(out.seq_relationship_logits, next_sentence_label)
+            out.add("nsp", loss, "nsp_accuracy", acc, n)
+        return out
+
+
+def estimate_flops_per_token(config: BertConfig, seq_len: int, masked_fraction: float = 0.15,
+                             with_heads: bool = True) -> float:
+    """Model FLOPs of one training step (forward + backward = 3 x forward) per real token.
+
+    Counts the matrix multiplies (2 FLOPs per multiply-add): QKV, attention scores and values, output
+    projection, feed-forward, and, with ``with_heads``, the MLM head on ``masked_fraction`` of tokens and the
+    pooler/NSP head amortised over the sequence. Embedding lookups, LayerNorm and softmax are not counted
+    (nanoGPT's ``estimate_mfu`` / PaLM appendix B convention).
+    """
+    h, i, l = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    per_layer = 2 * (3 * h * h + h * h + 2 * h * i) + 2 * 2 * seq_len * h
+    forward = l * per_layer
+    if with_heads:
+        forward += masked_fraction * 2 * (h * h + h * config.vocab_size)
+        forward += 2 * (h * h + 2 * h) / max(seq_len, 1)
+    return 3.0 * forward
+
+
+__all__ = [
+    "BertModel", "BertForPreTraining", "BertEmbeddings", "BertEncoder", "BertLayer", "SelfAttention",
+    "BertPooler", "MaskedLMHead", "masked_lm_loss", "classification_loss", "extended_attention_mask",
+    "activation", "estimate_flops_per_token", "IGNORE_INDEX",
+]

@@ -1,0 +1,69 @@
+"""Output dataclasses. Field names follow Hugging Face transformers (``last_hidden_state``, ``pooler_output``,
+``hidden_states``, ``loss``, ``prediction_logits``, ``seq_relationship_logits``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class EncoderOutput:
+    """Output of :class:`vlbert.BertModel` and :class:`vlbert.VLBertModel`.
+
+    Attributes:
+        last_hidden_state: float [B, S, H], the final layer (S = T for text, T + R for text + regions).
+        pooler_output: float [B, H], tanh(dense(last_hidden_state[:, 0])), the [CLS] summary.
+        hidden_states: when ``output_hidden_states=True``, a tuple of num_hidden_layers + 1 tensors [B, S, H]:
+            the embedding output, then each layer's output (as transformers).
+    """
+
+    last_hidden_state: torch.Tensor
+    pooler_output: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class ObjectiveOutput:
+    """Output of a model with training objectives (pretraining or a fine-tuning head).
+
+    Attributes:
+        loss: scalar float, the sum of every computed objective's loss (what ``backward`` is called on); None
+            when no labels were given.
+        losses: objective name (``"mlm"``, ``"nsp"``, ``"itm"``, ...) -> scalar loss tensor.
+        metrics: metric name (``"mlm_accuracy"``, ...) -> scalar tensor, computed without gradient.
+        counts: objective name -> number of predictions its loss and accuracy average over (int), so that
+            metrics can be averaged correctly over several batches.
+    """
+
+    loss: torch.Tensor | None = None
+    losses: dict[str, torch.Tensor] = field(default_factory=dict)
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, loss: torch.Tensor, metric_name: str, metric: torch.Tensor, count: int) -> None:
+        """Record one objective's loss, its metric and how many predictions they cover."""
+        self.losses[name] = loss
+        self.metrics[metric_name] = metric
+        self.counts[name] = count
+        self.loss = loss if self.loss is None else self.loss + loss
+
+
+@dataclass
+class PreTrainingOutput(ObjectiveOutput):
+    """Output of :class:`vlbert.BertForPreTraining` (fields as transformers' ``BertForPreTrainingOutput``).
+
+    Attributes:
+        prediction_logits: MLM logits. Without ``labels``: float [B, T, vocab_size], as transformers. With
+            ``labels``: float [N, vocab_size] for the N masked positions only (``labels != -100``, row-major
+            order), so training never materialises [B, T, vocab_size].
+        seq_relationship_logits: float [B, 2], NSP logits (0 = B follows A, 1 = B is random).
+        last_hidden_state, pooler_output, hidden_states: as :class:`EncoderOutput`.
+    """
+
+    prediction_logits: torch.Tensor | None = None
+    seq_relationship_logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+    pooler_output: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None

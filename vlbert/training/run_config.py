@@ -1,0 +1,64 @@
+"""Run configuration files: YAML with sections ``model``, ``data``, ``training`` (and a few top-level keys),
+plus ``--set section.key=value`` overrides from the command line."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Read a YAML run config and apply ``key.sub=value`` overrides (values parsed as YAML scalars).
+
+    Raises:
+        FileNotFoundError: the config file does not exist.
+        ValueError: the file is not a YAML mapping, or an override is not ``key=value``.
+    """
+    config: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} does not exist; see configs/ for runnable examples")
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path} must hold a YAML mapping (sections model/data/training), got {type(loaded).__name__}")
+        config = loaded
+    config = copy.deepcopy(config)
+    for item in overrides or []:
+        set_dotted(config, item)
+    return config
+
+
+def set_dotted(config: dict[str, Any], assignment: str) -> None:
+    """Apply one ``a.b.c=value`` assignment in place; the value is parsed as YAML (``1e-4``, ``true``, ``[1, 2]``).
+
+    Raises:
+        ValueError: no ``=``, or an intermediate key holds a non-mapping value.
+    """
+    if "=" not in assignment:
+        raise ValueError(f"--set expects key=value (e.g. training.max_steps=100), got {assignment!r}")
+    key, raw = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    node = config
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"cannot set {key}: {part} is not a section")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    node[parts[-1]] = value
+
+
+def check_sections(config: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` for a top-level key that no part of the run reads (usually a typo)."""
+    unknown = sorted(set(config) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown run config key(s) {unknown}; valid top-level keys are {list(allowed)}")
+
+
+__all__ = ["load_run_config", "set_dotted", "check_sections"]

@@ -1,0 +1,429 @@
+"""One trainer for pretraining and fine-tuning: AdamW, warmup + linear decay, clipping, accumulation, bf16 on
+CUDA, accelerate for device placement and multi-process, evaluation, logs, checkpoints and exact resume.
+
+The trainer knows nothing about tasks: a model maps a batch dict to an :class:`~vlbert.models.ObjectiveOutput`
+whose ``loss`` it minimises and whose ``losses``/``metrics``/``counts`` it logs. Recipe defaults follow BERT
+(appendix A.2: Adam, lr 1e-4, beta (0.9, 0.999), weight decay 0.01, linear warmup then linear decay).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+STATE_NAME = "training_state.pt"
+CHECKPOINTS_DIR = "checkpoints"
+
+
+@dataclass
+class TrainingConfig:
+    """Optimisation and bookkeeping settings (YAML section ``training``).
+
+    Units: steps are optimizer steps; ``batch_size`` is sequences per process per micro-step, so the global batch
+    is batch_size x grad_accum_steps x number of processes.
+    """
+
+    output_dir: str = "runs/default"
+    max_steps: int = 1000
+    batch_size: int = 32
+    grad_accum_steps: int = 1
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-6
+    warmup_steps: int = 100
+    max_grad_norm: float = 1.0
+    log_every: int = 10
+    eval_every: int = 0  # 0: evaluate at the end only
+    save_every: int = 0  # 0: save the final model only
+    save_total_limit: int = 2
+    seed: int = 0
+    mixed_precision: str = "auto"  # auto = bf16 on CUDA, fp32 on CPU; or "no" / "bf16"
+    num_workers: int = 0
+    on_nonfinite: str = "stop"  # "stop" or "skip" the step
+    group_by_length: bool = True
+    progress_bar: bool = True
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad field and its valid range."""
+        positive = ("max_steps", "batch_size", "grad_accum_steps")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"training.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"training.learning_rate must be positive, got {self.learning_rate}")
+        for name in ("weight_decay", "warmup_steps", "max_grad_norm", "log_every", "eval_every", "save_every",
+                     "num_workers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"training.{name} must be >= 0, got {getattr(self, name)}")
+        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+            raise ValueError(f"training.mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}")
+        if self.on_nonfinite not in ("stop", "skip"):
+            raise ValueError(f"training.on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainingConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown training config key(s) {unknown}; valid keys are {sorted(known)}")
+        config = cls(**values)
+        config.validate()
+        return config
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: decay on weight matrices and embeddings, none on biases and LayerNorm (any 1-d tensor)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def linear_schedule(warmup_steps: int, max_steps: int) -> Callable[[int], float]:
+    """Learning-rate multiplier: linear warmup from 0 over ``warmup_steps``, then linear decay to 0."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(1, warmup_steps)
+        return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
+    return factor
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised when the loss or gradient norm is NaN/inf and ``on_nonfinite`` is ``stop``."""
+
+
+BatchFactory = Callable[[int, int, int, int], Iterable[dict]]  # (epoch, start_batch, rank, world_size) -> batches
+
+
+class Trainer:
+    """Train ``model`` on batches from ``train_batches``.
+
+    Args:
+        model: maps ``**batch`` to an ObjectiveOutput (e.g. BertForPreTraining).
+        config: :class:`TrainingConfig`.
+        train_batches: ``(epoch, start_batch, rank, world_size) -> iterable of batch dicts`` for that rank,
+            deterministic in its arguments (so resume can restart mid-epoch).
+        eval_batches: ``() -> iterable of batch dicts`` of held-out data, or None.
+        run_config: the resolved run configuration, saved as ``config.yaml`` beside every checkpoint.
+        tokenizer: saved with every checkpoint.
+
+    Output directory: ``log.jsonl`` (one JSON line per logged step: step, loss, each objective's loss and
+    metric, lr, tokens/s), ``metrics.json`` (final figures), ``tensorboard/``, ``config.yaml``, the final model
+    (``config.json`` + ``model.safetensors`` + tokenizer) and ``checkpoints/step-N/`` with training state.
+    """
+
+    def __init__(self, model, config: TrainingConfig, train_batches: BatchFactory,
+                 eval_batches: Callable[[], Iterable[dict]] | None = None, run_config: dict | None = None,
+                 tokenizer=None):
+        from accelerate import Accelerator
+
+        config.validate()
+        self.config = config
+        mixed = config.mixed_precision
+        if mixed == "auto":
+            mixed = "bf16" if torch.cuda.is_available() else "no"
+        self.accelerator = Accelerator(mixed_precision=mixed)
+        self.output_dir = Path(config.output_dir)
+        self.run_config = run_config or {}
+        self.tokenizer = tokenizer
+        self.train_batches = train_batches
+        self.eval_batches = eval_batches
+        self.unwrapped = model
+        fused = self.accelerator.device.type == "cuda"
+        optimizer = torch.optim.AdamW(
+            parameter_groups(model, config.weight_decay), lr=config.learning_rate,
+            betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon, fused=fused or None)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(config.warmup_steps, config.max_steps))
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        self.step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.skipped_steps = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    # ------------------------------------------------------------------ data
+    def _to_device(self, batch: dict) -> dict:
+        device = self.accelerator.device
+        return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    def _train_stream(self):
+        acc = self.accelerator
+        epoch, start = self.epoch, self.batch_in_epoch
+        while True:
+            produced = False
+            for i, batch in enumerate(self.train_batches(epoch, start, acc.process_index, acc.num_processes)):
+                produced = True
+                self.epoch, self.batch_in_epoch = epoch, start + i + 1
+                yield self._to_device(batch)
+            if not produced and start == 0:
+                raise ValueError("the training data yields no batch; use a larger corpus or a smaller batch_size")
+            epoch, start = epoch + 1, 0
+            self.epoch, self.batch_in_epoch = epoch, 0
+
+    # ------------------------------------------------------------------ training
+    def train(self, extra_metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Run until ``max_steps``; returns the final metrics (also written to metrics.json, with
+        ``extra_metrics`` such as a baseline the task computed)."""
+        cfg, acc = self.config, self.accelerator
+        if self.is_main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            self._write_run_config(self.output_dir)
+        writer = self._tensorboard() if self.is_main else None
+        log_file = open(self.output_dir / "log.jsonl", "a", encoding="utf-8") if self.is_main else None
+        stream = self._train_stream()
+        bar = None
+        if self.is_main and cfg.progress_bar:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+        window_tokens, window_start = 0, time.perf_counter()
+        start_time, start_step = time.perf_counter(), self.step
+        total_tokens = 0
+        last_eval: dict[str, float] = {}
+        recent_losses: list[float] = []
+        self.model.train()
+        try:
+            while self.step < cfg.max_steps:
+                batch_position = (self.epoch, self.batch_in_epoch)
+                out, tokens = None, 0
+                sums: dict[str, float] = {}
+                for micro in range(cfg.grad_accum_steps):
+                    batch = next(stream)
+                    if micro == 0:
+                        batch_position = (self.epoch, self.batch_in_epoch - 1)
+                    sync = micro == cfg.grad_accum_steps - 1
+                    ctx = contextlib.nullcontext() if sync else acc.no_sync(self.model)
+                    with ctx, acc.autocast():
+                        out = self.model(**batch)
+                        if out.loss is None:
+                            raise ValueError("the model returned no loss: the batch carries no labels")
+                        acc.backward(out.loss / cfg.grad_accum_steps)
+                    for name, value in {"loss": out.loss, **out.losses, **out.metrics}.items():
+                        sums[name] = sums.get(name, 0.0) + value.detach().float()
+                    if "attention_mask" in batch:
+                        tokens += int(batch["attention_mask"].sum())
+                grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm) \
+                    if cfg.max_grad_norm > 0 else torch.tensor(0.0)
+                loss_value = float(sums["loss"]) / cfg.grad_accum_steps
+                if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
+                    message = (f"non-finite {'loss' if not math.isfinite(loss_value) else 'gradient norm'} at step "
+                               f"{self.step + 1} (epoch {batch_position[0]}, batch {batch_position[1]}): "
+                               f"loss={loss_value}, grad_norm={float(grad_norm)}")
+                    self.optimizer.zero_grad(set_to_none=True)
+                    if cfg.on_nonfinite == "stop":
+                        raise NonFiniteLossError(message + ". The last good checkpoint is kept; lower the learning "
+                                                 "rate or set training.on_nonfinite=skip")
+                    logger.warning("%s; skipping this step", message)
+                    self.skipped_steps += 1
+                    self.step += 1
+                    continue
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                tokens = self._global_sum(tokens)
+                window_tokens += tokens
+                total_tokens += tokens
+                recent_losses = (recent_losses + [loss_value])[-50:]
+                if bar is not None:
+                    bar.update(1)
+                if cfg.log_every and self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                    elapsed = time.perf_counter() - window_start
+                    record = {"step": self.step, "epoch": batch_position[0]}
+                    record.update({k: float(v) / cfg.grad_accum_steps for k, v in sums.items()})
+                    record.update({"lr": self.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+                                   "tokens_per_s": window_tokens / max(elapsed, 1e-9)})
+                    window_tokens, window_start = 0, time.perf_counter()
+                    self._log(record, log_file, writer, "train")
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
+                    last_eval = self.evaluate()
+                    self._log({"step": self.step, **last_eval}, log_file, writer, "eval")
+                if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.max_steps:
+                    self.save_checkpoint()
+        finally:
+            if bar is not None:
+                bar.close()
+        last_eval = self.evaluate() if self.eval_batches is not None else last_eval
+        if last_eval:
+            self._log({"step": self.step, **last_eval}, log_file, writer, "eval")
+        elapsed = time.perf_counter() - start_time
+        metrics = {"step": self.step, "train_loss": sum(recent_losses) / max(1, len(recent_losses)),
+                   "train_seconds": elapsed, "train_tokens_per_s": total_tokens / max(elapsed, 1e-9),
+                   "steps_this_run": self.step - start_step, "skipped_steps": self.skipped_steps, **last_eval,
+                   **(extra_metrics or {})}
+        if self.is_main:
+            self.save_model(self.output_dir)
+            (self.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+            log_file.close()
+            if writer is not None:
+                writer.close()
+        acc.wait_for_everyone()
+        return metrics
+
+    def _global_sum(self, value: int) -> int:
+        if self.accelerator.num_processes == 1:
+            return value
+        t = torch.tensor([value], device=self.accelerator.device)
+        return int(self.accelerator.reduce(t, reduction="sum"))
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Average every objective's loss and metric over the held-out batches (weighted by prediction counts).
+
+        Returns keys ``eval_<objective>_loss`` and ``eval_<metric>`` (e.g. eval_mlm_accuracy), summed over ranks.
+        """
+        if self.eval_batches is None:
+            return {}
+        self.model.eval()
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        for batch in self.eval_batches():
+            batch = self._to_device(batch)
+            with self.accelerator.autocast():
+                out = self.model(**batch)
+            for name, loss in out.losses.items():
+                n = out.counts.get(name, 1)
+                sums[f"eval_{name}_loss"] = sums.get(f"eval_{name}_loss", 0.0) + float(loss) * n
+                weights[f"eval_{name}_loss"] = weights.get(f"eval_{name}_loss", 0.0) + n
+            for name, value in out.metrics.items():
+                n = out.counts.get(name.split("_")[0], 1)
+                sums[f"eval_{name}"] = sums.get(f"eval_{name}", 0.0) + float(value) * n
+                weights[f"eval_{name}"] = weights.get(f"eval_{name}", 0.0) + n
+        self.model.train()
+        if self.accelerator.num_processes > 1:
+            keys = sorted(sums)
+            t = torch.tensor([[sums[k], weights[k]] for k in keys], device=self.accelerator.device, dtype=torch.float64)
+            t = self.accelerator.reduce(t, reduction="sum")
+            sums = {k: float(t[i, 0]) for i, k in enumerate(keys)}
+            weights = {k: float(t[i, 1]) for i, k in enumerate(keys)}
+        return {k: sums[k] / max(weights[k], 1e-12) for k in sorted(sums)}
+
+    # ------------------------------------------------------------------ logging
+    def _tensorboard(self):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is a declared dependency; keep training if it was removed
+            logger.warning("tensorboard is not installed (pip install tensorboard); TensorBoard logs are off")
+            return None
+        return SummaryWriter(str(self.output_dir / "tensorboard"))
+
+    def _log(self, record: dict, log_file, writer, split: str) -> None:
+        if not self.is_main:
+            return
+        record = {"split": split, **record}
+        log_file.write(json.dumps(record) + "\n")
+        log_file.flush()
+        if writer is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    writer.add_scalar(f"{split}/{k}", v, record["step"])
+
+    def _write_run_config(self, directory: Path) -> None:
+        import yaml
+
+        with open(directory / "config.yaml", "w", encoding="utf-8") as f:
+            yaml.safe_dump(self.run_config, f, sort_keys=False)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_model(self, directory: Path) -> None:
+        """Write the model (Hugging Face layout) + tokenizer + config.yaml into ``directory``."""
+        self.unwrapped.save_pretrained(directory, tokenizer=self.tokenizer)
+        self._write_run_config(directory)
+
+    def training_state(self) -> dict:
+        """Everything besides the weights needed to continue exactly: optimizer, scheduler, RNGs, position."""
+        state = {
+            "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+            "skipped_steps": self.skipped_steps,
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "rng_python": list(random.getstate()[1]), "rng_torch": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available():
+            state["rng_cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def save_checkpoint(self) -> Path | None:
+        """Write ``checkpoints/step-N`` atomically (build in a temporary directory, then rename); keep the
+        newest ``save_total_limit``. Only the main process writes."""
+        self.accelerator.wait_for_everyone()
+        if not self.is_main:
+            return None
+        root = self.output_dir / CHECKPOINTS_DIR
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"step-{self.step}"
+        tmp = root / f".tmp-step-{self.step}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.save_model(tmp)
+        state = self.training_state()
+        torch.save(state, tmp / STATE_NAME)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        checkpoints = sorted(latest_checkpoints(self.output_dir), key=lambda p: int(p.name.split("-")[1]))
+        for old in checkpoints[:-self.config.save_total_limit] if self.config.save_total_limit else []:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def resume(self, checkpoint: Path | None = None) -> bool:
+        """Load the newest complete checkpoint (or ``checkpoint``); returns False if there is none.
+
+        Also truncates ``log.jsonl`` to the checkpoint's step, so the log continues as if never interrupted.
+        """
+        if checkpoint is None:
+            found = latest_checkpoints(self.output_dir)
+            if not found:
+                return False
+            checkpoint = max(found, key=lambda p: int(p.name.split("-")[1]))
+        from vlbert import checkpoint as ckpt
+
+        weights = ckpt.hf_to_vlbert(ckpt.read_state_dict(checkpoint))
+        self.unwrapped.load_converted_state_dict(weights, source=str(checkpoint), strict=True)
+        state = torch.load(checkpoint / STATE_NAME, map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        self.skipped_steps = state.get("skipped_steps", 0)
+        random.setstate((3, tuple(state["rng_python"]), None))
+        torch.set_rng_state(state["rng_torch"])
+        if "rng_cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng_cuda"])
+        log = self.output_dir / "log.jsonl"
+        if self.is_main and log.exists():
+            kept = [line for line in log.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= self.step]
+            log.write_text("".join(line + "\n" for line in kept))
+        logger.info("resumed from %s at step %d", checkpoint, self.step)
+        return True
+
+
+def latest_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints under ``output_dir/checkpoints`` (those with a training state)."""
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    return [p for p in root.glob("step-*") if (p / STATE_NAME).is_file() and p.name.split("-")[1].isdigit()]
+
+
+__all__ = ["Trainer", "TrainingConfig", "NonFiniteLossError", "parameter_groups", "linear_schedule",
+           "latest_checkpoints"]
