@@ -76,4 +76,15 @@ def check_tokenizer_matches(tokenizer, config: BertConfig) -> None:
             "training from scratch")
 
 
-__all__ = ["load_tokenizer", "check_tokenizer_matches", "packaged_minilm_dir", "resolve_tokenizer_path"]
+def save_tokenizer(tokenizer, directory: str | os.PathLike) -> None:
+    """Save a tokenizer beside a checkpoint; for WordPiece also write ``vocab.txt`` (one piece per line, in id
+    order), which transformers 5 no longer writes itself but older tools and BERT's original code read."""
+    directory = Path(directory)
+    tokenizer.save_pretrained(str(directory))
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not (directory / "vocab.txt").exists() and backend is not None and type(backend.model).__name__ == "WordPiece":
+        pieces = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+        (directory / "vocab.txt").write_text("".join(piece + "\n" for piece, _ in pieces), encoding="utf-8")
+
+
+__all__ = ["load_tokenizer", "save_tokenizer", "check_tokenizer_matches", "packaged_minilm_dir", "resolve_tokenizer_path"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -99,9 +100,11 @@ class PreTrainedModel(nn.Module):
                 raise FileNotFoundError(f"{directory} has no config.json; pass config= or use a complete checkpoint")
             config = cls.config_class.from_json_file(directory / ckpt.CONFIG_NAME)
         if config_overrides:
-            values = config.to_dict()
-            values.update(config_overrides)
-            config = cls.config_class.from_dict(values, strict=True)
+            known = {f.name for f in dataclasses.fields(config)}
+            unknown = sorted(set(config_overrides) - known)
+            if unknown:
+                raise ValueError(f"unknown model config key(s) {unknown}; valid keys are {sorted(known)}")
+            config = dataclasses.replace(config, **config_overrides)
         model = cls(config)
         state = ckpt.hf_to_vlbert(ckpt.read_state_dict(directory))
         model.loading_info = model.load_converted_state_dict(state, source=str(directory), strict=strict)
@@ -167,5 +170,7 @@ class PreTrainedModel(nn.Module):
         self.config.to_json_file(tmp, architectures=[architecture])
         os.replace(tmp, directory / ckpt.CONFIG_NAME)
         if tokenizer is not None:
-            tokenizer.save_pretrained(str(directory))
+            from vlbert.tokenization import save_tokenizer
+
+            save_tokenizer(tokenizer, directory)
         return directory

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, fields
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from vlbert.config import BertConfig
@@ -20,7 +21,7 @@ from vlbert.data.pretraining import (LengthGroupedBatchSampler, MaskingCollator,
 from vlbert.models.bert import IGNORE_INDEX, BertForPreTraining
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer
 from vlbert.training.run_config import check_sections
-from vlbert.training.trainer import Trainer, TrainingConfig
+from vlbert.training.trainer import Trainer, TrainingConfig, set_seed
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +109,10 @@ class TextPretrainingData:
         sampler = LengthGroupedBatchSampler(self.train.lengths(), self.batch_size, seed=self.seed, epoch=epoch,
                                             group_size=self.group_size, drop_last=True, rank=rank,
                                             world_size=world_size)
+        # An own generator: creating a loader must not draw from the global RNG that dropout uses, or a run
+        # resumed mid-epoch would see different dropout masks than an uninterrupted one.
         return DataLoader(self.train, batch_sampler=sampler.batches()[start:], collate_fn=self.collator,
-                          num_workers=self.num_workers)
+                          num_workers=self.num_workers, generator=torch.Generator().manual_seed(self.seed + epoch))
 
     def eval_batches(self):
         """The held-out batches: fixed pairs and fixed masking, the same at every evaluation."""
@@ -119,7 +122,8 @@ class TextPretrainingData:
         batches = sampler.batches()
         if self.max_eval_batches:
             batches = batches[: self.max_eval_batches]
-        return DataLoader(self.eval, batch_sampler=batches, collate_fn=self.collator)
+        return DataLoader(self.eval, batch_sampler=batches, collate_fn=self.collator,
+                          generator=torch.Generator().manual_seed(self.seed))
 
     def majority_baseline_accuracy(self) -> float:
         """Held-out MLM accuracy of always predicting the training corpus's most frequent wordpiece."""
@@ -143,6 +147,7 @@ def run_text_pretraining(run_config: dict[str, Any], resume: bool = False) -> di
     training = TrainingConfig.from_dict(run_config.get("training") or {})
     data_config = TextDataConfig.from_dict(run_config.get("data") or {})
     tokenizer = load_tokenizer(run_config.get("tokenizer") or run_config.get("init_from"))
+    set_seed(training.seed)  # before the model is built: initial weights depend on it
     model = build_model(run_config, tokenizer)
     data = TextPretrainingData(data_config, tokenizer, training.batch_size, seed=training.seed,
                                group_by_length=training.group_by_length, num_workers=training.num_workers,

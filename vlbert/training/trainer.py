@@ -104,6 +104,13 @@ def linear_schedule(warmup_steps: int, max_steps: int) -> Callable[[int], float]
     return factor
 
 
+def set_seed(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's (CPU and every GPU) random generators."""
+    from accelerate.utils import set_seed as accelerate_set_seed
+
+    accelerate_set_seed(seed)
+
+
 class NonFiniteLossError(FloatingPointError):
     """Raised when the loss or gradient norm is NaN/inf and ``on_nonfinite`` is ``stop``."""
 
@@ -235,6 +242,7 @@ class Trainer:
                     self.skipped_steps += 1
                     self.step += 1
                     continue
+                lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -249,7 +257,7 @@ class Trainer:
                     elapsed = time.perf_counter() - window_start
                     record = {"step": self.step, "epoch": batch_position[0]}
                     record.update({k: float(v) / cfg.grad_accum_steps for k, v in sums.items()})
-                    record.update({"lr": self.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+                    record.update({"lr": lr, "grad_norm": float(grad_norm),
                                    "tokens_per_s": window_tokens / max(elapsed, 1e-9)})
                     window_tokens, window_start = 0, time.perf_counter()
                     self._log(record, log_file, writer, "train")

@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny random configs, the packaged MiniLM checkpoint and a small real corpus."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from vlbert.data.corpus import load_bbc_news
+from vlbert.tokenization import load_tokenizer, packaged_minilm_dir
+
+torch.set_num_threads(2)
+
+
+def random_hf_config(seed: int, **overrides):
+    """A small random transformers.BertConfig with dropout off (eval-mode parity)."""
+    import transformers
+
+    rng = random.Random(seed)
+    heads = rng.choice([1, 2, 4])
+    values = dict(vocab_size=rng.randint(50, 300), hidden_size=heads * rng.choice([8, 16]),
+                  num_hidden_layers=rng.randint(1, 3), num_attention_heads=heads,
+                  intermediate_size=rng.randint(16, 80), hidden_act=rng.choice(["gelu", "gelu_new", "relu"]),
+                  max_position_embeddings=rng.choice([32, 64]), type_vocab_size=rng.choice([2, 3]),
+                  layer_norm_eps=rng.choice([1e-12, 1e-5]), hidden_dropout_prob=0.0,
+                  attention_probs_dropout_prob=0.0)
+    values.update(overrides)
+    return transformers.BertConfig(**values)
+
+
+def padded_batch(vocab_size: int, batch: int = 4, seq_len: int = 12, seed: int = 0, type_vocab_size: int = 2):
+    """input_ids/token_type_ids/attention_mask with rows of different real lengths (padding on the right)."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, vocab_size, (batch, seq_len), generator=g)
+    lengths = torch.randint(2, seq_len + 1, (batch,), generator=g)
+    lengths[0] = seq_len
+    attention_mask = (torch.arange(seq_len)[None, :] < lengths[:, None]).long()
+    input_ids = input_ids.masked_fill(attention_mask == 0, 0)
+    split = lengths // 2
+    token_type_ids = ((torch.arange(seq_len)[None, :] >= split[:, None]) & (attention_mask == 1)).long()
+    token_type_ids = token_type_ids.clamp(max=type_vocab_size - 1)
+    return input_ids, token_type_ids, attention_mask
+
+
+@pytest.fixture(scope="session")
+def minilm_dir():
+    return packaged_minilm_dir()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory):
+    """40 real BBC News articles as a directory of .txt files (one document each)."""
+    root = tmp_path_factory.mktemp("corpus")
+    records = load_bbc_news()
+    for r in records[::55][:40]:
+        (root / (r["id"].replace("/", "_") + ".txt")).write_text(r["text"], encoding="utf-8")
+    return root

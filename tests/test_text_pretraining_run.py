@@ -1,0 +1,132 @@
+"""End-to-end text pretraining on real text with a tiny BERT: outputs, HF-loadable checkpoint, exact resume,
+and refusals of bad configuration before anything is written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import vlbert
+from vlbert.training.text_pretraining import run_text_pretraining
+from vlbert.training.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_run_config(corpus, output_dir, **training):
+    return {
+        "modality": "text",
+        "tokenizer": "minilm",
+        "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+                  "max_position_embeddings": 64},
+        "data": {"corpus": str(corpus), "max_seq_length": 64, "eval_fraction": 0.1},
+        "training": {"output_dir": str(output_dir), "max_steps": 8, "batch_size": 8, "learning_rate": 1e-3,
+                     "warmup_steps": 2, "log_every": 1, "progress_bar": False, **training},
+    }
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in (path / "log.jsonl").read_text().splitlines()]
+
+
+def test_run_writes_outputs_and_a_transformers_checkpoint(small_corpus, tmp_path):
+    out = tmp_path / "run"
+    metrics = run_text_pretraining(tiny_run_config(small_corpus, out, save_every=4))
+    train_log = [r for r in read_log(out) if r["split"] == "train"]
+    assert [r["step"] for r in train_log] == list(range(1, 9))
+    assert all({"loss", "mlm", "nsp", "mlm_accuracy", "nsp_accuracy", "tokens_per_s"} <= set(r) for r in train_log)
+    assert train_log[-1]["loss"] < train_log[0]["loss"]
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["step"] == 8 and 0 <= saved["eval_mlm_accuracy"] <= 1 and "eval_nsp_accuracy" in saved
+    assert 0 < saved["eval_mlm_accuracy_majority_baseline"] < 1
+    assert metrics["eval_mlm_loss"] == pytest.approx(saved["eval_mlm_loss"])
+    assert (out / "config.yaml").is_file() and (out / "checkpoints" / "step-4" / "training_state.pt").is_file()
+    assert any((out / "tensorboard").iterdir())
+    # The final model loads in transformers with nothing missing and gives the same logits.
+    hf, info = transformers.BertForPreTraining.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    ours = vlbert.BertForPreTraining.from_pretrained(out).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    enc = tok(["The markets rose today.", "A new phone was launched."], ["Shares gained.", "It sold out."],
+              padding=True, return_tensors="pt")
+    with torch.no_grad():
+        a = hf.eval()(**enc)
+        b = ours(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"])
+    torch.testing.assert_close(b.prediction_logits, a.prediction_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(b.seq_relationship_logits, a.seq_relationship_logits, atol=1e-5, rtol=0)
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def test_resume_after_crash_reproduces_losses(small_corpus, tmp_path, monkeypatch):
+    reference = tmp_path / "reference"
+    run_text_pretraining(tiny_run_config(small_corpus, reference, save_every=3))
+    expected = {r["step"]: r["loss"] for r in read_log(reference) if r["split"] == "train"}
+
+    crashed = tmp_path / "crashed"
+    original_log = Trainer._log
+
+    def crash_after_step_5(self, record, log_file, writer, split):
+        original_log(self, record, log_file, writer, split)
+        if record.get("step") == 5 and split == "train":
+            raise Crash("simulated crash")
+
+    monkeypatch.setattr(Trainer, "_log", crash_after_step_5)
+    with pytest.raises(Crash):
+        run_text_pretraining(tiny_run_config(small_corpus, crashed, save_every=3))
+    monkeypatch.setattr(Trainer, "_log", original_log)
+    assert [r["step"] for r in read_log(crashed)][-1] == 5
+    run_text_pretraining(tiny_run_config(small_corpus, crashed, save_every=3), resume=True)
+    got = {r["step"]: r["loss"] for r in read_log(crashed) if r["split"] == "train"}
+    assert sorted(got) == sorted(expected)
+    assert max(abs(got[s] - expected[s]) for s in expected) <= 1e-6
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"data": {"corpus": "/no/such/corpus.txt"}}, "does not exist"),
+    ({"training": {"learning_rate": -1.0}}, "learning_rate must be positive"),
+    ({"training": {"max_stepz": 3}}, "unknown training config key"),
+    ({"model": {"vocab_size": 100}}, "vocab_size"),
+    ({"data": {"max_seq_length": 128}}, "max_position_embeddings"),
+    ({"modell": {}}, "unknown run config key"),
+])
+def test_bad_configuration_fails_before_writing(small_corpus, tmp_path, change, message):
+    config = tiny_run_config(small_corpus, tmp_path / "out")
+    for section, values in change.items():
+        if isinstance(config.get(section), dict):
+            config[section] = {**config[section], **values}
+        else:
+            config[section] = values
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        run_text_pretraining(config)
+    assert not (tmp_path / "out").exists()
+
+
+def test_empty_corpus_is_refused(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        run_text_pretraining(tiny_run_config(tmp_path / "empty.txt", tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_runs_with_flags(small_corpus, tmp_path):
+    out = tmp_path / "cli"
+    cmd = [sys.executable, str(ROOT / "tools" / "pretrain.py"), "--modality", "text", "--output-dir", str(out),
+           "--max-steps", "2", "--log-every", "1", "--seed", "3",
+           "--set", f"data.corpus={small_corpus}", "--set", "model.num_hidden_layers=1",
+           "--set", "model.hidden_size=32", "--set", "model.num_attention_heads=2",
+           "--set", "model.intermediate_size=64", "--set", "training.batch_size=4",
+           "--set", "data.max_eval_batches=2", "--set", "training.progress_bar=false"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "final metrics" in result.stdout
+    assert json.loads((out / "metrics.json").read_text())["step"] == 2
+    assert (out / "model.safetensors").is_file() and (out / "vocab.txt").is_file()
