@@ -51,6 +51,11 @@ def set_dotted(config: dict[str, Any], assignment: str) -> None:
         if not isinstance(node, dict):
             raise ValueError(f"cannot set {key}: {part} is not a section")
     value = yaml.safe_load(raw) if raw.strip() else ""
+    if isinstance(value, str):  # YAML 1.1 reads 5e-4 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     node[parts[-1]] = value
 
 
@@ -61,4 +66,34 @@ def check_sections(config: dict[str, Any], allowed: tuple[str, ...]) -> None:
         raise ValueError(f"unknown run config key(s) {unknown}; valid top-level keys are {list(allowed)}")
 
 
-__all__ = ["load_run_config", "set_dotted", "check_sections"]
+def dataclass_from_section(cls, values: dict[str, Any] | None, section: str):
+    """Build the dataclass ``cls`` from a config section: unknown keys and values of the wrong type are errors
+    naming the key; numbers written as strings (YAML 1.1 reads ``1e-4`` as one) are converted.
+
+    Raises:
+        ValueError: unknown key, or a value that is not of (or convertible to) the field's type.
+    """
+    import dataclasses
+
+    values = dict(values or {})
+    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(types))
+    if unknown:
+        raise ValueError(f"unknown {section} config key(s) {unknown}; valid keys are {sorted(types)}")
+    for key, value in values.items():
+        kind = types[key] if isinstance(types[key], str) else getattr(types[key], "__name__", str(types[key]))
+        try:
+            if kind == "float" and isinstance(value, (int, float, str)) and not isinstance(value, bool):
+                values[key] = float(value)
+            elif kind == "int" and not isinstance(value, bool) and float(value) == int(float(value)):
+                values[key] = int(float(value))
+            elif kind == "bool" and not isinstance(value, bool):
+                raise TypeError
+            elif kind == "str" and not isinstance(value, str):
+                values[key] = str(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{section}.{key} must be a {kind}, got {value!r}") from None
+    return cls(**values)
+
+
+__all__ = ["load_run_config", "set_dotted", "check_sections", "dataclass_from_section"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,7 +20,7 @@ from vlbert.data.pretraining import (LengthGroupedBatchSampler, MaskingCollator,
                                      tokenize_documents)
 from vlbert.models.bert import IGNORE_INDEX, BertForPreTraining
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer
-from vlbert.training.run_config import check_sections
+from vlbert.training.run_config import check_sections, dataclass_from_section
 from vlbert.training.trainer import Trainer, TrainingConfig, set_seed
 
 logger = logging.getLogger(__name__)
@@ -50,11 +50,8 @@ class TextDataConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TextDataConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown data config key(s) {unknown}; valid keys are {sorted(known)}")
-        return cls(**values)
+        """Build from the YAML ``data`` section; raises ``ValueError`` for unknown keys or wrong types."""
+        return dataclass_from_section(cls, values, "data")
 
 
 def build_model(run_config: dict[str, Any], tokenizer) -> BertForPreTraining:

@@ -16,7 +16,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -77,11 +77,11 @@ class TrainingConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainingConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown training config key(s) {unknown}; valid keys are {sorted(known)}")
-        config = cls(**values)
+        """Build and validate from the YAML ``training`` section; raises ``ValueError`` for unknown keys,
+        wrong types and out-of-range values."""
+        from vlbert.training.run_config import dataclass_from_section
+
+        config = dataclass_from_section(cls, values, "training")
         config.validate()
         return config
 

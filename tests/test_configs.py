@@ -1,0 +1,43 @@
+"""Every shipped run config parses and builds its model (checked on the meta device: no memory is used)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from vlbert import BertConfig, BertForPreTraining
+from vlbert.training.run_config import load_run_config, set_dotted
+from vlbert.training.text_pretraining import TextDataConfig
+from vlbert.training.trainer import TrainingConfig
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "text").glob("*.yaml"))
+PAPER_SIZES = {"base": (12, 768, 12, 110e6), "large": (24, 1024, 16, 340e6)}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_config_is_valid(path):
+    run = load_run_config(path)
+    TrainingConfig.from_dict(run["training"]).validate()
+    data = TextDataConfig.from_dict(run["data"])
+    config = BertConfig.from_dict({"vocab_size": 30522, **run["model"]}, strict=True)
+    assert data.max_seq_length <= config.max_position_embeddings
+    for size, (layers, hidden, heads, params) in PAPER_SIZES.items():
+        if size in path.stem:
+            assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (layers, hidden, heads)
+            with torch.device("meta"):
+                n = BertForPreTraining(config).num_parameters()
+            assert abs(n - params) / params < 0.05, f"{n / 1e6:.0f}M parameters vs the paper's {params / 1e6:.0f}M"
+            t = run["training"]
+            assert t["batch_size"] * t["grad_accum_steps"] == 256
+
+
+def test_set_dotted_parses_yaml_values():
+    config = {"training": {"max_steps": 3}}
+    for item in ("training.max_steps=10", "training.learning_rate=5e-4", "data.corpus=my.txt", "x.flag=true"):
+        set_dotted(config, item)
+    assert config == {"training": {"max_steps": 10, "learning_rate": 5e-4}, "data": {"corpus": "my.txt"},
+                      "x": {"flag": True}}
+    with pytest.raises(ValueError, match="key=value"):
+        set_dotted(config, "training.max_steps")
