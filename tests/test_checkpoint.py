@@ -155,3 +155,10 @@ def test_config_json_compatible_with_transformers(tmp_path):
         vlbert.BertConfig(hidden_size=30, num_attention_heads=4)
     with pytest.raises(ValueError, match="unknown model config"):
         vlbert.BertConfig.from_dict({"hidden_sise": 3}, strict=True)
+
+
+def test_missing_optional_package_names_the_install():
+    from vlbert.utils import require
+
+    with pytest.raises(ModuleNotFoundError, match=r"pip install -e '\.\[demo\]'"):
+        require("no_such_package_xyz", "the demo data", "pip install -e '.[demo]'")

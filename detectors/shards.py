@@ -1,0 +1,194 @@
+"""Region shards: webdataset tar files, one sample per image, and the one reader for them.
+
+Schema (version 1), per sample ``<key>.*`` where ``<key>`` is the image id with dots replaced:
+    meta.json         {"schema": 1, "image_id": str, "height": int, "width": int, "detector": str, "num_regions": R}
+    boxes.npy         float32 [R, 4]  pixels, (x1, y1, x2, y2)
+    features.npy      float16 [R, D]
+    scores.npy        float32 [R]
+    class_probs.npy   float16 [R, C]  (optional) detector class distribution
+Fields are decoded explicitly (JSON, and ``.npy`` without pickle support): a shard from elsewhere can never run code,
+and every sample is validated (:meth:`detectors.regions.Regions.validate`) before use.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from detectors.regions import RegionError, Regions
+
+SCHEMA_VERSION = 1
+REQUIRED_FIELDS = ("meta.json", "boxes.npy", "features.npy", "scores.npy")
+
+
+class ShardError(ValueError):
+    """A shard that cannot be read: corrupt or truncated tar, missing fields, duplicate image ids."""
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _npy_array(data: bytes, where: str) -> np.ndarray:
+    try:
+        return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+    except ValueError as e:
+        raise ShardError(f"{where}: not a plain .npy array ({e}); object arrays are refused") from e
+
+
+def sample_key(image_id: str) -> str:
+    """A webdataset key for ``image_id`` (webdataset splits names at the first dot)."""
+    return str(image_id).replace(".", "_").replace("/", "_")
+
+
+def write_shards(regions: Iterable[Regions], directory: str | os.PathLike, prefix: str = "regions",
+                 max_samples_per_shard: int = 1000) -> list[Path]:
+    """Write regions to ``directory/prefix-000000.tar`` etc.
+
+    Each shard is written under a temporary name and renamed when complete, so a crash never leaves a shard
+    that looks finished. Returns the shard paths in order.
+
+    Raises:
+        ShardError: two regions share an image id.
+    """
+    import webdataset as wds
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    seen: set[str] = set()
+    writer, tmp, count = None, None, 0
+
+    def close():
+        if writer is not None:
+            writer.close()
+            final = tmp.with_name(tmp.name[: -len(".tmp")])
+            os.replace(tmp, final)
+            paths.append(final)
+
+    for r in regions:
+        if r.image_id in seen:
+            raise ShardError(f"image id {r.image_id!r} appears twice; image ids must be unique")
+        seen.add(r.image_id)
+        if writer is None or count >= max_samples_per_shard:
+            close()
+            tmp = directory / f"{prefix}-{len(paths):06d}.tar.tmp"
+            writer, count = wds.TarWriter(str(tmp)), 0
+        sample = {
+            "__key__": sample_key(r.image_id),
+            "meta.json": json.dumps({"schema": SCHEMA_VERSION, "image_id": r.image_id, "height": int(r.height),
+                                     "width": int(r.width), "detector": r.detector,
+                                     "num_regions": r.num_regions}).encode(),
+            "boxes.npy": _npy_bytes(r.boxes.astype(np.float32)),
+            "features.npy": _npy_bytes(r.features.astype(np.float16)),
+            "scores.npy": _npy_bytes(r.scores.astype(np.float32)),
+        }
+        if r.class_probs is not None:
+            sample["class_probs.npy"] = _npy_bytes(r.class_probs.astype(np.float16))
+        writer.write(sample)
+        count += 1
+    close()
+    return paths
+
+
+def check_tar_complete(path: Path) -> None:
+    """Raise :class:`ShardError` unless every member's data lies inside the file and the end-of-archive marker
+    (two 512-byte zero blocks) follows: webdataset's streaming reader silently drops a sample cut off mid-file."""
+    size = path.stat().st_size
+    try:
+        with tarfile.open(path, "r:") as tar:
+            members = tar.getmembers()
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise ShardError(f"{path} is corrupt or truncated ({type(e).__name__}: {e}); re-extract it with "
+                         "tools/extract_regions.py") from e
+    end = max((m.offset_data + (m.size + 511) // 512 * 512 for m in members), default=0)
+    with open(path, "rb") as f:
+        f.seek(end)
+        marker = f.read(1024)
+    if end > size or marker != bytes(1024):
+        raise ShardError(f"{path} is corrupt or truncated: it ends at byte {size} without tar's end-of-archive "
+                         f"marker after its last member (byte {end}); re-extract it with tools/extract_regions.py")
+
+
+def _iter_tar_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Raw samples of one shard as (key, {field: bytes}), through webdataset's tar iterator (no decoding)."""
+    from webdataset.tariterators import tarfile_samples
+
+    check_tar_complete(path)
+    try:
+        for sample in tarfile_samples([{"url": str(path)}]):
+            key = sample.pop("__key__")
+            fields = {k: v for k, v in sample.items() if not k.startswith("__")}
+            yield key, fields
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise ShardError(f"{path} is corrupt or truncated ({type(e).__name__}: {e}); re-extract it with "
+                         "tools/extract_regions.py") from e
+    except ValueError as e:
+        if "duplicate file name" in str(e):
+            raise ShardError(f"{path}: a sample has the same field twice (duplicate key in the shard): {e}; "
+                             "rewrite the shard") from e
+        raise
+
+
+def decode_sample(key: str, fields: dict[str, bytes], where: str) -> Regions:
+    """Turn one sample's raw fields into validated :class:`Regions` (raises ShardError / RegionError)."""
+    missing = [f for f in REQUIRED_FIELDS if f not in fields]
+    if missing:
+        raise ShardError(f"{where}: sample {key!r} lacks {missing}; every sample needs {list(REQUIRED_FIELDS)}")
+    try:
+        meta = json.loads(fields["meta.json"])
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardError(f"{where}: sample {key!r} has invalid meta.json ({e})") from e
+    if meta.get("schema") != SCHEMA_VERSION:
+        raise ShardError(f"{where}: sample {key!r} has schema {meta.get('schema')!r}, this reader reads "
+                         f"{SCHEMA_VERSION}")
+    arrays = {name: _npy_array(fields[name + ".npy"], f"{where}:{key}.{name}.npy")
+              for name in ("boxes", "features", "scores", "class_probs") if name + ".npy" in fields}
+    for name, dtype in (("boxes", np.float32), ("features", np.float16), ("scores", np.float32),
+                        ("class_probs", np.float16)):
+        if name in arrays and arrays[name].dtype != dtype:
+            raise ShardError(f"{where}: sample {key!r} field {name} is {arrays[name].dtype}, the schema says {dtype}")
+    try:
+        return Regions(image_id=meta["image_id"], height=int(meta["height"]), width=int(meta["width"]),
+                       boxes=arrays["boxes"], features=arrays["features"], scores=arrays["scores"],
+                       class_probs=arrays.get("class_probs"), detector=meta.get("detector", ""))
+    except KeyError as e:
+        raise ShardError(f"{where}: sample {key!r} meta.json lacks {e}") from e
+
+
+def read_shards(paths: Iterable[str | os.PathLike]) -> Iterator[Regions]:
+    """Yield the validated :class:`Regions` of every sample of every shard, in order.
+
+    Raises:
+        FileNotFoundError: a shard does not exist.
+        ShardError: corrupt/truncated tar, missing or duplicate fields, wrong dtype, duplicate image id.
+        detectors.regions.RegionError: a sample breaks the schema (boxes outside the image, NaN, zero regions...).
+    """
+    seen: set[str] = set()
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"region shard {path} does not exist")
+        for key, fields in _iter_tar_samples(path):
+            regions = decode_sample(key, fields, str(path))
+            if regions.image_id in seen:
+                raise ShardError(f"{path}: image id {regions.image_id!r} appears twice across the shards")
+            seen.add(regions.image_id)
+            yield regions
+
+
+def load_regions(paths: Iterable[str | os.PathLike]) -> dict[str, Regions]:
+    """All regions of the shards in memory, by image id (features stay float16)."""
+    return {r.image_id: r for r in read_shards(paths)}
+
+
+__all__ = ["write_shards", "read_shards", "load_regions", "ShardError", "RegionError", "SCHEMA_VERSION",
+           "sample_key"]

@@ -1,0 +1,119 @@
+"""Faster R-CNN (Ren et al. 2015) from torchvision as a bottom-up-attention style region detector.
+
+BUTD (Anderson et al. 2018, section 3.1) keeps every box whose class confidence passes a threshold, at least 10
+and at most 100 per image, and uses the box head's pooled feature as the region feature. Here: torchvision's
+``fasterrcnn_resnet50_fpn`` (COCO, 91 classes); the feature is the 1024-d output of its two-layer box head
+(``roi_heads.box_head``) on the final boxes; the class distribution is the softmax of its box predictor.
+Weights come from torchvision's weights API when online, or from a local state-dict file.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from detectors.regions import Regions
+
+
+class TorchvisionRegionDetector:
+    """Image -> :class:`~detectors.regions.Regions` with a torchvision Faster R-CNN.
+
+    Args:
+        weights: ``"DEFAULT"`` (torchvision's COCO weights, downloaded on first use), a path to a state dict
+            saved from ``fasterrcnn_resnet50_fpn``, or None for random weights (tests only).
+        min_boxes, max_boxes: BUTD's 10 and 100.
+        score_threshold: BUTD's confidence threshold (0.2).
+        device: where the model runs.
+    Raises:
+        FileNotFoundError: ``weights`` is a path that does not exist.
+        RuntimeError: the weights cannot be downloaded (offline): the message names the local-file option.
+    """
+
+    def __init__(self, weights: str | os.PathLike | None = "DEFAULT", min_boxes: int = 10, max_boxes: int = 100,
+                 score_threshold: float = 0.2, device: str | torch.device = "cpu"):
+        from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights, fasterrcnn_resnet50_fpn
+
+        if weights == "DEFAULT":
+            try:
+                model = fasterrcnn_resnet50_fpn(weights=FasterRCNN_ResNet50_FPN_Weights.DEFAULT)
+            except Exception as e:
+                raise RuntimeError(
+                    f"could not fetch torchvision's Faster R-CNN weights ({type(e).__name__}: {e}); offline, pass "
+                    "weights=<path to a fasterrcnn_resnet50_fpn state dict>, or use the timm backbone detector") from e
+        else:
+            model = fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None)
+            if weights is not None:
+                if not os.path.isfile(weights):
+                    raise FileNotFoundError(f"Faster R-CNN weights file {weights} does not exist")
+                model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        # Keep every candidate: BUTD's own selection (threshold, 10..100 boxes) happens in __call__.
+        model.roi_heads.score_thresh = 0.0
+        model.roi_heads.detections_per_img = max_boxes
+        self.model = model.to(device).eval()
+        self.min_boxes, self.max_boxes, self.score_threshold = min_boxes, max_boxes, score_threshold
+        self.device = torch.device(device)
+        self.name = f"torchvision:fasterrcnn_resnet50_fpn(weights={weights},thr={score_threshold})"
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.model.roi_heads.box_head.fc7.out_features)
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.model.roi_heads.box_predictor.cls_score.out_features)
+
+    @torch.no_grad()
+    def __call__(self, image, image_id: str) -> Regions:
+        """Detect, keep BUTD's 10..100 boxes by score, and pool features and class distributions for them."""
+        array = np.asarray(image.convert("RGB")) if hasattr(image, "convert") else np.asarray(image)
+        h, w = array.shape[:2]
+        x = torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).float().div(255).to(self.device)
+        m = self.model
+        images, _ = m.transform([x])
+        features = m.backbone(images.tensors)
+        proposals, _ = m.rpn(images, features)
+        detections, _ = m.roi_heads(features, proposals, images.image_sizes)
+        boxes, scores = detections[0]["boxes"], detections[0]["scores"]
+        order = scores.argsort(descending=True)
+        n = int((scores >= self.score_threshold).sum().clamp(self.min_boxes, self.max_boxes))
+        boxes = boxes[order][:n]
+        if len(boxes) == 0:  # nothing detected: fall back on the whole image
+            boxes = torch.tensor([[0.0, 0.0, images.image_sizes[0][1], images.image_sizes[0][0]]], device=self.device)
+        pooled = m.roi_heads.box_roi_pool(features, [boxes], images.image_sizes)
+        region_features = m.roi_heads.box_head(pooled)
+        class_logits, _ = m.roi_heads.box_predictor(region_features)
+        probs = class_logits.softmax(-1)
+        # Back from the transform's resized frame to the original image's pixels.
+        ry, rx = h / images.image_sizes[0][0], w / images.image_sizes[0][1]
+        pixel_boxes = boxes * torch.tensor([rx, ry, rx, ry], device=self.device)
+        pixel_boxes[:, 0::2] = pixel_boxes[:, 0::2].clamp(0, w)
+        pixel_boxes[:, 1::2] = pixel_boxes[:, 1::2].clamp(0, h)
+        return Regions(image_id, h, w, pixel_boxes.cpu().numpy(), region_features.cpu().numpy(),
+                       probs[:, 1:].max(-1).values.cpu().numpy(), probs.cpu().numpy(), detector=self.name)
+
+
+class Detectron2RegionDetector:
+    """Placeholder for the detectron2 backend (e.g. the Visual Genome bottom-up-attention model).
+
+    detectron2 is not on PyPI; when it is installed this backend can be completed around
+    ``detectron2.engine.DefaultPredictor``. Without it, constructing this class raises a clear error.
+
+    Raises:
+        ModuleNotFoundError: detectron2 is not installed (the message says how to install it).
+        NotImplementedError: detectron2 is installed; this backend is not written yet.
+    """
+
+    def __init__(self, config_file: str, weights: str, device: str = "cpu"):
+        try:
+            import detectron2  # noqa: F401
+        except ModuleNotFoundError as e:
+            raise ModuleNotFoundError(
+                "the detectron2 backend needs detectron2, which is not on PyPI: install it from source "
+                "(pip install 'git+https://github.com/facebookresearch/detectron2.git'), or use the torchvision or "
+                "timm backends (detectors.TorchvisionRegionDetector, detectors.BackboneRegionExtractor)") from e
+        raise NotImplementedError("the detectron2 backend is not implemented yet; use the torchvision or timm backend")
+
+
+__all__ = ["TorchvisionRegionDetector", "Detectron2RegionDetector"]

@@ -1,0 +1,152 @@
+#!/usr/bin/env python
+"""Images -> region shards (webdataset tar, schema in detectors/shards.py), or precomputed features -> shards.
+
+    python tools/extract_regions.py --images skimage --output-dir runs/regions-photos --draw runs/photos.png
+    python tools/extract_regions.py --images my_photos/ --backend torchvision --weights frcnn.pth --output-dir out/
+    python tools/extract_regions.py --from-tsv trainval_obj36.tsv --output-dir out/      # bottom-up-attention TSV
+    python tools/extract_regions.py --from-npz features_dir/ --output-dir out/             # one .npz per image
+
+--images takes files, directories (PNG/JPEG inside), "skimage" (the real photos shipped with scikit-image) or
+"easy-vqa". --draw writes the first images with their boxes (and top class) to one PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
+SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "motorcycle_left", "hubble_deep_field")
+
+
+def image_sources(spec: list[str]) -> list[tuple[str, object]]:
+    """(image id, path or array) pairs for the --images arguments."""
+    out = []
+    for item in spec:
+        if item == "skimage":
+            from skimage import data
+
+            out += [(name, getattr(data, name)()) for name in SKIMAGE_PHOTOS]
+        elif item == "easy-vqa":
+            from vlbert.data.easy_vqa import image_paths
+
+            out += [(i, p) for split in ("train", "test") for i, p in image_paths(split).items()]
+        else:
+            path = Path(item)
+            if path.is_dir():
+                out += [(p.stem, p) for p in sorted(path.rglob("*")) if p.suffix.lower() in IMAGE_SUFFIXES]
+            elif path.is_file():
+                out.append((path.stem, path))
+            else:
+                raise SystemExit(f"--images {item}: no such file or directory")
+    if not out:
+        raise SystemExit("no images found")
+    return out
+
+
+def build_extractor(args):
+    if args.backend == "timm":
+        from detectors.backbone import BackboneRegionExtractor
+
+        return BackboneRegionExtractor(input_size=args.input_size, device=args.device)
+    if args.backend == "torchvision":
+        from detectors.torchvision_detector import TorchvisionRegionDetector
+
+        return TorchvisionRegionDetector(weights=args.weights, device=args.device)
+    from detectors.torchvision_detector import Detectron2RegionDetector
+
+    return Detectron2RegionDetector(args.config_file, args.weights, args.device)
+
+
+def draw(regions_and_images, path: Path, max_boxes: int = 8, label_fn=None) -> None:
+    """Draw up to ``max_boxes`` boxes per image (highest scores, whole image excluded) side by side."""
+    from PIL import Image, ImageDraw
+
+    tiles = []
+    for regions, image in regions_and_images:
+        tile = image.convert("RGB").copy()
+        pen = ImageDraw.Draw(tile)
+        order = [i for i in regions.scores.argsort()[::-1]
+                 if not (regions.boxes[i] == [0, 0, regions.width, regions.height]).all()][:max_boxes]
+        for rank, i in enumerate(order):
+            color = ("red", "lime", "blue", "yellow", "magenta", "cyan", "orange", "white")[rank % 8]
+            x1, y1, x2, y2 = regions.boxes[i].tolist()
+            pen.rectangle([x1, y1, x2, y2], outline=color, width=max(1, tile.width // 200))
+            if label_fn is not None and regions.class_probs is not None:
+                pen.text((x1 + 2, y1 + 2), label_fn(int(regions.class_probs[i].argmax())), fill=color)
+        tile.thumbnail((400, 400))
+        tiles.append(tile)
+    canvas = Image.new("RGB", (sum(t.width for t in tiles), max(t.height for t in tiles)), "white")
+    x = 0
+    for t in tiles:
+        canvas.paste(t, (x, 0))
+        x += t.width
+    path.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--images", nargs="+", help="files, directories, 'skimage' or 'easy-vqa'")
+    source.add_argument("--from-tsv", help="a bottom-up-attention TSV file (BUTD or LXMERT columns)")
+    source.add_argument("--from-npz", help="a directory of per-image .npz files")
+    p.add_argument("--output-dir", required=True, help="where the shards go")
+    p.add_argument("--backend", choices=("timm", "torchvision", "detectron2"), default="timm")
+    p.add_argument("--weights", default="DEFAULT", help="torchvision/detectron2 weights (a path offline)")
+    p.add_argument("--config-file", help="detectron2 config")
+    p.add_argument("--input-size", type=int, default=384, help="timm backbone input size")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--draw", help="PNG to draw the first images' boxes into")
+    p.add_argument("--draw-count", type=int, default=4)
+    p.add_argument("--samples-per-shard", type=int, default=1000)
+    args = p.parse_args(argv)
+
+    from tqdm.auto import tqdm
+
+    from detectors.shards import write_shards
+
+    if args.from_tsv:
+        from detectors.precomputed import read_butd_tsv
+
+        shards = write_shards(tqdm(read_butd_tsv(args.from_tsv), desc="import tsv"), args.output_dir,
+                              max_samples_per_shard=args.samples_per_shard)
+    elif args.from_npz:
+        from detectors.precomputed import read_npz
+
+        files = sorted(Path(args.from_npz).glob("*.npz"))
+        shards = write_shards((read_npz(f) for f in tqdm(files, desc="import npz")), args.output_dir,
+                              max_samples_per_shard=args.samples_per_shard)
+    else:
+        import numpy as np
+        from PIL import Image
+
+        extractor = build_extractor(args)
+        sources = image_sources(args.images)
+        drawn = []
+
+        def regions():
+            for image_id, src in tqdm(sources, desc="extract regions", unit="img", dynamic_ncols=True):
+                image = Image.fromarray(np.asarray(src)) if not isinstance(src, Path) else Image.open(src)
+                r = extractor(image, image_id)
+                if args.draw and len(drawn) < args.draw_count:
+                    drawn.append((r, image.convert("RGB")))
+                yield r
+
+        shards = write_shards(regions(), args.output_dir, max_samples_per_shard=args.samples_per_shard)
+        if args.draw:
+            label_fn = None
+            if args.backend == "timm":
+                from timm.data import ImageNetInfo
+
+                info = ImageNetInfo()
+                label_fn = lambda i: info.index_to_description(i).split(",")[0]  # noqa: E731
+            draw(drawn, Path(args.draw), label_fn=label_fn)
+            print(f"boxes drawn to {args.draw}")
+    print(f"wrote {len(shards)} shard(s) to {args.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The easy-VQA dataset (Victor Zhou, 2020): 5,000 64x64 PNG images of one coloured shape, 48,248 questions
+over 13 answers, train/test split shipped by the ``easy-vqa`` package.
+
+Image ids here are ``"<split>/<n>"``. :func:`image_attributes` recovers each image's colour and shape from its
+own question/answer pairs (e.g. "what color is the shape?" -> "blue", "does the image contain a circle?" -> "yes"),
+which gives a caption per image ("a blue circle") for image-text pretraining.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlbert.utils import require
+
+COLORS = ("red", "green", "blue", "black", "gray", "teal", "brown", "yellow")
+SHAPES = ("circle", "rectangle", "triangle")
+SPLITS = ("train", "test")
+CAPTION_TEMPLATES = ("a {color} {shape}", "a {color} {shape} in the image", "there is a {color} {shape}",
+                     "the image shows a {color} {shape}", "a picture of a {color} {shape}")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One easy-VQA question: ``question`` (str), ``answer`` (one of the 13 answers), ``image_id`` ("split/n")."""
+
+    question: str
+    answer: str
+    image_id: str
+
+
+def easy_vqa_dir() -> Path:
+    """The package's data directory (``train/``, ``test/``, ``answers.txt``).
+
+    Raises:
+        ModuleNotFoundError: easy-vqa is not installed; the message names the install.
+    """
+    package = require("easy_vqa", "the easy-VQA dataset", "pip install -e '.[vl]'  (or pip install easy-vqa)")
+    return Path(package.__file__).parent / "data"
+
+
+def load_questions(split: str) -> list[Question]:
+    """All questions of ``split`` ("train": 38,575; "test": 9,673).
+
+    Raises:
+        ValueError: unknown split.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"easy-VQA split must be one of {SPLITS}, got {split!r}")
+    raw = json.loads((easy_vqa_dir() / split / "questions.json").read_text())
+    return [Question(q, a, f"{split}/{i}") for q, a, i in raw]
+
+
+def image_paths(split: str) -> dict[str, Path]:
+    """image id -> PNG path for ``split``, in numeric order."""
+    folder = easy_vqa_dir() / split / "images"
+    paths = {f"{split}/{p.stem}": p for p in folder.glob("*.png")}
+    return dict(sorted(paths.items(), key=lambda kv: int(kv[0].split("/")[1])))
+
+
+def answers() -> list[str]:
+    """The 13 answers in the package's order."""
+    return [a.strip() for a in (easy_vqa_dir() / "answers.txt").read_text().splitlines() if a.strip()]
+
+
+def image_attributes(questions: list[Question]) -> dict[str, dict[str, str]]:
+    """Each image's colour and shape as stated by its questions and answers.
+
+    Open questions give the attribute directly ("what color is the shape?" -> colour; "what is the blue shape?"
+    -> shape, and the colour named in the question). A yes/no question about a colour or shape asserts it when the
+    answer is "yes" without "not", or "no" with "not". Returns image id -> {"color": ..., "shape": ...} with the
+    keys it could recover.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for q in questions:
+        words = q.question.rstrip("?").split()
+        attrs = out.setdefault(q.image_id, {})
+        colors = [w for w in words if w in COLORS]
+        shapes = [w for w in words if w in SHAPES]
+        if q.answer in COLORS:
+            attrs["color"] = q.answer
+            if shapes:
+                attrs["shape"] = shapes[0]
+        elif q.answer in SHAPES:
+            attrs["shape"] = q.answer
+            if colors:
+                attrs["color"] = colors[0]
+        elif q.answer in ("yes", "no"):
+            asserted = (q.answer == "yes") != ("not" in words)
+            if asserted:
+                if colors:
+                    attrs["color"] = colors[0]
+                if shapes:
+                    attrs["shape"] = shapes[0]
+    return out
+
+
+def captions(split: str, attributes: dict[str, dict[str, str]] | None = None) -> dict[str, tuple[str, str]]:
+    """image id -> (colour, shape) for the images of ``split`` whose colour and shape are both known."""
+    attributes = attributes if attributes is not None else image_attributes(load_questions(split))
+    return {i: (a["color"], a["shape"]) for i, a in attributes.items()
+            if "color" in a and "shape" in a and i.startswith(split + "/")}
+
+
+__all__ = ["Question", "SPLITS", "load_questions", "image_paths", "answers", "image_attributes", "captions", "COLORS",
+           "SHAPES", "CAPTION_TEMPLATES", "easy_vqa_dir"]
