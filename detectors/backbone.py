@@ -83,14 +83,15 @@ class BackboneRegionExtractor:
         return int(self.model.num_classes)
 
     @torch.no_grad()
-    def feature_map(self, image: np.ndarray) -> torch.Tensor:
-        """uint8 [H, W, 3] -> float [1, C, h, w], the backbone's last feature map at ``input_size``."""
-        x = torch.from_numpy(np.array(image, dtype=np.uint8)).to(self.device).permute(2, 0, 1)[None].float() / 255.0
-        x = torch.nn.functional.interpolate(x, size=(self.input_size, self.input_size), mode="bilinear",
-                                            align_corners=False, antialias=True)
-        return self.model.forward_features((x - self.mean) / self.std)
+    def feature_maps(self, images: list[np.ndarray]) -> torch.Tensor:
+        """uint8 [H, W, 3] images -> float [N, C, h, w], the backbone's last feature maps at ``input_size``."""
+        batch = torch.stack([
+            torch.nn.functional.interpolate(
+                torch.from_numpy(np.array(im, dtype=np.uint8)).permute(2, 0, 1)[None].float().div(255.0),
+                size=(self.input_size, self.input_size), mode="bilinear", align_corners=False, antialias=True)[0]
+            for im in images]).to(self.device)
+        return self.model.forward_features((batch - self.mean) / self.std)
 
-    @torch.no_grad()
     def __call__(self, image, image_id: str, boxes: np.ndarray | None = None) -> Regions:
         """Extract regions of one image.
 
@@ -103,24 +104,37 @@ class BackboneRegionExtractor:
         Raises:
             detectors.regions.RegionError: given boxes outside the image, x2 < x1, or none at all.
         """
+        return self.extract_batch([image], [image_id], None if boxes is None else [boxes])[0]
+
+    @torch.no_grad()
+    def extract_batch(self, images: list, image_ids: list[str], boxes: list[np.ndarray] | None = None) -> list[Regions]:
+        """:meth:`__call__` for several images with one backbone forward (faster on CPU and GPU)."""
         from torchvision.ops import roi_align
 
-        array = np.asarray(image.convert("RGB")) if hasattr(image, "convert") else np.asarray(image)
-        h, w = array.shape[:2]
+        arrays = [np.asarray(im.convert("RGB")) if hasattr(im, "convert") else np.asarray(im) for im in images]
         if boxes is None:
-            boxes = self.proposals(array)
-        boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
-        Regions(image_id, h, w, boxes, np.zeros((len(boxes), 1)), np.ones(len(boxes)))  # validate before work
-        fmap = self.feature_map(array)
-        scale = torch.tensor([self.input_size / w, self.input_size / h] * 2, device=self.device)
-        resized = torch.from_numpy(boxes).to(self.device) * scale
-        spatial_scale = fmap.shape[-1] / self.input_size
-        pooled = roi_align(fmap, [resized], output_size=self.roi_output_size, spatial_scale=spatial_scale,
-                           sampling_ratio=2, aligned=True).mean(dim=(2, 3))
+            boxes = [self.proposals(a) for a in arrays]
+        boxes = [np.asarray(b, dtype=np.float32).reshape(-1, 4) for b in boxes]
+        for a, b, image_id in zip(arrays, boxes, image_ids):  # validate before any work
+            Regions(image_id, a.shape[0], a.shape[1], b, np.zeros((len(b), 1)), np.ones(len(b)))
+        fmaps = self.feature_maps(arrays)
+        resized = []
+        for a, b in zip(arrays, boxes):
+            h, w = a.shape[:2]
+            scale = torch.tensor([self.input_size / w, self.input_size / h] * 2)
+            resized.append((torch.from_numpy(b) * scale).to(self.device))
+        pooled = roi_align(fmaps, resized, output_size=self.roi_output_size,
+                           spatial_scale=fmaps.shape[-1] / self.input_size, sampling_ratio=2,
+                           aligned=True).mean(dim=(2, 3))
         probs = self.model.get_classifier()(pooled).softmax(-1)
-        scores = probs.max(-1).values
-        return Regions(image_id, h, w, boxes, pooled.cpu().numpy(), scores.cpu().numpy(), probs.cpu().numpy(),
-                       detector=self.name)
+        out, start = [], 0
+        for a, b, image_id in zip(arrays, boxes, image_ids):
+            n = len(b)
+            p = probs[start:start + n]
+            out.append(Regions(image_id, a.shape[0], a.shape[1], b, pooled[start:start + n].cpu().numpy(),
+                               p.max(-1).values.cpu().numpy(), p.cpu().numpy(), detector=self.name))
+            start += n
+        return out
 
 
 __all__ = ["BackboneRegionExtractor", "load_efficientnet_lite0"]

@@ -9,7 +9,7 @@ import dataclasses
 import json
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ _HF_BOOKKEEPING_KEYS = {
     "pooler_size_per_head", "pooler_type", "id2label", "label2id", "problem_type", "tie_word_embeddings",
     "is_decoder", "add_cross_attention", "chunk_size_feed_forward", "return_dict", "output_hidden_states",
     "output_attentions", "torchscript", "finetuning_task", "tokenizer_class", "prefix", "sep_token_id",
-    "decoder_start_token_id", "task_specific_params", "problem_type", "num_labels", "attn_implementation",
+    "decoder_start_token_id", "task_specific_params", "problem_type", "attn_implementation",
 }
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
@@ -57,6 +57,8 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     position_embedding_type: str = "absolute"
     pad_token_id: int = 0
+    num_labels: int = 2
+    classifier_dropout: float | None = None
 
     model_type = "bert"
 
@@ -76,6 +78,8 @@ class BertConfig:
                 f"({self.num_attention_heads}); pick a head count that divides it")
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ValueError(f"config.hidden_act={self.hidden_act!r} is not supported; use one of {SUPPORTED_ACTIVATIONS}")
+        if not isinstance(self.num_labels, int) or self.num_labels < 1:
+            raise ValueError(f"config.num_labels must be a positive integer, got {self.num_labels!r}")
         if self.position_embedding_type != "absolute":
             raise ValueError(
                 f"config.position_embedding_type={self.position_embedding_type!r} is not supported; "
@@ -106,6 +110,8 @@ class BertConfig:
                 field fails :meth:`validate`.
         """
         values = dict(values)
+        if "num_labels" not in values and isinstance(values.get("id2label"), dict):
+            values["num_labels"] = len(values["id2label"])  # transformers stores the label count as id2label
         model_type = values.get("model_type")
         if model_type is not None and model_type not in cls.accepted_model_types():
             raise ValueError(
@@ -141,9 +147,12 @@ class BertConfig:
         return cls.from_dict(values)
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields plus ``model_type``, the form written to ``config.json``."""
+        """All fields plus ``model_type`` and transformers' ``id2label``/``label2id`` (from which transformers
+        derives num_labels), the form written to ``config.json``."""
         out = dataclasses.asdict(self)
         out["model_type"] = self.model_type
+        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(self.num_labels)}
+        out["label2id"] = {f"LABEL_{i}": i for i in range(self.num_labels)}
         return out
 
     def to_json_file(self, path: str | os.PathLike, architectures: list[str] | None = None) -> None:

@@ -69,7 +69,7 @@ def image_attributes(questions: list[Question]) -> dict[str, dict[str, str]]:
 
     Open questions give the attribute directly ("what color is the shape?" -> colour; "what is the blue shape?"
     -> shape, and the colour named in the question). A yes/no question about a colour or shape asserts it when the
-    answer is "yes" without "not", or "no" with "not". Returns image id -> {"color": ..., "shape": ...} with the
+    answer is "yes" without a negation ("not", "no"), or "no" with one. Returns image id -> {"color": ..., "shape": ...} with the
     keys it could recover.
     """
     out: dict[str, dict[str, str]] = {}
@@ -87,7 +87,8 @@ def image_attributes(questions: list[Question]) -> dict[str, dict[str, str]]:
             if colors:
                 attrs["color"] = colors[0]
         elif q.answer in ("yes", "no"):
-            asserted = (q.answer == "yes") != ("not" in words)
+            negated = "not" in words or "no" in words  # "is there not a ...", "is no brown shape present?"
+            asserted = (q.answer == "yes") != negated
             if asserted:
                 if colors:
                     attrs["color"] = colors[0]

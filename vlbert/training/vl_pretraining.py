@@ -74,9 +74,11 @@ class VLDataConfig:
     dataset: "easy-vqa" (the embedded default). shards: a directory of region shards to use instead of
     extracting (image ids "train/<n>"). cache_dir: where extracted shards are kept. eval_fraction: images held out.
     max_text_length, max_regions: truncation. task_weights: objective mix (relative frequency of batches).
+    max_images: use only the first N captioned training images (0 = all), e.g. for a quick run.
     """
 
     dataset: str = "easy-vqa"
+    max_images: int = 0
     shards: str = ""
     cache_dir: str = "~/.cache/vlbert/regions"
     eval_fraction: float = 0.05
@@ -87,26 +89,33 @@ class VLDataConfig:
     task_weights: dict = field(default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc": 1.0, "itm": 1.0})
 
 
-def easy_vqa_shards(detector: DetectorConfig, cache_dir: str | Path) -> list[Path]:
-    """Region shards of all easy-VQA images (train and test), extracted once per detector config and cached.
-
-    A ``complete.json`` marker is written last, so an interrupted extraction is redone, never half-used.
-    """
+def easy_vqa_shards(detector: DetectorConfig, cache_dir: str | Path, image_ids: list[str] | None = None) -> list[Path]:
+    """Region shards of the easy-VQA images (default all, train and test), extracted once per detector config
+    and image set, and cached. A ``complete.json`` marker is written last, so an interrupted extraction is
+    redone, never half-used."""
     from PIL import Image
     from tqdm.auto import tqdm
 
-    directory = Path(cache_dir).expanduser() / f"easy-vqa-{detector.fingerprint()}"
+    paths = {**image_paths("train"), **image_paths("test")}
+    tag = detector.fingerprint()
+    if image_ids is not None:
+        paths = {i: paths[i] for i in image_ids}
+        tag += "-" + hashlib.sha1("\n".join(image_ids).encode()).hexdigest()[:8]
+    directory = Path(cache_dir).expanduser() / f"easy-vqa-{tag}"
     marker = directory / "complete.json"
     if marker.is_file():
         return [directory / name for name in json.loads(marker.read_text())["shards"]]
     extractor = detector.build()
-    paths = {**image_paths("train"), **image_paths("test")}
     logger.info("extracting regions of %d easy-VQA images into %s (first use only)", len(paths), directory)
 
-    def regions():
-        for image_id, path in tqdm(paths.items(), desc="extract regions", unit="img", dynamic_ncols=True):
-            with Image.open(path) as image:
-                yield extractor(image, image_id)
+    def regions(batch_size: int = 32):
+        items = list(paths.items())
+        with tqdm(total=len(items), desc="extract regions", unit="img", dynamic_ncols=True) as bar:
+            for start in range(0, len(items), batch_size):
+                chunk = items[start:start + batch_size]
+                images = [Image.open(path).convert("RGB") for _, path in chunk]
+                yield from extractor.extract_batch(images, [image_id for image_id, _ in chunk])
+                bar.update(len(chunk))
 
     shards = write_shards(regions(), directory)
     marker.write_text(json.dumps({"detector": extractor.name, "config": asdict(detector),
@@ -131,12 +140,17 @@ class VLPretrainingData:
                  num_workers: int = 0):
         if data.dataset != "easy-vqa":
             raise ValueError(f"data.dataset={data.dataset!r}: the built-in image-text data is 'easy-vqa'")
-        shards = sorted(Path(data.shards).glob("*.tar")) if data.shards else easy_vqa_shards(detector, data.cache_dir)
+        pairs = easy_vqa_pairs(tokenizer, "train", seed)
+        if data.max_images:
+            pairs = pairs[: data.max_images]
+        if data.shards:
+            shards = sorted(Path(data.shards).glob("*.tar"))
+        else:
+            shards = easy_vqa_shards(detector, data.cache_dir, [p.image_id for p in pairs] if data.max_images else None)
         if not shards:
             raise FileNotFoundError(f"no region shards (*.tar) in {data.shards}")
         self.regions = load_regions(shards)
         self.tokenizer = tokenizer
-        pairs = easy_vqa_pairs(tokenizer, "train", seed)
         train_pairs, eval_pairs = train_eval_split(pairs, data.eval_fraction, seed)
         self.text = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability)
         self.collator = VLCollator(self.text, dict(data.task_weights), data.region_mask_probability)
