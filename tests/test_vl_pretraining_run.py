@@ -9,7 +9,7 @@ import torch
 
 from vlbert.data.easy_vqa import captions, image_attributes, load_questions
 from vlbert.data.pretraining import MaskingCollator
-from vlbert.data.vl_pretraining import VLCollator
+from vlbert.data.vl_pretraining import VLCollator, pad_regions
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.training.vl_pretraining import VLPretrainingData, VLDataConfig, DetectorConfig, run_vl_pretraining
 
@@ -45,7 +45,7 @@ def data(cache_dir, tokenizer):
 def test_conditional_masking_per_task(data, tokenizer):
     items = [data.train[i] for i in range(8)]
     text = MaskingCollator.from_tokenizer(tokenizer)
-    plain = VLCollator(text, force_task="mlm").pad_regions(items)
+    plain = pad_regions(items)
     mlm = VLCollator(text, force_task="mlm")(items)
     assert (mlm["labels"] != -100).any() and torch.equal(mlm["region_features"], plain["region_features"])
     mrfr = VLCollator(text, force_task="mrfr")(items)

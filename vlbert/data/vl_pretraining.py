@@ -102,6 +102,30 @@ class VLPretrainingDataset(Dataset):
         }
 
 
+def pad_regions(items: list[dict]) -> dict[str, torch.Tensor]:
+    """Pad per-image regions into a batch.
+
+    Args:
+        items: dicts with ``region_features`` (float16 [R_i, D]) and ``region_boxes`` (float32 [R_i, 4],
+            normalised xyxy).
+    Returns:
+        region_features float16 [B, R, D], region_boxes float32 [B, R, 4], region_mask int64 [B, R] (1 = real),
+        R = max R_i.
+    """
+    b = len(items)
+    r = max(len(x["region_features"]) for x in items)
+    d = items[0]["region_features"].shape[1]
+    feats = torch.zeros(b, r, d, dtype=torch.float16)
+    boxes = torch.zeros(b, r, 4, dtype=torch.float32)
+    mask = torch.zeros(b, r, dtype=torch.long)
+    for i, x in enumerate(items):
+        n = len(x["region_features"])
+        feats[i, :n] = torch.from_numpy(np.asarray(x["region_features"], dtype=np.float16))
+        boxes[i, :n] = torch.from_numpy(np.asarray(x["region_boxes"], dtype=np.float32))
+        mask[i, :n] = 1
+    return {"region_features": feats, "region_boxes": boxes, "region_mask": mask}
+
+
 @dataclass
 class VLCollator:
     """Pad text and regions, pick the batch's task from ``task_weights`` and apply its masking.
@@ -124,20 +148,6 @@ class VLCollator:
             raise ValueError(f"unknown pretraining task(s) {unknown}; the tasks are {TASKS}")
         if any(w < 0 for w in self.task_weights.values()) or sum(self.task_weights.values()) <= 0:
             raise ValueError(f"task weights must be >= 0 with a positive sum, got {self.task_weights}")
-
-    def pad_regions(self, items: list[dict]) -> dict[str, torch.Tensor]:
-        b = len(items)
-        r = max(len(x["region_features"]) for x in items)
-        d = items[0]["region_features"].shape[1]
-        feats = torch.zeros(b, r, d, dtype=torch.float16)
-        boxes = torch.zeros(b, r, 4, dtype=torch.float32)
-        mask = torch.zeros(b, r, dtype=torch.long)
-        for i, x in enumerate(items):
-            n = len(x["region_features"])
-            feats[i, :n] = torch.from_numpy(np.asarray(x["region_features"], dtype=np.float16))
-            boxes[i, :n] = torch.from_numpy(np.asarray(x["region_boxes"], dtype=np.float32))
-            mask[i, :n] = 1
-        return {"region_features": feats, "region_boxes": boxes, "region_mask": mask}
 
     def choose_task(self, generator: torch.Generator) -> str:
         if self.force_task:
@@ -164,7 +174,7 @@ class VLCollator:
         else:
             texts = [{"input_ids": x["input_ids"]} for x in items]
         batch = self.text.pad(texts)
-        batch.update(self.pad_regions(items))
+        batch.update(pad_regions(items))
         batch["task"] = task
         if task == "mlm":
             batch["input_ids"], batch["labels"] = self.text.mask(batch["input_ids"], generator)
@@ -187,4 +197,4 @@ class VLCollator:
         return batch
 
 
-__all__ = ["Caption", "VLPretrainingDataset", "VLCollator", "TASKS"]
+__all__ = ["Caption", "VLPretrainingDataset", "VLCollator", "TASKS", "pad_regions"]

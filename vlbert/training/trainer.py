@@ -9,6 +9,7 @@ whose ``loss`` it minimises and whose ``losses``/``metrics``/``counts`` it logs.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import math
@@ -152,6 +153,7 @@ class Trainer:
         self.train_batches = train_batches
         self.eval_batches = eval_batches
         self.unwrapped = model
+        self.forward_arguments = set(inspect.signature(model.forward).parameters)
         fused = self.accelerator.device.type == "cuda"
         optimizer = torch.optim.AdamW(
             parameter_groups(model, config.weight_decay), lr=config.learning_rate,
@@ -169,10 +171,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ data
     def _to_device(self, batch: dict) -> dict:
-        """Move tensors to the device; drop bookkeeping keys the model does not take (``task``)."""
+        """Move tensors to the device, keeping only what the model's ``forward`` takes (batches may carry
+        bookkeeping such as the objective's name or example indices)."""
         device = self.accelerator.device
         return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
-                if k != "task"}
+                if k in self.forward_arguments}
 
     def _train_stream(self):
         acc = self.accelerator

@@ -25,7 +25,7 @@ from vlbert.config import VLBertConfig
 from vlbert.data.corpus import train_eval_split
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, captions as easy_vqa_captions, image_paths
 from vlbert.data.pretraining import LengthGroupedBatchSampler, MaskingCollator
-from vlbert.data.vl_pretraining import TASKS, Caption, VLCollator, VLPretrainingDataset
+from vlbert.data.vl_pretraining import TASKS, Caption, VLCollator, VLPretrainingDataset, pad_regions
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_tokenizer_path
 from vlbert.training.run_config import check_sections, dataclass_from_section
@@ -204,7 +204,7 @@ class VLPretrainingData:
             if not rows:
                 continue
             batch = self.text.pad([{"input_ids": it["input_ids"]} for it, _, _ in rows])
-            batch.update(self.collator.pad_regions([it for it, _, _ in rows]))
+            batch.update(pad_regions([it for it, _, _ in rows]))
             labels = torch.full_like(batch["input_ids"], -100)
             for i, (_, pos, tid) in enumerate(rows):
                 batch["input_ids"][i, pos] = self.tokenizer.mask_token_id

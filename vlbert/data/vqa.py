@@ -1,0 +1,153 @@
+"""VQA data: examples from easy-VQA or the VQA v2 JSON files, an answer vocabulary, and batches of question +
+regions + soft answer targets."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from detectors.regions import Regions
+from vlbert.data.pretraining import MaskingCollator
+from vlbert.data.vl_pretraining import pad_regions
+from vlbert.evaluation.vqa import answer_targets, normalize_answer
+
+
+@dataclass(frozen=True)
+class VQAExample:
+    """One question: ``question_id``, ``image_id`` (as in the region shards), ``question`` and the annotators'
+    ``answers`` (10 in VQA v2, 1 in easy-VQA; empty for unlabelled test questions)."""
+
+    question_id: str
+    image_id: str
+    question: str
+    answers: tuple[str, ...]
+
+
+def easy_vqa_examples(split: str) -> list[VQAExample]:
+    """easy-VQA questions of ``split`` as :class:`VQAExample` (image ids "<split>/<n>", one answer each)."""
+    from vlbert.data.easy_vqa import load_questions
+
+    return [VQAExample(f"{split}-{k}", q.image_id, q.question, (q.answer,))
+            for k, q in enumerate(load_questions(split))]
+
+
+def load_vqa_v2(questions_file: str | os.PathLike, annotations_file: str | os.PathLike | None = None,
+                image_id_format: str = "{image_id}") -> list[VQAExample]:
+    """Read the official VQA v2 files (``v2_OpenEnded_mscoco_<split>_questions.json`` and, for train/val,
+    ``v2_mscoco_<split>_annotations.json``).
+
+    Args:
+        image_id_format: how a numeric COCO image id becomes the id used in the region shards, e.g.
+            ``"COCO_train2014_{image_id:012d}"``.
+    Raises:
+        FileNotFoundError: a file is missing. ValueError: the files lack the expected keys, or an annotation
+            refers to an unknown question.
+    """
+    questions = json.loads(Path(questions_file).read_text())
+    if "questions" not in questions:
+        raise ValueError(f"{questions_file} has no 'questions' list; is it a VQA v2 questions file?")
+    answers: dict[int, tuple[str, ...]] = {}
+    if annotations_file is not None:
+        annotations = json.loads(Path(annotations_file).read_text())
+        if "annotations" not in annotations:
+            raise ValueError(f"{annotations_file} has no 'annotations' list; is it a VQA v2 annotations file?")
+        answers = {a["question_id"]: tuple(x["answer"] for x in a["answers"]) for a in annotations["annotations"]}
+        known = {q["question_id"] for q in questions["questions"]}
+        stray = [qid for qid in answers if qid not in known]
+        if stray:
+            raise ValueError(f"{annotations_file} annotates {len(stray)} questions not in {questions_file}, "
+                             f"e.g. {stray[:3]}; pair files of the same split")
+    return [VQAExample(str(q["question_id"]), image_id_format.format(image_id=q["image_id"]), q["question"],
+                       answers.get(q["question_id"], ())) for q in questions["questions"]]
+
+
+def build_answer_vocab(examples: Sequence[VQAExample], min_count: int = 1) -> list[str]:
+    """Normalised answers given at least ``min_count`` times (VQA v2 practice: 9, giving 3,129 answers), most
+    frequent first."""
+    counts = Counter(normalize_answer(a) for ex in examples for a in ex.answers)
+    return [a for a, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if c >= min_count]
+
+
+class VQADataset(Dataset):
+    """Questions joined with their image's regions and soft answer targets.
+
+    Args:
+        examples: the questions.
+        regions: image id -> :class:`~detectors.regions.Regions`.
+        tokenizer: WordPiece tokenizer.
+        answer_vocab: the answers the model can output.
+        max_question_length: wordpieces incl. [CLS]/[SEP]; max_regions: regions per image.
+        drop_unknown: drop labelled questions none of whose answers is in the vocabulary (standard for VQA v2);
+            otherwise such a question is an error.
+    Raises:
+        ValueError: a question's image has no regions, or (without ``drop_unknown``) no answer is in the
+            vocabulary; the message names the question and the fix.
+    """
+
+    def __init__(self, examples: Sequence[VQAExample], regions: dict[str, Regions], tokenizer,
+                 answer_vocab: Sequence[str], max_question_length: int = 32, max_regions: int = 36,
+                 drop_unknown: bool = False):
+        self.answer_to_index = {a: i for i, a in enumerate(answer_vocab)}
+        self.answer_vocab = list(answer_vocab)
+        kept = []
+        for ex in examples:
+            if ex.image_id not in regions:
+                raise ValueError(f"question {ex.question_id} ({ex.question!r}) is about image {ex.image_id!r}, "
+                                 "which has no regions; extract its regions (tools/extract_regions.py) or drop it")
+            if ex.answers and not answer_targets(ex.answers, self.answer_to_index):
+                if drop_unknown:
+                    continue
+                raise ValueError(f"question {ex.question_id} ({ex.question!r}) has answers {list(ex.answers)[:3]} "
+                                 f"none of which is in the {len(answer_vocab)}-answer vocabulary; extend the "
+                                 "vocabulary or pass drop_unknown=True")
+            kept.append(ex)
+        self.examples = kept
+        self.regions = regions
+        self.max_regions = max_regions
+        texts = [ex.question for ex in kept]
+        self.input_ids = tokenizer(texts, truncation=True, max_length=max_question_length)["input_ids"] if texts else []
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def lengths(self) -> list[int]:
+        return [len(ids) + min(self.regions[ex.image_id].num_regions, self.max_regions)
+                for ids, ex in zip(self.input_ids, self.examples)]
+
+    def __getitem__(self, index: int) -> dict:
+        ex = self.examples[index]
+        r = self.regions[ex.image_id]
+        n = min(r.num_regions, self.max_regions)
+        return {"input_ids": self.input_ids[index], "region_features": r.features[:n],
+                "region_boxes": r.normalised_boxes()[:n], "targets": answer_targets(ex.answers, self.answer_to_index),
+                "index": index}
+
+
+class VQACollator:
+    """Pad questions and regions; turn per-question answer scores into ``answer_targets`` float [B, A]. Also
+    returns ``index`` (int64 [B]) so predictions can be matched to questions."""
+
+    def __init__(self, tokenizer, num_answers: int):
+        self.text = MaskingCollator.from_tokenizer(tokenizer)
+        self.num_answers = num_answers
+
+    def __call__(self, items: list[dict]) -> dict:
+        batch = self.text.pad([{"input_ids": x["input_ids"]} for x in items])
+        batch.update(pad_regions(items))
+        targets = torch.zeros(len(items), self.num_answers)
+        for i, x in enumerate(items):
+            for j, score in x["targets"].items():
+                targets[i, j] = score
+        batch["answer_targets"] = targets
+        batch["index"] = torch.tensor([x["index"] for x in items])
+        return batch
+
+
+__all__ = ["VQAExample", "easy_vqa_examples", "load_vqa_v2", "build_answer_vocab", "VQADataset", "VQACollator"]
