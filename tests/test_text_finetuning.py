@@ -1,0 +1,116 @@
+"""Text fine-tuning: label alignment and metrics on hand-worked examples; every task type end-to-end with a tiny
+checkpoint; BBC News with both implementations."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+import vlbert
+from vlbert.data.finetuning import align_word_labels
+from vlbert.evaluation import text as m
+from vlbert.training.text_finetuning import run_text_finetuning
+
+
+def test_align_word_labels():
+    # [CLS] new ##york is [SEP]  -> words 0 0 1, specials None
+    assert align_word_labels([None, 0, 0, 1, None], [3, 5]) == [-100, 3, -100, 5, -100]
+
+
+def test_text_metrics_hand_worked():
+    assert m.bio_spans(["B-PER", "I-PER", "O", "B-LOC", "I-ORG", "B-LOC"]) == {
+        (0, 2, "PER"), (3, 4, "LOC"), (4, 5, "ORG"), (5, 6, "LOC")}
+    gold = [["B-PER", "I-PER", "O", "B-LOC"]]
+    pred = [["B-PER", "I-PER", "O", "O"]]
+    assert m.entity_f1(pred, gold) == pytest.approx(2 / 3)  # tp 1, fp 0, fn 1
+    assert m.squad_scores("The Eiffel tower", ["Eiffel Tower"]) == (1.0, 1.0)
+    em, f1 = m.squad_scores("tower in Paris", ["Eiffel Tower"])
+    assert em == 0.0 and f1 == pytest.approx(2 * (1 / 3) * (1 / 2) / (1 / 3 + 1 / 2))
+    assert m.macro_f1([0, 0, 1, 1], [0, 1, 1, 1]) == pytest.approx((2 / 3 + 0.8) / 2)
+    assert m.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, tokenizer):
+    path = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    config = vlbert.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=64, max_position_embeddings=128)
+    vlbert.BertModel(config).save_pretrained(path, tokenizer=tokenizer)
+    return path
+
+
+def run(tmp_path, init, data, steps=3):
+    config = {"init_from": str(init), "data": data,
+              "training": {"output_dir": str(tmp_path / "out"), "max_steps": steps, "batch_size": 4,
+                           "learning_rate": 1e-3, "warmup_steps": 1, "log_every": 1, "progress_bar": False}}
+    return run_text_finetuning(config)
+
+
+def test_sentence_pair_classification_csv(tmp_path, tiny_checkpoint):
+    rows = [("a cat sat", "a cat rested", "same"), ("stocks fell", "it rained", "different")] * 6
+    for name in ("train.csv", "dev.csv"):
+        with open(tmp_path / name, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["s1", "s2", "label"])
+            w.writerows(rows)
+    metrics = run(tmp_path, tiny_checkpoint, {"task": "custom", "type": "classification",
+                                              "train": str(tmp_path / "train.csv"), "eval": str(tmp_path / "dev.csv"),
+                                              "text_field": "s1", "text_pair_field": "s2"})
+    assert 0 <= metrics["accuracy"] <= 1 and 0 <= metrics["macro_f1"] <= 1
+
+
+def test_regression_jsonl(tmp_path, tiny_checkpoint):
+    lines = [{"text": f"score {i}", "label": float(i % 5)} for i in range(12)]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    metrics = run(tmp_path, tiny_checkpoint, {"task": "custom", "type": "regression",
+                                              "train": str(tmp_path / "r.jsonl"), "eval": str(tmp_path / "r.jsonl")})
+    assert -1 <= metrics["pearson"] <= 1 and "eval_cls_loss" in metrics
+
+
+def test_tagging_jsonl(tmp_path, tiny_checkpoint):
+    lines = [{"tokens": ["Angela", "Merkel", "visited", "Paris"], "tags": ["B-PER", "I-PER", "O", "B-LOC"]},
+             {"tokens": ["Shares", "in", "Unilever", "rose"], "tags": ["O", "O", "B-ORG", "O"]}] * 5
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    metrics = run(tmp_path, tiny_checkpoint, {"task": "custom", "type": "tagging",
+                                              "train": str(tmp_path / "t.jsonl"), "eval": str(tmp_path / "t.jsonl")})
+    assert 0 <= metrics["entity_f1"] <= 1 and 0 <= metrics["token_accuracy"] <= 1
+
+
+def test_span_qa_jsonl(tmp_path, tiny_checkpoint):
+    context = "The Eiffel Tower is in Paris. It was finished in 1889."
+    lines = [{"question": "Where is the tower?", "context": context,
+              "answers": {"text": ["Paris"], "answer_start": [context.index("Paris")]}},
+             {"question": "When was it finished?", "context": context,
+              "answers": {"text": ["1889"], "answer_start": [context.index("1889")]}}] * 4
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    metrics = run(tmp_path, tiny_checkpoint, {"task": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"),
+                                              "eval": str(tmp_path / "q.jsonl")})
+    assert 0 <= metrics["exact_match"] <= metrics["f1"] + 1e-9 <= 1 + 1e-9
+    bad = dict(lines[0], answers={"text": ["London"], "answer_start": [3]})
+    (tmp_path / "bad.jsonl").write_text(json.dumps(bad) + "\n")
+    with pytest.raises(ValueError, match="not at character 3"):
+        run(tmp_path, tiny_checkpoint, {"task": "custom", "type": "qa", "train": str(tmp_path / "bad.jsonl"),
+                                        "eval": str(tmp_path / "q.jsonl")})
+
+
+@pytest.mark.parametrize("implementation", ["vlbert", "transformers"])
+def test_bbc_news_both_implementations(tmp_path, tiny_checkpoint, implementation):
+    config = {"init_from": str(tiny_checkpoint), "implementation": implementation,
+              "data": {"task": "bbc-news", "max_seq_length": 32, "max_train_examples": 40},
+              "training": {"output_dir": str(tmp_path / implementation), "max_steps": 2, "batch_size": 4,
+                           "learning_rate": 1e-3, "warmup_steps": 1, "progress_bar": False}}
+    metrics = run_text_finetuning(config)
+    assert 0 <= metrics["accuracy"] <= 1
+    assert (tmp_path / implementation / "model.safetensors").is_file()
+
+
+def test_unknown_label_in_eval_data(tmp_path, tiny_checkpoint):
+    (tmp_path / "tr.jsonl").write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n')
+    (tmp_path / "ev.jsonl").write_text('{"text": "c", "label": "z"}\n')
+    with pytest.raises(ValueError, match="label 'z' is not one of"):
+        run(tmp_path, tiny_checkpoint, {"task": "custom", "type": "classification",
+                                        "train": str(tmp_path / "tr.jsonl"), "eval": str(tmp_path / "ev.jsonl")})

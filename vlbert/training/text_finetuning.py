@@ -1,0 +1,185 @@
+"""Text fine-tuning (``tools/finetune_text.py``): one output layer on the pretrained encoder, the whole network
+fine-tuned (BERT section 4; recipe of appendix A.3: 2-4 epochs, batch 16-32, lr 2e-5..5e-5, warmup).
+
+Metrics in metrics.json: classification ``accuracy`` and ``macro_f1``; regression ``pearson``; tagging
+``entity_f1`` and ``token_accuracy``; QA ``exact_match`` and ``f1``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from vlbert.data.finetuning import (TextTaskCollator, TextTaskConfig, TextTaskDataset, bbc_news_split, label_space,
+                                    load_records)
+from vlbert.data.pretraining import LengthGroupedBatchSampler
+from vlbert.evaluation import text as text_metrics
+from vlbert.models import heads
+from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_tokenizer_path
+from vlbert.training.run_config import check_sections, dataclass_from_section
+from vlbert.training.trainer import Trainer, TrainingConfig, set_seed
+
+logger = logging.getLogger(__name__)
+
+TOP_LEVEL_KEYS = ("task", "init_from", "tokenizer", "model", "data", "training", "implementation")
+HEADS = {"classification": heads.BertForSequenceClassification, "regression": heads.BertForSequenceClassification,
+         "tagging": heads.BertForTokenClassification, "qa": heads.BertForQuestionAnswering}
+
+
+class TransformersAdapter(torch.nn.Module):
+    """Wrap a transformers ``BertForSequenceClassification`` so the trainer can run it exactly as ours (same
+    data, recipe and seed): returns an :class:`~vlbert.models.heads.ClassificationOutput` with ``cls`` loss and
+    accuracy. Used only for side-by-side comparisons."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
+        out = self.model(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                         labels=labels)
+        result = heads.ClassificationOutput(logits=out.logits)
+        if labels is not None:
+            with torch.no_grad():
+                acc = (out.logits.argmax(-1) == labels).float().mean()
+            result.add("cls", out.loss, "cls_accuracy", acc, labels.numel())
+        return result
+
+    def save_pretrained(self, directory, tokenizer=None):
+        self.model.save_pretrained(str(directory))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(directory))
+
+
+class TextTaskData:
+    """Train/eval datasets of one text task and their batches."""
+
+    def __init__(self, config: TextTaskConfig, tokenizer, batch_size: int, seed: int = 0):
+        if config.task == "bbc-news":
+            config.type = "classification"
+            train, evaluation, names = bbc_news_split(seed=0, eval_fraction=config.eval_fraction)
+            labels = list(range(len(names)))
+            self.label_names = names
+        elif config.task == "custom":
+            if not (config.train and config.eval):
+                raise ValueError("a custom task needs data.train and data.eval (files or datasets names)")
+            train = load_records(config.train, config.train_split)
+            evaluation = load_records(config.eval, config.eval_split)
+            if config.type == "classification":
+                labels = label_space(train, config.label_field)
+            elif config.type == "tagging":
+                labels = sorted({t for r in train for t in r[config.tags_field]})
+            else:
+                labels = None
+            self.label_names = [str(x) for x in labels] if labels else None
+        else:
+            raise ValueError(f"data.task must be 'bbc-news' or 'custom', got {config.task!r}")
+        if config.max_train_examples:
+            train = train[: config.max_train_examples]
+        self.config, self.labels = config, labels
+        self.train = TextTaskDataset(train, tokenizer, config, labels)
+        self.eval = TextTaskDataset(evaluation, tokenizer, config, labels)
+        self.collator = TextTaskCollator(tokenizer, config.type)
+        self.batch_size, self.seed = batch_size, seed
+
+    @property
+    def num_labels(self) -> int:
+        return {"regression": 1, "qa": 2}.get(self.config.type) or len(self.labels)
+
+    def train_batches(self, epoch: int, start: int, rank: int, world_size: int):
+        sampler = LengthGroupedBatchSampler(self.train.lengths(), self.batch_size, seed=self.seed, epoch=epoch,
+                                            rank=rank, world_size=world_size)
+        return DataLoader(self.train, batch_sampler=sampler.batches()[start:], collate_fn=self.collator,
+                          generator=torch.Generator().manual_seed(self.seed + epoch))
+
+    def eval_batches(self):
+        batches = LengthGroupedBatchSampler(self.eval.lengths(), 2 * self.batch_size, shuffle=False).batches()
+        return DataLoader(self.eval, batch_sampler=batches, collate_fn=self.collator)
+
+    @torch.no_grad()
+    def score(self, model) -> dict[str, float]:
+        """The task's metrics on the evaluation set (see module docstring)."""
+        model.eval()
+        device = next(model.parameters()).device
+        preds: dict[int, Any] = {}
+        for batch in self.eval_batches():
+            index = batch.pop("index").tolist()
+            inputs = {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
+            out = model(**inputs)
+            if self.config.type == "qa":
+                s, e, _ = heads.best_span(out.start_logits, out.end_logits, allowed=batch["context_mask"].to(device))
+                for i, a, b in zip(index, s.tolist(), e.tolist()):
+                    preds[i] = (a, b)
+            elif self.config.type == "tagging":
+                for row, i in enumerate(index):
+                    preds[i] = out.logits[row].argmax(-1).tolist()
+            elif self.config.type == "regression":
+                preds.update(zip(index, out.logits.squeeze(-1).tolist()))
+            else:
+                preds.update(zip(index, out.logits.argmax(-1).tolist()))
+        model.train()
+        items = self.eval.items
+        order = range(len(items))
+        if self.config.type == "classification":
+            p, r = [preds[i] for i in order], [items[i]["labels"] for i in order]
+            return {"accuracy": text_metrics.accuracy(p, r), "macro_f1": text_metrics.macro_f1(p, r)}
+        if self.config.type == "regression":
+            return {"pearson": text_metrics.pearson([preds[i] for i in order], [items[i]["labels"] for i in order])}
+        if self.config.type == "tagging":
+            names = [str(x) for x in self.labels]
+            pred_tags, gold_tags, hits, total = [], [], 0, 0
+            for i in order:
+                gold = items[i]["labels"]
+                keep = [k for k, g in enumerate(gold) if g != -100]
+                pred_tags.append([names[preds[i][k]] for k in keep])
+                gold_tags.append([names[gold[k]] for k in keep])
+                hits += sum(preds[i][k] == gold[k] for k in keep)
+                total += len(keep)
+            return {"entity_f1": text_metrics.entity_f1(pred_tags, gold_tags), "token_accuracy": hits / max(total, 1)}
+        em = f1 = 0.0
+        for i in order:
+            record, (a, b) = self.eval.records[i], preds[i]
+            offsets = items[i]["offsets"]
+            context = record[self.config.context_field]
+            answer = context[offsets[a][0]:offsets[b][1]] if items[i]["context_mask"][a] else ""
+            e, f = text_metrics.squad_scores(answer, record[self.config.answers_field]["text"])
+            em, f1 = em + e, f1 + f
+        return {"exact_match": em / len(items), "f1": f1 / len(items)}
+
+
+def run_text_finetuning(run_config: dict[str, Any], resume: bool = False) -> dict[str, Any]:
+    """Fine-tune on a text task as configured; ``implementation: transformers`` trains transformers'
+    BertForSequenceClassification instead (classification only), for same-recipe comparisons."""
+    check_sections(run_config, TOP_LEVEL_KEYS)
+    training = TrainingConfig.from_dict(run_config.get("training") or {})
+    data_config = dataclass_from_section(TextTaskConfig, run_config.get("data"), "data")
+    init_from = resolve_tokenizer_path(run_config.get("init_from") or "minilm")
+    tokenizer = load_tokenizer(resolve_tokenizer_path(run_config.get("tokenizer") or init_from))
+    data = TextTaskData(data_config, tokenizer, training.batch_size, training.seed)
+    set_seed(training.seed)
+    overrides = {"num_labels": data.num_labels, **(run_config.get("model") or {})}
+    implementation = run_config.get("implementation", "vlbert")
+    if implementation == "transformers":
+        if data.config.type != "classification":
+            raise ValueError("implementation: transformers is offered for classification comparisons only")
+        import transformers
+
+        model = TransformersAdapter(transformers.BertForSequenceClassification.from_pretrained(init_from, **overrides))
+    elif implementation == "vlbert":
+        model = HEADS[data.config.type].from_pretrained(init_from, **overrides)
+        check_tokenizer_matches(tokenizer, model.config)
+    else:
+        raise ValueError(f"implementation must be 'vlbert' or 'transformers', got {implementation!r}")
+    logger.info("%s task (%s): %d training, %d evaluation examples", data.config.task, data.config.type,
+                len(data.train), len(data.eval))
+    trainer = Trainer(model, training, data.train_batches, data.eval_batches, run_config=run_config,
+                      tokenizer=tokenizer)
+    if resume:
+        trainer.resume()
+    return trainer.train(final_metrics=data.score)
+
+
+__all__ = ["run_text_finetuning", "TextTaskData", "TransformersAdapter"]
