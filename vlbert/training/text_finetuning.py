@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from vlbert.utils import evaluation
 from vlbert.data.finetuning import (TextTaskCollator, TextTaskConfig, TextTaskDataset, bbc_news_split, label_space,
                                     load_records)
 from vlbert.data.pretraining import LengthGroupedBatchSampler
@@ -99,10 +100,9 @@ class TextTaskData:
         batches = LengthGroupedBatchSampler(self.eval.lengths(), 2 * self.batch_size, shuffle=False).batches()
         return DataLoader(self.eval, batch_sampler=batches, collate_fn=self.collator)
 
-    @torch.no_grad()
+    @evaluation
     def score(self, model) -> dict[str, float]:
         """The task's metrics on the evaluation set (see module docstring)."""
-        model.eval()
         device = next(model.parameters()).device
         preds: dict[int, Any] = {}
         for batch in self.eval_batches():
@@ -120,7 +120,6 @@ class TextTaskData:
                 preds.update(zip(index, out.logits.squeeze(-1).tolist()))
             else:
                 preds.update(zip(index, out.logits.argmax(-1).tolist()))
-        model.train()
         items = self.eval.items
         order = range(len(items))
         if self.config.type == "classification":

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from detectors.shards import load_regions, write_shards
+from vlbert.utils import evaluation
 from vlbert.config import VLBertConfig
 from vlbert.data.corpus import train_eval_split
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, captions as easy_vqa_captions, image_paths
@@ -183,14 +184,13 @@ class VLPretrainingData:
             for indices in batches:
                 yield collate([self.eval[i] for i in indices])
 
-    @torch.no_grad()
+    @evaluation
     def grounding_accuracy(self, model) -> dict[str, float]:
         """Held-out accuracy of predicting a caption's masked colour or shape word, with the image's regions and
         with every region masked out (region_mask = 0): the gap is what the model reads from the image."""
         from vlbert.data.easy_vqa import COLORS, SHAPES
 
         word_ids = {self.tokenizer.convert_tokens_to_ids(w) for w in COLORS + SHAPES}
-        model.eval()
         device = next(model.parameters()).device
         hits = {"with_regions": 0, "without_regions": 0}
         total = 0
@@ -215,7 +215,6 @@ class VLPretrainingData:
                 out = model(**{**batch, "region_mask": region_mask}, labels=labels.to(device))
                 hits[name] += int(round(float(out.metrics["mlm_accuracy"]) * out.counts["mlm"]))
             total += len(rows)
-        model.train()
         return {f"eval_color_shape_mlm_accuracy_{k}": v / max(total, 1) for k, v in hits.items()}
 
 

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from detectors.shards import load_regions
+from vlbert.utils import evaluation
 from vlbert.data.easy_vqa import answers as easy_vqa_answers
 from vlbert.data.pretraining import LengthGroupedBatchSampler
 from vlbert.data.vqa import (VQACollator, VQADataset, build_answer_vocab, easy_vqa_examples, load_vqa_v2)
@@ -104,10 +105,9 @@ class VQAData:
         batches = LengthGroupedBatchSampler(self.eval.lengths(), 2 * self.batch_size, shuffle=False).batches()
         return DataLoader(self.eval, batch_sampler=batches, collate_fn=self.collator)
 
-    @torch.no_grad()
+    @evaluation
     def predict(self, model) -> list[dict]:
         """The top answer for every evaluation question, with its VQA accuracy when answers are known."""
-        model.eval()
         device = next(model.parameters()).device
         rows = []
         for batch in self.eval_batches():
@@ -120,7 +120,6 @@ class VQAData:
                 if ex.answers:
                     row["accuracy"] = vqa_accuracy(row["answer"], ex.answers)
                 rows.append(row)
-        model.train()
         return rows
 
 

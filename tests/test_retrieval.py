@@ -1,0 +1,79 @@
+"""Retrieval: Karpathy-split reader, the ITC+ITM training losses, and the shortlist evaluation (which must
+score only (#images + #captions) x shortlist pairs with the cross-encoder, and agree with scoring all pairs when
+the shortlist covers everything)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import vlbert
+from detectors.regions import Regions
+from vlbert.data.retrieval import CaptionedImage, RetrievalCollator, RetrievalPairs, evaluate_retrieval, load_karpathy_split
+from vlbert.models.vl import VLBertForImageTextRetrieval
+
+
+def test_karpathy_reader(tmp_path):
+    data = {"images": [
+        {"filename": "a.jpg", "cocoid": 1, "split": "train", "sentences": [{"raw": "A dog."}, {"raw": "A puppy."}]},
+        {"filename": "b.jpg", "cocoid": 2, "split": "restval", "sentences": [{"raw": "A cat."}]},
+        {"filename": "c.jpg", "cocoid": 3, "split": "test", "sentences": [{"raw": "A bus."}]}]}
+    (tmp_path / "d.json").write_text(json.dumps(data))
+    train = load_karpathy_split(tmp_path / "d.json", "train", "{cocoid}")
+    assert [(x.image_id, x.captions) for x in train] == [("1", ("A dog.", "A puppy.")), ("2", ("A cat.",))]
+    assert load_karpathy_split(tmp_path / "d.json", "test")[0].image_id == "c.jpg"
+    with pytest.raises(ValueError, match="no images in split"):
+        load_karpathy_split(tmp_path / "d.json", "val")
+
+
+@pytest.fixture()
+def setup(tokenizer):
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    regions = {f"img{i}": Regions(f"img{i}", 32, 32, [[0, 0, 32, 32], [4, 4, 20, 20]],
+                                  rng.standard_normal((2, 12)), [1.0, 0.5]) for i in range(6)}
+    images = [CaptionedImage(f"img{i}", (f"a {c} thing", f"the {c} object"), group=c)
+              for i, c in enumerate(["red", "blue", "red", "green", "teal", "black"])]
+    config = vlbert.VLBertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                                 num_attention_heads=2, intermediate_size=64, region_feature_dim=12,
+                                 num_region_classes=0)
+    return VLBertForImageTextRetrieval(config).eval(), images, regions
+
+
+def test_training_losses(setup, tokenizer):
+    model, images, regions = setup
+    pairs = RetrievalPairs(images, regions, tokenizer)
+    batch = RetrievalCollator(tokenizer)([pairs[i] for i in range(len(pairs))])
+    assert batch["group_ids"].tolist()[:4] == [batch["group_ids"][0]] * 2 + [batch["group_ids"][2]] * 2
+    out = model.train()(**batch)
+    assert set(out.losses) == {"itc", "itm"} and out.counts["itm"] == 3 * len(pairs)
+    out.loss.backward()
+    assert model.text_proj.weight.grad.abs().sum() > 0 and model.itm.weight.grad.abs().sum() > 0
+
+
+def test_shortlist_matches_full_scoring(setup, tokenizer):
+    model, images, regions = setup
+    full, i2t, t2i = evaluate_retrieval(model, images, regions, tokenizer, shortlist=100, ks=(1, 5),
+                                        return_scores=True)
+    assert full["cross_encoder_pairs"] == 2 * full["all_pairs"]  # shortlist covers everything: both directions
+    # Brute force: cross-encoder on every pair.
+    from vlbert.data.pretraining import MaskingCollator
+    from vlbert.data.vl_pretraining import pad_regions
+
+    caps = [(k, c) for k, im in enumerate(images) for c in im.captions]
+    text = MaskingCollator.from_tokenizer(tokenizer)
+    ids = tokenizer([c for _, c in caps])["input_ids"]
+    scores = torch.zeros(len(images), len(caps))
+    with torch.no_grad():
+        for i, im in enumerate(images):
+            r = regions[im.image_id]
+            batch = text.pad([{"input_ids": x} for x in ids])
+            batch.update(pad_regions([{"region_features": r.features, "region_boxes": r.normalised_boxes()}] * len(ids)))
+            scores[i] = model.match_scores(**batch)
+    torch.testing.assert_close(i2t, scores, atol=1e-5, rtol=0)
+    torch.testing.assert_close(t2i, scores.T, atol=1e-5, rtol=0)
+    small = evaluate_retrieval(model, images, regions, tokenizer, shortlist=3)
+    assert small["cross_encoder_pairs"] == (len(images) + len(caps)) * 3
