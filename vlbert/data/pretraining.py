@@ -237,10 +237,16 @@ class MaskingCollator:
         return masked, labels
 
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
+        """Pad and mask. Each sample's masking is drawn from its own ``mask_seed``, so it does not depend on
+        which other samples share its batch (or rank)."""
         batch = self.pad(items)
-        seed = hash(tuple(x.get("mask_seed", 0) for x in items)) & 0x7FFFFFFFFFFF
-        generator = torch.Generator().manual_seed(seed)
-        batch["input_ids"], batch["labels"] = self.mask(batch["input_ids"], generator)
+        labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
+        for row, x in enumerate(items):
+            n = len(x["input_ids"])
+            generator = torch.Generator().manual_seed(x.get("mask_seed", row))
+            batch["input_ids"][row:row + 1, :n], labels[row:row + 1, :n] = self.mask(
+                batch["input_ids"][row:row + 1, :n], generator)
+        batch["labels"] = labels
         if "next_sentence_label" in items[0]:
             batch["next_sentence_label"] = torch.tensor([x["next_sentence_label"] for x in items], dtype=torch.long)
         return batch
@@ -249,16 +255,17 @@ class MaskingCollator:
 class LengthGroupedBatchSampler(Sampler[list[int]]):
     """Shuffled batches of items of similar length, so little padding is computed.
 
-    Items are shuffled (seeded by ``seed`` and the epoch), cut into groups of ``group_size`` batches, sorted by
-    length inside each group and cut into batches; the batches are then shuffled. With ``world_size`` > 1 each
-    rank takes every world_size-th batch (batches beyond an even share are dropped so all ranks step together).
+    Items are shuffled (seeded by ``seed`` and the epoch), cut into groups of ``group_size`` global batches,
+    sorted by length inside each group and cut into global batches of ``batch_size x world_size`` items; the
+    batches are then shuffled. Rank r takes slice r of every global batch, so N processes at ``batch_size`` see
+    exactly the items one process sees at ``N x batch_size`` (the basis of DDP equivalence).
 
     Args:
         lengths: token count of every item.
-        batch_size: items per batch (per rank).
+        batch_size: items per batch per rank.
         seed, epoch: randomness; call :meth:`set_epoch` for a new order.
-        group_size: batches per length-sorting group (1 = no grouping, plain shuffled batches).
-        drop_last: drop a final incomplete batch.
+        group_size: global batches per length-sorting group (1 = no grouping, plain shuffled batches).
+        drop_last: drop a final incomplete global batch (always dropped when it cannot give every rank an item).
         rank, world_size: data-parallel position.
     """
 
@@ -267,6 +274,8 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
                  world_size: int = 1):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world_size {world_size}")
         self.lengths = list(lengths)
         self.batch_size, self.seed, self.epoch = batch_size, seed, epoch
         self.group_size, self.drop_last, self.shuffle = group_size, drop_last, shuffle
@@ -275,31 +284,39 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def batches(self) -> list[list[int]]:
-        """All batches of this epoch for this rank, in order."""
+    def global_batches(self) -> list[list[int]]:
+        """All global batches (``batch_size x world_size`` items) of this epoch, in order."""
         rng = random.Random(f"batches-{self.seed}-{self.epoch}")
         order = list(range(len(self.lengths)))
         if self.shuffle:
             rng.shuffle(order)
-        group = self.batch_size * max(1, self.group_size)
-        all_batches = []
+        size = self.batch_size * self.world_size
+        group = size * max(1, self.group_size)
+        batches = []
         for start in range(0, len(order), group):
             block = order[start:start + group]
             if self.group_size > 1:
                 block.sort(key=lambda i: self.lengths[i])
-            all_batches.extend(block[j:j + self.batch_size] for j in range(0, len(block), self.batch_size))
-        if self.drop_last and all_batches and len(all_batches[-1]) < self.batch_size:
-            all_batches.pop()
+            batches.extend(block[j:j + size] for j in range(0, len(block), size))
+        if batches and (len(batches[-1]) < self.world_size or self.drop_last and len(batches[-1]) < size):
+            batches.pop()
         if self.shuffle:
-            rng.shuffle(all_batches)
-        usable = len(all_batches) // self.world_size * self.world_size
-        return all_batches[self.rank:usable:self.world_size]
+            rng.shuffle(batches)
+        return batches
+
+    def batches(self) -> list[list[int]]:
+        """This rank's batches of the epoch, in order: slice ``rank`` of every global batch."""
+        out = []
+        for batch in self.global_batches():
+            per_rank = -(-len(batch) // self.world_size)
+            out.append(batch[self.rank * per_rank:(self.rank + 1) * per_rank])
+        return out
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches())
 
     def __len__(self) -> int:
-        return len(self.batches())
+        return len(self.global_batches())
 
 
 __all__ = ["tokenize_documents", "create_segment_pairs", "truncate_pair", "TextPretrainingDataset",

@@ -226,6 +226,11 @@ class MaskedLMHead(nn.Module):
         return F.linear(h, word_embeddings, self.bias)
 
 
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """Losses are computed in at least float32 (bf16/fp16 logits are upcast; float64 stays float64)."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
 def masked_lm_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidden: torch.Tensor,
                    labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Sparse masked-LM loss: the vocabulary projection runs on masked positions only.
@@ -245,7 +250,7 @@ def masked_lm_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidden: to
     if count == 0:
         zero = logits.sum() * 0.0
         return zero, logits, zero.detach(), 0
-    loss = F.cross_entropy(logits.float(), targets)
+    loss = F.cross_entropy(upcast(logits), targets)
     with torch.no_grad():
         accuracy = (logits.argmax(-1) == targets).float().mean()
     return loss, logits, accuracy, count
@@ -253,7 +258,7 @@ def masked_lm_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidden: to
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Cross-entropy and accuracy of [N, C] logits against int64 [N] labels. Returns (loss, accuracy, N)."""
-    loss = F.cross_entropy(logits.float(), labels)
+    loss = F.cross_entropy(upcast(logits), labels)
     with torch.no_grad():
         accuracy = (logits.argmax(-1) == labels).float().mean()
     return loss, accuracy, labels.numel()
@@ -269,6 +274,7 @@ class BertForPreTraining(PreTrainedModel):
 
     config_class = BertConfig
     base_model_prefix = "bert"
+    objectives = ("mlm", "nsp")
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -331,5 +337,5 @@ def estimate_flops_per_token(config: BertConfig, seq_len: int, masked_fraction: 
 __all__ = [
     "BertModel", "BertForPreTraining", "BertEmbeddings", "BertEncoder", "BertLayer", "SelfAttention",
     "BertPooler", "MaskedLMHead", "masked_lm_loss", "classification_loss", "extended_attention_mask",
-    "activation", "estimate_flops_per_token", "IGNORE_INDEX",
+    "activation", "estimate_flops_per_token", "IGNORE_INDEX", "upcast",
 ]

@@ -52,6 +52,7 @@ class BertForSequenceClassification(PreTrainedModel):
     """
 
     base_model_prefix = "bert"
+    objectives = ("cls",)
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -102,6 +103,7 @@ class BertForTokenClassification(PreTrainedModel):
     """
 
     base_model_prefix = "bert"
+    objectives = ("tag",)
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -134,6 +136,7 @@ class BertForQuestionAnswering(PreTrainedModel):
     """
 
     base_model_prefix = "bert"
+    objectives = ("qa",)
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -188,6 +191,7 @@ class BertForMultipleChoice(PreTrainedModel):
     4.4, SWAG). Inputs are [B, num_choices, T]."""
 
     base_model_prefix = "bert"
+    objectives = ("choice",)
 
     def __init__(self, config: BertConfig):
         super().__init__(config)

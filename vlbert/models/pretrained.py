@@ -35,6 +35,8 @@ class PreTrainedModel(nn.Module):
 
     config_class = BertConfig
     base_model_prefix = ""
+    #: names of the objectives ``forward`` may report in ``losses`` (fixed order: multi-process loss weighting).
+    objectives: tuple[str, ...] = ()
 
     def __init__(self, config: BertConfig):
         super().__init__()

@@ -172,6 +172,7 @@ class VLBertForPreTraining(PreTrainedModel):
 
     config_class = VLBertConfig
     base_model_prefix = "bert"
+    objectives = ("mlm", "mrfr", "mrc", "itm")
 
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
@@ -242,6 +243,7 @@ class VLBertForVQA(PreTrainedModel):
 
     config_class = VLBertConfig
     base_model_prefix = "bert"
+    objectives = ("vqa",)
 
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
@@ -294,6 +296,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
 
     config_class = VLBertConfig
     base_model_prefix = "bert"
+    objectives = ("itc", "itm")
 
     def __init__(self, config: VLBertConfig, projection_dim: int = 256):
         super().__init__(config)

@@ -35,6 +35,8 @@ class TransformersAdapter(torch.nn.Module):
     data, recipe and seed): returns an :class:`~vlbert.models.heads.ClassificationOutput` with ``cls`` loss and
     accuracy. Used only for side-by-side comparisons."""
 
+    objectives = ("cls",)
+
     def __init__(self, model):
         super().__init__()
         self.model = model

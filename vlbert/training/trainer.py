@@ -56,6 +56,8 @@ class TrainingConfig:
     mixed_precision: str = "auto"  # auto = bf16 on CUDA, fp32 on CPU; or "no" / "bf16"
     num_workers: int = 0
     on_nonfinite: str = "stop"  # "stop" or "skip" the step
+    find_unused_parameters: bool = False  # DDP: needed when a step may leave heads unused (VL task mix)
+    distributed: str = "ddp"  # multi-process strategy: "ddp" or "fsdp" (accelerate's FSDP plugin)
     group_by_length: bool = True
     progress_bar: bool = True
 
@@ -73,6 +75,8 @@ class TrainingConfig:
                 raise ValueError(f"training.{name} must be >= 0, got {getattr(self, name)}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"training.mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}")
+        if self.distributed not in ("ddp", "fsdp"):
+            raise ValueError(f"training.distributed must be 'ddp' or 'fsdp', got {self.distributed!r}")
         if self.on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"training.on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
 
@@ -146,7 +150,14 @@ class Trainer:
         mixed = config.mixed_precision
         if mixed == "auto":
             mixed = "bf16" if torch.cuda.is_available() else "no"
-        self.accelerator = Accelerator(mixed_precision=mixed)
+        from accelerate.utils import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin
+
+        plugins = {}
+        if config.distributed == "fsdp":
+            plugins["fsdp_plugin"] = FullyShardedDataParallelPlugin()
+        self.accelerator = Accelerator(
+            mixed_precision=mixed, cpu=not torch.cuda.is_available(), **plugins,  # cpu: gloo under torchrun
+            kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters)])
         self.output_dir = Path(config.output_dir)
         self.run_config = run_config or {}
         self.tokenizer = tokenizer
@@ -158,8 +169,10 @@ class Trainer:
         optimizer = torch.optim.AdamW(
             parameter_groups(model, config.weight_decay), lr=config.learning_rate,
             betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon, fused=fused or None)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(config.warmup_steps, config.max_steps))
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        # The schedule counts optimizer steps; accelerate's prepared scheduler would advance once per process.
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, linear_schedule(config.warmup_steps, config.max_steps))
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0
@@ -229,8 +242,9 @@ class Trainer:
                         out = self.model(**batch)
                         if out.loss is None:
                             raise ValueError("the model returned no loss: the batch carries no labels")
-                        acc.backward(out.loss / cfg.grad_accum_steps)
-                    for name, value in {"loss": out.loss, **out.losses, **out.metrics}.items():
+                        backward_loss, global_loss = self._global_loss(out)
+                        acc.backward(backward_loss / cfg.grad_accum_steps)
+                    for name, value in {"loss": global_loss, **out.losses, **out.metrics}.items():
                         sums[name] = sums.get(name, 0.0) + value.detach().float()
                     if "attention_mask" in batch:
                         tokens += int(batch["attention_mask"].sum())
@@ -296,6 +310,30 @@ class Trainer:
                 writer.close()
         acc.wait_for_everyone()
         return metrics
+
+    def _global_loss(self, out) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss to backpropagate, the loss over the whole global batch) for one micro-batch.
+
+        One process: both are ``out.loss``. Several: each objective's mean loss is re-weighted by this rank's
+        share of the objective's predictions across ranks (e.g. masked tokens), so that DDP's gradient average
+        equals the gradient of the mean over every prediction of the global batch, exactly as one process would
+        compute it (transformers' ``num_items_in_batch`` fix, applied across ranks). Needs the model's
+        ``objectives``; without them, the plain per-rank mean is used.
+        """
+        acc = self.accelerator
+        names = getattr(self.unwrapped, "objectives", ())
+        if acc.num_processes == 1 or not names:
+            return out.loss, out.loss
+        device = out.loss.device
+        counts = torch.tensor([float(out.counts.get(n, 0)) for n in names], device=device, dtype=torch.float64)
+        sums = torch.stack([out.losses[n].detach().double() * out.counts[n] if n in out.losses
+                            else torch.zeros((), device=device, dtype=torch.float64) for n in names])
+        totals = acc.reduce(torch.stack([counts, sums]), reduction="sum")
+        backward = sum(out.losses[n] * (counts[i] * acc.num_processes / totals[0, i]).float()
+                       for i, n in enumerate(names) if n in out.losses and totals[0, i] > 0)
+        present = totals[0] > 0
+        global_loss = (totals[1][present] / totals[0][present]).sum().float()
+        return backward, global_loss
 
     def _global_sum(self, value: int) -> int:
         if self.accelerator.num_processes == 1:

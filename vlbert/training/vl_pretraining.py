@@ -240,7 +240,8 @@ def build_vl_model(run_config: dict[str, Any], tokenizer, feature_dim: int, num_
 def run_vl_pretraining(run_config: dict[str, Any], resume: bool = False) -> dict[str, Any]:
     """Pretrain the VL model as ``run_config`` says; returns the final metrics (also in metrics.json)."""
     check_sections(run_config, TOP_LEVEL_KEYS)
-    training = TrainingConfig.from_dict(run_config.get("training") or {})
+    # Batches carry one objective each, so a step leaves the other heads unused: DDP must expect that.
+    training = TrainingConfig.from_dict({"find_unused_parameters": True, **(run_config.get("training") or {})})
     data_config = dataclass_from_section(VLDataConfig, run_config.get("data"), "data")
     detector = dataclass_from_section(DetectorConfig, run_config.get("detector"), "detector")
     tokenizer = load_tokenizer(resolve_tokenizer_path(run_config.get("tokenizer") or run_config.get("init_from")))
