@@ -114,3 +114,10 @@ def test_unknown_label_in_eval_data(tmp_path, tiny_checkpoint):
     with pytest.raises(ValueError, match="label 'z' is not one of"):
         run(tmp_path, tiny_checkpoint, {"task": "custom", "type": "classification",
                                         "train": str(tmp_path / "tr.jsonl"), "eval": str(tmp_path / "ev.jsonl")})
+
+
+def test_tags_and_words_must_align(tmp_path, tiny_checkpoint):
+    (tmp_path / "t.jsonl").write_text(json.dumps({"tokens": ["a", "b"], "tags": ["O"]}) + "\n")
+    with pytest.raises(ValueError, match="2 words but 1 tags"):
+        run(tmp_path, tiny_checkpoint, {"task": "custom", "type": "tagging", "train": str(tmp_path / "t.jsonl"),
+                                        "eval": str(tmp_path / "t.jsonl")})

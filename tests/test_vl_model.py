@@ -113,3 +113,12 @@ def test_region_input_errors():
         model(ids, types, mask, feats[:, :0], boxes[:, :0], rmask[:, :0])
     with pytest.raises(ValueError, match="region_boxes"):
         model(ids, types, mask, feats, boxes[..., :2], rmask)
+
+
+def test_shard_feature_size_must_match_the_config(tokenizer):
+    from vlbert.training.vl_pretraining import build_vl_model
+
+    run = {"model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                     "region_feature_dim": 2048}}
+    with pytest.raises(ValueError, match="1280-d region features but model.region_feature_dim is 2048"):
+        build_vl_model(run, tokenizer, feature_dim=1280, num_classes=1000)

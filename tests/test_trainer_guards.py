@@ -1,0 +1,91 @@
+"""Trainer guards: a non-finite loss stops (naming the step and batch) without touching the last good
+checkpoint, or is skipped by configuration; atomic checkpoint directories."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vlbert.checkpoint import read_state_dict, write_safetensors
+from vlbert.models.outputs import ObjectiveOutput
+from vlbert.training.trainer import NonFiniteLossError, Trainer, TrainingConfig
+
+
+class Toy(torch.nn.Module):
+    """y = w x: an MSE objective with the save/load interface the trainer uses."""
+
+    objectives = ("mse",)
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, x, y):
+        loss = torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), y)
+        out = ObjectiveOutput()
+        out.add("mse", loss, "mse_value", loss.detach(), len(y))
+        return out
+
+    def save_pretrained(self, directory, tokenizer=None):
+        directory.mkdir(parents=True, exist_ok=True)
+        write_safetensors(self.state_dict(), directory / "model.safetensors")
+
+    def load_converted_state_dict(self, state, source="", strict=False):
+        self.load_state_dict(state)
+
+
+def batches_with_nan_at(bad_batch: int):
+    def factory(epoch, start, rank, world):
+        g = torch.Generator().manual_seed(epoch)
+        out = []
+        for i in range(10):
+            x = torch.randn(8, 4, generator=g)
+            if epoch == 0 and i == bad_batch:
+                x[0, 0] = float("nan")
+            out.append({"x": x, "y": x.sum(-1)})
+        return out[start:]
+    return factory
+
+
+def config(tmp_path, **kw):
+    return TrainingConfig(output_dir=str(tmp_path), max_steps=6, batch_size=8, learning_rate=0.05, warmup_steps=0,
+                          log_every=1, save_every=2, progress_bar=False, **kw)
+
+
+def test_nonfinite_loss_stops_and_keeps_the_checkpoint(tmp_path):
+    trainer = Trainer(Toy(), config(tmp_path), batches_with_nan_at(2))
+    with pytest.raises(NonFiniteLossError, match=r"step 3 \(epoch 0, batch 2\)"):
+        trainer.train()
+    checkpoints = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert checkpoints == ["step-2"], "no later checkpoint, no temporary directory left behind"
+    state = read_state_dict(tmp_path / "checkpoints" / "step-2")
+    assert all(torch.isfinite(t).all() for t in state.values())
+    resumed = Trainer(Toy(), config(tmp_path), batches_with_nan_at(-1))
+    assert resumed.resume() and resumed.step == 2
+
+
+def test_nonfinite_loss_can_be_skipped(tmp_path):
+    trainer = Trainer(Toy(), config(tmp_path, on_nonfinite="skip"), batches_with_nan_at(2))
+    metrics = trainer.train()
+    assert metrics["skipped_steps"] == 1 and metrics["step"] == 6
+    assert all(torch.isfinite(p).all() for p in trainer.unwrapped.parameters())
+    assert math.isfinite(metrics["train_loss"])
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    trainer = Trainer(Toy(), config(tmp_path), batches_with_nan_at(-1))
+    trainer.step = 2
+    trainer.save_checkpoint()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    trainer.step = 4
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError):
+        trainer.save_checkpoint()
+    from vlbert.training.trainer import latest_checkpoints
+
+    assert [p.name for p in latest_checkpoints(tmp_path)] == ["step-2"], "a half-written step-4 is never complete"
