@@ -1,12 +1,18 @@
 #!/usr/bin/env python
-"""Side-by-side train-step benchmark: vlbert's BertForPreTraining vs transformers' BertForPreTraining.
+"""Side-by-side train-step benchmark against Hugging Face transformers, plus data-pipeline throughput.
 
-Both models get the same weights and the same batch of real BBC News pretraining pairs (real lengths, so real
-padding), and run forward + backward + AdamW step. Printed per pair: ms/step (median), real (non-pad) tokens/s,
-peak memory, model FLOPs utilisation against a matmul peak measured in the same run, and the speedup.
+Pairs (same weights where the architectures map, same batch, forward + backward + AdamW step, same optimizer
+and precision on both sides):
+  text: vlbert BertForPreTraining   vs transformers BertForPreTraining   (MLM + NSP on real BBC News pairs)
+  vl:   vlbert VLBertForPreTraining vs transformers VisualBertForPreTraining (MLM + image-text matching on
+        easy-VQA captions with 4..16 regions per image)
+Printed per pair: ms/step (median), real (non-pad) tokens/s, peak memory, model FLOPs utilisation against a
+matmul peak measured in the same run, and the speedup. Data: tokenisation + pairing + masking samples/s, and
+region-shard read throughput.
 
-    python tools/benchmark.py                      # default text config on CPU
-    python tools/benchmark.py --device cuda --config configs/text/bert-base-128.yaml --json
+    python tools/benchmark.py                       # CPU, fp32
+    python tools/benchmark.py --bf16                # bf16 autocast on both sides (AMX CPUs, GPUs)
+    python tools/benchmark.py --device cuda --config configs/text/bert-base-128.yaml --batch-size 64 --json
 """
 
 from __future__ import annotations
@@ -15,16 +21,26 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
-    """Dense matmul FLOP/s of this device in this process (the MFU denominator)."""
+    """Dense matmul FLOP/s of this device in this process and dtype (the MFU denominator)."""
+    if device.type == "cuda":
+        size, repeats = 8192, 50
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     for _ in range(3):
@@ -37,103 +53,226 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 20
     return 2 * size ** 3 * repeats / (time.perf_counter() - start)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+class PeakMemory:
+    """Peak memory during a block: CUDA allocator peak, or on CPU the process RSS sampled every 2 ms, minus the
+    RSS at entry (MiB)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.peak = device, float("nan")
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            return self
+        import psutil
+
+        self._proc = psutil.Process()
+        self._base = self._max = self._proc.memory_info().rss
+        self._stop = False
+
+        def sample():
+            while not self._stop:
+                self._max = max(self._max, self._proc.memory_info().rss)
+                time.sleep(0.002)
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            self.peak = torch.cuda.max_memory_allocated() / 2 ** 20
+        else:
+            self._stop = True
+            self._thread.join()
+            self.peak = (self._max - self._base) / 2 ** 20
 
 
-def real_batch(tokenizer, batch_size: int, max_seq_length: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """One batch of real MLM + NSP pairs from BBC News (variable lengths, padded to the longest)."""
-    from vlbert.data.corpus import load_documents, split_sentences
-    from vlbert.data.pretraining import MaskingCollator, TextPretrainingDataset, tokenize_documents
-
-    docs = tokenize_documents(load_documents("bbc-news")[:300], tokenizer, split_sentences)
-    data = TextPretrainingDataset(docs, tokenizer, max_seq_length, seed=seed)
-    collator = MaskingCollator.from_tokenizer(tokenizer)
-    return collator([data[i] for i in range(batch_size)])
-
-
-def time_train_steps(model, batch: dict, device: torch.device, steps: int, warmup: int, autocast: bool,
-                     fused: bool) -> dict[str, float]:
+def time_train_steps(model, batch: dict, device: torch.device, steps: int, warmup: int, bf16: bool) -> dict:
+    """Median ms of forward + backward + AdamW step, and peak memory over the timed steps."""
     model.train().to(device)
     batch = {k: v.to(device) for k, v in batch.items()}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     times = []
-    for i in range(warmup + steps):
-        sync(device)
-        start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss = model(**batch).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        sync(device)
-        if i >= warmup:
+
+    for _ in range(warmup):
+        step()
+    with PeakMemory(device) as memory:
+        for _ in range(steps):
+            sync(device)
+            start = time.perf_counter()
+            step()
+            sync(device)
             times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated() / 2 ** 20 if device.type == "cuda" else float("nan")
-    return {"ms_per_step": statistics.median(times) * 1e3, "peak_memory_mb": peak}
+    model.cpu()
+    return {"ms_per_step": statistics.median(times) * 1e3, "peak_memory_mib": memory.peak}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(ROOT / "configs" / "text" / "default.yaml"))
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--json", action="store_true", help="one JSON line per pair")
-    args = p.parse_args(argv)
-
+def text_pair(run: dict, tokenizer, batch_size: int):
+    """(vlbert model, transformers model, vlbert batch, transformers batch, config, real tokens)."""
     import transformers
 
     from vlbert import BertConfig, BertForPreTraining
     from vlbert.checkpoint import vlbert_to_hf
+    from vlbert.data.corpus import load_documents, split_sentences
+    from vlbert.data.pretraining import MaskingCollator, TextPretrainingDataset, tokenize_documents
+
+    config = BertConfig.from_dict({"vocab_size": len(tokenizer), **(run.get("model") or {})}, strict=True)
+    docs = tokenize_documents(load_documents("bbc-news")[:300], tokenizer, split_sentences)
+    data = TextPretrainingDataset(docs, tokenizer, run.get("data", {}).get("max_seq_length", 128), seed=0)
+    batch = MaskingCollator.from_tokenizer(tokenizer)([data[i] for i in range(batch_size)])
+    torch.manual_seed(0)
+    ours = BertForPreTraining(config)
+    hf = transformers.BertForPreTraining(transformers.BertConfig(**config.to_dict()))
+    hf.load_state_dict(vlbert_to_hf(ours.state_dict()), strict=False)  # HF ties decoder weight/bias itself
+    return ours, hf, batch, batch, config, int(batch["attention_mask"].sum())
+
+
+def vl_pair(tokenizer, batch_size: int, feature_dim: int = 1280, max_regions: int = 16):
+    """The VL pair at the size of configs/vl/default.yaml (the packaged MiniLM: L=6, H=384, A=12)."""
+    import transformers
+
+    from vlbert import VLBertConfig
+    from vlbert.checkpoint import vlbert_to_hf
+    from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES
+    from vlbert.data.pretraining import MaskingCollator
+    from vlbert.data.vl_pretraining import pad_regions
+    from vlbert.models.vl import VLBertForPreTraining
+
+    config = VLBertConfig(vocab_size=len(tokenizer), hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                          intermediate_size=1536, region_feature_dim=feature_dim, num_region_classes=1000)
+    rng = np.random.default_rng(0)
+    texts = [{"input_ids": tokenizer(CAPTION_TEMPLATES[i % 5].format(color=COLORS[i % 8], shape=SHAPES[i % 3]))
+              ["input_ids"], "mask_seed": i} for i in range(batch_size)]
+    collator = MaskingCollator.from_tokenizer(tokenizer)
+    batch = collator(texts)
+    counts = rng.integers(4, max_regions + 1, batch_size)
+    items = []
+    for n in counts:
+        xy = rng.random((n, 2)) * 0.5
+        items.append({"region_features": rng.standard_normal((n, feature_dim)).astype(np.float16),
+                      "region_boxes": np.concatenate([xy, xy + rng.random((n, 2)) * 0.5], 1).astype(np.float32)})
+    regions = pad_regions(items)
+    itm = torch.tensor(rng.integers(0, 2, batch_size))
+    ours_batch = {**batch, **regions, "itm_label": itm}
+    t, r = batch["input_ids"].shape[1], regions["region_mask"].shape[1]
+    hf_batch = {"input_ids": batch["input_ids"], "token_type_ids": batch["token_type_ids"],
+                "attention_mask": batch["attention_mask"], "visual_embeds": regions["region_features"].float(),
+                "visual_attention_mask": regions["region_mask"],
+                "labels": torch.cat([batch["labels"], torch.full((batch_size, r), -100)], 1),
+                "sentence_image_labels": itm}
+    torch.manual_seed(0)
+    ours = VLBertForPreTraining(config)
+    hf_config = transformers.VisualBertConfig(**{k: v for k, v in config.to_dict().items()
+                                                 if k not in ("model_type", "region_feature_dim")},
+                                              visual_embedding_dim=feature_dim)
+    hf = transformers.VisualBertForPreTraining(hf_config)
+    mapped = {("visual_bert." + k[len("bert."):] if k.startswith("bert.") else k): v
+              for k, v in vlbert_to_hf(ours.state_dict()).items()}
+    hf.load_state_dict(mapped, strict=False)  # encoder, text embeddings, MLM head; region parts differ
+    real = int(batch["attention_mask"].sum() + regions["region_mask"].sum())
+    config.seq_len = t + r
+    return ours, hf, ours_batch, hf_batch, config, real
+
+
+def data_pipeline(tokenizer) -> dict:
+    """Samples/s of BBC News tokenisation + pair building + masking, and region-shard read throughput."""
+    from detectors.regions import Regions
+    from detectors.shards import read_shards, write_shards
+    from vlbert.data.corpus import load_documents, split_sentences
+    from vlbert.data.pretraining import MaskingCollator, TextPretrainingDataset, tokenize_documents
+
+    docs = load_documents("bbc-news")[:500]
+    start = time.perf_counter()
+    data = TextPretrainingDataset(tokenize_documents(docs, tokenizer, split_sentences), tokenizer, 128)
+    collator = MaskingCollator.from_tokenizer(tokenizer)
+    for s in range(0, len(data), 32):
+        collator([data[i] for i in range(s, min(s + 32, len(data)))])
+    text_rate = len(data) / (time.perf_counter() - start)
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        regions = [Regions(str(i), 480, 640, np.tile([[0, 0, 640, 480]], (36, 1)),
+                           rng.standard_normal((36, 2048)), np.ones(36), None, "bench") for i in range(300)]
+        paths = write_shards(regions, tmp, max_samples_per_shard=100)
+        size = sum(p.stat().st_size for p in paths)
+        start = time.perf_counter()
+        n = sum(1 for _ in read_shards(paths))
+        elapsed = time.perf_counter() - start
+    return {"model": "data", "text_pairs_per_s": text_rate, "shard_images_per_s": n / elapsed,
+            "shard_mib_per_s": size / 2 ** 20 / elapsed, "shard_regions_per_image": 36, "shard_feature_dim": 2048}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "configs" / "text" / "default.yaml"), help="text pair's config")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (default on CUDA)")
+    p.add_argument("--pairs", default="text,vl,data", help="comma-separated subset of text, vl, data")
+    p.add_argument("--json", action="store_true", help="one JSON line per pair")
+    args = p.parse_args(argv)
+
     from vlbert.models.bert import estimate_flops_per_token
     from vlbert.tokenization import load_tokenizer
     from vlbert.training.run_config import load_run_config
 
     device = torch.device(args.device)
-    run = load_run_config(args.config)
-    tokenizer = load_tokenizer(run.get("tokenizer"))
-    model_values = {"vocab_size": len(tokenizer), **(run.get("model") or {})}
-    config = BertConfig.from_dict(model_values, strict=True)
-    batch_size = args.batch_size or run.get("training", {}).get("batch_size", 32)
-    max_seq_length = run.get("data", {}).get("max_seq_length", 128)
-    batch = real_batch(tokenizer, batch_size, max_seq_length)
-    real_tokens = int(batch["attention_mask"].sum())
-
-    torch.manual_seed(0)
-    ours = BertForPreTraining(config)
-    hf = transformers.BertForPreTraining(transformers.BertConfig(**config.to_dict()))
-    hf.load_state_dict(vlbert_to_hf(ours.state_dict()), strict=False)  # decoder weight/bias are tied in HF
-
-    bf16 = device.type == "cuda"
+    bf16 = args.bf16 or device.type == "cuda"
+    tokenizer = load_tokenizer()
     peak = measure_matmul_peak(device, torch.bfloat16 if bf16 else torch.float32)
-    flops = estimate_flops_per_token(config, batch["input_ids"].shape[1]) * real_tokens
-    results = {}
-    for name, model in (("transformers", hf), ("vlbert", ours)):
-        r = time_train_steps(model, batch, device, args.steps, args.warmup, bf16, fused=device.type == "cuda")
-        r["real_tokens_per_s"] = real_tokens / (r["ms_per_step"] / 1e3)
-        r["mfu"] = flops / (r["ms_per_step"] / 1e3) / peak
-        results[name] = r
-    speedup = results["transformers"]["ms_per_step"] / results["vlbert"]["ms_per_step"]
-    shape = tuple(batch["input_ids"].shape)
-    record = {"model": "text", "device": str(device), "batch": list(shape), "real_tokens": real_tokens,
-              "peak_tflops": peak / 1e12, "speedup": speedup,
-              **{f"{k}_{m}": v for k, r in results.items() for m, v in r.items()}}
+    wanted = args.pairs.split(",")
+    records = []
+    for name in ("text", "vl"):
+        if name not in wanted:
+            continue
+        if name == "text":
+            ours, hf, ours_batch, hf_batch, config, real = text_pair(load_run_config(args.config), tokenizer,
+                                                                     args.batch_size)
+            seq_len = ours_batch["input_ids"].shape[1]
+        else:
+            ours, hf, ours_batch, hf_batch, config, real = vl_pair(tokenizer, args.batch_size)
+            seq_len = config.seq_len
+        padded = ours_batch["input_ids"].shape[0] * seq_len
+        flops = estimate_flops_per_token(config, seq_len) * real
+        results = {}
+        for impl, model, batch in (("transformers", hf, hf_batch), ("vlbert", ours, ours_batch)):
+            r = time_train_steps(model, batch, device, args.steps, args.warmup, bf16)
+            r["real_tokens_per_s"] = real / (r["ms_per_step"] / 1e3)
+            r["mfu"] = flops / (r["ms_per_step"] / 1e3) / peak
+            results[impl] = r
+        record = {"model": name, "device": str(device), "dtype": "bf16" if bf16 else "fp32",
+                  "batch": [ours_batch["input_ids"].shape[0], seq_len], "real_tokens": real,
+                  "real_fraction": real / padded, "peak_tflops": peak / 1e12,
+                  "speedup": results["transformers"]["ms_per_step"] / results["vlbert"]["ms_per_step"],
+                  **{f"{impl}_{k}": v for impl, r in results.items() for k, v in r.items()}}
+        records.append(record)
+        if not args.json:
+            print(f"\n{name} pretraining step on {device} ({record['dtype']}): batch {record['batch'][0]} x "
+                  f"{seq_len} positions, {real} real ({100 * record['real_fraction']:.0f}%), "
+                  f"L={config.num_hidden_layers} H={config.hidden_size}; matmul peak {peak / 1e12:.2f} TFLOP/s")
+            print(f"{'':<14}{'ms/step':>10}{'tokens/s':>12}{'peak MiB':>10}{'MFU':>8}")
+            for impl, r in results.items():
+                print(f"{impl:<14}{r['ms_per_step']:>10.1f}{r['real_tokens_per_s']:>12.0f}"
+                      f"{r['peak_memory_mib']:>10.0f}{100 * r['mfu']:>7.1f}%")
+            print(f"speedup of vlbert over transformers: {record['speedup']:.2f}x")
+    if "data" in wanted:
+        record = data_pipeline(tokenizer)
+        records.append(record)
+        if not args.json:
+            print(f"\ndata: {record['text_pairs_per_s']:.0f} text pairs/s (tokenise + pair + mask); region shards "
+                  f"{record['shard_images_per_s']:.0f} images/s = {record['shard_mib_per_s']:.0f} MiB/s "
+                  f"(36 regions x 2048 float16 each)")
     if args.json:
-        print(json.dumps(record))
-    else:
-        print(f"text pretraining step, {device}, batch {shape} ({real_tokens} real tokens, "
-              f"{100 * real_tokens / (shape[0] * shape[1]):.0f}% of the padded grid), "
-              f"L={config.num_hidden_layers} H={config.hidden_size}, matmul peak {peak / 1e12:.2f} TFLOP/s")
-        print(f"{'model':<14}{'ms/step':>10}{'tokens/s':>12}{'peak MiB':>10}{'MFU':>8}")
-        for name, r in results.items():
-            print(f"{name:<14}{r['ms_per_step']:>10.1f}{r['real_tokens_per_s']:>12.0f}"
-                  f"{r['peak_memory_mb']:>10.0f}{100 * r['mfu']:>7.1f}%")
-        print(f"speedup of vlbert over transformers: {speedup:.2f}x")
+        for record in records:
+            print(json.dumps(record))
     return 0
 
 

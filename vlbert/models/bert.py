@@ -93,14 +93,22 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """Args: x float [B, S, H]; attn_mask bool [B, 1, 1, S] (True = attend) or None (attend everywhere).
-        Returns: float [B, S, H] (after the output projection, before dropout and residual)."""
-        b, s, h = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, unpadded: "Unpadded | None" = None
+                ) -> torch.Tensor:
+        """Args: x float [B, S, H], or [N, H] real positions only when ``unpadded`` says where they sit;
+        attn_mask bool [B, 1, 1, S] (True = attend) or None (attend everywhere).
+        Returns: the same layout as ``x`` (after the output projection, before dropout and residual)."""
+        qkv = self.qkv(x)
+        if unpadded is not None:
+            qkv = unpadded.pad(qkv)
+        b, s, three_h = qkv.shape
+        q, k, v = qkv.view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_p if self.training else 0.0)
-        return self.out(y.transpose(1, 2).reshape(b, s, h))
+        y = y.transpose(1, 2).reshape(b, s, three_h // 3)
+        if unpadded is not None:
+            y = unpadded.unpad(y)
+        return self.out(y)
 
 
 class BertLayer(nn.Module):
@@ -116,29 +124,64 @@ class BertLayer(nn.Module):
         self.act = activation(config.hidden_act)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """Args: x float [B, S, H]; attn_mask as :class:`SelfAttention`. Returns float [B, S, H]."""
-        x = self.attention_norm(x + self.dropout(self.attention(x, attn_mask)))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, unpadded: "Unpadded | None" = None
+                ) -> torch.Tensor:
+        """Args: x float [B, S, H] (or [N, H] with ``unpadded``); attn_mask as :class:`SelfAttention`.
+        Returns the same layout as ``x``."""
+        x = self.attention_norm(x + self.dropout(self.attention(x, attn_mask, unpadded)))
         return self.ffn_norm(x + self.dropout(self.ffn_out(self.act(self.ffn_in(x)))))
 
 
+class Unpadded:
+    """Where the real positions of a padded [B, S] batch are, to run position-wise layers (projections,
+    feed-forward, LayerNorm) on the N real positions only: padding costs nothing there (MLPerf BERT / MosaicBERT
+    "unpadding"). Attention scatters back to [B, S] for ``scaled_dot_product_attention``.
+    """
+
+    def __init__(self, mask: torch.Tensor):
+        self.batch, self.seq = mask.shape
+        self.index = mask.reshape(-1).nonzero().squeeze(1)
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, S, D] -> [N, D]."""
+        return x.reshape(self.batch * self.seq, -1).index_select(0, self.index)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, D] -> [B, S, D] with zeros at padding."""
+        out = x.new_zeros(self.batch * self.seq, x.shape[-1])
+        return out.index_copy(0, self.index, x).view(self.batch, self.seq, -1)
+
+
 class BertEncoder(nn.Module):
-    """A stack of ``num_hidden_layers`` :class:`BertLayer`; shared by the text and vision-language models."""
+    """A stack of ``num_hidden_layers`` :class:`BertLayer`; shared by the text and vision-language models.
+
+    With a padding mask that has padding, layers run unpadded (see :class:`Unpadded`); real positions get
+    exactly the values of the padded computation, padded positions come out as zeros (transformers computes
+    values there that nothing reads).
+    """
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.unpad = True
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_hidden_states: bool = False
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Args: x float [B, S, H] embeddings; mask [B, S] (1 = real) or None.
         Returns: (last layer [B, S, H], the L + 1 hidden states incl. the input when asked, else None)."""
         attn_mask = extended_attention_mask(mask) if mask is not None else None
+        unpadded = Unpadded(mask) if self.unpad and mask is not None else None
+        if unpadded is not None and unpadded.index.numel() == x.shape[0] * x.shape[1]:
+            unpadded = None  # no padding: nothing to save
         hidden_states = [x] if output_hidden_states else None
+        if unpadded is not None:
+            x = unpadded.unpad(x)
         for layer in self.layers:
-            x = layer(x, attn_mask)
+            x = layer(x, attn_mask, unpadded)
             if hidden_states is not None:
-                hidden_states.append(x)
+                hidden_states.append(unpadded.pad(x) if unpadded is not None else x)
+        if unpadded is not None:
+            x = unpadded.pad(x)
         return x, tuple(hidden_states) if hidden_states is not None else None
 
 
@@ -336,6 +379,6 @@ def estimate_flops_per_token(config: BertConfig, seq_len: int, masked_fraction: 
 
 __all__ = [
     "BertModel", "BertForPreTraining", "BertEmbeddings", "BertEncoder", "BertLayer", "SelfAttention",
-    "BertPooler", "MaskedLMHead", "masked_lm_loss", "classification_loss", "extended_attention_mask",
+    "BertPooler", "Unpadded", "MaskedLMHead", "masked_lm_loss", "classification_loss", "extended_attention_mask",
     "activation", "estimate_flops_per_token", "IGNORE_INDEX", "upcast",
 ]

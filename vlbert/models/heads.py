@@ -141,6 +141,9 @@ class BertForQuestionAnswering(PreTrainedModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=False)
+        # transformers' span loss normalises over every position, padding included, so padded positions must
+        # carry the values transformers computes there: no unpadding for this head.
+        self.bert.encoder.unpad = False
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.init_weights()
 
