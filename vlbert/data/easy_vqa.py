@@ -36,7 +36,7 @@ def easy_vqa_dir() -> Path:
     Raises:
         ModuleNotFoundError: easy-vqa is not installed; the message names the install.
     """
-    package = require("easy_vqa", "the easy-VQA dataset", "pip install -e '.[vl]'  (or pip install easy-vqa)")
+    package = require("easy_vqa", "the easy-VQA dataset", "pip install -e '.[demo]'  (or pip install easy-vqa)")
     return Path(package.__file__).parent / "data"
 
 
