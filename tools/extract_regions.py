@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
-SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "motorcycle_left", "hubble_deep_field")
+SKIMAGE_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "horse.png")
 
 
 def image_sources(spec: list[str]) -> list[tuple[str, object]]:
@@ -25,9 +25,10 @@ def image_sources(spec: list[str]) -> list[tuple[str, object]]:
     out = []
     for item in spec:
         if item == "skimage":
-            from skimage import data
+            import skimage.data
 
-            out += [(name, getattr(data, name)()) for name in SKIMAGE_PHOTOS]
+            folder = Path(skimage.data.__file__).parent
+            out += [(Path(name).stem, folder / name) for name in SKIMAGE_PHOTOS]
         elif item == "easy-vqa":
             from vlbert.data.easy_vqa import image_paths
 
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=("timm", "torchvision", "detectron2"), default="timm")
     p.add_argument("--weights", default="DEFAULT", help="torchvision/detectron2 weights (a path offline)")
     p.add_argument("--config-file", help="detectron2 config")
-    p.add_argument("--input-size", type=int, default=384, help="timm backbone input size")
+    p.add_argument("--input-size", type=int, default=224, help="timm backbone input size (ImageNet: 224)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--draw", help="PNG to draw the first images' boxes into")
     p.add_argument("--draw-count", type=int, default=4)
