@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import pickle
 
 import pytest
 import torch

@@ -14,11 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils.data import DataLoader
-
 from detectors.shards import load_regions
-from vlbert.data.pretraining import LengthGroupedBatchSampler
+from vlbert.data.loading import train_loader
 from vlbert.data.retrieval import (RetrievalCollator, RetrievalPairs, easy_vqa_captioned, evaluate_retrieval,
                                    load_karpathy_split)
 from vlbert.models.vl import VLBertForImageTextRetrieval
@@ -82,10 +79,7 @@ def run_retrieval_finetuning(run_config: dict[str, Any], resume: bool = False) -
     check_tokenizer_matches(tokenizer, model.config)
 
     def train_batches(epoch, start, rank, world_size):
-        sampler = LengthGroupedBatchSampler(pairs.lengths(), training.batch_size, seed=training.seed, epoch=epoch,
-                                            drop_last=True, rank=rank, world_size=world_size)
-        return DataLoader(pairs, batch_sampler=sampler.batches()[start:], collate_fn=collator,
-                          generator=torch.Generator().manual_seed(training.seed + epoch))
+        return train_loader(pairs, collator, training.batch_size, training.seed, epoch, start, rank, world_size)
 
     logger.info("retrieval: %d training pairs, %d evaluation images", len(pairs), len(eval_images))
     trainer = Trainer(model, training, train_batches, None, run_config=run_config, tokenizer=tokenizer)

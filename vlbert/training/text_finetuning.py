@@ -11,12 +11,11 @@ import logging
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from vlbert.utils import evaluation
 from vlbert.data.finetuning import (TextTaskCollator, TextTaskConfig, TextTaskDataset, bbc_news_split, label_space,
                                     load_records)
-from vlbert.data.pretraining import LengthGroupedBatchSampler
+from vlbert.data.loading import eval_loader, train_loader
 from vlbert.evaluation import text as text_metrics
 from vlbert.models import heads
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_tokenizer_path
@@ -93,14 +92,11 @@ class TextTaskData:
         return {"regression": 1, "qa": 2}.get(self.config.type) or len(self.labels)
 
     def train_batches(self, epoch: int, start: int, rank: int, world_size: int):
-        sampler = LengthGroupedBatchSampler(self.train.lengths(), self.batch_size, seed=self.seed, epoch=epoch,
-                                            rank=rank, world_size=world_size)
-        return DataLoader(self.train, batch_sampler=sampler.batches()[start:], collate_fn=self.collator,
-                          generator=torch.Generator().manual_seed(self.seed + epoch))
+        return train_loader(self.train, self.collator, self.batch_size, self.seed, epoch, start, rank, world_size,
+                            drop_last=False)
 
     def eval_batches(self):
-        batches = LengthGroupedBatchSampler(self.eval.lengths(), 2 * self.batch_size, shuffle=False).batches()
-        return DataLoader(self.eval, batch_sampler=batches, collate_fn=self.collator)
+        return eval_loader(self.eval, self.collator, 2 * self.batch_size)
 
     @evaluation
     def score(self, model) -> dict[str, float]:

@@ -11,13 +11,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch.utils.data import DataLoader
-
 from vlbert.config import BertConfig
 from vlbert.data.corpus import load_documents, split_sentences, train_eval_split
-from vlbert.data.pretraining import (LengthGroupedBatchSampler, MaskingCollator, TextPretrainingDataset,
-                                     tokenize_documents)
+from vlbert.data.loading import eval_loader, train_loader
+from vlbert.data.pretraining import MaskingCollator, TextPretrainingDataset, tokenize_documents
 from vlbert.models.bert import IGNORE_INDEX, BertForPreTraining
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer
 from vlbert.training.run_config import check_sections, dataclass_from_section
@@ -102,25 +99,12 @@ class TextPretrainingData:
 
     def train_batches(self, epoch: int, start: int, rank: int, world_size: int):
         """Batches of ``epoch`` from batch index ``start`` on, for one data-parallel rank."""
-        self.train.set_epoch(epoch)
-        sampler = LengthGroupedBatchSampler(self.train.lengths(), self.batch_size, seed=self.seed, epoch=epoch,
-                                            group_size=self.group_size, drop_last=True, rank=rank,
-                                            world_size=world_size)
-        # An own generator: creating a loader must not draw from the global RNG that dropout uses, or a run
-        # resumed mid-epoch would see different dropout masks than an uninterrupted one.
-        return DataLoader(self.train, batch_sampler=sampler.batches()[start:], collate_fn=self.collator,
-                          num_workers=self.num_workers, generator=torch.Generator().manual_seed(self.seed + epoch))
+        return train_loader(self.train, self.collator, self.batch_size, self.seed, epoch, start, rank, world_size,
+                            group_size=self.group_size, num_workers=self.num_workers)
 
     def eval_batches(self):
         """The held-out batches: fixed pairs and fixed masking, the same at every evaluation."""
-        if self.eval is None:
-            return []
-        sampler = LengthGroupedBatchSampler(self.eval.lengths(), self.batch_size, shuffle=False, group_size=1)
-        batches = sampler.batches()
-        if self.max_eval_batches:
-            batches = batches[: self.max_eval_batches]
-        return DataLoader(self.eval, batch_sampler=batches, collate_fn=self.collator,
-                          generator=torch.Generator().manual_seed(self.seed))
+        return eval_loader(self.eval, self.collator, self.batch_size, self.max_eval_batches) if self.eval else []
 
     def majority_baseline_accuracy(self) -> float:
         """Held-out MLM accuracy of always predicting the training corpus's most frequent wordpiece."""

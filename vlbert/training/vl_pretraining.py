@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from detectors.shards import load_regions, write_shards
 from vlbert.utils import evaluation
 from vlbert.config import VLBertConfig
 from vlbert.data.corpus import train_eval_split
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, captions as easy_vqa_captions, image_paths
-from vlbert.data.pretraining import LengthGroupedBatchSampler, MaskingCollator
+from vlbert.data.loading import eval_loader, train_loader
+from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.vl_pretraining import TASKS, Caption, VLCollator, VLPretrainingDataset, pad_regions
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_tokenizer_path
@@ -166,23 +166,17 @@ class VLPretrainingData:
         self.num_classes = any_regions.class_probs.shape[1] if any_regions.class_probs is not None else 0
 
     def train_batches(self, epoch: int, start: int, rank: int, world_size: int):
-        self.train.set_epoch(epoch)
-        sampler = LengthGroupedBatchSampler(self.train.lengths(), self.batch_size, seed=self.seed, epoch=epoch,
-                                            drop_last=True, rank=rank, world_size=world_size)
-        return DataLoader(self.train, batch_sampler=sampler.batches()[start:], collate_fn=self.collator,
-                          num_workers=self.num_workers, generator=torch.Generator().manual_seed(self.seed + epoch))
+        return train_loader(self.train, self.collator, self.batch_size, self.seed, epoch, start, rank, world_size,
+                            num_workers=self.num_workers)
 
     def eval_batches(self):
         """Every held-out batch once per active task (fixed masking)."""
-        batches = LengthGroupedBatchSampler(self.eval.lengths(), self.batch_size, shuffle=False,
-                                            group_size=1).batches()
         for task in TASKS:
             if self.collator.task_weights.get(task, 0) <= 0 or (task == "mrc" and not self.num_classes):
                 continue
-            collate = VLCollator(self.text, self.collator.task_weights, self.collator.region_mask_probability,
-                                 force_task=task)
-            for indices in batches:
-                yield collate([self.eval[i] for i in indices])
+            yield from eval_loader(self.eval, VLCollator(self.text, self.collator.task_weights,
+                                                         self.collator.region_mask_probability, force_task=task),
+                                   self.batch_size)
 
     @evaluation
     def grounding_accuracy(self, model) -> dict[str, float]:

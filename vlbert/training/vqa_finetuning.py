@@ -13,13 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils.data import DataLoader
 
 from detectors.shards import load_regions
 from vlbert.utils import evaluation
 from vlbert.data.easy_vqa import answers as easy_vqa_answers
-from vlbert.data.pretraining import LengthGroupedBatchSampler
+from vlbert.data.loading import eval_loader, train_loader
 from vlbert.data.vqa import (VQACollator, VQADataset, build_answer_vocab, easy_vqa_examples, load_vqa_v2)
 from vlbert.evaluation.vqa import normalize_answer, vqa_accuracy
 from vlbert.models.vl import VLBertForVQA
@@ -96,14 +94,10 @@ class VQAData:
         self.feature_dim = any_regions.feature_dim
 
     def train_batches(self, epoch: int, start: int, rank: int, world_size: int):
-        sampler = LengthGroupedBatchSampler(self.train.lengths(), self.batch_size, seed=self.seed, epoch=epoch,
-                                            drop_last=True, rank=rank, world_size=world_size)
-        return DataLoader(self.train, batch_sampler=sampler.batches()[start:], collate_fn=self.collator,
-                          generator=torch.Generator().manual_seed(self.seed + epoch))
+        return train_loader(self.train, self.collator, self.batch_size, self.seed, epoch, start, rank, world_size)
 
     def eval_batches(self):
-        batches = LengthGroupedBatchSampler(self.eval.lengths(), 2 * self.batch_size, shuffle=False).batches()
-        return DataLoader(self.eval, batch_sampler=batches, collate_fn=self.collator)
+        return eval_loader(self.eval, self.collator, 2 * self.batch_size)
 
     @evaluation
     def predict(self, model) -> list[dict]:

@@ -1,0 +1,45 @@
+"""The command-line shape every training tool shares: common flags, config loading with overrides, logging and
+the final report."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any, Callable
+
+COMMON_FLAGS = (("init_from", "init_from"), ("output_dir", "training.output_dir"), ("max_steps", "training.max_steps"),
+                ("seed", "training.seed"), ("log_every", "training.log_every"),
+                ("save_every", "training.save_every"))
+
+
+def training_parser(doc: str, default_config: str) -> argparse.ArgumentParser:
+    """An argument parser with the flags of every training tool; tools add their own."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=default_config, help=f"YAML run config (default: {default_config})")
+    p.add_argument("--init-from", help="checkpoint directory or hub name to start from ('minilm': the packaged BERT)")
+    p.add_argument("--output-dir", help="where checkpoints, log.jsonl and metrics.json go")
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--log-every", type=int)
+    p.add_argument("--save-every", type=int, help="write a resumable checkpoint every N steps")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any config entry, e.g. --set training.learning_rate=5e-4")
+    return p
+
+
+def run_from_args(args: argparse.Namespace, run: Callable[[dict, bool], dict[str, Any]],
+                  extra: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
+    """Load ``args.config``, apply the flags (``extra``: more (config key, value) pairs) and ``--set``
+    overrides, run, and print the final metrics."""
+    from vlbert.training.run_config import load_run_config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    flags = [(key, getattr(args, name)) for name, key in COMMON_FLAGS] + list(extra)
+    overrides = [f"{key}={value}" for key, value in flags if value is not None] + list(args.set)
+    metrics = run(load_run_config(args.config, overrides), args.resume)
+    print("final metrics:", {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
+    return metrics
+
+
+__all__ = ["training_parser", "run_from_args"]
