@@ -165,7 +165,8 @@ class Trainer:
         self.eval_batches = eval_batches
         self.unwrapped = model
         self.forward_arguments = set(inspect.signature(model.forward).parameters)
-        fused = self.accelerator.device.type == "cuda"
+        # Fused AdamW (one kernel over all parameters) on CUDA and, since torch 2.4, on CPU.
+        fused = self.accelerator.device.type in ("cuda", "cpu")
         optimizer = torch.optim.AdamW(
             parameter_groups(model, config.weight_decay), lr=config.learning_rate,
             betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon, fused=fused or None)
