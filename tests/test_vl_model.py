@@ -122,3 +122,17 @@ def test_shard_feature_size_must_match_the_config(tokenizer):
                      "region_feature_dim": 2048}}
     with pytest.raises(ValueError, match="1280-d region features but model.region_feature_dim is 2048"):
         build_vl_model(run, tokenizer, feature_dim=1280, num_classes=1000)
+
+
+def test_mrc_cross_entropy_variant():
+    torch.manual_seed(3)
+    model = VLBertForPreTraining(vl_config(3, mrc_loss="ce")).eval()
+    ids, types, mask = padded_batch(model.config.vocab_size, seed=4)
+    feats, boxes, rmask = region_inputs(seed=5)
+    masked = torch.zeros(4, 5, dtype=torch.bool)
+    masked[0, 1] = masked[3, 2] = True
+    probs = torch.softmax(torch.randn(4, 5, 5), -1)
+    out = model(ids, types, mask, feats, boxes, rmask, masked_regions=masked, region_labels=probs)
+    hidden = out.last_hidden_state[:, ids.shape[1]:][masked]
+    expected = F.cross_entropy(model.mrc(hidden), probs[masked].argmax(-1))
+    torch.testing.assert_close(out.losses["mrc"], expected)

@@ -174,11 +174,14 @@ class VLBertConfig(BertConfig):
         region_location_dim: size of the location feature, 7 = [x1, y1, x2, y2, w, h, w*h] in normalised units.
         num_region_classes: size of the detector's class distribution used by masked region classification
             (1601 for Visual Genome bottom-up-attention including background; 0 disables MRC).
+        mrc_loss: ``"kl"`` (MRC-kl: KL divergence to the detector's distribution) or ``"ce"`` (MRC:
+            cross-entropy against the detector's most likely class), UNITER section 3.2.
     """
 
     region_feature_dim: int = 2048
     region_location_dim: int = 7
     num_region_classes: int = 1601
+    mrc_loss: str = "kl"
 
     model_type = "vlbert"
 
@@ -188,6 +191,8 @@ class VLBertConfig(BertConfig):
             raise ValueError(f"config.region_feature_dim must be positive, got {self.region_feature_dim}")
         if self.region_location_dim != 7:
             raise ValueError("config.region_location_dim must be 7 ([x1, y1, x2, y2, w, h, w*h])")
+        if self.mrc_loss not in ("kl", "ce"):
+            raise ValueError(f"config.mrc_loss must be 'kl' or 'ce', got {self.mrc_loss!r}")
         if self.num_region_classes < 0:
             raise ValueError(f"config.num_region_classes must be >= 0, got {self.num_region_classes}")
 

@@ -162,9 +162,10 @@ class VLBertForPreTraining(PreTrainedModel):
       * ``mlm``: masked LM on text conditioned on the regions (``labels`` [B, T], -100 = not masked);
       * ``mrfr``: masked region feature regression, MSE between the head's output and the original RoI
         feature at masked regions (``masked_regions`` bool [B, R], ``region_targets`` float [B, R, D]);
-      * ``mrc``: masked region classification with KL divergence to the detector's class distribution
-        (``masked_regions`` and ``region_labels`` float [B, R, C], rows summing to 1); ``mrc_accuracy``
-        compares argmaxes (MRC with the detector's top class as label);
+      * ``mrc``: masked region classification against the detector's class distribution (``masked_regions``
+        and ``region_labels`` float [B, R, C], rows summing to 1): KL divergence (MRC-kl, ``config.mrc_loss =
+        "kl"``) or cross-entropy with the detector's top class as label (MRC, ``"ce"``); ``mrc_accuracy``
+        compares argmaxes;
       * ``itm``: image-text matching on the pooled [CLS], ``itm_label`` [B] (1 = the text matches the image,
         0 = a caption of another image), as UNITER.
     Masked regions' features must already be zeroed in the input (the collator does this).
@@ -210,7 +211,11 @@ class VLBertForPreTraining(PreTrainedModel):
             if region_labels is not None and self.mrc is not None:
                 target = region_labels[masked_regions.bool()].float()
                 logits = self.mrc(selected).float()
-                if n:
+                if n and self.config.mrc_loss == "ce":
+                    loss = F.cross_entropy(logits, target.argmax(-1))
+                    with torch.no_grad():
+                        acc = (logits.argmax(-1) == target.argmax(-1)).float().mean()
+                elif n:
                     loss = F.kl_div(F.log_softmax(logits, -1), target, reduction="batchmean")
                     with torch.no_grad():
                         acc = (logits.argmax(-1) == target.argmax(-1)).float().mean()
