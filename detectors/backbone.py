@@ -5,6 +5,11 @@ package, whose tensors (efficientnet_pytorch names) map one-to-one, in order, on
 Each box is RoI-aligned on the final feature map (He et al. 2017, Mask R-CNN section 3) and average-pooled into a
 1280-d feature; the backbone's own ImageNet classifier applied to that feature gives the region's class distribution
 over 1,000 classes (used as the MRC target, as BUTD's Visual Genome classes are in UNITER).
+
+Deep ImageNet features are largely invariant to colour, which BUTD's features keep because its detector also
+learned Visual Genome attributes ("red", "blue"...). So, by default, the box is also RoI-aligned on an early stage
+(``low_level_stage``; stage 2 of EfficientNet-Lite0: stride 8, 40 channels) and that pooled vector is appended
+(multi-level RoI features, as FPN pools from several levels): features are 1280 + 40 = 1320-d.
 """
 
 from __future__ import annotations
@@ -62,7 +67,8 @@ class BackboneRegionExtractor:
     """
 
     def __init__(self, model: torch.nn.Module | None = None, input_size: int = 224, roi_output_size: int = 3,
-                 proposals=felzenszwalb_proposals, device: str | torch.device = "cpu", name: str | None = None):
+                 proposals=felzenszwalb_proposals, device: str | torch.device = "cpu", name: str | None = None,
+                 low_level_stage: int | None = 2):
         self.model = (model or load_efficientnet_lite0()).to(device).eval()
         cfg = getattr(self.model, "pretrained_cfg", {}) or {}
         self.mean = torch.tensor(cfg.get("mean", (0.485, 0.456, 0.406)), device=device).view(1, 3, 1, 1)
@@ -71,26 +77,44 @@ class BackboneRegionExtractor:
         self.roi_output_size = roi_output_size
         self.proposals = proposals
         self.device = torch.device(device)
+        staged = all(hasattr(self.model, a) for a in ("conv_stem", "bn1", "blocks", "conv_head", "bn2"))
+        if low_level_stage is not None and not staged:
+            raise ValueError(f"low_level_stage needs an EfficientNet-style timm model (conv_stem, blocks, conv_head); "
+                             f"{type(self.model).__name__} is not; pass low_level_stage=None")
+        self.low_level_stage = low_level_stage
+        self.low_level_dim = int(self.model.blocks[low_level_stage][-1].conv_pwl.out_channels) \
+            if low_level_stage is not None else 0
         arch = cfg.get("architecture", type(self.model).__name__)
-        self.name = name or f"timm:{arch}@{input_size}+roi_align{roi_output_size}+felzenszwalb"
+        stage = f"+stage{low_level_stage}" if low_level_stage is not None else ""
+        self.name = name or f"timm:{arch}@{input_size}+roi_align{roi_output_size}{stage}+felzenszwalb"
 
     @property
     def feature_dim(self) -> int:
-        return int(self.model.num_features)
+        return int(self.model.num_features) + self.low_level_dim
 
     @property
     def num_classes(self) -> int:
         return int(self.model.num_classes)
 
     @torch.no_grad()
-    def feature_maps(self, images: list[np.ndarray]) -> torch.Tensor:
-        """uint8 [H, W, 3] images -> float [N, C, h, w], the backbone's last feature maps at ``input_size``."""
+    def feature_maps(self, images: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """uint8 [H, W, 3] images -> (last feature map [N, C, h, w], the ``low_level_stage`` map or None) at
+        ``input_size``."""
         batch = torch.stack([
             torch.nn.functional.interpolate(
                 torch.from_numpy(np.array(im, dtype=np.uint8)).permute(2, 0, 1)[None].float().div(255.0),
                 size=(self.input_size, self.input_size), mode="bilinear", align_corners=False, antialias=True)[0]
             for im in images]).to(self.device)
-        return self.model.forward_features((batch - self.mean) / self.std)
+        x = (batch - self.mean) / self.std
+        if self.low_level_stage is None:
+            return self.model.forward_features(x), None
+        m, low = self.model, None
+        x = m.bn1(m.conv_stem(x))
+        for i, block in enumerate(m.blocks):
+            x = block(x)
+            if i == self.low_level_stage:
+                low = x
+        return m.bn2(m.conv_head(x)), low
 
     def __call__(self, image, image_id: str, boxes: np.ndarray | None = None) -> Regions:
         """Extract regions of one image.
@@ -117,16 +141,21 @@ class BackboneRegionExtractor:
         boxes = [np.asarray(b, dtype=np.float32).reshape(-1, 4) for b in boxes]
         for a, b, image_id in zip(arrays, boxes, image_ids):  # validate before any work
             Regions(image_id, a.shape[0], a.shape[1], b, np.zeros((len(b), 1)), np.ones(len(b)))
-        fmaps = self.feature_maps(arrays)
+        fmaps, low = self.feature_maps(arrays)
         resized = []
         for a, b in zip(arrays, boxes):
             h, w = a.shape[:2]
             scale = torch.tensor([self.input_size / w, self.input_size / h] * 2)
             resized.append((torch.from_numpy(b) * scale).to(self.device))
-        pooled = roi_align(fmaps, resized, output_size=self.roi_output_size,
-                           spatial_scale=fmaps.shape[-1] / self.input_size, sampling_ratio=2,
-                           aligned=True).mean(dim=(2, 3))
+        def pool(fmap):
+            return roi_align(fmap, resized, output_size=self.roi_output_size,
+                             spatial_scale=fmap.shape[-1] / self.input_size, sampling_ratio=2,
+                             aligned=True).mean(dim=(2, 3))
+
+        pooled = pool(fmaps)
         probs = self.model.get_classifier()(pooled).softmax(-1)
+        if low is not None:
+            pooled = torch.cat([pooled, pool(low)], dim=1)
         out, start = [], 0
         for a, b, image_id in zip(arrays, boxes, image_ids):
             n = len(b)

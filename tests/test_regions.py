@@ -156,10 +156,11 @@ def test_imagenet_backbone_recognises_a_real_photo():
     from detectors.backbone import BackboneRegionExtractor
 
     extractor = BackboneRegionExtractor(input_size=224)
+    assert extractor.feature_dim == 1280 + 40  # final stage + the colour-keeping early stage
     image = data.chelsea()  # a tabby cat
     h, w = image.shape[:2]
     regions = extractor(image, "chelsea", boxes=np.array([[0, 0, w, h], [100, 30, 300, 250]], dtype=np.float32))
-    assert regions.features.shape == (2, 1280) and regions.class_probs.shape == (2, 1000)
+    assert regions.features.shape == (2, 1320) and regions.class_probs.shape == (2, 1000)
     cats = range(281, 286)  # ImageNet: tabby, tiger cat, Persian, Siamese, Egyptian cat
     assert int(regions.class_probs[0].argmax()) in cats
     assert float(regions.class_probs[0, list(cats)].astype(np.float32).sum()) > 0.5

@@ -77,3 +77,11 @@ def test_shortlist_matches_full_scoring(setup, tokenizer):
     torch.testing.assert_close(t2i, scores.T, atol=1e-5, rtol=0)
     small = evaluate_retrieval(model, images, regions, tokenizer, shortlist=3)
     assert small["cross_encoder_pairs"] == (len(images) + len(caps)) * 3
+
+
+def test_retrieval_model_round_trip(setup, tmp_path):
+    model, _, _ = setup
+    model.save_pretrained(tmp_path)
+    again = VLBertForImageTextRetrieval.from_pretrained(tmp_path)
+    assert again.loading_info.missing_keys == [] and again.loading_info.unexpected_keys == []
+    assert torch.equal(again.log_temperature, model.log_temperature)

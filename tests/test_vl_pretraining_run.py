@@ -88,4 +88,4 @@ def test_vl_run_end_to_end(cache_dir, tmp_path):
                 "eval_color_shape_mlm_accuracy_with_regions", "eval_color_shape_mlm_accuracy_without_regions"):
         assert key in metrics
     model = VLBertForPreTraining.from_pretrained(out)
-    assert model.loading_info.missing_keys == [] and model.config.region_feature_dim == 1280
+    assert model.loading_info.missing_keys == [] and model.config.region_feature_dim == 1320

@@ -134,7 +134,7 @@ def text_pair(run: dict, tokenizer, batch_size: int):
     return ours, hf, batch, batch, config, int(batch["attention_mask"].sum())
 
 
-def vl_pair(tokenizer, batch_size: int, feature_dim: int = 1280, max_regions: int = 16):
+def vl_pair(tokenizer, batch_size: int, feature_dim: int = 1320, max_regions: int = 16):
     """The VL pair at the size of configs/vl/default.yaml (the packaged MiniLM: L=6, H=384, A=12)."""
     import transformers
 

@@ -122,7 +122,8 @@ class PreTrainedModel(nn.Module):
         if not prefix:  # bare encoder: take what is under "bert.", everything else is unexpected
             state = {k[len("bert."):] if k.startswith("bert.") else "<head>." + k: v for k, v in state.items()}
         own = self.state_dict()
-        encoder_keys = [k for k in own if k.split(".")[1 if prefix else 0] in ("embeddings", "encoder")]
+        base = prefix + "." if prefix else ""
+        encoder_keys = [k for k in own if k.startswith((base + "embeddings.", base + "encoder."))]
         if not any(k in state for k in encoder_keys):
             sample = ", ".join(sorted(state)[:5])
             raise ValueError(

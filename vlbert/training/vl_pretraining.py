@@ -42,13 +42,15 @@ class DetectorConfig:
     """How regions are extracted (YAML section ``detector``): the offline timm backbone + Felzenszwalb proposals.
 
     input_size: backbone input (pixels, square); roi_output_size: RoIAlign grid; max_proposals: boxes per image
-    including the whole image.
+    including the whole image; low_level_stage: also pool this early backbone stage and append it (keeps colour;
+    -1 = final stage only).
     """
 
     backend: str = "timm"
     input_size: int = 160
     roi_output_size: int = 3
     max_proposals: int = 16
+    low_level_stage: int = 2
 
     def build(self, device: str = "cpu"):
         """The extractor this config describes. Raises ValueError for an unknown backend."""
@@ -62,7 +64,8 @@ class DetectorConfig:
 
         return BackboneRegionExtractor(input_size=self.input_size, roi_output_size=self.roi_output_size,
                                        proposals=partial(felzenszwalb_proposals, max_proposals=self.max_proposals),
-                                       device=device)
+                                       device=device,
+                                       low_level_stage=self.low_level_stage if self.low_level_stage >= 0 else None)
 
     def fingerprint(self) -> str:
         return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
