@@ -1,8 +1,14 @@
-"""Models: the BERT encoder, its pretraining heads, and (in later modules) the vision-language models."""
+"""Models: the BERT encoder and its pretraining heads, the fine-tuning heads, and the vision-language models."""
 
 from vlbert.models.bert import BertForPreTraining, BertModel
+from vlbert.models.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
+                                 BertForTokenClassification, ScalarMix, best_span, layer_features)
 from vlbert.models.outputs import EncoderOutput, ObjectiveOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
+from vlbert.models.vl import (VLBertForImageTextRetrieval, VLBertForPreTraining, VLBertForVQA, VLBertModel,
+                              region_location_features)
 
-__all__ = ["BertModel", "BertForPreTraining", "EncoderOutput", "ObjectiveOutput", "PreTrainingOutput",
-           "PreTrainedModel"]
+__all__ = ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "BertForTokenClassification",
+           "BertForQuestionAnswering", "BertForMultipleChoice", "ScalarMix", "best_span", "layer_features",
+           "VLBertModel", "VLBertForPreTraining", "VLBertForVQA", "VLBertForImageTextRetrieval",
+           "region_location_features", "EncoderOutput", "ObjectiveOutput", "PreTrainingOutput", "PreTrainedModel"]
