@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbert.config import BertConfig
-from vlbert.models.bert import IGNORE_INDEX, BertModel
+from vlbert.models.bert import IGNORE_INDEX, BertModel, upcast
 from vlbert.models.outputs import ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
 
@@ -71,16 +71,17 @@ class BertForSequenceClassification(PreTrainedModel):
         if labels is not None:
             n = self.config.num_labels
             if n == 1:
-                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+                pred = upcast(logits.squeeze(-1))
+                loss = F.mse_loss(pred, labels.to(pred.dtype))
                 out.add("cls", loss, "cls_mse", loss.detach(), labels.numel())
             elif labels.dtype.is_floating_point:
-                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+                loss = F.binary_cross_entropy_with_logits(upcast(logits), labels.to(upcast(logits).dtype))
                 with torch.no_grad():
                     acc = ((logits > 0) == (labels > 0.5)).float().mean()
                 out.add("cls", loss, "cls_accuracy", acc, labels.shape[0])
             else:
                 check_labels(labels, n)
-                loss = F.cross_entropy(logits.float(), labels)
+                loss = F.cross_entropy(upcast(logits), labels)
                 with torch.no_grad():
                     acc = (logits.argmax(-1) == labels).float().mean()
                 out.add("cls", loss, "cls_accuracy", acc, labels.numel())
@@ -121,7 +122,7 @@ class BertForTokenClassification(PreTrainedModel):
         if labels is not None:
             check_labels(labels, self.config.num_labels)
             scored = labels != IGNORE_INDEX
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+            loss = F.cross_entropy(upcast(logits.flatten(0, 1)), labels.flatten(), ignore_index=IGNORE_INDEX)
             with torch.no_grad():
                 acc = (logits.argmax(-1)[scored] == labels[scored]).float().mean()
             out.add("tag", loss, "tag_accuracy", acc, int(scored.sum()))
@@ -158,8 +159,8 @@ class BertForQuestionAnswering(PreTrainedModel):
         if start_positions is not None and end_positions is not None:
             t = start_logits.shape[1]
             start, end = start_positions.clamp(0, t), end_positions.clamp(0, t)
-            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=t)
-                    + F.cross_entropy(end_logits.float(), end, ignore_index=t)) / 2
+            loss = (F.cross_entropy(upcast(start_logits), start, ignore_index=t)
+                    + F.cross_entropy(upcast(end_logits), end, ignore_index=t)) / 2
             with torch.no_grad():
                 exact = ((start_logits.argmax(-1) == start) & (end_logits.argmax(-1) == end)).float().mean()
             out.add("qa", loss, "qa_exact", exact, start.numel())
@@ -214,7 +215,7 @@ class BertForMultipleChoice(PreTrainedModel):
         out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states)
         if labels is not None:
             check_labels(labels, c)
-            loss = F.cross_entropy(logits.float(), labels)
+            loss = F.cross_entropy(upcast(logits), labels)
             with torch.no_grad():
                 acc = (logits.argmax(-1) == labels).float().mean()
             out.add("choice", loss, "choice_accuracy", acc, labels.numel())

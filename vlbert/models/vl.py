@@ -17,7 +17,7 @@ from torch import nn
 
 from vlbert.config import VLBertConfig
 from vlbert.models.bert import (BertEmbeddings, BertEncoder, BertModel, BertPooler, MaskedLMHead, activation,
-                                classification_loss, masked_lm_loss)
+                                classification_loss, masked_lm_loss, upcast)
 from vlbert.models.outputs import EncoderOutput, ObjectiveOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
 
@@ -204,13 +204,13 @@ class VLBertForPreTraining(PreTrainedModel):
             selected = region_hidden[masked_regions.bool()]
             n = selected.shape[0]
             if region_targets is not None:
-                target = region_targets[masked_regions.bool()].float()
-                pred = self.mrfr(selected).float()
+                pred = upcast(self.mrfr(selected))
+                target = region_targets[masked_regions.bool()].to(pred.dtype)
                 loss = F.mse_loss(pred, target) if n else pred.sum() * 0.0
                 out.add("mrfr", loss, "mrfr_mse", loss.detach(), n)
             if region_labels is not None and self.mrc is not None:
-                target = region_labels[masked_regions.bool()].float()
-                logits = self.mrc(selected).float()
+                logits = upcast(self.mrc(selected))
+                target = region_labels[masked_regions.bool()].to(logits.dtype)
                 if n and self.config.mrc_loss == "ce":
                     loss = F.cross_entropy(logits, target.argmax(-1))
                     with torch.no_grad():
@@ -270,8 +270,9 @@ class VLBertForVQA(PreTrainedModel):
             if answer_targets.shape != logits.shape:
                 raise ValueError(f"answer_targets {tuple(answer_targets.shape)} must be [batch, num_labels="
                                  f"{self.config.num_labels}]")
-            targets = answer_targets.float()
-            loss = F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="sum") / logits.shape[0]
+            scores = upcast(logits)
+            targets = answer_targets.to(scores.dtype)
+            loss = F.binary_cross_entropy_with_logits(scores, targets, reduction="sum") / logits.shape[0]
             with torch.no_grad():
                 score = targets.gather(1, logits.argmax(-1, keepdim=True)).mean()
             out.add("vqa", loss, "vqa_score", score, logits.shape[0])
