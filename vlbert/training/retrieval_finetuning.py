@@ -19,9 +19,9 @@ from vlbert.data.loading import train_loader
 from vlbert.data.retrieval import (RetrievalCollator, RetrievalPairs, easy_vqa_captioned, evaluate_retrieval,
                                    load_karpathy_split)
 from vlbert.models.vl import VLBertForImageTextRetrieval
-from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_tokenizer_path
-from vlbert.training.run_config import check_sections, dataclass_from_section
-from vlbert.training.trainer import Trainer, TrainingConfig, set_seed
+from vlbert.tokenization import check_tokenizer_matches
+from vlbert.training.run_config import dataclass_from_section, prepare_finetuning
+from vlbert.training.trainer import Trainer, set_seed
 from vlbert.training.vl_pretraining import DetectorConfig, easy_vqa_shards
 
 logger = logging.getLogger(__name__)
@@ -48,12 +48,8 @@ class RetrievalDataConfig:
 
 def run_retrieval_finetuning(run_config: dict[str, Any], resume: bool = False) -> dict[str, Any]:
     """Fine-tune for retrieval; metrics.json gets i2t/t2i Recall@1/5/10 on the evaluation images."""
-    check_sections(run_config, TOP_LEVEL_KEYS)
-    training = TrainingConfig.from_dict(run_config.get("training") or {})
-    data = dataclass_from_section(RetrievalDataConfig, run_config.get("data"), "data")
+    training, data, init_from, tokenizer = prepare_finetuning(run_config, TOP_LEVEL_KEYS, RetrievalDataConfig)
     detector = dataclass_from_section(DetectorConfig, run_config.get("detector"), "detector")
-    init_from = resolve_tokenizer_path(run_config.get("init_from") or "minilm")
-    tokenizer = load_tokenizer(resolve_tokenizer_path(run_config.get("tokenizer") or init_from))
     if data.dataset == "easy-vqa":
         train_images, eval_images = easy_vqa_captioned("train"), easy_vqa_captioned(data.eval_split)
         shards = sorted(Path(data.shards).glob("*.tar")) if data.shards else easy_vqa_shards(detector, data.cache_dir)

@@ -18,9 +18,9 @@ from vlbert.data.finetuning import (TextTaskCollator, TextTaskConfig, TextTaskDa
 from vlbert.data.loading import eval_loader, train_loader
 from vlbert.evaluation import text as text_metrics
 from vlbert.models import heads
-from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_tokenizer_path
-from vlbert.training.run_config import check_sections, dataclass_from_section
-from vlbert.training.trainer import Trainer, TrainingConfig, set_seed
+from vlbert.tokenization import check_tokenizer_matches
+from vlbert.training.run_config import prepare_finetuning
+from vlbert.training.trainer import Trainer, set_seed
 
 logger = logging.getLogger(__name__)
 
@@ -150,11 +150,7 @@ class TextTaskData:
 def run_text_finetuning(run_config: dict[str, Any], resume: bool = False) -> dict[str, Any]:
     """Fine-tune on a text task as configured; ``implementation: transformers`` trains transformers'
     BertForSequenceClassification instead (classification only), for same-recipe comparisons."""
-    check_sections(run_config, TOP_LEVEL_KEYS)
-    training = TrainingConfig.from_dict(run_config.get("training") or {})
-    data_config = dataclass_from_section(TextTaskConfig, run_config.get("data"), "data")
-    init_from = resolve_tokenizer_path(run_config.get("init_from") or "minilm")
-    tokenizer = load_tokenizer(resolve_tokenizer_path(run_config.get("tokenizer") or init_from))
+    training, data_config, init_from, tokenizer = prepare_finetuning(run_config, TOP_LEVEL_KEYS, TextTaskConfig)
     data = TextTaskData(data_config, tokenizer, training.batch_size, training.seed)
     set_seed(training.seed)
     overrides = {"num_labels": data.num_labels, **(run_config.get("model") or {})}

@@ -21,9 +21,9 @@ from vlbert.data.loading import eval_loader, train_loader
 from vlbert.data.vqa import (VQACollator, VQADataset, build_answer_vocab, easy_vqa_examples, load_vqa_v2)
 from vlbert.evaluation.vqa import normalize_answer, vqa_accuracy
 from vlbert.models.vl import VLBertForVQA
-from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_tokenizer_path
-from vlbert.training.run_config import check_sections, dataclass_from_section
-from vlbert.training.trainer import Trainer, TrainingConfig, set_seed
+from vlbert.tokenization import check_tokenizer_matches
+from vlbert.training.run_config import dataclass_from_section, prepare_finetuning
+from vlbert.training.trainer import Trainer, set_seed
 from vlbert.training.vl_pretraining import DetectorConfig, easy_vqa_shards
 
 logger = logging.getLogger(__name__)
@@ -120,12 +120,8 @@ class VQAData:
 def run_vqa_finetuning(run_config: dict[str, Any], resume: bool = False) -> dict[str, Any]:
     """Fine-tune for VQA; metrics.json gets ``vqa_accuracy`` on the evaluation split and predictions.jsonl the
     answers."""
-    check_sections(run_config, TOP_LEVEL_KEYS)
-    training = TrainingConfig.from_dict(run_config.get("training") or {})
-    data_config = dataclass_from_section(VQADataConfig, run_config.get("data"), "data")
+    training, data_config, init_from, tokenizer = prepare_finetuning(run_config, TOP_LEVEL_KEYS, VQADataConfig)
     detector = dataclass_from_section(DetectorConfig, run_config.get("detector"), "detector")
-    init_from = resolve_tokenizer_path(run_config.get("init_from") or "minilm")
-    tokenizer = load_tokenizer(resolve_tokenizer_path(run_config.get("tokenizer") or init_from))
     data = VQAData(data_config, detector, tokenizer, training.batch_size, training.seed)
     set_seed(training.seed)
     overrides = {"num_labels": len(data.answer_vocab), "region_feature_dim": data.feature_dim,
