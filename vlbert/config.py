@@ -25,7 +25,7 @@ _HF_BOOKKEEPING_KEYS = {
     "pooler_size_per_head", "pooler_type", "id2label", "label2id", "problem_type", "tie_word_embeddings",
     "is_decoder", "add_cross_attention", "chunk_size_feed_forward", "return_dict", "output_hidden_states",
     "output_attentions", "torchscript", "finetuning_task", "tokenizer_class", "prefix", "sep_token_id",
-    "decoder_start_token_id", "task_specific_params", "problem_type", "attn_implementation",
+    "decoder_start_token_id", "task_specific_params", "attn_implementation",
 }
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")

@@ -75,7 +75,8 @@ def run_retrieval_finetuning(run_config: dict[str, Any], resume: bool = False) -
     check_tokenizer_matches(tokenizer, model.config)
 
     def train_batches(epoch, start, rank, world_size):
-        return train_loader(pairs, collator, training.batch_size, training.seed, epoch, start, rank, world_size)
+        return train_loader(pairs, collator, training.batch_size, training.seed, epoch, start, rank, world_size,
+                            **training.loader_options())
 
     logger.info("retrieval: %d training pairs, %d evaluation images", len(pairs), len(eval_images))
     trainer = Trainer(model, training, train_batches, None, run_config=run_config, tokenizer=tokenizer)

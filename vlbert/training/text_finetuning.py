@@ -59,7 +59,8 @@ class TransformersAdapter(torch.nn.Module):
 class TextTaskData:
     """Train/eval datasets of one text task and their batches."""
 
-    def __init__(self, config: TextTaskConfig, tokenizer, batch_size: int, seed: int = 0):
+    def __init__(self, config: TextTaskConfig, tokenizer, batch_size: int, seed: int = 0,
+                 loader_options: dict | None = None):
         if config.task == "bbc-news":
             config.type = "classification"
             train, evaluation, names = bbc_news_split(seed=0, eval_fraction=config.eval_fraction)
@@ -86,6 +87,7 @@ class TextTaskData:
         self.eval = TextTaskDataset(evaluation, tokenizer, config, labels)
         self.collator = TextTaskCollator(tokenizer, config.type)
         self.batch_size, self.seed = batch_size, seed
+        self.loader_options = loader_options or {}
 
     @property
     def num_labels(self) -> int:
@@ -93,7 +95,7 @@ class TextTaskData:
 
     def train_batches(self, epoch: int, start: int, rank: int, world_size: int):
         return train_loader(self.train, self.collator, self.batch_size, self.seed, epoch, start, rank, world_size,
-                            drop_last=False)
+                            drop_last=False, **self.loader_options)
 
     def eval_batches(self):
         return eval_loader(self.eval, self.collator, 2 * self.batch_size)
@@ -151,7 +153,7 @@ def run_text_finetuning(run_config: dict[str, Any], resume: bool = False) -> dic
     """Fine-tune on a text task as configured; ``implementation: transformers`` trains transformers'
     BertForSequenceClassification instead (classification only), for same-recipe comparisons."""
     training, data_config, init_from, tokenizer = prepare_finetuning(run_config, TOP_LEVEL_KEYS, TextTaskConfig)
-    data = TextTaskData(data_config, tokenizer, training.batch_size, training.seed)
+    data = TextTaskData(data_config, tokenizer, training.batch_size, training.seed, training.loader_options())
     set_seed(training.seed)
     overrides = {"num_labels": data.num_labels, **(run_config.get("model") or {})}
     implementation = run_config.get("implementation", "vlbert")

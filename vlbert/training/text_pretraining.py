@@ -79,7 +79,7 @@ class TextPretrainingData:
     """Training and held-out batches for MLM + NSP from one corpus (see :class:`TextDataConfig`)."""
 
     def __init__(self, data: TextDataConfig, tokenizer, batch_size: int, seed: int = 0,
-                 group_by_length: bool = True, num_workers: int = 0, max_position_embeddings: int = 512):
+                 loader_options: dict | None = None, max_position_embeddings: int = 512):
         if data.max_seq_length > max_position_embeddings:
             raise ValueError(f"data.max_seq_length={data.max_seq_length} exceeds the model's "
                              f"max_position_embeddings={max_position_embeddings}; lower max_seq_length")
@@ -92,15 +92,15 @@ class TextPretrainingData:
         self.eval = TextPretrainingDataset(self.eval_documents, tokenizer, data.max_seq_length, data.short_seq_prob,
                                            seed=seed + 1) if len(self.eval_documents) >= 2 else None
         self.collator = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability)
-        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
-        self.group_size = 50 if group_by_length else 1
+        self.batch_size, self.seed = batch_size, seed
+        self.loader_options = loader_options or {}
         self.max_eval_batches = data.max_eval_batches
         self.majority_token = most_frequent_token(self.train_documents, set(tokenizer.all_special_ids))
 
     def train_batches(self, epoch: int, start: int, rank: int, world_size: int):
         """Batches of ``epoch`` from batch index ``start`` on, for one data-parallel rank."""
         return train_loader(self.train, self.collator, self.batch_size, self.seed, epoch, start, rank, world_size,
-                            group_size=self.group_size, num_workers=self.num_workers)
+                            **self.loader_options)
 
     def eval_batches(self):
         """The held-out batches: fixed pairs and fixed masking, the same at every evaluation."""
@@ -131,7 +131,7 @@ def run_text_pretraining(run_config: dict[str, Any], resume: bool = False) -> di
     set_seed(training.seed)  # before the model is built: initial weights depend on it
     model = build_model(run_config, tokenizer)
     data = TextPretrainingData(data_config, tokenizer, training.batch_size, seed=training.seed,
-                               group_by_length=training.group_by_length, num_workers=training.num_workers,
+                               loader_options=training.loader_options(),
                                max_position_embeddings=model.config.max_position_embeddings)
     logger.info("model: %.1fM parameters; %d training pairs per epoch, %d held-out pairs",
                 model.num_parameters() / 1e6, len(data.train), len(data.eval) if data.eval else 0)

@@ -80,6 +80,11 @@ class TrainingConfig:
         if self.on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"training.on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
 
+    def loader_options(self) -> dict[str, int]:
+        """Keyword arguments for :func:`vlbert.data.loading.train_loader` from ``group_by_length`` and
+        ``num_workers``, so every task honours them the same way."""
+        return {"group_size": 50 if self.group_by_length else 1, "num_workers": self.num_workers}
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainingConfig":
         """Build and validate from the YAML ``training`` section; raises ``ValueError`` for unknown keys,

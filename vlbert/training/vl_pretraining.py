@@ -141,7 +141,7 @@ class VLPretrainingData:
     """Training and held-out batches for the VL objectives."""
 
     def __init__(self, data: VLDataConfig, detector: DetectorConfig, tokenizer, batch_size: int, seed: int = 0,
-                 num_workers: int = 0):
+                 loader_options: dict | None = None):
         if data.dataset != "easy-vqa":
             raise ValueError(f"data.dataset={data.dataset!r}: the built-in image-text data is 'easy-vqa'")
         pairs = easy_vqa_pairs(tokenizer, "train", seed)
@@ -163,14 +163,15 @@ class VLPretrainingData:
         self.eval = VLPretrainingDataset(eval_pairs, self.regions, tokenizer, data.max_text_length,
                                          data.max_regions, seed + 1) if len(eval_pairs) >= 2 else None
         self.eval_pairs = eval_pairs
-        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.batch_size, self.seed = batch_size, seed
+        self.loader_options = loader_options or {}
         any_regions = next(iter(self.regions.values()))
         self.feature_dim = any_regions.feature_dim
         self.num_classes = any_regions.class_probs.shape[1] if any_regions.class_probs is not None else 0
 
     def train_batches(self, epoch: int, start: int, rank: int, world_size: int):
         return train_loader(self.train, self.collator, self.batch_size, self.seed, epoch, start, rank, world_size,
-                            num_workers=self.num_workers)
+                            **self.loader_options)
 
     def eval_batches(self):
         """Every held-out batch once per active task (fixed masking)."""
@@ -243,7 +244,7 @@ def run_vl_pretraining(run_config: dict[str, Any], resume: bool = False) -> dict
     detector = dataclass_from_section(DetectorConfig, run_config.get("detector"), "detector")
     tokenizer = load_tokenizer(resolve_tokenizer_path(run_config.get("tokenizer") or run_config.get("init_from")))
     data = VLPretrainingData(data_config, detector, tokenizer, training.batch_size, seed=training.seed,
-                             num_workers=training.num_workers)
+                             loader_options=training.loader_options())
     set_seed(training.seed)
     model = build_vl_model(run_config, tokenizer, data.feature_dim, data.num_classes)
     logger.info("VL model: %.1fM parameters; %d training pairs, %d held-out", model.num_parameters() / 1e6,

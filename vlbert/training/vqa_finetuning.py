@@ -59,7 +59,8 @@ class VQADataConfig:
 class VQAData:
     """Training and evaluation questions with regions, and the answer vocabulary."""
 
-    def __init__(self, data: VQADataConfig, detector: DetectorConfig, tokenizer, batch_size: int, seed: int = 0):
+    def __init__(self, data: VQADataConfig, detector: DetectorConfig, tokenizer, batch_size: int, seed: int = 0,
+                 loader_options: dict | None = None):
         if data.dataset == "easy-vqa":
             train, evaluation = easy_vqa_examples("train"), easy_vqa_examples("test")
             vocab = [normalize_answer(a) for a in easy_vqa_answers()]
@@ -90,11 +91,13 @@ class VQAData:
                                drop_unknown=True)
         self.collator = VQACollator(tokenizer, len(vocab))
         self.batch_size, self.seed = batch_size, seed
+        self.loader_options = loader_options or {}
         any_regions = next(iter(regions.values()))
         self.feature_dim = any_regions.feature_dim
 
     def train_batches(self, epoch: int, start: int, rank: int, world_size: int):
-        return train_loader(self.train, self.collator, self.batch_size, self.seed, epoch, start, rank, world_size)
+        return train_loader(self.train, self.collator, self.batch_size, self.seed, epoch, start, rank, world_size,
+                            **self.loader_options)
 
     def eval_batches(self):
         return eval_loader(self.eval, self.collator, 2 * self.batch_size)
@@ -122,7 +125,7 @@ def run_vqa_finetuning(run_config: dict[str, Any], resume: bool = False) -> dict
     answers."""
     training, data_config, init_from, tokenizer = prepare_finetuning(run_config, TOP_LEVEL_KEYS, VQADataConfig)
     detector = dataclass_from_section(DetectorConfig, run_config.get("detector"), "detector")
-    data = VQAData(data_config, detector, tokenizer, training.batch_size, training.seed)
+    data = VQAData(data_config, detector, tokenizer, training.batch_size, training.seed, training.loader_options())
     set_seed(training.seed)
     overrides = {"num_labels": len(data.answer_vocab), "region_feature_dim": data.feature_dim,
                  **(run_config.get("model") or {})}
