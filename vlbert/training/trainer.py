@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from vlbert.utils import keep_freed_memory_in_process
+
 logger = logging.getLogger(__name__)
 
 STATE_NAME = "training_state.pt"
@@ -163,6 +165,8 @@ class Trainer:
         self.accelerator = Accelerator(
             mixed_precision=mixed, cpu=not torch.cuda.is_available(), **plugins,  # cpu: gloo under torchrun
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters)])
+        if self.accelerator.device.type == "cpu":
+            keep_freed_memory_in_process()  # large activations are reused, not page-faulted in every step
         self.output_dir = Path(config.output_dir)
         self.run_config = run_config or {}
         self.tokenizer = tokenizer
