@@ -80,3 +80,21 @@ def test_cpu_attention_path_equals_sdpa():
     attention.eval()
     reference = attention(x, mask)
     assert torch.allclose(trained, reference, atol=1e-12)
+
+
+def test_little_padding_runs_padded_with_the_same_values():
+    """Below 5% padding the encoder skips unpadding; real positions get the same values either way."""
+    torch.manual_seed(0)
+    config = vlbert.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=64)
+    model = vlbert.BertModel(config).double().eval()
+    ids = torch.randint(1, 50, (4, 16))
+    mask = torch.ones(4, 16, dtype=torch.long)
+    mask[2, -2:] = 0  # 2 of 64 positions (3%) are padding
+    padded = model(ids, attention_mask=mask).last_hidden_state
+    assert padded[2, -1].abs().sum() > 0, "with 3% padding the padded rows are computed"
+    model.encoder.min_padding_to_unpad = 0.0
+    unpadded = model(ids, attention_mask=mask).last_hidden_state
+    assert unpadded[2, -2:].abs().sum() == 0, "unpadded runs leave zeros at padding"
+    real = mask.bool()
+    assert torch.allclose(padded[real], unpadded[real], atol=1e-12)

@@ -224,10 +224,14 @@ class Unpadded:
 class BertEncoder(nn.Module):
     """A stack of ``num_hidden_layers`` :class:`BertLayer`; shared by the text and vision-language models.
 
-    With a padding mask that has padding, layers run unpadded (see :class:`Unpadded`); real positions get
-    exactly the values of the padded computation, padded positions come out as zeros (transformers computes
-    values there that nothing reads).
+    When at least ``min_padding_to_unpad`` (5%) of the batch's positions are padding, layers run unpadded (see
+    :class:`Unpadded`): real positions get exactly the values of the padded computation and padded positions come
+    out as zeros. With less padding the gather/scatter copies cost more than the padded rows they save (measured
+    on the default text batch, 0.25% padding: 310 ms vs 296 ms per step), so the padded batch runs as is and
+    padded positions carry values that nothing reads, as in transformers.
     """
+
+    min_padding_to_unpad = 0.05
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -240,8 +244,8 @@ class BertEncoder(nn.Module):
         Returns: (last layer [B, S, H], the L + 1 hidden states incl. the input when asked, else None)."""
         attn_mask = extended_attention_mask(mask) if mask is not None else None
         unpadded = Unpadded(mask) if self.unpad and mask is not None else None
-        if unpadded is not None and unpadded.index.numel() == x.shape[0] * x.shape[1]:
-            unpadded = None  # no padding: nothing to save
+        if unpadded is not None and unpadded.index.numel() > (1 - self.min_padding_to_unpad) * mask.numel():
+            unpadded = None  # (almost) no padding: nothing to save
         hidden_states = [x] if output_hidden_states else None
         if unpadded is not None:
             x = unpadded.unpad(x)
