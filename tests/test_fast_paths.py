@@ -98,3 +98,28 @@ def test_little_padding_runs_padded_with_the_same_values():
     assert unpadded[2, -2:].abs().sum() == 0, "unpadded runs leave zeros at padding"
     real = mask.bool()
     assert torch.allclose(padded[real], unpadded[real], atol=1e-12)
+
+
+def test_compiled_encoder_layers_give_the_eager_numbers():
+    """``training.compile``: layers compiled in place keep their parameter names and compute the same values
+    (eval mode, so dropout is off), forward and backward."""
+    from vlbert.models.bert import compile_encoder_layers
+
+    torch.manual_seed(0)
+    config = vlbert.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                               intermediate_size=64)
+    model = vlbert.BertModel(config).eval()
+    ids = torch.randint(1, 50, (3, 10))
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[1, 6:] = 0
+    names = list(model.state_dict())
+    eager = model(ids, attention_mask=mask).last_hidden_state
+    eager.sum().backward()
+    eager_grad = model.encoder.layers[0].ffn_in.weight.grad.clone()
+    model.zero_grad()
+    assert compile_encoder_layers(model) == 1
+    compiled = model(ids, attention_mask=mask).last_hidden_state
+    compiled.sum().backward()
+    assert list(model.state_dict()) == names
+    assert torch.allclose(compiled, eager, atol=1e-5)
+    assert torch.allclose(model.encoder.layers[0].ffn_in.weight.grad, eager_grad, atol=1e-4)

@@ -40,20 +40,25 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
-    """Dense matmul FLOP/s of this device in this process and dtype (the MFU denominator)."""
+def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 5,
+                        trials: int = 5) -> float:
+    """Dense matmul FLOP/s of this device in this process and dtype (the MFU denominator): the best of ``trials``
+    timings of ``repeats`` square matmuls, so a moment of load on a shared machine does not lower the peak."""
     if device.type == "cuda":
         size, repeats = 8192, 50
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    sync(device)
-    return 2 * size ** 3 * repeats / (time.perf_counter() - start)
+    best = float("inf")
+    for _ in range(trials):
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size ** 3 * repeats / best
 
 
 class _MallInfo2(ctypes.Structure):
@@ -113,13 +118,11 @@ class PeakMemory:
             self.peak = (self._max - self._base) / 2 ** 20
 
 
-def time_train_steps(model, batch: dict, device: torch.device, steps: int, warmup: int, bf16: bool) -> dict:
-    """Median ms of forward + backward + AdamW step, and the peak memory of a step above what the weights and
-    optimizer state hold (MiB)."""
+def make_train_step(model, batch: dict, device: torch.device, bf16: bool) -> Callable[[], None]:
+    """One forward + backward + AdamW step of ``model`` on ``batch`` (moved to ``device``), as a closure."""
     model.train().to(device)
     batch = {k: v.to(device) for k, v in batch.items()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    times = []
 
     def step():
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -127,21 +130,38 @@ def time_train_steps(model, batch: dict, device: torch.device, steps: int, warmu
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    return step
 
-    for _ in range(warmup):
-        step()
-    for _ in range(steps):
-        sync(device)
-        start = time.perf_counter()
-        step()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    with PeakMemory(device) as memory:  # measured apart from the timed steps: sampling takes malloc's lock
-        for _ in range(2):
+
+def time_train_steps(steps_by_name: dict[str, Callable[[], None]], device: torch.device, steps: int, warmup: int,
+                     block: int = 5) -> dict[str, dict]:
+    """Median ms per training step of each implementation, and the peak memory of a step above what the weights
+    and optimizer state hold (MiB).
+
+    The implementations are timed in alternating blocks of ``block`` steps (the first step of a block warms it up
+    again and is not counted), so that load drifting on a shared machine affects every side alike.
+    """
+    for step in steps_by_name.values():
+        for _ in range(warmup):
             step()
-        sync(device)
-    model.cpu()
-    return {"ms_per_step": statistics.median(times) * 1e3, "peak_memory_mib": memory.peak}
+    times: dict[str, list[float]] = {name: [] for name in steps_by_name}
+    while min(len(t) for t in times.values()) < steps:
+        for name, step in steps_by_name.items():
+            for i in range(block):
+                sync(device)
+                start = time.perf_counter()
+                step()
+                sync(device)
+                if i > 0:
+                    times[name].append(time.perf_counter() - start)
+    results = {}
+    for name, step in steps_by_name.items():
+        with PeakMemory(device) as memory:  # measured apart from the timed steps: sampling takes malloc's lock
+            for _ in range(2):
+                step()
+            sync(device)
+        results[name] = {"ms_per_step": statistics.median(times[name]) * 1e3, "peak_memory_mib": memory.peak}
+    return results
 
 
 def text_pair(run: dict, tokenizer, batch_size: int):
@@ -243,7 +263,7 @@ def main(argv=None) -> int:
     p.add_argument("--config", default=str(ROOT / "configs" / "text" / "default.yaml"), help="text pair's config")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=16, help="timed steps per implementation (in alternating blocks)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (default on CUDA)")
     p.add_argument("--pairs", default="text,vl,data", help="comma-separated subset of text, vl, data")
@@ -277,12 +297,13 @@ def main(argv=None) -> int:
             seq_len = config.seq_len
         padded = ours_batch["input_ids"].shape[0] * seq_len
         flops = estimate_flops_per_token(config, seq_len) * real
-        results = {}
-        for impl, model, batch in (("transformers", hf, hf_batch), ("vlbert", ours, ours_batch)):
-            r = time_train_steps(model, batch, device, args.steps, args.warmup, bf16)
+        results = time_train_steps({"transformers": make_train_step(hf, hf_batch, device, bf16),
+                                    "vlbert": make_train_step(ours, ours_batch, device, bf16)},
+                                   device, args.steps, args.warmup)
+        for r in results.values():
             r["real_tokens_per_s"] = real / (r["ms_per_step"] / 1e3)
             r["mfu"] = flops / (r["ms_per_step"] / 1e3) / peak
-            results[impl] = r
+        hf.cpu(), ours.cpu()
         record = {"model": name, "device": str(device), "dtype": "bf16" if bf16 else "fp32",
                   "malloc_keeps_freed_memory": kept,
                   "batch": [ours_batch["input_ids"].shape[0], seq_len], "real_tokens": real,

@@ -62,6 +62,7 @@ class TrainingConfig:
     distributed: str = "ddp"  # multi-process strategy: "ddp" or "fsdp" (accelerate's FSDP plugin)
     group_by_length: bool = True
     progress_bar: bool = True
+    compile: bool = False  # torch.compile each encoder layer (for GPUs; measured slower on a 2-core CPU)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad field and its valid range."""
@@ -173,6 +174,10 @@ class Trainer:
         self.train_batches = train_batches
         self.eval_batches = eval_batches
         self.unwrapped = model
+        if config.compile:
+            from vlbert.models.bert import compile_encoder_layers
+
+            compile_encoder_layers(model)
         self.forward_arguments = set(inspect.signature(model.forward).parameters)
         # Fused AdamW (one kernel over all parameters) on CUDA and, since torch 2.4, on CPU.
         fused = self.accelerator.device.type in ("cuda", "cpu")
