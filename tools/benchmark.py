@@ -13,6 +13,7 @@ region-shard read throughput.
     python tools/benchmark.py                       # CPU, fp32
     python tools/benchmark.py --bf16                # bf16 autocast on both sides (AMX CPUs, GPUs)
     python tools/benchmark.py --device cuda --config configs/text/bert-base-128.yaml --batch-size 64 --json
+    python tools/benchmark.py --device cuda --compile   # vlbert's encoder layers through torch.compile
 """
 
 from __future__ import annotations
@@ -266,6 +267,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=16, help="timed steps per implementation (in alternating blocks)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (default on CUDA)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile vlbert's encoder layers (training.compile; the warmup steps compile)")
     p.add_argument("--pairs", default="text,vl,data", help="comma-separated subset of text, vl, data")
     p.add_argument("--json", action="store_true", help="one JSON line per pair")
     p.add_argument("--default-malloc", action="store_true",
@@ -297,6 +300,10 @@ def main(argv=None) -> int:
             seq_len = config.seq_len
         padded = ours_batch["input_ids"].shape[0] * seq_len
         flops = estimate_flops_per_token(config, seq_len) * real
+        if args.compile:
+            from vlbert.models.bert import compile_encoder_layers
+
+            compile_encoder_layers(ours)
         results = time_train_steps({"transformers": make_train_step(hf, hf_batch, device, bf16),
                                     "vlbert": make_train_step(ours, ours_batch, device, bf16)},
                                    device, args.steps, args.warmup)
@@ -306,6 +313,7 @@ def main(argv=None) -> int:
         hf.cpu(), ours.cpu()
         record = {"model": name, "device": str(device), "dtype": "bf16" if bf16 else "fp32",
                   "malloc_keeps_freed_memory": kept,
+                  "vlbert_compiled": args.compile,
                   "batch": [ours_batch["input_ids"].shape[0], seq_len], "real_tokens": real,
                   "real_fraction": real / padded, "peak_tflops": peak / 1e12,
                   "speedup": results["transformers"]["ms_per_step"] / results["vlbert"]["ms_per_step"],
