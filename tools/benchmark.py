@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import ctypes.util
 import json
 import statistics
 import sys
@@ -71,20 +70,20 @@ class _MallInfo2(ctypes.Structure):
 def _heap_in_use() -> Callable[[], int]:
     """Bytes the process has allocated and not freed: glibc's ``mallinfo2`` (in-use heap + mmapped blocks, all
     arenas), which memory kept for reuse does not inflate; the resident set size where that is unavailable."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallinfo2 = libc.mallinfo2
-        mallinfo2.restype = _MallInfo2
+    from vlbert.utils import glibc
 
-        def in_use() -> int:
-            info = mallinfo2()
-            return info.uordblks + info.hblkhd
-        return in_use
-    except (OSError, AttributeError):
+    mallinfo2 = getattr(glibc(), "mallinfo2", None)  # glibc >= 2.33
+    if mallinfo2 is None:
         import psutil
 
         process = psutil.Process()
         return lambda: process.memory_info().rss
+    mallinfo2.restype = _MallInfo2
+
+    def in_use() -> int:
+        info = mallinfo2()
+        return info.uordblks + info.hblkhd
+    return in_use
 
 
 class PeakMemory:
@@ -310,7 +309,8 @@ def main(argv=None) -> int:
         for r in results.values():
             r["real_tokens_per_s"] = real / (r["ms_per_step"] / 1e3)
             r["mfu"] = flops / (r["ms_per_step"] / 1e3) / peak
-        hf.cpu(), ours.cpu()
+        hf.cpu()
+        ours.cpu()
         record = {"model": name, "device": str(device), "dtype": "bf16" if bf16 else "fp32",
                   "malloc_keeps_freed_memory": kept,
                   "vlbert_compiled": args.compile,

@@ -45,6 +45,21 @@ def evaluation(fn):
     return wrapper
 
 
+def glibc():
+    """The process's GNU C library as a ``ctypes.CDLL``, or None where the C library is not glibc (macOS, musl,
+    Windows) or cannot be loaded. For malloc tuning and statistics (``mallopt``, ``mallinfo2``)."""
+    import ctypes
+    import ctypes.util
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def keep_freed_memory_in_process() -> bool:
     """Make glibc's ``malloc`` reuse freed memory instead of returning it to the kernel (CPU training speed).
 
@@ -60,15 +75,8 @@ def keep_freed_memory_in_process() -> bool:
     Returns True when the settings were applied, False where the C library is not glibc (no change made).
     Affects every allocation made afterwards in this process (the CUDA caching allocator is unaffected).
     """
-    import ctypes
-    import ctypes.util
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
+    libc = glibc()
+    if libc is None:
         return False
     m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
     return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))

@@ -521,5 +521,6 @@ def estimate_flops_per_token(config: BertConfig, seq_len: int, masked_fraction: 
 __all__ = [
     "BertModel", "BertForPreTraining", "BertEmbeddings", "BertEncoder", "BertLayer", "SelfAttention",
     "BertPooler", "Unpadded", "MaskedLMHead", "Dropout", "dropout", "masked_lm_loss", "classification_loss",
-    "extended_attention_mask", "activation", "compile_encoder_layers", "cross_entropy_with_accuracy", "estimate_flops_per_token", "IGNORE_INDEX", "upcast",
+    "extended_attention_mask", "activation", "compile_encoder_layers", "cross_entropy_with_accuracy",
+    "estimate_flops_per_token", "IGNORE_INDEX", "upcast",
 ]
