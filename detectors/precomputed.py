@@ -85,8 +85,13 @@ def write_butd_tsv(regions: list[Regions], path: str | os.PathLike) -> None:
                              base64.b64encode(r.features.astype(np.float32).tobytes()).decode()])
 
 
-def read_npz(path: str | os.PathLike, image_id: str | None = None, detector: str = "npz") -> Regions:
+def read_npz(path: str | os.PathLike, image_id: str | None = None, detector: str = "npz",
+             background_column: bool = True) -> Regions:
     """Read one image's regions from a ``.npz`` file (see module docstring for the keys).
+
+    ``cls_prob`` of the bottom-up-attention detectors (1601 Visual Genome classes) has the background class in
+    column 0: with ``background_column`` it is dropped and the rest renormalised, so the class distribution
+    (the MRC target) holds object classes only, as UNITER's does. Pass False for files without that column.
 
     Raises:
         FileNotFoundError: no such file. detectors.regions.RegionError: missing keys or a schema violation.
@@ -112,6 +117,9 @@ def read_npz(path: str | os.PathLike, image_id: str | None = None, detector: str
     scores = data.get("scores", data.get("obj_conf"))
     if scores is None:
         scores = probs[:, 1:].max(-1) if probs is not None else np.ones(len(boxes), dtype=np.float32)
+    if probs is not None and background_column:
+        objects = probs[:, 1:].astype(np.float32)
+        probs = objects / np.maximum(objects.sum(-1, keepdims=True), 1e-12)
     return Regions(image_id or path.stem, h, w, boxes, features, scores, probs, detector)
 
 

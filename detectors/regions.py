@@ -7,7 +7,7 @@ model, whose ``region_boxes`` are in [0, 1].
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,7 +39,6 @@ class Regions:
     scores: np.ndarray
     class_probs: np.ndarray | None = None
     detector: str = ""
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.image_id = str(self.image_id)

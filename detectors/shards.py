@@ -185,10 +185,24 @@ def read_shards(paths: Iterable[str | os.PathLike]) -> Iterator[Regions]:
             yield regions
 
 
+def shard_paths(directory: str | os.PathLike) -> list[Path]:
+    """The ``*.tar`` region shards in ``directory``, sorted.
+
+    Raises:
+        FileNotFoundError: the directory does not exist or holds no shard (the message names the tool that
+            writes them).
+    """
+    paths = sorted(Path(directory).expanduser().glob("*.tar"))
+    if not paths:
+        raise FileNotFoundError(f"no region shards (*.tar) in {directory}; write them with "
+                                "tools/extract_regions.py (--images, --from-tsv or --from-npz)")
+    return paths
+
+
 def load_regions(paths: Iterable[str | os.PathLike]) -> dict[str, Regions]:
     """All regions of the shards in memory, by image id (features stay float16)."""
     return {r.image_id: r for r in read_shards(paths)}
 
 
-__all__ = ["write_shards", "read_shards", "load_regions", "ShardError", "RegionError", "SCHEMA_VERSION",
+__all__ = ["write_shards", "read_shards", "load_regions", "shard_paths", "ShardError", "RegionError", "SCHEMA_VERSION",
            "sample_key"]

@@ -3,7 +3,7 @@
 BUTD (Anderson et al. 2018, section 3.1) keeps every box whose class confidence passes a threshold, at least 10
 and at most 100 per image, and uses the box head's pooled feature as the region feature. Here: torchvision's
 ``fasterrcnn_resnet50_fpn`` (COCO, 91 classes); the feature is the 1024-d output of its two-layer box head
-(``roi_heads.box_head``) on the final boxes; the class distribution is the softmax of its box predictor.
+(``roi_heads.box_head``) on the final boxes; the class distribution is the softmax of its box predictor over the 90 object classes (background left out).
 Weights come from torchvision's weights API when online, or from a local state-dict file.
 """
 
@@ -62,7 +62,8 @@ class TorchvisionRegionDetector:
 
     @property
     def num_classes(self) -> int:
-        return int(self.model.roi_heads.box_predictor.cls_score.out_features)
+        """Object classes in ``class_probs`` (the predictor's classes less background)."""
+        return int(self.model.roi_heads.box_predictor.cls_score.out_features) - 1
 
     @torch.no_grad()
     def __call__(self, image, image_id: str) -> Regions:
@@ -84,36 +85,17 @@ class TorchvisionRegionDetector:
         pooled = m.roi_heads.box_roi_pool(features, [boxes], images.image_sizes)
         region_features = m.roi_heads.box_head(pooled)
         class_logits, _ = m.roi_heads.box_predictor(region_features)
-        probs = class_logits.softmax(-1)
+        # The class distribution without the background class (index 0): MRC's target is an object class
+        # (UNITER leaves background out); the remaining columns are renormalised to sum to 1.
+        probs = class_logits[:, 1:].softmax(-1)
         # Back from the transform's resized frame to the original image's pixels.
         ry, rx = h / images.image_sizes[0][0], w / images.image_sizes[0][1]
         pixel_boxes = boxes * torch.tensor([rx, ry, rx, ry], device=self.device)
         pixel_boxes[:, 0::2] = pixel_boxes[:, 0::2].clamp(0, w)
         pixel_boxes[:, 1::2] = pixel_boxes[:, 1::2].clamp(0, h)
         return Regions(image_id, h, w, pixel_boxes.cpu().numpy(), region_features.cpu().numpy(),
-                       probs[:, 1:].max(-1).values.cpu().numpy(), probs.cpu().numpy(), detector=self.name)
+                       class_logits.softmax(-1)[:, 1:].max(-1).values.cpu().numpy(), probs.cpu().numpy(),
+                       detector=self.name)
 
 
-class Detectron2RegionDetector:
-    """Placeholder for the detectron2 backend (e.g. the Visual Genome bottom-up-attention model).
-
-    detectron2 is not on PyPI; when it is installed this backend can be completed around
-    ``detectron2.engine.DefaultPredictor``. Without it, constructing this class raises a clear error.
-
-    Raises:
-        ModuleNotFoundError: detectron2 is not installed (the message says how to install it).
-        NotImplementedError: detectron2 is installed; this backend is not written yet.
-    """
-
-    def __init__(self, config_file: str, weights: str, device: str = "cpu"):
-        try:
-            import detectron2  # noqa: F401
-        except ModuleNotFoundError as e:
-            raise ModuleNotFoundError(
-                "the detectron2 backend needs detectron2, which is not on PyPI: install it from source "
-                "(pip install 'git+https://github.com/facebookresearch/detectron2.git'), or use the torchvision or "
-                "timm backends (detectors.TorchvisionRegionDetector, detectors.BackboneRegionExtractor)") from e
-        raise NotImplementedError("the detectron2 backend is not implemented yet; use the torchvision or timm backend")
-
-
-__all__ = ["TorchvisionRegionDetector", "Detectron2RegionDetector"]
+__all__ = ["TorchvisionRegionDetector"]

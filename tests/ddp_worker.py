@@ -1,5 +1,6 @@
 """Run text pretraining in float64 (so float32 rounding of differently shaped batches does not mask the
-distributed algorithm): used by test_distributed.py, alone or under torchrun. Argument: a JSON run config."""
+distributed algorithm): used by test_distributed.py, alone or under torchrun. Arguments: a JSON run config, then
+optionally a recipe name (default text-pretraining) and --resume."""
 
 import json
 import sys
@@ -8,6 +9,7 @@ import torch
 
 if __name__ == "__main__":
     torch.set_default_dtype(torch.float64)
-    from vlbert.training.text_pretraining import run_text_pretraining
+    from vlbert.recipes import RECIPES, run
 
-    run_text_pretraining(json.loads(sys.argv[1]), resume="--resume" in sys.argv)
+    recipe = next((a for a in sys.argv[2:] if a in RECIPES), "text-pretraining")
+    run(RECIPES[recipe], json.loads(sys.argv[1]), resume="--resume" in sys.argv)

@@ -163,3 +163,19 @@ def test_missing_optional_package_names_the_install():
 
     with pytest.raises(ModuleNotFoundError, match=r"pip install -e '\.\[demo\]'"):
         require("no_such_package_xyz", "the demo data", "pip install -e '.[demo]'")
+
+
+def test_library_calls_check_their_inputs():
+    """What the CLIs refuse, the models refuse too: ids outside the embedding tables and rows with no token."""
+    import vlbert
+
+    model = vlbert.BertModel(vlbert.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                               num_attention_heads=2, intermediate_size=32))
+    with pytest.raises(ValueError, match="input_ids holds 60, outside the model's table of 50"):
+        model(torch.tensor([[1, 60]]))
+    with pytest.raises(ValueError, match="input_ids holds -1"):
+        model(torch.tensor([[1, -1]]))
+    with pytest.raises(ValueError, match="token_type_ids holds 2, outside the model's table of 2"):
+        model(torch.tensor([[1, 2]]), torch.tensor([[0, 2]]))
+    with pytest.raises(ValueError, match="attention_mask row 1 has no real token"):
+        model(torch.tensor([[1, 2], [3, 4]]), None, torch.tensor([[1, 1], [0, 0]]))

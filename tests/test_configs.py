@@ -9,7 +9,8 @@ import torch
 
 from vlbert import BertConfig, BertForPreTraining
 from vlbert.training.run_config import load_run_config, set_dotted
-from vlbert.training.text_pretraining import TextDataConfig
+from vlbert.recipes.text_pretraining import TextDataConfig
+from vlbert.training.run_config import dataclass_from_section
 from vlbert.training.trainer import TrainingConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "text").glob("*.yaml"))
@@ -20,7 +21,7 @@ PAPER_SIZES = {"base": (12, 768, 12, 110e6), "large": (24, 1024, 16, 340e6)}
 def test_config_is_valid(path):
     run = load_run_config(path)
     TrainingConfig.from_dict(run["training"]).validate()
-    data = TextDataConfig.from_dict(run["data"])
+    data = dataclass_from_section(TextDataConfig, run["data"], "data")
     config = BertConfig.from_dict({"vocab_size": 30522, **run["model"]}, strict=True)
     assert data.max_seq_length <= config.max_position_embeddings
     for size, (layers, hidden, heads, params) in PAPER_SIZES.items():

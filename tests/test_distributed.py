@@ -78,3 +78,42 @@ def test_resume_after_sigkill_reproduces_losses(small_corpus, tmp_path):
     a, b = losses(reference), losses(killed)
     assert sorted(b) == list(range(1, steps + 1))
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-6
+
+
+def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(tmp_path):
+    """VL pretraining draws one objective per step for both ranks; the heads of the other objectives stay in the
+    graph with weight zero, so DDP runs without find_unused_parameters and 2 x b = 1 x 2b, step by step."""
+    from PIL import Image
+
+    from detectors.config import DetectorConfig
+    from detectors.shards import write_shards
+    from vlbert.data.easy_vqa import captions, image_paths
+
+    ids = list(captions("train"))[:32]
+    paths = image_paths("train")
+    extractor = DetectorConfig(input_size=64, max_proposals=6).build()
+    write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), tmp_path / "shards")
+
+    def vl_config(out, batch_size):
+        return {"modality": "vl", "tokenizer": "minilm",
+                "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                          "intermediate_size": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+                "data": {"shards": str(tmp_path / "shards"), "max_images": 32, "eval_fraction": 0.0,
+                         "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "mrc_kl": 1, "itm": 1}},
+                "training": {"output_dir": str(out), "max_steps": 8, "batch_size": batch_size, "learning_rate": 1e-3,
+                             "warmup_steps": 1, "log_every": 1, "progress_bar": False}}
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run([sys.executable, str(HERE / "ddp_worker.py"), json.dumps(vl_config(one, 8)), "vl-pretraining"],
+                   check=True, env=env(), capture_output=True, timeout=300)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                             "--master_port", str(free_port()), str(HERE / "ddp_worker.py"),
+                             json.dumps(vl_config(two, 4)), "vl-pretraining"],
+                            env=env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    a, b = losses(one), losses(two)
+    assert sorted(a) == sorted(b) == list(range(1, 9))
+    assert max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
+    objectives = [next(k for k in ("mlm", "mrfr", "mrc", "mrc_kl", "itm") if k in r)
+                  for r in map(json.loads, (two / "log.jsonl").read_text().splitlines()) if r["split"] == "train"]
+    assert len(set(objectives)) >= 3  # the steps did mix objectives

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import vlbert
-from vlbert.models.bert import SelfAttention, cross_entropy_with_accuracy, dropout
+from vlbert.models.bert import SelfAttention
+from vlbert.models.kernels import cross_entropy_with_accuracy, dropout
 
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
@@ -80,6 +81,30 @@ def test_cpu_attention_path_equals_sdpa():
     attention.eval()
     reference = attention(x, mask)
     assert torch.allclose(trained, reference, atol=1e-12)
+
+
+def test_cpu_attention_dropout_drops_half_and_rescales():
+    """p = 0.5 on the attention probabilities: with the identity as values the output *is* the dropped
+    probability matrix, so about half of the (real) entries are zero and the rest are softmax / (1 - p); padded
+    keys get nothing."""
+    torch.manual_seed(0)
+    config = vlbert.BertConfig(vocab_size=10, hidden_size=64, num_attention_heads=2, intermediate_size=64,
+                               attention_probs_dropout_prob=0.5)
+    attention = SelfAttention(config).double().train()
+    b, h, s = 8, 2, 32
+    q, k = torch.randn(2, b, h, s, s, dtype=torch.float64)
+    v = torch.eye(s, dtype=torch.float64).expand(b, h, s, s)
+    mask = torch.ones(b, 1, 1, s, dtype=torch.bool)
+    mask[1, ..., 20:] = False
+    dropped = attention._attention_with_cpu_dropout(q, k, v, mask)
+    probs = torch.softmax((q @ k.transpose(-1, -2) / s ** 0.5).masked_fill(~mask, float("-inf")), -1)
+    real = mask.expand(b, h, s, s)
+    kept = dropped != 0
+    assert not (kept & ~real).any()
+    share = kept[real].double().mean().item()
+    n = int(real.sum())
+    assert abs(share - 0.5) < 4 * (0.25 / n) ** 0.5, share  # within 4 sigma of half
+    torch.testing.assert_close(dropped[kept], probs[kept] * 2, atol=1e-12, rtol=1e-12)
 
 
 def test_little_padding_runs_padded_with_the_same_values():

@@ -127,6 +127,11 @@ def test_npz_reader(tmp_path):
     back = read_npz(tmp_path / "42.npz")
     assert back.image_id == "42" and np.array_equal(back.features, r.features)
     assert np.array_equal(back.boxes, r.boxes)
+    # BUTD's cls_prob has the background class in column 0: dropped, the object classes renormalised.
+    objects = r.class_probs[:, 1:].astype(np.float32)
+    np.testing.assert_allclose(back.class_probs.astype(np.float32), objects / objects.sum(1, keepdims=True),
+                               atol=1e-3)
+    assert read_npz(tmp_path / "42.npz", background_column=False).class_probs.shape == r.class_probs.shape
 
 
 def test_proposals_find_the_easy_vqa_shape():
@@ -178,12 +183,14 @@ def test_torchvision_detector_pipeline():
     image = (np.random.default_rng(0).random((120, 160, 3)) * 255).astype(np.uint8)
     regions = detector(image, "noise")
     assert 1 <= regions.num_regions <= 20
-    assert regions.features.shape[1] == 1024 and regions.class_probs.shape[1] == 91
+    # 90 object classes: the background column is left out of the MRC target and the rest sum to 1.
+    assert regions.features.shape[1] == 1024 and regions.class_probs.shape[1] == detector.num_classes == 90
+    np.testing.assert_allclose(regions.class_probs.astype(np.float32).sum(1), 1.0, atol=2e-3)
     assert (regions.boxes[:, 2] <= 160).all() and (regions.boxes[:, 3] <= 120).all()
 
 
 def test_detectron2_missing_names_the_install():
-    from detectors.torchvision_detector import Detectron2RegionDetector
+    from detectors.detectron2_detector import Detectron2RegionDetector
 
     with pytest.raises(ModuleNotFoundError, match="detectron2"):
         Detectron2RegionDetector("cfg.yaml", "model.pth")

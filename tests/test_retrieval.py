@@ -12,8 +12,9 @@ import torch
 
 import vlbert
 from detectors.regions import Regions
-from vlbert.data.retrieval import CaptionedImage, RetrievalCollator, RetrievalPairs, evaluate_retrieval, load_karpathy_split
-from vlbert.models.vl import VLBertForImageTextRetrieval
+from vlbert.data.retrieval import CaptionedImage, RetrievalCollator, RetrievalPairs, load_karpathy_split
+from vlbert.evaluation.retrieval import evaluate_retrieval
+from vlbert.models.retrieval import VLBertForImageTextRetrieval
 
 
 def test_karpathy_reader(tmp_path):
@@ -61,7 +62,7 @@ def test_shortlist_matches_full_scoring(setup, tokenizer):
     assert full["cross_encoder_pairs"] == 2 * full["all_pairs"]  # shortlist covers everything: both directions
     # Brute force: cross-encoder on every pair.
     from vlbert.data.pretraining import MaskingCollator
-    from vlbert.data.vl_pretraining import pad_regions
+    from detectors.batch import pad_regions
 
     caps = [(k, c) for k, im in enumerate(images) for c in im.captions]
     text = MaskingCollator.from_tokenizer(tokenizer)

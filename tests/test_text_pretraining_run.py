@@ -13,10 +13,14 @@ import torch
 import transformers
 
 import vlbert
-from vlbert.training.text_pretraining import run_text_pretraining
+from vlbert.recipes import RECIPES, run
 from vlbert.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_text_pretraining(config: dict, resume: bool = False, overwrite: bool = False) -> dict:
+    return run(RECIPES["text-pretraining"], config, resume, overwrite)
 
 
 def tiny_run_config(corpus, output_dir, **training):
@@ -131,3 +135,72 @@ def test_cli_runs_with_flags(small_corpus, tmp_path):
     assert "final metrics" in result.stdout
     assert json.loads((out / "metrics.json").read_text())["step"] == 2
     assert (out / "model.safetensors").is_file() and (out / "vocab.txt").is_file()
+
+
+def test_a_run_directory_is_never_overwritten_silently(small_corpus, tmp_path):
+    out = tmp_path / "run"
+    run_text_pretraining(tiny_run_config(small_corpus, out, max_steps=2))
+    before = (out / "log.jsonl").read_text()
+    with pytest.raises(FileExistsError, match="--resume .* --overwrite"):
+        run_text_pretraining(tiny_run_config(small_corpus, out, max_steps=2))
+    assert (out / "log.jsonl").read_text() == before
+    cli = subprocess.run([sys.executable, str(ROOT / "tools" / "pretrain.py"), "--modality", "text",
+                          "--output-dir", str(out), "--set", f"data.corpus={small_corpus}"],
+                         capture_output=True, text=True, timeout=300)
+    assert cli.returncode != 0 and "already holds a run" in cli.stderr and "Traceback" not in cli.stderr
+    run_text_pretraining(tiny_run_config(small_corpus, out, max_steps=3), overwrite=True)
+    assert [r["step"] for r in read_log(out) if r["split"] == "train"] == [1, 2, 3]
+
+
+def test_init_from_minilm_alias_for_text_pretraining(small_corpus, tmp_path):
+    config = tiny_run_config(small_corpus, tmp_path / "minilm", max_steps=1)
+    config.update(init_from="minilm", model={})
+    metrics = run_text_pretraining(config)
+    assert metrics["step"] == 1
+    assert json.loads((tmp_path / "minilm" / "config.json").read_text())["hidden_size"] == 384
+
+
+def test_sigterm_checkpoints_and_resume_continues_the_same_losses(small_corpus, tmp_path):
+    """SIGTERM (cluster preemption) mid-run: the step in progress finishes, a checkpoint is written, the tool
+    exits with 143, and --resume gives the uninterrupted run's per-step losses."""
+    import os
+    import signal
+    import time
+
+    steps = 40
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("modality: text\n")
+
+    def cmd(out):
+        return [sys.executable, str(ROOT / "tools" / "pretrain.py"), "--modality", "text", "--config", str(empty),
+                "--output-dir", str(out), "--max-steps", str(steps), "--log-every", "1",
+                "--set", f"data.corpus={small_corpus}", "--set", "tokenizer=minilm", "--set", "model.hidden_size=32",
+                "--set", "model.num_hidden_layers=2", "--set", "model.num_attention_heads=2",
+                "--set", "model.intermediate_size=64", "--set", "model.max_position_embeddings=64",
+                "--set", "data.max_seq_length=64", "--set", "data.eval_fraction=0.0",
+                "--set", "training.batch_size=4", "--set", "training.learning_rate=1e-3",
+                "--set", "training.warmup_steps=1", "--set", "training.progress_bar=false"]
+
+    reference, stopped = tmp_path / "reference", tmp_path / "stopped"
+    subprocess.run(cmd(reference), check=True, env=env, capture_output=True, timeout=300)
+    proc = subprocess.Popen(cmd(stopped), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = stopped / "log.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= 10:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr[-2000:]
+    assert "--resume" in stderr
+    stopped_at = len(read_log(stopped))
+    assert stopped_at < steps and (stopped / "checkpoints" / f"step-{stopped_at}" / "training_state.pt").is_file()
+    subprocess.run(cmd(stopped) + ["--resume"], check=True, env=env, capture_output=True, timeout=300)
+    a = {r["step"]: r["loss"] for r in read_log(reference)}
+    b = {r["step"]: r["loss"] for r in read_log(stopped)}
+    assert sorted(b) == list(range(1, steps + 1))
+    assert max(abs(a[s] - b[s]) for s in a) <= 1e-6

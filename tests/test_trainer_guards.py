@@ -89,3 +89,45 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     from vlbert.training.trainer import latest_checkpoints
 
     assert [p.name for p in latest_checkpoints(tmp_path)] == ["step-2"], "a half-written step-4 is never complete"
+
+
+def test_fp16_is_refused():
+    with pytest.raises(ValueError, match="mixed_precision must be auto, no or bf16"):
+        TrainingConfig(mixed_precision="fp16").validate()
+
+
+def test_resume_restores_the_numpy_generator(tmp_path):
+    import numpy as np
+
+    trainer = Trainer(Toy(), config(tmp_path), batches_with_nan_at(-1))
+    np.random.seed(5)
+    trainer.save_checkpoint()
+    expected = np.random.rand(3)
+    np.random.seed(99)
+    assert Trainer(Toy(), config(tmp_path), batches_with_nan_at(-1)).resume()
+    np.testing.assert_array_equal(np.random.rand(3), expected)
+
+
+class TwoHeads(Toy):
+    """Trains ``linear``; ``idle`` enters the loss with weight zero and is reported idle (as VL heads of the
+    objectives a step does not train)."""
+
+    def __init__(self):
+        super().__init__()
+        self.idle = torch.nn.Linear(4, 1)
+
+    def forward(self, x, y):
+        out = super().forward(x, y)
+        out.loss = out.loss + sum(p.sum() for p in self.idle.parameters()) * 0.0
+        out.idle_parameters = list(self.idle.parameters())
+        return out
+
+
+def test_idle_heads_are_not_updated(tmp_path):
+    """Their zero gradients are dropped, so AdamW skips them: no weight decay, no momentum step."""
+    model = TwoHeads()
+    before = model.idle.weight.detach().clone()
+    trainer = Trainer(model, config(tmp_path, weight_decay=0.1), batches_with_nan_at(-1))
+    trainer.train()
+    assert torch.equal(model.idle.weight, before)
+    assert not torch.equal(model.linear.weight, Toy().linear.weight)

@@ -80,14 +80,16 @@ def test_objectives_match_their_definitions():
     probs = torch.softmax(torch.randn(4, 5, 5), -1)
     out = model(ids, types, mask, feats, boxes, rmask, masked_regions=masked, region_targets=targets,
                 region_labels=probs, itm_label=torch.tensor([1, 0, 1, 0]))
-    assert set(out.losses) == {"mrfr", "mrc", "itm"} and out.counts["mrfr"] == 3
+    assert set(out.losses) == {"mrfr", "mrc_kl", "itm"} and out.counts["mrfr"] == 3
     hidden = out.last_hidden_state[:, ids.shape[1]:][masked]
     torch.testing.assert_close(out.losses["mrfr"], F.mse_loss(model.mrfr(hidden), targets[masked].float()))
     kl = (probs[masked] * (probs[masked].log() - F.log_softmax(model.mrc(hidden), -1))).sum(-1).mean()
-    torch.testing.assert_close(out.losses["mrc"], kl, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(out.loss, out.losses["mrfr"] + out.losses["mrc"] + out.losses["itm"])
+    torch.testing.assert_close(out.losses["mrc_kl"], kl, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out.loss, out.losses["mrfr"] + out.losses["mrc_kl"] + out.losses["itm"])
+    assert out.idle_parameters == list(model.masked_lm.parameters())  # the one head no objective used
     out.loss.backward()
     assert model.bert.region_embeddings.feature_proj.weight.grad.abs().sum() > 0
+    assert all(p.grad is not None and not p.grad.any() for p in out.idle_parameters)
 
 
 def test_vl_checkpoint_round_trip_and_init_from_bert(tmp_path, minilm_dir):
@@ -116,23 +118,29 @@ def test_region_input_errors():
 
 
 def test_shard_feature_size_must_match_the_config(tokenizer):
-    from vlbert.training.vl_pretraining import build_vl_model
+    from types import SimpleNamespace
+
+    from vlbert.recipes.runner import RunContext
+    from vlbert.recipes.vl_pretraining import build_model
 
     run = {"model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
                      "region_feature_dim": 2048}}
+    ctx = RunContext(run, None, None, None, tokenizer, None)
     with pytest.raises(ValueError, match="1280-d region features but model.region_feature_dim is 2048"):
-        build_vl_model(run, tokenizer, feature_dim=1280, num_classes=1000)
+        build_model(ctx, SimpleNamespace(feature_dim=1280, num_classes=1000))
 
 
 def test_mrc_cross_entropy_variant():
     torch.manual_seed(3)
-    model = VLBertForPreTraining(vl_config(3, mrc_loss="ce")).eval()
+    model = VLBertForPreTraining(vl_config(3)).eval()
     ids, types, mask = padded_batch(model.config.vocab_size, seed=4)
     feats, boxes, rmask = region_inputs(seed=5)
     masked = torch.zeros(4, 5, dtype=torch.bool)
     masked[0, 1] = masked[3, 2] = True
     probs = torch.softmax(torch.randn(4, 5, 5), -1)
-    out = model(ids, types, mask, feats, boxes, rmask, masked_regions=masked, region_labels=probs)
+    top = probs.argmax(-1).masked_fill(~masked, -100)
+    out = model(ids, types, mask, feats, boxes, rmask, masked_regions=masked, region_class_labels=top)
+    assert set(out.losses) == {"mrc"}
     hidden = out.last_hidden_state[:, ids.shape[1]:][masked]
     expected = F.cross_entropy(model.mrc(hidden), probs[masked].argmax(-1))
     torch.testing.assert_close(out.losses["mrc"], expected)

@@ -35,6 +35,24 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def estimate_flops_per_token(config, seq_len: int, masked_fraction: float = 0.15,
+                             with_heads: bool = True) -> float:
+    """Model FLOPs of one training step (forward + backward = 3 x forward) per real token.
+
+    Counts the matrix multiplies (2 FLOPs per multiply-add): QKV, attention scores and values, output
+    projection, feed-forward, and, with ``with_heads``, the MLM head on ``masked_fraction`` of tokens and the
+    pooler/NSP head amortised over the sequence. Embedding lookups, LayerNorm and softmax are not counted
+    (nanoGPT's ``estimate_mfu`` / PaLM appendix B convention).
+    """
+    h, i, l = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    per_layer = 2 * (3 * h * h + h * h + 2 * h * i) + 2 * 2 * seq_len * h
+    forward = l * per_layer
+    if with_heads:
+        forward += masked_fraction * 2 * (h * h + h * config.vocab_size)
+        forward += 2 * (h * h + 2 * h) / max(seq_len, 1)
+    return 3.0 * forward
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -192,7 +210,7 @@ def vl_pair(tokenizer, batch_size: int, feature_dim: int = 1320, max_regions: in
     from vlbert.checkpoint import vlbert_to_hf
     from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES
     from vlbert.data.pretraining import MaskingCollator
-    from vlbert.data.vl_pretraining import pad_regions
+    from detectors.batch import pad_regions
     from vlbert.models.vl import VLBertForPreTraining
 
     config = VLBertConfig(vocab_size=len(tokenizer), hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
@@ -275,7 +293,6 @@ def main(argv=None) -> int:
                         "trainer does on CPU; this applies to both sides of each pair)")
     args = p.parse_args(argv)
 
-    from vlbert.models.bert import estimate_flops_per_token
     from vlbert.tokenization import load_tokenizer
     from vlbert.training.run_config import load_run_config
     from vlbert.utils import keep_freed_memory_in_process

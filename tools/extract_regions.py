@@ -46,18 +46,18 @@ def image_sources(spec: list[str]) -> list[tuple[str, object]]:
     return out
 
 
-def build_extractor(args):
-    if args.backend == "timm":
-        from detectors.backbone import BackboneRegionExtractor
+def detector_config(args):
+    """The :class:`detectors.config.DetectorConfig` of the flags: fields not given keep its defaults, the same
+    defaults the VL run configs' ``detector`` section has."""
+    from detectors.config import DetectorConfig
 
-        return BackboneRegionExtractor(input_size=args.input_size, device=args.device)
-    if args.backend == "torchvision":
-        from detectors.torchvision_detector import TorchvisionRegionDetector
-
-        return TorchvisionRegionDetector(weights=args.weights, device=args.device)
-    from detectors.torchvision_detector import Detectron2RegionDetector
-
-    return Detectron2RegionDetector(args.config_file, args.weights, args.device)
+    given = {name: getattr(args, name) for name in ("backend", "weights", "config_file", "input_size",
+                                                     "max_proposals", "min_boxes", "max_boxes", "score_threshold")
+             if getattr(args, name) is not None}
+    try:
+        return DetectorConfig(**given)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def draw(regions_and_images, path: Path, max_boxes: int = 8, label_fn=None) -> None:
@@ -94,10 +94,15 @@ def main(argv=None) -> int:
     source.add_argument("--from-tsv", help="a bottom-up-attention TSV file (BUTD or LXMERT columns)")
     source.add_argument("--from-npz", help="a directory of per-image .npz files")
     p.add_argument("--output-dir", required=True, help="where the shards go")
-    p.add_argument("--backend", choices=("timm", "torchvision", "detectron2"), default="timm")
-    p.add_argument("--weights", default="DEFAULT", help="torchvision/detectron2 weights (a path offline)")
+    p.add_argument("--backend", choices=("timm", "torchvision", "detectron2"), help="default: timm")
+    p.add_argument("--weights", help="weights file (default: the backend's own: packaged ImageNet weights for "
+                                     "timm, torchvision's COCO weights when online)")
     p.add_argument("--config-file", help="detectron2 config")
-    p.add_argument("--input-size", type=int, default=224, help="timm backbone input size (ImageNet: 224)")
+    p.add_argument("--input-size", type=int, help="timm backbone input size (default 224, ImageNet's)")
+    p.add_argument("--max-proposals", type=int, help="timm: boxes per image incl. the whole image (default 36)")
+    p.add_argument("--min-boxes", type=int, help="torchvision/detectron2: BUTD's minimum (default 10)")
+    p.add_argument("--max-boxes", type=int, help="torchvision/detectron2: BUTD's maximum (default 100)")
+    p.add_argument("--score-threshold", type=float, help="torchvision/detectron2: BUTD's 0.2 by default")
     p.add_argument("--device", default="cpu")
     p.add_argument("--draw", help="PNG to draw the first images' boxes into")
     p.add_argument("--draw-count", type=int, default=4)
@@ -123,7 +128,8 @@ def main(argv=None) -> int:
         import numpy as np
         from PIL import Image
 
-        extractor = build_extractor(args)
+        detector = detector_config(args)
+        extractor = detector.build(args.device)
         sources = image_sources(args.images)
         drawn = []
 
@@ -138,7 +144,7 @@ def main(argv=None) -> int:
         shards = write_shards(regions(), args.output_dir, max_samples_per_shard=args.samples_per_shard)
         if args.draw:
             label_fn = None
-            if args.backend == "timm":
+            if detector.backend == "timm":
                 from timm.data import ImageNetInfo
 
                 info = ImageNetInfo()

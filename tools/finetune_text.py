@@ -19,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv=None) -> int:
     from vlbert.training.cli import run_from_args, training_parser
-    from vlbert.training.text_finetuning import run_text_finetuning
 
     p = training_parser(__doc__, str(ROOT / "configs" / "finetune" / "bbc-news.yaml"))
     p.add_argument("--task", choices=("bbc-news", "custom"))
@@ -29,7 +28,7 @@ def main(argv=None) -> int:
     p.add_argument("--implementation", choices=("vlbert", "transformers"),
                    help="train transformers' model with the same recipe, for comparison")
     args = p.parse_args(argv)
-    run_from_args(args, run_text_finetuning, extra=(
+    run_from_args(args, "text", extra=(
         ("data.task", args.task), ("data.type", args.type), ("data.train", args.train), ("data.eval", args.eval),
         ("implementation", args.implementation)))
     return 0

@@ -18,12 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv=None) -> int:
     from vlbert.training.cli import run_from_args, training_parser
-    from vlbert.training.vqa_finetuning import run_vqa_finetuning
 
     p = training_parser(__doc__, str(ROOT / "configs" / "finetune" / "vqa-easy-vqa.yaml"))
     p.add_argument("--dataset", choices=("easy-vqa", "vqa-v2"))
     args = p.parse_args(argv)
-    run_from_args(args, run_vqa_finetuning, extra=(("data.dataset", args.dataset),))
+    run_from_args(args, "vqa", extra=(("data.dataset", args.dataset),))
     return 0
 
 

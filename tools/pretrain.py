@@ -31,11 +31,7 @@ def main(argv=None) -> int:
     if written_for != args.modality:
         raise SystemExit(f"--modality {args.modality}, but {args.config} is a {written_for} config; "
                          f"pass --modality {written_for} or a {args.modality} config")
-    if args.modality == "text":
-        from vlbert.training.text_pretraining import run_text_pretraining as run
-    else:
-        from vlbert.training.vl_pretraining import run_vl_pretraining as run
-    run_from_args(args, run)
+    run_from_args(args, f"{args.modality}-pretraining")
     return 0
 
 

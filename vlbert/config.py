@@ -156,7 +156,9 @@ class BertConfig:
         return out
 
     def to_json_file(self, path: str | os.PathLike, architectures: list[str] | None = None) -> None:
-        """Write ``config.json`` readable by both this library and ``transformers.AutoConfig``."""
+        """Write ``config.json`` in the Hugging Face format. Text models' files (``model_type`` "bert") load in
+        ``transformers.AutoConfig``; VL models' (``model_type`` "vlbert") are read by this library only:
+        transformers has no such model type."""
         values = self.to_dict()
         if architectures:
             values["architectures"] = architectures
@@ -173,15 +175,13 @@ class VLBertConfig(BertConfig):
         region_feature_dim: size D of one RoI feature vector (2048 for bottom-up-attention Faster R-CNN).
         region_location_dim: size of the location feature, 7 = [x1, y1, x2, y2, w, h, w*h] in normalised units.
         num_region_classes: size of the detector's class distribution used by masked region classification
-            (1601 for Visual Genome bottom-up-attention including background; 0 disables MRC).
-        mrc_loss: ``"kl"`` (MRC-kl: KL divergence to the detector's distribution) or ``"ce"`` (MRC:
-            cross-entropy against the detector's most likely class), UNITER section 3.2.
+            without a background class (1600 for Visual Genome bottom-up-attention; 0 disables MRC). Whether MRC
+            uses the top class (``mrc``) or the distribution (``mrc_kl``) is the objective mix's choice.
     """
 
     region_feature_dim: int = 2048
     region_location_dim: int = 7
-    num_region_classes: int = 1601
-    mrc_loss: str = "kl"
+    num_region_classes: int = 1600
 
     model_type = "vlbert"
 
@@ -191,8 +191,6 @@ class VLBertConfig(BertConfig):
             raise ValueError(f"config.region_feature_dim must be positive, got {self.region_feature_dim}")
         if self.region_location_dim != 7:
             raise ValueError("config.region_location_dim must be 7 ([x1, y1, x2, y2, w, h, w*h])")
-        if self.mrc_loss not in ("kl", "ce"):
-            raise ValueError(f"config.mrc_loss must be 'kl' or 'ce', got {self.mrc_loss!r}")
         if self.num_region_classes < 0:
             raise ValueError(f"config.num_region_classes must be >= 0, got {self.num_region_classes}")
 

@@ -26,8 +26,10 @@ def packaged_minilm_dir() -> Path:
     return Path(package.__file__).parent / "model"
 
 
-def resolve_tokenizer_path(name_or_path: str | os.PathLike | None) -> str:
-    """``None`` or ``"minilm"`` -> the packaged MiniLM directory; anything else is returned unchanged."""
+def resolve_model_path(name_or_path: str | os.PathLike | None) -> str:
+    """A checkpoint name as configs and ``--init-from`` give it -> what ``from_pretrained`` and
+    :func:`load_tokenizer` take: ``None`` or ``"minilm"`` -> the packaged MiniLM directory (weights and
+    tokenizer); a directory or hub name unchanged."""
     if name_or_path is None or str(name_or_path) == "minilm":
         return str(packaged_minilm_dir())
     return str(name_or_path)
@@ -46,7 +48,7 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
     """
     from transformers import AutoTokenizer
 
-    path = resolve_tokenizer_path(name_or_path)
+    path = resolve_model_path(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
@@ -84,4 +86,5 @@ def save_tokenizer(tokenizer, directory: str | os.PathLike) -> None:
         (directory / "vocab.txt").write_text("".join(piece + "\n" for piece, _ in pieces), encoding="utf-8")
 
 
-__all__ = ["load_tokenizer", "save_tokenizer", "check_tokenizer_matches", "packaged_minilm_dir", "resolve_tokenizer_path"]
+__all__ = ["load_tokenizer", "save_tokenizer", "check_tokenizer_matches", "packaged_minilm_dir",
+           "resolve_model_path"]

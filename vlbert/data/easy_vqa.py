@@ -59,6 +59,18 @@ def image_paths(split: str) -> dict[str, Path]:
     return dict(sorted(paths.items(), key=lambda kv: int(kv[0].split("/")[1])))
 
 
+def easy_vqa_shards(detector, cache_dir: str | Path, image_ids: list[str] | None = None) -> list[Path]:
+    """Region shards of the easy-VQA images (default: all, train and test), extracted once with ``detector``
+    (a :class:`detectors.config.DetectorConfig`) and cached under ``cache_dir`` (see
+    :func:`detectors.cache.cached_shards`)."""
+    from detectors.cache import cached_shards
+
+    paths = {**image_paths("train"), **image_paths("test")}
+    if image_ids is not None:
+        paths = {i: paths[i] for i in image_ids}
+    return cached_shards(detector, paths, cache_dir, "easy-vqa")
+
+
 def answers() -> list[str]:
     """The 13 answers in the package's order."""
     return [a.strip() for a in (easy_vqa_dir() / "answers.txt").read_text().splitlines() if a.strip()]
@@ -104,5 +116,5 @@ def captions(split: str, attributes: dict[str, dict[str, str]] | None = None) ->
             if "color" in a and "shape" in a and i.startswith(split + "/")}
 
 
-__all__ = ["Question", "SPLITS", "load_questions", "image_paths", "answers", "image_attributes", "captions", "COLORS",
+__all__ = ["Question", "SPLITS", "load_questions", "image_paths", "easy_vqa_shards", "answers", "image_attributes", "captions", "COLORS",
            "SHAPES", "CAPTION_TEMPLATES", "easy_vqa_dir"]

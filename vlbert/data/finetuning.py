@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from vlbert.models.bert import IGNORE_INDEX
+from vlbert.models.losses import IGNORE_INDEX
 
 TASK_TYPES = ("classification", "regression", "tagging", "qa")
 

@@ -1,37 +1,64 @@
 """DataLoaders for the trainer: deterministic, resumable training batches per epoch and rank, and fixed
-evaluation batches."""
+evaluation batches; where a task mixes objectives, each batch's items are tagged with the step's objective."""
 
 from __future__ import annotations
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from vlbert.data.pretraining import LengthGroupedBatchSampler
 
 
+class _Tagged(Dataset):
+    """``dataset[i]`` with ``item["objective"] = name`` for keys ``(i, name)``."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        index, objective = key
+        return {**self.dataset[index], "objective": objective}
+
+
 def train_loader(dataset, collate_fn, batch_size: int, seed: int, epoch: int, start: int = 0, rank: int = 0,
-                 world_size: int = 1, drop_last: bool = True, group_size: int = 50,
-                 num_workers: int = 0) -> DataLoader:
+                 world_size: int = 1, drop_last: bool = True, group_size: int = 50, num_workers: int = 0,
+                 objectives=None, batches_per_step: int = 1) -> DataLoader:
     """Length-grouped batches of ``epoch`` for one data-parallel rank, from batch ``start`` on.
 
-    ``dataset`` needs ``lengths()`` (and may have ``set_epoch``, called first). The loader gets its own random
-    generator: creating it must not draw from the global RNG that dropout uses, or a run resumed mid-epoch would
-    see different dropout masks than an uninterrupted one.
+    Args:
+        dataset: needs ``lengths()`` (and may have ``set_epoch``, called first).
+        objectives: an :class:`~vlbert.objectives.ObjectiveMix`, or None. With one, every item of batch k is
+            tagged with the objective drawn for step k // ``batches_per_step`` (gradient accumulation: one
+            objective per optimizer step), the same on every rank.
+    The loader gets its own random generator: creating it must not draw from the global RNG that dropout uses,
+    or a run resumed mid-epoch would see different dropout masks than an uninterrupted one.
     """
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)
     sampler = LengthGroupedBatchSampler(dataset.lengths(), batch_size, seed=seed, epoch=epoch, group_size=group_size,
                                         drop_last=drop_last, rank=rank, world_size=world_size)
-    return DataLoader(dataset, batch_sampler=sampler.batches()[start:], collate_fn=collate_fn,
-                      num_workers=num_workers, pin_memory=torch.cuda.is_available(),
-                      generator=torch.Generator().manual_seed(seed + epoch))
+    batches = sampler.batches()[start:]
+    if objectives is not None:
+        batches = [[(i, objectives.draw(seed, epoch, (start + k) // batches_per_step)) for i in batch]
+                   for k, batch in enumerate(batches)]
+        dataset = _Tagged(dataset)
+    return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn, num_workers=num_workers,
+                      pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(seed + epoch))
 
 
-def eval_loader(dataset, collate_fn, batch_size: int, max_batches: int = 0) -> DataLoader:
-    """Every item once, in length-sorted batches (fixed: the same at every evaluation)."""
+def eval_loader(dataset, collate_fn, batch_size: int, max_batches: int = 0, objective: str | None = None
+                ) -> DataLoader:
+    """Every item once, in length-sorted batches (fixed: the same at every evaluation); with ``objective``, every
+    item tagged with it."""
     batches = LengthGroupedBatchSampler(dataset.lengths(), batch_size, shuffle=False).batches()
     if max_batches:
         batches = batches[:max_batches]
+    if objective is not None:
+        batches = [[(i, objective) for i in batch] for batch in batches]
+        dataset = _Tagged(dataset)
     return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn,
                       generator=torch.Generator().manual_seed(0))
 

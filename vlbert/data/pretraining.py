@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
-from vlbert.models.bert import IGNORE_INDEX
+from vlbert.data.padding import pad_text
+from vlbert.models.losses import IGNORE_INDEX
 
 IS_NEXT, IS_RANDOM = 0, 1  # next_sentence_label values, as transformers: 0 = B continues A
 
@@ -198,24 +199,8 @@ class MaskingCollator:
             raise ValueError("mask_replace_prob + random_replace_prob must be at most 1")
 
     def pad(self, items: list[dict]) -> dict[str, torch.Tensor]:
-        """Pad input_ids/token_type_ids to a common length; build attention_mask (1 = real token)."""
-        if not items:
-            raise ValueError("cannot collate an empty batch")
-        length = max(len(x["input_ids"]) for x in items)
-        m = self.pad_to_multiple_of
-        if m and m > 1:
-            length = (length + m - 1) // m * m
-        batch = len(items)
-        input_ids = torch.full((batch, length), self.pad_token_id, dtype=torch.long)
-        token_type_ids = torch.zeros((batch, length), dtype=torch.long)
-        attention_mask = torch.zeros((batch, length), dtype=torch.long)
-        for row, x in enumerate(items):
-            n = len(x["input_ids"])
-            input_ids[row, :n] = torch.tensor(x["input_ids"])
-            if "token_type_ids" in x:
-                token_type_ids[row, :n] = torch.tensor(x["token_type_ids"])
-            attention_mask[row, :n] = 1
-        return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+        """Pad input_ids/token_type_ids to a common length; build attention_mask (see :func:`pad_text`)."""
+        return pad_text(items, self.pad_token_id, self.pad_to_multiple_of)
 
     def mask(self, input_ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Apply masking to int64 [B, T] ids. Returns (masked input_ids, labels)."""
@@ -236,23 +221,29 @@ class MaskingCollator:
         masked = torch.where(to_random, random_ids, masked)
         return masked, labels
 
+    def mask_rows(self, input_ids: torch.Tensor, generators: list[torch.Generator],
+                  lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mask each row of a padded int64 [B, T] batch with its own generator over its first ``lengths[i]``
+        positions, so a sample's masking does not depend on which other samples share its batch (or rank).
+        Returns (masked input_ids, labels), both int64 [B, T]."""
+        input_ids = input_ids.clone()
+        labels = torch.full_like(input_ids, IGNORE_INDEX)
+        for row, (generator, n) in enumerate(zip(generators, lengths)):
+            input_ids[row:row + 1, :n], labels[row:row + 1, :n] = self.mask(input_ids[row:row + 1, :n], generator)
+        return input_ids, labels
+
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
-        """Pad and mask. Each sample's masking is drawn from its own ``mask_seed``, so it does not depend on
-        which other samples share its batch (or rank)."""
+        """Pad and mask; each sample's masking is drawn from its own ``mask_seed``."""
         batch = self.pad(items)
-        labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
-        for row, x in enumerate(items):
-            n = len(x["input_ids"])
-            generator = torch.Generator().manual_seed(x.get("mask_seed", row))
-            batch["input_ids"][row:row + 1, :n], labels[row:row + 1, :n] = self.mask(
-                batch["input_ids"][row:row + 1, :n], generator)
-        batch["labels"] = labels
+        generators = [torch.Generator().manual_seed(x.get("mask_seed", row)) for row, x in enumerate(items)]
+        batch["input_ids"], batch["labels"] = self.mask_rows(batch["input_ids"], generators,
+                                                             [len(x["input_ids"]) for x in items])
         if "next_sentence_label" in items[0]:
             batch["next_sentence_label"] = torch.tensor([x["next_sentence_label"] for x in items], dtype=torch.long)
         return batch
 
 
-class LengthGroupedBatchSampler(Sampler[list[int]]):
+class LengthGroupedBatchSampler:
     """Shuffled batches of items of similar length, so little padding is computed.
 
     Items are shuffled (seeded by ``seed`` and the epoch), cut into groups of ``group_size`` global batches,
@@ -263,7 +254,7 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
     Args:
         lengths: token count of every item.
         batch_size: items per batch per rank.
-        seed, epoch: randomness; call :meth:`set_epoch` for a new order.
+        seed, epoch: randomness (a new order every epoch).
         group_size: global batches per length-sorting group (1 = no grouping, plain shuffled batches).
         drop_last: drop a final incomplete global batch (always dropped when it cannot give every rank an item).
         rank, world_size: data-parallel position.
@@ -280,9 +271,6 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         self.batch_size, self.seed, self.epoch = batch_size, seed, epoch
         self.group_size, self.drop_last, self.shuffle = group_size, drop_last, shuffle
         self.rank, self.world_size = rank, world_size
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def global_batches(self) -> list[list[int]]:
         """All global batches (``batch_size x world_size`` items) of this epoch, in order."""
@@ -311,12 +299,6 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
             per_rank = -(-len(batch) // self.world_size)
             out.append(batch[self.rank * per_rank:(self.rank + 1) * per_rank])
         return out
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches())
-
-    def __len__(self) -> int:
-        return len(self.global_batches())
 
 
 __all__ = ["tokenize_documents", "create_segment_pairs", "truncate_pair", "TextPretrainingDataset",

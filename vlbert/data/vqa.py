@@ -13,9 +13,9 @@ from typing import Sequence
 import torch
 from torch.utils.data import Dataset
 
+from detectors.batch import pad_regions, region_item
 from detectors.regions import Regions
-from vlbert.data.pretraining import MaskingCollator
-from vlbert.data.vl_pretraining import pad_regions
+from vlbert.data.padding import pad_text
 from vlbert.evaluation.vqa import answer_targets, normalize_answer
 
 
@@ -123,11 +123,8 @@ class VQADataset(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         ex = self.examples[index]
-        r = self.regions[ex.image_id]
-        n = min(r.num_regions, self.max_regions)
-        return {"input_ids": self.input_ids[index], "region_features": r.features[:n],
-                "region_boxes": r.normalised_boxes()[:n], "targets": answer_targets(ex.answers, self.answer_to_index),
-                "index": index}
+        return {"input_ids": self.input_ids[index], **region_item(self.regions[ex.image_id], self.max_regions),
+                "targets": answer_targets(ex.answers, self.answer_to_index), "index": index}
 
 
 class VQACollator:
@@ -135,11 +132,11 @@ class VQACollator:
     returns ``index`` (int64 [B]) so predictions can be matched to questions."""
 
     def __init__(self, tokenizer, num_answers: int):
-        self.text = MaskingCollator.from_tokenizer(tokenizer)
+        self.pad_token_id = tokenizer.pad_token_id
         self.num_answers = num_answers
 
     def __call__(self, items: list[dict]) -> dict:
-        batch = self.text.pad([{"input_ids": x["input_ids"]} for x in items])
+        batch = pad_text([{"input_ids": x["input_ids"]} for x in items], self.pad_token_id)
         batch.update(pad_regions(items))
         targets = torch.zeros(len(items), self.num_answers)
         for i, x in enumerate(items):

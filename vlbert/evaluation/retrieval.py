@@ -1,10 +1,15 @@
-"""Image-text retrieval metrics (Karpathy & Fei-Fei 2015; UNITER section 4): Recall@K in both directions."""
+"""Image-text retrieval metrics (Karpathy & Fei-Fei 2015; UNITER section 4): Recall@K in both directions, and the
+two-stage evaluation of a retrieval model (contrastive shortlist, cross-encoder re-rank)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 import torch
+
+from detectors.batch import pad_regions, region_item
+from vlbert.data.padding import pad_text
+from vlbert.utils import evaluation
 
 
 def recall_at_k(scores: torch.Tensor, positives: Sequence[set[int]] | torch.Tensor,
@@ -39,4 +44,67 @@ def recall_at_k(scores: torch.Tensor, positives: Sequence[set[int]] | torch.Tens
     return {k: float((hit_rank < k).float().mean()) for k in ks}
 
 
-__all__ = ["recall_at_k"]
+@evaluation
+def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[str, Regions], tokenizer,
+                       shortlist: int = 16, batch_size: int = 128, max_regions: int = 36,
+                       ks: Sequence[int] = (1, 5, 10), return_scores: bool = False):
+    """Recall@K for image->text and text->image: contrastive scores over all pairs pick a ``shortlist`` per
+    query, which the cross-encoder re-ranks; items outside the shortlist rank after it in contrastive order.
+
+    Cross-encoder passes: (#images + #captions) x shortlist, instead of #images x #captions.
+    Returns ``i2t_r1``... and ``t2i_r1``... (strict: only the image's own captions count), the same with
+    ``_group`` (any caption/image of the same group counts), and ``cross_encoder_pairs``. With
+    ``return_scores``, also the final (image x caption) and (caption x image) score matrices.
+    """
+    device = next(model.parameters()).device
+    captions = [(k, c) for k, im in enumerate(images) for c in im.captions]
+    ids = tokenizer([c for _, c in captions], truncation=True, max_length=32)["input_ids"]
+    items = [region_item(regions[im.image_id], max_regions) for im in images]
+
+    def text_batch(rows):
+        return {k: v.to(device) for k, v in pad_text([{"input_ids": ids[i]} for i in rows],
+                                                     tokenizer.pad_token_id).items()}
+
+    def image_batch(rows):
+        return {k: v.to(device) for k, v in pad_regions([items[i] for i in rows]).items()}
+
+    t_emb = torch.cat([model.embed_text(**text_batch(range(s, min(s + batch_size, len(ids)))))
+                       for s in range(0, len(ids), batch_size)])
+    cls_sep = (tokenizer.cls_token_id, tokenizer.sep_token_id)
+    v_emb = torch.cat([model.embed_image(**image_batch(range(s, min(s + batch_size, len(items)))), cls_sep=cls_sep)
+                       for s in range(0, len(items), batch_size)])
+    sim = (v_emb @ t_emb.T).cpu()  # [images, captions]
+
+    def rerank(scores: torch.Tensor, image_of_pair) -> torch.Tensor:
+        """scores [Q, N] contrastive; returns [Q, N] with the shortlist re-scored by the cross-encoder."""
+        top = scores.topk(min(shortlist, scores.shape[1]), dim=1).indices
+        pairs = [(q, n) for q in range(scores.shape[0]) for n in top[q].tolist()]
+        final = scores - 1e4  # everything outside the shortlist ranks after it, in contrastive order
+        for s in range(0, len(pairs), batch_size):
+            chunk = pairs[s:s + batch_size]
+            img_rows, cap_rows = zip(*(image_of_pair(q, n) for q, n in chunk))
+            batch = {**text_batch(cap_rows), **image_batch(img_rows)}
+            cross = model.match_scores(**batch).cpu()
+            for (q, n), value in zip(chunk, cross.tolist()):
+                final[q, n] = value
+        return final, len(pairs)
+
+    i2t, n1 = rerank(sim, lambda q, n: (q, n))
+    t2i, n2 = rerank(sim.T.contiguous(), lambda q, n: (n, q))
+    own = [{c for c, (img, _) in enumerate(captions) if img == i} for i in range(len(images))]
+    group = [{c for c, (img, _) in enumerate(captions) if images[img].group and images[img].group == im.group}
+             or own[i] for i, im in enumerate(images)]
+    image_of_caption = [img for img, _ in captions]
+    out = {"cross_encoder_pairs": n1 + n2, "all_pairs": len(images) * len(captions)}
+    for name, scores, positives in (("i2t", i2t, own), ("i2t_group", i2t, group),
+                                    ("t2i", t2i, [{image_of_caption[c]} for c in range(len(captions))]),
+                                    ("t2i_group", t2i, [{j for j, im in enumerate(images)
+                                                         if im.group and im.group == images[image_of_caption[c]].group}
+                                                        or {image_of_caption[c]} for c in range(len(captions))])):
+        for kk, value in recall_at_k(scores, positives, ks).items():
+            base, _, suffix = name.partition("_")
+            out[f"{base}_r{kk}" + (f"_{suffix}" if suffix else "")] = value
+    return (out, i2t, t2i) if return_scores else out
+
+
+__all__ = ["recall_at_k", "evaluate_retrieval"]

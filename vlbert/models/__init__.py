@@ -5,10 +5,13 @@ from vlbert.models.heads import (BertForMultipleChoice, BertForQuestionAnswering
                                  BertForTokenClassification, ScalarMix, best_span, layer_features)
 from vlbert.models.outputs import EncoderOutput, ObjectiveOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
-from vlbert.models.vl import (VLBertForImageTextRetrieval, VLBertForPreTraining, VLBertForVQA, VLBertModel,
-                              region_location_features)
+from vlbert.models.retrieval import VLBertForImageTextRetrieval
+from vlbert.models.vl import VLBertForPreTraining, VLBertModel, region_location_features
+from vlbert.models.vl_classification import VLBertForSequenceClassification
+from vlbert.models.vqa import VLBertForVQA
 
 __all__ = ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "BertForTokenClassification",
            "BertForQuestionAnswering", "BertForMultipleChoice", "ScalarMix", "best_span", "layer_features",
            "VLBertModel", "VLBertForPreTraining", "VLBertForVQA", "VLBertForImageTextRetrieval",
+           "VLBertForSequenceClassification",
            "region_location_features", "EncoderOutput", "ObjectiveOutput", "PreTrainingOutput", "PreTrainedModel"]

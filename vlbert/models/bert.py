@@ -20,79 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbert.config import BertConfig
+from vlbert.models.activations import activation
+from vlbert.models.kernels import Dropout, dropout
+from vlbert.models.losses import IGNORE_INDEX
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
-
-IGNORE_INDEX = -100
-
-
-def activation(name: str):
-    """The feed-forward activation named by ``config.hidden_act`` (transformers' ACT2FN subset).
-
-    ``gelu`` is the exact erf form used by BERT; ``gelu_new``/``gelu_pytorch_tanh`` the tanh approximation.
-    """
-    if name == "gelu":
-        return F.gelu
-    if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return lambda x: F.gelu(x, approximate="tanh")
-    if name == "relu":
-        return F.relu
-    raise ValueError(f"unsupported hidden_act {name!r}")
-
-
-class _CpuDropout(torch.autograd.Function):
-    """Inverted dropout with the keep mask drawn as 31-bit integers (one ``random_`` pass and a compare).
-
-    On CPU ``torch.bernoulli_`` is about three times slower than drawing integers, and dropout runs thirteen
-    times per step in a 4-layer BERT (embeddings, then attention probabilities, attention output and
-    feed-forward output per layer). The keep probability is (2^31 - round(p 2^31)) / 2^31, within 5e-10 of
-    1 - p; the random stream is the default CPU generator's, so ``torch.manual_seed`` and checkpointed RNG
-    state reproduce the masks.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, p: float):
-        keep = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_() >= round(p * 2 ** 31)
-        mask = keep.to(x.dtype)
-        scale = 1.0 / (1.0 - p)
-        if x.dtype in (torch.float32, torch.float64):
-            mask.mul_(scale)  # the scaled mask: one multiply forward and backward
-            scale = 1.0
-        ctx.save_for_backward(mask)
-        ctx.scale = scale
-        y = x * mask
-        return y.mul_(scale) if scale != 1.0 else y  # low precision: scale by the exact Python float
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        (mask,) = ctx.saved_tensors
-        out = grad * mask
-        return (out.mul_(ctx.scale) if ctx.scale != 1.0 else out), None
-
-
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Inverted dropout (Srivastava et al. 2014): zero each element with probability ``p`` and scale the rest by
-    1 / (1 - p) while ``training``; identity otherwise. Same distribution as ``F.dropout``; on CPU the mask is
-    drawn faster (see :class:`_CpuDropout`), elsewhere this is ``F.dropout``.
-
-    Args: x float tensor of any shape; p in [0, 1]. Returns a tensor like ``x``.
-    Raises: ValueError if p is outside [0, 1].
-    """
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
-    if not training or p == 0.0:
-        return x
-    if x.device.type != "cpu" or p == 1.0 or torch.compiler.is_compiling():
-        return F.dropout(x, p, True)  # compiled: inductor fuses F.dropout with its neighbours
-    return _CpuDropout.apply(x, p)
-
-
-class Dropout(nn.Dropout):
-    """``nn.Dropout`` (same ``p``, no parameters, same state dict) that calls :func:`dropout`."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dropout(x, self.p, self.training)
 
 
 def extended_attention_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -275,6 +207,44 @@ def compile_encoder_layers(model: nn.Module, **options) -> int:
     return len(layers)
 
 
+def check_text_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                      attention_mask: torch.Tensor | None) -> None:
+    """Raise ``ValueError`` for text inputs a model of ``config`` cannot embed, naming the input and the fix:
+    not [B, T] integer ids, T beyond ``max_position_embeddings``, token_type_ids/attention_mask of another shape,
+    ids outside the embedding tables (``vocab_size``, ``type_vocab_size``), or a row with no real token.
+
+    Shapes are always checked; values are checked on CPU tensors. On an accelerator a value check would stall
+    the host on every step, so there an out-of-range id becomes an asynchronous device assertion instead.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.shape[1] > config.max_position_embeddings:
+        raise ValueError(
+            f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings="
+            f"{config.max_position_embeddings}; truncate inputs (e.g. max_seq_length) to at most that")
+    for name, t in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
+        if t is not None and t.shape != input_ids.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has {tuple(input_ids.shape)}")
+    if torch.compiler.is_compiling() or input_ids.numel() == 0:
+        return
+    ranges = [("input_ids", input_ids, config.vocab_size, "the tokenizer saved with the checkpoint")]
+    if token_type_ids is not None:
+        ranges.append(("token_type_ids", token_type_ids, config.type_vocab_size, "0 (segment A) and 1 (segment B)"))
+    for name, ids, size, fix in ranges:
+        if ids.device.type != "cpu":
+            torch._assert_async(((ids >= 0) & (ids < size)).all(), f"{name} outside [0, {size})")
+            continue
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= size:
+            raise ValueError(f"{name} holds {low if low < 0 else high}, outside the model's table of {size} "
+                             f"entries; use {fix}")
+    if attention_mask is not None and attention_mask.device.type == "cpu" and not attention_mask.any(1).all():
+        row = int((~attention_mask.bool().any(1)).nonzero()[0])
+        raise ValueError(f"attention_mask row {row} has no real token (all 0); every sequence needs at least [CLS]")
+
+
 class BertPooler(nn.Module):
     """tanh(W h_[CLS] + b): the sentence summary used by NSP and sequence classification (BERT section 3)."""
 
@@ -303,21 +273,6 @@ class BertModel(PreTrainedModel):
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.init_weights()
 
-    def check_text_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                          attention_mask: torch.Tensor | None) -> None:
-        """Raise ``ValueError`` for inputs the model cannot embed (checked on shapes only: no device sync)."""
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
-        if input_ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
-        if input_ids.shape[1] > self.config.max_position_embeddings:
-            raise ValueError(
-                f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings="
-                f"{self.config.max_position_embeddings}; truncate inputs (e.g. max_seq_length) to at most that")
-        for name, t in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
-            if t is not None and t.shape != input_ids.shape:
-                raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has {tuple(input_ids.shape)}")
-
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False) -> EncoderOutput:
         """Encode a batch of wordpiece sequences.
@@ -332,127 +287,20 @@ class BertModel(PreTrainedModel):
         Raises:
             ValueError: wrong rank/dtype, mismatched shapes, or T > max_position_embeddings.
         """
-        self.check_text_inputs(input_ids, token_type_ids, attention_mask)
+        check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
         x = self.embeddings(input_ids, token_type_ids)
         last, hidden_states = self.encoder(x, attention_mask, output_hidden_states)
         pooled = self.pooler(last) if self.pooler is not None else None
         return EncoderOutput(last_hidden_state=last, pooler_output=pooled, hidden_states=hidden_states)
 
 
-class MaskedLMHead(nn.Module):
-    """MLM head: dense + activation + LayerNorm, then a projection tied to the word embeddings plus a bias.
-
-    Source: BERT appendix A.1; transformers ``BertLMPredictionHead``. The decoder weight is not a parameter of
-    this module: it is the word embedding matrix, passed to :meth:`forward`.
-    """
-
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation(config.hidden_act)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-
-    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
-        """Args: hidden float [..., H]; word_embeddings float [V, H]. Returns logits float [..., V]."""
-        h = self.norm(self.act(self.dense(hidden)))
-        return F.linear(h, word_embeddings, self.bias)
-
-
-def upcast(x: torch.Tensor) -> torch.Tensor:
-    """Losses are computed in at least float32 (bf16/fp16 logits are upcast; float64 stays float64)."""
-    return x if x.dtype in (torch.float32, torch.float64) else x.float()
-
-
-class _CrossEntropyWithArgmax(torch.autograd.Function):
-    """Mean cross-entropy of [N, C] logits that also returns each row's argmax, in fewer memory passes.
-
-    ``F.cross_entropy`` + ``argmax`` read and write an [N, C] tensor about nine times (log-softmax out, NLL
-    gradient zero-filled then scattered, log-softmax backward, a separate argmax); at C = 30,522 those passes cost
-    more than the vocabulary matmul's non-matmul neighbours combined on a CPU. Here the forward takes the row max
-    and its index in one pass (the index is the prediction, so accuracy is free), keeps ``exp(x - max)`` and its
-    row sums, and the backward is one multiply: d loss / d x = softmax(x) / N - onehot(target) / N.
-    Not twice differentiable.
-    """
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor):
-        x = upcast(logits)
-        row_max, argmax = x.max(-1)
-        exp = torch.sub(x, row_max[:, None]).exp_()
-        sum_exp = exp.sum(-1)
-        loss = (sum_exp.log() + row_max - x.gather(1, targets[:, None]).squeeze(1)).mean()
-        ctx.save_for_backward(exp, sum_exp, targets)
-        ctx.logits_dtype = logits.dtype
-        ctx.mark_non_differentiable(argmax)
-        return loss, argmax
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss: torch.Tensor, _grad_argmax):
-        exp, sum_exp, targets = ctx.saved_tensors
-        n = targets.numel()
-        grad = exp.mul((grad_loss / n) / sum_exp[:, None])
-        grad[torch.arange(n, device=grad.device), targets] -= grad_loss / n
-        return grad.to(ctx.logits_dtype), None
-
-
-def cross_entropy_with_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean cross-entropy and top-1 accuracy of logits against class indices.
-
-    Args:
-        logits: float [N, C], N >= 1 (bf16/fp16 are upcast to float32 for the loss; the gradient comes back in
-            the logits' dtype).
-        targets: int64 [N], every entry in [0, C) (no ignore index: select the scored rows first).
-    Returns:
-        (loss: 0-d float, equal to ``F.cross_entropy(logits, targets)``; accuracy: 0-d float in [0, 1], detached,
-        the fraction of rows whose argmax is the target).
-    Raises:
-        ValueError: if ``logits`` is not 2-d with one row per target.
-    """
-    if logits.dim() != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(f"cross_entropy_with_accuracy needs logits [N, C] and targets [N]; got "
-                         f"{tuple(logits.shape)} and {tuple(targets.shape)}")
-    loss, argmax = _CrossEntropyWithArgmax.apply(logits, targets)
-    return loss, (argmax == targets).float().mean()
-
-
-def masked_lm_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidden: torch.Tensor,
-                   labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Sparse masked-LM loss: the vocabulary projection runs on masked positions only.
-
-    Args:
-        head, word_embeddings: the MLM head and the tied [V, H] matrix.
-        hidden: float [B, T, H] (text positions only).
-        labels: int64 [B, T], the original token id at masked positions, -100 elsewhere.
-    Returns:
-        (mean cross-entropy over masked positions, logits float [N, V], accuracy, N). With N = 0 the loss is
-        a zero that still depends on the head's parameters, so ``backward`` and DDP see every parameter.
-    """
-    selected = labels != IGNORE_INDEX
-    targets = labels[selected]
-    logits = head(hidden[selected], word_embeddings)
-    count = targets.numel()
-    if count == 0:
-        zero = logits.sum() * 0.0
-        return zero, logits, zero.detach(), 0
-    loss, accuracy = cross_entropy_with_accuracy(logits, targets)
-    return loss, logits, accuracy, count
-
-
-def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Cross-entropy and accuracy of [N, C] logits against int64 [N] labels. Returns (loss, accuracy, N)."""
-    loss = F.cross_entropy(upcast(logits), labels)
-    with torch.no_grad():
-        accuracy = (logits.argmax(-1) == labels).float().mean()
-    return loss, accuracy, labels.numel()
-
-
 class BertForPreTraining(PreTrainedModel):
     """BERT with its two pretraining objectives: masked LM and next-sentence prediction (BERT section 3.1).
 
-    ``loss`` = mean MLM cross-entropy over masked positions + NSP cross-entropy, as transformers'
-    ``BertForPreTraining``. ``save_pretrained(dir)`` writes a directory that
+    The heads and losses are the objective units :class:`~vlbert.objectives.MaskedLanguageModeling` (head
+    ``masked_lm``, tied to the word embeddings) and :class:`~vlbert.objectives.NextSentencePrediction` (head
+    ``next_sentence``). ``loss`` = mean MLM cross-entropy over masked positions + NSP cross-entropy, as
+    transformers' ``BertForPreTraining``. ``save_pretrained(dir)`` writes a directory that
     ``transformers.BertForPreTraining.from_pretrained(dir)`` loads with no missing or unexpected keys.
     """
 
@@ -461,10 +309,13 @@ class BertForPreTraining(PreTrainedModel):
     objectives = ("mlm", "nsp")
 
     def __init__(self, config: BertConfig):
+        from vlbert.objectives import OBJECTIVES
+
         super().__init__(config)
         self.bert = BertModel(config)
-        self.masked_lm = MaskedLMHead(config)
-        self.next_sentence = nn.Linear(config.hidden_size, 2)
+        self.units = [OBJECTIVES[name] for name in self.objectives]
+        for unit in self.units:
+            setattr(self, unit.head, unit.build_head(config))
         self.init_weights()
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
@@ -483,44 +334,27 @@ class BertForPreTraining(PreTrainedModel):
             :class:`PreTrainingOutput`; ``losses``/``metrics`` carry ``mlm``/``mlm_accuracy`` and
             ``nsp``/``nsp_accuracy`` for whichever labels were given, ``loss`` their sum.
         """
+        from vlbert.objectives import Encoded
+
         enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
                                 hidden_states=enc.hidden_states)
-        word_embeddings = self.bert.embeddings.word_embeddings.weight
-        if labels is not None:
-            loss, out.prediction_logits, acc, n = masked_lm_loss(
-                self.masked_lm, word_embeddings, enc.last_hidden_state, labels)
-            out.add("mlm", loss, "mlm_accuracy", acc, n)
-        else:
-            out.prediction_logits = self.masked_lm(enc.last_hidden_state, word_embeddings)
-        out.seq_relationship_logits = self.next_sentence(enc.pooler_output)
-        if next_sentence_label is not None:
-            loss, acc, n = classification_loss(out.seq_relationship_logits, next_sentence_label)
-            out.add("nsp", loss, "nsp_accuracy", acc, n)
+        encoded = Encoded(self, enc.last_hidden_state, None, enc.pooler_output)
+        given = {"labels": labels, "next_sentence_label": next_sentence_label}
+        for unit in self.units:
+            if all(given[k] is not None for k in unit.inputs):
+                result = unit.loss(encoded, given)
+                out.add(unit.name, result.loss, unit.metric, result.metric, result.count)
+                if unit.name == "mlm":
+                    out.prediction_logits = result.logits
+                else:
+                    out.seq_relationship_logits = result.logits
+        if labels is None:
+            out.prediction_logits = self.masked_lm(enc.last_hidden_state, self.bert.embeddings.word_embeddings.weight)
+        if next_sentence_label is None:
+            out.seq_relationship_logits = self.next_sentence(enc.pooler_output)
         return out
 
 
-def estimate_flops_per_token(config: BertConfig, seq_len: int, masked_fraction: float = 0.15,
-                             with_heads: bool = True) -> float:
-    """Model FLOPs of one training step (forward + backward = 3 x forward) per real token.
-
-    Counts the matrix multiplies (2 FLOPs per multiply-add): QKV, attention scores and values, output
-    projection, feed-forward, and, with ``with_heads``, the MLM head on ``masked_fraction`` of tokens and the
-    pooler/NSP head amortised over the sequence. Embedding lookups, LayerNorm and softmax are not counted
-    (nanoGPT's ``estimate_mfu`` / PaLM appendix B convention).
-    """
-    h, i, l = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    per_layer = 2 * (3 * h * h + h * h + 2 * h * i) + 2 * 2 * seq_len * h
-    forward = l * per_layer
-    if with_heads:
-        forward += masked_fraction * 2 * (h * h + h * config.vocab_size)
-        forward += 2 * (h * h + 2 * h) / max(seq_len, 1)
-    return 3.0 * forward
-
-
-__all__ = [
-    "BertModel", "BertForPreTraining", "BertEmbeddings", "BertEncoder", "BertLayer", "SelfAttention",
-    "BertPooler", "Unpadded", "MaskedLMHead", "Dropout", "dropout", "masked_lm_loss", "classification_loss",
-    "extended_attention_mask", "activation", "compile_encoder_layers", "cross_entropy_with_accuracy",
-    "estimate_flops_per_token", "IGNORE_INDEX", "upcast",
-]
+__all__ = ["BertModel", "BertForPreTraining", "BertEmbeddings", "BertEncoder", "BertLayer", "SelfAttention",
+           "BertPooler", "Unpadded", "extended_attention_mask", "check_text_inputs", "compile_encoder_layers"]

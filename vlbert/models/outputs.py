@@ -33,20 +33,23 @@ class ObjectiveOutput:
             when no labels were given.
         losses: objective name (``"mlm"``, ``"nsp"``, ``"itm"``, ...) -> scalar loss tensor.
         metrics: metric name (``"mlm_accuracy"``, ...) -> scalar tensor, computed without gradient.
-        counts: objective name -> number of predictions its loss and accuracy average over (int), so that
-            metrics can be averaged correctly over several batches.
+        counts: objective name (and its metric's name) -> number of predictions its loss and metric average
+            over (int), so that metrics can be averaged correctly over several batches.
+        idle_parameters: parameters that entered ``loss`` with weight zero only (heads of objectives this batch
+            does not train, kept in the graph for DDP); the trainer drops their zero gradients.
     """
 
     loss: torch.Tensor | None = None
     losses: dict[str, torch.Tensor] = field(default_factory=dict)
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    idle_parameters: list = field(default_factory=list)
 
     def add(self, name: str, loss: torch.Tensor, metric_name: str, metric: torch.Tensor, count: int) -> None:
         """Record one objective's loss, its metric and how many predictions they cover."""
         self.losses[name] = loss
         self.metrics[metric_name] = metric
-        self.counts[name] = count
+        self.counts[name] = self.counts[metric_name] = count
         self.loss = loss if self.loss is None else self.loss + loss
 
 

@@ -15,17 +15,6 @@ from vlbert.config import BertConfig
 
 logger = logging.getLogger(__name__)
 
-# Our class name -> the transformers class whose checkpoint layout ours writes (config.json "architectures").
-HF_ARCHITECTURES = {
-    "BertModel": "BertModel",
-    "BertForPreTraining": "BertForPreTraining",
-    "BertForSequenceClassification": "BertForSequenceClassification",
-    "BertForTokenClassification": "BertForTokenClassification",
-    "BertForQuestionAnswering": "BertForQuestionAnswering",
-    "BertForMultipleChoice": "BertForMultipleChoice",
-}
-
-
 class PreTrainedModel(nn.Module):
     """Base class: weight initialisation, loading from and saving to Hugging Face BERT checkpoint directories.
 
@@ -168,7 +157,7 @@ class PreTrainedModel(nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         ckpt.write_safetensors(self.hf_state_dict(), directory / ckpt.WEIGHTS_NAME)
-        architecture = HF_ARCHITECTURES.get(type(self).__name__, type(self).__name__)
+        architecture = type(self).__name__  # the text models' names are transformers' class names
         tmp = directory / (ckpt.CONFIG_NAME + ".tmp")
         self.config.to_json_file(tmp, architectures=[architecture])
         os.replace(tmp, directory / ckpt.CONFIG_NAME)

@@ -9,16 +9,13 @@ BERT. Regions carry no position ids, so the encoder treats them as an unordered 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vlbert.config import VLBertConfig
-from vlbert.models.bert import (BertEmbeddings, BertEncoder, BertModel, BertPooler, Dropout, MaskedLMHead, activation,
-                                classification_loss, masked_lm_loss, upcast)
-from vlbert.models.outputs import EncoderOutput, ObjectiveOutput, PreTrainingOutput
+from vlbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, check_text_inputs
+from vlbert.models.kernels import Dropout
+from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
 
 #: token_type id of regions: BERT's segment B embedding, as UNITER (text of a VL pair is segment A).
@@ -64,7 +61,7 @@ class RegionEmbeddings(nn.Module):
         return self.dropout(self.norm(x + segment_embedding))
 
 
-class VLBertModel(BertModel):
+class VLBertModel(PreTrainedModel):
     """BERT over [text ; regions]: text embeddings and :class:`RegionEmbeddings` concatenated along the sequence,
     one encoder, a joint attention mask. ``last_hidden_state`` is [B, T + R, H], text positions first; the pooler
     reads the text's [CLS].
@@ -76,7 +73,7 @@ class VLBertModel(BertModel):
     config_class = VLBertConfig
 
     def __init__(self, config: VLBertConfig, add_pooling_layer: bool = True):
-        PreTrainedModel.__init__(self, config)
+        super().__init__(config)
         self.embeddings = BertEmbeddings(config)
         self.region_embeddings = RegionEmbeddings(config)
         self.encoder = BertEncoder(config)
@@ -121,9 +118,12 @@ class VLBertModel(BertModel):
             ValueError: text input errors (see BertModel), feature size other than config.region_feature_dim,
                 zero regions, or mismatched box/mask shapes.
         """
-        if region_features is None:
-            return super().forward(input_ids, token_type_ids, attention_mask, output_hidden_states)
-        self.check_text_inputs(input_ids, token_type_ids, attention_mask)
+        check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
+        if region_features is None:  # text alone: exactly BertModel
+            last, hidden_states = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask,
+                                               output_hidden_states)
+            pooled = self.pooler(last) if self.pooler is not None else None
+            return EncoderOutput(last_hidden_state=last, pooler_output=pooled, hidden_states=hidden_states)
         if region_boxes is None:
             raise ValueError("region_boxes are required with region_features")
         self.check_region_inputs(input_ids, region_features, region_boxes, region_mask)
@@ -140,238 +140,80 @@ class VLBertModel(BertModel):
         return EncoderOutput(last_hidden_state=last, pooler_output=pooled, hidden_states=hidden_states)
 
 
-class RegionHead(nn.Module):
-    """dense + activation + LayerNorm + linear to ``out_dim``: the MRFR (features) and MRC (classes) heads."""
-
-    def __init__(self, config: VLBertConfig, out_dim: int):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation(config.hidden_act)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(config.hidden_size, out_dim)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Args: float [N, H]. Returns float [N, out_dim]."""
-        return self.decoder(self.norm(self.act(self.dense(hidden))))
-
-
 class VLBertForPreTraining(PreTrainedModel):
     """Vision-language pretraining heads over :class:`VLBertModel` (UNITER section 3.2).
 
-    Objectives, each computed only where its labels are given (one task per batch, UNITER-style):
+    Each objective is a unit of :mod:`vlbert.objectives` (its head is built here under the unit's attribute name,
+    its loss computed where its labels are given):
       * ``mlm``: masked LM on text conditioned on the regions (``labels`` [B, T], -100 = not masked);
-      * ``mrfr``: masked region feature regression, MSE between the head's output and the original RoI
-        feature at masked regions (``masked_regions`` bool [B, R], ``region_targets`` float [B, R, D]);
-      * ``mrc``: masked region classification against the detector's class distribution (``masked_regions``
-        and ``region_labels`` float [B, R, C], rows summing to 1): KL divergence (MRC-kl, ``config.mrc_loss =
-        "kl"``) or cross-entropy with the detector's top class as label (MRC, ``"ce"``); ``mrc_accuracy``
-        compares argmaxes;
-      * ``itm``: image-text matching on the pooled [CLS], ``itm_label`` [B] (1 = the text matches the image,
-        0 = a caption of another image), as UNITER.
-    Masked regions' features must already be zeroed in the input (the collator does this).
+      * ``mrfr``: masked region feature regression (``masked_regions`` bool [B, R], ``region_targets`` [B, R, D]);
+      * ``mrc``: masked region classification against the detector's top class (``region_class_labels`` [B, R]);
+      * ``mrc_kl``: the same against the detector's class distribution (``region_labels`` float [B, R, C]);
+      * ``itm``: image-text matching on the pooled [CLS] (``itm_label`` [B], 1 = the text matches the image).
+    ``mrc`` and ``mrc_kl`` share the ``mrc`` head, which exists when ``config.num_region_classes`` > 0. Masked
+    regions' features must already be zeroed in the input (the collator does this).
+
+    Multi-process training draws one objective per step for every rank, so the heads of the other objectives
+    get no gradient (nor does the pooler, which only ITM reads). DDP needs every parameter in every backward: while
+    gradients are on, idle heads enter the loss with weight zero and are listed in ``idle_parameters``, whose (zero) gradients the trainer then
+    drops, so the optimizer skips them exactly as it would without DDP.
     """
 
     config_class = VLBertConfig
     base_model_prefix = "bert"
-    objectives = ("mlm", "mrfr", "mrc", "itm")
+    objectives = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
 
     def __init__(self, config: VLBertConfig):
+        from vlbert.objectives import OBJECTIVES
+
         super().__init__(config)
         self.bert = VLBertModel(config)
-        self.masked_lm = MaskedLMHead(config)
-        self.itm = nn.Linear(config.hidden_size, 2)
-        self.mrfr = RegionHead(config, config.region_feature_dim)
-        self.mrc = RegionHead(config, config.num_region_classes) if config.num_region_classes else None
+        self.units = []
+        for name in self.objectives:
+            unit = OBJECTIVES[name]
+            head = getattr(self, unit.head, None)
+            if head is None:
+                head = unit.build_head(config)
+            if head is not None:
+                setattr(self, unit.head, head)
+                self.units.append(unit)
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None,
                 region_boxes=None, region_mask=None, labels=None, masked_regions=None, region_targets=None,
-                region_labels=None, itm_label=None, output_hidden_states: bool = False) -> PreTrainingOutput:
-        """Run the encoder and whichever objectives have labels. Shapes as the class docstring; returns a
-        :class:`PreTrainingOutput` with ``loss`` = sum of the computed objectives' losses and per-objective
-        ``losses``/``metrics``/``counts`` (mlm, mrfr, mrc, itm)."""
+                region_labels=None, region_class_labels=None, itm_label=None,
+                output_hidden_states: bool = False) -> PreTrainingOutput:
+        """Run the encoder and every objective whose labels are given. Shapes as the class docstring; returns a
+        :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives' losses and per-objective
+        ``losses``/``metrics``/``counts``; ``seq_relationship_logits`` holds the ITM logits [B, 2]."""
+        from vlbert.objectives import Encoded
+
         enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
                         output_hidden_states)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
                                 hidden_states=enc.hidden_states)
         t = input_ids.shape[1]
-        text_hidden, region_hidden = enc.last_hidden_state[:, :t], enc.last_hidden_state[:, t:]
-        if labels is not None:
-            loss, out.prediction_logits, acc, n = masked_lm_loss(
-                self.masked_lm, self.bert.embeddings.word_embeddings.weight, text_hidden, labels)
-            out.add("mlm", loss, "mlm_accuracy", acc, n)
-        if masked_regions is not None and (region_targets is not None or region_labels is not None):
-            selected = region_hidden[masked_regions.bool()]
-            n = selected.shape[0]
-            if region_targets is not None:
-                pred = upcast(self.mrfr(selected))
-                target = region_targets[masked_regions.bool()].to(pred.dtype)
-                loss = F.mse_loss(pred, target) if n else pred.sum() * 0.0
-                out.add("mrfr", loss, "mrfr_mse", loss.detach(), n)
-            if region_labels is not None and self.mrc is not None:
-                logits = upcast(self.mrc(selected))
-                target = region_labels[masked_regions.bool()].to(logits.dtype)
-                if n and self.config.mrc_loss == "ce":
-                    loss = F.cross_entropy(logits, target.argmax(-1))
-                    with torch.no_grad():
-                        acc = (logits.argmax(-1) == target.argmax(-1)).float().mean()
-                elif n:
-                    loss = F.kl_div(F.log_softmax(logits, -1), target, reduction="batchmean")
-                    with torch.no_grad():
-                        acc = (logits.argmax(-1) == target.argmax(-1)).float().mean()
-                else:
-                    loss, acc = logits.sum() * 0.0, logits.sum().detach() * 0.0
-                out.add("mrc", loss, "mrc_accuracy", acc, n)
-        if itm_label is not None:
-            logits = self.itm(enc.pooler_output)
-            out.seq_relationship_logits = logits
-            loss, acc, n = classification_loss(logits, itm_label)
-            out.add("itm", loss, "itm_accuracy", acc, n)
+        encoded = Encoded(self, enc.last_hidden_state[:, :t], enc.last_hidden_state[:, t:], enc.pooler_output)
+        given = {"labels": labels, "masked_regions": masked_regions, "region_targets": region_targets,
+                 "region_labels": region_labels, "region_class_labels": region_class_labels, "itm_label": itm_label}
+        used = set()
+        for unit in self.units:
+            if all(given[k] is not None for k in unit.inputs):
+                result = unit.loss(encoded, given)
+                out.add(unit.name, result.loss, unit.metric, result.metric, result.count)
+                used.update(unit.footprint())
+                if unit.name == "mlm":
+                    out.prediction_logits = result.logits
+                elif unit.name == "itm":
+                    out.seq_relationship_logits = result.logits
+        if out.loss is not None and torch.is_grad_enabled():
+            footprints = dict.fromkeys(name for u in self.units for name in u.footprint())
+            idle = [p for name in footprints if name not in used for p in self.get_submodule(name).parameters()]
+            if idle:
+                out.loss = out.loss + sum(p.sum() for p in idle) * 0.0
+                out.idle_parameters = idle
         return out
 
 
-@dataclass
-class VQAOutput(ObjectiveOutput):
-    """``logits``: float [B, num_labels], one score per answer of the answer vocabulary."""
-
-    logits: torch.Tensor | None = None
-
-
-class VLBertForVQA(PreTrainedModel):
-    """VQA as multi-label classification over an answer vocabulary from the joint [CLS] (UNITER section 4;
-    Anderson et al. 2018 section 3.3): pooled output -> Linear(H, 2H) -> GELU -> LayerNorm -> Linear(2H, A).
-
-    Trained with binary cross-entropy against soft scores (min(#annotators / 3, 1) per answer; see
-    :func:`vlbert.evaluation.vqa.answer_targets`), summed over answers and averaged over questions, as BUTD.
-    ``config.num_labels`` is the answer vocabulary size A.
-    """
-
-    config_class = VLBertConfig
-    base_model_prefix = "bert"
-    objectives = ("vqa",)
-
-    def __init__(self, config: VLBertConfig):
-        super().__init__(config)
-        self.bert = VLBertModel(config)
-        h = config.hidden_size
-        self.vqa_head = nn.Sequential(nn.Linear(h, 2 * h), nn.GELU(), nn.LayerNorm(2 * h, eps=config.layer_norm_eps),
-                                      nn.Linear(2 * h, config.num_labels))
-        self.init_weights()
-
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
-                region_mask=None, answer_targets=None) -> VQAOutput:
-        """Args: question [B, T] and regions as :class:`VLBertModel`; answer_targets float [B, A] soft scores.
-        Returns logits [B, A]; with targets, ``losses["vqa"]`` and ``metrics["vqa_score"]`` (the soft score of
-        the top answer, i.e. VQA accuracy before answer normalisation)."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask)
-        logits = self.vqa_head(enc.pooler_output)
-        out = VQAOutput(logits=logits)
-        if answer_targets is not None:
-            if answer_targets.shape != logits.shape:
-                raise ValueError(f"answer_targets {tuple(answer_targets.shape)} must be [batch, num_labels="
-                                 f"{self.config.num_labels}]")
-            scores = upcast(logits)
-            targets = answer_targets.to(scores.dtype)
-            loss = F.binary_cross_entropy_with_logits(scores, targets, reduction="sum") / logits.shape[0]
-            with torch.no_grad():
-                score = targets.gather(1, logits.argmax(-1, keepdim=True)).mean()
-            out.add("vqa", loss, "vqa_score", score, logits.shape[0])
-        return out
-
-
-@dataclass
-class RetrievalOutput(ObjectiveOutput):
-    """``scores``: float [B] cross-encoder match scores of the given pairs (ITM logit margin)."""
-
-    scores: torch.Tensor | None = None
-
-
-class VLBertForImageTextRetrieval(PreTrainedModel):
-    """Image-text retrieval: a cross-encoder ITM head re-ranks a shortlist from a contrastive (dual-encoder)
-    stage that shares the same encoder (ALBEF, Li et al. 2021, section 3; UNITER section 4 for ITM fine-tuning
-    with hard negatives).
-
-    * :meth:`embed_text`: text alone through the encoder, [CLS] -> ``text_proj`` -> L2-normalised [B, P].
-    * :meth:`embed_image`: ``[CLS] [SEP]`` + regions through the encoder, [CLS] -> ``image_proj`` -> [B, P].
-    * :meth:`match_scores`: the joint pass, ITM logit(match) - logit(no match), [B].
-    Training (:meth:`forward` with ``group_ids``): ITC over the batch (InfoNCE both ways, temperature learned,
-    items of the same group are all positives) + ITM on each positive pair, one hard negative text per image and
-    one hard negative image per text, drawn in proportion to their contrastive similarity.
-    The ``itm`` head has the pretraining head's name and shape, so a VL-pretrained checkpoint initialises it.
-    """
-
-    config_class = VLBertConfig
-    base_model_prefix = "bert"
-    objectives = ("itc", "itm")
-
-    def __init__(self, config: VLBertConfig, projection_dim: int = 256):
-        super().__init__(config)
-        self.bert = VLBertModel(config)
-        self.itm = nn.Linear(config.hidden_size, 2)
-        self.text_proj = nn.Linear(config.hidden_size, projection_dim)
-        self.image_proj = nn.Linear(config.hidden_size, projection_dim)
-        self.init_weights()
-        self.log_temperature = nn.Parameter(torch.tensor(0.07).log())
-
-    def embed_text(self, input_ids, token_type_ids=None, attention_mask=None) -> torch.Tensor:
-        """Args: text [B, T]. Returns float [B, P], unit length."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask)
-        return F.normalize(self.text_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
-
-    def embed_image(self, region_features, region_boxes, region_mask, cls_sep: tuple[int, int]) -> torch.Tensor:
-        """Args: regions as :class:`VLBertModel`; cls_sep: the tokenizer's ([CLS], [SEP]) ids. Returns [B, P]."""
-        b = region_features.shape[0]
-        ids = torch.tensor(cls_sep, device=region_features.device).expand(b, 2)
-        enc = self.bert(ids, None, None, region_features, region_boxes, region_mask)
-        return F.normalize(self.image_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
-
-    def match_scores(self, input_ids, token_type_ids, attention_mask, region_features, region_boxes,
-                     region_mask) -> torch.Tensor:
-        """Cross-encoder score of each (text, image) pair: ITM logit margin, float [B]."""
-        logits = self.itm(self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes,
-                                    region_mask).pooler_output).float()
-        return logits[:, 1] - logits[:, 0]
-
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
-                region_mask=None, group_ids=None, cls_sep_ids=None) -> RetrievalOutput:
-        """Without ``group_ids``: the cross-encoder scores of the given pairs. With ``group_ids`` (int64 [B]; equal
-        ids = interchangeable texts/images, never each other's negatives) and ``cls_sep_ids`` (int64 [2]): the
-        training losses ``itc`` and ``itm`` (with ``itc_accuracy``/``itm_accuracy``)."""
-        if group_ids is None:
-            return RetrievalOutput(scores=self.match_scores(input_ids, token_type_ids, attention_mask,
-                                                            region_features, region_boxes, region_mask))
-        b = input_ids.shape[0]
-        if b < 2:
-            raise ValueError("retrieval training needs at least 2 pairs per batch (negatives come from the batch)")
-        t = self.embed_text(input_ids, token_type_ids, attention_mask)
-        v = self.embed_image(region_features, region_boxes, region_mask, tuple(cls_sep_ids.tolist()))
-        same = group_ids[:, None] == group_ids[None, :]
-        logits = t @ v.T / self.log_temperature.exp()
-        target = same.float() / same.float().sum(1, keepdim=True)
-        itc = (torch.sum(-target * F.log_softmax(logits, 1), 1).mean()
-               + torch.sum(-target * F.log_softmax(logits.T, 1), 1).mean()) / 2
-        out = RetrievalOutput()
-        with torch.no_grad():
-            itc_acc = same[torch.arange(b), logits.argmax(1)].float().mean()
-            # Other groups in proportion to similarity; the epsilon keeps a batch of one group drawable.
-            weights = logits.softmax(1).masked_fill(same, 0) + 1e-8
-            neg_text = torch.multinomial(weights.T, 1).squeeze(1)   # for image i: a text of another group
-            neg_image = torch.multinomial(weights, 1).squeeze(1)    # for text i: an image of another group
-        out.add("itc", itc, "itc_accuracy", itc_acc, b)
-        idx = torch.arange(b, device=input_ids.device)
-        text_rows = torch.cat([idx, neg_text, idx])
-        image_rows = torch.cat([idx, idx, neg_image])
-        tt = None if token_type_ids is None else token_type_ids[text_rows]
-        am = None if attention_mask is None else attention_mask[text_rows]
-        logits_itm = self.itm(self.bert(input_ids[text_rows], tt, am, region_features[image_rows],
-                                        region_boxes[image_rows], None if region_mask is None
-                                        else region_mask[image_rows]).pooler_output).float()
-        labels = torch.cat([torch.ones(b), torch.zeros(2 * b)]).long().to(logits_itm.device)
-        loss, acc, n = classification_loss(logits_itm, labels)
-        out.add("itm", loss, "itm_accuracy", acc, n)
-        return out
-
-
-__all__ = ["VLBertModel", "VLBertForPreTraining", "VLBertForVQA", "VQAOutput", "VLBertForImageTextRetrieval",
-           "RetrievalOutput", "RegionEmbeddings", "RegionHead", "region_location_features",
+__all__ = ["VLBertModel", "VLBertForPreTraining", "RegionEmbeddings", "region_location_features",
            "VISUAL_TOKEN_TYPE"]

@@ -1,18 +1,18 @@
-"""The command-line shape every training tool shares: common flags, config loading with overrides, logging and
-the final report."""
+"""The command-line shape every training tool shares: common flags, config loading with overrides, the run
+through :func:`vlbert.recipes.run`, and the final report."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any, Callable
+from typing import Any
 
 COMMON_FLAGS = (("init_from", "init_from"), ("output_dir", "training.output_dir"), ("max_steps", "training.max_steps"),
                 ("seed", "training.seed"), ("log_every", "training.log_every"),
                 ("save_every", "training.save_every"))
 
 
-def training_parser(doc: str, default_config: str) -> argparse.ArgumentParser:
+def training_parser(doc: str, default_config: str | None) -> argparse.ArgumentParser:
     """An argument parser with the flags of every training tool; tools add their own."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=default_config, help=f"YAML run config (default: {default_config})")
@@ -22,22 +22,35 @@ def training_parser(doc: str, default_config: str) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--log-every", type=int)
     p.add_argument("--save-every", type=int, help="write a resumable checkpoint every N steps")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
+    runs = p.add_mutually_exclusive_group()
+    runs.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
+    runs.add_argument("--overwrite", action="store_true", help="replace the run already in --output-dir")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any config entry, e.g. --set training.learning_rate=5e-4")
     return p
 
 
-def run_from_args(args: argparse.Namespace, run: Callable[[dict, bool], dict[str, Any]],
-                  extra: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
+def run_from_args(args: argparse.Namespace, task: str, extra: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
     """Load ``args.config``, apply the flags (``extra``: more (config key, value) pairs) and ``--set``
-    overrides, run, and print the final metrics."""
+    overrides, run the recipe ``task`` and print the final metrics.
+
+    Exits with status 143 after a SIGTERM (a checkpoint was written: rerun with --resume) and with a one-line
+    message for a run directory that already holds a run.
+    """
+    from vlbert.recipes import RECIPES, RunExistsError, run
     from vlbert.training.run_config import load_run_config
+    from vlbert.training.trainer import TrainingPreempted
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     flags = [(key, getattr(args, name)) for name, key in COMMON_FLAGS] + list(extra)
     overrides = [f"{key}={value}" for key, value in flags if value is not None] + list(args.set)
-    metrics = run(load_run_config(args.config, overrides), args.resume)
+    try:
+        metrics = run(RECIPES[task], load_run_config(args.config, overrides), args.resume, args.overwrite)
+    except RunExistsError as e:
+        raise SystemExit(f"error: {e}") from None
+    except TrainingPreempted as e:
+        logging.getLogger(__name__).warning("%s", e)
+        raise SystemExit(143) from None
     print("final metrics:", {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
     return metrics
 

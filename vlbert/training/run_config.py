@@ -96,26 +96,4 @@ def dataclass_from_section(cls, values: dict[str, Any] | None, section: str):
     return cls(**values)
 
 
-def prepare_finetuning(run_config: dict[str, Any], allowed_sections: tuple[str, ...], data_cls):
-    """The set-up every fine-tuning run shares: check the sections, parse ``training`` and ``data`` (as
-    ``data_cls``), resolve ``init_from`` (default: the packaged MiniLM) and load the tokenizer (``tokenizer``, else
-    the one saved with ``init_from``).
-
-    Returns:
-        (TrainingConfig, data config, init_from path, tokenizer).
-    Raises:
-        ValueError / FileNotFoundError: as :func:`check_sections`, :func:`dataclass_from_section`,
-            :meth:`TrainingConfig.from_dict` and :func:`vlbert.tokenization.load_tokenizer`.
-    """
-    from vlbert.tokenization import load_tokenizer, resolve_tokenizer_path
-    from vlbert.training.trainer import TrainingConfig
-
-    check_sections(run_config, allowed_sections)
-    training = TrainingConfig.from_dict(run_config.get("training") or {})
-    data = dataclass_from_section(data_cls, run_config.get("data"), "data")
-    init_from = resolve_tokenizer_path(run_config.get("init_from") or "minilm")
-    tokenizer = load_tokenizer(resolve_tokenizer_path(run_config.get("tokenizer") or init_from))
-    return training, data, init_from, tokenizer
-
-
-__all__ = ["load_run_config", "set_dotted", "check_sections", "dataclass_from_section", "prepare_finetuning"]
+__all__ = ["load_run_config", "set_dotted", "check_sections", "dataclass_from_section"]

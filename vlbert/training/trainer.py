@@ -58,8 +58,6 @@ class TrainingConfig:
     mixed_precision: str = "auto"  # auto = bf16 on CUDA, fp32 on CPU; or "no" / "bf16"
     num_workers: int = 0
     on_nonfinite: str = "stop"  # "stop" or "skip" the step
-    find_unused_parameters: bool = False  # DDP: needed when a step may leave heads unused (VL task mix)
-    distributed: str = "ddp"  # multi-process strategy: "ddp" or "fsdp" (accelerate's FSDP plugin)
     group_by_length: bool = True
     progress_bar: bool = True
     compile: bool = False  # torch.compile each encoder layer (for GPUs; measured slower on a 2-core CPU)
@@ -76,17 +74,18 @@ class TrainingConfig:
                      "num_workers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"training.{name} must be >= 0, got {getattr(self, name)}")
-        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
-            raise ValueError(f"training.mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}")
-        if self.distributed not in ("ddp", "fsdp"):
-            raise ValueError(f"training.distributed must be 'ddp' or 'fsdp', got {self.distributed!r}")
+        if self.mixed_precision not in ("auto", "no", "bf16"):
+            # fp16 would need loss scaling, whose routine overflow steps the non-finite guard would stop on;
+            # bf16 has float32's range and needs none.
+            raise ValueError(f"training.mixed_precision must be auto, no or bf16, got {self.mixed_precision!r}")
         if self.on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"training.on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
 
     def loader_options(self) -> dict[str, int]:
-        """Keyword arguments for :func:`vlbert.data.loading.train_loader` from ``group_by_length`` and
-        ``num_workers``, so every task honours them the same way."""
-        return {"group_size": 50 if self.group_by_length else 1, "num_workers": self.num_workers}
+        """Keyword arguments for :func:`vlbert.data.loading.train_loader` from ``group_by_length``,
+        ``num_workers`` and ``grad_accum_steps``, so every task honours them the same way."""
+        return {"group_size": 50 if self.group_by_length else 1, "num_workers": self.num_workers,
+                "batches_per_step": self.grad_accum_steps}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainingConfig":
@@ -128,6 +127,16 @@ class NonFiniteLossError(FloatingPointError):
     """Raised when the loss or gradient norm is NaN/inf and ``on_nonfinite`` is ``stop``."""
 
 
+class TrainingPreempted(RuntimeError):
+    """Raised by :meth:`Trainer.train` after a SIGTERM (how clusters preempt jobs): the step in progress was
+    finished and a checkpoint written (``checkpoint``); ``--resume`` continues with the same per-step losses."""
+
+    def __init__(self, step: int, checkpoint):
+        super().__init__(f"stopped by SIGTERM after step {step}; checkpoint written to {checkpoint}. Run the same "
+                         "command with --resume to continue")
+        self.step, self.checkpoint = step, checkpoint
+
+
 BatchFactory = Callable[[int, int, int, int], Iterable[dict]]  # (epoch, start_batch, rank, world_size) -> batches
 
 
@@ -158,14 +167,8 @@ class Trainer:
         mixed = config.mixed_precision
         if mixed == "auto":
             mixed = "bf16" if torch.cuda.is_available() else "no"
-        from accelerate.utils import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin
-
-        plugins = {}
-        if config.distributed == "fsdp":
-            plugins["fsdp_plugin"] = FullyShardedDataParallelPlugin()
-        self.accelerator = Accelerator(
-            mixed_precision=mixed, cpu=not torch.cuda.is_available(), **plugins,  # cpu: gloo under torchrun
-            kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters)])
+        # DDP with every parameter in every backward (see ObjectiveOutput.idle_parameters); cpu: gloo under torchrun.
+        self.accelerator = Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available())
         if self.accelerator.device.type == "cpu":
             keep_freed_memory_in_process()  # large activations are reused, not page-faulted in every step
         self.output_dir = Path(config.output_dir)
@@ -242,11 +245,16 @@ class Trainer:
         last_eval: dict[str, float] = {}
         recent_losses: list[float] = []
         self.model.train()
+        preempted = _SigtermFlag()
         try:
             while self.step < cfg.max_steps:
+                if self._any_rank(preempted.raised):
+                    checkpoint = self.save_checkpoint()
+                    raise TrainingPreempted(self.step, checkpoint or self.output_dir / CHECKPOINTS_DIR)
                 batch_position = (self.epoch, self.batch_in_epoch)
                 out, tokens = None, 0
                 sums: dict[str, float] = {}
+                idle = None  # parameters idle in every micro-batch of this step
                 for micro in range(cfg.grad_accum_steps):
                     batch = next(stream)
                     if micro == 0:
@@ -263,6 +271,10 @@ class Trainer:
                         sums[name] = sums.get(name, 0.0) + value.detach().float()
                     if "attention_mask" in batch:
                         tokens += int(batch["attention_mask"].sum())
+                    ids = {id(p): p for p in getattr(out, "idle_parameters", ())}
+                    idle = ids if idle is None else {k: p for k, p in idle.items() if k in ids}
+                for p in idle.values():  # zero gradients only there for DDP: the optimizer skips None
+                    p.grad = None
                 grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm) \
                     if cfg.max_grad_norm > 0 else torch.tensor(0.0)
                 loss_value = float(sums["loss"]) / cfg.grad_accum_steps
@@ -305,8 +317,11 @@ class Trainer:
                 if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.max_steps:
                     self.save_checkpoint()
         finally:
+            preempted.restore()
             if bar is not None:
                 bar.close()
+            if log_file is not None:
+                log_file.flush()
         last_eval = self.evaluate() if self.eval_batches is not None else last_eval
         if last_eval:
             self._log({"step": self.step, **last_eval}, log_file, writer, "eval")
@@ -346,9 +361,19 @@ class Trainer:
         totals = acc.reduce(torch.stack([counts, sums]), reduction="sum")
         backward = sum(out.losses[n] * (counts[i] * acc.num_processes / totals[0, i]).float()
                        for i, n in enumerate(names) if n in out.losses and totals[0, i] > 0)
+        idle = getattr(out, "idle_parameters", ())
+        if idle:  # keep idle heads in the graph: DDP expects every parameter in every backward
+            backward = backward + sum(p.sum() for p in idle) * 0.0
         present = totals[0] > 0
         global_loss = (totals[1][present] / totals[0][present]).sum().float()
         return backward, global_loss
+
+    def _any_rank(self, flag: bool) -> bool:
+        """True if ``flag`` is set on any process (one all-reduce when there are several)."""
+        if self.accelerator.num_processes == 1:
+            return flag
+        t = torch.tensor([float(flag)], device=self.accelerator.device)
+        return bool(self.accelerator.reduce(t, reduction="sum") > 0)
 
     def _global_sum(self, value: int) -> int:
         if self.accelerator.num_processes == 1:
@@ -377,7 +402,7 @@ class Trainer:
                 sums[f"eval_{name}_loss"] = sums.get(f"eval_{name}_loss", 0.0) + float(loss) * n
                 weights[f"eval_{name}_loss"] = weights.get(f"eval_{name}_loss", 0.0) + n
             for name, value in out.metrics.items():
-                n = out.counts.get(name.split("_")[0], 1)
+                n = out.counts.get(name, 1)
                 sums[f"eval_{name}"] = sums.get(f"eval_{name}", 0.0) + float(value) * n
                 weights[f"eval_{name}"] = weights.get(f"eval_{name}", 0.0) + n
         self.model.train()
@@ -428,6 +453,7 @@ class Trainer:
             "skipped_steps": self.skipped_steps,
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "rng_python": list(random.getstate()[1]), "rng_torch": torch.get_rng_state(),
+            "rng_numpy": _numpy_rng_state(),
         }
         if torch.cuda.is_available():
             state["rng_cuda"] = torch.cuda.get_rng_state_all()
@@ -476,6 +502,8 @@ class Trainer:
         self.skipped_steps = state.get("skipped_steps", 0)
         random.setstate((3, tuple(state["rng_python"]), None))
         torch.set_rng_state(state["rng_torch"])
+        if "rng_numpy" in state:
+            _set_numpy_rng_state(state["rng_numpy"])
         if "rng_cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng_cuda"])
         log = self.output_dir / "log.jsonl"
@@ -487,6 +515,45 @@ class Trainer:
         return True
 
 
+class _SigtermFlag:
+    """Catch SIGTERM while training (main thread only): ``raised`` turns True and training stops at the end of
+    the step in progress; the previous handler is put back by :meth:`restore`."""
+
+    def __init__(self):
+        import signal
+        import threading
+
+        self.raised = False
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        logger.warning("SIGTERM received: finishing this step, writing a checkpoint, then stopping")
+        self.raised = True
+
+    def restore(self) -> None:
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+def _numpy_rng_state() -> dict:
+    import numpy as np
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos), "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached)}
+
+
+def _set_numpy_rng_state(state: dict) -> None:
+    import numpy as np
+
+    np.random.set_state(("MT19937", state["keys"].numpy().astype("uint32"), state["pos"], state["has_gauss"],
+                         state["cached_gaussian"]))
+
+
 def latest_checkpoints(output_dir: Path) -> list[Path]:
     """Complete checkpoints under ``output_dir/checkpoints`` (those with a training state)."""
     root = Path(output_dir) / CHECKPOINTS_DIR
@@ -495,5 +562,5 @@ def latest_checkpoints(output_dir: Path) -> list[Path]:
     return [p for p in root.glob("step-*") if (p / STATE_NAME).is_file() and p.name.split("-")[1].isdigit()]
 
 
-__all__ = ["Trainer", "TrainingConfig", "NonFiniteLossError", "parameter_groups", "linear_schedule",
+__all__ = ["Trainer", "TrainingConfig", "NonFiniteLossError", "TrainingPreempted", "parameter_groups", "linear_schedule",
            "latest_checkpoints"]

@@ -7,24 +7,18 @@ Metrics in metrics.json: classification ``accuracy`` and ``macro_f1``; regressio
 
 from __future__ import annotations
 
-import logging
+from collections import Counter
 from typing import Any
 
 import torch
 
-from vlbert.utils import evaluation
 from vlbert.data.finetuning import (TextTaskCollator, TextTaskConfig, TextTaskDataset, bbc_news_split, label_space,
                                     load_records)
-from vlbert.data.loading import eval_loader, train_loader
 from vlbert.evaluation import text as text_metrics
 from vlbert.models import heads
-from vlbert.tokenization import check_tokenizer_matches
-from vlbert.training.run_config import prepare_finetuning
-from vlbert.training.trainer import Trainer, set_seed
+from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+from vlbert.utils import evaluation
 
-logger = logging.getLogger(__name__)
-
-TOP_LEVEL_KEYS = ("task", "init_from", "tokenizer", "model", "data", "training", "implementation")
 HEADS = {"classification": heads.BertForSequenceClassification, "regression": heads.BertForSequenceClassification,
          "tagging": heads.BertForTokenClassification, "qa": heads.BertForQuestionAnswering}
 
@@ -56,11 +50,18 @@ class TransformersAdapter(torch.nn.Module):
             tokenizer.save_pretrained(str(directory))
 
 
-class TextTaskData:
-    """Train/eval datasets of one text task and their batches."""
+class TextTaskData(TaskData):
+    """Train/eval datasets of one text task and their batches.
 
-    def __init__(self, config: TextTaskConfig, tokenizer, batch_size: int, seed: int = 0,
-                 loader_options: dict | None = None):
+    Raises:
+        ValueError: an unknown task, a custom task without its files; errors of the record readers.
+    """
+
+    train_drop_last = False
+
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        config, tokenizer = ctx.data, ctx.tokenizer
         if config.task == "bbc-news":
             config.type = "classification"
             train, evaluation, names = bbc_news_split(seed=0, eval_fraction=config.eval_fraction)
@@ -86,19 +87,10 @@ class TextTaskData:
         self.train = TextTaskDataset(train, tokenizer, config, labels)
         self.eval = TextTaskDataset(evaluation, tokenizer, config, labels)
         self.collator = TextTaskCollator(tokenizer, config.type)
-        self.batch_size, self.seed = batch_size, seed
-        self.loader_options = loader_options or {}
 
     @property
     def num_labels(self) -> int:
         return {"regression": 1, "qa": 2}.get(self.config.type) or len(self.labels)
-
-    def train_batches(self, epoch: int, start: int, rank: int, world_size: int):
-        return train_loader(self.train, self.collator, self.batch_size, self.seed, epoch, start, rank, world_size,
-                            drop_last=False, **self.loader_options)
-
-    def eval_batches(self):
-        return eval_loader(self.eval, self.collator, 2 * self.batch_size)
 
     @evaluation
     def score(self, model) -> dict[str, float]:
@@ -149,32 +141,37 @@ class TextTaskData:
         return {"exact_match": em / len(items), "f1": f1 / len(items)}
 
 
-def run_text_finetuning(run_config: dict[str, Any], resume: bool = False) -> dict[str, Any]:
-    """Fine-tune on a text task as configured; ``implementation: transformers`` trains transformers'
-    BertForSequenceClassification instead (classification only), for same-recipe comparisons."""
-    training, data_config, init_from, tokenizer = prepare_finetuning(run_config, TOP_LEVEL_KEYS, TextTaskConfig)
-    data = TextTaskData(data_config, tokenizer, training.batch_size, training.seed, training.loader_options())
-    set_seed(training.seed)
-    overrides = {"num_labels": data.num_labels, **(run_config.get("model") or {})}
-    implementation = run_config.get("implementation", "vlbert")
+def majority_baseline(ctx: RunContext, data: TextTaskData, model) -> dict:
+    """Accuracy of always answering the most frequent training label (classification only)."""
+    if data.config.type != "classification":
+        return {}
+    counts = Counter(item["labels"] for item in data.train.items)
+    majority = counts.most_common(1)[0][0]
+    gold = [item["labels"] for item in data.eval.items]
+    return {"accuracy_majority_baseline": sum(g == majority for g in gold) / len(gold)}
+
+
+def build_model(ctx: RunContext, data: TextTaskData):
+    """The head for the task type from ``init_from``; ``implementation: transformers`` trains transformers'
+    BertForSequenceClassification instead (classification only), for same-recipe comparisons.
+
+    Raises:
+        ValueError: an unknown implementation, or transformers for a task other than classification.
+    """
+    implementation = ctx.config.get("implementation", "vlbert")
     if implementation == "transformers":
         if data.config.type != "classification":
             raise ValueError("implementation: transformers is offered for classification comparisons only")
         import transformers
 
-        model = TransformersAdapter(transformers.BertForSequenceClassification.from_pretrained(init_from, **overrides))
-    elif implementation == "vlbert":
-        model = HEADS[data.config.type].from_pretrained(init_from, **overrides)
-        check_tokenizer_matches(tokenizer, model.config)
-    else:
+        return TransformersAdapter(transformers.BertForSequenceClassification.from_pretrained(
+            ctx.init_from, num_labels=data.num_labels, **ctx.model_section))
+    if implementation != "vlbert":
         raise ValueError(f"implementation must be 'vlbert' or 'transformers', got {implementation!r}")
-    logger.info("%s task (%s): %d training, %d evaluation examples", data.config.task, data.config.type,
-                len(data.train), len(data.eval))
-    trainer = Trainer(model, training, data.train_batches, data.eval_batches, run_config=run_config,
-                      tokenizer=tokenizer)
-    if resume:
-        trainer.resume()
-    return trainer.train(final_metrics=data.score)
+    return load_model(HEADS[data.config.type], ctx, num_labels=data.num_labels)
 
 
-__all__ = ["run_text_finetuning", "TextTaskData", "TransformersAdapter"]
+RECIPE = Recipe("text", TextTaskConfig, TextTaskData, build_model, evaluate=lambda ctx, data, model: data.score(model),
+                baselines=majority_baseline, sections=("implementation",))
+
+__all__ = ["RECIPE", "TextTaskData", "TransformersAdapter"]

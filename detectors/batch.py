@@ -1,0 +1,88 @@
+"""Regions into model inputs: slicing one image's regions, padding a batch of them, and choosing regions to
+mask. Every VL task (pretraining, VQA, retrieval, classification) builds its region tensors here.
+
+Units: ``region_boxes`` are normalised to [0, 1] by image width and height, (x1, y1, x2, y2); features stay
+float16 until the model casts them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from detectors.regions import Regions
+
+
+def region_item(regions: Regions, max_regions: int) -> dict:
+    """The first ``max_regions`` regions of one image as dataset-item fields.
+
+    Args:
+        regions: the image's regions (boxes in pixels).
+        max_regions: keep at most this many (the detector's order: most confident first; the timm backend puts
+            the whole image first).
+    Returns:
+        dict with ``region_features`` float16 [R, D], ``region_boxes`` float32 [R, 4] normalised xyxy and
+        ``class_probs`` float16 [R, C] or None; R = min(num_regions, max_regions).
+    Raises:
+        ValueError: ``max_regions`` < 1.
+    """
+    if max_regions < 1:
+        raise ValueError(f"max_regions must be >= 1, got {max_regions}")
+    n = min(regions.num_regions, max_regions)
+    return {"region_features": regions.features[:n], "region_boxes": regions.normalised_boxes()[:n],
+            "class_probs": regions.class_probs[:n] if regions.class_probs is not None else None}
+
+
+def pad_regions(items: list[dict]) -> dict[str, torch.Tensor]:
+    """Pad per-image regions (as :func:`region_item` gives them) into a batch.
+
+    Returns:
+        region_features float16 [B, R, D], region_boxes float32 [B, R, 4] (normalised xyxy, zeros at padding),
+        region_mask int64 [B, R] (1 = real region), R = the largest R_i.
+    Raises:
+        ValueError: an empty list, or items whose feature sizes differ.
+    """
+    if not items:
+        raise ValueError("cannot pad an empty list of regions")
+    dims = {np.shape(x["region_features"])[1] for x in items}
+    if len(dims) != 1:
+        raise ValueError(f"region features of one batch must share a size, got sizes {sorted(dims)}; extract "
+                         "every image with the same detector")
+    b, r, d = len(items), max(len(x["region_features"]) for x in items), dims.pop()
+    feats = torch.zeros(b, r, d, dtype=torch.float16)
+    boxes = torch.zeros(b, r, 4, dtype=torch.float32)
+    mask = torch.zeros(b, r, dtype=torch.long)
+    for i, x in enumerate(items):
+        n = len(x["region_features"])
+        feats[i, :n] = torch.from_numpy(np.asarray(x["region_features"], dtype=np.float16))
+        boxes[i, :n] = torch.from_numpy(np.asarray(x["region_boxes"], dtype=np.float32))
+        mask[i, :n] = 1
+    return {"region_features": feats, "region_boxes": boxes, "region_mask": mask}
+
+
+def pad_class_probs(items: list[dict], num_regions: int) -> torch.Tensor:
+    """float16 [B, num_regions, C]: each item's ``class_probs`` padded with zero rows.
+
+    Raises:
+        ValueError: an item has no class distribution (the detector did not write one).
+    """
+    if any(x["class_probs"] is None for x in items):
+        raise ValueError("masked region classification needs the detector's class distributions (class_probs) "
+                         "in the shards; extract with a backend that writes them or drop mrc/mrc_kl")
+    probs = torch.zeros(len(items), num_regions, items[0]["class_probs"].shape[1], dtype=torch.float16)
+    for i, x in enumerate(items):
+        probs[i, : len(x["class_probs"])] = torch.from_numpy(np.asarray(x["class_probs"]))
+    return probs
+
+
+def choose_masked_regions(num_real: int, num_regions: int, probability: float,
+                          generator: torch.Generator) -> torch.Tensor:
+    """bool [num_regions]: round(probability x num_real) of the first ``num_real`` (real) regions, at least one,
+    chosen uniformly (UNITER section 3.2: 15% of regions, features zeroed)."""
+    n_chosen = max(1, round(num_real * probability))
+    chosen = torch.zeros(num_regions, dtype=torch.bool)
+    chosen[torch.randperm(num_real, generator=generator)[:n_chosen]] = True
+    return chosen
+
+
+__all__ = ["region_item", "pad_regions", "pad_class_probs", "choose_masked_regions"]

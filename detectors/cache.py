@@ -1,0 +1,72 @@
+"""Extraction with a cache: a set of images run through one detector configuration once, the shards kept under
+a directory named for the image set and the configuration, and reused by every later run and task."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+from detectors.config import DetectorConfig
+
+logger = logging.getLogger(__name__)
+
+MARKER = "complete.json"
+
+
+def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike], cache_dir: str | os.PathLike,
+                  name: str, batch_size: int = 32) -> list[Path]:
+    """Region shards of ``images``, extracted on first use and cached.
+
+    The cache directory is ``cache_dir/<name>-<detector fingerprint>-<image-set hash>``. ``complete.json`` is
+    written last, so an interrupted extraction is redone, never half-used.
+
+    Args:
+        detector: the configuration to extract with.
+        images: image id -> image file (any format Pillow reads; converted to RGB).
+        cache_dir: root of the cache (``~`` expanded).
+        name: a readable name for the image set (e.g. ``"easy-vqa"``).
+        batch_size: images per extractor call where the backend batches.
+    Returns:
+        the shard paths, in order.
+    Raises:
+        ValueError: no images. Errors of :meth:`DetectorConfig.build` and of the extractor.
+    """
+    from PIL import Image
+    from tqdm.auto import tqdm
+
+    from detectors.shards import write_shards
+
+    if not images:
+        raise ValueError(f"no images to extract regions from for {name!r}")
+    ids = list(images)
+    image_set = hashlib.sha1("\n".join(ids).encode()).hexdigest()[:8]
+    directory = Path(cache_dir).expanduser() / f"{name}-{detector.fingerprint()}-{image_set}"
+    marker = directory / MARKER
+    if marker.is_file():
+        return [directory / shard for shard in json.loads(marker.read_text())["shards"]]
+    extractor = detector.build()
+    logger.info("extracting regions of %d %s images into %s (first use only)", len(ids), name, directory)
+
+    def regions():
+        with tqdm(total=len(ids), desc="extract regions", unit="img", dynamic_ncols=True) as bar:
+            for start in range(0, len(ids), batch_size):
+                chunk = ids[start:start + batch_size]
+                loaded = [Image.open(images[i]).convert("RGB") for i in chunk]
+                if hasattr(extractor, "extract_batch"):
+                    yield from extractor.extract_batch(loaded, chunk)
+                else:
+                    yield from (extractor(image, i) for image, i in zip(loaded, chunk))
+                bar.update(len(chunk))
+
+    shards = write_shards(regions(), directory)
+    tmp = directory / (MARKER + ".tmp")
+    tmp.write_text(json.dumps({"detector": extractor.name, "config": detector.__dict__,
+                               "shards": [p.name for p in shards], "images": len(ids)}, indent=2))
+    os.replace(tmp, marker)
+    return shards
+
+
+__all__ = ["cached_shards"]

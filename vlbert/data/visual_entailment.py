@@ -1,0 +1,149 @@
+"""Visual entailment (SNLI-VE, Xie et al. 2019): does the image entail, contradict, or leave undecided a
+sentence? Reads the public JSONL format and builds an offline demonstration set from easy-VQA.
+
+SNLI-VE JSONL, one pair per line: ``Flickr30K_ID`` (older releases: ``Flikr30kID``; the image file is
+``<id>.jpg``), ``sentence2`` (the hypothesis), ``gold_label`` (entailment / neutral / contradiction), and
+``pairID``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from detectors.batch import pad_regions, region_item
+from detectors.regions import Regions
+from vlbert.data.padding import pad_text
+
+LABELS = ("entailment", "neutral", "contradiction")
+
+
+@dataclass(frozen=True)
+class EntailmentExample:
+    """One pair: ``pair_id``, ``image_id`` (as in the region shards), ``hypothesis``, ``label`` (index into
+    :data:`LABELS`)."""
+
+    pair_id: str
+    image_id: str
+    hypothesis: str
+    label: int
+
+
+def load_snli_ve(path: str | os.PathLike, image_id_format: str = "{image_id}") -> list[EntailmentExample]:
+    """Read an SNLI-VE JSONL file (``snli_ve_train.jsonl`` etc.).
+
+    Args:
+        image_id_format: the shard image id from the Flickr30K id, e.g. ``"{image_id}"`` or ``"{image_id}.jpg"``.
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line that is not JSON, lacks the image id or hypothesis, or has a label outside
+            :data:`LABELS`; the message names the file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"SNLI-VE file {path} does not exist")
+    out = []
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{line_no}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not a JSON line ({e})") from e
+        image = record.get("Flickr30K_ID", record.get("Flikr30kID"))
+        if image is None or "sentence2" not in record:
+            raise ValueError(f"{where}: an SNLI-VE line needs Flickr30K_ID (or Flikr30kID) and sentence2; it has "
+                             f"{sorted(record)}")
+        label = record.get("gold_label")
+        if label not in LABELS:
+            raise ValueError(f"{where}: gold_label {label!r} is not one of {LABELS}")
+        out.append(EntailmentExample(str(record.get("pairID", f"{path.stem}-{line_no}")),
+                                     image_id_format.format(image_id=image), record["sentence2"],
+                                     LABELS.index(label)))
+    if not out:
+        raise ValueError(f"{path} holds no pairs")
+    return out
+
+
+#: Statements about what easy-VQA never varies or never shows: not decided by any image.
+_UNDECIDED = ("the {shape} is made of wood", "the {shape} is made of metal", "the {color} {shape} was drawn by a child",
+              "the picture was taken at night", "the {shape} belongs to a teacher")
+
+
+def easy_vqa_entailment(split: str, seed: int = 0) -> list[EntailmentExample]:
+    """SNLI-VE-shaped pairs over easy-VQA images: for each image one hypothesis, the label cycling through
+    entailment ("there is a blue circle"), contradiction (another colour or shape: "there is a red circle") and
+    neutral (a property no easy-VQA image decides: "the circle is made of wood"), so the classes are balanced."""
+    from vlbert.data.easy_vqa import COLORS, SHAPES, captions
+
+    rng = random.Random(f"entailment-{seed}-{split}")
+    out = []
+    for k, (image_id, (color, shape)) in enumerate(captions(split).items()):
+        label = k % 3  # index into LABELS
+        if label == 0:
+            text = rng.choice(("there is a {color} {shape}", "the image shows a {color} {shape}",
+                               "the shape is {color}", "the shape is a {shape}"))
+        elif label == 2:
+            if rng.random() < 0.5:
+                color = rng.choice([c for c in COLORS if c != color])
+            else:
+                shape = rng.choice([s for s in SHAPES if s != shape])
+            text = rng.choice(("there is a {color} {shape}", "the image shows a {color} {shape}"))
+        else:
+            text = rng.choice(_UNDECIDED)
+        out.append(EntailmentExample(f"{split}-{k}", image_id, text.format(color=color, shape=shape), label))
+    return out
+
+
+class EntailmentDataset(Dataset):
+    """Hypotheses joined with their image's regions.
+
+    Raises:
+        ValueError: an image without regions (the message names the pair and the fix).
+    """
+
+    def __init__(self, examples: Sequence[EntailmentExample], regions: dict[str, Regions], tokenizer,
+                 max_text_length: int = 40, max_regions: int = 36):
+        for ex in examples:
+            if ex.image_id not in regions:
+                raise ValueError(f"pair {ex.pair_id} is about image {ex.image_id!r}, which has no regions; extract its "
+                                 "regions (tools/extract_regions.py) or check data.image_id_format")
+        self.examples, self.regions, self.max_regions = list(examples), regions, max_regions
+        self.input_ids = tokenizer([ex.hypothesis for ex in self.examples], truncation=True,
+                                   max_length=max_text_length)["input_ids"]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.input_ids]
+
+    def __getitem__(self, index: int) -> dict:
+        ex = self.examples[index]
+        return {"input_ids": self.input_ids[index], **region_item(self.regions[ex.image_id], self.max_regions),
+                "labels": ex.label}
+
+
+class EntailmentCollator:
+    """Pad hypotheses and regions; ``labels`` int64 [B]."""
+
+    def __init__(self, tokenizer):
+        self.pad_token_id = tokenizer.pad_token_id
+
+    def __call__(self, items: list[dict]) -> dict:
+        batch = pad_text([{"input_ids": x["input_ids"]} for x in items], self.pad_token_id)
+        batch.update(pad_regions(items))
+        batch["labels"] = torch.tensor([x["labels"] for x in items], dtype=torch.long)
+        return batch
+
+
+__all__ = ["LABELS", "EntailmentExample", "load_snli_ve", "easy_vqa_entailment", "EntailmentDataset",
+           "EntailmentCollator"]

@@ -1,0 +1,48 @@
+"""Heads of the pretraining objectives: the masked-LM head (tied to the word embeddings) and the masked-region
+heads (feature regression, classification). Built by the objective units in :mod:`vlbert.objectives`."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlbert.models.activations import activation
+
+
+class MaskedLMHead(nn.Module):
+    """MLM head: dense + activation + LayerNorm, then a projection tied to the word embeddings plus a bias.
+
+    Source: BERT appendix A.1; transformers ``BertLMPredictionHead``. The decoder weight is not a parameter of
+    this module: it is the word embedding matrix, passed to :meth:`forward`.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        """Args: hidden float [..., H]; word_embeddings float [V, H]. Returns logits float [..., V]."""
+        h = self.norm(self.act(self.dense(hidden)))
+        return F.linear(h, word_embeddings, self.bias)
+
+
+class RegionHead(nn.Module):
+    """dense + activation + LayerNorm + linear to ``out_dim``: the MRFR (features) and MRC (classes) heads."""
+
+    def __init__(self, config: VLBertConfig, out_dim: int):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, out_dim)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Args: float [N, H]. Returns float [N, out_dim]."""
+        return self.decoder(self.norm(self.act(self.dense(hidden))))
+
+
+__all__ = ["MaskedLMHead", "RegionHead"]

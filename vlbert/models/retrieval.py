@@ -1,0 +1,111 @@
+"""Image-text retrieval on the VL encoder: a contrastive shortlist re-ranked by the ITM cross-encoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlbert.config import VLBertConfig
+from vlbert.models.losses import classification_loss
+from vlbert.models.outputs import ObjectiveOutput
+from vlbert.models.pretrained import PreTrainedModel
+from vlbert.models.vl import VLBertModel
+
+
+@dataclass
+class RetrievalOutput(ObjectiveOutput):
+    """``scores``: float [B] cross-encoder match scores of the given pairs (ITM logit margin)."""
+
+    scores: torch.Tensor | None = None
+
+
+class VLBertForImageTextRetrieval(PreTrainedModel):
+    """Image-text retrieval: a cross-encoder ITM head re-ranks a shortlist from a contrastive (dual-encoder)
+    stage that shares the same encoder (ALBEF, Li et al. 2021, section 3; UNITER section 4 for ITM fine-tuning
+    with hard negatives).
+
+    * :meth:`embed_text`: text alone through the encoder, [CLS] -> ``text_proj`` -> L2-normalised [B, P].
+    * :meth:`embed_image`: ``[CLS] [SEP]`` + regions through the encoder, [CLS] -> ``image_proj`` -> [B, P].
+    * :meth:`match_scores`: the joint pass, ITM logit(match) - logit(no match), [B].
+    Training (:meth:`forward` with ``group_ids``): ITC over the batch (InfoNCE both ways, temperature learned,
+    items of the same group are all positives) + ITM on each positive pair, one hard negative text per image and
+    one hard negative image per text, drawn in proportion to their contrastive similarity.
+    The ``itm`` head has the pretraining head's name and shape, so a VL-pretrained checkpoint initialises it.
+    """
+
+    config_class = VLBertConfig
+    base_model_prefix = "bert"
+    objectives = ("itc", "itm")
+
+    def __init__(self, config: VLBertConfig, projection_dim: int = 256):
+        super().__init__(config)
+        self.bert = VLBertModel(config)
+        self.itm = nn.Linear(config.hidden_size, 2)
+        self.text_proj = nn.Linear(config.hidden_size, projection_dim)
+        self.image_proj = nn.Linear(config.hidden_size, projection_dim)
+        self.init_weights()
+        self.log_temperature = nn.Parameter(torch.tensor(0.07).log())
+
+    def embed_text(self, input_ids, token_type_ids=None, attention_mask=None) -> torch.Tensor:
+        """Args: text [B, T]. Returns float [B, P], unit length."""
+        enc = self.bert(input_ids, token_type_ids, attention_mask)
+        return F.normalize(self.text_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
+
+    def embed_image(self, region_features, region_boxes, region_mask, cls_sep: tuple[int, int]) -> torch.Tensor:
+        """Args: regions as :class:`VLBertModel`; cls_sep: the tokenizer's ([CLS], [SEP]) ids. Returns [B, P]."""
+        b = region_features.shape[0]
+        ids = torch.tensor(cls_sep, device=region_features.device).expand(b, 2)
+        enc = self.bert(ids, None, None, region_features, region_boxes, region_mask)
+        return F.normalize(self.image_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
+
+    def match_scores(self, input_ids, token_type_ids, attention_mask, region_features, region_boxes,
+                     region_mask) -> torch.Tensor:
+        """Cross-encoder score of each (text, image) pair: ITM logit margin, float [B]."""
+        logits = self.itm(self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes,
+                                    region_mask).pooler_output).float()
+        return logits[:, 1] - logits[:, 0]
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
+                region_mask=None, group_ids=None, cls_sep_ids=None) -> RetrievalOutput:
+        """Without ``group_ids``: the cross-encoder scores of the given pairs. With ``group_ids`` (int64 [B]; equal
+        ids = interchangeable texts/images, never each other's negatives) and ``cls_sep_ids`` (int64 [2]): the
+        training losses ``itc`` and ``itm`` (with ``itc_accuracy``/``itm_accuracy``)."""
+        if group_ids is None:
+            return RetrievalOutput(scores=self.match_scores(input_ids, token_type_ids, attention_mask,
+                                                            region_features, region_boxes, region_mask))
+        b = input_ids.shape[0]
+        if b < 2:
+            raise ValueError("retrieval training needs at least 2 pairs per batch (negatives come from the batch)")
+        t = self.embed_text(input_ids, token_type_ids, attention_mask)
+        v = self.embed_image(region_features, region_boxes, region_mask, tuple(cls_sep_ids.tolist()))
+        same = group_ids[:, None] == group_ids[None, :]
+        logits = t @ v.T / self.log_temperature.exp()
+        target = same.float() / same.float().sum(1, keepdim=True)
+        itc = (torch.sum(-target * F.log_softmax(logits, 1), 1).mean()
+               + torch.sum(-target * F.log_softmax(logits.T, 1), 1).mean()) / 2
+        out = RetrievalOutput()
+        with torch.no_grad():
+            itc_acc = same[torch.arange(b), logits.argmax(1)].float().mean()
+            # Other groups in proportion to similarity; the epsilon keeps a batch of one group drawable.
+            weights = logits.softmax(1).masked_fill(same, 0) + 1e-8
+            neg_text = torch.multinomial(weights.T, 1).squeeze(1)   # for image i: a text of another group
+            neg_image = torch.multinomial(weights, 1).squeeze(1)    # for text i: an image of another group
+        out.add("itc", itc, "itc_accuracy", itc_acc, b)
+        idx = torch.arange(b, device=input_ids.device)
+        text_rows = torch.cat([idx, neg_text, idx])
+        image_rows = torch.cat([idx, idx, neg_image])
+        tt = None if token_type_ids is None else token_type_ids[text_rows]
+        am = None if attention_mask is None else attention_mask[text_rows]
+        logits_itm = self.itm(self.bert(input_ids[text_rows], tt, am, region_features[image_rows],
+                                        region_boxes[image_rows], None if region_mask is None
+                                        else region_mask[image_rows]).pooler_output).float()
+        labels = torch.cat([torch.ones(b), torch.zeros(2 * b)]).long().to(logits_itm.device)
+        loss, acc, n = classification_loss(logits_itm, labels)
+        out.add("itm", loss, "itm_accuracy", acc, n)
+        return out
+
+
+__all__ = ["VLBertForImageTextRetrieval", "RetrievalOutput"]

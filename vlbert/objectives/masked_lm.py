@@ -1,0 +1,32 @@
+"""Masked language modelling (BERT section 3.1, task 1; on image-text pairs, UNITER's MLM conditioned on the
+regions): 15% of the wordpieces chosen, 80% -> [MASK], 10% random, 10% kept; cross-entropy at chosen positions
+through a head tied to the word embeddings."""
+
+from __future__ import annotations
+
+from vlbert.models.pretraining_heads import MaskedLMHead
+from vlbert.models.losses import masked_lm_loss
+from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+
+
+class MaskedLanguageModeling(Objective):
+    """``labels`` int64 [B, T]: the original id at masked positions, -100 elsewhere."""
+
+    name, metric, head, inputs = "mlm", "mlm_accuracy", "masked_lm", ("labels",)
+
+    def build_head(self, config) -> MaskedLMHead:
+        return MaskedLMHead(config)
+
+    def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
+        batch["input_ids"], batch["labels"] = ctx.text.mask_rows(
+            batch["input_ids"], [ctx.generator(x, self.name) for x in items], [len(x["input_ids"]) for x in items])
+
+    def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
+        model = encoded.model
+        loss, logits, accuracy, n = masked_lm_loss(getattr(model, self.head),
+                                                   model.bert.embeddings.word_embeddings.weight, encoded.text,
+                                                   labels["labels"])
+        return ObjectiveResult(loss, accuracy, n, logits)
+
+
+__all__ = ["MaskedLanguageModeling"]

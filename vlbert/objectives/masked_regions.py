@@ -1,0 +1,111 @@
+"""Masked region modelling (UNITER section 3.2): 15% of an image's real regions (at least one) have their
+features zeroed while the caption stays intact, and the model recovers them from the rest:
+
+* MRFR: regress the original RoI feature (mean squared error over masked regions and feature dimensions);
+* MRC: classify the region as the detector's most likely class (cross-entropy);
+* MRC-kl: match the detector's whole class distribution (KL divergence).
+
+The class distribution never includes a background class: detectors and importers leave it out (see
+:mod:`detectors.torchvision_detector`), as UNITER's targets do.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from detectors.batch import choose_masked_regions, pad_class_probs
+from vlbert.models.losses import upcast
+from vlbert.models.pretraining_heads import RegionHead
+from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+
+
+class _MaskedRegions(Objective):
+    """Shared collator side: choose each image's masked regions from its own generator and zero their features;
+    subclasses add their targets (taken before zeroing)."""
+
+    def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
+        region_mask = batch["region_mask"]
+        masked = torch.stack([choose_masked_regions(int(region_mask[i].sum()), region_mask.shape[1],
+                                                    ctx.region_mask_probability, ctx.generator(x, self.name))
+                              for i, x in enumerate(items)])
+        batch["masked_regions"] = masked
+        self.add_targets(batch, items, masked)
+        batch["region_features"] = batch["region_features"].masked_fill(masked[..., None], 0.0)
+
+    def add_targets(self, batch: dict, items: list[dict], masked: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def selected(self, encoded: Encoded, labels) -> tuple[torch.Tensor, torch.Tensor]:
+        masked = labels["masked_regions"].bool()
+        return encoded.regions[masked], masked
+
+
+class MaskedRegionFeatureRegression(_MaskedRegions):
+    """``masked_regions`` bool [B, R] and ``region_targets`` float [B, R, D] (the unmasked features)."""
+
+    name, metric, head, inputs = "mrfr", "mrfr_mse", "mrfr", ("masked_regions", "region_targets")
+
+    def build_head(self, config) -> RegionHead:
+        return RegionHead(config, config.region_feature_dim)
+
+    def add_targets(self, batch, items, masked) -> None:
+        batch["region_targets"] = batch["region_features"].clone()
+
+    def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
+        hidden, masked = self.selected(encoded, labels)
+        pred = upcast(getattr(encoded.model, self.head)(hidden))
+        target = labels["region_targets"][masked].to(pred.dtype)
+        loss = F.mse_loss(pred, target) if len(pred) else pred.sum() * 0.0
+        return ObjectiveResult(loss, loss.detach(), len(pred))
+
+
+class MaskedRegionClassification(_MaskedRegions):
+    """MRC: ``masked_regions`` and ``region_class_labels`` int64 [B, R] (the detector's top class at masked
+    regions, -100 elsewhere)."""
+
+    name, metric, head, inputs = "mrc", "mrc_accuracy", "mrc", ("masked_regions", "region_class_labels")
+
+    def build_head(self, config) -> RegionHead | None:
+        return RegionHead(config, config.num_region_classes) if config.num_region_classes else None
+
+    def add_targets(self, batch, items, masked) -> None:
+        top = pad_class_probs(items, masked.shape[1]).float().argmax(-1)
+        batch["region_class_labels"] = top.masked_fill(~masked, -100)
+
+    def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
+        hidden, masked = self.selected(encoded, labels)
+        logits = upcast(getattr(encoded.model, self.head)(hidden))
+        target = labels["region_class_labels"][masked]
+        if not len(target):
+            zero = logits.sum() * 0.0
+            return ObjectiveResult(zero, zero.detach(), 0)
+        loss = F.cross_entropy(logits, target)
+        return ObjectiveResult(loss, (logits.detach().argmax(-1) == target).float().mean(), len(target), logits)
+
+
+class MaskedRegionClassificationKL(_MaskedRegions):
+    """MRC-kl: ``masked_regions`` and ``region_labels`` float [B, R, C] (the detector's class distribution);
+    the metric is top-1 agreement with the detector."""
+
+    name, metric, head, inputs = "mrc_kl", "mrc_kl_accuracy", "mrc", ("masked_regions", "region_labels")
+
+    def build_head(self, config) -> RegionHead | None:
+        return RegionHead(config, config.num_region_classes) if config.num_region_classes else None
+
+    def add_targets(self, batch, items, masked) -> None:
+        batch["region_labels"] = pad_class_probs(items, masked.shape[1])
+
+    def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
+        hidden, masked = self.selected(encoded, labels)
+        logits = upcast(getattr(encoded.model, self.head)(hidden))
+        target = labels["region_labels"][masked].to(logits.dtype)
+        if not len(target):
+            zero = logits.sum() * 0.0
+            return ObjectiveResult(zero, zero.detach(), 0)
+        loss = F.kl_div(F.log_softmax(logits, -1), target, reduction="batchmean")
+        accuracy = (logits.detach().argmax(-1) == target.argmax(-1)).float().mean()
+        return ObjectiveResult(loss, accuracy, len(target), logits)
+
+
+__all__ = ["MaskedRegionFeatureRegression", "MaskedRegionClassification", "MaskedRegionClassificationKL"]

@@ -1,0 +1,31 @@
+"""Next-sentence prediction (BERT section 3.1, task 2): is segment B the text that follows A (label 0) or a
+random segment from another document (label 1)? Cross-entropy on the pooled [CLS]."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vlbert.models.losses import classification_loss
+from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+
+
+class NextSentencePrediction(Objective):
+    """``next_sentence_label`` int64 [B] (0 = B follows A, 1 = random), from the pair builder."""
+
+    name, metric, head, inputs = "nsp", "nsp_accuracy", "next_sentence", ("next_sentence_label",)
+    reads = ("bert.pooler",)
+
+    def build_head(self, config) -> nn.Linear:
+        return nn.Linear(config.hidden_size, 2)
+
+    def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
+        batch["next_sentence_label"] = torch.tensor([x["next_sentence_label"] for x in items], dtype=torch.long)
+
+    def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
+        logits = getattr(encoded.model, self.head)(encoded.pooled)
+        loss, accuracy, n = classification_loss(logits, labels["next_sentence_label"])
+        return ObjectiveResult(loss, accuracy, n, logits)
+
+
+__all__ = ["NextSentencePrediction"]

@@ -1,0 +1,76 @@
+"""Image-text retrieval fine-tuning (``tools/finetune_retrieval.py``): contrastive + ITM with hard negatives on
+:class:`~vlbert.models.retrieval.VLBertForImageTextRetrieval`, Recall@1/5/10 both ways with a shortlist
+re-ranked by the cross-encoder (see :func:`vlbert.evaluation.retrieval.evaluate_retrieval`).
+
+Datasets: ``easy-vqa`` (embedded; one templated caption per image, many images share a caption's content, so
+strict Recall@K is bounded: see the ``_group`` figures) and ``karpathy`` (COCO / Flickr30K caption JSON plus your
+region shards).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlbert.data.retrieval import RetrievalCollator, RetrievalPairs, easy_vqa_captioned, load_karpathy_split
+from vlbert.evaluation.retrieval import evaluate_retrieval
+from vlbert.models.retrieval import VLBertForImageTextRetrieval
+from vlbert.recipes.regions import task_regions
+from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+
+
+@dataclass
+class RetrievalDataConfig:
+    """Retrieval data (YAML section ``data``). dataset: "easy-vqa" or "karpathy" (with ``captions_file``,
+    ``shards``, ``image_id_format``). shortlist: candidates per query re-ranked by the cross-encoder."""
+
+    dataset: str = "easy-vqa"
+    cache_dir: str = "~/.cache/vlbert/regions"
+    shards: str = ""
+    captions_file: str = ""
+    image_id_format: str = "{filename}"
+    eval_split: str = "test"
+    max_train_images: int = 0
+    max_eval_images: int = 500
+    max_regions: int = 16
+    shortlist: int = 16
+
+
+class RetrievalData(TaskData):
+    """Training pairs and evaluation images (evaluated by Recall@K at the end, not by held-out batches).
+
+    Raises:
+        ValueError: an unknown dataset, karpathy without ``captions_file``.
+    """
+
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        data = ctx.data
+        if data.dataset == "easy-vqa":
+            train_images, eval_images = easy_vqa_captioned("train"), easy_vqa_captioned(data.eval_split)
+        elif data.dataset == "karpathy":
+            if not data.captions_file:
+                raise ValueError("dataset karpathy needs data.captions_file and data.shards")
+            train_images = load_karpathy_split(data.captions_file, "train", data.image_id_format)
+            eval_images = load_karpathy_split(data.captions_file, data.eval_split, data.image_id_format)
+        else:
+            raise ValueError(f"data.dataset must be 'easy-vqa' or 'karpathy', got {data.dataset!r}")
+        self.train_images = train_images[: data.max_train_images] if data.max_train_images else train_images
+        self.eval_images = eval_images[: data.max_eval_images] if data.max_eval_images else eval_images
+        self.regions = task_regions(ctx)
+        self.train = RetrievalPairs(self.train_images, self.regions, ctx.tokenizer, max_regions=data.max_regions)
+        self.collator = RetrievalCollator(ctx.tokenizer)
+        self.feature_dim = next(iter(self.regions.values())).feature_dim
+
+
+def build_model(ctx: RunContext, data: RetrievalData) -> VLBertForImageTextRetrieval:
+    return load_model(VLBertForImageTextRetrieval, ctx, region_feature_dim=data.feature_dim)
+
+
+def evaluate(ctx: RunContext, data: RetrievalData, model) -> dict:
+    return evaluate_retrieval(model, data.eval_images, data.regions, ctx.tokenizer, shortlist=ctx.data.shortlist,
+                              max_regions=ctx.data.max_regions)
+
+
+RECIPE = Recipe("retrieval", RetrievalDataConfig, RetrievalData, build_model, evaluate=evaluate, uses_regions=True)
+
+__all__ = ["RECIPE", "RetrievalDataConfig", "RetrievalData"]

@@ -1,0 +1,199 @@
+"""One runner for every task: a :class:`Recipe` says what is particular to a task (its data section, how to
+build its data, model and evaluation); :func:`run` does the wiring every task shares, in one order:
+
+1. check the run config (top-level keys, ``training``, ``data``, ``detector``) before anything is written;
+2. refuse an output directory that holds a run unless ``resume`` or ``overwrite`` says what to do with it;
+3. resolve ``init_from`` (``minilm`` = the packaged BERT) and load the tokenizer (``tokenizer``, else the one
+   saved with ``init_from``, else the packaged vocabulary);
+4. build the data, seed, build the model and check that the tokenizer fits it;
+5. train (resuming from the newest checkpoint when asked), with the recipe's baselines and final evaluation
+   written to ``metrics.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from vlbert.data.loading import eval_loader, train_loader
+from vlbert.training.run_config import check_sections, dataclass_from_section
+from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig, set_seed
+
+logger = logging.getLogger(__name__)
+
+#: Files and folders whose presence means a directory holds a run.
+RUN_MARKERS = ("log.jsonl", "metrics.json", CHECKPOINTS_DIR, "model.safetensors")
+COMMON_SECTIONS = ("task", "modality", "init_from", "tokenizer", "model", "data", "training")
+
+
+class RunExistsError(FileExistsError):
+    """The output directory already holds a run and neither resume nor overwrite was asked for."""
+
+
+@dataclass
+class RunContext:
+    """What a recipe's builders receive: the parsed sections and the shared objects.
+
+    Attributes:
+        config: the whole run config (dict, as resolved from YAML and overrides).
+        training: :class:`TrainingConfig`; data: the recipe's data config; detector: a
+            :class:`detectors.config.DetectorConfig` for recipes with regions, else None.
+        tokenizer: the fast WordPiece tokenizer; init_from: the resolved checkpoint path, or None (from scratch).
+    """
+
+    config: dict[str, Any]
+    training: TrainingConfig
+    data: Any
+    detector: Any
+    tokenizer: Any
+    init_from: str | None
+
+    @property
+    def model_section(self) -> dict[str, Any]:
+        return dict(self.config.get("model") or {})
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A task: its data config type and three builders (see module docstring).
+
+    Attributes:
+        name: the task's name (``RECIPES`` key).
+        data_config: the dataclass of the ``data`` section.
+        build_data: ``RunContext -> TaskData``.
+        build_model: ``(RunContext, TaskData) -> model`` (a model of :mod:`vlbert.models`).
+        evaluate: ``(RunContext, TaskData, model) -> metrics`` on the trained model, or None.
+        baselines: ``(RunContext, TaskData, model) -> metrics`` before training (majority class, the untrained
+            model), or None.
+        uses_regions: the run config has a ``detector`` section.
+        default_init: ``init_from`` when the config names none (None: a fresh model from the ``model`` section).
+        sections: top-level keys the recipe reads besides :data:`COMMON_SECTIONS`.
+    """
+
+    name: str
+    data_config: type
+    build_data: Callable
+    build_model: Callable
+    evaluate: Callable | None = None
+    baselines: Callable | None = None
+    uses_regions: bool = False
+    default_init: str | None = "minilm"
+    sections: tuple[str, ...] = field(default=())
+
+
+class TaskData:
+    """Training and held-out data of one task, and their batches. Subclasses set ``train``, ``eval`` (or None)
+    and ``collator`` in ``__init__`` (after calling this one); ``objectives`` (an ObjectiveMix) where batches
+    carry one objective each."""
+
+    train_drop_last = True
+    eval_batch_factor = 2  # evaluation needs no gradients: larger batches
+    objectives = None
+
+    def __init__(self, ctx: RunContext):
+        self.batch_size, self.seed = ctx.training.batch_size, ctx.training.seed
+        self.loader_options = ctx.training.loader_options()
+        self.max_eval_batches = 0
+        self.eval = None
+
+    def train_batches(self, epoch: int, start: int, rank: int, world_size: int):
+        """Batches of ``epoch`` from batch index ``start`` on, for one data-parallel rank."""
+        return train_loader(self.train, self.collator, self.batch_size, self.seed, epoch, start, rank, world_size,
+                            drop_last=self.train_drop_last, objectives=self.objectives, **self.loader_options)
+
+    def eval_batches(self):
+        """Every held-out item once in fixed batches (once per objective where batches carry one)."""
+        size = self.eval_batch_factor * self.batch_size
+        if self.objectives is None:
+            yield from eval_loader(self.eval, self.collator, size, self.max_eval_batches)
+            return
+        for name in self.objectives.active:
+            yield from eval_loader(self.eval, self.collator, size, self.max_eval_batches, objective=name)
+
+
+def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> None:
+    """Apply the run-directory policy: a directory holding a run is continued (``resume``), replaced
+    (``overwrite``: the old run's files are deleted) or refused; a new directory is left to the trainer.
+
+    Raises:
+        RunExistsError: the directory holds a run and neither flag is set (the message names both flags).
+        ValueError: both flags are set.
+    """
+    if resume and overwrite:
+        raise ValueError("--resume continues the run in --output-dir and --overwrite replaces it: pass one")
+    directory = Path(output_dir)
+    found = [name for name in RUN_MARKERS if (directory / name).exists()]
+    if not found or resume:
+        return
+    if not overwrite:
+        raise RunExistsError(f"{directory} already holds a run ({', '.join(found)}); pass --resume to continue it, "
+                             "--overwrite to replace it, or choose another --output-dir")
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
+        for name in ("log.jsonl", "metrics.json", "config.yaml", "predictions.jsonl", CHECKPOINTS_DIR, "tensorboard"):
+            path = directory / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+    PartialState().wait_for_everyone()
+
+
+def load_model(cls, ctx: RunContext, **defaults):
+    """``cls`` from ``ctx.init_from`` with ``defaults`` and the ``model`` section as config overrides, or a fresh
+    model from them (vocab_size and pad_token_id from the tokenizer) when there is no ``init_from``."""
+    values = {**defaults, **ctx.model_section}
+    if ctx.init_from:
+        return cls.from_pretrained(ctx.init_from, **values)
+    values.setdefault("vocab_size", len(ctx.tokenizer))
+    values.setdefault("pad_token_id", ctx.tokenizer.pad_token_id)
+    return cls(cls.config_class.from_dict(values, strict=True))
+
+
+def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Train and evaluate ``recipe`` as ``config`` says; returns the final metrics (also in metrics.json).
+
+    Raises:
+        ValueError / FileNotFoundError: bad config keys or values, missing data, a tokenizer that does not fit
+            the model, ...: all raised before any file is written.
+        RunExistsError: see :func:`prepare_output_dir`.
+        vlbert.training.trainer.TrainingPreempted: SIGTERM; a checkpoint was written.
+    """
+    from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
+
+    check_sections(config, COMMON_SECTIONS + (("detector",) if recipe.uses_regions else ()) + recipe.sections)
+    training = TrainingConfig.from_dict(config.get("training") or {})
+    data_config = dataclass_from_section(recipe.data_config, config.get("data"), "data")
+    detector = None
+    if recipe.uses_regions:
+        from detectors.config import DetectorConfig
+
+        detector = dataclass_from_section(DetectorConfig, config.get("detector"), "detector")
+    prepare_output_dir(training.output_dir, resume, overwrite)
+    init = config.get("init_from") or recipe.default_init
+    init_from = resolve_model_path(init) if init else None
+    tokenizer = load_tokenizer(resolve_model_path(config.get("tokenizer") or init_from))
+    ctx = RunContext(config, training, data_config, detector, tokenizer, init_from)
+    data = recipe.build_data(ctx)
+    set_seed(training.seed)  # initial weights depend on the seed alone
+    model = recipe.build_model(ctx, data)
+    if getattr(model, "config", None) is not None:  # vlbert models (not the transformers comparison adapter)
+        check_tokenizer_matches(tokenizer, model.config)
+    logger.info("%s: %.1fM parameters; %d training items, %d held-out", recipe.name,
+                sum(p.numel() for p in model.parameters()) / 1e6, len(data.train),
+                len(data.eval) if data.eval is not None else 0)
+    trainer = Trainer(model, training, data.train_batches, data.eval_batches if data.eval is not None else None,
+                      run_config=config, tokenizer=tokenizer)
+    if resume and not trainer.resume():
+        logger.warning("--resume: no checkpoint under %s/%s; starting from step 0", training.output_dir,
+                       CHECKPOINTS_DIR)
+    extra = recipe.baselines(ctx, data, trainer.unwrapped) if recipe.baselines else {}
+    final = (lambda model: recipe.evaluate(ctx, data, model)) if recipe.evaluate else None
+    return trainer.train(extra_metrics=extra, final_metrics=final)
+
+
+__all__ = ["Recipe", "RunContext", "TaskData", "run", "load_model", "prepare_output_dir", "RunExistsError"]

@@ -1,0 +1,129 @@
+"""VQA fine-tuning (``tools/finetune_vqa.py``): :class:`~vlbert.models.vqa.VLBertForVQA` on question + regions,
+soft-score binary cross-entropy, and the official VQA accuracy on the evaluation split.
+
+Datasets: ``easy-vqa`` (embedded: regions extracted into the same cached shards as VL pretraining) and
+``vqa-v2`` (the official question/annotation JSON files plus region shards you extracted or imported).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlbert.data.easy_vqa import answers as easy_vqa_answers
+from vlbert.data.vqa import VQACollator, VQADataset, build_answer_vocab, easy_vqa_examples, load_vqa_v2
+from vlbert.evaluation.vqa import normalize_answer, vqa_accuracy
+from vlbert.models.vqa import VLBertForVQA
+from vlbert.recipes.regions import task_regions
+from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+from vlbert.utils import evaluation
+
+
+@dataclass
+class VQADataConfig:
+    """VQA data (YAML section ``data``).
+
+    dataset: "easy-vqa" or "vqa-v2". For vqa-v2: train/eval question and annotation files, ``shards`` (a
+    directory of region shards) and ``image_id_format`` (numeric COCO id -> shard image id). min_answer_count:
+    answers given fewer times in training are left out of the vocabulary (VQA v2: 9). max_train_questions: use
+    only the first N training questions (0 = all).
+    """
+
+    dataset: str = "easy-vqa"
+    cache_dir: str = "~/.cache/vlbert/regions"
+    shards: str = ""
+    train_questions: str = ""
+    train_annotations: str = ""
+    eval_questions: str = ""
+    eval_annotations: str = ""
+    image_id_format: str = "{image_id}"
+    min_answer_count: int = 1
+    max_question_length: int = 32
+    max_regions: int = 16
+    max_train_questions: int = 0
+    max_eval_questions: int = 0
+
+
+class VQAData(TaskData):
+    """Training and evaluation questions with regions, and the answer vocabulary.
+
+    Raises:
+        ValueError: an unknown dataset, or vqa-v2 without its files; errors of :class:`VQADataset`.
+    """
+
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        data, tokenizer = ctx.data, ctx.tokenizer
+        if data.dataset == "easy-vqa":
+            train, held_out = easy_vqa_examples("train"), easy_vqa_examples("test")
+            vocab = [normalize_answer(a) for a in easy_vqa_answers()]
+            drop_unknown = False
+        elif data.dataset == "vqa-v2":
+            if not (data.train_questions and data.eval_questions):
+                raise ValueError("dataset vqa-v2 needs data.train_questions, data.train_annotations, "
+                                 "data.eval_questions (+ eval_annotations to score) and data.shards")
+            train = load_vqa_v2(data.train_questions, data.train_annotations or None, data.image_id_format)
+            held_out = load_vqa_v2(data.eval_questions, data.eval_annotations or None, data.image_id_format)
+            vocab = build_answer_vocab(train, data.min_answer_count)
+            drop_unknown = True
+        else:
+            raise ValueError(f"data.dataset must be 'easy-vqa' or 'vqa-v2', got {data.dataset!r}")
+        if data.max_train_questions:
+            train = train[: data.max_train_questions]
+        if data.max_eval_questions:
+            held_out = held_out[: data.max_eval_questions]
+        regions = task_regions(ctx)
+        self.answer_vocab = vocab
+        self.train = VQADataset(train, regions, tokenizer, vocab, data.max_question_length, data.max_regions,
+                                drop_unknown)
+        self.eval = VQADataset(held_out, regions, tokenizer, vocab, data.max_question_length, data.max_regions,
+                               drop_unknown=True)
+        self.collator = VQACollator(tokenizer, len(vocab))
+        self.feature_dim = next(iter(regions.values())).feature_dim
+
+    @evaluation
+    def predict(self, model) -> list[dict]:
+        """The top answer for every evaluation question, with its VQA accuracy when answers are known."""
+        device = next(model.parameters()).device
+        rows = []
+        for batch in self.eval_batches():
+            index = batch.pop("index")
+            batch.pop("answer_targets")
+            logits = model(**{k: v.to(device) for k, v in batch.items()}).logits
+            for i, a in zip(index.tolist(), logits.argmax(-1).tolist()):
+                ex = self.eval.examples[i]
+                row = {"question_id": ex.question_id, "question": ex.question, "answer": self.answer_vocab[a]}
+                if ex.answers:
+                    row["accuracy"] = vqa_accuracy(row["answer"], ex.answers)
+                rows.append(row)
+        return rows
+
+
+def build_model(ctx: RunContext, data: VQAData) -> VLBertForVQA:
+    return load_model(VLBertForVQA, ctx, num_labels=len(data.answer_vocab), region_feature_dim=data.feature_dim)
+
+
+def evaluate(ctx: RunContext, data: VQAData, model) -> dict:
+    """``vqa_accuracy`` over the scored evaluation questions; every answer to ``predictions.jsonl``."""
+    rows = data.predict(model)
+    out = Path(ctx.training.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    scored = [r["accuracy"] for r in rows if "accuracy" in r]
+    return {"vqa_accuracy": sum(scored) / len(scored) if scored else float("nan"), "eval_questions": len(rows)}
+
+
+def majority_baseline(ctx: RunContext, data: VQAData, model) -> dict:
+    """VQA accuracy of always giving the most frequent training answer (the usual prior baseline)."""
+    counts = Counter(normalize_answer(a) for ex in data.train.examples for a in ex.answers)
+    answer = counts.most_common(1)[0][0]
+    scored = [vqa_accuracy(answer, ex.answers) for ex in data.eval.examples if ex.answers]
+    return {"vqa_accuracy_majority_baseline": sum(scored) / len(scored)} if scored else {}
+
+
+RECIPE = Recipe("vqa", VQADataConfig, VQAData, build_model, evaluate=evaluate, baselines=majority_baseline,
+                uses_regions=True)
+
+__all__ = ["RECIPE", "VQADataConfig", "VQAData"]
