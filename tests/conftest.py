@@ -43,6 +43,19 @@ def padded_batch(vocab_size: int, batch: int = 4, seq_len: int = 12, seed: int =
     return input_ids, token_type_ids, attention_mask
 
 
+def wait_for_log_lines(proc, log, lines: int, timeout: float = 240.0) -> None:
+    """Wait until the running ``proc`` has written ``lines`` lines to ``log`` (to interrupt it mid-run); fails
+    if it ends first."""
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= lines:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+
+
 @pytest.fixture(scope="session")
 def minilm_dir():
     return packaged_minilm_dir()

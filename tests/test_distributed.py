@@ -9,9 +9,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+
+from conftest import wait_for_log_lines
 
 HERE = Path(__file__).resolve().parent
 
@@ -64,12 +65,7 @@ def test_resume_after_sigkill_reproduces_losses(small_corpus, tmp_path):
     cmd = [sys.executable, str(HERE / "ddp_worker.py"), json.dumps(config(small_corpus, killed, 4, steps, save_every=5))]
     proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = killed / "log.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if log.exists() and len(log.read_text().splitlines()) >= 12:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be killed"
+    wait_for_log_lines(proc, log, 12)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed_at = len(log.read_text().splitlines())

@@ -165,7 +165,8 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_losses(small_corpus, 
     exits with 143, and --resume gives the uninterrupted run's per-step losses."""
     import os
     import signal
-    import time
+
+    from conftest import wait_for_log_lines
 
     steps = 40
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -186,13 +187,7 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_losses(small_corpus, 
     reference, stopped = tmp_path / "reference", tmp_path / "stopped"
     subprocess.run(cmd(reference), check=True, env=env, capture_output=True, timeout=300)
     proc = subprocess.Popen(cmd(stopped), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    log = stopped / "log.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if log.exists() and len(log.read_text().splitlines()) >= 10:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be stopped"
+    wait_for_log_lines(proc, stopped / "log.jsonl", 10)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 143, stderr[-2000:]

@@ -3,13 +3,17 @@ two-stage evaluation of a retrieval model (contrastive shortlist, cross-encoder 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from detectors.batch import pad_regions, region_item
 from vlbert.data.padding import pad_text
 from vlbert.utils import evaluation
+
+if TYPE_CHECKING:
+    from detectors.regions import Regions
+    from vlbert.data.retrieval import CaptionedImage
 
 
 def recall_at_k(scores: torch.Tensor, positives: Sequence[set[int]] | torch.Tensor,

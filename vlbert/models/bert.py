@@ -22,7 +22,6 @@ from torch import nn
 from vlbert.config import BertConfig
 from vlbert.models.activations import activation
 from vlbert.models.kernels import Dropout, dropout
-from vlbert.models.losses import IGNORE_INDEX
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from vlbert.models.kernels import cross_entropy_with_accuracy
+
+if TYPE_CHECKING:
+    from vlbert.models.pretraining_heads import MaskedLMHead
 
 IGNORE_INDEX = -100  # label of positions no loss reads (transformers' convention)
 

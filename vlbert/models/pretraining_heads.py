@@ -3,11 +3,16 @@ heads (feature regression, classification). Built by the objective units in :mod
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vlbert.models.activations import activation
+
+if TYPE_CHECKING:
+    from vlbert.config import BertConfig, VLBertConfig
 
 
 class MaskedLMHead(nn.Module):
