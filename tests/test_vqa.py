@@ -15,11 +15,34 @@ from vlbert.evaluation.vqa import answer_targets, normalize_answer, soft_score, 
 
 
 @pytest.mark.parametrize("raw, normal", [
-    ("Two", "2"), ("The Dog.", "dog"), ("yes!", "yes"), ("1,000", "1000"), ("2.5", "2.5"),
-    ("dont know", "don't know"), ("a  red, white   car", "red white car"), ("ten", "10"),
+    ("Two", "2"), ("The Dog.", "dog"), ("1,000", "1000"), ("2.5", "2.5"), ("ten", "10"), ("none", "0"),
+    ("a  red, white   car", "red white car"),        # ", " touches a space: the comma is deleted
+    ("red,white", "red white"),                      # no space touching: replaced by a space
+    ("x/y z/ w", "xy z w"),                          # "/ " anywhere: every "/" is deleted, joining x and y
+    ("2,5 (about)", "25 about"),                     # a digit,digit comma: every mark is deleted
+    ("3.", "3"), ("3.5.", "3.5"),                    # the look-behind slip: a period after a digit goes too
+    ("10:30", "10 30"), ("it's", "it s"),            # ":" and "'" are official marks (no space: a space)
+    ("50%", "50%"), ("yes!", "yes!"), ("t-shirt", "t-shirt"), ("#1", "#1"),  # not official marks: kept
+    ("dont know", "don’t know"), ("wheres", "where's"),  # the official table, curly and straight quotes
+    ("Im", "im"), ("Ive", "ive"),                    # upper-case keys never match after lower-casing
+    ("yes\tno\n", "yes no"),
 ])
-def test_normalize_answer(raw, normal):
+def test_official_answer_processing(raw, normal):
     assert normalize_answer(raw) == normal
+
+
+def test_official_period_rule_removes_at_most_32_periods():
+    assert normalize_answer("." * 40) == "." * 8  # re.UNICODE (32) passed as re.sub's count
+
+
+def test_unanimous_answers_are_compared_raw():
+    # Ten identical answers are not processed (the official rule, kept for text-reading answers) ...
+    assert vqa_accuracy("yes", ["Yes"] * 10) == 0.0
+    assert vqa_accuracy("10:30", ["10:30"] * 10) == 0.0  # the prediction becomes "10 30", the answers stay
+    assert vqa_accuracy("Yes", ["yes"] * 10) == 1.0     # ... while the prediction always is
+    # ... but as soon as they differ, they go through the punctuation rule (not the digit/article rule).
+    assert vqa_accuracy("10:30", ["10:30"] * 9 + ["ten thirty"]) == 1.0
+    assert vqa_accuracy("two", ["two"] * 9 + ["2"]) == pytest.approx(0.3)  # "2" matches one annotator
 
 
 def test_three_annotator_rule():
@@ -29,7 +52,7 @@ def test_three_annotator_rule():
     assert vqa_accuracy("cat", ["cat"] * 1 + ["dog"] * 9) == pytest.approx(9 * (1 / 3) / 10)
     assert vqa_accuracy("cat", ["cat"] * 2 + ["dog"] * 8) == pytest.approx((2 * (1 / 3) + 8 * (2 / 3)) / 10)
     assert vqa_accuracy("bird", ["cat"] * 10) == 0.0
-    assert vqa_accuracy("Two.", ["2"] * 10) == 1.0  # normalisation on both sides
+    assert vqa_accuracy("Two.", ["2"] * 10) == 1.0  # the prediction is processed
     assert vqa_accuracy("circle", ["circle"]) == 1.0 and vqa_accuracy("square", ["circle"]) == 0.0
     with pytest.raises(ValueError):
         vqa_accuracy("x", [])
