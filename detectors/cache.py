@@ -9,6 +9,8 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
+
 from detectors.config import DetectorConfig
 
 logger = logging.getLogger(__name__)
@@ -17,7 +19,7 @@ MARKER = "complete.json"
 
 
 def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike], cache_dir: str | os.PathLike,
-                  name: str, batch_size: int = 32) -> list[Path]:
+                  name: str, batch_size: int = 32, boxes: dict[str, np.ndarray] | None = None) -> list[Path]:
     """Region shards of ``images``, extracted on first use and cached.
 
     The cache directory is ``cache_dir/<name>-<detector fingerprint>-<image-set hash>``. ``complete.json`` is
@@ -29,10 +31,13 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
         cache_dir: root of the cache (``~`` expanded).
         name: a readable name for the image set (e.g. ``"easy-vqa"``).
         batch_size: images per extractor call where the backend batches.
+        boxes: image id -> float32 [R, 4] pixel xyxy boxes to pool instead of the detector's own (e.g. the
+            ground-truth objects); the timm backend only. They are part of the cache's name.
     Returns:
         the shard paths, in order.
     Raises:
-        ValueError: no images. Errors of :meth:`DetectorConfig.build` and of the extractor.
+        ValueError: no images, or ``boxes`` with a backend that detects its own. Errors of
+            :meth:`DetectorConfig.build` and of the extractor.
     """
     from PIL import Image
     from tqdm.auto import tqdm
@@ -41,8 +46,11 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
 
     if not images:
         raise ValueError(f"no images to extract regions from for {name!r}")
+    if boxes is not None and detector.backend != "timm":
+        raise ValueError(f"given boxes are pooled by the timm backend only; detector.backend is {detector.backend!r}")
     ids = list(images)
-    image_set = hashlib.sha1("\n".join(ids).encode()).hexdigest()[:8]
+    key = "\n".join(ids) + ("" if boxes is None else "\n" + "\n".join(np.asarray(boxes[i]).tobytes().hex() for i in ids))
+    image_set = hashlib.sha1(key.encode()).hexdigest()[:8]
     directory = Path(cache_dir).expanduser() / f"{name}-{detector.fingerprint()}-{image_set}"
     marker = directory / MARKER
     if marker.is_file():
@@ -55,7 +63,9 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
             for start in range(0, len(ids), batch_size):
                 chunk = ids[start:start + batch_size]
                 loaded = [Image.open(images[i]).convert("RGB") for i in chunk]
-                if hasattr(extractor, "extract_batch"):
+                if boxes is not None:
+                    yield from extractor.extract_batch(loaded, chunk, [boxes[i] for i in chunk])
+                elif hasattr(extractor, "extract_batch"):
                     yield from extractor.extract_batch(loaded, chunk)
                 else:
                     yield from (extractor(image, i) for image, i in zip(loaded, chunk))

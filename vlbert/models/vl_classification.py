@@ -1,4 +1,5 @@
-"""Classification of an image + text pair from the joint [CLS] (visual entailment, and any task of that shape)."""
+"""Classification from the joint [CLS]: one image + text (visual entailment and tasks of that shape) and two
+images + text (NLVR2)."""
 
 from __future__ import annotations
 
@@ -42,4 +43,46 @@ class VLBertForSequenceClassification(PreTrainedModel):
         return out
 
 
-__all__ = ["VLBertForSequenceClassification"]
+class VLBertForImagePairClassification(PreTrainedModel):
+    """Is a statement true of a pair of images? The statement is encoded with each image; the two pooled [CLS]
+    vectors are concatenated and classified by Linear(2H, 2H) -> GELU -> LayerNorm -> Linear(2H, num_labels)
+    (UNITER's and LXMERT's NLVR2 setting: UNITER section 4, LXMERT section 5.1).
+    """
+
+    config_class = VLBertConfig
+    base_model_prefix = "bert"
+    objectives = ("cls",)
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__(config)
+        self.bert = VLBertModel(config)
+        h = config.hidden_size
+        self.classifier = nn.Sequential(nn.Linear(2 * h, 2 * h), nn.GELU(),
+                                        nn.LayerNorm(2 * h, eps=config.layer_norm_eps), nn.Linear(2 * h, config.num_labels))
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
+                region_mask=None, labels=None) -> ClassificationOutput:
+        """Args: text [B, T]; region_features [B, 2, R, D], region_boxes [B, 2, R, 4] (normalised xyxy),
+        region_mask [B, 2, R], image 0 = left; labels int64 [B]. Returns logits float [B, num_labels]; with labels,
+        ``losses["cls"]`` and ``metrics["cls_accuracy"]``.
+        Raises: ValueError if the regions are not [B, 2, ...], or as :meth:`VLBertModel.forward`."""
+        if region_features is None or region_features.dim() != 4 or region_features.shape[:2] != (input_ids.shape[0], 2):
+            shape = None if region_features is None else tuple(region_features.shape)
+            raise ValueError(f"region_features must be [batch, 2, regions, dim] (left and right image), got {shape}")
+        b = input_ids.shape[0]
+
+        def twice(t):  # [B, ...] -> [2B, ...]: each statement once per image
+            return None if t is None else t.repeat_interleave(2, dim=0)
+
+        enc = self.bert(twice(input_ids), twice(token_type_ids), twice(attention_mask),
+                        region_features.flatten(0, 1), region_boxes.flatten(0, 1),
+                        None if region_mask is None else region_mask.flatten(0, 1))
+        out = ClassificationOutput(logits=self.classifier(enc.pooler_output.reshape(b, -1)))
+        if labels is not None:
+            loss, accuracy, n = classification_loss(out.logits, labels)
+            out.add("cls", loss, "cls_accuracy", accuracy, n)
+        return out
+
+
+__all__ = ["VLBertForSequenceClassification", "VLBertForImagePairClassification"]

@@ -1,0 +1,102 @@
+"""NLVR2: the public JSONL reader and its bad inputs, the easy-VQA demonstration's labels, the pair model's
+shapes and symmetry, and a short run of the recipe on a fixture in the public format."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vlbert.data.nlvr2 import easy_vqa_pairs, load_nlvr2
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_reader_names_the_two_images_and_refuses_bad_lines(tmp_path):
+    good = write_jsonl(tmp_path / "dev.json", [
+        {"identifier": "dev-850-0-0", "sentence": "There are two dogs.", "label": "True", "left_url": "x"},
+        {"identifier": "dev-850-0-1", "sentence": "No dog is brown.", "label": "False"}])
+    examples = load_nlvr2(good)
+    assert [(e.left_image, e.right_image, e.label) for e in examples] == [
+        ("dev-850-0-img0", "dev-850-0-img1", 1), ("dev-850-0-img0", "dev-850-0-img1", 0)]
+    assert load_nlvr2(good, "{stem}-img{k}.png")[0].right_image == "dev-850-0-img1.png"
+    for record, message in (({"identifier": "dev-850-0", "sentence": "x", "label": "True"}, "is not <split>-<set>"),
+                            ({"identifier": "dev-1-0-0", "sentence": "x", "label": "yes"}, "label 'yes' is not"),
+                            ({"identifier": "dev-1-0-0", "label": "True"}, "'sentence'")):
+        with pytest.raises(ValueError, match=message):
+            load_nlvr2(write_jsonl(tmp_path / "bad.json", [record]))
+
+
+def test_easy_vqa_statements_are_true_exactly_when_labelled():
+    from vlbert.data.easy_vqa import captions
+
+    truth = captions("test")
+    examples = easy_vqa_pairs("test", 600)
+    assert sum(e.label for e in examples) == 300
+    for e in examples:
+        (lc, ls), (rc, rs) = truth[e.left_image], truth[e.right_image]
+        words = e.sentence.split()
+        if e.sentence.startswith("both images show"):
+            value = ls == rs == words[-1]
+        elif e.sentence.startswith("exactly one"):
+            value = (ls == words[-1]) != (rs == words[-1])
+        elif e.sentence.startswith("both shapes are"):
+            value = lc == rc == words[-1]
+        else:
+            value = lc == words[5] and rc != words[5]
+        assert value == bool(e.label), e
+
+
+def test_pair_model_encodes_each_image_with_the_statement():
+    import vlbert
+    from vlbert.models.vl_classification import VLBertForImagePairClassification
+
+    config = vlbert.VLBertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32, region_feature_dim=6, num_labels=2)
+    model = VLBertForImagePairClassification(config).eval()
+    ids = torch.randint(1, 50, (3, 5))
+    feats, boxes = torch.randn(3, 2, 4, 6), torch.rand(3, 2, 4, 2).repeat(1, 1, 1, 2)
+    boxes[..., 2:] += 0.1
+    out = model(ids, region_features=feats, region_boxes=boxes, labels=torch.tensor([0, 1, 1]))
+    assert out.logits.shape == (3, 2) and out.counts["cls"] == 3
+    swapped = model(ids, region_features=feats.flip(1), region_boxes=boxes.flip(1)).logits
+    assert not torch.allclose(swapped, out.logits)  # left and right are not interchangeable
+    with pytest.raises(ValueError, match=r"\[batch, 2, regions, dim\]"):
+        model(ids, region_features=feats[:, 0], region_boxes=boxes[:, 0])
+
+
+def test_nlvr2_fixture_runs_through_its_tool(tmp_path):
+    from PIL import Image
+
+    from detectors.config import DetectorConfig
+    from detectors.shards import write_shards
+    from vlbert.data.easy_vqa import captions, image_paths
+
+    truth = list(captions("train").items())[:16]
+    paths = image_paths("train")
+    ids = [f"train-{k // 2}-0-img{k % 2}" for k in range(len(truth))]
+    images = [Image.open(paths[i]).convert("RGB") for i, _ in truth]
+    write_shards(DetectorConfig(input_size=96, max_proposals=8).build().extract_batch(images, ids), tmp_path / "shards")
+    records = [{"identifier": f"train-{k}-0-{j}", "sentence": s, "label": label}
+               for k in range(8) for j, (s, label) in enumerate((("both images show a circle", "True"),
+                                                                 ("exactly one image shows a circle", "False")))]
+    write_jsonl(tmp_path / "train.json", records)
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "finetune_nlvr2.py"), "--init-from", "minilm",
+                             "--output-dir", str(tmp_path / "out"), "--max-steps", "2",
+                             "--set", "data.dataset=nlvr2", "--set", f"data.train_file={tmp_path / 'train.json'}",
+                             "--set", f"data.eval_file={tmp_path / 'train.json'}",
+                             "--set", f"data.shards={tmp_path / 'shards'}", "--set", "training.batch_size=4",
+                             "--set", "training.warmup_steps=1", "--set", "training.progress_bar=false"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["accuracy_majority_baseline"] == 0.5 and metrics["step"] == 2

@@ -1,0 +1,173 @@
+"""NLVR2 (Suhr et al. 2019): is a statement true of a pair of images? Reads the public JSONL format and builds an
+offline demonstration set from pairs of easy-VQA images.
+
+NLVR2 JSONL, one statement per line: ``identifier`` ``<split>-<set>-<pair>-<sentence>`` (e.g.
+``dev-850-0-0``), ``sentence``, ``label`` ("True" / "False"); the two images are
+``<split>-<set>-<pair>-img0`` (left) and ``-img1`` (right).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from detectors.batch import pad_regions, region_item
+from detectors.regions import Regions
+from vlbert.data.padding import pad_text
+
+_IDENTIFIER = re.compile(r"^(?P<split>[a-z0-9]+)-(?P<set>\d+)-(?P<pair>\d+)-(?P<sentence>\d+)$")
+_LABELS = {"True": 1, "False": 0, True: 1, False: 0}
+
+
+@dataclass(frozen=True)
+class ImagePairExample:
+    """One statement about two images: ``identifier``, ``sentence``, ``left_image``/``right_image`` (ids as in the
+    region shards) and ``label`` (1 = true of the pair)."""
+
+    identifier: str
+    sentence: str
+    left_image: str
+    right_image: str
+    label: int
+
+
+def load_nlvr2(path: str | os.PathLike, image_id_format: str = "{stem}-img{k}") -> list[ImagePairExample]:
+    """Read an NLVR2 JSONL file (``train.json``, ``dev.json``, ``test1.json``).
+
+    Args:
+        image_id_format: the shard image id of image k (0 = left, 1 = right) from ``stem`` =
+            ``<split>-<set>-<pair>``, e.g. ``"{stem}-img{k}"`` (the NLVR2 file names without ``.png``).
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line that is not JSON, lacks a field, has a malformed identifier or a label other than
+            "True"/"False"; the message names the file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"NLVR2 file {path} does not exist")
+    out = []
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{line_no}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not a JSON line ({e})") from e
+        missing = [k for k in ("identifier", "sentence", "label") if k not in record]
+        if missing:
+            raise ValueError(f"{where}: an NLVR2 line needs identifier, sentence and label; {missing} missing")
+        match = _IDENTIFIER.match(str(record["identifier"]))
+        if match is None:
+            raise ValueError(f"{where}: identifier {record['identifier']!r} is not <split>-<set>-<pair>-<sentence> "
+                             "(e.g. dev-850-0-0)")
+        if record["label"] not in _LABELS:
+            raise ValueError(f"{where}: label {record['label']!r} is not 'True' or 'False'")
+        stem = f"{match['split']}-{match['set']}-{match['pair']}"
+        out.append(ImagePairExample(record["identifier"], record["sentence"],
+                                    image_id_format.format(stem=stem, k=0), image_id_format.format(stem=stem, k=1),
+                                    _LABELS[record["label"]]))
+    if not out:
+        raise ValueError(f"{path} holds no statements")
+    return out
+
+
+def _statement(rng: random.Random, left: tuple[str, str], right: tuple[str, str], want: bool) -> str | None:
+    """A statement about two (colour, shape) images whose truth is ``want``, or None if this template cannot."""
+    from vlbert.data.easy_vqa import COLORS, SHAPES
+
+    kind = rng.randrange(4)
+    if kind == 0:  # both images show a <shape>
+        candidates = [s for s in SHAPES if (left[1] == s and right[1] == s) == want]
+        return f"both images show a {rng.choice(candidates)}" if candidates else None
+    if kind == 1:  # the left image has a <colour> shape and the right one does not
+        candidates = [c for c in COLORS if (left[0] == c and right[0] != c) == want]
+        return f"the left image has a {rng.choice(candidates)} shape and the right one does not" if candidates else None
+    if kind == 2:  # exactly one image shows a <shape>
+        candidates = [s for s in SHAPES if ((left[1] == s) != (right[1] == s)) == want]
+        return f"exactly one image shows a {rng.choice(candidates)}" if candidates else None
+    candidates = [c for c in COLORS if (left[0] == c and right[0] == c) == want]  # both shapes are <colour>
+    return f"both shapes are {rng.choice(candidates)}" if candidates else None
+
+
+def easy_vqa_pairs(split: str, count: int, seed: int = 0) -> list[ImagePairExample]:
+    """``count`` NLVR2-shaped statements over random pairs of easy-VQA images of ``split``, labels from the
+    images' annotations, half true and half false. A third of the pairs share the shape and a third the colour,
+    so that "both ..." statements are true often enough to be learned."""
+    from vlbert.data.easy_vqa import captions
+
+    truth = captions(split)
+    ids = list(truth)
+    by_shape: dict[str, list[str]] = {}
+    by_color: dict[str, list[str]] = {}
+    for i, (color, shape) in truth.items():
+        by_shape.setdefault(shape, []).append(i)
+        by_color.setdefault(color, []).append(i)
+    rng = random.Random(f"nlvr2-{seed}-{split}")
+    out = []
+    while len(out) < count:
+        left = rng.choice(ids)
+        pool = (ids, by_shape[truth[left][1]], by_color[truth[left][0]])[len(out) % 3]
+        right = rng.choice(pool)
+        want = len(out) % 2 == 0
+        sentence = _statement(rng, truth[left], truth[right], want)
+        if sentence is not None and right != left:
+            out.append(ImagePairExample(f"{split}-{len(out)}-0-0", sentence, left, right, int(want)))
+    return out
+
+
+class ImagePairDataset(Dataset):
+    """Statements joined with both images' regions.
+
+    Items: input_ids, ``pair_regions`` (the two images' region items) and ``labels``.
+    Raises:
+        ValueError: an image without regions (the message names the statement and the fix).
+    """
+
+    def __init__(self, examples: Sequence[ImagePairExample], regions: dict[str, Regions], tokenizer,
+                 max_text_length: int = 40, max_regions: int = 36):
+        for ex in examples:
+            for image in (ex.left_image, ex.right_image):
+                if image not in regions:
+                    raise ValueError(f"statement {ex.identifier} is about image {image!r}, which has no regions; "
+                                     "extract its regions (tools/extract_regions.py) or check data.image_id_format")
+        self.examples, self.regions, self.max_regions = list(examples), regions, max_regions
+        self.input_ids = tokenizer([ex.sentence for ex in self.examples], truncation=True,
+                                   max_length=max_text_length)["input_ids"]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.input_ids]
+
+    def __getitem__(self, index: int) -> dict:
+        ex = self.examples[index]
+        pair = [region_item(self.regions[i], self.max_regions) for i in (ex.left_image, ex.right_image)]
+        return {"input_ids": self.input_ids[index], "pair_regions": pair, "labels": ex.label}
+
+
+class ImagePairCollator:
+    """Pad statements; pad both images' regions to one size: region_features float16 [B, 2, R, D], region_boxes
+    float32 [B, 2, R, 4], region_mask int64 [B, 2, R] (index 0 = left image); labels int64 [B]."""
+
+    def __init__(self, tokenizer):
+        self.pad_token_id = tokenizer.pad_token_id
+
+    def __call__(self, items: list[dict]) -> dict:
+        batch = pad_text([{"input_ids": x["input_ids"]} for x in items], self.pad_token_id)
+        regions = pad_regions([image for x in items for image in x["pair_regions"]])  # [2B, R, ...], left first
+        batch.update({k: v.view(len(items), 2, *v.shape[1:]) for k, v in regions.items()})
+        batch["labels"] = torch.tensor([x["labels"] for x in items], dtype=torch.long)
+        return batch
+
+
+__all__ = ["ImagePairExample", "load_nlvr2", "easy_vqa_pairs", "ImagePairDataset", "ImagePairCollator"]

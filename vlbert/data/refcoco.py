@@ -1,0 +1,211 @@
+"""Referring expressions (RefCOCO, RefCOCO+, RefCOCOg; Yu et al. 2016, Mao et al. 2016): which object of the
+image does the expression name? Reads the annotation files users have and builds an offline demonstration from
+composite images of easy-VQA shapes.
+
+Public files: ``refs(<split_by>).p`` (a Python pickle: a list of refs with ``ref_id``, ``ann_id``, ``image_id``,
+``split``, ``sentences`` [{``sent``, ...}]), or the same list as JSON, plus COCO's ``instances.json`` (``images``
+with ``id``/``width``/``height``, ``annotations`` with ``id`` and ``bbox`` = [x, y, width, height] in pixels).
+The pickle is read by :func:`load_plain_pickle`, which builds only plain containers, strings and numbers.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from detectors.batch import pad_regions, region_item
+from detectors.regions import Regions
+from vlbert.data.padding import pad_text
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Refuses every global (class, function) a pickle asks for: only the built-in opcodes for dict, list,
+    tuple, set, str, bytes, int, float, bool and None remain, so no payload can run code."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"the pickle asks for {module}.{name}; only plain containers, strings and "
+                                     "numbers are read (convert the file to JSON if it holds other objects)")
+
+
+def load_plain_pickle(path: str | os.PathLike):
+    """Read a pickle of plain data (the refs files of RefCOCO are Python 2 pickles of dicts and lists).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the pickle refers to any class or function (e.g. a payload that would run code); the message
+            names what it asked for.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"pickle {path} does not exist")
+    try:
+        return _PlainUnpickler(io.BytesIO(path.read_bytes()), encoding="latin1").load()
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{path}: {e}") from e
+
+
+@dataclass(frozen=True)
+class ReferringExample:
+    """One expression: ``ref_id``, ``image_id`` (as in the region shards), ``expression`` and the referred
+    object's ``box`` (float32 [4], pixels, x1 y1 x2 y2)."""
+
+    ref_id: str
+    image_id: str
+    expression: str
+    box: tuple[float, float, float, float]
+
+
+def load_refcoco(refs_file: str | os.PathLike, instances_file: str | os.PathLike, split: str,
+                 image_id_format: str = "{image_id}") -> list[ReferringExample]:
+    """The expressions of ``split`` ("train", "val", "testA", ...) with their objects' boxes.
+
+    Args:
+        refs_file: ``refs(unc).p`` (read with :func:`load_plain_pickle`) or a JSON file holding the same list.
+        instances_file: the COCO-format ``instances.json`` of the dataset.
+        image_id_format: the shard image id from the COCO image id, e.g. ``"COCO_train2014_{image_id:012d}"``.
+    Raises:
+        FileNotFoundError: a file is missing. ValueError: refs that are not a list of refs, a ref whose ann_id is
+            not in the instances, a bbox that is not [x, y, w, h] with w, h >= 0, or no expression in the split.
+    """
+    refs_path = Path(refs_file)
+    refs = json.loads(refs_path.read_text()) if refs_path.suffix == ".json" else load_plain_pickle(refs_path)
+    if not isinstance(refs, list) or not all(isinstance(r, dict) and {"ann_id", "image_id", "split", "sentences"} <= set(r)
+                                             for r in refs):
+        raise ValueError(f"{refs_file} must hold a list of refs with ann_id, image_id, split and sentences")
+    instances = json.loads(Path(instances_file).read_text())
+    boxes = {a["id"]: a["bbox"] for a in instances.get("annotations", [])}
+    out = []
+    for ref in refs:
+        if ref["split"] != split:
+            continue
+        if ref["ann_id"] not in boxes:
+            raise ValueError(f"ref {ref.get('ref_id')} names ann_id {ref['ann_id']}, which {instances_file} does not "
+                             "hold; pair the refs with the instances file of the same dataset")
+        x, y, w, h = boxes[ref["ann_id"]]
+        if w < 0 or h < 0:
+            raise ValueError(f"annotation {ref['ann_id']} has bbox {[x, y, w, h]}; COCO boxes are [x, y, width, height]")
+        for k, sentence in enumerate(ref["sentences"]):
+            out.append(ReferringExample(f"{ref.get('ref_id', ref['ann_id'])}-{k}",
+                                        image_id_format.format(image_id=ref["image_id"]), sentence["sent"],
+                                        (float(x), float(y), float(x + w), float(y + h))))
+    if not out:
+        raise ValueError(f"{refs_file} has no expression in split {split!r}")
+    return out
+
+
+TILE = 64  # easy-VQA images are 64 x 64 pixels
+
+
+def easy_vqa_composites(split: str, count: int, directory: str | os.PathLike, seed: int = 0
+                        ) -> tuple[list[ReferringExample], dict[str, Path], dict[str, np.ndarray]]:
+    """``count`` composite images of 2 to 4 easy-VQA images of ``split`` tiled in a 2 x 2 grid (128 x 128 pixels,
+    empty cells white), written as PNG under ``directory`` (once), with one expression per tile whose colour and
+    shape no other tile shares ("the blue triangle"), its box the tile.
+
+    Returns:
+        (examples, image id -> PNG path, image id -> float32 [n_tiles, 4] the tiles' boxes in pixels).
+    """
+    from PIL import Image
+
+    from vlbert.data.easy_vqa import captions, image_paths
+
+    truth, paths = captions(split), image_paths(split)
+    ids = list(truth)
+    rng = random.Random(f"refcoco-{seed}-{split}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    examples, files, tiles = [], {}, {}
+    cells = [(0, 0), (TILE, 0), (0, TILE), (TILE, TILE)]
+    for k in range(count):
+        chosen = rng.sample(ids, rng.randint(2, 4))
+        places = rng.sample(cells, len(chosen))
+        image_id = f"{split}-composite-{k}"
+        file = directory / f"{image_id}.png"
+        if not file.is_file():
+            canvas = Image.new("RGB", (2 * TILE, 2 * TILE), "white")
+            for source, (x, y) in zip(chosen, places):
+                canvas.paste(Image.open(paths[source]).convert("RGB"), (x, y))
+            tmp = file.with_suffix(".tmp.png")
+            canvas.save(tmp)
+            os.replace(tmp, file)
+        files[image_id] = file
+        tiles[image_id] = np.array([[x, y, x + TILE, y + TILE] for x, y in places], dtype=np.float32)
+        names = [truth[s] for s in chosen]
+        for (color, shape), (x, y) in zip(names, places):
+            if names.count((color, shape)) == 1:
+                examples.append(ReferringExample(f"{image_id}-{x}-{y}", image_id, f"the {color} {shape}",
+                                                 (float(x), float(y), float(x + TILE), float(y + TILE))))
+    return examples, files, tiles
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of boxes a [N, 4] with b [M, 4] (x1 y1 x2 y2, same units): float [N, M] (torchvision.ops.box_iou)."""
+    from torchvision.ops import box_iou as iou
+
+    return iou(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32)).numpy()
+
+
+class ReferringDataset(Dataset):
+    """Expressions joined with their image's regions; the training target is the region whose box overlaps the
+    referred object most (IoU).
+
+    Items: input_ids, the region item, ``target_region`` (int), ``target_box`` (normalised xyxy) and ``index``.
+    Raises:
+        ValueError: an image without regions (the message names the expression and the fix).
+    """
+
+    def __init__(self, examples: Sequence[ReferringExample], regions: dict[str, Regions], tokenizer,
+                 max_text_length: int = 24, max_regions: int = 36):
+        for ex in examples:
+            if ex.image_id not in regions:
+                raise ValueError(f"expression {ex.ref_id} is about image {ex.image_id!r}, which has no regions; extract "
+                                 "its regions (tools/extract_regions.py) or check data.image_id_format")
+        self.examples, self.regions, self.max_regions = list(examples), regions, max_regions
+        self.input_ids = tokenizer([ex.expression for ex in self.examples], truncation=True,
+                                   max_length=max_text_length)["input_ids"]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.input_ids]
+
+    def __getitem__(self, index: int) -> dict:
+        ex = self.examples[index]
+        r = self.regions[ex.image_id]
+        item = region_item(r, self.max_regions)
+        n = len(item["region_features"])
+        scale = np.array([r.width, r.height, r.width, r.height], dtype=np.float32)
+        target = int(box_iou(np.array([ex.box]), r.boxes[:n]).argmax())
+        return {"input_ids": self.input_ids[index], **item, "target_region": target,
+                "target_box": np.array(ex.box, dtype=np.float32) / scale, "index": index}
+
+
+class ReferringCollator:
+    """Pad expressions and regions; ``target_region`` int64 [B], ``target_box`` float32 [B, 4] (normalised),
+    ``index`` int64 [B] (the items' dataset indices)."""
+
+    def __init__(self, tokenizer):
+        self.pad_token_id = tokenizer.pad_token_id
+
+    def __call__(self, items: list[dict]) -> dict:
+        batch = pad_text([{"input_ids": x["input_ids"]} for x in items], self.pad_token_id)
+        batch.update(pad_regions(items))
+        batch["target_region"] = torch.tensor([x["target_region"] for x in items], dtype=torch.long)
+        batch["target_box"] = torch.from_numpy(np.stack([x["target_box"] for x in items]))
+        batch["index"] = torch.tensor([x["index"] for x in items])
+        return batch
+
+
+__all__ = ["load_plain_pickle", "ReferringExample", "load_refcoco", "easy_vqa_composites", "box_iou",
+           "ReferringDataset", "ReferringCollator"]

@@ -1,0 +1,89 @@
+"""NLVR2 (``tools/finetune_nlvr2.py``): is a statement true of two images? The statement is encoded with each
+image and both pooled outputs are classified together (UNITER / LXMERT), accuracy on the evaluation split.
+
+Datasets: ``easy-vqa`` (the embedded demonstration, see :func:`vlbert.data.nlvr2.easy_vqa_pairs`) and ``nlvr2``
+(the public JSONL files plus region shards of the NLVR2 images).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from vlbert.data.nlvr2 import ImagePairCollator, ImagePairDataset, easy_vqa_pairs, load_nlvr2
+from vlbert.models.vl_classification import VLBertForImagePairClassification
+from vlbert.recipes.regions import task_regions
+from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+from vlbert.utils import evaluation
+
+
+@dataclass
+class NLVR2DataConfig:
+    """NLVR2 data (YAML section ``data``). dataset: "easy-vqa" (``train_pairs``/``eval_pairs`` statements drawn)
+    or "nlvr2" (with ``train_file``, ``eval_file``, ``shards`` and ``image_id_format``)."""
+
+    dataset: str = "easy-vqa"
+    cache_dir: str = "~/.cache/vlbert/regions"
+    shards: str = ""
+    train_file: str = ""
+    eval_file: str = ""
+    image_id_format: str = "{stem}-img{k}"
+    train_pairs: int = 8000
+    eval_pairs: int = 2000
+    max_text_length: int = 40
+    max_regions: int = 16
+
+
+class NLVR2Data(TaskData):
+    """Training and evaluation statements with the regions of both images.
+
+    Raises:
+        ValueError: an unknown dataset, or nlvr2 without its files.
+    """
+
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        data = ctx.data
+        if data.dataset == "easy-vqa":
+            train = easy_vqa_pairs("train", data.train_pairs, self.seed)
+            held_out = easy_vqa_pairs("test", data.eval_pairs, self.seed)
+        elif data.dataset == "nlvr2":
+            if not (data.train_file and data.eval_file):
+                raise ValueError("dataset nlvr2 needs data.train_file, data.eval_file and data.shards")
+            train = load_nlvr2(data.train_file, data.image_id_format)
+            held_out = load_nlvr2(data.eval_file, data.image_id_format)
+        else:
+            raise ValueError(f"data.dataset must be 'easy-vqa' or 'nlvr2', got {data.dataset!r}")
+        regions = task_regions(ctx)
+        self.train = ImagePairDataset(train, regions, ctx.tokenizer, data.max_text_length, data.max_regions)
+        self.eval = ImagePairDataset(held_out, regions, ctx.tokenizer, data.max_text_length, data.max_regions)
+        self.collator = ImagePairCollator(ctx.tokenizer)
+        self.feature_dim = next(iter(regions.values())).feature_dim
+
+    @evaluation
+    def accuracy(self, model) -> dict[str, float]:
+        """Accuracy on the evaluation statements."""
+        device = next(model.parameters()).device
+        hits = total = 0
+        for batch in self.eval_batches():
+            labels = batch.pop("labels")
+            predicted = model(**{k: v.to(device) for k, v in batch.items()}).logits.argmax(-1).cpu()
+            hits += int((predicted == labels).sum())
+            total += len(labels)
+        return {"accuracy": hits / max(total, 1)}
+
+
+def build_model(ctx: RunContext, data: NLVR2Data) -> VLBertForImagePairClassification:
+    return load_model(VLBertForImagePairClassification, ctx, num_labels=2, region_feature_dim=data.feature_dim)
+
+
+def majority_baseline(ctx: RunContext, data: NLVR2Data, model) -> dict:
+    """Evaluation accuracy of always answering the most frequent training label."""
+    majority = Counter(ex.label for ex in data.train.examples).most_common(1)[0][0]
+    return {"accuracy_majority_baseline": sum(ex.label == majority for ex in data.eval.examples) / len(data.eval)}
+
+
+RECIPE = Recipe("nlvr2", NLVR2DataConfig, NLVR2Data, build_model, evaluate=lambda ctx, data, model: data.accuracy(model),
+                baselines=majority_baseline, uses_regions=True)
+
+__all__ = ["RECIPE", "NLVR2DataConfig", "NLVR2Data"]

@@ -1,0 +1,126 @@
+"""Referring expression comprehension (``tools/finetune.py --task refcoco``): pick the region an expression
+names; accuracy = the chosen region's box has IoU >= 0.5 with the referred object's box (UNITER section 4),
+reported with ground-truth boxes as regions (``data.boxes: gt``) or with the detector's (``detector``).
+
+Datasets: ``easy-vqa`` (the embedded demonstration: composites of 2-4 easy-VQA images, "the blue triangle"; see
+:func:`vlbert.data.refcoco.easy_vqa_composites`) and ``refcoco`` (refs file + instances.json + region shards).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from vlbert.data.refcoco import (ReferringCollator, ReferringDataset, box_iou, easy_vqa_composites, load_refcoco)
+from vlbert.models.referring import VLBertForReferringExpressions
+from vlbert.recipes.regions import task_regions
+from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+from vlbert.utils import evaluation
+
+
+@dataclass
+class ReferringDataConfig:
+    """Referring-expression data (YAML section ``data``).
+
+    dataset: "easy-vqa" or "refcoco" (``refs_file``, ``instances_file``, ``train_split``/``eval_split``,
+    ``shards`` with the regions to choose from, ``image_id_format``). boxes: for easy-VQA, "gt" (the tiles' boxes
+    are the regions) or "detector" (the detector's proposals). train_images/eval_images: composites drawn.
+    """
+
+    dataset: str = "easy-vqa"
+    boxes: str = "gt"
+    cache_dir: str = "~/.cache/vlbert/regions"
+    shards: str = ""
+    refs_file: str = ""
+    instances_file: str = ""
+    train_split: str = "train"
+    eval_split: str = "val"
+    image_id_format: str = "{image_id}"
+    train_images: int = 1500
+    eval_images: int = 300
+    max_text_length: int = 16
+    max_regions: int = 16
+
+
+def _easy_vqa_regions(ctx: RunContext, files: dict, tiles: dict):
+    """Regions of the composites: the tiles' own boxes (gt) or the detector's proposals, extracted once."""
+    from detectors.cache import cached_shards
+    from detectors.shards import load_regions
+
+    if ctx.data.boxes not in ("gt", "detector"):
+        raise ValueError(f"data.boxes must be 'gt' or 'detector', got {ctx.data.boxes!r}")
+    given = tiles if ctx.data.boxes == "gt" else None
+    return load_regions(cached_shards(ctx.detector, files, ctx.data.cache_dir, "refcoco-composites", boxes=given))
+
+
+class ReferringData(TaskData):
+    """Training and evaluation expressions with the regions to choose from.
+
+    Raises:
+        ValueError: an unknown dataset or box setting, refcoco without its files.
+    """
+
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        data = ctx.data
+        if data.dataset == "easy-vqa":
+            from pathlib import Path
+
+            folder = Path(data.cache_dir).expanduser() / "refcoco-composite-images"
+            train, train_files, train_tiles = easy_vqa_composites("train", data.train_images, folder, self.seed)
+            held_out, eval_files, eval_tiles = easy_vqa_composites("test", data.eval_images, folder, self.seed)
+            regions = _easy_vqa_regions(ctx, {**train_files, **eval_files}, {**train_tiles, **eval_tiles})
+        elif data.dataset == "refcoco":
+            if not (data.refs_file and data.instances_file and data.shards):
+                raise ValueError("dataset refcoco needs data.refs_file, data.instances_file and data.shards")
+            train = load_refcoco(data.refs_file, data.instances_file, data.train_split, data.image_id_format)
+            held_out = load_refcoco(data.refs_file, data.instances_file, data.eval_split, data.image_id_format)
+            regions = task_regions(ctx)
+        else:
+            raise ValueError(f"data.dataset must be 'easy-vqa' or 'refcoco', got {data.dataset!r}")
+        self.regions = regions
+        self.train = ReferringDataset(train, regions, ctx.tokenizer, data.max_text_length, data.max_regions)
+        self.eval = ReferringDataset(held_out, regions, ctx.tokenizer, data.max_text_length, data.max_regions)
+        self.collator = ReferringCollator(ctx.tokenizer)
+        self.feature_dim = next(iter(regions.values())).feature_dim
+
+    def hit(self, example, region_index: int) -> bool:
+        """Whether region ``region_index`` of the example's image has IoU >= 0.5 with the referred box."""
+        box = self.regions[example.image_id].boxes[region_index]
+        return bool(box_iou(np.array([example.box]), box[None])[0, 0] >= 0.5)
+
+    @evaluation
+    def accuracy(self, model) -> dict[str, float]:
+        """Accuracy (IoU >= 0.5 of the top-scored region) on the evaluation expressions, and its upper bound: the
+        share of expressions whose image has any region with IoU >= 0.5."""
+        device = next(model.parameters()).device
+        hits = reachable = 0
+        for batch in self.eval_batches():
+            index = batch.pop("index").tolist()
+            batch.pop("target_box")
+            batch.pop("target_region")
+            top = model(**{k: v.to(device) for k, v in batch.items()}).logits.argmax(-1).tolist()
+            hits += sum(self.hit(self.eval.examples[i], choice) for i, choice in zip(index, top))
+        for example in self.eval.examples:
+            n = min(self.regions[example.image_id].num_regions, self.eval.max_regions)
+            reachable += bool((box_iou(np.array([example.box]), self.regions[example.image_id].boxes[:n]) >= 0.5).any())
+        return {"accuracy": hits / len(self.eval), "accuracy_upper_bound": reachable / len(self.eval)}
+
+
+def build_model(ctx: RunContext, data: ReferringData) -> VLBertForReferringExpressions:
+    return load_model(VLBertForReferringExpressions, ctx, region_feature_dim=data.feature_dim)
+
+
+def baselines(ctx: RunContext, data: ReferringData, model) -> dict:
+    """Accuracy of always choosing the region at the most frequent training target position."""
+    position = Counter(data.train[i]["target_region"] for i in range(len(data.train))).most_common(1)[0][0]
+    hits = sum(data.hit(ex, min(position, data.regions[ex.image_id].num_regions - 1)) for ex in data.eval.examples)
+    return {"accuracy_majority_position_baseline": hits / len(data.eval)}
+
+
+RECIPE = Recipe("refcoco", ReferringDataConfig, ReferringData, build_model,
+                evaluate=lambda ctx, data, model: data.accuracy(model), baselines=baselines, uses_regions=True)
+
+__all__ = ["RECIPE", "ReferringDataConfig", "ReferringData"]
