@@ -99,3 +99,19 @@ def test_refcoco_demo_runs_with_ground_truth_boxes(tmp_path):
     metrics = run(RECIPES["refcoco"], config)
     assert metrics["accuracy_upper_bound"] == 1.0  # with the tiles as regions, the answer is always there
     assert "accuracy_majority_position_baseline" in metrics and metrics["step"] == 2
+
+
+def test_images_without_regions_are_named(tokenizer):
+    """Each VL task's dataset names the example and the image that has no regions."""
+    from detectors.regions import Regions
+    from vlbert.data.nlvr2 import ImagePairDataset, ImagePairExample
+    from vlbert.data.refcoco import ReferringDataset, ReferringExample
+    from vlbert.data.visual_entailment import EntailmentDataset, EntailmentExample
+
+    regions = {"a": Regions("a", 10, 10, [[0, 0, 10, 10]], np.zeros((1, 4)), [1.0])}
+    with pytest.raises(ValueError, match="pair p1 is about image 'b', which has no regions"):
+        EntailmentDataset([EntailmentExample("p1", "b", "x", 0)], regions, tokenizer)
+    with pytest.raises(ValueError, match="statement s1 is about image 'b', which has no regions"):
+        ImagePairDataset([ImagePairExample("s1", "x", "a", "b", 1)], regions, tokenizer)
+    with pytest.raises(ValueError, match="expression r1 is about image 'b', which has no regions"):
+        ReferringDataset([ReferringExample("r1", "b", "x", (0, 0, 1, 1))], regions, tokenizer)
