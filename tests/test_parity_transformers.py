@@ -93,3 +93,49 @@ def test_attention_ignores_padding():
         a = model(ids, types, mask).last_hidden_state
         b = model(other, types, mask).last_hidden_state
     torch.testing.assert_close(a[mask.bool()], b[mask.bool()], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_attentions_match_transformers_eager(seed):
+    """output_attentions: one [B, heads, T, T] tensor per layer, equal to transformers' eager attention
+    probabilities at every real query; the hidden states stay equal on that path too."""
+    torch.manual_seed(seed)
+    hf_config = random_hf_config(seed, attn_implementation="eager")
+    hf = transformers.BertForPreTraining(hf_config).eval()
+    ours = pair_from_hf(hf, vlbert.BertForPreTraining)
+    ids, types, mask = padded_batch(hf_config.vocab_size, seq_len=16, seed=seed,
+                                    type_vocab_size=hf_config.type_vocab_size)
+    with torch.no_grad():
+        a = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, output_attentions=True)
+        b = ours(ids, types, mask, output_attentions=True)
+    assert len(b.attentions) == hf_config.num_hidden_layers
+    real = mask.bool()
+    for pa, pb in zip(a.attentions, b.attentions):
+        assert pb.shape == (4, hf_config.num_attention_heads, 16, 16)
+        torch.testing.assert_close(pb.transpose(1, 2)[real], pa.transpose(1, 2)[real], atol=1e-6, rtol=0)
+    torch.testing.assert_close(b.prediction_logits[real], a.prediction_logits[real], atol=ATOL, rtol=0)
+    assert ours(ids, types, mask).attentions is None  # nothing computed unless asked
+
+
+def test_vl_attentions_cover_text_and_regions():
+    torch.manual_seed(0)
+    config = vlbert.VLBertConfig.from_dict({**random_hf_config(1).to_dict(), "region_feature_dim": 6})
+    model = vlbert.VLBertModel(config).eval()
+    ids, types, mask = padded_batch(config.vocab_size, seq_len=10)
+    feats = torch.randn(4, 3, 6)
+    boxes = torch.tensor([0.0, 0.0, 0.5, 0.5]).expand(4, 3, 4)
+    region_mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
+    with torch.no_grad():
+        out = model(ids, types, mask, feats, boxes, region_mask, output_attentions=True)
+        text_only = model(ids, types, mask, feats, boxes, torch.zeros_like(region_mask), output_attentions=True)
+        bert = vlbert.BertModel(vlbert.BertConfig.from_dict(random_hf_config(1).to_dict())).eval()
+        bert.load_converted_state_dict({"bert." + k: v for k, v in model.state_dict().items()})
+        plain = bert(ids, types, mask, output_attentions=True)
+    keys = torch.cat([mask, region_mask], 1).bool()
+    for p in out.attentions:
+        assert p.shape == (4, config.num_attention_heads, 13, 13)
+        torch.testing.assert_close(p.sum(-1)[keys[:, None].expand_as(p.sum(-1))], torch.ones(int(keys.sum()) * p.shape[1]))
+        assert (p.transpose(1, 3)[~keys] == 0).all()  # padded text and regions receive nothing
+    real = mask.bool()
+    for pv, pt in zip(text_only.attentions, plain.attentions):  # regions masked out: BERT's attention on the text
+        torch.testing.assert_close(pv[:, :, :10, :10].transpose(1, 2)[real], pt.transpose(1, 2)[real], atol=1e-6, rtol=0)

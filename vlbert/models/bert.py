@@ -79,17 +79,21 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, unpadded: "Unpadded | None" = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, unpadded: "Unpadded | None" = None,
+                attentions: list | None = None) -> torch.Tensor:
         """Args: x float [B, S, H], or [N, H] real positions only when ``unpadded`` says where they sit;
-        attn_mask bool [B, 1, 1, S] (True = attend) or None (attend everywhere).
+        attn_mask bool [B, 1, 1, S] (True = attend) or None (attend everywhere); attentions: a list to append
+        this layer's attention probabilities to (float [B, heads, S, S], rows of padded queries included), which
+        computes them explicitly instead of through the fused kernel.
         Returns: the same layout as ``x`` (after the output projection, before dropout and residual)."""
         qkv = self.qkv(x)
         if unpadded is not None:
             qkv = unpadded.pad(qkv)
         b, s, three_h = qkv.shape
         q, k, v = qkv.view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        if self.training and self.dropout_p > 0 and x.device.type == "cpu":
+        if attentions is not None:
+            y = self._attention_with_cpu_dropout(q, k, v, attn_mask, attentions)
+        elif self.training and self.dropout_p > 0 and x.device.type == "cpu":
             y = self._attention_with_cpu_dropout(q, k, v, attn_mask)
         else:
             y = F.scaled_dot_product_attention(
@@ -100,15 +104,19 @@ class SelfAttention(nn.Module):
         return self.out(y)
 
     def _attention_with_cpu_dropout(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                    attn_mask: torch.Tensor | None) -> torch.Tensor:
+                                    attn_mask: torch.Tensor | None, attentions: list | None = None) -> torch.Tensor:
         """softmax(q k^T / sqrt(d) + mask) with :func:`dropout`, times v: what ``scaled_dot_product_attention``
-        computes, for CPU training, where its dropout path (the math kernel with ``bernoulli_``) is slower.
-        q, k, v: float [B, heads, S, head_dim]; attn_mask bool [B, 1, 1, S] or None. Returns [B, heads, S, d]."""
+        computes, for CPU training, where its dropout path (the math kernel with ``bernoulli_``) is slower, and
+        whenever the probabilities are asked for (appended to ``attentions`` before dropout, as transformers
+        returns them). q, k, v: float [B, heads, S, head_dim]; attn_mask bool [B, 1, 1, S] or None.
+        Returns [B, heads, S, d]."""
         scores = torch.matmul(q, k.transpose(-1, -2)).mul_(self.head_dim ** -0.5)
         if attn_mask is not None:
             scores = scores.masked_fill_(~attn_mask, torch.finfo(scores.dtype).min)
-        probs = dropout(torch.softmax(scores, -1), self.dropout_p, True)
-        return torch.matmul(probs, v)
+        probs = torch.softmax(scores, -1)
+        if attentions is not None:
+            attentions.append(probs)
+        return torch.matmul(dropout(probs, self.dropout_p, self.training), v)
 
 
 class BertLayer(nn.Module):
@@ -124,11 +132,11 @@ class BertLayer(nn.Module):
         self.act = activation(config.hidden_act)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, unpadded: "Unpadded | None" = None
-                ) -> torch.Tensor:
-        """Args: x float [B, S, H] (or [N, H] with ``unpadded``); attn_mask as :class:`SelfAttention`.
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, unpadded: "Unpadded | None" = None,
+                attentions: list | None = None) -> torch.Tensor:
+        """Args: x float [B, S, H] (or [N, H] with ``unpadded``); attn_mask, attentions as :class:`SelfAttention`.
         Returns the same layout as ``x``."""
-        x = self.attention_norm(x + self.dropout(self.attention(x, attn_mask, unpadded)))
+        x = self.attention_norm(x + self.dropout(self.attention(x, attn_mask, unpadded, attentions)))
         return self.ffn_norm(x + self.dropout(self.ffn_out(self.act(self.ffn_in(x)))))
 
 
@@ -169,24 +177,27 @@ class BertEncoder(nn.Module):
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.unpad = True
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_hidden_states: bool = False
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> EncoderOutput:
         """Args: x float [B, S, H] embeddings; mask [B, S] (1 = real) or None.
-        Returns: (last layer [B, S, H], the L + 1 hidden states incl. the input when asked, else None)."""
+        Returns: :class:`EncoderOutput` with last_hidden_state [B, S, H], and when asked the L + 1 hidden states
+        (the input first) and the L attention probabilities [B, heads, S, S] (no pooler)."""
         attn_mask = extended_attention_mask(mask) if mask is not None else None
         unpadded = Unpadded(mask) if self.unpad and mask is not None else None
         if unpadded is not None and unpadded.index.numel() > (1 - self.min_padding_to_unpad) * mask.numel():
             unpadded = None  # (almost) no padding: nothing to save
         hidden_states = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
         if unpadded is not None:
             x = unpadded.unpad(x)
         for layer in self.layers:
-            x = layer(x, attn_mask, unpadded)
+            x = layer(x, attn_mask, unpadded, attentions)
             if hidden_states is not None:
                 hidden_states.append(unpadded.pad(x) if unpadded is not None else x)
         if unpadded is not None:
             x = unpadded.pad(x)
-        return x, tuple(hidden_states) if hidden_states is not None else None
+        return EncoderOutput(last_hidden_state=x, hidden_states=tuple(hidden_states) if hidden_states else None,
+                             attentions=tuple(attentions) if attentions is not None else None)
 
 
 def compile_encoder_layers(model: nn.Module, **options) -> int:
@@ -273,7 +284,8 @@ class BertModel(PreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False) -> EncoderOutput:
+                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> EncoderOutput:
         """Encode a batch of wordpiece sequences.
 
         Args:
@@ -281,16 +293,18 @@ class BertModel(PreTrainedModel):
             token_type_ids: int64 [B, T], 0 for segment A, 1 for segment B (default all 0).
             attention_mask: [B, T], 1 for real tokens, 0 for padding (default all 1).
             output_hidden_states: also return the L + 1 per-layer hidden states.
+            output_attentions: also return each layer's attention probabilities [B, heads, T, T] (as
+                transformers' eager attention; computed explicitly, so slower than the fused kernel).
         Returns:
             :class:`EncoderOutput` with last_hidden_state [B, T, H] and pooler_output [B, H].
         Raises:
             ValueError: wrong rank/dtype, mismatched shapes, or T > max_position_embeddings.
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
-        x = self.embeddings(input_ids, token_type_ids)
-        last, hidden_states = self.encoder(x, attention_mask, output_hidden_states)
-        pooled = self.pooler(last) if self.pooler is not None else None
-        return EncoderOutput(last_hidden_state=last, pooler_output=pooled, hidden_states=hidden_states)
+        out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
+                           output_attentions)
+        out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
+        return out
 
 
 class BertForPreTraining(PreTrainedModel):
@@ -320,7 +334,7 @@ class BertForPreTraining(PreTrainedModel):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 next_sentence_label: torch.Tensor | None = None,
-                output_hidden_states: bool = False) -> PreTrainingOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False) -> PreTrainingOutput:
         """Run BERT and its MLM/NSP heads.
 
         Args:
@@ -328,16 +342,16 @@ class BertForPreTraining(PreTrainedModel):
             labels: int64 [B, T], the original id at masked positions and -100 elsewhere. When given,
                 ``prediction_logits`` is [N, V] over the N masked positions only; otherwise [B, T, V].
             next_sentence_label: int64 [B], 0 = segment B follows A, 1 = B is a random segment.
-            output_hidden_states: also return per-layer hidden states.
+            output_hidden_states, output_attentions: also return per-layer hidden states / attention probabilities.
         Returns:
             :class:`PreTrainingOutput`; ``losses``/``metrics`` carry ``mlm``/``mlm_accuracy`` and
             ``nsp``/``nsp_accuracy`` for whichever labels were given, ``loss`` their sum.
         """
         from vlbert.objectives import Encoded
 
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states)
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
-                                hidden_states=enc.hidden_states)
+                                hidden_states=enc.hidden_states, attentions=enc.attentions)
         encoded = Encoded(self, enc.last_hidden_state, None, enc.pooler_output)
         given = {"labels": labels, "next_sentence_label": next_sentence_label}
         for unit in self.units:

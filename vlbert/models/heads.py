@@ -28,6 +28,7 @@ class ClassificationOutput(ObjectiveOutput):
 
     logits: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -37,6 +38,7 @@ class QuestionAnsweringOutput(ObjectiveOutput):
     start_logits: torch.Tensor | None = None
     end_logits: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
 
 def _dropout(config: BertConfig) -> Dropout:
@@ -64,12 +66,12 @@ class BertForSequenceClassification(PreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_hidden_states: bool = False) -> ClassificationOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False) -> ClassificationOutput:
         """Args: text [B, T]; labels int64 [B] (classification) or float [B] (regression). Returns logits
         [B, num_labels]; with labels, ``losses["cls"]`` and ``metrics["cls_accuracy"]`` (classification)."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states)
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
         logits = self.classifier(self.dropout(enc.pooler_output))
-        out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states)
+        out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
         if labels is not None:
             n = self.config.num_labels
             if n == 1:
@@ -116,11 +118,11 @@ class BertForTokenClassification(PreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_hidden_states: bool = False) -> ClassificationOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False) -> ClassificationOutput:
         """Returns logits [B, T, num_labels]; with labels, ``losses["tag"]`` and ``metrics["tag_accuracy"]``."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states)
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
         logits = self.classifier(self.dropout(enc.last_hidden_state))
-        out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states)
+        out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
         if labels is not None:
             check_labels(labels, self.config.num_labels)
             scored = labels != IGNORE_INDEX
@@ -151,13 +153,14 @@ class BertForQuestionAnswering(PreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
-                end_positions=None, output_hidden_states: bool = False) -> QuestionAnsweringOutput:
+                end_positions=None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> QuestionAnsweringOutput:
         """Args: text [B, T]; start_positions/end_positions int64 [B] (wordpiece indices). Returns start/end
         logits [B, T]; with positions, ``losses["qa"]`` and ``metrics["qa_exact"]`` (both boundaries right)."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states)
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
         start_logits, end_logits = self.qa_outputs(enc.last_hidden_state).unbind(-1)
         out = QuestionAnsweringOutput(start_logits=start_logits, end_logits=end_logits,
-                                      hidden_states=enc.hidden_states)
+                                      hidden_states=enc.hidden_states, attentions=enc.attentions)
         if start_positions is not None and end_positions is not None:
             t = start_logits.shape[1]
             start, end = start_positions.clamp(0, t), end_positions.clamp(0, t)
@@ -207,14 +210,15 @@ class BertForMultipleChoice(PreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_hidden_states: bool = False) -> ClassificationOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False) -> ClassificationOutput:
         """Args: int64 [B, C, T] each; labels int64 [B] (the right choice). Returns logits [B, C]; with labels,
         ``losses["choice"]`` and ``metrics["choice_accuracy"]``."""
         b, c, t = input_ids.shape
         flat = lambda x: None if x is None else x.reshape(b * c, t)  # noqa: E731
-        enc = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask), output_hidden_states)
+        enc = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask), output_hidden_states,
+                        output_attentions)
         logits = self.classifier(self.dropout(enc.pooler_output)).view(b, c)
-        out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states)
+        out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
         if labels is not None:
             check_labels(labels, c)
             loss = F.cross_entropy(upcast(logits), labels)

@@ -17,11 +17,14 @@ class EncoderOutput:
         pooler_output: float [B, H], tanh(dense(last_hidden_state[:, 0])), the [CLS] summary.
         hidden_states: when ``output_hidden_states=True``, a tuple of num_hidden_layers + 1 tensors [B, S, H]:
             the embedding output, then each layer's output (as transformers).
+        attentions: when ``output_attentions=True``, a tuple of num_hidden_layers tensors [B, heads, S, S]: each
+            layer's attention probabilities (rows: queries, columns: keys; padded keys get 0), as transformers.
     """
 
     last_hidden_state: torch.Tensor
     pooler_output: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -62,7 +65,7 @@ class PreTrainingOutput(ObjectiveOutput):
             ``labels``: float [N, vocab_size] for the N masked positions only (``labels != -100``, row-major
             order), so training never materialises [B, T, vocab_size].
         seq_relationship_logits: float [B, 2], NSP logits (0 = B follows A, 1 = B is random).
-        last_hidden_state, pooler_output, hidden_states: as :class:`EncoderOutput`.
+        last_hidden_state, pooler_output, hidden_states, attentions: as :class:`EncoderOutput`.
     """
 
     prediction_logits: torch.Tensor | None = None
@@ -70,3 +73,4 @@ class PreTrainingOutput(ObjectiveOutput):
     last_hidden_state: torch.Tensor | None = None
     pooler_output: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None

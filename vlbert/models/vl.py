@@ -102,7 +102,7 @@ class VLBertModel(PreTrainedModel):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, region_features: torch.Tensor | None = None,
                 region_boxes: torch.Tensor | None = None, region_mask: torch.Tensor | None = None,
-                output_hidden_states: bool = False) -> EncoderOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False) -> EncoderOutput:
         """Encode text and regions jointly.
 
         Args:
@@ -111,6 +111,8 @@ class VLBertModel(PreTrainedModel):
             region_boxes: float [B, R, 4], (x1, y1, x2, y2) normalised to [0, 1] by image width/height.
             region_mask: [B, R], 1 = real region, 0 = padding (default all 1).
             output_hidden_states: also return per-layer hidden states over all T + R positions.
+            output_attentions: also return each layer's attention probabilities [B, heads, T + R, T + R] (text
+                positions first: rows/columns T.. are the regions).
         Returns:
             :class:`EncoderOutput`, last_hidden_state [B, T + R, H] (text rows first), pooler_output [B, H].
             Without regions this is exactly :class:`BertModel`.
@@ -120,10 +122,10 @@ class VLBertModel(PreTrainedModel):
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
         if region_features is None:  # text alone: exactly BertModel
-            last, hidden_states = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask,
-                                               output_hidden_states)
-            pooled = self.pooler(last) if self.pooler is not None else None
-            return EncoderOutput(last_hidden_state=last, pooler_output=pooled, hidden_states=hidden_states)
+            out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
+                               output_attentions)
+            out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
+            return out
         if region_boxes is None:
             raise ValueError("region_boxes are required with region_features")
         self.check_region_inputs(input_ids, region_features, region_boxes, region_mask)
@@ -135,9 +137,9 @@ class VLBertModel(PreTrainedModel):
         text_mask = attention_mask if attention_mask is not None else input_ids.new_ones(b, t)
         reg_mask = region_mask if region_mask is not None else input_ids.new_ones(b, r)
         mask = torch.cat([text_mask.to(torch.long), reg_mask.to(torch.long)], dim=1)
-        last, hidden_states = self.encoder(x, mask, output_hidden_states)
-        pooled = self.pooler(last) if self.pooler is not None else None
-        return EncoderOutput(last_hidden_state=last, pooler_output=pooled, hidden_states=hidden_states)
+        out = self.encoder(x, mask, output_hidden_states, output_attentions)
+        out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
+        return out
 
 
 class VLBertForPreTraining(PreTrainedModel):
@@ -182,16 +184,16 @@ class VLBertForPreTraining(PreTrainedModel):
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None,
                 region_boxes=None, region_mask=None, labels=None, masked_regions=None, region_targets=None,
                 region_labels=None, region_class_labels=None, itm_label=None,
-                output_hidden_states: bool = False) -> PreTrainingOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False) -> PreTrainingOutput:
         """Run the encoder and every objective whose labels are given. Shapes as the class docstring; returns a
         :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives' losses and per-objective
         ``losses``/``metrics``/``counts``; ``seq_relationship_logits`` holds the ITM logits [B, 2]."""
         from vlbert.objectives import Encoded
 
         enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                        output_hidden_states)
+                        output_hidden_states, output_attentions)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
-                                hidden_states=enc.hidden_states)
+                                hidden_states=enc.hidden_states, attentions=enc.attentions)
         t = input_ids.shape[1]
         encoded = Encoded(self, enc.last_hidden_state[:, :t], enc.last_hidden_state[:, t:], enc.pooler_output)
         given = {"labels": labels, "masked_regions": masked_regions, "region_targets": region_targets,
