@@ -187,7 +187,8 @@ class VLBertForPreTraining(PreTrainedModel):
                 output_hidden_states: bool = False, output_attentions: bool = False) -> PreTrainingOutput:
         """Run the encoder and every objective whose labels are given. Shapes as the class docstring; returns a
         :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives' losses and per-objective
-        ``losses``/``metrics``/``counts``; ``seq_relationship_logits`` holds the ITM logits [B, 2]."""
+        ``losses``/``metrics``/``counts``; ``seq_relationship_logits`` holds the ITM logits [B, 2]. Without any
+        labels (inference), ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size]."""
         from vlbert.objectives import Encoded
 
         enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
@@ -208,7 +209,9 @@ class VLBertForPreTraining(PreTrainedModel):
                     out.prediction_logits = result.logits
                 elif unit.name == "itm":
                     out.seq_relationship_logits = result.logits
-        if out.loss is not None and torch.is_grad_enabled():
+        if out.loss is None:  # inference (no labels): the MLM over every text position, as BertForPreTraining
+            out.prediction_logits = self.masked_lm(encoded.text, self.bert.embeddings.word_embeddings.weight)
+        elif torch.is_grad_enabled():
             footprints = dict.fromkeys(name for u in self.units for name in u.footprint())
             idle = [p for name in footprints if name not in used for p in self.get_submodule(name).parameters()]
             if idle:

@@ -1,0 +1,166 @@
+#!/usr/bin/env python
+"""Look inside a model: fill-mask, attention pictures, generation from the masked LM, layer probes.
+
+    python tools/explain.py fill-mask --model runs/vl-default --text "a [MASK] circle" --easy-vqa-image test/0
+    python tools/explain.py attention --model minilm --text "The markets fell. Shares closed lower." --out docs/
+    python tools/explain.py regions --model runs/vl-default --easy-vqa-image test/3 --text "a blue circle" \\
+        --word blue --out docs/
+    python tools/explain.py generate --model runs/vl-default --easy-vqa-split test --images 500 --length 3
+    python tools/explain.py probe --task bbc-news --model minilm --out docs/
+    python tools/explain.py probe --task easy-vqa-color --model runs/vl-default --out docs/
+
+--model takes a checkpoint directory or "minilm". Images with --easy-vqa-image use the regions of the VL default
+run's detector settings (extracted and cached on first use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EASY_VQA_DETECTOR = {"backend": "timm", "input_size": 160, "max_proposals": 16}
+
+
+def load(model_path: str, vl: bool):
+    """The pretraining model (VL or text, from the checkpoint's config) and its tokenizer."""
+    import vlbert
+    from vlbert.tokenization import load_tokenizer, resolve_model_path
+
+    path = resolve_model_path(model_path)
+    config = json.loads((Path(path) / "config.json").read_text())
+    cls = vlbert.VLBertForPreTraining if vl or config.get("model_type") == "vlbert" else vlbert.BertForPreTraining
+    return cls.from_pretrained(path).eval(), load_tokenizer(path)
+
+
+def easy_vqa_regions(split: str, cache_dir: str):
+    """image id -> regions of an easy-VQA split, with the VL default run's detector (cached)."""
+    from detectors.config import DetectorConfig
+    from detectors.shards import load_regions
+    from vlbert.data.easy_vqa import easy_vqa_shards
+
+    regions = load_regions(easy_vqa_shards(DetectorConfig(**EASY_VQA_DETECTOR), cache_dir))
+    return {k: v for k, v in regions.items() if k.startswith(split + "/")}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=("fill-mask", "attention", "regions", "generate", "probe"))
+    p.add_argument("--model", default="minilm")
+    p.add_argument("--text")
+    p.add_argument("--word", help="regions: the word whose attention is drawn")
+    p.add_argument("--layer", type=int, default=-1, help="regions: layer (default the last)")
+    p.add_argument("--easy-vqa-image", help="an easy-VQA image id, e.g. test/3")
+    p.add_argument("--easy-vqa-split", default="test")
+    p.add_argument("--images", type=int, default=500)
+    p.add_argument("--length", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=3)
+    p.add_argument("--task", choices=("bbc-news", "easy-vqa-color", "easy-vqa-answer"))
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--cache-dir", default="~/.cache/vlbert/regions")
+    p.add_argument("--out", default="explain", help="directory for PNG files")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    from detectors.batch import region_item
+
+    if args.what == "fill-mask":
+        from vlbert.analysis.fill_mask import fill_mask
+
+        model, tok = load(args.model, vl=bool(args.easy_vqa_image))
+        regions = None
+        if args.easy_vqa_image:
+            split = args.easy_vqa_image.split("/")[0]
+            regions = region_item(easy_vqa_regions(split, args.cache_dir)[args.easy_vqa_image], 16)
+        for k, fillers in enumerate(fill_mask(model, tok, args.text, args.top_k, regions)):
+            print(f"[MASK] {k}: " + ", ".join(f"{f['token_str']} {f['score']:.3f}" for f in fillers))
+    elif args.what == "attention":
+        import torch
+
+        from vlbert.analysis.attention_maps import head_statistics, plot_head_statistics, plot_text_attention
+
+        model, tok = load(args.model, vl=False)
+        enc = tok(args.text, return_tensors="pt")
+        with torch.no_grad():
+            attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"],
+                                    output_attentions=True).attentions
+        tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
+        plot_text_attention(attentions, tokens, out / "attention-heads.png")
+        stats = head_statistics(attentions, enc["input_ids"], enc["attention_mask"], tok.cls_token_id,
+                                tok.sep_token_id)
+        plot_head_statistics(stats, out / "attention-head-statistics.png")
+        print(json.dumps({k: v.round(3).tolist() for k, v in stats.items()}))
+        print(f"wrote {out / 'attention-heads.png'} and {out / 'attention-head-statistics.png'}")
+    elif args.what == "regions":
+        import torch
+        from PIL import Image
+
+        from detectors.batch import pad_regions
+        from vlbert.analysis.attention_maps import plot_word_regions, word_region_attention
+        from vlbert.data.easy_vqa import image_paths
+
+        model, tok = load(args.model, vl=True)
+        split = args.easy_vqa_image.split("/")[0]
+        r = easy_vqa_regions(split, args.cache_dir)[args.easy_vqa_image]
+        enc = tok(args.text, return_tensors="pt")
+        with torch.no_grad():
+            attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"],
+                                    **pad_regions([region_item(r, 16)]), output_attentions=True).attentions
+        tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
+        layer = args.layer if args.layer >= 0 else len(attentions) - 1
+        matrix = word_region_attention(attentions, len(tokens), layer)
+        word = tokens.index(args.word) if args.word in tokens else 1
+        n = matrix.shape[1]
+        labels = [f"{k}:{int(b[2] - b[0])}x{int(b[3] - b[1])}" for k, b in enumerate(r.boxes[:n])]
+        image = Image.open(image_paths(split)[args.easy_vqa_image]).convert("RGB")
+        path = out / f"regions-{args.easy_vqa_image.replace('/', '-')}-{tokens[word]}.png"
+        plot_word_regions(image, r.boxes[:n], tokens, matrix, word, labels, path,
+                          title=f"{args.text!r}, layer {layer + 1}, heads averaged")
+        print(json.dumps({"word": tokens[word], "attention_to_regions": matrix[word].round(3).tolist(),
+                          "boxes": r.boxes[:n].round(1).tolist()}))
+        print(f"wrote {path}")
+    elif args.what == "generate":
+        from vlbert.analysis.generation import gibbs_sample, mask_predict
+        from vlbert.data.easy_vqa import captions
+
+        model, tok = load(args.model, vl=True)
+        regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir)
+        truth = captions(args.easy_vqa_split)
+        ids = [i for i in truth if i in regions][: args.images]
+        report = {}
+        for method in ("mask_predict", "gibbs"):
+            for masked in (False, True):
+                texts = []
+                for start in range(0, len(ids), 64):
+                    chunk = [region_item(regions[i], 16) for i in ids[start:start + 64]]
+                    if method == "mask_predict":
+                        texts += mask_predict(model, tok, args.length, args.iterations, chunk, mask_regions=masked)
+                    else:
+                        texts += gibbs_sample(model, tok, args.length, 2, 1.0, chunk, mask_regions=masked,
+                                              seed=start)
+                words = [set(t.split()) for t in texts]
+                key = f"{method}_{'without' if masked else 'with'}_regions"
+                report[key] = {
+                    "color": sum(truth[i][0] in w for i, w in zip(ids, words)) / len(ids),
+                    "shape": sum(truth[i][1] in w for i, w in zip(ids, words)) / len(ids),
+                    "both": sum(truth[i][0] in w and truth[i][1] in w for i, w in zip(ids, words)) / len(ids),
+                    "examples": [f"{truth[i][0]} {truth[i][1]}: {t}" for i, t in zip(ids[:5], texts[:5])]}
+        print(json.dumps(report, indent=2))
+    else:
+        from vlbert.analysis.probing import plot_probe, probe_layers
+        from vlbert.analysis.probe_data import probe_features
+
+        train_x, train_y, eval_x, eval_y, title = probe_features(args.task, args.model, args.cache_dir)
+        result = probe_layers(train_x, train_y, eval_x, eval_y)
+        path = out / f"probe-{args.task}.png"
+        plot_probe(result, title, path)
+        print(json.dumps(result.__dict__, indent=2))
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

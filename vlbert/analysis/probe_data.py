@@ -1,0 +1,94 @@
+"""Frozen per-layer features for the layer probes of :mod:`vlbert.analysis.probing`: BBC News topics from a text
+model (mean over each article's real wordpieces) and easy-VQA questions from a VL model (the joint [CLS] of the
+question with the image's regions)."""
+
+from __future__ import annotations
+
+import torch
+
+
+@torch.no_grad()
+def layer_features(model, batches) -> torch.Tensor:
+    """float [N, L + 1, H]: per layer, the mean over real text positions (``pool="mean"`` batches) or the [CLS]
+    vector, of every example of ``batches`` (dicts of model inputs plus ``pool``)."""
+    model.eval()
+    rows = []
+    for batch in batches:
+        pool = batch.pop("pool")
+        states = model(**batch, output_hidden_states=True).hidden_states
+        if pool == "mean":
+            mask = batch["attention_mask"][..., None].float()
+            t = mask.shape[1]
+            rows.append(torch.stack([(h[:, :t] * mask).sum(1) / mask.sum(1) for h in states], 1))
+        else:
+            rows.append(torch.stack([h[:, 0] for h in states], 1))
+    return torch.cat(rows).float()
+
+
+def bbc_news(model_path: str, max_length: int = 128, batch_size: int = 32):
+    """(train features, train labels, test features, test labels) of the fixed BBC News topic split."""
+    import vlbert
+    from vlbert.data.finetuning import bbc_news_split
+    from vlbert.tokenization import load_tokenizer, resolve_model_path
+
+    path = resolve_model_path(model_path)
+    model, tok = vlbert.BertModel.from_pretrained(path), load_tokenizer(path)
+    out = []
+    for records in bbc_news_split()[:2]:
+        def batches():
+            for s in range(0, len(records), batch_size):
+                enc = tok([r["text"] for r in records[s:s + batch_size]], truncation=True, max_length=max_length,
+                          padding=True, return_tensors="pt")
+                yield {"input_ids": enc["input_ids"], "token_type_ids": enc["token_type_ids"],
+                       "attention_mask": enc["attention_mask"], "pool": "mean"}
+        out += [layer_features(model, batches()), torch.tensor([r["label"] for r in records])]
+    return (*out, "BBC News topic, MiniLM layers" if model_path == "minilm" else f"BBC News topic, {model_path}")
+
+
+def easy_vqa(model_path: str, cache_dir: str, colour_only: bool, max_train: int = 3000, max_eval: int = 1000,
+             batch_size: int = 64):
+    """Features of easy-VQA questions (train / test) with their image's regions, labels = the answer (colour
+    questions only with ``colour_only``)."""
+    import vlbert
+    from detectors.batch import pad_regions, region_item
+    from detectors.config import DetectorConfig
+    from detectors.shards import load_regions
+    from vlbert.data.easy_vqa import COLORS, answers, easy_vqa_shards, load_questions
+    from vlbert.data.padding import pad_text
+    from vlbert.tokenization import load_tokenizer, resolve_model_path
+
+    path = resolve_model_path(model_path)
+    model, tok = vlbert.VLBertModel.from_pretrained(path), load_tokenizer(path)
+    regions = load_regions(easy_vqa_shards(DetectorConfig(backend="timm", input_size=160, max_proposals=16),
+                                           cache_dir))
+    names = list(COLORS) if colour_only else answers()
+    out = []
+    for split, limit in (("train", max_train), ("test", max_eval)):
+        questions = [q for q in load_questions(split) if q.answer in names][:limit]
+
+        def batches():
+            for s in range(0, len(questions), batch_size):
+                chunk = questions[s:s + batch_size]
+                batch = pad_text([{"input_ids": ids} for ids in tok([q.question for q in chunk])["input_ids"]],
+                                 tok.pad_token_id)
+                batch.update(pad_regions([region_item(regions[q.image_id], 16) for q in chunk]))
+                yield {**batch, "pool": "cls"}
+        out += [layer_features(model, batches()), torch.tensor([names.index(q.answer) for q in questions])]
+    what = "the colour" if colour_only else "the answer"
+    return (*out, f"easy-VQA: which layer knows {what}? ({model_path})")
+
+
+def probe_features(task: str, model_path: str, cache_dir: str = "~/.cache/vlbert/regions"):
+    """(train_x, train_y, eval_x, eval_y, title) for ``task`` in "bbc-news", "easy-vqa-color", "easy-vqa-answer".
+
+    Raises:
+        ValueError: an unknown task.
+    """
+    if task == "bbc-news":
+        return bbc_news(model_path)
+    if task in ("easy-vqa-color", "easy-vqa-answer"):
+        return easy_vqa(model_path, cache_dir, colour_only=task == "easy-vqa-color")
+    raise ValueError(f"unknown probe task {task!r}; use bbc-news, easy-vqa-color or easy-vqa-answer")
+
+
+__all__ = ["layer_features", "probe_features"]
