@@ -46,7 +46,7 @@ def head_statistics(attentions: tuple[torch.Tensor, ...], input_ids: torch.Tenso
 def plot_head_statistics(stats: dict[str, np.ndarray], path) -> None:
     """Four heat maps (layer x head) of :func:`head_statistics` in one PNG."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2), dpi=110)
+    fig, axes = plt.subplots(1, 4, figsize=(12, 2.8), dpi=110, layout="constrained")
     for ax, (name, values) in zip(axes, stats.items()):
         image = ax.imshow(values, vmin=0, vmax=1, cmap="viridis")
         ax.set_title(f"attention to {name}", fontsize=9)
