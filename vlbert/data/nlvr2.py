@@ -8,19 +8,15 @@ NLVR2 JSONL, one statement per line: ``identifier`` ``<split>-<set>-<pair>-<sent
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Sequence
 
 import torch
-from torch.utils.data import Dataset
 
 from detectors.batch import pad_regions, region_item
-from detectors.regions import Regions
+from vlbert.data.grounded_text import GroundedTextDataset, jsonl_records
 from vlbert.data.padding import pad_text
 
 _IDENTIFIER = re.compile(r"^(?P<split>[a-z0-9]+)-(?P<set>\d+)-(?P<pair>\d+)-(?P<sentence>\d+)$")
@@ -50,18 +46,8 @@ def load_nlvr2(path: str | os.PathLike, image_id_format: str = "{stem}-img{k}") 
         ValueError: a line that is not JSON, lacks a field, has a malformed identifier or a label other than
             "True"/"False"; the message names the file and line.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"NLVR2 file {path} does not exist")
     out = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{line_no}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not a JSON line ({e})") from e
+    for where, record in jsonl_records(path, "NLVR2"):
         missing = [k for k in ("identifier", "sentence", "label") if k not in record]
         if missing:
             raise ValueError(f"{where}: an NLVR2 line needs identifier, sentence and label; {missing} missing")
@@ -124,7 +110,7 @@ def easy_vqa_pairs(split: str, count: int, seed: int = 0) -> list[ImagePairExamp
     return out
 
 
-class ImagePairDataset(Dataset):
+class ImagePairDataset(GroundedTextDataset):
     """Statements joined with both images' regions.
 
     Items: input_ids, ``pair_regions`` (the two images' region items) and ``labels``.
@@ -132,22 +118,13 @@ class ImagePairDataset(Dataset):
         ValueError: an image without regions (the message names the statement and the fix).
     """
 
-    def __init__(self, examples: Sequence[ImagePairExample], regions: dict[str, Regions], tokenizer,
-                 max_text_length: int = 40, max_regions: int = 36):
-        for ex in examples:
-            for image in (ex.left_image, ex.right_image):
-                if image not in regions:
-                    raise ValueError(f"statement {ex.identifier} is about image {image!r}, which has no regions; "
-                                     "extract its regions (tools/extract_regions.py) or check data.image_id_format")
-        self.examples, self.regions, self.max_regions = list(examples), regions, max_regions
-        self.input_ids = tokenizer([ex.sentence for ex in self.examples], truncation=True,
-                                   max_length=max_text_length)["input_ids"]
+    kind, id_field = "statement", "identifier"
 
-    def __len__(self) -> int:
-        return len(self.examples)
+    def text(self, example) -> str:
+        return example.sentence
 
-    def lengths(self) -> list[int]:
-        return [len(ids) for ids in self.input_ids]
+    def images(self, example) -> tuple[str, ...]:
+        return (example.left_image, example.right_image)
 
     def __getitem__(self, index: int) -> dict:
         ex = self.examples[index]

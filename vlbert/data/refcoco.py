@@ -17,14 +17,12 @@ import pickle
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from detectors.batch import pad_regions, region_item
-from detectors.regions import Regions
+from vlbert.data.grounded_text import GroundedTextDataset
 from vlbert.data.padding import pad_text
 
 
@@ -155,7 +153,7 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return iou(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32)).numpy()
 
 
-class ReferringDataset(Dataset):
+class ReferringDataset(GroundedTextDataset):
     """Expressions joined with their image's regions; the training target is the region whose box overlaps the
     referred object most (IoU).
 
@@ -164,21 +162,13 @@ class ReferringDataset(Dataset):
         ValueError: an image without regions (the message names the expression and the fix).
     """
 
-    def __init__(self, examples: Sequence[ReferringExample], regions: dict[str, Regions], tokenizer,
-                 max_text_length: int = 24, max_regions: int = 36):
-        for ex in examples:
-            if ex.image_id not in regions:
-                raise ValueError(f"expression {ex.ref_id} is about image {ex.image_id!r}, which has no regions; extract "
-                                 "its regions (tools/extract_regions.py) or check data.image_id_format")
-        self.examples, self.regions, self.max_regions = list(examples), regions, max_regions
-        self.input_ids = tokenizer([ex.expression for ex in self.examples], truncation=True,
-                                   max_length=max_text_length)["input_ids"]
+    kind, id_field = "expression", "ref_id"
 
-    def __len__(self) -> int:
-        return len(self.examples)
+    def text(self, example) -> str:
+        return example.expression
 
-    def lengths(self) -> list[int]:
-        return [len(ids) for ids in self.input_ids]
+    def images(self, example) -> tuple[str, ...]:
+        return (example.image_id,)
 
     def __getitem__(self, index: int) -> dict:
         ex = self.examples[index]

@@ -8,18 +8,14 @@ SNLI-VE JSONL, one pair per line: ``Flickr30K_ID`` (older releases: ``Flikr30kID
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Sequence
 
 import torch
-from torch.utils.data import Dataset
 
 from detectors.batch import pad_regions, region_item
-from detectors.regions import Regions
+from vlbert.data.grounded_text import GroundedTextDataset, jsonl_records
 from vlbert.data.padding import pad_text
 
 LABELS = ("entailment", "neutral", "contradiction")
@@ -46,18 +42,8 @@ def load_snli_ve(path: str | os.PathLike, image_id_format: str = "{image_id}") -
         ValueError: a line that is not JSON, lacks the image id or hypothesis, or has a label outside
             :data:`LABELS`; the message names the file and line.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"SNLI-VE file {path} does not exist")
     out = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{line_no}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not a JSON line ({e})") from e
+    for where, record in jsonl_records(path, "SNLI-VE"):
         image = record.get("Flickr30K_ID", record.get("Flikr30kID"))
         if image is None or "sentence2" not in record:
             raise ValueError(f"{where}: an SNLI-VE line needs Flickr30K_ID (or Flikr30kID) and sentence2; it has "
@@ -65,7 +51,7 @@ def load_snli_ve(path: str | os.PathLike, image_id_format: str = "{image_id}") -
         label = record.get("gold_label")
         if label not in LABELS:
             raise ValueError(f"{where}: gold_label {label!r} is not one of {LABELS}")
-        out.append(EntailmentExample(str(record.get("pairID", f"{path.stem}-{line_no}")),
+        out.append(EntailmentExample(str(record.get("pairID", where)),
                                      image_id_format.format(image_id=image), record["sentence2"],
                                      LABELS.index(label)))
     if not out:
@@ -103,28 +89,20 @@ def easy_vqa_entailment(split: str, seed: int = 0) -> list[EntailmentExample]:
     return out
 
 
-class EntailmentDataset(Dataset):
+class EntailmentDataset(GroundedTextDataset):
     """Hypotheses joined with their image's regions.
 
     Raises:
         ValueError: an image without regions (the message names the pair and the fix).
     """
 
-    def __init__(self, examples: Sequence[EntailmentExample], regions: dict[str, Regions], tokenizer,
-                 max_text_length: int = 40, max_regions: int = 36):
-        for ex in examples:
-            if ex.image_id not in regions:
-                raise ValueError(f"pair {ex.pair_id} is about image {ex.image_id!r}, which has no regions; extract its "
-                                 "regions (tools/extract_regions.py) or check data.image_id_format")
-        self.examples, self.regions, self.max_regions = list(examples), regions, max_regions
-        self.input_ids = tokenizer([ex.hypothesis for ex in self.examples], truncation=True,
-                                   max_length=max_text_length)["input_ids"]
+    kind, id_field = "pair", "pair_id"
 
-    def __len__(self) -> int:
-        return len(self.examples)
+    def text(self, example) -> str:
+        return example.hypothesis
 
-    def lengths(self) -> list[int]:
-        return [len(ids) for ids in self.input_ids]
+    def images(self, example) -> tuple[str, ...]:
+        return (example.image_id,)
 
     def __getitem__(self, index: int) -> dict:
         ex = self.examples[index]
