@@ -43,6 +43,14 @@ def padded_batch(vocab_size: int, batch: int = 4, seq_len: int = 12, seed: int =
     return input_ids, token_type_ids, attention_mask
 
 
+def write_jsonl(path, records: list[dict]):
+    """Write ``records`` as a JSON-lines file; returns ``path``."""
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
 def wait_for_log_lines(proc, log, lines: int, timeout: float = 240.0) -> None:
     """Wait until the running ``proc`` has written ``lines`` lines to ``log`` (to interrupt it mid-run); fails
     if it ends first."""

@@ -13,12 +13,9 @@ import torch
 
 from vlbert.data.nlvr2 import easy_vqa_pairs, load_nlvr2
 
+from conftest import write_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 def test_reader_names_the_two_images_and_refuses_bad_lines(tmp_path):

@@ -13,12 +13,9 @@ import pytest
 
 from vlbert.data.visual_entailment import LABELS, easy_vqa_entailment, load_snli_ve
 
+from conftest import write_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 def test_reader_public_format_and_bad_inputs(tmp_path):

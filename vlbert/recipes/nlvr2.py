@@ -11,10 +11,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from vlbert.data.nlvr2 import ImagePairCollator, ImagePairDataset, easy_vqa_pairs, load_nlvr2
+from vlbert.evaluation.classification import predict_labels
 from vlbert.models.vl_classification import VLBertForImagePairClassification
 from vlbert.recipes.regions import task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
-from vlbert.utils import evaluation
 
 
 @dataclass
@@ -60,17 +60,10 @@ class NLVR2Data(TaskData):
         self.collator = ImagePairCollator(ctx.tokenizer)
         self.feature_dim = next(iter(regions.values())).feature_dim
 
-    @evaluation
     def accuracy(self, model) -> dict[str, float]:
         """Accuracy on the evaluation statements."""
-        device = next(model.parameters()).device
-        hits = total = 0
-        for batch in self.eval_batches():
-            labels = batch.pop("labels")
-            predicted = model(**{k: v.to(device) for k, v in batch.items()}).logits.argmax(-1).cpu()
-            hits += int((predicted == labels).sum())
-            total += len(labels)
-        return {"accuracy": hits / max(total, 1)}
+        gold, predicted = predict_labels(model, self.eval_batches())
+        return {"accuracy": sum(g == p for g, p in zip(gold, predicted)) / max(len(gold), 1)}
 
 
 def build_model(ctx: RunContext, data: NLVR2Data) -> VLBertForImagePairClassification:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from vlbert.data.visual_entailment import (LABELS, EntailmentCollator, EntailmentDataset, easy_vqa_entailment,
                                            load_snli_ve)
+from vlbert.evaluation.classification import predict_labels
 from vlbert.models.vl_classification import VLBertForSequenceClassification
 from vlbert.recipes.regions import task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
-from vlbert.utils import evaluation
 
 
 @dataclass
@@ -61,18 +61,11 @@ class EntailmentData(TaskData):
         self.collator = EntailmentCollator(ctx.tokenizer)
         self.feature_dim = next(iter(regions.values())).feature_dim
 
-    @evaluation
     def accuracy(self, model) -> dict[str, float]:
         """Accuracy on the evaluation pairs, overall and per gold label."""
-        device = next(model.parameters()).device
-        hits, totals = Counter(), Counter()
-        for batch in self.eval_batches():
-            labels = batch.pop("labels")
-            predicted = model(**{k: v.to(device) for k, v in batch.items()}).logits.argmax(-1).cpu()
-            for gold, guess in zip(labels.tolist(), predicted.tolist()):
-                totals[gold] += 1
-                hits[gold] += gold == guess
-        out = {"accuracy": sum(hits.values()) / max(sum(totals.values()), 1)}
+        gold, predicted = predict_labels(model, self.eval_batches())
+        hits, totals = Counter(g for g, p in zip(gold, predicted) if g == p), Counter(gold)
+        out = {"accuracy": sum(hits.values()) / max(len(gold), 1)}
         out.update({f"accuracy_{LABELS[k]}": hits[k] / totals[k] for k in sorted(totals)})
         return out
 
