@@ -39,9 +39,7 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
         ValueError: no images, or ``boxes`` with a backend that detects its own. Errors of
             :meth:`DetectorConfig.build` and of the extractor.
     """
-    from PIL import Image
-    from tqdm.auto import tqdm
-
+    from detectors.extract import extract_regions
     from detectors.shards import write_shards
 
     if not images:
@@ -58,20 +56,8 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
     extractor = detector.build()
     logger.info("extracting regions of %d %s images into %s (first use only)", len(ids), name, directory)
 
-    def regions():
-        with tqdm(total=len(ids), desc="extract regions", unit="img", dynamic_ncols=True) as bar:
-            for start in range(0, len(ids), batch_size):
-                chunk = ids[start:start + batch_size]
-                loaded = [Image.open(images[i]).convert("RGB") for i in chunk]
-                if boxes is not None:
-                    yield from extractor.extract_batch(loaded, chunk, [boxes[i] for i in chunk])
-                elif hasattr(extractor, "extract_batch"):
-                    yield from extractor.extract_batch(loaded, chunk)
-                else:
-                    yield from (extractor(image, i) for image, i in zip(loaded, chunk))
-                bar.update(len(chunk))
-
-    shards = write_shards(regions(), directory)
+    sources = [(i, images[i]) for i in ids]
+    shards = write_shards(extract_regions(extractor, sources, batch_size, boxes), directory)
     tmp = directory / (MARKER + ".tmp")
     tmp.write_text(json.dumps({"detector": extractor.name, "config": detector.__dict__,
                                "shards": [p.name for p in shards], "images": len(ids)}, indent=2))

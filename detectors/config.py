@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 BACKENDS = ("timm", "torchvision", "detectron2")
 
@@ -21,7 +21,8 @@ BACKENDS = ("timm", "torchvision", "detectron2")
 _FIELDS_BY_BACKEND = {
     "timm": ("input_size", "roi_output_size", "max_proposals", "low_level_stage", "weights"),
     "torchvision": ("weights", "min_boxes", "max_boxes", "score_threshold"),
-    "detectron2": ("config_file", "weights", "min_boxes", "max_boxes", "score_threshold"),
+    "detectron2": ("config_file", "weights", "min_boxes", "max_boxes", "score_threshold", "nms_iou", "overrides",
+                   "class_names", "attribute_names"),
 }
 
 
@@ -37,8 +38,12 @@ class DetectorConfig:
         low_level_stage: timm: also pool this early backbone stage and append it (keeps colour); -1 = final only.
         weights: a weights file; "" = the backend's default (timm: the packaged ImageNet weights; torchvision:
             its COCO weights, downloaded when online).
-        config_file: detectron2: the model's config file.
+        config_file: detectron2: the model's config file, ``butd-vg`` (the BUTD Visual Genome model with attributes,
+            :mod:`detectors.butd`), or a model-zoo name such as ``COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml``.
         min_boxes, max_boxes, score_threshold: torchvision/detectron2: BUTD's box selection (10, 100, 0.2).
+        nms_iou: detectron2: BUTD's per-class NMS IoU over the proposals (0.3).
+        overrides: detectron2: config overrides, {"MODEL.RPN.POST_NMS_TOPK_TEST": 300, ...}.
+        class_names, attribute_names: detectron2: vocabulary files (one name per line) written with the shards.
     Raises:
         ValueError: from :meth:`validate`, naming the field.
     """
@@ -53,6 +58,10 @@ class DetectorConfig:
     min_boxes: int = 10
     max_boxes: int = 100
     score_threshold: float = 0.2
+    nms_iou: float = 0.3
+    overrides: dict = field(default_factory=dict)
+    class_names: str = ""
+    attribute_names: str = ""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -64,6 +73,13 @@ class DetectorConfig:
         for name in ("input_size", "roi_output_size", "max_proposals", "min_boxes", "max_boxes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"detector.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.nms_iou <= 1.0:
+            raise ValueError(f"detector.nms_iou must be in (0, 1], got {self.nms_iou}")
+        if not 0.0 <= self.score_threshold <= 1.0:
+            raise ValueError(f"detector.score_threshold must be in [0, 1], got {self.score_threshold}")
+        if not isinstance(self.overrides, dict):
+            raise ValueError(f"detector.overrides must be a mapping of detectron2 config keys to values, got "
+                             f"{self.overrides!r}")
         if self.min_boxes > self.max_boxes:
             raise ValueError(f"detector.min_boxes={self.min_boxes} exceeds max_boxes={self.max_boxes}")
         if self.backend == "detectron2" and not (self.config_file and self.weights):
@@ -96,12 +112,17 @@ class DetectorConfig:
                                              device=device)
         from detectors.detectron2_detector import Detectron2RegionDetector
 
-        return Detectron2RegionDetector(self.config_file, self.weights, device)
+        return Detectron2RegionDetector(self.config_file, self.weights, device, min_boxes=self.min_boxes,
+                                        max_boxes=self.max_boxes, score_threshold=self.score_threshold,
+                                        nms_iou=self.nms_iou, overrides=self.overrides,
+                                        class_names=self.class_names or None,
+                                        attribute_names=self.attribute_names or None)
 
     def fingerprint(self) -> str:
         """10 hex digits naming what this config extracts (only the fields its backend reads)."""
         values = {"backend": self.backend}
-        values.update({k: v for k, v in asdict(self).items() if k in _FIELDS_BY_BACKEND[self.backend] and v != ""})
+        values.update({k: v for k, v in asdict(self).items()
+                       if k in _FIELDS_BY_BACKEND[self.backend] and v not in ("", {})})
         return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:10]
 
 

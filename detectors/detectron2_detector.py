@@ -1,28 +1,345 @@
-"""The detectron2 backend (e.g. the Visual Genome bottom-up-attention model): not written yet."""
+"""Region extraction with any detectron2 Faster R-CNN (C4 or FPN), bottom-up-attention style.
+
+Per image (Anderson et al. 2018, section 3.1; the authors' ``generate_tsv.py``): the config's test-time resize
+(shortest edge ``INPUT.MIN_SIZE_TEST``, longest at most ``MAX_SIZE_TEST``), the RPN's proposals, each proposal's box
+feature (C4: the res5 output mean-pooled, 2048-d; FPN: the box head's last fc, 1024-d) and class distribution,
+then :mod:`detectors.selection`: per-class NMS (0.3) over the proposals, confidence threshold (0.2), 10..100 boxes.
+The regions are the kept proposals themselves (as in ``generate_tsv.py``), so each feature is exactly its box's.
+With an attribute head (:mod:`detectors.butd`) each region also gets its attribute distribution.
+
+Batches hold only images of the same resized size (:func:`detectors.images.shape_groups`): padding one image to
+another's size changes the convolutions near its border, and so the proposals and features. Batched extraction
+therefore gives what one image at a time gives.
+
+Weights are read without detectron2's checkpointer (which unpickles ``.pkl`` files): ``.pkl`` through
+:func:`detectors.safe_pickle.load_plain_pickle` (numpy arrays and plain containers only), ``.pth`` through
+``torch.load(weights_only=True)``, ``.safetensors`` through safetensors.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+from pathlib import Path
 
-class Detectron2RegionDetector:
-    """Placeholder for the detectron2 backend (e.g. the Visual Genome bottom-up-attention model).
+import numpy as np
+import torch
 
-    detectron2 is not on PyPI; when it is installed this backend can be completed around
-    ``detectron2.engine.DefaultPredictor``. Without it, constructing this class raises a clear error.
+from detectors.images import shape_groups, to_rgb_array
+from detectors.regions import Regions
+from detectors.selection import per_class_nms_confidence, select_regions
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = ("detectron2 is not on PyPI: install it from source with `pip install --no-build-isolation "
+                "'git+https://github.com/facebookresearch/detectron2.git'` (then `pip install fvcore iopath "
+                "pycocotools omegaconf hydra-core`), or use the torchvision or timm backend")
+
+
+def _require_detectron2():
+    try:
+        import detectron2  # noqa: F401
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(f"the detectron2 backend needs detectron2. {INSTALL_HINT}") from e
+
+
+def resolve_config_file(config_file: str | os.PathLike) -> Path:
+    """A config path: a file, ``butd-vg`` (:data:`detectors.butd.BUTD_VG_CONFIG`), or a model-zoo name such as
+    ``COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml`` found among the configs installed with detectron2.
 
     Raises:
-        ModuleNotFoundError: detectron2 is not installed (the message says how to install it).
-        NotImplementedError: detectron2 is installed; this backend is not written yet.
+        FileNotFoundError: none of these (the message lists what was tried).
+    """
+    _require_detectron2()
+    import detectron2
+
+    from detectors.butd import BUTD_VG_CONFIG
+
+    if str(config_file) == "butd-vg":
+        return BUTD_VG_CONFIG
+    path = Path(config_file).expanduser()
+    if path.is_file():
+        return path
+    zoo = Path(detectron2.__file__).parent / "model_zoo" / "configs" / str(config_file)
+    if zoo.is_file():
+        return zoo
+    raise FileNotFoundError(f"detectron2 config {config_file} is neither a file, 'butd-vg', nor a model-zoo name "
+                            f"(looked in {zoo.parent.parent})")
+
+
+def load_config(config_file: str | os.PathLike, overrides: dict | None = None):
+    """The detectron2 config of a Faster R-CNN: file (see :func:`resolve_config_file`) + ``overrides``
+    ({"MODEL.RPN.POST_NMS_TOPK_TEST": 300, ...}), on CPU unless moved.
+
+    Raises:
+        FileNotFoundError: no such config. ValueError: unreadable, an unknown key, or not a Faster R-CNN
+            (another meta-architecture, a proposal generator other than the RPN, cascade/mask-only heads).
+    """
+    _require_detectron2()
+    from detectron2.config import get_cfg
+
+    from detectors.butd import add_butd_config
+
+    path = resolve_config_file(config_file)
+    cfg = add_butd_config(get_cfg())
+    try:
+        cfg.merge_from_file(str(path))
+        for key, value in (overrides or {}).items():
+            cfg.merge_from_list([key, value if isinstance(value, str) else repr(value)])
+    except (KeyError, ValueError, AssertionError, TypeError) as e:
+        raise ValueError(f"detectron2 config {path}: {type(e).__name__}: {e}") from e
+    problems = []
+    if cfg.MODEL.META_ARCHITECTURE != "GeneralizedRCNN":
+        problems.append(f"MODEL.META_ARCHITECTURE is {cfg.MODEL.META_ARCHITECTURE!r}")
+    if cfg.MODEL.PROPOSAL_GENERATOR.NAME != "RPN":
+        problems.append(f"MODEL.PROPOSAL_GENERATOR.NAME is {cfg.MODEL.PROPOSAL_GENERATOR.NAME!r}")
+    if "Cascade" in cfg.MODEL.ROI_HEADS.NAME:
+        problems.append(f"MODEL.ROI_HEADS.NAME is {cfg.MODEL.ROI_HEADS.NAME!r}")
+    if problems:
+        raise ValueError(f"detectron2 config {path} is not a Faster R-CNN ({'; '.join(problems)}); the detectron2 "
+                         "backend needs GeneralizedRCNN + RPN + Res5ROIHeads (C4) or StandardROIHeads (FPN), e.g. "
+                         "COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml or butd-vg")
+    cfg.MODEL.DEVICE = "cpu"
+    cfg.MODEL.WEIGHTS = ""
+    return cfg
+
+
+def read_checkpoint(weights: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The state dict of a detectron2 checkpoint file, read without running code from it.
+
+    ``.pkl``: detectron2 model-zoo format ({"model": {name: ndarray}, "__author__": ...}) or Caffe2/Detectron
+    ({"blobs": ...} or a flat dict; names converted with detectron2's ``align_and_update_state_dicts`` at load);
+    ``.pth``/``.pt``: ``torch.load(weights_only=True)`` of a state dict or {"model": state dict};
+    ``.safetensors``: a state dict. py-bottom-up-attention's attribute keys are renamed
+    (:data:`detectors.butd.ATTRIBUTE_KEY_RENAMES`).
+
+    Returns:
+        name -> tensor; the key ``"__caffe2__"`` marks Caffe2 names that still need matching.
+    Raises:
+        FileNotFoundError: no such file. ValueError: another extension, a pickle that asks for code (see
+            :func:`detectors.safe_pickle.load_plain_pickle`), or a file that holds no state dict.
+    """
+    from detectors.butd import ATTRIBUTE_KEY_RENAMES
+    from detectors.safe_pickle import load_plain_pickle
+
+    path = Path(weights).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"detectron2 weights file {path} does not exist (detector.weights / --weights)")
+    caffe2 = False
+    if path.suffix == ".pkl":
+        data = load_plain_pickle(path, numpy_arrays=True)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} holds a {type(data).__name__}, not a checkpoint dict")
+        if "model" in data and "__author__" in data:
+            state = data["model"]
+            caffe2 = bool(data.get("matching_heuristics")) or data["__author__"] == "Caffe2"
+        else:
+            state = data.get("blobs", data)
+            state = {k: v for k, v in state.items() if not k.endswith("_momentum")}
+            caffe2 = True
+    elif path.suffix in (".pth", ".pt"):
+        data = torch.load(path, map_location="cpu", weights_only=True)
+        state = data.get("model", data) if isinstance(data, dict) else None
+    elif path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+    else:
+        raise ValueError(f"weights file {path}: unknown extension {path.suffix!r}; use .pkl, .pth or .safetensors")
+    if not isinstance(state, dict) or not state:
+        raise ValueError(f"{path} holds no state dict (name -> array)")
+    out = {}
+    for name, value in state.items():
+        if not isinstance(value, (np.ndarray, torch.Tensor)):
+            continue  # e.g. a stray step counter
+        for old, new in ATTRIBUTE_KEY_RENAMES.items():
+            if name.startswith(old):
+                name = new + name[len(old):]
+        out[name] = torch.as_tensor(np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value)
+    if caffe2:
+        out["__caffe2__"] = torch.ones(())
+    return out
+
+
+def load_weights(model: torch.nn.Module, weights: str | os.PathLike) -> None:
+    """Load a checkpoint (see :func:`read_checkpoint`) into a detectron2 model built from a config, strictly.
+
+    Raises:
+        ValueError: the config and the weights do not fit each other: a parameter of another shape (e.g. 80 COCO
+            classes against a 1600-class config), or model parameters the file lacks (another architecture); the
+            message names the first few. Keys only the file has (e.g. a mask head) are logged and ignored.
+    """
+    state = read_checkpoint(weights)
+    model_state = model.state_dict()
+    if state.pop("__caffe2__", None) is not None:
+        from detectron2.checkpoint.c2_model_loading import align_and_update_state_dicts
+
+        state = align_and_update_state_dicts(model_state, state, c2_conversion=True)
+    wrong = [f"{k}: file {tuple(v.shape)}, config {tuple(model_state[k].shape)}" for k, v in state.items()
+             if k in model_state and tuple(v.shape) != tuple(model_state[k].shape)]
+    missing = [k for k in model_state if k not in state]
+    if wrong or missing:
+        detail = "; ".join(([f"shapes differ: {', '.join(wrong[:4])}"] if wrong else [])
+                           + ([f"missing from the file: {', '.join(missing[:6])}"
+                               + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")] if missing else []))
+        raise ValueError(f"weights {weights} do not fit the detectron2 config ({detail}); pass the config file the "
+                         "weights were trained with (e.g. butd-vg for py-bottom-up-attention's "
+                         "faster_rcnn_from_caffe_attr.pkl)")
+    unexpected = [k for k in state if k not in model_state]
+    if unexpected:
+        logger.info("weights %s: %d keys the model does not use (e.g. %s)", weights, len(unexpected), unexpected[0])
+    model.load_state_dict({k: v for k, v in state.items() if k in model_state}, strict=True)
+
+
+def _read_names(path: str | os.PathLike) -> list[str]:
+    """One name per line (Visual Genome vocab files: synonyms after commas; the first is kept)."""
+    names = [line.split(",")[0].strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    return [n for n in names if n]
+
+
+class Detectron2RegionDetector:
+    """Image -> :class:`~detectors.regions.Regions` with a detectron2 Faster R-CNN, BUTD's way (module docstring).
+
+    Args:
+        config_file: a config file, ``butd-vg``, or a model-zoo name (:func:`resolve_config_file`).
+        weights: ``.pkl`` / ``.pth`` / ``.safetensors`` checkpoint for that config (:func:`load_weights`).
+        device: where the model runs ("cpu", "cuda", "cuda:1").
+        min_boxes, max_boxes, score_threshold, nms_iou: BUTD's 10, 100, 0.2 and 0.3 (36/36 for fixed counts).
+        overrides: detectron2 config overrides, {"KEY.PATH": value}.
+        class_names, attribute_names: vocabulary files (one name per line, e.g. Visual Genome's
+            objects_vocab.txt / attributes_vocab.txt); default: the test dataset's ``thing_classes`` from
+            detectron2's metadata where registered (COCO), else ``class_<i>`` / ``attribute_<i>``.
+    Raises:
+        ModuleNotFoundError: detectron2 is not installed (the message says how). FileNotFoundError,
+        ValueError: from :func:`load_config` and :func:`load_weights`; a names file of the wrong length.
     """
 
-    def __init__(self, config_file: str, weights: str, device: str = "cpu"):
-        try:
-            import detectron2  # noqa: F401
-        except ModuleNotFoundError as e:
-            raise ModuleNotFoundError(
-                "the detectron2 backend needs detectron2, which is not on PyPI: install it from source "
-                "(pip install 'git+https://github.com/facebookresearch/detectron2.git'), or use the torchvision or "
-                "timm backends (detectors.TorchvisionRegionDetector, detectors.BackboneRegionExtractor)") from e
-        raise NotImplementedError("the detectron2 backend is not implemented yet; use the torchvision or timm backend")
+    def __init__(self, config_file: str | os.PathLike, weights: str | os.PathLike, device: str = "cpu",
+                 min_boxes: int = 10, max_boxes: int = 100, score_threshold: float = 0.2, nms_iou: float = 0.3,
+                 overrides: dict | None = None, class_names: str | os.PathLike | None = None,
+                 attribute_names: str | os.PathLike | None = None):
+        _require_detectron2()
+        from detectron2.data import transforms as T
+        from detectron2.modeling import build_model
+        from detectron2.modeling.roi_heads import Res5ROIHeads, StandardROIHeads
+
+        cfg = load_config(config_file, overrides)
+        model = build_model(cfg)
+        if not isinstance(model.roi_heads, (Res5ROIHeads, StandardROIHeads)):
+            raise ValueError(f"detectron2 config {config_file}: ROI heads {type(model.roi_heads).__name__} are "
+                             "neither Res5ROIHeads (C4) nor StandardROIHeads (FPN)")
+        load_weights(model, weights)
+        self.cfg = cfg
+        self.model = model.to(device).eval()
+        self.device = torch.device(device)
+        self.resize = T.ResizeShortestEdge([cfg.INPUT.MIN_SIZE_TEST] * 2, cfg.INPUT.MAX_SIZE_TEST)
+        self.bgr = cfg.INPUT.FORMAT == "BGR"
+        self.min_boxes, self.max_boxes = min_boxes, max_boxes
+        self.score_threshold, self.nms_iou = score_threshold, nms_iou
+        self.c4 = isinstance(model.roi_heads, Res5ROIHeads)
+        self.attributes = getattr(model.roi_heads, "attribute_predictor", None)
+        self.class_names = self._names(class_names, self.num_classes, "class", cfg)
+        self.attribute_names = (self._names(attribute_names, self.attributes.num_attributes, "attribute", None)
+                                if self.attributes is not None else None)
+        self.name = (f"detectron2:{Path(str(config_file)).name}(weights={Path(str(weights)).name},"
+                     f"thr={score_threshold},boxes={min_boxes}-{max_boxes},nms={nms_iou})")
+
+    @staticmethod
+    def _names(path, count: int, kind: str, cfg) -> list[str]:
+        if path is not None:
+            names = _read_names(path)
+            if len(names) != count:
+                raise ValueError(f"{path} lists {len(names)} {kind} names; the model has {count} {kind}es"
+                                 if kind == "class" else f"{path} lists {len(names)} attribute names; the model "
+                                 f"has {count} attributes")
+            return names
+        if cfg is not None and cfg.DATASETS.TEST:
+            from detectron2.data import MetadataCatalog
+
+            try:
+                names = list(MetadataCatalog.get(cfg.DATASETS.TEST[0]).thing_classes)
+                if len(names) == count:
+                    return names
+            except AttributeError:
+                pass
+        return [f"{kind}_{i}" for i in range(count)]
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.cfg.MODEL.ROI_HEADS.NUM_CLASSES)
+
+    @property
+    def feature_dim(self) -> int:
+        if self.c4:
+            return int(self.cfg.MODEL.RESNETS.RES2_OUT_CHANNELS * 8)
+        return int(self.model.roi_heads.box_head.output_shape.channels)
+
+    def metadata(self) -> dict:
+        """What travels with the shards (``detector.json``): the extractor's name, feature size, class names and
+        attribute names (None without an attribute head)."""
+        return {"detector": self.name, "feature_dim": self.feature_dim, "class_names": self.class_names,
+                "attribute_names": self.attribute_names}
+
+    def _prepare(self, array: np.ndarray) -> torch.Tensor:
+        """uint8 [H, W, 3] RGB -> float32 [3, h, w] in the model's channel order, resized as the config says."""
+        resized = self.resize.get_transform(array).apply_image(array)
+        if self.bgr:
+            resized = resized[:, :, ::-1]
+        return torch.as_tensor(np.ascontiguousarray(resized.transpose(2, 0, 1)), dtype=torch.float32)
+
+    def __call__(self, image, image_id: str) -> Regions:
+        """One image (PIL image or uint8 array, any mode :func:`detectors.images.to_rgb_array` converts)."""
+        return self.extract_batch([image], [image_id])[0]
+
+    @torch.no_grad()
+    def extract_batch(self, images: list, image_ids: list[str], batch_size: int | None = None) -> list[Regions]:
+        """:meth:`__call__` for several images; images of equal resized size share a forward pass (at most
+        ``batch_size``, default all), so the result equals one image at a time. Output in input order."""
+        arrays = [to_rgb_array(im) for im in images]
+        sizes = [a.shape[:2] for a in arrays]
+        prepared = [self._prepare(a) for a in arrays]
+        out: list[Regions | None] = [None] * len(images)
+        for group in shape_groups([tuple(t.shape) for t in prepared], batch_size or max(1, len(images))):
+            for i, regions in zip(group, self._forward([prepared[i] for i in group], [sizes[i] for i in group],
+                                                       [image_ids[i] for i in group])):
+                out[i] = regions
+        return out
+
+    def _forward(self, tensors: list[torch.Tensor], sizes: list[tuple[int, int]], image_ids: list[str]) -> list[Regions]:
+        m, heads = self.model, self.model.roi_heads
+        images = m.preprocess_image([{"image": t.to(self.device)} for t in tensors])
+        features = m.backbone(images.tensor)
+        proposals, _ = m.proposal_generator(images, features, None)
+        boxes = [p.proposal_boxes for p in proposals]
+        if self.c4:
+            pooled = heads._shared_roi_transform([features[f] for f in heads.in_features], boxes).mean(dim=(2, 3))
+        else:
+            pooled = heads.box_head(heads.box_pooler([features[f] for f in heads.box_in_features], boxes))
+        logits, _ = heads.box_predictor(pooled)
+        probs = logits.softmax(-1)[:, :-1]  # detectron2 puts background last
+        out, start = [], 0
+        for proposal_boxes, (h, w), image_id, (rh, rw) in zip(boxes, sizes, image_ids, images.image_sizes):
+            n = len(proposal_boxes)
+            p, feats, b = probs[start:start + n], pooled[start:start + n], proposal_boxes.tensor
+            start += n
+            confidence = per_class_nms_confidence(b, p, self.nms_iou)
+            keep = select_regions(confidence, self.score_threshold, self.min_boxes, self.max_boxes)
+            if len(keep) == 0:
+                raise RuntimeError(f"image {image_id!r}: the RPN proposed no box; check the weights")
+            objects = p[keep] / p[keep].sum(-1, keepdim=True).clamp_min(1e-12)
+            attribute_probs = None
+            if self.attributes is not None:
+                attribute_logits = self.attributes(feats[keep], p[keep].argmax(-1))
+                attribute_probs = attribute_logits.softmax(-1)[:, :-1].cpu().numpy()
+            scale = torch.tensor([w / rw, h / rh, w / rw, h / rh], device=b.device)
+            pixel_boxes = b[keep] * scale
+            pixel_boxes[:, 0::2] = pixel_boxes[:, 0::2].clamp(0, w)
+            pixel_boxes[:, 1::2] = pixel_boxes[:, 1::2].clamp(0, h)
+            out.append(Regions(image_id, h, w, pixel_boxes.cpu().numpy(), feats[keep].float().cpu().numpy(),
+                               confidence[keep].cpu().numpy(), objects.float().cpu().numpy(), self.name,
+                               attribute_probs=attribute_probs))
+        return out
 
 
-__all__ = ["Detectron2RegionDetector"]
+__all__ = ["Detectron2RegionDetector", "load_config", "read_checkpoint", "load_weights", "resolve_config_file",
+           "INSTALL_HINT"]

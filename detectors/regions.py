@@ -29,6 +29,8 @@ class Regions:
         scores: float32 [R], detector confidence (1.0 for given boxes such as the whole image).
         class_probs: float16 [R, C] or None, the detector's class distribution per box (rows sum to 1).
         detector: name and settings of what produced them (str, e.g. ``"timm:efficientnet_lite0+felzenszwalb"``).
+        attribute_probs: float16 [R, A] or None, the attribute head's distribution per box (BUTD's Visual Genome
+            model: 400 attributes) without its "no attribute" column, so rows sum to at most 1.
     """
 
     image_id: str
@@ -39,6 +41,7 @@ class Regions:
     scores: np.ndarray
     class_probs: np.ndarray | None = None
     detector: str = ""
+    attribute_probs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.image_id = str(self.image_id)
@@ -47,6 +50,8 @@ class Regions:
         self.scores = np.asarray(self.scores, dtype=np.float32)
         if self.class_probs is not None:
             self.class_probs = np.asarray(self.class_probs, dtype=np.float16)
+        if self.attribute_probs is not None:
+            self.attribute_probs = np.asarray(self.attribute_probs, dtype=np.float16)
         self.validate()
 
     @property
@@ -79,8 +84,11 @@ class Regions:
             raise RegionError(f"{where}: scores must be [R={r}], got shape {self.scores.shape}")
         if self.class_probs is not None and (self.class_probs.ndim != 2 or self.class_probs.shape[0] != r):
             raise RegionError(f"{where}: class_probs must be [R={r}, C], got shape {self.class_probs.shape}")
+        if self.attribute_probs is not None and (self.attribute_probs.ndim != 2
+                                                 or self.attribute_probs.shape[0] != r):
+            raise RegionError(f"{where}: attribute_probs must be [R={r}, A], got shape {self.attribute_probs.shape}")
         for name, array in (("boxes", self.boxes), ("features", self.features), ("scores", self.scores),
-                            ("class_probs", self.class_probs)):
+                            ("class_probs", self.class_probs), ("attribute_probs", self.attribute_probs)):
             if array is not None and not np.isfinite(array).all():
                 bad = np.argwhere(~np.isfinite(array))[0].tolist()
                 raise RegionError(f"{where}: {name} hold NaN or inf (first at index {bad}); re-extract the image "

@@ -6,6 +6,9 @@ Schema (version 1), per sample ``<key>.*`` where ``<key>`` is the image id with 
     features.npy      float16 [R, D]
     scores.npy        float32 [R]
     class_probs.npy   float16 [R, C]  (optional) detector class distribution
+    attribute_probs.npy float16 [R, A] (optional) attribute distribution (BUTD's attribute head)
+A directory of shards may hold ``detector.json`` (:func:`write_detector_info`): the extractor, its configuration,
+and the names of the classes and attributes that the columns of ``class_probs`` / ``attribute_probs`` stand for.
 Fields are decoded explicitly (JSON, and ``.npy`` without pickle support): a shard from elsewhere can never run code,
 and every sample is validated (:meth:`detectors.regions.Regions.validate`) before use.
 """
@@ -50,8 +53,8 @@ def sample_key(image_id: str) -> str:
 
 
 def write_shards(regions: Iterable[Regions], directory: str | os.PathLike, prefix: str = "regions",
-                 max_samples_per_shard: int = 1000) -> list[Path]:
-    """Write regions to ``directory/prefix-000000.tar`` etc.
+                 max_samples_per_shard: int = 1000, start_index: int = 0) -> list[Path]:
+    """Write regions to ``directory/prefix-000000.tar`` etc. (numbered from ``start_index``).
 
     Each shard is written under a temporary name and renamed when complete, so a crash never leaves a shard
     that looks finished. Returns the shard paths in order.
@@ -80,7 +83,7 @@ def write_shards(regions: Iterable[Regions], directory: str | os.PathLike, prefi
         seen.add(r.image_id)
         if writer is None or count >= max_samples_per_shard:
             close()
-            tmp = directory / f"{prefix}-{len(paths):06d}.tar.tmp"
+            tmp = directory / f"{prefix}-{start_index + len(paths):06d}.tar.tmp"
             writer, count = wds.TarWriter(str(tmp)), 0
         sample = {
             "__key__": sample_key(r.image_id),
@@ -93,6 +96,8 @@ def write_shards(regions: Iterable[Regions], directory: str | os.PathLike, prefi
         }
         if r.class_probs is not None:
             sample["class_probs.npy"] = _npy_bytes(r.class_probs.astype(np.float16))
+        if r.attribute_probs is not None:
+            sample["attribute_probs.npy"] = _npy_bytes(r.attribute_probs.astype(np.float16))
         writer.write(sample)
         count += 1
     close()
@@ -151,15 +156,17 @@ def decode_sample(key: str, fields: dict[str, bytes], where: str) -> Regions:
         raise ShardError(f"{where}: sample {key!r} has schema {meta.get('schema')!r}, this reader reads "
                          f"{SCHEMA_VERSION}")
     arrays = {name: _npy_array(fields[name + ".npy"], f"{where}:{key}.{name}.npy")
-              for name in ("boxes", "features", "scores", "class_probs") if name + ".npy" in fields}
+              for name in ("boxes", "features", "scores", "class_probs", "attribute_probs")
+              if name + ".npy" in fields}
     for name, dtype in (("boxes", np.float32), ("features", np.float16), ("scores", np.float32),
-                        ("class_probs", np.float16)):
+                        ("class_probs", np.float16), ("attribute_probs", np.float16)):
         if name in arrays and arrays[name].dtype != dtype:
             raise ShardError(f"{where}: sample {key!r} field {name} is {arrays[name].dtype}, the schema says {dtype}")
     try:
         return Regions(image_id=meta["image_id"], height=int(meta["height"]), width=int(meta["width"]),
                        boxes=arrays["boxes"], features=arrays["features"], scores=arrays["scores"],
-                       class_probs=arrays.get("class_probs"), detector=meta.get("detector", ""))
+                       class_probs=arrays.get("class_probs"), detector=meta.get("detector", ""),
+                       attribute_probs=arrays.get("attribute_probs"))
     except KeyError as e:
         raise ShardError(f"{where}: sample {key!r} meta.json lacks {e}") from e
 
@@ -199,10 +206,50 @@ def shard_paths(directory: str | os.PathLike) -> list[Path]:
     return paths
 
 
+def shard_image_keys(path: str | os.PathLike) -> set[str]:
+    """The sample keys (:func:`sample_key` of the image ids) in a complete shard, from the tar headers alone.
+
+    Raises:
+        ShardError: the shard is truncated or corrupt.
+    """
+    path = Path(path)
+    check_tar_complete(path)
+    with tarfile.open(path, "r:") as tar:
+        return {m.name.split(".", 1)[0] for m in tar.getmembers() if m.isfile()}
+
+
+DETECTOR_INFO = "detector.json"
+
+
+def write_detector_info(directory: str | os.PathLike, info: dict) -> Path:
+    """Write ``directory/detector.json`` (the extractor, its config, class and attribute names) atomically."""
+    path = Path(directory) / DETECTOR_INFO
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def read_detector_info(directory: str | os.PathLike) -> dict | None:
+    """``directory/detector.json`` as a dict, or None where there is none (shards imported from features).
+
+    Raises:
+        ShardError: the file is not valid JSON.
+    """
+    path = Path(directory) / DETECTOR_INFO
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ShardError(f"{path} is not valid JSON ({e}); delete it and re-extract") from e
+
+
 def load_regions(paths: Iterable[str | os.PathLike]) -> dict[str, Regions]:
     """All regions of the shards in memory, by image id (features stay float16)."""
     return {r.image_id: r for r in read_shards(paths)}
 
 
-__all__ = ["write_shards", "read_shards", "load_regions", "shard_paths", "ShardError", "RegionError", "SCHEMA_VERSION",
+__all__ = ["write_shards", "read_shards", "load_regions", "shard_paths", "shard_image_keys", "write_detector_info",
+           "read_detector_info", "ShardError", "RegionError", "SCHEMA_VERSION",
            "sample_key"]

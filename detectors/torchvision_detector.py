@@ -14,6 +14,7 @@ import os
 import numpy as np
 import torch
 
+from detectors.images import shape_groups, to_rgb_array
 from detectors.regions import Regions
 
 
@@ -65,37 +66,66 @@ class TorchvisionRegionDetector:
         """Object classes in ``class_probs`` (the predictor's classes less background)."""
         return int(self.model.roi_heads.box_predictor.cls_score.out_features) - 1
 
-    @torch.no_grad()
     def __call__(self, image, image_id: str) -> Regions:
         """Detect, keep BUTD's 10..100 boxes by score, and pool features and class distributions for them."""
-        array = np.asarray(image.convert("RGB")) if hasattr(image, "convert") else np.asarray(image)
-        h, w = array.shape[:2]
-        x = torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).float().div(255).to(self.device)
+        return self.extract_batch([image], [image_id])[0]
+
+    @torch.no_grad()
+    def extract_batch(self, images: list, image_ids: list[str], batch_size: int | None = None) -> list[Regions]:
+        """:meth:`__call__` for several images (PIL or uint8 arrays). Only images of equal resized size share a
+        forward pass (at most ``batch_size``, default all): torchvision pads a batch to its largest image, which
+        changes convolutions near the border; grouped, the result equals one image at a time. Input order."""
+        from torchvision.models.detection.image_list import ImageList
+
         m = self.model
-        images, _ = m.transform([x])
+        arrays = [to_rgb_array(im) for im in images]
+        resized = []
+        for a in arrays:
+            x = torch.from_numpy(a).permute(2, 0, 1).float().div(255).to(self.device)
+            one, _ = m.transform([x])
+            resized.append(one)
+        out: list[Regions | None] = [None] * len(images)
+        for group in shape_groups([tuple(r.image_sizes[0]) for r in resized], batch_size or max(1, len(images))):
+            batch = ImageList(torch.cat([resized[i].tensors for i in group]), [resized[i].image_sizes[0] for i in group])
+            for i, regions in zip(group, self._forward(batch, [arrays[i].shape[:2] for i in group],
+                                                       [image_ids[i] for i in group])):
+                out[i] = regions
+        return out
+
+    def _forward(self, images, sizes, image_ids) -> list[Regions]:
+        m = self.model
         features = m.backbone(images.tensors)
         proposals, _ = m.rpn(images, features)
         detections, _ = m.roi_heads(features, proposals, images.image_sizes)
-        boxes, scores = detections[0]["boxes"], detections[0]["scores"]
-        order = scores.argsort(descending=True)
-        n = int((scores >= self.score_threshold).sum().clamp(self.min_boxes, self.max_boxes))
-        boxes = boxes[order][:n]
-        if len(boxes) == 0:  # nothing detected: fall back on the whole image
-            boxes = torch.tensor([[0.0, 0.0, images.image_sizes[0][1], images.image_sizes[0][0]]], device=self.device)
-        pooled = m.roi_heads.box_roi_pool(features, [boxes], images.image_sizes)
+        kept = []
+        for det, (rh, rw) in zip(detections, images.image_sizes):
+            boxes, scores = det["boxes"], det["scores"]
+            order = scores.argsort(descending=True)
+            n = int((scores >= self.score_threshold).sum().clamp(self.min_boxes, self.max_boxes))
+            boxes = boxes[order][:n]
+            if len(boxes) == 0:  # nothing detected: fall back on the whole image
+                boxes = torch.tensor([[0.0, 0.0, rw, rh]], device=self.device)
+            kept.append(boxes)
+        pooled = m.roi_heads.box_roi_pool(features, kept, images.image_sizes)
         region_features = m.roi_heads.box_head(pooled)
         class_logits, _ = m.roi_heads.box_predictor(region_features)
         # The class distribution without the background class (index 0): MRC's target is an object class
         # (UNITER leaves background out); the remaining columns are renormalised to sum to 1.
         probs = class_logits[:, 1:].softmax(-1)
-        # Back from the transform's resized frame to the original image's pixels.
-        ry, rx = h / images.image_sizes[0][0], w / images.image_sizes[0][1]
-        pixel_boxes = boxes * torch.tensor([rx, ry, rx, ry], device=self.device)
-        pixel_boxes[:, 0::2] = pixel_boxes[:, 0::2].clamp(0, w)
-        pixel_boxes[:, 1::2] = pixel_boxes[:, 1::2].clamp(0, h)
-        return Regions(image_id, h, w, pixel_boxes.cpu().numpy(), region_features.cpu().numpy(),
-                       class_logits.softmax(-1)[:, 1:].max(-1).values.cpu().numpy(), probs.cpu().numpy(),
-                       detector=self.name)
+        top = class_logits.softmax(-1)[:, 1:].max(-1).values
+        out, start = [], 0
+        for boxes, (h, w), (rh, rw), image_id in zip(kept, sizes, images.image_sizes, image_ids):
+            n = len(boxes)
+            # Back from the transform's resized frame to the original image's pixels.
+            scale = torch.tensor([w / rw, h / rh, w / rw, h / rh], device=self.device)
+            pixel_boxes = boxes * scale
+            pixel_boxes[:, 0::2] = pixel_boxes[:, 0::2].clamp(0, w)
+            pixel_boxes[:, 1::2] = pixel_boxes[:, 1::2].clamp(0, h)
+            out.append(Regions(image_id, h, w, pixel_boxes.cpu().numpy(), region_features[start:start + n].cpu().numpy(),
+                               top[start:start + n].cpu().numpy(), probs[start:start + n].cpu().numpy(),
+                               detector=self.name))
+            start += n
+        return out
 
 
 __all__ = ["TorchvisionRegionDetector"]

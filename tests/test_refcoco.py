@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from vlbert.data.refcoco import box_iou, easy_vqa_composites, load_plain_pickle, load_refcoco
+from detectors.safe_pickle import load_plain_pickle
+from vlbert.data.refcoco import box_iou, easy_vqa_composites, load_refcoco
 
 
 class Payload:

@@ -189,8 +189,11 @@ def test_torchvision_detector_pipeline():
     assert (regions.boxes[:, 2] <= 160).all() and (regions.boxes[:, 3] <= 120).all()
 
 
-def test_detectron2_missing_names_the_install():
+def test_detectron2_missing_names_the_install(monkeypatch):
+    import sys
+
     from detectors.detectron2_detector import Detectron2RegionDetector
 
+    monkeypatch.setitem(sys.modules, "detectron2", None)  # as on a machine without it
     with pytest.raises(ModuleNotFoundError, match="detectron2"):
         Detectron2RegionDetector("cfg.yaml", "model.pth")

@@ -3,16 +3,22 @@
 
     python tools/extract_regions.py --images skimage --output-dir runs/regions-photos --draw runs/photos.png
     python tools/extract_regions.py --images my_photos/ --backend torchvision --weights frcnn.pth --output-dir out/
+    python tools/extract_regions.py --images coco/train2014 --backend detectron2 --config-file butd-vg \
+        --weights faster_rcnn_from_caffe_attr.pkl --class-names objects_vocab.txt \
+        --attribute-names attributes_vocab.txt --output-dir regions/coco-butd            # BUTD 10-100 boxes
+    torchrun --nproc_per_node 8 tools/extract_regions.py ... --device cuda              # one shard set per process
     python tools/extract_regions.py --from-tsv trainval_obj36.tsv --output-dir out/      # bottom-up-attention TSV
     python tools/extract_regions.py --from-npz features_dir/ --output-dir out/             # one .npz per image
 
 --images takes files, directories (PNG/JPEG inside), "skimage" (the real photos shipped with scikit-image) or
-"easy-vqa". --draw writes the first images with their boxes (and top class) to one PNG.
+"easy-vqa". --draw writes the first images with their boxes (and top class) to one PNG. Running the same command
+again after a crash or kill skips the images already in complete shards (detectors/extract.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -36,7 +42,9 @@ def image_sources(spec: list[str]) -> list[tuple[str, object]]:
         else:
             path = Path(item)
             if path.is_dir():
-                out += [(p.stem, p) for p in sorted(path.rglob("*")) if p.suffix.lower() in IMAGE_SUFFIXES]
+                # image id = the path under the directory without suffix ("000000391895", or "train/17" nested)
+                out += [(p.relative_to(path).with_suffix("").as_posix(), p) for p in sorted(path.rglob("*"))
+                        if p.suffix.lower() in IMAGE_SUFFIXES]
             elif path.is_file():
                 out.append((path.stem, path))
             else:
@@ -52,8 +60,15 @@ def detector_config(args):
     from detectors.config import DetectorConfig
 
     given = {name: getattr(args, name) for name in ("backend", "weights", "config_file", "input_size",
-                                                     "max_proposals", "min_boxes", "max_boxes", "score_threshold")
+                                                     "max_proposals", "min_boxes", "max_boxes", "score_threshold",
+                                                     "nms_iou", "class_names", "attribute_names")
              if getattr(args, name) is not None}
+    if args.opts:
+        if len(args.opts) % 2:
+            raise SystemExit(f"--opts takes KEY VALUE pairs, got {len(args.opts)} words")
+        import yaml
+
+        given["overrides"] = {k: yaml.safe_load(v) for k, v in zip(args.opts[::2], args.opts[1::2])}
     try:
         return DetectorConfig(**given)
     except ValueError as e:
@@ -87,6 +102,31 @@ def draw(regions_and_images, path: Path, max_boxes: int = 8, label_fn=None) -> N
     canvas.save(path)
 
 
+def draw_first(args, detector, info: dict, sources: dict) -> None:
+    """Draw the first ``--draw-count`` images of the output shards with their boxes and top classes."""
+    from itertools import islice
+
+    from PIL import Image
+
+    from detectors.images import load_image
+    from detectors.shards import read_shards, shard_paths
+
+    label_fn = None
+    if info.get("class_names"):
+        label_fn = info["class_names"].__getitem__
+    elif detector.backend == "timm":
+        from timm.data import ImageNetInfo
+
+        names = ImageNetInfo()
+        label_fn = lambda i: names.index_to_description(i).split(",")[0]  # noqa: E731
+    drawn = []
+    for r in islice(read_shards(shard_paths(args.output_dir)), args.draw_count):
+        src = sources[r.image_id]
+        drawn.append((r, Image.fromarray(src if hasattr(src, "shape") else load_image(src))))
+    draw(drawn, Path(args.draw), label_fn=label_fn)
+    print(f"boxes drawn to {args.draw}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
@@ -103,6 +143,11 @@ def main(argv=None) -> int:
     p.add_argument("--min-boxes", type=int, help="torchvision/detectron2: BUTD's minimum (default 10)")
     p.add_argument("--max-boxes", type=int, help="torchvision/detectron2: BUTD's maximum (default 100)")
     p.add_argument("--score-threshold", type=float, help="torchvision/detectron2: BUTD's 0.2 by default")
+    p.add_argument("--nms-iou", type=float, help="detectron2: per-class NMS IoU over the proposals (default 0.3)")
+    p.add_argument("--class-names", help="detectron2: object vocabulary file, one name per line")
+    p.add_argument("--attribute-names", help="detectron2: attribute vocabulary file, one name per line")
+    p.add_argument("--opts", nargs="+", help="detectron2 config overrides: KEY VALUE ...")
+    p.add_argument("--batch-size", type=int, default=8, help="images per forward pass (equal sizes only)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--draw", help="PNG to draw the first images' boxes into")
     p.add_argument("--draw-count", type=int, default=4)
@@ -125,32 +170,30 @@ def main(argv=None) -> int:
         shards = write_shards((read_npz(f) for f in tqdm(files, desc="import npz")), args.output_dir,
                               max_samples_per_shard=args.samples_per_shard)
     else:
-        import numpy as np
-        from PIL import Image
+        from dataclasses import asdict
 
+        from detectors.extract import distributed_rank, extract_to_shards
+
+        rank, world = distributed_rank()
         detector = detector_config(args)
-        extractor = detector.build(args.device)
+        device = args.device
+        if device == "cuda" and world > 1:
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        try:
+            extractor = detector.build(device)
+        except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
+            raise SystemExit(f"{type(e).__name__}: {e}") from None
         sources = image_sources(args.images)
-        drawn = []
-
-        def regions():
-            for image_id, src in tqdm(sources, desc="extract regions", unit="img", dynamic_ncols=True):
-                image = Image.fromarray(np.asarray(src)) if not isinstance(src, Path) else Image.open(src)
-                r = extractor(image, image_id)
-                if args.draw and len(drawn) < args.draw_count:
-                    drawn.append((r, image.convert("RGB")))
-                yield r
-
-        shards = write_shards(regions(), args.output_dir, max_samples_per_shard=args.samples_per_shard)
-        if args.draw:
-            label_fn = None
-            if detector.backend == "timm":
-                from timm.data import ImageNetInfo
-
-                info = ImageNetInfo()
-                label_fn = lambda i: info.index_to_description(i).split(",")[0]  # noqa: E731
-            draw(drawn, Path(args.draw), label_fn=label_fn)
-            print(f"boxes drawn to {args.draw}")
+        info = {"detector": extractor.name, "fingerprint": detector.fingerprint(), "config": asdict(detector),
+                **({k: v for k, v in extractor.metadata().items() if k != "detector"}
+                   if hasattr(extractor, "metadata") else {})}
+        try:
+            shards = extract_to_shards(extractor, sources, args.output_dir, info, rank, world, args.batch_size,
+                                       args.samples_per_shard)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        if args.draw and rank == 0:
+            draw_first(args, detector, info, dict(sources))
     print(f"wrote {len(shards)} shard(s) to {args.output_dir}")
     return 0
 

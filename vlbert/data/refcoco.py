@@ -10,10 +10,8 @@ The pickle is read by :func:`load_plain_pickle`, which builds only plain contain
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,34 +20,9 @@ import numpy as np
 import torch
 
 from detectors.batch import pad_regions, region_item
+from detectors.safe_pickle import load_plain_pickle
 from vlbert.data.grounded_text import GroundedTextDataset
 from vlbert.data.padding import pad_text
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    """Refuses every global (class, function) a pickle asks for: only the built-in opcodes for dict, list,
-    tuple, set, str, bytes, int, float, bool and None remain, so no payload can run code."""
-
-    def find_class(self, module: str, name: str):
-        raise pickle.UnpicklingError(f"the pickle asks for {module}.{name}; only plain containers, strings and "
-                                     "numbers are read (convert the file to JSON if it holds other objects)")
-
-
-def load_plain_pickle(path: str | os.PathLike):
-    """Read a pickle of plain data (the refs files of RefCOCO are Python 2 pickles of dicts and lists).
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: the pickle refers to any class or function (e.g. a payload that would run code); the message
-            names what it asked for.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"pickle {path} does not exist")
-    try:
-        return _PlainUnpickler(io.BytesIO(path.read_bytes()), encoding="latin1").load()
-    except pickle.UnpicklingError as e:
-        raise ValueError(f"{path}: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -197,5 +170,5 @@ class ReferringCollator:
         return batch
 
 
-__all__ = ["load_plain_pickle", "ReferringExample", "load_refcoco", "easy_vqa_composites", "box_iou",
+__all__ = ["ReferringExample", "load_refcoco", "easy_vqa_composites", "box_iou",
            "ReferringDataset", "ReferringCollator"]

@@ -1,0 +1,90 @@
+"""Images in: decoding any file Pillow reads into 8-bit RGB, and grouping images by shape so that a batch never
+pads one image to another's size (padding changes convolution outputs near the border, and so the features).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Hashable, Sequence
+
+import numpy as np
+
+
+class ImageDecodeError(ValueError):
+    """An image file that cannot be decoded; the message names the file."""
+
+
+def to_rgb_array(image) -> np.ndarray:
+    """uint8 [H, W, 3] RGB from a PIL image or array of any common mode.
+
+    Conversions: greyscale (L, LA, 1) and palette (P) are replicated/expanded to RGB; alpha is dropped; CMYK and
+    YCbCr go through Pillow's conversion; 16-bit and 32-bit integer images (I;16, I;16B, I, as PNG/TIFF scans are)
+    are scaled by their type's maximum (65535 for 16-bit), not clipped at 255; float images (F) are taken as
+    [0, 1]. Arrays: uint8 [H, W], [H, W, 3] or [H, W, 4]; uint16 arrays are scaled by 65535.
+
+    Raises:
+        ValueError: an array of another shape or dtype.
+    """
+    if isinstance(image, np.ndarray):
+        array = image
+        if array.dtype == np.uint16:
+            array = (array.astype(np.float32) / 65535.0 * 255.0 + 0.5).astype(np.uint8)
+        if array.dtype != np.uint8:
+            raise ValueError(f"image array of dtype {array.dtype}; pass uint8 or uint16")
+        if array.ndim == 2:
+            array = np.repeat(array[:, :, None], 3, axis=2)
+        if array.ndim != 3 or array.shape[2] not in (3, 4):
+            raise ValueError(f"image array of shape {array.shape}; pass [H, W], [H, W, 3] or [H, W, 4]")
+        return np.ascontiguousarray(array[:, :, :3])
+    mode = image.mode
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        values = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if mode.startswith("I;16") or values.max(initial=0) <= 65535 else 2.0 ** 32 - 1
+        grey = np.clip(values / top * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        return np.ascontiguousarray(np.repeat(grey[:, :, None], 3, axis=2))
+    if mode == "F":
+        grey = np.clip(np.asarray(image, dtype=np.float32) * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        return np.ascontiguousarray(np.repeat(grey[:, :, None], 3, axis=2))
+    return np.ascontiguousarray(np.asarray(image.convert("RGB")))
+
+
+def load_image(path: str | os.PathLike) -> np.ndarray:
+    """uint8 [H, W, 3] RGB pixels of an image file, upright (EXIF orientation applied, as detectron2's
+    ``read_image`` does), converted as :func:`to_rgb_array` says.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ImageDecodeError: Pillow cannot decode it (not an image, truncated); the message names the file.
+    """
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image {path} does not exist")
+    try:
+        with Image.open(path) as image:
+            image.load()
+            image = ImageOps.exif_transpose(image) or image
+            return to_rgb_array(image)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise ImageDecodeError(f"cannot decode image {path} ({type(e).__name__}: {e}); remove it from the image "
+                               "list or re-encode it as PNG/JPEG") from e
+
+
+def shape_groups(shapes: Sequence[Hashable], max_batch: int) -> list[list[int]]:
+    """Indices of ``shapes`` grouped by equal shape, each group cut to at most ``max_batch``, in order of first
+    appearance: the batches that need no padding between images.
+
+    Raises:
+        ValueError: ``max_batch`` < 1.
+    """
+    if max_batch < 1:
+        raise ValueError(f"batch size must be >= 1, got {max_batch}")
+    groups: dict[Hashable, list[int]] = {}
+    for i, shape in enumerate(shapes):
+        groups.setdefault(shape, []).append(i)
+    return [g[s:s + max_batch] for g in groups.values() for s in range(0, len(g), max_batch)]
+
+
+__all__ = ["ImageDecodeError", "to_rgb_array", "load_image", "shape_groups"]

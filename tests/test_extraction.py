@@ -1,0 +1,156 @@
+"""tools/extract_regions.py at the users' size: images of every mode decoded or refused by name, a killed
+extraction resumed to the same shards as an uninterrupted one, and two processes (torchrun) splitting the images."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from detectors.images import ImageDecodeError, load_image, shape_groups, to_rgb_array
+from detectors.shards import read_shards, shard_paths
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = [sys.executable, str(ROOT / "tools" / "extract_regions.py")]
+FAST = ["--input-size", "64", "--max-proposals", "4"]
+
+
+def test_image_modes_become_8_bit_rgb(tmp_path):
+    rgb = np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    grey = rgb[:, :, 0]
+    Image.fromarray(grey, "L").save(tmp_path / "grey.png")
+    assert (load_image(tmp_path / "grey.png") == grey[:, :, None]).all()
+    # 16-bit greyscale (scans, medical and astronomy PNGs): scaled by 65535, not clipped at 255.
+    deep = (grey.astype(np.uint16) * 257)
+    Image.fromarray(deep).save(tmp_path / "deep.png")
+    assert Image.open(tmp_path / "deep.png").mode.startswith("I")
+    assert (load_image(tmp_path / "deep.png") == grey[:, :, None]).all()
+    Image.fromarray(rgb).convert("CMYK").save(tmp_path / "cmyk.jpg", quality=100)
+    cmyk = load_image(tmp_path / "cmyk.jpg")
+    assert cmyk.shape == (20, 30, 3) and np.abs(cmyk.astype(int) - rgb).mean() < 8  # JPEG loss only
+    Image.fromarray(np.dstack([rgb, np.full((20, 30), 7, np.uint8)]), "RGBA").save(tmp_path / "alpha.png")
+    assert (load_image(tmp_path / "alpha.png") == rgb).all()
+    Image.fromarray(rgb).convert("P").save(tmp_path / "palette.png")
+    assert load_image(tmp_path / "palette.png").shape == (20, 30, 3)
+    assert (to_rgb_array(deep) == grey[:, :, None]).all()
+    (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    with pytest.raises(ImageDecodeError, match="cannot decode image .*broken.jpg"):
+        load_image(tmp_path / "broken.jpg")
+    with pytest.raises(ValueError, match="float64"):
+        to_rgb_array(np.zeros((4, 4, 3)))
+
+
+def test_shape_groups_never_mix_sizes():
+    shapes = [(4, 6), (5, 5), (4, 6), (4, 6), (5, 5)]
+    assert shape_groups(shapes, max_batch=2) == [[0, 2], [3], [1, 4]]
+
+
+def test_the_tool_names_an_image_it_cannot_decode(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(images / "good.png")
+    (images / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    done = subprocess.run([*TOOL, "--images", str(images), "--output-dir", str(tmp_path / "out"), *FAST],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "bad.png" in done.stderr and "Traceback" not in done.stderr
+
+
+def easy_vqa_folder(tmp_path, count):
+    from vlbert.data.easy_vqa import image_paths
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for image_id, path in list(image_paths("train").items())[:count]:
+        os.symlink(path, folder / f"{image_id.replace('/', '_')}{Path(path).suffix}")
+    return folder
+
+
+def regions_by_id(directory):
+    return {r.image_id: r for r in read_shards(shard_paths(directory))}
+
+
+def assert_same_store(a, b):
+    assert sorted(a) == sorted(b)
+    for image_id in a:
+        np.testing.assert_array_equal(a[image_id].boxes, b[image_id].boxes)
+        np.testing.assert_allclose(a[image_id].features.astype(np.float32), b[image_id].features.astype(np.float32),
+                                   rtol=1e-2, atol=1e-3)
+
+
+def test_a_killed_extraction_resumes_to_the_same_shards(tmp_path):
+    folder = easy_vqa_folder(tmp_path, 120)
+    args = ["--images", str(folder), *FAST, "--batch-size", "4", "--samples-per-shard", "8"]
+    subprocess.run([*TOOL, *args, "--output-dir", str(tmp_path / "whole")], check=True, capture_output=True,
+                   timeout=600)
+    killed = tmp_path / "killed"
+    process = subprocess.Popen([*TOOL, *args, "--output-dir", str(killed)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(killed.glob("*.tar"))) < 2:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    complete = list(killed.glob("*.tar"))
+    assert 2 <= len(complete) < 15, "the kill should land mid-way"
+    partial = regions_by_id(killed)  # what is there reads as complete shards only
+    assert 16 <= len(partial) < 120
+    resumed = subprocess.run([*TOOL, *args, "--output-dir", str(killed)], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not list(killed.glob("*.tmp"))
+    assert_same_store(regions_by_id(killed), regions_by_id(tmp_path / "whole"))
+
+
+def test_two_processes_split_the_images_into_one_store(tmp_path):
+    folder = easy_vqa_folder(tmp_path, 30)
+    args = ["--images", str(folder), *FAST, "--samples-per-shard", "10"]
+    subprocess.run([*TOOL, *args, "--output-dir", str(tmp_path / "one")], check=True, capture_output=True,
+                   timeout=600)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(port), str(ROOT / "tools" / "extract_regions.py"), *args, "--output-dir",
+                          str(tmp_path / "two")], capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert {p.name.split("-")[1] for p in shard_paths(tmp_path / "two")} == {"rank0000", "rank0001"}
+    assert_same_store(regions_by_id(tmp_path / "two"), regions_by_id(tmp_path / "one"))
+    # The same command again skips every image; another detector into the same store is refused.
+    again = subprocess.run([*TOOL, *args, "--output-dir", str(tmp_path / "two")], capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0 and "wrote 0 shard(s)" in again.stdout
+    other = subprocess.run([*TOOL, *args, "--max-proposals", "5", "--output-dir", str(tmp_path / "two")],
+                           capture_output=True, text=True, timeout=600)
+    assert other.returncode != 0 and "holds shards of another detector" in other.stderr
+
+
+def test_butd_selection_equals_one_nms_per_class():
+    """The all-classes-at-once NMS equals torchvision's NMS run class by class (generate_tsv.py's loop)."""
+    import torch
+    from torchvision.ops import nms
+
+    from detectors.selection import per_class_nms_confidence, select_regions
+
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(120, 2, generator=g) * 100
+    boxes = torch.cat([xy, xy + torch.rand(120, 2, generator=g) * 60 + 1], 1)
+    probs = (torch.randn(120, 30, generator=g) * 2).softmax(1)
+    reference = torch.zeros(120)
+    for c in range(30):
+        keep = nms(boxes, probs[:, c], 0.3)
+        reference[keep] = torch.maximum(reference[keep], probs[keep, c])
+    confidence = per_class_nms_confidence(boxes, probs, 0.3)
+    assert torch.equal(confidence, reference)
+    passing = int((confidence >= 0.3).sum())
+    assert 10 < passing < 100
+    keep = select_regions(confidence, 0.3, 10, 100)
+    assert len(keep) == passing and confidence[keep].min() >= 0.3 and (confidence[keep].diff() <= 0).all()
+    assert len(select_regions(confidence, 0.95, 10, 100)) == 10  # topped up to min_boxes by confidence
+    assert len(select_regions(confidence, 0.0, 10, 36)) == 36  # cut to max_boxes
