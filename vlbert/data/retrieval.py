@@ -3,27 +3,14 @@ Flickr30K) and batches of aligned pairs (the evaluation is :func:`vlbert.evaluat
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from detectors.batch import pad_regions, region_item
 from detectors.regions import Regions
+from vlbert.data.captions import CaptionedImage, load_karpathy_split
 from vlbert.data.padding import pad_text
-
-
-@dataclass(frozen=True)
-class CaptionedImage:
-    """An image and its captions. ``group``: images of the same group are interchangeable for their captions
-    (e.g. easy-VQA's "a blue circle" fits every blue circle); by default each image is its own group."""
-
-    image_id: str
-    captions: tuple[str, ...]
-    group: str = ""
 
 
 def easy_vqa_captioned(split: str, seed: int = 0) -> list[CaptionedImage]:
@@ -35,27 +22,6 @@ def easy_vqa_captioned(split: str, seed: int = 0) -> list[CaptionedImage]:
     rng = random.Random(f"retrieval-{seed}-{split}")
     return [CaptionedImage(i, (rng.choice(CAPTION_TEMPLATES).format(color=c, shape=s),), f"{c} {s}")
             for i, (c, s) in captions(split).items()]
-
-
-def load_karpathy_split(path: str | os.PathLike, split: str, image_id_format: str = "{filename}") -> list[CaptionedImage]:
-    """Read Karpathy & Fei-Fei's ``dataset_coco.json`` / ``dataset_flickr30k.json``.
-
-    Args:
-        split: "train" (COCO's "restval" included), "val" or "test".
-        image_id_format: the shard image id from the record's fields, e.g. ``"{cocoid}"`` or ``"{filename}"``.
-    Raises:
-        ValueError: the file lacks ``images`` or the split is empty.
-    """
-    data = json.loads(Path(path).read_text())
-    if "images" not in data:
-        raise ValueError(f"{path} has no 'images' list; is it a Karpathy-split caption file?")
-    wanted = {"train", "restval"} if split == "train" else {split}
-    out = [CaptionedImage(image_id_format.format(**{k: v for k, v in img.items() if k != "sentences"}),
-                          tuple(s["raw"] for s in img["sentences"]))
-           for img in data["images"] if img.get("split") in wanted]
-    if not out:
-        raise ValueError(f"{path} has no images in split {split!r}")
-    return out
 
 
 class RetrievalPairs(torch.utils.data.Dataset):

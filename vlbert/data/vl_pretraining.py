@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 
 from detectors.batch import pad_regions, region_item
 from detectors.regions import Regions
+from detectors.store import region_count
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.objectives import OBJECTIVES, PrepareContext
 
@@ -86,7 +87,7 @@ class VLPretrainingDataset(Dataset):
 
     def lengths(self) -> list[int]:
         """Text + region positions of every item (for length-grouped batching)."""
-        return [len(self.text_ids(c)) + min(self.regions[c.image_id].num_regions, self.max_regions)
+        return [len(self.text_ids(c)) + min(region_count(self.regions, c.image_id), self.max_regions)
                 for c in self.captions]
 
     def negative_for(self, index: int, rng: random.Random) -> Caption:

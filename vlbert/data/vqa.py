@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 
 from detectors.batch import pad_regions, region_item
 from detectors.regions import Regions
+from detectors.store import region_count
 from vlbert.data.padding import pad_text
 from vlbert.evaluation.vqa import answer_targets, normalize_answer
 
@@ -118,7 +119,7 @@ class VQADataset(Dataset):
         return len(self.examples)
 
     def lengths(self) -> list[int]:
-        return [len(ids) + min(self.regions[ex.image_id].num_regions, self.max_regions)
+        return [len(ids) + min(region_count(self.regions, ex.image_id), self.max_regions)
                 for ids, ex in zip(self.input_ids, self.examples)]
 
     def __getitem__(self, index: int) -> dict:

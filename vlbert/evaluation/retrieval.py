@@ -13,7 +13,7 @@ from vlbert.utils import evaluation
 
 if TYPE_CHECKING:
     from detectors.regions import Regions
-    from vlbert.data.retrieval import CaptionedImage
+    from vlbert.data.captions import CaptionedImage
 
 
 def recall_at_k(scores: torch.Tensor, positives: Sequence[set[int]] | torch.Tensor,

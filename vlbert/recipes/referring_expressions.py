@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from detectors.store import RegionStore, region_count
 from vlbert.data.refcoco import (ReferringCollator, ReferringDataset, box_iou, easy_vqa_composites, load_refcoco)
 from vlbert.models.referring import VLBertForReferringExpressions
 from vlbert.recipes.regions import task_regions
@@ -47,12 +48,12 @@ class ReferringDataConfig:
 def _easy_vqa_regions(ctx: RunContext, files: dict, tiles: dict):
     """Regions of the composites: the tiles' own boxes (gt) or the detector's proposals, extracted once."""
     from detectors.cache import cached_shards
-    from detectors.shards import load_regions
 
     if ctx.data.boxes not in ("gt", "detector"):
         raise ValueError(f"data.boxes must be 'gt' or 'detector', got {ctx.data.boxes!r}")
     given = tiles if ctx.data.boxes == "gt" else None
-    return load_regions(cached_shards(ctx.detector, files, ctx.data.cache_dir, "refcoco-composites", boxes=given))
+    return RegionStore(cached_shards(ctx.detector, files, ctx.data.cache_dir, "refcoco-composites",
+                                     boxes=given)[0].parent)
 
 
 class ReferringData(TaskData):
@@ -104,7 +105,7 @@ class ReferringData(TaskData):
             top = model(**{k: v.to(device) for k, v in batch.items()}).logits.argmax(-1).tolist()
             hits += sum(self.hit(self.eval.examples[i], choice) for i, choice in zip(index, top))
         for example in self.eval.examples:
-            n = min(self.regions[example.image_id].num_regions, self.eval.max_regions)
+            n = min(region_count(self.regions, example.image_id), self.eval.max_regions)
             reachable += bool((box_iou(np.array([example.box]), self.regions[example.image_id].boxes[:n]) >= 0.5).any())
         return {"accuracy": hits / len(self.eval), "accuracy_upper_bound": reachable / len(self.eval)}
 
@@ -116,7 +117,7 @@ def build_model(ctx: RunContext, data: ReferringData) -> VLBertForReferringExpre
 def baselines(ctx: RunContext, data: ReferringData, model) -> dict:
     """Accuracy of always choosing the region at the most frequent training target position."""
     position = Counter(data.train[i]["target_region"] for i in range(len(data.train))).most_common(1)[0][0]
-    hits = sum(data.hit(ex, min(position, data.regions[ex.image_id].num_regions - 1)) for ex in data.eval.examples)
+    hits = sum(data.hit(ex, min(position, region_count(data.regions, ex.image_id) - 1)) for ex in data.eval.examples)
     return {"accuracy_majority_position_baseline": hits / len(data.eval)}
 
 

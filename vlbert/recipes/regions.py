@@ -1,31 +1,34 @@
 """The regions a VL task reads: the shards its data config names, or the embedded easy-VQA images extracted
-with the run's ``detector`` section (cached)."""
+with the run's ``detector`` section (cached); either way a :class:`detectors.store.RegionStore`, which reads each
+image's regions from disk when asked (memory does not grow with the number of images)."""
 
 from __future__ import annotations
 
-from detectors.regions import Regions
-from detectors.shards import load_regions, shard_paths
+from detectors.store import RegionStore
 
 
-def task_regions(ctx, image_ids: list[str] | None = None) -> dict[str, Regions]:
-    """image id -> regions for ``ctx.data`` (fields ``dataset``, ``shards``, ``cache_dir``).
+def region_store(shards: str, dataset: str, cache_dir: str, detector, image_ids: list[str] | None = None) -> RegionStore:
+    """The region store of ``shards``, or for easy-VQA without shards the images extracted with ``detector``
+    (a :class:`detectors.config.DetectorConfig`; cached under ``cache_dir``; only ``image_ids`` when given).
 
-    Args:
-        ctx: the :class:`~vlbert.recipes.runner.RunContext` (its ``detector`` extracts easy-VQA on first use).
-        image_ids: for easy-VQA without ``shards``: extract only these images (default all).
     Raises:
-        ValueError: a dataset other than easy-VQA without ``data.shards``.
-        FileNotFoundError: ``data.shards`` holds no shard.
+        ValueError: a dataset other than easy-VQA without shards.
+        FileNotFoundError: ``shards`` holds no shard.
     """
-    data = ctx.data
-    if data.shards:
-        return load_regions(shard_paths(data.shards))
-    if data.dataset != "easy-vqa":
-        raise ValueError(f"data.dataset={data.dataset!r} needs data.shards: a directory of region shards "
+    if shards:
+        return RegionStore(shards)
+    if dataset != "easy-vqa":
+        raise ValueError(f"data.dataset={dataset!r} needs data.shards: a directory of region shards "
                          "(tools/extract_regions.py writes them from images or imports BUTD TSV / npz features)")
     from vlbert.data.easy_vqa import easy_vqa_shards
 
-    return load_regions(easy_vqa_shards(ctx.detector, data.cache_dir, image_ids))
+    return RegionStore(easy_vqa_shards(detector, cache_dir, image_ids)[0].parent)
 
 
-__all__ = ["task_regions"]
+def task_regions(ctx, image_ids: list[str] | None = None) -> RegionStore:
+    """:func:`region_store` of ``ctx.data`` (fields ``dataset``, ``shards``, ``cache_dir``) and ``ctx.detector``."""
+    data = ctx.data
+    return region_store(data.shards, data.dataset, data.cache_dir, ctx.detector, image_ids)
+
+
+__all__ = ["task_regions", "region_store"]

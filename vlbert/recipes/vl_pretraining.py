@@ -2,41 +2,117 @@
 modelling (MRFR, MRC, MRC-kl) and image-text matching on one shared encoder initialised from BERT (UNITER
 section 3), one objective per step drawn from ``data.objectives``.
 
-Embedded default: the easy-VQA images with one caption per image derived from its own annotations ("a blue
-circle"); regions from the ``detector`` section, extracted on first use into a cache and reused.
+Data: ``data.sources``, a list of caption files each with its region shards (COCO captions JSON, Karpathy JSON,
+Conceptual-Captions TSV, JSONL, a ``datasets`` name; :mod:`vlbert.data.captions`), mixed with weights as UNITER
+mixes COCO, VG, CC and SBU. Regions are read from disk per sample (:class:`detectors.store.RegionStore`).
+Embedded default (no ``sources``): the easy-VQA images with one caption per image derived from its own annotations
+("a blue circle"); regions from the ``detector`` section, extracted on first use into a cache and reused.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, field
 
 import torch
 
+from detectors.store import NamespacedRegions, RegionStore
+from vlbert.data import captions as caption_files
 from vlbert.data.corpus import train_eval_split
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES, captions as easy_vqa_captions
 from vlbert.data.pretraining import MaskingCollator
-from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset
+from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset, caption_content
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives import ObjectiveMix
-from vlbert.recipes.regions import task_regions
+from vlbert.recipes.regions import region_store
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 from vlbert.utils import evaluation
+
+logger = logging.getLogger(__name__)
+
+
+SOURCE_FORMATS = ("easy-vqa",) + caption_files.CAPTION_FORMATS
+_DEFAULT_ID_FORMAT = {"coco": "{image_id}", "karpathy": "{filename}", "tsv": "{key}", "jsonl": "{image_id}",
+                      "hf": "{image_id}", "easy-vqa": ""}
+
+
+@dataclass
+class CaptionSource:
+    """One image-text source (an entry of ``data.sources``).
+
+    name: a short name (prefixes its image ids when several sources mix: "coco/391895").
+    format: "coco" (captions_*.json), "karpathy" (dataset_coco.json), "tsv" (caption<TAB>image key), "jsonl"
+        ({"image_id", "caption"} lines), "hf" (a ``datasets`` name, online) or "easy-vqa" (the embedded images).
+    path: the caption file (or the ``datasets`` name).
+    shards: the directory of region shards of its images (easy-VQA: empty = extract with the run's detector).
+    image_id_format: the shards' image id from the record's fields (:mod:`vlbert.data.captions`), e.g.
+        "COCO_train2014_{image_id:012d}" for LXMERT's TSV features; default per format.
+    weight: how often its captions are seen per epoch relative to once (UNITER-style mixing): 2 = twice, 0.5 = a
+        seeded half.
+    split: the Karpathy or ``datasets`` split; image_field, caption_field: JSONL / ``datasets`` columns.
+    Raises:
+        ValueError: an unknown format, no path for a file format, no shards, a weight <= 0.
+    """
+
+    name: str
+    format: str
+    path: str = ""
+    shards: str = ""
+    image_id_format: str = ""
+    weight: float = 1.0
+    split: str = "train"
+    image_field: str = "image_id"
+    caption_field: str = "caption"
+
+    def __post_init__(self) -> None:
+        where = f"data.sources[{self.name!r}]"
+        if self.format not in SOURCE_FORMATS:
+            raise ValueError(f"{where}.format must be one of {SOURCE_FORMATS}, got {self.format!r}")
+        if self.format != "easy-vqa" and not (self.path and self.shards):
+            raise ValueError(f"{where} needs path (the caption file) and shards (its images' region shards, from "
+                             "tools/extract_regions.py)")
+        if not self.weight > 0:
+            raise ValueError(f"{where}.weight must be > 0, got {self.weight}")
+        if "/" in self.name or not self.name:
+            raise ValueError(f"{where}.name must be a non-empty name without '/'")
+        self.image_id_format = self.image_id_format or _DEFAULT_ID_FORMAT[self.format]
+
+    def captioned_images(self) -> list[caption_files.CaptionedImage]:
+        """The source's images and captions, under the shards' image ids."""
+        f = caption_files
+        if self.format == "coco":
+            return f.read_coco_captions(self.path, self.image_id_format)
+        if self.format == "karpathy":
+            return f.load_karpathy_split(self.path, self.split, self.image_id_format)
+        if self.format == "tsv":
+            return f.read_caption_tsv(self.path, self.image_id_format)
+        if self.format == "jsonl":
+            return f.read_caption_jsonl(self.path, self.image_id_format, self.image_field, self.caption_field)
+        return f.read_hf_captions(self.path, self.split, self.image_id_format, self.image_field, self.caption_field)
 
 
 @dataclass
 class VLDataConfig:
     """Image-text data (YAML section ``data``).
 
+    sources: the image-text sources (:class:`CaptionSource` fields); empty = the embedded easy-VQA source built from
+    ``dataset``/``shards``. missing_regions: "error" (default: the count and first ids of captions whose image
+    has no regions) or "skip" (dropped, counted in metrics.json as ``captions_without_regions_<source>``).
     dataset: "easy-vqa" (the embedded default). shards: a directory of region shards to use instead of
     extracting (image ids "train/<n>"). cache_dir: where extracted shards are kept. eval_fraction: images held out.
     max_text_length, max_regions: truncation. objectives: the objective mix (relative frequency of steps; names
-    in :data:`vlbert.objectives.OBJECTIVES`). max_images: use only the first N captioned training images (0 = all).
+    in :data:`vlbert.objectives.OBJECTIVES`). max_images: use only the first N captioned images per source (0 = all).
+    Raises:
+        ValueError: a source that is not valid (:class:`CaptionSource`), two with one name, ``missing_regions``
+            other than error/skip.
     """
 
     dataset: str = "easy-vqa"
     max_images: int = 0
     shards: str = ""
+    sources: list = field(default_factory=list)
+    missing_regions: str = "error"
     cache_dir: str = "~/.cache/vlbert/regions"
     eval_fraction: float = 0.05
     max_text_length: int = 24
@@ -44,6 +120,24 @@ class VLDataConfig:
     mlm_probability: float = 0.15
     region_mask_probability: float = 0.15
     objectives: dict = field(default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc_kl": 1.0, "itm": 1.0})
+
+    def __post_init__(self) -> None:
+        if self.missing_regions not in ("error", "skip"):
+            raise ValueError(f"data.missing_regions must be 'error' or 'skip', got {self.missing_regions!r}")
+        sources = []
+        for entry in self.sources:
+            if isinstance(entry, CaptionSource):
+                sources.append(entry)
+                continue
+            unknown = set(entry) - set(CaptionSource.__dataclass_fields__)
+            if unknown or "name" not in entry or "format" not in entry:
+                raise ValueError(f"data.sources entry {entry}: needs name and format; unknown keys {sorted(unknown)} "
+                                 f"(known: {sorted(CaptionSource.__dataclass_fields__)})")
+            sources.append(CaptionSource(**entry))
+        names = [s.name for s in sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"data.sources names must differ, got {names}")
+        self.sources = sources
 
 
 def easy_vqa_pairs(tokenizer, split: str = "train", seed: int = 0) -> list[Caption]:
@@ -69,13 +163,20 @@ class VLPretrainingData(TaskData):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         data, tokenizer = ctx.data, ctx.tokenizer
-        if data.dataset != "easy-vqa":
-            raise ValueError(f"data.dataset={data.dataset!r}: the built-in image-text data is 'easy-vqa'")
+        if not data.sources and data.dataset != "easy-vqa":
+            raise ValueError(f"data.dataset={data.dataset!r}: the built-in image-text data is 'easy-vqa'; give other "
+                             "data as data.sources (caption files + region shards)")
         self.objectives = ObjectiveMix(dict(data.objectives))
-        pairs = easy_vqa_pairs(tokenizer, "train", self.seed)
-        if data.max_images:
-            pairs = pairs[: data.max_images]
-        self.regions = task_regions(ctx, [p.image_id for p in pairs] if data.max_images else None)
+        sources = data.sources or [CaptionSource("easy-vqa", "easy-vqa", shards=data.shards)]
+        self.easy_vqa_only = all(s.format == "easy-vqa" for s in sources)
+        self.skipped: dict[str, int] = {}
+        stores, pairs = {}, []
+        for source in sources:
+            source_pairs, stores[source.name] = self._load_source(ctx, source)
+            if len(sources) > 1:
+                source_pairs = [Caption(f"{source.name}/{p.image_id}", p.token_ids, p.content) for p in source_pairs]
+            pairs += _weighted(source_pairs, source.weight, random.Random(f"mix-{self.seed}-{source.name}"))
+        self.regions = stores[sources[0].name] if len(sources) == 1 else NamespacedRegions(stores)
         any_regions = next(iter(self.regions.values()))
         self.feature_dim = any_regions.feature_dim
         self.num_classes = any_regions.class_probs.shape[1] if any_regions.class_probs is not None else 0
@@ -83,7 +184,11 @@ class VLPretrainingData(TaskData):
             raise ValueError("data.objectives has mrc/mrc_kl but the regions have no class distributions; extract "
                              "with a detector that writes them or set their weight to 0")
         self.tokenizer = tokenizer
-        train_pairs, self.eval_pairs = train_eval_split(pairs, data.eval_fraction, self.seed)
+        # Held out by image (all captions of an image on one side), images in order of first appearance.
+        _, eval_images = train_eval_split(list(dict.fromkeys(p.image_id for p in pairs)), data.eval_fraction, self.seed)
+        held = set(eval_images)
+        train_pairs = [p for p in pairs if p.image_id not in held]
+        self.eval_pairs = [p for p in pairs if p.image_id in held]
         self.text = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability)
         self.collator = VLCollator(self.text, data.region_mask_probability)
         self.train = VLPretrainingDataset(train_pairs, self.regions, tokenizer, data.max_text_length,
@@ -91,6 +196,43 @@ class VLPretrainingData(TaskData):
         if len(self.eval_pairs) >= 2:
             self.eval = VLPretrainingDataset(self.eval_pairs, self.regions, tokenizer, data.max_text_length,
                                              data.max_regions, self.seed + 1)
+
+    def _load_source(self, ctx: RunContext, source: CaptionSource) -> tuple[list[Caption], object]:
+        """A source's captions (tokenized; its first ``max_images`` images) and its region store; captions whose
+        image has no regions are refused or skipped per ``data.missing_regions``."""
+        data, tokenizer = ctx.data, ctx.tokenizer
+        if source.format == "easy-vqa":
+            pairs = easy_vqa_pairs(tokenizer, source.split, self.seed)
+            if data.max_images:
+                pairs = pairs[: data.max_images]
+            store = region_store(source.shards, "easy-vqa", data.cache_dir, ctx.detector,
+                                 [p.image_id for p in pairs] if data.max_images else None)
+        else:
+            images = source.captioned_images()
+            if data.max_images:
+                images = images[: data.max_images]
+            store = RegionStore(source.shards)
+            texts = [(img.image_id, text) for img in images for text in img.captions]
+            ids = tokenizer([t for _, t in texts], add_special_tokens=False, return_attention_mask=False,
+                            return_token_type_ids=False)["input_ids"]
+            pairs = [Caption(image_id, token_ids, caption_content(text))
+                     for (image_id, text), token_ids in zip(texts, ids) if token_ids]
+        missing = sorted({p.image_id for p in pairs if p.image_id not in store})
+        if missing:
+            count = sum(1 for p in pairs if p.image_id not in store)
+            if data.missing_regions == "error":
+                raise ValueError(f"source {source.name!r}: {count} captions of {len(missing)} images have no regions "
+                                 f"in {source.shards or 'the extracted shards'} (e.g. {missing[:3]}; the shards hold ids "
+                                 f"like {next(iter(store), '?')!r}); fix image_id_format, extract those images, or set "
+                                 "data.missing_regions: skip")
+            logger.warning("source %s: skipping %d captions whose %d images have no regions (e.g. %s)", source.name,
+                           count, len(missing), missing[:3])
+            self.skipped[source.name] = count
+            absent = set(missing)
+            pairs = [p for p in pairs if p.image_id not in absent]
+        if not pairs:
+            raise ValueError(f"source {source.name!r} has no caption with regions")
+        return pairs, store
 
     @evaluation
     def grounding_accuracy(self, model) -> dict[str, float]:
@@ -140,16 +282,24 @@ def build_model(ctx: RunContext, data: VLPretrainingData) -> VLBertForPreTrainin
 
 
 def baselines(ctx: RunContext, data: VLPretrainingData, model) -> dict:
-    if data.eval is None:
-        return {}
-    return {k + "_before": v for k, v in data.grounding_accuracy(model).items()}
+    out = {f"captions_without_regions_{name}": count for name, count in data.skipped.items()}
+    if data.eval is None or not data.easy_vqa_only:
+        return out
+    return {**out, **{k + "_before": v for k, v in data.grounding_accuracy(model).items()}}
 
 
 def evaluate(ctx: RunContext, data: VLPretrainingData, model) -> dict:
-    return data.grounding_accuracy(model) if data.eval is not None else {}
+    """The colour/shape grounding probe on easy-VQA data; other sources report the trainer's held-out losses."""
+    return data.grounding_accuracy(model) if data.eval is not None and data.easy_vqa_only else {}
+
+
+def _weighted(pairs: list[Caption], weight: float, rng: random.Random) -> list[Caption]:
+    """``pairs`` repeated ``int(weight)`` times plus a seeded ``weight % 1`` share of them."""
+    whole, part = int(weight), weight - int(weight)
+    return pairs * whole + (rng.sample(pairs, round(part * len(pairs))) if part else [])
 
 
 RECIPE = Recipe("vl-pretraining", VLDataConfig, VLPretrainingData, build_model, evaluate=evaluate,
                 baselines=baselines, uses_regions=True, default_init=None)
 
-__all__ = ["RECIPE", "VLDataConfig", "VLPretrainingData", "easy_vqa_pairs"]
+__all__ = ["RECIPE", "VLDataConfig", "CaptionSource", "VLPretrainingData", "easy_vqa_pairs"]

@@ -1,0 +1,178 @@
+"""Image-caption files in the formats the public datasets ship, read into :class:`CaptionedImage` records.
+
+* COCO captions JSON (``annotations/captions_train2014.json``): ``images`` [{id, file_name, ...}] and
+  ``annotations`` [{image_id, caption}] (Chen et al. 2015);
+* the Karpathy split JSON (``dataset_coco.json``, ``dataset_flickr30k.json``): ``images`` [{split, filename, cocoid,
+  sentences [{raw}]}] (Karpathy & Fei-Fei 2015), read by pretraining and retrieval alike;
+* Conceptual-Captions-style TSV: one ``caption<TAB>image key`` per line (Sharma et al. 2018), no header;
+* JSON lines ``{"image_id": ..., "caption": ...}`` (e.g. Visual Genome region descriptions or SBU converted);
+* a Hugging Face ``datasets`` name (online), with its image-id and caption columns.
+
+Each reader maps the file's own image identifier to the id under which the region shards hold the image with
+``image_id_format``, a ``str.format`` template over the record's fields (COCO: ``image_id``, ``file_name`` and its
+``stem``; e.g. ``"COCO_train2014_{image_id:012d}"`` for LXMERT's TSV features, ``"{image_id}"`` for ids as written).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+CAPTION_FORMATS = ("coco", "karpathy", "tsv", "jsonl", "hf")
+
+
+@dataclass(frozen=True)
+class CaptionedImage:
+    """An image and its captions. ``group``: images of the same group are interchangeable for their captions
+    (e.g. easy-VQA's "a blue circle" fits every blue circle); by default each image is its own group."""
+
+    image_id: str
+    captions: tuple[str, ...]
+    group: str = ""
+
+
+def _format_id(template: str, fields: dict, where: str) -> str:
+    try:
+        return template.format(**fields)
+    except (KeyError, ValueError, IndexError) as e:
+        raise ValueError(f"{where}: image_id_format {template!r} does not fit the record's fields "
+                         f"{sorted(fields)} ({type(e).__name__}: {e})") from e
+
+
+def _read_json(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"caption file {path} does not exist")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from e
+
+
+def _grouped(pairs: list[tuple[str, str]], where: str) -> list[CaptionedImage]:
+    by_image: dict[str, list[str]] = defaultdict(list)
+    for image_id, caption in pairs:
+        if caption.strip():
+            by_image[image_id].append(caption.strip())
+    if not by_image:
+        raise ValueError(f"{where} holds no caption")
+    return [CaptionedImage(i, tuple(c)) for i, c in by_image.items()]
+
+
+def read_coco_captions(path: str | os.PathLike, image_id_format: str = "{image_id}") -> list[CaptionedImage]:
+    """COCO captions JSON -> one record per image with all its captions.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not JSON, no ``annotations`` list, an annotation without
+            ``image_id``/``caption``, or an ``image_id_format`` the fields do not fill.
+    """
+    data = _read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("annotations"), list):
+        raise ValueError(f"{path} has no 'annotations' list; is it a COCO captions file (captions_*.json)?")
+    files = {img["id"]: img.get("file_name", "") for img in data.get("images", []) if "id" in img}
+    pairs = []
+    for n, ann in enumerate(data["annotations"]):
+        if "image_id" not in ann or "caption" not in ann:
+            raise ValueError(f"{path}: annotation {n} lacks 'image_id' or 'caption': {ann}")
+        name = files.get(ann["image_id"], "")
+        fields = {"image_id": ann["image_id"], "file_name": name, "stem": Path(name).stem}
+        pairs.append((_format_id(image_id_format, fields, f"{path}: annotation {n}"), str(ann["caption"])))
+    return _grouped(pairs, str(path))
+
+
+def load_karpathy_split(path: str | os.PathLike, split: str, image_id_format: str = "{filename}") -> list[CaptionedImage]:
+    """Read Karpathy & Fei-Fei's ``dataset_coco.json`` / ``dataset_flickr30k.json``.
+
+    Args:
+        split: "train" (COCO's "restval" included), "val" or "test".
+        image_id_format: the shard image id from the record's fields, e.g. ``"{cocoid}"`` or ``"{filename}"``.
+    Raises:
+        ValueError: the file lacks ``images`` or the split is empty.
+    """
+    data = _read_json(path)
+    if not isinstance(data, dict) or "images" not in data:
+        raise ValueError(f"{path} has no 'images' list; is it a Karpathy-split caption file?")
+    wanted = {"train", "restval"} if split == "train" else {split}
+    out = [CaptionedImage(_format_id(image_id_format, {k: v for k, v in img.items() if k != "sentences"}, str(path)),
+                          tuple(s["raw"] for s in img["sentences"]))
+           for img in data["images"] if img.get("split") in wanted]
+    if not out:
+        raise ValueError(f"{path} has no images in split {split!r}")
+    return out
+
+
+def read_caption_tsv(path: str | os.PathLike, image_id_format: str = "{key}") -> list[CaptionedImage]:
+    """Conceptual-Captions-style TSV: ``caption<TAB>image key`` per line (fields ``key``, ``stem`` of the key).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: a line without exactly two columns (the message names it).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"caption file {path} does not exist")
+    csv.field_size_limit(sys.maxsize)
+    pairs = []
+    with open(path, newline="", encoding="utf-8") as f:
+        for line_no, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), start=1):
+            if not row:
+                continue
+            if len(row) != 2:
+                raise ValueError(f"{path}:{line_no}: {len(row)} columns; a caption TSV has 2: caption<TAB>image key")
+            caption, key = row
+            pairs.append((_format_id(image_id_format, {"key": key, "stem": Path(key).stem}, f"{path}:{line_no}"),
+                          caption))
+    return _grouped(pairs, str(path))
+
+
+def read_caption_jsonl(path: str | os.PathLike, image_id_format: str = "{image_id}", image_field: str = "image_id",
+                       caption_field: str = "caption") -> list[CaptionedImage]:
+    """JSON lines, one ``{"image_id": ..., "caption": ...}`` per line (other fields usable in the id format).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: a line that is not a JSON object or lacks a field.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"caption file {path} does not exist")
+    pairs = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: not a JSON object ({e})") from e
+            if not isinstance(record, dict) or image_field not in record or caption_field not in record:
+                raise ValueError(f"{path}:{line_no}: needs {image_field!r} and {caption_field!r}; got "
+                                 f"{sorted(record) if isinstance(record, dict) else type(record).__name__}")
+            pairs.append((_format_id(image_id_format, record, f"{path}:{line_no}"), str(record[caption_field])))
+    return _grouped(pairs, str(path))
+
+
+def read_hf_captions(name: str, split: str = "train", image_id_format: str = "{image_id}",
+                     image_field: str = "image_id", caption_field: str = "caption") -> list[CaptionedImage]:
+    """A ``datasets`` hub dataset (online) with an image-id and a caption column (only those are read).
+
+    Raises:
+        ValueError: the columns are missing. Errors of ``datasets.load_dataset`` (offline: a connection error).
+    """
+    import datasets
+
+    ds = datasets.load_dataset(name, split=split)
+    missing = [c for c in (image_field, caption_field) if c not in ds.column_names]
+    if missing:
+        raise ValueError(f"dataset {name} has no column(s) {missing}; its columns are {ds.column_names}")
+    ds = ds.select_columns([image_field, caption_field])
+    pairs = [(_format_id(image_id_format, {"image_id": r[image_field], image_field: r[image_field]}, name),
+              str(r[caption_field])) for r in ds]
+    return _grouped(pairs, name)
+
+
+__all__ = ["CaptionedImage", "CAPTION_FORMATS", "read_coco_captions", "load_karpathy_split", "read_caption_tsv",
+           "read_caption_jsonl", "read_hf_captions"]
