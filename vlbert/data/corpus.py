@@ -132,15 +132,24 @@ def _load_file(path: Path, text_field: str) -> list[str]:
     return [block.strip() for block in re.split(r"\n\s*\n", text)]
 
 
-def _load_hub(name: str, text_field: str, split: str) -> list[str]:
+def hub_corpus(name: str, split: str = "train"):
+    """``datasets.load_dataset(name, split=split)`` for a corpus named on the hub (needs the network).
+
+    Raises:
+        FileNotFoundError: it does not load (offline, or no such dataset); the message names the local options.
+    """
     import datasets
 
     try:
-        ds = datasets.load_dataset(name, split=split)
+        return datasets.load_dataset(name, split=split)
     except Exception as e:
         raise FileNotFoundError(
             f"corpus {name!r} is neither a local path nor a loadable datasets hub name ({type(e).__name__}: {e}); "
             "offline, use a local file or 'bbc-news'") from e
+
+
+def _load_hub(name: str, text_field: str, split: str) -> list[str]:
+    ds = hub_corpus(name, split)
     if text_field not in ds.column_names:
         raise ValueError(f"dataset {name!r} has no column {text_field!r} (columns: {ds.column_names})")
     return list(ds[text_field])

@@ -267,7 +267,7 @@ class LengthGroupedBatchSampler:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
-        self.lengths = list(lengths)
+        self.lengths = lengths.tolist() if hasattr(lengths, "tolist") else list(lengths)
         self.batch_size, self.seed, self.epoch = batch_size, seed, epoch
         self.group_size, self.drop_last, self.shuffle = group_size, drop_last, shuffle
         self.rank, self.world_size = rank, world_size

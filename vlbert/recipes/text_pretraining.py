@@ -10,7 +10,9 @@ import collections
 from dataclasses import dataclass
 
 from vlbert.data.corpus import load_documents, split_sentences, train_eval_split
+from vlbert.data.corpus_pairs import CorpusPairsDataset, split_documents
 from vlbert.data.pretraining import MaskingCollator, TextPretrainingDataset, tokenize_documents
+from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
 from vlbert.models.bert import BertForPreTraining
 from vlbert.models.losses import IGNORE_INDEX
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
@@ -26,6 +28,10 @@ class TextDataConfig:
     short_seq_prob: probability of a shorter target length (BERT: 0.1).
     mlm_probability: share of wordpieces chosen for prediction (BERT: 0.15).
     max_eval_batches: cap on held-out batches per evaluation (0 = all).
+    memory_map: tokenise the corpus once into memory-mapped arrays (cached under ``corpus_cache_dir`` by corpus and
+        tokenizer) and draw pairs from them at load time (:mod:`vlbert.data.corpus_pairs`): memory does not grow
+        with the corpus. False: tokenise into memory (small corpora; the embedded default).
+    num_proc: processes for the one-time tokenisation (``datasets.map``).
     """
 
     corpus: str = "bbc-news"
@@ -35,6 +41,9 @@ class TextDataConfig:
     short_seq_prob: float = 0.1
     mlm_probability: float = 0.15
     max_eval_batches: int = 0
+    memory_map: bool = False
+    num_proc: int = 1
+    corpus_cache_dir: str = "~/.cache/vlbert/corpora"
 
 
 def most_frequent_token(documents: list[list[list[int]]], special_ids: set[int]) -> int:
@@ -58,6 +67,11 @@ class TextPretrainingData(TaskData):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         data, tokenizer = ctx.data, ctx.tokenizer
+        self.collator = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability)
+        self.max_eval_batches = data.max_eval_batches
+        if data.memory_map:
+            self._memory_mapped(data, tokenizer)
+            return
         documents = load_documents(data.corpus, text_field=data.text_field)
         train_docs, eval_docs = train_eval_split(documents, data.eval_fraction, self.seed)
         self.train_documents = tokenize_documents(train_docs, tokenizer, split_sentences)
@@ -67,9 +81,21 @@ class TextPretrainingData(TaskData):
         if len(eval_documents) >= 2:
             self.eval = TextPretrainingDataset(eval_documents, tokenizer, data.max_seq_length, data.short_seq_prob,
                                                seed=self.seed + 1)
-        self.collator = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability)
-        self.max_eval_batches = data.max_eval_batches
         self.majority_token = most_frequent_token(self.train_documents, set(tokenizer.all_special_ids))
+
+    def _memory_mapped(self, data: TextDataConfig, tokenizer) -> None:
+        """Train / held-out pairs drawn from the prepared, memory-mapped corpus."""
+        corpus = TokenCorpus(prepare_corpus(data.corpus, tokenizer, data.corpus_cache_dir, data.text_field,
+                                            num_proc=data.num_proc))
+        train_docs, eval_docs = split_documents(corpus.num_documents, data.eval_fraction, self.seed)
+        self.train = CorpusPairsDataset(corpus, train_docs, tokenizer, data.max_seq_length, data.short_seq_prob,
+                                        self.seed, "train")
+        if len(eval_docs) >= 2:
+            self.eval = CorpusPairsDataset(corpus, eval_docs, tokenizer, data.max_seq_length, data.short_seq_prob,
+                                           self.seed + 1, "eval")
+        counts = corpus.token_counts(len(tokenizer))
+        counts[list(tokenizer.all_special_ids)] = -1
+        self.majority_token = int(counts.argmax())
 
     def majority_baseline_accuracy(self) -> float:
         """Held-out MLM accuracy of always predicting the training corpus's most frequent wordpiece."""

@@ -1,0 +1,161 @@
+"""BERT's segment pairs drawn at load time from a memory-mapped corpus (:class:`vlbert.data.token_corpus.TokenCorpus`).
+
+Same construction as :func:`vlbert.data.pretraining.create_segment_pairs` (BERT section 3.1, appendix A.1;
+google-research/bert ``create_pretraining_data.py``), split in two so that nothing grows with the corpus in memory:
+
+* once per (documents, length, short_seq_prob, seed), a sample index is built and cached on disk beside the corpus
+  (``samples-*.npy``, memory-mapped): each document's sentences are cut into chunks that fill a target length
+  (shorter, drawn in [2, max], with probability ``short_seq_prob``); a row is (document, first sentence, end sentence,
+  target);
+* at load time, item i of epoch e draws from a generator seeded by (seed, e, i): where A ends inside the chunk,
+  whether B is the true continuation or a span of another document (50/50; a one-sentence chunk takes the next
+  sentence as its true B), the random document and its starting sentence, and the truncation.
+
+Differences from the in-memory path: the chunks are fixed across epochs (the A/B split, the NSP choice and the random
+B are redrawn every epoch), and when B is random the chunk's unused sentences are not carried into the next chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import zlib
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from vlbert.data.pretraining import IS_NEXT, IS_RANDOM, truncate_pair
+from vlbert.data.token_corpus import TokenCorpus
+
+
+def split_documents(num_documents: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) document indices: document d is held out when a hash of (seed, d) falls under
+    ``eval_fraction`` (whole documents; no list of the corpus is shuffled in memory).
+
+    Raises:
+        ValueError: ``eval_fraction`` outside [0, 1).
+    """
+    if not 0.0 <= eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+    threshold = int(eval_fraction * 2 ** 32)
+    held = np.fromiter((zlib.crc32(f"{seed}-{d}".encode()) < threshold for d in range(num_documents)), dtype=bool,
+                       count=num_documents)
+    return np.flatnonzero(~held), np.flatnonzero(held)
+
+
+def build_sample_index(corpus: TokenCorpus, documents: np.ndarray, max_tokens: int, short_seq_prob: float,
+                       seed: int) -> np.ndarray:
+    """int64 [N, 4] rows (document, first sentence, end sentence, target length) of the chunks (module docstring)."""
+    rng = random.Random(f"chunks-{seed}")
+    rows = []
+    offsets = corpus.sentence_offsets
+    for d in documents:
+        first, end = corpus.sentences(int(d))
+        lengths = np.diff(offsets[first:end + 1])
+        target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
+        start, length = first, 0
+        for k, n in enumerate(lengths):
+            length += int(n)
+            s = first + k
+            if s == end - 1 or length >= target:
+                rows.append((int(d), start, s + 1, target))
+                start, length = s + 1, 0
+                target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+
+
+class CorpusPairsDataset(Dataset):
+    """NSP + MLM pairs from a :class:`TokenCorpus` (module docstring); items as
+    :class:`vlbert.data.pretraining.TextPretrainingDataset`'s: ``input_ids``, ``token_type_ids`` (lists of int),
+    ``next_sentence_label`` (0 = B follows A) and ``mask_seed``.
+
+    Args:
+        corpus: the prepared corpus.
+        documents: the document indices to draw from (train or held out, :func:`split_documents`).
+        tokenizer: for [CLS] / [SEP].
+        max_seq_length: wordpieces per pair including the three special tokens.
+        short_seq_prob: BERT's 0.1.
+        seed: randomness of the chunks, pairs and masking.
+        cache_name: the sample index is cached as ``samples-<name>-<key>.npy`` in the corpus directory.
+    Raises:
+        ValueError: ``max_seq_length`` < 5, or no chunk (no document).
+    """
+
+    def __init__(self, corpus: TokenCorpus, documents: np.ndarray, tokenizer, max_seq_length: int = 128,
+                 short_seq_prob: float = 0.1, seed: int = 0, cache_name: str = "train"):
+        if max_seq_length < 5:
+            raise ValueError(f"max_seq_length must be at least 5 to hold [CLS] A [SEP] B [SEP], got {max_seq_length}")
+        self.corpus, self.documents = corpus, np.asarray(documents, dtype=np.int64)
+        self.max_seq_length, self.max_tokens = max_seq_length, max_seq_length - 3
+        self.seed, self.epoch = seed, 0
+        self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+        key = hashlib.sha1(self.documents.tobytes() + f"{max_seq_length}-{short_seq_prob}-{seed}".encode()).hexdigest()[:10]
+        path = Path(corpus.directory) / f"samples-{cache_name}-{key}.npy"
+        if not path.is_file():
+            index = build_sample_index(corpus, self.documents, self.max_tokens, short_seq_prob, seed)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")  # ranks may build it side by side
+            np.save(tmp, index)
+            tmp.replace(path)
+        self.index = np.load(path, mmap_mode="r")
+        if len(self.index) == 0:
+            raise ValueError("the corpus yields no sentence pairs; it needs at least two sentences")
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def lengths(self) -> np.ndarray:
+        """Approximate tokens per item (the chunk's, capped): for length-grouped batching."""
+        offsets = self.corpus.sentence_offsets
+        counts = offsets[self.index[:, 2]] - offsets[self.index[:, 1]] + 3
+        return np.minimum(counts, self.max_seq_length)
+
+    def _tokens(self, first: int, end: int) -> list[int]:
+        offsets = self.corpus.sentence_offsets
+        return self.corpus.tokens[offsets[first]:offsets[end]].tolist()
+
+    def __getitem__(self, index: int) -> dict:
+        seed = zlib.crc32(f"{self.seed}-{self.epoch}-{index}".encode())
+        rng = random.Random(seed)
+        doc, first, end, target = (int(v) for v in self.index[index])
+        doc_first, doc_end = self.corpus.sentences(doc)
+        is_random = len(self.documents) > 1 and rng.random() < 0.5
+        if not is_random and end - first == 1:
+            if end < doc_end:
+                end += 1  # the next sentence is the true B
+            elif first > doc_first:
+                first -= 1  # the document's last sentence: the previous one becomes A
+            elif len(self.documents) > 1:
+                is_random = True
+        a_end = first + (rng.randint(1, end - first - 1) if end - first >= 2 else 1)
+        tokens_a = self._tokens(first, a_end)
+        if is_random:
+            other = doc
+            for _ in range(10):
+                other = int(self.documents[rng.randrange(len(self.documents))])
+                if other != doc:
+                    break
+            o_first, o_end = self.corpus.sentences(other)
+            start = rng.randrange(o_first, o_end)
+            target_b = max(1, target - len(tokens_a))
+            tokens_b: list[int] = []
+            for s in range(start, o_end):
+                tokens_b += self._tokens(s, s + 1)
+                if len(tokens_b) >= target_b:
+                    break
+        else:
+            tokens_b = self._tokens(a_end, end)
+        truncate_pair(tokens_a, tokens_b, self.max_tokens, rng)
+        if not tokens_b:  # a one-sentence corpus cannot give B: repeat A's last token rather than fail mid-epoch
+            tokens_b = tokens_a[-1:]
+        return {"input_ids": [self.cls_id, *tokens_a, self.sep_id, *tokens_b, self.sep_id],
+                "token_type_ids": [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1),
+                "next_sentence_label": IS_RANDOM if is_random else IS_NEXT,
+                "mask_seed": seed & 0x7FFFFFFF}
+
+
+__all__ = ["CorpusPairsDataset", "split_documents", "build_sample_index"]
