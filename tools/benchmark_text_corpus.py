@@ -18,6 +18,7 @@ import argparse
 import json
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -69,13 +70,17 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--num-proc", type=int, default=2)
     p.add_argument("--in-memory", action="store_true", help="also run the in-memory path on the smallest corpus")
-    p.add_argument("--workdir", help="default: a temporary directory")
+    p.add_argument("--workdir", help="keep corpora, prepared arrays and runs here (a second call reuses the "
+                                     "preparation); default: a temporary directory")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = Path(args.workdir or scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
         for copies in args.copies:
             corpus = tmp / f"bbc-x{copies}.jsonl"
-            size = write_corpus(corpus, copies)
+            size = write_corpus(corpus, copies) if not corpus.is_file() else corpus.stat().st_size
+            for run in tmp.glob(f"run-{copies}*"):
+                shutil.rmtree(run)
             start = time.perf_counter()
             subprocess.run([sys.executable, str(ROOT / "tools" / "prepare_corpus.py"), "--corpus", str(corpus),
                             "--num-proc", str(args.num_proc), "--cache-dir", str(tmp / "cache")], check=True,

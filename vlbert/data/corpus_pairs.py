@@ -4,9 +4,9 @@ Same construction as :func:`vlbert.data.pretraining.create_segment_pairs` (BERT 
 google-research/bert ``create_pretraining_data.py``), split in two so that nothing grows with the corpus in memory:
 
 * once per (documents, length, short_seq_prob, seed), a sample index is built and cached on disk beside the corpus
-  (``samples-*.npy``, memory-mapped): each document's sentences are cut into chunks that fill a target length
-  (shorter, drawn in [2, max], with probability ``short_seq_prob``); a row is (document, first sentence, end sentence,
-  target);
+  (``samples-*.rows``, memory-mapped, and ``samples-*.lengths``): each document's sentences are cut into chunks that
+  fill a target length (shorter, drawn in [2, max], with probability ``short_seq_prob``); a row is (document, first
+  sentence, end sentence, target);
 * at load time, item i of epoch e draws from a generator seeded by (seed, e, i): where A ends inside the chunk,
   whether B is the true continuation or a span of another document (50/50; a one-sentence chunk takes the next
   sentence as its true B), the random document and its starting sentence, and the truncation.
@@ -46,24 +46,37 @@ def split_documents(num_documents: int, eval_fraction: float, seed: int) -> tupl
 
 
 def build_sample_index(corpus: TokenCorpus, documents: np.ndarray, max_tokens: int, short_seq_prob: float,
-                       seed: int) -> np.ndarray:
-    """int64 [N, 4] rows (document, first sentence, end sentence, target length) of the chunks (module docstring)."""
+                       seed: int, rows_file, lengths_file, block: int = 4096) -> int:
+    """Write the chunks of ``documents`` (ascending indices; module docstring) as int64 rows (document, first sentence, end sentence, target length) to
+    ``rows_file`` and their token counts + 3, capped at 65,535, as uint16 to ``lengths_file``; documents are read
+    ``block`` at a time, so memory stays bounded whatever the corpus. Returns the number of rows."""
     rng = random.Random(f"chunks-{seed}")
-    rows = []
-    offsets = corpus.sentence_offsets
-    for d in documents:
-        first, end = corpus.sentences(int(d))
-        lengths = np.diff(offsets[first:end + 1])
-        target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
-        start, length = first, 0
-        for k, n in enumerate(lengths):
-            length += int(n)
-            s = first + k
-            if s == end - 1 or length >= target:
-                rows.append((int(d), start, s + 1, target))
-                start, length = s + 1, 0
-                target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
-    return np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+    written = 0
+    for b in range(0, len(documents), block):
+        docs = documents[b:b + block]  # ascending document indices
+        d_lo, d_hi = int(docs[0]), int(docs[-1])
+        doc_offsets = corpus.read_offsets("document_offsets", d_lo, d_hi + 2)
+        s_lo = int(doc_offsets[0])
+        sent_offsets = corpus.read_offsets("sentence_offsets", s_lo, int(doc_offsets[-1]) + 1)
+        rows, lengths = [], []
+        for d in docs:
+            d = int(d)
+            first, end = int(doc_offsets[d - d_lo]), int(doc_offsets[d - d_lo + 1])
+            sizes = np.diff(sent_offsets[first - s_lo:end - s_lo + 1])
+            target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
+            start, length = first, 0
+            for k, n in enumerate(sizes.tolist()):
+                length += n
+                s = first + k
+                if s == end - 1 or length >= target:
+                    rows.append((d, start, s + 1, target))
+                    lengths.append(min(length + 3, 65535))
+                    start, length = s + 1, 0
+                    target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
+        rows_file.write(np.asarray(rows, dtype=np.int64).reshape(-1, 4).tobytes())
+        lengths_file.write(np.asarray(lengths, dtype=np.uint16).tobytes())
+        written += len(rows)
+    return written
 
 
 class CorpusPairsDataset(Dataset):
@@ -87,20 +100,24 @@ class CorpusPairsDataset(Dataset):
                  short_seq_prob: float = 0.1, seed: int = 0, cache_name: str = "train"):
         if max_seq_length < 5:
             raise ValueError(f"max_seq_length must be at least 5 to hold [CLS] A [SEP] B [SEP], got {max_seq_length}")
-        self.corpus, self.documents = corpus, np.asarray(documents, dtype=np.int64)
+        self.corpus, self.documents = corpus, np.sort(np.asarray(documents, dtype=np.int64))
         self.max_seq_length, self.max_tokens = max_seq_length, max_seq_length - 3
         self.seed, self.epoch = seed, 0
         self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
         key = hashlib.sha1(self.documents.tobytes() + f"{max_seq_length}-{short_seq_prob}-{seed}".encode()).hexdigest()[:10]
-        path = Path(corpus.directory) / f"samples-{cache_name}-{key}.npy"
-        if not path.is_file():
-            index = build_sample_index(corpus, self.documents, self.max_tokens, short_seq_prob, seed)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")  # ranks may build it side by side
-            np.save(tmp, index)
-            tmp.replace(path)
-        self.index = np.load(path, mmap_mode="r")
-        if len(self.index) == 0:
+        stem = Path(corpus.directory) / f"samples-{cache_name}-{key}"
+        rows_path, lengths_path = stem.with_suffix(".rows"), stem.with_suffix(".lengths")
+        if not (rows_path.is_file() and lengths_path.is_file()):
+            tmp = [p.with_name(f"{p.name}.{os.getpid()}.tmp") for p in (rows_path, lengths_path)]  # ranks may race
+            with open(tmp[0], "wb") as rows, open(tmp[1], "wb") as lengths:
+                build_sample_index(corpus, self.documents, self.max_tokens, short_seq_prob, seed, rows, lengths)
+            tmp[1].replace(lengths_path)
+            tmp[0].replace(rows_path)
+        self.lengths_path = lengths_path
+        count = lengths_path.stat().st_size // 2
+        if count == 0:
             raise ValueError("the corpus yields no sentence pairs; it needs at least two sentences")
+        self.index = np.memmap(rows_path, dtype=np.int64, mode="r", shape=(count, 4))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -109,10 +126,9 @@ class CorpusPairsDataset(Dataset):
         return len(self.index)
 
     def lengths(self) -> np.ndarray:
-        """Approximate tokens per item (the chunk's, capped): for length-grouped batching."""
-        offsets = self.corpus.sentence_offsets
-        counts = offsets[self.index[:, 2]] - offsets[self.index[:, 1]] + 3
-        return np.minimum(counts, self.max_seq_length)
+        """Approximate tokens per item (the chunk's + 3 special tokens, capped at ``max_seq_length``): for
+        length-grouped batching; uint16, read from the cached file."""
+        return np.minimum(np.fromfile(self.lengths_path, dtype=np.uint16), self.max_seq_length)
 
     def _tokens(self, first: int, end: int) -> list[int]:
         offsets = self.corpus.sentence_offsets

@@ -11,9 +11,11 @@ section 4.1), seeded by the samples themselves so that a run is reproducible and
 from __future__ import annotations
 
 import random
+import zlib
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -267,32 +269,30 @@ class LengthGroupedBatchSampler:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
-        self.lengths = lengths.tolist() if hasattr(lengths, "tolist") else list(lengths)
+        self.lengths = np.asarray(lengths)  # numpy throughout: a few bytes per item, whatever the corpus size
         self.batch_size, self.seed, self.epoch = batch_size, seed, epoch
         self.group_size, self.drop_last, self.shuffle = group_size, drop_last, shuffle
         self.rank, self.world_size = rank, world_size
 
-    def global_batches(self) -> list[list[int]]:
-        """All global batches (``batch_size x world_size`` items) of this epoch, in order."""
-        rng = random.Random(f"batches-{self.seed}-{self.epoch}")
-        order = list(range(len(self.lengths)))
-        if self.shuffle:
-            rng.shuffle(order)
+    def global_batches(self) -> list[np.ndarray]:
+        """All global batches (``batch_size x world_size`` item indices, int64 arrays) of this epoch, in order."""
+        rng = np.random.default_rng(zlib.crc32(f"batches-{self.seed}-{self.epoch}".encode()))
+        n = len(self.lengths)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
         size = self.batch_size * self.world_size
         group = size * max(1, self.group_size)
-        batches = []
-        for start in range(0, len(order), group):
-            block = order[start:start + group]
-            if self.group_size > 1:
-                block.sort(key=lambda i: self.lengths[i])
-            batches.extend(block[j:j + size] for j in range(0, len(block), size))
+        if self.group_size > 1:
+            for start in range(0, n, group):
+                block = order[start:start + group]
+                order[start:start + group] = block[np.argsort(self.lengths[block], kind="stable")]
+        batches = [order[j:j + size] for j in range(0, n, size)]
         if batches and (len(batches[-1]) < self.world_size or self.drop_last and len(batches[-1]) < size):
             batches.pop()
         if self.shuffle:
-            rng.shuffle(batches)
+            batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
 
-    def batches(self) -> list[list[int]]:
+    def batches(self) -> list[np.ndarray]:
         """This rank's batches of the epoch, in order: slice ``rank`` of every global batch."""
         out = []
         for batch in self.global_batches():

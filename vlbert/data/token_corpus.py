@@ -223,12 +223,24 @@ class TokenCorpus:
         first, end = self.sentences(index)
         return [self.sentence(s).tolist() for s in range(first, end)]
 
-    def token_counts(self, vocab_size: int, chunk: int = 1 << 24) -> np.ndarray:
-        """int64 [vocab_size]: how often each id occurs (read in chunks: constant memory)."""
+    def token_counts(self, vocab_size: int, chunk: int = 1 << 22) -> np.ndarray:
+        """int64 [vocab_size]: how often each id occurs. Read with plain file reads in chunks, not through the
+        memory map, so the scan leaves nothing resident in this process."""
         counts = np.zeros(vocab_size, dtype=np.int64)
-        for start in range(0, len(self.tokens), chunk):
-            counts += np.bincount(self.tokens[start:start + chunk], minlength=vocab_size)[:vocab_size]
+        with open(self.directory / "tokens.bin", "rb") as f:
+            while True:
+                block = np.fromfile(f, dtype=self.meta["dtype"], count=chunk)
+                if block.size == 0:
+                    break
+                counts += np.bincount(block, minlength=vocab_size)[:vocab_size]
         return counts
+
+    def read_offsets(self, name: str, start: int, end: int) -> np.ndarray:
+        """int64 entries [start, end) of ``sentence_offsets`` or ``document_offsets``, by a file read (sequential
+        scans stay out of the process's resident memory)."""
+        with open(self.directory / f"{name}.bin", "rb") as f:
+            f.seek(start * 8)
+            return np.fromfile(f, dtype=np.int64, count=end - start)
 
 
 __all__ = ["corpus_dataset", "prepare_corpus", "TokenCorpus", "tokenizer_fingerprint"]
