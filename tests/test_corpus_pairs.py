@@ -23,6 +23,17 @@ def test_preparation_equals_in_memory_tokenisation_for_every_format(small_corpus
     assert corpus.meta["documents"] == len(reference) and corpus.meta["dtype"] == "uint16"
     assert [corpus.document(d) for d in range(corpus.num_documents)] == reference
     assert prepare_corpus(small_corpus, tokenizer, tmp_path / "cache") == directory  # cached
+    # The packaged MiniLM's tokenizer.json pads and truncates to 128; preparation must not (nor change it).
+    import transformers
+
+    from vlbert.tokenization import resolve_model_path
+
+    minilm = transformers.AutoTokenizer.from_pretrained(resolve_model_path("minilm"))  # fresh: padding still on
+    assert minilm.backend_tokenizer.padding is not None
+    prepared = TokenCorpus(prepare_corpus(small_corpus, minilm, tmp_path / "cache2"))
+    assert minilm.backend_tokenizer.padding is not None  # the caller's tokenizer is left as it was
+    expected = tokenize_documents(load_documents(small_corpus), minilm, split_sentences)
+    assert [prepared.document(d) for d in range(prepared.num_documents)] == expected
     texts = [p.read_text() for p in sorted(small_corpus.glob("*.txt"))][:5]
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in texts))
     jsonl = TokenCorpus(prepare_corpus(tmp_path / "docs.jsonl", tokenizer, tmp_path / "cache", text_field="body"))
@@ -71,7 +82,7 @@ def test_pairs_from_the_memory_map(small_corpus, tokenizer, tmp_path):
         cut = ids.index(sep)
         assert x["token_type_ids"] == [0] * (cut + 1) + [1] * (len(ids) - cut - 1)
         a, b = ids[1:cut], ids[cut + 1:-1]
-        own = int(data.index[k, 0])
+        own = data.row(k)[0]
         if x["next_sentence_label"] == IS_NEXT:
             assert (i := find(streams[own], a)) >= 0 and find(streams[own], b, i + len(a)) >= 0
         elif len(b) >= 8:  # a random B is a span of another training document

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Tokenise a text corpus once into memory-mapped arrays (vlbert/data/token_corpus.py), ahead of a run that sets
+"""Tokenise a text corpus once into on-disk token arrays (vlbert/data/token_corpus.py), ahead of a run that sets
 ``data.memory_map: true`` (the run prepares it itself otherwise; both use the same cache).
 
     python tools/prepare_corpus.py --corpus wiki_dir/ --num-proc 8

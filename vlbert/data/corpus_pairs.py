@@ -1,10 +1,10 @@
-"""BERT's segment pairs drawn at load time from a memory-mapped corpus (:class:`vlbert.data.token_corpus.TokenCorpus`).
+"""BERT's segment pairs drawn at load time from a prepared on-disk corpus (:class:`vlbert.data.token_corpus.TokenCorpus`).
 
 Same construction as :func:`vlbert.data.pretraining.create_segment_pairs` (BERT section 3.1, appendix A.1;
 google-research/bert ``create_pretraining_data.py``), split in two so that nothing grows with the corpus in memory:
 
 * once per (documents, length, short_seq_prob, seed), a sample index is built and cached on disk beside the corpus
-  (``samples-*.rows``, memory-mapped, and ``samples-*.lengths``): each document's sentences are cut into chunks that
+  (``samples-*.rows``, read by position, and ``samples-*.lengths``): each document's sentences are cut into chunks that
   fill a target length (shorter, drawn in [2, max], with probability ``short_seq_prob``); a row is (document, first
   sentence, end sentence, target);
 * at load time, item i of epoch e draws from a generator seeded by (seed, e, i): where A ends inside the chunk,
@@ -117,13 +117,24 @@ class CorpusPairsDataset(Dataset):
         count = lengths_path.stat().st_size // 2
         if count == 0:
             raise ValueError("the corpus yields no sentence pairs; it needs at least two sentences")
-        self.index = np.memmap(rows_path, dtype=np.int64, mode="r", shape=(count, 4))
+        self.rows_path, self.count = rows_path, count
+        self._fd, self._pid = None, None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return len(self.index)
+        return self.count
+
+    def row(self, index: int) -> tuple[int, int, int, int]:
+        """(document, first sentence, end sentence, target) of item ``index`` (a positional read of the index)."""
+        if self._pid != os.getpid():  # a forked data-loader worker: its own descriptor
+            self._fd, self._pid = os.open(self.rows_path, os.O_RDONLY), os.getpid()
+        values = np.frombuffer(os.pread(self._fd, 32, int(index) * 32), dtype=np.int64)
+        return tuple(int(v) for v in values)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_fd": None, "_pid": None}
 
     def lengths(self) -> np.ndarray:
         """Approximate tokens per item (the chunk's + 3 special tokens, capped at ``max_seq_length``): for
@@ -131,13 +142,12 @@ class CorpusPairsDataset(Dataset):
         return np.minimum(np.fromfile(self.lengths_path, dtype=np.uint16), self.max_seq_length)
 
     def _tokens(self, first: int, end: int) -> list[int]:
-        offsets = self.corpus.sentence_offsets
-        return self.corpus.tokens[offsets[first]:offsets[end]].tolist()
+        return self.corpus.span(first, end) if end > first else []
 
     def __getitem__(self, index: int) -> dict:
         seed = zlib.crc32(f"{self.seed}-{self.epoch}-{index}".encode())
         rng = random.Random(seed)
-        doc, first, end, target = (int(v) for v in self.index[index])
+        doc, first, end, target = self.row(index)
         doc_first, doc_end = self.corpus.sentences(doc)
         is_random = len(self.documents) > 1 and rng.random() < 0.5
         if not is_random and end - first == 1:

@@ -1,4 +1,4 @@
-"""A text corpus tokenised once into memory-mapped arrays, for pretraining on corpora of any size.
+"""A text corpus tokenised once into flat on-disk arrays, for pretraining on corpora of any size.
 
 Preparation (:func:`prepare_corpus`, automatic on first use and cached by corpus + tokenizer, or ahead of time
 with ``tools/prepare_corpus.py``): the documents are read with ``datasets`` (memory-mapped Arrow, never a Python
@@ -8,10 +8,11 @@ fast tokenizer in ``datasets.map(batched=True, num_proc=N)``; the result is stre
     tokens.bin              uint16 (vocabularies up to 65,535 ids) or uint32: every sentence's wordpieces, in order
     sentence_offsets.bin    int64 [S + 1]: sentence s is tokens[offsets[s]:offsets[s + 1]]
     document_offsets.bin    int64 [D + 1]: document d is sentences document_offsets[d] .. document_offsets[d + 1]
+    token_counts.npy        int64 [vocab]: occurrences of every id (the majority-token baseline)
     meta.json               counts, dtype, the corpus and tokenizer they came from; complete.json last
 
-:class:`TokenCorpus` opens them as ``numpy.memmap``: pages are read when touched and shared between processes, so
-memory does not grow with the corpus. Documents without a sentence are left out; unlike the in-memory path,
+:class:`TokenCorpus` reads them by position (``os.pread``): only what an item needs is read, through the page cache
+that processes share, so memory does not grow with the corpus. Documents without a sentence are left out; unlike the in-memory path,
 duplicate documents are kept (deduplicate the corpus beforehand at this size).
 """
 
@@ -31,6 +32,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 MARKER = "complete.json"
+FORMAT_VERSION = 2  # part of the cache key: a change in what preparation writes never reuses older files
 
 
 def corpus_dataset(source: str | os.PathLike, text_field: str = "text", split: str = "train"):
@@ -89,7 +91,7 @@ def _corpus_key(source: str, text_field: str, split: str) -> str:
     path = Path(source).expanduser()
     files = sorted(path.rglob("*.txt")) if path.is_dir() else [path] if path.is_file() else []
     stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    return json.dumps([source, text_field, split, stats])
+    return json.dumps([FORMAT_VERSION, source, text_field, split, stats])
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -97,6 +99,27 @@ def tokenizer_fingerprint(tokenizer) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     definition = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
     return hashlib.sha1(definition.encode()).hexdigest()[:12]
+
+
+_PLAIN_BACKENDS: dict[str, object] = {}
+
+
+def _plain_backend(tokenizer):
+    """A copy of the fast tokenizer's backend with padding and truncation off (a tokenizer.json may carry them,
+    e.g. sentence-transformers' pad-to-128; ``tokenizer(...)`` switches them off itself, the backend does not)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    definition = backend.to_str()
+    if definition not in _PLAIN_BACKENDS:
+        from tokenizers import Tokenizer
+
+        plain = Tokenizer.from_str(definition)
+        plain.no_padding()
+        plain.no_truncation()
+        _PLAIN_BACKENDS.clear()
+        _PLAIN_BACKENDS[definition] = plain
+    return _PLAIN_BACKENDS[definition]
 
 
 def _tokenize_batch(batch: dict, tokenizer) -> dict:
@@ -107,7 +130,7 @@ def _tokenize_batch(batch: dict, tokenizer) -> dict:
         sents = split_sentences(text or "")
         sentences.extend(sents)
         lengths.append(len(sents))
-    backend = getattr(tokenizer, "backend_tokenizer", None)
+    backend = _plain_backend(tokenizer)
     if not sentences:
         ids = []
     elif backend is not None and hasattr(backend, "encode_batch_fast"):  # the same ids, without offsets: ~2x faster
@@ -162,6 +185,7 @@ def _prepare(source, tokenizer, directory: Path, name: str, text_field: str, spl
                        desc=f"tokenising {name}")
     dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.uint32
     tokens_written = sentences_written = documents = 0
+    counts = np.zeros(len(tokenizer), dtype=np.int64)
     with open(directory / "tokens.bin", "wb") as tokens, open(directory / "sentence_offsets.bin", "wb") as sents, \
             open(directory / "document_offsets.bin", "wb") as docs:
         sents.write(np.zeros(1, np.int64).tobytes())
@@ -170,7 +194,9 @@ def _prepare(source, tokenizer, directory: Path, name: str, text_field: str, spl
             for ids, lengths in zip(batch["input_ids"], batch["sentence_lengths"]):
                 if not lengths:
                     continue
-                tokens.write(np.asarray(ids, dtype=dtype).tobytes())
+                array = np.asarray(ids, dtype=dtype)
+                tokens.write(array.tobytes())
+                counts += np.bincount(array, minlength=len(counts))[:len(counts)]
                 sents.write((tokens_written + np.cumsum(lengths, dtype=np.int64)).tobytes())
                 tokens_written += len(ids)
                 sentences_written += len(lengths)
@@ -183,6 +209,7 @@ def _prepare(source, tokenizer, directory: Path, name: str, text_field: str, spl
             "vocab_size": len(tokenizer), "dtype": np.dtype(dtype).name, "tokens": tokens_written,
             "sentences": sentences_written, "documents": documents,
             "seconds": round(time.perf_counter() - start, 1), "num_proc": num_proc}
+    np.save(directory / "token_counts.npy", counts)
     (directory / "meta.json").write_text(json.dumps(meta, indent=1))
     (directory / MARKER).write_text("{}")
     logger.info("prepared %s: %d documents, %d sentences, %d tokens in %.0f s -> %s", source, documents,
@@ -190,11 +217,14 @@ def _prepare(source, tokenizer, directory: Path, name: str, text_field: str, spl
 
 
 class TokenCorpus:
-    """The prepared files of :func:`prepare_corpus`, memory-mapped (read-only).
+    """The prepared files of :func:`prepare_corpus`, read by position with ``os.pread``.
+
+    Random reads go through the page cache (shared between processes and runs) without being mapped into the
+    process: a memory map would count every touched page, and with large page-cache folios up to 2 MB per touch, in
+    the process's resident memory, which would then grow with the corpus over a run.
 
     Attributes:
-        tokens: uint16/uint32 memmap [T]; sentence_offsets: int64 memmap [S + 1]; document_offsets: int64 memmap
-        [D + 1]; num_documents: D.
+        meta: meta.json; num_documents: D; num_sentences: S; dtype: the token dtype.
     Raises:
         FileNotFoundError: the directory is not a complete preparation.
     """
@@ -205,27 +235,47 @@ class TokenCorpus:
             raise FileNotFoundError(f"{self.directory} is not a complete prepared corpus (no {MARKER}); prepare it "
                                     "with tools/prepare_corpus.py or let the run do it")
         self.meta = json.loads((self.directory / "meta.json").read_text())
-        self.tokens = np.memmap(self.directory / "tokens.bin", dtype=self.meta["dtype"], mode="r")
-        self.sentence_offsets = np.memmap(self.directory / "sentence_offsets.bin", dtype=np.int64, mode="r")
-        self.document_offsets = np.memmap(self.directory / "document_offsets.bin", dtype=np.int64, mode="r")
-        self.num_documents = len(self.document_offsets) - 1
+        self.dtype = np.dtype(self.meta["dtype"])
+        self.num_documents = int(self.meta["documents"])
+        self.num_sentences = int(self.meta["sentences"])
+        self._fds: dict[str, int] = {}
+        self._pid = os.getpid()
+
+    def _read(self, name: str, dtype, start: int, end: int) -> np.ndarray:
+        if self._pid != os.getpid():  # a forked data-loader worker: its own descriptors
+            self._fds, self._pid = {}, os.getpid()
+        if name not in self._fds:
+            self._fds[name] = os.open(self.directory / f"{name}.bin", os.O_RDONLY)
+        size = np.dtype(dtype).itemsize
+        return np.frombuffer(os.pread(self._fds[name], (end - start) * size, start * size), dtype=dtype)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_fds": {}}
 
     def sentences(self, document: int) -> tuple[int, int]:
         """The sentence range [first, end) of ``document``."""
-        return int(self.document_offsets[document]), int(self.document_offsets[document + 1])
+        first, end = self._read("document_offsets", np.int64, document, document + 2)
+        return int(first), int(end)
 
-    def sentence(self, index: int) -> np.ndarray:
-        """Wordpiece ids of sentence ``index`` (a view into the memory map)."""
-        return self.tokens[self.sentence_offsets[index]:self.sentence_offsets[index + 1]]
+    def span(self, first: int, end: int) -> list[int]:
+        """Wordpiece ids of sentences [first, end), concatenated."""
+        a, b = self._read("sentence_offsets", np.int64, first, end + 1)[[0, -1]]
+        return self._read("tokens", self.dtype, int(a), int(b)).tolist()
 
     def document(self, index: int) -> list[list[int]]:
         """Document ``index`` as sentences of wordpiece ids (lists, as the in-memory path has them)."""
         first, end = self.sentences(index)
-        return [self.sentence(s).tolist() for s in range(first, end)]
+        offsets = self._read("sentence_offsets", np.int64, first, end + 1)
+        tokens = self._read("tokens", self.dtype, int(offsets[0]), int(offsets[-1])).tolist()
+        return [tokens[a - offsets[0]:b - offsets[0]] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
 
     def token_counts(self, vocab_size: int, chunk: int = 1 << 22) -> np.ndarray:
-        """int64 [vocab_size]: how often each id occurs. Read with plain file reads in chunks, not through the
-        memory map, so the scan leaves nothing resident in this process."""
+        """int64 [vocab_size]: how often each id occurs (counted during preparation; else read in chunks)."""
+        saved = self.directory / "token_counts.npy"
+        if saved.is_file():
+            counts = np.load(saved)
+            if len(counts) >= vocab_size:
+                return counts[:vocab_size]
         counts = np.zeros(vocab_size, dtype=np.int64)
         with open(self.directory / "tokens.bin", "rb") as f:
             while True:
@@ -236,11 +286,8 @@ class TokenCorpus:
         return counts
 
     def read_offsets(self, name: str, start: int, end: int) -> np.ndarray:
-        """int64 entries [start, end) of ``sentence_offsets`` or ``document_offsets``, by a file read (sequential
-        scans stay out of the process's resident memory)."""
-        with open(self.directory / f"{name}.bin", "rb") as f:
-            f.seek(start * 8)
-            return np.fromfile(f, dtype=np.int64, count=end - start)
+        """int64 entries [start, end) of ``sentence_offsets`` or ``document_offsets``."""
+        return self._read(name, np.int64, start, end)
 
 
 __all__ = ["corpus_dataset", "prepare_corpus", "TokenCorpus", "tokenizer_fingerprint"]

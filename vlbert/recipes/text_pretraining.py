@@ -28,9 +28,9 @@ class TextDataConfig:
     short_seq_prob: probability of a shorter target length (BERT: 0.1).
     mlm_probability: share of wordpieces chosen for prediction (BERT: 0.15).
     max_eval_batches: cap on held-out batches per evaluation (0 = all).
-    memory_map: tokenise the corpus once into memory-mapped arrays (cached under ``corpus_cache_dir`` by corpus and
-        tokenizer) and draw pairs from them at load time (:mod:`vlbert.data.corpus_pairs`): memory does not grow
-        with the corpus. False: tokenise into memory (small corpora; the embedded default).
+    memory_map: tokenise the corpus once into on-disk arrays read by position (cached under ``corpus_cache_dir``
+        by corpus and tokenizer) and draw pairs from them at load time (:mod:`vlbert.data.corpus_pairs`): memory
+        does not grow with the corpus. False: tokenise into memory (small corpora; the embedded default).
     num_proc: processes for the one-time tokenisation (``datasets.map``).
     """
 
@@ -84,7 +84,7 @@ class TextPretrainingData(TaskData):
         self.majority_token = most_frequent_token(self.train_documents, set(tokenizer.all_special_ids))
 
     def _memory_mapped(self, data: TextDataConfig, tokenizer) -> None:
-        """Train / held-out pairs drawn from the prepared, memory-mapped corpus."""
+        """Train / held-out pairs drawn from the prepared on-disk corpus."""
         corpus = TokenCorpus(prepare_corpus(data.corpus, tokenizer, data.corpus_cache_dir, data.text_field,
                                             num_proc=data.num_proc))
         train_docs, eval_docs = split_documents(corpus.num_documents, data.eval_fraction, self.seed)
