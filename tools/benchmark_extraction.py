@@ -60,6 +60,8 @@ def build(args, tmp: Path):
         for k in state:  # random deltas stretch every anchor to the whole image; a trained RPN's do not
             if "anchor_deltas" in k:
                 state[k].zero_()
+            elif k.endswith("norm.weight"):  # untrained frozen norms are identities: 100 residual layers overflow
+                state[k].mul_(0.2)
         torch.save(state, weights)
     return Detectron2RegionDetector(args.config_file, weights, args.device, overrides=overrides)
 
