@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detectors.images import shape_groups, to_rgb_array
+from detectors.images import boxes_to_pixels, run_in_shape_groups, to_rgb_array
 from detectors.regions import Regions
 from detectors.selection import per_class_nms_confidence, select_regions
 
@@ -104,7 +104,7 @@ def load_config(config_file: str | os.PathLike, overrides: dict | None = None):
     return cfg
 
 
-def read_checkpoint(weights: str | os.PathLike) -> dict[str, torch.Tensor]:
+def read_checkpoint(weights: str | os.PathLike) -> tuple[dict[str, torch.Tensor], bool]:
     """The state dict of a detectron2 checkpoint file, read without running code from it.
 
     ``.pkl``: detectron2 model-zoo format ({"model": {name: ndarray}, "__author__": ...}) or Caffe2/Detectron
@@ -114,7 +114,7 @@ def read_checkpoint(weights: str | os.PathLike) -> dict[str, torch.Tensor]:
     (:data:`detectors.butd.ATTRIBUTE_KEY_RENAMES`).
 
     Returns:
-        name -> tensor; the key ``"__caffe2__"`` marks Caffe2 names that still need matching.
+        (name -> tensor, whether the names are Caffe2/Detectron's and still need matching).
     Raises:
         FileNotFoundError: no such file. ValueError: another extension, a pickle that asks for code (see
             :func:`detectors.safe_pickle.load_plain_pickle`), or a file that holds no state dict.
@@ -156,9 +156,7 @@ def read_checkpoint(weights: str | os.PathLike) -> dict[str, torch.Tensor]:
             if name.startswith(old):
                 name = new + name[len(old):]
         out[name] = torch.as_tensor(np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value)
-    if caffe2:
-        out["__caffe2__"] = torch.ones(())
-    return out
+    return out, caffe2
 
 
 def load_weights(model: torch.nn.Module, weights: str | os.PathLike) -> None:
@@ -169,9 +167,9 @@ def load_weights(model: torch.nn.Module, weights: str | os.PathLike) -> None:
             classes against a 1600-class config), or model parameters the file lacks (another architecture); the
             message names the first few. Keys only the file has (e.g. a mask head) are logged and ignored.
     """
-    state = read_checkpoint(weights)
+    state, caffe2 = read_checkpoint(weights)
     model_state = model.state_dict()
-    if state.pop("__caffe2__", None) is not None:
+    if caffe2:
         from detectron2.checkpoint.c2_model_loading import align_and_update_state_dicts
 
         state = align_and_update_state_dicts(model_state, state, c2_conversion=True)
@@ -249,9 +247,7 @@ class Detectron2RegionDetector:
         if path is not None:
             names = _read_names(path)
             if len(names) != count:
-                raise ValueError(f"{path} lists {len(names)} {kind} names; the model has {count} {kind}es"
-                                 if kind == "class" else f"{path} lists {len(names)} attribute names; the model "
-                                 f"has {count} attributes")
+                raise ValueError(f"{path} lists {len(names)} {kind} names; the model has {count}")
             return names
         if cfg is not None and cfg.DATASETS.TEST:
             from detectron2.data import MetadataCatalog
@@ -298,12 +294,8 @@ class Detectron2RegionDetector:
         arrays = [to_rgb_array(im) for im in images]
         sizes = [a.shape[:2] for a in arrays]
         prepared = [self._prepare(a) for a in arrays]
-        out: list[Regions | None] = [None] * len(images)
-        for group in shape_groups([tuple(t.shape) for t in prepared], batch_size or max(1, len(images))):
-            for i, regions in zip(group, self._forward([prepared[i] for i in group], [sizes[i] for i in group],
-                                                       [image_ids[i] for i in group])):
-                out[i] = regions
-        return out
+        return run_in_shape_groups([tuple(t.shape) for t in prepared], batch_size, lambda group: self._forward(
+            [prepared[i] for i in group], [sizes[i] for i in group], [image_ids[i] for i in group]))
 
     def _forward(self, tensors: list[torch.Tensor], sizes: list[tuple[int, int]], image_ids: list[str]) -> list[Regions]:
         m, heads = self.model, self.model.roi_heads
@@ -318,7 +310,7 @@ class Detectron2RegionDetector:
         logits, _ = heads.box_predictor(pooled)
         probs = logits.softmax(-1)[:, :-1]  # detectron2 puts background last
         out, start = [], 0
-        for proposal_boxes, (h, w), image_id, (rh, rw) in zip(boxes, sizes, image_ids, images.image_sizes):
+        for proposal_boxes, size, image_id, resized_size in zip(boxes, sizes, image_ids, images.image_sizes):
             n = len(proposal_boxes)
             p, feats, b = probs[start:start + n], pooled[start:start + n], proposal_boxes.tensor
             start += n
@@ -331,10 +323,8 @@ class Detectron2RegionDetector:
             if self.attributes is not None:
                 attribute_logits = self.attributes(feats[keep], p[keep].argmax(-1))
                 attribute_probs = attribute_logits.softmax(-1)[:, :-1].cpu().numpy()
-            scale = torch.tensor([w / rw, h / rh, w / rw, h / rh], device=b.device)
-            pixel_boxes = b[keep] * scale
-            pixel_boxes[:, 0::2] = pixel_boxes[:, 0::2].clamp(0, w)
-            pixel_boxes[:, 1::2] = pixel_boxes[:, 1::2].clamp(0, h)
+            pixel_boxes = boxes_to_pixels(b[keep], resized_size, size)
+            h, w = size
             out.append(Regions(image_id, h, w, pixel_boxes.cpu().numpy(), feats[keep].float().cpu().numpy(),
                                confidence[keep].cpu().numpy(), objects.float().cpu().numpy(), self.name,
                                attribute_probs=attribute_probs))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -86,11 +87,10 @@ def extract_to_shards(extractor, sources: Sequence[ImageSource], output_dir: str
         ValueError: duplicate image ids, or ``output_dir`` holds shards of another detector.
         detectors.shards.ShardError: a complete-looking shard is corrupt.
     """
-    ids = [image_id for image_id, _ in sources]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise ValueError(f"image id {dup!r} appears twice in the images; ids come from file names (stems), so "
-                         "rename one or extract the folders separately")
+    repeated = [i for i, n in Counter(image_id for image_id, _ in sources).items() if n > 1]
+    if repeated:
+        raise ValueError(f"image id {repeated[0]!r} appears twice in the images; ids are file paths without their "
+                         "suffix (a.jpg and a.png collide), so rename one or extract the folders separately")
     directory = Path(output_dir)
     directory.mkdir(parents=True, exist_ok=True)
     existing = read_detector_info(directory)
@@ -105,8 +105,9 @@ def extract_to_shards(extractor, sources: Sequence[ImageSource], output_dir: str
     done: set[str] = set()
     for shard in sorted(directory.glob("*.tar")):
         done |= shard_image_keys(shard)
-    mine = [s for s in sources[rank::world_size] if sample_key(s[0]) not in done]
-    skipped = len(sources[rank::world_size]) - len(mine)
+    share = sources[rank::world_size]
+    mine = [s for s in share if sample_key(s[0]) not in done]
+    skipped = len(share) - len(mine)
     if skipped:
         logger.info("rank %d: %d images already extracted, %d to go", rank, skipped, len(mine))
     numbers = [int(m.group(1)) for p in directory.glob(f"{prefix}-*.tar")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -87,4 +87,26 @@ def shape_groups(shapes: Sequence[Hashable], max_batch: int) -> list[list[int]]:
     return [g[s:s + max_batch] for g in groups.values() for s in range(0, len(g), max_batch)]
 
 
-__all__ = ["ImageDecodeError", "to_rgb_array", "load_image", "shape_groups"]
+def run_in_shape_groups(shapes: Sequence[Hashable], max_batch: int | None, run: Callable[[list[int]], list]) -> list:
+    """``run(indices)`` on each group of :func:`shape_groups` (``max_batch`` None: whole groups), its outputs put
+    back in input order: one output per shape, as if each had been run alone."""
+    out: list = [None] * len(shapes)
+    for group in shape_groups(shapes, max_batch or max(1, len(shapes))):
+        for i, result in zip(group, run(group)):
+            out[i] = result
+    return out
+
+
+def boxes_to_pixels(boxes, resized_size: tuple[int, int], original_size: tuple[int, int]):
+    """float tensor [R, 4] (x1, y1, x2, y2) in a resized image's pixels -> the original image's pixels, clipped
+    to it. Sizes are (height, width)."""
+    import torch
+
+    (rh, rw), (h, w) = resized_size, original_size
+    pixels = boxes * torch.tensor([w / rw, h / rh, w / rw, h / rh], device=boxes.device)
+    pixels[:, 0::2] = pixels[:, 0::2].clamp(0, w)
+    pixels[:, 1::2] = pixels[:, 1::2].clamp(0, h)
+    return pixels
+
+
+__all__ = ["ImageDecodeError", "to_rgb_array", "load_image", "shape_groups", "run_in_shape_groups", "boxes_to_pixels"]

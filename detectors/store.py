@@ -22,6 +22,7 @@ import numpy as np
 
 from detectors.regions import Regions
 from detectors.shards import ShardError, check_tar_complete, decode_sample, shard_paths
+from vlbert.utils import PositionalFiles
 
 FIELDS = ("meta.json", "boxes.npy", "features.npy", "scores.npy", "class_probs.npy", "attribute_probs.npy")
 INDEX = "index.npz"
@@ -109,15 +110,7 @@ class RegionStore(Mapping):
                 os.replace(tmp, index_path)
         self.ids, self.shard, self.offset, self.size = index["ids"], index["shard"], index["offset"], index["size"]
         self.region_counts = index["num_regions"]
-        self._files: dict[int, int] = {}
-        self._pid = os.getpid()
-
-    def _fd(self, number: int) -> int:
-        if self._pid != os.getpid():  # a forked worker: its own descriptors
-            self._files, self._pid = {}, os.getpid()
-        if number not in self._files:
-            self._files[number] = os.open(self.paths[number], os.O_RDONLY)
-        return self._files[number]
+        self._files = PositionalFiles()
 
     def _row(self, image_id: str) -> int:
         i = int(np.searchsorted(self.ids, image_id))
@@ -129,8 +122,8 @@ class RegionStore(Mapping):
         row = self._row(str(image_id))
         if row < 0:
             raise KeyError(image_id)
-        fd = self._fd(int(self.shard[row]))
-        fields = {name: os.pread(fd, int(size), int(offset))
+        path = self.paths[self.shard[row]]
+        fields = {name: self._files.read(path, offset, size)
                   for name, offset, size in zip(FIELDS, self.offset[row], self.size[row]) if offset >= 0}
         return decode_sample(str(image_id), fields, str(self.paths[self.shard[row]]))
 
@@ -154,18 +147,6 @@ class RegionStore(Mapping):
     def feature_dim(self) -> int:
         """The region feature size (read from the first image)."""
         return self[str(self.ids[0])].feature_dim
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_files"] = {}
-        return state
-
-    def __del__(self):
-        for fd in getattr(self, "_files", {}).values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 class NamespacedRegions(Mapping):

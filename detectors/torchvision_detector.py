@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import torch
 
-from detectors.images import shape_groups, to_rgb_array
+from detectors.images import boxes_to_pixels, run_in_shape_groups, to_rgb_array
 from detectors.regions import Regions
 
 
@@ -84,13 +83,12 @@ class TorchvisionRegionDetector:
             x = torch.from_numpy(a).permute(2, 0, 1).float().div(255).to(self.device)
             one, _ = m.transform([x])
             resized.append(one)
-        out: list[Regions | None] = [None] * len(images)
-        for group in shape_groups([tuple(r.image_sizes[0]) for r in resized], batch_size or max(1, len(images))):
+
+        def run(group: list[int]) -> list[Regions]:
             batch = ImageList(torch.cat([resized[i].tensors for i in group]), [resized[i].image_sizes[0] for i in group])
-            for i, regions in zip(group, self._forward(batch, [arrays[i].shape[:2] for i in group],
-                                                       [image_ids[i] for i in group])):
-                out[i] = regions
-        return out
+            return self._forward(batch, [arrays[i].shape[:2] for i in group], [image_ids[i] for i in group])
+
+        return run_in_shape_groups([tuple(r.image_sizes[0]) for r in resized], batch_size, run)
 
     def _forward(self, images, sizes, image_ids) -> list[Regions]:
         m = self.model
@@ -114,13 +112,10 @@ class TorchvisionRegionDetector:
         probs = class_logits[:, 1:].softmax(-1)
         top = class_logits.softmax(-1)[:, 1:].max(-1).values
         out, start = [], 0
-        for boxes, (h, w), (rh, rw), image_id in zip(kept, sizes, images.image_sizes, image_ids):
+        for boxes, size, resized_size, image_id in zip(kept, sizes, images.image_sizes, image_ids):
             n = len(boxes)
-            # Back from the transform's resized frame to the original image's pixels.
-            scale = torch.tensor([w / rw, h / rh, w / rw, h / rh], device=self.device)
-            pixel_boxes = boxes * scale
-            pixel_boxes[:, 0::2] = pixel_boxes[:, 0::2].clamp(0, w)
-            pixel_boxes[:, 1::2] = pixel_boxes[:, 1::2].clamp(0, h)
+            pixel_boxes = boxes_to_pixels(boxes, resized_size, size)  # back to the original image's pixels
+            h, w = size
             out.append(Regions(image_id, h, w, pixel_boxes.cpu().numpy(), region_features[start:start + n].cpu().numpy(),
                                top[start:start + n].cpu().numpy(), probs[start:start + n].cpu().numpy(),
                                detector=self.name))

@@ -28,6 +28,7 @@ from torch.utils.data import Dataset
 
 from vlbert.data.pretraining import IS_NEXT, IS_RANDOM, truncate_pair
 from vlbert.data.token_corpus import TokenCorpus
+from vlbert.utils import PositionalFiles
 
 
 def split_documents(num_documents: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +119,7 @@ class CorpusPairsDataset(Dataset):
         if count == 0:
             raise ValueError("the corpus yields no sentence pairs; it needs at least two sentences")
         self.rows_path, self.count = rows_path, count
-        self._fd, self._pid = None, None
+        self._files = PositionalFiles()
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -128,13 +129,8 @@ class CorpusPairsDataset(Dataset):
 
     def row(self, index: int) -> tuple[int, int, int, int]:
         """(document, first sentence, end sentence, target) of item ``index`` (a positional read of the index)."""
-        if self._pid != os.getpid():  # a forked data-loader worker: its own descriptor
-            self._fd, self._pid = os.open(self.rows_path, os.O_RDONLY), os.getpid()
-        values = np.frombuffer(os.pread(self._fd, 32, int(index) * 32), dtype=np.int64)
+        values = np.frombuffer(self._files.read(self.rows_path, int(index) * 32, 32), dtype=np.int64)
         return tuple(int(v) for v in values)
-
-    def __getstate__(self):
-        return {**self.__dict__, "_fd": None, "_pid": None}
 
     def lengths(self) -> np.ndarray:
         """Approximate tokens per item (the chunk's + 3 special tokens, capped at ``max_seq_length``): for
@@ -168,11 +164,10 @@ class CorpusPairsDataset(Dataset):
             o_first, o_end = self.corpus.sentences(other)
             start = rng.randrange(o_first, o_end)
             target_b = max(1, target - len(tokens_a))
-            tokens_b: list[int] = []
-            for s in range(start, o_end):
-                tokens_b += self._tokens(s, s + 1)
-                if len(tokens_b) >= target_b:
-                    break
+            # Sentences from ``start`` until B reaches its target (or the document ends): one read of their offsets.
+            filled = self.corpus.read_offsets("sentence_offsets", start, o_end + 1)
+            count = min(int(np.searchsorted(filled[1:] - filled[0], target_b)) + 1, o_end - start)
+            tokens_b = self._tokens(start, start + count)
         else:
             tokens_b = self._tokens(a_end, end)
         truncate_pair(tokens_a, tokens_b, self.max_tokens, rng)

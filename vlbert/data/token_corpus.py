@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vlbert.utils import PositionalFiles
+
 logger = logging.getLogger(__name__)
 
 MARKER = "complete.json"
@@ -191,17 +193,20 @@ def _prepare(source, tokenizer, directory: Path, name: str, text_field: str, spl
         sents.write(np.zeros(1, np.int64).tobytes())
         docs.write(np.zeros(1, np.int64).tobytes())
         for batch in tokenized.iter(batch_size=1000):
+            arrays = []
             for ids, lengths in zip(batch["input_ids"], batch["sentence_lengths"]):
                 if not lengths:
                     continue
                 array = np.asarray(ids, dtype=dtype)
+                arrays.append(array)
                 tokens.write(array.tobytes())
-                counts += np.bincount(array, minlength=len(counts))[:len(counts)]
                 sents.write((tokens_written + np.cumsum(lengths, dtype=np.int64)).tobytes())
                 tokens_written += len(ids)
                 sentences_written += len(lengths)
                 documents += 1
                 docs.write(np.array([sentences_written], np.int64).tobytes())
+            if arrays:  # one count per batch of documents, not one vocabulary-sized array per document
+                counts += np.bincount(np.concatenate(arrays), minlength=len(counts))[:len(counts)]
     if sentences_written == 0:
         shutil.rmtree(directory, ignore_errors=True)
         raise ValueError(f"corpus {source!s} is empty: it holds no sentence with text")
@@ -238,19 +243,12 @@ class TokenCorpus:
         self.dtype = np.dtype(self.meta["dtype"])
         self.num_documents = int(self.meta["documents"])
         self.num_sentences = int(self.meta["sentences"])
-        self._fds: dict[str, int] = {}
-        self._pid = os.getpid()
+        self._files = PositionalFiles()
 
     def _read(self, name: str, dtype, start: int, end: int) -> np.ndarray:
-        if self._pid != os.getpid():  # a forked data-loader worker: its own descriptors
-            self._fds, self._pid = {}, os.getpid()
-        if name not in self._fds:
-            self._fds[name] = os.open(self.directory / f"{name}.bin", os.O_RDONLY)
         size = np.dtype(dtype).itemsize
-        return np.frombuffer(os.pread(self._fds[name], (end - start) * size, start * size), dtype=dtype)
-
-    def __getstate__(self):
-        return {**self.__dict__, "_fds": {}}
+        return np.frombuffer(self._files.read(self.directory / f"{name}.bin", start * size, (end - start) * size),
+                             dtype=dtype)
 
     def sentences(self, document: int) -> tuple[int, int]:
         """The sentence range [first, end) of ``document``."""

@@ -64,7 +64,7 @@ class VLPretrainingDataset(Dataset):
                  max_regions: int = 36, seed: int = 0):
         if not captions:
             raise ValueError("no image-text pairs to pretrain on")
-        missing = sorted({c.image_id for c in captions if c.image_id not in regions})
+        missing = sorted(i for i in {c.image_id for c in captions} if i not in regions)  # one lookup per image
         if missing:
             raise ValueError(f"{len(missing)} captioned images have no regions (e.g. {missing[:3]}); extract regions "
                              "for them (tools/extract_regions.py) or drop their captions")

@@ -217,9 +217,10 @@ class VLPretrainingData(TaskData):
                             return_token_type_ids=False)["input_ids"]
             pairs = [Caption(image_id, token_ids, caption_content(text))
                      for (image_id, text), token_ids in zip(texts, ids) if token_ids]
-        missing = sorted({p.image_id for p in pairs if p.image_id not in store})
-        if missing:
-            count = sum(1 for p in pairs if p.image_id not in store)
+        absent = {i for i in {p.image_id for p in pairs} if i not in store}  # one lookup per image
+        if absent:
+            missing = sorted(absent)
+            count = sum(1 for p in pairs if p.image_id in absent)
             if data.missing_regions == "error":
                 raise ValueError(f"source {source.name!r}: {count} captions of {len(missing)} images have no regions "
                                  f"in {source.shards or 'the extracted shards'} (e.g. {missing[:3]}; the shards hold ids "
@@ -228,7 +229,6 @@ class VLPretrainingData(TaskData):
             logger.warning("source %s: skipping %d captions whose %d images have no regions (e.g. %s)", source.name,
                            count, len(missing), missing[:3])
             self.skipped[source.name] = count
-            absent = set(missing)
             pairs = [p for p in pairs if p.image_id not in absent]
         if not pairs:
             raise ValueError(f"source {source.name!r} has no caption with regions")
