@@ -14,17 +14,25 @@ from vlbert.data.vqa import VQADataset, VQAExample, build_answer_vocab, load_vqa
 from vlbert.evaluation.vqa import answer_targets, normalize_answer, soft_score, vqa_accuracy
 
 
+# Hand-worked from vqaEval.py at GT-Vision-Lab/VQA master (commit a013f00), one rule per group.
 @pytest.mark.parametrize("raw, normal", [
-    ("Two", "2"), ("The Dog.", "dog"), ("1,000", "1000"), ("2.5", "2.5"), ("ten", "10"), ("none", "0"),
-    ("a  red, white   car", "red white car"),        # ", " touches a space: the comma is deleted
-    ("red,white", "red white"),                      # no space touching: replaced by a space
-    ("x/y z/ w", "xy z w"),                          # "/ " anywhere: every "/" is deleted, joining x and y
-    ("2,5 (about)", "25 about"),                     # a digit,digit comma: every mark is deleted
-    ("3.", "3"), ("3.5.", "3.5"),                    # the look-behind slip: a period after a digit goes too
-    ("10:30", "10 30"), ("it's", "it s"),            # ":" and "'" are official marks (no space: a space)
-    ("50%", "50%"), ("yes!", "yes!"), ("t-shirt", "t-shirt"), ("#1", "#1"),  # not official marks: kept
-    ("dont know", "don’t know"), ("wheres", "where's"),  # the official table, curly and straight quotes
-    ("Im", "im"), ("Ive", "ive"),                    # upper-case keys never match after lower-casing
+    # processDigitArticle: lower-case, number words "none"/"zero".."ten", articles dropped, single spaces.
+    ("Two", "2"), ("ten", "10"), ("none", "0"), ("eleven", "eleven"), ("The Dog", "dog"), ("an  apple", "apple"),
+    ("a", ""),
+    # punct list: "-", "!", "{", "}" are marks; ":" and "'" are not (kept), nor are "%", "#", "&".
+    ("T-Shirt", "t shirt"), ("yes!", "yes"), ("{x}", "x"), ("10:30", "10:30"), ("who's", "who's"),
+    ("50%", "50%"), ("#1", "#1"), ("r&b", "r&b"),
+    # a mark touching a space anywhere is deleted everywhere; otherwise replaced by a space.
+    ("red,white", "red white"), ("a  red, white   car", "red white car"), ("x/y z/ w", "xy z w"),
+    ("t - shirt", "t shirt"),
+    # commaStrip: a digit,digit comma anywhere deletes every mark, with or without a space.
+    ("1,000", "1000"), ("2,5 (about)", "25 about"), ("1,2-3", "123"),
+    # periodStrip: a period not followed by a digit is removed, after a digit too (the look-behind slip).
+    ("Dog.", "dog"), ("3.", "3"), ("3.5", "3.5"), ("3.5.", "3.5"), ("e.g.", "eg"), (".5", ".5"),
+    # contractions, straight apostrophes, after the article/number step; upper-case keys never match.
+    ("dont know", "don't know"), ("whos", "who's"), ("Wheres", "where's"), ("somebody'd", "somebodyd"),
+    ("Im", "im"), ("Ive", "ive"),
+    # tabs and newlines are spaces; the answer is stripped.
     ("yes\tno\n", "yes no"),
 ])
 def test_official_answer_processing(raw, normal):
@@ -33,36 +41,54 @@ def test_official_answer_processing(raw, normal):
 
 def test_official_period_rule_removes_at_most_32_periods():
     assert normalize_answer("." * 40) == "." * 8  # re.UNICODE (32) passed as re.sub's count
+    assert normalize_answer("a." * 40) == "a" * 32 + "a." * 8  # one word: the first 32 periods go
 
 
-def test_unanimous_answers_are_compared_raw():
-    # Ten identical answers are not processed (the official rule, kept for text-reading answers) ...
+def test_unanimous_answers_and_the_prediction_are_compared_as_they_are():
+    # Ten identical (stripped) answers: neither they nor the prediction are processed.
+    assert vqa_accuracy("Yes", ["yes"] * 10) == 0.0
+    assert vqa_accuracy("yes.", ["yes"] * 10) == 0.0
+    assert vqa_accuracy("10:30", ["10:30"] * 10) == 1.0
+    assert vqa_accuracy(" yes\n", ["yes"] * 9 + ["yes\t"]) == 1.0  # cleaning happens first: still unanimous
     assert vqa_accuracy("yes", ["Yes"] * 10) == 0.0
-    assert vqa_accuracy("10:30", ["10:30"] * 10) == 0.0  # the prediction becomes "10 30", the answers stay
-    assert vqa_accuracy("Yes", ["yes"] * 10) == 1.0     # ... while the prediction always is
-    # ... but as soon as they differ, they go through the punctuation rule (not the digit/article rule).
-    assert vqa_accuracy("10:30", ["10:30"] * 9 + ["ten thirty"]) == 1.0
-    assert vqa_accuracy("two", ["two"] * 9 + ["2"]) == pytest.approx(0.3)  # "2" matches one annotator
+    assert vqa_accuracy("two", ["two"] * 10) == 1.0 and vqa_accuracy("2", ["two"] * 10) == 0.0
 
 
-def test_three_annotator_rule():
+def test_differing_answers_and_the_prediction_are_both_processed():
+    # As soon as one answer differs, every answer and the prediction go through both steps.
+    assert vqa_accuracy("Yes!", ["yes"] * 9 + ["no"]) == 1.0
+    assert vqa_accuracy("two", ["2"] * 9 + ["Two."]) == 1.0      # "two" -> "2", "Two." -> "2": ten matches
+    assert vqa_accuracy("T-Shirt", ["t shirt"] * 2 + ["shirt"] * 8) == pytest.approx((2 * (1 / 3) + 8 * (2 / 3)) / 10)
+    assert vqa_accuracy("dont know", ["don't know"] * 3 + ["no"] * 7) == pytest.approx((3 * (2 / 3) + 7) / 10)
+    assert vqa_accuracy("who's", ["whos"] * 5 + ["who"] * 5) == 1.0  # "whos" -> "who's" by the table
+
+
+def test_three_annotator_leave_one_out_rule():
     # 10 annotators. Each annotator's score: min(1, matches among the other 9 / 3); then the mean.
     assert vqa_accuracy("cat", ["cat"] * 3 + ["dog"] * 7) == pytest.approx((3 * (2 / 3) + 7 * 1.0) / 10)
     assert vqa_accuracy("cat", ["cat"] * 4 + ["dog"] * 6) == 1.0
     assert vqa_accuracy("cat", ["cat"] * 1 + ["dog"] * 9) == pytest.approx(9 * (1 / 3) / 10)
     assert vqa_accuracy("cat", ["cat"] * 2 + ["dog"] * 8) == pytest.approx((2 * (1 / 3) + 8 * (2 / 3)) / 10)
     assert vqa_accuracy("bird", ["cat"] * 10) == 0.0
-    assert vqa_accuracy("Two.", ["2"] * 10) == 1.0  # the prediction is processed
+
+
+def test_single_reference_extension():
     assert vqa_accuracy("circle", ["circle"]) == 1.0 and vqa_accuracy("square", ["circle"]) == 0.0
+    assert vqa_accuracy("Circle", ["circle"]) == 0.0  # one answer is unanimous: compared as it is
     with pytest.raises(ValueError):
         vqa_accuracy("x", [])
 
 
-def test_soft_targets():
+def test_soft_targets_and_vocabulary_follow_the_official_forms():
     assert [soft_score(c) for c in range(5)] == [0, 1 / 3, 2 / 3, 1, 1]
-    vocab = {"cat": 0, "dog": 1}
-    targets = answer_targets(["cat"] * 2 + ["dog"] * 7 + ["emu"], vocab)
-    assert targets == {0: pytest.approx(2 / 3), 1: 1.0}
+    vocab = {"cat": 0, "dog": 1, "Yes": 2, "yes": 3}
+    assert answer_targets(["cat"] * 2 + ["Dog."] * 7 + ["emu"], vocab) == {0: pytest.approx(2 / 3), 1: 1.0}
+    # Ten identical "Yes" stay "Yes" (the official code would score the prediction "yes" 0 there) ...
+    assert answer_targets(["Yes"] * 10, vocab) == {2: 1.0}
+    # ... and a vocabulary entry scores exactly what its target promises.
+    assert vqa_accuracy("Yes", ["Yes"] * 10) == 1.0 and vqa_accuracy("yes", ["Yes"] * 10) == 0.0
+    examples = [VQAExample("1", "i", "q", ("Yes",) * 10), VQAExample("2", "i", "q", ("yes",) * 9 + ("Yes!",))]
+    assert build_answer_vocab(examples) == ["Yes", "yes"]  # ten each, ties by text
 
 
 def test_vqa_v2_reader(tmp_path):
@@ -75,7 +101,8 @@ def test_vqa_v2_reader(tmp_path):
     examples = load_vqa_v2(tmp_path / "q.json", tmp_path / "a.json", "COCO_val2014_{image_id:012d}")
     assert examples[0] == VQAExample("11", "COCO_val2014_000000000042", "What color is the bus?",
                                      tuple(["red"] * 8 + ["Red."] * 2))
-    assert build_answer_vocab(examples) == ["2", "red"]  # 10 votes each: ties sorted by text
+    # "Red." is processed (the answers differ); ten identical "two" are kept as given. 10 votes each: by text.
+    assert build_answer_vocab(examples) == ["red", "two"]
     (tmp_path / "bad.json").write_text(json.dumps({"annotations": [{"question_id": 99, "answers": []}]}))
     with pytest.raises(ValueError, match="not in"):
         load_vqa_v2(tmp_path / "q.json", tmp_path / "bad.json")

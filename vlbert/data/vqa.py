@@ -17,7 +17,7 @@ from detectors.batch import pad_regions, region_item
 from detectors.regions import Regions
 from detectors.store import region_count
 from vlbert.data.padding import pad_text
-from vlbert.evaluation.vqa import answer_targets, normalize_answer
+from vlbert.evaluation.vqa import answer_targets, reference_forms
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,10 @@ def load_vqa_v2(questions_file: str | os.PathLike, annotations_file: str | os.Pa
 
 
 def build_answer_vocab(examples: Sequence[VQAExample], min_count: int = 1) -> list[str]:
-    """Normalised answers given at least ``min_count`` times (VQA v2 practice: 9, giving 3,129 answers), most
-    frequent first."""
-    counts = Counter(normalize_answer(a) for ex in examples for a in ex.answers)
+    """Answers given at least ``min_count`` times (VQA v2 practice: 9, giving 3,129 answers), most frequent first,
+    each in the form the official evaluation compares (:func:`~vlbert.evaluation.vqa.reference_forms`: processed
+    where a question's annotators disagree, as given where they agree)."""
+    counts = Counter(a for ex in examples for a in reference_forms(ex.answers))
     return [a for a, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if c >= min_count]
 
 

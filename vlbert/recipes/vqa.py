@@ -14,7 +14,7 @@ from pathlib import Path
 
 from vlbert.data.easy_vqa import answers as easy_vqa_answers
 from vlbert.data.vqa import VQACollator, VQADataset, build_answer_vocab, easy_vqa_examples, load_vqa_v2
-from vlbert.evaluation.vqa import normalize_answer, vqa_accuracy
+from vlbert.evaluation.vqa import reference_forms, vqa_accuracy
 from vlbert.models.vqa import VLBertForVQA
 from vlbert.recipes.regions import task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
@@ -58,7 +58,7 @@ class VQAData(TaskData):
         data, tokenizer = ctx.data, ctx.tokenizer
         if data.dataset == "easy-vqa":
             train, held_out = easy_vqa_examples("train"), easy_vqa_examples("test")
-            vocab = [normalize_answer(a) for a in easy_vqa_answers()]
+            vocab = easy_vqa_answers()
             drop_unknown = False
         elif data.dataset == "vqa-v2":
             if not (data.train_questions and data.eval_questions):
@@ -117,7 +117,7 @@ def evaluate(ctx: RunContext, data: VQAData, model) -> dict:
 
 def majority_baseline(ctx: RunContext, data: VQAData, model) -> dict:
     """VQA accuracy of always giving the most frequent training answer (the usual prior baseline)."""
-    counts = Counter(normalize_answer(a) for ex in data.train.examples for a in ex.answers)
+    counts = Counter(a for ex in data.train.examples for a in reference_forms(ex.answers))
     answer = counts.most_common(1)[0][0]
     scored = [vqa_accuracy(answer, ex.answers) for ex in data.eval.examples if ex.answers]
     return {"vqa_accuracy_majority_baseline": sum(scored) / len(scored)} if scored else {}
