@@ -82,3 +82,25 @@ def small_corpus(tmp_path_factory):
     for r in records[::55][:40]:
         (root / (r["id"].replace("/", "_") + ".txt")).write_text(r["text"], encoding="utf-8")
     return root
+
+
+def reference_tokenization(texts, tokenizer) -> list[list[list[int]]]:
+    """The reference for corpus preparation, written plainly: each document split into sentences, each sentence
+    tokenised alone without special tokens; empty sentences and documents dropped."""
+    from vlbert.data.corpus import split_sentences
+
+    documents = []
+    for text in texts:
+        sentences = [tokenizer(s, add_special_tokens=False)["input_ids"] for s in split_sentences(text)]
+        sentences = [s for s in sentences if s]
+        if sentences:
+            documents.append(sentences)
+    return documents
+
+
+@pytest.fixture(scope="session")
+def small_token_corpus(small_corpus, tokenizer, tmp_path_factory):
+    """``small_corpus`` prepared once (:class:`vlbert.data.token_corpus.TokenCorpus`)."""
+    from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
+
+    return TokenCorpus(prepare_corpus(small_corpus, tokenizer, tmp_path_factory.mktemp("corpora")))

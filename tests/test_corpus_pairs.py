@@ -1,6 +1,6 @@
-"""The memory-mapped text path: preparation equals the in-memory tokenisation, is cached by corpus and tokenizer,
-and serves BERT pairs with the in-memory path's properties (balanced NSP, true B after A in its document, random B
-from another document, deterministic per epoch)."""
+"""The text path: preparation equals a plain reference tokenisation, is cached by corpus and tokenizer, and serves
+BERT pairs with their properties (balanced NSP, true B after A in its document, random B from another document,
+deterministic per epoch, redrawn every epoch)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ import random
 import numpy as np
 import pytest
 
-from vlbert.data.corpus import load_documents, split_sentences
+from conftest import reference_tokenization
+from vlbert.data.corpus import load_documents
 from vlbert.data.corpus_pairs import CorpusPairsDataset, split_documents
-from vlbert.data.pretraining import IS_NEXT, IS_RANDOM, tokenize_documents
+from vlbert.data.pretraining import IS_NEXT, IS_RANDOM
 from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
 
 
-def test_preparation_equals_in_memory_tokenisation_for_every_format(small_corpus, tokenizer, tmp_path):
-    reference = tokenize_documents(load_documents(small_corpus), tokenizer, split_sentences)
+def test_preparation_equals_the_reference_tokenisation_for_every_format(small_corpus, tokenizer, tmp_path):
+    reference = reference_tokenization(load_documents(small_corpus), tokenizer)
     directory = prepare_corpus(small_corpus, tokenizer, tmp_path / "cache", num_proc=2)
     corpus = TokenCorpus(directory)
     assert corpus.meta["documents"] == len(reference) and corpus.meta["dtype"] == "uint16"
@@ -32,7 +33,7 @@ def test_preparation_equals_in_memory_tokenisation_for_every_format(small_corpus
     assert minilm.backend_tokenizer.padding is not None
     prepared = TokenCorpus(prepare_corpus(small_corpus, minilm, tmp_path / "cache2"))
     assert minilm.backend_tokenizer.padding is not None  # the caller's tokenizer is left as it was
-    expected = tokenize_documents(load_documents(small_corpus), minilm, split_sentences)
+    expected = reference_tokenization(load_documents(small_corpus), minilm)
     assert [prepared.document(d) for d in range(prepared.num_documents)] == expected
     texts = [p.read_text() for p in sorted(small_corpus.glob("*.txt"))][:5]
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in texts))
@@ -96,13 +97,13 @@ def test_pairs_from_the_memory_map(small_corpus, tokenizer, tmp_path):
     assert (data.lengths() <= 64).all() and len(data.lengths()) == len(data)
 
 
-def test_text_pretraining_on_the_memory_mapped_corpus(small_corpus, tmp_path):
+def test_text_pretraining_on_the_prepared_corpus(small_corpus, tmp_path):
     from vlbert.recipes import RECIPES, run
 
     config = {"modality": "text", "tokenizer": "minilm",
               "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
                         "max_position_embeddings": 64},
-              "data": {"corpus": str(small_corpus), "max_seq_length": 64, "eval_fraction": 0.1, "memory_map": True,
+              "data": {"corpus": str(small_corpus), "max_seq_length": 64, "eval_fraction": 0.1,
                        "corpus_cache_dir": str(tmp_path / "cache")},
               "training": {"output_dir": str(tmp_path / "run"), "max_steps": 6, "batch_size": 8,
                            "learning_rate": 1e-3, "warmup_steps": 1, "log_every": 1, "progress_bar": False}}
@@ -110,7 +111,7 @@ def test_text_pretraining_on_the_memory_mapped_corpus(small_corpus, tmp_path):
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
     assert np.isfinite(metrics["eval_mlm_loss"])
-    # The majority baseline's token is the corpus's most frequent ordinary wordpiece, as the in-memory
+    # The majority baseline's token is the corpus's most frequent ordinary wordpiece, as the reference
     # tokenisation counts it (the prepared path counts it at preparation).
     from collections import Counter
 
@@ -120,7 +121,7 @@ def test_text_pretraining_on_the_memory_mapped_corpus(small_corpus, tmp_path):
     from vlbert.training.trainer import TrainingConfig
 
     tokenizer = load_tokenizer(resolve_model_path("minilm"))
-    documents = tokenize_documents(load_documents(small_corpus), tokenizer, split_sentences)
+    documents = reference_tokenization(load_documents(small_corpus), tokenizer)
     counts = Counter(t for doc in documents for sentence in doc for t in sentence)
     expected = next(t for t, _ in counts.most_common() if t not in set(tokenizer.all_special_ids))
     data = TextPretrainingData(RunContext(config, TrainingConfig.from_dict(config["training"]),

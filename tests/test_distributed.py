@@ -24,11 +24,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def config(corpus, out, batch_size, steps=6, memory_map=False, **training):
+def config(corpus, out, batch_size, steps=6, **training):
     return {"modality": "text", "tokenizer": "minilm",
             "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
                       "max_position_embeddings": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
-            "data": {"corpus": str(corpus), "max_seq_length": 64, "eval_fraction": 0.0, "memory_map": memory_map,
+            "data": {"corpus": str(corpus), "max_seq_length": 64, "eval_fraction": 0.0,
                      "corpus_cache_dir": str(Path(out).parent / "corpora")},
             "training": {"output_dir": str(out), "max_steps": steps, "batch_size": batch_size, "learning_rate": 1e-3,
                          "warmup_steps": 1, "log_every": 1, "progress_bar": False, **training}}
@@ -43,15 +43,14 @@ def env():
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
 
 
-@pytest.mark.parametrize("memory_map", [False, True], ids=["in-memory", "memory-mapped"])
-def test_two_processes_equal_one_process_at_twice_the_batch(small_corpus, tmp_path, memory_map):
+def test_two_processes_equal_one_process_at_twice_the_batch(small_corpus, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     subprocess.run([sys.executable, str(HERE / "ddp_worker.py"),
-                    json.dumps(config(small_corpus, one, 8, memory_map=memory_map))],
+                    json.dumps(config(small_corpus, one, 8))],
                    check=True, env=env(), capture_output=True, timeout=300)
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                              "--master_port", str(free_port()), str(HERE / "ddp_worker.py"),
-                             json.dumps(config(small_corpus, two, 4, memory_map=memory_map))],
+                             json.dumps(config(small_corpus, two, 4))],
                             env=env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     a, b = losses(one), losses(two)
@@ -60,15 +59,14 @@ def test_two_processes_equal_one_process_at_twice_the_batch(small_corpus, tmp_pa
     assert a[6] != a[1]  # the model did train
 
 
-@pytest.mark.parametrize("memory_map", [False, True], ids=["in-memory", "memory-mapped"])
-def test_resume_after_sigkill_reproduces_losses(small_corpus, tmp_path, memory_map):
+def test_resume_after_sigkill_reproduces_losses(small_corpus, tmp_path):
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     steps = 40
     subprocess.run([sys.executable, str(HERE / "ddp_worker.py"),
-                    json.dumps(config(small_corpus, reference, 4, steps, memory_map, save_every=5))],
+                    json.dumps(config(small_corpus, reference, 4, steps, save_every=5))],
                    check=True, env=env(), capture_output=True, timeout=300)
     cmd = [sys.executable, str(HERE / "ddp_worker.py"),
-           json.dumps(config(small_corpus, killed, 4, steps, memory_map, save_every=5))]
+           json.dumps(config(small_corpus, killed, 4, steps, save_every=5))]
     proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = killed / "log.jsonl"
     wait_for_log_lines(proc, log, 12)

@@ -1,5 +1,5 @@
-"""BERT pretraining data: masking statistics (15%; 80/10/10), NSP pairing (50/50, true continuations),
-corpus loading and its errors, and length-grouped batching."""
+"""BERT pretraining data: masking statistics (15%; 80/10/10) and its determinism, corpus loading and its errors,
+and length-grouped batching. (NSP pairing: tests/test_corpus_pairs.py.)"""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import random
 import pytest
 import torch
 
+import numpy as np
+
 from vlbert.data.corpus import load_documents, split_sentences, train_eval_split
-from vlbert.data.pretraining import (IS_NEXT, IS_RANDOM, LengthGroupedBatchSampler, MaskingCollator,
-                                     TextPretrainingDataset, create_segment_pairs, tokenize_documents)
+from vlbert.data.corpus_pairs import CorpusPairsDataset
+from vlbert.data.pretraining import LengthGroupedBatchSampler, MaskingCollator
 
 
 def within(observed: float, expected: float, n: int, sigmas: float = 4.0) -> bool:
@@ -20,13 +22,9 @@ def within(observed: float, expected: float, n: int, sigmas: float = 4.0) -> boo
 
 
 @pytest.fixture(scope="module")
-def documents(small_corpus, tokenizer):
-    return tokenize_documents(load_documents(small_corpus), tokenizer, split_sentences)
-
-
-@pytest.fixture(scope="module")
-def dataset(documents, tokenizer):
-    return TextPretrainingDataset(documents, tokenizer, max_seq_length=64, seed=0)
+def dataset(small_token_corpus, tokenizer):
+    return CorpusPairsDataset(small_token_corpus, np.arange(small_token_corpus.num_documents), tokenizer,
+                              max_seq_length=64, seed=0)
 
 
 def test_masking_statistics(dataset, tokenizer):
@@ -66,43 +64,6 @@ def test_masking_is_dynamic_and_reproducible(dataset, tokenizer):
     finally:
         dataset.set_epoch(0)
     assert not torch.equal(a["labels"][:, :c["labels"].shape[1]], c["labels"][:, :a["labels"].shape[1]])
-
-
-def test_nsp_pairs_are_balanced_and_true_pairs_are_continuations(documents, tokenizer):
-    rng = random.Random(1)
-    pairs = create_segment_pairs(documents, 64, 0.1, rng, tokenizer.cls_token_id, tokenizer.sep_token_id)
-    labels = [p["next_sentence_label"] for p in pairs]
-    assert within(sum(labels) / len(labels), 0.5, len(labels))
-    doc_streams = [[t for s in d for t in s] for d in documents]
-    sep = tokenizer.sep_token_id
-
-    def find(stream, piece, start=0):
-        n = len(piece)
-        return next((i for i in range(start, len(stream) - n + 1) if stream[i:i + n] == piece), -1)
-
-    checked = 0
-    for p in pairs:
-        ids, types = p["input_ids"], p["token_type_ids"]
-        assert len(ids) <= 64 and ids[0] == tokenizer.cls_token_id and ids[-1] == sep
-        first_sep = ids.index(sep)
-        assert types == [0] * (first_sep + 1) + [1] * (len(ids) - first_sep - 1)
-        a, b = ids[1:first_sep], ids[first_sep + 1:-1]
-        assert a and b
-        if p["next_sentence_label"] == IS_NEXT and checked < 200:
-            # A and B are contiguous spans of one document and B comes after A (truncation may trim A's end
-            # or B's start, so they need not touch).
-            assert any((i := find(s, a)) >= 0 and find(s, b, i + len(a)) >= 0 for s in doc_streams), \
-                "a true-next B must come after A in A's document"
-            checked += 1
-    assert checked > 20
-    assert IS_RANDOM in labels
-
-
-def test_pairs_change_every_epoch_but_are_deterministic(documents, tokenizer):
-    a = TextPretrainingDataset(documents, tokenizer, 64, seed=3, epoch=0).instances
-    b = TextPretrainingDataset(documents, tokenizer, 64, seed=3, epoch=0).instances
-    c = TextPretrainingDataset(documents, tokenizer, 64, seed=3, epoch=1).instances
-    assert a == b and a != c
 
 
 def test_split_sentences():

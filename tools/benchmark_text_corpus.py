@@ -1,16 +1,16 @@
 #!/usr/bin/env python
-"""Text pretraining at two corpus sizes on the prepared (data.memory_map) path: peak memory, tokens/s, preparation throughput,
-and seconds from launch to the first step.
+"""Text pretraining at two corpus sizes: peak memory, tokens/s, preparation throughput, and seconds from launch to
+the first step.
 
     python tools/benchmark_text_corpus.py --copies 2 200 --steps 30 --num-proc 2
 
 The corpora are the embedded BBC News articles (about 5 MB) written ``copies`` times as JSON lines under new
 document ids (2 copies: about 10 MB; 200: about 1 GB). Each is prepared with ``tools/prepare_corpus.py`` (timed:
 MB of text per second), then ``tools/pretrain.py --modality text`` runs ``--steps`` steps of the default model
-(L=4, H=256) with ``data.memory_map=true`` in a child process: its peak RSS (VmHWM, polled), the
-trainer's tokens/s (the whole run, and the median step after the 4th: steady state, without the start-up), and
-the time from launch to the first logged step. ``--in-memory`` adds the old path on the
-smallest corpus for comparison. Prints JSON lines.
+(L=4, H=256) in a child process: its peak RSS (VmHWM, polled), the trainer's tokens/s (the whole run, and the
+median step after the 4th: steady state, without the start-up), and the time from launch to the first logged step.
+``--prepare-in-run`` skips the separate preparation, so the run prepares the corpus itself (a user's first run):
+its peak RSS then includes the preparation. Prints JSON lines.
 """
 
 from __future__ import annotations
@@ -40,10 +40,9 @@ def write_corpus(path: Path, copies: int) -> int:
     return path.stat().st_size
 
 
-def pretrain(corpus: Path, out: Path, cache: Path, steps: int, memory_map: bool) -> dict:
+def pretrain(corpus: Path, out: Path, cache: Path, steps: int) -> dict:
     cmd = [sys.executable, str(ROOT / "tools" / "pretrain.py"), "--modality", "text", "--output-dir", str(out),
-           *[w for kv in (f"data.corpus={corpus}", f"data.memory_map={str(memory_map).lower()}",
-                          f"data.corpus_cache_dir={cache}", f"training.max_steps={steps}", "training.log_every=1",
+           *[w for kv in (f"data.corpus={corpus}", f"data.corpus_cache_dir={cache}", f"training.max_steps={steps}", "training.log_every=1",
                           "training.eval_every=0", "data.max_eval_batches=2", "training.progress_bar=false")
              for w in ("--set", kv)]]
     start = time.perf_counter()
@@ -59,7 +58,7 @@ def pretrain(corpus: Path, out: Path, cache: Path, steps: int, memory_map: bool)
             pass
         time.sleep(0.05)
     if proc.returncode != 0:
-        raise SystemExit(proc.stderr.read()[-3000:])
+        raise RuntimeError(f"the run failed:\n{proc.stderr.read()[-3000:]}")
     metrics = json.loads((out / "metrics.json").read_text())
     steps = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     steady = [r["tokens_per_s"] for r in steps if r["split"] == "train"][4:]
@@ -74,7 +73,7 @@ def main(argv=None) -> int:
     p.add_argument("--copies", type=int, nargs="+", default=[2, 200])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--num-proc", type=int, default=2)
-    p.add_argument("--in-memory", action="store_true", help="also run the in-memory path on the smallest corpus")
+    p.add_argument("--prepare-in-run", action="store_true", help="let the run prepare the corpus (no separate step)")
     p.add_argument("--workdir", help="keep corpora, prepared arrays and runs here (a second call reuses the "
                                      "preparation); default: a temporary directory")
     args = p.parse_args(argv)
@@ -84,24 +83,25 @@ def main(argv=None) -> int:
         for copies in args.copies:
             corpus = tmp / f"bbc-x{copies}.jsonl"
             size = write_corpus(corpus, copies) if not corpus.is_file() else corpus.stat().st_size
-            for run in (tmp / f"run-{copies}", tmp / f"run-{copies}-mem"):
-                shutil.rmtree(run, ignore_errors=True)
-            start = time.perf_counter()
-            subprocess.run([sys.executable, str(ROOT / "tools" / "prepare_corpus.py"), "--corpus", str(corpus),
-                            "--num-proc", str(args.num_proc), "--cache-dir", str(tmp / "cache")], check=True,
-                           capture_output=True)
-            prepare_s = time.perf_counter() - start
-            record = {"corpus_mb": round(size / 1e6, 1), "path": "prepared",
-                      "prepare_s": round(prepare_s, 1), "prepare_mb_per_s": round(size / 1e6 / prepare_s, 2),
-                      "num_proc": args.num_proc}
-            record.update(pretrain(corpus, tmp / f"run-{copies}", tmp / "cache", args.steps, True))
+            shutil.rmtree(tmp / f"run-{copies}", ignore_errors=True)
+            record = {"corpus_mb": round(size / 1e6, 1)}
+            if args.prepare_in_run:
+                shutil.rmtree(tmp / "cache", ignore_errors=True)
+                record["prepared_in_run"] = True
+            else:
+                start = time.perf_counter()
+                subprocess.run([sys.executable, str(ROOT / "tools" / "prepare_corpus.py"), "--corpus", str(corpus),
+                                "--num-proc", str(args.num_proc), "--cache-dir", str(tmp / "cache")], check=True,
+                               capture_output=True)
+                prepare_s = time.perf_counter() - start
+                record.update({"prepare_s": round(prepare_s, 1), "prepare_mb_per_s": round(size / 1e6 / prepare_s, 2),
+                               "num_proc": args.num_proc})
+            record.update(pretrain(corpus, tmp / f"run-{copies}", tmp / "cache", args.steps))
             print(json.dumps(record), flush=True)
-            if args.in_memory and copies == min(args.copies):
-                record = {"corpus_mb": round(size / 1e6, 1), "path": "in-memory"}
-                record.update(pretrain(corpus, tmp / f"run-{copies}-mem", tmp / "cache", args.steps, False))
-                print(json.dumps(record), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vlbert.command_line import run_tool
+
+    sys.exit(run_tool(main))

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Tokenise a text corpus once into on-disk token arrays (vlbert/data/token_corpus.py), ahead of a run that sets
-``data.memory_map: true`` (the run prepares it itself otherwise; both use the same cache).
+"""Tokenise a text corpus once into on-disk token arrays (vlbert/data/token_corpus.py), ahead of a text
+pretraining run on it (the run prepares it itself otherwise; both use the same cache).
 
     python tools/prepare_corpus.py --corpus wiki_dir/ --num-proc 8
     python tools/prepare_corpus.py --corpus books.jsonl --text-field text --tokenizer bert-base-uncased
@@ -42,10 +42,7 @@ def main(argv=None) -> int:
 
     tokenizer = load_tokenizer(resolve_model_path(args.tokenizer))
     start = time.perf_counter()
-    try:
-        directory = prepare_corpus(args.corpus, tokenizer, args.cache_dir, args.text_field, args.split, args.num_proc)
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(str(e)) from None
+    directory = prepare_corpus(args.corpus, tokenizer, args.cache_dir, args.text_field, args.split, args.num_proc)
     seconds = time.perf_counter() - start
     meta = TokenCorpus(directory).meta
     size = corpus_bytes(args.corpus)
@@ -56,4 +53,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vlbert.command_line import run_tool
+
+    sys.exit(run_tool(main))

@@ -1,7 +1,7 @@
 """BERT's segment pairs drawn at load time from a prepared on-disk corpus (:class:`vlbert.data.token_corpus.TokenCorpus`).
 
-Same construction as :func:`vlbert.data.pretraining.create_segment_pairs` (BERT section 3.1, appendix A.1;
-google-research/bert ``create_pretraining_data.py``), split in two so that nothing grows with the corpus in memory:
+BERT's construction (section 3.1, appendix A.1; google-research/bert ``create_pretraining_data.py``), split in two
+so that nothing grows with the corpus in memory:
 
 * once per (documents, length, short_seq_prob, seed), a sample index is built and cached on disk beside the corpus
   (``samples-*.rows``, read by position, and ``samples-*.lengths``): each document's sentences are cut into chunks that
@@ -11,8 +11,9 @@ google-research/bert ``create_pretraining_data.py``), split in two so that nothi
   whether B is the true continuation or a span of another document (50/50; a one-sentence chunk takes the next
   sentence as its true B), the random document and its starting sentence, and the truncation.
 
-Differences from the in-memory path: the chunks are fixed across epochs (the A/B split, the NSP choice and the random
-B are redrawn every epoch), and when B is random the chunk's unused sentences are not carried into the next chunk.
+Differences from the reference, which builds every pair in memory: the chunks are fixed across epochs (the A/B
+split, the NSP choice and the random B are redrawn every epoch), and when B is random the chunk's unused sentences
+are not carried into the next chunk.
 """
 
 from __future__ import annotations
@@ -81,9 +82,9 @@ def build_sample_index(corpus: TokenCorpus, documents: np.ndarray, max_tokens: i
 
 
 class CorpusPairsDataset(Dataset):
-    """NSP + MLM pairs from a :class:`TokenCorpus` (module docstring); items as
-    :class:`vlbert.data.pretraining.TextPretrainingDataset`'s: ``input_ids``, ``token_type_ids`` (lists of int),
-    ``next_sentence_label`` (0 = B follows A) and ``mask_seed``.
+    """NSP + MLM pairs from a :class:`TokenCorpus` (module docstring). Each item is a dict: ``input_ids``,
+    ``token_type_ids`` (lists of int, ``[CLS] A [SEP] B [SEP]``), ``next_sentence_label`` (0 = B follows A) and
+    ``mask_seed`` (the seed :class:`vlbert.data.pretraining.MaskingCollator` draws the item's masking from).
 
     Args:
         corpus: the prepared corpus.

@@ -1,9 +1,8 @@
-"""BERT pretraining data: segment pairs for next-sentence prediction and dynamic masking for masked LM.
+"""BERT pretraining data: the pieces of segment pairs and dynamic masking for masked LM shared by every corpus.
 
 Source: BERT paper section 3.1 and appendix A.1, and the reference ``create_pretraining_data.py``
-(google-research/bert): documents -> sentences -> chunks filling a target length (shorter with probability
-``short_seq_prob``), split into segments A and B, where B is the true continuation 50% of the time and a span
-from another document otherwise; 15% of wordpieces are chosen for prediction, of which 80% become [MASK], 10% a
+(google-research/bert). The pairs themselves (chunks filling a target length, A and B with B the true continuation
+50% of the time) are drawn from the prepared corpus by :mod:`vlbert.data.corpus_pairs`; 15% of wordpieces are chosen for prediction, of which 80% become [MASK], 10% a
 random token and 10% stay unchanged. Masking is drawn anew every time a batch is built (dynamic masking, RoBERTa
 section 4.1), seeded by the samples themselves so that a run is reproducible and resumable.
 """
@@ -17,27 +16,11 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from vlbert.data.padding import pad_text
 from vlbert.models.losses import IGNORE_INDEX
 
 IS_NEXT, IS_RANDOM = 0, 1  # next_sentence_label values, as transformers: 0 = B continues A
-
-
-def tokenize_documents(documents: Sequence[str], tokenizer, split_sentences) -> list[list[list[int]]]:
-    """documents -> sentences -> wordpiece ids (no special tokens), dropping sentences that tokenize to nothing."""
-    sentence_lists = [split_sentences(d) for d in documents]
-    flat = [s for sents in sentence_lists for s in sents]
-    encoded = tokenizer(flat, add_special_tokens=False, return_attention_mask=False,
-                        return_token_type_ids=False)["input_ids"] if flat else []
-    out, pos = [], 0
-    for sents in sentence_lists:
-        ids = [e for e in encoded[pos:pos + len(sents)] if e]
-        pos += len(sents)
-        if ids:
-            out.append(ids)
-    return out
 
 
 def truncate_pair(tokens_a: list[int], tokens_b: list[int], max_tokens: int, rng: random.Random) -> None:
@@ -49,122 +32,6 @@ def truncate_pair(tokens_a: list[int], tokens_b: list[int], max_tokens: int, rng
             del longer[0]
         else:
             longer.pop()
-
-
-def create_segment_pairs(documents: list[list[list[int]]], max_seq_length: int, short_seq_prob: float,
-                         rng: random.Random, cls_id: int, sep_id: int) -> list[dict]:
-    """Build NSP instances ``[CLS] A [SEP] B [SEP]`` from tokenized documents.
-
-    Args:
-        documents: documents -> sentences -> wordpiece ids.
-        max_seq_length: total length including the three special tokens.
-        short_seq_prob: probability of a shorter random target length (reference: 0.1), so the model also sees
-            short sequences.
-        rng: source of randomness (one per epoch for a new pairing every epoch).
-        cls_id, sep_id: ids of [CLS] and [SEP].
-    Returns:
-        dicts with ``input_ids`` and ``token_type_ids`` (lists of int) and ``next_sentence_label``
-        (0 = B follows A, 1 = B random). The label is drawn 50/50 before the pair is built; a chunk of a single
-        sentence takes the document's next sentence as its true B (or, at the document's end, the previous one
-        as A), so the 50/50 holds; the reference code forces one-sentence chunks to random, which skews it.
-    Raises:
-        ValueError: ``max_seq_length`` < 5 (no room for two segments).
-    """
-    if max_seq_length < 5:
-        raise ValueError(f"max_seq_length must be at least 5 to hold [CLS] A [SEP] B [SEP], got {max_seq_length}")
-    max_tokens = max_seq_length - 3
-    instances = []
-    for doc_index, document in enumerate(documents):
-        target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
-        chunk: list[list[int]] = []
-        length = 0
-        i = 0
-        while i < len(document):
-            chunk.append(document[i])
-            length += len(document[i])
-            if i == len(document) - 1 or length >= target:
-                # A random B needs another document to come from.
-                is_random = len(documents) > 1 and rng.random() < 0.5
-                if not is_random and len(chunk) == 1:
-                    if i + 1 < len(document):  # take the next sentence as the true B
-                        i += 1
-                        chunk.append(document[i])
-                    elif i > 0:  # the document's last sentence: the previous one becomes A
-                        chunk.insert(0, document[i - 1])
-                    elif len(documents) > 1:  # a one-sentence document has no true continuation
-                        is_random = True
-                    else:
-                        break
-                a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-                tokens_a = [t for s in chunk[:a_end] for t in s]
-                if is_random:
-                    target_b = max(1, target - len(tokens_a))
-                    other = doc_index
-                    for _ in range(10):
-                        other = rng.randrange(len(documents))
-                        if other != doc_index:
-                            break
-                    other_doc = documents[other]
-                    start = rng.randrange(len(other_doc))
-                    tokens_b = []
-                    for sentence in other_doc[start:]:
-                        tokens_b.extend(sentence)
-                        if len(tokens_b) >= target_b:
-                            break
-                    i -= len(chunk) - a_end  # the unused sentences start the next chunk
-                else:
-                    tokens_b = [t for s in chunk[a_end:] for t in s]
-                truncate_pair(tokens_a, tokens_b, max_tokens, rng)
-                if tokens_a and tokens_b:
-                    instances.append({
-                        "input_ids": [cls_id, *tokens_a, sep_id, *tokens_b, sep_id],
-                        "token_type_ids": [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1),
-                        "next_sentence_label": IS_RANDOM if is_random else IS_NEXT,
-                    })
-                chunk, length = [], 0
-                target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
-            i += 1
-    return instances
-
-
-class TextPretrainingDataset(Dataset):
-    """Segment pairs from tokenized documents, re-paired every epoch (:meth:`set_epoch`).
-
-    Each item is a dict ``input_ids``, ``token_type_ids`` (lists of int), ``next_sentence_label`` (int) and
-    ``mask_seed`` (int), the seed :class:`MaskingCollator` draws that sample's masking from.
-    """
-
-    def __init__(self, documents: list[list[list[int]]], tokenizer, max_seq_length: int = 128,
-                 short_seq_prob: float = 0.1, seed: int = 0, epoch: int = 0):
-        if not documents:
-            raise ValueError("no documents to build pretraining pairs from: the corpus is empty after tokenization")
-        self.documents = documents
-        self.max_seq_length = max_seq_length
-        self.short_seq_prob = short_seq_prob
-        self.seed = seed
-        self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-        self.set_epoch(epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Rebuild the pairs for ``epoch`` (deterministic in (seed, epoch))."""
-        self.epoch = epoch
-        rng = random.Random(f"pairs-{self.seed}-{epoch}")
-        self.instances = create_segment_pairs(self.documents, self.max_seq_length, self.short_seq_prob, rng,
-                                              self.cls_id, self.sep_id)
-        if not self.instances:
-            raise ValueError("the corpus yields no sentence pairs; it needs at least two sentences")
-
-    def __len__(self) -> int:
-        return len(self.instances)
-
-    def __getitem__(self, index: int) -> dict:
-        item = dict(self.instances[index])
-        item["mask_seed"] = hash((self.seed, self.epoch, index)) & 0x7FFFFFFF
-        return item
-
-    def lengths(self) -> list[int]:
-        """Token count of every item (for length-grouped batching)."""
-        return [len(x["input_ids"]) for x in self.instances]
 
 
 @dataclass
@@ -301,5 +168,4 @@ class LengthGroupedBatchSampler:
         return out
 
 
-__all__ = ["tokenize_documents", "create_segment_pairs", "truncate_pair", "TextPretrainingDataset",
-           "MaskingCollator", "LengthGroupedBatchSampler", "IS_NEXT", "IS_RANDOM"]
+__all__ = ["truncate_pair", "MaskingCollator", "LengthGroupedBatchSampler", "IS_NEXT", "IS_RANDOM"]
