@@ -163,4 +163,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vlbert.command_line import run_tool
+
+    sys.exit(run_tool(main))

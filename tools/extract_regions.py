@@ -48,9 +48,9 @@ def image_sources(spec: list[str]) -> list[tuple[str, object]]:
             elif path.is_file():
                 out.append((path.stem, path))
             else:
-                raise SystemExit(f"--images {item}: no such file or directory")
+                raise FileNotFoundError(f"--images {item}: no such file or directory; pass image files, directories or 'skimage'/'easy-vqa'")
     if not out:
-        raise SystemExit("no images found")
+        raise ValueError("--images: no images found (suffixes " + ", ".join(sorted(IMAGE_SUFFIXES)) + ")")
     return out
 
 
@@ -65,14 +65,11 @@ def detector_config(args):
              if getattr(args, name) is not None}
     if args.opts:
         if len(args.opts) % 2:
-            raise SystemExit(f"--opts takes KEY VALUE pairs, got {len(args.opts)} words")
+            raise ValueError(f"--opts takes KEY VALUE pairs, got {len(args.opts)} words")
         import yaml
 
         given["overrides"] = {k: yaml.safe_load(v) for k, v in zip(args.opts[::2], args.opts[1::2])}
-    try:
-        return DetectorConfig(**given)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+    return DetectorConfig(**given)
 
 
 def draw(regions_and_images, path: Path, max_boxes: int = 8, label_fn=None) -> None:
@@ -166,7 +163,11 @@ def main(argv=None) -> int:
     elif args.from_npz:
         from detectors.precomputed import read_npz
 
-        files = sorted(Path(args.from_npz).glob("*.npz"))
+        source = Path(args.from_npz)
+        files = [source] if source.is_file() else sorted(source.glob("*.npz"))
+        if not files:
+            raise FileNotFoundError(f"--from-npz {source}: no .npz file there; pass a directory of per-image .npz "
+                                    "files or one .npz file")
         shards = write_shards((read_npz(f) for f in tqdm(files, desc="import npz")), args.output_dir,
                               max_samples_per_shard=args.samples_per_shard)
     else:
@@ -179,19 +180,13 @@ def main(argv=None) -> int:
         device = args.device
         if device == "cuda" and world > 1:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-        try:
-            extractor = detector.build(device)
-        except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
-            raise SystemExit(f"{type(e).__name__}: {e}") from None
+        extractor = detector.build(device)
         sources = image_sources(args.images)
         info = {"detector": extractor.name, "fingerprint": detector.fingerprint(), "config": asdict(detector),
                 **({k: v for k, v in extractor.metadata().items() if k != "detector"}
                    if hasattr(extractor, "metadata") else {})}
-        try:
-            shards = extract_to_shards(extractor, sources, args.output_dir, info, rank, world, args.batch_size,
-                                       args.samples_per_shard)
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
+        shards = extract_to_shards(extractor, sources, args.output_dir, info, rank, world, args.batch_size,
+                                   args.samples_per_shard)
         if args.draw and rank == 0:
             draw_first(args, detector, info, dict(sources))
     print(f"wrote {len(shards)} shard(s) to {args.output_dir}")
@@ -199,4 +194,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vlbert.command_line import run_tool
+
+    sys.exit(run_tool(main))

@@ -23,13 +23,15 @@ def main(argv=None) -> int:
     p.add_argument("--task", choices=sorted(RECIPES), help="default: the config's task key")
     args = p.parse_args(argv)
     if args.config is None:
-        raise SystemExit("--config is required (see configs/finetune/)")
+        p.error("--config is required (see configs/finetune/)")
     task = args.task or load_run_config(args.config).get("task")
     if task not in RECIPES:
-        raise SystemExit(f"{args.config} names task {task!r}; pass --task with one of {sorted(RECIPES)}")
+        raise ValueError(f"{args.config} names task {task!r}; pass --task with one of {sorted(RECIPES)}")
     run_from_args(args, task)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vlbert.command_line import run_tool
+
+    sys.exit(run_tool(main))

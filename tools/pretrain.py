@@ -29,11 +29,13 @@ def main(argv=None) -> int:
 
     written_for = load_run_config(args.config).get("modality", args.modality)
     if written_for != args.modality:
-        raise SystemExit(f"--modality {args.modality}, but {args.config} is a {written_for} config; "
+        raise ValueError(f"--modality {args.modality}, but {args.config} is a {written_for} config; "
                          f"pass --modality {written_for} or a {args.modality} config")
     run_from_args(args, f"{args.modality}-pretraining")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vlbert.command_line import run_tool
+
+    sys.exit(run_tool(main))

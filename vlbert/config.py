@@ -61,6 +61,11 @@ class BertConfig:
     classifier_dropout: float | None = None
 
     model_type = "bert"
+    #: Fields that fix the weights' shapes or the function they compute: a checkpoint's values decide these.
+    ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                           "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
+                           "layer_norm_eps", "position_embedding_type", "region_feature_dim", "region_location_dim",
+                           "num_region_classes")
 
     def __post_init__(self) -> None:
         self.validate()

@@ -60,6 +60,13 @@ def corpus_dataset(source: str | os.PathLike, text_field: str = "text", split: s
     def local(builder: str, files, **kwargs):
         try:
             return datasets.load_dataset(builder, data_files=files, split="train", **kwargs)
+        except datasets.exceptions.DatasetGenerationError as e:
+            cause = e.__cause__ or e.__context__
+            if isinstance(cause, UnicodeDecodeError):
+                bad, where = _first_undecodable([files] if isinstance(files, str) else files)
+                raise ValueError(f"corpus file {bad} is not valid UTF-8 text (byte {where}); re-encode it, e.g. "
+                                 f"iconv -f latin1 -t utf-8") from None
+            raise ValueError(f"could not read corpus {source_str!r} ({type(cause or e).__name__}: {cause or e})") from e
         except ValueError as e:
             if "corresponds to no data" in str(e):
                 raise ValueError(f"corpus {source_str!r} is empty: it holds no document with text") from e
@@ -86,6 +93,25 @@ def corpus_dataset(source: str | os.PathLike, text_field: str = "text", split: s
                          "data.text_field")
     return ds.select_columns([text_field]).rename_column(text_field, "text") if text_field != "text" else \
         ds.select_columns(["text"])
+
+
+def _first_undecodable(files, chunk: int = 1 << 22) -> tuple[str, int]:
+    """The first of ``files`` that is not UTF-8, and the byte offset of its first bad byte (the error path only)."""
+    import codecs
+
+    for name in files:
+        decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+        with open(name, "rb") as f:
+            while True:
+                block = f.read(chunk)
+                try:
+                    decoder.decode(block, final=not block)
+                except UnicodeDecodeError as e:
+                    return name, offset + e.start
+                if not block:
+                    break
+                offset += len(block)
+    return ", ".join(files), 0
 
 
 def _corpus_key(source: str, text_field: str, split: str) -> str:

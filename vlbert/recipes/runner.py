@@ -12,6 +12,7 @@ build its data, model and evaluation); :func:`run` does the wiring every task sh
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ class RunContext:
         training: :class:`TrainingConfig`; data: the recipe's data config; detector: a
             :class:`detectors.config.DetectorConfig` for recipes with regions, else None.
         tokenizer: the fast WordPiece tokenizer; init_from: the resolved checkpoint path, or None (from scratch).
+        command_line_keys: the dotted config keys the user set on the command line (flags and ``--set``).
     """
 
     config: dict[str, Any]
@@ -50,6 +52,7 @@ class RunContext:
     detector: Any
     tokenizer: Any
     init_from: str | None
+    command_line_keys: tuple[str, ...] = ()
 
     @property
     def model_section(self) -> dict[str, Any]:
@@ -143,19 +146,62 @@ def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) ->
     PartialState().wait_for_everyone()
 
 
+def _same(a, b) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return a == b
+
+
+def checkpoint_architecture_decides(ctx: RunContext) -> dict[str, Any]:
+    """The ``model`` section without the architecture entries that conflict with ``ctx.init_from``'s config.json.
+
+    Continuing from a checkpoint is the common case, so the checkpoint's architecture
+    (:attr:`~vlbert.config.BertConfig.ARCHITECTURE_FIELDS`) wins over a config file's ``model`` section: the
+    conflicting entries are dropped with one warning line. Other entries (dropout, num_labels) still apply.
+
+    Raises:
+        ValueError: a conflicting entry was set on the command line (``--set model.hidden_size=...``): the
+            message names the keys, both values and the fix.
+    """
+    from vlbert import checkpoint as ckpt
+    from vlbert.config import BertConfig
+
+    section = ctx.model_section
+    config_file = ckpt.resolve_checkpoint_dir(ctx.init_from) / ckpt.CONFIG_NAME
+    if not section or not config_file.is_file():
+        return section
+    saved = json.loads(config_file.read_text(encoding="utf-8"))
+    conflicts = {k: (section[k], saved[k]) for k in BertConfig.ARCHITECTURE_FIELDS
+                 if k in section and k in saved and not _same(section[k], saved[k])}
+    given = [k for k in conflicts if f"model.{k}" in ctx.command_line_keys]
+    if given:
+        raise ValueError(
+            f"--set {', '.join(f'model.{k}={conflicts[k][0]}' for k in given)} conflicts with the architecture of "
+            f"init_from {ctx.init_from} ({', '.join(f'{k}={conflicts[k][1]}' for k in given)}); a checkpoint "
+            "decides its own architecture: drop those --set flags, or train a fresh model without --init-from")
+    if conflicts:
+        logger.warning("init_from %s decides the architecture: ignoring the config's model entries %s",
+                       ctx.init_from, ", ".join(f"{k}={v} (checkpoint: {c})" for k, (v, c) in conflicts.items()))
+    return {k: v for k, v in section.items() if k not in conflicts}
+
+
 def load_model(cls, ctx: RunContext, **defaults):
-    """``cls`` from ``ctx.init_from`` with ``defaults`` and the ``model`` section as config overrides, or a fresh
-    model from them (vocab_size and pad_token_id from the tokenizer) when there is no ``init_from``."""
-    values = {**defaults, **ctx.model_section}
+    """``cls`` from ``ctx.init_from`` with ``defaults`` and the ``model`` section as config overrides (the
+    checkpoint's architecture deciding: :func:`checkpoint_architecture_decides`), or a fresh model from them
+    (vocab_size and pad_token_id from the tokenizer) when there is no ``init_from``."""
     if ctx.init_from:
-        return cls.from_pretrained(ctx.init_from, **values)
+        return cls.from_pretrained(ctx.init_from, **{**defaults, **checkpoint_architecture_decides(ctx)})
+    values = {**defaults, **ctx.model_section}
     values.setdefault("vocab_size", len(ctx.tokenizer))
     values.setdefault("pad_token_id", ctx.tokenizer.pad_token_id)
     return cls(cls.config_class.from_dict(values, strict=True))
 
 
-def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite: bool = False,
+        command_line_keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """Train and evaluate ``recipe`` as ``config`` says; returns the final metrics (also in metrics.json).
+    ``command_line_keys``: the dotted keys the user set on the command line (see :class:`RunContext`).
 
     Raises:
         ValueError / FileNotFoundError: bad config keys or values, missing data, a tokenizer that does not fit
@@ -177,7 +223,7 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
     init = config.get("init_from") or recipe.default_init
     init_from = resolve_model_path(init) if init else None
     tokenizer = load_tokenizer(resolve_model_path(config.get("tokenizer") or init_from))
-    ctx = RunContext(config, training, data_config, detector, tokenizer, init_from)
+    ctx = RunContext(config, training, data_config, detector, tokenizer, init_from, tuple(command_line_keys))
     data = recipe.build_data(ctx)
     set_seed(training.seed)  # initial weights depend on the seed alone
     model = recipe.build_model(ctx, data)

@@ -34,23 +34,18 @@ def run_from_args(args: argparse.Namespace, task: str, extra: tuple[tuple[str, A
     """Load ``args.config``, apply the flags (``extra``: more (config key, value) pairs) and ``--set``
     overrides, run the recipe ``task`` and print the final metrics.
 
-    Exits with status 143 after a SIGTERM (a checkpoint was written: rerun with --resume) and with a one-line
-    message for a run directory that already holds a run.
+    Errors propagate with their types; the tools' :func:`vlbert.command_line.run_tool` turns the user's into one
+    line (a run directory that holds a run, bad config values, missing data, ...) and a SIGTERM into status 143.
+    Flags given on the command line (``--init-from`` aside) are passed to the recipe as ``command_line_keys``.
     """
-    from vlbert.recipes import RECIPES, RunExistsError, run
+    from vlbert.recipes import RECIPES, run
     from vlbert.training.run_config import load_run_config
-    from vlbert.training.trainer import TrainingPreempted
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     flags = [(key, getattr(args, name)) for name, key in COMMON_FLAGS] + list(extra)
     overrides = [f"{key}={value}" for key, value in flags if value is not None] + list(args.set)
-    try:
-        metrics = run(RECIPES[task], load_run_config(args.config, overrides), args.resume, args.overwrite)
-    except RunExistsError as e:
-        raise SystemExit(f"error: {e}") from None
-    except TrainingPreempted as e:
-        logging.getLogger(__name__).warning("%s", e)
-        raise SystemExit(143) from None
+    metrics = run(RECIPES[task], load_run_config(args.config, overrides), args.resume, args.overwrite,
+                  command_line_keys=tuple(o.split("=", 1)[0].strip() for o in overrides))
     print("final metrics:", {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
     return metrics
 

@@ -16,14 +16,15 @@ def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None 
 
     Raises:
         FileNotFoundError: the config file does not exist.
-        ValueError: the file is not a YAML mapping, or an override is not ``key=value``.
+        ValueError: the file is not valid YAML (the message names the file, line and column, as
+            ``path:line:column: problem``), not a YAML mapping, or an override is not ``key=value``.
     """
     config: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist; see configs/ for runnable examples")
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loaded = _parse_yaml(path)
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -33,6 +34,24 @@ def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None 
     for item in overrides or []:
         set_dotted(config, item)
     return config
+
+
+def _parse_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); is it a YAML run config?") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        what = e.problem or "syntax error"
+        if e.context and e.context_mark is not None:
+            what = f"{e.context} started at line {e.context_mark.line + 1}, column {e.context_mark.column + 1}: {what}"
+        raise ValueError(f"{where}: invalid YAML: {what}; fix the syntax there (see configs/ for examples)") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: invalid YAML: {e}; fix the syntax (see configs/ for examples)") from None
 
 
 def set_dotted(config: dict[str, Any], assignment: str) -> None:
@@ -50,7 +69,10 @@ def set_dotted(config: dict[str, Any], assignment: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ValueError(f"cannot set {key}: {part} is not a section")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        raise ValueError(f"--set {assignment}: the value is not valid YAML; quote it, e.g. {key}='\"...\"'") from None
     if isinstance(value, str):  # YAML 1.1 reads 5e-4 (no dot) as a string
         try:
             value = float(value)

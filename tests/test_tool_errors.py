@@ -1,0 +1,206 @@
+"""The tools' error rule (vlbert/command_line.py): every refusal of what the user supplied reaches the user as one
+line, ``error: ...``, with exit status 2 and no traceback, and nothing is written; a bug keeps its traceback. Each
+case is a row of docs/bad-input.md that a tool reaches (row numbers in the ids), run in-process through the same
+``run_tool`` the tools' ``__main__`` uses. Also: ``--init-from`` with a config whose ``model`` section describes
+another architecture."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from vlbert.command_line import USAGE_ERROR, is_user_error, run_tool
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+              "max_position_embeddings": 64}
+
+
+def tool(name: str):
+    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def one_line_error(capsys, name: str, argv: list[str], status: int = USAGE_ERROR) -> str:
+    """Run tool ``name`` with ``argv``; assert exit ``status`` and a single ``error:`` line on stderr."""
+    capsys.readouterr()
+    assert run_tool(tool(name), argv) == status
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err, err
+    # Logging and progress bars may come before; the refusal is the last line, and the only "error:" line.
+    assert lines and lines[-1].startswith("error: ") and sum(x.startswith("error: ") for x in lines) == 1, err
+    return lines[-1]
+
+
+@pytest.fixture(scope="module")
+def text_config(tmp_path_factory, small_corpus):
+    """A tiny text-pretraining config file on the small corpus (its preparation cached for the module)."""
+    root = tmp_path_factory.mktemp("tool-errors")
+    config = {"modality": "text", "tokenizer": "minilm", "model": TINY_MODEL,
+              "data": {"corpus": str(small_corpus), "max_seq_length": 64, "max_eval_batches": 1,
+                       "corpus_cache_dir": str(root / "corpora")},
+              "training": {"max_steps": 1, "batch_size": 4, "progress_bar": False}}
+    path = root / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_yaml_syntax_error_names_file_line_and_column(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  hidden_size: 256\n  layers: [1, 2\ndata:\n  corpus: x\n")
+    line = one_line_error(capsys, "pretrain", ["--config", str(bad), "--output-dir", str(tmp_path / "out")])
+    assert f"{bad}:4:" in line and "line 3, column 11" in line and "flow sequence" in line
+    assert not (tmp_path / "out").exists()
+
+
+def _text_cases(tmp: Path, small_corpus: Path) -> dict[str, tuple[list[str], str]]:
+    (tmp / "empty.txt").write_text("\n\n")
+    (tmp / "bad.txt").write_bytes(b"caf\xe9 au lait. Une phrase.")
+    (tmp / "body.jsonl").write_text('{"body": "a document"}\n')
+    pickled = tmp / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text(json.dumps({"model_type": "bert", **TINY_MODEL, "vocab_size": 30522}))
+    torch.save({"bert.embeddings.word_embeddings.weight": torch.zeros(2, 2), "x": object()},
+               pickled / "pytorch_model.bin")
+    gpt2 = tmp / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    corrupt = tmp / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_text(json.dumps({"model_type": "bert", **TINY_MODEL, "vocab_size": 30522}))
+    (corrupt / "model.safetensors").write_bytes(b"\x00\x01 not safetensors")
+    empty_dir = tmp / "no-weights"
+    empty_dir.mkdir()
+    (empty_dir / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    return {
+        "1-empty-corpus": (["--set", f"data.corpus={tmp / 'empty.txt'}"], "is empty"),
+        "2-missing-corpus": (["--set", f"data.corpus={tmp / 'missing.txt'}"], "does not exist"),
+        "3-not-utf8": (["--set", f"data.corpus={tmp / 'bad.txt'}"], "UTF-8"),
+        "4-no-text-field": (["--set", f"data.corpus={tmp / 'body.jsonl'}"], "has no field 'text'"),
+        "6-longer-than-positions": (["--set", "data.max_seq_length=128"], "exceeds the model's max_position"),
+        "7-tokenizer-vocabulary": (["--set", "model.vocab_size=100"], "vocab_size"),
+        "24-pickled-checkpoint": (["--init-from", str(pickled)], "could not be read as plain tensors"),
+        "25-other-architecture": (["--init-from", str(gpt2)], "gpt2"),
+        "27-corrupt-safetensors": (["--init-from", str(corrupt)], "corrupt safetensors"),
+        "28-no-weights": (["--init-from", str(empty_dir)], "has no weights"),
+        "28-no-directory": (["--init-from", str(tmp / "nowhere")], "nowhere"),
+        "29-unknown-key": (["--set", "training.max_stepz=3"], "unknown training config key(s) ['max_stepz']"),
+        "30-negative-learning-rate": (["--set", "training.learning_rate=-1"], "learning_rate must be positive"),
+        "31-wrong-type": (["--set", "training.max_steps=ten"], "training.max_steps must be a int"),
+        "32-set-without-equals": (["--set", "training.max_steps"], "--set expects key=value"),
+        "40-fp16": (["--set", "training.mixed_precision=fp16"], "mixed_precision must be"),
+        "new-modality-mismatch": (["--modality", "vl"], "is a text config"),
+        "new-init-from-conflict": (["--init-from", "minilm", "--set", "model.hidden_size=32"],
+                                   "--set model.hidden_size=32 conflicts with the architecture"),
+    }
+
+
+CASES = ["1-empty-corpus", "2-missing-corpus", "3-not-utf8", "4-no-text-field", "6-longer-than-positions",
+         "7-tokenizer-vocabulary", "24-pickled-checkpoint", "25-other-architecture", "27-corrupt-safetensors",
+         "28-no-weights", "28-no-directory", "29-unknown-key", "30-negative-learning-rate", "31-wrong-type",
+         "32-set-without-equals", "40-fp16", "new-modality-mismatch", "new-init-from-conflict"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_text_pretraining_refusals_are_one_line(capsys, tmp_path, small_corpus, text_config, case):
+    argv, expected = _text_cases(tmp_path, small_corpus)[case]
+    out = tmp_path / "out"
+    line = one_line_error(capsys, "pretrain", ["--config", str(text_config), "--output-dir", str(out), *argv])
+    assert expected in line, line
+    assert not (out / "log.jsonl").exists() and not (out / "metrics.json").exists()
+
+
+def test_an_existing_run_is_one_line_and_untouched(capsys, tmp_path, text_config):  # row 35
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.json").write_text('{"kept": 1}')
+    line = one_line_error(capsys, "pretrain", ["--config", str(text_config), "--output-dir", str(out)])
+    assert "already holds a run" in line and "--resume" in line
+    assert (out / "metrics.json").read_text() == '{"kept": 1}'
+
+
+def test_region_tool_refusals_are_one_line(capsys, tmp_path):  # rows 12, 13, 50-style and flags
+    def npz(name, boxes):
+        path = tmp_path / "npz" / f"{name}.npz"
+        path.parent.mkdir(exist_ok=True)
+        np.savez(path, boxes=np.asarray(boxes, dtype=np.float32), features=np.zeros((len(boxes), 4), np.float32),
+                 image_h=60, image_w=80, scores=np.ones(len(boxes), np.float32))
+        return path
+
+    outside = npz("outside", [[0, 0, 500, 50]])
+    line = one_line_error(capsys, "extract_regions", ["--from-npz", str(outside), "--output-dir", str(tmp_path / "s")])
+    assert "lies outside the 80x60 image" in line
+    flipped = npz("flipped", [[50, 10, 20, 40]])
+    line = one_line_error(capsys, "extract_regions", ["--from-npz", str(flipped), "--output-dir", str(tmp_path / "t")])
+    assert "x2 < x1" in line
+    line = one_line_error(capsys, "extract_regions", ["--images", str(tmp_path / "none"), "--output-dir",
+                                                      str(tmp_path / "u")])
+    assert "no such file or directory" in line
+    line = one_line_error(capsys, "extract_regions", ["--images", "skimage", "--output-dir", str(tmp_path / "v"),
+                                                      "--opts", "MODEL.DEVICE"])
+    assert "KEY VALUE pairs" in line
+
+
+def test_vl_config_refusals_are_one_line(capsys, tmp_path):  # rows 38, 52
+    line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--output-dir", str(tmp_path / "a"),
+                                               "--set", "data.objectives={wra: 1}"])
+    assert "unknown objective(s) ['wra']" in line
+    line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--output-dir", str(tmp_path / "b"),
+                                               "--set", "data.sources=[{name: x, format: parquet, path: p, shards: s}]"])
+    assert "format must be one of" in line
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_finetune_without_a_task_is_one_line(capsys, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("task: jigsaw\n")
+    line = one_line_error(capsys, "finetune", ["--config", str(config)])
+    assert "names task 'jigsaw'" in line
+
+
+def test_a_bug_keeps_its_traceback():
+    def buggy(argv):
+        return np.zeros(3).reshape(2, 2)  # numpy's ValueError, raised outside vlbert: not the user's input
+
+    with pytest.raises(ValueError, match="reshape"):
+        run_tool(buggy, [])
+
+    from vlbert.training.run_config import set_dotted
+
+    with pytest.raises(ValueError) as raised:
+        set_dotted({}, "no-equals-sign")  # vlbert's own check of the user's input
+    assert is_user_error(raised.value) and not is_user_error(KeyError("x"))
+    assert is_user_error(FileNotFoundError(2, "No such file or directory", "/x/y"))
+
+
+def test_init_from_a_checkpoint_with_the_default_config(tmp_path, caplog):
+    """``--init-from minilm`` with the default text config: the checkpoint's architecture (L6 H384) wins over the
+    config's model section (L4 H256), reported in one warning line; the other entries still apply."""
+    from vlbert.recipes.runner import RunContext, load_model
+    from vlbert.models.bert import BertForPreTraining
+    from vlbert.tokenization import resolve_model_path
+    from vlbert.training.run_config import load_run_config
+
+    config = load_run_config(ROOT / "configs" / "text" / "default.yaml", ["model.hidden_dropout_prob=0.0"])
+    ctx = RunContext(config, None, None, None, None, str(resolve_model_path("minilm")), ("model.hidden_dropout_prob",))
+    with caplog.at_level(logging.WARNING):
+        model = load_model(BertForPreTraining, ctx)
+    c = model.config
+    assert (c.hidden_size, c.num_hidden_layers, c.intermediate_size) == (384, 6, 1536)
+    assert c.hidden_dropout_prob == 0.0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "decides" in r.getMessage()]
+    assert len(warnings) == 1 and "hidden_size=256 (checkpoint: 384)" in warnings[0]
+    assert "num_hidden_layers=4 (checkpoint: 6)" in warnings[0]
+    ctx = RunContext(config, None, None, None, None, str(resolve_model_path("minilm")), ("model.hidden_size",))
+    with pytest.raises(ValueError, match=r"--set model.hidden_size=256 conflicts .* \(hidden_size=384\)"):
+        load_model(BertForPreTraining, ctx)
