@@ -50,3 +50,8 @@ def test_config_values_are_type_checked_and_numbers_coerced():
         TrainingConfig.from_dict({"max_steps": "ten"})
     with pytest.raises(ValueError, match="training.group_by_length must be a bool"):
         TrainingConfig.from_dict({"group_by_length": "yes"})
+    # --set training.mixed_precision=no: YAML 1.1 reads the word as False; a text field takes it as written.
+    from vlbert.training.run_config import load_run_config
+
+    section = load_run_config(None, ["training.mixed_precision=no"])["training"]
+    assert TrainingConfig.from_dict(section).mixed_precision == "no"

@@ -40,7 +40,10 @@ def losses(out: Path) -> dict[int, float]:
 
 
 def env():
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
+    # PYTHONPATH extended, not replaced: a machine may need what it holds. CUDA_VISIBLE_DEVICES empty: these
+    # compare CPU float32 runs (gloo), whatever GPUs the machine has.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)}
 
 
 def test_two_processes_equal_one_process_at_twice_the_batch(small_corpus, tmp_path):

@@ -169,7 +169,8 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_losses(small_corpus, 
     from conftest import wait_for_log_lines
 
     steps = 40
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1",  # extend PYTHONPATH: a GPU machine may need what it holds
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
 
     empty = tmp_path / "empty.yaml"
     empty.write_text("modality: text\n")

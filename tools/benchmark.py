@@ -14,6 +14,11 @@ region-shard read throughput.
     python tools/benchmark.py --bf16                # bf16 autocast on both sides (AMX CPUs, GPUs)
     python tools/benchmark.py --device cuda --config configs/text/bert-base-128.yaml --batch-size 64 --json
     python tools/benchmark.py --device cuda --compile   # vlbert's encoder layers through torch.compile
+    python tools/benchmark.py --trainer --pairs text    # + the same model, batch and data through the real trainer
+
+With ``--trainer`` the text pair's config also runs through ``vlbert.recipes.run`` (the real trainer: loader,
+length-grouped batches, logging, clipping, the fused AdamW) for ``--warmup`` + ``--steps`` steps at the same batch
+size; its real tokens/s after the warmup steps is printed beside the bare step's, with the ratio.
 """
 
 from __future__ import annotations
@@ -283,6 +288,28 @@ def data_pipeline(tokenizer) -> dict:
             "shard_mib_per_s": size / 2 ** 20 / elapsed, "shard_regions_per_image": 36, "shard_feature_dim": 2048}
 
 
+def trainer_throughput(config_path: str, batch_size: int, warmup: int, steps: int, bf16: bool) -> dict:
+    """Real tokens/s of the text config through the real trainer, after ``warmup`` steps (the mean of the log
+    windows that follow), and the trainer's data_wait_fraction there."""
+    from vlbert.recipes import RECIPES, run
+    from vlbert.training.run_config import load_run_config
+
+    warmup = max(1, warmup)
+    total = warmup * (1 + max(1, round(steps / warmup)))
+    with tempfile.TemporaryDirectory() as out:
+        config = load_run_config(config_path, [
+            f"training.output_dir={out}", f"training.batch_size={batch_size}", f"training.max_steps={total}",
+            f"training.log_every={warmup}", "training.eval_every=0", "training.save_every=0",
+            "training.progress_bar=false", f"training.mixed_precision={'bf16' if bf16 else 'no'}",
+            "data.max_eval_batches=1"])
+        run(RECIPES["text-pretraining"], config)
+        records = [json.loads(line) for line in (Path(out) / "log.jsonl").read_text().splitlines()]
+    timed = [r for r in records if r["split"] == "train"][1:]
+    return {"trainer_real_tokens_per_s": statistics.mean(r["tokens_per_s"] for r in timed),
+            "trainer_data_wait_fraction": statistics.mean(r["data_wait_fraction"] for r in timed),
+            "trainer_steps_timed": total - warmup}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "text" / "default.yaml"), help="text pair's config")
@@ -295,6 +322,8 @@ def main(argv=None) -> int:
                    help="torch.compile vlbert's encoder layers (training.compile; the warmup steps compile)")
     p.add_argument("--pairs", default="text,vl,data", help="comma-separated subset of text, vl, data")
     p.add_argument("--json", action="store_true", help="one JSON line per pair")
+    p.add_argument("--trainer", action="store_true",
+                   help="also run the text pair's config through the real trainer and compare tokens/s")
     p.add_argument("--default-malloc", action="store_true",
                    help="leave glibc's malloc as it is (by default freed memory is kept in the process, as the "
                         "trainer does on CPU; this applies to both sides of each pair)")
@@ -342,6 +371,10 @@ def main(argv=None) -> int:
                   "real_fraction": real / padded, "peak_tflops": peak / 1e12,
                   "speedup": results["transformers"]["ms_per_step"] / results["vlbert"]["ms_per_step"],
                   **{f"{impl}_{k}": v for impl, r in results.items() for k, v in r.items()}}
+        if args.trainer and name == "text" and str(device) == str(torch.device("cuda" if torch.cuda.is_available()
+                                                                                    else "cpu")):
+            record.update(trainer_throughput(args.config, args.batch_size, args.warmup, args.steps, bf16))
+            record["trainer_over_bare_step"] = record["trainer_real_tokens_per_s"] / record["vlbert_real_tokens_per_s"]
         records.append(record)
         if not args.json:
             print(f"\n{name} pretraining step on {device} ({record['dtype']}): batch {record['batch'][0]} x "
@@ -353,6 +386,10 @@ def main(argv=None) -> int:
                 print(f"{impl:<14}{r['ms_per_step']:>10.1f}{r['real_tokens_per_s']:>12.0f}"
                       f"{r['peak_memory_mib']:>10.0f}{100 * r['mfu']:>7.1f}%")
             print(f"speedup of vlbert over transformers: {record['speedup']:.2f}x")
+            if "trainer_real_tokens_per_s" in record:
+                print(f"through the trainer: {record['trainer_real_tokens_per_s']:.0f} tokens/s = "
+                      f"{100 * record['trainer_over_bare_step']:.0f}% of the bare step "
+                      f"(data wait {100 * record['trainer_data_wait_fraction']:.1f}% of the step time)")
     if "data" in wanted:
         record = data_pipeline(tokenizer)
         records.append(record)

@@ -111,6 +111,9 @@ def dataclass_from_section(cls, values: dict[str, Any] | None, section: str):
                 values[key] = int(float(value))
             elif kind == "bool" and not isinstance(value, bool):
                 raise TypeError
+            elif kind == "str" and isinstance(value, bool):
+                # YAML 1.1 reads an unquoted no/off (yes/on) as a boolean: training.mixed_precision=no means "no"
+                values[key] = "yes" if value else "no"
             elif kind == "str" and not isinstance(value, str):
                 values[key] = str(value)
         except (TypeError, ValueError):

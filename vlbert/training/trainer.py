@@ -56,7 +56,7 @@ class TrainingConfig:
     save_total_limit: int = 2
     seed: int = 0
     mixed_precision: str = "auto"  # auto = bf16 on CUDA, fp32 on CPU; or "no" / "bf16"
-    num_workers: int = 0
+    num_workers: int = -1  # -1: auto (loader workers on an accelerator, none on CPU); see loader_options
     on_nonfinite: str = "stop"  # "stop" or "skip" the step
     group_by_length: bool = True
     progress_bar: bool = True
@@ -70,10 +70,11 @@ class TrainingConfig:
                 raise ValueError(f"training.{name} must be >= 1, got {getattr(self, name)}")
         if not self.learning_rate > 0:
             raise ValueError(f"training.learning_rate must be positive, got {self.learning_rate}")
-        for name in ("weight_decay", "warmup_steps", "max_grad_norm", "log_every", "eval_every", "save_every",
-                     "num_workers"):
+        for name in ("weight_decay", "warmup_steps", "max_grad_norm", "log_every", "eval_every", "save_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"training.{name} must be >= 0, got {getattr(self, name)}")
+        if self.num_workers < -1:
+            raise ValueError(f"training.num_workers must be -1 (auto) or >= 0, got {self.num_workers}")
         if self.mixed_precision not in ("auto", "no", "bf16"):
             # fp16 would need loss scaling, whose routine overflow steps the non-finite guard would stop on;
             # bf16 has float32's range and needs none.
@@ -81,10 +82,22 @@ class TrainingConfig:
         if self.on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"training.on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
 
+    def resolved_num_workers(self) -> int:
+        """``num_workers``, with -1 (auto) resolved: on a CUDA machine, 4 loader processes per training process
+        (fewer where the CPUs per process are fewer, keeping one for the training process), so batches are built
+        and pinned while the GPU computes; on CPU none, since loader processes would take cores from the step."""
+        if self.num_workers >= 0:
+            return self.num_workers
+        if not torch.cuda.is_available():
+            return 0
+        per_process = (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        return max(0, min(4, per_process - 1))
+
     def loader_options(self) -> dict[str, int]:
         """Keyword arguments for :func:`vlbert.data.loading.train_loader` from ``group_by_length``,
-        ``num_workers`` and ``grad_accum_steps``, so every task honours them the same way."""
-        return {"group_size": 50 if self.group_by_length else 1, "num_workers": self.num_workers,
+        ``num_workers`` (resolved: :meth:`resolved_num_workers`) and ``grad_accum_steps``, so every task honours
+        them the same way."""
+        return {"group_size": 50 if self.group_by_length else 1, "num_workers": self.resolved_num_workers(),
                 "batches_per_step": self.grad_accum_steps}
 
     @classmethod
@@ -167,8 +180,15 @@ class Trainer:
         mixed = config.mixed_precision
         if mixed == "auto":
             mixed = "bf16" if torch.cuda.is_available() else "no"
-        # DDP with every parameter in every backward (see ObjectiveOutput.idle_parameters); cpu: gloo under torchrun.
-        self.accelerator = Accelerator(mixed_precision=mixed, cpu=not torch.cuda.is_available())
+        # DDP with every parameter in every backward (see ObjectiveOutput.idle_parameters); cpu: gloo under torchrun,
+        # also where a machine has fewer GPUs than processes (NCCL cannot put two ranks on one GPU).
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        use_cpu = not torch.cuda.is_available() or torch.cuda.device_count() < local_processes
+        if use_cpu and torch.cuda.is_available():
+            logger.warning("%d processes on this machine but %d GPU(s): training on CPU (gloo)", local_processes,
+                           torch.cuda.device_count())
+            mixed = "no" if config.mixed_precision == "auto" else mixed
+        self.accelerator = Accelerator(mixed_precision=mixed, cpu=use_cpu)
         if self.accelerator.device.type == "cpu":
             keep_freed_memory_in_process()  # large activations are reused, not page-faulted in every step
         self.output_dir = Path(config.output_dir)
@@ -191,6 +211,9 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, linear_schedule(config.warmup_steps, config.max_steps))
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        # The fused AdamW skips a step on the device when ``found_inf`` is non-zero (as under AMP's grad scaler),
+        # so a non-finite loss needs no host synchronisation in the step.
+        self._device_skip = bool(fused)
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0
@@ -209,6 +232,8 @@ class Trainer:
                 if k in self.forward_arguments}
 
     def _train_stream(self):
+        """(batch on the device, real tokens counted on the host copy) for every training batch, epoch after
+        epoch."""
         acc = self.accelerator
         epoch, start = self.epoch, self.batch_in_epoch
         while True:
@@ -216,7 +241,9 @@ class Trainer:
             for i, batch in enumerate(self.train_batches(epoch, start, acc.process_index, acc.num_processes)):
                 produced = True
                 self.epoch, self.batch_in_epoch = epoch, start + i + 1
-                yield self._to_device(batch)
+                mask = batch.get("attention_mask")
+                tokens = int(mask.numpy().sum()) if torch.is_tensor(mask) and mask.device.type == "cpu" else 0
+                yield self._to_device(batch), tokens
             if not produced and start == 0:
                 raise ValueError("the training data yields no batch; use a larger corpus or a smaller batch_size")
             epoch, start = epoch + 1, 0
@@ -239,26 +266,30 @@ class Trainer:
         if self.is_main and cfg.progress_bar:
             from tqdm.auto import tqdm
             bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
-        window_tokens, window_start = 0, time.perf_counter()
+        window = _Window()
         start_time, start_step = time.perf_counter(), self.step
         total_tokens = 0
         last_eval: dict[str, float] = {}
-        recent_losses: list[float] = []
+        recent_losses: list[torch.Tensor] = []  # device scalars: read once, at the end
+        checks = _NonFiniteChecks()
         self.model.train()
         preempted = _SigtermFlag()
         try:
             while self.step < cfg.max_steps:
-                if self._any_rank(preempted.raised):
+                if self._preemption_requested(preempted):
                     checkpoint = self.save_checkpoint()
                     raise TrainingPreempted(self.step, checkpoint or self.output_dir / CHECKPOINTS_DIR)
-                batch_position = (self.epoch, self.batch_in_epoch)
-                out, tokens = None, 0
-                sums: dict[str, float] = {}
+                out = None
+                sums: dict[str, torch.Tensor] = {}
                 idle = None  # parameters idle in every micro-batch of this step
                 for micro in range(cfg.grad_accum_steps):
-                    batch = next(stream)
+                    waited = time.perf_counter()
+                    batch, tokens = next(stream)
+                    window.data_wait += time.perf_counter() - waited
+                    window.tokens += tokens
                     if micro == 0:
-                        batch_position = (self.epoch, self.batch_in_epoch - 1)
+                        step_epoch = self.epoch
+                        checks.position(self.step + 1, self.epoch, self.batch_in_epoch - 1)
                     sync = micro == cfg.grad_accum_steps - 1
                     ctx = contextlib.nullcontext() if sync else acc.no_sync(self.model)
                     with ctx, acc.autocast():
@@ -268,54 +299,58 @@ class Trainer:
                         backward_loss, global_loss = self._global_loss(out)
                         acc.backward(backward_loss / cfg.grad_accum_steps)
                     for name, value in {"loss": global_loss, **out.losses, **out.metrics}.items():
-                        sums[name] = sums.get(name, 0.0) + value.detach().float()
-                    if "attention_mask" in batch:
-                        tokens += int(batch["attention_mask"].sum())
+                        value = value.detach().float()
+                        sums[name] = sums[name] + value if name in sums else value
                     ids = {id(p): p for p in getattr(out, "idle_parameters", ())}
                     idle = ids if idle is None else {k: p for k, p in idle.items() if k in ids}
                 for p in idle.values():  # zero gradients only there for DDP: the optimizer skips None
                     p.grad = None
                 grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm) \
-                    if cfg.max_grad_norm > 0 else torch.tensor(0.0)
-                loss_value = float(sums["loss"]) / cfg.grad_accum_steps
-                if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
-                    message = (f"non-finite {'loss' if not math.isfinite(loss_value) else 'gradient norm'} at step "
-                               f"{self.step + 1} (epoch {batch_position[0]}, batch {batch_position[1]}): "
-                               f"loss={loss_value}, grad_norm={float(grad_norm)}")
+                    if cfg.max_grad_norm > 0 else torch.zeros((), device=acc.device)
+                loss = sums["loss"] / cfg.grad_accum_steps
+                lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
+                if self._device_skip:  # no host synchronisation: the optimizer skips on the device
+                    bad = checks.record(self.step + 1, loss, grad_norm)
+                    self._optimizer().found_inf = bad.float()
+                    self.optimizer.step()
+                    self._optimizer().found_inf = None
+                elif not self._finite_on_host(loss, grad_norm, checks):
                     self.optimizer.zero_grad(set_to_none=True)
-                    if cfg.on_nonfinite == "stop":
-                        raise NonFiniteLossError(message + ". The last good checkpoint is kept; lower the learning "
-                                                 "rate or set training.on_nonfinite=skip")
-                    logger.warning("%s; skipping this step", message)
-                    self.skipped_steps += 1
                     self.step += 1
                     continue
-                lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
-                self.optimizer.step()
+                else:
+                    self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.step += 1
-                tokens = self._global_sum(tokens)
-                window_tokens += tokens
-                total_tokens += tokens
-                recent_losses = (recent_losses + [loss_value])[-50:]
+                window.steps += 1
+                recent_losses = (recent_losses + [loss])[-50:]
                 if bar is not None:
                     bar.update(1)
                 if cfg.log_every and self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                    elapsed = time.perf_counter() - window_start
-                    record = {"step": self.step, "epoch": batch_position[0]}
+                    self._check_nonfinite(checks)
+                    elapsed = window.elapsed()
+                    tokens = self._global_sum(window.tokens)
+                    total_tokens += tokens
+                    record = {"step": self.step, "epoch": step_epoch}
                     record.update({k: float(v) / cfg.grad_accum_steps for k, v in sums.items()})
-                    record.update({"lr": lr, "grad_norm": float(grad_norm),
-                                   "tokens_per_s": window_tokens / max(elapsed, 1e-9)})
-                    window_tokens, window_start = 0, time.perf_counter()
+                    record.update({"lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": tokens / elapsed,
+                                   "step_time_s": elapsed / max(1, window.steps),
+                                   "data_wait_fraction": min(1.0, window.data_wait / elapsed)})
+                    window = _Window()
                     self._log(record, log_file, writer, "train")
                     if bar is not None:
                         bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                paused = time.perf_counter()  # evaluation and checkpoints are not training time
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
                     last_eval = self.evaluate()
                     self._log({"step": self.step, **last_eval}, log_file, writer, "eval")
                 if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.max_steps:
+                    self._check_nonfinite(checks)
                     self.save_checkpoint()
+                window.start += time.perf_counter() - paused
+            self._check_nonfinite(checks)
+            total_tokens += self._global_sum(window.tokens)
         finally:
             preempted.restore()
             if bar is not None:
@@ -326,7 +361,10 @@ class Trainer:
         if last_eval:
             self._log({"step": self.step, **last_eval}, log_file, writer, "eval")
         elapsed = time.perf_counter() - start_time
-        metrics = {"step": self.step, "train_loss": sum(recent_losses) / max(1, len(recent_losses)),
+        recent = torch.stack(recent_losses).cpu() if recent_losses else torch.zeros(0)
+        recent = recent[torch.isfinite(recent)]  # skipped steps (training.on_nonfinite=skip) left out
+        train_loss = float(recent.mean()) if len(recent) else float("nan")
+        metrics = {"step": self.step, "train_loss": train_loss,
                    "train_seconds": elapsed, "train_tokens_per_s": total_tokens / max(elapsed, 1e-9),
                    "steps_this_run": self.step - start_step, "skipped_steps": self.skipped_steps, **last_eval,
                    **(extra_metrics or {})}
@@ -340,6 +378,42 @@ class Trainer:
                 writer.close()
         acc.wait_for_everyone()
         return metrics
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        """The torch optimizer inside accelerate's wrapper."""
+        return getattr(self.optimizer, "optimizer", self.optimizer)
+
+    def _finite_on_host(self, loss: torch.Tensor, grad_norm: torch.Tensor, checks: "_NonFiniteChecks") -> bool:
+        """For optimizers that cannot skip on the device: read loss and norm now (one synchronisation)."""
+        bad = checks.record(self.step + 1, loss, grad_norm)
+        if not bool(bad):
+            return True
+        self._check_nonfinite(checks)  # raises with on_nonfinite=stop
+        return False
+
+    def _check_nonfinite(self, checks: "_NonFiniteChecks") -> None:
+        """Read the device's count of non-finite steps since the last check (a log step, a checkpoint, the end):
+        with ``on_nonfinite=stop`` raise :class:`NonFiniteLossError` naming the first such step, its epoch and
+        batch (the step itself was skipped on the device, so the weights are those of the step before); with
+        ``skip`` add them to ``skipped_steps`` and warn."""
+        found = checks.read()
+        if found is None:
+            return
+        count, message = found
+        if self.config.on_nonfinite == "stop":
+            raise NonFiniteLossError(message + ". The last good checkpoint is kept; lower the learning rate or set "
+                                     "training.on_nonfinite=skip")
+        logger.warning("%s; %d step(s) skipped", message, count)
+        self.skipped_steps += count
+
+    def _preemption_requested(self, flag: "_SigtermFlag") -> bool:
+        """True once SIGTERM reached any process. One process: a flag read. Several: an all-reduce, done every
+        10th step only (an all-reduce is a host synchronisation), so a preempted job stops within 10 steps."""
+        if self.accelerator.num_processes == 1:
+            return flag.raised
+        if self.step % 10:
+            return False
+        return self._any_rank(flag.raised)
 
     def _global_loss(self, out) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to backpropagate, the loss over the whole global batch) for one micro-batch.
@@ -359,13 +433,14 @@ class Trainer:
         sums = torch.stack([out.losses[n].detach().double() * out.counts[n] if n in out.losses
                             else torch.zeros((), device=device, dtype=torch.float64) for n in names])
         totals = acc.reduce(torch.stack([counts, sums]), reduction="sum")
-        backward = sum(out.losses[n] * (counts[i] * acc.num_processes / totals[0, i]).float()
-                       for i, n in enumerate(names) if n in out.losses and totals[0, i] > 0)
+        # Objectives absent from the whole global batch weigh 0 (on the device: no host synchronisation).
+        present = totals[0] > 0
+        weights = torch.where(present, counts * acc.num_processes / totals[0].clamp(min=1), 0.0).float()
+        backward = sum(out.losses[n] * weights[i] for i, n in enumerate(names) if n in out.losses)
         idle = getattr(out, "idle_parameters", ())
         if idle:  # keep idle heads in the graph: DDP expects every parameter in every backward
             backward = backward + sum(p.sum() for p in idle) * 0.0
-        present = totals[0] > 0
-        global_loss = (totals[1][present] / totals[0][present]).sum().float()
+        global_loss = torch.where(present, totals[1] / totals[0].clamp(min=1), 0.0).sum().float()
         return backward, global_loss
 
     def _any_rank(self, flag: bool) -> bool:
@@ -513,6 +588,68 @@ class Trainer:
             log.write_text("".join(line + "\n" for line in kept))
         logger.info("resumed from %s at step %d", checkpoint, self.step)
         return True
+
+
+class _Window:
+    """Timing of the steps since the last log line: wall time (evaluation and checkpoints excluded), time spent
+    waiting for batches, steps and real tokens (counted on the host)."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.data_wait = 0.0
+        self.steps = 0
+        self.tokens = 0
+
+    def elapsed(self) -> float:
+        return max(time.perf_counter() - self.start, 1e-9)
+
+
+class _NonFiniteChecks:
+    """Non-finite steps recorded on the device (no host synchronisation) and read at check time.
+
+    ``record`` returns the step's bad flag (a bool tensor) and keeps the count, the first bad step and its loss and
+    gradient norm on the device; ``position`` keeps each step's (epoch, batch) on the host, to name it later.
+    """
+
+    def __init__(self):
+        self.count = None
+        self.first = None  # [step, loss, grad_norm] of the first bad step since the last read; step 0 = none
+        self.positions: dict[int, tuple[int, int]] = {}
+
+    def position(self, step: int, epoch: int, batch: int) -> None:
+        self.positions[step] = (epoch, batch)
+
+    def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        loss, grad_norm = loss.detach().float(), grad_norm.detach().float().to(loss.device)
+        bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        if self.count is None:
+            self.count = torch.zeros((), dtype=torch.int64, device=loss.device)
+            self.first = torch.zeros(3, dtype=torch.float64, device=loss.device)
+        self.count += bad
+        take = bad & (self.first[0] == 0)
+        # Python scalars in torch.where are no host-to-device copies (a copy from pageable memory would wait).
+        values = torch.stack([torch.where(take, float(step), self.first[0]),
+                              torch.where(take, loss.double(), self.first[1]),
+                              torch.where(take, grad_norm.double(), self.first[2])])
+        self.first = values
+        return bad
+
+    def read(self) -> tuple[int, str] | None:
+        """(count, message about the first) if any step since the last read was non-finite; resets."""
+        if self.count is None:
+            self.positions.clear()
+            return None
+        count = int(self.count)
+        first = self.first.tolist()
+        positions, self.positions = self.positions, {}
+        self.count = None
+        if count == 0:
+            return None
+        step, loss, grad_norm = int(first[0]), first[1], first[2]
+        epoch, batch = positions.get(step, (-1, -1))
+        what = "loss" if not math.isfinite(loss) else "gradient norm"
+        return count, (f"non-finite {what} at step {step} (epoch {epoch}, batch {batch}): loss={loss}, "
+                       f"grad_norm={grad_norm}")
 
 
 class _SigtermFlag:
