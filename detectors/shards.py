@@ -40,11 +40,34 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+#: .npy headers already parsed -> (shape, fortran_order, dtype). numpy parses each header with ast.literal_eval,
+#: which was half of a VL batch's loading time; a store repeats a few headers (one per field and region count).
+_NPY_HEADERS: dict[bytes, tuple[tuple[int, ...], bool, np.dtype]] = {}
+
+
 def _npy_array(data: bytes, where: str) -> np.ndarray:
+    """A .npy member as an array (a writable copy); object arrays and truncated data raise :class:`ShardError`."""
+    start = {1: 10, 2: 12}.get(data[6]) if len(data) >= 12 and data[:6] == b"\x93NUMPY" else None
+    if start is not None:
+        end = start + int.from_bytes(data[8:start], "little")
+        parsed = _NPY_HEADERS.get(data[:end])
+        if parsed is not None:
+            shape, fortran, dtype = parsed
+            count = int(np.prod(shape, dtype=np.int64))
+            if len(data) - end < count * dtype.itemsize:
+                raise ShardError(f"{where}: truncated .npy array ({len(data) - end} bytes for {shape} {dtype})")
+            array = np.frombuffer(data, dtype=dtype, count=count, offset=end)
+            return (array.reshape(shape[::-1]).T if fortran else array.reshape(shape)).copy()
     try:
-        return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+        array = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
     except ValueError as e:
         raise ShardError(f"{where}: not a plain .npy array ({e}); object arrays are refused") from e
+    if start is not None and len(_NPY_HEADERS) < 4096:
+        stream = io.BytesIO(data)
+        read_header = (np.lib.format.read_array_header_1_0 if np.lib.format.read_magic(stream) == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        _NPY_HEADERS[data[:end]] = read_header(stream)
+    return array
 
 
 def sample_key(image_id: str) -> str:
