@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from vlbert.config import VLBertConfig
 from vlbert.models.heads import ClassificationOutput
 from vlbert.models.losses import upcast
+from vlbert.models.mlp_head import mlp_head
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.vl import VLBertModel
 
@@ -27,8 +27,7 @@ class VLBertForReferringExpressions(PreTrainedModel):
         super().__init__(config)
         self.bert = VLBertModel(config)
         h = config.hidden_size
-        self.region_scorer = nn.Sequential(nn.Linear(h, h), nn.GELU(), nn.LayerNorm(h, eps=config.layer_norm_eps),
-                                           nn.Linear(h, 1))
+        self.region_scorer = mlp_head(h, h, 1, config.layer_norm_eps)
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,

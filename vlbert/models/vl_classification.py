@@ -9,6 +9,7 @@ from vlbert.config import VLBertConfig
 from vlbert.models.heads import ClassificationOutput
 from vlbert.models.kernels import Dropout
 from vlbert.models.losses import classification_loss
+from vlbert.models.mlp_head import mlp_head
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.vl import VLBertModel
 
@@ -57,8 +58,7 @@ class VLBertForImagePairClassification(PreTrainedModel):
         super().__init__(config)
         self.bert = VLBertModel(config)
         h = config.hidden_size
-        self.classifier = nn.Sequential(nn.Linear(2 * h, 2 * h), nn.GELU(),
-                                        nn.LayerNorm(2 * h, eps=config.layer_norm_eps), nn.Linear(2 * h, config.num_labels))
+        self.classifier = mlp_head(2 * h, 2 * h, config.num_labels, config.layer_norm_eps)
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,

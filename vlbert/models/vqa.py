@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from vlbert.config import VLBertConfig
 from vlbert.models.losses import upcast
+from vlbert.models.mlp_head import mlp_head
 from vlbert.models.outputs import ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.vl import VLBertModel
@@ -39,8 +39,7 @@ class VLBertForVQA(PreTrainedModel):
         super().__init__(config)
         self.bert = VLBertModel(config)
         h = config.hidden_size
-        self.vqa_head = nn.Sequential(nn.Linear(h, 2 * h), nn.GELU(), nn.LayerNorm(2 * h, eps=config.layer_norm_eps),
-                                      nn.Linear(2 * h, config.num_labels))
+        self.vqa_head = mlp_head(h, 2 * h, config.num_labels, config.layer_norm_eps)
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
