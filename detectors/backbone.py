@@ -21,7 +21,7 @@ import torch
 
 from detectors.proposals import felzenszwalb_proposals
 from detectors.regions import Regions
-from vlbert.utils import require
+from vlbert_base.dependencies import require
 
 
 def load_efficientnet_lite0(weights: str | os.PathLike | None = None) -> torch.nn.Module:

@@ -1,5 +1,7 @@
-"""Regions into model inputs: slicing one image's regions, padding a batch of them, and choosing regions to
-mask. Every VL task (pretraining, VQA, retrieval, classification) builds its region tensors here.
+"""Regions into model inputs: slicing one image's regions and padding a batch of them (which regions to mask is
+masked region modelling's decision:
+:mod:`vlbert.objectives.masked_regions`). Every VL task (pretraining, VQA, retrieval, classification) builds its
+region tensors here.
 
 Units: ``region_boxes`` are normalised to [0, 1] by image width and height, (x1, y1, x2, y2); features stay
 float16 until the model casts them.
@@ -75,14 +77,5 @@ def pad_class_probs(items: list[dict], num_regions: int) -> torch.Tensor:
     return probs
 
 
-def choose_masked_regions(num_real: int, num_regions: int, probability: float,
-                          generator: torch.Generator) -> torch.Tensor:
-    """bool [num_regions]: round(probability x num_real) of the first ``num_real`` (real) regions, at least one,
-    chosen uniformly (UNITER section 3.2: 15% of regions, features zeroed)."""
-    n_chosen = max(1, round(num_real * probability))
-    chosen = torch.zeros(num_regions, dtype=torch.bool)
-    chosen[torch.randperm(num_real, generator=generator)[:n_chosen]] = True
-    return chosen
+__all__ = ["region_item", "pad_regions", "pad_class_probs"]
 
-
-__all__ = ["region_item", "pad_regions", "pad_class_probs", "choose_masked_regions"]

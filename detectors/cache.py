@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from detectors.config import DetectorConfig
+from detectors.extract import extract_regions
+from detectors.shards import write_shards
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +41,6 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
         ValueError: no images, or ``boxes`` with a backend that detects its own. Errors of
             :meth:`DetectorConfig.build` and of the extractor.
     """
-    from detectors.extract import extract_regions
-    from detectors.shards import write_shards
-
     if not images:
         raise ValueError(f"no images to extract regions from for {name!r}")
     if boxes is not None and detector.backend != "timm":

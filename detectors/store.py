@@ -22,7 +22,7 @@ import numpy as np
 
 from detectors.regions import Regions
 from detectors.shards import ShardError, check_tar_complete, decode_sample, shard_paths
-from vlbert.utils import PositionalFiles
+from vlbert_base.files import PositionalFiles
 
 FIELDS = ("meta.json", "boxes.npy", "features.npy", "scores.npy", "class_probs.npy", "attribute_probs.npy")
 INDEX = "index.npz"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,17 @@ from vlbert.data.corpus import load_bbc_news
 from vlbert.tokenization import load_tokenizer, packaged_minilm_dir
 
 torch.set_num_threads(2)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tool(name: str):
+    """The ``main(argv)`` of ``tools/<name>.py``, for running a tool in-process (through
+    :func:`vlbert.command_line.run_tool`, as its ``__main__`` does) instead of starting an interpreter."""
+    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
 
 
 def random_hf_config(seed: int, **overrides):

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 import transformers
+from conftest import padded_batch, random_hf_config
 
 import vlbert
 from vlbert import checkpoint as ckpt
-from conftest import padded_batch, random_hf_config
 
 
 def tiny_model(seed=0, cls=vlbert.BertForPreTraining):
@@ -159,7 +159,7 @@ def test_config_json_compatible_with_transformers(tmp_path):
 
 
 def test_missing_optional_package_names_the_install():
-    from vlbert.utils import require
+    from vlbert_base.dependencies import require
 
     with pytest.raises(ModuleNotFoundError, match=r"pip install -e '\.\[demo\]'"):
         require("no_such_package_xyz", "the demo data", "pip install -e '.[demo]'")

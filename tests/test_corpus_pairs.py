@@ -5,12 +5,11 @@ deterministic per epoch, redrawn every epoch)."""
 from __future__ import annotations
 
 import json
-import random
 
 import numpy as np
 import pytest
-
 from conftest import reference_tokenization
+
 from vlbert.data.corpus import load_documents
 from vlbert.data.corpus_pairs import CorpusPairsDataset, split_documents
 from vlbert.data.pretraining import IS_NEXT, IS_RANDOM

@@ -138,10 +138,10 @@ def test_butd_attribute_model_extracts_shards_with_names_and_vl_pretraining_runs
     images.mkdir()
     from PIL import Image
 
-    from vlbert.data.easy_vqa import captions, image_paths
+    from vlbert.data.easy_vqa import color_and_shape, image_paths
 
     paths = image_paths("train")
-    for image_id in list(captions("train"))[:12]:  # ids "train/<n>", as the captions'
+    for image_id in list(color_and_shape("train"))[:12]:  # ids "train/<n>", as the captions'
         (images / image_id).parent.mkdir(exist_ok=True)
         Image.open(paths[image_id]).save(images / f"{image_id}.png")
     opts = [w for k, v in overrides.items() for w in (k, str(v))]

@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from conftest import wait_for_log_lines
 
 HERE = Path(__file__).resolve().parent
@@ -90,9 +88,9 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
 
     from detectors.config import DetectorConfig
     from detectors.shards import write_shards
-    from vlbert.data.easy_vqa import captions, image_paths
+    from vlbert.data.easy_vqa import color_and_shape, image_paths
 
-    ids = list(captions("train"))[:32]
+    ids = list(color_and_shape("train"))[:32]
     paths = image_paths("train")
     extractor = DetectorConfig(input_size=64, max_proposals=6).build()
     write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), tmp_path / "shards")

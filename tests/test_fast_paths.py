@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import vlbert
+from vlbert.layers.kernels import cross_entropy_with_accuracy, dropout
 from vlbert.models.bert import SelfAttention
-from vlbert.models.kernels import cross_entropy_with_accuracy, dropout
 
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 1e-6), (torch.bfloat16, 1e-2)])

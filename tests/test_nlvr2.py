@@ -4,18 +4,14 @@ shapes and symmetry, and a short run of the recipe on a fixture in the public fo
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from vlbert.data.nlvr2 import easy_vqa_pairs, load_nlvr2
+from conftest import tool, write_jsonl
+from vlbert.command_line import run_tool
+from vlbert.data.nlvr2 import easy_vqa_image_pairs, load_nlvr2
 
-from conftest import write_jsonl
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_reader_names_the_two_images_and_refuses_bad_lines(tmp_path):
@@ -34,10 +30,10 @@ def test_reader_names_the_two_images_and_refuses_bad_lines(tmp_path):
 
 
 def test_easy_vqa_statements_are_true_exactly_when_labelled():
-    from vlbert.data.easy_vqa import captions
+    from vlbert.data.easy_vqa import color_and_shape
 
-    truth = captions("test")
-    examples = easy_vqa_pairs("test", 600)
+    truth = color_and_shape("test")
+    examples = easy_vqa_image_pairs("test", 600)
     assert sum(e.label for e in examples) == 300
     for e in examples:
         (lc, ls), (rc, rs) = truth[e.left_image], truth[e.right_image]
@@ -71,14 +67,14 @@ def test_pair_model_encodes_each_image_with_the_statement():
         model(ids, region_features=feats[:, 0], region_boxes=boxes[:, 0])
 
 
-def test_nlvr2_fixture_runs_through_its_tool(tmp_path):
+def test_smoke_nlvr2_fixture_runs_through_its_tool(tmp_path):
     from PIL import Image
 
     from detectors.config import DetectorConfig
     from detectors.shards import write_shards
-    from vlbert.data.easy_vqa import captions, image_paths
+    from vlbert.data.easy_vqa import color_and_shape, image_paths
 
-    truth = list(captions("train").items())[:16]
+    truth = list(color_and_shape("train").items())[:16]
     paths = image_paths("train")
     ids = [f"train-{k // 2}-0-img{k % 2}" for k in range(len(truth))]
     images = [Image.open(paths[i]).convert("RGB") for i, _ in truth]
@@ -87,13 +83,11 @@ def test_nlvr2_fixture_runs_through_its_tool(tmp_path):
                for k in range(8) for j, (s, label) in enumerate((("both images show a circle", "True"),
                                                                  ("exactly one image shows a circle", "False")))]
     write_jsonl(tmp_path / "train.json", records)
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "finetune_nlvr2.py"), "--init-from", "minilm",
+    assert run_tool(tool("finetune_nlvr2"), ["--init-from", "minilm",
                              "--output-dir", str(tmp_path / "out"), "--max-steps", "2",
                              "--set", "data.dataset=nlvr2", "--set", f"data.train_file={tmp_path / 'train.json'}",
                              "--set", f"data.eval_file={tmp_path / 'train.json'}",
                              "--set", f"data.shards={tmp_path / 'shards'}", "--set", "training.batch_size=4",
-                             "--set", "training.warmup_steps=1", "--set", "training.progress_bar=false"],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+                             "--set", "training.warmup_steps=1", "--set", "training.progress_bar=false"]) == 0
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["accuracy_majority_baseline"] == 0.5 and metrics["step"] == 2

@@ -6,7 +6,6 @@ another architecture."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -16,18 +15,12 @@ import pytest
 import torch
 import yaml
 
+from conftest import tool
 from vlbert.command_line import USAGE_ERROR, is_user_error, run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
               "max_position_embeddings": 64}
-
-
-def tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 def one_line_error(capsys, name: str, argv: list[str], status: int = USAGE_ERROR) -> str:
@@ -186,8 +179,8 @@ def test_a_bug_keeps_its_traceback():
 def test_init_from_a_checkpoint_with_the_default_config(tmp_path, caplog):
     """``--init-from minilm`` with the default text config: the checkpoint's architecture (L6 H384) wins over the
     config's model section (L4 H256), reported in one warning line; the other entries still apply."""
-    from vlbert.recipes.runner import RunContext, load_model
     from vlbert.models.bert import BertForPreTraining
+    from vlbert.recipes.runner import RunContext, load_model
     from vlbert.tokenization import resolve_model_path
     from vlbert.training.run_config import load_run_config
 

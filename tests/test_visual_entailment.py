@@ -4,18 +4,14 @@ set, and a run of the recipe through the generic fine-tuning tool on a fixture i
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
+from conftest import tool, write_jsonl
+from vlbert.command_line import run_tool
 from vlbert.data.visual_entailment import LABELS, easy_vqa_entailment, load_snli_ve
 
-from conftest import write_jsonl
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_reader_public_format_and_bad_inputs(tmp_path):
@@ -37,12 +33,12 @@ def test_reader_public_format_and_bad_inputs(tmp_path):
 
 
 def test_easy_vqa_demonstration_is_balanced_and_true_to_the_image():
-    from vlbert.data.easy_vqa import captions
+    from vlbert.data.easy_vqa import color_and_shape
 
     examples = easy_vqa_entailment("test")
     counts = Counter(e.label for e in examples)
     assert max(counts.values()) - min(counts.values()) <= 1 and set(counts) == {0, 1, 2}
-    truth = captions("test")
+    truth = color_and_shape("test")
     for e in examples:
         color, shape = truth[e.image_id]
         names_both = color in e.hypothesis.split() and shape in e.hypothesis.split()
@@ -52,17 +48,17 @@ def test_easy_vqa_demonstration_is_balanced_and_true_to_the_image():
             assert not names_both
 
 
-def test_snli_ve_fixture_runs_through_the_generic_tool(tmp_path):
+def test_smoke_snli_ve_fixture_runs_through_the_generic_tool(tmp_path):
     """Regions and hypotheses in the public formats (numeric Flickr30K-style ids), a short run of
     tools/finetune.py, and a checkpoint that loads."""
     from PIL import Image
 
     from detectors.config import DetectorConfig
     from detectors.shards import write_shards
-    from vlbert.data.easy_vqa import captions, image_paths
+    from vlbert.data.easy_vqa import color_and_shape, image_paths
     from vlbert.models.vl_classification import VLBertForSequenceClassification
 
-    truth = list(captions("train").items())[:24]
+    truth = list(color_and_shape("train").items())[:24]
     ids = [str(1000000 + k) for k in range(len(truth))]
     paths = image_paths("train")
     images = [Image.open(paths[i]).convert("RGB") for i, _ in truth]
@@ -78,9 +74,7 @@ def test_snli_ve_fixture_runs_through_the_generic_tool(tmp_path):
                       f"  eval_file: {tmp_path}/dev.jsonl\n  shards: {tmp_path}/shards\n"
                       f"training:\n  output_dir: {tmp_path}/out\n  max_steps: 3\n  batch_size: 8\n"
                       "  warmup_steps: 1\n  progress_bar: false\n")
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "finetune.py"), "--config", str(config)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert run_tool(tool("finetune"), ["--config", str(config)]) == 0
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["accuracy_majority_baseline"] == 0.5 and metrics["step"] == 3
     model = VLBertForSequenceClassification.from_pretrained(tmp_path / "out")

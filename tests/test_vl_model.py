@@ -86,10 +86,10 @@ def test_objectives_match_their_definitions():
     kl = (probs[masked] * (probs[masked].log() - F.log_softmax(model.mrc(hidden), -1))).sum(-1).mean()
     torch.testing.assert_close(out.losses["mrc_kl"], kl, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(out.loss, out.losses["mrfr"] + out.losses["mrc_kl"] + out.losses["itm"])
-    assert out.idle_parameters == list(model.masked_lm.parameters())  # the one head no objective used
+    assert out.unused_parameters == list(model.masked_lm.parameters())  # the one head no objective used
     out.loss.backward()
     assert model.bert.region_embeddings.feature_proj.weight.grad.abs().sum() > 0
-    assert all(p.grad is not None and not p.grad.any() for p in out.idle_parameters)
+    assert all(p.grad is not None and not p.grad.any() for p in out.unused_parameters)
 
 
 def test_vl_checkpoint_round_trip_and_init_from_bert(tmp_path, minilm_dir):

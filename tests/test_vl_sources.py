@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlbert.data.captions import (load_karpathy_split, read_caption_jsonl, read_caption_tsv, read_coco_captions)
+from vlbert.data.captions import load_caption_jsonl, load_caption_tsv, load_coco_captions, load_karpathy_split
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,16 +23,16 @@ def test_coco_captions_json(tmp_path):
                             {"image_id": 391895, "caption": "A cyclist on a road."},
                             {"image_id": 7, "caption": "  "}]}
     (tmp_path / "c.json").write_text(json.dumps(data))
-    [image] = read_coco_captions(tmp_path / "c.json", "COCO_val2014_{image_id:012d}")  # blank captions dropped
+    [image] = load_coco_captions(tmp_path / "c.json", "COCO_val2014_{image_id:012d}")  # blank captions dropped
     assert image.image_id == "COCO_val2014_000000391895" and len(image.captions) == 2
-    assert read_coco_captions(tmp_path / "c.json", "{stem}")[0].image_id == "COCO_val2014_000000391895"
+    assert load_coco_captions(tmp_path / "c.json", "{stem}")[0].image_id == "COCO_val2014_000000391895"
     with pytest.raises(ValueError, match="does not fit the record's fields"):
-        read_coco_captions(tmp_path / "c.json", "{cocoid}")
+        load_coco_captions(tmp_path / "c.json", "{cocoid}")
     (tmp_path / "k.json").write_text(json.dumps({"images": []}))
     with pytest.raises(ValueError, match="no 'annotations' list; is it a COCO captions file"):
-        read_coco_captions(tmp_path / "k.json")
+        load_coco_captions(tmp_path / "k.json")
     with pytest.raises(FileNotFoundError):
-        read_coco_captions(tmp_path / "none.json")
+        load_coco_captions(tmp_path / "none.json")
 
 
 def test_karpathy_tsv_and_jsonl(tmp_path):
@@ -41,20 +41,20 @@ def test_karpathy_tsv_and_jsonl(tmp_path):
     (tmp_path / "k.json").write_text(json.dumps(karpathy))
     assert [i.image_id for i in load_karpathy_split(tmp_path / "k.json", "train", "{cocoid}")] == ["1"]
     (tmp_path / "cc.tsv").write_text("a dog on grass\t000001.jpg\na red bus\t000002.jpg\n")
-    images = read_caption_tsv(tmp_path / "cc.tsv", "{stem}")
+    images = load_caption_tsv(tmp_path / "cc.tsv", "{stem}")
     assert [(i.image_id, i.captions) for i in images] == [("000001", ("a dog on grass",)), ("000002", ("a red bus",))]
     (tmp_path / "bad.tsv").write_text("a caption without a key\n")
     with pytest.raises(ValueError, match=r"bad.tsv:1: 1 columns; a caption TSV has 2"):
-        read_caption_tsv(tmp_path / "bad.tsv")
+        load_caption_tsv(tmp_path / "bad.tsv")
     (tmp_path / "vg.jsonl").write_text('{"image_id": 10, "caption": "white clouds"}\n\n'
                                        '{"image_id": 10, "caption": "blue sky"}\n')
-    assert read_caption_jsonl(tmp_path / "vg.jsonl", "vg{image_id}")[0].captions == ("white clouds", "blue sky")
+    assert load_caption_jsonl(tmp_path / "vg.jsonl", "vg{image_id}")[0].captions == ("white clouds", "blue sky")
     (tmp_path / "bad.jsonl").write_text('{"image_id": 10}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:1: needs 'image_id' and 'caption'"):
-        read_caption_jsonl(tmp_path / "bad.jsonl")
+        load_caption_jsonl(tmp_path / "bad.jsonl")
     (tmp_path / "worse.jsonl").write_text("not json\n")
     with pytest.raises(ValueError, match="worse.jsonl:1: not a JSON object"):
-        read_caption_jsonl(tmp_path / "worse.jsonl")
+        load_caption_jsonl(tmp_path / "worse.jsonl")
 
 
 def test_region_store_equals_the_reader_and_stays_on_disk(tmp_path):
@@ -91,9 +91,9 @@ def write_easy_vqa_as_coco_and_butd_tsv(tmp_path, count=24, extra_caption=False)
     from detectors.config import DetectorConfig
     from detectors.extract import extract_regions
     from detectors.precomputed import write_butd_tsv
-    from vlbert.data.easy_vqa import captions, image_paths
+    from vlbert.data.easy_vqa import color_and_shape, image_paths
 
-    ids = list(captions("train"))[:count]
+    ids = list(color_and_shape("train"))[:count]
     paths = image_paths("train")
     extractor = DetectorConfig(input_size=64, max_proposals=6).build()
     regions = list(extract_regions(extractor, [(i, paths[i]) for i in ids], progress=False))
@@ -101,7 +101,7 @@ def write_easy_vqa_as_coco_and_butd_tsv(tmp_path, count=24, extra_caption=False)
         r.image_id = f"COCO_train2014_{n + 1:012d}"
     write_butd_tsv(regions, tmp_path / "train_obj36.tsv")
     annotations = [{"image_id": n + 1, "caption": f"There is a {c} {s}."}
-                   for n, (c, s) in enumerate(captions("train")[i] for i in ids)]
+                   for n, (c, s) in enumerate(color_and_shape("train")[i] for i in ids)]
     if extra_caption:
         annotations.append({"image_id": 999, "caption": "an image nobody extracted"})
     (tmp_path / "captions_train2014.json").write_text(json.dumps({

@@ -11,7 +11,8 @@ import torch
 
 from detectors.regions import Regions
 from vlbert.data.vqa import VQADataset, VQAExample, build_answer_vocab, load_vqa_v2
-from vlbert.evaluation.vqa import answer_targets, normalize_answer, soft_score, vqa_accuracy
+from vlbert.data.vqa_answers import answer_targets, normalize_answer, soft_score
+from vlbert.evaluation.vqa import vqa_accuracy
 
 
 # Hand-worked from vqaEval.py at GT-Vision-Lab/VQA master (commit a013f00), one rule per group.
@@ -143,9 +144,9 @@ def _write_easy_vqa_shards(directory, n_train, n_test):
     """Real regions for the first easy-VQA images of each split that the first questions use."""
     from PIL import Image
 
+    from detectors.config import DetectorConfig
     from detectors.shards import write_shards
     from vlbert.data.easy_vqa import image_paths, load_questions
-    from detectors.config import DetectorConfig
 
     extractor = DetectorConfig(input_size=96, max_proposals=16).build()
     wanted = []

@@ -124,11 +124,11 @@ def main(argv=None) -> int:
         print(f"wrote {path}")
     elif args.what == "generate":
         from vlbert.analysis.generation import gibbs_sample, mask_predict
-        from vlbert.data.easy_vqa import captions
+        from vlbert.data.easy_vqa import color_and_shape
 
         model, tok = load(args.model, vl=True)
         regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir)
-        truth = captions(args.easy_vqa_split)
+        truth = color_and_shape(args.easy_vqa_split)
         ids = [i for i in truth if i in regions][: args.images]
         report = {}
         for method in ("mask_predict", "gibbs"):
@@ -150,8 +150,8 @@ def main(argv=None) -> int:
                     "examples": [f"{truth[i][0]} {truth[i][1]}: {t}" for i, t in zip(ids[:5], texts[:5])]}
         print(json.dumps(report, indent=2))
     else:
-        from vlbert.analysis.probing import plot_probe, probe_layers
         from vlbert.analysis.probe_data import probe_features
+        from vlbert.analysis.probing import plot_probe, probe_layers
 
         train_x, train_y, eval_x, eval_y, title = probe_features(args.task, args.model, args.cache_dir)
         result = probe_layers(train_x, train_y, eval_x, eval_y)

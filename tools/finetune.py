@@ -15,8 +15,8 @@ import sys
 
 
 def main(argv=None) -> int:
+    from vlbert.cli import run_from_args, training_parser
     from vlbert.recipes import RECIPES
-    from vlbert.training.cli import run_from_args, training_parser
     from vlbert.training.run_config import load_run_config
 
     p = training_parser(__doc__, None)

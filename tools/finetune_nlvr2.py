@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:
-    from vlbert.training.cli import run_from_args, training_parser
+    from vlbert.cli import run_from_args, training_parser
 
     p = training_parser(__doc__, str(ROOT / "configs" / "finetune" / "nlvr2-easy-vqa.yaml"))
     run_from_args(p.parse_args(argv), "nlvr2")

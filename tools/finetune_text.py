@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:
-    from vlbert.training.cli import run_from_args, training_parser
+    from vlbert.cli import run_from_args, training_parser
 
     p = training_parser(__doc__, str(ROOT / "configs" / "finetune" / "bbc-news.yaml"))
     p.add_argument("--task", choices=("bbc-news", "custom"))

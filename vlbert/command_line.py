@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from vlbert.training.trainer import NonFiniteLossError, TrainingPreempted
+
 #: The directories whose code raises checked-input errors on purpose.
 _OWN_CODE = tuple(str(Path(__file__).resolve().parents[1] / name) + os.sep for name in ("vlbert", "detectors", "tools"))
 USAGE_ERROR = 2
@@ -75,8 +77,6 @@ def run_tool(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     Prints ``error: ...`` on standard error for a user error (status 2) or a diverged run (status 1). Any other
     exception propagates with its traceback. ``SystemExit`` (argparse, ``--help``) passes through.
     """
-    from vlbert.training.trainer import NonFiniteLossError, TrainingPreempted
-
     show_traceback = os.environ.get("VLBERT_TRACEBACK", "") not in ("", "0")
     try:
         return main(argv) or 0

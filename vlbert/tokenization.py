@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from vlbert.config import BertConfig
-from vlbert.utils import require
+from vlbert_base.dependencies import require
 
 REQUIRED_SPECIAL_TOKENS = ("cls_token", "sep_token", "mask_token", "pad_token")
 

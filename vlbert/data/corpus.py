@@ -13,7 +13,7 @@ import random
 import re
 from pathlib import Path
 
-from vlbert.utils import require
+from vlbert_base.dependencies import require
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 
 from vlbert.data.pretraining import IS_NEXT, IS_RANDOM, truncate_pair
 from vlbert.data.token_corpus import TokenCorpus
-from vlbert.utils import PositionalFiles
+from vlbert_base.files import PositionalFiles
 
 
 def split_documents(num_documents: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

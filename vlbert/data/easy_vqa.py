@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlbert.utils import require
+from detectors.cache import cached_shards
+from vlbert_base.dependencies import require
 
 COLORS = ("red", "green", "blue", "black", "gray", "teal", "brown", "yellow")
 SHAPES = ("circle", "rectangle", "triangle")
@@ -63,8 +64,6 @@ def easy_vqa_shards(detector, cache_dir: str | Path, image_ids: list[str] | None
     """Region shards of the easy-VQA images (default: all, train and test), extracted once with ``detector``
     (a :class:`detectors.config.DetectorConfig`) and cached under ``cache_dir`` (see
     :func:`detectors.cache.cached_shards`)."""
-    from detectors.cache import cached_shards
-
     paths = {**image_paths("train"), **image_paths("test")}
     if image_ids is not None:
         paths = {i: paths[i] for i in image_ids}
@@ -109,12 +108,12 @@ def image_attributes(questions: list[Question]) -> dict[str, dict[str, str]]:
     return out
 
 
-def captions(split: str, attributes: dict[str, dict[str, str]] | None = None) -> dict[str, tuple[str, str]]:
+def color_and_shape(split: str, attributes: dict[str, dict[str, str]] | None = None) -> dict[str, tuple[str, str]]:
     """image id -> (colour, shape) for the images of ``split`` whose colour and shape are both known."""
     attributes = attributes if attributes is not None else image_attributes(load_questions(split))
     return {i: (a["color"], a["shape"]) for i, a in attributes.items()
             if "color" in a and "shape" in a and i.startswith(split + "/")}
 
 
-__all__ = ["Question", "SPLITS", "load_questions", "image_paths", "easy_vqa_shards", "answers", "image_attributes", "captions", "COLORS",
+__all__ = ["Question", "SPLITS", "load_questions", "image_paths", "easy_vqa_shards", "answers", "image_attributes", "color_and_shape", "COLORS",
            "SHAPES", "CAPTION_TEMPLATES", "easy_vqa_dir"]

@@ -14,7 +14,8 @@ from typing import Sequence
 
 import torch
 
-from vlbert.models.losses import IGNORE_INDEX
+from vlbert.data.corpus import BBC_CLASSES, load_bbc_news, train_eval_split
+from vlbert.layers.losses import IGNORE_INDEX
 
 TASK_TYPES = ("classification", "regression", "tagging", "qa")
 
@@ -78,8 +79,6 @@ def load_records(source: str, split: str = "train") -> list[dict]:
 def bbc_news_split(seed: int = 0, eval_fraction: float = 0.2) -> tuple[list[dict], list[dict], list[str]]:
     """The fixed BBC News split: (train records, test records, label names); each record has ``text`` (title
     and body) and an integer ``label``."""
-    from vlbert.data.corpus import BBC_CLASSES, load_bbc_news, train_eval_split
-
     records = [{"text": r["text"], "label": BBC_CLASSES.index(r["label"])} for r in load_bbc_news()]
     train, test = train_eval_split(records, eval_fraction, seed)
     return train, test, list(BBC_CLASSES)

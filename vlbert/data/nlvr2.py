@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from detectors.batch import pad_regions, region_item
+from vlbert.data.easy_vqa import COLORS, SHAPES, color_and_shape
 from vlbert.data.grounded_text import GroundedTextDataset, jsonl_records
 from vlbert.data.padding import pad_text
 
@@ -68,8 +69,6 @@ def load_nlvr2(path: str | os.PathLike, image_id_format: str = "{stem}-img{k}") 
 
 def _statement(rng: random.Random, left: tuple[str, str], right: tuple[str, str], want: bool) -> str | None:
     """A statement about two (colour, shape) images whose truth is ``want``, or None if this template cannot."""
-    from vlbert.data.easy_vqa import COLORS, SHAPES
-
     kind = rng.randrange(4)
     if kind == 0:  # both images show a <shape>
         candidates = [s for s in SHAPES if (left[1] == s and right[1] == s) == want]
@@ -84,13 +83,11 @@ def _statement(rng: random.Random, left: tuple[str, str], right: tuple[str, str]
     return f"both shapes are {rng.choice(candidates)}" if candidates else None
 
 
-def easy_vqa_pairs(split: str, count: int, seed: int = 0) -> list[ImagePairExample]:
+def easy_vqa_image_pairs(split: str, count: int, seed: int = 0) -> list[ImagePairExample]:
     """``count`` NLVR2-shaped statements over random pairs of easy-VQA images of ``split``, labels from the
     images' annotations, half true and half false. A third of the pairs share the shape and a third the colour,
     so that "both ..." statements are true often enough to be learned."""
-    from vlbert.data.easy_vqa import captions
-
-    truth = captions(split)
+    truth = color_and_shape(split)
     ids = list(truth)
     by_shape: dict[str, list[str]] = {}
     by_color: dict[str, list[str]] = {}
@@ -147,4 +144,4 @@ class ImagePairCollator:
         return batch
 
 
-__all__ = ["ImagePairExample", "load_nlvr2", "easy_vqa_pairs", "ImagePairDataset", "ImagePairCollator"]
+__all__ = ["ImagePairExample", "load_nlvr2", "easy_vqa_image_pairs", "ImagePairDataset", "ImagePairCollator"]

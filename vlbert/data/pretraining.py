@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from vlbert.data.padding import pad_text
-from vlbert.models.losses import IGNORE_INDEX
+from vlbert.layers.losses import IGNORE_INDEX
 
 IS_NEXT, IS_RANDOM = 0, 1  # next_sentence_label values, as transformers: 0 = B continues A
 

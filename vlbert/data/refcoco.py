@@ -21,6 +21,7 @@ import torch
 
 from detectors.batch import pad_regions, region_item
 from detectors.safe_pickle import load_plain_pickle
+from vlbert.data.easy_vqa import color_and_shape, image_paths
 from vlbert.data.grounded_text import GroundedTextDataset
 from vlbert.data.padding import pad_text
 
@@ -88,9 +89,8 @@ def easy_vqa_composites(split: str, count: int, directory: str | os.PathLike, se
     """
     from PIL import Image
 
-    from vlbert.data.easy_vqa import captions, image_paths
 
-    truth, paths = captions(split), image_paths(split)
+    truth, paths = color_and_shape(split), image_paths(split)
     ids = list(truth)
     rng = random.Random(f"refcoco-{seed}-{split}")
     directory = Path(directory)

@@ -10,6 +10,7 @@ import torch
 from detectors.batch import pad_regions, region_item
 from detectors.regions import Regions
 from vlbert.data.captions import CaptionedImage, load_karpathy_split
+from vlbert.data.easy_vqa import CAPTION_TEMPLATES, color_and_shape
 from vlbert.data.padding import pad_text
 
 
@@ -17,11 +18,10 @@ def easy_vqa_captioned(split: str, seed: int = 0) -> list[CaptionedImage]:
     """easy-VQA images of ``split`` with one templated caption each, grouped by (colour, shape)."""
     import random
 
-    from vlbert.data.easy_vqa import CAPTION_TEMPLATES, captions
 
     rng = random.Random(f"retrieval-{seed}-{split}")
     return [CaptionedImage(i, (rng.choice(CAPTION_TEMPLATES).format(color=c, shape=s),), f"{c} {s}")
-            for i, (c, s) in captions(split).items()]
+            for i, (c, s) in color_and_shape(split).items()]
 
 
 class RetrievalPairs(torch.utils.data.Dataset):

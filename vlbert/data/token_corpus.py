@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vlbert.utils import PositionalFiles
+from vlbert.data.corpus import BBC_NEWS, hub_corpus, load_bbc_news, split_sentences
+from vlbert_base.files import PositionalFiles
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,6 @@ def corpus_dataset(source: str | os.PathLike, text_field: str = "text", split: s
     """
     import datasets
 
-    from vlbert.data.corpus import BBC_NEWS, hub_corpus, load_bbc_news
 
     source_str = str(source)
     if source_str == BBC_NEWS:
@@ -151,7 +151,6 @@ def _plain_backend(tokenizer):
 
 
 def _tokenize_batch(batch: dict, tokenizer) -> dict:
-    from vlbert.data.corpus import split_sentences
 
     sentences, lengths = [], []
     for text in batch["text"]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from detectors.batch import pad_regions, region_item
+from vlbert.data.easy_vqa import COLORS, SHAPES, color_and_shape
 from vlbert.data.grounded_text import GroundedTextDataset, jsonl_records
 from vlbert.data.padding import pad_text
 
@@ -68,11 +69,9 @@ def easy_vqa_entailment(split: str, seed: int = 0) -> list[EntailmentExample]:
     """SNLI-VE-shaped pairs over easy-VQA images: for each image one hypothesis, the label cycling through
     entailment ("there is a blue circle"), contradiction (another colour or shape: "there is a red circle") and
     neutral (a property no easy-VQA image decides: "the circle is made of wood"), so the classes are balanced."""
-    from vlbert.data.easy_vqa import COLORS, SHAPES, captions
-
     rng = random.Random(f"entailment-{seed}-{split}")
     out = []
-    for k, (image_id, (color, shape)) in enumerate(captions(split).items()):
+    for k, (image_id, (color, shape)) in enumerate(color_and_shape(split).items()):
         label = k % 3  # index into LABELS
         if label == 0:
             text = rng.choice(("there is a {color} {shape}", "the image shows a {color} {shape}",

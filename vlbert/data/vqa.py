@@ -16,8 +16,9 @@ from torch.utils.data import Dataset
 from detectors.batch import pad_regions, region_item
 from detectors.regions import Regions
 from detectors.store import region_count
+from vlbert.data.easy_vqa import load_questions
 from vlbert.data.padding import pad_text
-from vlbert.evaluation.vqa import answer_targets, reference_forms
+from vlbert.data.vqa_answers import answer_targets, reference_forms
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,6 @@ class VQAExample:
 
 def easy_vqa_examples(split: str) -> list[VQAExample]:
     """easy-VQA questions of ``split`` as :class:`VQAExample` (image ids "<split>/<n>", one answer each)."""
-    from vlbert.data.easy_vqa import load_questions
-
     return [VQAExample(f"{split}-{k}", q.image_id, q.question, (q.answer,))
             for k, q in enumerate(load_questions(split))]
 
@@ -71,7 +70,7 @@ def load_vqa_v2(questions_file: str | os.PathLike, annotations_file: str | os.Pa
 
 def build_answer_vocab(examples: Sequence[VQAExample], min_count: int = 1) -> list[str]:
     """Answers given at least ``min_count`` times (VQA v2 practice: 9, giving 3,129 answers), most frequent first,
-    each in the form the official evaluation compares (:func:`~vlbert.evaluation.vqa.reference_forms`: processed
+    each in the form the official evaluation compares (:func:`~vlbert.data.vqa_answers.reference_forms`: processed
     where a question's annotators disagree, as given where they agree)."""
     counts = Counter(a for ex in examples for a in reference_forms(ex.answers))
     return [a for a, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if c >= min_count]

@@ -20,10 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbert.config import BertConfig
-from vlbert.models.activations import activation
-from vlbert.models.kernels import Dropout, dropout
+from vlbert.layers.activations import activation
+from vlbert.layers.kernels import Dropout, dropout
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
+from vlbert.objectives import OBJECTIVES, Encoded
 
 
 def extended_attention_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -322,8 +323,6 @@ class BertForPreTraining(PreTrainedModel):
     objectives = ("mlm", "nsp")
 
     def __init__(self, config: BertConfig):
-        from vlbert.objectives import OBJECTIVES
-
         super().__init__(config)
         self.bert = BertModel(config)
         self.units = [OBJECTIVES[name] for name in self.objectives]
@@ -347,8 +346,6 @@ class BertForPreTraining(PreTrainedModel):
             :class:`PreTrainingOutput`; ``losses``/``metrics`` carry ``mlm``/``mlm_accuracy`` and
             ``nsp``/``nsp_accuracy`` for whichever labels were given, ``loss`` their sum.
         """
-        from vlbert.objectives import Encoded
-
         enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
                                 hidden_states=enc.hidden_states, attentions=enc.attentions)

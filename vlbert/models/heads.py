@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbert.config import BertConfig
+from vlbert.layers.kernels import Dropout
+from vlbert.layers.losses import IGNORE_INDEX, upcast
 from vlbert.models.bert import BertModel
-from vlbert.models.kernels import Dropout
-from vlbert.models.losses import IGNORE_INDEX, upcast
 from vlbert.models.outputs import ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
 

@@ -37,16 +37,18 @@ class ObjectiveOutput:
         losses: objective name (``"mlm"``, ``"nsp"``, ``"itm"``, ...) -> scalar loss tensor.
         metrics: metric name (``"mlm_accuracy"``, ...) -> scalar tensor, computed without gradient.
         counts: objective name (and its metric's name) -> number of predictions its loss and metric average
-            over (int), so that metrics can be averaged correctly over several batches.
-        idle_parameters: parameters that entered ``loss`` with weight zero only (heads of objectives this batch
-            does not train, kept in the graph for DDP); the trainer drops their zero gradients.
+            over (int; transformers' ``num_items_in_batch``, per objective), so that losses are weighted by it
+            across ranks and metrics averaged correctly over several batches.
+        unused_parameters: parameters that entered ``loss`` with weight zero only (heads of objectives this batch
+            does not train: DDP's unused parameters, kept in the graph so DDP needs no
+            ``find_unused_parameters`` search); the trainer drops their zero gradients.
     """
 
     loss: torch.Tensor | None = None
     losses: dict[str, torch.Tensor] = field(default_factory=dict)
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
-    idle_parameters: list = field(default_factory=list)
+    unused_parameters: list = field(default_factory=list)
 
     def add(self, name: str, loss: torch.Tensor, metric_name: str, metric: torch.Tensor, count: int) -> None:
         """Record one objective's loss, its metric and how many predictions they cover."""

@@ -12,6 +12,7 @@ from torch import nn
 
 from vlbert import checkpoint as ckpt
 from vlbert.config import BertConfig
+from vlbert.tokenization import save_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +163,5 @@ class PreTrainedModel(nn.Module):
         self.config.to_json_file(tmp, architectures=[architecture])
         os.replace(tmp, directory / ckpt.CONFIG_NAME)
         if tokenizer is not None:
-            from vlbert.tokenization import save_tokenizer
-
             save_tokenizer(tokenizer, directory)
         return directory

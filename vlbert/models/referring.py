@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from vlbert.config import VLBertConfig
+from vlbert.layers.losses import upcast
+from vlbert.layers.mlp_head import mlp_head
 from vlbert.models.heads import ClassificationOutput
-from vlbert.models.losses import upcast
-from vlbert.models.mlp_head import mlp_head
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.vl import VLBertModel
 

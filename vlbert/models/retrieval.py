@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbert.config import VLBertConfig
-from vlbert.models.losses import classification_loss
+from vlbert.layers.losses import classification_loss
 from vlbert.models.outputs import ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.vl import VLBertModel

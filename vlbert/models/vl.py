@@ -13,10 +13,11 @@ import torch
 from torch import nn
 
 from vlbert.config import VLBertConfig
+from vlbert.layers.kernels import Dropout
 from vlbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, check_text_inputs
-from vlbert.models.kernels import Dropout
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
+from vlbert.objectives import OBJECTIVES, Encoded
 
 #: token_type id of regions: BERT's segment B embedding, as UNITER (text of a VL pair is segment A).
 VISUAL_TOKEN_TYPE = 1
@@ -157,7 +158,7 @@ class VLBertForPreTraining(PreTrainedModel):
 
     Multi-process training draws one objective per step for every rank, so the heads of the other objectives
     get no gradient (nor does the pooler, which only ITM reads). DDP needs every parameter in every backward: while
-    gradients are on, idle heads enter the loss with weight zero and are listed in ``idle_parameters``, whose (zero) gradients the trainer then
+    gradients are on, idle heads enter the loss with weight zero and are listed in ``unused_parameters``, whose (zero) gradients the trainer then
     drops, so the optimizer skips them exactly as it would without DDP.
     """
 
@@ -166,8 +167,6 @@ class VLBertForPreTraining(PreTrainedModel):
     objectives = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
 
     def __init__(self, config: VLBertConfig):
-        from vlbert.objectives import OBJECTIVES
-
         super().__init__(config)
         self.bert = VLBertModel(config)
         self.units = []
@@ -189,8 +188,6 @@ class VLBertForPreTraining(PreTrainedModel):
         :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives' losses and per-objective
         ``losses``/``metrics``/``counts``; ``seq_relationship_logits`` holds the ITM logits [B, 2]. Without any
         labels (inference), ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size]."""
-        from vlbert.objectives import Encoded
-
         enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
                         output_hidden_states, output_attentions)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
@@ -216,7 +213,7 @@ class VLBertForPreTraining(PreTrainedModel):
             idle = [p for name in footprints if name not in used for p in self.get_submodule(name).parameters()]
             if idle:
                 out.loss = out.loss + sum(p.sum() for p in idle) * 0.0
-                out.idle_parameters = idle
+                out.unused_parameters = idle
         return out
 
 

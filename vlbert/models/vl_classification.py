@@ -6,10 +6,10 @@ from __future__ import annotations
 from torch import nn
 
 from vlbert.config import VLBertConfig
+from vlbert.layers.kernels import Dropout
+from vlbert.layers.losses import classification_loss
+from vlbert.layers.mlp_head import mlp_head
 from vlbert.models.heads import ClassificationOutput
-from vlbert.models.kernels import Dropout
-from vlbert.models.losses import classification_loss
-from vlbert.models.mlp_head import mlp_head
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.vl import VLBertModel
 

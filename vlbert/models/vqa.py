@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from vlbert.config import VLBertConfig
-from vlbert.models.losses import upcast
-from vlbert.models.mlp_head import mlp_head
+from vlbert.layers.losses import upcast
+from vlbert.layers.mlp_head import mlp_head
 from vlbert.models.outputs import ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.vl import VLBertModel
@@ -27,7 +27,7 @@ class VLBertForVQA(PreTrainedModel):
     Anderson et al. 2018 section 3.3): pooled output -> Linear(H, 2H) -> GELU -> LayerNorm -> Linear(2H, A).
 
     Trained with binary cross-entropy against soft scores (min(#annotators / 3, 1) per answer; see
-    :func:`vlbert.evaluation.vqa.answer_targets`), summed over answers and averaged over questions, as BUTD.
+    :func:`vlbert.data.vqa_answers.answer_targets`), summed over answers and averaged over questions, as BUTD.
     ``config.num_labels`` is the answer vocabulary size A.
     """
 

@@ -1,6 +1,7 @@
 """Pretraining objectives as units: each one's batch preparation, head and loss (see :mod:`.base`).
 
-``OBJECTIVES`` maps a name (as in configs and logs) to its unit; models and collators look units up here.
+``OBJECTIVES`` (:mod:`.registry`) maps a name (as in configs and logs) to its unit; models and collators look units
+up here. The units build their heads from :mod:`vlbert.layers` and import no model: the models import them.
 """
 
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
@@ -10,10 +11,7 @@ from vlbert.objectives.masked_regions import (MaskedRegionClassification, Masked
                                               MaskedRegionFeatureRegression)
 from vlbert.objectives.mix import ObjectiveMix
 from vlbert.objectives.next_sentence import NextSentencePrediction
-
-OBJECTIVES: dict[str, Objective] = {unit.name: unit for unit in (
-    MaskedLanguageModeling(), NextSentencePrediction(), ImageTextMatching(), MaskedRegionFeatureRegression(),
-    MaskedRegionClassification(), MaskedRegionClassificationKL())}
+from vlbert.objectives.registry import OBJECTIVES
 
 __all__ = ["OBJECTIVES", "Objective", "ObjectiveResult", "Encoded", "PrepareContext", "ObjectiveMix",
            "MaskedLanguageModeling", "NextSentencePrediction", "ImageTextMatching", "MaskedRegionFeatureRegression",

@@ -4,8 +4,8 @@ through a head tied to the word embeddings."""
 
 from __future__ import annotations
 
-from vlbert.models.pretraining_heads import MaskedLMHead
-from vlbert.models.losses import masked_lm_loss
+from vlbert.layers.losses import masked_lm_loss
+from vlbert.layers.pretraining_heads import MaskedLMHead
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
 
 

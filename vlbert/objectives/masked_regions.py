@@ -14,10 +14,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from detectors.batch import choose_masked_regions, pad_class_probs
-from vlbert.models.losses import upcast
-from vlbert.models.pretraining_heads import RegionHead
+from detectors.batch import pad_class_probs
+from vlbert.layers.losses import upcast
+from vlbert.layers.pretraining_heads import RegionHead
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+
+
+def choose_masked_regions(num_real: int, num_regions: int, probability: float,
+                          generator: torch.Generator) -> torch.Tensor:
+    """bool [num_regions]: round(probability x num_real) of the first ``num_real`` (real) regions, at least one,
+    chosen uniformly (UNITER section 3.2: 15% of regions, features zeroed)."""
+    n_chosen = max(1, round(num_real * probability))
+    chosen = torch.zeros(num_regions, dtype=torch.bool)
+    chosen[torch.randperm(num_real, generator=generator)[:n_chosen]] = True
+    return chosen
 
 
 class _MaskedRegions(Objective):
@@ -108,4 +118,4 @@ class MaskedRegionClassificationKL(_MaskedRegions):
         return ObjectiveResult(loss, accuracy, len(target), logits)
 
 
-__all__ = ["MaskedRegionFeatureRegression", "MaskedRegionClassification", "MaskedRegionClassificationKL"]
+__all__ = ["choose_masked_regions", "MaskedRegionFeatureRegression", "MaskedRegionClassification", "MaskedRegionClassificationKL"]

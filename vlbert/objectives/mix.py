@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from vlbert.objectives.registry import OBJECTIVES
+
 
 @dataclass
 class ObjectiveMix:
@@ -18,8 +20,6 @@ class ObjectiveMix:
     weights: dict[str, float]
 
     def __post_init__(self) -> None:
-        from vlbert.objectives import OBJECTIVES
-
         unknown = sorted(set(self.weights) - set(OBJECTIVES))
         if unknown or not self.weights:
             raise ValueError(f"unknown objective(s) {unknown}; the objectives are {sorted(OBJECTIVES)}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vlbert.models.losses import classification_loss
+from vlbert.layers.losses import classification_loss
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
 
 

@@ -1,7 +1,7 @@
 """NLVR2 (``tools/finetune_nlvr2.py``): is a statement true of two images? The statement is encoded with each
 image and both pooled outputs are classified together (UNITER / LXMERT), accuracy on the evaluation split.
 
-Datasets: ``easy-vqa`` (the embedded demonstration, see :func:`vlbert.data.nlvr2.easy_vqa_pairs`) and ``nlvr2``
+Datasets: ``easy-vqa`` (the embedded demonstration, see :func:`vlbert.data.nlvr2.easy_vqa_image_pairs`) and ``nlvr2``
 (the public JSONL files plus region shards of the NLVR2 images).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from vlbert.data.nlvr2 import ImagePairCollator, ImagePairDataset, easy_vqa_pairs, load_nlvr2
+from vlbert.data.nlvr2 import ImagePairCollator, ImagePairDataset, easy_vqa_image_pairs, load_nlvr2
 from vlbert.evaluation.classification import predict_labels
 from vlbert.models.vl_classification import VLBertForImagePairClassification
 from vlbert.recipes.regions import task_regions
@@ -45,8 +45,8 @@ class NLVR2Data(TaskData):
         super().__init__(ctx)
         data = ctx.data
         if data.dataset == "easy-vqa":
-            train = easy_vqa_pairs("train", data.train_pairs, self.seed)
-            held_out = easy_vqa_pairs("test", data.eval_pairs, self.seed)
+            train = easy_vqa_image_pairs("train", data.train_pairs, self.seed)
+            held_out = easy_vqa_image_pairs("test", data.eval_pairs, self.seed)
         elif data.dataset == "nlvr2":
             if not (data.train_file and data.eval_file):
                 raise ValueError("dataset nlvr2 needs data.train_file, data.eval_file and data.shards")

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from detectors.cache import cached_shards
 from detectors.store import RegionStore, region_count
-from vlbert.data.refcoco import (ReferringCollator, ReferringDataset, box_iou, easy_vqa_composites, load_refcoco)
+from vlbert.data.refcoco import ReferringCollator, ReferringDataset, box_iou, easy_vqa_composites, load_refcoco
 from vlbert.models.referring import VLBertForReferringExpressions
 from vlbert.recipes.regions import task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
@@ -47,8 +48,6 @@ class ReferringDataConfig:
 
 def _easy_vqa_regions(ctx: RunContext, files: dict, tiles: dict):
     """Regions of the composites: the tiles' own boxes (gt) or the detector's proposals, extracted once."""
-    from detectors.cache import cached_shards
-
     if ctx.data.boxes not in ("gt", "detector"):
         raise ValueError(f"data.boxes must be 'gt' or 'detector', got {ctx.data.boxes!r}")
     given = tiles if ctx.data.boxes == "gt" else None

@@ -5,6 +5,7 @@ image's regions from disk when asked (memory does not grow with the number of im
 from __future__ import annotations
 
 from detectors.store import RegionStore
+from vlbert.data.easy_vqa import easy_vqa_shards
 
 
 def region_store(shards: str, dataset: str, cache_dir: str, detector, image_ids: list[str] | None = None) -> RegionStore:
@@ -20,7 +21,6 @@ def region_store(shards: str, dataset: str, cache_dir: str, detector, image_ids:
     if dataset != "easy-vqa":
         raise ValueError(f"data.dataset={dataset!r} needs data.shards: a directory of region shards "
                          "(tools/extract_regions.py writes them from images or imports BUTD TSV / npz features)")
-    from vlbert.data.easy_vqa import easy_vqa_shards
 
     return RegionStore(easy_vqa_shards(detector, cache_dir, image_ids)[0].parent)
 

@@ -19,7 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from detectors.config import DetectorConfig
+from vlbert import checkpoint as ckpt
+from vlbert.config import BertConfig
 from vlbert.data.loading import eval_loader, train_loader
+from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
 from vlbert.training.run_config import check_sections, dataclass_from_section
 from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig, set_seed
 
@@ -164,9 +168,6 @@ def checkpoint_architecture_decides(ctx: RunContext) -> dict[str, Any]:
         ValueError: a conflicting entry was set on the command line (``--set model.hidden_size=...``): the
             message names the keys, both values and the fix.
     """
-    from vlbert import checkpoint as ckpt
-    from vlbert.config import BertConfig
-
     section = ctx.model_section
     config_file = ckpt.resolve_checkpoint_dir(ctx.init_from) / ckpt.CONFIG_NAME
     if not section or not config_file.is_file():
@@ -209,15 +210,11 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
         RunExistsError: see :func:`prepare_output_dir`.
         vlbert.training.trainer.TrainingPreempted: SIGTERM; a checkpoint was written.
     """
-    from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
-
     check_sections(config, COMMON_SECTIONS + (("detector",) if recipe.uses_regions else ()) + recipe.sections)
     training = TrainingConfig.from_dict(config.get("training") or {})
     data_config = dataclass_from_section(recipe.data_config, config.get("data"), "data")
     detector = None
     if recipe.uses_regions:
-        from detectors.config import DetectorConfig
-
         detector = dataclass_from_section(DetectorConfig, config.get("detector"), "detector")
     prepare_output_dir(training.output_dir, resume, overwrite)
     init = config.get("init_from") or recipe.default_init

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from vlbert.data.corpus_pairs import CorpusPairsDataset, split_documents
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
+from vlbert.layers.losses import IGNORE_INDEX
 from vlbert.models.bert import BertForPreTraining
-from vlbert.models.losses import IGNORE_INDEX
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 
 

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from detectors.batch import pad_regions
 from detectors.store import NamespacedRegions, RegionStore
 from vlbert.data import captions as caption_files
 from vlbert.data.corpus import train_eval_split
-from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES, captions as easy_vqa_captions
+from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES, color_and_shape
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset, caption_content
 from vlbert.models.vl import VLBertForPreTraining
@@ -82,14 +83,14 @@ class CaptionSource:
         """The source's images and captions, under the shards' image ids."""
         f = caption_files
         if self.format == "coco":
-            return f.read_coco_captions(self.path, self.image_id_format)
+            return f.load_coco_captions(self.path, self.image_id_format)
         if self.format == "karpathy":
             return f.load_karpathy_split(self.path, self.split, self.image_id_format)
         if self.format == "tsv":
-            return f.read_caption_tsv(self.path, self.image_id_format)
+            return f.load_caption_tsv(self.path, self.image_id_format)
         if self.format == "jsonl":
-            return f.read_caption_jsonl(self.path, self.image_id_format, self.image_field, self.caption_field)
-        return f.read_hf_captions(self.path, self.split, self.image_id_format, self.image_field, self.caption_field)
+            return f.load_caption_jsonl(self.path, self.image_id_format, self.image_field, self.caption_field)
+        return f.load_hf_captions(self.path, self.split, self.image_id_format, self.image_field, self.caption_field)
 
 
 @dataclass
@@ -140,12 +141,12 @@ class VLDataConfig:
         self.sources = sources
 
 
-def easy_vqa_pairs(tokenizer, split: str = "train", seed: int = 0) -> list[Caption]:
+def easy_vqa_captions(tokenizer, split: str = "train", seed: int = 0) -> list[Caption]:
     """One caption per easy-VQA image of ``split``, from its colour and shape, with a template chosen per image;
     the content key is "<colour> <shape>"."""
     rng = random.Random(f"captions-{seed}")
     pairs = []
-    for image_id, (color, shape) in easy_vqa_captions(split).items():
+    for image_id, (color, shape) in color_and_shape(split).items():
         text = rng.choice(CAPTION_TEMPLATES).format(color=color, shape=shape)
         pairs.append(Caption(image_id, tokenizer(text, add_special_tokens=False)["input_ids"], f"{color} {shape}"))
     return pairs
@@ -202,7 +203,7 @@ class VLPretrainingData(TaskData):
         image has no regions are refused or skipped per ``data.missing_regions``."""
         data, tokenizer = ctx.data, ctx.tokenizer
         if source.format == "easy-vqa":
-            pairs = easy_vqa_pairs(tokenizer, source.split, self.seed)
+            pairs = easy_vqa_captions(tokenizer, source.split, self.seed)
             if data.max_images:
                 pairs = pairs[: data.max_images]
             store = region_store(source.shards, "easy-vqa", data.cache_dir, ctx.detector,
@@ -238,8 +239,6 @@ class VLPretrainingData(TaskData):
     def grounding_accuracy(self, model) -> dict[str, float]:
         """Held-out accuracy of predicting a caption's masked colour or shape word, with the image's regions and
         with every region masked out (region_mask = 0): the gap is what the model reads from the image."""
-        from detectors.batch import pad_regions
-
         word_ids = {self.tokenizer.convert_tokens_to_ids(w) for w in COLORS + SHAPES}
         device = next(model.parameters()).device
         hits = {"with_regions": 0, "without_regions": 0}
@@ -302,4 +301,4 @@ def _weighted(pairs: list[Caption], weight: float, rng: random.Random) -> list[C
 RECIPE = Recipe("vl-pretraining", VLDataConfig, VLPretrainingData, build_model, evaluate=evaluate,
                 baselines=baselines, uses_regions=True, default_init=None)
 
-__all__ = ["RECIPE", "VLDataConfig", "CaptionSource", "VLPretrainingData", "easy_vqa_pairs"]
+__all__ = ["RECIPE", "VLDataConfig", "CaptionSource", "VLPretrainingData", "easy_vqa_captions"]

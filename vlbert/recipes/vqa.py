@@ -14,7 +14,8 @@ from pathlib import Path
 
 from vlbert.data.easy_vqa import answers as easy_vqa_answers
 from vlbert.data.vqa import VQACollator, VQADataset, build_answer_vocab, easy_vqa_examples, load_vqa_v2
-from vlbert.evaluation.vqa import reference_forms, vqa_accuracy
+from vlbert.data.vqa_answers import reference_forms
+from vlbert.evaluation.vqa import vqa_accuracy
 from vlbert.models.vqa import VLBertForVQA
 from vlbert.recipes.regions import task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model

@@ -23,6 +23,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from vlbert import checkpoint as ckpt
+from vlbert.models.bert import compile_encoder_layers
+from vlbert.training.run_config import dataclass_from_section
 from vlbert.utils import keep_freed_memory_in_process
 
 logger = logging.getLogger(__name__)
@@ -104,8 +107,6 @@ class TrainingConfig:
     def from_dict(cls, values: dict[str, Any]) -> "TrainingConfig":
         """Build and validate from the YAML ``training`` section; raises ``ValueError`` for unknown keys,
         wrong types and out-of-range values."""
-        from vlbert.training.run_config import dataclass_from_section
-
         config = dataclass_from_section(cls, values, "training")
         config.validate()
         return config
@@ -180,7 +181,7 @@ class Trainer:
         mixed = config.mixed_precision
         if mixed == "auto":
             mixed = "bf16" if torch.cuda.is_available() else "no"
-        # DDP with every parameter in every backward (see ObjectiveOutput.idle_parameters); cpu: gloo under torchrun,
+        # DDP with every parameter in every backward (see ObjectiveOutput.unused_parameters); cpu: gloo under torchrun,
         # also where a machine has fewer GPUs than processes (NCCL cannot put two ranks on one GPU).
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         use_cpu = not torch.cuda.is_available() or torch.cuda.device_count() < local_processes
@@ -198,8 +199,6 @@ class Trainer:
         self.eval_batches = eval_batches
         self.unwrapped = model
         if config.compile:
-            from vlbert.models.bert import compile_encoder_layers
-
             compile_encoder_layers(model)
         self.forward_arguments = set(inspect.signature(model.forward).parameters)
         # Fused AdamW (one kernel over all parameters) on CUDA and, since torch 2.4, on CPU.
@@ -301,7 +300,7 @@ class Trainer:
                     for name, value in {"loss": global_loss, **out.losses, **out.metrics}.items():
                         value = value.detach().float()
                         sums[name] = sums[name] + value if name in sums else value
-                    ids = {id(p): p for p in getattr(out, "idle_parameters", ())}
+                    ids = {id(p): p for p in getattr(out, "unused_parameters", ())}
                     idle = ids if idle is None else {k: p for k, p in idle.items() if k in ids}
                 for p in idle.values():  # zero gradients only there for DDP: the optimizer skips None
                     p.grad = None
@@ -437,7 +436,7 @@ class Trainer:
         present = totals[0] > 0
         weights = torch.where(present, counts * acc.num_processes / totals[0].clamp(min=1), 0.0).float()
         backward = sum(out.losses[n] * weights[i] for i, n in enumerate(names) if n in out.losses)
-        idle = getattr(out, "idle_parameters", ())
+        idle = getattr(out, "unused_parameters", ())
         if idle:  # keep idle heads in the graph: DDP expects every parameter in every backward
             backward = backward + sum(p.sum() for p in idle) * 0.0
         global_loss = torch.where(present, totals[1] / totals[0].clamp(min=1), 0.0).sum().float()
@@ -566,7 +565,6 @@ class Trainer:
             if not found:
                 return False
             checkpoint = max(found, key=lambda p: int(p.name.split("-")[1]))
-        from vlbert import checkpoint as ckpt
 
         weights = ckpt.hf_to_vlbert(ckpt.read_state_dict(checkpoint))
         self.unwrapped.load_converted_state_dict(weights, source=str(checkpoint), strict=True)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlbert.models.activations import activation
+from vlbert.layers.activations import activation
 
 if TYPE_CHECKING:
     from vlbert.config import BertConfig, VLBertConfig

@@ -1,11 +1,15 @@
 """The command-line shape every training tool shares: common flags, config loading with overrides, the run
-through :func:`vlbert.recipes.run`, and the final report."""
+through :func:`vlbert.recipes.run`, and the final report. It sits above the recipes (tools -> cli -> recipes ->
+trainer), so nothing below imports it."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 from typing import Any
+
+from vlbert.recipes import RECIPES, run
+from vlbert.training.run_config import load_run_config
 
 COMMON_FLAGS = (("init_from", "init_from"), ("output_dir", "training.output_dir"), ("max_steps", "training.max_steps"),
                 ("seed", "training.seed"), ("log_every", "training.log_every"),
@@ -38,9 +42,6 @@ def run_from_args(args: argparse.Namespace, task: str, extra: tuple[tuple[str, A
     line (a run directory that holds a run, bad config values, missing data, ...) and a SIGTERM into status 143.
     Flags given on the command line (``--init-from`` aside) are passed to the recipe as ``command_line_keys``.
     """
-    from vlbert.recipes import RECIPES, run
-    from vlbert.training.run_config import load_run_config
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     flags = [(key, getattr(args, name)) for name, key in COMMON_FLAGS] + list(extra)
     overrides = [f"{key}={value}" for key, value in flags if value is not None] + list(args.set)

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from vlbert.models.kernels import cross_entropy_with_accuracy
+from vlbert.layers.kernels import cross_entropy_with_accuracy
 
 if TYPE_CHECKING:
-    from vlbert.models.pretraining_heads import MaskedLMHead
+    from vlbert.layers.pretraining_heads import MaskedLMHead
 
 IGNORE_INDEX = -100  # label of positions no loss reads (transformers' convention)
 

@@ -1,0 +1,104 @@
+"""The import graph follows the layers (README "Layout"): no cycle between vlbert's subpackages, detectors and
+vlbert_base; detectors and vlbert_base never import vlbert; no function-level import of the project's own modules
+(a hidden cycle) except the lazily built optional detector backends. Read from the source with ``ast``, so the
+test sees imports that a run would only reach on some path."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("vlbert", "detectors", "vlbert_base")
+# Backends are imported when a DetectorConfig builds one: timm, torchvision's detection models and detectron2 are
+# optional or heavy, and detectron2_detector's own helpers need detectron2 installed.
+LAZY_ALLOWED = {"detectors/config.py", "detectors/detectron2_detector.py"}
+
+
+def _node(module: str) -> str:
+    """The graph node of a dotted module name: vlbert's subpackage or top-level module, or the package."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "vlbert" and len(parts) > 1 else parts[0]
+
+
+def _imports() -> list[tuple[str, str, int, bool]]:
+    """(file, imported module, line, at function level) for every import of the project's packages."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            type_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                         and "TYPE_CHECKING" in ast.unparse(block.test) for n in ast.walk(block)}
+            for node in ast.walk(tree):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in type_only:
+                    continue
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                else:
+                    base = node.module or ""
+                    names = [f"{base}.{a.name}" if (ROOT / Path(*f"{base}.{a.name}".split("."))).with_suffix(".py")
+                             .exists() or (ROOT / Path(*f"{base}.{a.name}".split("."))).is_dir() else base
+                             for a in node.names]
+                for name in names:
+                    if name.split(".")[0] in PACKAGES:
+                        found.append((rel, name, node.lineno, node.col_offset > 0))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for rel, name, _, _ in _imports():
+        source = _node(".".join(Path(rel).with_suffix("").parts).removesuffix(".__init__"))
+        target = _node(name)
+        if target != source:
+            graph.setdefault(source, set()).add(target)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a list of nodes, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_between_packages():
+    graph = _graph()
+    assert "vlbert.models" in graph and "vlbert.objectives" in graph["vlbert.models"]  # the graph was read
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
+
+
+def test_lower_layers_do_not_import_vlbert():
+    graph = _graph()
+    assert graph.get("vlbert_base", set()) == set()
+    assert graph.get("detectors", set()) <= {"vlbert_base"}
+    assert "vlbert.models" not in graph.get("vlbert.objectives", set())
+    assert not {"vlbert.recipes", "vlbert.cli"} & graph.get("vlbert.training", set())
+
+
+def test_no_function_level_import_of_the_project():
+    hidden = [f"{rel}:{line} imports {name}" for rel, name, line, nested in _imports()
+              if nested and rel not in LAZY_ALLOWED]
+    assert hidden == []
+
+
+def test_cycle_finder_sees_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}}) is None

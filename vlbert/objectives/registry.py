@@ -1,0 +1,17 @@
+"""``OBJECTIVES``: every pretraining objective unit by its name (as in configs and logs). Models, collators and
+the objective mix look units up here."""
+
+from __future__ import annotations
+
+from vlbert.objectives.base import Objective
+from vlbert.objectives.image_text_matching import ImageTextMatching
+from vlbert.objectives.masked_lm import MaskedLanguageModeling
+from vlbert.objectives.masked_regions import (MaskedRegionClassification, MaskedRegionClassificationKL,
+                                              MaskedRegionFeatureRegression)
+from vlbert.objectives.next_sentence import NextSentencePrediction
+
+OBJECTIVES: dict[str, Objective] = {unit.name: unit for unit in (
+    MaskedLanguageModeling(), NextSentencePrediction(), ImageTextMatching(), MaskedRegionFeatureRegression(),
+    MaskedRegionClassification(), MaskedRegionClassificationKL())}
+
+__all__ = ["OBJECTIVES"]
