@@ -138,6 +138,19 @@ def test_smoke_vl_run_draws_one_objective_per_step(cache_dir, tmp_path):
     model = VLBertForPreTraining.from_pretrained(out)
     assert model.loading_info.missing_keys == [] and model.config.region_feature_dim == 1320
 
+    # The run's fill-mask pipeline on an image file: the analysis function on the regions of the run's detector.
+    from detectors.batch import region_item
+    from vlbert.analysis.fill_mask import fill_mask
+    from vlbert.data.easy_vqa import image_paths
+    from vlbert.inference import FillMaskPipeline, pipeline
+
+    fill = pipeline(out, device="cpu")
+    assert isinstance(fill, FillMaskPipeline) and fill.inputs.detector.input_size == 96
+    image = image_paths("test")["test/0"]
+    regions = fill.regions([image])[0]
+    assert fill(image, "a [MASK] circle", top_k=3) == fill_mask(fill.model, fill.tokenizer, "a [MASK] circle", 3,
+                                                                region_item(regions, 16))
+
 
 def test_grounding_with_regions_beats_without(cache_dir, tmp_path):
     """A short VL pretraining from MiniLM learns to read colour and shape from the regions: a masked colour or

@@ -5,10 +5,11 @@ Source: BERT paper section 3 (WordPiece, Wu et al. 2016, 30,000-token vocabulary
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-from vlbert.config import BertConfig
+from vlbert.config import BertConfig, VLBertConfig
 from vlbert_base.dependencies import require
 
 REQUIRED_SPECIAL_TOKENS = ("cls_token", "sep_token", "mask_token", "pad_token")
@@ -35,6 +36,14 @@ def resolve_model_path(name_or_path: str | os.PathLike | None) -> str:
     return str(name_or_path)
 
 
+def _saved_model_type(path: str) -> str | None:
+    config = Path(path) / "config.json"
+    try:
+        return json.loads(config.read_text(encoding="utf-8")).get("model_type") if config.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
 def load_tokenizer(name_or_path: str | os.PathLike | None = None):
     """Load a fast WordPiece tokenizer from a checkpoint directory (vocab.txt / tokenizer.json) or hub name.
 
@@ -46,11 +55,16 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
         FileNotFoundError: no tokenizer files there (and not fetchable from the hub).
         ValueError: the tokenizer lacks one of BERT's special tokens.
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, BertConfig as TransformersBertConfig
 
     path = resolve_model_path(name_or_path)
+    extra = {}
+    if _saved_model_type(path) == VLBertConfig.model_type:
+        # transformers does not know our VL config; the tokenizer is BERT's either way (and is named in
+        # tokenizer_config.json), so AutoTokenizer need not read config.json and warn about its model_type.
+        extra["config"] = TransformersBertConfig()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, **extra)
     except (OSError, ValueError) as e:
         raise FileNotFoundError(
             f"could not load a tokenizer from {path!r} ({type(e).__name__}: {e}); a BERT tokenizer directory holds "

@@ -110,7 +110,7 @@ def easy_vqa_image_pairs(split: str, count: int, seed: int = 0) -> list[ImagePai
 class ImagePairDataset(GroundedTextDataset):
     """Statements joined with both images' regions.
 
-    Items: input_ids, ``pair_regions`` (the two images' region items) and ``labels``.
+    Items: input_ids, ``pair_regions`` (the two images' region items), ``labels`` and ``index``.
     Raises:
         ValueError: an image without regions (the message names the statement and the fix).
     """
@@ -126,12 +126,13 @@ class ImagePairDataset(GroundedTextDataset):
     def __getitem__(self, index: int) -> dict:
         ex = self.examples[index]
         pair = [region_item(self.regions[i], self.max_regions) for i in (ex.left_image, ex.right_image)]
-        return {"input_ids": self.input_ids[index], "pair_regions": pair, "labels": ex.label}
+        return {"input_ids": self.input_ids[index], "pair_regions": pair, "labels": ex.label, "index": index}
 
 
 class ImagePairCollator:
     """Pad statements; pad both images' regions to one size: region_features float16 [B, 2, R, D], region_boxes
-    float32 [B, 2, R, 4], region_mask int64 [B, 2, R] (index 0 = left image); labels int64 [B]."""
+    float32 [B, 2, R, 4], region_mask int64 [B, 2, R] (index 0 = left image); labels int64 [B]; index int64 [B]
+    (the items' dataset indices)."""
 
     def __init__(self, tokenizer):
         self.pad_token_id = tokenizer.pad_token_id
@@ -141,6 +142,7 @@ class ImagePairCollator:
         regions = pad_regions([image for x in items for image in x["pair_regions"]])  # [2B, R, ...], left first
         batch.update({k: v.view(len(items), 2, *v.shape[1:]) for k, v in regions.items()})
         batch["labels"] = torch.tensor([x["labels"] for x in items], dtype=torch.long)
+        batch["index"] = torch.tensor([x["index"] for x in items])
         return batch
 
 

@@ -106,11 +106,11 @@ class EntailmentDataset(GroundedTextDataset):
     def __getitem__(self, index: int) -> dict:
         ex = self.examples[index]
         return {"input_ids": self.input_ids[index], **region_item(self.regions[ex.image_id], self.max_regions),
-                "labels": ex.label}
+                "labels": ex.label, "index": index}
 
 
 class EntailmentCollator:
-    """Pad hypotheses and regions; ``labels`` int64 [B]."""
+    """Pad hypotheses and regions; ``labels`` int64 [B], ``index`` int64 [B] (the items' dataset indices)."""
 
     def __init__(self, tokenizer):
         self.pad_token_id = tokenizer.pad_token_id
@@ -119,6 +119,7 @@ class EntailmentCollator:
         batch = pad_text([{"input_ids": x["input_ids"]} for x in items], self.pad_token_id)
         batch.update(pad_regions(items))
         batch["labels"] = torch.tensor([x["labels"] for x in items], dtype=torch.long)
+        batch["index"] = torch.tensor([x["index"] for x in items])
         return batch
 
 

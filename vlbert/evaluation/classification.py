@@ -8,18 +8,19 @@ from vlbert.utils import evaluation
 
 
 @evaluation
-def predict_labels(model, batches: Iterable[dict]) -> tuple[list[int], list[int]]:
-    """(gold labels, predicted labels) over ``batches`` (dicts of model inputs plus ``labels`` int64 [B]): the
-    argmax of the model's ``logits`` [B, C] for every example, in batch order; the model runs in eval mode without
-    gradients and is given back in the mode it was in."""
+def predict_labels(model, batches: Iterable[dict]) -> tuple[list[int], list[int], list[int]]:
+    """(dataset indices, gold labels, predicted labels) over ``batches`` (dicts of model inputs plus ``labels``
+    int64 [B] and ``index`` int64 [B], the items' dataset indices): the argmax of the model's ``logits`` [B, C] for
+    every example, in batch order; the model runs in eval mode without gradients and is given back in the mode it
+    was in."""
     device = next(model.parameters()).device
-    gold, predicted = [], []
+    index, gold, predicted = [], [], []
     for batch in batches:
-        labels = batch.pop("labels")
+        index += batch.pop("index").tolist()
+        gold += batch.pop("labels").tolist()
         logits = model(**{k: v.to(device) for k, v in batch.items()}).logits
-        gold += labels.tolist()
         predicted += logits.argmax(-1).tolist()
-    return gold, predicted
+    return index, gold, predicted
 
 
 __all__ = ["predict_labels"]

@@ -3,7 +3,7 @@ two-stage evaluation of a retrieval model (contrastive shortlist, cross-encoder 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -48,6 +48,33 @@ def recall_at_k(scores: torch.Tensor, positives: Sequence[set[int]] | torch.Tens
     return {k: float((hit_rank < k).float().mean()) for k in ks}
 
 
+def rerank_shortlist(scores: torch.Tensor, shortlist: int, image_and_caption: Callable[[int, int], tuple[int, int]],
+                     cross_scores: Callable[[list[int], list[int]], torch.Tensor],
+                     batch_size: int = 128) -> tuple[torch.Tensor, int]:
+    """The second stage of retrieval (UNITER/ViLT evaluation): each query's ``shortlist`` best candidates by the
+    contrastive ``scores`` are re-scored by the cross-encoder; the rest rank after them in contrastive order.
+
+    Args:
+        scores: float [Q, N] contrastive scores (queries x candidates), on the CPU.
+        shortlist: candidates re-scored per query.
+        image_and_caption: (query, candidate) -> (image row, caption row) for ``cross_scores``.
+        cross_scores: (image rows, caption rows) -> float [P] cross-encoder scores of those pairs.
+        batch_size: pairs per ``cross_scores`` call.
+    Returns:
+        (final scores float [Q, N], number of cross-encoder pairs). Used by :func:`evaluate_retrieval` and by
+        :class:`vlbert.inference.RetrievalPipeline`, so a search ranks exactly as the evaluation does.
+    """
+    top = scores.topk(min(shortlist, scores.shape[1]), dim=1).indices
+    pairs = [(q, n) for q in range(scores.shape[0]) for n in top[q].tolist()]
+    final = scores - 1e4  # everything outside the shortlist ranks after it, in contrastive order
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start:start + batch_size]
+        image_rows, caption_rows = zip(*(image_and_caption(q, n) for q, n in chunk))
+        for (q, n), value in zip(chunk, cross_scores(list(image_rows), list(caption_rows)).tolist()):
+            final[q, n] = value
+    return final, len(pairs)
+
+
 @evaluation
 def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[str, Regions], tokenizer,
                        shortlist: int = 16, batch_size: int = 128, max_regions: int = 36,
@@ -79,22 +106,11 @@ def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[st
                        for s in range(0, len(items), batch_size)])
     sim = (v_emb @ t_emb.T).cpu()  # [images, captions]
 
-    def rerank(scores: torch.Tensor, image_of_pair) -> torch.Tensor:
-        """scores [Q, N] contrastive; returns [Q, N] with the shortlist re-scored by the cross-encoder."""
-        top = scores.topk(min(shortlist, scores.shape[1]), dim=1).indices
-        pairs = [(q, n) for q in range(scores.shape[0]) for n in top[q].tolist()]
-        final = scores - 1e4  # everything outside the shortlist ranks after it, in contrastive order
-        for s in range(0, len(pairs), batch_size):
-            chunk = pairs[s:s + batch_size]
-            img_rows, cap_rows = zip(*(image_of_pair(q, n) for q, n in chunk))
-            batch = {**text_batch(cap_rows), **image_batch(img_rows)}
-            cross = model.match_scores(**batch).cpu()
-            for (q, n), value in zip(chunk, cross.tolist()):
-                final[q, n] = value
-        return final, len(pairs)
+    def cross_scores(image_rows, caption_rows) -> torch.Tensor:
+        return model.match_scores(**text_batch(caption_rows), **image_batch(image_rows)).cpu()
 
-    i2t, n1 = rerank(sim, lambda q, n: (q, n))
-    t2i, n2 = rerank(sim.T.contiguous(), lambda q, n: (n, q))
+    i2t, n1 = rerank_shortlist(sim, shortlist, lambda q, n: (q, n), cross_scores, batch_size)
+    t2i, n2 = rerank_shortlist(sim.T.contiguous(), shortlist, lambda q, n: (n, q), cross_scores, batch_size)
     own = [{c for c, (img, _) in enumerate(captions) if img == i} for i in range(len(images))]
     group = [{c for c, (img, _) in enumerate(captions) if images[img].group and images[img].group == im.group}
              or own[i] for i, im in enumerate(images)]
@@ -111,4 +127,4 @@ def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[st
     return (out, i2t, t2i) if return_scores else out
 
 
-__all__ = ["recall_at_k", "evaluate_retrieval"]
+__all__ = ["recall_at_k", "evaluate_retrieval", "rerank_shortlist"]

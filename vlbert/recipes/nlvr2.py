@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from vlbert.data.nlvr2 import ImagePairCollator, ImagePairDataset, easy_vqa_image_pairs, load_nlvr2
 from vlbert.evaluation.classification import predict_labels
 from vlbert.models.vl_classification import VLBertForImagePairClassification
-from vlbert.recipes.regions import task_regions
-from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+from vlbert.recipes.regions import task_provenance, task_regions
+from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
 
 
 @dataclass
@@ -55,15 +55,25 @@ class NLVR2Data(TaskData):
         else:
             raise ValueError(f"data.dataset must be 'easy-vqa' or 'nlvr2', got {data.dataset!r}")
         regions = task_regions(ctx)
+        self.regions = regions
         self.train = ImagePairDataset(train, regions, ctx.tokenizer, data.max_text_length, data.max_regions)
         self.eval = ImagePairDataset(held_out, regions, ctx.tokenizer, data.max_text_length, data.max_regions)
         self.collator = ImagePairCollator(ctx.tokenizer)
         self.feature_dim = next(iter(regions.values())).feature_dim
 
-    def accuracy(self, model) -> dict[str, float]:
-        """Accuracy on the evaluation statements."""
-        gold, predicted = predict_labels(model, self.eval_batches())
-        return {"accuracy": sum(g == p for g, p in zip(gold, predicted)) / max(len(gold), 1)}
+    def predict(self, model) -> tuple[dict[str, bool], float]:
+        """(identifier -> predicted truth of every evaluation statement, accuracy)."""
+        index, gold, predicted = predict_labels(model, self.eval_batches())
+        answers = {self.eval.examples[i].identifier: bool(p) for i, p in zip(index, predicted)}
+        return answers, sum(g == p for g, p in zip(gold, predicted)) / max(len(gold), 1)
+
+
+def evaluate(ctx: RunContext, data: NLVR2Data, model) -> dict:
+    """Accuracy on the evaluation statements; every prediction to ``predictions.csv`` in the NLVR2 evaluation
+    script's format (``identifier,True|False`` per line, no header: lil-lab/nlvr ``nlvr2/eval``)."""
+    answers, accuracy = data.predict(model)
+    write_output_file(ctx, "predictions.csv", "".join(f"{k},{v}\n" for k, v in answers.items()))
+    return {"accuracy": accuracy}
 
 
 def build_model(ctx: RunContext, data: NLVR2Data) -> VLBertForImagePairClassification:
@@ -76,7 +86,14 @@ def majority_baseline(ctx: RunContext, data: NLVR2Data, model) -> dict:
     return {"accuracy_majority_baseline": sum(ex.label == majority for ex in data.eval.examples) / len(data.eval)}
 
 
-RECIPE = Recipe("nlvr2", NLVR2DataConfig, NLVR2Data, build_model, evaluate=lambda ctx, data, model: data.accuracy(model),
-                baselines=majority_baseline, uses_regions=True)
+def inference_info(ctx: RunContext, data: NLVR2Data) -> dict:
+    """Label names (index 1 = the statement is true), the maximum lengths and the regions' detector."""
+    return {"labels": ["False", "True"], "max_text_length": ctx.data.max_text_length,
+            "max_regions": ctx.data.max_regions, "region_feature_dim": data.feature_dim,
+            "detector": task_provenance(ctx, data.regions)}
+
+
+RECIPE = Recipe("nlvr2", NLVR2DataConfig, NLVR2Data, build_model, evaluate=evaluate,
+                baselines=majority_baseline, uses_regions=True, inference_info=inference_info)
 
 __all__ = ["RECIPE", "NLVR2DataConfig", "NLVR2Data"]

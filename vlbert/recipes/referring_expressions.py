@@ -8,6 +8,7 @@ Datasets: ``easy-vqa`` (the embedded demonstration: composites of 2-4 easy-VQA i
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 
@@ -17,8 +18,8 @@ from detectors.cache import cached_shards
 from detectors.store import RegionStore, region_count
 from vlbert.data.refcoco import ReferringCollator, ReferringDataset, box_iou, easy_vqa_composites, load_refcoco
 from vlbert.models.referring import VLBertForReferringExpressions
-from vlbert.recipes.regions import task_regions
-from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+from vlbert.recipes.regions import regions_provenance, task_provenance, task_regions
+from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
 from vlbert.utils import evaluation
 
 
@@ -92,21 +93,35 @@ class ReferringData(TaskData):
         return bool(box_iou(np.array([example.box]), box[None])[0, 0] >= 0.5)
 
     @evaluation
-    def accuracy(self, model) -> dict[str, float]:
-        """Accuracy (IoU >= 0.5 of the top-scored region) on the evaluation expressions, and its upper bound: the
-        share of expressions whose image has any region with IoU >= 0.5."""
+    def predict(self, model) -> tuple[list[dict], dict[str, float]]:
+        """(one row per evaluation expression: ``ref_id``, ``image_id``, ``expression``, the chosen ``region`` and
+        its ``box`` in pixels (x1, y1, x2, y2), ``hit`` (IoU >= 0.5 with the referred box); the accuracy and its
+        upper bound: the share of expressions whose image has any region with IoU >= 0.5)."""
         device = next(model.parameters()).device
-        hits = reachable = 0
+        rows = []
         for batch in self.eval_batches():
             index = batch.pop("index").tolist()
             batch.pop("target_box")
             batch.pop("target_region")
             top = model(**{k: v.to(device) for k, v in batch.items()}).logits.argmax(-1).tolist()
-            hits += sum(self.hit(self.eval.examples[i], choice) for i, choice in zip(index, top))
+            for i, choice in zip(index, top):
+                ex = self.eval.examples[i]
+                rows.append({"ref_id": ex.ref_id, "image_id": ex.image_id, "expression": ex.expression,
+                             "region": choice, "box": [float(v) for v in self.regions[ex.image_id].boxes[choice]],
+                             "hit": self.hit(ex, choice)})
+        reachable = 0
         for example in self.eval.examples:
             n = min(region_count(self.regions, example.image_id), self.eval.max_regions)
             reachable += bool((box_iou(np.array([example.box]), self.regions[example.image_id].boxes[:n]) >= 0.5).any())
-        return {"accuracy": hits / len(self.eval), "accuracy_upper_bound": reachable / len(self.eval)}
+        return rows, {"accuracy": sum(r["hit"] for r in rows) / len(self.eval),
+                      "accuracy_upper_bound": reachable / len(self.eval)}
+
+
+def evaluate(ctx: RunContext, data: ReferringData, model) -> dict:
+    """Accuracy and its upper bound; every chosen box to ``predictions.jsonl``."""
+    rows, metrics = data.predict(model)
+    write_output_file(ctx, "predictions.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    return metrics
 
 
 def build_model(ctx: RunContext, data: ReferringData) -> VLBertForReferringExpressions:
@@ -120,7 +135,19 @@ def baselines(ctx: RunContext, data: ReferringData, model) -> dict:
     return {"accuracy_majority_position_baseline": hits / len(data.eval)}
 
 
+def inference_info(ctx: RunContext, data: ReferringData) -> dict:
+    """The maximum lengths, the regions' detector and whether its boxes were given (the easy-VQA tiles, ``boxes:
+    gt``: inference then needs the candidate boxes too) or detected."""
+    given = ctx.data.dataset == "easy-vqa" and ctx.data.boxes == "gt"
+    provenance = regions_provenance(data.regions, ctx.detector) if ctx.data.dataset == "easy-vqa" else \
+        task_provenance(ctx, data.regions)
+    return {"max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
+            "region_feature_dim": data.feature_dim, "boxes": "given" if given else "detector",
+            "detector": provenance}
+
+
 RECIPE = Recipe("refcoco", ReferringDataConfig, ReferringData, build_model,
-                evaluate=lambda ctx, data, model: data.accuracy(model), baselines=baselines, uses_regions=True)
+                evaluate=evaluate, baselines=baselines, uses_regions=True,
+                inference_info=inference_info)
 
 __all__ = ["RECIPE", "ReferringDataConfig", "ReferringData"]

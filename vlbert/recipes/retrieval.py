@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from vlbert.data.retrieval import RetrievalCollator, RetrievalPairs, easy_vqa_captioned, load_karpathy_split
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
-from vlbert.recipes.regions import task_regions
+from vlbert.recipes.regions import task_provenance, task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 
 
@@ -71,6 +71,13 @@ def evaluate(ctx: RunContext, data: RetrievalData, model) -> dict:
                               max_regions=ctx.data.max_regions)
 
 
-RECIPE = Recipe("retrieval", RetrievalDataConfig, RetrievalData, build_model, evaluate=evaluate, uses_regions=True)
+def inference_info(ctx: RunContext, data: RetrievalData) -> dict:
+    """The maximum lengths (captions: 32 wordpieces, as the evaluation), the shortlist and the regions' detector."""
+    return {"max_text_length": 32, "max_regions": ctx.data.max_regions, "shortlist": ctx.data.shortlist,
+            "region_feature_dim": data.feature_dim, "detector": task_provenance(ctx, data.regions)}
+
+
+RECIPE = Recipe("retrieval", RetrievalDataConfig, RetrievalData, build_model, evaluate=evaluate, uses_regions=True,
+                inference_info=inference_info)
 
 __all__ = ["RECIPE", "RetrievalDataConfig", "RetrievalData"]

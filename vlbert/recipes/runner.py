@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,9 @@ class Recipe:
         uses_regions: the run config has a ``detector`` section.
         default_init: ``init_from`` when the config names none (None: a fresh model from the ``model`` section).
         sections: top-level keys the recipe reads besides :data:`COMMON_SECTIONS`.
+        inference_info: ``(RunContext, TaskData) -> dict``, what inference needs to rebuild the inputs (the
+            regions' detector provenance, label names, maximum lengths), written to ``inference.json`` in the output
+            directory (:mod:`vlbert.inference` reads it), or None.
     """
 
     name: str
@@ -89,6 +93,7 @@ class Recipe:
     uses_regions: bool = False
     default_init: str | None = "minilm"
     sections: tuple[str, ...] = field(default=())
+    inference_info: Callable | None = None
 
 
 class TaskData:
@@ -119,6 +124,32 @@ class TaskData:
             return
         for name in self.objectives.active:
             yield from eval_loader(self.eval, self.collator, size, self.max_eval_batches, objective=name)
+
+
+INFERENCE_INFO = "inference.json"
+
+
+def write_inference_info(output_dir: str | Path, info: dict[str, Any]) -> Path:
+    """Write ``output_dir/inference.json`` (``info`` plus ``format_version``) atomically: a reader never sees half
+    a file. Returns its path."""
+    directory = Path(output_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / INFERENCE_INFO
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"format_version": 1, **info}, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def write_output_file(ctx: "RunContext", name: str, text: str) -> Path:
+    """Write ``text`` to ``name`` in the run's output directory, atomically (a predictions file is never seen half
+    written). Returns its path."""
+    path = Path(ctx.training.output_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
 
 
 def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> None:
@@ -234,9 +265,12 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
     if resume and not trainer.resume():
         logger.warning("--resume: no checkpoint under %s/%s; starting from step 0", training.output_dir,
                        CHECKPOINTS_DIR)
+    if recipe.inference_info is not None:
+        write_inference_info(training.output_dir, {"task": recipe.name, **recipe.inference_info(ctx, data)})
     extra = recipe.baselines(ctx, data, trainer.unwrapped) if recipe.baselines else {}
     final = (lambda model: recipe.evaluate(ctx, data, model)) if recipe.evaluate else None
     return trainer.train(extra_metrics=extra, final_metrics=final)
 
 
-__all__ = ["Recipe", "RunContext", "TaskData", "run", "load_model", "prepare_output_dir", "RunExistsError"]
+__all__ = ["Recipe", "RunContext", "TaskData", "run", "load_model", "prepare_output_dir", "RunExistsError",
+           "write_inference_info", "INFERENCE_INFO", "write_output_file"]

@@ -7,6 +7,7 @@ and ``snli-ve`` (the public JSONL files plus region shards of the Flickr30K imag
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 
@@ -14,8 +15,8 @@ from vlbert.data.visual_entailment import (LABELS, EntailmentCollator, Entailmen
                                            load_snli_ve)
 from vlbert.evaluation.classification import predict_labels
 from vlbert.models.vl_classification import VLBertForSequenceClassification
-from vlbert.recipes.regions import task_regions
-from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+from vlbert.recipes.regions import task_provenance, task_regions
+from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
 
 
 @dataclass
@@ -56,18 +57,31 @@ class EntailmentData(TaskData):
         if data.max_train_examples:
             train = train[: data.max_train_examples]
         regions = task_regions(ctx)
+        self.regions = regions
         self.train = EntailmentDataset(train, regions, ctx.tokenizer, data.max_text_length, data.max_regions)
         self.eval = EntailmentDataset(held_out, regions, ctx.tokenizer, data.max_text_length, data.max_regions)
         self.collator = EntailmentCollator(ctx.tokenizer)
         self.feature_dim = next(iter(regions.values())).feature_dim
 
-    def accuracy(self, model) -> dict[str, float]:
-        """Accuracy on the evaluation pairs, overall and per gold label."""
-        gold, predicted = predict_labels(model, self.eval_batches())
+    def predict(self, model) -> tuple[list[dict], dict[str, float]]:
+        """(one row per evaluation pair: ``pairID``, ``image_id``, ``hypothesis``, ``prediction``, ``gold_label``;
+        accuracy overall and per gold label)."""
+        index, gold, predicted = predict_labels(model, self.eval_batches())
+        rows = [{"pairID": self.eval.examples[i].pair_id, "image_id": self.eval.examples[i].image_id,
+                 "hypothesis": self.eval.examples[i].hypothesis, "prediction": LABELS[p], "gold_label": LABELS[g]}
+                for i, g, p in zip(index, gold, predicted)]
         hits, totals = Counter(g for g, p in zip(gold, predicted) if g == p), Counter(gold)
         out = {"accuracy": sum(hits.values()) / max(len(gold), 1)}
         out.update({f"accuracy_{LABELS[k]}": hits[k] / totals[k] for k in sorted(totals)})
-        return out
+        return rows, out
+
+
+def evaluate(ctx: RunContext, data: EntailmentData, model) -> dict:
+    """Accuracy overall and per gold label; every prediction to ``predictions.jsonl`` (SNLI-VE defines no
+    results format: one JSON object per pair with its ``pairID`` and ``prediction``)."""
+    rows, metrics = data.predict(model)
+    write_output_file(ctx, "predictions.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    return metrics
 
 
 def build_model(ctx: RunContext, data: EntailmentData) -> VLBertForSequenceClassification:
@@ -80,7 +94,14 @@ def majority_baseline(ctx: RunContext, data: EntailmentData, model) -> dict:
     return {"accuracy_majority_baseline": sum(ex.label == majority for ex in data.eval.examples) / len(data.eval)}
 
 
+def inference_info(ctx: RunContext, data: EntailmentData) -> dict:
+    """Label names, the maximum lengths and the regions' detector."""
+    return {"labels": list(LABELS), "max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
+            "region_feature_dim": data.feature_dim, "detector": task_provenance(ctx, data.regions)}
+
+
 RECIPE = Recipe("snli-ve", EntailmentDataConfig, EntailmentData, build_model,
-                evaluate=lambda ctx, data, model: data.accuracy(model), baselines=majority_baseline, uses_regions=True)
+                evaluate=evaluate, baselines=majority_baseline, uses_regions=True,
+                inference_info=inference_info)
 
 __all__ = ["RECIPE", "EntailmentDataConfig", "EntailmentData"]

@@ -26,7 +26,7 @@ from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset, caption_content
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives import ObjectiveMix
-from vlbert.recipes.regions import region_store
+from vlbert.recipes.regions import region_store, regions_provenance
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 from vlbert.utils import evaluation
 
@@ -298,7 +298,14 @@ def _weighted(pairs: list[Caption], weight: float, rng: random.Random) -> list[C
     return pairs * whole + (rng.sample(pairs, round(part * len(pairs))) if part else [])
 
 
+def inference_info(ctx: RunContext, data: VLPretrainingData) -> dict:
+    """The maximum lengths and the regions' detector (for fill-mask on an image, :mod:`vlbert.inference`)."""
+    return {"max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
+            "region_feature_dim": next(iter(data.regions.values())).feature_dim,
+            "detector": regions_provenance(data.regions, ctx.detector if data.easy_vqa_only else None)}
+
+
 RECIPE = Recipe("vl-pretraining", VLDataConfig, VLPretrainingData, build_model, evaluate=evaluate,
-                baselines=baselines, uses_regions=True, default_init=None)
+                baselines=baselines, uses_regions=True, default_init=None, inference_info=inference_info)
 
 __all__ = ["RECIPE", "VLDataConfig", "CaptionSource", "VLPretrainingData", "easy_vqa_captions"]

@@ -10,15 +10,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 from vlbert.data.easy_vqa import answers as easy_vqa_answers
 from vlbert.data.vqa import VQACollator, VQADataset, build_answer_vocab, easy_vqa_examples, load_vqa_v2
 from vlbert.data.vqa_answers import reference_forms
 from vlbert.evaluation.vqa import vqa_accuracy
 from vlbert.models.vqa import VLBertForVQA
-from vlbert.recipes.regions import task_regions
-from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+from vlbert.recipes.regions import task_provenance, task_regions
+from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
 from vlbert.utils import evaluation
 
 
@@ -76,6 +75,7 @@ class VQAData(TaskData):
         if data.max_eval_questions:
             held_out = held_out[: data.max_eval_questions]
         regions = task_regions(ctx)
+        self.regions = regions
         self.answer_vocab = vocab
         self.train = VQADataset(train, regions, tokenizer, vocab, data.max_question_length, data.max_regions,
                                 drop_unknown)
@@ -109,9 +109,7 @@ def build_model(ctx: RunContext, data: VQAData) -> VLBertForVQA:
 def evaluate(ctx: RunContext, data: VQAData, model) -> dict:
     """``vqa_accuracy`` over the scored evaluation questions; every answer to ``predictions.jsonl``."""
     rows = data.predict(model)
-    out = Path(ctx.training.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_output_file(ctx, "predictions.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     scored = [r["accuracy"] for r in rows if "accuracy" in r]
     return {"vqa_accuracy": sum(scored) / len(scored) if scored else float("nan"), "eval_questions": len(rows)}
 
@@ -124,7 +122,14 @@ def majority_baseline(ctx: RunContext, data: VQAData, model) -> dict:
     return {"vqa_accuracy_majority_baseline": sum(scored) / len(scored)} if scored else {}
 
 
+def inference_info(ctx: RunContext, data: VQAData) -> dict:
+    """The answer vocabulary (the model's output order), the maximum lengths and the regions' detector."""
+    return {"labels": list(data.answer_vocab), "max_text_length": ctx.data.max_question_length,
+            "max_regions": ctx.data.max_regions, "region_feature_dim": data.feature_dim,
+            "detector": task_provenance(ctx, data.regions)}
+
+
 RECIPE = Recipe("vqa", VQADataConfig, VQAData, build_model, evaluate=evaluate, baselines=majority_baseline,
-                uses_regions=True)
+                uses_regions=True, inference_info=inference_info)
 
 __all__ = ["RECIPE", "VQADataConfig", "VQAData"]

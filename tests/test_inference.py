@@ -1,0 +1,279 @@
+"""Inference pipelines (vlbert.inference) and tools/predict.py: on the regions a run was evaluated on, each task's
+pipeline gives the recipe's evaluation outputs; image files go through the run's own detector; another detector is
+refused with both named; the benchmark result files cover every example."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict, replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tool, write_jsonl
+from detectors.config import DetectorConfig
+from detectors.extract import extract_regions
+from detectors.shards import load_regions, shard_paths, write_detector_info, write_shards
+from detectors.store import RegionStore
+from vlbert.command_line import run_tool
+from vlbert.data.easy_vqa import color_and_shape, image_paths, load_questions
+from vlbert.inference import (EntailmentPipeline, ImageIndex, ImagePairPipeline, ReferringPipeline, RetrievalPipeline,
+                              VQAPipeline, pipeline)
+from vlbert.recipes import RECIPES, run
+
+N_IMAGES = 12
+DETECTOR = DetectorConfig(input_size=96, max_proposals=8)
+TRAINING = {"max_steps": 2, "batch_size": 4, "warmup_steps": 1, "progress_bar": False, "log_every": 1}
+
+
+@pytest.fixture(scope="module")
+def easy(tmp_path_factory):
+    """12 easy-VQA test images (ids "0".."11"), their regions extracted with DETECTOR in a shard directory with its
+    detector.json, as tools/extract_regions.py leaves it; the NLVR2 pairs' image ids alias the same regions."""
+    root = tmp_path_factory.mktemp("inference")
+    truth = list(color_and_shape("test").items())[:N_IMAGES]
+    paths = image_paths("test")
+    files = {str(k): paths[image_id] for k, (image_id, _) in enumerate(truth)}
+    extractor = DETECTOR.build()
+    regions = list(extract_regions(extractor, list(files.items()), batch_size=N_IMAGES, progress=False))
+    pairs = [replace(regions[2 * p + j], image_id=f"dev-{p}-0-img{j}") for p in range(N_IMAGES // 2) for j in (0, 1)]
+    write_shards(regions + pairs, root / "shards")
+    write_detector_info(root / "shards", {"detector": extractor.name, "fingerprint": DETECTOR.fingerprint(),
+                                          "config": asdict(DETECTOR)})
+    return SimpleNamespace(root=root, shards=root / "shards", store=RegionStore(root / "shards"), files=files,
+                           truth={str(k): attrs for k, (_, attrs) in enumerate(truth)},
+                           easy_ids={str(k): image_id for k, (image_id, _) in enumerate(truth)})
+
+
+def finetune(task: str, data: dict, out) -> dict:
+    config = {"task": task, "init_from": "minilm", "detector": asdict(DETECTOR), "data": data,
+              "training": {**TRAINING, "output_dir": str(out)}}
+    return run(RECIPES[task], config)
+
+
+@pytest.fixture(scope="module")
+def vqa_run(easy):
+    """A VQA run on the VQA v2 files of the 12 images' easy-VQA questions (train = eval)."""
+    wanted = {v: k for k, v in easy.easy_ids.items()}
+    questions = [q for q in load_questions("test") if q.image_id in wanted]
+    records = [{"question_id": 1000 + n, "image_id": int(wanted[q.image_id]), "question": q.question}
+               for n, q in enumerate(questions)]
+    (easy.root / "questions.json").write_text(json.dumps({"questions": records}))
+    annotations = [{"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10}
+                   for r, q in zip(records, questions)]
+    (easy.root / "annotations.json").write_text(json.dumps({"annotations": annotations}))
+    out = easy.root / "vqa"
+    files = {"train_questions": easy.root / "questions.json", "train_annotations": easy.root / "annotations.json",
+             "eval_questions": easy.root / "questions.json", "eval_annotations": easy.root / "annotations.json"}
+    finetune("vqa", {"dataset": "vqa-v2", "shards": str(easy.shards), **{k: str(v) for k, v in files.items()}}, out)
+    return SimpleNamespace(dir=out, questions=records)
+
+
+def test_a_run_saves_what_inference_needs(easy, vqa_run):
+    info = json.loads((vqa_run.dir / "inference.json").read_text())
+    assert info["task"] == "vqa" and info["max_text_length"] == 32 and info["max_regions"] == 16
+    assert info["detector"]["fingerprint"] == DETECTOR.fingerprint()
+    assert DetectorConfig(**info["detector"]["config"]) == DETECTOR
+    assert info["detector"]["extractor"] == easy.store["0"].detector
+    assert sorted(info["labels"]) == sorted({a["answers"][0]["answer"] for a in json.loads(
+        (easy.root / "annotations.json").read_text())["annotations"]})
+
+
+def test_vqa_pipeline_answers_as_the_evaluation(easy, vqa_run):
+    evaluated = {r["question_id"]: r["answer"] for r in map(json.loads, (vqa_run.dir / "predictions.jsonl")
+                                                                 .read_text().splitlines())}
+    vqa = VQAPipeline(vqa_run.dir, device="cpu", batch_size=5)
+    qs = vqa_run.questions
+    answers = vqa([easy.store[str(q["image_id"])] for q in qs], [q["question"] for q in qs], top_k=3)
+    assert {str(q["question_id"]): a[0]["answer"] for q, a in zip(qs, answers)} == evaluated
+    for a in answers:  # top-k: distinct answers, best first, sigmoid scores
+        assert len({x["answer"] for x in a}) == 3 and a[0]["score"] >= a[1]["score"] >= a[2]["score"] > 0
+    one = vqa(easy.store[str(qs[0]["image_id"])], qs[0]["question"])
+    assert one[0]["answer"] == answers[0][0]["answer"] and abs(one[0]["score"] - answers[0][0]["score"]) < 1e-5
+
+
+def test_image_files_are_extracted_with_the_runs_own_detector(easy, vqa_run):
+    vqa = VQAPipeline(vqa_run.dir, device="cpu")
+    from PIL import Image
+
+    images = [easy.files["3"], Image.open(easy.files["4"]), np.asarray(Image.open(easy.files["5"]).convert("RGB"))]
+    for image_id, regions in zip("345", vqa.regions(images)):
+        stored = easy.store[image_id]
+        assert regions.detector == stored.detector
+        np.testing.assert_array_equal(regions.boxes, stored.boxes)
+        # One image per detector call against 12: float16 rounding of the pooled features only.
+        np.testing.assert_allclose(regions.features.astype(np.float32), stored.features.astype(np.float32),
+                                   atol=1e-2)
+
+
+def test_another_detector_is_refused_naming_both(easy, vqa_run):
+    other = DetectorConfig(input_size=128, max_proposals=8)
+    with pytest.raises(ValueError) as refused:
+        VQAPipeline(vqa_run.dir, device="cpu", detector=other)
+    assert DETECTOR.fingerprint() in str(refused.value) and other.fingerprint() in str(refused.value)
+    assert "allow_other_detector" in str(refused.value)
+    VQAPipeline(vqa_run.dir, device="cpu", detector=other, allow_other_detector=True)  # the explicit override
+
+    vqa = VQAPipeline(vqa_run.dir, device="cpu")
+    foreign = replace(easy.store["0"], detector="butd:resnet101-vg")
+    with pytest.raises(ValueError, match=r"regions of butd:resnet101-vg, but the run was trained on regions of "
+                                         + easy.store["0"].detector.replace("+", r"\+")):
+        vqa(foreign, "what color is the shape?")
+
+
+def test_predict_tool_writes_the_vqa_v2_results_file(easy, vqa_run, tmp_path):
+    lines = [{"question_id": q["question_id"], "image": str(easy.files[str(q["image_id"])]),
+              "question": q["question"]} for q in vqa_run.questions]
+    write_jsonl(tmp_path / "questions.jsonl", lines)
+    assert run_tool(tool("predict"), [str(vqa_run.dir), "--input", str(tmp_path / "questions.jsonl"), "--format",
+                                      "vqa-v2", "--output", str(tmp_path / "results.json"), "--device", "cpu"]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    # The evaluation server's loader (VQA.loadRes) takes a list of {"question_id", "answer"} covering every question.
+    assert isinstance(results, list) and all(set(r) == {"question_id", "answer"} for r in results)
+    assert sorted(r["question_id"] for r in results) == sorted(q["question_id"] for q in vqa_run.questions)
+    vqa = VQAPipeline(vqa_run.dir, device="cpu")
+    expected = vqa([line["image"] for line in lines], [line["question"] for line in lines])
+    assert [r["answer"] for r in results] == [a[0]["answer"] for a in expected]
+
+
+def test_predict_tool_errors_are_one_line(vqa_run, tmp_path, capsys):
+    assert run_tool(tool("predict"), [str(vqa_run.dir), "--text", "what color?"]) == 2
+    assert "a vqa example needs image (flags: --image)" in capsys.readouterr().err
+    assert run_tool(tool("predict"), [str(vqa_run.dir), "--image", "x.png", "--text", "?", "--format", "nlvr2"]) == 2
+    assert "--format nlvr2 is for nlvr2 runs" in capsys.readouterr().err
+    assert run_tool(tool("predict"), [str(tmp_path), "--image", "x.png", "--text", "?"]) == 2
+    assert "inference.json does not exist" in capsys.readouterr().err
+
+
+def test_nlvr2_pipeline_and_results_file_as_the_evaluation(easy, tmp_path):
+    records = []
+    for p in range(N_IMAGES // 2):
+        shapes = [easy.truth[str(2 * p + j)][1] for j in (0, 1)]
+        records += [{"identifier": f"dev-{p}-0-0", "sentence": "both images show a circle",
+                     "label": str(shapes == ["circle", "circle"])},
+                    {"identifier": f"dev-{p}-0-1", "sentence": f"the left image shows a {shapes[0]}", "label": "True"}]
+    write_jsonl(tmp_path / "dev.json", records)
+    out = tmp_path / "nlvr2"
+    finetune("nlvr2", {"dataset": "nlvr2", "train_file": str(tmp_path / "dev.json"),
+                       "eval_file": str(tmp_path / "dev.json"), "shards": str(easy.shards)}, out)
+    evaluated = dict(csv.reader((out / "predictions.csv").read_text().splitlines()))
+    assert set(evaluated) == {r["identifier"] for r in records}
+
+    nlvr2 = ImagePairPipeline(out, device="cpu", batch_size=3)
+    stem = [r["identifier"].rsplit("-", 1)[0] for r in records]
+    results = nlvr2([easy.store[f"{s}-img0"] for s in stem], [easy.store[f"{s}-img1"] for s in stem],
+                    [r["sentence"] for r in records])
+    assert {r["identifier"]: x["label"] for r, x in zip(records, results)} == evaluated
+    assert all(x["scores"][x["label"]] == x["score"] >= 0.5 for x in results)
+
+    lines = [{"identifier": r["identifier"], "left": str(easy.files[str(2 * int(s.split("-")[1]))]),
+              "right": str(easy.files[str(2 * int(s.split("-")[1]) + 1)]), "sentence": r["sentence"]}
+             for r, s in zip(records, stem)]
+    write_jsonl(tmp_path / "input.jsonl", lines)
+    assert run_tool(tool("predict"), [str(out), "--input", str(tmp_path / "input.jsonl"), "--format", "nlvr2",
+                                      "--output", str(tmp_path / "predictions.csv"), "--device", "cpu"]) == 0
+    written = list(csv.reader((tmp_path / "predictions.csv").read_text().splitlines()))
+    assert [k for k, _ in written] == [r["identifier"] for r in records]
+    assert {v for _, v in written} <= {"True", "False"}
+
+
+def test_entailment_pipeline_labels_as_the_evaluation(easy, tmp_path):
+    records = []
+    for k, (color, shape) in easy.truth.items():
+        other = "circle" if shape != "circle" else "triangle"
+        records += [{"Flickr30K_ID": k, "sentence2": f"there is a {color} {shape}", "gold_label": "entailment",
+                     "pairID": f"{k}e"},
+                    {"Flickr30K_ID": k, "sentence2": f"there is a {color} {other}", "gold_label": "contradiction",
+                     "pairID": f"{k}c"},
+                    {"Flickr30K_ID": k, "sentence2": f"the {shape} is made of wood", "gold_label": "neutral",
+                     "pairID": f"{k}n"}]
+    write_jsonl(tmp_path / "ve.jsonl", records)
+    out = tmp_path / "ve"
+    finetune("snli-ve", {"dataset": "snli-ve", "train_file": str(tmp_path / "ve.jsonl"),
+                         "eval_file": str(tmp_path / "ve.jsonl"), "shards": str(easy.shards)}, out)
+    evaluated = {r["pairID"]: r["prediction"] for r in map(json.loads, (out / "predictions.jsonl").read_text()
+                                                           .splitlines())}
+    assert len(evaluated) == len(records)
+    entailment = pipeline(out, device="cpu")
+    assert isinstance(entailment, EntailmentPipeline)
+    results = entailment([easy.store[r["Flickr30K_ID"]] for r in records], [r["sentence2"] for r in records])
+    assert {r["pairID"]: x["label"] for r, x in zip(records, results)} == evaluated
+    assert all(abs(sum(x["scores"].values()) - 1) < 1e-5 for x in results)
+
+
+def test_retrieval_pipeline_ranks_as_the_evaluation_and_its_index_reloads(easy, tmp_path):
+    from vlbert.data.retrieval import load_karpathy_split
+    from vlbert.evaluation.retrieval import evaluate_retrieval
+
+    images = [{"filename": k, "split": "train" if int(k) < 6 else "test",
+               "sentences": [{"raw": f"a {c} {s}"}, {"raw": f"the shape is a {s} colored {c}"}]}
+              for k, (c, s) in easy.truth.items()]
+    (tmp_path / "captions.json").write_text(json.dumps({"images": images}))
+    out = tmp_path / "retrieval"
+    finetune("retrieval", {"dataset": "karpathy", "captions_file": str(tmp_path / "captions.json"),
+                           "shards": str(easy.shards), "shortlist": 3}, out)
+    retrieval = RetrievalPipeline(out, device="cpu", batch_size=4)
+    assert retrieval.shortlist == 3
+    test = load_karpathy_split(tmp_path / "captions.json", "test")
+    _, i2t, t2i = evaluate_retrieval(retrieval.model, test, easy.store, retrieval.tokenizer, shortlist=3,
+                                     max_regions=16, return_scores=True)
+    captions = [c for im in test for c in im.captions]
+    ids = [im.image_id for im in test]
+
+    index = retrieval.index_images([easy.store[i] for i in ids], image_ids=ids)
+    found = retrieval.search(captions, index, top_k=len(ids))
+    ranked = retrieval.captions([easy.store[i] for i in ids], captions, top_k=len(captions))
+    # Each query's full ranking with the evaluation's scores (identical captions of look-alike images tie exactly,
+    # so the scores, not the order among ties, are compared), best first.
+    for matrix, results, key in ((t2i, found, lambda h: ids.index(h["image_id"])), (i2t, ranked, lambda h: h["index"])):
+        for row, hits in zip(matrix, results):
+            assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+            torch.testing.assert_close(torch.tensor([h["score"] for h in hits]), row[[key(h) for h in hits]],
+                                       atol=1e-4, rtol=0)
+            assert sorted(key(h) for h in hits) == list(range(len(row)))
+
+    index.save(tmp_path / "index")
+    with pytest.raises(FileExistsError, match="is not empty"):
+        index.save(tmp_path / "index")
+    reloaded = ImageIndex.load(tmp_path / "index")
+    again = retrieval.search(captions[:2], reloaded, top_k=3)
+    assert [[h["image_id"] for h in hits] for hits in again] == [[h["image_id"] for h in f[:3]] for f in found[:2]]
+    assert reloaded.image_ids == ids and torch.equal(reloaded.embeddings, index.embeddings)
+
+
+def test_referring_pipeline_boxes_as_the_evaluation(easy, tmp_path):
+    from vlbert.data.refcoco import easy_vqa_composites
+
+    cache = tmp_path / "cache"
+    config = {"task": "refcoco", "init_from": "minilm", "detector": asdict(DETECTOR),
+              "data": {"cache_dir": str(cache), "train_images": 8, "eval_images": 6},
+              "training": {**TRAINING, "output_dir": str(tmp_path / "out")}}
+    run(RECIPES["refcoco"], config)
+    evaluated = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
+    stores = {p.parent for p in cache.rglob("*.tar")}
+    regions = load_regions([p for d in stores for p in shard_paths(d)])
+    referring = ReferringPipeline(tmp_path / "out", device="cpu")
+    assert referring.inputs.info["boxes"] == "given"
+    results = referring([regions[r["image_id"]] for r in evaluated], [r["expression"] for r in evaluated])
+    assert [x["box"] for x in results] == [r["box"] for r in evaluated]
+    assert [x["region"] for x in results] == [r["region"] for r in evaluated]
+
+    examples, files, tiles = easy_vqa_composites("test", 6, cache / "refcoco-composite-images", 0)
+    with pytest.raises(ValueError, match="trained on given candidate boxes"):
+        referring(files[examples[0].image_id], examples[0].expression)
+    extracted = referring.regions([files[examples[0].image_id]], boxes=[tiles[examples[0].image_id]])[0]
+    np.testing.assert_array_equal(extracted.boxes, regions[examples[0].image_id].boxes)
+    result = referring(files[examples[0].image_id], examples[0].expression, boxes=tiles[examples[0].image_id])
+    picture = referring.draw(files[examples[0].image_id], result)
+    x1, y1 = (int(v) for v in result["box"][:2])
+    assert picture.size == (128, 128) and picture.getpixel((x1, y1)) == (255, 0, 0)
+
+
+def test_smoke_inference_benchmark_prints_its_figures(vqa_run, capsys):
+    assert run_tool(tool("benchmark_inference"), [str(vqa_run.dir), "--images", "4", "--batch-size", "2",
+                                                  "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["images"] == 4 and figures["end_to_end_images_per_s"] > 0

@@ -1,0 +1,16 @@
+"""Use a trained model: one pipeline per task, loaded from a run directory, taking image files, PIL images or
+arrays and text (:mod:`vlbert.inference.pipelines`); what a run saves for it and the detector check
+(:mod:`vlbert.inference.run`).
+
+    from vlbert.inference import pipeline
+    vqa = pipeline("runs/vqa")
+    vqa("photo.jpg", "what color is the shape?", top_k=3)   # [{"answer": "red", "score": 0.97}, ...]
+"""
+
+from vlbert.inference.pipelines import (PIPELINES, EntailmentPipeline, FillMaskPipeline, ImageIndex, ImagePairPipeline,
+                                        Pipeline, ReferringPipeline, RetrievalPipeline, VQAPipeline, pipeline)
+from vlbert.inference.run import RunInputs, detector_for_run, read_inference_info
+
+__all__ = ["pipeline", "PIPELINES", "Pipeline", "VQAPipeline", "RetrievalPipeline", "ImageIndex",
+           "ImagePairPipeline", "EntailmentPipeline", "ReferringPipeline", "FillMaskPipeline", "RunInputs",
+           "read_inference_info", "detector_for_run"]

@@ -1,0 +1,188 @@
+"""What every pipeline shares: a trained run directory read back (model, tokenizer, ``inference.json``), the
+detector that made its regions rebuilt and checked, and images of any kind turned into model inputs.
+
+A run directory is what a fine-tuning or pretraining run writes (``--output-dir``): ``config.json`` +
+``model.safetensors`` + the tokenizer, and ``inference.json`` (:func:`vlbert.recipes.runner.write_inference_info`):
+the task, label names, maximum lengths and the regions' detector provenance (fingerprint, configuration, extractor
+name). Features from another extractor than the one a model was trained on are this field's classic silent
+error, so a pipeline refuses them, naming both detectors, unless told ``allow_other_detector=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from detectors.batch import pad_regions, region_item
+from detectors.config import DetectorConfig
+from detectors.extract import extract_regions
+from detectors.images import to_rgb_array
+from detectors.regions import Regions
+from vlbert.data.padding import pad_text
+from vlbert.recipes.runner import INFERENCE_INFO
+from vlbert.tokenization import load_tokenizer
+
+#: What a pipeline takes as an image: a file path, a PIL image, a uint8 array [H, W, 3] (RGB), or the image's
+#: :class:`~detectors.regions.Regions` already extracted (checked against the run's detector).
+ImageInput = Any
+
+
+def read_inference_info(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """``run_dir/inference.json`` as a dict.
+
+    Raises:
+        FileNotFoundError: no such file (not a run directory, or a run written before inference.json existed:
+            train again, or write the file by hand with the fields :mod:`vlbert.inference.run` lists).
+        ValueError: the file is not JSON or has no ``task``.
+    """
+    path = Path(run_dir).expanduser() / INFERENCE_INFO
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {run_dir} is not the output directory of a finished run "
+                                "with regions (tools/finetune*.py and tools/pretrain.py --modality vl write it)")
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); train the run again to rewrite it") from e
+    if "task" not in info:
+        raise ValueError(f"{path} names no task; train the run again to rewrite it")
+    return info
+
+
+def detector_for_run(saved: dict[str, Any], detector: DetectorConfig | None = None,
+                     allow_other_detector: bool = False) -> DetectorConfig | None:
+    """The detector configuration a pipeline extracts with: the run's own (``saved``, the ``detector`` entry of
+    inference.json), or ``detector`` when it has the same fingerprint or ``allow_other_detector`` is set.
+
+    Returns None where neither exists (regions imported from precomputed features, no ``detector`` given): such
+    a pipeline takes :class:`~detectors.regions.Regions` only.
+    Raises:
+        ValueError: ``detector`` differs from the run's (both fingerprints and extractors named) and
+            ``allow_other_detector`` is False.
+    """
+    if detector is None:
+        return DetectorConfig(**_known_fields(saved["config"])) if saved.get("config") else None
+    if saved.get("fingerprint") != detector.fingerprint() and not allow_other_detector:
+        raise ValueError(
+            f"the run was trained on regions of detector {saved.get('fingerprint')} ({saved.get('extractor')}), "
+            f"but the given detector is {detector.fingerprint()} ({detector.backend}); features of another extractor "
+            "silently degrade every prediction: leave detector unset to use the run's own, or pass "
+            "allow_other_detector=True (--allow-other-detector) to override")
+    return detector
+
+
+def _known_fields(config: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(DetectorConfig)}
+    return {k: v for k, v in config.items() if k in names}
+
+
+class RunInputs:
+    """A run's tokenizer, limits and detector, turning texts and images into model inputs.
+
+    Args:
+        run_dir: the run's output directory.
+        detector: another detector configuration (refused unless its fingerprint is the run's, or
+            ``allow_other_detector``).
+        allow_other_detector: accept ``detector`` and :class:`Regions` from another extractor (at your own risk).
+        device: where the detector runs ("cpu", "cuda").
+    Raises:
+        FileNotFoundError, ValueError: from :func:`read_inference_info` and :func:`detector_for_run`.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, detector: DetectorConfig | None = None,
+                 allow_other_detector: bool = False, device: str = "cpu"):
+        self.run_dir = Path(run_dir).expanduser()
+        self.info = read_inference_info(self.run_dir)
+        self.tokenizer = load_tokenizer(self.run_dir)
+        self.saved_detector = self.info.get("detector") or {}
+        self.detector = detector_for_run(self.saved_detector, detector, allow_other_detector)
+        self.allow_other_detector = allow_other_detector
+        self.max_text_length = int(self.info.get("max_text_length", 40))
+        self.max_regions = int(self.info.get("max_regions", 36))
+        self.device = device
+        self._extractor = None
+
+    @property
+    def extractor(self):
+        """The detector backend, built on first use (loading weights is the slow part)."""
+        if self._extractor is None:
+            if self.detector is None:
+                raise ValueError(f"the run's regions were imported from precomputed features "
+                                 f"({self.saved_detector.get('extractor')}), so no detector can be rebuilt from it: "
+                                 "pass the images' Regions, or a detector with allow_other_detector=True")
+            self._extractor = self.detector.build(self.device)
+        return self._extractor
+
+    def regions(self, images: Sequence[ImageInput], boxes: Sequence[np.ndarray | None] | None = None,
+                batch_size: int = 16) -> list[Regions]:
+        """Regions of each image, in order: extracted with the run's detector, or checked when given.
+
+        Args:
+            images: see :data:`ImageInput`.
+            boxes: per image, float32 [N, 4] pixel (x1, y1, x2, y2) boxes to pool instead of detecting (timm backend;
+                a run trained on given boxes, e.g. referring expressions over known objects), or None.
+        Raises:
+            ValueError: a :class:`Regions` from another extractor than the run's (both named), an unreadable image.
+        """
+        out: list[Regions | None] = [None] * len(images)
+        todo = []
+        for k, image in enumerate(images):
+            if isinstance(image, Regions):
+                self._check_regions(image)
+                out[k] = image
+            else:
+                array = image if isinstance(image, np.ndarray) else None
+                if array is None and not isinstance(image, (str, os.PathLike)):
+                    array = to_rgb_array(image)  # a PIL image
+                name = str(image) if array is None else f"image-{k}"
+                todo.append((k, name, array if array is not None else image))
+        if todo:
+            with_boxes = [t for t in todo if boxes is not None and boxes[t[0]] is not None]
+            given = {name: np.asarray(boxes[k], dtype=np.float32) for k, name, _ in with_boxes}
+            without = [t for t in todo if boxes is None or boxes[t[0]] is None]
+            first = {}  # a file asked for several times (many questions about one image) is extracted once
+            for k, name, src in without:
+                first.setdefault(name if isinstance(src, (str, os.PathLike)) else k, (k, name, src))
+            unique = list(first.values())
+            for group, group_boxes in ((unique, None), (with_boxes, given)):
+                if group:
+                    extracted = extract_regions(self.extractor, [(name, src) for _, name, src in group], batch_size,
+                                                boxes=group_boxes, progress=False)
+                    for (k, _, _), regions in zip(group, extracted):
+                        out[k] = regions
+            for k, name, src in without:
+                out[k] = out[first[name if isinstance(src, (str, os.PathLike)) else k][0]]
+        return out
+
+    def _check_regions(self, regions: Regions) -> None:
+        expected = self.saved_detector.get("extractor")
+        if expected and regions.detector and regions.detector != expected and not self.allow_other_detector:
+            raise ValueError(f"image {regions.image_id!r} has regions of {regions.detector}, but the run was trained "
+                             f"on regions of {expected} (detector {self.saved_detector.get('fingerprint')}); extract "
+                             "them with the run's detector (pass the image itself), or pass allow_other_detector=True")
+        dim = self.info.get("region_feature_dim")
+        if dim and regions.feature_dim != dim:
+            raise ValueError(f"image {regions.image_id!r} has {regions.feature_dim}-dimensional region features; the "
+                             f"model reads {dim}: extract them with the run's detector")
+
+    def region_items(self, regions: Sequence[Regions]) -> list[dict]:
+        """Each image's first ``max_regions`` regions as dataset items (:func:`detectors.batch.region_item`)."""
+        return [region_item(r, self.max_regions) for r in regions]
+
+    def text_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Wordpiece ids of each text with [CLS]/[SEP], truncated to the run's maximum length (as its dataset)."""
+        return self.tokenizer(list(texts), truncation=True, max_length=self.max_text_length)["input_ids"]
+
+    def batch(self, ids: Sequence[list[int]], items: Sequence[dict], device) -> dict[str, torch.Tensor]:
+        """Padded text + region tensors on ``device`` (:func:`pad_text`, :func:`pad_regions`)."""
+        batch = pad_text([{"input_ids": x} for x in ids], self.tokenizer.pad_token_id)
+        batch.update(pad_regions(list(items)))
+        return {k: v.to(device) for k, v in batch.items()}
+
+
+__all__ = ["RunInputs", "read_inference_info", "detector_for_run", "ImageInput"]
