@@ -118,3 +118,33 @@ def test_loader_workers_default_to_none_on_cpu_and_some_on_gpu(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # 2 CPUs per process: one loader worker each
     assert config.loader_options()["num_workers"] == 1
     assert TrainingConfig(num_workers=2).loader_options()["num_workers"] == 2
+
+
+def test_a_hook_meters_the_run_without_editing_train(tmp_path, small_token_corpus, tokenizer):
+    """A throughput meter as a hook: called around every optimizer step, its figure lands in metrics.json, and
+    the built-in periodic evaluation (a hook too) still logs at eval_every."""
+    from vlbert.training.hooks import TrainerHook
+
+    class StepMeter(TrainerHook):
+        def __init__(self):
+            self.steps, self.started = [], None
+
+        def before_train(self, trainer):
+            self.started = trainer.step
+
+        def after_step(self, trainer):
+            self.steps.append(trainer.step)
+
+        def after_train(self, trainer, metrics):
+            metrics["meter_steps"] = len(self.steps)
+
+    trainer = tiny_text_run(tmp_path, small_token_corpus, tokenizer, max_steps=4, eval_every=2)
+    meter = StepMeter()
+    trainer.hooks.append(meter)
+    trainer.eval_batches = lambda: trainer.train_batches(0, 0, 0, 1)
+    metrics = trainer.train()
+    assert meter.started == 0 and meter.steps == [1, 2, 3, 4] and metrics["meter_steps"] == 4
+    assert json.loads((tmp_path / "metrics.json").read_text())["meter_steps"] == 4
+    evals = [r["step"] for r in map(json.loads, (tmp_path / "log.jsonl").read_text().splitlines())
+             if r["split"] == "eval"]
+    assert evals == [2, 4]  # the hook at step 2, the trainer's final evaluation at 4

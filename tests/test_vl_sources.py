@@ -5,13 +5,13 @@ a bottom-up-attention TSV (real easy-VQA images through the extractor, written i
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import tool
+from vlbert.command_line import run_tool
 from vlbert.data.captions import load_caption_jsonl, load_caption_tsv, load_coco_captions, load_karpathy_split
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +93,8 @@ def write_easy_vqa_as_coco_and_butd_tsv(tmp_path, count=24, extra_caption=False)
     from detectors.precomputed import write_butd_tsv
     from vlbert.data.easy_vqa import color_and_shape, image_paths
 
-    ids = list(color_and_shape("train"))[:count]
+    truth = color_and_shape("train")
+    ids = list(truth)[:count]
     paths = image_paths("train")
     extractor = DetectorConfig(input_size=64, max_proposals=6).build()
     regions = list(extract_regions(extractor, [(i, paths[i]) for i in ids], progress=False))
@@ -101,16 +102,14 @@ def write_easy_vqa_as_coco_and_butd_tsv(tmp_path, count=24, extra_caption=False)
         r.image_id = f"COCO_train2014_{n + 1:012d}"
     write_butd_tsv(regions, tmp_path / "train_obj36.tsv")
     annotations = [{"image_id": n + 1, "caption": f"There is a {c} {s}."}
-                   for n, (c, s) in enumerate(color_and_shape("train")[i] for i in ids)]
+                   for n, (c, s) in enumerate(truth[i] for i in ids)]
     if extra_caption:
         annotations.append({"image_id": 999, "caption": "an image nobody extracted"})
     (tmp_path / "captions_train2014.json").write_text(json.dumps({
         "images": [{"id": n + 1, "file_name": f"COCO_train2014_{n + 1:012d}.jpg"} for n in range(count)],
         "annotations": annotations}))
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "extract_regions.py"), "--from-tsv",
-                           str(tmp_path / "train_obj36.tsv"), "--output-dir", str(tmp_path / "shards")],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert run_tool(tool("extract_regions"), ["--from-tsv", str(tmp_path / "train_obj36.tsv"), "--output-dir",
+                                              str(tmp_path / "shards")]) == 0
     # The same regions as one .npz per image (py-bottom-up-attention / converted UNITER features), whose cls_prob
     # has the detector's background class in column 0, so the shards carry class distributions for MRC.
     (tmp_path / "npz").mkdir()
@@ -118,10 +117,8 @@ def write_easy_vqa_as_coco_and_butd_tsv(tmp_path, count=24, extra_caption=False)
         probs = np.concatenate([np.full((r.num_regions, 1), 0.1), 0.9 * r.class_probs.astype(np.float32)], axis=1)
         np.savez(tmp_path / "npz" / f"{r.image_id}.npz", x=r.features, bbox=r.boxes, image_h=r.height,
                  image_w=r.width, cls_prob=probs, num_bbox=r.num_regions)
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "extract_regions.py"), "--from-npz",
-                           str(tmp_path / "npz"), "--output-dir", str(tmp_path / "shards-npz")],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert run_tool(tool("extract_regions"), ["--from-npz", str(tmp_path / "npz"), "--output-dir",
+                                              str(tmp_path / "shards-npz")]) == 0
     return regions
 
 

@@ -18,7 +18,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from detectors.config import DetectorConfig
 from vlbert import checkpoint as ckpt
@@ -231,9 +231,10 @@ def load_model(cls, ctx: RunContext, **defaults):
 
 
 def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite: bool = False,
-        command_line_keys: tuple[str, ...] = ()) -> dict[str, Any]:
+        command_line_keys: tuple[str, ...] = (), hooks: Sequence = ()) -> dict[str, Any]:
     """Train and evaluate ``recipe`` as ``config`` says; returns the final metrics (also in metrics.json).
     ``command_line_keys``: the dotted keys the user set on the command line (see :class:`RunContext`).
+    ``hooks``: :class:`~vlbert.training.hooks.TrainerHook` s for the trainer (a throughput meter, an EMA, ...).
 
     Raises:
         ValueError / FileNotFoundError: bad config keys or values, missing data, a tokenizer that does not fit
@@ -261,7 +262,7 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
                 sum(p.numel() for p in model.parameters()) / 1e6, len(data.train),
                 len(data.eval) if data.eval is not None else 0)
     trainer = Trainer(model, training, data.train_batches, data.eval_batches if data.eval is not None else None,
-                      run_config=config, tokenizer=tokenizer)
+                      run_config=config, tokenizer=tokenizer, hooks=hooks)
     if resume and not trainer.resume():
         logger.warning("--resume: no checkpoint under %s/%s; starting from step 0", training.output_dir,
                        CHECKPOINTS_DIR)

@@ -19,12 +19,13 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
 from vlbert import checkpoint as ckpt
 from vlbert.models.bert import compile_encoder_layers
+from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, TrainerHook
 from vlbert.training.run_config import dataclass_from_section
 from vlbert.utils import keep_freed_memory_in_process
 
@@ -165,6 +166,14 @@ class Trainer:
         eval_batches: ``() -> iterable of batch dicts`` of held-out data, or None.
         run_config: the resolved run configuration, saved as ``config.yaml`` beside every checkpoint.
         tokenizer: saved with every checkpoint.
+        hooks: :class:`~vlbert.training.hooks.TrainerHook` s run after the built-in ones (periodic evaluation,
+            periodic checkpoints) around every optimizer step.
+
+    The model's side of the contract: ``forward(**batch)`` (batch keys its signature does not name are dropped)
+    returns an :class:`~vlbert.models.outputs.ObjectiveOutput` with ``loss`` (minimised), ``losses`` and
+    ``metrics`` (logged), ``counts`` (the predictions each averages over: weights across ranks and eval batches)
+    and ``unused_parameters``; a model with several objectives names them in ``objectives`` (a tuple of loss
+    names) so that multi-process losses are weighted exactly.
 
     Output directory: ``log.jsonl`` (one JSON line per logged step: step, loss, each objective's loss and
     metric, lr, tokens/s), ``metrics.json`` (final figures), ``tensorboard/``, ``config.yaml``, the final model
@@ -173,7 +182,7 @@ class Trainer:
 
     def __init__(self, model, config: TrainingConfig, train_batches: BatchFactory,
                  eval_batches: Callable[[], Iterable[dict]] | None = None, run_config: dict | None = None,
-                 tokenizer=None):
+                 tokenizer=None, hooks: Sequence[TrainerHook] = ()):
         from accelerate import Accelerator
 
         config.validate()
@@ -217,6 +226,10 @@ class Trainer:
         self.epoch = 0
         self.batch_in_epoch = 0
         self.skipped_steps = 0
+        self.hooks: list[TrainerHook] = [PeriodicEvaluation(), PeriodicCheckpoint(), *hooks]
+        self.last_eval: dict[str, float] = {}
+        self._log_file = self._writer = None
+        self._checks = _NonFiniteChecks()
 
     @property
     def is_main(self) -> bool:
@@ -258,8 +271,9 @@ class Trainer:
         if self.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             self._write_run_config(self.output_dir)
-        writer = self._tensorboard() if self.is_main else None
-        log_file = open(self.output_dir / "log.jsonl", "a", encoding="utf-8") if self.is_main else None
+        writer = self._writer = self._tensorboard() if self.is_main else None
+        log_file = self._log_file = open(self.output_dir / "log.jsonl", "a", encoding="utf-8") if self.is_main \
+            else None
         stream = self._train_stream()
         bar = None
         if self.is_main and cfg.progress_bar:
@@ -268,11 +282,12 @@ class Trainer:
         window = _Window()
         start_time, start_step = time.perf_counter(), self.step
         total_tokens = 0
-        last_eval: dict[str, float] = {}
         recent_losses: list[torch.Tensor] = []  # device scalars: read once, at the end
-        checks = _NonFiniteChecks()
+        checks = self._checks = _NonFiniteChecks()
         self.model.train()
         preempted = _SigtermFlag()
+        for hook in self.hooks:
+            hook.before_train(self)
         try:
             while self.step < cfg.max_steps:
                 if self._preemption_requested(preempted):
@@ -340,13 +355,9 @@ class Trainer:
                     self._log(record, log_file, writer, "train")
                     if bar is not None:
                         bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-                paused = time.perf_counter()  # evaluation and checkpoints are not training time
-                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
-                    last_eval = self.evaluate()
-                    self._log({"step": self.step, **last_eval}, log_file, writer, "eval")
-                if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.max_steps:
-                    self._check_nonfinite(checks)
-                    self.save_checkpoint()
+                paused = time.perf_counter()  # hooks (evaluation, checkpoints, ...) are not training time
+                for hook in self.hooks:
+                    hook.after_step(self)
                 window.start += time.perf_counter() - paused
             self._check_nonfinite(checks)
             total_tokens += self._global_sum(window.tokens)
@@ -356,7 +367,7 @@ class Trainer:
                 bar.close()
             if log_file is not None:
                 log_file.flush()
-        last_eval = self.evaluate() if self.eval_batches is not None else last_eval
+        last_eval = self.last_eval = self.evaluate() if self.eval_batches is not None else self.last_eval
         if last_eval:
             self._log({"step": self.step, **last_eval}, log_file, writer, "eval")
         elapsed = time.perf_counter() - start_time
@@ -369,6 +380,8 @@ class Trainer:
                    **(extra_metrics or {})}
         if final_metrics is not None:
             metrics.update(final_metrics(self.unwrapped))
+        for hook in self.hooks:
+            hook.after_train(self, metrics)
         if self.is_main:
             self.save_model(self.output_dir)
             (self.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -496,6 +509,16 @@ class Trainer:
             logger.warning("tensorboard is not installed (pip install tensorboard); TensorBoard logs are off")
             return None
         return SummaryWriter(str(self.output_dir / "tensorboard"))
+
+    def log(self, record: dict, split: str) -> None:
+        """Append ``record`` (with ``step``) as a ``split`` line of log.jsonl and to TensorBoard (main process;
+        during :meth:`train`)."""
+        self._log(record, self._log_file, self._writer, split)
+
+    def check_nonfinite(self) -> None:
+        """Raise :class:`NonFiniteLossError` (``on_nonfinite: stop``) or count skipped steps for every non-finite
+        step so far (one host read)."""
+        self._check_nonfinite(self._checks)
 
     def _log(self, record: dict, log_file, writer, split: str) -> None:
         if not self.is_main:
