@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,24 @@ def test_config_values_are_type_checked_and_numbers_coerced():
 
     section = load_run_config(None, ["training.mixed_precision=no"])["training"]
     assert TrainingConfig.from_dict(section).mixed_precision == "no"
+
+
+def test_region_tasks_share_one_data_config_and_check_their_datasets(tmp_path):
+    from vlbert.recipes import RECIPES
+    from vlbert.recipes.nlvr2 import DATASETS as NLVR2_DATASETS, NLVR2DataConfig
+    from vlbert.recipes.regions import RegionTaskDataConfig, load_examples
+    from vlbert.recipes.vqa import DATASETS as VQA_DATASETS, VQADataConfig
+
+    region_tasks = [r for r in RECIPES.values() if r.uses_regions and r.name != "vl-pretraining"]
+    assert len(region_tasks) == 5 and all(issubclass(r.data_config, RegionTaskDataConfig) for r in region_tasks)
+    with pytest.raises(ValueError, match="data.dataset must be one of 'easy-vqa', 'vqa-v2', got 'coco'"):
+        load_examples(VQA_DATASETS, VQADataConfig(dataset="coco"), 0)
+    with pytest.raises(ValueError, match="dataset nlvr2 needs data.train_file, data.eval_file, data.shards"):
+        load_examples(NLVR2_DATASETS, NLVR2DataConfig(dataset="nlvr2"), 0)
+    (tmp_path / "dev.json").write_text(json.dumps({"identifier": "dev-7-1-0", "sentence": "x", "label": "True"}))
+    data = NLVR2DataConfig(dataset="nlvr2", train_file=str(tmp_path / "dev.json"), eval_file=str(tmp_path / "dev.json"),
+                           shards="regions/")
+    train, _ = load_examples(NLVR2_DATASETS, data, 0)
+    assert (train[0].left_image, data.image_id_format) == ("dev-7-1-img0", "{stem}-img{k}")  # the dataset's default
+    data.image_id_format = "{stem}.img{k}"
+    assert load_examples(NLVR2_DATASETS, data, 0)[0][0].right_image == "dev-7-1.img1"  # the user's

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,8 @@ pytest.importorskip("detectron2", reason="detectron2 is not installed (see READM
 
 from detectors.config import DetectorConfig  # noqa: E402
 from detectors.detectron2_detector import Detectron2RegionDetector, load_config  # noqa: E402
+from vlbert.command_line import run_tool  # noqa: E402
+from conftest import tool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # Small inputs and few proposals keep a CPU forward of a ResNet-50 detector well under a second.
@@ -149,9 +149,7 @@ def test_butd_attribute_model_extracts_shards_with_names_and_vl_pretraining_runs
             "--weights", str(weights), "--class-names", str(tmp_path / "objects_vocab.txt"),
             "--attribute-names", str(tmp_path / "attributes_vocab.txt"), "--min-boxes", "6", "--max-boxes", "6",
             "--batch-size", "4", "--output-dir", str(tmp_path / "shards"), "--opts", *opts]
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "extract_regions.py"), *args], capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert run_tool(tool("extract_regions"), args) == 0
     regions = list(read_shards(shard_paths(tmp_path / "shards")))
     assert len(regions) == 12 and all(r.num_regions == 6 for r in regions)
     r = regions[0]

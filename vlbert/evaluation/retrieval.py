@@ -78,18 +78,19 @@ def rerank_shortlist(scores: torch.Tensor, shortlist: int, image_and_caption: Ca
 @evaluation
 def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[str, Regions], tokenizer,
                        shortlist: int = 16, batch_size: int = 128, max_regions: int = 36,
-                       ks: Sequence[int] = (1, 5, 10), return_scores: bool = False):
+                       ks: Sequence[int] = (1, 5, 10), return_scores: bool = False, max_text_length: int = 32):
     """Recall@K for image->text and text->image: contrastive scores over all pairs pick a ``shortlist`` per
     query, which the cross-encoder re-ranks; items outside the shortlist rank after it in contrastive order.
 
     Cross-encoder passes: (#images + #captions) x shortlist, instead of #images x #captions.
     Returns ``i2t_r1``... and ``t2i_r1``... (strict: only the image's own captions count), the same with
     ``_group`` (any caption/image of the same group counts), and ``cross_encoder_pairs``. With
-    ``return_scores``, also the final (image x caption) and (caption x image) score matrices.
+    ``return_scores``, also the final (image x caption) and (caption x image) score matrices. Captions are
+    truncated to ``max_text_length`` wordpieces ([CLS]/[SEP] included).
     """
     device = next(model.parameters()).device
     captions = [(k, c) for k, im in enumerate(images) for c in im.captions]
-    ids = tokenizer([c for _, c in captions], truncation=True, max_length=32)["input_ids"]
+    ids = tokenizer([c for _, c in captions], truncation=True, max_length=max_text_length)["input_ids"]
     items = [region_item(regions[im.image_id], max_regions) for im in images]
 
     def text_batch(rows):

@@ -13,25 +13,30 @@ from dataclasses import dataclass
 from vlbert.data.nlvr2 import ImagePairCollator, ImagePairDataset, easy_vqa_image_pairs, load_nlvr2
 from vlbert.evaluation.classification import predict_labels
 from vlbert.models.vl_classification import VLBertForImagePairClassification
-from vlbert.recipes.regions import task_provenance, task_regions
+from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, task_provenance, task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
 
 
 @dataclass
-class NLVR2DataConfig:
-    """NLVR2 data (YAML section ``data``). dataset: "easy-vqa" (``train_pairs``/``eval_pairs`` statements drawn)
-    or "nlvr2" (with ``train_file``, ``eval_file``, ``shards`` and ``image_id_format``)."""
+class NLVR2DataConfig(RegionTaskDataConfig):
+    """NLVR2 data (YAML section ``data``): :class:`RegionTaskDataConfig` (dataset "easy-vqa", ``train_pairs`` /
+    ``eval_pairs`` statements drawn, or "nlvr2", the public ``train_file`` / ``eval_file`` JSONL; image ids from
+    ``{stem}`` = ``<split>-<set>-<pair>`` and ``{k}`` = 0 left / 1 right)."""
 
-    dataset: str = "easy-vqa"
-    cache_dir: str = "~/.cache/vlbert/regions"
-    shards: str = ""
     train_file: str = ""
     eval_file: str = ""
-    image_id_format: str = "{stem}-img{k}"
     train_pairs: int = 8000
     eval_pairs: int = 2000
-    max_text_length: int = 40
-    max_regions: int = 16
+
+
+#: dataset name -> (train, eval) statements.
+DATASETS = {
+    "easy-vqa": DatasetBuilder(lambda data, seed: (easy_vqa_image_pairs("train", data.train_pairs, seed),
+                                                   easy_vqa_image_pairs("test", data.eval_pairs, seed))),
+    "nlvr2": DatasetBuilder(lambda data, seed: (load_nlvr2(data.train_file, data.image_id_format),
+                                                load_nlvr2(data.eval_file, data.image_id_format)),
+                            needs=("train_file", "eval_file", "shards"), image_id_format="{stem}-img{k}"),
+}
 
 
 class NLVR2Data(TaskData):
@@ -44,16 +49,7 @@ class NLVR2Data(TaskData):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         data = ctx.data
-        if data.dataset == "easy-vqa":
-            train = easy_vqa_image_pairs("train", data.train_pairs, self.seed)
-            held_out = easy_vqa_image_pairs("test", data.eval_pairs, self.seed)
-        elif data.dataset == "nlvr2":
-            if not (data.train_file and data.eval_file):
-                raise ValueError("dataset nlvr2 needs data.train_file, data.eval_file and data.shards")
-            train = load_nlvr2(data.train_file, data.image_id_format)
-            held_out = load_nlvr2(data.eval_file, data.image_id_format)
-        else:
-            raise ValueError(f"data.dataset must be 'easy-vqa' or 'nlvr2', got {data.dataset!r}")
+        train, held_out = load_examples(DATASETS, data, self.seed)
         regions = task_regions(ctx)
         self.regions = regions
         self.train = ImagePairDataset(train, regions, ctx.tokenizer, data.max_text_length, data.max_regions)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -18,33 +19,44 @@ from detectors.cache import cached_shards
 from detectors.store import RegionStore, region_count
 from vlbert.data.refcoco import ReferringCollator, ReferringDataset, box_iou, easy_vqa_composites, load_refcoco
 from vlbert.models.referring import VLBertForReferringExpressions
-from vlbert.recipes.regions import regions_provenance, task_provenance, task_regions
+from vlbert.recipes.regions import (DatasetBuilder, RegionTaskDataConfig, load_examples, regions_provenance,
+                                    task_provenance, task_regions)
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
 from vlbert.utils import evaluation
 
 
 @dataclass
-class ReferringDataConfig:
-    """Referring-expression data (YAML section ``data``).
+class ReferringDataConfig(RegionTaskDataConfig):
+    """Referring-expression data (YAML section ``data``): :class:`RegionTaskDataConfig` (dataset "easy-vqa" or
+    "refcoco": ``refs_file``, ``instances_file``, ``train_split`` / ``eval_split``, ``shards`` with the regions to
+    choose from). boxes: for easy-VQA, "gt" (the tiles' boxes are the regions) or "detector" (the detector's
+    proposals). train_images / eval_images: easy-VQA composites drawn."""
 
-    dataset: "easy-vqa" or "refcoco" (``refs_file``, ``instances_file``, ``train_split``/``eval_split``,
-    ``shards`` with the regions to choose from, ``image_id_format``). boxes: for easy-VQA, "gt" (the tiles' boxes
-    are the regions) or "detector" (the detector's proposals). train_images/eval_images: composites drawn.
-    """
-
-    dataset: str = "easy-vqa"
     boxes: str = "gt"
-    cache_dir: str = "~/.cache/vlbert/regions"
-    shards: str = ""
     refs_file: str = ""
     instances_file: str = ""
     train_split: str = "train"
     eval_split: str = "val"
-    image_id_format: str = "{image_id}"
     train_images: int = 1500
     eval_images: int = 300
     max_text_length: int = 16
-    max_regions: int = 16
+
+
+def _easy_vqa(data: ReferringDataConfig, seed: int):
+    folder = Path(data.cache_dir).expanduser() / "refcoco-composite-images"
+    train, train_files, train_tiles = easy_vqa_composites("train", data.train_images, folder, seed)
+    held_out, eval_files, eval_tiles = easy_vqa_composites("test", data.eval_images, folder, seed)
+    return train, held_out, ({**train_files, **eval_files}, {**train_tiles, **eval_tiles})
+
+
+def _refcoco(data: ReferringDataConfig, seed: int):
+    return (load_refcoco(data.refs_file, data.instances_file, data.train_split, data.image_id_format),
+            load_refcoco(data.refs_file, data.instances_file, data.eval_split, data.image_id_format), None)
+
+
+#: dataset name -> (train, eval expressions, the composites' (image files, tile boxes) or None: regions in shards).
+DATASETS = {"easy-vqa": DatasetBuilder(_easy_vqa),
+            "refcoco": DatasetBuilder(_refcoco, needs=("refs_file", "instances_file", "shards"))}
 
 
 def _easy_vqa_regions(ctx: RunContext, files: dict, tiles: dict):
@@ -66,21 +78,8 @@ class ReferringData(TaskData):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         data = ctx.data
-        if data.dataset == "easy-vqa":
-            from pathlib import Path
-
-            folder = Path(data.cache_dir).expanduser() / "refcoco-composite-images"
-            train, train_files, train_tiles = easy_vqa_composites("train", data.train_images, folder, self.seed)
-            held_out, eval_files, eval_tiles = easy_vqa_composites("test", data.eval_images, folder, self.seed)
-            regions = _easy_vqa_regions(ctx, {**train_files, **eval_files}, {**train_tiles, **eval_tiles})
-        elif data.dataset == "refcoco":
-            if not (data.refs_file and data.instances_file and data.shards):
-                raise ValueError("dataset refcoco needs data.refs_file, data.instances_file and data.shards")
-            train = load_refcoco(data.refs_file, data.instances_file, data.train_split, data.image_id_format)
-            held_out = load_refcoco(data.refs_file, data.instances_file, data.eval_split, data.image_id_format)
-            regions = task_regions(ctx)
-        else:
-            raise ValueError(f"data.dataset must be 'easy-vqa' or 'refcoco', got {data.dataset!r}")
+        train, held_out, composites = load_examples(DATASETS, data, self.seed)
+        regions = task_regions(ctx) if composites is None else _easy_vqa_regions(ctx, *composites)
         self.regions = regions
         self.train = ReferringDataset(train, regions, ctx.tokenizer, data.max_text_length, data.max_regions)
         self.eval = ReferringDataset(held_out, regions, ctx.tokenizer, data.max_text_length, data.max_regions)

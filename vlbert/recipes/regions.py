@@ -1,14 +1,71 @@
-"""The regions a VL task reads: the shards its data config names, or the embedded easy-VQA images extracted
-with the run's ``detector`` section (cached); either way a :class:`detectors.store.RegionStore`, which reads each
-image's regions from disk when asked (memory does not grow with the number of images)."""
+"""What the region tasks (VQA, retrieval, NLVR2, visual entailment, referring expressions) share on the data side:
+one data config (:class:`RegionTaskDataConfig`, extended per task), a table of dataset builders per task (LAVIS's
+dataset builders, as plain typed entries: :class:`DatasetBuilder`, :func:`load_examples`), and the regions they
+read: the shards the config names, or the embedded easy-VQA images extracted with the run's ``detector`` section
+(cached); either way a :class:`detectors.store.RegionStore`, which reads each image's regions from disk when asked
+(memory does not grow with the number of images)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
 
 from detectors.shards import read_detector_info
 from detectors.store import RegionStore
 from vlbert.data.easy_vqa import easy_vqa_shards
+
+
+@dataclass
+class RegionTaskDataConfig:
+    """The data fields of every region task (YAML section ``data``); each task's config extends it.
+
+    dataset: a name in the task's table of :class:`DatasetBuilder` s: "easy-vqa" (the embedded demonstration,
+    its regions extracted with the run's ``detector`` section and cached under ``cache_dir``) or the public
+    benchmark's files (their regions in ``shards``, a directory written by tools/extract_regions.py).
+    image_id_format: how the dataset's image ids become the shards' ids ("" = the dataset's default, e.g.
+    ``"COCO_train2014_{image_id:012d}"`` for LXMERT's features). max_text_length: wordpieces per text with
+    [CLS]/[SEP]. max_regions: regions kept per image.
+    """
+
+    dataset: str = "easy-vqa"
+    cache_dir: str = "~/.cache/vlbert/regions"
+    shards: str = ""
+    image_id_format: str = ""
+    max_text_length: int = 40
+    max_regions: int = 16
+
+
+@dataclass(frozen=True)
+class DatasetBuilder:
+    """One dataset of a region task: how its examples are read and what that needs.
+
+    Attributes:
+        load: ``(data config, seed) -> the task's examples`` (what its data class unpacks, e.g. (train, eval)).
+        needs: data fields that must be set (the public files and ``shards``).
+        image_id_format: the dataset's default for ``data.image_id_format``.
+    """
+
+    load: Callable[[Any, int], Any]
+    needs: tuple[str, ...] = ()
+    image_id_format: str = "{image_id}"
+
+
+def load_examples(datasets: dict[str, DatasetBuilder], data, seed: int):
+    """``datasets[data.dataset].load(data, seed)``, after checking the name and the fields it needs; an unset
+    ``data.image_id_format`` becomes the dataset's default (in place, so the run's config records it).
+
+    Raises:
+        ValueError: an unknown dataset (the known ones named) or a missing field (named, with the dataset).
+    """
+    builder = datasets.get(data.dataset)
+    if builder is None:
+        raise ValueError(f"data.dataset must be one of {', '.join(repr(k) for k in datasets)}, got {data.dataset!r}")
+    missing = [f"data.{name}" for name in builder.needs if not getattr(data, name)]
+    if missing:
+        raise ValueError(f"dataset {data.dataset} needs {', '.join(missing)}; set them in the config's data "
+                         "section or with --set (regions: tools/extract_regions.py writes shards)")
+    data.image_id_format = data.image_id_format or builder.image_id_format
+    return builder.load(data, seed)
 
 
 def region_store(shards: str, dataset: str, cache_dir: str, detector, image_ids: list[str] | None = None) -> RegionStore:
@@ -61,4 +118,5 @@ def regions_provenance(store, detector=None) -> dict:
     return {"fingerprint": None, "config": None, "extractor": extractor}
 
 
-__all__ = ["task_regions", "region_store", "regions_provenance", "task_provenance"]
+__all__ = ["RegionTaskDataConfig", "DatasetBuilder", "load_examples", "task_regions", "region_store",
+           "regions_provenance", "task_provenance"]

@@ -14,25 +14,35 @@ from dataclasses import dataclass
 from vlbert.data.retrieval import RetrievalCollator, RetrievalPairs, easy_vqa_captioned, load_karpathy_split
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
-from vlbert.recipes.regions import task_provenance, task_regions
+from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, task_provenance, task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 
 
 @dataclass
-class RetrievalDataConfig:
-    """Retrieval data (YAML section ``data``). dataset: "easy-vqa" or "karpathy" (with ``captions_file``,
-    ``shards``, ``image_id_format``). shortlist: candidates per query re-ranked by the cross-encoder."""
+class RetrievalDataConfig(RegionTaskDataConfig):
+    """Retrieval data (YAML section ``data``): :class:`RegionTaskDataConfig` (dataset "easy-vqa" or "karpathy",
+    the Karpathy split's ``captions_file``, image ids from its ``{filename}`` by default). eval_split: the split
+    evaluated; max_train_images / max_eval_images: only the first N (0 = all). shortlist: candidates per query
+    re-ranked by the cross-encoder. max_text_length: of a caption."""
 
-    dataset: str = "easy-vqa"
-    cache_dir: str = "~/.cache/vlbert/regions"
-    shards: str = ""
     captions_file: str = ""
-    image_id_format: str = "{filename}"
     eval_split: str = "test"
     max_train_images: int = 0
     max_eval_images: int = 500
-    max_regions: int = 16
+    max_text_length: int = 32
     shortlist: int = 16
+
+
+#: dataset name -> (training images, evaluation images), each with its captions.
+def _karpathy(data: RetrievalDataConfig, seed: int):
+    return (load_karpathy_split(data.captions_file, "train", data.image_id_format),
+            load_karpathy_split(data.captions_file, data.eval_split, data.image_id_format))
+
+
+DATASETS = {
+    "easy-vqa": DatasetBuilder(lambda data, seed: (easy_vqa_captioned("train"), easy_vqa_captioned(data.eval_split))),
+    "karpathy": DatasetBuilder(_karpathy, needs=("captions_file", "shards"), image_id_format="{filename}"),
+}
 
 
 class RetrievalData(TaskData):
@@ -45,19 +55,12 @@ class RetrievalData(TaskData):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         data = ctx.data
-        if data.dataset == "easy-vqa":
-            train_images, eval_images = easy_vqa_captioned("train"), easy_vqa_captioned(data.eval_split)
-        elif data.dataset == "karpathy":
-            if not data.captions_file:
-                raise ValueError("dataset karpathy needs data.captions_file and data.shards")
-            train_images = load_karpathy_split(data.captions_file, "train", data.image_id_format)
-            eval_images = load_karpathy_split(data.captions_file, data.eval_split, data.image_id_format)
-        else:
-            raise ValueError(f"data.dataset must be 'easy-vqa' or 'karpathy', got {data.dataset!r}")
+        train_images, eval_images = load_examples(DATASETS, data, self.seed)
         self.train_images = train_images[: data.max_train_images] if data.max_train_images else train_images
         self.eval_images = eval_images[: data.max_eval_images] if data.max_eval_images else eval_images
         self.regions = task_regions(ctx)
-        self.train = RetrievalPairs(self.train_images, self.regions, ctx.tokenizer, max_regions=data.max_regions)
+        self.train = RetrievalPairs(self.train_images, self.regions, ctx.tokenizer, data.max_text_length,
+                                    data.max_regions)
         self.collator = RetrievalCollator(ctx.tokenizer)
         self.feature_dim = next(iter(self.regions.values())).feature_dim
 
@@ -68,13 +71,13 @@ def build_model(ctx: RunContext, data: RetrievalData) -> VLBertForImageTextRetri
 
 def evaluate(ctx: RunContext, data: RetrievalData, model) -> dict:
     return evaluate_retrieval(model, data.eval_images, data.regions, ctx.tokenizer, shortlist=ctx.data.shortlist,
-                              max_regions=ctx.data.max_regions)
+                              max_regions=ctx.data.max_regions, max_text_length=ctx.data.max_text_length)
 
 
 def inference_info(ctx: RunContext, data: RetrievalData) -> dict:
-    """The maximum lengths (captions: 32 wordpieces, as the evaluation), the shortlist and the regions' detector."""
-    return {"max_text_length": 32, "max_regions": ctx.data.max_regions, "shortlist": ctx.data.shortlist,
-            "region_feature_dim": data.feature_dim, "detector": task_provenance(ctx, data.regions)}
+    """The maximum lengths, the shortlist and the regions' detector."""
+    return {"max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
+            "shortlist": ctx.data.shortlist, "region_feature_dim": data.feature_dim, "detector": task_provenance(ctx, data.regions)}
 
 
 RECIPE = Recipe("retrieval", RetrievalDataConfig, RetrievalData, build_model, evaluate=evaluate, uses_regions=True,

@@ -15,24 +15,28 @@ from vlbert.data.visual_entailment import (LABELS, EntailmentCollator, Entailmen
                                            load_snli_ve)
 from vlbert.evaluation.classification import predict_labels
 from vlbert.models.vl_classification import VLBertForSequenceClassification
-from vlbert.recipes.regions import task_provenance, task_regions
+from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, task_provenance, task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
 
 
 @dataclass
-class EntailmentDataConfig:
-    """Visual entailment data (YAML section ``data``). dataset: "easy-vqa" or "snli-ve" (with ``train_file``,
-    ``eval_file``, ``shards`` and ``image_id_format``)."""
+class EntailmentDataConfig(RegionTaskDataConfig):
+    """Visual entailment data (YAML section ``data``): :class:`RegionTaskDataConfig` (dataset "easy-vqa" or
+    "snli-ve", the public ``train_file`` / ``eval_file`` JSONL). max_train_examples: only the first N (0 = all)."""
 
-    dataset: str = "easy-vqa"
-    cache_dir: str = "~/.cache/vlbert/regions"
-    shards: str = ""
     train_file: str = ""
     eval_file: str = ""
-    image_id_format: str = "{image_id}"
-    max_text_length: int = 40
-    max_regions: int = 16
     max_train_examples: int = 0
+
+
+#: dataset name -> (train, eval) pairs.
+DATASETS = {
+    "easy-vqa": DatasetBuilder(lambda data, seed: (easy_vqa_entailment("train", seed),
+                                                   easy_vqa_entailment("test", seed))),
+    "snli-ve": DatasetBuilder(lambda data, seed: (load_snli_ve(data.train_file, data.image_id_format),
+                                                  load_snli_ve(data.eval_file, data.image_id_format)),
+                              needs=("train_file", "eval_file", "shards")),
+}
 
 
 class EntailmentData(TaskData):
@@ -45,15 +49,7 @@ class EntailmentData(TaskData):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         data = ctx.data
-        if data.dataset == "easy-vqa":
-            train, held_out = easy_vqa_entailment("train", self.seed), easy_vqa_entailment("test", self.seed)
-        elif data.dataset == "snli-ve":
-            if not (data.train_file and data.eval_file):
-                raise ValueError("dataset snli-ve needs data.train_file, data.eval_file and data.shards")
-            train = load_snli_ve(data.train_file, data.image_id_format)
-            held_out = load_snli_ve(data.eval_file, data.image_id_format)
-        else:
-            raise ValueError(f"data.dataset must be 'easy-vqa' or 'snli-ve', got {data.dataset!r}")
+        train, held_out = load_examples(DATASETS, data, self.seed)
         if data.max_train_examples:
             train = train[: data.max_train_examples]
         regions = task_regions(ctx)

@@ -16,34 +16,42 @@ from vlbert.data.vqa import VQACollator, VQADataset, build_answer_vocab, easy_vq
 from vlbert.data.vqa_answers import reference_forms
 from vlbert.evaluation.vqa import vqa_accuracy
 from vlbert.models.vqa import VLBertForVQA
-from vlbert.recipes.regions import task_provenance, task_regions
+from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, task_provenance, task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
 from vlbert.utils import evaluation
 
 
 @dataclass
-class VQADataConfig:
-    """VQA data (YAML section ``data``).
-
-    dataset: "easy-vqa" or "vqa-v2". For vqa-v2: train/eval question and annotation files, ``shards`` (a
-    directory of region shards) and ``image_id_format`` (numeric COCO id -> shard image id). min_answer_count:
-    answers given fewer times in training are left out of the vocabulary (VQA v2: 9). max_train_questions: use
-    only the first N training questions (0 = all).
+class VQADataConfig(RegionTaskDataConfig):
+    """VQA data (YAML section ``data``): :class:`RegionTaskDataConfig` (dataset "easy-vqa" or "vqa-v2") and, for
+    vqa-v2, the official train/eval question and annotation files (``image_id_format`` maps the numeric COCO id to
+    the shards' id). min_answer_count: answers given fewer times in training are left out of the vocabulary (VQA
+    v2: 9). max_train_questions / max_eval_questions: only the first N (0 = all). max_text_length: of a question.
     """
 
-    dataset: str = "easy-vqa"
-    cache_dir: str = "~/.cache/vlbert/regions"
-    shards: str = ""
     train_questions: str = ""
     train_annotations: str = ""
     eval_questions: str = ""
     eval_annotations: str = ""
-    image_id_format: str = "{image_id}"
     min_answer_count: int = 1
-    max_question_length: int = 32
-    max_regions: int = 16
+    max_text_length: int = 32
     max_train_questions: int = 0
     max_eval_questions: int = 0
+
+
+def _easy_vqa(data: VQADataConfig, seed: int):
+    return easy_vqa_examples("train"), easy_vqa_examples("test"), easy_vqa_answers(), False
+
+
+def _vqa_v2(data: VQADataConfig, seed: int):
+    train = load_vqa_v2(data.train_questions, data.train_annotations or None, data.image_id_format)
+    held_out = load_vqa_v2(data.eval_questions, data.eval_annotations or None, data.image_id_format)
+    return train, held_out, build_answer_vocab(train, data.min_answer_count), True
+
+
+#: dataset name -> (train, eval, answer vocabulary, drop questions without a known answer).
+DATASETS = {"easy-vqa": DatasetBuilder(_easy_vqa),
+            "vqa-v2": DatasetBuilder(_vqa_v2, needs=("train_questions", "eval_questions", "shards"))}
 
 
 class VQAData(TaskData):
@@ -56,20 +64,7 @@ class VQAData(TaskData):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         data, tokenizer = ctx.data, ctx.tokenizer
-        if data.dataset == "easy-vqa":
-            train, held_out = easy_vqa_examples("train"), easy_vqa_examples("test")
-            vocab = easy_vqa_answers()
-            drop_unknown = False
-        elif data.dataset == "vqa-v2":
-            if not (data.train_questions and data.eval_questions):
-                raise ValueError("dataset vqa-v2 needs data.train_questions, data.train_annotations, "
-                                 "data.eval_questions (+ eval_annotations to score) and data.shards")
-            train = load_vqa_v2(data.train_questions, data.train_annotations or None, data.image_id_format)
-            held_out = load_vqa_v2(data.eval_questions, data.eval_annotations or None, data.image_id_format)
-            vocab = build_answer_vocab(train, data.min_answer_count)
-            drop_unknown = True
-        else:
-            raise ValueError(f"data.dataset must be 'easy-vqa' or 'vqa-v2', got {data.dataset!r}")
+        train, held_out, vocab, drop_unknown = load_examples(DATASETS, data, self.seed)
         if data.max_train_questions:
             train = train[: data.max_train_questions]
         if data.max_eval_questions:
@@ -77,9 +72,9 @@ class VQAData(TaskData):
         regions = task_regions(ctx)
         self.regions = regions
         self.answer_vocab = vocab
-        self.train = VQADataset(train, regions, tokenizer, vocab, data.max_question_length, data.max_regions,
+        self.train = VQADataset(train, regions, tokenizer, vocab, data.max_text_length, data.max_regions,
                                 drop_unknown)
-        self.eval = VQADataset(held_out, regions, tokenizer, vocab, data.max_question_length, data.max_regions,
+        self.eval = VQADataset(held_out, regions, tokenizer, vocab, data.max_text_length, data.max_regions,
                                drop_unknown=True)
         self.collator = VQACollator(tokenizer, len(vocab))
         self.feature_dim = next(iter(regions.values())).feature_dim
@@ -124,7 +119,7 @@ def majority_baseline(ctx: RunContext, data: VQAData, model) -> dict:
 
 def inference_info(ctx: RunContext, data: VQAData) -> dict:
     """The answer vocabulary (the model's output order), the maximum lengths and the regions' detector."""
-    return {"labels": list(data.answer_vocab), "max_text_length": ctx.data.max_question_length,
+    return {"labels": list(data.answer_vocab), "max_text_length": ctx.data.max_text_length,
             "max_regions": ctx.data.max_regions, "region_feature_dim": data.feature_dim,
             "detector": task_provenance(ctx, data.regions)}
 
