@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import tool
 from detectors.images import ImageDecodeError, load_image, shape_groups, to_rgb_array
 from detectors.shards import read_shards, shard_paths
+from vlbert.command_line import run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = [sys.executable, str(ROOT / "tools" / "extract_regions.py")]
@@ -53,14 +55,16 @@ def test_shape_groups_never_mix_sizes():
     assert shape_groups(shapes, max_batch=2) == [[0, 2], [3], [1, 4]]
 
 
-def test_the_tool_names_an_image_it_cannot_decode(tmp_path):
+def test_the_tool_names_an_image_it_cannot_decode(tmp_path, capsys):
     images = tmp_path / "images"
     images.mkdir()
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(images / "good.png")
     (images / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
-    done = subprocess.run([*TOOL, "--images", str(images), "--output-dir", str(tmp_path / "out"), *FAST],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode != 0 and "bad.png" in done.stderr and "Traceback" not in done.stderr
+    # One line naming the file, exit status 2 (a traceback would propagate out of run_tool and fail the test).
+    args = ["--images", str(images), "--output-dir", str(tmp_path / "out"), *FAST]
+    assert run_tool(tool("extract_regions"), args) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "bad.png" in errors[0]
 
 
 def easy_vqa_folder(tmp_path, count):
@@ -88,8 +92,7 @@ def assert_same_store(a, b):
 def test_a_killed_extraction_resumes_to_the_same_shards(tmp_path):
     folder = easy_vqa_folder(tmp_path, 120)
     args = ["--images", str(folder), *FAST, "--batch-size", "4", "--samples-per-shard", "8"]
-    subprocess.run([*TOOL, *args, "--output-dir", str(tmp_path / "whole")], check=True, capture_output=True,
-                   timeout=600)
+    assert run_tool(tool("extract_regions"), [*args, "--output-dir", str(tmp_path / "whole")]) == 0
     killed = tmp_path / "killed"
     process = subprocess.Popen([*TOOL, *args, "--output-dir", str(killed)], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
@@ -102,17 +105,15 @@ def test_a_killed_extraction_resumes_to_the_same_shards(tmp_path):
     assert 2 <= len(complete) < 15, "the kill should land mid-way"
     partial = regions_by_id(killed)  # what is there reads as complete shards only
     assert 16 <= len(partial) < 120
-    resumed = subprocess.run([*TOOL, *args, "--output-dir", str(killed)], capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert run_tool(tool("extract_regions"), [*args, "--output-dir", str(killed)]) == 0  # the resume: in-process
     assert not list(killed.glob("*.tmp"))
     assert_same_store(regions_by_id(killed), regions_by_id(tmp_path / "whole"))
 
 
-def test_two_processes_split_the_images_into_one_store(tmp_path):
+def test_two_processes_split_the_images_into_one_store(tmp_path, capsys):
     folder = easy_vqa_folder(tmp_path, 30)
     args = ["--images", str(folder), *FAST, "--samples-per-shard", "10"]
-    subprocess.run([*TOOL, *args, "--output-dir", str(tmp_path / "one")], check=True, capture_output=True,
-                   timeout=600)
+    assert run_tool(tool("extract_regions"), [*args, "--output-dir", str(tmp_path / "one")]) == 0
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -123,12 +124,12 @@ def test_two_processes_split_the_images_into_one_store(tmp_path):
     assert {p.name.split("-")[1] for p in shard_paths(tmp_path / "two")} == {"rank0000", "rank0001"}
     assert_same_store(regions_by_id(tmp_path / "two"), regions_by_id(tmp_path / "one"))
     # The same command again skips every image; another detector into the same store is refused.
-    again = subprocess.run([*TOOL, *args, "--output-dir", str(tmp_path / "two")], capture_output=True, text=True,
-                           timeout=600)
-    assert again.returncode == 0 and "wrote 0 shard(s)" in again.stdout
-    other = subprocess.run([*TOOL, *args, "--max-proposals", "5", "--output-dir", str(tmp_path / "two")],
-                           capture_output=True, text=True, timeout=600)
-    assert other.returncode != 0 and "holds shards of another detector" in other.stderr
+    capsys.readouterr()
+    assert run_tool(tool("extract_regions"), [*args, "--output-dir", str(tmp_path / "two")]) == 0
+    assert "wrote 0 shard(s)" in capsys.readouterr().out
+    other = [*args, "--max-proposals", "5", "--output-dir", str(tmp_path / "two")]
+    assert run_tool(tool("extract_regions"), other) == 2
+    assert "holds shards of another detector" in capsys.readouterr().err
 
 
 def test_butd_selection_equals_one_nms_per_class():
