@@ -80,7 +80,9 @@ class TorchvisionRegionDetector:
         arrays = [to_rgb_array(im) for im in images]
         resized = []
         for a in arrays:
-            x = torch.from_numpy(a).permute(2, 0, 1).float().div(255).to(self.device)
+            # A copy as uint8 on the device (a quarter of float32's transfer; read-only arrays, e.g. np.asarray of
+            # a PIL image, are fine), then float there.
+            x = torch.tensor(a, device=self.device).permute(2, 0, 1).float().div(255)
             one, _ = m.transform([x])
             resized.append(one)
 
