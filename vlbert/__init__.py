@@ -5,7 +5,9 @@ BERT checkpoint with ``from_pretrained`` and saving in the Hugging Face layout w
 Vision-language: :class:`VLBertModel` (text + detector regions in one encoder), :class:`VLBertForPreTraining`
 (MLM, MRFR, MRC, MRC-kl, ITM as units of :mod:`vlbert.objectives`), :class:`VLBertForVQA`,
 :class:`VLBertForImageTextRetrieval`, :class:`VLBertForSequenceClassification`. Tasks are recipes
-(:mod:`vlbert.recipes`): ``vlbert.recipes.run(vlbert.recipes.RECIPES["vqa"], config)`` is what the tools do.
+(:mod:`vlbert.recipes`): ``vlbert.recipes.run(vlbert.recipes.RECIPES["vqa"], config)`` is what the tools do. A
+trained run answers about raw images through :func:`vlbert.inference.pipeline` (``pipeline("runs/vqa")(image,
+question)``).
 """
 
 from vlbert.config import BertConfig, VLBertConfig
