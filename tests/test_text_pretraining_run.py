@@ -81,17 +81,17 @@ def test_resume_after_crash_reproduces_losses(small_corpus, tmp_path, monkeypatc
     expected = {r["step"]: r["loss"] for r in read_log(reference) if r["split"] == "train"}
 
     crashed = tmp_path / "crashed"
-    original_log = Trainer._log
+    original_log = Trainer.log
 
-    def crash_after_step_5(self, record, log_file, writer, split):
-        original_log(self, record, log_file, writer, split)
+    def crash_after_step_5(self, record, split):
+        original_log(self, record, split)
         if record.get("step") == 5 and split == "train":
             raise Crash("simulated crash")
 
-    monkeypatch.setattr(Trainer, "_log", crash_after_step_5)
+    monkeypatch.setattr(Trainer, "log", crash_after_step_5)
     with pytest.raises(Crash):
         run_text_pretraining(tiny_run_config(small_corpus, crashed, save_every=3))
-    monkeypatch.setattr(Trainer, "_log", original_log)
+    monkeypatch.setattr(Trainer, "log", original_log)
     assert [r["step"] for r in read_log(crashed)][-1] == 5
     run_text_pretraining(tiny_run_config(small_corpus, crashed, save_every=3), resume=True)
     got = {r["step"]: r["loss"] for r in read_log(crashed) if r["split"] == "train"}

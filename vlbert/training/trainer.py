@@ -271,9 +271,8 @@ class Trainer:
         if self.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             self._write_run_config(self.output_dir)
-        writer = self._writer = self._tensorboard() if self.is_main else None
-        log_file = self._log_file = open(self.output_dir / "log.jsonl", "a", encoding="utf-8") if self.is_main \
-            else None
+        self._writer = self._tensorboard() if self.is_main else None
+        self._log_file = open(self.output_dir / "log.jsonl", "a", encoding="utf-8") if self.is_main else None
         stream = self._train_stream()
         bar = None
         if self.is_main and cfg.progress_bar:
@@ -342,7 +341,7 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
                 if cfg.log_every and self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                    self._check_nonfinite(checks)
+                    self.check_nonfinite()
                     elapsed = window.elapsed()
                     tokens = self._global_sum(window.tokens)
                     total_tokens += tokens
@@ -352,24 +351,24 @@ class Trainer:
                                    "step_time_s": elapsed / max(1, window.steps),
                                    "data_wait_fraction": min(1.0, window.data_wait / elapsed)})
                     window = _Window()
-                    self._log(record, log_file, writer, "train")
+                    self.log(record, "train")
                     if bar is not None:
                         bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
                 paused = time.perf_counter()  # hooks (evaluation, checkpoints, ...) are not training time
                 for hook in self.hooks:
                     hook.after_step(self)
                 window.start += time.perf_counter() - paused
-            self._check_nonfinite(checks)
+            self.check_nonfinite()
             total_tokens += self._global_sum(window.tokens)
         finally:
             preempted.restore()
             if bar is not None:
                 bar.close()
-            if log_file is not None:
-                log_file.flush()
+            if self._log_file is not None:
+                self._log_file.flush()
         last_eval = self.last_eval = self.evaluate() if self.eval_batches is not None else self.last_eval
         if last_eval:
-            self._log({"step": self.step, **last_eval}, log_file, writer, "eval")
+            self.log({"step": self.step, **last_eval}, "eval")
         elapsed = time.perf_counter() - start_time
         recent = torch.stack(recent_losses).cpu() if recent_losses else torch.zeros(0)
         recent = recent[torch.isfinite(recent)]  # skipped steps (training.on_nonfinite=skip) left out
@@ -385,9 +384,9 @@ class Trainer:
         if self.is_main:
             self.save_model(self.output_dir)
             (self.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-            log_file.close()
-            if writer is not None:
-                writer.close()
+            self._log_file.close()
+            if self._writer is not None:
+                self._writer.close()
         acc.wait_for_everyone()
         return metrics
 
@@ -400,15 +399,15 @@ class Trainer:
         bad = checks.record(self.step + 1, loss, grad_norm)
         if not bool(bad):
             return True
-        self._check_nonfinite(checks)  # raises with on_nonfinite=stop
+        self.check_nonfinite()  # raises with on_nonfinite=stop
         return False
 
-    def _check_nonfinite(self, checks: "_NonFiniteChecks") -> None:
+    def check_nonfinite(self) -> None:
         """Read the device's count of non-finite steps since the last check (a log step, a checkpoint, the end):
         with ``on_nonfinite=stop`` raise :class:`NonFiniteLossError` naming the first such step, its epoch and
         batch (the step itself was skipped on the device, so the weights are those of the step before); with
         ``skip`` add them to ``skipped_steps`` and warn."""
-        found = checks.read()
+        found = self._checks.read()
         if found is None:
             return
         count, message = found
@@ -513,23 +512,15 @@ class Trainer:
     def log(self, record: dict, split: str) -> None:
         """Append ``record`` (with ``step``) as a ``split`` line of log.jsonl and to TensorBoard (main process;
         during :meth:`train`)."""
-        self._log(record, self._log_file, self._writer, split)
-
-    def check_nonfinite(self) -> None:
-        """Raise :class:`NonFiniteLossError` (``on_nonfinite: stop``) or count skipped steps for every non-finite
-        step so far (one host read)."""
-        self._check_nonfinite(self._checks)
-
-    def _log(self, record: dict, log_file, writer, split: str) -> None:
         if not self.is_main:
             return
         record = {"split": split, **record}
-        log_file.write(json.dumps(record) + "\n")
-        log_file.flush()
-        if writer is not None:
+        self._log_file.write(json.dumps(record) + "\n")
+        self._log_file.flush()
+        if self._writer is not None:
             for k, v in record.items():
                 if isinstance(v, (int, float)) and k != "step":
-                    writer.add_scalar(f"{split}/{k}", v, record["step"])
+                    self._writer.add_scalar(f"{split}/{k}", v, record["step"])
 
     def _write_run_config(self, directory: Path) -> None:
         import yaml
