@@ -25,6 +25,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from detectors.regions import RegionError, Regions
+from vlbert_base.files import write_text_atomically
 
 SCHEMA_VERSION = 1
 REQUIRED_FIELDS = ("meta.json", "boxes.npy", "features.npy", "scores.npy")
@@ -246,11 +247,7 @@ DETECTOR_INFO = "detector.json"
 
 def write_detector_info(directory: str | os.PathLike, info: dict) -> Path:
     """Write ``directory/detector.json`` (the extractor, its config, class and attribute names) atomically."""
-    path = Path(directory) / DETECTOR_INFO
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(info, indent=1))
-    os.replace(tmp, path)
-    return path
+    return write_text_atomically(Path(directory) / DETECTOR_INFO, json.dumps(info, indent=1))
 
 
 def read_detector_info(directory: str | os.PathLike) -> dict | None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -68,21 +67,15 @@ def read_examples(args, task: str) -> list[dict]:
         ValueError: no example given, a line that is not a JSON object or lacks a field the task needs.
     """
     if args.input:
-        path = Path(args.input)
-        base = path.parent
+        from vlbert.data.grounded_text import jsonl_records
+
         examples = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{number}: not JSON ({e.msg}); write one JSON object per line") from e
+        for where, record in jsonl_records(args.input, "--input"):
             if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number}: not a JSON object; write one object per line")
-            examples.append(_normalise(record, task, f"{path}:{number}", base))
+                raise ValueError(f"{where}: not a JSON object; write one object per line")
+            examples.append(_normalise(record, task, where, Path(args.input).parent))
         if not examples:
-            raise ValueError(f"{path} holds no examples")
+            raise ValueError(f"{args.input} holds no examples")
         return examples
     if task == "retrieval" and args.text is None and args.image is None:
         raise ValueError("pass --text (text -> images, with --images/--index) or --image with --captions, or --input")
@@ -198,17 +191,10 @@ def _int_if_digits(value):
     return int(value) if isinstance(value, str) and value.isdigit() else value
 
 
-def write_atomically(path: str, text: str) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, target)
-
-
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     from vlbert.inference import pipeline, read_inference_info
+    from vlbert_base.files import write_text_atomically
 
     task = read_inference_info(args.run)["task"]
     if FORMATS[args.format] is not None and FORMATS[args.format] != task:
@@ -218,7 +204,7 @@ def main(argv=None) -> int:
                     batch_size=args.batch_size)
     text = render(predict(pipe, task, examples, args), task, args.format)
     if args.output:
-        write_atomically(args.output, text)
+        write_text_atomically(args.output, text)
     else:
         sys.stdout.write(text)
     return 0

@@ -1,8 +1,10 @@
-"""Positional reads of read-only files, fork-safe: the region store and the prepared text corpora read through it."""
+"""Positional reads of read-only files, fork-safe: the region store and the prepared text corpora read through it;
+and atomic text writes (run metadata, predictions, shard metadata)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 class PositionalFiles:
@@ -41,4 +43,15 @@ class PositionalFiles:
                     pass
 
 
-__all__ = ["PositionalFiles"]
+def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same directory renamed over it, creating
+    the directory: a reader sees the old file or the whole new one, never half of it. Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+__all__ = ["PositionalFiles", "write_text_atomically"]

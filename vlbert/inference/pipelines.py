@@ -21,15 +21,14 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from detectors.batch import pad_regions
 from detectors.images import load_image, to_rgb_array
 from detectors.regions import Regions
 from detectors.shards import write_shards
 from detectors.store import RegionStore
 from vlbert.analysis.fill_mask import fill_mask
-from vlbert.data.padding import pad_text
+from vlbert.checkpoint import write_safetensors
 from vlbert.evaluation.retrieval import rerank_shortlist
 from vlbert.inference.run import ImageInput, RunInputs, read_inference_info
 from vlbert.models.referring import VLBertForReferringExpressions
@@ -37,6 +36,7 @@ from vlbert.models.retrieval import VLBertForImageTextRetrieval
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.models.vl_classification import VLBertForImagePairClassification, VLBertForSequenceClassification
 from vlbert.models.vqa import VLBertForVQA
+from vlbert_base.files import write_text_atomically
 
 
 def _default_device() -> str:
@@ -99,8 +99,7 @@ class Pipeline:
         for start in range(0, len(texts), self.batch_size):
             chunk = slice(start, start + self.batch_size)
             regions = self.regions(images[chunk], None if boxes is None else boxes[chunk])
-            batch = self.inputs.batch(self.inputs.text_ids(texts[chunk]), self.inputs.region_items(regions),
-                                      self.device)
+            batch = self.inputs.batch(texts[chunk], regions, self.device)
             out.append(self.model(**batch).logits.float().cpu())
             all_regions += regions
         return torch.cat(out), all_regions
@@ -173,10 +172,8 @@ class ImagePairPipeline(Pipeline):
 def _pair_batch(inputs: RunInputs, texts: Sequence[str], regions: list[Regions], device) -> dict[str, torch.Tensor]:
     """Statements + image pairs (``regions`` ordered left, right, left, ...) as :class:`ImagePairCollator` pads
     them: region tensors [B, 2, R, ...]."""
-    batch = pad_text([{"input_ids": x} for x in inputs.text_ids(texts)], inputs.tokenizer.pad_token_id)
-    padded = pad_regions(inputs.region_items(regions))
-    batch.update({k: v.view(len(texts), 2, *v.shape[1:]) for k, v in padded.items()})
-    return {k: v.to(device) for k, v in batch.items()}
+    pairs = {k: v.view(len(texts), 2, *v.shape[1:]) for k, v in inputs.region_batch(regions, device).items()}
+    return {**inputs.text_batch(texts, device), **pairs}
 
 
 class ReferringPipeline(Pipeline):
@@ -262,10 +259,8 @@ class ImageIndex:
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
         write_shards((self.regions[i] for i in self.image_ids), directory / "regions")
-        save_file({"embeddings": self.embeddings.contiguous()}, str(directory / EMBEDDINGS_FILE))
-        tmp = directory / f"{INDEX_FILE}.tmp"
-        tmp.write_text(json.dumps({"format_version": 1, "image_ids": self.image_ids}), encoding="utf-8")
-        os.replace(tmp, directory / INDEX_FILE)
+        write_safetensors({"embeddings": self.embeddings}, directory / EMBEDDINGS_FILE)
+        write_text_atomically(directory / INDEX_FILE, json.dumps({"format_version": 1, "image_ids": self.image_ids}))
         return directory
 
     @classmethod
@@ -330,26 +325,19 @@ class RetrievalPipeline(Pipeline):
             embeddings.append(self._embed_images(chunk))
         return ImageIndex(ids, regions, torch.cat(embeddings))
 
-    def _image_batch(self, regions: Sequence[Regions]) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.device) for k, v in pad_regions(self.inputs.region_items(regions)).items()}
-
-    def _text_batch(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        batch = pad_text([{"input_ids": x} for x in self.inputs.text_ids(texts)], self.tokenizer.pad_token_id)
-        return {k: v.to(self.device) for k, v in batch.items()}
-
     def _embed_images(self, regions: Sequence[Regions]) -> torch.Tensor:
         cls_sep = (self.tokenizer.cls_token_id, self.tokenizer.sep_token_id)
-        return self.model.embed_image(**self._image_batch(regions), cls_sep=cls_sep).float().cpu()
+        return self.model.embed_image(**self.inputs.region_batch(regions, self.device), cls_sep=cls_sep).float().cpu()
 
     @torch.no_grad()
     def _embed_texts(self, texts: Sequence[str]) -> torch.Tensor:
-        return torch.cat([self.model.embed_text(**self._text_batch(texts[s:s + self.batch_size])).float().cpu()
-                          for s in range(0, len(texts), self.batch_size)])
+        chunks = (texts[s:s + self.batch_size] for s in range(0, len(texts), self.batch_size))
+        return torch.cat([self.model.embed_text(**self.inputs.text_batch(chunk, self.device)).float().cpu()
+                          for chunk in chunks])
 
     def _cross_scores(self, regions: Sequence[Regions], texts: Sequence[str]):
         def scores(image_rows: list[int], text_rows: list[int]) -> torch.Tensor:
-            batch = {**self._text_batch([texts[i] for i in text_rows]),
-                     **self._image_batch([regions[i] for i in image_rows])}
+            batch = self.inputs.batch([texts[i] for i in text_rows], [regions[i] for i in image_rows], self.device)
             return self.model.match_scores(**batch).float().cpu()
         return scores
 

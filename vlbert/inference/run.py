@@ -130,33 +130,28 @@ class RunInputs:
             ValueError: a :class:`Regions` from another extractor than the run's (both named), an unreadable image.
         """
         out: list[Regions | None] = [None] * len(images)
-        todo = []
+        pending: dict = {}  # key -> (name, source, boxes or None, positions): a file asked about twice is read once
         for k, image in enumerate(images):
             if isinstance(image, Regions):
                 self._check_regions(image)
                 out[k] = image
-            else:
-                array = image if isinstance(image, np.ndarray) else None
-                if array is None and not isinstance(image, (str, os.PathLike)):
-                    array = to_rgb_array(image)  # a PIL image
-                name = str(image) if array is None else f"image-{k}"
-                todo.append((k, name, array if array is not None else image))
-        if todo:
-            with_boxes = [t for t in todo if boxes is not None and boxes[t[0]] is not None]
-            given = {name: np.asarray(boxes[k], dtype=np.float32) for k, name, _ in with_boxes}
-            without = [t for t in todo if boxes is None or boxes[t[0]] is None]
-            first = {}  # a file asked for several times (many questions about one image) is extracted once
-            for k, name, src in without:
-                first.setdefault(name if isinstance(src, (str, os.PathLike)) else k, (k, name, src))
-            unique = list(first.values())
-            for group, group_boxes in ((unique, None), (with_boxes, given)):
-                if group:
-                    extracted = extract_regions(self.extractor, [(name, src) for _, name, src in group], batch_size,
-                                                boxes=group_boxes, progress=False)
-                    for (k, _, _), regions in zip(group, extracted):
+                continue
+            given = None if boxes is None or boxes[k] is None else np.asarray(boxes[k], dtype=np.float32)
+            if isinstance(image, (str, os.PathLike)):
+                name, source = str(image), image
+            else:  # an array, or a PIL image
+                name, source = f"image-{k}", image if isinstance(image, np.ndarray) else to_rgb_array(image)
+            key = name if given is None and isinstance(source, (str, os.PathLike)) else k
+            pending.setdefault(key, (name, source, given, []))[3].append(k)
+        for with_boxes in (False, True):
+            group = [p for p in pending.values() if (p[2] is not None) == with_boxes]
+            if group:
+                given = {name: b for name, _, b, _ in group} if with_boxes else None
+                extracted = extract_regions(self.extractor, [(name, source) for name, source, _, _ in group],
+                                            batch_size, boxes=given, progress=False)
+                for (_, _, _, positions), regions in zip(group, extracted):
+                    for k in positions:
                         out[k] = regions
-            for k, name, src in without:
-                out[k] = out[first[name if isinstance(src, (str, os.PathLike)) else k][0]]
         return out
 
     def _check_regions(self, regions: Regions) -> None:
@@ -178,11 +173,20 @@ class RunInputs:
         """Wordpiece ids of each text with [CLS]/[SEP], truncated to the run's maximum length (as its dataset)."""
         return self.tokenizer(list(texts), truncation=True, max_length=self.max_text_length)["input_ids"]
 
-    def batch(self, ids: Sequence[list[int]], items: Sequence[dict], device) -> dict[str, torch.Tensor]:
-        """Padded text + region tensors on ``device`` (:func:`pad_text`, :func:`pad_regions`)."""
-        batch = pad_text([{"input_ids": x} for x in ids], self.tokenizer.pad_token_id)
-        batch.update(pad_regions(list(items)))
+    def text_batch(self, texts: Sequence[str], device) -> dict[str, torch.Tensor]:
+        """``texts`` tokenised as the run's dataset (:meth:`text_ids`) and padded (:func:`pad_text`) on ``device``:
+        input_ids, token_type_ids, attention_mask int64 [B, T]."""
+        batch = pad_text([{"input_ids": x} for x in self.text_ids(texts)], self.tokenizer.pad_token_id)
         return {k: v.to(device) for k, v in batch.items()}
+
+    def region_batch(self, regions: Sequence[Regions], device) -> dict[str, torch.Tensor]:
+        """Each image's first ``max_regions`` regions, padded (:func:`pad_regions`) on ``device``: region_features
+        float16 [B, R, D], region_boxes float32 [B, R, 4] normalised, region_mask int64 [B, R]."""
+        return {k: v.to(device) for k, v in pad_regions(self.region_items(regions)).items()}
+
+    def batch(self, texts: Sequence[str], regions: Sequence[Regions], device) -> dict[str, torch.Tensor]:
+        """One (text, image) pair per row: :meth:`text_batch` and :meth:`region_batch` together."""
+        return {**self.text_batch(texts, device), **self.region_batch(regions, device)}
 
 
 __all__ = ["RunInputs", "read_inference_info", "detector_for_run", "ImageInput"]

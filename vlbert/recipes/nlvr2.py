@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from vlbert.data.nlvr2 import ImagePairCollator, ImagePairDataset, easy_vqa_image_pairs, load_nlvr2
 from vlbert.evaluation.classification import predict_labels
 from vlbert.models.vl_classification import VLBertForImagePairClassification
-from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, task_provenance, task_regions
+from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info, task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
 
 
@@ -84,9 +84,7 @@ def majority_baseline(ctx: RunContext, data: NLVR2Data, model) -> dict:
 
 def inference_info(ctx: RunContext, data: NLVR2Data) -> dict:
     """Label names (index 1 = the statement is true), the maximum lengths and the regions' detector."""
-    return {"labels": ["False", "True"], "max_text_length": ctx.data.max_text_length,
-            "max_regions": ctx.data.max_regions, "region_feature_dim": data.feature_dim,
-            "detector": task_provenance(ctx, data.regions)}
+    return region_task_info(ctx, data, labels=["False", "True"])
 
 
 RECIPE = Recipe("nlvr2", NLVR2DataConfig, NLVR2Data, build_model, evaluate=evaluate,

@@ -19,8 +19,8 @@ from detectors.cache import cached_shards
 from detectors.store import RegionStore, region_count
 from vlbert.data.refcoco import ReferringCollator, ReferringDataset, box_iou, easy_vqa_composites, load_refcoco
 from vlbert.models.referring import VLBertForReferringExpressions
-from vlbert.recipes.regions import (DatasetBuilder, RegionTaskDataConfig, load_examples, regions_provenance,
-                                    task_provenance, task_regions)
+from vlbert.recipes.regions import (DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info,
+                                    regions_provenance, task_regions)
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
 from vlbert.utils import evaluation
 
@@ -137,12 +137,11 @@ def baselines(ctx: RunContext, data: ReferringData, model) -> dict:
 def inference_info(ctx: RunContext, data: ReferringData) -> dict:
     """The maximum lengths, the regions' detector and whether its boxes were given (the easy-VQA tiles, ``boxes:
     gt``: inference then needs the candidate boxes too) or detected."""
-    given = ctx.data.dataset == "easy-vqa" and ctx.data.boxes == "gt"
-    provenance = regions_provenance(data.regions, ctx.detector) if ctx.data.dataset == "easy-vqa" else \
-        task_provenance(ctx, data.regions)
-    return {"max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
-            "region_feature_dim": data.feature_dim, "boxes": "given" if given else "detector",
-            "detector": provenance}
+    if ctx.data.dataset != "easy-vqa":
+        return region_task_info(ctx, data, boxes="detector")
+    # The composites' regions are always extracted with the run's detector, whatever data.shards says.
+    return region_task_info(ctx, data, boxes="given" if ctx.data.boxes == "gt" else "detector",
+                            detector=regions_provenance(data.regions, ctx.detector))
 
 
 RECIPE = Recipe("refcoco", ReferringDataConfig, ReferringData, build_model,

@@ -97,6 +97,14 @@ def task_regions(ctx, image_ids: list[str] | None = None) -> RegionStore:
     return region_store(data.shards, data.dataset, data.cache_dir, ctx.detector, image_ids)
 
 
+def region_task_info(ctx, data, **extra) -> dict:
+    """What a region task's run saves for inference (``inference.json``, :mod:`vlbert.inference`): the maximum
+    lengths, the region feature size (``data.feature_dim``), the regions' detector (:func:`task_provenance` of
+    ``data.regions``) and the task's ``extra`` fields (label names, ...; an ``extra`` key replaces a common one)."""
+    return {"max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
+            "region_feature_dim": data.feature_dim, "detector": task_provenance(ctx, data.regions), **extra}
+
+
 def regions_provenance(store, detector=None) -> dict:
     """What made the regions of ``store`` (a :class:`~detectors.store.RegionStore`, or a mapping of them by
     name), as saved with a run for inference (``inference.json``, :mod:`vlbert.inference`):
@@ -119,4 +127,4 @@ def regions_provenance(store, detector=None) -> dict:
 
 
 __all__ = ["RegionTaskDataConfig", "DatasetBuilder", "load_examples", "task_regions", "region_store",
-           "regions_provenance", "task_provenance"]
+           "region_task_info", "regions_provenance", "task_provenance"]

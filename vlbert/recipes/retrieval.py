@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from vlbert.data.retrieval import RetrievalCollator, RetrievalPairs, easy_vqa_captioned, load_karpathy_split
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
-from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, task_provenance, task_regions
+from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info, task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 
 
@@ -76,8 +76,7 @@ def evaluate(ctx: RunContext, data: RetrievalData, model) -> dict:
 
 def inference_info(ctx: RunContext, data: RetrievalData) -> dict:
     """The maximum lengths, the shortlist and the regions' detector."""
-    return {"max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
-            "shortlist": ctx.data.shortlist, "region_feature_dim": data.feature_dim, "detector": task_provenance(ctx, data.regions)}
+    return region_task_info(ctx, data, shortlist=ctx.data.shortlist)
 
 
 RECIPE = Recipe("retrieval", RetrievalDataConfig, RetrievalData, build_model, evaluate=evaluate, uses_regions=True,

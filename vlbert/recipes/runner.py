@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from vlbert.data.loading import eval_loader, train_loader
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
 from vlbert.training.run_config import check_sections, dataclass_from_section
 from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig, set_seed
+from vlbert_base.files import write_text_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -132,24 +132,13 @@ INFERENCE_INFO = "inference.json"
 def write_inference_info(output_dir: str | Path, info: dict[str, Any]) -> Path:
     """Write ``output_dir/inference.json`` (``info`` plus ``format_version``) atomically: a reader never sees half
     a file. Returns its path."""
-    directory = Path(output_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / INFERENCE_INFO
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"format_version": 1, **info}, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomically(Path(output_dir) / INFERENCE_INFO, json.dumps({"format_version": 1, **info}, indent=1))
 
 
 def write_output_file(ctx: "RunContext", name: str, text: str) -> Path:
     """Write ``text`` to ``name`` in the run's output directory, atomically (a predictions file is never seen half
     written). Returns its path."""
-    path = Path(ctx.training.output_dir) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomically(Path(ctx.training.output_dir) / name, text)
 
 
 def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> None:

@@ -15,7 +15,7 @@ from vlbert.data.visual_entailment import (LABELS, EntailmentCollator, Entailmen
                                            load_snli_ve)
 from vlbert.evaluation.classification import predict_labels
 from vlbert.models.vl_classification import VLBertForSequenceClassification
-from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, task_provenance, task_regions
+from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info, task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
 
 
@@ -92,8 +92,7 @@ def majority_baseline(ctx: RunContext, data: EntailmentData, model) -> dict:
 
 def inference_info(ctx: RunContext, data: EntailmentData) -> dict:
     """Label names, the maximum lengths and the regions' detector."""
-    return {"labels": list(LABELS), "max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
-            "region_feature_dim": data.feature_dim, "detector": task_provenance(ctx, data.regions)}
+    return region_task_info(ctx, data, labels=list(LABELS))
 
 
 RECIPE = Recipe("snli-ve", EntailmentDataConfig, EntailmentData, build_model,

@@ -16,7 +16,7 @@ from vlbert.data.vqa import VQACollator, VQADataset, build_answer_vocab, easy_vq
 from vlbert.data.vqa_answers import reference_forms
 from vlbert.evaluation.vqa import vqa_accuracy
 from vlbert.models.vqa import VLBertForVQA
-from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, task_provenance, task_regions
+from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info, task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
 from vlbert.utils import evaluation
 
@@ -119,9 +119,7 @@ def majority_baseline(ctx: RunContext, data: VQAData, model) -> dict:
 
 def inference_info(ctx: RunContext, data: VQAData) -> dict:
     """The answer vocabulary (the model's output order), the maximum lengths and the regions' detector."""
-    return {"labels": list(data.answer_vocab), "max_text_length": ctx.data.max_text_length,
-            "max_regions": ctx.data.max_regions, "region_feature_dim": data.feature_dim,
-            "detector": task_provenance(ctx, data.regions)}
+    return region_task_info(ctx, data, labels=list(data.answer_vocab))
 
 
 RECIPE = Recipe("vqa", VQADataConfig, VQAData, build_model, evaluate=evaluate, baselines=majority_baseline,
