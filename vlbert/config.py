@@ -65,7 +65,7 @@ class BertConfig:
     ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                            "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
                            "layer_norm_eps", "position_embedding_type", "region_feature_dim", "region_location_dim",
-                           "num_region_classes")
+                           "num_region_classes", "region_embedding")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -174,11 +174,18 @@ class BertConfig:
 
 @dataclass
 class VLBertConfig(BertConfig):
-    """A BERT encoder plus the region pathway of a single-stream vision-language model (UNITER, VisualBERT).
+    """A BERT encoder plus the region pathway of a single-stream vision-language model (UNITER, VisualBERT,
+    Oscar/VinVL).
 
     Extra fields:
         region_feature_dim: size D of one RoI feature vector (2048 for bottom-up-attention Faster R-CNN).
-        region_location_dim: size of the location feature, 7 = [x1, y1, x2, y2, w, h, w*h] in normalised units.
+        region_embedding: the region pathway, a key of :data:`vlbert.models.region_embeddings.REGION_EMBEDDINGS`:
+            "uniter" (default), "visualbert", "oscar" or "vinvl" (their equations are in that module).
+        region_location_dim: size of the location feature the pathway reads: 7 = [x1, y1, x2, y2, w, h, w*h]
+            (uniter), 6 = [x1, y1, x2, y2, w, h] (oscar, vinvl), 0 = no box input (visualbert); normalised units.
+        region_token_type: the token type regions get when the inputs give none: a row of the text's
+            token-type table (uniter, default 1 = segment B) or of VisualBERT's visual token-type table
+            (VisualBERT's VQA/COCO checkpoints were trained with 0).
         num_region_classes: size of the detector's class distribution used by masked region classification
             without a background class (1600 for Visual Genome bottom-up-attention; 0 disables MRC). Whether MRC
             uses the top class (``mrc``) or the distribution (``mrc_kl``) is the objective mix's choice.
@@ -187,17 +194,24 @@ class VLBertConfig(BertConfig):
     region_feature_dim: int = 2048
     region_location_dim: int = 7
     num_region_classes: int = 1600
+    region_embedding: str = "uniter"
+    region_token_type: int = 1
 
     model_type = "vlbert"
 
     def validate(self) -> None:
         super().validate()
-        if self.region_feature_dim <= 0:
-            raise ValueError(f"config.region_feature_dim must be positive, got {self.region_feature_dim}")
-        if self.region_location_dim != 7:
-            raise ValueError("config.region_location_dim must be 7 ([x1, y1, x2, y2, w, h, w*h])")
-        if self.num_region_classes < 0:
-            raise ValueError(f"config.num_region_classes must be >= 0, got {self.num_region_classes}")
+        if not isinstance(self.region_feature_dim, int) or self.region_feature_dim <= 0:
+            raise ValueError(f"config.region_feature_dim must be a positive integer, got {self.region_feature_dim!r}")
+        if self.region_location_dim not in (0, 6, 7):
+            raise ValueError("config.region_location_dim must be 7 ([x1, y1, x2, y2, w, h, w*h]: uniter), "
+                             f"6 ([x1, y1, x2, y2, w, h]: oscar, vinvl) or 0 (visualbert), got "
+                             f"{self.region_location_dim!r}")
+        if not isinstance(self.num_region_classes, int) or self.num_region_classes < 0:
+            raise ValueError(f"config.num_region_classes must be an integer >= 0, got {self.num_region_classes!r}")
+        if not isinstance(self.region_token_type, int) or not 0 <= self.region_token_type < self.type_vocab_size:
+            raise ValueError(f"config.region_token_type must be in [0, type_vocab_size={self.type_vocab_size}), "
+                             f"got {self.region_token_type!r}")
 
     @classmethod
     def accepted_model_types(cls) -> tuple[str, ...]:

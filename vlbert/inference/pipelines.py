@@ -34,8 +34,9 @@ from vlbert.inference.run import ImageInput, RunInputs, read_inference_info
 from vlbert.models.referring import VLBertForReferringExpressions
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
 from vlbert.models.vl import VLBertForPreTraining
-from vlbert.models.vl_classification import VLBertForImagePairClassification, VLBertForSequenceClassification
-from vlbert.models.vqa import VLBertForVQA
+from vlbert.models.vl_classification import (VLBertForImagePairClassification, VLBertForSequenceClassification,
+                                             VLBertForVisualReasoning)
+from vlbert.models.vqa import VLBertForMaskedTokenVQA, VLBertForVQA
 from vlbert_base.files import write_text_atomically
 
 
@@ -69,6 +70,8 @@ class Pipeline:
 
     tasks: ClassVar[tuple[str, ...]] = ()
     model_class: ClassVar[type] = VLBertForVQA
+    #: other model classes a run of the task may hold (config.json's ``architectures`` decides).
+    model_classes: ClassVar[tuple[type, ...]] = ()
 
     def __init__(self, run_dir: str | os.PathLike, device: str | None = None, detector=None,
                  allow_other_detector: bool = False, batch_size: int = 16):
@@ -78,9 +81,16 @@ class Pipeline:
         if task not in self.tasks:
             raise ValueError(f"{run_dir} is a {task!r} run; {type(self).__name__} takes {' or '.join(self.tasks)} "
                              f"runs: use vlbert.inference.pipeline({str(run_dir)!r}), which picks the task's own")
-        self.model = self.model_class.from_pretrained(self.inputs.run_dir).to(self.device).eval()
+        self.model = self.architecture().from_pretrained(self.inputs.run_dir).to(self.device).eval()
         self.labels: list[str] | None = self.inputs.info.get("labels")
         self.batch_size = batch_size
+
+    def architecture(self) -> type:
+        """The model class to load: the one config.json names when it is among :attr:`model_classes` (a converted
+        VisualBERT's VQA or NLVR2 head), else :attr:`model_class`."""
+        path = self.inputs.run_dir / "config.json"
+        saved = json.loads(path.read_text(encoding="utf-8")).get("architectures") or [] if path.is_file() else []
+        return next((c for c in self.model_classes if c.__name__ in saved), self.model_class)
 
     @property
     def tokenizer(self):
@@ -99,7 +109,8 @@ class Pipeline:
         for start in range(0, len(texts), self.batch_size):
             chunk = slice(start, start + self.batch_size)
             regions = self.regions(images[chunk], None if boxes is None else boxes[chunk])
-            batch = self.inputs.batch(texts[chunk], regions, self.device)
+            suffix = getattr(self.model, "question_suffix", "")  # VisualBERT's VQA reads a [MASK] at the end
+            batch = self.inputs.batch([t + suffix for t in texts[chunk]], regions, self.device)
             out.append(self.model(**batch).logits.float().cpu())
             all_regions += regions
         return torch.cat(out), all_regions
@@ -115,6 +126,7 @@ class VQAPipeline(Pipeline):
 
     tasks = ("vqa",)
     model_class = VLBertForVQA
+    model_classes = (VLBertForMaskedTokenVQA,)
 
     def __call__(self, image, question, top_k: int = 1):
         single = _is_single(image)
@@ -152,6 +164,7 @@ class ImagePairPipeline(Pipeline):
 
     tasks = ("nlvr2",)
     model_class = VLBertForImagePairClassification
+    model_classes = (VLBertForVisualReasoning,)
 
     @torch.no_grad()
     def __call__(self, left, right, statement):

@@ -7,11 +7,15 @@ from vlbert.models.outputs import EncoderOutput, ObjectiveOutput, PreTrainingOut
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
 from vlbert.models.vl import VLBertForPreTraining, VLBertModel, region_location_features
-from vlbert.models.vl_classification import VLBertForSequenceClassification
-from vlbert.models.vqa import VLBertForVQA
+from vlbert.models.referring import VLBertForReferringExpressions
+from vlbert.models.region_embeddings import REGION_EMBEDDINGS
+from vlbert.models.vl_classification import (VLBertForImagePairClassification, VLBertForSequenceClassification,
+                                             VLBertForVisualReasoning)
+from vlbert.models.vqa import VLBertForMaskedTokenVQA, VLBertForVQA
 
 __all__ = ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "BertForTokenClassification",
            "BertForQuestionAnswering", "BertForMultipleChoice", "ScalarMix", "best_span", "layer_features",
            "VLBertModel", "VLBertForPreTraining", "VLBertForVQA", "VLBertForImageTextRetrieval",
-           "VLBertForSequenceClassification",
+           "VLBertForSequenceClassification", "VLBertForImagePairClassification", "VLBertForVisualReasoning",
+           "VLBertForMaskedTokenVQA", "VLBertForReferringExpressions", "REGION_EMBEDDINGS",
            "region_location_features", "EncoderOutput", "ObjectiveOutput", "PreTrainingOutput", "PreTrainedModel"]

@@ -121,6 +121,15 @@ class PreTrainedModel(nn.Module):
                 f"the BERT encoder. Use a checkpoint of a BERT model (config model_type 'bert').")
         mismatched = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
                       for k, v in own.items() if k in state and state[k].shape != v.shape]
+        resized_heads = [k for k, v in own.items() if k in state and state[k].shape != v.shape
+                         and base and not k.startswith(base)]
+        if resized_heads and len(resized_heads) == len(mismatched) and not strict:
+            # A task head of another size (another answer vocabulary, another label count): start it afresh, as
+            # transformers' ignore_mismatched_sizes; the encoder must always fit.
+            logger.warning("%s: %s of %s has other shapes than this model's; newly initialised: %s",
+                           type(self).__name__, "head", source, mismatched)
+            state = {k: v for k, v in state.items() if k not in resized_heads}
+            mismatched = []
         if mismatched:
             raise ValueError(
                 f"{source} does not fit this config; shape mismatches: {mismatched[:5]}. The config must be the "

@@ -13,58 +13,24 @@ import torch
 from torch import nn
 
 from vlbert.config import VLBertConfig
-from vlbert.layers.kernels import Dropout
 from vlbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, check_text_inputs
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
+from vlbert.models.region_embeddings import build_region_embedding, region_location_features
 from vlbert.objectives import OBJECTIVES, Encoded
 
-#: token_type id of regions: BERT's segment B embedding, as UNITER (text of a VL pair is segment A).
-VISUAL_TOKEN_TYPE = 1
-
-
-def region_location_features(boxes: torch.Tensor) -> torch.Tensor:
-    """The 7-d location feature of each region (UNITER section 3.1).
-
-    Args:
-        boxes: float [..., 4] = (x1, y1, x2, y2), normalised to [0, 1] by image width and height.
-    Returns:
-        float [..., 7] = (x1, y1, x2, y2, w, h, w * h) with w = x2 - x1, h = y2 - y1 (w * h is the area fraction).
-    """
-    x1, y1, x2, y2 = boxes.unbind(-1)
-    w, h = x2 - x1, y2 - y1
-    return torch.stack([x1, y1, x2, y2, w, h, w * h], dim=-1)
-
-
-class RegionEmbeddings(nn.Module):
-    """Region embeddings: LN(W_f f) + LN(W_l loc7(box)) + segment embedding, then LayerNorm and dropout.
-
-    Source: UNITER ``UniterImageEmbeddings``. The segment embedding is row ``VISUAL_TOKEN_TYPE`` of the text
-    embeddings' token-type table (shared, passed to :meth:`forward`).
-    """
-
-    def __init__(self, config: VLBertConfig):
-        super().__init__()
-        self.feature_proj = nn.Linear(config.region_feature_dim, config.hidden_size)
-        self.feature_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.location_proj = nn.Linear(config.region_location_dim, config.hidden_size)
-        self.location_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
-
-    def forward(self, region_features: torch.Tensor, region_boxes: torch.Tensor,
-                segment_embedding: torch.Tensor) -> torch.Tensor:
-        """Args: region_features [B, R, D] (float16 is cast to the layer's dtype here); region_boxes float
-        [B, R, 4] normalised xyxy; segment_embedding [H]. Returns float [B, R, H]."""
-        dtype = self.feature_proj.weight.dtype
-        x = self.feature_norm(self.feature_proj(region_features.to(dtype)))
-        x = x + self.location_norm(self.location_proj(region_location_features(region_boxes.to(dtype))))
-        return self.dropout(self.norm(x + segment_embedding))
+def _has_submodule(model: nn.Module, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+        return True
+    except AttributeError:
+        return False
 
 
 class VLBertModel(PreTrainedModel):
-    """BERT over [text ; regions]: text embeddings and :class:`RegionEmbeddings` concatenated along the sequence,
-    one encoder, a joint attention mask. ``last_hidden_state`` is [B, T + R, H], text positions first; the pooler
+    """BERT over [text ; regions]: text embeddings and the region pathway ``config.region_embedding`` (an entry
+    of :data:`~vlbert.models.region_embeddings.REGION_EMBEDDINGS`: UNITER, VisualBERT, Oscar or VinVL)
+    concatenated along the sequence, one encoder, a joint attention mask. ``last_hidden_state`` is [B, T + R, H], text positions first; the pooler
     reads the text's [CLS].
 
     Initialise the shared encoder from any BERT checkpoint with ``VLBertModel.from_pretrained(dir,
@@ -76,13 +42,15 @@ class VLBertModel(PreTrainedModel):
     def __init__(self, config: VLBertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
         self.embeddings = BertEmbeddings(config)
-        self.region_embeddings = RegionEmbeddings(config)
+        self.region_embeddings = build_region_embedding(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.init_weights()
 
     def check_region_inputs(self, input_ids: torch.Tensor, region_features: torch.Tensor,
-                            region_boxes: torch.Tensor, region_mask: torch.Tensor | None) -> None:
+                            region_boxes: torch.Tensor, region_mask: torch.Tensor | None,
+                            region_token_type_ids: torch.Tensor | None = None,
+                            masked_regions: torch.Tensor | None = None) -> None:
         """Raise ``ValueError`` for region inputs of the wrong shape (shape checks only: no device sync)."""
         b = input_ids.shape[0]
         d = self.config.region_feature_dim
@@ -94,16 +62,20 @@ class VLBertModel(PreTrainedModel):
         if r == 0:
             raise ValueError("region_features has zero regions; every image needs at least one region "
                              "(the whole-image box is always a valid region)")
-        if region_boxes.shape != (b, r, 4):
+        if region_boxes is not None and region_boxes.shape != (b, r, 4):
             raise ValueError(f"region_boxes must be [{b}, {r}, 4] normalised (x1, y1, x2, y2), got "
                              f"{tuple(region_boxes.shape)}")
-        if region_mask is not None and region_mask.shape != (b, r):
-            raise ValueError(f"region_mask must be [{b}, {r}], got {tuple(region_mask.shape)}")
+        for name, t in (("region_mask", region_mask), ("region_token_type_ids", region_token_type_ids),
+                        ("masked_regions", masked_regions)):
+            if t is not None and t.shape != (b, r):
+                raise ValueError(f"{name} must be [{b}, {r}], got {tuple(t.shape)}")
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, region_features: torch.Tensor | None = None,
                 region_boxes: torch.Tensor | None = None, region_mask: torch.Tensor | None = None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> EncoderOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                region_token_type_ids: torch.Tensor | None = None,
+                masked_regions: torch.Tensor | None = None) -> EncoderOutput:
         """Encode text and regions jointly.
 
         Args:
@@ -114,6 +86,10 @@ class VLBertModel(PreTrainedModel):
             output_hidden_states: also return per-layer hidden states over all T + R positions.
             output_attentions: also return each layer's attention probabilities [B, heads, T + R, T + R] (text
                 positions first: rows/columns T.. are the regions).
+            region_token_type_ids: int64 [B, R], each region's token type (default ``config.region_token_type``;
+                VisualBERT's NLVR2 types the two images' regions 0 and 1).
+            masked_regions: bool [B, R], regions masked for masked region modelling (UNITER adds its
+                ``mask_embedding`` there; the other pathways ignore it).
         Returns:
             :class:`EncoderOutput`, last_hidden_state [B, T + R, H] (text rows first), pooler_output [B, H].
             Without regions this is exactly :class:`BertModel`.
@@ -127,12 +103,13 @@ class VLBertModel(PreTrainedModel):
                                output_attentions)
             out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
             return out
-        if region_boxes is None:
+        if region_boxes is None and self.region_embeddings.location_dim:
             raise ValueError("region_boxes are required with region_features")
-        self.check_region_inputs(input_ids, region_features, region_boxes, region_mask)
+        self.check_region_inputs(input_ids, region_features, region_boxes, region_mask, region_token_type_ids,
+                                 masked_regions)
         text = self.embeddings(input_ids, token_type_ids)
-        segment = self.embeddings.token_type_embeddings.weight[VISUAL_TOKEN_TYPE]
-        regions = self.region_embeddings(region_features, region_boxes, segment)
+        regions = self.region_embeddings(region_features, region_boxes, region_token_type_ids, self.embeddings,
+                                         masked_regions)
         x = torch.cat([text, regions.to(text.dtype)], dim=1)
         b, t, r = input_ids.shape[0], input_ids.shape[1], region_features.shape[1]
         text_mask = attention_mask if attention_mask is not None else input_ids.new_ones(b, t)
@@ -189,7 +166,7 @@ class VLBertForPreTraining(PreTrainedModel):
         ``losses``/``metrics``/``counts``; ``seq_relationship_logits`` holds the ITM logits [B, 2]. Without any
         labels (inference), ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size]."""
         enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                        output_hidden_states, output_attentions)
+                        output_hidden_states, output_attentions, masked_regions=masked_regions)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
                                 hidden_states=enc.hidden_states, attentions=enc.attentions)
         t = input_ids.shape[1]
@@ -210,12 +187,12 @@ class VLBertForPreTraining(PreTrainedModel):
             out.prediction_logits = self.masked_lm(encoded.text, self.bert.embeddings.word_embeddings.weight)
         elif torch.is_grad_enabled():
             footprints = dict.fromkeys(name for u in self.units for name in u.footprint())
-            idle = [p for name in footprints if name not in used for p in self.get_submodule(name).parameters()]
+            idle = [p for name in footprints if name not in used and _has_submodule(self, name)
+                    for p in self.get_submodule(name).parameters()]
             if idle:
                 out.loss = out.loss + sum(p.sum() for p in idle) * 0.0
                 out.unused_parameters = idle
         return out
 
 
-__all__ = ["VLBertModel", "VLBertForPreTraining", "RegionEmbeddings", "region_location_features",
-           "VISUAL_TOKEN_TYPE"]
+__all__ = ["VLBertModel", "VLBertForPreTraining", "region_location_features"]

@@ -3,6 +3,7 @@ images + text (NLVR2)."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from vlbert.config import VLBertConfig
@@ -32,11 +33,12 @@ class VLBertForSequenceClassification(PreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
-                region_mask=None, labels=None) -> ClassificationOutput:
+                region_mask=None, labels=None, region_token_type_ids=None) -> ClassificationOutput:
         """Args: text [B, T] and regions as :meth:`VLBertModel.forward`; labels int64 [B] in [0, num_labels).
         Returns logits float [B, num_labels]; with labels, ``losses["cls"]`` and ``metrics["cls_accuracy"]``.
         Raises: ValueError as :meth:`VLBertModel.forward`."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask)
+        enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
+                        region_token_type_ids=region_token_type_ids)
         out = ClassificationOutput(logits=self.classifier(self.dropout(enc.pooler_output)))
         if labels is not None:
             loss, accuracy, n = classification_loss(out.logits, labels)
@@ -85,4 +87,26 @@ class VLBertForImagePairClassification(PreTrainedModel):
         return out
 
 
-__all__ = ["VLBertForSequenceClassification", "VLBertForImagePairClassification"]
+class VLBertForVisualReasoning(VLBertForSequenceClassification):
+    """NLVR2 as VisualBERT does it: the statement and both images' regions in one sequence, the left image's
+    regions of region token type 0 and the right's of type 1, classified from the pooled [CLS] by dropout and a
+    Linear(H, num_labels) (transformers ``VisualBertForVisualReasoning``; uclanlp/visualbert
+    ``nlvr_dataset.py``). Takes the same inputs as :class:`VLBertForImagePairClassification`.
+    """
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
+                region_mask=None, labels=None, region_token_type_ids=None) -> ClassificationOutput:
+        """Args: text [B, T]; region_features [B, 2, R, D], region_boxes [B, 2, R, 4], region_mask [B, 2, R] (image
+        0 = left), or already joined [B, R', ...] with ``region_token_type_ids`` [B, R']; labels int64 [B].
+        Returns logits float [B, num_labels] (and the loss as :class:`VLBertForSequenceClassification`)."""
+        if region_features is not None and region_features.dim() == 4:
+            b, two, r = region_features.shape[:3]
+            region_token_type_ids = torch.arange(two, device=region_features.device).repeat_interleave(r).expand(b, -1)
+            region_features = region_features.flatten(1, 2)
+            region_boxes = None if region_boxes is None else region_boxes.flatten(1, 2)
+            region_mask = None if region_mask is None else region_mask.flatten(1, 2)
+        return super().forward(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
+                               labels, region_token_type_ids)
+
+
+__all__ = ["VLBertForSequenceClassification", "VLBertForImagePairClassification", "VLBertForVisualReasoning"]

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from vlbert.config import VLBertConfig
+from vlbert.layers.kernels import Dropout
 from vlbert.layers.losses import upcast
 from vlbert.layers.mlp_head import mlp_head
 from vlbert.models.outputs import ObjectiveOutput
@@ -51,16 +53,58 @@ class VLBertForVQA(PreTrainedModel):
         logits = self.vqa_head(enc.pooler_output)
         out = VQAOutput(logits=logits)
         if answer_targets is not None:
-            if answer_targets.shape != logits.shape:
-                raise ValueError(f"answer_targets {tuple(answer_targets.shape)} must be [batch, num_labels="
-                                 f"{self.config.num_labels}]")
-            scores = upcast(logits)
-            targets = answer_targets.to(scores.dtype)
-            loss = F.binary_cross_entropy_with_logits(scores, targets, reduction="sum") / logits.shape[0]
-            with torch.no_grad():
-                score = targets.gather(1, logits.argmax(-1, keepdim=True)).mean()
-            out.add("vqa", loss, "vqa_score", score, logits.shape[0])
+            add_vqa_loss(out, logits, answer_targets)
         return out
 
 
-__all__ = ["VLBertForVQA", "VQAOutput"]
+def add_vqa_loss(out: VQAOutput, logits: torch.Tensor, answer_targets: torch.Tensor) -> None:
+    """Soft-score BCE (summed over answers, averaged over questions) and the top answer's soft score, added to
+    ``out`` as ``losses["vqa"]`` / ``metrics["vqa_score"]``. logits, answer_targets: float [B, A].
+    Raises: ValueError when the shapes differ."""
+    if answer_targets.shape != logits.shape:
+        raise ValueError(f"answer_targets {tuple(answer_targets.shape)} must be [batch, num_labels="
+                         f"{logits.shape[-1]}]")
+    scores = upcast(logits)
+    targets = answer_targets.to(scores.dtype)
+    loss = F.binary_cross_entropy_with_logits(scores, targets, reduction="sum") / logits.shape[0]
+    with torch.no_grad():
+        score = targets.gather(1, logits.argmax(-1, keepdim=True)).mean()
+    out.add("vqa", loss, "vqa_score", score, logits.shape[0])
+
+
+class VLBertForMaskedTokenVQA(PreTrainedModel):
+    """VisualBERT's VQA head: the question is ``[CLS] question [MASK] [SEP]`` and the answer is read from the hidden
+    state of the [MASK], the last text token before [SEP] (position ``attention_mask.sum(1) - 2``), through dropout
+    and one Linear(H, A) (transformers ``VisualBertForQuestionAnswering``; uclanlp/visualbert, ``configs/vqa``).
+    Trained here with the same soft-score BCE as :class:`VLBertForVQA`. The tokenisation must put the [MASK]
+    there: pipelines and recipes append ``question_suffix`` to every question.
+    """
+
+    config_class = VLBertConfig
+    base_model_prefix = "bert"
+    objectives = ("vqa",)
+    question_suffix = " [MASK]"
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__(config)
+        self.bert = VLBertModel(config)
+        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
+                region_mask=None, answer_targets=None, region_token_type_ids=None) -> VQAOutput:
+        """Args: question [B, T] ending ``[MASK] [SEP]`` (right-padded) and regions as :class:`VLBertModel`;
+        answer_targets float [B, A]. Returns logits [B, A] (and the loss as :class:`VLBertForVQA`)."""
+        enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
+                        region_token_type_ids=region_token_type_ids)
+        lengths = attention_mask.sum(1) if attention_mask is not None else input_ids.new_full(
+            (input_ids.shape[0],), input_ids.shape[1])
+        at_mask = enc.last_hidden_state[torch.arange(input_ids.shape[0], device=input_ids.device), lengths - 2]
+        out = VQAOutput(logits=self.classifier(self.dropout(at_mask)))
+        if answer_targets is not None:
+            add_vqa_loss(out, out.logits, answer_targets)
+        return out
+
+
+__all__ = ["VLBertForVQA", "VLBertForMaskedTokenVQA", "VQAOutput", "add_vqa_loss"]

@@ -32,7 +32,10 @@ def choose_masked_regions(num_real: int, num_regions: int, probability: float,
 
 class _MaskedRegions(Objective):
     """Shared collator side: choose each image's masked regions from its own generator and zero their features;
-    subclasses add their targets (taken before zeroing)."""
+    subclasses add their targets (taken before zeroing). The model's region pathway may add a learned mask
+    embedding there (UNITER's ``mask_embedding``), which only these units reach."""
+
+    reads = ("bert.region_embeddings.mask_embedding",)
 
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
         region_mask = batch["region_mask"]

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 #: Files and folders whose presence means a directory holds a run.
 RUN_MARKERS = ("log.jsonl", "metrics.json", CHECKPOINTS_DIR, "model.safetensors")
-COMMON_SECTIONS = ("task", "modality", "init_from", "tokenizer", "model", "data", "training")
+COMMON_SECTIONS = ("task", "modality", "init_from", "tokenizer", "model", "data", "training", "allow_other_detector")
 
 
 class RunExistsError(FileExistsError):
@@ -210,13 +210,65 @@ def checkpoint_architecture_decides(ctx: RunContext) -> dict[str, Any]:
 def load_model(cls, ctx: RunContext, **defaults):
     """``cls`` from ``ctx.init_from`` with ``defaults`` and the ``model`` section as config overrides (the
     checkpoint's architecture deciding: :func:`checkpoint_architecture_decides`), or a fresh model from them
-    (vocab_size and pad_token_id from the tokenizer) when there is no ``init_from``."""
+    (vocab_size and pad_token_id from the tokenizer) when there is no ``init_from``.
+
+    Raises:
+        ValueError: ``defaults`` has a ``region_feature_dim`` other than that of a vision-language ``init_from``
+            (the regions come from another detector than the one its region pathway was trained on).
+    """
     if ctx.init_from:
+        saved = _saved_config(ctx.init_from)
+        dim = defaults.get("region_feature_dim")
+        if dim is not None and saved.get("model_type") == "vlbert" and saved.get("region_feature_dim", dim) != dim:
+            raise ValueError(
+                f"this run's regions have {dim}-d features, but init_from {ctx.init_from} reads "
+                f"{saved['region_feature_dim']}-d region features: extract the regions with the detector it was trained "
+                "on (its inference.json names it), or start from a text BERT")
         return cls.from_pretrained(ctx.init_from, **{**defaults, **checkpoint_architecture_decides(ctx)})
     values = {**defaults, **ctx.model_section}
     values.setdefault("vocab_size", len(ctx.tokenizer))
     values.setdefault("pad_token_id", ctx.tokenizer.pad_token_id)
     return cls(cls.config_class.from_dict(values, strict=True))
+
+
+def _saved_config(init_from: str) -> dict[str, Any]:
+    path = Path(init_from) / ckpt.CONFIG_NAME
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def same_regions(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two region provenances (the ``detector`` entries of inference.json: fingerprint, config,
+    extractor) describe the same features: the same fingerprint where either has one, else the same extractor
+    name where both have one; unknown provenance (imported features of unnamed origin) matches anything."""
+    if a.get("fingerprint") or b.get("fingerprint"):
+        return a.get("fingerprint") == b.get("fingerprint")
+    if a.get("extractor") and b.get("extractor"):
+        return a["extractor"] == b["extractor"]
+    return True
+
+
+def check_init_regions(ctx: RunContext, info: dict[str, Any]) -> None:
+    """Refuse to fine-tune a vision-language ``init_from`` (one of our runs, or a converted published checkpoint)
+    on regions of another detector than its own, the mistake the pipelines refuse at inference, unless the config
+    says ``allow_other_detector: true``. ``info``: this run's inference info (its ``detector`` entry).
+
+    Raises:
+        ValueError: the two provenances differ (both named) and ``allow_other_detector`` is not set.
+    """
+    if not ctx.init_from or ctx.config.get("allow_other_detector") or "detector" not in info:
+        return
+    path = Path(ctx.init_from) / INFERENCE_INFO
+    if not path.is_file():
+        return
+    trained = json.loads(path.read_text(encoding="utf-8")).get("detector") or {}
+    here = info["detector"] or {}
+    if not same_regions(trained, here):
+        raise ValueError(
+            f"init_from {ctx.init_from} was trained on regions of detector {trained.get('fingerprint')} "
+            f"({trained.get('extractor')}), but this run's regions come from {here.get('fingerprint')} "
+            f"({here.get('extractor')}); features of another extractor silently degrade the model: extract the regions "
+            "with init_from's detector (its inference.json names it), or set allow_other_detector: true "
+            "(--set allow_other_detector=true)")
 
 
 def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite: bool = False,
@@ -243,6 +295,9 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
     tokenizer = load_tokenizer(resolve_model_path(config.get("tokenizer") or init_from))
     ctx = RunContext(config, training, data_config, detector, tokenizer, init_from, tuple(command_line_keys))
     data = recipe.build_data(ctx)
+    info = recipe.inference_info(ctx, data) if recipe.inference_info is not None else None
+    if info is not None:
+        check_init_regions(ctx, info)
     set_seed(training.seed)  # initial weights depend on the seed alone
     model = recipe.build_model(ctx, data)
     if getattr(model, "config", None) is not None:  # vlbert models (not the transformers comparison adapter)
@@ -255,12 +310,13 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
     if resume and not trainer.resume():
         logger.warning("--resume: no checkpoint under %s/%s; starting from step 0", training.output_dir,
                        CHECKPOINTS_DIR)
-    if recipe.inference_info is not None:
-        write_inference_info(training.output_dir, {"task": recipe.name, **recipe.inference_info(ctx, data)})
+    if info is not None:
+        write_inference_info(training.output_dir, {"task": recipe.name, **info})
     extra = recipe.baselines(ctx, data, trainer.unwrapped) if recipe.baselines else {}
     final = (lambda model: recipe.evaluate(ctx, data, model)) if recipe.evaluate else None
     return trainer.train(extra_metrics=extra, final_metrics=final)
 
 
 __all__ = ["Recipe", "RunContext", "TaskData", "run", "load_model", "prepare_output_dir", "RunExistsError",
+           "check_init_regions", "same_regions",
            "write_inference_info", "INFERENCE_INFO", "write_output_file"]

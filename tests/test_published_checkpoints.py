@@ -1,0 +1,417 @@
+"""Published vision-language checkpoints (UNITER, VisualBERT, Oscar/VinVL) convert into vlbert models that compute
+what their own code computes: VisualBERT against transformers' models with the same weights; UNITER and Oscar/VinVL
+against reference forwards written from their code's equations (tests/published_references.py)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+import transformers
+
+from published_references import oscar_forward, uniter_forward, uniter_heads, uniter_state
+from vlbert.families import convert_checkpoint
+from vlbert.models.pretrained import PreTrainedModel
+from vlbert.models.region_embeddings import region_location_features
+from vlbert.models.vl import VLBertForPreTraining, VLBertModel
+from vlbert.models.vl_classification import VLBertForVisualReasoning
+from vlbert.models.vqa import VLBertForMaskedTokenVQA, VLBertForVQA
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def write_tokenizer(directory, size: int, cased: bool, words=()):
+    """A WordPiece tokenizer of exactly ``size`` pieces (specials, ``words``, then filler pieces), cased or not."""
+    directory.mkdir(parents=True, exist_ok=True)
+    pieces = SPECIALS + list(words)
+    pieces += [f"w{i}" for i in range(size - len(pieces))]
+    tok = transformers.BertTokenizerFast(vocab={p: i for i, p in enumerate(pieces[:size])}, do_lower_case=not cased)
+    tok.save_pretrained(str(directory))
+    return directory
+
+
+def ragged_regions(batch, regions, dim, counts, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    features = torch.randn(batch, regions, dim, generator=g)
+    xy = torch.rand(batch, regions, 2, generator=g) * 0.5
+    wh = torch.rand(batch, regions, 2, generator=g) * 0.5 + 0.05
+    boxes = torch.cat([xy, (xy + wh).clamp(max=1.0)], -1)
+    mask = (torch.arange(regions)[None] < torch.tensor(counts)[:, None]).long()
+    return features, boxes, mask
+
+
+def ragged_text(batch, length, vocab, lengths, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (batch, length), generator=g)
+    mask = (torch.arange(length)[None] < torch.tensor(lengths)[:, None]).long()
+    ids = ids.masked_fill(mask == 0, 0)
+    ids[:, 0] = 2  # [CLS]
+    return ids, mask
+
+
+def perturb_(model, seed=0):
+    """Random values everywhere (LayerNorms and biases included), so every parameter's mapping matters."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+# ------------------------------------------------------------------------------------------------------ VisualBERT
+VB_SIZES = {
+    "small": dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
+                  visual_embedding_dim=24, max_position_embeddings=64),
+    "base": dict(vocab_size=300, hidden_size=768, num_hidden_layers=2, num_attention_heads=12,
+                 intermediate_size=3072, visual_embedding_dim=2048, max_position_embeddings=512),
+}
+
+
+def visualbert(cls, size, tmp_path, **extra):
+    config = transformers.VisualBertConfig(**VB_SIZES[size], hidden_dropout_prob=0.0,
+                                           attention_probs_dropout_prob=0.0, **extra)
+    torch.manual_seed(0)
+    hf = cls(config).eval()
+    perturb_(hf)
+    source = tmp_path / "hf"
+    hf.save_pretrained(source)
+    tok = write_tokenizer(tmp_path / "tok", config.vocab_size, cased=False)
+    return hf, source, tok
+
+
+def visualbert_inputs(hf, visual_types):
+    cfg = hf.config
+    ids, text_mask = ragged_text(3, 9, cfg.vocab_size, [9, 6, 4])
+    feats, boxes, region_mask = ragged_regions(3, 5, cfg.visual_embedding_dim, [5, 3, 2])
+    types = torch.zeros_like(region_mask) if visual_types == "zeros" else torch.randint(0, 2, region_mask.shape)
+    token_types = torch.zeros_like(ids)
+    return ids, token_types, text_mask, feats, boxes, region_mask, types
+
+
+def valid_rows(hidden, text_mask, region_mask):
+    """The hidden states at real positions only (padded positions carry values nothing reads)."""
+    return hidden[torch.cat([text_mask, region_mask], 1).bool()]
+
+
+@pytest.mark.parametrize("size", ["small", "base"])
+def test_visualbert_model_equals_transformers(tmp_path, size):
+    hf, source, tok = visualbert(transformers.VisualBertModel, size, tmp_path)
+    report = convert_checkpoint("visualbert", source, tmp_path / "out", tokenizer=tok)
+    ours = VLBertModel.from_pretrained(tmp_path / "out").eval()
+    assert report["task"] == "vl-pretraining" and ours.config.region_embedding == "visualbert"
+    for visual_types in ("zeros", "random"):
+        ids, tt, tm, feats, boxes, rm, types = visualbert_inputs(hf, visual_types)
+        with torch.no_grad():
+            ref = hf(input_ids=ids, token_type_ids=tt, attention_mask=tm, visual_embeds=feats,
+                     visual_attention_mask=rm, visual_token_type_ids=types)
+            out = ours(ids, tt, tm, feats, None, rm, region_token_type_ids=types)
+        torch.testing.assert_close(valid_rows(out.last_hidden_state, tm, rm), valid_rows(ref.last_hidden_state, tm, rm),
+                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.pooler_output, ref.pooler_output, atol=1e-5, rtol=1e-5)
+
+
+def test_visualbert_pretraining_heads_equal_transformers(tmp_path):
+    hf, source, tok = visualbert(transformers.VisualBertForPreTraining, "small", tmp_path)
+    convert_checkpoint("visualbert", source, tmp_path / "out", tokenizer=tok)
+    ours = VLBertForPreTraining.from_pretrained(tmp_path / "out").eval()
+    ids, tt, tm, feats, boxes, rm, types = visualbert_inputs(hf, "zeros")
+    with torch.no_grad():
+        ref = hf(input_ids=ids, token_type_ids=tt, attention_mask=tm, visual_embeds=feats,
+                 visual_attention_mask=rm, visual_token_type_ids=types)
+        out = ours(ids, tt, tm, feats, boxes, rm)  # the converted config's default region type is 0
+        itm = ours.itm(out.pooler_output)
+    t = ids.shape[1]
+    torch.testing.assert_close(out.prediction_logits[tm.bool()], ref.prediction_logits[:, :t][tm.bool()],
+                               atol=1e-5, rtol=1e-5)
+    # VisualBERT's sentence-image head says 0 = the caption matches; our ITM head says 1 = match.
+    torch.testing.assert_close(itm, ref.seq_relationship_logits.flip(-1), atol=1e-5, rtol=1e-5)
+
+
+def test_visualbert_vqa_head_reads_the_mask_position(tmp_path):
+    hf, source, tok = visualbert(transformers.VisualBertForQuestionAnswering, "small", tmp_path, num_labels=7)
+    answers = [f"answer-{i}" for i in range(7)]
+    convert_checkpoint("visualbert", source, tmp_path / "out", tokenizer=tok, labels=answers)
+    ours = VLBertForMaskedTokenVQA.from_pretrained(tmp_path / "out").eval()
+    ids, tt, tm, feats, boxes, rm, types = visualbert_inputs(hf, "zeros")
+    with torch.no_grad():
+        ref = hf(input_ids=ids, token_type_ids=tt, attention_mask=tm, visual_embeds=feats,
+                 visual_attention_mask=rm, visual_token_type_ids=types).logits
+        out = ours(ids, tt, tm, feats, boxes, rm, region_token_type_ids=types).logits
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    info = json.loads((tmp_path / "out" / "inference.json").read_text())
+    assert info["task"] == "vqa" and info["labels"] == answers and info["detector"]["fingerprint"] is None
+
+
+def test_visualbert_nlvr2_head_types_the_two_images(tmp_path):
+    hf, source, tok = visualbert(transformers.VisualBertForVisualReasoning, "small", tmp_path, num_labels=2)
+    convert_checkpoint("visualbert", source, tmp_path / "out", tokenizer=tok)
+    ours = VLBertForVisualReasoning.from_pretrained(tmp_path / "out").eval()
+    ids, tt, tm, _, _, _, _ = visualbert_inputs(hf, "zeros")
+    feats, boxes, rm = ragged_regions(3, 4, hf.config.visual_embedding_dim, [4, 2, 3], seed=5)
+    pair = (torch.stack([feats, feats.flip(1)], 1), torch.stack([boxes, boxes], 1), torch.stack([rm, rm], 1))
+    with torch.no_grad():  # transformers: both images' regions in one sequence, typed 0 (left) and 1 (right)
+        ref = hf(input_ids=ids, token_type_ids=tt, attention_mask=tm, visual_embeds=pair[0].flatten(1, 2),
+                 visual_attention_mask=pair[2].flatten(1, 2),
+                 visual_token_type_ids=torch.tensor([0] * 4 + [1] * 4).expand(3, -1)).logits
+        out = ours(ids, tt, tm, *pair).logits
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------- UNITER
+UNITER_CONFIG = {"num_attention_heads": 4}
+
+
+def write_uniter(tmp_path, name="uniter.pt", **kwargs):
+    state = uniter_state(**kwargs)
+    torch.save(state, tmp_path / name)
+    (tmp_path / "uniter-tiny.json").write_text(json.dumps(UNITER_CONFIG))
+    return state, tmp_path / name
+
+
+@pytest.fixture(scope="module")
+def uniter_converted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("uniter")
+    state, path = write_uniter(tmp)
+    tok = write_tokenizer(tmp / "tok", 60, cased=True)
+    report = convert_checkpoint("uniter", path, tmp / "out", tokenizer=tok, config=tmp / "uniter-tiny.json")
+    return state, tmp / "out", report
+
+
+@pytest.mark.parametrize("counts", [[10, 10, 10], [100, 37, 10]])
+def test_uniter_equals_its_reference_forward(uniter_converted, counts):
+    state, out_dir, report = uniter_converted
+    assert state["uniter.embeddings.word_embeddings.weight"].dtype == torch.float16  # stored as published
+    assert report["model_class"] == "VLBertForPreTraining" and not report["missing"]
+    ours = VLBertForPreTraining.from_pretrained(out_dir).eval()
+    assert ours.config.num_region_classes == 1601 and ours.config.vocab_size == 60
+    ids, tm = ragged_text(3, 11, 60, [11, 7, 3])
+    feats, boxes, rm = ragged_regions(3, max(counts), 24, counts)
+    lengths = tm.sum(1).tolist()
+    with torch.no_grad():
+        seq, pooled = uniter_forward(state, ids, lengths, feats, region_location_features(boxes), counts, 2, 4)
+        out = ours(ids, None, tm, feats, boxes, rm)
+        hidden = out.last_hidden_state
+    t = ids.shape[1]
+    for row, (tl, nb) in enumerate(zip(lengths, counts)):
+        torch.testing.assert_close(hidden[row, :tl], seq[row, :tl], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(hidden[row, t:t + nb], seq[row, tl:tl + nb], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.pooler_output, pooled, atol=1e-5, rtol=1e-5)
+    ref = uniter_heads(state, seq[0, :lengths[0]], seq[1, lengths[1]:lengths[1] + counts[1]], pooled)
+    with torch.no_grad():
+        torch.testing.assert_close(out.prediction_logits[0, :lengths[0]], ref["mlm"], atol=1e-5, rtol=1e-5)
+        regions = hidden[1, t:t + counts[1]]
+        torch.testing.assert_close(ours.mrfr(regions), ref["mrfr"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.mrc(regions), ref["mrc"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.itm(out.pooler_output), ref["itm"], atol=1e-5, rtol=1e-5)
+
+
+def test_uniter_mask_embedding_is_added_to_masked_regions(uniter_converted):
+    """MRM: UNITER adds mask_embedding[1] to a masked region's raw feature (row 0, unmasked, is zero)."""
+    state, out_dir, _ = uniter_converted
+    ours = VLBertModel.from_pretrained(out_dir).eval()
+    ids, tm = ragged_text(2, 5, 60, [5, 4])
+    feats, boxes, rm = ragged_regions(2, 6, 24, [6, 6])
+    masked = torch.zeros(2, 6, dtype=torch.bool)
+    masked[:, 1] = True
+    shifted = feats.clone()
+    shifted[:, 1] += state["uniter.img_embeddings.mask_embedding.weight"][1].float()
+    with torch.no_grad():
+        a = ours(ids, None, tm, feats, boxes, rm, masked_regions=masked).last_hidden_state
+        b = ours(ids, None, tm, shifted, boxes, rm).last_hidden_state
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_uniter_vqa_checkpoint_answers_with_its_labels(tmp_path):
+    state, path = write_uniter(tmp_path, "vqa.pt", answers=9)
+    tok = write_tokenizer(tmp_path / "tok", 60, cased=True)
+    (tmp_path / "ans2label.json").write_text(json.dumps({f"ans{i}": i for i in range(9)}))
+    convert_checkpoint("uniter", path, tmp_path / "out", tokenizer=tok, labels=tmp_path / "ans2label.json",
+                       config=tmp_path / "uniter-tiny.json")
+    ours = VLBertForVQA.from_pretrained(tmp_path / "out").eval()
+    ids, tm = ragged_text(2, 7, 60, [7, 5])
+    feats, boxes, rm = ragged_regions(2, 12, 24, [12, 10])
+    with torch.no_grad():
+        _, pooled = uniter_forward(state, ids, [7, 5], feats, region_location_features(boxes), [12, 10], 2, 4)
+        torch.testing.assert_close(ours(ids, None, tm, feats, boxes, rm).logits,
+                                   uniter_heads(state, None, None, pooled)["vqa"], atol=1e-5, rtol=1e-5)
+    info = json.loads((tmp_path / "out" / "inference.json").read_text())
+    assert info["labels"] == [f"ans{i}" for i in range(9)]
+    assert info["detector"]["extractor"].startswith("detectron2:butd-vg") and info["max_regions"] == 100
+
+
+# ----------------------------------------------------------------------------------------------------- Oscar/VinVL
+@pytest.mark.parametrize("vinvl", [False, True])
+def test_oscar_and_vinvl_equal_their_reference(tmp_path, vinvl):
+    hf_config = transformers.BertConfig(vocab_size=80, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=40, max_position_embeddings=64)
+    torch.manual_seed(0)
+    bert = transformers.BertForPreTraining(hf_config)
+    perturb_(bert)
+    state = {k: v for k, v in bert.state_dict().items() if not k.endswith("position_ids")}
+    g = torch.Generator().manual_seed(3)
+    state["bert.img_embedding.weight"] = torch.randn(32, 30, generator=g) * 0.2
+    state["bert.img_embedding.bias"] = torch.randn(32, generator=g) * 0.1
+    config = {**hf_config.to_dict(), "img_feature_dim": 30, "use_img_layernorm": int(vinvl),
+              "img_layer_norm_eps": 1e-12}
+    if vinvl:
+        state["bert.LayerNorm.weight"] = 1 + torch.randn(32, generator=g) * 0.1
+        state["bert.LayerNorm.bias"] = torch.randn(32, generator=g) * 0.1
+    source = tmp_path / "oscar"
+    source.mkdir()
+    torch.save(state, source / "pytorch_model.bin")
+    (source / "config.json").write_text(json.dumps(config))
+    convert_checkpoint("oscar", source, tmp_path / "out", tokenizer=write_tokenizer(tmp_path / "tok", 80, cased=False))
+    ours = VLBertModel.from_pretrained(tmp_path / "out").eval()
+    assert ours.config.region_embedding == ("vinvl" if vinvl else "oscar") and ours.config.region_feature_dim == 24
+    ids, tm = ragged_text(3, 8, 80, [8, 5, 2])
+    tt = torch.zeros_like(ids)
+    feats, boxes, rm = ragged_regions(3, 6, 24, [6, 4, 1])
+    with torch.no_grad():
+        seq, pooled = oscar_forward(state, config, ids, tt, tm, torch.cat([feats, region_location_features(boxes, 6)],
+                                                                           -1), rm)
+        out = ours(ids, tt, tm, feats, boxes, rm)
+    torch.testing.assert_close(valid_rows(out.last_hidden_state, tm, rm), valid_rows(seq, tm, rm), atol=1e-5,
+                               rtol=1e-5)
+    torch.testing.assert_close(out.pooler_output, pooled, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------------ bad inputs
+class RunsCode:
+    def __reduce__(self):
+        return (print, ("this pickle runs code",))
+
+
+def test_bad_checkpoints_are_refused_in_one_line_and_write_nothing(tmp_path):
+    from conftest import tool
+
+    convert = tool("convert_checkpoint")
+    _, path = write_uniter(tmp_path)
+    cased = write_tokenizer(tmp_path / "cased", 60, cased=True)
+    uncased = write_tokenizer(tmp_path / "uncased", 60, cased=False)
+    config = str(tmp_path / "uniter-tiny.json")
+    visualbert_file = tmp_path / "visualbert.pt"
+    torch.save({"visual_bert.embeddings.word_embeddings.weight": torch.zeros(60, 32)}, visualbert_file)
+    partial = {k: v for k, v in uniter_state().items() if "layer.1.output.dense" not in k}
+    torch.save(partial, tmp_path / "partial.pt")
+    torch.save({"weights": RunsCode()}, tmp_path / "code.pt")
+    cases = {
+        "lower-cases text": [str(path), "--tokenizer", str(uncased)],
+        "it is a visualbert checkpoint": [str(visualbert_file), "--tokenizer", str(cased)],
+        "encoder tensors missing": [str(tmp_path / "partial.pt"), "--tokenizer", str(cased)],
+        "never unpickles code": [str(tmp_path / "code.pt"), "--tokenizer", str(cased)],
+    }
+    from vlbert.command_line import run_tool
+
+    for message, argv in cases.items():
+        out = tmp_path / "never"
+        with pytest.raises(ValueError, match=message):
+            convert(["--from", "uniter", *argv, "--config", config, "--output-dir", str(out)])
+        assert run_tool(convert, ["--from", "uniter", *argv, "--config", config, "--output-dir", str(out)]) == 2
+        assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".never")]  # no half-written directory
+
+
+# ------------------------------------------------------------------------------- fine-tuning and inference from them
+def cased_minilm(directory):
+    """A cased tokenizer over the packaged MiniLM's 30,522 pieces: stands in for bert-base-cased offline."""
+    from vlbert.tokenization import load_tokenizer
+
+    vocab = load_tokenizer("minilm").get_vocab()
+    transformers.BertTokenizerFast(vocab=vocab, do_lower_case=False).save_pretrained(str(directory))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def easy_regions(tmp_path_factory):
+    """8 easy-VQA test images, their regions (the offline timm detector) in shards with detector.json, and VQA v2
+    question/annotation files about them."""
+    from dataclasses import asdict
+
+    from detectors.config import DetectorConfig
+    from detectors.extract import extract_regions
+    from detectors.shards import write_detector_info, write_shards
+    from vlbert.data.easy_vqa import image_paths, load_questions
+
+    root = tmp_path_factory.mktemp("easy")
+    detector = DetectorConfig(input_size=96, max_proposals=8)
+    paths = image_paths("test")
+    questions = load_questions("test")
+    chosen = list(dict.fromkeys(q.image_id for q in questions))[:8]
+    files = {str(k): paths[image_id] for k, image_id in enumerate(chosen)}
+    extractor = detector.build()
+    regions = list(extract_regions(extractor, list(files.items()), batch_size=8, progress=False))
+    write_shards(regions, root / "shards")
+    write_detector_info(root / "shards", {"detector": extractor.name, "fingerprint": detector.fingerprint(),
+                                          "config": asdict(detector)})
+    number = {image_id: k for k, image_id in enumerate(chosen)}
+    records = [{"question_id": 100 + n, "image_id": number[q.image_id], "question": q.question}
+               for n, q in enumerate(q for q in questions if q.image_id in number)]
+    answers = [q.answer for q in questions if q.image_id in number]
+    (root / "q.json").write_text(json.dumps({"questions": records}))
+    (root / "a.json").write_text(json.dumps({"annotations": [
+        {"question_id": r["question_id"], "answers": [{"answer": a}] * 10} for r, a in zip(records, answers)]}))
+    return root, files, regions, regions[0].feature_dim
+
+
+def test_converted_uniter_fine_tunes_and_answers_from_image_files(tmp_path, easy_regions, capsys):
+    from conftest import tool
+    from vlbert.command_line import run_tool
+    from vlbert.inference import pipeline
+
+    root, files, regions, dim = easy_regions
+    _, path = write_uniter(tmp_path, vocab=30522, feature_dim=dim, answers=5)
+    convert_checkpoint("uniter", path, tmp_path / "uniter-vqa", tokenizer=cased_minilm(tmp_path / "cased"),
+                       labels=["red", "blue", "green", "circle", "yes"], config=tmp_path / "uniter-tiny.json")
+
+    # The converted fine-tuned checkpoint answers with its own labels; timm regions are another detector's.
+    with pytest.raises(ValueError, match="butd-vg"):
+        pipeline(tmp_path / "uniter-vqa", device="cpu")(regions[0], "what color is the shape?")
+    answer = pipeline(tmp_path / "uniter-vqa", device="cpu", allow_other_detector=True)(regions[0], "what shape?")
+    assert answer[0]["answer"] in {"red", "blue", "green", "circle", "yes"}
+
+    finetune = tool("finetune_vqa")
+    argv = ["--init-from", str(tmp_path / "uniter-vqa"), "--output-dir", str(tmp_path / "run"), "--max-steps", "3",
+            "--set", "data.dataset=vqa-v2", "--set", f"data.shards={root / 'shards'}",
+            "--set", f"data.train_questions={root / 'q.json'}", "--set", f"data.train_annotations={root / 'a.json'}",
+            "--set", f"data.eval_questions={root / 'q.json'}", "--set", f"data.eval_annotations={root / 'a.json'}",
+            "--set", "training.batch_size=4", "--set", "training.progress_bar=false"]
+    with pytest.raises(ValueError, match="was trained on regions of detector"):  # UNITER's BUTD features
+        finetune(argv)
+    assert run_tool(finetune, argv) == 2 and not (tmp_path / "run" / "model.safetensors").exists()
+    assert finetune(argv + ["--set", "allow_other_detector=true"]) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["eval_questions"] == len(json.loads((root / "q.json").read_text())["questions"])
+    # It trained from UNITER's weights (3 small steps move them little), in UNITER's architecture.
+    start, trained = VLBertForVQA.from_pretrained(tmp_path / "uniter-vqa"), VLBertForVQA.from_pretrained(tmp_path / "run")
+    assert trained.config.region_embedding == "uniter" and trained.config.hidden_size == 32
+    words = "bert.embeddings.word_embeddings.weight", "bert.region_embeddings.feature_proj.weight"
+    for key in words:
+        delta = (trained.state_dict()[key] - start.state_dict()[key]).abs().max()
+        assert 0 < delta < 0.01, (key, delta)
+
+    vqa = pipeline(tmp_path / "run", device="cpu")  # the run's own (timm) detector, from image files
+    result = vqa(str(files["0"]), "what color is the shape?", top_k=2)
+    labels = json.loads((tmp_path / "run" / "inference.json").read_text())["labels"]
+    assert len(result) == 2 and {r["answer"] for r in result} <= set(labels)
+    capsys.readouterr()
+    assert run_tool(tool("predict"), [str(tmp_path / "run"), "--image", str(files["0"]),
+                                      "--text", "what color is the shape?"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["answer"] == result[0]["answer"]
+
+
+def test_fine_tuning_refuses_regions_of_another_feature_size(tmp_path, easy_regions):
+    from conftest import tool
+
+    root, _, _, dim = easy_regions
+    _, path = write_uniter(tmp_path, vocab=30522, feature_dim=dim + 1)
+    convert_checkpoint("uniter", path, tmp_path / "uniter", tokenizer=cased_minilm(tmp_path / "cased"),
+                       config=tmp_path / "uniter-tiny.json")
+    argv = ["--init-from", str(tmp_path / "uniter"), "--output-dir", str(tmp_path / "run"), "--max-steps", "1",
+            "--set", "data.dataset=vqa-v2", "--set", f"data.shards={root / 'shards'}",
+            "--set", f"data.train_questions={root / 'q.json'}", "--set", f"data.eval_questions={root / 'q.json'}",
+            "--set", "allow_other_detector=true"]
+    with pytest.raises(ValueError, match=f"regions have {dim}-d features, but init_from .* reads {dim + 1}-d"):
+        tool("finetune_vqa")(argv)
+    assert not (tmp_path / "run").exists()

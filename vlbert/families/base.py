@@ -1,0 +1,157 @@
+"""What a published checkpoint family is: how its files are read, how its keys map onto ours, which tokenizer and
+which region features its weights were trained with.
+
+A family turns a published checkpoint into a :class:`Converted`: our config values, a state dict in our parameter
+names, the model class that holds those heads, and what inference needs (labels, lengths, the features'
+provenance). :func:`vlbert.families.convert.convert_checkpoint` builds the model from it, loads it strictly and
+writes a normal vlbert model directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Converted:
+    """A published checkpoint in our terms.
+
+    Attributes:
+        config: VLBertConfig field values (the architecture read from the checkpoint).
+        state: tensors under our parameter names (float32).
+        model_class: the name of the :mod:`vlbert.models` class whose parameters ``state`` fills.
+        task: the ``inference.json`` task of the result ("vl-pretraining", "vqa", "nlvr2").
+        dropped: source keys deliberately not carried over (and why), reported by the converter.
+    """
+
+    config: dict[str, Any]
+    state: dict[str, torch.Tensor]
+    model_class: str
+    task: str
+    dropped: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckpointFamily:
+    """One published family: its name, the region pathway its weights need, its tokenizer and its features.
+
+    Attributes:
+        name: the family's key in :data:`vlbert.families.FAMILIES` (``--from`` of tools/convert_checkpoint.py).
+        region_embedding: the key of :data:`vlbert.models.region_embeddings.REGION_EMBEDDINGS` it uses.
+        tokenizer: the hub name of the tokenizer it was trained with.
+        cased: whether that tokenizer keeps case (a tokenizer that lower-cases is refused for a cased family).
+        features: what its regions were: ``extractor`` (a description, or the name our backend writes when one
+            reproduces them), ``fingerprint`` / ``config`` of our :class:`detectors.config.DetectorConfig` that
+            reproduces them (None where none does: then the regions must be imported), ``max_regions``.
+        max_text_length: the text length its data used.
+    """
+
+    name: str
+    region_embedding: str
+    tokenizer: str
+    cased: bool
+    features: dict[str, Any]
+    max_text_length: int = 60
+
+    def read(self, source: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The checkpoint's tensors and its own config (a dict; empty where the format has none)."""
+        raise NotImplementedError
+
+    def matches(self, state: dict[str, torch.Tensor]) -> bool:
+        """Whether ``state`` has this family's key layout."""
+        raise NotImplementedError
+
+    def convert(self, state: dict[str, torch.Tensor], source_config: dict[str, Any]) -> Converted:
+        """The checkpoint in our terms (see :class:`Converted`)."""
+        raise NotImplementedError
+
+
+def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
+    """A ``.pt`` / ``.bin`` state dict read with ``torch.load(weights_only=True)`` onto the CPU: tensors and plain
+    containers only, never code. A ``{"model_state": {...}}`` / ``{"state_dict": {...}}`` wrapper is unwrapped.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file holds anything but tensors (pickled code or objects: the file is named and refused),
+            or no state dict.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, TypeError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{path} is not a plain state dict of tensors ({first[:200]}); vlbert never unpickles code "
+                         "or objects: re-save it as tensors (torch.save(model.state_dict())) with code you trust") from e
+    for wrapper in ("model_state", "state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
+            state = state[wrapper]
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path} does not hold a state dict (parameter name -> tensor)")
+    return state
+
+
+def to_float32(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Floating tensors upcast to float32 (published checkpoints are often float16); others unchanged."""
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+
+
+def take_tied(state: dict[str, torch.Tensor], duplicate: str, original: str, transpose: bool = False) -> None:
+    """Drop ``duplicate``, a tied copy of ``original`` (``state_dict`` lists tied parameters under both names),
+    after checking it equals ``original`` (transposed where the tie is through ``.t()``).
+
+    Raises:
+        ValueError: the two differ: the file is not what the family's code writes.
+    """
+    if duplicate not in state or original not in state:
+        state.pop(duplicate, None)
+        return
+    copy = state.pop(duplicate)
+    expected = state[original].t() if transpose else state[original]
+    if copy.shape != expected.shape or not torch.equal(copy, expected):
+        raise ValueError(f"{duplicate} should be tied to {original} but holds other values; this checkpoint was "
+                         "not written by the family's own code")
+
+
+def rename_prefix(state: dict[str, torch.Tensor], table: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Each key gets the prefix renames of ``table`` applied in the table's order (a later entry sees the result
+    of an earlier one: ``{"uniter.": "bert.", "bert.img_embeddings.": ...}``); keys no entry matches stay."""
+    out = {}
+    for key, value in state.items():
+        for old, new in table.items():
+            if key.startswith(old):
+                key = new + key[len(old):]
+        out[key] = value
+    return out
+
+
+def architecture(state: dict[str, torch.Tensor], source_config: dict) -> dict:
+    """BERT config values read from a converted state dict's shapes (``bert.*`` keys in our names); the source's
+    own config (e.g. UNITER's ``config/uniter-base.json``) decides the head count where it gives one, else head
+    size 64 (BERT-base and -large, UNITER-base and -large)."""
+    words = state["bert.embeddings.word_embeddings.weight"]
+    hidden = words.shape[1]
+    layers = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"bert\.encoder\.layers\.(\d+)\.", k)))
+    values = {
+        "vocab_size": words.shape[0], "hidden_size": hidden, "num_hidden_layers": layers,
+        "num_attention_heads": int(source_config.get("num_attention_heads", max(1, hidden // 64))),
+        "intermediate_size": state["bert.encoder.layers.0.ffn_in.weight"].shape[0],
+        "max_position_embeddings": state["bert.embeddings.position_embeddings.weight"].shape[0],
+        "type_vocab_size": state["bert.embeddings.token_type_embeddings.weight"].shape[0],
+        "hidden_act": source_config.get("hidden_act", "gelu"),
+        "layer_norm_eps": float(source_config.get("layer_norm_eps", 1e-12)),
+    }
+    return values
+
+
+__all__ = ["CheckpointFamily", "Converted", "load_torch_file", "to_float32", "take_tied", "rename_prefix",
+           "architecture"]

@@ -1,0 +1,178 @@
+"""Write a published checkpoint as a vlbert model directory: ``config.json`` + ``model.safetensors`` (our layout,
+what ``from_pretrained`` and every tool's ``--init-from`` read), the family's tokenizer, and ``inference.json``
+(the task, labels, lengths and the features the weights were trained on, which the pipelines and fine-tuning
+check regions against)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from vlbert import models
+from vlbert.config import VLBertConfig
+from vlbert.families.base import CheckpointFamily
+from vlbert.families.registry import FAMILIES
+from vlbert.tokenization import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def lower_cases(tokenizer) -> bool:
+    """Whether a (fast) tokenizer lower-cases its input (its normaliser turns "A" into "a")."""
+    normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    if normalizer is not None:
+        return normalizer.normalize_str("Hello A") == "hello a"
+    return bool(getattr(tokenizer, "do_lower_case", False))
+
+
+def check_tokenizer_casing(tokenizer, family: CheckpointFamily, vocab_size: int) -> None:
+    """Raise ``ValueError`` unless ``tokenizer`` is the kind ``family`` was trained with: the same casing (a cased
+    checkpoint read through a lower-casing tokenizer never sees a capital) and ``vocab_size`` pieces."""
+    lowercases = lower_cases(tokenizer)
+    if family.cased and lowercases:
+        raise ValueError(f"the tokenizer lower-cases text, but {family.name} checkpoints are cased "
+                         f"({family.tokenizer}); pass --tokenizer with {family.tokenizer}'s files")
+    if not family.cased and not lowercases:
+        raise ValueError(f"the tokenizer keeps case, but {family.name} checkpoints are uncased "
+                         f"({family.tokenizer}); pass --tokenizer with {family.tokenizer}'s files")
+    if len(tokenizer) != vocab_size:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} pieces but the checkpoint's vocabulary has {vocab_size}; "
+                         f"pass --tokenizer with {family.tokenizer}'s files")
+
+
+def read_labels(path: str | os.PathLike) -> list[str]:
+    """Label names in the model's output order from a JSON file: a list, ``{name: index}`` (UNITER's
+    ``ans2label.json``) or ``{index: name}``; or a text file, one name per line.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: indices that are not 0..N-1.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".json":
+        return [line.strip() for line in text.splitlines() if line.strip()]
+    values = json.loads(text)
+    if isinstance(values, list):
+        return [str(v) for v in values]
+    if all(isinstance(v, int) for v in values.values()):
+        pairs = {int(i): str(name) for name, i in values.items()}
+    else:
+        pairs = {int(i): str(name) for i, name in values.items()}
+    if sorted(pairs) != list(range(len(pairs))):
+        raise ValueError(f"{path}: label indices must be 0..{len(pairs) - 1}")
+    return [pairs[i] for i in range(len(pairs))]
+
+
+def detect_family(state) -> str | None:
+    """The name of the family whose key layout ``state`` has, or None."""
+    return next((name for name, family in FAMILIES.items() if family.matches(state)), None)
+
+
+def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str | os.PathLike,
+                       tokenizer: str | os.PathLike | None = None, labels: str | Sequence[str] | None = None,
+                       config: str | os.PathLike | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Convert a published checkpoint of ``family`` into a vlbert model directory ``output_dir``.
+
+    Args:
+        family: a key of :data:`vlbert.families.FAMILIES` ("uniter", "visualbert", "oscar").
+        source: the checkpoint: UNITER's ``.pt`` file, a VisualBERT or Oscar/VinVL directory.
+        output_dir: written whole or not at all (built beside it and renamed at the end).
+        tokenizer: a tokenizer directory or hub name (default: the family's, from the hub when online).
+        labels: the answer/label names in the head's output order (a list, or a file for :func:`read_labels`);
+            required by VQA heads to name answers (``answer_i`` otherwise, with a warning).
+        config: the family's own config JSON (UNITER's ``config/uniter-base.json``), for what the tensors'
+            shapes do not say (the head count; default 64 per head).
+        overwrite: replace an existing ``output_dir``.
+    Returns:
+        a report: family, model class, task, ``missing`` (newly initialised heads), ``dropped`` (source tensors
+        not carried over, with why).
+    Raises:
+        ValueError: an unknown family; a checkpoint of another family (named) or of none; a file that holds code;
+            a tokenizer of the wrong casing or size; labels of the wrong count; tensors the model has no place for
+            or encoder tensors missing.
+        FileExistsError: ``output_dir`` is not empty and ``overwrite`` is not set.
+        FileNotFoundError: no source, or no tokenizer there (offline without --tokenizer).
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown checkpoint family {family!r}; choose one of {sorted(FAMILIES)}")
+    fam = FAMILIES[family]
+    source, output_dir = Path(source).expanduser(), Path(output_dir).expanduser()
+    if not source.exists():
+        raise FileNotFoundError(f"{source} does not exist")
+    if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
+        raise FileExistsError(f"{output_dir} is not empty; choose another --output-dir or pass --overwrite")
+    state, source_config = fam.read(source)
+    if config is not None:
+        source_config = {**source_config, **json.loads(Path(config).read_text(encoding="utf-8"))}
+    if not fam.matches(state):
+        other = detect_family(state)
+        hint = f"it is a {other} checkpoint: pass --from {other}" if other else \
+            f"its keys ({', '.join(sorted(state)[:3])}, ...) are no published family's"
+        raise ValueError(f"{source} is not a {family} checkpoint; {hint}")
+    converted = fam.convert(state, source_config)
+    model_config = VLBertConfig(**converted.config)
+    tok = load_tokenizer(tokenizer or fam.tokenizer)
+    check_tokenizer_casing(tok, fam, model_config.vocab_size)
+    names = _label_names(converted.task, labels, model_config.num_labels)
+    model = getattr(models, converted.model_class)(model_config)
+    report = _load(model, converted.state, source)
+    report.update(family=family, model_class=converted.model_class, task=converted.task, dropped=converted.dropped)
+    info = {"format_version": 1, "task": converted.task, "max_text_length": fam.max_text_length,
+            "max_regions": fam.features["max_regions"], "region_feature_dim": model_config.region_feature_dim,
+            "detector": {k: fam.features[k] for k in ("fingerprint", "config", "extractor")},
+            "converted_from": {"family": family, "source": str(source), "features": fam.features["description"]}}
+    if names is not None:
+        info["labels"] = names
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    try:
+        model.save_pretrained(tmp, tokenizer=tok)
+        (tmp / "inference.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
+        if output_dir.exists():
+            shutil.rmtree(output_dir)
+        os.replace(tmp, output_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return report
+
+
+def _label_names(task: str, labels, num_labels: int) -> list[str] | None:
+    if task == "nlvr2":
+        return ["False", "True"]
+    if task != "vqa":
+        return None
+    if labels is None:
+        logger.warning("no --labels: answers are named answer_0..answer_%d; pass the checkpoint's answer list "
+                       "(UNITER: utils/ans2label.json)", num_labels - 1)
+        return [f"answer_{i}" for i in range(num_labels)]
+    names = read_labels(labels) if isinstance(labels, (str, os.PathLike)) else [str(x) for x in labels]
+    if len(names) != num_labels:
+        raise ValueError(f"{len(names)} labels given but the checkpoint's answer head has {num_labels} outputs")
+    return names
+
+
+def _load(model, state, source) -> dict[str, Any]:
+    """Load ``state`` into ``model``: every tensor must have a place and the encoder must be complete; heads the
+    checkpoint lacks are reported as newly initialised."""
+    own = model.state_dict()
+    unexpected = sorted(k for k in state if k not in own)
+    if unexpected:
+        raise ValueError(f"{source}: tensors with no place in {type(model).__name__}: {unexpected[:8]}"
+                         f"{' ...' if len(unexpected) > 8 else ''}")
+    missing = sorted(k for k in own if k not in state)
+    encoder_missing = [k for k in missing if k.startswith("bert.") and not k.startswith("bert.pooler.")]
+    if encoder_missing:
+        raise ValueError(f"{source}: encoder tensors missing: {encoder_missing[:8]}"
+                         f"{' ...' if len(encoder_missing) > 8 else ''}")
+    model.load_converted_state_dict(state, source=str(source))
+    if missing:
+        logger.warning("newly initialised (not in %s): %s", source, ", ".join(missing))
+    return {"missing": missing}
+
+
+__all__ = ["convert_checkpoint", "check_tokenizer_casing", "read_labels", "detect_family"]

@@ -1,0 +1,12 @@
+"""``FAMILIES``: every published checkpoint family by its name (``--from`` of tools/convert_checkpoint.py)."""
+
+from __future__ import annotations
+
+from vlbert.families.base import CheckpointFamily
+from vlbert.families.oscar import OSCAR
+from vlbert.families.uniter import UNITER
+from vlbert.families.visualbert import VISUALBERT
+
+FAMILIES: dict[str, CheckpointFamily] = {family.name: family for family in (UNITER, VISUALBERT, OSCAR)}
+
+__all__ = ["FAMILIES"]

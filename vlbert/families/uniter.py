@@ -1,0 +1,103 @@
+"""UNITER (Chen et al. 2020; ChenRocks/UNITER at 1dbfa62): ``uniter-base.pt`` / ``uniter-large.pt`` and the
+fine-tuned VQA checkpoints, bare ``torch.save(state_dict)`` files with the backbone under ``uniter.``.
+
+Keys (``model/model.py``, ``model/pretrain.py``, ``model/vqa.py``) -> ours:
+
+| UNITER | vlbert |
+|---|---|
+| ``uniter.embeddings.*``, ``uniter.encoder.layer.{i}.*``, ``uniter.pooler.*`` | ``bert.*`` (BERT names, q/k/v fused) |
+| ``uniter.img_embeddings.img_linear`` / ``img_layer_norm`` | ``bert.region_embeddings.feature_proj`` / ``feature_norm`` |
+| ``uniter.img_embeddings.pos_linear`` / ``pos_layer_norm`` | ``bert.region_embeddings.location_proj`` / ``location_norm`` |
+| ``uniter.img_embeddings.LayerNorm`` / ``mask_embedding`` | ``bert.region_embeddings.norm`` / ``mask_embedding`` (row 0 zeroed, as its forward does) |
+| ``cls.predictions.*`` (decoder tied to the word embeddings) | ``masked_lm.*`` |
+| ``feat_regress.net.0`` / ``net.2``, ``feat_regress.weight`` (tied to ``img_linear``, used transposed) / ``bias`` | ``mrfr.dense`` / ``norm``, ``mrfr.decoder`` (weight = img_linear.weight^T, a copy) |
+| ``region_classifier.net.0`` / ``net.2`` / ``net.3`` (1601 = 1600 VG classes + background) | ``mrc.dense`` / ``norm`` / ``decoder`` |
+| ``itm_output`` (``ITM`` in the 2020 file) | ``itm`` |
+| ``vqa_output.0`` / ``.2`` / ``.3`` (3129 answers) | ``vqa_head.0`` / ``.2`` / ``.3`` (:class:`~vlbert.models.vqa.VLBertForVQA`) |
+
+The architecture comes from the tensors' shapes (head size 64, as both published configs); tensors are upcast from
+float16. Tokenizer: bert-base-cased (28,996 pieces; ``prepro.py``). Regions: BUTD Caffe ResNet-101 on Visual
+Genome, 10-100 boxes at confidence >= 0.2, 2048-d (BUTD-UNITER-NLVR2 ``tools/generate_npz.py``), which our
+detectron2 ``butd-vg`` backend reproduces with py-bottom-up-attention's ``faster_rcnn_from_caffe_attr.pkl``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from detectors.config import DetectorConfig
+from vlbert.checkpoint import hf_to_vlbert
+from vlbert.families.base import (CheckpointFamily, Converted, architecture, load_torch_file, rename_prefix, take_tied,
+                                  to_float32)
+
+BUTD_VG = DetectorConfig(backend="detectron2", config_file="butd-vg", weights="faster_rcnn_from_caffe_attr.pkl",
+                         min_boxes=10, max_boxes=100, score_threshold=0.2)
+
+RENAMES = {
+    "uniter.": "bert.",
+    "bert.img_embeddings.img_linear.": "bert.region_embeddings.feature_proj.",
+    "bert.img_embeddings.img_layer_norm.": "bert.region_embeddings.feature_norm.",
+    "bert.img_embeddings.pos_linear.": "bert.region_embeddings.location_proj.",
+    "bert.img_embeddings.pos_layer_norm.": "bert.region_embeddings.location_norm.",
+    "bert.img_embeddings.LayerNorm.": "bert.region_embeddings.norm.",
+    "bert.img_embeddings.mask_embedding.": "bert.region_embeddings.mask_embedding.",
+    "feat_regress.net.0.": "mrfr.dense.",
+    "feat_regress.net.2.": "mrfr.norm.",
+    "feat_regress.bias": "mrfr.decoder.bias",
+    "region_classifier.net.0.": "mrc.dense.",
+    "region_classifier.net.2.": "mrc.norm.",
+    "region_classifier.net.3.": "mrc.decoder.",
+    "itm_output.": "itm.",
+    "ITM.": "itm.",
+    "vqa_output.": "vqa_head.",
+}
+
+
+class UniterFamily(CheckpointFamily):
+    """UNITER checkpoints (see the module docstring for the key map)."""
+
+    def read(self, source: Path):
+        if source.is_dir():
+            files = sorted(source.glob("*.pt"))
+            if len(files) != 1:
+                raise ValueError(f"{source} holds {len(files)} .pt files; name the UNITER checkpoint file itself")
+            source = files[0]
+        return load_torch_file(source), {}
+
+    def matches(self, state) -> bool:
+        return any(k.startswith("uniter.embeddings.") for k in state)
+
+    def convert(self, state, source_config) -> Converted:
+        state = to_float32(state)
+        take_tied(state, "cls.predictions.decoder.weight", "uniter.embeddings.word_embeddings.weight")
+        take_tied(state, "feat_regress.weight", "uniter.img_embeddings.img_linear.weight")
+        if "feat_regress.net.0.weight" in state:
+            state["mrfr.decoder.weight"] = state["uniter.img_embeddings.img_linear.weight"].t().contiguous()
+        state = rename_prefix(state, RENAMES)
+        if "bert.region_embeddings.mask_embedding.weight" in state:
+            state["bert.region_embeddings.mask_embedding.weight"][0] = 0.0
+        state = hf_to_vlbert(state)
+        config = architecture(state, source_config)
+        config.update(region_embedding="uniter", region_location_dim=7, region_token_type=1,
+                      region_feature_dim=state["bert.region_embeddings.feature_proj.weight"].shape[1])
+        if "mrc.decoder.weight" in state:
+            config["num_region_classes"] = state["mrc.decoder.weight"].shape[0]
+        if "vqa_head.3.weight" in state:
+            config["num_labels"] = state["vqa_head.3.weight"].shape[0]
+            return Converted(config, state, "VLBertForVQA", "vqa")
+        config.setdefault("num_region_classes", 1601)
+        return Converted(config, state, "VLBertForPreTraining", "vl-pretraining")
+
+
+UNITER = UniterFamily(
+    name="uniter", region_embedding="uniter", tokenizer="bert-base-cased", cased=True,
+    features={"extractor": ("detectron2:butd-vg(weights=faster_rcnn_from_caffe_attr.pkl,thr=0.2,boxes=10-100,"
+                            "nms=0.3)"),
+              "fingerprint": BUTD_VG.fingerprint(), "config": asdict(BUTD_VG),
+              "max_regions": 100,
+              "description": "bottom-up-attention Faster R-CNN ResNet-101 (Visual Genome, Caffe), 10-100 boxes at "
+                             "confidence >= 0.2, 2048-d pool5 + 7-d box"},
+    max_text_length=60)
+
+__all__ = ["UNITER", "UniterFamily", "BUTD_VG"]
