@@ -93,6 +93,12 @@ def test_vqa_pipeline_answers_as_the_evaluation(easy, vqa_run):
         assert len({x["answer"] for x in a}) == 3 and a[0]["score"] >= a[1]["score"] >= a[2]["score"] > 0
     one = vqa(easy.store[str(qs[0]["image_id"])], qs[0]["question"])
     assert one[0]["answer"] == answers[0][0]["answer"] and abs(one[0]["score"] - answers[0][0]["score"]) < 1e-5
+    # One image and several questions: the image is asked each question (it used to be one merged text pair).
+    same_image = [q for q in qs if q["image_id"] == qs[0]["image_id"]][:3]
+    assert len(same_image) == 3
+    broadcast = vqa(easy.store[str(qs[0]["image_id"])], [q["question"] for q in same_image], top_k=3)
+    expected = [answers[qs.index(q)] for q in same_image]
+    assert [[x["answer"] for x in a] for a in broadcast] == [[x["answer"] for x in a] for a in expected]
 
 
 def test_image_files_are_extracted_with_the_runs_own_detector(easy, vqa_run):
@@ -277,3 +283,27 @@ def test_smoke_inference_benchmark_prints_its_figures(vqa_run, capsys):
                                                   "--json"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["images"] == 4 and figures["end_to_end_images_per_s"] > 0
+
+
+def test_fine_tuning_from_a_run_refuses_another_detectors_regions(easy, vqa_run, tmp_path):
+    """The timm detector at another input size gives features of the same size: fine-tuning from a run trained on
+    the first on regions of the second used to pass silently. Refused naming both; allowed when asked."""
+    other = DetectorConfig(input_size=128, max_proposals=8)
+    extractor = other.build()
+    regions = list(extract_regions(extractor, list(easy.files.items()), batch_size=N_IMAGES, progress=False))
+    assert regions[0].feature_dim == easy.store["0"].feature_dim
+    write_shards(regions, tmp_path / "shards")
+    write_detector_info(tmp_path / "shards", {"detector": extractor.name, "fingerprint": other.fingerprint(),
+                                              "config": asdict(other)})
+    files = {k: str(easy.root / f"{k.split('_')[1]}.json")
+             for k in ("train_questions", "train_annotations", "eval_questions", "eval_annotations")}
+    config = {"task": "vqa", "init_from": str(vqa_run.dir), "detector": asdict(other),
+              "data": {"dataset": "vqa-v2", "shards": str(tmp_path / "shards"), **files},
+              "training": {**TRAINING, "max_steps": 1, "output_dir": str(tmp_path / "run")}}
+    with pytest.raises(ValueError) as refused:
+        run(RECIPES["vqa"], config)
+    assert DETECTOR.fingerprint() in str(refused.value) and other.fingerprint() in str(refused.value)
+    assert not (tmp_path / "run").exists()
+    run(RECIPES["vqa"], {**config, "allow_other_detector": True})
+    info = json.loads((tmp_path / "run" / "inference.json").read_text())
+    assert info["detector"]["fingerprint"] == other.fingerprint()  # the new run records its own regions

@@ -111,3 +111,44 @@ def test_length_grouped_sampler_partitions_items(world_size):
     plain = LengthGroupedBatchSampler(lengths, 8, seed=1, group_size=1).batches()
     padding = lambda bs: sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in bs)
     assert padding(grouped) < padding(plain) / 3
+
+
+@pytest.mark.parametrize("world_size", range(1, 9))
+def test_every_rank_gets_items_in_every_batch(world_size):
+    """The last, short global batch is split as evenly as possible: no rank gets an empty batch (an empty rank
+    failed in collation while the others waited in the all-reduce), and the ranks' slices are the global batch."""
+    for n in (world_size, world_size + 1, 28, 29, 8 * world_size + 1, 8 * world_size - 1, 100):
+        samplers = [LengthGroupedBatchSampler([5] * n, 8, seed=2, rank=r, world_size=world_size, drop_last=False)
+                    for r in range(world_size)]
+        per_rank = [s.batches() for s in samplers]
+        global_batches = samplers[0].global_batches()
+        assert all(len(b) == len(global_batches) for b in per_rank)
+        for step, batch in enumerate(global_batches):
+            slices = [per_rank[r][step] for r in range(world_size)]
+            assert all(len(s) >= 1 for s in slices), (n, world_size, [len(s) for s in slices])
+            assert np.array_equal(np.concatenate(slices), batch)
+
+
+def test_evaluation_batches_are_shared_out_across_ranks():
+    """Each rank evaluates its share of the held-out batches (it used to run them all: N-fold compute)."""
+    from vlbert.data.loading import eval_loader
+
+    class Items:
+        def __init__(self, n):
+            self.n = n
+
+        def lengths(self):
+            return [1 + i % 7 for i in range(self.n)]
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            return i
+
+    data = Items(53)
+    whole = [list(b) for b in eval_loader(data, list, 8)]
+    for world in (2, 3, 5):
+        shares = [[list(b) for b in eval_loader(data, list, 8, rank=r, world_size=world)] for r in range(world)]
+        assert sorted(sum(shares, [])) == sorted(whole)
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1

@@ -8,8 +8,10 @@ import json
 
 import pytest
 import torch
+import transformers
 
 import vlbert
+from vlbert.models.heads import BertForSequenceClassification
 from vlbert.data.finetuning import align_word_labels
 from vlbert.evaluation import text as m
 from vlbert.recipes import RECIPES, run as run_recipe
@@ -118,6 +120,11 @@ def test_bbc_news_both_implementations(tmp_path, tiny_checkpoint, implementation
     metrics = run_recipe(RECIPES["text"], config)
     assert metrics["accuracy"] >= metrics["accuracy_majority_baseline"] + 0.4, metrics
     assert (tmp_path / implementation / "model.safetensors").is_file()
+    # The topics' names travel with the model (they used to be LABEL_0..4), for transformers and for us.
+    topics = {0: "business", 1: "entertainment", 2: "politics", 3: "sports", 4: "tech"}
+    assert transformers.AutoConfig.from_pretrained(tmp_path / implementation).id2label == topics
+    if implementation == "vlbert":
+        assert BertForSequenceClassification.from_pretrained(tmp_path / implementation).config.id2label == topics
 
 
 def test_unknown_label_in_eval_data(tmp_path, tiny_checkpoint):

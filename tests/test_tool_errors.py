@@ -89,7 +89,9 @@ def _text_cases(tmp: Path, small_corpus: Path) -> dict[str, tuple[list[str], str
         "28-no-directory": (["--init-from", str(tmp / "nowhere")], "nowhere"),
         "29-unknown-key": (["--set", "training.max_stepz=3"], "unknown training config key(s) ['max_stepz']"),
         "30-negative-learning-rate": (["--set", "training.learning_rate=-1"], "learning_rate must be positive"),
-        "31-wrong-type": (["--set", "training.max_steps=ten"], "training.max_steps must be a int"),
+        "31-wrong-type": (["--set", "training.max_steps=ten"], "training.max_steps must be an int"),
+        "new-fractional-int": (["--set", "training.grad_accum_steps=1.5"],
+                               "training.grad_accum_steps must be an int, got 1.5"),
         "32-set-without-equals": (["--set", "training.max_steps"], "--set expects key=value"),
         "40-fp16": (["--set", "training.mixed_precision=fp16"], "mixed_precision must be"),
         "new-modality-mismatch": (["--modality", "vl"], "is a text config"),
@@ -101,7 +103,7 @@ def _text_cases(tmp: Path, small_corpus: Path) -> dict[str, tuple[list[str], str
 CASES = ["1-empty-corpus", "2-missing-corpus", "3-not-utf8", "4-no-text-field", "6-longer-than-positions",
          "7-tokenizer-vocabulary", "24-pickled-checkpoint", "25-other-architecture", "27-corrupt-safetensors",
          "28-no-weights", "28-no-directory", "29-unknown-key", "30-negative-learning-rate", "31-wrong-type",
-         "32-set-without-equals", "40-fp16", "new-modality-mismatch", "new-init-from-conflict"]
+         "32-set-without-equals", "40-fp16", "new-modality-mismatch", "new-init-from-conflict", "new-fractional-int"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -148,6 +150,9 @@ def test_vl_config_refusals_are_one_line(capsys, tmp_path):  # rows 38, 52
     line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--output-dir", str(tmp_path / "a"),
                                                "--set", "data.objectives={wra: 1}"])
     assert "unknown objective(s) ['wra']" in line
+    line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--output-dir", str(tmp_path / "a"),
+                                               "--set", "data.objectives={mlm: 1, nsp: 1}"])
+    assert "data.objectives has ['nsp'], which a vision-language pretraining model cannot run" in line
     line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--output-dir", str(tmp_path / "b"),
                                                "--set", "data.sources=[{name: x, format: parquet, path: p, shards: s}]"])
     assert "format must be one of" in line
@@ -197,3 +202,23 @@ def test_init_from_a_checkpoint_with_the_default_config(tmp_path, caplog):
     ctx = RunContext(config, None, None, None, None, str(resolve_model_path("minilm")), ("model.hidden_size",))
     with pytest.raises(ValueError, match=r"--set model.hidden_size=256 conflicts .* \(hidden_size=384\)"):
         load_model(BertForPreTraining, ctx)
+
+
+def test_flags_are_values_not_yaml(tmp_path, monkeypatch):
+    """--output-dir and the other flags are taken as given (only --set is YAML): '#' used to start a YAML comment
+    and 'x: y' to make a mapping."""
+    import vlbert.cli
+
+    seen = {}
+
+    def fake_run(recipe, config, resume, overwrite, command_line_keys=()):
+        seen.update(config=config, keys=command_line_keys)
+        return {}
+
+    monkeypatch.setattr(vlbert.cli, "run", fake_run)
+    for name in ("runs/a #b", "runs/x: y", "runs/[1, 2]", "007"):
+        tool("pretrain")(["--modality", "text", "--output-dir", name, "--seed", "3",
+                          "--set", "training.learning_rate=5e-4"])
+        assert seen["config"]["training"]["output_dir"] == name
+        assert seen["config"]["training"]["seed"] == 3 and seen["config"]["training"]["learning_rate"] == 5e-4
+        assert "training.output_dir" in seen["keys"]

@@ -3,6 +3,7 @@ checkpoint, or is skipped by configuration; atomic checkpoint directories."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -50,8 +51,9 @@ def batches_with_nan_at(bad_batch: int):
 
 
 def config(tmp_path, **kw):
-    return TrainingConfig(output_dir=str(tmp_path), max_steps=6, batch_size=8, learning_rate=0.05, warmup_steps=0,
-                          log_every=1, save_every=2, progress_bar=False, **kw)
+    values = dict(output_dir=str(tmp_path), max_steps=6, batch_size=8, learning_rate=0.05, warmup_steps=0,
+                  log_every=1, save_every=2, progress_bar=False)
+    return TrainingConfig(**{**values, **kw})
 
 
 def test_nonfinite_loss_stops_and_keeps_the_checkpoint(tmp_path):
@@ -132,3 +134,33 @@ def test_idle_heads_are_not_updated(tmp_path):
     trainer.train()
     assert torch.equal(model.idle.weight.detach().cpu(), idle_before)  # compared on one device (CPU)
     assert not torch.equal(model.linear.weight.detach().cpu(), trained_before), "the used head must have trained"
+
+
+@pytest.mark.parametrize("device_skip", [True, False])
+def test_a_skipped_step_is_a_step_on_both_paths(tmp_path, device_skip):
+    """The fused optimizer skips a non-finite step on the device, other optimizers on the host: either way the
+    weights stay, the schedule advances, the step is logged and the hooks run (the host path used to do none)."""
+    from vlbert.training.hooks import TrainerHook
+
+    class Count(TrainerHook):
+        steps: list = []
+
+        def after_step(self, trainer):
+            self.steps.append((trainer.step, trainer.scheduler.get_last_lr()[0]))
+
+    hook = Count()
+    hook.steps = []
+    trainer = Trainer(Toy(), config(tmp_path, on_nonfinite="skip", warmup_steps=3, save_every=0),
+                      batches_with_nan_at(2), hooks=[hook])
+    trainer._device_skip = device_skip
+    metrics = trainer.train()
+    reference = Trainer(Toy(), config(tmp_path / "ref", warmup_steps=3, save_every=0), batches_with_nan_at(-1))
+    reference.train()
+    assert metrics["skipped_steps"] == 1
+    assert [s for s, _ in hook.steps] == [1, 2, 3, 4, 5, 6]
+    # the same learning rate at every step as a run without the bad batch
+    def lrs(directory):
+        return {r["step"]: r["lr"] for r in map(json.loads, (directory / "log.jsonl").read_text().splitlines())
+                if r["split"] == "train"}
+
+    assert lrs(tmp_path) == lrs(tmp_path / "ref") and sorted(lrs(tmp_path)) == [1, 2, 3, 4, 5, 6]

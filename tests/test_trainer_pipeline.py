@@ -141,7 +141,7 @@ def test_a_hook_meters_the_run_without_editing_train(tmp_path, small_token_corpu
     trainer = tiny_text_run(tmp_path, small_token_corpus, tokenizer, max_steps=4, eval_every=2)
     meter = StepMeter()
     trainer.hooks.append(meter)
-    trainer.eval_batches = lambda: trainer.train_batches(0, 0, 0, 1)
+    trainer.eval_batches = lambda rank=0, world_size=1: trainer.train_batches(0, 0, rank, world_size)
     metrics = trainer.train()
     assert meter.started == 0 and meter.steps == [1, 2, 3, 4] and metrics["meter_steps"] == 4
     assert json.loads((tmp_path / "metrics.json").read_text())["meter_steps"] == 4

@@ -167,3 +167,29 @@ def test_grounding_with_regions_beats_without(cache_dir, tmp_path):
     with_regions = metrics["eval_color_shape_mlm_accuracy_with_regions"]
     without = metrics["eval_color_shape_mlm_accuracy_without_regions"]
     assert with_regions >= without + 0.1, metrics  # measured: 0.51 vs 0.31 (200 steps at 1e-4: 0.51 vs 0.27)
+
+
+def test_imported_shards_are_not_credited_to_the_detector_section(tmp_path):
+    """Easy-VQA captions over imported shards (no detector.json): the run's ``detector`` section did not make those
+    features, so inference.json records no fingerprint for them (it used to name the section's)."""
+    from PIL import Image
+
+    from detectors.config import DetectorConfig
+    from detectors.shards import write_shards
+    from vlbert.data.easy_vqa import image_paths
+
+    ids = list(color_and_shape("train"))[:16]
+    paths = image_paths("train")
+    extractor = DetectorConfig(input_size=64, max_proposals=6).build()
+    write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), tmp_path / "shards")
+    config = {"modality": "vl", "tokenizer": "minilm",
+              "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64},
+              "detector": {"input_size": 96, "max_proposals": 16},
+              "data": {"shards": str(tmp_path / "shards"), "max_images": 16, "eval_fraction": 0.0,
+                       "objectives": {"mlm": 1}},
+              "training": {"output_dir": str(tmp_path / "run"), "max_steps": 1, "batch_size": 4,
+                           "progress_bar": False}}
+    run(RECIPES["vl-pretraining"], config)
+    detector = json.loads((tmp_path / "run" / "inference.json").read_text())["detector"]
+    assert detector["fingerprint"] is None and detector["config"] is None
+    assert detector["extractor"] == extractor.name  # what the regions themselves say made them

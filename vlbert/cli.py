@@ -43,10 +43,11 @@ def run_from_args(args: argparse.Namespace, task: str, extra: tuple[tuple[str, A
     Flags given on the command line (``--init-from`` aside) are passed to the recipe as ``command_line_keys``.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    flags = [(key, getattr(args, name)) for name, key in COMMON_FLAGS] + list(extra)
-    overrides = [f"{key}={value}" for key, value in flags if value is not None] + list(args.set)
-    metrics = run(RECIPES[task], load_run_config(args.config, overrides), args.resume, args.overwrite,
-                  command_line_keys=tuple(o.split("=", 1)[0].strip() for o in overrides))
+    flags = [(key, value) for key, value in [(key, getattr(args, name)) for name, key in COMMON_FLAGS] + list(extra)
+             if value is not None]  # typed values, taken as given: only --set is YAML
+    config = load_run_config(args.config, list(args.set), values=flags)
+    keys = tuple(key for key, _ in flags) + tuple(o.split("=", 1)[0].strip() for o in args.set)
+    metrics = run(RECIPES[task], config, args.resume, args.overwrite, command_line_keys=keys)
     print("final metrics:", {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
     return metrics
 

@@ -22,7 +22,7 @@ _HF_BOOKKEEPING_KEYS = {
     "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "gradient_checkpointing",
     "use_cache", "classifier_dropout", "_name_or_path", "pad_token_id", "bos_token_id", "eos_token_id",
     "output_past", "directionality", "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers",
-    "pooler_size_per_head", "pooler_type", "id2label", "label2id", "problem_type", "tie_word_embeddings",
+    "pooler_size_per_head", "pooler_type", "label2id", "problem_type", "tie_word_embeddings",
     "is_decoder", "add_cross_attention", "chunk_size_feed_forward", "return_dict", "output_hidden_states",
     "output_attentions", "torchscript", "finetuning_task", "tokenizer_class", "prefix", "sep_token_id",
     "decoder_start_token_id", "task_specific_params", "attn_implementation",
@@ -59,6 +59,7 @@ class BertConfig:
     pad_token_id: int = 0
     num_labels: int = 2
     classifier_dropout: float | None = None
+    id2label: dict[int, str] | None = None
 
     model_type = "bert"
     #: Fields that fix the weights' shapes or the function they compute: a checkpoint's values decide these.
@@ -68,6 +69,8 @@ class BertConfig:
                            "num_region_classes", "region_embedding")
 
     def __post_init__(self) -> None:
+        if isinstance(self.id2label, dict):  # config.json keys are strings
+            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
         self.validate()
 
     def validate(self) -> None:
@@ -85,6 +88,9 @@ class BertConfig:
             raise ValueError(f"config.hidden_act={self.hidden_act!r} is not supported; use one of {SUPPORTED_ACTIVATIONS}")
         if not isinstance(self.num_labels, int) or self.num_labels < 1:
             raise ValueError(f"config.num_labels must be a positive integer, got {self.num_labels!r}")
+        if self.id2label is not None and sorted(self.id2label) != list(range(self.num_labels)):
+            raise ValueError(f"config.id2label must name labels 0..{self.num_labels - 1} (num_labels), got "
+                             f"{sorted(self.id2label)}")
         if self.position_embedding_type != "absolute":
             raise ValueError(
                 f"config.position_embedding_type={self.position_embedding_type!r} is not supported; "
@@ -117,6 +123,9 @@ class BertConfig:
         values = dict(values)
         if "num_labels" not in values and isinstance(values.get("id2label"), dict):
             values["num_labels"] = len(values["id2label"])  # transformers stores the label count as id2label
+        if isinstance(values.get("id2label"), dict) and all(
+                str(v) == f"LABEL_{k}" for k, v in values["id2label"].items()):
+            values["id2label"] = None  # transformers' placeholder names: no names known
         model_type = values.get("model_type")
         if model_type is not None and model_type not in cls.accepted_model_types():
             raise ValueError(
@@ -153,11 +162,13 @@ class BertConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """All fields plus ``model_type`` and transformers' ``id2label``/``label2id`` (from which transformers
-        derives num_labels), the form written to ``config.json``."""
+        derives num_labels; the label names when the run knew them, else ``LABEL_i``), the form written to
+        ``config.json``."""
         out = dataclasses.asdict(self)
         out["model_type"] = self.model_type
-        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(self.num_labels)}
-        out["label2id"] = {f"LABEL_{i}": i for i in range(self.num_labels)}
+        names = self.id2label or {i: f"LABEL_{i}" for i in range(self.num_labels)}
+        out["id2label"] = {str(i): name for i, name in sorted(names.items())}
+        out["label2id"] = {name: i for i, name in sorted(names.items())}
         return out
 
     def to_json_file(self, path: str | os.PathLike, architectures: list[str] | None = None) -> None:

@@ -27,6 +27,40 @@ def evaluation(fn):
     return wrapper
 
 
+def process_position() -> tuple[int, int]:
+    """(rank, world size) of this process in data-parallel training; (0, 1) when not distributed."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather_objects(items: list) -> list:
+    """Every process's ``items`` (picklable), concatenated in rank order, on every process; ``items`` itself when
+    not distributed. For results that each rank computed on its share of the evaluation."""
+    import torch.distributed as dist
+
+    rank, world = process_position()
+    if world == 1:
+        return list(items)
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, list(items))
+    return [x for part in gathered for x in part]
+
+
+def sorted_by_index(rows: list[tuple]) -> list[tuple]:
+    """``rows`` of ``(dataset index, ...)`` from every process (:func:`gather_objects`), ordered by the index."""
+    return sorted(gather_objects(rows), key=lambda row: row[0])
+
+
+def gathered_columns(*columns: list) -> tuple[list, ...]:
+    """Per-example columns (the first: dataset indices) of this process's share of an evaluation, joined with every
+    other process's and ordered by the index: the columns a single process would have, in dataset order."""
+    rows = sorted_by_index(list(zip(*columns)))
+    return tuple(list(column) for column in zip(*rows)) if rows else tuple([] for _ in columns)
+
+
 def glibc():
     """The process's GNU C library as a ``ctypes.CDLL``, or None where the C library is not glibc (macOS, musl,
     Windows) or cannot be loaded. For malloc tuning and statistics (``mallopt``, ``mallinfo2``)."""

@@ -49,13 +49,15 @@ def train_loader(dataset, collate_fn, batch_size: int, seed: int, epoch: int, st
                       pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(seed + epoch))
 
 
-def eval_loader(dataset, collate_fn, batch_size: int, max_batches: int = 0, objective: str | None = None
-                ) -> DataLoader:
+def eval_loader(dataset, collate_fn, batch_size: int, max_batches: int = 0, objective: str | None = None,
+                rank: int = 0, world_size: int = 1) -> DataLoader:
     """Every item once, in length-sorted batches (fixed: the same at every evaluation); with ``objective``, every
-    item tagged with it."""
+    item tagged with it. With ``world_size`` > 1 only this ``rank``'s share: batches rank, rank + world_size, ...
+    (each process evaluates 1/N of the items; the results are then gathered or summed across ranks)."""
     batches = LengthGroupedBatchSampler(dataset.lengths(), batch_size, shuffle=False).batches()
     if max_batches:
         batches = batches[:max_batches]
+    batches = batches[rank::world_size]
     if objective is not None:
         batches = [[(i, objective) for i in batch] for batch in batches]
         dataset = _Tagged(dataset)

@@ -117,8 +117,9 @@ class LengthGroupedBatchSampler:
 
     Items are shuffled (seeded by ``seed`` and the epoch), cut into groups of ``group_size`` global batches,
     sorted by length inside each group and cut into global batches of ``batch_size x world_size`` items; the
-    batches are then shuffled. Rank r takes slice r of every global batch, so N processes at ``batch_size`` see
-    exactly the items one process sees at ``N x batch_size`` (the basis of DDP equivalence).
+    batches are then shuffled. Rank r takes slice r of every global batch (slices differ in size by at most one
+    item, none empty), so N processes at ``batch_size`` see exactly the items one process sees at
+    ``N x batch_size`` (the basis of DDP equivalence).
 
     Args:
         lengths: token count of every item.
@@ -161,11 +162,9 @@ class LengthGroupedBatchSampler:
 
     def batches(self) -> list[np.ndarray]:
         """This rank's batches of the epoch, in order: slice ``rank`` of every global batch."""
-        out = []
-        for batch in self.global_batches():
-            per_rank = -(-len(batch) // self.world_size)
-            out.append(batch[self.rank * per_rank:(self.rank + 1) * per_rank])
-        return out
+        # array_split: sizes differ by at most one, so a short last batch still gives every rank an item
+        # (global_batches keeps a batch only when it has at least world_size items).
+        return [np.array_split(batch, self.world_size)[self.rank] for batch in self.global_batches()]
 
 
 __all__ = ["truncate_pair", "MaskingCollator", "LengthGroupedBatchSampler", "IS_NEXT", "IS_RANDOM"]

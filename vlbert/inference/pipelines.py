@@ -53,6 +53,25 @@ def _is_single(image) -> bool:
     return isinstance(image, (str, os.PathLike, Regions, np.ndarray)) or hasattr(image, "mode")
 
 
+def _examples(image, text) -> tuple[list, list[str], bool]:
+    """(images, texts, single) of a call: one image and one text -> one example (``single``: return one result);
+    one image and a list of texts -> the image with each text (as transformers' VQA pipeline broadcasts it), and
+    a list of images with one text -> that text with each image; two lists pair up.
+
+    Raises:
+        ValueError: two lists of different lengths.
+    """
+    single_image, single_text = _is_single(image), isinstance(text, str)
+    if single_image and single_text:
+        return [image], [text], True
+    images = [image] * len(text) if single_image else list(image)
+    texts = [text] * len(images) if single_text else list(text)
+    if len(images) != len(texts):
+        raise ValueError(f"{len(images)} images but {len(texts)} texts: pass one text per image, or one image "
+                         "(or one text) for all")
+    return images, texts, False
+
+
 class Pipeline:
     """Base class: a run's model (eval mode, on ``device``) and :class:`~vlbert.inference.run.RunInputs`.
 
@@ -129,8 +148,8 @@ class VQAPipeline(Pipeline):
     model_classes = (VLBertForMaskedTokenVQA,)
 
     def __call__(self, image, question, top_k: int = 1):
-        single = _is_single(image)
-        logits, _ = self.logits(_as_list(image, single), _as_list(question, single))
+        images, questions, single = _examples(image, question)
+        logits, _ = self.logits(images, questions)
         scores, ids = logits.sigmoid().topk(min(top_k, logits.shape[1]), dim=-1)
         out = [[{"answer": self.labels[i], "score": s} for s, i in zip(row_s, row_i)]
                for row_s, row_i in zip(scores.tolist(), ids.tolist())]
@@ -145,8 +164,8 @@ class EntailmentPipeline(Pipeline):
     model_class = VLBertForSequenceClassification
 
     def __call__(self, image, hypothesis):
-        single = _is_single(image)
-        logits, _ = self.logits(_as_list(image, single), _as_list(hypothesis, single))
+        images, hypotheses, single = _examples(image, hypothesis)
+        logits, _ = self.logits(images, hypotheses)
         out = [_label(row, self.labels) for row in logits.softmax(-1)]
         return out[0] if single else out
 
@@ -202,14 +221,13 @@ class ReferringPipeline(Pipeline):
     model_class = VLBertForReferringExpressions
 
     def __call__(self, image, expression, boxes=None):
-        single = _is_single(image)
-        images = _as_list(image, single)
-        box_list = None if boxes is None else ([boxes] if single else list(boxes))
+        images, expressions, single = _examples(image, expression)
+        box_list = None if boxes is None else ([boxes] * len(images) if _is_single(image) else list(boxes))
         if self.inputs.info.get("boxes") == "given" and box_list is None and \
                 not all(isinstance(x, Regions) for x in images):
             raise ValueError("this run was trained on given candidate boxes, not the detector's: pass boxes=[[x1, y1, "
                              "x2, y2], ...] (pixels) for each image (tools/predict.py: a \"boxes\" field per line)")
-        logits, regions = self.logits(images, _as_list(expression, single), box_list)
+        logits, regions = self.logits(images, expressions, box_list)
         out = []
         for row, r in zip(logits.softmax(-1), regions):
             k = int(row.argmax())

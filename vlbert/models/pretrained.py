@@ -96,6 +96,9 @@ class PreTrainedModel(nn.Module):
             unknown = sorted(set(config_overrides) - known)
             if unknown:
                 raise ValueError(f"unknown model config key(s) {unknown}; valid keys are {sorted(known)}")
+            if "num_labels" in config_overrides and "id2label" not in config_overrides \
+                    and config_overrides["num_labels"] != config.num_labels:
+                config_overrides["id2label"] = None  # another head: the checkpoint's label names do not apply
             config = dataclasses.replace(config, **config_overrides)
         model = cls(config)
         state = ckpt.hf_to_vlbert(ckpt.read_state_dict(directory))

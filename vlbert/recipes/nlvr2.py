@@ -15,6 +15,7 @@ from vlbert.evaluation.classification import predict_labels
 from vlbert.models.vl_classification import VLBertForImagePairClassification
 from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info, task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
+from vlbert.utils import gathered_columns
 
 
 @dataclass
@@ -59,7 +60,7 @@ class NLVR2Data(TaskData):
 
     def predict(self, model) -> tuple[dict[str, bool], float]:
         """(identifier -> predicted truth of every evaluation statement, accuracy)."""
-        index, gold, predicted = predict_labels(model, self.eval_batches())
+        index, gold, predicted = gathered_columns(*predict_labels(model, self.rank_eval_batches()))
         answers = {self.eval.examples[i].identifier: bool(p) for i, p in zip(index, predicted)}
         return answers, sum(g == p for g, p in zip(gold, predicted)) / max(len(gold), 1)
 

@@ -22,7 +22,7 @@ from vlbert.models.referring import VLBertForReferringExpressions
 from vlbert.recipes.regions import (DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info,
                                     regions_provenance, task_regions)
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
-from vlbert.utils import evaluation
+from vlbert.utils import evaluation, sorted_by_index
 
 
 @dataclass
@@ -98,16 +98,17 @@ class ReferringData(TaskData):
         upper bound: the share of expressions whose image has any region with IoU >= 0.5)."""
         device = next(model.parameters()).device
         rows = []
-        for batch in self.eval_batches():
+        for batch in self.rank_eval_batches():
             index = batch.pop("index").tolist()
             batch.pop("target_box")
             batch.pop("target_region")
             top = model(**{k: v.to(device) for k, v in batch.items()}).logits.argmax(-1).tolist()
             for i, choice in zip(index, top):
                 ex = self.eval.examples[i]
-                rows.append({"ref_id": ex.ref_id, "image_id": ex.image_id, "expression": ex.expression,
-                             "region": choice, "box": [float(v) for v in self.regions[ex.image_id].boxes[choice]],
-                             "hit": self.hit(ex, choice)})
+                rows.append((i, {"ref_id": ex.ref_id, "image_id": ex.image_id, "expression": ex.expression,
+                                 "region": choice, "box": [float(v) for v in self.regions[ex.image_id].boxes[choice]],
+                                 "hit": self.hit(ex, choice)}))
+        rows = [row for _, row in sorted_by_index(rows)]
         reachable = 0
         for example in self.eval.examples:
             n = min(region_count(self.regions, example.image_id), self.eval.max_regions)

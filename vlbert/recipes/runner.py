@@ -24,6 +24,7 @@ from vlbert import checkpoint as ckpt
 from vlbert.config import BertConfig
 from vlbert.data.loading import eval_loader, train_loader
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
+from vlbert.utils import process_position
 from vlbert.training.run_config import check_sections, dataclass_from_section
 from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig, set_seed
 from vlbert_base.files import write_text_atomically
@@ -116,14 +117,22 @@ class TaskData:
         return train_loader(self.train, self.collator, self.batch_size, self.seed, epoch, start, rank, world_size,
                             drop_last=self.train_drop_last, objectives=self.objectives, **self.loader_options)
 
-    def eval_batches(self):
-        """Every held-out item once in fixed batches (once per objective where batches carry one)."""
+    def eval_batches(self, rank: int = 0, world_size: int = 1):
+        """Every held-out item once in fixed batches (once per objective where batches carry one); with
+        ``world_size`` > 1, this ``rank``'s share of them (:func:`~vlbert.data.loading.eval_loader`)."""
         size = self.eval_batch_factor * self.batch_size
+        share = {"rank": rank, "world_size": world_size}
         if self.objectives is None:
-            yield from eval_loader(self.eval, self.collator, size, self.max_eval_batches)
+            yield from eval_loader(self.eval, self.collator, size, self.max_eval_batches, **share)
             return
         for name in self.objectives.active:
-            yield from eval_loader(self.eval, self.collator, size, self.max_eval_batches, objective=name)
+            yield from eval_loader(self.eval, self.collator, size, self.max_eval_batches, objective=name, **share)
+
+    def rank_eval_batches(self):
+        """This process's share of :meth:`eval_batches` (all of them in a single process): a task's evaluation
+        runs on 1/N of the items per rank and gathers the results (:func:`vlbert.utils.gather_objects`)."""
+        rank, world_size = process_position()
+        return self.eval_batches(rank, world_size)
 
 
 INFERENCE_INFO = "inference.json"
@@ -137,8 +146,11 @@ def write_inference_info(output_dir: str | Path, info: dict[str, Any]) -> Path:
 
 def write_output_file(ctx: "RunContext", name: str, text: str) -> Path:
     """Write ``text`` to ``name`` in the run's output directory, atomically (a predictions file is never seen half
-    written). Returns its path."""
-    return write_text_atomically(Path(ctx.training.output_dir) / name, text)
+    written), once: by the main process only. Returns its path."""
+    path = Path(ctx.training.output_dir) / name
+    if process_position()[0] == 0:
+        write_text_atomically(path, text)
+    return path
 
 
 def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> None:

@@ -17,7 +17,7 @@ from vlbert.data.finetuning import (TextTaskCollator, TextTaskConfig, TextTaskDa
 from vlbert.evaluation import text as text_metrics
 from vlbert.models import heads
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
-from vlbert.utils import evaluation
+from vlbert.utils import evaluation, gather_objects
 
 HEADS = {"classification": heads.BertForSequenceClassification, "regression": heads.BertForSequenceClassification,
          "tagging": heads.BertForTokenClassification, "qa": heads.BertForQuestionAnswering}
@@ -97,7 +97,7 @@ class TextTaskData(TaskData):
         """The task's metrics on the evaluation set (see module docstring)."""
         device = next(model.parameters()).device
         preds: dict[int, Any] = {}
-        for batch in self.eval_batches():
+        for batch in self.rank_eval_batches():
             index = batch.pop("index").tolist()
             inputs = {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
             out = model(**inputs)
@@ -112,6 +112,7 @@ class TextTaskData(TaskData):
                 preds.update(zip(index, out.logits.squeeze(-1).tolist()))
             else:
                 preds.update(zip(index, out.logits.argmax(-1).tolist()))
+        preds = dict(gather_objects(list(preds.items())))  # each rank predicted its share
         items = self.eval.items
         order = range(len(items))
         if self.config.type == "classification":
@@ -159,16 +160,19 @@ def build_model(ctx: RunContext, data: TextTaskData):
         ValueError: an unknown implementation, or transformers for a task other than classification.
     """
     implementation = ctx.config.get("implementation", "vlbert")
+    # The label names travel with the model (config.json's id2label, as transformers writes and reads it).
+    names = dict(enumerate(data.label_names)) if data.label_names else None
     if implementation == "transformers":
         if data.config.type != "classification":
             raise ValueError("implementation: transformers is offered for classification comparisons only")
         import transformers
 
         return TransformersAdapter(transformers.BertForSequenceClassification.from_pretrained(
-            ctx.init_from, num_labels=data.num_labels, **ctx.model_section))
+            ctx.init_from, num_labels=data.num_labels, id2label=names, label2id=names and {
+                v: k for k, v in names.items()}, **ctx.model_section))
     if implementation != "vlbert":
         raise ValueError(f"implementation must be 'vlbert' or 'transformers', got {implementation!r}")
-    return load_model(HEADS[data.config.type], ctx, num_labels=data.num_labels)
+    return load_model(HEADS[data.config.type], ctx, num_labels=data.num_labels, id2label=names)
 
 
 RECIPE = Recipe("text", TextTaskConfig, TextTaskData, build_model, evaluate=lambda ctx, data, model: data.score(model),

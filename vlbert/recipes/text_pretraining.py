@@ -16,6 +16,7 @@ from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
 from vlbert.layers.losses import IGNORE_INDEX
 from vlbert.models.bert import BertForPreTraining
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+from vlbert.utils import gather_objects
 
 
 @dataclass
@@ -76,11 +77,12 @@ class TextPretrainingData(TaskData):
         """Held-out MLM accuracy of always predicting the corpus's most frequent ordinary wordpiece (counted at
         preparation)."""
         hits = total = 0
-        for batch in self.eval_batches():
+        for batch in self.rank_eval_batches():
             labels = batch["labels"][batch["labels"] != IGNORE_INDEX]
             hits += int((labels == self.majority_token).sum())
             total += labels.numel()
-        return hits / max(total, 1)
+        parts = gather_objects([(hits, total)])
+        return sum(h for h, _ in parts) / max(sum(t for _, t in parts), 1)
 
 
 def build_model(ctx: RunContext, data) -> BertForPreTraining:

@@ -17,6 +17,7 @@ from vlbert.evaluation.classification import predict_labels
 from vlbert.models.vl_classification import VLBertForSequenceClassification
 from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info, task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
+from vlbert.utils import gathered_columns
 
 
 @dataclass
@@ -62,7 +63,7 @@ class EntailmentData(TaskData):
     def predict(self, model) -> tuple[list[dict], dict[str, float]]:
         """(one row per evaluation pair: ``pairID``, ``image_id``, ``hypothesis``, ``prediction``, ``gold_label``;
         accuracy overall and per gold label)."""
-        index, gold, predicted = predict_labels(model, self.eval_batches())
+        index, gold, predicted = gathered_columns(*predict_labels(model, self.rank_eval_batches()))
         rows = [{"pairID": self.eval.examples[i].pair_id, "image_id": self.eval.examples[i].image_id,
                  "hypothesis": self.eval.examples[i].hypothesis, "prediction": LABELS[p], "gold_label": LABELS[g]}
                 for i, g, p in zip(index, gold, predicted)]

@@ -168,8 +168,14 @@ class VLPretrainingData(TaskData):
             raise ValueError(f"data.dataset={data.dataset!r}: the built-in image-text data is 'easy-vqa'; give other "
                              "data as data.sources (caption files + region shards)")
         self.objectives = ObjectiveMix(dict(data.objectives))
+        cannot = [name for name in self.objectives.active if name not in VLBertForPreTraining.objectives]
+        if cannot:
+            raise ValueError(f"data.objectives has {cannot}, which a vision-language pretraining model cannot run; "
+                             f"choose among {list(VLBertForPreTraining.objectives)}")
         sources = data.sources or [CaptionSource("easy-vqa", "easy-vqa", shards=data.shards)]
         self.easy_vqa_only = all(s.format == "easy-vqa" for s in sources)
+        # The run's detector made the regions only where it extracted them itself (no shards given).
+        self.extracted_by_detector = self.easy_vqa_only and not any(s.shards for s in sources)
         self.skipped: dict[str, int] = {}
         stores, pairs = {}, []
         for source in sources:
@@ -302,7 +308,7 @@ def inference_info(ctx: RunContext, data: VLPretrainingData) -> dict:
     """The maximum lengths and the regions' detector (for fill-mask on an image, :mod:`vlbert.inference`)."""
     return {"max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
             "region_feature_dim": next(iter(data.regions.values())).feature_dim,
-            "detector": regions_provenance(data.regions, ctx.detector if data.easy_vqa_only else None)}
+            "detector": regions_provenance(data.regions, ctx.detector if data.extracted_by_detector else None)}
 
 
 RECIPE = Recipe("vl-pretraining", VLDataConfig, VLPretrainingData, build_model, evaluate=evaluate,

@@ -18,7 +18,7 @@ from vlbert.evaluation.vqa import vqa_accuracy
 from vlbert.models.vqa import VLBertForVQA
 from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info, task_regions
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
-from vlbert.utils import evaluation
+from vlbert.utils import evaluation, sorted_by_index
 
 
 @dataclass
@@ -84,7 +84,7 @@ class VQAData(TaskData):
         """The top answer for every evaluation question, with its VQA accuracy when answers are known."""
         device = next(model.parameters()).device
         rows = []
-        for batch in self.eval_batches():
+        for batch in self.rank_eval_batches():
             index = batch.pop("index")
             batch.pop("answer_targets")
             logits = model(**{k: v.to(device) for k, v in batch.items()}).logits
@@ -93,8 +93,8 @@ class VQAData(TaskData):
                 row = {"question_id": ex.question_id, "question": ex.question, "answer": self.answer_vocab[a]}
                 if ex.answers:
                     row["accuracy"] = vqa_accuracy(row["answer"], ex.answers)
-                rows.append(row)
-        return rows
+                rows.append((i, row))
+        return [row for _, row in sorted_by_index(rows)]
 
 
 def build_model(ctx: RunContext, data: VQAData) -> VLBertForVQA:

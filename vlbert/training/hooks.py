@@ -21,8 +21,8 @@ class TrainerHook:
         """Once, before the first step of this run (after a resume: at the resumed step)."""
 
     def after_step(self, trainer) -> None:
-        """After each optimizer step (``trainer.step`` already counts it), including skipped non-finite steps'
-        successors, not the skipped steps themselves."""
+        """After each optimizer step (``trainer.step`` already counts it), a skipped non-finite step included
+        (``training.on_nonfinite=skip``: its update is not applied, the learning-rate schedule still advances)."""
 
     def after_train(self, trainer, metrics: dict[str, Any]) -> None:
         """Once, after the last step and the final evaluation, before metrics.json and the final model are

@@ -11,8 +11,10 @@ from typing import Any
 import yaml
 
 
-def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Read a YAML run config and apply ``key.sub=value`` overrides (values parsed as YAML scalars).
+def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None = None,
+                    values: list[tuple[str, Any]] | tuple = ()) -> dict[str, Any]:
+    """Read a YAML run config, set the typed ``values`` (a tool's flags: ``("training.output_dir", "runs/a #b")``,
+    taken as they are) and then apply the ``key.sub=value`` overrides of ``--set`` (values parsed as YAML scalars).
 
     Raises:
         FileNotFoundError: the config file does not exist.
@@ -31,9 +33,21 @@ def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None 
             raise ValueError(f"{path} must hold a YAML mapping (sections model/data/training), got {type(loaded).__name__}")
         config = loaded
     config = copy.deepcopy(config)
+    for key, value in values:
+        _set_path(config, key, value)
     for item in overrides or []:
         set_dotted(config, item)
     return config
+
+
+def _set_path(config: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.strip().split(".")
+    node = config
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"cannot set {key}: {part} is not a section")
+    node[parts[-1]] = value
 
 
 def _parse_yaml(path: Path) -> Any:
@@ -63,12 +77,6 @@ def set_dotted(config: dict[str, Any], assignment: str) -> None:
     if "=" not in assignment:
         raise ValueError(f"--set expects key=value (e.g. training.max_steps=100), got {assignment!r}")
     key, raw = assignment.split("=", 1)
-    parts = key.strip().split(".")
-    node = config
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ValueError(f"cannot set {key}: {part} is not a section")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
@@ -78,7 +86,7 @@ def set_dotted(config: dict[str, Any], assignment: str) -> None:
             value = float(value)
         except ValueError:
             pass
-    node[parts[-1]] = value
+    _set_path(config, key, value)
 
 
 def check_sections(config: dict[str, Any], allowed: tuple[str, ...]) -> None:
@@ -107,7 +115,9 @@ def dataclass_from_section(cls, values: dict[str, Any] | None, section: str):
         try:
             if kind == "float" and isinstance(value, (int, float, str)) and not isinstance(value, bool):
                 values[key] = float(value)
-            elif kind == "int" and not isinstance(value, bool) and float(value) == int(float(value)):
+            elif kind == "int":
+                if isinstance(value, bool) or float(value) != int(float(value)):
+                    raise TypeError  # 1.5 is no count of steps
                 values[key] = int(float(value))
             elif kind == "bool" and not isinstance(value, bool):
                 raise TypeError
@@ -117,7 +127,7 @@ def dataclass_from_section(cls, values: dict[str, Any] | None, section: str):
             elif kind == "str" and not isinstance(value, str):
                 values[key] = str(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{section}.{key} must be a {kind}, got {value!r}") from None
+            raise ValueError(f"{section}.{key} must be {'an' if kind == 'int' else 'a'} {kind}, got {value!r}") from None
     return cls(**values)
 
 

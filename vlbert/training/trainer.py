@@ -27,7 +27,7 @@ from vlbert import checkpoint as ckpt
 from vlbert.models.bert import compile_encoder_layers
 from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, TrainerHook
 from vlbert.training.run_config import dataclass_from_section
-from vlbert.utils import keep_freed_memory_in_process
+from vlbert.utils import gather_objects, keep_freed_memory_in_process
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,8 @@ class Trainer:
         config: :class:`TrainingConfig`.
         train_batches: ``(epoch, start_batch, rank, world_size) -> iterable of batch dicts`` for that rank,
             deterministic in its arguments (so resume can restart mid-epoch).
-        eval_batches: ``() -> iterable of batch dicts`` of held-out data, or None.
+        eval_batches: ``(rank, world_size) -> iterable of batch dicts``: this process's share of the held-out
+            data (every batch once across the ranks; keywords ``rank`` and ``world_size``), or None.
         run_config: the resolved run configuration, saved as ``config.yaml`` beside every checkpoint.
         tokenizer: saved with every checkpoint.
         hooks: :class:`~vlbert.training.hooks.TrainerHook` s run after the built-in ones (periodic evaluation,
@@ -181,7 +182,7 @@ class Trainer:
     """
 
     def __init__(self, model, config: TrainingConfig, train_batches: BatchFactory,
-                 eval_batches: Callable[[], Iterable[dict]] | None = None, run_config: dict | None = None,
+                 eval_batches: Callable[..., Iterable[dict]] | None = None, run_config: dict | None = None,
                  tokenizer=None, hooks: Sequence[TrainerHook] = ()):
         from accelerate import Accelerator
 
@@ -322,16 +323,14 @@ class Trainer:
                     if cfg.max_grad_norm > 0 else torch.zeros((), device=acc.device)
                 loss = sums["loss"] / cfg.grad_accum_steps
                 lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
+                # A non-finite step leaves the weights as they were and is otherwise a step like any other (the
+                # schedule advances, it is logged, the hooks run), whichever path skips it.
                 if self._device_skip:  # no host synchronisation: the optimizer skips on the device
                     bad = checks.record(self.step + 1, loss, grad_norm)
                     self._optimizer().found_inf = bad.float()
                     self.optimizer.step()
                     self._optimizer().found_inf = None
-                elif not self._finite_on_host(loss, grad_norm, checks):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.step += 1
-                    continue
-                else:
+                elif self._finite_on_host(loss, grad_norm, checks):
                     self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -476,13 +475,15 @@ class Trainer:
         """
         if self.eval_batches is None:
             return {}
-        self.model.eval()
+        model = self.unwrapped  # no DDP collective in an evaluation forward: ranks may run different counts
+        model.eval()
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
-        for batch in self.eval_batches():
+        acc = self.accelerator
+        for batch in self.eval_batches(rank=acc.process_index, world_size=acc.num_processes):
             batch = self._to_device(batch)
-            with self.accelerator.autocast():
-                out = self.model(**batch)
+            with torch.no_grad(), acc.autocast():
+                out = model(**batch)
             for name, loss in out.losses.items():
                 n = out.counts.get(name, 1)
                 sums[f"eval_{name}_loss"] = sums.get(f"eval_{name}_loss", 0.0) + float(loss) * n
@@ -491,14 +492,15 @@ class Trainer:
                 n = out.counts.get(name, 1)
                 sums[f"eval_{name}"] = sums.get(f"eval_{name}", 0.0) + float(value) * n
                 weights[f"eval_{name}"] = weights.get(f"eval_{name}", 0.0) + n
-        self.model.train()
-        if self.accelerator.num_processes > 1:
-            keys = sorted(sums)
-            t = torch.tensor([[sums[k], weights[k]] for k in keys], device=self.accelerator.device, dtype=torch.float64)
-            t = self.accelerator.reduce(t, reduction="sum")
-            sums = {k: float(t[i, 0]) for i, k in enumerate(keys)}
-            weights = {k: float(t[i, 1]) for i, k in enumerate(keys)}
-        return {k: sums[k] / max(weights[k], 1e-12) for k in sorted(sums)}
+        model.train()
+        # Each rank evaluated its share of the batches: sum over ranks (a rank may have had none).
+        totals: dict[str, list[float]] = {}
+        for part_sums, part_weights in gather_objects([(sums, weights)]):
+            for k, v in part_sums.items():
+                total = totals.setdefault(k, [0.0, 0.0])
+                total[0] += v
+                total[1] += part_weights[k]
+        return {k: s / max(w, 1e-12) for k, (s, w) in sorted(totals.items())}
 
     # ------------------------------------------------------------------ logging
     def _tensorboard(self):
