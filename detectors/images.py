@@ -55,7 +55,8 @@ def load_image(path: str | os.PathLike) -> np.ndarray:
 
     Raises:
         FileNotFoundError: no such file.
-        ImageDecodeError: Pillow cannot decode it (not an image, truncated); the message names the file.
+        ImageDecodeError: Pillow cannot decode it (not an image, truncated), or it is far larger than a photo
+            (Pillow's decompression-bomb limit, about 179 megapixels); the message names the file.
     """
     from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -67,6 +68,9 @@ def load_image(path: str | os.PathLike) -> np.ndarray:
             image.load()
             image = ImageOps.exif_transpose(image) or image
             return to_rgb_array(image)
+    except Image.DecompressionBombError as e:
+        raise ImageDecodeError(f"image {path} is far larger than a photo ({e}); resize it (detectors read images "
+                               "at a few hundred pixels a side) or remove it from the image list") from e
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise ImageDecodeError(f"cannot decode image {path} ({type(e).__name__}: {e}); remove it from the image "
                                "list or re-encode it as PNG/JPEG") from e

@@ -144,6 +144,8 @@ def test_tokenizer_vocabulary_mismatch(tokenizer):
     check_tokenizer_matches(tokenizer, vlbert.BertConfig(vocab_size=len(tokenizer)))
     with pytest.raises(ValueError, match="vocab_size"):
         check_tokenizer_matches(tokenizer, vlbert.BertConfig(vocab_size=28996))
+    # A table padded beyond the tokenizer (to a multiple of 64, for speed) is harmless: every id has a row.
+    check_tokenizer_matches(tokenizer, vlbert.BertConfig(vocab_size=-(-len(tokenizer) // 64) * 64))
 
 
 def test_config_json_compatible_with_transformers(tmp_path):
@@ -179,3 +181,38 @@ def test_library_calls_check_their_inputs():
         model(torch.tensor([[1, 2]]), torch.tensor([[0, 2]]))
     with pytest.raises(ValueError, match="attention_mask row 1 has no real token"):
         model(torch.tensor([[1, 2], [3, 4]]), None, torch.tensor([[1, 1], [0, 0]]))
+
+
+def test_every_vl_head_round_trips_and_is_exported(tmp_path):
+    """Save/load of each VL head class is exact, the retrieval projection size included (it lived outside the
+    config and came back as 256), and each class is importable from vlbert."""
+    torch.manual_seed(0)
+    base = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=40,
+                region_feature_dim=12, num_region_classes=0)
+    for name, extra in (("VLBertForImageTextRetrieval", {"projection_dim": 16}), ("VLBertForVQA", {"num_labels": 7}),
+                        ("VLBertForImagePairClassification", {}), ("VLBertForReferringExpressions", {}),
+                        ("VLBertForVisualReasoning", {}), ("VLBertForMaskedTokenVQA", {"num_labels": 5})):
+        cls = getattr(vlbert, name)
+        model = cls(vlbert.VLBertConfig(**base, **extra))
+        model.save_pretrained(tmp_path / name)
+        loaded = cls.from_pretrained(tmp_path / name)
+        assert not loaded.loading_info.missing_keys and not loaded.loading_info.unexpected_keys, name
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(loaded.state_dict()[key], value, rtol=0, atol=0)
+    assert vlbert.VLBertForImageTextRetrieval.from_pretrained(
+        tmp_path / "VLBertForImageTextRetrieval").text_proj.out_features == 16
+
+
+def test_returned_attentions_are_the_weights_that_multiply_the_values():
+    """In training mode with attention dropout, the returned probabilities are after dropout, as transformers'
+    eager attention returns them (some entries dropped to 0, the kept ones scaled by 1 / (1 - p))."""
+    torch.manual_seed(0)
+    config = vlbert.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=40, attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.0)
+    model = vlbert.BertModel(config).train()
+    ids = torch.randint(1, 50, (2, 9))
+    attention = model(ids, output_attentions=True).attentions[0]
+    assert (attention == 0).any() and (attention.sum(-1) - 1).abs().max() > 0.1
+    model.eval()
+    attention = model(ids, output_attentions=True).attentions[0]
+    torch.testing.assert_close(attention.sum(-1), torch.ones(2, 2, 9))

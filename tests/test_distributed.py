@@ -124,11 +124,19 @@ def test_text_fine_tuning_on_three_processes_with_a_short_last_batch(tmp_path):
     """28 BBC News articles at batch 8 on 3 ranks: the last global batch holds 4 items, which used to leave one
     rank an empty batch (a crash in collation while the others waited). Now every rank gets at least one item and
     the 3 processes equal 1 process at batch 24, step by step."""
+    import vlbert
+    from vlbert.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer("minilm")
+    tiny = vlbert.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=64, max_position_embeddings=64)
+    vlbert.BertModel(tiny).save_pretrained(tmp_path / "tiny", tokenizer=tokenizer)
+
     def text_config(out, batch_size):
-        return {"task": "text", "init_from": "minilm",
+        return {"task": "text", "init_from": str(tmp_path / "tiny"),
                 "model": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
                 "data": {"task": "bbc-news", "max_seq_length": 24, "max_train_examples": 28, "eval_fraction": 0.01},
-                "training": {"output_dir": str(out), "max_steps": 4, "batch_size": batch_size, "learning_rate": 1e-4,
+                "training": {"output_dir": str(out), "max_steps": 4, "batch_size": batch_size, "learning_rate": 1e-3,
                              "warmup_steps": 1, "log_every": 1, "progress_bar": False}}
 
     one, three = tmp_path / "one", tmp_path / "three"

@@ -307,3 +307,67 @@ def test_fine_tuning_from_a_run_refuses_another_detectors_regions(easy, vqa_run,
     run(RECIPES["vqa"], {**config, "allow_other_detector": True})
     info = json.loads((tmp_path / "run" / "inference.json").read_text())
     assert info["detector"]["fingerprint"] == other.fingerprint()  # the new run records its own regions
+
+
+def _bad_input_cases(tmp):
+    from PIL import Image
+
+    (tmp / "notes.txt").write_text("not an image")
+    (tmp / "a-folder.png").mkdir()
+    good = tmp / "good.png"
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(good)
+    (tmp / "truncated.png").write_bytes(good.read_bytes()[:60])
+    Image.new("1", (20000, 20000)).save(tmp / "huge.png")  # 400 megapixels: a decompression bomb, not a photo
+    (tmp / "broken.jsonl").write_text('{"image": "good.png", "text": "what color?"}\n{"image": "good.png", "tex\n')
+    (tmp / "no-text.jsonl").write_text('{"image": "good.png"}\n')
+    (tmp / "missing-image.jsonl").write_text('{"image": "gone.png", "text": "what color?"}\n')
+    (tmp / "no-id.jsonl").write_text('{"image": "good.png", "text": "what color?"}\n')
+    img = ["--text", "what color?", "--image"]
+    return {
+        "missing-image": (img + [str(tmp / "gone.png")], "gone.png"),
+        "directory-image": (img + [str(tmp / "a-folder.png")], "a-folder.png"),
+        "not-an-image": (img + [str(tmp / "notes.txt")], "notes.txt"),
+        "truncated-image": (img + [str(tmp / "truncated.png")], "truncated.png"),
+        "huge-image": (img + [str(tmp / "huge.png")], "huge.png"),
+        "broken-jsonl": (["--input", str(tmp / "broken.jsonl")], "broken.jsonl:2"),
+        "jsonl-without-text": (["--input", str(tmp / "no-text.jsonl")], "no-text.jsonl:1"),
+        "jsonl-missing-image": (["--input", str(tmp / "missing-image.jsonl")], "gone.png"),
+        "missing-input": (["--input", str(tmp / "nowhere.jsonl")], "nowhere.jsonl"),
+        "format-without-ids": (["--input", str(tmp / "no-id.jsonl"), "--format", "vqa-v2"], "question_id"),
+        "top-k-zero": (img + [str(good), "--top-k", "0"], "--top-k"),
+        "batch-size-zero": (img + [str(good), "--batch-size", "0"], "--batch-size"),
+    }
+
+
+BAD_INPUTS = ["missing-image", "directory-image", "not-an-image", "truncated-image", "huge-image", "broken-jsonl",
+              "jsonl-without-text", "jsonl-missing-image", "missing-input", "format-without-ids", "top-k-zero",
+              "batch-size-zero"]
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_predict_refuses_bad_input_in_one_line_and_keeps_the_output(vqa_run, tmp_path, capsys, case):
+    argv, named = _bad_input_cases(tmp_path)[case]
+    output = tmp_path / "results.jsonl"
+    output.write_text("an earlier run's results\n")
+    capsys.readouterr()
+    status = run_tool(tool("predict"), [str(vqa_run.dir), *argv, "--output", str(output)])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2 and "Traceback" not in err and lines[-1].startswith("error: "), err
+    assert named in lines[-1], lines[-1]
+    assert output.read_text() == "an earlier run's results\n"
+
+
+def test_images_in_other_modes_are_answered(vqa_run, tmp_path):
+    """Greyscale, RGBA, palette and 16-bit images are converted, not refused."""
+    from PIL import Image
+
+    base = Image.new("RGB", (64, 64), (30, 30, 200))
+    files = {"L": base.convert("L"), "RGBA": base.convert("RGBA"), "P": base.convert("P"),
+             "I;16": Image.new("I;16", (64, 64), 3000), "LA": base.convert("LA"), "CMYK": base.convert("CMYK")}
+    vqa = VQAPipeline(vqa_run.dir, device="cpu")
+    for mode, image in files.items():
+        path = tmp_path / f"{mode.replace(';', '')}.{'jpg' if mode == 'CMYK' else 'png'}"
+        image.save(path)
+        answer = vqa(str(path), "what color is the shape?")
+        assert answer[0]["answer"] in json.loads((vqa_run.dir / "inference.json").read_text())["labels"], mode

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import pytest
 import torch
@@ -140,3 +141,31 @@ def test_tags_and_words_must_align(tmp_path, tiny_checkpoint):
     with pytest.raises(ValueError, match="2 words but 1 tags"):
         run(tmp_path, tiny_checkpoint, {"task": "custom", "type": "tagging", "train": str(tmp_path / "t.jsonl"),
                                         "eval": str(tmp_path / "t.jsonl")})
+
+
+def test_a_transformers_run_resumes(tmp_path, tiny_checkpoint):
+    """--resume of an ``implementation: transformers`` run (it raised AttributeError): the same losses as the
+    uninterrupted run."""
+    rows = [{"text": f"row {i} {'good' if i % 2 else 'bad'}", "label": "pos" if i % 2 else "neg"} for i in range(16)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def config(out, steps):
+        return {"init_from": str(tiny_checkpoint), "implementation": "transformers",
+                "model": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+                "data": {"task": "custom", "type": "classification", "train": str(tmp_path / "t.jsonl"),
+                         "eval": str(tmp_path / "t.jsonl")},
+                "training": {"output_dir": str(out), "max_steps": steps, "batch_size": 4, "learning_rate": 1e-3,
+                             "warmup_steps": 1, "log_every": 1, "save_every": 2, "progress_bar": False}}
+
+    run_recipe(RECIPES["text"], config(tmp_path / "whole", 6))
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")  # as if stopped after step 4's checkpoint
+    for name in ("model.safetensors", "metrics.json"):
+        (tmp_path / "cut" / name).unlink()
+    run_recipe(RECIPES["text"], config(tmp_path / "cut", 6), resume=True)
+
+    def losses(out):
+        return {r["step"]: r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())
+                if r["split"] == "train"}
+
+    whole, cut = losses(tmp_path / "whole"), losses(tmp_path / "cut")
+    assert sorted(cut) == [1, 2, 3, 4, 5, 6] and max(abs(whole[s] - cut[s]) for s in whole) < 1e-5

@@ -204,3 +204,24 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_losses(small_corpus, 
     b = {r["step"]: r["loss"] for r in read_log(stopped)}
     assert sorted(b) == list(range(1, steps + 1))
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-6
+
+
+def test_overwrite_leaves_nothing_of_the_old_run(tmp_path, monkeypatch):
+    """--overwrite used to keep the old final model, config, tokenizer, inference.json and predictions beside the
+    new log: an interrupted overwrite then looked finished. Now the directory is emptied, finished-run markers
+    first."""
+    from vlbert.recipes.runner import prepare_output_dir
+
+    out = tmp_path / "run"
+    out.mkdir()
+    old = ["log.jsonl", "metrics.json", "config.yaml", "model.safetensors", "config.json", "vocab.txt",
+           "tokenizer.json", "inference.json", "predictions.csv", "predictions.jsonl"]
+    for name in old:
+        (out / name).write_text("old")
+    (out / "checkpoints" / "step-2").mkdir(parents=True)
+    deleted = []
+    original = type(out).unlink
+    monkeypatch.setattr(type(out), "unlink", lambda self, *a, **k: (deleted.append(self.name), original(self, *a, **k)))
+    prepare_output_dir(out, resume=False, overwrite=True)
+    assert list(out.iterdir()) == []
+    assert deleted[:3] == ["metrics.json", "model.safetensors", "inference.json"]

@@ -222,3 +222,53 @@ def test_flags_are_values_not_yaml(tmp_path, monkeypatch):
         assert seen["config"]["training"]["output_dir"] == name
         assert seen["config"]["training"]["seed"] == 3 and seen["config"]["training"]["learning_rate"] == 5e-4
         assert "training.output_dir" in seen["keys"]
+
+
+def test_explain_reads_images_with_the_runs_detector(capsys, tmp_path):
+    """tools/explain.py regions: the run's own detector and region count (it always used the default run's
+    detector and 16 regions); a missing --easy-vqa-image or a --word absent from the text is one line."""
+    from dataclasses import asdict
+
+    from PIL import Image
+
+    import vlbert
+    from detectors.config import DetectorConfig
+    from vlbert.data.easy_vqa import image_paths
+    from vlbert.tokenization import load_tokenizer
+
+    detector = DetectorConfig(input_size=64, max_proposals=5)
+    dim = detector.build().extract_batch([Image.open(image_paths("test")["test/3"]).convert("RGB")],
+                                         ["test/3"])[0].feature_dim
+    run_dir = tmp_path / "run"
+    config = vlbert.VLBertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=64, region_feature_dim=dim, num_region_classes=0)
+    vlbert.VLBertForPreTraining(config).save_pretrained(run_dir, tokenizer=load_tokenizer("minilm"))
+    (run_dir / "inference.json").write_text(json.dumps({
+        "task": "vl-pretraining", "max_regions": 4, "max_text_length": 16,
+        "detector": {"fingerprint": detector.fingerprint(), "config": asdict(detector), "extractor": "x"}}))
+    base = ["regions", "--model", str(run_dir), "--text", "a blue circle", "--out", str(tmp_path / "png"),
+            "--cache-dir", str(tmp_path / "cache")]
+    assert "needs --easy-vqa-image" in one_line_error(capsys, "explain", base + ["--word", "blue"])
+    line = one_line_error(capsys, "explain", base + ["--easy-vqa-image", "test/3", "--word", "red"])
+    assert "--word 'red' is not a wordpiece of --text" in line and "'blue'" in line
+    capsys.readouterr()
+    assert run_tool(tool("explain"), base + ["--easy-vqa-image", "test/3", "--word", "blue"]) == 0
+    printed = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert printed["word"] == "blue" and len(printed["attention_to_regions"]) == 4  # the run's max_regions
+    cached = list((tmp_path / "cache").iterdir())
+    assert len(cached) == 1 and detector.fingerprint() in cached[0].name  # extracted with the run's detector
+
+
+def test_every_detector_field_has_its_extract_regions_flag(capsys):
+    """README: extract_regions.py's flags are the detector section's fields (roi_output_size and low_level_stage
+    had none); ``overrides`` is ``--opts``."""
+    from dataclasses import fields
+
+    from detectors.config import DetectorConfig
+
+    with pytest.raises(SystemExit):
+        tool("extract_regions")(["--help"])
+    text = capsys.readouterr().out
+    for f in fields(DetectorConfig):
+        flag = "--opts" if f.name == "overrides" else "--" + f.name.replace("_", "-")
+        assert flag in text, flag

@@ -9,8 +9,9 @@
     python tools/explain.py probe --task bbc-news --model minilm --out docs/
     python tools/explain.py probe --task easy-vqa-color --model runs/vl-default --out docs/
 
---model takes a checkpoint directory or "minilm". Images with --easy-vqa-image use the regions of the VL default
-run's detector settings (extracted and cached on first use).
+--model takes a checkpoint directory or "minilm". Images with --easy-vqa-image are read with the run's own detector
+(its inference.json; the VL default run's settings for a checkpoint without one), extracted and cached on first
+use, and as many regions as the run was trained with.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EASY_VQA_DETECTOR = {"backend": "timm", "input_size": 160, "max_proposals": 16}
+EASY_VQA_MAX_REGIONS = 16
 
 
 def load(model_path: str, vl: bool):
@@ -35,14 +37,63 @@ def load(model_path: str, vl: bool):
     return cls.from_pretrained(path).eval(), load_tokenizer(path)
 
 
-def easy_vqa_regions(split: str, cache_dir: str):
-    """image id -> regions of an easy-VQA split, with the VL default run's detector (cached)."""
+def run_detector(model_path: str):
+    """(detector configuration, maximum regions) the run at ``model_path`` was trained with: its inference.json's,
+    or the VL default run's settings for a checkpoint without one.
+
+    Raises:
+        ValueError: the run's regions were imported (no detector to rebuild): explain cannot extract images for it.
+    """
+    from detectors.config import DetectorConfig
+    from vlbert.inference.run import detector_for_run, read_inference_info
+    from vlbert.tokenization import resolve_model_path
+
+    path = Path(resolve_model_path(model_path))
+    if not (path / "inference.json").is_file():
+        return DetectorConfig(**EASY_VQA_DETECTOR), EASY_VQA_MAX_REGIONS
+    info = read_inference_info(path)
+    detector = detector_for_run(info.get("detector") or {})
+    if detector is None:
+        raise ValueError(f"{model_path} was trained on imported regions ({(info.get('detector') or {}).get('extractor')})"
+                         ": no detector can be rebuilt to read easy-VQA images for it")
+    return detector, int(info.get("max_regions", EASY_VQA_MAX_REGIONS))
+
+
+def easy_vqa_regions(split: str, cache_dir: str, detector=None, image_ids: list[str] | None = None):
+    """image id -> regions of an easy-VQA split (or of ``image_ids`` only), extracted with ``detector`` (default:
+    the VL default run's; cached)."""
     from detectors.config import DetectorConfig
     from detectors.shards import load_regions
     from vlbert.data.easy_vqa import easy_vqa_shards
 
-    regions = load_regions(easy_vqa_shards(DetectorConfig(**EASY_VQA_DETECTOR), cache_dir))
+    regions = load_regions(easy_vqa_shards(detector or DetectorConfig(**EASY_VQA_DETECTOR), cache_dir, image_ids))
     return {k: v for k, v in regions.items() if k.startswith(split + "/")}
+
+
+def image_regions(args):
+    """(regions, maximum regions) of ``--easy-vqa-image`` read with the ``--model`` run's detector.
+
+    Raises:
+        ValueError: no --easy-vqa-image, or no such image id in the split.
+    """
+    if not args.easy_vqa_image or "/" not in args.easy_vqa_image:
+        raise ValueError(f"{args.what} needs --easy-vqa-image SPLIT/N, e.g. test/3")
+    from vlbert.data.easy_vqa import image_paths
+
+    detector, max_regions = run_detector(args.model)
+    split = args.easy_vqa_image.split("/")[0]
+    known = image_paths(split) if split in ("train", "test") else {}
+    if args.easy_vqa_image not in known:
+        raise ValueError(f"--easy-vqa-image {args.easy_vqa_image}: no such easy-VQA image (ids are train/N or test/N, "
+                         f"N < {len(known) or 'the split size'})")
+    regions = easy_vqa_regions(split, args.cache_dir, detector, [args.easy_vqa_image])
+    return regions[args.easy_vqa_image], max_regions
+
+
+def require_text(args) -> str:
+    if not args.text:
+        raise ValueError(f"{args.what} needs --text")
+    return args.text
 
 
 def main(argv=None) -> int:
@@ -70,20 +121,19 @@ def main(argv=None) -> int:
     if args.what == "fill-mask":
         from vlbert.analysis.fill_mask import fill_mask
 
+        text = require_text(args)
         model, tok = load(args.model, vl=bool(args.easy_vqa_image))
-        regions = None
-        if args.easy_vqa_image:
-            split = args.easy_vqa_image.split("/")[0]
-            regions = region_item(easy_vqa_regions(split, args.cache_dir)[args.easy_vqa_image], 16)
-        for k, fillers in enumerate(fill_mask(model, tok, args.text, args.top_k, regions)):
+        regions = region_item(*image_regions(args)) if args.easy_vqa_image else None
+        for k, fillers in enumerate(fill_mask(model, tok, text, args.top_k, regions)):
             print(f"[MASK] {k}: " + ", ".join(f"{f['token_str']} {f['score']:.3f}" for f in fillers))
     elif args.what == "attention":
         import torch
 
         from vlbert.analysis.attention_maps import head_statistics, plot_head_statistics, plot_text_attention
 
+        enc_text = require_text(args)
         model, tok = load(args.model, vl=False)
-        enc = tok(args.text, return_tensors="pt")
+        enc = tok(enc_text, return_tensors="pt")
         with torch.no_grad():
             attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"],
                                     output_attentions=True).attentions
@@ -102,17 +152,21 @@ def main(argv=None) -> int:
         from vlbert.analysis.attention_maps import plot_word_regions, word_region_attention
         from vlbert.data.easy_vqa import image_paths
 
-        model, tok = load(args.model, vl=True)
+        text = require_text(args)
+        r, max_regions = image_regions(args)
         split = args.easy_vqa_image.split("/")[0]
-        r = easy_vqa_regions(split, args.cache_dir)[args.easy_vqa_image]
-        enc = tok(args.text, return_tensors="pt")
+        model, tok = load(args.model, vl=True)
+        enc = tok(text, return_tensors="pt")
+        tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
+        if args.word not in tokens:
+            raise ValueError(f"--word {args.word!r} is not a wordpiece of --text; choose one of "
+                             f"{[t for t in tokens if t not in (tok.cls_token, tok.sep_token)]}")
+        word = tokens.index(args.word)
         with torch.no_grad():
             attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"],
-                                    **pad_regions([region_item(r, 16)]), output_attentions=True).attentions
-        tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
+                                    **pad_regions([region_item(r, max_regions)]), output_attentions=True).attentions
         layer = args.layer if args.layer >= 0 else len(attentions) - 1
         matrix = word_region_attention(attentions, len(tokens), layer)
-        word = tokens.index(args.word) if args.word in tokens else 1
         n = matrix.shape[1]
         labels = [f"{k}:{int(b[2] - b[0])}x{int(b[3] - b[1])}" for k, b in enumerate(r.boxes[:n])]
         image = Image.open(image_paths(split)[args.easy_vqa_image]).convert("RGB")
@@ -127,7 +181,8 @@ def main(argv=None) -> int:
         from vlbert.data.easy_vqa import color_and_shape
 
         model, tok = load(args.model, vl=True)
-        regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir)
+        detector, max_regions = run_detector(args.model)
+        regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir, detector)
         truth = color_and_shape(args.easy_vqa_split)
         ids = [i for i in truth if i in regions][: args.images]
         report = {}
@@ -135,7 +190,7 @@ def main(argv=None) -> int:
             for masked in (False, True):
                 texts = []
                 for start in range(0, len(ids), 64):
-                    chunk = [region_item(regions[i], 16) for i in ids[start:start + 64]]
+                    chunk = [region_item(regions[i], max_regions) for i in ids[start:start + 64]]
                     if method == "mask_predict":
                         texts += mask_predict(model, tok, args.length, args.iterations, chunk, mask_regions=masked)
                     else:

@@ -60,8 +60,9 @@ def detector_config(args):
     from detectors.config import DetectorConfig
 
     given = {name: getattr(args, name) for name in ("backend", "weights", "config_file", "input_size",
-                                                     "max_proposals", "min_boxes", "max_boxes", "score_threshold",
-                                                     "nms_iou", "class_names", "attribute_names")
+                                                     "roi_output_size", "max_proposals", "low_level_stage",
+                                                     "min_boxes", "max_boxes", "score_threshold", "nms_iou",
+                                                     "class_names", "attribute_names")
              if getattr(args, name) is not None}
     if args.opts:
         if len(args.opts) % 2:
@@ -137,6 +138,9 @@ def main(argv=None) -> int:
     p.add_argument("--config-file", help="detectron2 config")
     p.add_argument("--input-size", type=int, help="timm backbone input size (default 224, ImageNet's)")
     p.add_argument("--max-proposals", type=int, help="timm: boxes per image incl. the whole image (default 36)")
+    p.add_argument("--roi-output-size", type=int, help="timm: RoIAlign cells per side before pooling (default 3)")
+    p.add_argument("--low-level-stage", type=int,
+                   help="timm: also pool this early backbone stage (keeps colour; default 2, -1 = final only)")
     p.add_argument("--min-boxes", type=int, help="torchvision/detectron2: BUTD's minimum (default 10)")
     p.add_argument("--max-boxes", type=int, help="torchvision/detectron2: BUTD's maximum (default 100)")
     p.add_argument("--score-threshold", type=float, help="torchvision/detectron2: BUTD's 0.2 by default")

@@ -193,6 +193,9 @@ def _int_if_digits(value):
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    for flag, value in (("--top-k", args.top_k), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
     from vlbert.inference import pipeline, read_inference_info
     from vlbert_base.files import write_text_atomically
 

@@ -13,13 +13,16 @@ question)``).
 from vlbert.config import BertConfig, VLBertConfig
 from vlbert.models import (BertForMultipleChoice, BertForPreTraining, BertForQuestionAnswering,
                            BertForSequenceClassification, BertForTokenClassification, BertModel, EncoderOutput,
-                           ObjectiveOutput, PreTrainedModel, PreTrainingOutput, VLBertForImageTextRetrieval,
-                           VLBertForPreTraining, VLBertForSequenceClassification, VLBertForVQA, VLBertModel)
+                           ObjectiveOutput, PreTrainedModel, PreTrainingOutput, VLBertForImagePairClassification,
+                           VLBertForImageTextRetrieval, VLBertForMaskedTokenVQA, VLBertForPreTraining,
+                           VLBertForReferringExpressions, VLBertForSequenceClassification, VLBertForVisualReasoning,
+                           VLBertForVQA, VLBertModel)
 
 __version__ = "0.1.0"
 
 __all__ = ["BertConfig", "VLBertConfig", "BertModel", "BertForPreTraining", "BertForSequenceClassification",
            "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice", "VLBertModel",
            "VLBertForPreTraining", "VLBertForVQA", "VLBertForImageTextRetrieval",
-           "VLBertForSequenceClassification", "EncoderOutput",
+           "VLBertForSequenceClassification", "VLBertForImagePairClassification", "VLBertForReferringExpressions",
+           "VLBertForVisualReasoning", "VLBertForMaskedTokenVQA", "EncoderOutput",
            "ObjectiveOutput", "PreTrainingOutput", "PreTrainedModel", "__version__"]

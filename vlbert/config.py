@@ -200,6 +200,7 @@ class VLBertConfig(BertConfig):
         num_region_classes: size of the detector's class distribution used by masked region classification
             without a background class (1600 for Visual Genome bottom-up-attention; 0 disables MRC). Whether MRC
             uses the top class (``mrc``) or the distribution (``mrc_kl``) is the objective mix's choice.
+        projection_dim: size of the contrastive (ITC) embeddings of image-text retrieval (ALBEF: 256).
     """
 
     region_feature_dim: int = 2048
@@ -207,6 +208,7 @@ class VLBertConfig(BertConfig):
     num_region_classes: int = 1600
     region_embedding: str = "uniter"
     region_token_type: int = 1
+    projection_dim: int = 256
 
     model_type = "vlbert"
 

@@ -76,13 +76,12 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
 
 
 def check_tokenizer_matches(tokenizer, config: BertConfig) -> None:
-    """Raise ``ValueError`` unless the tokenizer's vocabulary has exactly ``config.vocab_size`` entries.
-
-    A mismatch means ids index the wrong embedding rows (or out of range): the classic silent bug of pairing a
-    cased vocabulary with an uncased checkpoint.
+    """Raise ``ValueError`` when the tokenizer has more entries than the model's embedding table
+    (``config.vocab_size``): its ids would index past the table, the classic bug of pairing a larger vocabulary
+    with a checkpoint. A table padded beyond the tokenizer (to a multiple of 8 or 64, for speed) is harmless.
     """
     size = len(tokenizer)
-    if size != config.vocab_size:
+    if size > config.vocab_size:
         raise ValueError(
             f"the tokenizer has {size} entries but the model's vocab_size is {config.vocab_size}; use the "
             "tokenizer saved with the checkpoint, or set model vocab_size to the tokenizer's size when "

@@ -148,6 +148,8 @@ class VQAPipeline(Pipeline):
     model_classes = (VLBertForMaskedTokenVQA,)
 
     def __call__(self, image, question, top_k: int = 1):
+        if top_k < 1:
+            raise ValueError(f"top_k must be at least 1, got {top_k}")
         images, questions, single = _examples(image, question)
         logits, _ = self.logits(images, questions)
         scores, ids = logits.sigmoid().topk(min(top_k, logits.shape[1]), dim=-1)

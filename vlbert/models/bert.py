@@ -108,16 +108,16 @@ class SelfAttention(nn.Module):
                                     attn_mask: torch.Tensor | None, attentions: list | None = None) -> torch.Tensor:
         """softmax(q k^T / sqrt(d) + mask) with :func:`dropout`, times v: what ``scaled_dot_product_attention``
         computes, for CPU training, where its dropout path (the math kernel with ``bernoulli_``) is slower, and
-        whenever the probabilities are asked for (appended to ``attentions`` before dropout, as transformers
-        returns them). q, k, v: float [B, heads, S, head_dim]; attn_mask bool [B, 1, 1, S] or None.
-        Returns [B, heads, S, d]."""
+        whenever the probabilities are asked for (appended to ``attentions`` after dropout, the weights that
+        multiply v, as transformers' eager attention returns them; in eval mode dropout is the identity).
+        q, k, v: float [B, heads, S, head_dim]; attn_mask bool [B, 1, 1, S] or None. Returns [B, heads, S, d]."""
         scores = torch.matmul(q, k.transpose(-1, -2)).mul_(self.head_dim ** -0.5)
         if attn_mask is not None:
             scores = scores.masked_fill_(~attn_mask, torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores, -1)
+        probs = dropout(torch.softmax(scores, -1), self.dropout_p, self.training)
         if attentions is not None:
             attentions.append(probs)
-        return torch.matmul(dropout(probs, self.dropout_p, self.training), v)
+        return torch.matmul(probs, v)
 
 
 class BertLayer(nn.Module):

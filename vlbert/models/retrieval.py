@@ -22,6 +22,25 @@ class RetrievalOutput(ObjectiveOutput):
     scores: torch.Tensor | None = None
 
 
+def hard_negatives(logits: torch.Tensor, same: torch.Tensor,
+                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One hard negative text per image and one hard negative image per text, drawn in proportion to the
+    contrastive similarity (ALBEF ``model_retrieval.py``: ``weights_i2t`` = each image's softmax over the texts,
+    ``weights_t2i`` = each text's softmax over the images), never from the same group.
+
+    Args:
+        logits: float [B, B], text i x image j similarity / temperature.
+        same: bool [B, B], True where text i and image j belong to the same group (never each other's negatives).
+    Returns:
+        (int64 [B]: for image i, the index of its negative text; int64 [B]: for text i, its negative image).
+    """
+    # The epsilon keeps a batch of one group drawable.
+    weights_t2i = logits.float().softmax(1).masked_fill(same, 0) + 1e-8
+    weights_i2t = logits.float().T.softmax(1).masked_fill(same.T, 0) + 1e-8
+    return (torch.multinomial(weights_i2t, 1, generator=generator).squeeze(1),
+            torch.multinomial(weights_t2i, 1, generator=generator).squeeze(1))
+
+
 class VLBertForImageTextRetrieval(PreTrainedModel):
     """Image-text retrieval: a cross-encoder ITM head re-ranks a shortlist from a contrastive (dual-encoder)
     stage that shares the same encoder (ALBEF, Li et al. 2021, section 3; UNITER section 4 for ITM fine-tuning
@@ -40,12 +59,12 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
     base_model_prefix = "bert"
     objectives = ("itc", "itm")
 
-    def __init__(self, config: VLBertConfig, projection_dim: int = 256):
+    def __init__(self, config: VLBertConfig):
         super().__init__(config)
         self.bert = VLBertModel(config)
         self.itm = nn.Linear(config.hidden_size, 2)
-        self.text_proj = nn.Linear(config.hidden_size, projection_dim)
-        self.image_proj = nn.Linear(config.hidden_size, projection_dim)
+        self.text_proj = nn.Linear(config.hidden_size, config.projection_dim)
+        self.image_proj = nn.Linear(config.hidden_size, config.projection_dim)
         self.init_weights()
         self.log_temperature = nn.Parameter(torch.tensor(0.07).log())
 
@@ -89,10 +108,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         out = RetrievalOutput()
         with torch.no_grad():
             itc_acc = same[torch.arange(b), logits.argmax(1)].float().mean()
-            # Other groups in proportion to similarity; the epsilon keeps a batch of one group drawable.
-            weights = logits.softmax(1).masked_fill(same, 0) + 1e-8
-            neg_text = torch.multinomial(weights.T, 1).squeeze(1)   # for image i: a text of another group
-            neg_image = torch.multinomial(weights, 1).squeeze(1)    # for text i: an image of another group
+            neg_text, neg_image = hard_negatives(logits, same)
         out.add("itc", itc, "itc_accuracy", itc_acc, b)
         idx = torch.arange(b, device=input_ids.device)
         text_rows = torch.cat([idx, neg_text, idx])
@@ -108,4 +124,4 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         return out
 
 
-__all__ = ["VLBertForImageTextRetrieval", "RetrievalOutput"]
+__all__ = ["VLBertForImageTextRetrieval", "RetrievalOutput", "hard_negatives"]

@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: Files and folders whose presence means a directory holds a run.
 RUN_MARKERS = ("log.jsonl", "metrics.json", CHECKPOINTS_DIR, "model.safetensors")
+#: What a finished run leaves last: an overwrite deletes these before anything else.
+FINISHED_MARKERS = ("metrics.json", "model.safetensors", "inference.json")
 COMMON_SECTIONS = ("task", "modality", "init_from", "tokenizer", "model", "data", "training", "allow_other_detector")
 
 
@@ -155,7 +157,8 @@ def write_output_file(ctx: "RunContext", name: str, text: str) -> Path:
 
 def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> None:
     """Apply the run-directory policy: a directory holding a run is continued (``resume``), replaced
-    (``overwrite``: the old run's files are deleted) or refused; a new directory is left to the trainer.
+    (``overwrite``: everything in it is deleted, the files that mark a finished run first, so an interrupted
+    overwrite never leaves a mixture that looks finished) or refused; a new directory is left to the trainer.
 
     Raises:
         RunExistsError: the directory holds a run and neither flag is set (the message names both flags).
@@ -173,11 +176,11 @@ def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) ->
     from accelerate import PartialState
 
     if PartialState().is_main_process:
-        for name in ("log.jsonl", "metrics.json", "config.yaml", "predictions.jsonl", CHECKPOINTS_DIR, "tensorboard"):
-            path = directory / name
-            if path.is_dir():
+        finished = [directory / name for name in FINISHED_MARKERS]
+        for path in finished + sorted(p for p in directory.iterdir() if p not in finished):
+            if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
-            elif path.exists():
+            elif path.exists() or path.is_symlink():
                 path.unlink()
     PartialState().wait_for_everyone()
 

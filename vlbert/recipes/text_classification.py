@@ -14,6 +14,7 @@ import torch
 
 from vlbert.data.finetuning import (TextTaskCollator, TextTaskConfig, TextTaskDataset, bbc_news_split, label_space,
                                     load_records)
+from vlbert import checkpoint as ckpt
 from vlbert.evaluation import text as text_metrics
 from vlbert.models import heads
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
@@ -48,6 +49,16 @@ class TransformersAdapter(torch.nn.Module):
         self.model.save_pretrained(str(directory))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(directory))
+
+    def load_converted_state_dict(self, state, source: str = "checkpoint", strict: bool = False) -> None:
+        """The trainer's resume contract: ``state`` in our names (as the trainer reads any checkpoint), loaded
+        into the transformers model under its own names.
+
+        Raises: ValueError: with ``strict``, a parameter missing or a tensor with no place (both named)."""
+        result = self.model.load_state_dict(ckpt.vlbert_to_hf(state), strict=False)
+        missing = [k for k in result.missing_keys if not k.endswith("position_ids")]
+        if strict and (missing or result.unexpected_keys):
+            raise ValueError(f"loading {source}: missing {missing}, unexpected {result.unexpected_keys}")
 
 
 class TextTaskData(TaskData):
