@@ -83,7 +83,8 @@ def test_resume_after_sigkill_reproduces_losses(small_corpus, tmp_path):
 
 def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(tmp_path):
     """VL pretraining draws one objective per step for both ranks; the heads of the other objectives stay in the
-    graph with weight zero, so DDP runs without find_unused_parameters and 2 x b = 1 x 2b, step by step."""
+    graph with weight zero, so DDP runs without find_unused_parameters and 2 x b = 1 x 2b, step by step. ITM draws
+    hard negatives from the global batch (both ranks' captions), with word-region alignment on its batches."""
     from PIL import Image
 
     from detectors.config import DetectorConfig
@@ -100,7 +101,8 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
                 "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
                           "intermediate_size": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
                 "data": {"shards": str(tmp_path / "shards"), "max_images": 32, "eval_fraction": 0.0,
-                         "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "mrc_kl": 1, "itm": 1}},
+                         "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "mrc_kl": 1, "itm": 4, "wra": 0.1},
+                         "itm_negatives": "hard"},
                 "training": {"output_dir": str(out), "max_steps": 8, "batch_size": batch_size, "learning_rate": 1e-3,
                              "warmup_steps": 1, "log_every": 1, "progress_bar": False}}
 
@@ -117,7 +119,9 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
     objectives = [next(k for k in ("mlm", "mrfr", "mrc", "mrc_kl", "itm") if k in r)
                   for r in map(json.loads, (two / "log.jsonl").read_text().splitlines()) if r["split"] == "train"]
-    assert len(set(objectives)) >= 3  # the steps did mix objectives
+    assert len(set(objectives)) >= 3 and "itm" in objectives  # the steps did mix objectives
+    itm_rows = [r for r in map(json.loads, (two / "log.jsonl").read_text().splitlines()) if "itm" in r]
+    assert all("wra" in r and "wra_mismatched_distance" in r for r in itm_rows)
 
 
 def test_text_fine_tuning_on_three_processes_with_a_short_last_batch(tmp_path):

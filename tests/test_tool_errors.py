@@ -148,8 +148,8 @@ def test_region_tool_refusals_are_one_line(capsys, tmp_path):  # rows 12, 13, 50
 
 def test_vl_config_refusals_are_one_line(capsys, tmp_path):  # rows 38, 52
     line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--output-dir", str(tmp_path / "a"),
-                                               "--set", "data.objectives={wra: 1}"])
-    assert "unknown objective(s) ['wra']" in line
+                                               "--set", "data.objectives={mim: 1}"])
+    assert "unknown objective(s) ['mim']" in line
     line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--output-dir", str(tmp_path / "a"),
                                                "--set", "data.objectives={mlm: 1, nsp: 1}"])
     assert "data.objectives has ['nsp'], which a vision-language pretraining model cannot run" in line

@@ -110,7 +110,12 @@ def test_objective_is_drawn_per_step_for_every_rank():
     assert draws == [mix.draw(0, 0, step) for step in range(600)] and "mrfr" not in draws
     assert abs(draws.count("mlm") / 600 - 2 / 3) < 0.07
     with pytest.raises(ValueError, match="unknown objective"):
-        ObjectiveMix({"wra": 1})
+        ObjectiveMix({"mim": 1})
+    # WRA is never drawn: its weight is a loss weight on ITM batches, which it needs.
+    paired = ObjectiveMix({"mlm": 1, "itm": 1, "wra": 0.1})
+    assert "wra" not in {paired.draw(0, 0, step) for step in range(200)} and paired.runs_on("itm") == ["wra"]
+    with pytest.raises(ValueError, match="runs on itm batches"):
+        ObjectiveMix({"mlm": 1, "wra": 0.1})
 
 
 def test_smoke_vl_run_draws_one_objective_per_step(cache_dir, tmp_path):
@@ -193,3 +198,22 @@ def test_imported_shards_are_not_credited_to_the_detector_section(tmp_path):
     detector = json.loads((tmp_path / "run" / "inference.json").read_text())["detector"]
     assert detector["fingerprint"] is None and detector["config"] is None
     assert detector["extractor"] == extractor.name  # what the regions themselves say made them
+
+
+def test_word_region_alignment_separates_matched_from_mismatched_pairs(cache_dir, tmp_path):
+    """ITM + WRA from MiniLM on easy-VQA captions: the held-out mean transport distance of matched pairs falls
+    below that of mismatched pairs as training goes on (measured, 80 steps at batch 16: 0.28 vs 0.29 at step 20,
+    0.13 vs 0.30 at step 80)."""
+    out = tmp_path / "wra"
+    config = {
+        "modality": "vl", "init_from": "minilm",
+        "detector": {"input_size": 96, "max_proposals": 16},
+        "data": {"max_images": 480, "cache_dir": str(cache_dir), "eval_fraction": 0.2,
+                 "objectives": {"itm": 1, "wra": 0.1}},
+        "training": {"output_dir": str(out), "max_steps": 80, "batch_size": 16, "learning_rate": 2e-4,
+                     "warmup_steps": 10, "log_every": 10, "eval_every": 20, "progress_bar": False},
+    }
+    run(RECIPES["vl-pretraining"], config)
+    evals = [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if r["split"] == "eval"]
+    gaps = [r["eval_wra_mismatched_distance"] - r["eval_wra_matched_distance"] for r in evals]
+    assert len(gaps) == 4 and gaps[-1] > 0.05 and gaps[-1] > gaps[0], gaps

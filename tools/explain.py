@@ -5,6 +5,8 @@
     python tools/explain.py attention --model minilm --text "The markets fell. Shares closed lower." --out docs/
     python tools/explain.py regions --model runs/vl-default --easy-vqa-image test/3 --text "a blue circle" \\
         --word blue --out docs/
+    python tools/explain.py alignment --model runs/vl-wra --easy-vqa-image test/3 --text "a blue circle" \\
+        --word blue --out docs/      # the word-region transport plan (UNITER's WRA) instead of attention
     python tools/explain.py generate --model runs/vl-default --easy-vqa-split test --images 500 --length 3
     python tools/explain.py probe --task bbc-news --model minilm --out docs/
     python tools/explain.py probe --task easy-vqa-color --model runs/vl-default --out docs/
@@ -98,10 +100,10 @@ def require_text(args) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("fill-mask", "attention", "regions", "generate", "probe"))
+    p.add_argument("what", choices=("fill-mask", "attention", "regions", "alignment", "generate", "probe"))
     p.add_argument("--model", default="minilm")
     p.add_argument("--text")
-    p.add_argument("--word", help="regions: the word whose attention is drawn")
+    p.add_argument("--word", help="regions / alignment: the word whose attention / transport is drawn")
     p.add_argument("--layer", type=int, default=-1, help="regions: layer (default the last)")
     p.add_argument("--easy-vqa-image", help="an easy-VQA image id, e.g. test/3")
     p.add_argument("--easy-vqa-split", default="test")
@@ -144,12 +146,12 @@ def main(argv=None) -> int:
         plot_head_statistics(stats, out / "attention-head-statistics.png")
         print(json.dumps({k: v.round(3).tolist() for k, v in stats.items()}))
         print(f"wrote {out / 'attention-heads.png'} and {out / 'attention-head-statistics.png'}")
-    elif args.what == "regions":
+    elif args.what in ("regions", "alignment"):
         import torch
         from PIL import Image
 
         from detectors.batch import pad_regions
-        from vlbert.analysis.attention_maps import plot_word_regions, word_region_attention
+        from vlbert.analysis.attention_maps import plot_word_regions, word_region_attention, word_region_transport
         from vlbert.data.easy_vqa import image_paths
 
         text = require_text(args)
@@ -162,18 +164,25 @@ def main(argv=None) -> int:
             raise ValueError(f"--word {args.word!r} is not a wordpiece of --text; choose one of "
                              f"{[t for t in tokens if t not in (tok.cls_token, tok.sep_token)]}")
         word = tokens.index(args.word)
-        with torch.no_grad():
-            attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"],
-                                    **pad_regions([region_item(r, max_regions)]), output_attentions=True).attentions
-        layer = args.layer if args.layer >= 0 else len(attentions) - 1
-        matrix = word_region_attention(attentions, len(tokens), layer)
+        padded = pad_regions([region_item(r, max_regions)])
+        if args.what == "alignment":  # the optimal transport plan of word-region alignment, row-normalised
+            matrix, distance = word_region_transport(model, enc["input_ids"], padded)
+            title = f"{args.text!r}, word-region transport plan (distance {distance:.3f})"
+        else:
+            with torch.no_grad():
+                attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], **padded,
+                                        output_attentions=True).attentions
+            layer = args.layer if args.layer >= 0 else len(attentions) - 1
+            matrix = word_region_attention(attentions, len(tokens), layer)
+            title = f"{args.text!r}, layer {layer + 1}, heads averaged"
         n = matrix.shape[1]
         labels = [f"{k}:{int(b[2] - b[0])}x{int(b[3] - b[1])}" for k, b in enumerate(r.boxes[:n])]
         image = Image.open(image_paths(split)[args.easy_vqa_image]).convert("RGB")
-        path = out / f"regions-{args.easy_vqa_image.replace('/', '-')}-{tokens[word]}.png"
-        plot_word_regions(image, r.boxes[:n], tokens, matrix, word, labels, path,
-                          title=f"{args.text!r}, layer {layer + 1}, heads averaged")
-        print(json.dumps({"word": tokens[word], "attention_to_regions": matrix[word].round(3).tolist(),
+        path = out / f"{args.what}-{args.easy_vqa_image.replace('/', '-')}-{tokens[word]}.png"
+        plot_word_regions(image, r.boxes[:n], tokens, matrix, word, labels, path, title=title,
+                          quantity="attention" if args.what == "regions" else "transport")
+        key = "attention_to_regions" if args.what == "regions" else "transport_to_regions"
+        print(json.dumps({"word": tokens[word], key: matrix[word].round(3).tolist(),
                           "boxes": r.boxes[:n].round(1).tolist()}))
         print(f"wrote {path}")
     elif args.what == "generate":

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vlbert.layers.optimal_transport import wasserstein_distance
+
 
 def _pyplot():
     import matplotlib
@@ -104,13 +106,38 @@ def word_region_attention(attentions: tuple[torch.Tensor, ...], num_text: int, l
     return (to_regions / to_regions.sum(-1, keepdim=True).clamp(min=1e-12)).numpy()
 
 
-def plot_word_regions(image, boxes: np.ndarray, tokens: list[str], word_region: np.ndarray, word: int,
-                      region_labels: list[str], path, title: str = "") -> None:
-    """Left: the image with each region's box drawn with opacity and width by the attention ``tokens[word]``
-    gives it; right: the text-to-region heat map (words x regions).
+def word_region_transport(model, input_ids: torch.Tensor, regions: dict[str, torch.Tensor],
+                          beta: float = 0.5, iterations: int = 50) -> tuple[np.ndarray, float]:
+    """UNITER's word-region alignment of one pair: the optimal transport plan between its words and its regions
+    (:func:`vlbert.layers.optimal_transport.wasserstein_distance` over the last layer's contextual embeddings, as
+    the ``wra`` objective computes it), each word's row renormalised over the regions so rows compare across words
+    (as :func:`word_region_attention`), and the pair's transport distance.
 
     Args:
-        image: PIL image; boxes: float [R, 4] pixels xyxy; word_region: [T, R] from :func:`word_region_attention`.
+        model: a :class:`vlbert.VLBertForPreTraining` (or anything whose ``bert`` is a :class:`vlbert.VLBertModel`).
+        input_ids: int64 [1, T]; regions: ``pad_regions`` of one item (region_features [1, R, D], region_boxes,
+            region_mask).
+    Returns:
+        (float [T, R] share of each word's mass per region; the distance, a float in [0, 2]).
+    """
+    with torch.no_grad():
+        out = model.bert(input_ids, None, torch.ones_like(input_ids), **regions)
+        t = input_ids.shape[1]
+        distance, plan = wasserstein_distance(out.last_hidden_state[:, :t], out.last_hidden_state[:, t:],
+                                              torch.ones_like(input_ids), regions["region_mask"], beta, iterations)
+    rows = plan[0]
+    return (rows / rows.sum(-1, keepdim=True).clamp(min=1e-12)).numpy(), float(distance[0])
+
+
+def plot_word_regions(image, boxes: np.ndarray, tokens: list[str], word_region: np.ndarray, word: int,
+                      region_labels: list[str], path, title: str = "", quantity: str = "attention") -> None:
+    """Left: the image with each region's box drawn with opacity and width by the attention (or transported mass)
+    ``tokens[word]`` gives it; right: the text-to-region heat map (words x regions).
+
+    Args:
+        image: PIL image; boxes: float [R, 4] pixels xyxy; word_region: [T, R] from :func:`word_region_attention`
+            or :func:`word_region_transport`; quantity: what the matrix holds ("attention", "transport"), for
+            the titles.
     """
     plt = _pyplot()
     from matplotlib.patches import Rectangle
@@ -123,14 +150,14 @@ def plot_word_regions(image, boxes: np.ndarray, tokens: list[str], word_region: 
         left.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=True, alpha=0.35 * w, color="red"))
         left.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, linewidth=0.5 + 2.5 * w,
                                  edgecolor=(1, 0, 0, 0.2 + 0.8 * w)))
-    left.set_title(f"regions shaded by attention from {tokens[word]!r}", fontsize=9)
+    left.set_title(f"regions shaded by {quantity} from {tokens[word]!r}", fontsize=9)
     left.axis("off")
     right.imshow(word_region, cmap="Reds", aspect="auto")
     right.set_yticks(range(len(tokens)))
     right.set_yticklabels(tokens, fontsize=7)
     right.set_xticks(range(len(region_labels)))
     right.set_xticklabels(region_labels, rotation=70, fontsize=6)
-    right.set_title("text -> region attention (rows renormalised)", fontsize=9)
+    right.set_title(f"text -> region {quantity} (rows renormalised)", fontsize=9)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -139,4 +166,4 @@ def plot_word_regions(image, boxes: np.ndarray, tokens: list[str], word_region: 
 
 
 __all__ = ["head_statistics", "plot_head_statistics", "plot_text_attention", "word_region_attention",
-           "plot_word_regions"]
+           "word_region_transport", "plot_word_regions"]

@@ -20,6 +20,7 @@ from detectors.regions import Regions
 from detectors.store import region_count
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.objectives import OBJECTIVES, PrepareContext
+from vlbert.objectives.image_text_matching import content_id
 
 #: Words that carry no content when comparing captions (articles, copulas, "image"-type framing).
 _FRAMING_WORDS = frozenset("a an the there is are this that of in on with it its image picture photo shows showing "
@@ -54,6 +55,7 @@ class VLPretrainingDataset(Dataset):
         max_regions: keep at most this many regions per image (the detector's order).
         seed: for ITM negatives and masking.
     Items: dict with input_ids (list), negative_input_ids (a caption of another image with other content),
+    content_id (int, the caption's content key: ITM's hard negatives skip captions of the same content),
     region_features float16 [R, D], region_boxes float32 [R, 4] normalised xyxy, class_probs float16 [R, C] or
     None, and ``sample_seed``.
     Raises:
@@ -105,11 +107,13 @@ class VLPretrainingDataset(Dataset):
         seed = hash((self.seed, self.epoch, index)) & 0x7FFFFFFF
         return {"input_ids": self.text_ids(caption),
                 "negative_input_ids": self.text_ids(self.negative_for(index, random.Random(seed))),
-                **region_item(self.regions[caption.image_id], self.max_regions), "sample_seed": seed}
+                **region_item(self.regions[caption.image_id], self.max_regions), "sample_seed": seed,
+                "content_id": content_id(caption.content)}
 
 
 class VLCollator:
-    """Pad text and regions, then let the batch's objective unit mask and label it.
+    """Pad text and regions, then let the batch's objective unit mask and label it (and the units paired with
+    it in ``objectives``, an :class:`~vlbert.objectives.ObjectiveMix`, add theirs: WRA on ITM batches).
 
     Output keys: input_ids, token_type_ids (0 for text), attention_mask [B, T]; region_features float16
     [B, R, D]; region_boxes float32 [B, R, 4]; region_mask [B, R] (1 = real); the objective's labels (see
@@ -119,8 +123,11 @@ class VLCollator:
         ValueError: items without an ``objective``, or one of different objectives.
     """
 
-    def __init__(self, text: MaskingCollator, region_mask_probability: float = 0.15):
-        self.context = PrepareContext(text, region_mask_probability)
+    def __init__(self, text: MaskingCollator, region_mask_probability: float = 0.15, objectives=None,
+                 itm_negatives: str = "random"):
+        self.context = PrepareContext(text, region_mask_probability, dict(objectives.weights) if objectives else {},
+                                      itm_negatives)
+        self.objectives = objectives
 
     def __call__(self, items: list[dict]) -> dict:
         names = {x.get("objective") for x in items}
@@ -130,6 +137,8 @@ class VLCollator:
         batch = self.context.text.pad([{"input_ids": x["input_ids"]} for x in items])
         batch.update(pad_regions(items))
         OBJECTIVES[name].prepare(batch, items, self.context)
+        for paired in self.objectives.runs_on(name) if self.objectives is not None else ():
+            OBJECTIVES[paired].prepare(batch, items, self.context)  # e.g. WRA on the ITM batch
         batch["objective"] = name
         return batch
 

@@ -129,7 +129,9 @@ class VLBertForPreTraining(PreTrainedModel):
       * ``mrfr``: masked region feature regression (``masked_regions`` bool [B, R], ``region_targets`` [B, R, D]);
       * ``mrc``: masked region classification against the detector's top class (``region_class_labels`` [B, R]);
       * ``mrc_kl``: the same against the detector's class distribution (``region_labels`` float [B, R, C]);
-      * ``itm``: image-text matching on the pooled [CLS] (``itm_label`` [B], 1 = the text matches the image).
+      * ``itm``: image-text matching on the pooled [CLS] (``itm_label`` [B], 1 = the text matches the image);
+      * ``wra``: word-region alignment on the same batch (``itm_label`` and ``wra_weight`` [], its loss weight):
+        the optimal-transport distance between the pair's words and regions, no parameters.
     ``mrc`` and ``mrc_kl`` share the ``mrc`` head, which exists when ``config.num_region_classes`` > 0. Masked
     regions' features must already be zeroed in the input (the collator does this).
 
@@ -141,7 +143,7 @@ class VLBertForPreTraining(PreTrainedModel):
 
     config_class = VLBertConfig
     base_model_prefix = "bert"
-    objectives = ("mlm", "mrfr", "mrc", "mrc_kl", "itm")
+    objectives = ("mlm", "mrfr", "mrc", "mrc_kl", "itm", "wra")
 
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
@@ -149,6 +151,9 @@ class VLBertForPreTraining(PreTrainedModel):
         self.units = []
         for name in self.objectives:
             unit = OBJECTIVES[name]
+            if not unit.head:  # a unit without parameters (WRA)
+                self.units.append(unit)
+                continue
             head = getattr(self, unit.head, None)
             if head is None:
                 head = unit.build_head(config)
@@ -159,25 +164,40 @@ class VLBertForPreTraining(PreTrainedModel):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None,
                 region_boxes=None, region_mask=None, labels=None, masked_regions=None, region_targets=None,
-                region_labels=None, region_class_labels=None, itm_label=None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> PreTrainingOutput:
+                region_labels=None, region_class_labels=None, itm_label=None, wra_weight=None, itm_content=None,
+                itm_seed=None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> PreTrainingOutput:
         """Run the encoder and every objective whose labels are given. Shapes as the class docstring; returns a
         :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives' losses and per-objective
         ``losses``/``metrics``/``counts``; ``seq_relationship_logits`` holds the ITM logits [B, 2]. Without any
         labels (inference), ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size]."""
+        given = {"labels": labels, "masked_regions": masked_regions, "region_targets": region_targets,
+                 "region_labels": region_labels, "region_class_labels": region_class_labels, "itm_label": itm_label,
+                 "wra_weight": wra_weight, "itm_content": itm_content, "itm_seed": itm_seed}
+        inputs = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
+                  "region_features": region_features, "region_boxes": region_boxes, "region_mask": region_mask}
+        for unit in self.units:  # units that build their examples from the model (ITM's hard negatives)
+            if all(given[k] is not None for k in unit.inputs):
+                unit.before_encoder(self, inputs, given)
+        input_ids, token_type_ids, attention_mask = inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"]
         enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
                         output_hidden_states, output_attentions, masked_regions=masked_regions)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
                                 hidden_states=enc.hidden_states, attentions=enc.attentions)
         t = input_ids.shape[1]
-        encoded = Encoded(self, enc.last_hidden_state[:, :t], enc.last_hidden_state[:, t:], enc.pooler_output)
-        given = {"labels": labels, "masked_regions": masked_regions, "region_targets": region_targets,
-                 "region_labels": region_labels, "region_class_labels": region_class_labels, "itm_label": itm_label}
+        encoded = Encoded(self, enc.last_hidden_state[:, :t], enc.last_hidden_state[:, t:], enc.pooler_output,
+                          attention_mask if attention_mask is not None else torch.ones_like(input_ids),
+                          region_mask if region_mask is not None or region_features is None
+                          else torch.ones_like(region_features[..., 0]))
         used = set()
         for unit in self.units:
             if all(given[k] is not None for k in unit.inputs):
                 result = unit.loss(encoded, given)
                 out.add(unit.name, result.loss, unit.metric, result.metric, result.count)
+                if result.metric_count is not None:
+                    out.counts[unit.metric] = result.metric_count
+                for metric, (value, count) in (result.extra_metrics or {}).items():
+                    out.metrics[metric], out.counts[metric] = value, count
                 used.update(unit.footprint())
                 if unit.name == "mlm":
                     out.prediction_logits = result.logits

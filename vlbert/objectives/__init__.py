@@ -12,7 +12,8 @@ from vlbert.objectives.masked_regions import (MaskedRegionClassification, Masked
 from vlbert.objectives.mix import ObjectiveMix
 from vlbert.objectives.next_sentence import NextSentencePrediction
 from vlbert.objectives.registry import OBJECTIVES
+from vlbert.objectives.word_region_alignment import WordRegionAlignment
 
 __all__ = ["OBJECTIVES", "Objective", "ObjectiveResult", "Encoded", "PrepareContext", "ObjectiveMix",
            "MaskedLanguageModeling", "NextSentencePrediction", "ImageTextMatching", "MaskedRegionFeatureRegression",
-           "MaskedRegionClassification", "MaskedRegionClassificationKL"]
+           "MaskedRegionClassification", "MaskedRegionClassificationKL", "WordRegionAlignment"]

@@ -10,7 +10,7 @@ objective is one unit module plus its entry in :data:`vlbert.objectives.OBJECTIV
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -26,21 +26,28 @@ class Encoded:
         text: float [B, T, H], the text positions of the last layer.
         regions: float [B, R, H] (VL models) or None.
         pooled: float [B, H], the pooled [CLS].
+        text_mask, region_mask: [B, T], [B, R], 1 = real position (None: all real).
     """
 
     model: nn.Module
     text: torch.Tensor
     regions: torch.Tensor | None
     pooled: torch.Tensor | None
+    text_mask: torch.Tensor | None = None
+    region_mask: torch.Tensor | None = None
 
 
 @dataclass
 class PrepareContext:
     """What the collator side of a unit needs besides the items: the text masker (``mask_one``/``pad``),
-    ``region_mask_probability``, and each item's own random generator (``generator(item, name)``)."""
+    ``region_mask_probability``, the objective weights (``data.objectives``: a paired unit's loss weight), how ITM
+    draws its negatives (``itm_negatives``: "random" or "hard"), and each item's own random generator
+    (``generator(item, name)``)."""
 
     text: Any
     region_mask_probability: float = 0.15
+    weights: dict = field(default_factory=dict)
+    itm_negatives: str = "random"
 
     @staticmethod
     def generator(item: dict, name: str) -> torch.Generator:
@@ -52,13 +59,16 @@ class PrepareContext:
 
 
 class ObjectiveResult(NamedTuple):
-    """A unit's loss (0-d float), its metric (0-d, detached), the number of predictions both average over, and
-    the logits it computed (for the model's output)."""
+    """A unit's loss (0-d float), its metric (0-d, detached), the number of predictions both average over, the
+    logits it computed (for the model's output), further metrics (name -> (0-d value, count)) and the count its
+    metric averages over where that differs from ``count``."""
 
     loss: torch.Tensor
     metric: torch.Tensor
     count: int
     logits: torch.Tensor | None = None
+    extra_metrics: dict | None = None
+    metric_count: int | None = None
 
 
 class Objective:
@@ -71,6 +81,8 @@ class Objective:
         inputs: the batch keys holding its labels; a model computes the unit when all are given.
         reads: other submodules (dotted names) only this kind of objective uses, e.g. the pooler for ITM; with
             the head they make the unit's footprint, idle when the unit does not run.
+        paired_with: None for a unit drawn as a step's objective; else the objective whose batches it also runs
+            on (its weight in ``data.objectives`` is then a loss weight, not a frequency: WRA with ITM).
     """
 
     name: str = ""
@@ -78,10 +90,12 @@ class Objective:
     head: str = ""
     inputs: tuple[str, ...] = ()
     reads: tuple[str, ...] = ()
+    paired_with: str | None = None
 
     def footprint(self) -> tuple[str, ...]:
-        """The submodules (dotted names) whose parameters only this unit's loss reaches."""
-        return (self.head, *self.reads)
+        """The submodules (dotted names) whose parameters only this unit's loss reaches (a unit without
+        parameters, such as WRA, has none)."""
+        return tuple(name for name in (self.head, *self.reads) if name)
 
     def build_head(self, config) -> nn.Module | None:
         """The head module for ``config`` (None: the unit cannot run with this config, e.g. MRC without classes)."""
@@ -90,6 +104,11 @@ class Objective:
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
         """Collator side: mask ``batch``'s inputs in place and add this unit's labels (keys :attr:`inputs`)."""
         raise NotImplementedError
+
+    def before_encoder(self, model: nn.Module, inputs: dict, labels: dict) -> None:
+        """Model side, before the encoder pass of a batch carrying this unit's labels: rewrite ``inputs``
+        (input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask) in place where
+        the unit builds its examples from the model itself (ITM's hard negatives). Default: nothing."""
 
     def loss(self, encoded: Encoded, labels: dict[str, torch.Tensor]) -> ObjectiveResult:
         """The loss from the encoder output and this unit's labels (keys :attr:`inputs`). With no prediction

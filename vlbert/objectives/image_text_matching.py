@@ -1,30 +1,87 @@
 """Image-text matching (UNITER section 3.2): half of the images keep their own caption (label 1), the other
-half get a caption of another image whose content differs (label 0); cross-entropy on the pooled [CLS]."""
+half get a caption of another image whose content differs (label 0); cross-entropy on the pooled [CLS].
+
+Negatives (``data.itm_negatives``): ``random`` (UNITER; the default) draws the other caption uniformly in the
+dataset; ``hard`` (ALBEF, Li et al. 2021 section 3.2, applied to pretraining) draws it, for each image, from the
+captions of the global batch (every rank's) in proportion to their similarity to the image,
+softmax(cos(text, image) / ``temperature``) over the captions of other content. A pretraining model has no
+contrastive head, so the similarity is that of the encoder's own unimodal [CLS] vectors (the text alone, the
+regions alone after ``[CLS] [SEP]``, as :class:`~vlbert.models.retrieval.VLBertForImageTextRetrieval` embeds
+them), computed without gradient before the joint pass.
+"""
 
 from __future__ import annotations
 
+import zlib
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vlbert.layers.losses import classification_loss
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+from vlbert.utils import all_gather_padded
+
+NEGATIVES = ("random", "hard")
+
+
+def content_id(content: str) -> int:
+    """A stable integer for a caption's content key (the same in every process)."""
+    return zlib.crc32(content.encode("utf-8")) & 0x7FFFFFFF
 
 
 class ImageTextMatching(Objective):
     """``itm_label`` int64 [B] (1 = the text belongs to the image). Items carry ``negative_input_ids``, a
-    caption of another image with different content (the dataset guarantees it)."""
+    caption of another image with different content (the dataset guarantees it), and ``content_id``. With hard
+    negatives the batch keeps every item's own caption and adds ``itm_content`` int64 [B] and ``itm_seed`` int64
+    [B]; the model replaces the texts of the label-0 rows before encoding (:meth:`before_encoder`)."""
 
     name, metric, head, inputs = "itm", "itm_accuracy", "itm", ("itm_label",)
     reads = ("bert.pooler",)
+    temperature = 0.1
 
     def build_head(self, config) -> nn.Linear:
         return nn.Linear(config.hidden_size, 2)
 
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
-        is_match = [bool(torch.rand(1, generator=ctx.generator(x, self.name)) < 0.5) for x in items]
-        batch.update(ctx.text.pad([{"input_ids": x["input_ids"] if m else x["negative_input_ids"]}
+        generators = [ctx.generator(x, self.name) for x in items]
+        is_match = [bool(torch.rand(1, generator=g) < 0.5) for g in generators]
+        hard = ctx.itm_negatives == "hard"
+        batch.update(ctx.text.pad([{"input_ids": x["input_ids"] if m or hard else x["negative_input_ids"]}
                                    for x, m in zip(items, is_match)]))
         batch["itm_label"] = torch.tensor(is_match, dtype=torch.long)
+        if hard:
+            batch["itm_content"] = torch.tensor([x["content_id"] for x in items], dtype=torch.long)
+            batch["itm_seed"] = torch.cat([torch.randint(0, 2**31 - 1, (1,), generator=g) for g in generators])
+
+    def before_encoder(self, model, inputs: dict, labels: dict) -> None:
+        """Hard negatives: replace the text of every label-0 row with a caption drawn from the global batch in
+        proportion to its similarity to the row's image (other content only), in place in ``inputs``
+        (input_ids, token_type_ids, attention_mask [B, T]). Draws depend only on each row's ``itm_seed`` and the
+        global batch, so N processes at batch b draw as 1 process at N x b."""
+        if labels.get("itm_content") is None or labels.get("itm_label") is None:
+            return
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        b = ids.shape[0]
+        rows = torch.arange(b, device=ids.device)
+        with torch.no_grad():
+            text = F.normalize(model.bert(ids, None, mask).last_hidden_state[:, 0].float(), dim=-1)
+            cls_sep = torch.stack([ids[:, 0], ids[rows, mask.sum(1) - 1]], 1)
+            image = F.normalize(model.bert(cls_sep, None, None, inputs["region_features"], inputs["region_boxes"],
+                                           inputs["region_mask"]).last_hidden_state[:, 0].float(), dim=-1)
+            all_text, all_ids, all_mask, all_content = all_gather_padded([text, ids, mask, labels["itm_content"]])
+            weights = (image @ all_text.T / self.temperature).softmax(1)
+            weights = weights.masked_fill(labels["itm_content"][:, None] == all_content[None, :], 0) + 1e-12
+            chosen = ids.new_empty(b)
+            for i in range(b):
+                g = torch.Generator(device=weights.device).manual_seed(int(labels["itm_seed"][i]))
+                chosen[i] = torch.multinomial(weights[i], 1, generator=g)
+        negative = labels["itm_label"] == 0
+        new_ids = torch.where(negative[:, None], all_ids[chosen], F.pad(ids, (0, all_ids.shape[1] - ids.shape[1])))
+        new_mask = torch.where(negative[:, None], all_mask[chosen], F.pad(mask, (0, all_ids.shape[1] - ids.shape[1])))
+        keep = int(new_mask.sum(1).max())
+        inputs["input_ids"], inputs["attention_mask"] = new_ids[:, :keep], new_mask[:, :keep]
+        inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
         logits = getattr(encoded.model, self.head)(encoded.pooled)
@@ -32,4 +89,4 @@ class ImageTextMatching(Objective):
         return ObjectiveResult(loss, accuracy, n, logits)
 
 
-__all__ = ["ImageTextMatching"]
+__all__ = ["ImageTextMatching", "NEGATIVES", "content_id"]

@@ -11,10 +11,13 @@ from vlbert.objectives.registry import OBJECTIVES
 
 @dataclass
 class ObjectiveMix:
-    """Relative frequencies of the objectives (YAML ``data.objectives``, e.g. ``{mlm: 2, mrfr: 1, itm: 1}``).
+    """Relative frequencies of the objectives (YAML ``data.objectives``, e.g. ``{mlm: 2, mrfr: 1, itm: 1}``). A
+    paired unit's entry (``wra: 0.1``) is not a frequency but its loss weight on its partner's batches (UNITER's
+    ``itm_ot_lambda``).
 
     Raises:
-        ValueError: an unknown objective name, a negative weight, or no positive weight.
+        ValueError: an unknown objective name, a negative weight, no positive weight, or a paired unit whose
+            partner has no weight.
     """
 
     weights: dict[str, float]
@@ -23,13 +26,27 @@ class ObjectiveMix:
         unknown = sorted(set(self.weights) - set(OBJECTIVES))
         if unknown or not self.weights:
             raise ValueError(f"unknown objective(s) {unknown}; the objectives are {sorted(OBJECTIVES)}")
-        if any(w < 0 for w in self.weights.values()) or sum(self.weights.values()) <= 0:
+        if any(w < 0 for w in self.weights.values()) or sum(self.weights[n] for n in self.active) <= 0:
             raise ValueError(f"objective weights must be >= 0 with a positive sum, got {self.weights}")
+        for name in self.paired:
+            partner = OBJECTIVES[name].paired_with
+            if self.weights.get(partner, 0) <= 0:
+                raise ValueError(f"data.objectives.{name} runs on {partner} batches (its weight is a loss weight): "
+                                 f"give {partner} a positive weight too")
 
     @property
     def active(self) -> list[str]:
-        """The objectives with a positive weight, in configuration order."""
-        return [name for name, weight in self.weights.items() if weight > 0]
+        """The objectives drawn for steps (positive weight, not paired), in configuration order."""
+        return [name for name, weight in self.weights.items() if weight > 0 and not OBJECTIVES[name].paired_with]
+
+    @property
+    def paired(self) -> list[str]:
+        """The paired units with a positive loss weight (they run on their partner's batches)."""
+        return [name for name, weight in self.weights.items() if weight > 0 and OBJECTIVES[name].paired_with]
+
+    def runs_on(self, objective: str) -> list[str]:
+        """The paired units that run on the batches of ``objective``."""
+        return [name for name in self.paired if OBJECTIVES[name].paired_with == objective]
 
     def draw(self, seed: int, epoch: int, step: int) -> str:
         """The objective of optimizer step ``step`` of ``epoch``: a function of (seed, epoch, step) only, so every

@@ -9,9 +9,10 @@ from vlbert.objectives.masked_lm import MaskedLanguageModeling
 from vlbert.objectives.masked_regions import (MaskedRegionClassification, MaskedRegionClassificationKL,
                                               MaskedRegionFeatureRegression)
 from vlbert.objectives.next_sentence import NextSentencePrediction
+from vlbert.objectives.word_region_alignment import WordRegionAlignment
 
 OBJECTIVES: dict[str, Objective] = {unit.name: unit for unit in (
     MaskedLanguageModeling(), NextSentencePrediction(), ImageTextMatching(), MaskedRegionFeatureRegression(),
-    MaskedRegionClassification(), MaskedRegionClassificationKL())}
+    MaskedRegionClassification(), MaskedRegionClassificationKL(), WordRegionAlignment())}
 
 __all__ = ["OBJECTIVES"]

@@ -26,6 +26,7 @@ from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset, caption_content
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives import ObjectiveMix
+from vlbert.objectives.image_text_matching import NEGATIVES
 from vlbert.recipes.regions import region_store, regions_provenance
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 from vlbert.utils import evaluation
@@ -103,10 +104,12 @@ class VLDataConfig:
     dataset: "easy-vqa" (the embedded default). shards: a directory of region shards to use instead of
     extracting (image ids "train/<n>"). cache_dir: where extracted shards are kept. eval_fraction: images held out.
     max_text_length, max_regions: truncation. objectives: the objective mix (relative frequency of steps; names
-    in :data:`vlbert.objectives.OBJECTIVES`). max_images: use only the first N captioned images per source (0 = all).
+    in :data:`vlbert.objectives.OBJECTIVES`; ``wra`` is a loss weight on ``itm`` batches). max_images: use only the
+    first N captioned images per source (0 = all). itm_negatives: "random" (UNITER) or "hard" (drawn from the
+    global batch by similarity, ALBEF: :mod:`vlbert.objectives.image_text_matching`).
     Raises:
         ValueError: a source that is not valid (:class:`CaptionSource`), two with one name, ``missing_regions``
-            other than error/skip.
+            other than error/skip, ``itm_negatives`` other than random/hard.
     """
 
     dataset: str = "easy-vqa"
@@ -121,10 +124,13 @@ class VLDataConfig:
     mlm_probability: float = 0.15
     region_mask_probability: float = 0.15
     objectives: dict = field(default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc_kl": 1.0, "itm": 1.0})
+    itm_negatives: str = "random"
 
     def __post_init__(self) -> None:
         if self.missing_regions not in ("error", "skip"):
             raise ValueError(f"data.missing_regions must be 'error' or 'skip', got {self.missing_regions!r}")
+        if self.itm_negatives not in NEGATIVES:
+            raise ValueError(f"data.itm_negatives must be one of {NEGATIVES}, got {self.itm_negatives!r}")
         sources = []
         for entry in self.sources:
             if isinstance(entry, CaptionSource):
@@ -168,7 +174,8 @@ class VLPretrainingData(TaskData):
             raise ValueError(f"data.dataset={data.dataset!r}: the built-in image-text data is 'easy-vqa'; give other "
                              "data as data.sources (caption files + region shards)")
         self.objectives = ObjectiveMix(dict(data.objectives))
-        cannot = [name for name in self.objectives.active if name not in VLBertForPreTraining.objectives]
+        cannot = [name for name in self.objectives.active + self.objectives.paired
+                  if name not in VLBertForPreTraining.objectives]
         if cannot:
             raise ValueError(f"data.objectives has {cannot}, which a vision-language pretraining model cannot run; "
                              f"choose among {list(VLBertForPreTraining.objectives)}")
@@ -197,7 +204,7 @@ class VLPretrainingData(TaskData):
         train_pairs = [p for p in pairs if p.image_id not in held]
         self.eval_pairs = [p for p in pairs if p.image_id in held]
         self.text = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability)
-        self.collator = VLCollator(self.text, data.region_mask_probability)
+        self.collator = VLCollator(self.text, data.region_mask_probability, self.objectives, data.itm_negatives)
         self.train = VLPretrainingDataset(train_pairs, self.regions, tokenizer, data.max_text_length,
                                           data.max_regions, self.seed)
         if len(self.eval_pairs) >= 2:

@@ -1,0 +1,130 @@
+"""Word-region alignment (UNITER's WRA): the IPOT solver against the exact optimal-transport linear program (the
+POT package's ot.emd2), padding, gradients to both modalities, bfloat16, and the unit in the VL model."""
+
+from __future__ import annotations
+
+import numpy as np
+import ot
+import pytest
+import torch
+
+import vlbert
+from vlbert.layers.optimal_transport import cosine_cost, ipot, wasserstein_distance
+
+
+def problems(count=12, seed=0):
+    """Random small problems: cosine costs between 2-8 'words' and 2-11 'regions' of dimension 16."""
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    for _ in range(count):
+        m, n = int(rng.integers(2, 9)), int(rng.integers(2, 12))
+        yield torch.randn(1, m, 16), torch.randn(1, n, 16)
+
+
+def exact(x, y) -> float:
+    m, n = x.shape[1], y.shape[1]
+    return float(ot.emd2(np.full(m, 1 / m), np.full(n, 1 / n), cosine_cost(x, y)[0].double().numpy()))
+
+
+def test_ipot_converges_to_the_exact_transport_distance():
+    gaps_at_50 = []
+    for x, y in problems():
+        ones_x, ones_y = torch.ones(1, x.shape[1]), torch.ones(1, y.shape[1])
+        converged, plan = wasserstein_distance(x, y, ones_x, ones_y, beta=0.5, iterations=1000)
+        assert abs(float(converged) - exact(x, y)) < 1e-3
+        # a transport plan: the marginals are the uniform masses
+        torch.testing.assert_close(plan.sum(2), ones_x / x.shape[1], atol=1e-4, rtol=0)
+        torch.testing.assert_close(plan.sum(1), ones_y / y.shape[1], atol=1e-4, rtol=0)
+        unites, _ = wasserstein_distance(x, y, ones_x, ones_y)  # UNITER's beta 0.5, 50 iterations
+        gaps_at_50.append(abs(float(unites) - exact(x, y)))
+    print(f"IPOT gap to the exact distance at UNITER's 50 iterations, beta 0.5: max {max(gaps_at_50):.2e}, "
+          f"mean {np.mean(gaps_at_50):.2e}")
+    assert max(gaps_at_50) < 5e-3
+
+
+def test_padded_words_and_regions_carry_no_mass():
+    x, y = torch.randn(2, 7, 16), torch.randn(2, 9, 16)
+    x_mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    y_mask = torch.tensor([[1] * 9, [1] * 5 + [0] * 4])
+    distance, plan = wasserstein_distance(x, y, x_mask, y_mask, iterations=300)
+    assert plan[1, 4:].abs().max() == 0 and plan[1, :, 5:].abs().max() == 0
+    alone, _ = wasserstein_distance(x[1:, :4], y[1:, :5], torch.ones(1, 4), torch.ones(1, 5), iterations=300)
+    torch.testing.assert_close(distance[1], alone[0])
+    assert abs(float(distance[1]) - exact(x[1:, :4], y[1:, :5])) < 1e-3
+    with pytest.raises(ValueError, match="at least one real word and one real region"):
+        ipot(cosine_cost(x, y), torch.zeros(2, 7), y_mask)
+
+
+def tiny_vl_model():
+    torch.manual_seed(0)
+    config = vlbert.VLBertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                 intermediate_size=48, region_feature_dim=12, num_region_classes=0,
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return vlbert.VLBertForPreTraining(config)
+
+
+def wra_batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 60, (4, 7), generator=g)
+    mask = torch.ones_like(ids)
+    mask[2, 5:] = 0
+    region_mask = torch.ones(4, 6, dtype=torch.long)
+    region_mask[1, 3:] = 0
+    return dict(input_ids=ids, attention_mask=mask, region_features=torch.randn(4, 6, 12, generator=g),
+                region_boxes=torch.rand(4, 6, 2, generator=g).repeat(1, 1, 2).clamp(max=0.9) + torch.tensor(
+                    [0, 0, 0.1, 0.1]), region_mask=region_mask, itm_label=torch.tensor([1, 0, 1, 0]),
+                wra_weight=torch.tensor(0.1))
+
+
+def test_wra_runs_with_itm_and_its_gradient_reaches_both_modalities():
+    model = tiny_vl_model()
+    out = model(**wra_batch())
+    assert set(out.losses) == {"itm", "wra"} and out.counts["wra"] == 4
+    assert out.counts["wra_matched_distance"] == 2 and out.counts["wra_mismatched_distance"] == 2
+    out.losses["wra"].backward()
+    assert model.bert.embeddings.word_embeddings.weight.grad.abs().sum() > 0          # the words' side
+    assert model.bert.region_embeddings.feature_proj.weight.grad.abs().sum() > 0     # the regions' side
+    assert model.itm.weight.grad is None  # WRA has no parameters of its own: the ITM head gets nothing from it
+
+
+def test_wra_stays_finite_in_a_bfloat16_step():
+    model = tiny_vl_model()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(**wra_batch())
+    assert torch.isfinite(out.loss) and torch.isfinite(out.losses["wra"])
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert out.losses["wra"].dtype == torch.float32  # the transport is solved in float32 under autocast
+
+
+def test_hard_negatives_replace_only_the_negative_rows_with_other_content():
+    """ITM's hard negatives (data.itm_negatives: hard): the label-0 rows get a caption of the batch with another
+    content, drawn by similarity from each row's own seed (the same draw twice); label-1 rows keep their text."""
+    from vlbert.objectives.image_text_matching import ImageTextMatching
+
+    model = tiny_vl_model().eval()
+    torch.manual_seed(3)
+    b = 8
+    ids = torch.randint(5, 60, (b, 6))
+    ids[:, 0], ids[:, -1] = 2, 3
+    ids[5, 4:] = 0
+    ids[5, 3] = 3
+    mask = (ids != 0).long()
+    labels = {"itm_label": torch.tensor([1, 0, 1, 0, 0, 1, 0, 1]), "itm_content": torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]),
+              "itm_seed": torch.arange(100, 100 + b)}
+    regions = {"region_features": torch.randn(b, 5, 12), "region_boxes": torch.rand(b, 5, 4),
+               "region_mask": torch.ones(b, 5, dtype=torch.long)}
+    draws = []
+    for _ in range(2):
+        inputs = {"input_ids": ids.clone(), "token_type_ids": None, "attention_mask": mask.clone(), **regions}
+        ImageTextMatching().before_encoder(model, inputs, labels)
+        draws.append(inputs["input_ids"])
+    assert torch.equal(draws[0], draws[1])
+    new = draws[0]
+    for i in range(b):
+        if labels["itm_label"][i] == 1:
+            assert torch.equal(new[i, : mask[i].sum()], ids[i, : mask[i].sum()])
+        else:
+            source = next(j for j in range(b) if torch.equal(new[i, : mask[j].sum()], ids[j, : mask[j].sum()])
+                          and int((new[i] != 0).sum()) == int(mask[j].sum()))
+            assert labels["itm_content"][source] != labels["itm_content"][i]
