@@ -9,6 +9,7 @@ writes a normal vlbert model directory.
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import re
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from vlbert.checkpoint import read_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +103,20 @@ def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def read_directory(source: Path, what: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A ``save_pretrained``-style checkpoint directory: its tensors (:func:`vlbert.checkpoint.read_state_dict`:
+    safetensors, or ``pytorch_model.bin`` read without unpickling code) and its ``config.json`` (empty if none).
+
+    Raises:
+        ValueError: ``source`` is a file (``what`` names the family's format). Errors of ``read_state_dict``.
+    """
+    if not source.is_dir():
+        raise ValueError(f"{source} is a file; {what} is a directory (config.json + weights)")
+    config_file = source / "config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    return read_state_dict(source), config
+
+
 def to_float32(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Floating tensors upcast to float32 (published checkpoints are often float16); others unchanged."""
     return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
@@ -153,5 +170,5 @@ def architecture(state: dict[str, torch.Tensor], source_config: dict) -> dict:
     return values
 
 
-__all__ = ["CheckpointFamily", "Converted", "load_torch_file", "to_float32", "take_tied", "rename_prefix",
+__all__ = ["CheckpointFamily", "Converted", "load_torch_file", "read_directory", "to_float32", "take_tied", "rename_prefix",
            "architecture"]

@@ -21,11 +21,10 @@ normalised. Tokenizer: bert-base-uncased. Features: Oscar's BUTD-style Faster R-
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from vlbert.checkpoint import hf_to_vlbert, read_state_dict
-from vlbert.families.base import CheckpointFamily, Converted, architecture, rename_prefix, to_float32
+from vlbert.checkpoint import hf_to_vlbert
+from vlbert.families.base import CheckpointFamily, Converted, architecture, read_directory, rename_prefix, to_float32
 
 RENAMES = {"bert.img_embedding.": "bert.region_embeddings.proj.", "bert.LayerNorm.": "bert.region_embeddings.norm."}
 
@@ -34,12 +33,7 @@ class OscarFamily(CheckpointFamily):
     """Oscar / VinVL checkpoints (see the module docstring for the key map)."""
 
     def read(self, source: Path):
-        if not source.is_dir():
-            raise ValueError(f"{source} is a file; an Oscar/VinVL checkpoint is a directory (config.json + "
-                             "pytorch_model.bin)")
-        config_file = source / "config.json"
-        config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-        return read_state_dict(source), config
+        return read_directory(source, "an Oscar/VinVL checkpoint")
 
     def matches(self, state) -> bool:
         return "bert.img_embedding.weight" in state

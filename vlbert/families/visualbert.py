@@ -22,11 +22,10 @@ backends reproduces them, so a converted VisualBERT takes imported regions.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from vlbert.checkpoint import hf_to_vlbert, read_state_dict
-from vlbert.families.base import CheckpointFamily, Converted, architecture, rename_prefix, to_float32
+from vlbert.checkpoint import hf_to_vlbert
+from vlbert.families.base import CheckpointFamily, Converted, architecture, read_directory, rename_prefix, to_float32
 
 RENAMES = {
     "visual_bert.": "bert.",
@@ -47,12 +46,7 @@ class VisualBertFamily(CheckpointFamily):
     """transformers VisualBERT checkpoints (see the module docstring for the key map)."""
 
     def read(self, source: Path):
-        if not source.is_dir():
-            raise ValueError(f"{source} is a file; a VisualBERT checkpoint is a directory (config.json + weights), "
-                             "as transformers' save_pretrained writes it")
-        config_file = source / "config.json"
-        config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-        state = read_state_dict(source)
+        state, config = read_directory(source, "a VisualBERT checkpoint (as transformers' save_pretrained writes it)")
         if "embeddings.visual_projection.weight" in state:  # a bare VisualBertModel saves no prefix
             state = {"visual_bert." + k: v for k, v in state.items()}
         return state, config
