@@ -415,3 +415,15 @@ def test_fine_tuning_refuses_regions_of_another_feature_size(tmp_path, easy_regi
     with pytest.raises(ValueError, match=f"regions have {dim}-d features, but init_from .* reads {dim + 1}-d"):
         tool("finetune_vqa")(argv)
     assert not (tmp_path / "run").exists()
+
+
+def test_uniter_2020_itm_names_load(tmp_path):
+    """The first uniter-base.pt (before 2020-08-06) named its ITM head ``ITM.*`` (ChenRocks/UNITER issue #5)."""
+    state = uniter_state()
+    old = {("ITM." + k[len("itm_output."):] if k.startswith("itm_output.") else k): v for k, v in state.items()}
+    torch.save(old, tmp_path / "old.pt")
+    (tmp_path / "cfg.json").write_text(json.dumps(UNITER_CONFIG))
+    convert_checkpoint("uniter", tmp_path / "old.pt", tmp_path / "out", config=tmp_path / "cfg.json",
+                       tokenizer=write_tokenizer(tmp_path / "tok", 60, cased=True))
+    model = VLBertForPreTraining.from_pretrained(tmp_path / "out")
+    torch.testing.assert_close(model.itm.weight, state["itm_output.weight"].float(), rtol=0, atol=0)
