@@ -30,8 +30,8 @@ def _has_submodule(model: nn.Module, name: str) -> bool:
 class VLBertModel(PreTrainedModel):
     """BERT over [text ; regions]: text embeddings and the region pathway ``config.region_embedding`` (an entry
     of :data:`~vlbert.models.region_embeddings.REGION_EMBEDDINGS`: UNITER, VisualBERT, Oscar or VinVL)
-    concatenated along the sequence, one encoder, a joint attention mask. ``last_hidden_state`` is [B, T + R, H], text positions first; the pooler
-    reads the text's [CLS].
+    concatenated along the sequence, one encoder, a joint attention mask. ``last_hidden_state`` is [B, T + R, H],
+    text positions first; the pooler reads the text's [CLS].
 
     Initialise the shared encoder from any BERT checkpoint with ``VLBertModel.from_pretrained(dir,
     region_feature_dim=...)``: the region embeddings are then newly initialised (listed in ``loading_info``).
