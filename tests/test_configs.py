@@ -77,3 +77,27 @@ def test_region_tasks_share_one_data_config_and_check_their_datasets(tmp_path):
     assert (train[0].left_image, data.image_id_format) == ("dev-7-1-img0", "{stem}-img{k}")  # the dataset's default
     data.image_id_format = "{stem}.img{k}"
     assert load_examples(NLVR2_DATASETS, data, 0)[0][0].right_image == "dev-7-1.img1"  # the user's
+
+
+def test_base_includes(tmp_path):
+    """``_base_``: the bases merged in order, section by section, the including file's own entries winning; a cycle
+    or a missing base is one error naming the files. The easy-VQA configs share one detector file."""
+    from vlbert.training.run_config import load_run_config
+
+    (tmp_path / "det.yaml").write_text("detector: {backend: timm, input_size: 160, max_proposals: 16}\n")
+    (tmp_path / "train.yaml").write_text("training: {batch_size: 8, max_steps: 10}\n")
+    (tmp_path / "run.yaml").write_text("_base_: [det.yaml, train.yaml]\ntraining: {max_steps: 3}\n")
+    config = load_run_config(tmp_path / "run.yaml", ["detector.max_proposals=8"])
+    assert config == {"detector": {"backend": "timm", "input_size": 160, "max_proposals": 8},
+                      "training": {"batch_size": 8, "max_steps": 3}}
+    (tmp_path / "a.yaml").write_text("_base_: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("_base_: a.yaml\n")
+    with pytest.raises(ValueError, match="cycle"):
+        load_run_config(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("_base_: missing.yaml\n")
+    with pytest.raises(FileNotFoundError, match="missing.yaml does not exist .included by .*c.yaml"):
+        load_run_config(tmp_path / "c.yaml")
+    root = Path(__file__).resolve().parents[1] / "configs"
+    shared = load_run_config(root / "detectors" / "easy-vqa.yaml")["detector"]
+    for path in [root / "vl" / "default.yaml", *sorted((root / "finetune").glob("*easy-vqa.yaml"))]:
+        assert load_run_config(path)["detector"] == shared, path

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import wait_for_log_lines
 
 HERE = Path(__file__).resolve().parent
@@ -44,6 +46,8 @@ def env():
             "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)}
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_two_processes_equal_one_process_at_twice_the_batch(small_corpus, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     subprocess.run([sys.executable, str(HERE / "ddp_worker.py"),
@@ -60,6 +64,8 @@ def test_two_processes_equal_one_process_at_twice_the_batch(small_corpus, tmp_pa
     assert a[6] != a[1]  # the model did train
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_resume_after_sigkill_reproduces_losses(small_corpus, tmp_path):
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     steps = 40
@@ -81,6 +87,8 @@ def test_resume_after_sigkill_reproduces_losses(small_corpus, tmp_path):
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-6
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(tmp_path):
     """VL pretraining draws one objective per step for both ranks; the heads of the other objectives stay in the
     graph with weight zero, so DDP runs without find_unused_parameters and 2 x b = 1 x 2b, step by step. ITM draws
@@ -124,6 +132,8 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
     assert all("wra" in r and "wra_mismatched_distance" in r for r in itm_rows)
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_text_fine_tuning_on_three_processes_with_a_short_last_batch(tmp_path):
     """28 BBC News articles at batch 8 on 3 ranks: the last global batch holds 4 items, which used to leave one
     rank an empty batch (a crash in collation while the others waited). Now every rank gets at least one item and

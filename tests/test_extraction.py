@@ -89,6 +89,8 @@ def assert_same_store(a, b):
                                    rtol=1e-2, atol=1e-3)
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_a_killed_extraction_resumes_to_the_same_shards(tmp_path):
     folder = easy_vqa_folder(tmp_path, 120)
     args = ["--images", str(folder), *FAST, "--batch-size", "4", "--samples-per-shard", "8"]
@@ -110,6 +112,8 @@ def test_a_killed_extraction_resumes_to_the_same_shards(tmp_path):
     assert_same_store(regions_by_id(killed), regions_by_id(tmp_path / "whole"))
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_two_processes_split_the_images_into_one_store(tmp_path, capsys):
     folder = easy_vqa_folder(tmp_path, 30)
     args = ["--images", str(folder), *FAST, "--samples-per-shard", "10"]

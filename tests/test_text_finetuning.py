@@ -110,6 +110,7 @@ def test_span_qa_jsonl(tmp_path, tiny_checkpoint):
                                         "eval": str(tmp_path / "q.jsonl")})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["vlbert", "transformers"])
 def test_bbc_news_both_implementations(tmp_path, tiny_checkpoint, implementation):
     # The packaged MiniLM, 24 steps on BBC News topics (48 wordpieces): both implementations must beat always

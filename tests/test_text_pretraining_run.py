@@ -126,6 +126,8 @@ def test_empty_corpus_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_cli_runs_with_flags(small_corpus, tmp_path):
     out = tmp_path / "cli"
     cmd = [sys.executable, str(ROOT / "tools" / "pretrain.py"), "--modality", "text", "--output-dir", str(out),
@@ -164,6 +166,8 @@ def test_init_from_minilm_alias_for_text_pretraining(small_corpus, tmp_path):
     assert json.loads((tmp_path / "minilm" / "config.json").read_text())["hidden_size"] == 384
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_sigterm_checkpoints_and_resume_continues_the_same_losses(small_corpus, tmp_path):
     """SIGTERM (cluster preemption) mid-run: the step in progress finishes, a checkpoint is written, the tool
     exits with 143, and --resume gives the uninterrupted run's per-step losses."""

@@ -157,6 +157,7 @@ def test_smoke_vl_run_draws_one_objective_per_step(cache_dir, tmp_path):
                                                                 region_item(regions, 16))
 
 
+@pytest.mark.slow
 def test_grounding_with_regions_beats_without(cache_dir, tmp_path):
     """A short VL pretraining from MiniLM learns to read colour and shape from the regions: a masked colour or
     shape word of a held-out caption is predicted far better with the image's regions than with them masked out."""
@@ -200,6 +201,7 @@ def test_imported_shards_are_not_credited_to_the_detector_section(tmp_path):
     assert detector["extractor"] == extractor.name  # what the regions themselves say made them
 
 
+@pytest.mark.slow
 def test_word_region_alignment_separates_matched_from_mismatched_pairs(cache_dir, tmp_path):
     """ITM + WRA from MiniLM on easy-VQA captions: the held-out mean transport distance of matched pairs falls
     below that of mismatched pairs as training goes on (measured, 80 steps at batch 16: 0.28 vs 0.29 at step 20,

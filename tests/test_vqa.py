@@ -121,6 +121,7 @@ def test_vqa_dataset_errors(tokenizer):
     assert len(VQADataset([ok, unknown], regions, tokenizer, ["circle"], drop_unknown=True)) == 1
 
 
+@pytest.mark.slow
 def test_vqa_finetuning_end_to_end(tmp_path):
     from vlbert.recipes import RECIPES, run
 

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EASY_VQA_DETECTOR = {"backend": "timm", "input_size": 160, "max_proposals": 16}
+EASY_VQA_DETECTOR_CONFIG = ROOT / "configs" / "detectors" / "easy-vqa.yaml"  # the easy-VQA runs' detector
 EASY_VQA_MAX_REGIONS = 16
 
 
@@ -39,6 +39,14 @@ def load(model_path: str, vl: bool):
     return cls.from_pretrained(path).eval(), load_tokenizer(path)
 
 
+def easy_vqa_detector():
+    """The :class:`detectors.config.DetectorConfig` of configs/detectors/easy-vqa.yaml (the VL default run's)."""
+    from detectors.config import DetectorConfig
+    from vlbert.training.run_config import load_run_config
+
+    return DetectorConfig(**load_run_config(EASY_VQA_DETECTOR_CONFIG)["detector"])
+
+
 def run_detector(model_path: str):
     """(detector configuration, maximum regions) the run at ``model_path`` was trained with: its inference.json's,
     or the VL default run's settings for a checkpoint without one.
@@ -46,13 +54,12 @@ def run_detector(model_path: str):
     Raises:
         ValueError: the run's regions were imported (no detector to rebuild): explain cannot extract images for it.
     """
-    from detectors.config import DetectorConfig
     from vlbert.inference.run import detector_for_run, read_inference_info
     from vlbert.tokenization import resolve_model_path
 
     path = Path(resolve_model_path(model_path))
     if not (path / "inference.json").is_file():
-        return DetectorConfig(**EASY_VQA_DETECTOR), EASY_VQA_MAX_REGIONS
+        return easy_vqa_detector(), EASY_VQA_MAX_REGIONS
     info = read_inference_info(path)
     detector = detector_for_run(info.get("detector") or {})
     if detector is None:
@@ -64,11 +71,10 @@ def run_detector(model_path: str):
 def easy_vqa_regions(split: str, cache_dir: str, detector=None, image_ids: list[str] | None = None):
     """image id -> regions of an easy-VQA split (or of ``image_ids`` only), extracted with ``detector`` (default:
     the VL default run's; cached)."""
-    from detectors.config import DetectorConfig
     from detectors.shards import load_regions
     from vlbert.data.easy_vqa import easy_vqa_shards
 
-    regions = load_regions(easy_vqa_shards(detector or DetectorConfig(**EASY_VQA_DETECTOR), cache_dir, image_ids))
+    regions = load_regions(easy_vqa_shards(detector or easy_vqa_detector(), cache_dir, image_ids))
     return {k: v for k, v in regions.items() if k.startswith(split + "/")}
 
 

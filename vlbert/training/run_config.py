@@ -16,22 +16,17 @@ def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None 
     """Read a YAML run config, set the typed ``values`` (a tool's flags: ``("training.output_dir", "runs/a #b")``,
     taken as they are) and then apply the ``key.sub=value`` overrides of ``--set`` (values parsed as YAML scalars).
 
+    A config may include others with ``_base_: path`` (or a list of paths), relative to its own file, as
+    detectron2 / mmengine configs do: the bases are merged in order (sections merged key by key) and the file's own
+    entries win; bases may include bases (a cycle is refused).
+
     Raises:
         FileNotFoundError: the config file does not exist.
         ValueError: the file is not valid YAML (the message names the file, line and column, as
-            ``path:line:column: problem``), not a YAML mapping, or an override is not ``key=value``.
+            ``path:line:column: problem``), not a YAML mapping, an override is not ``key=value``, or ``_base_``
+            includes form a cycle.
     """
-    config: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} does not exist; see configs/ for runnable examples")
-        loaded = _parse_yaml(path)
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path} must hold a YAML mapping (sections model/data/training), got {type(loaded).__name__}")
-        config = loaded
+    config = _load_with_bases(Path(path), ()) if path is not None else {}
     config = copy.deepcopy(config)
     for key, value in values:
         _set_path(config, key, value)
@@ -48,6 +43,35 @@ def _set_path(config: dict[str, Any], key: str, value: Any) -> None:
         if not isinstance(node, dict):
             raise ValueError(f"cannot set {key}: {part} is not a section")
     node[parts[-1]] = value
+
+
+def _load_with_bases(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    """``path``'s mapping over its ``_base_`` includes (resolved relative to ``path``)."""
+    if not path.is_file():
+        where = f" (included by {seen[-1]})" if seen else ""
+        raise FileNotFoundError(f"config file {path} does not exist{where}; see configs/ for runnable examples")
+    if path.resolve() in seen:
+        raise ValueError(f"{path}: _base_ includes form a cycle ({' -> '.join(map(str, seen))} -> {path})")
+    loaded = _parse_yaml(path)
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path} must hold a YAML mapping (sections model/data/training), got {type(loaded).__name__}")
+    bases = loaded.pop("_base_", [])
+    merged: dict[str, Any] = {}
+    for base in [bases] if isinstance(bases, str) else list(bases):
+        _merge(merged, _load_with_bases(path.parent / base, (*seen, path.resolve())))
+    _merge(merged, loaded)
+    return merged
+
+
+def _merge(into: dict[str, Any], other: dict[str, Any]) -> None:
+    """Merge ``other`` into ``into`` in place: mappings key by key (recursively), anything else replaced."""
+    for key, value in other.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
 
 
 def _parse_yaml(path: Path) -> Any:
