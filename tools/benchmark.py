@@ -40,48 +40,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def estimate_flops_per_token(config, seq_len: int, masked_fraction: float = 0.15,
-                             with_heads: bool = True) -> float:
-    """Model FLOPs of one training step (forward + backward = 3 x forward) per real token.
-
-    Counts the matrix multiplies (2 FLOPs per multiply-add): QKV, attention scores and values, output
-    projection, feed-forward, and, with ``with_heads``, the MLM head on ``masked_fraction`` of tokens and the
-    pooler/NSP head amortised over the sequence. Embedding lookups, LayerNorm and softmax are not counted
-    (nanoGPT's ``estimate_mfu`` / PaLM appendix B convention).
-    """
-    h, i, l = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    per_layer = 2 * (3 * h * h + h * h + 2 * h * i) + 2 * 2 * seq_len * h
-    forward = l * per_layer
-    if with_heads:
-        forward += masked_fraction * 2 * (h * h + h * config.vocab_size)
-        forward += 2 * (h * h + 2 * h) / max(seq_len, 1)
-    return 3.0 * forward
-
-
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
-
-
-def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 5,
-                        trials: int = 5) -> float:
-    """Dense matmul FLOP/s of this device in this process and dtype (the MFU denominator): the best of ``trials``
-    timings of ``repeats`` square matmuls, so a moment of load on a shared machine does not lower the peak."""
-    if device.type == "cuda":
-        size, repeats = 8192, 50
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    best = float("inf")
-    for _ in range(trials):
-        sync(device)
-        start = time.perf_counter()
-        for _ in range(repeats):
-            a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 * repeats / best
 
 
 class _MallInfo2(ctypes.Structure):
@@ -330,6 +291,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from vlbert.tokenization import load_tokenizer
+    from vlbert.training.mfu import estimate_flops_per_token, measure_matmul_peak
     from vlbert.training.run_config import load_run_config
     from vlbert.utils import keep_freed_memory_in_process
 
@@ -337,7 +299,7 @@ def main(argv=None) -> int:
     kept = device.type == "cpu" and not args.default_malloc and keep_freed_memory_in_process()
     bf16 = args.bf16 or device.type == "cuda"
     tokenizer = load_tokenizer()
-    peak = measure_matmul_peak(device, torch.bfloat16 if bf16 else torch.float32)
+    peak = measure_matmul_peak(device, torch.bfloat16 if bf16 else torch.float32, size=2048, repeats=5, trials=5)
     wanted = args.pairs.split(",")
     records = []
     for name in ("text", "vl"):

@@ -26,6 +26,7 @@ import torch
 from vlbert import checkpoint as ckpt
 from vlbert.models.bert import compile_encoder_layers
 from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, TrainerHook
+from vlbert.training.mfu import device_peak_flops, estimate_flops_per_token
 from vlbert.training.run_config import dataclass_from_section
 from vlbert.utils import gather_objects, keep_freed_memory_in_process
 
@@ -245,8 +246,8 @@ class Trainer:
                 if k in self.forward_arguments}
 
     def _train_stream(self):
-        """(batch on the device, real tokens counted on the host copy) for every training batch, epoch after
-        epoch."""
+        """(batch on the device, real tokens and sequences counted on the host copy) for every training batch,
+        epoch after epoch."""
         acc = self.accelerator
         epoch, start = self.epoch, self.batch_in_epoch
         while True:
@@ -255,8 +256,9 @@ class Trainer:
                 produced = True
                 self.epoch, self.batch_in_epoch = epoch, start + i + 1
                 mask = batch.get("attention_mask")
-                tokens = int(mask.numpy().sum()) if torch.is_tensor(mask) and mask.device.type == "cpu" else 0
-                yield self._to_device(batch), tokens
+                counted = torch.is_tensor(mask) and mask.device.type == "cpu"
+                tokens = int(mask.numpy().sum()) if counted else 0
+                yield self._to_device(batch), tokens, mask.shape[0] if counted else 0
             if not produced and start == 0:
                 raise ValueError("the training data yields no batch; use a larger corpus or a smaller batch_size")
             epoch, start = epoch + 1, 0
@@ -298,9 +300,10 @@ class Trainer:
                 idle = None  # parameters idle in every micro-batch of this step
                 for micro in range(cfg.grad_accum_steps):
                     waited = time.perf_counter()
-                    batch, tokens = next(stream)
+                    batch, tokens, sequences = next(stream)
                     window.data_wait += time.perf_counter() - waited
                     window.tokens += tokens
+                    window.sequences += sequences
                     if micro == 0:
                         step_epoch = self.epoch
                         checks.position(self.step + 1, self.epoch, self.batch_in_epoch - 1)
@@ -349,6 +352,9 @@ class Trainer:
                     record.update({"lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": tokens / elapsed,
                                    "step_time_s": elapsed / max(1, window.steps),
                                    "data_wait_fraction": min(1.0, window.data_wait / elapsed)})
+                    mfu = self.mfu(tokens, self._global_sum(window.sequences), elapsed)
+                    if mfu is not None:
+                        record["mfu"] = mfu
                     window = _Window()
                     self.log(record, "train")
                     if bar is not None:
@@ -452,6 +458,19 @@ class Trainer:
             backward = backward + sum(p.sum() for p in idle) * 0.0
         global_loss = torch.where(present, totals[1] / totals[0].clamp(min=1), 0.0).sum().float()
         return backward, global_loss
+
+    def mfu(self, tokens: int, sequences: int, seconds: float) -> float | None:
+        """Model FLOPs utilisation of ``tokens`` real tokens in ``sequences`` sequences trained in ``seconds``
+        (all ranks): :func:`~vlbert.training.mfu.estimate_flops_per_token` at their mean length against the
+        device's peak times the number of processes (:func:`~vlbert.training.mfu.device_peak_flops`: the
+        datasheet on a known GPU, a measured matmul on a CPU). For vision-language models only the text tokens
+        are counted (regions add work the figure leaves out). None for a model without a BERT config."""
+        config = getattr(self.unwrapped, "config", None)
+        if config is None or not hasattr(config, "intermediate_size") or not tokens or not sequences:
+            return None
+        peak, _ = device_peak_flops(self.accelerator.device, self.accelerator.mixed_precision == "bf16")
+        flops = estimate_flops_per_token(config, tokens / sequences) * tokens
+        return flops / seconds / (peak * self.accelerator.num_processes)
 
     def _any_rank(self, flag: bool) -> bool:
         """True if ``flag`` is set on any process (one all-reduce when there are several)."""
@@ -613,6 +632,7 @@ class _Window:
         self.data_wait = 0.0
         self.steps = 0
         self.tokens = 0
+        self.sequences = 0
 
     def elapsed(self) -> float:
         return max(time.perf_counter() - self.start, 1e-9)
