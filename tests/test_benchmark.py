@@ -37,3 +37,14 @@ def test_flops_estimate_equals_counted_forward_flops():
         model(ids, labels=labels, next_sentence_label=torch.zeros(batch, dtype=torch.long))
     estimated_forward = estimate_flops_per_token(config, seq_len) / 3 * batch * seq_len
     assert abs(counter.get_total_flops() - estimated_forward) <= 1e-9 * estimated_forward
+
+
+def test_measuring_the_peak_leaves_the_global_random_generator_alone():
+    """The trainer measures the CPU matmul peak at its first log line: drawing from the global generator there moved
+    every later dropout mask, and a resumed run (which measures at another step) no longer matched."""
+    from vlbert.training.mfu import measure_matmul_peak
+
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    assert measure_matmul_peak(torch.device("cpu"), torch.float32, size=64, repeats=1, trials=1) > 0
+    assert torch.equal(torch.get_rng_state(), state)

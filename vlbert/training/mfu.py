@@ -43,11 +43,13 @@ def estimate_flops_per_token(config, seq_len: float, masked_fraction: float = 0.
 def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 1024, repeats: int = 4,
                         trials: int = 3) -> float:
     """Dense matmul FLOP/s of this device in this process and dtype: the best of ``trials`` timings of
-    ``repeats`` square matmuls, so a moment of load on a shared machine does not lower the peak."""
+    ``repeats`` square matmuls, so a moment of load on a shared machine does not lower the peak. Draws nothing
+    from the global random generator (a training run measures it mid-run: its dropout masks must not move)."""
     if device.type == "cuda":
         size, repeats = 8192, 50
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, dtype=dtype, generator=g)
+    b = torch.randn(size, size, device=device, dtype=dtype, generator=g)
     a @ b
     best = float("inf")
     for _ in range(trials):
