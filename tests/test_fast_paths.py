@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import vlbert
 from vlbert.layers.kernels import cross_entropy_with_accuracy, dropout
+from vlbert.layers.attention import Packing, _explicit
 from vlbert.models.bert import SelfAttention
 
 
@@ -73,13 +74,14 @@ def test_cpu_attention_path_equals_sdpa():
     config = vlbert.BertConfig(vocab_size=10, hidden_size=32, num_attention_heads=4, intermediate_size=64,
                                attention_probs_dropout_prob=1e-12)
     attention = SelfAttention(config).double()
-    x = torch.randn(3, 7, 32, dtype=torch.float64)
-    mask = torch.ones(3, 1, 1, 7, dtype=torch.bool)
-    mask[1, ..., 5:] = False
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    packing = Packing.from_mask(mask, 3, 7)
+    x = torch.randn(packing.num_tokens, 32, dtype=torch.float64)
     attention.train()
-    trained = attention(x, mask)
+    trained = attention(x, packing, "sdpa")
     attention.eval()
-    reference = attention(x, mask)
+    reference = attention(x, packing, "sdpa")
     assert torch.allclose(trained, reference, atol=1e-12)
 
 
@@ -88,15 +90,12 @@ def test_cpu_attention_dropout_drops_half_and_rescales():
     probability matrix, so about half of the (real) entries are zero and the rest are softmax / (1 - p); padded
     keys get nothing."""
     torch.manual_seed(0)
-    config = vlbert.BertConfig(vocab_size=10, hidden_size=64, num_attention_heads=2, intermediate_size=64,
-                               attention_probs_dropout_prob=0.5)
-    attention = SelfAttention(config).double().train()
     b, h, s = 8, 2, 32
     q, k = torch.randn(2, b, h, s, s, dtype=torch.float64)
     v = torch.eye(s, dtype=torch.float64).expand(b, h, s, s)
     mask = torch.ones(b, 1, 1, s, dtype=torch.bool)
     mask[1, ..., 20:] = False
-    dropped = attention._attention_with_cpu_dropout(q, k, v, mask)
+    dropped = _explicit(q, k, v, mask, 0.5, True, False)[0]
     probs = torch.softmax((q @ k.transpose(-1, -2) / s ** 0.5).masked_fill(~mask, float("-inf")), -1)
     real = mask.expand(b, h, s, s)
     kept = dropped != 0
@@ -123,28 +122,3 @@ def test_little_padding_runs_padded_with_the_same_values():
     assert unpadded[2, -2:].abs().sum() == 0, "unpadded runs leave zeros at padding"
     real = mask.bool()
     assert torch.allclose(padded[real], unpadded[real], atol=1e-12)
-
-
-def test_compiled_encoder_layers_give_the_eager_numbers():
-    """``training.compile``: layers compiled in place keep their parameter names and compute the same values
-    (eval mode, so dropout is off), forward and backward."""
-    from vlbert.models.bert import compile_encoder_layers
-
-    torch.manual_seed(0)
-    config = vlbert.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                               intermediate_size=64)
-    model = vlbert.BertModel(config).eval()
-    ids = torch.randint(1, 50, (3, 10))
-    mask = torch.ones(3, 10, dtype=torch.long)
-    mask[1, 6:] = 0
-    names = list(model.state_dict())
-    eager = model(ids, attention_mask=mask).last_hidden_state
-    eager.sum().backward()
-    eager_grad = model.encoder.layers[0].ffn_in.weight.grad.clone()
-    model.zero_grad()
-    assert compile_encoder_layers(model) == 1
-    compiled = model(ids, attention_mask=mask).last_hidden_state
-    compiled.sum().backward()
-    assert list(model.state_dict()) == names
-    assert torch.allclose(compiled, eager, atol=1e-5)
-    assert torch.allclose(model.encoder.layers[0].ffn_in.weight.grad, eager_grad, atol=1e-4)

@@ -94,7 +94,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 
 
 def test_fp16_is_refused():
-    with pytest.raises(ValueError, match="mixed_precision must be auto, no or bf16"):
+    with pytest.raises(ValueError, match="mixed_precision must be auto, no, bf16 or bf16-params"):
         TrainingConfig(mixed_precision="fp16").validate()
 
 

@@ -13,7 +13,7 @@ region-shard read throughput.
     python tools/benchmark.py                       # CPU, fp32
     python tools/benchmark.py --bf16                # bf16 autocast on both sides (AMX CPUs, GPUs)
     python tools/benchmark.py --device cuda --config configs/text/bert-base-128.yaml --batch-size 64 --json
-    python tools/benchmark.py --device cuda --compile   # vlbert's encoder layers through torch.compile
+    python tools/benchmark.py --device cuda --compile   # the whole vlbert model through torch.compile
     python tools/benchmark.py --trainer --pairs text    # + the same model, batch and data through the real trainer
 
 With ``--trainer`` the text pair's config also runs through ``vlbert.recipes.run`` (the real trainer: loader,
@@ -280,7 +280,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (default on CUDA)")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile vlbert's encoder layers (training.compile; the warmup steps compile)")
+                   help="torch.compile the whole vlbert model (training.compile; the warmup steps compile)")
     p.add_argument("--pairs", default="text,vl,data", help="comma-separated subset of text, vl, data")
     p.add_argument("--json", action="store_true", help="one JSON line per pair")
     p.add_argument("--trainer", action="store_true",
@@ -315,9 +315,9 @@ def main(argv=None) -> int:
         padded = ours_batch["input_ids"].shape[0] * seq_len
         flops = estimate_flops_per_token(config, seq_len) * real
         if args.compile:
-            from vlbert.models.bert import compile_encoder_layers
+            from vlbert.models.bert import compile_model
 
-            compile_encoder_layers(ours)
+            compile_model(ours)
         results = time_train_steps({"transformers": make_train_step(hf, hf_batch, device, bf16),
                                     "vlbert": make_train_step(ours, ours_batch, device, bf16)},
                                    device, args.steps, args.warmup)

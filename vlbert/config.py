@@ -25,8 +25,13 @@ _HF_BOOKKEEPING_KEYS = {
     "pooler_size_per_head", "pooler_type", "label2id", "problem_type", "tie_word_embeddings",
     "is_decoder", "add_cross_attention", "chunk_size_feed_forward", "return_dict", "output_hidden_states",
     "output_attentions", "torchscript", "finetuning_task", "tokenizer_class", "prefix", "sep_token_id",
-    "decoder_start_token_id", "task_specific_params", "attn_implementation",
+    "decoder_start_token_id", "task_specific_params",
 }
+
+#: transformers' attn_implementation names that mean one of ours (its flash-attention paths unpad: varlen).
+_HF_ATTENTION_NAMES = {"flash_attention_2": "varlen", "flash_attention_3": "varlen", "flash_attention_4": "varlen"}
+#: the attn_implementation names both libraries share: the only ones written to config.json.
+_SHARED_ATTENTION_NAMES = ("eager", "sdpa")
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
@@ -37,6 +42,9 @@ class BertConfig:
 
     Field names and defaults are Hugging Face's, so a ``config.json`` written by transformers loads here and one
     written here loads in transformers. Defaults describe BERT-base uncased (L=12, H=768, A=12).
+    ``attn_implementation`` (transformers' key) names the attention kernel, a key of
+    :data:`vlbert.layers.attention.ATTENTION_FUNCTIONS` (``eager``, ``sdpa``, ``varlen``; transformers'
+    ``flash_attention_*`` read as ``varlen``); None picks ``varlen`` on CUDA in bf16/fp16 and ``sdpa`` elsewhere.
 
     Raises:
         ValueError: from :meth:`validate` when ``hidden_size`` is not divisible by ``num_attention_heads``,
@@ -60,6 +68,7 @@ class BertConfig:
     num_labels: int = 2
     classifier_dropout: float | None = None
     id2label: dict[int, str] | None = None
+    attn_implementation: str | None = None
 
     model_type = "bert"
     #: Fields that fix the weights' shapes or the function they compute: a checkpoint's values decide these.
@@ -69,6 +78,7 @@ class BertConfig:
                            "num_region_classes", "region_embedding")
 
     def __post_init__(self) -> None:
+        self.attn_implementation = _HF_ATTENTION_NAMES.get(self.attn_implementation, self.attn_implementation)
         if isinstance(self.id2label, dict):  # config.json keys are strings
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
         self.validate()
@@ -165,6 +175,7 @@ class BertConfig:
         derives num_labels; the label names when the run knew them, else ``LABEL_i``), the form written to
         ``config.json``."""
         out = dataclasses.asdict(self)
+        del out["attn_implementation"]  # a run-time choice, not architecture: config.json gets it where shared
         out["model_type"] = self.model_type
         names = self.id2label or {i: f"LABEL_{i}" for i in range(self.num_labels)}
         out["id2label"] = {str(i): name for i, name in sorted(names.items())}
@@ -176,6 +187,8 @@ class BertConfig:
         ``transformers.AutoConfig``; VL models' (``model_type`` "vlbert") are read by this library only:
         transformers has no such model type."""
         values = self.to_dict()
+        if self.attn_implementation in _SHARED_ATTENTION_NAMES:  # transformers refuses names it lacks (varlen)
+            values["attn_implementation"] = self.attn_implementation
         if architectures:
             values["architectures"] = architectures
         with open(path, "w", encoding="utf-8") as f:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from vlbert.data.padding import pad_text
+from vlbert.layers.attention import packing_fields
 from vlbert.layers.losses import IGNORE_INDEX
 
 IS_NEXT, IS_RANDOM = 0, 1  # next_sentence_label values, as transformers: 0 = B continues A
@@ -45,6 +46,10 @@ class MaskingCollator:
 
     Returns a dict of tensors: input_ids, token_type_ids, attention_mask, labels (int64 [B, T]) and, when the
     items carry it, next_sentence_label (int64 [B]). T is the longest item rounded up to ``pad_to_multiple_of``.
+    With ``packed`` (what the training recipes use) also the packed layout the model then reads instead of the
+    mask (``packed_indices``, ``cu_seqlens``: :func:`~vlbert.layers.attention.packing_fields`) and
+    ``masked_lm_positions`` (:func:`masked_positions`): computed here, in the loader workers, so that a training
+    step on an accelerator never waits on the host.
     """
 
     vocab_size: int
@@ -55,6 +60,7 @@ class MaskingCollator:
     mask_replace_prob: float = 0.8
     random_replace_prob: float = 0.1
     pad_to_multiple_of: int = 8
+    packed: bool = False
 
     @classmethod
     def from_tokenizer(cls, tokenizer, **kwargs) -> "MaskingCollator":
@@ -109,7 +115,15 @@ class MaskingCollator:
                                                              [len(x["input_ids"]) for x in items])
         if "next_sentence_label" in items[0]:
             batch["next_sentence_label"] = torch.tensor([x["next_sentence_label"] for x in items], dtype=torch.long)
+        if self.packed:
+            batch.update(packing_fields(batch["attention_mask"]), masked_lm_positions=masked_positions(batch["labels"]))
         return batch
+
+
+def masked_positions(labels: torch.Tensor) -> torch.Tensor:
+    """int64 [N]: the flat positions (row * T + column) of the labelled entries (not -100) of int64 [B, T]
+    ``labels``, in row order: the rows the masked-LM head reads (``masked_lm_positions``)."""
+    return (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
 
 
 class LengthGroupedBatchSampler:
@@ -167,4 +181,4 @@ class LengthGroupedBatchSampler:
         return [np.array_split(batch, self.world_size)[self.rank] for batch in self.global_batches()]
 
 
-__all__ = ["truncate_pair", "MaskingCollator", "LengthGroupedBatchSampler", "IS_NEXT", "IS_RANDOM"]
+__all__ = ["truncate_pair", "MaskingCollator", "masked_positions", "LengthGroupedBatchSampler", "IS_NEXT", "IS_RANDOM"]

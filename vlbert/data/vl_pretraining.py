@@ -18,7 +18,8 @@ from torch.utils.data import Dataset
 from detectors.batch import pad_regions, region_item
 from detectors.regions import Regions
 from detectors.store import region_count
-from vlbert.data.pretraining import MaskingCollator
+from vlbert.data.pretraining import MaskingCollator, masked_positions
+from vlbert.layers.attention import packing_fields
 from vlbert.objectives import OBJECTIVES, PrepareContext
 from vlbert.objectives.image_text_matching import content_id
 
@@ -117,7 +118,9 @@ class VLCollator:
 
     Output keys: input_ids, token_type_ids (0 for text), attention_mask [B, T]; region_features float16
     [B, R, D]; region_boxes float32 [B, R, 4]; region_mask [B, R] (1 = real); the objective's labels (see
-    :mod:`vlbert.objectives`) and ``objective`` (str; the trainer passes only what ``forward`` takes).
+    :mod:`vlbert.objectives`), with a ``packed`` text collator the packed layout of [text ; regions] and the
+    MLM positions (as :class:`~vlbert.data.pretraining.MaskingCollator`), and ``objective`` (str; the trainer
+    passes only what ``forward`` takes).
 
     Raises:
         ValueError: items without an ``objective``, or one of different objectives.
@@ -139,6 +142,10 @@ class VLCollator:
         OBJECTIVES[name].prepare(batch, items, self.context)
         for paired in self.objectives.runs_on(name) if self.objectives is not None else ():
             OBJECTIVES[paired].prepare(batch, items, self.context)  # e.g. WRA on the ITM batch
+        if self.context.text.packed:  # see MaskingCollator: the layout of [text ; regions], the MLM rows
+            batch.update(packing_fields(batch["attention_mask"], batch["region_mask"]))
+            if "labels" in batch:
+                batch["masked_lm_positions"] = masked_positions(batch["labels"])
         batch["objective"] = name
         return batch
 

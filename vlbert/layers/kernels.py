@@ -70,17 +70,18 @@ class _CrossEntropyWithArgmax(torch.autograd.Function):
     gradient zero-filled then scattered, log-softmax backward, a separate argmax); at C = 30,522 those passes cost
     more than the vocabulary matmul's non-matmul neighbours combined on a CPU. Here the forward takes the row max
     and its index in one pass (the index is the prediction, so accuracy is free), keeps ``exp(x - max)`` and its
-    row sums, and the backward is one multiply: d loss / d x = softmax(x) / N - onehot(target) / N.
-    Not twice differentiable.
+    row sums, and the backward is one multiply: d loss / d x = (exp(x - max) - onehot(target) sum) / (sum N).
+    bf16/fp16 logits are never copied to float32: the max is exact in their dtype, ``x - max`` reads them and
+    computes in float32, and the gradient is written in their dtype by the multiply. Not twice differentiable.
     """
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor):
-        x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-        row_max, argmax = x.max(-1)
-        exp = torch.sub(x, row_max[:, None]).exp_()
+        row_max, argmax = logits.max(-1)
+        row_max = row_max if row_max.dtype in (torch.float32, torch.float64) else row_max.float()
+        exp = torch.sub(logits, row_max[:, None]).exp_()  # float32 (or float64): mixed-dtype arithmetic upcasts
         sum_exp = exp.sum(-1)
-        loss = (sum_exp.log() + row_max - x.gather(1, targets[:, None]).squeeze(1)).mean()
+        loss = (sum_exp.log() + row_max - logits.gather(1, targets[:, None]).squeeze(1).to(row_max.dtype)).mean()
         ctx.save_for_backward(exp, sum_exp, targets)
         ctx.logits_dtype = logits.dtype
         ctx.mark_non_differentiable(argmax)
@@ -91,9 +92,9 @@ class _CrossEntropyWithArgmax(torch.autograd.Function):
     def backward(ctx, grad_loss: torch.Tensor, _grad_argmax):
         exp, sum_exp, targets = ctx.saved_tensors
         n = targets.numel()
-        grad = exp.mul((grad_loss / n) / sum_exp[:, None])
-        grad[torch.arange(n, device=grad.device), targets] -= grad_loss / n
-        return grad.to(ctx.logits_dtype), None
+        exp[torch.arange(n, device=exp.device), targets] -= sum_exp  # in place: the saved buffer is read once
+        grad = torch.empty(exp.shape, dtype=ctx.logits_dtype, device=exp.device)
+        return torch.mul(exp, ((grad_loss / n) / sum_exp)[:, None], out=grad), None
 
 
 def cross_entropy_with_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,25 +21,31 @@ def upcast(x: torch.Tensor) -> torch.Tensor:
 
 
 def masked_lm_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidden: torch.Tensor,
-                   labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+                   labels: torch.Tensor, positions: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Sparse masked-LM loss: the vocabulary projection runs on masked positions only.
 
     Args:
         head, word_embeddings: the MLM head and the tied [V, H] matrix.
         hidden: float [B, T, H] (text positions only).
         labels: int64 [B, T], the original token id at masked positions, -100 elsewhere.
+        positions: int64 [N], the flat positions (row * T + column) of the masked tokens, as the collator computed
+            them on the host; without them they are read from ``labels`` (a boolean index: a host sync on an
+            accelerator).
     Returns:
         (mean cross-entropy over masked positions, logits float [N, V], accuracy, N). With N = 0 the loss is
         a zero that still depends on the head's parameters, so ``backward`` and DDP see every parameter.
     """
-    selected = labels != IGNORE_INDEX
-    targets = labels[selected]
-    logits = head(hidden[selected], word_embeddings)
+    if positions is None:
+        positions = (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
+    targets = labels.reshape(-1).index_select(0, positions)
+    padded = head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions), word_embeddings, padded=True)
+    logits = padded[:, :word_embeddings.shape[0]]  # the padded vocabulary's extra logits are -inf: the loss is equal
     count = targets.numel()
     if count == 0:
         zero = logits.sum() * 0.0
         return zero, logits, zero.detach(), 0
-    loss, accuracy = cross_entropy_with_accuracy(logits, targets)
+    loss, accuracy = cross_entropy_with_accuracy(padded, targets)
     return loss, logits, accuracy, count
 
 

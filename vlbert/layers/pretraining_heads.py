@@ -20,7 +20,15 @@ class MaskedLMHead(nn.Module):
 
     Source: BERT appendix A.1; transformers ``BertLMPredictionHead``. The decoder weight is not a parameter of
     this module: it is the word embedding matrix, passed to :meth:`forward`.
+
+    ``forward(..., padded=True)`` computes the projection over ``vocab_size`` rounded up to a multiple of
+    :attr:`vocab_multiple` (64, as MosaicBERT pads its vocabulary): the extra rows of the (copied) decoder are
+    zero and their bias -inf, so the extra logits are -inf and a softmax gives them nothing. A matrix of 30,522
+    rows has rows that are not 16-byte aligned in bf16, which cuBLAS multiplies at a fraction of its peak; the
+    copy costs one [V, H] write per step. Checkpoints and parameters keep ``vocab_size``.
     """
+
+    vocab_multiple = 64
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -29,10 +37,15 @@ class MaskedLMHead(nn.Module):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
-    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
-        """Args: hidden float [..., H]; word_embeddings float [V, H]. Returns logits float [..., V]."""
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor, padded: bool = False) -> torch.Tensor:
+        """Args: hidden float [..., H]; word_embeddings float [V, H]; padded: return the logits over the padded
+        vocabulary (see the class docstring; entries V.. are -inf). Returns logits float [..., V] (or
+        [..., V rounded up to ``vocab_multiple``])."""
         h = self.norm(self.act(self.dense(hidden)))
-        return F.linear(h, word_embeddings, self.bias)
+        extra = -word_embeddings.shape[0] % self.vocab_multiple
+        if not padded or not extra:
+            return F.linear(h, word_embeddings, self.bias)
+        return F.linear(h, F.pad(word_embeddings, (0, 0, 0, extra)), F.pad(self.bias, (0, extra), value=-torch.inf))
 
 
 class RegionHead(nn.Module):

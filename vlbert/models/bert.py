@@ -8,8 +8,11 @@ tests/test_parity_transformers.py); the parameter names are our own and map onto
 :mod:`vlbert.checkpoint`.
 
 Differences from transformers, all for speed and none visible in the numbers:
-  * query/key/value are one fused ``qkv`` projection;
-  * attention runs through ``torch.nn.functional.scaled_dot_product_attention``;
+  * query/key/value are one fused ``qkv`` projection, read by the attention kernel as strided views (no copies);
+  * the layers run on the packed real tokens [N, H] (:class:`~vlbert.layers.attention.Packing`: unpadded once
+    before the first layer, padded once after the last), and attention is an entry of
+    :data:`~vlbert.layers.attention.ATTENTION_FUNCTIONS` (``config.attn_implementation``: eager, sdpa, varlen);
+  * under bf16/fp16 autocast the residual stream and LayerNorm stay in that precision (:class:`LayerNorm`);
   * with ``labels``, MLM logits are computed on masked positions only (never [B, T, vocab_size]).
 """
 
@@ -21,21 +24,11 @@ from torch import nn
 
 from vlbert.config import BertConfig
 from vlbert.layers.activations import activation
-from vlbert.layers.kernels import Dropout, dropout
+from vlbert.layers.attention import ATTENTION_FUNCTIONS, Packing, resolve_attention
+from vlbert.layers.kernels import Dropout
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.objectives import OBJECTIVES, Encoded
-
-
-def extended_attention_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Turn a key padding mask into the boolean mask ``scaled_dot_product_attention`` broadcasts over heads.
-
-    Args:
-        mask: [B, S], 1/True = a real token or region that may be attended to, 0/False = padding.
-    Returns:
-        bool [B, 1, 1, S]: True where attention is allowed.
-    """
-    return mask.bool()[:, None, None, :]
 
 
 class BertEmbeddings(nn.Module):
@@ -49,7 +42,7 @@ class BertEmbeddings(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -65,11 +58,29 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.norm(x))
 
 
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (same parameters and state dict) that keeps a bf16/fp16 input in its precision under
+    autocast, where autocast would compute and return float32: the residual stream then stays in the autocast
+    dtype from the embeddings to the last layer (MosaicBERT's low-precision LayerNorm; statistics are still
+    accumulated in float32 inside the kernel). Outside autocast, and for float32 inputs, it is ``nn.LayerNorm``.
+
+    Args of forward: x float [..., H]. Returns the same shape and dtype.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype in (torch.bfloat16, torch.float16) and torch.is_autocast_enabled(x.device.type):
+            with torch.autocast(x.device.type, enabled=False):
+                return F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype),
+                                    self.eps)
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
 class SelfAttention(nn.Module):
     """Multi-head scaled dot-product self-attention (Vaswani et al. 2017, section 3.2) with a fused QKV projection.
 
-    The kernel is ``torch.nn.functional.scaled_dot_product_attention``, which picks a flash / memory-efficient
-    implementation where the hardware has one.
+    The [N, 3H] projection is viewed as [N, 3, heads, head_dim] and q, k, v are its three strided slices: the
+    kernel (an entry of :data:`~vlbert.layers.attention.ATTENTION_FUNCTIONS`) reads them in place, and their
+    gradients are stacked back contiguously (no permuted copies, forward or backward).
     """
 
     def __init__(self, config: BertConfig):
@@ -80,44 +91,19 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, unpadded: "Unpadded | None" = None,
+    def forward(self, x: torch.Tensor, packing: Packing, attention: str = "sdpa",
                 attentions: list | None = None) -> torch.Tensor:
-        """Args: x float [B, S, H], or [N, H] real positions only when ``unpadded`` says where they sit;
-        attn_mask bool [B, 1, 1, S] (True = attend) or None (attend everywhere); attentions: a list to append
-        this layer's attention probabilities to (float [B, heads, S, S], rows of padded queries included), which
-        computes them explicitly instead of through the fused kernel.
-        Returns: the same layout as ``x`` (after the output projection, before dropout and residual)."""
-        qkv = self.qkv(x)
-        if unpadded is not None:
-            qkv = unpadded.pad(qkv)
-        b, s, three_h = qkv.shape
-        q, k, v = qkv.view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        if attentions is not None:
-            y = self._attention_with_cpu_dropout(q, k, v, attn_mask, attentions)
-        elif self.training and self.dropout_p > 0 and x.device.type == "cpu":
-            y = self._attention_with_cpu_dropout(q, k, v, attn_mask)
-        else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_p if self.training else 0.0)
-        y = y.transpose(1, 2).reshape(b, s, three_h // 3)
-        if unpadded is not None:
-            y = unpadded.unpad(y)
-        return self.out(y)
-
-    def _attention_with_cpu_dropout(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                    attn_mask: torch.Tensor | None, attentions: list | None = None) -> torch.Tensor:
-        """softmax(q k^T / sqrt(d) + mask) with :func:`dropout`, times v: what ``scaled_dot_product_attention``
-        computes, for CPU training, where its dropout path (the math kernel with ``bernoulli_``) is slower, and
-        whenever the probabilities are asked for (appended to ``attentions`` after dropout, the weights that
-        multiply v, as transformers' eager attention returns them; in eval mode dropout is the identity).
-        q, k, v: float [B, heads, S, head_dim]; attn_mask bool [B, 1, 1, S] or None. Returns [B, heads, S, d]."""
-        scores = torch.matmul(q, k.transpose(-1, -2)).mul_(self.head_dim ** -0.5)
-        if attn_mask is not None:
-            scores = scores.masked_fill_(~attn_mask, torch.finfo(scores.dtype).min)
-        probs = dropout(torch.softmax(scores, -1), self.dropout_p, self.training)
+        """Args: x float [N, H], the packed tokens that ``packing`` describes; attention: a key of
+        ``ATTENTION_FUNCTIONS``; attentions: a list to append this layer's attention probabilities to (float
+        [B, heads, S, S], after dropout, rows of padded queries included; computed by the ``eager`` kernel).
+        Returns float [N, H] (after the output projection, before dropout and residual)."""
+        n = x.shape[0]
+        q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
+        y, probs = ATTENTION_FUNCTIONS[attention](q, k, v, packing, self.dropout_p, self.training,
+                                                  attentions is not None)
         if attentions is not None:
             attentions.append(probs)
-        return torch.matmul(probs, v)
+        return self.out(y.reshape(n, -1))
 
 
 class BertLayer(nn.Module):
@@ -126,49 +112,33 @@ class BertLayer(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.attention = SelfAttention(config)
-        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attention_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size)
         self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ffn_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.act = activation(config.hidden_act)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, unpadded: "Unpadded | None" = None,
+    def forward(self, x: torch.Tensor, packing: Packing, attention: str = "sdpa",
                 attentions: list | None = None) -> torch.Tensor:
-        """Args: x float [B, S, H] (or [N, H] with ``unpadded``); attn_mask, attentions as :class:`SelfAttention`.
-        Returns the same layout as ``x``."""
-        x = self.attention_norm(x + self.dropout(self.attention(x, attn_mask, unpadded, attentions)))
+        """Args: x float [N, H] packed; packing, attention, attentions as :class:`SelfAttention`.
+        Returns float [N, H]."""
+        x = self.attention_norm(x + self.dropout(self.attention(x, packing, attention, attentions)))
         return self.ffn_norm(x + self.dropout(self.ffn_out(self.act(self.ffn_in(x)))))
-
-
-class Unpadded:
-    """Where the real positions of a padded [B, S] batch are, to run position-wise layers (projections,
-    feed-forward, LayerNorm) on the N real positions only: padding costs nothing there (MLPerf BERT / MosaicBERT
-    "unpadding"). Attention scatters back to [B, S] for ``scaled_dot_product_attention``.
-    """
-
-    def __init__(self, mask: torch.Tensor):
-        self.batch, self.seq = mask.shape
-        self.index = mask.reshape(-1).nonzero().squeeze(1)
-
-    def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, S, D] -> [N, D]."""
-        return x.reshape(self.batch * self.seq, -1).index_select(0, self.index)
-
-    def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """[N, D] -> [B, S, D] with zeros at padding."""
-        out = x.new_zeros(self.batch * self.seq, x.shape[-1])
-        return out.index_copy(0, self.index, x).view(self.batch, self.seq, -1)
 
 
 class BertEncoder(nn.Module):
     """A stack of ``num_hidden_layers`` :class:`BertLayer`; shared by the text and vision-language models.
 
-    When at least ``min_padding_to_unpad`` (5%) of the batch's positions are padding, layers run unpadded (see
-    :class:`Unpadded`): real positions get exactly the values of the padded computation and padded positions come
-    out as zeros. With less padding the gather/scatter copies cost more than the padded rows they save (measured
-    on the default text batch, 0.25% padding: 310 ms vs 296 ms per step), so the padded batch runs as is and
-    padded positions carry values that nothing reads, as in transformers.
+    The layers run on packed tokens (:class:`~vlbert.layers.attention.Packing`): the batch is unpadded once before
+    the first layer and padded once after the last, so projections, feed-forward and LayerNorm never compute a
+    padded row; real positions get exactly the values of the padded computation and padded positions come out as
+    zeros. The packing comes from the collator (``packed_indices``, ``cu_seqlens``: no host sync) or is read from
+    the mask here (one ``nonzero``). With the padded kernels (``sdpa``, ``eager``) and less than
+    ``min_padding_to_unpad`` (5%) padding the batch runs as is (the per-layer gathers would cost more than the
+    padded rows they save: default text batch on a CPU, 310 ms vs 296 ms per step), padded positions then carry
+    values nothing reads, as in transformers. ``unpad = False`` keeps every position computed (a head whose loss
+    reads padded positions); it implies a padded kernel.
     """
 
     min_padding_to_unpad = 0.05
@@ -176,46 +146,58 @@ class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.attn_implementation = getattr(config, "attn_implementation", None)
         self.unpad = True
 
+    def packing(self, mask: torch.Tensor | None, batch: int, seq: int, attention: str,
+                packing: Packing | None = None, device=None) -> tuple[Packing, str]:
+        """The layout the layers run on and the kernel that runs it (see the class docstring)."""
+        if not self.unpad:
+            dense = Packing.dense(batch, seq, device)
+            dense.mask = mask.bool() if mask is not None else None
+            return dense, "sdpa" if attention == "varlen" else attention
+        if packing is None:
+            packing = Packing.from_mask(mask, batch, seq, device)
+        if attention != "varlen" and packing.mask is not None and \
+                packing.num_tokens > (1 - self.min_padding_to_unpad) * batch * seq:
+            packing = Packing(None, Packing.dense(batch, seq, device).cu_seqlens, seq, batch, seq, packing.mask)
+        return packing, attention
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> EncoderOutput:
-        """Args: x float [B, S, H] embeddings; mask [B, S] (1 = real) or None.
-        Returns: :class:`EncoderOutput` with last_hidden_state [B, S, H], and when asked the L + 1 hidden states
-        (the input first) and the L attention probabilities [B, heads, S, S] (no pooler)."""
-        attn_mask = extended_attention_mask(mask) if mask is not None else None
-        unpadded = Unpadded(mask) if self.unpad and mask is not None else None
-        if unpadded is not None and unpadded.index.numel() > (1 - self.min_padding_to_unpad) * mask.numel():
-            unpadded = None  # (almost) no padding: nothing to save
+                output_attentions: bool = False, packing: Packing | None = None) -> EncoderOutput:
+        """Args: x float [B, S, H] embeddings; mask [B, S] (1 = real) or None; packing: where the real positions
+        are, when the collator computed it (else read from ``mask``).
+        Returns: :class:`EncoderOutput` with last_hidden_state [B, S, H] (in the autocast dtype under autocast),
+        and when asked the L + 1 hidden states (the input first) and the L attention probabilities
+        [B, heads, S, S] (no pooler).
+        Raises: ValueError for an unknown ``attn_implementation``."""
+        b, s = x.shape[:2]
+        attention = resolve_attention(self.attn_implementation, x)
+        packing, attention = self.packing(mask, b, s, attention, packing, x.device)
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
-        if unpadded is not None:
-            x = unpadded.unpad(x)
+        x = packing.unpad(x)
+        if torch.is_autocast_enabled(x.device.type):  # the residual stream in the autocast dtype (see LayerNorm)
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         for layer in self.layers:
-            x = layer(x, attn_mask, unpadded, attentions)
+            x = layer(x, packing, attention, attentions)
             if hidden_states is not None:
-                hidden_states.append(unpadded.pad(x) if unpadded is not None else x)
-        if unpadded is not None:
-            x = unpadded.pad(x)
-        return EncoderOutput(last_hidden_state=x, hidden_states=tuple(hidden_states) if hidden_states else None,
+                hidden_states.append(packing.pad(x))
+        return EncoderOutput(last_hidden_state=packing.pad(x),
+                             hidden_states=tuple(hidden_states) if hidden_states else None,
                              attentions=tuple(attentions) if attentions is not None else None)
 
 
-def compile_encoder_layers(model: nn.Module, **options) -> int:
-    """``torch.compile`` every :class:`BertLayer` of ``model`` in place (``nn.Module.compile``: parameter names
-    and checkpoints are unchanged), with dynamic shapes since unpadded batches vary in length. Compiling layers
-    rather than the whole model keeps the data-dependent parts (unpadding, masked-position selection) eager.
-
-    Inductor fuses bias + GELU and dropout + residual + LayerNorm, which pays on GPUs; on a 2-core CPU the
-    compiled layers were slower than eager (text default: 352-379 ms vs 325 ms per step), so it is off by
-    default (``training.compile``). ``options`` go to ``torch.compile`` (default ``dynamic=True``).
-    Returns the number of layers compiled.
+def compile_model(model: nn.Module, **options) -> nn.Module:
+    """``torch.compile`` the whole model in place (``nn.Module.compile``: parameter names and checkpoints are
+    unchanged), with dynamic shapes since packed batches vary in length. With the collator's packed layout and
+    masked positions the training forward is one graph (tests/test_gpu_step.py): inductor then fuses bias + GELU
+    and dropout + residual + LayerNorm, which the eager step cannot. Off by default (``training.compile``): on a
+    2-core CPU compiled layers were slower than eager (text default: 352-379 ms vs 325 ms per step).
+    ``options`` go to ``torch.compile`` (default ``dynamic=True``). Returns ``model``.
     """
-    options = {"dynamic": True, **options}
-    layers = [m for m in model.modules() if isinstance(m, BertLayer)]
-    for layer in layers:
-        layer.compile(**options)
-    return len(layers)
+    model.compile(**{"dynamic": True, **options})
+    return model
 
 
 def check_text_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
@@ -256,6 +238,22 @@ def check_text_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_id
         raise ValueError(f"attention_mask row {row} has no real token (all 0); every sequence needs at least [CLS]")
 
 
+def packing_from_batch(packed_indices: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+                       mask: torch.Tensor | None) -> Packing | None:
+    """The collator's packed layout (:func:`~vlbert.layers.attention.packing_fields`) of ``mask`` [B, S], or None
+    when the batch has none. Raises ValueError when only one of the two fields is given, or they do not fit the
+    mask's shape (shapes only: the values are the collator's)."""
+    if packed_indices is None and cu_seqlens is None:
+        return None
+    if packed_indices is None or cu_seqlens is None or mask is None:
+        raise ValueError("packed_indices, cu_seqlens and the attention mask come together (the collator's "
+                         "packing_fields); pass all three or none")
+    if cu_seqlens.shape != (mask.shape[0] + 1,) or packed_indices.dim() != 1:
+        raise ValueError(f"cu_seqlens {tuple(cu_seqlens.shape)} / packed_indices {tuple(packed_indices.shape)} do "
+                         f"not describe a mask of {tuple(mask.shape)}; recompute them with packing_fields")
+    return Packing.from_indices(packed_indices, cu_seqlens, mask)
+
+
 class BertPooler(nn.Module):
     """tanh(W h_[CLS] + b): the sentence summary used by NSP and sequence classification (BERT section 3)."""
 
@@ -286,7 +284,8 @@ class BertModel(PreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> EncoderOutput:
+                output_attentions: bool = False, packed_indices: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> EncoderOutput:
         """Encode a batch of wordpiece sequences.
 
         Args:
@@ -296,14 +295,17 @@ class BertModel(PreTrainedModel):
             output_hidden_states: also return the L + 1 per-layer hidden states.
             output_attentions: also return each layer's attention probabilities [B, heads, T, T] (as
                 transformers' eager attention; computed explicitly, so slower than the fused kernel).
+            packed_indices, cu_seqlens: the packed layout of ``attention_mask`` as the collator computed it
+                (:func:`~vlbert.layers.attention.packing_fields`), so the model never reads the mask on the device.
         Returns:
             :class:`EncoderOutput` with last_hidden_state [B, T, H] and pooler_output [B, H].
         Raises:
             ValueError: wrong rank/dtype, mismatched shapes, or T > max_position_embeddings.
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
+        packing = packing_from_batch(packed_indices, cu_seqlens, attention_mask)
         out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
-                           output_attentions)
+                           output_attentions, packing)
         out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
         return out
 
@@ -333,7 +335,9 @@ class BertForPreTraining(PreTrainedModel):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 next_sentence_label: torch.Tensor | None = None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> PreTrainingOutput:
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                packed_indices: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+                masked_lm_positions: torch.Tensor | None = None) -> PreTrainingOutput:
         """Run BERT and its MLM/NSP heads.
 
         Args:
@@ -342,15 +346,20 @@ class BertForPreTraining(PreTrainedModel):
                 ``prediction_logits`` is [N, V] over the N masked positions only; otherwise [B, T, V].
             next_sentence_label: int64 [B], 0 = segment B follows A, 1 = B is a random segment.
             output_hidden_states, output_attentions: also return per-layer hidden states / attention probabilities.
+            packed_indices, cu_seqlens: the collator's packed layout (see :meth:`BertModel.forward`).
+            masked_lm_positions: int64 [N], the flat positions (row * T + column) where ``labels`` != -100, as the
+                collator computed them (the MLM then selects its rows without a host sync).
         Returns:
             :class:`PreTrainingOutput`; ``losses``/``metrics`` carry ``mlm``/``mlm_accuracy`` and
             ``nsp``/``nsp_accuracy`` for whichever labels were given, ``loss`` their sum.
         """
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
+                        packed_indices, cu_seqlens)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
                                 hidden_states=enc.hidden_states, attentions=enc.attentions)
         encoded = Encoded(self, enc.last_hidden_state, None, enc.pooler_output)
-        given = {"labels": labels, "next_sentence_label": next_sentence_label}
+        given = {"labels": labels, "next_sentence_label": next_sentence_label,
+                 "masked_lm_positions": masked_lm_positions}
         for unit in self.units:
             if all(given[k] is not None for k in unit.inputs):
                 result = unit.loss(encoded, given)
@@ -367,4 +376,4 @@ class BertForPreTraining(PreTrainedModel):
 
 
 __all__ = ["BertModel", "BertForPreTraining", "BertEmbeddings", "BertEncoder", "BertLayer", "SelfAttention",
-           "BertPooler", "Unpadded", "extended_attention_mask", "check_text_inputs", "compile_encoder_layers"]
+           "BertPooler", "LayerNorm", "check_text_inputs", "compile_model"]

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from vlbert.config import VLBertConfig
-from vlbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, check_text_inputs
+from vlbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, check_text_inputs, packing_from_batch
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.region_embeddings import build_region_embedding, region_location_features
@@ -75,7 +75,8 @@ class VLBertModel(PreTrainedModel):
                 region_boxes: torch.Tensor | None = None, region_mask: torch.Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
                 region_token_type_ids: torch.Tensor | None = None,
-                masked_regions: torch.Tensor | None = None) -> EncoderOutput:
+                masked_regions: torch.Tensor | None = None, packed_indices: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> EncoderOutput:
         """Encode text and regions jointly.
 
         Args:
@@ -90,6 +91,8 @@ class VLBertModel(PreTrainedModel):
                 VisualBERT's NLVR2 types the two images' regions 0 and 1).
             masked_regions: bool [B, R], regions masked for masked region modelling (UNITER adds its
                 ``mask_embedding`` there; the other pathways ignore it).
+            packed_indices, cu_seqlens: the packed layout of the [B, T + R] mask (text then regions) as the
+                collator computed it (:func:`~vlbert.layers.attention.packing_fields`): no host sync.
         Returns:
             :class:`EncoderOutput`, last_hidden_state [B, T + R, H] (text rows first), pooler_output [B, H].
             Without regions this is exactly :class:`BertModel`.
@@ -100,7 +103,7 @@ class VLBertModel(PreTrainedModel):
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
         if region_features is None:  # text alone: exactly BertModel
             out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
-                               output_attentions)
+                               output_attentions, packing_from_batch(packed_indices, cu_seqlens, attention_mask))
             out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
             return out
         if region_boxes is None and self.region_embeddings.location_dim:
@@ -115,7 +118,8 @@ class VLBertModel(PreTrainedModel):
         text_mask = attention_mask if attention_mask is not None else input_ids.new_ones(b, t)
         reg_mask = region_mask if region_mask is not None else input_ids.new_ones(b, r)
         mask = torch.cat([text_mask.to(torch.long), reg_mask.to(torch.long)], dim=1)
-        out = self.encoder(x, mask, output_hidden_states, output_attentions)
+        out = self.encoder(x, mask, output_hidden_states, output_attentions,
+                           packing_from_batch(packed_indices, cu_seqlens, mask))
         out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
         return out
 
@@ -166,22 +170,29 @@ class VLBertForPreTraining(PreTrainedModel):
                 region_boxes=None, region_mask=None, labels=None, masked_regions=None, region_targets=None,
                 region_labels=None, region_class_labels=None, itm_label=None, wra_weight=None, itm_content=None,
                 itm_seed=None, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> PreTrainingOutput:
+                output_attentions: bool = False, packed_indices=None, cu_seqlens=None,
+                masked_lm_positions=None) -> PreTrainingOutput:
         """Run the encoder and every objective whose labels are given. Shapes as the class docstring; returns a
         :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives' losses and per-objective
         ``losses``/``metrics``/``counts``; ``seq_relationship_logits`` holds the ITM logits [B, 2]. Without any
-        labels (inference), ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size]."""
+        labels (inference), ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size].
+        ``packed_indices``, ``cu_seqlens``, ``masked_lm_positions``: the collator's packed layout and MLM rows
+        (no host sync); dropped when a unit rewrites the text before the encoder (ITM's hard negatives)."""
         given = {"labels": labels, "masked_regions": masked_regions, "region_targets": region_targets,
                  "region_labels": region_labels, "region_class_labels": region_class_labels, "itm_label": itm_label,
-                 "wra_weight": wra_weight, "itm_content": itm_content, "itm_seed": itm_seed}
+                 "wra_weight": wra_weight, "itm_content": itm_content, "itm_seed": itm_seed,
+                 "masked_lm_positions": masked_lm_positions}
         inputs = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
                   "region_features": region_features, "region_boxes": region_boxes, "region_mask": region_mask}
         for unit in self.units:  # units that build their examples from the model (ITM's hard negatives)
             if all(given[k] is not None for k in unit.inputs):
                 unit.before_encoder(self, inputs, given)
+        if inputs["input_ids"] is not input_ids:  # the text was rewritten: the collator's layout no longer holds
+            packed_indices = cu_seqlens = given["masked_lm_positions"] = None
         input_ids, token_type_ids, attention_mask = inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"]
         enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                        output_hidden_states, output_attentions, masked_regions=masked_regions)
+                        output_hidden_states, output_attentions, masked_regions=masked_regions,
+                        packed_indices=packed_indices, cu_seqlens=cu_seqlens)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
                                 hidden_states=enc.hidden_states, attentions=enc.attentions)
         t = input_ids.shape[1]

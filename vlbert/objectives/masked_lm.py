@@ -10,7 +10,8 @@ from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareC
 
 
 class MaskedLanguageModeling(Objective):
-    """``labels`` int64 [B, T]: the original id at masked positions, -100 elsewhere."""
+    """``labels`` int64 [B, T]: the original id at masked positions, -100 elsewhere; optionally
+    ``masked_lm_positions`` int64 [N], their flat positions (the collator's, so the loss needs no host sync)."""
 
     name, metric, head, inputs = "mlm", "mlm_accuracy", "masked_lm", ("labels",)
 
@@ -25,7 +26,7 @@ class MaskedLanguageModeling(Objective):
         model = encoded.model
         loss, logits, accuracy, n = masked_lm_loss(getattr(model, self.head),
                                                    model.bert.embeddings.word_embeddings.weight, encoded.text,
-                                                   labels["labels"])
+                                                   labels["labels"], labels.get("masked_lm_positions"))
         return ObjectiveResult(loss, accuracy, n, logits)
 
 

@@ -59,7 +59,7 @@ class TextPretrainingData(TaskData):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         data, tokenizer = ctx.data, ctx.tokenizer
-        self.collator = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability)
+        self.collator = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability, packed=True)
         self.max_eval_batches = data.max_eval_batches
         corpus = TokenCorpus(prepare_corpus(data.corpus, tokenizer, data.corpus_cache_dir, data.text_field,
                                             num_proc=data.num_proc))

@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from vlbert import checkpoint as ckpt
-from vlbert.models.bert import compile_encoder_layers
+from vlbert.models.bert import compile_model
+from vlbert.training.master_weights import MasterWeights
 from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, TrainerHook
 from vlbert.training.mfu import device_peak_flops, estimate_flops_per_token
 from vlbert.training.run_config import dataclass_from_section
@@ -60,12 +61,12 @@ class TrainingConfig:
     save_every: int = 0  # 0: save the final model only
     save_total_limit: int = 2
     seed: int = 0
-    mixed_precision: str = "auto"  # auto = bf16 on CUDA, fp32 on CPU; or "no" / "bf16"
+    mixed_precision: str = "auto"  # auto = bf16-params on CUDA, fp32 on CPU; or "no" / "bf16" / "bf16-params"
     num_workers: int = -1  # -1: auto (loader workers on an accelerator, none on CPU); see loader_options
     on_nonfinite: str = "stop"  # "stop" or "skip" the step
     group_by_length: bool = True
     progress_bar: bool = True
-    compile: bool = False  # torch.compile each encoder layer (for GPUs; measured slower on a 2-core CPU)
+    compile: bool = False  # torch.compile the whole model (for GPUs; measured slower on a 2-core CPU)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad field and its valid range."""
@@ -80,10 +81,12 @@ class TrainingConfig:
                 raise ValueError(f"training.{name} must be >= 0, got {getattr(self, name)}")
         if self.num_workers < -1:
             raise ValueError(f"training.num_workers must be -1 (auto) or >= 0, got {self.num_workers}")
-        if self.mixed_precision not in ("auto", "no", "bf16"):
+        if self.mixed_precision not in ("auto", "no", "bf16", "bf16-params"):
             # fp16 would need loss scaling, whose routine overflow steps the non-finite guard would stop on;
-            # bf16 has float32's range and needs none.
-            raise ValueError(f"training.mixed_precision must be auto, no or bf16, got {self.mixed_precision!r}")
+            # bf16 has float32's range and needs none. bf16: autocast over float32 weights; bf16-params: bf16
+            # weights with float32 masters in the optimizer (vlbert.training.master_weights).
+            raise ValueError("training.mixed_precision must be auto, no, bf16 or bf16-params, got "
+                             f"{self.mixed_precision!r}")
         if self.on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"training.on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
 
@@ -190,8 +193,8 @@ class Trainer:
         config.validate()
         self.config = config
         mixed = config.mixed_precision
-        if mixed == "auto":
-            mixed = "bf16" if torch.cuda.is_available() else "no"
+        if mixed == "auto":  # bf16 weights + float32 masters: the faster GPU step (see master_weights.py)
+            mixed = "bf16-params" if torch.cuda.is_available() else "no"
         # DDP with every parameter in every backward (see ObjectiveOutput.unused_parameters); cpu: gloo under torchrun,
         # also where a machine has fewer GPUs than processes (NCCL cannot put two ranks on one GPU).
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -200,7 +203,8 @@ class Trainer:
             logger.warning("%d processes on this machine but %d GPU(s): training on CPU (gloo)", local_processes,
                            torch.cuda.device_count())
             mixed = "no" if config.mixed_precision == "auto" else mixed
-        self.accelerator = Accelerator(mixed_precision=mixed, cpu=use_cpu)
+        self.precision = mixed
+        self.accelerator = Accelerator(mixed_precision="no" if mixed == "bf16-params" else mixed, cpu=use_cpu)
         if self.accelerator.device.type == "cpu":
             keep_freed_memory_in_process()  # large activations are reused, not page-faulted in every step
         self.output_dir = Path(config.output_dir)
@@ -210,12 +214,14 @@ class Trainer:
         self.eval_batches = eval_batches
         self.unwrapped = model
         if config.compile:
-            compile_encoder_layers(model)
+            compile_model(model)
         self.forward_arguments = set(inspect.signature(model.forward).parameters)
         # Fused AdamW (one kernel over all parameters) on CUDA and, since torch 2.4, on CPU.
         fused = self.accelerator.device.type in ("cuda", "cpu")
+        groups = parameter_groups(model, config.weight_decay)
+        self.master = MasterWeights(model) if mixed == "bf16-params" else None
         optimizer = torch.optim.AdamW(
-            parameter_groups(model, config.weight_decay), lr=config.learning_rate,
+            self.master.groups(groups) if self.master else groups, lr=config.learning_rate,
             betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon, fused=fused or None)
         # The schedule counts optimizer steps; accelerate's prepared scheduler would advance once per process.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -322,8 +328,13 @@ class Trainer:
                     idle = ids if idle is None else {k: p for k, p in idle.items() if k in ids}
                 for p in idle.values():  # zero gradients only there for DDP: the optimizer skips None
                     p.grad = None
-                grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm) \
-                    if cfg.max_grad_norm > 0 else torch.zeros((), device=acc.device)
+                if self.master:  # the step happens on the float32 masters
+                    self.master.gradients_to_masters()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(self.master.masters, cfg.max_grad_norm) \
+                        if cfg.max_grad_norm > 0 else torch.zeros((), device=acc.device)
+                else:
+                    grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm) \
+                        if cfg.max_grad_norm > 0 else torch.zeros((), device=acc.device)
                 loss = sums["loss"] / cfg.grad_accum_steps
                 lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
                 # A non-finite step leaves the weights as they were and is otherwise a step like any other (the
@@ -335,6 +346,8 @@ class Trainer:
                     self._optimizer().found_inf = None
                 elif self._finite_on_host(loss, grad_norm, checks):
                     self.optimizer.step()
+                if self.master:
+                    self.master.masters_to_model()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.step += 1
@@ -468,7 +481,7 @@ class Trainer:
         config = getattr(self.unwrapped, "config", None)
         if config is None or not hasattr(config, "intermediate_size") or not tokens or not sequences:
             return None
-        peak, _ = device_peak_flops(self.accelerator.device, self.accelerator.mixed_precision == "bf16")
+        peak, _ = device_peak_flops(self.accelerator.device, self.precision in ("bf16", "bf16-params"))
         flops = estimate_flops_per_token(config, tokens / sequences) * tokens
         return flops / seconds / (peak * self.accelerator.num_processes)
 
@@ -551,8 +564,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_model(self, directory: Path) -> None:
-        """Write the model (Hugging Face layout) + tokenizer + config.yaml into ``directory``."""
-        self.unwrapped.save_pretrained(directory, tokenizer=self.tokenizer)
+        """Write the model (Hugging Face layout) + tokenizer + config.yaml into ``directory`` (with bf16
+        parameters: the float32 masters)."""
+        with self.master.float32_model() if self.master else contextlib.nullcontext():
+            self.unwrapped.save_pretrained(directory, tokenizer=self.tokenizer)
         self._write_run_config(directory)
 
     def training_state(self) -> dict:
@@ -602,7 +617,8 @@ class Trainer:
             checkpoint = max(found, key=lambda p: int(p.name.split("-")[1]))
 
         weights = ckpt.hf_to_vlbert(ckpt.read_state_dict(checkpoint))
-        self.unwrapped.load_converted_state_dict(weights, source=str(checkpoint), strict=True)
+        with self.master.float32_model() if self.master else contextlib.nullcontext():  # into the masters
+            self.unwrapped.load_converted_state_dict(weights, source=str(checkpoint), strict=True)
         state = torch.load(checkpoint / STATE_NAME, map_location="cpu", weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

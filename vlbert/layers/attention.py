@@ -1,0 +1,229 @@
+"""Attention kernels as a table, and the packed token layout they run on.
+
+The encoder keeps its hidden states *packed*: the N real tokens (and regions) of a padded [B, S] batch as one
+[N, H] matrix (MosaicBERT / MLPerf BERT "unpadding"), built once before the first layer and padded back once after
+the last (:class:`Packing`). Position-wise layers never see padding; attention is the one place that needs the
+sequence boundaries, and each entry of :data:`ATTENTION_FUNCTIONS` reads them its own way:
+
+* ``eager``: softmax(q k^T / sqrt(d) + mask) v written out (the reference; it alone returns the probabilities);
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` on the padded [B, heads, S, d] batch;
+* ``varlen``: variable-length attention on the packed tokens and ``cu_seqlens`` (no padding anywhere). On CUDA the
+  flash-attention kernel behind ``torch.nn.attention.varlen.varlen_attn``, called with the attention-probability
+  dropout BERT trains with (``varlen_attn`` itself has none: see :class:`_FlashVarlen`); on other devices a
+  per-sequence reference over the same packed layout.
+
+Every function has one signature, ``fn(q, k, v, packing, dropout_p, training) -> (out, probs)``: q, k, v float
+[N, heads, head_dim] packed, ``out`` the same layout, ``probs`` [B, heads, S, S] or None. A new kernel is one
+function and one line in the table (:func:`register_attention`), as transformers' ``AttentionInterface``. The model
+config names it (``attn_implementation``, transformers' key); ``None`` picks ``varlen`` on CUDA in bf16/fp16
+and ``sdpa`` elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from vlbert.layers.kernels import dropout
+
+
+@dataclass
+class Packing:
+    """Where the real positions of a padded [B, S] batch are.
+
+    Attributes:
+        indices: int64 [N], the flat positions (row * S + column) of the real positions in row order, or None when
+            every position is real (then N = B * S and packing is a reshape).
+        cu_seqlens: int32 [B + 1], cumulative real lengths: row b's tokens are packed rows
+            cu_seqlens[b]:cu_seqlens[b + 1].
+        max_seqlen: int, an upper bound of the longest row (S: known on the host without reading the mask).
+        batch, seq: B and S.
+        mask: bool [B, S], True = real (None when every position is real).
+
+    Build it with :meth:`from_mask` (one ``nonzero``: a host sync on an accelerator) or :meth:`from_indices` with
+    what the collator computed on the host (no sync; see :func:`packing_fields`).
+    """
+
+    indices: torch.Tensor | None
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    batch: int
+    seq: int
+    mask: torch.Tensor | None
+
+    @classmethod
+    def from_mask(cls, mask: torch.Tensor | None, batch: int, seq: int, device=None) -> "Packing":
+        """From a [B, S] mask (1/True = real; None = all real). Raises ValueError for a mask of another shape."""
+        if mask is None:
+            return cls.dense(batch, seq, device)
+        if mask.shape != (batch, seq):
+            raise ValueError(f"the attention mask is {tuple(mask.shape)}, the batch [{batch}, {seq}]")
+        mask = mask.bool()
+        cu = F.pad(mask.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
+        return cls(mask.reshape(-1).nonzero().squeeze(1), cu, seq, batch, seq, mask)
+
+    @classmethod
+    def from_indices(cls, indices: torch.Tensor, cu_seqlens: torch.Tensor, mask: torch.Tensor) -> "Packing":
+        """From :func:`packing_fields`' ``packed_indices`` and ``cu_seqlens`` and the [B, S] mask they describe."""
+        batch, seq = mask.shape
+        return cls(indices, cu_seqlens.to(torch.int32), seq, batch, seq, mask.bool())
+
+    @classmethod
+    def dense(cls, batch: int, seq: int, device=None) -> "Packing":
+        """Every position real: packing is a reshape."""
+        cu = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=device)
+        return cls(None, cu, seq, batch, seq, None)
+
+    @property
+    def num_tokens(self) -> int:
+        """N, the packed length (host-known: the shape of ``indices``)."""
+        return self.batch * self.seq if self.indices is None else self.indices.numel()
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, S, ...] -> [N, ...]: the real positions in row order."""
+        flat = x.reshape(self.batch * self.seq, *x.shape[2:])
+        return flat if self.indices is None else flat.index_select(0, self.indices)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, ...] -> [B, S, ...] with zeros at padding."""
+        if self.indices is None:
+            return x.reshape(self.batch, self.seq, *x.shape[1:])
+        out = x.new_zeros(self.batch * self.seq, *x.shape[1:])
+        return out.index_copy(0, self.indices, x).view(self.batch, self.seq, *x.shape[1:])
+
+    def key_mask(self) -> torch.Tensor | None:
+        """bool [B, 1, 1, S] for a padded attention (True = attend), or None when nothing is padding."""
+        return None if self.mask is None else self.mask[:, None, None, :]
+
+
+def packing_fields(*masks: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the collator adds so that the model packs without reading the mask on the device: the concatenation of
+    ``masks`` along the sequence ([B, T] text, then [B, R] regions for a vision-language batch) gives
+    ``packed_indices`` int64 [N] and ``cu_seqlens`` int32 [B + 1] (see :class:`Packing`). Host tensors in, host
+    tensors out (computed in the loader workers)."""
+    mask = torch.cat([m.bool() for m in masks], 1)
+    return {"packed_indices": mask.reshape(-1).nonzero().squeeze(1),
+            "cu_seqlens": F.pad(mask.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))}
+
+
+def _padded(q: torch.Tensor, packing: Packing) -> torch.Tensor:
+    """[N, heads, d] -> [B, heads, S, d] (zeros at padding)."""
+    return packing.pad(q).transpose(1, 2)
+
+
+def _unpadded(y: torch.Tensor, packing: Packing) -> torch.Tensor:
+    """[B, heads, S, d] -> [N, heads, d]."""
+    return packing.unpad(y.transpose(1, 2))
+
+
+def _explicit(q, k, v, key_mask, dropout_p, training, keep_probs):
+    """softmax(q k^T / sqrt(d) + mask) with :func:`dropout`, times v; q, k, v [..., S, d]; key_mask bool
+    [..., 1, S] or None. Returns (out, the dropped probabilities or None)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
+    if key_mask is not None:
+        scores = scores.masked_fill_(~key_mask, torch.finfo(scores.dtype).min)
+    probs = dropout(torch.softmax(scores, -1), dropout_p, training)
+    return torch.matmul(probs, v), (probs if keep_probs else None)
+
+
+def eager_attention(q, k, v, packing: Packing, dropout_p: float, training: bool, output_attentions: bool = False):
+    """The reference: scores, softmax, :func:`~vlbert.layers.kernels.dropout`, times v, on the padded batch
+    (transformers' eager attention). Returns the probabilities [B, heads, S, S] (after dropout, the weights that
+    multiply v, rows of padded queries included) when ``output_attentions``."""
+    y, probs = _explicit(_padded(q, packing), _padded(k, packing), _padded(v, packing), packing.key_mask(),
+                         dropout_p, training, output_attentions)
+    return _unpadded(y, packing), probs
+
+
+def sdpa_attention(q, k, v, packing: Packing, dropout_p: float, training: bool, output_attentions: bool = False):
+    """``scaled_dot_product_attention`` on the padded batch with a boolean key mask. CPU training with dropout runs
+    :func:`eager_attention` instead (SDPA's CPU dropout path, the math kernel with ``bernoulli_``, is slower)."""
+    if output_attentions or (training and dropout_p > 0 and q.device.type == "cpu"):
+        return eager_attention(q, k, v, packing, dropout_p, training, output_attentions)
+    y = F.scaled_dot_product_attention(_padded(q, packing), _padded(k, packing), _padded(v, packing),
+                                       attn_mask=packing.key_mask(), dropout_p=dropout_p if training else 0.0)
+    return _unpadded(y, packing), None
+
+
+class _FlashVarlen(torch.autograd.Function):
+    """Flash attention over packed sequences with attention-probability dropout: ATen's
+    ``_flash_attention_forward`` / ``_flash_attention_backward``, the kernels ``varlen_attn`` calls with dropout 0.
+    The forward returns the Philox seed and offset of its dropout mask; the backward regenerates the same mask from
+    them (FlashAttention-2, Dao 2023, section 3.1). Needs CUDA (sm80+) and bf16/fp16 inputs."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, dropout_p):
+        out, lse, seed, offset, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False, False)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, seed, offset)
+        ctx.max_seqlen, ctx.dropout_p = max_seqlen, dropout_p
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        q, k, v, out, lse, cu, seed, offset = ctx.saved_tensors
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            grad.contiguous(), q, k, v, out, lse, cu, cu, ctx.max_seqlen, ctx.max_seqlen, ctx.dropout_p, False,
+            seed, offset)
+        return dq, dk, dv, None, None, None
+
+
+def varlen_attention(q, k, v, packing: Packing, dropout_p: float, training: bool, output_attentions: bool = False):
+    """Attention within each packed sequence (``packing.cu_seqlens``), never touching padding. CUDA: flash
+    attention (:class:`_FlashVarlen`, q/k/v in the autocast dtype). Elsewhere: each sequence's [1, heads, L, d]
+    attention in turn (:func:`_explicit`, dropout included), the reference of the packed layout that the tests
+    compare with ``eager``. With ``output_attentions`` it is :func:`eager_attention`."""
+    if output_attentions:  # the probabilities exist only in the explicit path, as in transformers
+        return eager_attention(q, k, v, packing, dropout_p, training, True)
+    p = dropout_p if training else 0.0
+    if q.is_cuda:
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else q.dtype
+        if dtype in (torch.float16, torch.bfloat16):
+            q, k, v = (t.to(dtype) for t in (q, k, v))
+            return _FlashVarlen.apply(q, k, v, packing.cu_seqlens, packing.max_seqlen, p), None
+    bounds = packing.cu_seqlens.tolist()
+    outs = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        seq = lambda t: t[start:end].transpose(0, 1)[None]  # [1, heads, L, d]
+        outs.append(_explicit(seq(q), seq(k), seq(v), None, p, training, False)[0][0].transpose(0, 1))
+    return torch.cat(outs), None
+
+
+AttentionFunction = Callable[..., tuple]
+
+#: name -> attention function (the config's ``attn_implementation``); see the module docstring.
+ATTENTION_FUNCTIONS: dict[str, AttentionFunction] = {
+    "eager": eager_attention,
+    "sdpa": sdpa_attention,
+    "varlen": varlen_attention,
+}
+
+
+def register_attention(name: str, function: AttentionFunction) -> None:
+    """Add an attention kernel under ``name`` (usable as ``attn_implementation``); raises ValueError if taken."""
+    if name in ATTENTION_FUNCTIONS:
+        raise ValueError(f"attention implementation {name!r} is already registered")
+    ATTENTION_FUNCTIONS[name] = function
+
+
+def resolve_attention(name: str | None, x: torch.Tensor) -> str:
+    """The kernel a config's ``attn_implementation`` means for hidden states ``x``: None -> ``varlen`` on CUDA in
+    bf16/fp16 (autocast or half weights: what flash attention takes), else ``sdpa``. Raises ValueError naming the
+    registered kernels for an unknown name."""
+    if name is None:
+        low = x.dtype in (torch.bfloat16, torch.float16) or (
+            x.is_cuda and torch.is_autocast_enabled("cuda")
+            and torch.get_autocast_dtype("cuda") in (torch.bfloat16, torch.float16))
+        return "varlen" if x.is_cuda and low else "sdpa"
+    if name not in ATTENTION_FUNCTIONS:
+        raise ValueError(f"attn_implementation={name!r} is not a registered attention kernel; use one of "
+                         f"{sorted(ATTENTION_FUNCTIONS)} (or None: varlen on CUDA in bf16/fp16, sdpa elsewhere)")
+    return name
+
+
+__all__ = ["Packing", "packing_fields", "ATTENTION_FUNCTIONS", "register_attention", "resolve_attention",
+           "eager_attention", "sdpa_attention", "varlen_attention"]
