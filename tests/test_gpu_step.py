@@ -169,9 +169,13 @@ def test_collator_packing_equals_the_mask_and_regions_follow_their_text():
         vlbert.BertModel(text_config())(ids, attention_mask=mask, **packing_fields(mask[:2]))
 
 
-def test_padded_vocabulary_mlm_loss_is_the_cross_entropy():
-    """The MLM head multiplies by a vocabulary padded to a multiple of 64 with -inf logits: loss, accuracy and
-    gradients equal F.cross_entropy over the true vocabulary (float32 and bf16), and the returned logits are V wide."""
+def test_padded_vocabulary_mlm_loss_is_the_cross_entropy(monkeypatch):
+    """The MLM head multiplies by a vocabulary padded to a multiple of 64 with -inf logits (on CUDA; here forced
+    on the CPU): loss, accuracy and gradients equal F.cross_entropy over the true vocabulary (float32 and bf16),
+    and the returned logits are V wide."""
+    from vlbert.layers.pretraining_heads import MaskedLMHead
+
+    monkeypatch.setattr(MaskedLMHead, "pad_vocab_on", ("cuda", "cpu"))
     torch.manual_seed(0)
     config = text_config(vocab_size=100)
     model = vlbert.BertForPreTraining(config)
@@ -179,6 +183,7 @@ def test_padded_vocabulary_mlm_loss_is_the_cross_entropy():
     labels = torch.full((2, 6), -100)
     labels[0, 1], labels[1, 4], labels[1, 5] = 3, 99, 50
     head, embeddings = model.masked_lm, model.bert.embeddings.word_embeddings.weight
+    assert head(hidden[0], embeddings, padded=True).shape == (6, 128)  # 100 rows padded to 128, the extra -inf
     loss, logits, accuracy, n = masked_lm_loss(head, embeddings, hidden, labels, masked_positions(labels))
     assert logits.shape == (3, 100) and n == 3
     reference = head(hidden[labels != -100], embeddings)

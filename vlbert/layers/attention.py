@@ -10,7 +10,10 @@ sequence boundaries, and each entry of :data:`ATTENTION_FUNCTIONS` reads them it
 * ``varlen``: variable-length attention on the packed tokens and ``cu_seqlens`` (no padding anywhere). On CUDA the
   flash-attention kernel behind ``torch.nn.attention.varlen.varlen_attn``, called with the attention-probability
   dropout BERT trains with (``varlen_attn`` itself has none: see :class:`_FlashVarlen`); on other devices a
-  per-sequence reference over the same packed layout.
+  per-sequence reference over the same packed layout. Why keep the dropout: BERT (appendix A.2) and UNITER
+  (``attention_probs_dropout_prob`` 0.1 in its configs) train with it; MosaicBERT set it to 0 because its Triton
+  flash kernel had none, a recipe change, not a kernel property. A run that wants MosaicBERT's recipe sets
+  ``model.attention_probs_dropout_prob: 0``.
 
 Every function has one signature, ``fn(q, k, v, packing, dropout_p, training) -> (out, probs)``: q, k, v float
 [N, heads, head_dim] packed, ``out`` the same layout, ``probs`` [B, heads, S, S] or None. A new kernel is one

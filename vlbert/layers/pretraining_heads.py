@@ -25,10 +25,12 @@ class MaskedLMHead(nn.Module):
     :attr:`vocab_multiple` (64, as MosaicBERT pads its vocabulary): the extra rows of the (copied) decoder are
     zero and their bias -inf, so the extra logits are -inf and a softmax gives them nothing. A matrix of 30,522
     rows has rows that are not 16-byte aligned in bf16, which cuBLAS multiplies at a fraction of its peak; the
-    copy costs one [V, H] write per step. Checkpoints and parameters keep ``vocab_size``.
+    copy costs one [V, H] write per step. Only on the devices in :attr:`pad_vocab_on` (CUDA: a CPU gains nothing
+    from the alignment and would hold the copy). Checkpoints and parameters keep ``vocab_size``.
     """
 
     vocab_multiple = 64
+    pad_vocab_on = ("cuda",)
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -43,7 +45,7 @@ class MaskedLMHead(nn.Module):
         [..., V rounded up to ``vocab_multiple``])."""
         h = self.norm(self.act(self.dense(hidden)))
         extra = -word_embeddings.shape[0] % self.vocab_multiple
-        if not padded or not extra:
+        if not padded or not extra or word_embeddings.device.type not in self.pad_vocab_on:
             return F.linear(h, word_embeddings, self.bias)
         return F.linear(h, F.pad(word_embeddings, (0, 0, 0, extra)), F.pad(self.bias, (0, extra), value=-torch.inf))
 

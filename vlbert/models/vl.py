@@ -17,7 +17,7 @@ from vlbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, check_te
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.region_embeddings import build_region_embedding, region_location_features
-from vlbert.objectives import OBJECTIVES, Encoded
+from vlbert.objectives import Encoded, units_for
 
 def _has_submodule(model: nn.Module, name: str) -> bool:
     try:
@@ -147,14 +147,12 @@ class VLBertForPreTraining(PreTrainedModel):
 
     config_class = VLBertConfig
     base_model_prefix = "bert"
-    objectives = ("mlm", "mrfr", "mrc", "mrc_kl", "itm", "wra")
 
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
         self.bert = VLBertModel(config)
         self.units = []
-        for name in self.objectives:
-            unit = OBJECTIVES[name]
+        for unit in units_for("vl"):  # every registered vision-language unit (vlbert.objectives.OBJECTIVES)
             if not unit.head:  # a unit without parameters (WRA)
                 self.units.append(unit)
                 continue
@@ -166,22 +164,32 @@ class VLBertForPreTraining(PreTrainedModel):
                 self.units.append(unit)
         self.init_weights()
 
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        """The names of the units this model runs (fixed order: multi-process loss weighting)."""
+        return tuple(unit.name for unit in self.units)
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        """The batch keys the units read (``forward``'s ``**labels``): what the trainer passes besides the inputs."""
+        return tuple(dict.fromkeys(k for u in self.units for k in (*u.inputs, *u.optional_inputs)))
+
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None,
-                region_boxes=None, region_mask=None, labels=None, masked_regions=None, region_targets=None,
-                region_labels=None, region_class_labels=None, itm_label=None, wra_weight=None, itm_content=None,
-                itm_seed=None, output_hidden_states: bool = False,
+                region_boxes=None, region_mask=None, masked_regions=None, output_hidden_states: bool = False,
                 output_attentions: bool = False, packed_indices=None, cu_seqlens=None,
-                masked_lm_positions=None) -> PreTrainingOutput:
-        """Run the encoder and every objective whose labels are given. Shapes as the class docstring; returns a
+                **labels) -> PreTrainingOutput:
+        """Run the encoder and every objective whose labels are given (``labels``: the keys of
+        :attr:`label_names`, e.g. ``labels`` for MLM, ``itm_label``). Shapes as the class docstring; returns a
         :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives' losses and per-objective
         ``losses``/``metrics``/``counts``; ``seq_relationship_logits`` holds the ITM logits [B, 2]. Without any
         labels (inference), ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size].
         ``packed_indices``, ``cu_seqlens``, ``masked_lm_positions``: the collator's packed layout and MLM rows
         (no host sync); dropped when a unit rewrites the text before the encoder (ITM's hard negatives)."""
-        given = {"labels": labels, "masked_regions": masked_regions, "region_targets": region_targets,
-                 "region_labels": region_labels, "region_class_labels": region_class_labels, "itm_label": itm_label,
-                 "wra_weight": wra_weight, "itm_content": itm_content, "itm_seed": itm_seed,
-                 "masked_lm_positions": masked_lm_positions}
+        unknown = sorted(set(labels) - set(self.label_names))
+        if unknown:
+            raise TypeError(f"VLBertForPreTraining.forward got {unknown}, which no objective unit reads; the units "
+                            f"read {list(self.label_names)}")
+        given = {**dict.fromkeys(self.label_names), **labels, "masked_regions": masked_regions}
         inputs = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
                   "region_features": region_features, "region_boxes": region_boxes, "region_mask": region_mask}
         for unit in self.units:  # units that build their examples from the model (ITM's hard negatives)
@@ -210,10 +218,8 @@ class VLBertForPreTraining(PreTrainedModel):
                 for metric, (value, count) in (result.extra_metrics or {}).items():
                     out.metrics[metric], out.counts[metric] = value, count
                 used.update(unit.footprint())
-                if unit.name == "mlm":
-                    out.prediction_logits = result.logits
-                elif unit.name == "itm":
-                    out.seq_relationship_logits = result.logits
+                if unit.output:
+                    setattr(out, unit.output, result.logits)
         if out.loss is None:  # inference (no labels): the MLM over every text position, as BertForPreTraining
             out.prediction_logits = self.masked_lm(encoded.text, self.bert.embeddings.word_embeddings.weight)
         elif torch.is_grad_enabled():

@@ -11,9 +11,9 @@ from vlbert.objectives.masked_regions import (MaskedRegionClassification, Masked
                                               MaskedRegionFeatureRegression)
 from vlbert.objectives.mix import ObjectiveMix
 from vlbert.objectives.next_sentence import NextSentencePrediction
-from vlbert.objectives.registry import OBJECTIVES
+from vlbert.objectives.registry import OBJECTIVES, units_for
 from vlbert.objectives.word_region_alignment import WordRegionAlignment
 
-__all__ = ["OBJECTIVES", "Objective", "ObjectiveResult", "Encoded", "PrepareContext", "ObjectiveMix",
+__all__ = ["OBJECTIVES", "units_for", "Objective", "ObjectiveResult", "Encoded", "PrepareContext", "ObjectiveMix",
            "MaskedLanguageModeling", "NextSentencePrediction", "ImageTextMatching", "MaskedRegionFeatureRegression",
            "MaskedRegionClassification", "MaskedRegionClassificationKL", "WordRegionAlignment"]

@@ -83,6 +83,12 @@ class Objective:
             the head they make the unit's footprint, idle when the unit does not run.
         paired_with: None for a unit drawn as a step's objective; else the objective whose batches it also runs
             on (its weight in ``data.objectives`` is then a loss weight, not a frequency: WRA with ITM).
+        optional_inputs: batch keys the unit reads when present (the collator's MLM positions, ITM's hard-negative
+            keys); with :attr:`inputs` they are the keys the model's ``forward`` takes for the unit.
+        modalities: the pretraining models that build the unit: "text" (BertForPreTraining), "vl"
+            (VLBertForPreTraining).
+        output: the model output field its logits fill (``prediction_logits``, ``seq_relationship_logits``) or
+            None.
     """
 
     name: str = ""
@@ -91,6 +97,9 @@ class Objective:
     inputs: tuple[str, ...] = ()
     reads: tuple[str, ...] = ()
     paired_with: str | None = None
+    optional_inputs: tuple[str, ...] = ()
+    modalities: tuple[str, ...] = ("vl",)
+    output: str | None = None
 
     def footprint(self) -> tuple[str, ...]:
         """The submodules (dotted names) whose parameters only this unit's loss reaches (a unit without

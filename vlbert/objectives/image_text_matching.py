@@ -37,6 +37,7 @@ class ImageTextMatching(Objective):
     [B]; the model replaces the texts of the label-0 rows before encoding (:meth:`before_encoder`)."""
 
     name, metric, head, inputs = "itm", "itm_accuracy", "itm", ("itm_label",)
+    optional_inputs, output = ("itm_content", "itm_seed"), "seq_relationship_logits"
     reads = ("bert.pooler",)
     temperature = 0.1
 

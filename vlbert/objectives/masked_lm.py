@@ -14,6 +14,7 @@ class MaskedLanguageModeling(Objective):
     ``masked_lm_positions`` int64 [N], their flat positions (the collator's, so the loss needs no host sync)."""
 
     name, metric, head, inputs = "mlm", "mlm_accuracy", "masked_lm", ("labels",)
+    optional_inputs, modalities, output = ("masked_lm_positions",), ("text", "vl"), "prediction_logits"
 
     def build_head(self, config) -> MaskedLMHead:
         return MaskedLMHead(config)

@@ -15,4 +15,12 @@ OBJECTIVES: dict[str, Objective] = {unit.name: unit for unit in (
     MaskedLanguageModeling(), NextSentencePrediction(), ImageTextMatching(), MaskedRegionFeatureRegression(),
     MaskedRegionClassification(), MaskedRegionClassificationKL(), WordRegionAlignment())}
 
-__all__ = ["OBJECTIVES"]
+
+
+def units_for(modality: str) -> list[Objective]:
+    """The registered units a ``modality`` ("text" or "vl") pretraining model builds, in registry order (fixed:
+    every rank weighs the losses in this order)."""
+    return [unit for unit in OBJECTIVES.values() if modality in unit.modalities]
+
+
+__all__ = ["OBJECTIVES", "units_for"]

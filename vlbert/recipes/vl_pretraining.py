@@ -25,7 +25,7 @@ from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES, color_and_sh
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset, caption_content
 from vlbert.models.vl import VLBertForPreTraining
-from vlbert.objectives import ObjectiveMix
+from vlbert.objectives import ObjectiveMix, units_for
 from vlbert.objectives.image_text_matching import NEGATIVES
 from vlbert.recipes.regions import region_store, regions_provenance
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
@@ -174,11 +174,11 @@ class VLPretrainingData(TaskData):
             raise ValueError(f"data.dataset={data.dataset!r}: the built-in image-text data is 'easy-vqa'; give other "
                              "data as data.sources (caption files + region shards)")
         self.objectives = ObjectiveMix(dict(data.objectives))
-        cannot = [name for name in self.objectives.active + self.objectives.paired
-                  if name not in VLBertForPreTraining.objectives]
+        runnable = [unit.name for unit in units_for("vl")]
+        cannot = [name for name in self.objectives.active + self.objectives.paired if name not in runnable]
         if cannot:
             raise ValueError(f"data.objectives has {cannot}, which a vision-language pretraining model cannot run; "
-                             f"choose among {list(VLBertForPreTraining.objectives)}")
+                             f"choose among {runnable}")
         sources = data.sources or [CaptionSource("easy-vqa", "easy-vqa", shards=data.shards)]
         self.easy_vqa_only = all(s.format == "easy-vqa" for s in sources)
         # The run's detector made the regions only where it extracted them itself (no shards given).

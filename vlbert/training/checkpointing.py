@@ -1,0 +1,127 @@
+"""Checkpoints a run resumes from exactly: ``checkpoints/step-N`` holds the model (Hugging Face layout), the
+tokenizer, config.yaml and ``training_state.pt`` (optimizer, scheduler, RNGs, data position, the hooks' states);
+written in a temporary directory and renamed, so a half-written checkpoint never looks complete."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+from vlbert import checkpoint as ckpt
+
+logger = logging.getLogger(__name__)
+
+STATE_NAME = "training_state.pt"
+CHECKPOINTS_DIR = "checkpoints"
+
+
+def _numpy_rng_state() -> dict:
+    import numpy as np
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos), "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached)}
+
+
+def _set_numpy_rng_state(state: dict) -> None:
+    import numpy as np
+
+    np.random.set_state(("MT19937", state["keys"].numpy().astype("uint32"), state["pos"], state["has_gauss"],
+                         state["cached_gaussian"]))
+
+
+def training_state(trainer) -> dict:
+    """Everything besides the weights needed to continue exactly: optimizer, scheduler, RNGs, position, and each
+    hook's ``state_dict`` (keyed by position and class name)."""
+    state = {
+        "step": trainer.step, "epoch": trainer.epoch, "batch_in_epoch": trainer.batch_in_epoch,
+        "skipped_steps": trainer.skipped_steps,
+        "optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict(),
+        "rng_python": list(random.getstate()[1]), "rng_torch": torch.get_rng_state(),
+        "rng_numpy": _numpy_rng_state(),
+        "hooks": {_hook_key(i, hook): hook.state_dict() for i, hook in enumerate(trainer.hooks)},
+    }
+    if torch.cuda.is_available():
+        state["rng_cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _hook_key(index: int, hook) -> str:
+    return f"{index}:{type(hook).__name__}"
+
+
+def save_checkpoint(trainer) -> Path | None:
+    """Write ``checkpoints/step-N`` atomically (build in a temporary directory, then rename); keep the newest
+    ``save_total_limit``. Only the main process writes; returns the directory (None elsewhere)."""
+    trainer.accelerator.wait_for_everyone()
+    if not trainer.is_main:
+        return None
+    root = trainer.output_dir / CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{trainer.step}"
+    tmp = root / f".tmp-step-{trainer.step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_model(tmp)
+    torch.save(training_state(trainer), tmp / STATE_NAME)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    checkpoints = sorted(latest_checkpoints(trainer.output_dir), key=lambda p: int(p.name.split("-")[1]))
+    for old in checkpoints[:-trainer.config.save_total_limit] if trainer.config.save_total_limit else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def resume(trainer, checkpoint: Path | None = None) -> bool:
+    """Load the newest complete checkpoint of ``trainer.output_dir`` (or ``checkpoint``) into ``trainer``: weights
+    (into the float32 masters with bf16 parameters), optimizer, scheduler, position, RNGs and the hooks' states.
+    Returns False if there is none. Also truncates ``log.jsonl`` to the checkpoint's step, so the log continues
+    as if never interrupted."""
+    if checkpoint is None:
+        found = latest_checkpoints(trainer.output_dir)
+        if not found:
+            return False
+        checkpoint = max(found, key=lambda p: int(p.name.split("-")[1]))
+    weights = ckpt.hf_to_vlbert(ckpt.read_state_dict(checkpoint))
+    with trainer.master.float32_model() if trainer.master else contextlib.nullcontext():  # into the masters
+        trainer.unwrapped.load_converted_state_dict(weights, source=str(checkpoint), strict=True)
+    state = torch.load(checkpoint / STATE_NAME, map_location="cpu", weights_only=True)
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    trainer.step, trainer.epoch, trainer.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+    trainer.skipped_steps = state.get("skipped_steps", 0)
+    random.setstate((3, tuple(state["rng_python"]), None))
+    torch.set_rng_state(state["rng_torch"])
+    if "rng_numpy" in state:
+        _set_numpy_rng_state(state["rng_numpy"])
+    if "rng_cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng_cuda"])
+    hooks = state.get("hooks", {})
+    for i, hook in enumerate(trainer.hooks):
+        if _hook_key(i, hook) in hooks:
+            hook.load_state_dict(hooks[_hook_key(i, hook)])
+    log = trainer.output_dir / "log.jsonl"
+    if trainer.is_main and log.exists():
+        kept = [line for line in log.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= trainer.step]
+        log.write_text("".join(line + "\n" for line in kept))
+    logger.info("resumed from %s at step %d", checkpoint, trainer.step)
+    return True
+
+
+def latest_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints under ``output_dir/checkpoints`` (those with a training state)."""
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    return [p for p in root.glob("step-*") if (p / STATE_NAME).is_file() and p.name.split("-")[1].isdigit()]
+
+
+__all__ = ["STATE_NAME", "CHECKPOINTS_DIR", "training_state", "save_checkpoint", "resume", "latest_checkpoints"]

@@ -1,0 +1,36 @@
+"""Losses across processes: each rank's share of the global batch's predictions, so that DDP's gradient average is
+one process's gradient at the global batch."""
+
+from __future__ import annotations
+
+import torch
+
+
+def global_batch_loss(out, names, acc) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss to backpropagate, the loss over the whole global batch) for one micro-batch.
+
+    One process: both are ``out.loss``. Several: each objective's mean loss is re-weighted by this rank's share of
+    the objective's predictions across ranks (e.g. masked tokens), so that DDP's gradient average equals the
+    gradient of the mean over every prediction of the global batch, exactly as one process would compute it
+    (transformers' ``num_items_in_batch`` fix, applied across ranks). ``names``: the model's ``objectives`` (loss
+    names); without them the plain per-rank mean is used. ``acc``: the accelerate ``Accelerator``.
+    """
+    if acc.num_processes == 1 or not names:
+        return out.loss, out.loss
+    device = out.loss.device
+    counts = torch.tensor([float(out.counts.get(n, 0)) for n in names], device=device, dtype=torch.float64)
+    sums = torch.stack([out.losses[n].detach().double() * out.counts[n] if n in out.losses
+                        else torch.zeros((), device=device, dtype=torch.float64) for n in names])
+    totals = acc.reduce(torch.stack([counts, sums]), reduction="sum")
+    # Objectives absent from the whole global batch weigh 0 (on the device: no host synchronisation).
+    present = totals[0] > 0
+    weights = torch.where(present, counts * acc.num_processes / totals[0].clamp(min=1), 0.0).float()
+    backward = sum(out.losses[n] * weights[i] for i, n in enumerate(names) if n in out.losses)
+    idle = getattr(out, "unused_parameters", ())
+    if idle:  # keep idle heads in the graph: DDP expects every parameter in every backward
+        backward = backward + sum(p.sum() for p in idle) * 0.0
+    global_loss = torch.where(present, totals[1] / totals[0].clamp(min=1), 0.0).sum().float()
+    return backward, global_loss
+
+
+__all__ = ["global_batch_loss"]

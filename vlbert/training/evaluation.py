@@ -1,0 +1,41 @@
+"""Held-out evaluation of an objective model: every objective's loss and metric, weighted by prediction counts,
+summed over the ranks (each evaluates its share of the batches)."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+from vlbert.utils import gather_objects
+
+
+@torch.no_grad()
+def evaluate_objectives(model: torch.nn.Module, batches: Iterable[dict], autocast: Callable) -> dict[str, float]:
+    """Average every objective's loss and metric over ``batches`` (dicts on the model's device) in eval mode,
+    weighted by the predictions each averages over (``out.counts``), then over all ranks (a rank may have had no
+    batch). ``autocast``: a context-manager factory (accelerate's). The model is put back in training mode.
+
+    Returns keys ``eval_<objective>_loss`` and ``eval_<metric>`` (e.g. eval_mlm_accuracy), floats.
+    """
+    model.eval()
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for batch in batches:
+        with autocast():
+            out = model(**batch)
+        for key, value, n in [(f"eval_{name}_loss", loss, out.counts.get(name, 1)) for name, loss in out.losses.items()]\
+                + [(f"eval_{name}", v, out.counts.get(name, 1)) for name, v in out.metrics.items()]:
+            sums[key] = sums.get(key, 0.0) + float(value) * n
+            weights[key] = weights.get(key, 0.0) + n
+    model.train()
+    totals: dict[str, list[float]] = {}
+    for part_sums, part_weights in gather_objects([(sums, weights)]):
+        for k, v in part_sums.items():
+            total = totals.setdefault(k, [0.0, 0.0])
+            total[0] += v
+            total[1] += part_weights[k]
+    return {k: s / max(w, 1e-12) for k, (s, w) in sorted(totals.items())}
+
+
+__all__ = ["evaluate_objectives"]

@@ -1,0 +1,123 @@
+"""The ``training`` section of a run config, the parameter groups and the learning-rate schedule.
+
+Recipe defaults follow BERT (appendix A.2: Adam, lr 1e-4, beta (0.9, 0.999), weight decay 0.01, linear warmup then
+linear decay).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from vlbert.training.run_config import dataclass_from_section
+
+
+@dataclass
+class TrainingConfig:
+    """Optimisation and bookkeeping settings (YAML section ``training``).
+
+    Units: steps are optimizer steps; ``batch_size`` is sequences per process per micro-step, so the global batch
+    is batch_size x grad_accum_steps x number of processes.
+    """
+
+    output_dir: str = "runs/default"
+    max_steps: int = 1000
+    batch_size: int = 32
+    grad_accum_steps: int = 1
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-6
+    warmup_steps: int = 100
+    max_grad_norm: float = 1.0
+    log_every: int = 10
+    eval_every: int = 0  # 0: evaluate at the end only
+    save_every: int = 0  # 0: save the final model only
+    save_total_limit: int = 2
+    seed: int = 0
+    mixed_precision: str = "auto"  # auto = bf16-params on CUDA, fp32 on CPU; or "no" / "bf16" / "bf16-params"
+    num_workers: int = -1  # -1: auto (loader workers on an accelerator, none on CPU); see loader_options
+    on_nonfinite: str = "stop"  # "stop" or "skip" the step
+    group_by_length: bool = True
+    progress_bar: bool = True
+    compile: bool = False  # torch.compile the whole model (for GPUs; measured slower on a 2-core CPU)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad field and its valid range."""
+        positive = ("max_steps", "batch_size", "grad_accum_steps")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"training.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"training.learning_rate must be positive, got {self.learning_rate}")
+        for name in ("weight_decay", "warmup_steps", "max_grad_norm", "log_every", "eval_every", "save_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"training.{name} must be >= 0, got {getattr(self, name)}")
+        if self.num_workers < -1:
+            raise ValueError(f"training.num_workers must be -1 (auto) or >= 0, got {self.num_workers}")
+        if self.mixed_precision not in ("auto", "no", "bf16", "bf16-params"):
+            # fp16 would need loss scaling, whose routine overflow steps the non-finite guard would stop on;
+            # bf16 has float32's range and needs none. bf16: autocast over float32 weights; bf16-params: bf16
+            # weights with float32 masters in the optimizer (vlbert.training.master_weights).
+            raise ValueError("training.mixed_precision must be auto, no, bf16 or bf16-params, got "
+                             f"{self.mixed_precision!r}")
+        if self.on_nonfinite not in ("stop", "skip"):
+            raise ValueError(f"training.on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
+
+    def resolved_num_workers(self) -> int:
+        """``num_workers``, with -1 (auto) resolved: on a CUDA machine, 4 loader processes per training process
+        (fewer where the CPUs per process are fewer, keeping one for the training process), so batches are built
+        and pinned while the GPU computes; on CPU none, since loader processes would take cores from the step."""
+        if self.num_workers >= 0:
+            return self.num_workers
+        if not torch.cuda.is_available():
+            return 0
+        per_process = (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        return max(0, min(4, per_process - 1))
+
+    def loader_options(self) -> dict[str, int]:
+        """Keyword arguments for :func:`vlbert.data.loading.train_loader` from ``group_by_length``,
+        ``num_workers`` (resolved: :meth:`resolved_num_workers`) and ``grad_accum_steps``, so every task honours
+        them the same way."""
+        return {"group_size": 50 if self.group_by_length else 1, "num_workers": self.resolved_num_workers(),
+                "batches_per_step": self.grad_accum_steps}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainingConfig":
+        """Build and validate from the YAML ``training`` section; raises ``ValueError`` for unknown keys,
+        wrong types and out-of-range values."""
+        config = dataclass_from_section(cls, values, "training")
+        config.validate()
+        return config
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: decay on weight matrices and embeddings, none on biases and LayerNorm (any 1-d tensor)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def linear_schedule(warmup_steps: int, max_steps: int) -> Callable[[int], float]:
+    """Learning-rate multiplier: linear warmup from 0 over ``warmup_steps``, then linear decay to 0."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(1, warmup_steps)
+        return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
+    return factor
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's (CPU and every GPU) random generators."""
+    from accelerate.utils import set_seed as accelerate_set_seed
+
+    accelerate_set_seed(seed)
+
+
+__all__ = ["TrainingConfig", "parameter_groups", "linear_schedule", "set_seed"]
