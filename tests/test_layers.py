@@ -102,3 +102,17 @@ def test_no_function_level_import_of_the_project():
 def test_cycle_finder_sees_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": {"c"}}) is None
+
+
+def test_files_and_functions_stay_small():
+    """The house rule: no module over 400 lines, no function over 80 (vlbert, detectors, tools)."""
+    long_files, long_functions = [], []
+    for path in sorted([*ROOT.joinpath("vlbert").rglob("*.py"), *ROOT.joinpath("detectors").rglob("*.py"),
+                        *ROOT.joinpath("tools").glob("*.py")]):
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > 400:
+            long_files.append(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert long_files == [] and long_functions == []

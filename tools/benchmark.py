@@ -271,6 +271,24 @@ def trainer_throughput(config_path: str, batch_size: int, warmup: int, steps: in
             "trainer_steps_timed": total - warmup}
 
 
+def print_pair(name: str, record: dict, results: dict, config) -> None:
+    """The human-readable table of one pair's record."""
+    batch, seq_len = record["batch"]
+    print(f"\n{name} pretraining step on {record['device']} ({record['dtype']}): batch {batch} x "
+          f"{seq_len} positions, {record['real_tokens']} real ({100 * record['real_fraction']:.0f}%), "
+          f"L={config.num_hidden_layers} H={config.hidden_size}; matmul peak {record['peak_tflops']:.2f} TFLOP/s"
+          + ("; malloc keeps freed memory (both sides)" if record["malloc_keeps_freed_memory"] else ""))
+    print(f"{'':<14}{'ms/step':>10}{'tokens/s':>12}{'peak MiB':>10}{'MFU':>8}")
+    for impl, r in results.items():
+        print(f"{impl:<14}{r['ms_per_step']:>10.1f}{r['real_tokens_per_s']:>12.0f}"
+              f"{r['peak_memory_mib']:>10.0f}{100 * r['mfu']:>7.1f}%")
+    print(f"speedup of vlbert over transformers: {record['speedup']:.2f}x")
+    if "trainer_real_tokens_per_s" in record:
+        print(f"through the trainer: {record['trainer_real_tokens_per_s']:.0f} tokens/s = "
+              f"{100 * record['trainer_over_bare_step']:.0f}% of the bare step "
+              f"(data wait {100 * record['trainer_data_wait_fraction']:.1f}% of the step time)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "text" / "default.yaml"), help="text pair's config")
@@ -339,19 +357,7 @@ def main(argv=None) -> int:
             record["trainer_over_bare_step"] = record["trainer_real_tokens_per_s"] / record["vlbert_real_tokens_per_s"]
         records.append(record)
         if not args.json:
-            print(f"\n{name} pretraining step on {device} ({record['dtype']}): batch {record['batch'][0]} x "
-                  f"{seq_len} positions, {real} real ({100 * record['real_fraction']:.0f}%), "
-                  f"L={config.num_hidden_layers} H={config.hidden_size}; matmul peak {peak / 1e12:.2f} TFLOP/s"
-                  + ("; malloc keeps freed memory (both sides)" if kept else ""))
-            print(f"{'':<14}{'ms/step':>10}{'tokens/s':>12}{'peak MiB':>10}{'MFU':>8}")
-            for impl, r in results.items():
-                print(f"{impl:<14}{r['ms_per_step']:>10.1f}{r['real_tokens_per_s']:>12.0f}"
-                      f"{r['peak_memory_mib']:>10.0f}{100 * r['mfu']:>7.1f}%")
-            print(f"speedup of vlbert over transformers: {record['speedup']:.2f}x")
-            if "trainer_real_tokens_per_s" in record:
-                print(f"through the trainer: {record['trainer_real_tokens_per_s']:.0f} tokens/s = "
-                      f"{100 * record['trainer_over_bare_step']:.0f}% of the bare step "
-                      f"(data wait {100 * record['trainer_data_wait_fraction']:.1f}% of the step time)")
+            print_pair(name, record, results, config)
     if "data" in wanted:
         record = data_pipeline(tokenizer)
         records.append(record)

@@ -104,6 +104,130 @@ def require_text(args) -> str:
     return args.text
 
 
+def fill_mask_command(args, out: Path) -> None:
+    """fill-mask: the top fillers of each [MASK] in --text (with an image's regions when given)."""
+    from detectors.batch import region_item
+
+    from vlbert.analysis.fill_mask import fill_mask
+
+    text = require_text(args)
+    model, tok = load(args.model, vl=bool(args.easy_vqa_image))
+    regions = region_item(*image_regions(args)) if args.easy_vqa_image else None
+    for k, fillers in enumerate(fill_mask(model, tok, text, args.top_k, regions)):
+        print(f"[MASK] {k}: " + ", ".join(f"{f['token_str']} {f['score']:.3f}" for f in fillers))
+
+
+def attention_command(args, out: Path) -> None:
+    """attention: per-head attention pictures and statistics of --text."""
+    import torch
+
+    from vlbert.analysis.attention_maps import head_statistics, plot_head_statistics, plot_text_attention
+
+    enc_text = require_text(args)
+    model, tok = load(args.model, vl=False)
+    enc = tok(enc_text, return_tensors="pt")
+    with torch.no_grad():
+        attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"],
+                                output_attentions=True).attentions
+    tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
+    plot_text_attention(attentions, tokens, out / "attention-heads.png")
+    stats = head_statistics(attentions, enc["input_ids"], enc["attention_mask"], tok.cls_token_id,
+                            tok.sep_token_id)
+    plot_head_statistics(stats, out / "attention-head-statistics.png")
+    print(json.dumps({k: v.round(3).tolist() for k, v in stats.items()}))
+    print(f"wrote {out / 'attention-heads.png'} and {out / 'attention-head-statistics.png'}")
+
+
+def regions_command(args, out: Path) -> None:
+    """regions / alignment: a word's attention (or transport plan) over an easy-VQA image's regions."""
+    from detectors.batch import region_item
+
+    import torch
+    from PIL import Image
+
+    from detectors.batch import pad_regions
+    from vlbert.analysis.attention_maps import plot_word_regions, word_region_attention, word_region_transport
+    from vlbert.data.easy_vqa import image_paths
+
+    text = require_text(args)
+    r, max_regions = image_regions(args)
+    split = args.easy_vqa_image.split("/")[0]
+    model, tok = load(args.model, vl=True)
+    enc = tok(text, return_tensors="pt")
+    tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
+    if args.word not in tokens:
+        raise ValueError(f"--word {args.word!r} is not a wordpiece of --text; choose one of "
+                         f"{[t for t in tokens if t not in (tok.cls_token, tok.sep_token)]}")
+    word = tokens.index(args.word)
+    padded = pad_regions([region_item(r, max_regions)])
+    if args.what == "alignment":  # the optimal transport plan of word-region alignment, row-normalised
+        matrix, distance = word_region_transport(model, enc["input_ids"], padded)
+        title = f"{args.text!r}, word-region transport plan (distance {distance:.3f})"
+    else:
+        with torch.no_grad():
+            attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], **padded,
+                                    output_attentions=True).attentions
+        layer = args.layer if args.layer >= 0 else len(attentions) - 1
+        matrix = word_region_attention(attentions, len(tokens), layer)
+        title = f"{args.text!r}, layer {layer + 1}, heads averaged"
+    n = matrix.shape[1]
+    labels = [f"{k}:{int(b[2] - b[0])}x{int(b[3] - b[1])}" for k, b in enumerate(r.boxes[:n])]
+    image = Image.open(image_paths(split)[args.easy_vqa_image]).convert("RGB")
+    path = out / f"{args.what}-{args.easy_vqa_image.replace('/', '-')}-{tokens[word]}.png"
+    plot_word_regions(image, r.boxes[:n], tokens, matrix, word, labels, path, title=title,
+                      quantity="attention" if args.what == "regions" else "transport")
+    key = "attention_to_regions" if args.what == "regions" else "transport_to_regions"
+    print(json.dumps({"word": tokens[word], key: matrix[word].round(3).tolist(),
+                      "boxes": r.boxes[:n].round(1).tolist()}))
+    print(f"wrote {path}")
+
+
+def generate_command(args, out: Path) -> None:
+    """generate: captions from regions (mask-predict and Gibbs), with and without the regions."""
+    from detectors.batch import region_item
+
+    from vlbert.analysis.generation import gibbs_sample, mask_predict
+    from vlbert.data.easy_vqa import color_and_shape
+
+    model, tok = load(args.model, vl=True)
+    detector, max_regions = run_detector(args.model)
+    regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir, detector)
+    truth = color_and_shape(args.easy_vqa_split)
+    ids = [i for i in truth if i in regions][: args.images]
+    report = {}
+    for method in ("mask_predict", "gibbs"):
+        for masked in (False, True):
+            texts = []
+            for start in range(0, len(ids), 64):
+                chunk = [region_item(regions[i], max_regions) for i in ids[start:start + 64]]
+                if method == "mask_predict":
+                    texts += mask_predict(model, tok, args.length, args.iterations, chunk, mask_regions=masked)
+                else:
+                    texts += gibbs_sample(model, tok, args.length, 2, 1.0, chunk, mask_regions=masked,
+                                          seed=start)
+            words = [set(t.split()) for t in texts]
+            key = f"{method}_{'without' if masked else 'with'}_regions"
+            report[key] = {
+                "color": sum(truth[i][0] in w for i, w in zip(ids, words)) / len(ids),
+                "shape": sum(truth[i][1] in w for i, w in zip(ids, words)) / len(ids),
+                "both": sum(truth[i][0] in w and truth[i][1] in w for i, w in zip(ids, words)) / len(ids),
+                "examples": [f"{truth[i][0]} {truth[i][1]}: {t}" for i, t in zip(ids[:5], texts[:5])]}
+    print(json.dumps(report, indent=2))
+
+
+def probe_command(args, out: Path) -> None:
+    """probe: per-layer linear probes of a task's labels."""
+    from vlbert.analysis.probe_data import probe_features
+    from vlbert.analysis.probing import plot_probe, probe_layers
+
+    train_x, train_y, eval_x, eval_y, title = probe_features(args.task, args.model, args.cache_dir)
+    result = probe_layers(train_x, train_y, eval_x, eval_y)
+    path = out / f"probe-{args.task}.png"
+    plot_probe(result, title, path)
+    print(json.dumps(result.__dict__, indent=2))
+    print(f"wrote {path}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("fill-mask", "attention", "regions", "alignment", "generate", "probe"))
@@ -123,113 +247,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-
-    from detectors.batch import region_item
-
-    if args.what == "fill-mask":
-        from vlbert.analysis.fill_mask import fill_mask
-
-        text = require_text(args)
-        model, tok = load(args.model, vl=bool(args.easy_vqa_image))
-        regions = region_item(*image_regions(args)) if args.easy_vqa_image else None
-        for k, fillers in enumerate(fill_mask(model, tok, text, args.top_k, regions)):
-            print(f"[MASK] {k}: " + ", ".join(f"{f['token_str']} {f['score']:.3f}" for f in fillers))
-    elif args.what == "attention":
-        import torch
-
-        from vlbert.analysis.attention_maps import head_statistics, plot_head_statistics, plot_text_attention
-
-        enc_text = require_text(args)
-        model, tok = load(args.model, vl=False)
-        enc = tok(enc_text, return_tensors="pt")
-        with torch.no_grad():
-            attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"],
-                                    output_attentions=True).attentions
-        tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
-        plot_text_attention(attentions, tokens, out / "attention-heads.png")
-        stats = head_statistics(attentions, enc["input_ids"], enc["attention_mask"], tok.cls_token_id,
-                                tok.sep_token_id)
-        plot_head_statistics(stats, out / "attention-head-statistics.png")
-        print(json.dumps({k: v.round(3).tolist() for k, v in stats.items()}))
-        print(f"wrote {out / 'attention-heads.png'} and {out / 'attention-head-statistics.png'}")
-    elif args.what in ("regions", "alignment"):
-        import torch
-        from PIL import Image
-
-        from detectors.batch import pad_regions
-        from vlbert.analysis.attention_maps import plot_word_regions, word_region_attention, word_region_transport
-        from vlbert.data.easy_vqa import image_paths
-
-        text = require_text(args)
-        r, max_regions = image_regions(args)
-        split = args.easy_vqa_image.split("/")[0]
-        model, tok = load(args.model, vl=True)
-        enc = tok(text, return_tensors="pt")
-        tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
-        if args.word not in tokens:
-            raise ValueError(f"--word {args.word!r} is not a wordpiece of --text; choose one of "
-                             f"{[t for t in tokens if t not in (tok.cls_token, tok.sep_token)]}")
-        word = tokens.index(args.word)
-        padded = pad_regions([region_item(r, max_regions)])
-        if args.what == "alignment":  # the optimal transport plan of word-region alignment, row-normalised
-            matrix, distance = word_region_transport(model, enc["input_ids"], padded)
-            title = f"{args.text!r}, word-region transport plan (distance {distance:.3f})"
-        else:
-            with torch.no_grad():
-                attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], **padded,
-                                        output_attentions=True).attentions
-            layer = args.layer if args.layer >= 0 else len(attentions) - 1
-            matrix = word_region_attention(attentions, len(tokens), layer)
-            title = f"{args.text!r}, layer {layer + 1}, heads averaged"
-        n = matrix.shape[1]
-        labels = [f"{k}:{int(b[2] - b[0])}x{int(b[3] - b[1])}" for k, b in enumerate(r.boxes[:n])]
-        image = Image.open(image_paths(split)[args.easy_vqa_image]).convert("RGB")
-        path = out / f"{args.what}-{args.easy_vqa_image.replace('/', '-')}-{tokens[word]}.png"
-        plot_word_regions(image, r.boxes[:n], tokens, matrix, word, labels, path, title=title,
-                          quantity="attention" if args.what == "regions" else "transport")
-        key = "attention_to_regions" if args.what == "regions" else "transport_to_regions"
-        print(json.dumps({"word": tokens[word], key: matrix[word].round(3).tolist(),
-                          "boxes": r.boxes[:n].round(1).tolist()}))
-        print(f"wrote {path}")
-    elif args.what == "generate":
-        from vlbert.analysis.generation import gibbs_sample, mask_predict
-        from vlbert.data.easy_vqa import color_and_shape
-
-        model, tok = load(args.model, vl=True)
-        detector, max_regions = run_detector(args.model)
-        regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir, detector)
-        truth = color_and_shape(args.easy_vqa_split)
-        ids = [i for i in truth if i in regions][: args.images]
-        report = {}
-        for method in ("mask_predict", "gibbs"):
-            for masked in (False, True):
-                texts = []
-                for start in range(0, len(ids), 64):
-                    chunk = [region_item(regions[i], max_regions) for i in ids[start:start + 64]]
-                    if method == "mask_predict":
-                        texts += mask_predict(model, tok, args.length, args.iterations, chunk, mask_regions=masked)
-                    else:
-                        texts += gibbs_sample(model, tok, args.length, 2, 1.0, chunk, mask_regions=masked,
-                                              seed=start)
-                words = [set(t.split()) for t in texts]
-                key = f"{method}_{'without' if masked else 'with'}_regions"
-                report[key] = {
-                    "color": sum(truth[i][0] in w for i, w in zip(ids, words)) / len(ids),
-                    "shape": sum(truth[i][1] in w for i, w in zip(ids, words)) / len(ids),
-                    "both": sum(truth[i][0] in w and truth[i][1] in w for i, w in zip(ids, words)) / len(ids),
-                    "examples": [f"{truth[i][0]} {truth[i][1]}: {t}" for i, t in zip(ids[:5], texts[:5])]}
-        print(json.dumps(report, indent=2))
-    else:
-        from vlbert.analysis.probe_data import probe_features
-        from vlbert.analysis.probing import plot_probe, probe_layers
-
-        train_x, train_y, eval_x, eval_y, title = probe_features(args.task, args.model, args.cache_dir)
-        result = probe_layers(train_x, train_y, eval_x, eval_y)
-        path = out / f"probe-{args.task}.png"
-        plot_probe(result, title, path)
-        print(json.dumps(result.__dict__, indent=2))
-        print(f"wrote {path}")
+    COMMANDS[args.what](args, out)
     return 0
+
+
+COMMANDS = {"fill-mask": fill_mask_command, "attention": attention_command, "regions": regions_command,
+            "alignment": regions_command, "generate": generate_command, "probe": probe_command}
 
 
 if __name__ == "__main__":
