@@ -57,6 +57,17 @@ class ObjectiveOutput:
         self.counts[name] = self.counts[metric_name] = count
         self.loss = loss if self.loss is None else self.loss + loss
 
+    def include_idle(self, *modules) -> None:
+        """Enter the parameters of ``modules`` (None entries skipped), which this forward did not use, into ``loss``
+        with weight zero and list them in ``unused_parameters``: DDP needs every parameter in every backward, and
+        the trainer drops their zero gradients so the optimizer skips them. Nothing without a loss or gradients."""
+        if self.loss is None or not torch.is_grad_enabled():
+            return
+        idle = [p for m in modules if m is not None for p in m.parameters() if p.requires_grad]
+        if idle:
+            self.loss = self.loss + sum(p.sum() for p in idle) * 0.0
+            self.unused_parameters = [*self.unused_parameters, *idle]
+
 
 @dataclass
 class PreTrainingOutput(ObjectiveOutput):

@@ -46,6 +46,7 @@ class VLBertForReferringExpressions(PreTrainedModel):
             with torch.no_grad():
                 accuracy = (scores.argmax(-1) == target_region).float().mean()
             out.add("re", loss, "re_accuracy", accuracy, target_region.numel())
+        out.include_idle(*self.bert.idle_modules(), self.bert.pooler)  # regions are scored from their own states
         return out
 
 

@@ -47,6 +47,12 @@ class VLBertModel(PreTrainedModel):
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.init_weights()
 
+    def idle_modules(self, masked_regions: torch.Tensor | None = None) -> list[nn.Module]:
+        """Submodules a forward without ``masked_regions`` never uses: UNITER's region ``mask_embedding`` (masked
+        region modelling only). Fine-tuning heads pass them to ``ObjectiveOutput.include_idle``."""
+        mask_embedding = getattr(self.region_embeddings, "mask_embedding", None)
+        return [mask_embedding] if mask_embedding is not None and masked_regions is None else []
+
     def check_region_inputs(self, input_ids: torch.Tensor, region_features: torch.Tensor,
                             region_boxes: torch.Tensor, region_mask: torch.Tensor | None,
                             region_token_type_ids: torch.Tensor | None = None,

@@ -43,6 +43,7 @@ class VLBertForSequenceClassification(PreTrainedModel):
         if labels is not None:
             loss, accuracy, n = classification_loss(out.logits, labels)
             out.add("cls", loss, "cls_accuracy", accuracy, n)
+        out.include_idle(*self.bert.idle_modules())
         return out
 
 
@@ -84,6 +85,7 @@ class VLBertForImagePairClassification(PreTrainedModel):
         if labels is not None:
             loss, accuracy, n = classification_loss(out.logits, labels)
             out.add("cls", loss, "cls_accuracy", accuracy, n)
+        out.include_idle(*self.bert.idle_modules())
         return out
 
 

@@ -54,6 +54,7 @@ class VLBertForVQA(PreTrainedModel):
         out = VQAOutput(logits=logits)
         if answer_targets is not None:
             add_vqa_loss(out, logits, answer_targets)
+        out.include_idle(*self.bert.idle_modules())
         return out
 
 
@@ -104,6 +105,7 @@ class VLBertForMaskedTokenVQA(PreTrainedModel):
         out = VQAOutput(logits=self.classifier(self.dropout(at_mask)))
         if answer_targets is not None:
             add_vqa_loss(out, out.logits, answer_targets)
+        out.include_idle(*self.bert.idle_modules(), self.bert.pooler)  # the answer is read at the [MASK]
         return out
 
 

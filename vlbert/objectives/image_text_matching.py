@@ -74,8 +74,8 @@ class ImageTextMatching(Objective):
             weights = (image @ all_text.T / self.temperature).softmax(1)
             weights = weights.masked_fill(labels["itm_content"][:, None] == all_content[None, :], 0) + 1e-12
             chosen = ids.new_empty(b)
-            for i in range(b):
-                g = torch.Generator(device=weights.device).manual_seed(int(labels["itm_seed"][i]))
+            for i, seed in enumerate(labels["itm_seed"].tolist()):  # one read of the seeds, not one per row
+                g = torch.Generator(device=weights.device).manual_seed(int(seed))
                 chosen[i] = torch.multinomial(weights[i], 1, generator=g)
         negative = labels["itm_label"] == 0
         new_ids = torch.where(negative[:, None], all_ids[chosen], F.pad(ids, (0, all_ids.shape[1] - ids.shape[1])))

@@ -1,0 +1,109 @@
+"""The contract every model class keeps (issue 30), checked over all of them in one place: a training forward on a
+ragged batch gives a finite loss and logits of the documented shape, its backward reaches every parameter not
+listed in ``unused_parameters``, and save_pretrained / from_pretrained is exact with nothing missing or unexpected.
+The transformers round trips of the text classes are in test_parity_transformers.py and test_heads.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vlbert
+
+B, T, R, D = 3, 7, 5, 12
+
+
+def text(vocab=50):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, 5:] = 0
+    mask[2, 3:] = 0
+    ids[:, 0] = 2  # [CLS]-like
+    return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+
+def regions(pairs: bool = False):
+    g = torch.Generator().manual_seed(1)
+    shape = (B, 2, R) if pairs else (B, R)
+    xy = torch.rand(*shape, 2, generator=g) * 0.5
+    mask = torch.ones(*shape, dtype=torch.long)
+    mask[1, ..., 3:] = 0
+    return {"region_features": torch.randn(*shape, D, generator=g),
+            "region_boxes": torch.cat([xy, xy + 0.4], -1), "region_mask": mask}
+
+
+def mlm_labels(batch):
+    labels = torch.full_like(batch["input_ids"], -100)
+    labels[:, 1] = batch["input_ids"][:, 1]
+    return labels
+
+
+# class name -> (config extras, batch builder, the logits field and its shape)
+CASES = {
+    "BertForPreTraining": ({}, lambda: {**(t := text()), "labels": mlm_labels(t),
+                                        "next_sentence_label": torch.tensor([0, 1, 0])},
+                           "seq_relationship_logits", (B, 2)),
+    "BertForSequenceClassification": ({"num_labels": 3}, lambda: {**text(), "labels": torch.tensor([0, 2, 1])},
+                                      "logits", (B, 3)),
+    "BertForTokenClassification": ({"num_labels": 4}, lambda: {**(t := text()), "labels": torch.randint(
+        4, (B, T), generator=torch.Generator().manual_seed(2)).masked_fill(t["attention_mask"] == 0, -100)},
+        "logits", (B, T, 4)),
+    "BertForQuestionAnswering": ({}, lambda: {**text(), "start_positions": torch.tensor([1, 2, 1]),
+                                              "end_positions": torch.tensor([3, 4, 2])}, "start_logits", (B, T)),
+    "BertForMultipleChoice": ({}, lambda: {**{k: v[:, None].expand(B, 2, T).contiguous() for k, v in text().items()},
+                                           "labels": torch.tensor([0, 1, 1])}, "logits", (B, 2)),
+    "VLBertForPreTraining": ({}, lambda: {**(t := text()), **regions(), "labels": mlm_labels(t)},
+                             "prediction_logits", None),
+    "VLBertForVQA": ({"num_labels": 6}, lambda: {**text(), **regions(), "answer_targets": torch.rand(
+        B, 6, generator=torch.Generator().manual_seed(3)).round()}, "logits", (B, 6)),
+    "VLBertForMaskedTokenVQA": ({"num_labels": 6}, lambda: {**text(), **regions(), "answer_targets": torch.rand(
+        B, 6, generator=torch.Generator().manual_seed(3)).round()}, "logits", (B, 6)),
+    "VLBertForImageTextRetrieval": ({"projection_dim": 8}, lambda: {**text(), **regions(),
+                                                                    "group_ids": torch.tensor([0, 1, 2]),
+                                                                    "cls_sep_ids": torch.tensor([2, 3])},
+                                    None, None),
+    "VLBertForSequenceClassification": ({"num_labels": 3}, lambda: {**text(), **regions(),
+                                                                    "labels": torch.tensor([0, 2, 1])},
+                                        "logits", (B, 3)),
+    "VLBertForImagePairClassification": ({}, lambda: {**text(), **regions(pairs=True),
+                                                      "labels": torch.tensor([0, 1, 1])}, "logits", (B, 2)),
+    "VLBertForVisualReasoning": ({}, lambda: {**text(), **regions(pairs=True), "labels": torch.tensor([0, 1, 1])},
+                                 "logits", (B, 2)),
+    "VLBertForReferringExpressions": ({}, lambda: {**text(), **regions(), "target_region": torch.tensor([0, 2, 4])},
+                                      "logits", (B, R)),
+}
+
+
+def test_every_exported_model_class_is_covered():
+    exported = {name for name in vlbert.__all__ if name.startswith(("BertFor", "VLBertFor"))}
+    assert exported == set(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_model_contract(name, tmp_path):
+    extras, build, field, shape = CASES[name]
+    cls = getattr(vlbert, name)
+    base = {"vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "intermediate_size": 32, "max_position_embeddings": 16}
+    config = (vlbert.VLBertConfig(**base, region_feature_dim=D, num_region_classes=4, **extras)
+              if name.startswith("VL") else vlbert.BertConfig(**base, **extras))
+    torch.manual_seed(0)
+    model = cls(config).train()
+    out = model(**build())
+    assert out.loss is not None and out.loss.dim() == 0 and torch.isfinite(out.loss), name
+    assert out.losses and set(out.losses) <= set(model.objectives), (name, out.losses, model.objectives)
+    if field is not None and shape is not None:
+        assert tuple(getattr(out, field).shape) == shape, name
+    out.loss.backward()
+    unused = {id(p) for p in getattr(out, "unused_parameters", None) or ()}
+    unreached = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None and id(p) not in unused]
+    assert unreached == [], f"{name}: backward never reaches {unreached}"
+
+    model.save_pretrained(tmp_path / name)
+    loaded = cls.from_pretrained(tmp_path / name)
+    assert not loaded.loading_info.missing_keys and not loaded.loading_info.unexpected_keys, name
+    state = loaded.state_dict()
+    assert state.keys() == model.state_dict().keys()
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(state[key], value, rtol=0, atol=0, msg=f"{name} {key}")
