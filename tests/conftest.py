@@ -26,6 +26,31 @@ def tool(name: str):
     return module.main
 
 
+def tiny_text_trainer(output_dir, corpus, tokenizer, *, max_length: int, model: dict, packed: bool = True,
+                      hooks=(), **training):
+    """A :class:`vlbert.training.trainer.Trainer` of a tiny BertForPreTraining (``model``: the BertConfig sizes) on
+    the pairs of every document of ``corpus`` (``max_length`` wordpieces), batched by the training loader with the
+    masking collator (``packed``: the packed layout); ``training``: TrainingConfig fields over quiet defaults."""
+    from vlbert.config import BertConfig
+    from vlbert.data.corpus_pairs import CorpusPairsDataset
+    from vlbert.data.loading import train_loader
+    from vlbert.data.pretraining import MaskingCollator
+    from vlbert.models.bert import BertForPreTraining
+    from vlbert.training.trainer import Trainer, TrainingConfig
+
+    data = CorpusPairsDataset(corpus, torch.arange(corpus.num_documents).numpy(), tokenizer, max_length, seed=0)
+    collator = MaskingCollator.from_tokenizer(tokenizer, packed=packed)
+    config = TrainingConfig(**{"output_dir": str(output_dir), "progress_bar": False, **training})
+    torch.manual_seed(0)
+    net = BertForPreTraining(BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64, **model))
+
+    def batches(epoch, start, rank, world):
+        return train_loader(data, collator, config.batch_size, 0, epoch, start, rank, world,
+                            **config.loader_options())
+
+    return Trainer(net, config, batches, hooks=hooks)
+
+
 def random_hf_config(seed: int, **overrides):
     """A small random transformers.BertConfig with dropout off (eval-mode parity)."""
     import transformers

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import vlbert
-from vlbert.data.pretraining import masked_positions
+from conftest import tiny_text_trainer
 from vlbert.layers.attention import ATTENTION_FUNCTIONS, Packing, packing_fields, register_attention
-from vlbert.layers.losses import masked_lm_loss
+from vlbert.layers.losses import masked_lm_loss, masked_positions
 from vlbert.models.vl import VLBertForPreTraining
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,27 +269,11 @@ def test_the_whole_model_compiles_in_one_graph_and_equals_eager():
 
 
 def tiny_trainer(tmp_path, corpus, tokenizer, precision, **training):
-    from vlbert.config import BertConfig
-    from vlbert.data.corpus_pairs import CorpusPairsDataset
-    from vlbert.data.loading import train_loader
-    from vlbert.data.pretraining import MaskingCollator
-    from vlbert.training.trainer import Trainer, TrainingConfig
-
-    data = CorpusPairsDataset(corpus, torch.arange(corpus.num_documents).numpy(), tokenizer, 32, seed=0)
-    collator = MaskingCollator.from_tokenizer(tokenizer, packed=True)
-    config = TrainingConfig(**{"output_dir": str(tmp_path), "max_steps": 100, "batch_size": 8, "warmup_steps": 5,
-                               "learning_rate": 3e-3, "log_every": 25, "progress_bar": False,
-                               "mixed_precision": precision, **training})
-    torch.manual_seed(0)
-    model = vlbert.BertForPreTraining(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
-                                                 num_attention_heads=4, intermediate_size=64,
-                                                 max_position_embeddings=64))
-
-    def batches(epoch, start, rank, world):
-        return train_loader(data, collator, config.batch_size, 0, epoch, start, rank, world,
-                            **config.loader_options())
-
-    return Trainer(model, config, batches)
+    return tiny_text_trainer(tmp_path, corpus, tokenizer, max_length=32,
+                             model=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=64),
+                             **{"max_steps": 100, "batch_size": 8, "warmup_steps": 5, "learning_rate": 3e-3,
+                                "log_every": 25, "mixed_precision": precision, **training})
 
 
 def test_bf16_weights_with_float32_masters_train_as_float32(tmp_path, small_token_corpus, tokenizer):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vlbert
+from conftest import tiny_text_trainer
 from vlbert.training.ema import EMAHook
 from vlbert.training.hooks import TrainerHook
 
@@ -40,26 +40,11 @@ class Recorder(TrainerHook):
 
 
 def trainer(tmp_path, corpus, tokenizer, hooks, max_steps=6, save_every=3):
-    from vlbert.config import BertConfig
-    from vlbert.data.corpus_pairs import CorpusPairsDataset
-    from vlbert.data.loading import train_loader
-    from vlbert.data.pretraining import MaskingCollator
-    from vlbert.training.trainer import Trainer, TrainingConfig
-
-    data = CorpusPairsDataset(corpus, torch.arange(corpus.num_documents).numpy(), tokenizer, 32, seed=0)
-    collator = MaskingCollator.from_tokenizer(tokenizer, packed=True)
-    config = TrainingConfig(output_dir=str(tmp_path), max_steps=max_steps, batch_size=4, warmup_steps=1,
-                            learning_rate=1e-3, log_every=2, save_every=save_every, progress_bar=False)
-    torch.manual_seed(0)
-    model = vlbert.BertForPreTraining(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
-                                                 num_attention_heads=2, intermediate_size=64,
-                                                 max_position_embeddings=64))
-
-    def batches(epoch, start, rank, world):
-        return train_loader(data, collator, config.batch_size, 0, epoch, start, rank, world,
-                            **config.loader_options())
-
-    return Trainer(model, config, batches, hooks=hooks)
+    return tiny_text_trainer(tmp_path, corpus, tokenizer, max_length=32, hooks=hooks,
+                             model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=64),
+                             max_steps=max_steps, batch_size=4, warmup_steps=1, learning_rate=1e-3, log_every=2,
+                             save_every=save_every)
 
 
 def test_hooks_see_each_step_and_its_statistics(tmp_path, small_token_corpus, tokenizer):

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from conftest import tiny_text_trainer
 from vlbert.training.trainer import Trainer, TrainingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,25 +41,10 @@ class ScalarReads(TorchDispatchMode):
 
 
 def tiny_text_run(tmp_path, small_token_corpus, tokenizer, **training):
-    from vlbert.data.corpus_pairs import CorpusPairsDataset
-    from vlbert.data.loading import train_loader
-    from vlbert.data.pretraining import MaskingCollator
-    from vlbert.models.bert import BertForPreTraining
-    from vlbert.config import BertConfig
-
-    data = CorpusPairsDataset(small_token_corpus, torch.arange(small_token_corpus.num_documents).numpy(), tokenizer,
-                              64, seed=0)
-    collator = MaskingCollator.from_tokenizer(tokenizer)
-    config = TrainingConfig(**{"output_dir": str(tmp_path), "max_steps": 6, "batch_size": 8, "warmup_steps": 1,
-                               "log_every": 0, "progress_bar": False, **training})
-    model = BertForPreTraining(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
-                                          num_attention_heads=2, intermediate_size=64, max_position_embeddings=64))
-
-    def batches(epoch, start, rank, world):
-        return train_loader(data, collator, config.batch_size, 0, epoch, start, rank, world,
-                            **config.loader_options())
-
-    return Trainer(model, config, batches)
+    return tiny_text_trainer(tmp_path, small_token_corpus, tokenizer, max_length=64, packed=False,
+                             model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=64),
+                             **{"max_steps": 6, "batch_size": 8, "warmup_steps": 1, "log_every": 0, **training})
 
 
 def test_no_host_synchronisation_between_log_steps(tmp_path, small_token_corpus, tokenizer):

@@ -19,7 +19,7 @@ import torch
 
 from vlbert.data.padding import pad_text
 from vlbert.layers.attention import packing_fields
-from vlbert.layers.losses import IGNORE_INDEX
+from vlbert.layers.losses import IGNORE_INDEX, masked_positions
 
 IS_NEXT, IS_RANDOM = 0, 1  # next_sentence_label values, as transformers: 0 = B continues A
 
@@ -120,12 +120,6 @@ class MaskingCollator:
         return batch
 
 
-def masked_positions(labels: torch.Tensor) -> torch.Tensor:
-    """int64 [N]: the flat positions (row * T + column) of the labelled entries (not -100) of int64 [B, T]
-    ``labels``, in row order: the rows the masked-LM head reads (``masked_lm_positions``)."""
-    return (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
-
-
 class LengthGroupedBatchSampler:
     """Shuffled batches of items of similar length, so little padding is computed.
 
@@ -181,4 +175,4 @@ class LengthGroupedBatchSampler:
         return [np.array_split(batch, self.world_size)[self.rank] for batch in self.global_batches()]
 
 
-__all__ = ["truncate_pair", "MaskingCollator", "masked_positions", "LengthGroupedBatchSampler", "IS_NEXT", "IS_RANDOM"]
+__all__ = ["truncate_pair", "MaskingCollator", "LengthGroupedBatchSampler", "IS_NEXT", "IS_RANDOM"]

@@ -75,10 +75,11 @@ class Packing:
         return cls(indices, cu_seqlens.to(torch.int32), seq, batch, seq, mask.bool())
 
     @classmethod
-    def dense(cls, batch: int, seq: int, device=None) -> "Packing":
-        """Every position real: packing is a reshape."""
+    def dense(cls, batch: int, seq: int, device=None, mask: torch.Tensor | None = None) -> "Packing":
+        """Every position kept: packing is a reshape. With ``mask`` [B, S] the padded kernels still mask its
+        padding (the layers then compute padded positions too, as in transformers)."""
         cu = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=device)
-        return cls(None, cu, seq, batch, seq, None)
+        return cls(None, cu, seq, batch, seq, None if mask is None else mask.bool())
 
     @property
     def num_tokens(self) -> int:
@@ -108,8 +109,8 @@ def packing_fields(*masks: torch.Tensor) -> dict[str, torch.Tensor]:
     ``packed_indices`` int64 [N] and ``cu_seqlens`` int32 [B + 1] (see :class:`Packing`). Host tensors in, host
     tensors out (computed in the loader workers)."""
     mask = torch.cat([m.bool() for m in masks], 1)
-    return {"packed_indices": mask.reshape(-1).nonzero().squeeze(1),
-            "cu_seqlens": F.pad(mask.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))}
+    packing = Packing.from_mask(mask, *mask.shape)
+    return {"packed_indices": packing.indices, "cu_seqlens": packing.cu_seqlens}
 
 
 def _padded(q: torch.Tensor, packing: Packing) -> torch.Tensor:

@@ -20,6 +20,12 @@ def upcast(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
+def masked_positions(labels: torch.Tensor) -> torch.Tensor:
+    """int64 [N]: the flat positions (row * T + column) of the labelled entries (not -100) of int64 [B, T]
+    ``labels``, in row order: the rows the masked-LM head reads (``masked_lm_positions``)."""
+    return (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
+
+
 def masked_lm_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidden: torch.Tensor,
                    labels: torch.Tensor, positions: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -37,7 +43,7 @@ def masked_lm_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidden: to
         a zero that still depends on the head's parameters, so ``backward`` and DDP see every parameter.
     """
     if positions is None:
-        positions = (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
+        positions = masked_positions(labels)
     targets = labels.reshape(-1).index_select(0, positions)
     padded = head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions), word_embeddings, padded=True)
     logits = padded[:, :word_embeddings.shape[0]]  # the padded vocabulary's extra logits are -inf: the loss is equal
@@ -57,4 +63,4 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[tor
     return loss, accuracy, labels.numel()
 
 
-__all__ = ["IGNORE_INDEX", "upcast", "masked_lm_loss", "classification_loss"]
+__all__ = ["IGNORE_INDEX", "upcast", "masked_positions", "masked_lm_loss", "classification_loss"]

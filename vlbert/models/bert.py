@@ -153,14 +153,12 @@ class BertEncoder(nn.Module):
                 packing: Packing | None = None, device=None) -> tuple[Packing, str]:
         """The layout the layers run on and the kernel that runs it (see the class docstring)."""
         if not self.unpad:
-            dense = Packing.dense(batch, seq, device)
-            dense.mask = mask.bool() if mask is not None else None
-            return dense, "sdpa" if attention == "varlen" else attention
+            return Packing.dense(batch, seq, device, mask), "sdpa" if attention == "varlen" else attention
         if packing is None:
             packing = Packing.from_mask(mask, batch, seq, device)
         if attention != "varlen" and packing.mask is not None and \
                 packing.num_tokens > (1 - self.min_padding_to_unpad) * batch * seq:
-            packing = Packing(None, Packing.dense(batch, seq, device).cu_seqlens, seq, batch, seq, packing.mask)
+            packing = Packing.dense(batch, seq, device, packing.mask)
         return packing, attention
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_hidden_states: bool = False,
