@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from detectors.config import DetectorConfig
 from vlbert.data.corpus import load_bbc_news
 from vlbert.tokenization import load_tokenizer, packaged_minilm_dir
 
@@ -142,3 +143,35 @@ def small_token_corpus(small_corpus, tokenizer, tmp_path_factory):
     from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
 
     return TokenCorpus(prepare_corpus(small_corpus, tokenizer, tmp_path_factory.mktemp("corpora")))
+
+
+#: The easy-VQA regions that the inference and extension tests share (the `easy` fixture).
+N_EASY_IMAGES = 12
+EASY_DETECTOR = DetectorConfig(input_size=96, max_proposals=8)
+
+
+@pytest.fixture(scope="session")
+def easy(tmp_path_factory):
+    """12 easy-VQA test images (ids "0".."11"), their regions extracted with EASY_DETECTOR in a shard directory with its
+    detector.json, as tools/extract_regions.py leaves it; the NLVR2 pairs' image ids alias the same regions."""
+    from dataclasses import asdict, replace
+    from types import SimpleNamespace
+
+    from detectors.extract import extract_regions
+    from detectors.shards import write_detector_info, write_shards
+    from detectors.store import RegionStore
+    from vlbert.data.easy_vqa import color_and_shape, image_paths
+
+    root = tmp_path_factory.mktemp("inference")
+    truth = list(color_and_shape("test").items())[:N_EASY_IMAGES]
+    paths = image_paths("test")
+    files = {str(k): paths[image_id] for k, (image_id, _) in enumerate(truth)}
+    extractor = EASY_DETECTOR.build()
+    regions = list(extract_regions(extractor, list(files.items()), batch_size=N_EASY_IMAGES, progress=False))
+    pairs = [replace(regions[2 * p + j], image_id=f"dev-{p}-0-img{j}") for p in range(N_EASY_IMAGES // 2) for j in (0, 1)]
+    write_shards(regions + pairs, root / "shards")
+    write_detector_info(root / "shards", {"detector": extractor.name, "fingerprint": EASY_DETECTOR.fingerprint(),
+                                          "config": asdict(EASY_DETECTOR)})
+    return SimpleNamespace(root=root, shards=root / "shards", store=RegionStore(root / "shards"), files=files,
+                           truth={str(k): attrs for k, (_, attrs) in enumerate(truth)},
+                           easy_ids={str(k): image_id for k, (image_id, _) in enumerate(truth)})

@@ -1,18 +1,28 @@
 """Extension points are tables: a new pretraining objective is its unit module, one registry line and a config
-entry; nothing in vlbert/models or vlbert/training changes (issue 30)."""
+entry; a new region task is a data module, a recipe and a pipeline with their table lines; nothing in vlbert/models,
+vlbert/training, vlbert/inference or tools/ changes (issue 30)."""
 
 from __future__ import annotations
 
+import csv
 import json
+from dataclasses import asdict, dataclass
 
 import torch
 import yaml
 from safetensors.torch import load_file
 from torch import nn
 
-from conftest import tool
+from conftest import EASY_DETECTOR, tool, write_jsonl
+from vlbert.data.easy_vqa import COLORS
+from vlbert.data.grounded_text import GroundedTextDataset
+from vlbert.inference import PIPELINES, Pipeline
+from vlbert.inference.base import label_result, label_row
 from vlbert.layers.losses import classification_loss
+from vlbert.models.vl_classification import VLBertForSequenceClassification
 from vlbert.objectives import OBJECTIVES, Objective, ObjectiveResult
+from vlbert.recipes import RECIPES, Recipe, load_model
+from vlbert.recipes.regions import DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate, region_task_info
 
 
 class CaptionLength(Objective):
@@ -53,3 +63,82 @@ def test_a_new_objective_trains_through_the_vl_tool_with_a_unit_a_registry_line_
     assert "eval_caption_length_loss" in metrics and "eval_caption_length_accuracy" in metrics
     saved = load_file(str(out / "model.safetensors"))
     assert saved["caption_length_head.weight"].shape == (2, 32)  # the head trained and saved with the model
+
+
+# A new region task, "shape-colour": which colour is the shape? Its data module, recipe and pipeline follow.
+@dataclass(frozen=True)
+class ColourQuestion:
+    question_id: str
+    image_id: str
+    question: str
+    label: int
+
+
+class ColourDataset(GroundedTextDataset):  # the data module: what an example is and its target
+    kind, id_field, text_field = "question", "question_id", "question"
+
+    def targets(self, example) -> dict:
+        return {"labels": example.label}
+
+
+def colour_questions(easy) -> list[ColourQuestion]:
+    return [ColourQuestion(f"q{k}", k, "which colour is the shape?", COLORS.index(colour))
+            for k, (colour, _) in easy.truth.items()]
+
+
+class ColourData(RegionTaskData):  # the recipe: data, model, evaluation, what inference needs
+    dataset_class = ColourDataset
+
+    def predict(self, model) -> tuple[list[dict], dict[str, float]]:
+        index, gold, predicted = self.predict_labels(model)
+        rows = [{"question_id": self.eval.examples[i].question_id, "prediction": COLORS[p]}
+                for i, p in zip(index, predicted)]
+        return rows, {"accuracy": sum(g == p for g, p in zip(gold, predicted)) / len(gold)}
+
+
+def colour_recipe(easy) -> Recipe:
+    ColourData.datasets = {"easy-colours": DatasetBuilder(lambda data, seed: (colour_questions(easy),) * 2,
+                                                          needs=("shards",))}
+    return Recipe("shape-colour", RegionTaskDataConfig, ColourData,
+                  lambda ctx, data: load_model(VLBertForSequenceClassification, ctx, num_labels=len(COLORS),
+                                               region_feature_dim=data.feature_dim),
+                  evaluate=evaluate, uses_regions=True,
+                  inference_info=lambda ctx, data: region_task_info(ctx, data, labels=list(COLORS)))
+
+
+class ColourPipeline(Pipeline):  # the pipeline: its inputs, id, output and results format
+    tasks = ("shape-colour",)
+    model_class = VLBertForSequenceClassification
+    input_fields = {"image": ("image",), "text": ("text", "question")}
+    id_field = "question_id"
+    formats = {"colours-csv": lambda rows: "".join(f"{r['question_id']},{r['prediction']}\n" for r in rows)}
+    row = staticmethod(label_row)
+
+    def postprocess(self, outputs, examples) -> list[dict]:
+        return [label_result(p, self.labels) for p in outputs["logits"].softmax(-1)]
+
+
+def test_a_new_region_task_trains_and_predicts_through_the_tools_with_a_data_module_recipe_and_pipeline(
+        easy, tmp_path, monkeypatch):
+    monkeypatch.setitem(RECIPES, "shape-colour", colour_recipe(easy))  # the recipe's table line
+    monkeypatch.setitem(PIPELINES, "shape-colour", ColourPipeline)  # the pipeline's table line
+    config = {"task": "shape-colour", "init_from": "minilm", "detector": asdict(EASY_DETECTOR),
+              "data": {"dataset": "easy-colours", "shards": str(easy.shards), "max_text_length": 12},
+              "training": {"max_steps": 30, "batch_size": 6, "learning_rate": 5e-4, "warmup_steps": 2,
+                           "log_every": 10, "progress_bar": False}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    assert tool("finetune")(["--task", "shape-colour", "--config", str(tmp_path / "run.yaml"),
+                             "--output-dir", str(out)]) in (0, None)
+    evaluated = {r["question_id"]: r["prediction"] for r in map(json.loads, (out / "predictions.jsonl")
+                                                                         .read_text().splitlines())}
+    assert json.loads((out / "metrics.json").read_text())["accuracy"] > 0.5  # 3 colours: chance is 1/3
+
+    questions = colour_questions(easy)
+    write_jsonl(tmp_path / "questions.jsonl", [{"question_id": q.question_id, "image": str(easy.files[q.image_id]),
+                                                "question": q.question} for q in questions])
+    assert tool("predict")([str(out), "--input", str(tmp_path / "questions.jsonl"), "--format", "colours-csv",
+                            "--output", str(tmp_path / "answers.csv"), "--device", "cpu"]) == 0
+    # Image files through the run's own detector give the evaluation's predictions on the stored regions.
+    answers = dict(csv.reader((tmp_path / "answers.csv").read_text().splitlines()))
+    assert answers == evaluated

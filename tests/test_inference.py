@@ -17,35 +17,14 @@ from conftest import tool, write_jsonl
 from detectors.config import DetectorConfig
 from detectors.extract import extract_regions
 from detectors.shards import load_regions, shard_paths, write_detector_info, write_shards
-from detectors.store import RegionStore
 from vlbert.command_line import run_tool
-from vlbert.data.easy_vqa import color_and_shape, image_paths, load_questions
+from vlbert.data.easy_vqa import load_questions
 from vlbert.inference import (EntailmentPipeline, ImageIndex, ImagePairPipeline, ReferringPipeline, RetrievalPipeline,
                               VQAPipeline, pipeline)
 from vlbert.recipes import RECIPES, run
 
-N_IMAGES = 12
-DETECTOR = DetectorConfig(input_size=96, max_proposals=8)
+from conftest import EASY_DETECTOR as DETECTOR, N_EASY_IMAGES as N_IMAGES  # the session's `easy` fixture
 TRAINING = {"max_steps": 2, "batch_size": 4, "warmup_steps": 1, "progress_bar": False, "log_every": 1}
-
-
-@pytest.fixture(scope="module")
-def easy(tmp_path_factory):
-    """12 easy-VQA test images (ids "0".."11"), their regions extracted with DETECTOR in a shard directory with its
-    detector.json, as tools/extract_regions.py leaves it; the NLVR2 pairs' image ids alias the same regions."""
-    root = tmp_path_factory.mktemp("inference")
-    truth = list(color_and_shape("test").items())[:N_IMAGES]
-    paths = image_paths("test")
-    files = {str(k): paths[image_id] for k, (image_id, _) in enumerate(truth)}
-    extractor = DETECTOR.build()
-    regions = list(extract_regions(extractor, list(files.items()), batch_size=N_IMAGES, progress=False))
-    pairs = [replace(regions[2 * p + j], image_id=f"dev-{p}-0-img{j}") for p in range(N_IMAGES // 2) for j in (0, 1)]
-    write_shards(regions + pairs, root / "shards")
-    write_detector_info(root / "shards", {"detector": extractor.name, "fingerprint": DETECTOR.fingerprint(),
-                                          "config": asdict(DETECTOR)})
-    return SimpleNamespace(root=root, shards=root / "shards", store=RegionStore(root / "shards"), files=files,
-                           truth={str(k): attrs for k, (_, attrs) in enumerate(truth)},
-                           easy_ids={str(k): image_id for k, (image_id, _) in enumerate(truth)})
 
 
 def finetune(task: str, data: dict, out) -> dict:

@@ -13,7 +13,9 @@ import transformers
 
 import vlbert
 from vlbert.models.heads import BertForSequenceClassification
+from conftest import tool, write_jsonl
 from vlbert.data.finetuning import align_word_labels
+from vlbert.inference import pipeline
 from vlbert.evaluation import text as m
 from vlbert.recipes import RECIPES, run as run_recipe
 
@@ -69,6 +71,18 @@ def test_sentence_pair_classification_csv(tmp_path, tiny_checkpoint):
                                               "text_field": "s1", "text_pair_field": "s2"}, steps=STEPS)
     # Train = eval: the pair head must learn the two pairs apart (chance is 0.5).
     assert metrics["accuracy"] == 1.0 and metrics["macro_f1"] == 1.0
+    # The run answers through its pipeline and tools/predict.py with the label names, as its evaluation did.
+    out = tmp_path / "out-0"
+    classify = pipeline(out, device="cpu")
+    results = classify([a for a, _, _ in rows[:2]], [b for _, b, _ in rows[:2]])
+    assert [r["label"] for r in results] == ["same", "different"]
+    assert all(abs(sum(r["scores"].values()) - 1) < 1e-5 and r["score"] > 0.5 for r in results)
+    write_jsonl(tmp_path / "pairs.jsonl", [{"id": k, "sentence1": a, "sentence2": b} for k, (a, b, _) in
+                                           enumerate(rows[:2])])
+    assert tool("predict")([str(out), "--input", str(tmp_path / "pairs.jsonl"), "--output",
+                            str(tmp_path / "labels.jsonl"), "--device", "cpu"]) == 0
+    written = [json.loads(line) for line in (tmp_path / "labels.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["prediction"]) for r in written] == [(0, "same"), (1, "different")]
 
 
 def test_regression_jsonl(tmp_path, tiny_checkpoint):

@@ -69,6 +69,14 @@ def test_run_writes_outputs_and_a_transformers_checkpoint(small_corpus, tmp_path
     real = enc["attention_mask"].bool()
     torch.testing.assert_close(b.prediction_logits[real], a.prediction_logits[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(b.seq_relationship_logits, a.seq_relationship_logits, atol=1e-5, rtol=0)
+    # The run's fill-mask pipeline gives transformers' fill-mask pipeline's fillers and scores.
+    from vlbert.inference import pipeline
+
+    ours_fill = pipeline(out, device="cpu")("the markets [MASK] today.", top_k=3)[0]
+    theirs = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out), device="cpu")(
+        "the markets [MASK] today.", top_k=3)
+    assert [x["token_str"] for x in ours_fill] == [x["token_str"] for x in theirs]
+    assert [x["score"] for x in ours_fill] == pytest.approx([x["score"] for x in theirs], abs=1e-5)
 
 
 class Crash(RuntimeError):

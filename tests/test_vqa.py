@@ -130,7 +130,7 @@ def test_vqa_finetuning_end_to_end(tmp_path):
     _write_easy_vqa_shards(shards, 400, 200)
     config = {
         "init_from": "minilm",
-        "data": {"dataset": "easy-vqa", "shards": str(shards), "max_train_questions": 400, "max_eval_questions": 200},
+        "data": {"dataset": "easy-vqa", "shards": str(shards), "max_train_examples": 400, "max_eval_examples": 200},
         "training": {"output_dir": str(out), "max_steps": 60, "batch_size": 16, "learning_rate": 1e-4,
                      "warmup_steps": 6, "log_every": 10, "progress_bar": False},
     }

@@ -220,7 +220,9 @@ def probe_command(args, out: Path) -> None:
     from vlbert.analysis.probe_data import probe_features
     from vlbert.analysis.probing import plot_probe, probe_layers
 
-    train_x, train_y, eval_x, eval_y, title = probe_features(args.task, args.model, args.cache_dir)
+    detector, max_regions = run_detector(args.model) if args.task.startswith("easy-vqa") else (None, 16)
+    train_x, train_y, eval_x, eval_y, title = probe_features(args.task, args.model, args.cache_dir, detector,
+                                                             max_regions)
     result = probe_layers(train_x, train_y, eval_x, eval_y)
     path = out / f"probe-{args.task}.png"
     plot_probe(result, title, path)

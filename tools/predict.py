@@ -11,30 +11,32 @@
     python tools/predict.py runs/retrieval --image photo.png --captions captions.txt --top-k 5
     python tools/predict.py runs/vl-default --image photo.png --text "a [MASK] circle"
 
-The run directory's task (its inference.json) decides what is predicted. --text is the question (VQA), hypothesis
-(SNLI-VE), statement (NLVR2), expression (RefCOCO), query (retrieval) or text with [MASK] (a VL-pretraining run).
-JSONL lines carry the same fields by name: ``image`` (``left``/``right`` for NLVR2), ``text`` (or ``question``,
-``hypothesis``/``sentence2``, ``sentence``, ``expression``), an id (``question_id``, ``pairID``, ``identifier``,
-``ref_id``, or ``id``) and, for referring runs trained on given boxes, ``boxes`` ([[x1, y1, x2, y2], ...] pixels);
-relative image paths are read from the JSONL file's folder.
+    python tools/predict.py runs/bbc-news --text "Shares rose sharply after the results"
+    python tools/predict.py runs/text-default --text "the capital of france is [MASK]."
 
-Formats: ``jsonl`` (default: one object per example, the input's id and fields plus the prediction),
-``vqa-v2`` (the VQA v2 evaluation server's results JSON: ``[{"question_id", "answer"}]``, every line needs a
-question_id) and ``nlvr2`` (the NLVR2 evaluation script's CSV: ``identifier,True|False`` per line). SNLI-VE defines
-no results format: use jsonl (``pairID`` + ``prediction``).
+The run directory's task (its inference.json) picks the pipeline (vlbert.inference.PIPELINES), and the pipeline
+says what is read and written: this tool knows no task by name. --text is the question (VQA), hypothesis
+(SNLI-VE), statement (NLVR2), expression (RefCOCO), query (retrieval), text to classify, or text with [MASK]
+(pretraining runs); --image the image (NLVR2: the left one, --image2 the right). JSONL lines carry the pipeline's
+input fields by name (``image``, ``left``/``right``, ``text`` or the benchmark's name for it: ``question``,
+``hypothesis``/``sentence2``, ``sentence``, ``expression``), the benchmark's id (``question_id``, ``pairID``,
+``identifier``, ``ref_id``, or ``id``) and, for referring runs trained on given boxes, ``boxes`` ([[x1, y1, x2,
+y2], ...] pixels); relative image paths are read from the JSONL file's folder.
+
+Formats: ``jsonl`` (default: one object per example, the input's id and fields plus the prediction) and the
+pipeline's own: ``vqa-v2`` (the VQA v2 evaluation server's results JSON: ``[{"question_id", "answer"}]``, every
+line needs a question_id) and ``nlvr2`` (the NLVR2 evaluation script's CSV: ``identifier,True|False`` per line).
+SNLI-VE defines no results format: use jsonl (``pairID`` + ``prediction``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-TEXT_FIELDS = ("text", "question", "hypothesis", "sentence2", "sentence", "statement", "expression", "query")
-ID_FIELDS = {"vqa": "question_id", "snli-ve": "pairID", "nlvr2": "identifier", "refcoco": "ref_id",
-             "retrieval": "id", "vl-pretraining": "id"}
-FORMATS = {"jsonl": None, "vqa-v2": "vqa", "nlvr2": "nlvr2"}
+#: the flags passed to a pipeline's predict_records (its parameters and tool_options say which it reads).
+OPTIONS = ("top_k", "draw", "images", "index", "captions")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -46,8 +48,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--input", help="a JSONL file of examples (see above) instead of --image/--text")
     p.add_argument("--output", help="where to write the predictions (default: standard output); an existing file "
                                     "is replaced only when the whole output is ready")
-    p.add_argument("--format", choices=tuple(FORMATS), default="jsonl")
-    p.add_argument("--top-k", type=int, default=1, help="answers (VQA), images / captions (retrieval), fillers")
+    p.add_argument("--format", default="jsonl", help="jsonl, or a format of the run's pipeline (vqa-v2, nlvr2)")
+    p.add_argument("--top-k", type=int, help="answers (VQA), images / captions (retrieval), fillers (default: the "
+                                             "pipeline's)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--device", help="cpu, cuda, ... (default: CUDA when available)")
     p.add_argument("--allow-other-detector", action="store_true",
@@ -60,11 +63,12 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_examples(args, task: str) -> list[dict]:
-    """The examples from --input (JSONL) or from the flags, with image paths resolved.
+def read_examples(args, pipeline_class) -> list[dict]:
+    """The examples from --input (JSONL) or from the flags, as the pipeline's inputs
+    (:meth:`~vlbert.inference.base.Pipeline.read_record`).
 
     Raises:
-        ValueError: no example given, a line that is not a JSON object or lacks a field the task needs.
+        ValueError: no example given, a line that is not a JSON object or lacks an input the task needs.
     """
     if args.input:
         from vlbert.data.grounded_text import jsonl_records
@@ -73,139 +77,73 @@ def read_examples(args, task: str) -> list[dict]:
         for where, record in jsonl_records(args.input, "--input"):
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: not a JSON object; write one object per line")
-            examples.append(_normalise(record, task, where, Path(args.input).parent))
+            examples.append(pipeline_class.read_record(record, where, Path(args.input).parent))
         if not examples:
             raise ValueError(f"{args.input} holds no examples")
         return examples
-    if task == "retrieval" and args.text is None and args.image is None:
-        raise ValueError("pass --text (text -> images, with --images/--index) or --image with --captions, or --input")
-    record = {"image": args.image, "text": args.text}
-    if task == "nlvr2":
-        record = {"left": args.image, "right": args.image2, "text": args.text}
-    return [_normalise({k: v for k, v in record.items() if v is not None}, task, "the command line", Path.cwd())]
+    record = {k: v for k, v in (("image", args.image), ("image2", args.image2), ("text", args.text)) if v is not None}
+    return [pipeline_class.read_record(record, "the command line", Path.cwd())]
 
 
-def _normalise(record: dict, task: str, where: str, base: Path) -> dict:
-    text = next((record[k] for k in TEXT_FIELDS if k in record), None)
-    images = ("left", "right") if task == "nlvr2" else ("image",)
-    needs_image = task not in ("retrieval", "vl-pretraining")
-    missing = [k for k in images if needs_image and not record.get(k)]
-    if task == "retrieval" and not (record.get("image") or text):
-        missing.append("image or text")
-    if text is None and task not in ("retrieval",):
-        missing.append("text")
-    if missing:
-        flags = {"image": "--image", "left": "--image", "right": "--image2", "text": "--text"}
-        raise ValueError(f"{where}: a {task} example needs {', '.join(missing)} (flags: "
-                         f"{', '.join(flags.get(m, '--' + m) for m in missing)})")
-    out = dict(record)
-    out["text"] = text
-    for k in ("image", "left", "right"):
-        if record.get(k):
-            path = Path(record[k]).expanduser()
-            out[k] = str(path if path.is_absolute() else base / path)
+def tool_options(args, pipeline_class) -> dict:
+    """The flags of :data:`OPTIONS` that were given, checked against what the pipeline reads.
+
+    Raises:
+        ValueError: a flag the run's task does not use (named, with the task).
+    """
+    given = {k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None}
+    unused = [k for k in given if k not in pipeline_class.parameters and k not in pipeline_class.tool_options]
+    if unused:
+        raise ValueError(f"--{unused[0].replace('_', '-')} is not used by {pipeline_class.tasks[0]} runs; leave it out")
+    return given
+
+
+def rows(examples: list[dict], predictions: list[dict], pipeline_class) -> list[dict]:
+    """One output row per example: its id (when given), its text and image-path inputs, and the prediction."""
+    out = []
+    for example, prediction in zip(examples, predictions):
+        key = next((k for k in (pipeline_class.id_field, "id") if k in example), None)
+        identity = {key: example[key]} if key else {}
+        inputs = {k: v for k, v in example.items() if k in pipeline_class.input_fields and isinstance(v, str)}
+        out.append({**identity, **inputs, **prediction})
     return out
 
 
-def predict(pipe, task: str, examples: list[dict], args) -> list[dict]:
-    """One output row per example: its id (when given), its input fields and the prediction."""
-    def rows(predictions):
-        return [{**_identity(ex, task), **p} for ex, p in zip(examples, predictions)]
-
-    texts = [ex["text"] for ex in examples]
-    if task == "vqa":
-        answers = pipe([ex["image"] for ex in examples], texts, top_k=args.top_k)
-        return rows([{"answer": a[0]["answer"], "score": a[0]["score"], "answers": a} for a in answers])
-    if task == "snli-ve":
-        return rows(_labels(pipe([ex["image"] for ex in examples], texts)))
-    if task == "nlvr2":
-        return rows(_labels(pipe([ex["left"] for ex in examples], [ex["right"] for ex in examples], texts)))
-    if task == "refcoco":
-        boxes = [ex.get("boxes") for ex in examples]
-        results = pipe([ex["image"] for ex in examples], texts, boxes=boxes if any(b is not None for b in boxes)
-                       else None)
-        if args.draw:
-            if len(examples) != 1:
-                raise ValueError("--draw takes one example (--image/--text); leave it out with --input")
-            pipe.draw(examples[0]["image"], results[0]).save(args.draw)
-        return rows(results)
-    if task == "retrieval":
-        indexes: dict = {}
-        return rows([_retrieve(pipe, ex, args, indexes) for ex in examples])
-    return rows([{"fillers": pipe(ex.get("image"), ex["text"], top_k=args.top_k)} for ex in examples])
-
-
-def _labels(results: list[dict]) -> list[dict]:
-    return [{"prediction": r["label"], "score": r["score"], "scores": r["scores"]} for r in results]
-
-
-def _identity(example: dict, task: str) -> dict:
-    key = ID_FIELDS[task]
-    out = {key: example[key]} if key in example else ({"id": example["id"]} if "id" in example else {})
-    return {**out, **{k: example[k] for k in ("image", "left", "right", "text") if example.get(k)}}
-
-
-def _retrieve(pipe, example: dict, args, indexes: dict) -> dict:
-    from vlbert.inference import ImageIndex
-
-    if example.get("text") and not example.get("image"):
-        if "index" not in indexes:
-            if args.index and Path(args.index, "index.json").is_file():
-                indexes["index"] = ImageIndex.load(args.index)
-            elif args.images:
-                indexes["index"] = pipe.index_images(args.images)
-                if args.index:
-                    indexes["index"].save(args.index)
-            else:
-                raise ValueError("text -> images needs --images FOLDER (indexed on the fly) or --index DIR (an "
-                                 "index saved before, or where to save the one built from --images)")
-        return {"images": pipe.search(example["text"], indexes["index"], top_k=args.top_k)}
-    if not args.captions:
-        raise ValueError("image -> text needs --captions FILE (candidate captions, one per line)")
-    captions = [line.strip() for line in Path(args.captions).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not captions:
-        raise ValueError(f"{args.captions} holds no captions")
-    return {"captions": pipe.captions(example["image"], captions, top_k=args.top_k)}
-
-
-def render(rows: list[dict], task: str, fmt: str) -> str:
-    """The output file's text in ``fmt``.
+def render(rows: list[dict], pipeline_class, fmt: str) -> str:
+    """The output file's text in ``fmt``: jsonl, or one of the pipeline's :attr:`formats`.
 
     Raises:
-        ValueError: a benchmark format for another task, or an example without the id the format needs.
+        ValueError: a format of another task's pipeline, or none's; a row the format cannot write.
     """
-    if FORMATS[fmt] is not None and FORMATS[fmt] != task:
-        raise ValueError(f"--format {fmt} is for {FORMATS[fmt]} runs; this run is {task!r}: use --format jsonl")
+    import json
+
     if fmt == "jsonl":
         return "".join(json.dumps(r) + "\n" for r in rows)
-    key = ID_FIELDS[task]
-    missing = [k for k, r in enumerate(rows, 1) if key not in r]
-    if missing:
-        raise ValueError(f"--format {fmt} needs a {key} on every example; example {missing[0]} has none")
-    if fmt == "vqa-v2":
-        return json.dumps([{"question_id": _int_if_digits(r[key]), "answer": r["answer"]} for r in rows])
-    return "".join(f"{r[key]},{r['prediction']}\n" for r in rows)
+    if fmt not in pipeline_class.formats:
+        from vlbert.inference import PIPELINES
 
-
-def _int_if_digits(value):
-    return int(value) if isinstance(value, str) and value.isdigit() else value
+        owners = sorted(t for t, cls in PIPELINES.items() if fmt in cls.formats)
+        known = ", ".join(["jsonl", *pipeline_class.formats])
+        where = f"is for {' and '.join(owners)} runs" if owners else "is not a known format"
+        raise ValueError(f"--format {fmt} {where}; this run is {pipeline_class.tasks[0]!r}: use --format {known}")
+    return pipeline_class.formats[fmt](rows)
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     for flag, value in (("--top-k", args.top_k), ("--batch-size", args.batch_size)):
-        if value < 1:
+        if value is not None and value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")
-    from vlbert.inference import pipeline, read_inference_info
+    from vlbert.inference import pipeline_class
     from vlbert_base.files import write_text_atomically
 
-    task = read_inference_info(args.run)["task"]
-    if FORMATS[args.format] is not None and FORMATS[args.format] != task:
-        render([], task, args.format)  # raises the one-line error before the model loads
-    examples = read_examples(args, task)
-    pipe = pipeline(args.run, device=args.device, allow_other_detector=args.allow_other_detector,
-                    batch_size=args.batch_size)
-    text = render(predict(pipe, task, examples, args), task, args.format)
+    cls = pipeline_class(args.run)
+    render([], cls, args.format)  # an unknown format: the one-line error before the model loads
+    examples = read_examples(args, cls)
+    options = tool_options(args, cls)
+    pipe = cls(args.run, device=args.device, allow_other_detector=args.allow_other_detector,
+               batch_size=args.batch_size)
+    text = render(rows(examples, pipe.predict_records(examples, **options), cls), cls, args.format)
     if args.output:
         write_text_atomically(args.output, text)
     else:

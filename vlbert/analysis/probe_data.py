@@ -50,14 +50,14 @@ def bbc_news(model_path: str, max_length: int = 128, batch_size: int = 32):
     return (*out, "BBC News topic, MiniLM layers" if model_path == "minilm" else f"BBC News topic, {model_path}")
 
 
-def easy_vqa(model_path: str, cache_dir: str, colour_only: bool, max_train: int = 3000, max_eval: int = 1000,
-             batch_size: int = 64):
-    """Features of easy-VQA questions (train / test) with their image's regions, labels = the answer (colour
-    questions only with ``colour_only``)."""
+def easy_vqa(model_path: str, cache_dir: str, colour_only: bool, detector: DetectorConfig, max_regions: int = 16,
+             max_train: int = 3000, max_eval: int = 1000, batch_size: int = 64):
+    """Features of easy-VQA questions (train / test) with their image's first ``max_regions`` regions, extracted
+    with ``detector`` (the model's own: tools/explain.py reads it from the run's inference.json), labels = the
+    answer (colour questions only with ``colour_only``)."""
     path = resolve_model_path(model_path)
     model, tok = vlbert.VLBertModel.from_pretrained(path), load_tokenizer(path)
-    regions = load_regions(easy_vqa_shards(DetectorConfig(backend="timm", input_size=160, max_proposals=16),
-                                           cache_dir))
+    regions = load_regions(easy_vqa_shards(detector, cache_dir))
     names = list(COLORS) if colour_only else answers()
     out = []
     for split, limit in (("train", max_train), ("test", max_eval)):
@@ -68,23 +68,27 @@ def easy_vqa(model_path: str, cache_dir: str, colour_only: bool, max_train: int 
                 chunk = questions[s:s + batch_size]
                 batch = pad_text([{"input_ids": ids} for ids in tok([q.question for q in chunk])["input_ids"]],
                                  tok.pad_token_id)
-                batch.update(pad_regions([region_item(regions[q.image_id], 16) for q in chunk]))
+                batch.update(pad_regions([region_item(regions[q.image_id], max_regions) for q in chunk]))
                 yield {**batch, "pool": "cls"}
         out += [layer_features(model, batches()), torch.tensor([names.index(q.answer) for q in questions])]
     what = "the colour" if colour_only else "the answer"
     return (*out, f"easy-VQA: which layer knows {what}? ({model_path})")
 
 
-def probe_features(task: str, model_path: str, cache_dir: str = "~/.cache/vlbert/regions"):
-    """(train_x, train_y, eval_x, eval_y, title) for ``task`` in "bbc-news", "easy-vqa-color", "easy-vqa-answer".
+def probe_features(task: str, model_path: str, cache_dir: str = "~/.cache/vlbert/regions",
+                   detector: DetectorConfig | None = None, max_regions: int = 16):
+    """(train_x, train_y, eval_x, eval_y, title) for ``task`` in "bbc-news", "easy-vqa-color", "easy-vqa-answer";
+    the easy-VQA tasks read regions made by ``detector`` (the model's own), ``max_regions`` per image.
 
     Raises:
-        ValueError: an unknown task.
+        ValueError: an unknown task; an easy-VQA task without a detector.
     """
     if task == "bbc-news":
         return bbc_news(model_path)
     if task in ("easy-vqa-color", "easy-vqa-answer"):
-        return easy_vqa(model_path, cache_dir, colour_only=task == "easy-vqa-color")
+        if detector is None:
+            raise ValueError(f"probe task {task} reads regions: pass the detector the model was trained with")
+        return easy_vqa(model_path, cache_dir, task == "easy-vqa-color", detector, max_regions)
     raise ValueError(f"unknown probe task {task!r}; use bbc-news, easy-vqa-color or easy-vqa-answer")
 
 

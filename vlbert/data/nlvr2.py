@@ -13,12 +13,8 @@ import random
 import re
 from dataclasses import dataclass
 
-import torch
-
-from detectors.batch import pad_regions, region_item
 from vlbert.data.easy_vqa import COLORS, SHAPES, color_and_shape
 from vlbert.data.grounded_text import GroundedTextDataset, jsonl_records
-from vlbert.data.padding import pad_text
 
 _IDENTIFIER = re.compile(r"^(?P<split>[a-z0-9]+)-(?P<set>\d+)-(?P<pair>\d+)-(?P<sentence>\d+)$")
 _LABELS = {"True": 1, "False": 0, True: 1, False: 0}
@@ -110,40 +106,19 @@ def easy_vqa_image_pairs(split: str, count: int, seed: int = 0) -> list[ImagePai
 class ImagePairDataset(GroundedTextDataset):
     """Statements joined with both images' regions.
 
-    Items: input_ids, ``pair_regions`` (the two images' region items), ``labels`` and ``index``.
+    Items: input_ids, ``images`` (the two images' region items, left first), ``labels`` (1 = true) and ``index``.
     Raises:
         ValueError: an image without regions (the message names the statement and the fix).
     """
 
-    kind, id_field = "statement", "identifier"
-
-    def text(self, example) -> str:
-        return example.sentence
+    kind, id_field, text_field = "statement", "identifier", "sentence"
+    images_per_text = 2
 
     def images(self, example) -> tuple[str, ...]:
         return (example.left_image, example.right_image)
 
-    def __getitem__(self, index: int) -> dict:
-        ex = self.examples[index]
-        pair = [region_item(self.regions[i], self.max_regions) for i in (ex.left_image, ex.right_image)]
-        return {"input_ids": self.input_ids[index], "pair_regions": pair, "labels": ex.label, "index": index}
+    def targets(self, example) -> dict:
+        return {"labels": example.label}
 
 
-class ImagePairCollator:
-    """Pad statements; pad both images' regions to one size: region_features float16 [B, 2, R, D], region_boxes
-    float32 [B, 2, R, 4], region_mask int64 [B, 2, R] (index 0 = left image); labels int64 [B]; index int64 [B]
-    (the items' dataset indices)."""
-
-    def __init__(self, tokenizer):
-        self.pad_token_id = tokenizer.pad_token_id
-
-    def __call__(self, items: list[dict]) -> dict:
-        batch = pad_text([{"input_ids": x["input_ids"]} for x in items], self.pad_token_id)
-        regions = pad_regions([image for x in items for image in x["pair_regions"]])  # [2B, R, ...], left first
-        batch.update({k: v.view(len(items), 2, *v.shape[1:]) for k, v in regions.items()})
-        batch["labels"] = torch.tensor([x["labels"] for x in items], dtype=torch.long)
-        batch["index"] = torch.tensor([x["index"] for x in items])
-        return batch
-
-
-__all__ = ["ImagePairExample", "load_nlvr2", "easy_vqa_image_pairs", "ImagePairDataset", "ImagePairCollator"]
+__all__ = ["ImagePairExample", "load_nlvr2", "easy_vqa_image_pairs", "ImagePairDataset"]

@@ -19,11 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detectors.batch import pad_regions, region_item
 from detectors.safe_pickle import load_plain_pickle
 from vlbert.data.easy_vqa import color_and_shape, image_paths
 from vlbert.data.grounded_text import GroundedTextDataset
-from vlbert.data.padding import pad_text
 
 
 @dataclass(frozen=True)
@@ -135,40 +133,14 @@ class ReferringDataset(GroundedTextDataset):
         ValueError: an image without regions (the message names the expression and the fix).
     """
 
-    kind, id_field = "expression", "ref_id"
+    kind, id_field, text_field = "expression", "ref_id", "expression"
 
-    def text(self, example) -> str:
-        return example.expression
-
-    def images(self, example) -> tuple[str, ...]:
-        return (example.image_id,)
-
-    def __getitem__(self, index: int) -> dict:
-        ex = self.examples[index]
-        r = self.regions[ex.image_id]
-        item = region_item(r, self.max_regions)
-        n = len(item["region_features"])
+    def targets(self, example) -> dict:
+        r = self.regions[example.image_id]
         scale = np.array([r.width, r.height, r.width, r.height], dtype=np.float32)
-        target = int(box_iou(np.array([ex.box]), r.boxes[:n]).argmax())
-        return {"input_ids": self.input_ids[index], **item, "target_region": target,
-                "target_box": np.array(ex.box, dtype=np.float32) / scale, "index": index}
-
-
-class ReferringCollator:
-    """Pad expressions and regions; ``target_region`` int64 [B], ``target_box`` float32 [B, 4] (normalised),
-    ``index`` int64 [B] (the items' dataset indices)."""
-
-    def __init__(self, tokenizer):
-        self.pad_token_id = tokenizer.pad_token_id
-
-    def __call__(self, items: list[dict]) -> dict:
-        batch = pad_text([{"input_ids": x["input_ids"]} for x in items], self.pad_token_id)
-        batch.update(pad_regions(items))
-        batch["target_region"] = torch.tensor([x["target_region"] for x in items], dtype=torch.long)
-        batch["target_box"] = torch.from_numpy(np.stack([x["target_box"] for x in items]))
-        batch["index"] = torch.tensor([x["index"] for x in items])
-        return batch
+        target = int(box_iou(np.array([example.box]), r.boxes[: self.max_regions]).argmax())
+        return {"target_region": target, "target_box": np.array(example.box, dtype=np.float32) / scale}
 
 
 __all__ = ["ReferringExample", "load_refcoco", "easy_vqa_composites", "box_iou",
-           "ReferringDataset", "ReferringCollator"]
+           "ReferringDataset"]

@@ -12,12 +12,8 @@ import os
 import random
 from dataclasses import dataclass
 
-import torch
-
-from detectors.batch import pad_regions, region_item
 from vlbert.data.easy_vqa import COLORS, SHAPES, color_and_shape
 from vlbert.data.grounded_text import GroundedTextDataset, jsonl_records
-from vlbert.data.padding import pad_text
 
 LABELS = ("entailment", "neutral", "contradiction")
 
@@ -89,39 +85,16 @@ def easy_vqa_entailment(split: str, seed: int = 0) -> list[EntailmentExample]:
 
 
 class EntailmentDataset(GroundedTextDataset):
-    """Hypotheses joined with their image's regions.
+    """Hypotheses joined with their image's regions; target ``labels`` (index into :data:`LABELS`).
 
     Raises:
         ValueError: an image without regions (the message names the pair and the fix).
     """
 
-    kind, id_field = "pair", "pair_id"
+    kind, id_field, text_field = "pair", "pair_id", "hypothesis"
 
-    def text(self, example) -> str:
-        return example.hypothesis
-
-    def images(self, example) -> tuple[str, ...]:
-        return (example.image_id,)
-
-    def __getitem__(self, index: int) -> dict:
-        ex = self.examples[index]
-        return {"input_ids": self.input_ids[index], **region_item(self.regions[ex.image_id], self.max_regions),
-                "labels": ex.label, "index": index}
+    def targets(self, example) -> dict:
+        return {"labels": example.label}
 
 
-class EntailmentCollator:
-    """Pad hypotheses and regions; ``labels`` int64 [B], ``index`` int64 [B] (the items' dataset indices)."""
-
-    def __init__(self, tokenizer):
-        self.pad_token_id = tokenizer.pad_token_id
-
-    def __call__(self, items: list[dict]) -> dict:
-        batch = pad_text([{"input_ids": x["input_ids"]} for x in items], self.pad_token_id)
-        batch.update(pad_regions(items))
-        batch["labels"] = torch.tensor([x["labels"] for x in items], dtype=torch.long)
-        batch["index"] = torch.tensor([x["index"] for x in items])
-        return batch
-
-
-__all__ = ["LABELS", "EntailmentExample", "load_snli_ve", "easy_vqa_entailment", "EntailmentDataset",
-           "EntailmentCollator"]
+__all__ = ["LABELS", "EntailmentExample", "load_snli_ve", "easy_vqa_entailment", "EntailmentDataset"]

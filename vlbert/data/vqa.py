@@ -11,13 +11,10 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from torch.utils.data import Dataset
 
-from detectors.batch import pad_regions, region_item
 from detectors.regions import Regions
-from detectors.store import region_count
 from vlbert.data.easy_vqa import load_questions
-from vlbert.data.padding import pad_text
+from vlbert.data.grounded_text import GroundedTextDataset
 from vlbert.data.vqa_answers import answer_targets, reference_forms
 
 
@@ -76,8 +73,12 @@ def build_answer_vocab(examples: Sequence[VQAExample], min_count: int = 1) -> li
     return [a for a, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if c >= min_count]
 
 
-class VQADataset(Dataset):
+class VQADataset(GroundedTextDataset):
     """Questions joined with their image's regions and soft answer targets.
+
+    Items: as :class:`~vlbert.data.grounded_text.GroundedTextDataset`, the target ``answer_targets`` float32 [A]
+    (each vocabulary answer's soft score, :func:`~vlbert.data.vqa_answers.answer_targets`; zeros for a question
+    without answers).
 
     Args:
         examples: the questions.
@@ -92,6 +93,8 @@ class VQADataset(Dataset):
             vocabulary; the message names the question and the fix.
     """
 
+    kind, id_field, text_field = "question", "question_id", "question"
+
     def __init__(self, examples: Sequence[VQAExample], regions: dict[str, Regions], tokenizer,
                  answer_vocab: Sequence[str], max_question_length: int = 32, max_regions: int = 36,
                  drop_unknown: bool = False):
@@ -99,9 +102,6 @@ class VQADataset(Dataset):
         self.answer_vocab = list(answer_vocab)
         kept = []
         for ex in examples:
-            if ex.image_id not in regions:
-                raise ValueError(f"question {ex.question_id} ({ex.question!r}) is about image {ex.image_id!r}, "
-                                 "which has no regions; extract its regions (tools/extract_regions.py) or drop it")
             if ex.answers and not answer_targets(ex.answers, self.answer_to_index):
                 if drop_unknown:
                     continue
@@ -109,43 +109,13 @@ class VQADataset(Dataset):
                                  f"none of which is in the {len(answer_vocab)}-answer vocabulary; extend the "
                                  "vocabulary or pass drop_unknown=True")
             kept.append(ex)
-        self.examples = kept
-        self.regions = regions
-        self.max_regions = max_regions
-        texts = [ex.question for ex in kept]
-        self.input_ids = tokenizer(texts, truncation=True, max_length=max_question_length)["input_ids"] if texts else []
+        super().__init__(kept, regions, tokenizer, max_question_length, max_regions)
 
-    def __len__(self) -> int:
-        return len(self.examples)
-
-    def lengths(self) -> list[int]:
-        return [len(ids) + min(region_count(self.regions, ex.image_id), self.max_regions)
-                for ids, ex in zip(self.input_ids, self.examples)]
-
-    def __getitem__(self, index: int) -> dict:
-        ex = self.examples[index]
-        return {"input_ids": self.input_ids[index], **region_item(self.regions[ex.image_id], self.max_regions),
-                "targets": answer_targets(ex.answers, self.answer_to_index), "index": index}
+    def targets(self, example) -> dict:
+        scores = torch.zeros(len(self.answer_vocab))
+        for j, score in answer_targets(example.answers, self.answer_to_index).items():
+            scores[j] = score
+        return {"answer_targets": scores}
 
 
-class VQACollator:
-    """Pad questions and regions; turn per-question answer scores into ``answer_targets`` float [B, A]. Also
-    returns ``index`` (int64 [B]) so predictions can be matched to questions."""
-
-    def __init__(self, tokenizer, num_answers: int):
-        self.pad_token_id = tokenizer.pad_token_id
-        self.num_answers = num_answers
-
-    def __call__(self, items: list[dict]) -> dict:
-        batch = pad_text([{"input_ids": x["input_ids"]} for x in items], self.pad_token_id)
-        batch.update(pad_regions(items))
-        targets = torch.zeros(len(items), self.num_answers)
-        for i, x in enumerate(items):
-            for j, score in x["targets"].items():
-                targets[i, j] = score
-        batch["answer_targets"] = targets
-        batch["index"] = torch.tensor([x["index"] for x in items])
-        return batch
-
-
-__all__ = ["VQAExample", "easy_vqa_examples", "load_vqa_v2", "build_answer_vocab", "VQADataset", "VQACollator"]
+__all__ = ["VQAExample", "easy_vqa_examples", "load_vqa_v2", "build_answer_vocab", "VQADataset"]

@@ -1,5 +1,5 @@
 """Use a trained model: one pipeline per task, loaded from a run directory, taking image files, PIL images or
-arrays and text (:mod:`vlbert.inference.pipelines`); what a run saves for it and the detector check
+arrays and text (or text alone, for text runs) (:mod:`vlbert.inference.pipelines`); what a run saves for it and the detector check
 (:mod:`vlbert.inference.run`).
 
     from vlbert.inference import pipeline
@@ -8,9 +8,11 @@ arrays and text (:mod:`vlbert.inference.pipelines`); what a run saves for it and
 """
 
 from vlbert.inference.pipelines import (PIPELINES, EntailmentPipeline, FillMaskPipeline, ImageIndex, ImagePairPipeline,
-                                        Pipeline, ReferringPipeline, RetrievalPipeline, VQAPipeline, pipeline)
+                                        Pipeline, ReferringPipeline, RetrievalPipeline, TextClassificationPipeline,
+                                        TextFillMaskPipeline, VQAPipeline, pipeline, pipeline_class)
 from vlbert.inference.run import RunInputs, detector_for_run, read_inference_info
 
 __all__ = ["pipeline", "PIPELINES", "Pipeline", "VQAPipeline", "RetrievalPipeline", "ImageIndex",
-           "ImagePairPipeline", "EntailmentPipeline", "ReferringPipeline", "FillMaskPipeline", "RunInputs",
+           "ImagePairPipeline", "EntailmentPipeline", "ReferringPipeline", "FillMaskPipeline", "TextClassificationPipeline",
+           "TextFillMaskPipeline", "pipeline_class", "RunInputs",
            "read_inference_info", "detector_for_run"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import ClassVar, Sequence
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -28,27 +29,18 @@ def _is_single(image) -> bool:
     return isinstance(image, (str, os.PathLike, Regions, np.ndarray)) or hasattr(image, "mode")
 
 
-def _examples(image, text) -> tuple[list, list[str], bool]:
-    """(images, texts, single) of a call: one image and one text -> one example (``single``: return one result);
-    one image and a list of texts -> the image with each text (as transformers' VQA pipeline broadcasts it), and
-    a list of images with one text -> that text with each image; two lists pair up.
-
-    Raises:
-        ValueError: two lists of different lengths.
-    """
-    single_image, single_text = _is_single(image), isinstance(text, str)
-    if single_image and single_text:
-        return [image], [text], True
-    images = [image] * len(text) if single_image else list(image)
-    texts = [text] * len(images) if single_text else list(text)
-    if len(images) != len(texts):
-        raise ValueError(f"{len(images)} images but {len(texts)} texts: pass one text per image, or one image "
-                         "(or one text) for all")
-    return images, texts, False
-
-
 class Pipeline:
-    """Base class: a run's model (eval mode, on ``device``) and :class:`~vlbert.inference.run.RunInputs`.
+    """Base class: a run's model (eval mode, on ``device``) and :class:`~vlbert.inference.run.RunInputs`, and the
+    call every task shares, in transformers' pipeline shape: ``pipe(*inputs, **parameters)`` turns the inputs into
+    examples (one per row; one image, or one text, broadcast over a list of the other, as transformers' VQA
+    pipeline does), cuts them into ``batch_size`` chunks and runs :meth:`preprocess` -> :meth:`_forward` (no
+    gradients) -> :meth:`postprocess` on each; one input of each kind gives one result, lists give a list.
+
+    A task sets :attr:`tasks`, :attr:`model_class`, :attr:`input_fields` (its inputs in call order, each with the
+    names a JSONL record may give it under), :attr:`image_fields`, :attr:`optional_fields`, :attr:`id_field`,
+    :attr:`parameters` and :attr:`formats`, and implements :meth:`postprocess` (and :meth:`preprocess` /
+    :meth:`_forward` where the default, one image and one text per example through the model's logits, does not
+    fit). ``tools/predict.py`` reads only these: it knows no task by name.
 
     Args:
         run_dir: a run's output directory (``config.json``, ``model.safetensors``, tokenizer, ``inference.json``).
@@ -66,6 +58,21 @@ class Pipeline:
     model_class: ClassVar[type] = VLBertForVQA
     #: other model classes a run of the task may hold (config.json's ``architectures`` decides).
     model_classes: ClassVar[tuple[type, ...]] = ()
+    #: the call's inputs in order: name -> the names a JSONL record may give it under (tools/predict.py).
+    input_fields: ClassVar[dict[str, tuple[str, ...]]] = {"image": ("image",), "text": ("text",)}
+    #: inputs that are images (file paths in records are read relative to the record's file).
+    image_fields: ClassVar[tuple[str, ...]] = ("image",)
+    #: inputs an example may leave out (None).
+    optional_fields: ClassVar[tuple[str, ...]] = ()
+    #: the record field that identifies an example in the task's benchmark (written with its prediction).
+    id_field: ClassVar[str] = "id"
+    #: call parameters and their defaults (e.g. ``{"top_k": 1}``).
+    parameters: ClassVar[dict[str, Any]] = {}
+    #: output formats besides ``jsonl``: name -> (rows -> the file's text), each row ``{id_field, ...,
+    #: prediction fields}``; raises ValueError for a row the format cannot write.
+    formats: ClassVar[dict[str, Callable[[list[dict]], str]]] = {}
+    #: tools/predict.py flags besides the parameters that this task reads in :meth:`predict_records` (e.g. ``draw``).
+    tool_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, run_dir: str | os.PathLike, device: str | None = None, detector=None,
                  allow_other_detector: bool = False, batch_size: int = 16):
@@ -94,20 +101,139 @@ class Pipeline:
         """Each image's regions (extracted with the run's detector, or checked): :meth:`RunInputs.regions`."""
         return self.inputs.regions(images, boxes, self.batch_size)
 
-    @torch.no_grad()
-    def logits(self, images: Sequence[ImageInput], texts: Sequence[str], boxes=None) -> tuple[torch.Tensor, list]:
-        """The model's logits (float32, CPU) for each (image, text), in ``batch_size`` chunks, and the regions."""
-        if len(images) != len(texts):
-            raise ValueError(f"{len(images)} images but {len(texts)} texts: pass one text per image")
-        out, all_regions = [], []
-        for start in range(0, len(texts), self.batch_size):
-            chunk = slice(start, start + self.batch_size)
-            regions = self.regions(images[chunk], None if boxes is None else boxes[chunk])
-            suffix = getattr(self.model, "question_suffix", "")  # VisualBERT's VQA reads a [MASK] at the end
-            batch = self.inputs.batch([t + suffix for t in texts[chunk]], regions, self.device)
-            out.append(self.model(**batch).logits.float().cpu())
-            all_regions += regions
-        return torch.cat(out), all_regions
+    def __call__(self, *inputs, **parameters):
+        """Results for ``inputs`` (in :attr:`input_fields` order): one result for single inputs, else a list.
+
+        Raises:
+            TypeError: more inputs than the task has, or a parameter it does not take (the known ones named).
+            ValueError: lists of different lengths; a bad parameter value; errors of the detector and model.
+        """
+        examples, single = self.examples(*inputs)
+        results = self.run(examples, **parameters)
+        return results[0] if single else results
+
+    def examples(self, *inputs) -> tuple[list[dict], bool]:
+        """(one dict per example keyed by :attr:`input_fields`, whether every input was single): lists pair up
+        by position; a single input goes with every element of the others.
+
+        Raises:
+            TypeError: more inputs than :attr:`input_fields`.
+            ValueError: lists of different lengths.
+        """
+        names = list(self.input_fields)
+        if len(inputs) > len(names):
+            raise TypeError(f"{type(self).__name__} takes {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")
+        values = dict(zip(names, inputs))
+        single = {k: self._single(k, v) for k, v in values.items()}
+        lengths = {len(v) for k, v in values.items() if not single[k]}
+        if len(lengths) > 1:
+            raise ValueError(f"{' and '.join(f'{len(v)} {k}s' for k, v in values.items() if not single[k])}: pass "
+                             "one of each per example, or one for all")
+        n = lengths.pop() if lengths else 1
+        examples = [{k: (v if single[k] else v[i]) for k, v in values.items()} for i in range(n)]
+        return [{k: ex.get(k) for k in names} for ex in examples], all(single.values())
+
+    def _single(self, name: str, value) -> bool:
+        if value is None or isinstance(value, str):
+            return True
+        return _is_single(value) if name in self.image_fields else False
+
+    def run(self, examples: list[dict], **parameters) -> list:
+        """The result of every example (dicts keyed by :attr:`input_fields`), ``batch_size`` at a time.
+
+        Raises:
+            TypeError: a parameter the task does not take.
+        """
+        unknown = sorted(set(parameters) - set(self.parameters))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unknown parameter(s) {unknown}; it takes "
+                            f"{sorted(self.parameters) or 'none'}")
+        params = {**self.parameters, **parameters}
+        self.check_parameters(**params)
+        out: list = []
+        for start in range(0, len(examples), self.batch_size):
+            chunk = examples[start:start + self.batch_size]
+            model_inputs = self.preprocess(chunk, **params)
+            with torch.no_grad():
+                outputs = self._forward(model_inputs)
+            out += self.postprocess(outputs, chunk, **params)
+        return out
+
+    def check_parameters(self, **parameters) -> None:
+        """Raise ValueError for a bad parameter value (``top_k`` below 1)."""
+        if "top_k" in parameters and parameters["top_k"] < 1:
+            raise ValueError(f"top_k must be at least 1, got {parameters['top_k']}")
+
+    def preprocess(self, examples: list[dict], **parameters) -> dict[str, Any]:
+        """Model inputs of a chunk: ``{"batch": text + regions on the device (as the task's dataset pads them),
+        "regions": each example's Regions}``; examples with ``image`` and ``text`` (and ``boxes``, where given)."""
+        boxes = [ex.get("boxes") for ex in examples]
+        regions = self.regions([ex["image"] for ex in examples], boxes if any(b is not None for b in boxes) else None)
+        suffix = getattr(self.model, "question_suffix", "")  # VisualBERT's VQA reads a [MASK] at the end
+        return {"batch": self.inputs.batch([ex["text"] + suffix for ex in examples], regions, self.device),
+                "regions": regions}
+
+    def _forward(self, model_inputs: dict[str, Any]) -> dict[str, Any]:
+        """The model on ``model_inputs["batch"]``: adds ``logits`` (float32, CPU)."""
+        return {**model_inputs, "logits": self.model(**model_inputs["batch"]).logits.float().cpu()}
+
+    def postprocess(self, outputs: dict[str, Any], examples: list[dict], **parameters) -> list:
+        """One result per example of the chunk, from :meth:`_forward`'s outputs."""
+        raise NotImplementedError
+
+    def predict_records(self, records: list[dict], **options) -> list[dict]:
+        """tools/predict.py's call: one prediction dict per record (records keyed by :attr:`input_fields`), each
+        made flat for a JSONL row by :meth:`row`; ``options`` are the tool's flags (``top_k``, ...), of which the
+        task's :attr:`parameters` are passed on (and the :attr:`tool_options` a task reads itself)."""
+        params = {k: v for k, v in options.items() if k in self.parameters}
+        return [self.row(r) for r in self.run(records, **params)]
+
+    def row(self, result) -> dict:
+        """A result as the fields of an output row (default: the result dict itself)."""
+        return result
+
+    @classmethod
+    def read_record(cls, record: dict, where: str, base: str | os.PathLike = ".") -> dict:
+        """A JSONL record (or the command line's fields) as an example: each input under its name in
+        :attr:`input_fields` (the first alias present), image paths resolved against ``base``, the id kept.
+
+        Raises:
+            ValueError: a required input missing (named, with the flag that gives it, and ``where``).
+        """
+        example = {name: next((record[a] for a in aliases if record.get(a) is not None), None)
+                   for name, aliases in cls.input_fields.items()}
+        missing = [n for n, v in example.items() if v is None and n not in cls.optional_fields]
+        if missing:
+            task = cls.tasks[0] if cls.tasks else cls.__name__
+            raise ValueError(f"{where}: a {task} example needs {', '.join(missing)} (flags: "
+                             f"{', '.join(_flag(cls, m) for m in missing)})")
+        for name in cls.image_fields:
+            if isinstance(example.get(name), str):
+                path = Path(example[name]).expanduser()
+                example[name] = str(path if path.is_absolute() else Path(base) / path)
+        for key in (cls.id_field, "id"):
+            if key in record:
+                example.setdefault(key, record[key])
+        return example
 
 
-__all__ = ["Pipeline"]
+def _flag(cls, name: str) -> str:
+    """The predict tool's flag of an input: --text, --image, --image2 for the second image input."""
+    if name in cls.image_fields:
+        return "--image" if cls.image_fields.index(name) == 0 else "--image2"
+    return "--text" if name == "text" else f'a "{name}" field'
+
+
+def label_result(probabilities: torch.Tensor, labels: Sequence[str]) -> dict[str, Any]:
+    """``{"label", "score", "scores"}`` of one example's class probabilities float [C]."""
+    k = int(probabilities.argmax())
+    return {"label": labels[k], "score": float(probabilities[k]),
+            "scores": {name: float(p) for name, p in zip(labels, probabilities)}}
+
+
+def label_row(result: dict) -> dict:
+    """A classification result as an output row: ``prediction``, ``score``, ``scores``."""
+    return {"prediction": result["label"], "score": result["score"], "scores": result["scores"]}
+
+
+__all__ = ["Pipeline", "label_result", "label_row"]

@@ -1,33 +1,47 @@
-"""One object per task that answers about raw images with a trained run: ``pipeline(run_dir)(image, text)``.
+"""One object per task that answers about raw images (or texts) with a trained run: ``pipeline(run_dir)(image,
+text)``.
 
-The shape is transformers' ``pipeline("visual-question-answering")``: built from a directory, called on images and
-text, batching internally, returning plain dicts. A region-based model also needs the detector that made its
-training regions: each pipeline rebuilds it from the run's ``inference.json`` and refuses another one
-(:mod:`vlbert.inference.run`). Inputs are prepared exactly as the task's dataset prepares them (same tokenizer,
-truncation, ``region_item`` and padding), so on the same regions a pipeline gives the recipe's evaluation outputs
-(tests/test_inference.py checks every task).
+The shape is transformers' ``pipeline(...)``: built from a directory, called on images and text, batching
+internally, returning plain dicts; each task is a :class:`~vlbert.inference.base.Pipeline` that declares its
+inputs and implements ``postprocess`` (and ``preprocess`` / ``_forward`` where it reads more than one image and
+one text). A region-based model also needs the detector that made its training regions: each pipeline rebuilds it
+from the run's ``inference.json`` and refuses another one (:mod:`vlbert.inference.run`). Inputs are prepared exactly
+as the task's dataset prepares them (same tokenizer, truncation, ``region_item`` and padding), so on the same
+regions a pipeline gives the recipe's evaluation outputs (tests/test_inference.py checks every task).
 
 Images: a file path, a PIL image, a uint8 array [H, W, 3] (RGB) or the image's :class:`~detectors.regions.Regions`.
+A new task is a Pipeline subclass and one line in :data:`PIPELINES` (docs/extending.md).
 """
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any, Sequence
-
-import torch
+from typing import Any
 
 from detectors.images import load_image, to_rgb_array
 from detectors.regions import Regions
-from vlbert.analysis.fill_mask import fill_mask
-from vlbert.inference.run import RunInputs, read_inference_info
+from vlbert.inference.base import Pipeline, label_result, label_row
+from vlbert.inference.retrieval import ImageIndex, RetrievalPipeline
+from vlbert.inference.run import read_inference_info
+from vlbert.inference.fill_mask import FillMaskPipeline, TextFillMaskPipeline
+from vlbert.inference.text import TextClassificationPipeline
 from vlbert.models.referring import VLBertForReferringExpressions
-from vlbert.models.vl import VLBertForPreTraining
 from vlbert.models.vl_classification import (VLBertForImagePairClassification, VLBertForSequenceClassification,
                                              VLBertForVisualReasoning)
 from vlbert.models.vqa import VLBertForMaskedTokenVQA, VLBertForVQA
-from vlbert.inference.base import Pipeline, _as_list, _examples, _is_single
-from vlbert.inference.retrieval import ImageIndex, RetrievalPipeline
+
+
+def _vqa_v2_results(rows: list[dict]) -> str:
+    """The VQA v2 evaluation server's results JSON: ``[{"question_id", "answer"}]`` (VQA.loadRes)."""
+    missing = [k for k, r in enumerate(rows, 1) if "question_id" not in r]
+    if missing:
+        raise ValueError(f"--format vqa-v2 needs a question_id on every example; example {missing[0]} has none")
+    return json.dumps([{"question_id": _int_if_digits(r["question_id"]), "answer": r["answer"]} for r in rows])
+
+
+def _int_if_digits(value):
+    return int(value) if isinstance(value, str) and value.isdigit() else value
 
 
 class VQAPipeline(Pipeline):
@@ -41,36 +55,43 @@ class VQAPipeline(Pipeline):
     tasks = ("vqa",)
     model_class = VLBertForVQA
     model_classes = (VLBertForMaskedTokenVQA,)
+    input_fields = {"image": ("image",), "text": ("text", "question")}
+    id_field = "question_id"
+    parameters = {"top_k": 1}
+    formats = {"vqa-v2": _vqa_v2_results}
 
-    def __call__(self, image, question, top_k: int = 1):
-        if top_k < 1:
-            raise ValueError(f"top_k must be at least 1, got {top_k}")
-        images, questions, single = _examples(image, question)
-        logits, _ = self.logits(images, questions)
+    def postprocess(self, outputs, examples, top_k: int = 1) -> list[list[dict]]:
+        logits = outputs["logits"]
         scores, ids = logits.sigmoid().topk(min(top_k, logits.shape[1]), dim=-1)
-        out = [[{"answer": self.labels[i], "score": s} for s, i in zip(row_s, row_i)]
-               for row_s, row_i in zip(scores.tolist(), ids.tolist())]
-        return out[0] if single else out
+        return [[{"answer": self.labels[i], "score": s} for s, i in zip(row_s, row_i)]
+                for row_s, row_i in zip(scores.tolist(), ids.tolist())]
+
+    def row(self, result: list[dict]) -> dict:
+        return {"answer": result[0]["answer"], "score": result[0]["score"], "answers": result}
 
 
 class EntailmentPipeline(Pipeline):
     """(image, hypothesis) -> ``{"label": "entailment" | "neutral" | "contradiction", "score", "scores"}`` (softmax
-    probabilities of the three SNLI-VE labels); lists -> a list of them."""
+    probabilities of the three SNLI-VE labels); lists -> a list of them. SNLI-VE defines no results format: jsonl
+    rows carry the ``pairID`` and ``prediction``."""
 
     tasks = ("snli-ve",)
     model_class = VLBertForSequenceClassification
+    input_fields = {"image": ("image",), "text": ("text", "hypothesis", "sentence2")}
+    id_field = "pairID"
 
-    def __call__(self, image, hypothesis):
-        images, hypotheses, single = _examples(image, hypothesis)
-        logits, _ = self.logits(images, hypotheses)
-        out = [_label(row, self.labels) for row in logits.softmax(-1)]
-        return out[0] if single else out
+    def postprocess(self, outputs, examples) -> list[dict]:
+        return [label_result(row, self.labels) for row in outputs["logits"].softmax(-1)]
+
+    row = staticmethod(label_row)
 
 
-def _label(probabilities: torch.Tensor, labels: Sequence[str]) -> dict[str, Any]:
-    k = int(probabilities.argmax())
-    return {"label": labels[k], "score": float(probabilities[k]),
-            "scores": {name: float(p) for name, p in zip(labels, probabilities)}}
+def _nlvr2_results(rows: list[dict]) -> str:
+    """The NLVR2 evaluation script's CSV: ``identifier,True|False`` per line (lil-lab/nlvr ``nlvr2/eval``)."""
+    missing = [k for k, r in enumerate(rows, 1) if "identifier" not in r]
+    if missing:
+        raise ValueError(f"--format nlvr2 needs an identifier on every example; example {missing[0]} has none")
+    return "".join(f"{r['identifier']},{r['prediction']}\n" for r in rows)
 
 
 class ImagePairPipeline(Pipeline):
@@ -81,28 +102,22 @@ class ImagePairPipeline(Pipeline):
     tasks = ("nlvr2",)
     model_class = VLBertForImagePairClassification
     model_classes = (VLBertForVisualReasoning,)
+    input_fields = {"left": ("left", "image"), "right": ("right", "image2"),
+                    "text": ("text", "sentence", "statement")}
+    image_fields = ("left", "right")
+    id_field = "identifier"
+    formats = {"nlvr2": _nlvr2_results}
 
-    @torch.no_grad()
-    def __call__(self, left, right, statement):
-        single = _is_single(left)
-        lefts, rights, texts = _as_list(left, single), _as_list(right, single), _as_list(statement, single)
-        if not len(lefts) == len(rights) == len(texts):
-            raise ValueError(f"{len(lefts)} left images, {len(rights)} right images and {len(texts)} statements: "
-                             "pass one of each per example")
-        out = []
-        for start in range(0, len(texts), self.batch_size):
-            chunk = slice(start, start + self.batch_size)
-            regions = self.regions([x for pair in zip(lefts[chunk], rights[chunk]) for x in pair])
-            batch = _pair_batch(self.inputs, texts[chunk], regions, self.device)
-            out += [_label(row, self.labels) for row in self.model(**batch).logits.float().softmax(-1).cpu()]
-        return out[0] if single else out
+    def preprocess(self, examples, **parameters) -> dict[str, Any]:
+        regions = self.regions([ex[side] for ex in examples for side in ("left", "right")])
+        pairs = {k: v.view(len(examples), 2, *v.shape[1:])
+                 for k, v in self.inputs.region_batch(regions, self.device).items()}
+        return {"batch": {**self.inputs.text_batch([ex["text"] for ex in examples], self.device), **pairs}}
 
+    def postprocess(self, outputs, examples) -> list[dict]:
+        return [label_result(row, self.labels) for row in outputs["logits"].softmax(-1)]
 
-def _pair_batch(inputs: RunInputs, texts: Sequence[str], regions: list[Regions], device) -> dict[str, torch.Tensor]:
-    """Statements + image pairs (``regions`` ordered left, right, left, ...) as :class:`ImagePairCollator` pads
-    them: region tensors [B, 2, R, ...]."""
-    pairs = {k: v.view(len(texts), 2, *v.shape[1:]) for k, v in inputs.region_batch(regions, device).items()}
-    return {**inputs.text_batch(texts, device), **pairs}
+    row = staticmethod(label_row)
 
 
 class ReferringPipeline(Pipeline):
@@ -110,26 +125,60 @@ class ReferringPipeline(Pipeline):
     "region": its index}``: the region the expression refers to, among the image's regions.
 
     Runs trained on given candidate boxes (``inference.json``: ``"boxes": "given"``, e.g. the easy-VQA composites'
-    tiles) need them at inference too: ``boxes=`` float [N, 4] pixel boxes per image. :meth:`draw` returns the
-    image with the box drawn.
+    tiles) need them at inference too: ``boxes=`` float [N, 4] pixel boxes per image (a list of them for a list of
+    images; a JSONL record's ``boxes`` field). :meth:`draw` returns the image with the box drawn; tools/predict.py's
+    ``--draw FILE`` saves it.
     """
 
     tasks = ("refcoco",)
     model_class = VLBertForReferringExpressions
+    input_fields = {"image": ("image",), "text": ("text", "expression"), "boxes": ("boxes",)}
+    optional_fields = ("boxes",)
+    id_field = "ref_id"
+    tool_options = ("draw",)
 
     def __call__(self, image, expression, boxes=None):
-        images, expressions, single = _examples(image, expression)
-        box_list = None if boxes is None else ([boxes] * len(images) if _is_single(image) else list(boxes))
-        if self.inputs.info.get("boxes") == "given" and box_list is None and \
-                not all(isinstance(x, Regions) for x in images):
+        examples, single = self.examples(image, expression, boxes)
+        results = self.run(examples)
+        return results[0] if single else results
+
+    def examples(self, image, expression, boxes=None) -> tuple[list[dict], bool]:
+        """As :meth:`Pipeline.examples`; ``boxes`` go with the image (one image's boxes for a single image)."""
+        examples, single = super().examples(image, expression)
+        if boxes is not None:
+            per_image = [boxes] * len(examples) if self._single("image", image) else list(boxes)
+            if len(per_image) != len(examples):
+                raise ValueError(f"{len(per_image)} boxes lists for {len(examples)} images: pass one per image")
+            for example, given in zip(examples, per_image):
+                example["boxes"] = given
+        return examples, single
+
+    def preprocess(self, examples, **parameters) -> dict[str, Any]:
+        if self.inputs.info.get("boxes") == "given" and any(
+                ex["boxes"] is None and not isinstance(ex["image"], Regions) for ex in examples):
             raise ValueError("this run was trained on given candidate boxes, not the detector's: pass boxes=[[x1, y1, "
                              "x2, y2], ...] (pixels) for each image (tools/predict.py: a \"boxes\" field per line)")
-        logits, regions = self.logits(images, expressions, box_list)
+        return super().preprocess(examples, **parameters)
+
+    def postprocess(self, outputs, examples) -> list[dict]:
         out = []
-        for row, r in zip(logits.softmax(-1), regions):
+        for row, r in zip(outputs["logits"].softmax(-1), outputs["regions"]):
             k = int(row.argmax())
             out.append({"box": [float(v) for v in r.boxes[k]], "score": float(row[k]), "region": k})
-        return out[0] if single else out
+        return out
+
+    def predict_records(self, records: list[dict], draw: str | None = None, **options) -> list[dict]:
+        """As :meth:`Pipeline.predict_records`; ``draw``: save the one record's image with its box to this file.
+
+        Raises:
+            ValueError: ``draw`` with more than one record.
+        """
+        if draw and len(records) != 1:
+            raise ValueError("--draw takes one example (--image/--text); leave it out with --input")
+        rows = super().predict_records(records, **options)
+        if draw:
+            self.draw(records[0]["image"], rows[0]).save(draw)
+        return rows
 
     @staticmethod
     def draw(image, result: dict, color: str = "red", width: int = 3):
@@ -145,36 +194,35 @@ class ReferringPipeline(Pipeline):
         return picture
 
 
-class FillMaskPipeline(Pipeline):
-    """(image, text with [MASK]) -> per [MASK], the top-k fillers (:func:`vlbert.analysis.fill_mask.fill_mask`'s
-    transformers-style dicts) given the image's regions; ``image=None`` reads the text alone."""
-
-    tasks = ("vl-pretraining",)
-    model_class = VLBertForPreTraining
-
-    def __call__(self, image, text: str, top_k: int = 5):
-        item = None if image is None else self.inputs.region_items(self.regions([image]))[0]
-        return fill_mask(self.model, self.tokenizer, text, top_k, item)
-
-
 #: task name (inference.json's ``task``, a recipe's name) -> its pipeline class.
 PIPELINES: dict[str, type[Pipeline]] = {cls.tasks[0]: cls for cls in (
-    VQAPipeline, RetrievalPipeline, ImagePairPipeline, EntailmentPipeline, ReferringPipeline, FillMaskPipeline)}
+    VQAPipeline, RetrievalPipeline, ImagePairPipeline, EntailmentPipeline, ReferringPipeline, FillMaskPipeline,
+    TextClassificationPipeline, TextFillMaskPipeline)}
+
+
+def pipeline_class(run_dir: str | os.PathLike) -> type[Pipeline]:
+    """The pipeline class of the run's task (``inference.json``), without loading the model.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`~vlbert.inference.run.read_inference_info`; a task without a
+            pipeline (the tasks that have one named).
+    """
+    task = read_inference_info(run_dir)["task"]
+    if task not in PIPELINES:
+        raise ValueError(f"{run_dir} is a {task!r} run, which has no pipeline; pipelines exist for "
+                         f"{', '.join(sorted(PIPELINES))}")
+    return PIPELINES[task]
 
 
 def pipeline(run_dir: str | os.PathLike, **kwargs) -> Pipeline:
     """The pipeline of the run's task (``inference.json``), loaded from ``run_dir``; ``kwargs`` as :class:`Pipeline`.
 
     Raises:
-        FileNotFoundError, ValueError: as :class:`Pipeline`; a task without a pipeline (text-only runs: load the
-            model with ``from_pretrained``).
+        FileNotFoundError, ValueError: as :class:`Pipeline` and :func:`pipeline_class`.
     """
-    task = read_inference_info(run_dir)["task"]
-    if task not in PIPELINES:
-        raise ValueError(f"{run_dir} is a {task!r} run, which has no pipeline; pipelines exist for "
-                         f"{', '.join(sorted(PIPELINES))}")
-    return PIPELINES[task](run_dir, **kwargs)
+    return pipeline_class(run_dir)(run_dir, **kwargs)
 
 
 __all__ = ["Pipeline", "VQAPipeline", "EntailmentPipeline", "ImagePairPipeline", "ReferringPipeline",
-           "FillMaskPipeline", "RetrievalPipeline", "ImageIndex", "PIPELINES", "pipeline"]
+           "FillMaskPipeline", "RetrievalPipeline", "TextClassificationPipeline", "TextFillMaskPipeline", "ImageIndex",
+           "PIPELINES", "pipeline", "pipeline_class", "label_result", "label_row"]

@@ -85,6 +85,55 @@ class RetrievalPipeline(Pipeline):
 
     tasks = ("retrieval",)
     model_class = VLBertForImageTextRetrieval
+    input_fields = {"image": ("image",), "text": ("text", "query", "caption")}
+    optional_fields = ("image", "text")
+    parameters = {"top_k": 5}
+    tool_options = ("images", "index", "captions")
+
+    def __call__(self, *inputs, **parameters):
+        """Refused: retrieval ranks a gallery. Raises TypeError naming :meth:`search` and :meth:`captions`."""
+        raise TypeError("RetrievalPipeline ranks a gallery: use .search(text, index, top_k=5) for text -> images "
+                        "or .captions(image, captions, top_k=5) for image -> text")
+
+    def predict_records(self, records: list[dict], top_k: int = 5, images: str | None = None,
+                        index: str | None = None, captions: str | None = None, **options) -> list[dict]:
+        """tools/predict.py's call: a record with ``text`` (and no image) -> ``{"images": [...]}`` from the index
+        (``index``: a saved index directory, else built from the ``images`` folder and saved there when
+        ``index`` is given); a record with ``image`` -> ``{"captions": [...]}`` ranked among the lines of the
+        ``captions`` file.
+
+        Raises:
+            ValueError: a record with neither; text -> images without ``images`` or ``index``; image -> text
+                without ``captions``, or a captions file without captions.
+        """
+        built: dict[str, ImageIndex] = {}
+        rows = []
+        for record in records:
+            if record.get("image") is None and record.get("text") is None:
+                raise ValueError("a retrieval example needs image or text (flags: --image or --text)")
+            if record.get("image") is None:
+                rows.append({"images": self.search(record["text"], self._index(images, index, built), top_k)})
+                continue
+            if not captions:
+                raise ValueError("image -> text needs --captions FILE (candidate captions, one per line)")
+            lines = [line.strip() for line in Path(captions).read_text(encoding="utf-8").splitlines() if line.strip()]
+            if not lines:
+                raise ValueError(f"{captions} holds no captions")
+            rows.append({"captions": self.captions(record["image"], lines, top_k)})
+        return rows
+
+    def _index(self, images: str | None, index: str | None, built: dict) -> ImageIndex:
+        if "index" not in built:
+            if index and Path(index, INDEX_FILE).is_file():
+                built["index"] = ImageIndex.load(index)
+            elif images:
+                built["index"] = self.index_images(images)
+                if index:
+                    built["index"].save(index)
+            else:
+                raise ValueError("text -> images needs --images FOLDER (indexed on the fly) or --index DIR (an "
+                                 "index saved before, or where to save the one built from --images)")
+        return built["index"]
 
     @property
     def shortlist(self) -> int:

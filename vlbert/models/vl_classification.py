@@ -11,104 +11,84 @@ from vlbert.layers.kernels import Dropout
 from vlbert.layers.losses import classification_loss
 from vlbert.layers.mlp_head import mlp_head
 from vlbert.models.heads import ClassificationOutput
-from vlbert.models.pretrained import PreTrainedModel
-from vlbert.models.vl import VLBertModel
+from vlbert.models.vl_task import VLBertForTask
 
 
-class VLBertForSequenceClassification(PreTrainedModel):
+class VLBertForSequenceClassification(VLBertForTask):
     """Image + text -> one of ``config.num_labels`` classes: dropout and a linear layer on the pooled [CLS] of
     :class:`VLBertModel`, trained with cross-entropy (BERT section 4.1's classification head over the joint
     encoding; UNITER section 4 fine-tunes SNLI-VE this way, as 3-way classification).
+
+    Target: ``labels`` int64 [B] in [0, num_labels). Returns logits float [B, num_labels]; with labels,
+    ``losses["cls"]`` and ``metrics["cls_accuracy"]``.
     """
 
-    config_class = VLBertConfig
-    base_model_prefix = "bert"
     objectives = ("cls",)
 
-    def __init__(self, config: VLBertConfig):
-        super().__init__(config)
-        self.bert = VLBertModel(config)
+    def build_head(self, config: VLBertConfig) -> None:
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.init_weights()
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
-                region_mask=None, labels=None, region_token_type_ids=None) -> ClassificationOutput:
-        """Args: text [B, T] and regions as :meth:`VLBertModel.forward`; labels int64 [B] in [0, num_labels).
-        Returns logits float [B, num_labels]; with labels, ``losses["cls"]`` and ``metrics["cls_accuracy"]``.
-        Raises: ValueError as :meth:`VLBertModel.forward`."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                        region_token_type_ids=region_token_type_ids)
-        out = ClassificationOutput(logits=self.classifier(self.dropout(enc.pooler_output)))
-        if labels is not None:
-            loss, accuracy, n = classification_loss(out.logits, labels)
-            out.add("cls", loss, "cls_accuracy", accuracy, n)
-        out.include_idle(*self.bert.idle_modules())
-        return out
+    def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
+        return self.classifier(self.dropout(encoding.pooler_output))
+
+    def add_loss(self, out: ClassificationOutput, labels: torch.Tensor) -> None:
+        loss, accuracy, n = classification_loss(out.logits, labels)
+        out.add("cls", loss, "cls_accuracy", accuracy, n)
 
 
-class VLBertForImagePairClassification(PreTrainedModel):
+class VLBertForImagePairClassification(VLBertForTask):
     """Is a statement true of a pair of images? The statement is encoded with each image; the two pooled [CLS]
     vectors are concatenated and classified by Linear(2H, 2H) -> GELU -> LayerNorm -> Linear(2H, num_labels)
     (UNITER's and LXMERT's NLVR2 setting: UNITER section 4, LXMERT section 5.1).
+
+    Regions: region_features [B, 2, R, D], region_boxes [B, 2, R, 4] (normalised xyxy), region_mask [B, 2, R],
+    image 0 = left. Target and outputs as :class:`VLBertForSequenceClassification`.
+    Raises: ValueError if the regions are not [B, 2, ...].
     """
 
-    config_class = VLBertConfig
-    base_model_prefix = "bert"
     objectives = ("cls",)
+    add_loss = VLBertForSequenceClassification.add_loss
 
-    def __init__(self, config: VLBertConfig):
-        super().__init__(config)
-        self.bert = VLBertModel(config)
+    def build_head(self, config: VLBertConfig) -> None:
         h = config.hidden_size
         self.classifier = mlp_head(2 * h, 2 * h, config.num_labels, config.layer_norm_eps)
-        self.init_weights()
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
-                region_mask=None, labels=None) -> ClassificationOutput:
-        """Args: text [B, T]; region_features [B, 2, R, D], region_boxes [B, 2, R, 4] (normalised xyxy),
-        region_mask [B, 2, R], image 0 = left; labels int64 [B]. Returns logits float [B, num_labels]; with labels,
-        ``losses["cls"]`` and ``metrics["cls_accuracy"]``.
-        Raises: ValueError if the regions are not [B, 2, ...], or as :meth:`VLBertModel.forward`."""
+    def encode(self, input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
+               region_token_type_ids):
         if region_features is None or region_features.dim() != 4 or region_features.shape[:2] != (input_ids.shape[0], 2):
             shape = None if region_features is None else tuple(region_features.shape)
             raise ValueError(f"region_features must be [batch, 2, regions, dim] (left and right image), got {shape}")
-        b = input_ids.shape[0]
 
         def twice(t):  # [B, ...] -> [2B, ...]: each statement once per image
             return None if t is None else t.repeat_interleave(2, dim=0)
 
-        enc = self.bert(twice(input_ids), twice(token_type_ids), twice(attention_mask),
-                        region_features.flatten(0, 1), region_boxes.flatten(0, 1),
-                        None if region_mask is None else region_mask.flatten(0, 1))
-        out = ClassificationOutput(logits=self.classifier(enc.pooler_output.reshape(b, -1)))
-        if labels is not None:
-            loss, accuracy, n = classification_loss(out.logits, labels)
-            out.add("cls", loss, "cls_accuracy", accuracy, n)
-        out.include_idle(*self.bert.idle_modules())
-        return out
+        return self.bert(twice(input_ids), twice(token_type_ids), twice(attention_mask),
+                         region_features.flatten(0, 1), region_boxes.flatten(0, 1),
+                         None if region_mask is None else region_mask.flatten(0, 1))
+
+    def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
+        return self.classifier(encoding.pooler_output.reshape(input_ids.shape[0], -1))
 
 
 class VLBertForVisualReasoning(VLBertForSequenceClassification):
     """NLVR2 as VisualBERT does it: the statement and both images' regions in one sequence, the left image's
     regions of region token type 0 and the right's of type 1, classified from the pooled [CLS] by dropout and a
     Linear(H, num_labels) (transformers ``VisualBertForVisualReasoning``; uclanlp/visualbert
-    ``nlvr_dataset.py``). Takes the same inputs as :class:`VLBertForImagePairClassification`.
+    ``nlvr_dataset.py``). Takes the same inputs as :class:`VLBertForImagePairClassification` (region_features
+    [B, 2, R, D], ...), or regions already joined [B, R', ...] with ``region_token_type_ids`` [B, R'].
     """
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
-                region_mask=None, labels=None, region_token_type_ids=None) -> ClassificationOutput:
-        """Args: text [B, T]; region_features [B, 2, R, D], region_boxes [B, 2, R, 4], region_mask [B, 2, R] (image
-        0 = left), or already joined [B, R', ...] with ``region_token_type_ids`` [B, R']; labels int64 [B].
-        Returns logits float [B, num_labels] (and the loss as :class:`VLBertForSequenceClassification`)."""
+    def encode(self, input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
+               region_token_type_ids):
         if region_features is not None and region_features.dim() == 4:
             b, two, r = region_features.shape[:3]
             region_token_type_ids = torch.arange(two, device=region_features.device).repeat_interleave(r).expand(b, -1)
             region_features = region_features.flatten(1, 2)
             region_boxes = None if region_boxes is None else region_boxes.flatten(1, 2)
             region_mask = None if region_mask is None else region_mask.flatten(1, 2)
-        return super().forward(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                               labels, region_token_type_ids)
+        return super().encode(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
+                              region_token_type_ids)
 
 
 __all__ = ["VLBertForSequenceClassification", "VLBertForImagePairClassification", "VLBertForVisualReasoning"]

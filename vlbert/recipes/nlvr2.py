@@ -7,15 +7,13 @@ Datasets: ``easy-vqa`` (the embedded demonstration, see :func:`vlbert.data.nlvr2
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
-from vlbert.data.nlvr2 import ImagePairCollator, ImagePairDataset, easy_vqa_image_pairs, load_nlvr2
-from vlbert.evaluation.classification import predict_labels
+from vlbert.data.nlvr2 import ImagePairDataset, easy_vqa_image_pairs, load_nlvr2
 from vlbert.models.vl_classification import VLBertForImagePairClassification
-from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info, task_regions
-from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
-from vlbert.utils import gathered_columns
+from vlbert.recipes.regions import (DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate,
+                                    majority_baseline, region_task_info)
+from vlbert.recipes.runner import Recipe, RunContext, load_model
 
 
 @dataclass
@@ -40,47 +38,33 @@ DATASETS = {
 }
 
 
-class NLVR2Data(TaskData):
-    """Training and evaluation statements with the regions of both images.
+class NLVR2Data(RegionTaskData):
+    """Training and evaluation statements with the regions of both images
+    (:class:`~vlbert.recipes.regions.RegionTaskData`).
 
     Raises:
         ValueError: an unknown dataset, or nlvr2 without its files.
     """
 
-    def __init__(self, ctx: RunContext):
-        super().__init__(ctx)
-        data = ctx.data
-        train, held_out = load_examples(DATASETS, data, self.seed)
-        regions = task_regions(ctx)
-        self.regions = regions
-        self.train = ImagePairDataset(train, regions, ctx.tokenizer, data.max_text_length, data.max_regions)
-        self.eval = ImagePairDataset(held_out, regions, ctx.tokenizer, data.max_text_length, data.max_regions)
-        self.collator = ImagePairCollator(ctx.tokenizer)
-        self.feature_dim = next(iter(regions.values())).feature_dim
+    datasets, dataset_class = DATASETS, ImagePairDataset
 
-    def predict(self, model) -> tuple[dict[str, bool], float]:
-        """(identifier -> predicted truth of every evaluation statement, accuracy)."""
-        index, gold, predicted = gathered_columns(*predict_labels(model, self.rank_eval_batches()))
-        answers = {self.eval.examples[i].identifier: bool(p) for i, p in zip(index, predicted)}
-        return answers, sum(g == p for g, p in zip(gold, predicted)) / max(len(gold), 1)
+    predictions_file = "predictions.csv"
 
+    def predict(self, model) -> tuple[list[dict], dict[str, float]]:
+        """(``{"identifier", "prediction": True | False}`` of every evaluation statement, accuracy)."""
+        index, gold, predicted = self.predict_labels(model)
+        rows = [{"identifier": self.eval.examples[i].identifier, "prediction": bool(p)}
+                for i, p in zip(index, predicted)]
+        return rows, {"accuracy": sum(g == p for g, p in zip(gold, predicted)) / max(len(gold), 1)}
 
-def evaluate(ctx: RunContext, data: NLVR2Data, model) -> dict:
-    """Accuracy on the evaluation statements; every prediction to ``predictions.csv`` in the NLVR2 evaluation
-    script's format (``identifier,True|False`` per line, no header: lil-lab/nlvr ``nlvr2/eval``)."""
-    answers, accuracy = data.predict(model)
-    write_output_file(ctx, "predictions.csv", "".join(f"{k},{v}\n" for k, v in answers.items()))
-    return {"accuracy": accuracy}
+    def predictions_text(self, rows: list[dict]) -> str:
+        """The NLVR2 evaluation script's format: ``identifier,True|False`` per line, no header (lil-lab/nlvr
+        ``nlvr2/eval``)."""
+        return "".join(f"{r['identifier']},{r['prediction']}\n" for r in rows)
 
 
 def build_model(ctx: RunContext, data: NLVR2Data) -> VLBertForImagePairClassification:
     return load_model(VLBertForImagePairClassification, ctx, num_labels=2, region_feature_dim=data.feature_dim)
-
-
-def majority_baseline(ctx: RunContext, data: NLVR2Data, model) -> dict:
-    """Evaluation accuracy of always answering the most frequent training label."""
-    majority = Counter(ex.label for ex in data.train.examples).most_common(1)[0][0]
-    return {"accuracy_majority_baseline": sum(ex.label == majority for ex in data.eval.examples) / len(data.eval)}
 
 
 def inference_info(ctx: RunContext, data: NLVR2Data) -> dict:

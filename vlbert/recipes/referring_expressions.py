@@ -8,7 +8,6 @@ Datasets: ``easy-vqa`` (the embedded demonstration: composites of 2-4 easy-VQA i
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +16,11 @@ import numpy as np
 
 from detectors.cache import cached_shards
 from detectors.store import RegionStore, region_count
-from vlbert.data.refcoco import ReferringCollator, ReferringDataset, box_iou, easy_vqa_composites, load_refcoco
+from vlbert.data.refcoco import ReferringDataset, box_iou, easy_vqa_composites, load_refcoco
 from vlbert.models.referring import VLBertForReferringExpressions
-from vlbert.recipes.regions import (DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info,
-                                    regions_provenance, task_regions)
-from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
-from vlbert.utils import evaluation, sorted_by_index
+from vlbert.recipes.regions import (DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate,
+                                    region_task_info, regions_provenance, task_regions)
+from vlbert.recipes.runner import Recipe, RunContext, load_model
 
 
 @dataclass
@@ -68,60 +66,40 @@ def _easy_vqa_regions(ctx: RunContext, files: dict, tiles: dict):
                                      boxes=given)[0].parent)
 
 
-class ReferringData(TaskData):
-    """Training and evaluation expressions with the regions to choose from.
+class ReferringData(RegionTaskData):
+    """Training and evaluation expressions with the regions to choose from
+    (:class:`~vlbert.recipes.regions.RegionTaskData`); the easy-VQA composites bring their own images.
 
     Raises:
         ValueError: an unknown dataset or box setting, refcoco without its files.
     """
 
-    def __init__(self, ctx: RunContext):
-        super().__init__(ctx)
-        data = ctx.data
-        train, held_out, composites = load_examples(DATASETS, data, self.seed)
-        regions = task_regions(ctx) if composites is None else _easy_vqa_regions(ctx, *composites)
-        self.regions = regions
-        self.train = ReferringDataset(train, regions, ctx.tokenizer, data.max_text_length, data.max_regions)
-        self.eval = ReferringDataset(held_out, regions, ctx.tokenizer, data.max_text_length, data.max_regions)
-        self.collator = ReferringCollator(ctx.tokenizer)
-        self.feature_dim = next(iter(regions.values())).feature_dim
+    datasets, dataset_class, target_keys = DATASETS, ReferringDataset, ("target_region", "target_box")
+
+    def load_regions(self, ctx: RunContext):
+        composites = self.extra[0]
+        return task_regions(ctx) if composites is None else _easy_vqa_regions(ctx, *composites)
 
     def hit(self, example, region_index: int) -> bool:
         """Whether region ``region_index`` of the example's image has IoU >= 0.5 with the referred box."""
         box = self.regions[example.image_id].boxes[region_index]
         return bool(box_iou(np.array([example.box]), box[None])[0, 0] >= 0.5)
 
-    @evaluation
     def predict(self, model) -> tuple[list[dict], dict[str, float]]:
         """(one row per evaluation expression: ``ref_id``, ``image_id``, ``expression``, the chosen ``region`` and
         its ``box`` in pixels (x1, y1, x2, y2), ``hit`` (IoU >= 0.5 with the referred box); the accuracy and its
         upper bound: the share of expressions whose image has any region with IoU >= 0.5)."""
-        device = next(model.parameters()).device
         rows = []
-        for batch in self.rank_eval_batches():
-            index = batch.pop("index").tolist()
-            batch.pop("target_box")
-            batch.pop("target_region")
-            top = model(**{k: v.to(device) for k, v in batch.items()}).logits.argmax(-1).tolist()
-            for i, choice in zip(index, top):
-                ex = self.eval.examples[i]
-                rows.append((i, {"ref_id": ex.ref_id, "image_id": ex.image_id, "expression": ex.expression,
-                                 "region": choice, "box": [float(v) for v in self.regions[ex.image_id].boxes[choice]],
-                                 "hit": self.hit(ex, choice)}))
-        rows = [row for _, row in sorted_by_index(rows)]
+        for i, choice in zip(*self.predict_labels(model)[::2]):
+            ex = self.eval.examples[i]
+            rows.append({"ref_id": ex.ref_id, "image_id": ex.image_id, "expression": ex.expression, "region": choice,
+                         "box": [float(v) for v in self.regions[ex.image_id].boxes[choice]], "hit": self.hit(ex, choice)})
         reachable = 0
         for example in self.eval.examples:
             n = min(region_count(self.regions, example.image_id), self.eval.max_regions)
             reachable += bool((box_iou(np.array([example.box]), self.regions[example.image_id].boxes[:n]) >= 0.5).any())
         return rows, {"accuracy": sum(r["hit"] for r in rows) / len(self.eval),
                       "accuracy_upper_bound": reachable / len(self.eval)}
-
-
-def evaluate(ctx: RunContext, data: ReferringData, model) -> dict:
-    """Accuracy and its upper bound; every chosen box to ``predictions.jsonl``."""
-    rows, metrics = data.predict(model)
-    write_output_file(ctx, "predictions.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    return metrics
 
 
 def build_model(ctx: RunContext, data: ReferringData) -> VLBertForReferringExpressions:

@@ -1,5 +1,6 @@
 """What the region tasks (VQA, retrieval, NLVR2, visual entailment, referring expressions) share on the data side:
-one data config (:class:`RegionTaskDataConfig`, extended per task), a table of dataset builders per task (LAVIS's
+one data config (:class:`RegionTaskDataConfig`, extended per task), one data class (:class:`RegionTaskData`:
+examples -> regions -> datasets -> collator -> feature size), a table of dataset builders per task (LAVIS's
 dataset builders, as plain typed entries: :class:`DatasetBuilder`, :func:`load_examples`), and the regions they
 read: the shards the config names, or the embedded easy-VQA images extracted with the run's ``detector`` section
 (cached); either way a :class:`detectors.store.RegionStore`, which reads each image's regions from disk when asked
@@ -7,12 +8,18 @@ read: the shards the config names, or the embedded easy-VQA images extracted wit
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from detectors.shards import read_detector_info
 from detectors.store import RegionStore
 from vlbert.data.easy_vqa import easy_vqa_shards
+from vlbert.data.grounded_text import GroundedCollator, GroundedTextDataset
+from vlbert.evaluation.classification import predict_labels
+from vlbert.recipes.runner import TaskData, write_output_file
+from vlbert.utils import gathered_columns
 
 
 @dataclass
@@ -24,7 +31,8 @@ class RegionTaskDataConfig:
     benchmark's files (their regions in ``shards``, a directory written by tools/extract_regions.py).
     image_id_format: how the dataset's image ids become the shards' ids ("" = the dataset's default, e.g.
     ``"COCO_train2014_{image_id:012d}"`` for LXMERT's features). max_text_length: wordpieces per text with
-    [CLS]/[SEP]. max_regions: regions kept per image.
+    [CLS]/[SEP]. max_regions: regions kept per image. max_train_examples / max_eval_examples: only the first N
+    examples of each split (0 = all).
     """
 
     dataset: str = "easy-vqa"
@@ -33,6 +41,8 @@ class RegionTaskDataConfig:
     image_id_format: str = ""
     max_text_length: int = 40
     max_regions: int = 16
+    max_train_examples: int = 0
+    max_eval_examples: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,6 +115,78 @@ def region_task_info(ctx, data, **extra) -> dict:
             "region_feature_dim": data.feature_dim, "detector": task_provenance(ctx, data.regions), **extra}
 
 
+class RegionTaskData(TaskData):
+    """A region task's data, built in one order: the examples (the task's :attr:`datasets` table, cut to
+    ``data.max_train_examples`` / ``max_eval_examples``), the regions (:meth:`load_regions`), the training and
+    evaluation datasets (:meth:`dataset`), one :class:`~vlbert.data.grounded_text.GroundedCollator` told the task's
+    :attr:`target_keys`, and the region feature size.
+
+    A task sets :attr:`datasets`, :attr:`dataset_class` (a :class:`~vlbert.data.grounded_text.GroundedTextDataset`)
+    and :attr:`target_keys`; it overrides :meth:`load_regions` where a dataset brings its own images, and
+    :meth:`dataset` where its dataset class takes more than the common arguments.
+
+    Attributes (after ``__init__``): ``train``, ``eval``, ``regions`` (image id -> Regions), ``collator``,
+    ``feature_dim``, ``extra`` (what the dataset builder returned after the train and eval examples).
+    Raises:
+        ValueError: from :func:`load_examples` (unknown dataset, missing files) and the dataset class (an image
+            without regions).
+    """
+
+    datasets: ClassVar[dict[str, DatasetBuilder]] = {}
+    dataset_class: ClassVar[type] = GroundedTextDataset
+    target_keys: ClassVar[tuple[str, ...]] = ("labels",)
+    #: where :func:`evaluate` writes the evaluation split's predictions (:meth:`predictions_text`).
+    predictions_file: ClassVar[str] = "predictions.jsonl"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.data, self.tokenizer = ctx.data, ctx.tokenizer
+        train, held_out, *self.extra = load_examples(self.datasets, ctx.data, self.seed)
+        self.regions = self.load_regions(ctx)
+        self.train = self.dataset(train[: ctx.data.max_train_examples or None], training=True)
+        self.eval = self.dataset(held_out[: ctx.data.max_eval_examples or None], training=False)
+        self.collator = GroundedCollator(ctx.tokenizer, self.target_keys, self.dataset_class.images_per_text)
+        self.feature_dim = next(iter(self.regions.values())).feature_dim
+
+    def load_regions(self, ctx):
+        """Image id -> Regions of every image the examples name: :func:`task_regions` (shards or easy-VQA)."""
+        return task_regions(ctx)
+
+    def dataset(self, examples: list, training: bool):
+        """:attr:`dataset_class` over ``examples`` with the run's regions, tokenizer and limits."""
+        return self.dataset_class(examples, self.regions, self.tokenizer, self.data.max_text_length,
+                                  self.data.max_regions)
+
+    def predict(self, model) -> tuple[list[dict], dict[str, float]]:
+        """(one row per evaluation example: its benchmark id and the prediction, the task's metrics): every task's
+        evaluation, in one shape."""
+        raise NotImplementedError
+
+    def predictions_text(self, rows: list[dict]) -> str:
+        """The predictions file's text: one JSON object per row (a task with a benchmark format overrides it)."""
+        return "".join(json.dumps(r) + "\n" for r in rows)
+
+    def predict_labels(self, model) -> tuple[list[int], list[int], list[int]]:
+        """(dataset indices, gold labels (None where the targets are not one class per item), predicted labels) of
+        every evaluation example, gathered from every process in dataset order (:func:`~vlbert.evaluation.classification.predict_labels`)."""
+        index, gold, predicted = predict_labels(model, self.rank_eval_batches(), self.target_keys)
+        return gathered_columns(index, gold or [None] * len(index), predicted)
+
+
+def evaluate(ctx, data: RegionTaskData, model) -> dict:
+    """A region task's final evaluation (a :class:`~vlbert.recipes.runner.Recipe`'s ``evaluate``): the metrics of
+    ``data.predict(model)``, its rows written to ``data.predictions_file``."""
+    rows, metrics = data.predict(model)
+    write_output_file(ctx, data.predictions_file, data.predictions_text(rows))
+    return metrics
+
+
+def majority_baseline(ctx, data: RegionTaskData, model) -> dict:
+    """Evaluation accuracy of always answering the most frequent training label (examples with a ``label``)."""
+    majority = Counter(ex.label for ex in data.train.examples).most_common(1)[0][0]
+    return {"accuracy_majority_baseline": sum(ex.label == majority for ex in data.eval.examples) / len(data.eval)}
+
+
 def regions_provenance(store, detector=None) -> dict:
     """What made the regions of ``store`` (a :class:`~detectors.store.RegionStore`, or a mapping of them by
     name), as saved with a run for inference (``inference.json``, :mod:`vlbert.inference`):
@@ -126,5 +208,5 @@ def regions_provenance(store, detector=None) -> dict:
     return {"fingerprint": None, "config": None, "extractor": extractor}
 
 
-__all__ = ["RegionTaskDataConfig", "DatasetBuilder", "load_examples", "task_regions", "region_store",
+__all__ = ["RegionTaskDataConfig", "RegionTaskData", "evaluate", "majority_baseline", "DatasetBuilder", "load_examples", "task_regions", "region_store",
            "region_task_info", "regions_provenance", "task_provenance"]

@@ -186,7 +186,12 @@ def build_model(ctx: RunContext, data: TextTaskData):
     return load_model(HEADS[data.config.type], ctx, num_labels=data.num_labels, id2label=names)
 
 
+def inference_info(ctx: RunContext, data: TextTaskData) -> dict:
+    """The task type, label names and maximum length, for :class:`vlbert.inference.TextClassificationPipeline`."""
+    return {"type": data.config.type, "labels": data.label_names, "max_text_length": data.config.max_seq_length}
+
+
 RECIPE = Recipe("text", TextTaskConfig, TextTaskData, build_model, evaluate=lambda ctx, data, model: data.score(model),
-                baselines=majority_baseline, sections=("implementation",))
+                baselines=majority_baseline, sections=("implementation",), inference_info=inference_info)
 
 __all__ = ["RECIPE", "TextTaskData", "TransformersAdapter"]

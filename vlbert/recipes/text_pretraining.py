@@ -103,6 +103,12 @@ def baselines(ctx: RunContext, data: TextPretrainingData, model) -> dict:
     return {"eval_mlm_accuracy_majority_baseline": data.majority_baseline_accuracy()} if data.eval else {}
 
 
-RECIPE = Recipe("text-pretraining", TextDataConfig, TextPretrainingData, build_model, baselines=baselines, default_init=None)
+def inference_info(ctx: RunContext, data: TextPretrainingData) -> dict:
+    """The maximum length, for :class:`vlbert.inference.TextFillMaskPipeline`."""
+    return {"max_text_length": ctx.data.max_seq_length}
+
+
+RECIPE = Recipe("text-pretraining", TextDataConfig, TextPretrainingData, build_model, baselines=baselines,
+                default_init=None, inference_info=inference_info)
 
 __all__ = ["RECIPE", "TextDataConfig", "TextPretrainingData"]

@@ -7,18 +7,16 @@ Datasets: ``easy-vqa`` (embedded: regions extracted into the same cached shards 
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 
 from vlbert.data.easy_vqa import answers as easy_vqa_answers
-from vlbert.data.vqa import VQACollator, VQADataset, build_answer_vocab, easy_vqa_examples, load_vqa_v2
+from vlbert.data.vqa import VQADataset, build_answer_vocab, easy_vqa_examples, load_vqa_v2
 from vlbert.data.vqa_answers import reference_forms
 from vlbert.evaluation.vqa import vqa_accuracy
 from vlbert.models.vqa import VLBertForVQA
-from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info, task_regions
-from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
-from vlbert.utils import evaluation, sorted_by_index
+from vlbert.recipes.regions import DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate, region_task_info
+from vlbert.recipes.runner import Recipe, RunContext, load_model
 
 
 @dataclass
@@ -26,7 +24,7 @@ class VQADataConfig(RegionTaskDataConfig):
     """VQA data (YAML section ``data``): :class:`RegionTaskDataConfig` (dataset "easy-vqa" or "vqa-v2") and, for
     vqa-v2, the official train/eval question and annotation files (``image_id_format`` maps the numeric COCO id to
     the shards' id). min_answer_count: answers given fewer times in training are left out of the vocabulary (VQA
-    v2: 9). max_train_questions / max_eval_questions: only the first N (0 = all). max_text_length: of a question.
+    v2: 9). max_text_length: of a question.
     """
 
     train_questions: str = ""
@@ -35,8 +33,6 @@ class VQADataConfig(RegionTaskDataConfig):
     eval_annotations: str = ""
     min_answer_count: int = 1
     max_text_length: int = 32
-    max_train_questions: int = 0
-    max_eval_questions: int = 0
 
 
 def _easy_vqa(data: VQADataConfig, seed: int):
@@ -54,59 +50,42 @@ DATASETS = {"easy-vqa": DatasetBuilder(_easy_vqa),
             "vqa-v2": DatasetBuilder(_vqa_v2, needs=("train_questions", "eval_questions", "shards"))}
 
 
-class VQAData(TaskData):
-    """Training and evaluation questions with regions, and the answer vocabulary.
+class VQAData(RegionTaskData):
+    """Training and evaluation questions with regions (:class:`~vlbert.recipes.regions.RegionTaskData`), and the
+    answer vocabulary (the dataset builder's third value; its fourth: drop training questions without a known
+    answer).
 
     Raises:
         ValueError: an unknown dataset, or vqa-v2 without its files; errors of :class:`VQADataset`.
     """
 
-    def __init__(self, ctx: RunContext):
-        super().__init__(ctx)
-        data, tokenizer = ctx.data, ctx.tokenizer
-        train, held_out, vocab, drop_unknown = load_examples(DATASETS, data, self.seed)
-        if data.max_train_questions:
-            train = train[: data.max_train_questions]
-        if data.max_eval_questions:
-            held_out = held_out[: data.max_eval_questions]
-        regions = task_regions(ctx)
-        self.regions = regions
-        self.answer_vocab = vocab
-        self.train = VQADataset(train, regions, tokenizer, vocab, data.max_text_length, data.max_regions,
-                                drop_unknown)
-        self.eval = VQADataset(held_out, regions, tokenizer, vocab, data.max_text_length, data.max_regions,
-                               drop_unknown=True)
-        self.collator = VQACollator(tokenizer, len(vocab))
-        self.feature_dim = next(iter(regions.values())).feature_dim
+    datasets, dataset_class, target_keys = DATASETS, VQADataset, ("answer_targets",)
 
-    @evaluation
-    def predict(self, model) -> list[dict]:
-        """The top answer for every evaluation question, with its VQA accuracy when answers are known."""
-        device = next(model.parameters()).device
+    @property
+    def answer_vocab(self) -> list[str]:
+        return self.extra[0]
+
+    def dataset(self, examples: list, training: bool) -> VQADataset:
+        return VQADataset(examples, self.regions, self.tokenizer, self.answer_vocab, self.data.max_text_length,
+                          self.data.max_regions, drop_unknown=self.extra[1] or not training)
+
+    def predict(self, model) -> tuple[list[dict], dict[str, float]]:
+        """(the top answer for every evaluation question, with its VQA accuracy when answers are known;
+        ``vqa_accuracy`` over the scored questions and ``eval_questions``)."""
         rows = []
-        for batch in self.rank_eval_batches():
-            index = batch.pop("index")
-            batch.pop("answer_targets")
-            logits = model(**{k: v.to(device) for k, v in batch.items()}).logits
-            for i, a in zip(index.tolist(), logits.argmax(-1).tolist()):
-                ex = self.eval.examples[i]
-                row = {"question_id": ex.question_id, "question": ex.question, "answer": self.answer_vocab[a]}
-                if ex.answers:
-                    row["accuracy"] = vqa_accuracy(row["answer"], ex.answers)
-                rows.append((i, row))
-        return [row for _, row in sorted_by_index(rows)]
+        for i, a in zip(*self.predict_labels(model)[::2]):
+            ex = self.eval.examples[i]
+            row = {"question_id": ex.question_id, "question": ex.question, "answer": self.answer_vocab[a]}
+            if ex.answers:
+                row["accuracy"] = vqa_accuracy(row["answer"], ex.answers)
+            rows.append(row)
+        scored = [r["accuracy"] for r in rows if "accuracy" in r]
+        return rows, {"vqa_accuracy": sum(scored) / len(scored) if scored else float("nan"),
+                      "eval_questions": len(rows)}
 
 
 def build_model(ctx: RunContext, data: VQAData) -> VLBertForVQA:
     return load_model(VLBertForVQA, ctx, num_labels=len(data.answer_vocab), region_feature_dim=data.feature_dim)
-
-
-def evaluate(ctx: RunContext, data: VQAData, model) -> dict:
-    """``vqa_accuracy`` over the scored evaluation questions; every answer to ``predictions.jsonl``."""
-    rows = data.predict(model)
-    write_output_file(ctx, "predictions.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    scored = [r["accuracy"] for r in rows if "accuracy" in r]
-    return {"vqa_accuracy": sum(scored) / len(scored) if scored else float("nan"), "eval_questions": len(rows)}
 
 
 def majority_baseline(ctx: RunContext, data: VQAData, model) -> dict:
