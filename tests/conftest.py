@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import random
 from pathlib import Path
@@ -88,6 +89,22 @@ def write_jsonl(path, records: list[dict]):
 
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+@contextlib.contextmanager
+def like_a_worker(float64: bool = False):
+    """Run in-process as a test's worker subprocess runs (one thread, as ``OMP_NUM_THREADS=1``; float64 as
+    ddp_worker.py), both restored after: the reference runs of the distributed and preemption tests, whose own
+    process is not under test, need no interpreter of their own."""
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    torch.set_num_threads(1)
+    if float64:
+        torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_default_dtype(dtype)
 
 
 def wait_for_log_lines(proc, log, lines: int, timeout: float = 240.0) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for_log_lines
+from conftest import like_a_worker, wait_for_log_lines
 
 HERE = Path(__file__).resolve().parent
 
@@ -39,6 +39,15 @@ def losses(out: Path) -> dict[int, float]:
             if r["split"] == "train"}
 
 
+def reference_run(run_config: dict, recipe: str = "text-pretraining", resume: bool = False) -> None:
+    """What ``ddp_worker.py`` does alone (float64, one thread), in this process: the single-process side of a
+    comparison, or a resume that is not itself under test."""
+    from vlbert.recipes import RECIPES, run
+
+    with like_a_worker(float64=True):
+        run(RECIPES[recipe], run_config, resume=resume)
+
+
 def env():
     # PYTHONPATH extended, not replaced: a machine may need what it holds. CUDA_VISIBLE_DEVICES empty: these
     # compare CPU float32 runs (gloo), whatever GPUs the machine has.
@@ -50,9 +59,7 @@ def env():
 @pytest.mark.integration
 def test_two_processes_equal_one_process_at_twice_the_batch(small_corpus, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([sys.executable, str(HERE / "ddp_worker.py"),
-                    json.dumps(config(small_corpus, one, 8))],
-                   check=True, env=env(), capture_output=True, timeout=300)
+    reference_run(config(small_corpus, one, 8))
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                              "--master_port", str(free_port()), str(HERE / "ddp_worker.py"),
                              json.dumps(config(small_corpus, two, 4))],
@@ -69,9 +76,7 @@ def test_two_processes_equal_one_process_at_twice_the_batch(small_corpus, tmp_pa
 def test_resume_after_sigkill_reproduces_losses(small_corpus, tmp_path):
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     steps = 40
-    subprocess.run([sys.executable, str(HERE / "ddp_worker.py"),
-                    json.dumps(config(small_corpus, reference, 4, steps, save_every=5))],
-                   check=True, env=env(), capture_output=True, timeout=300)
+    reference_run(config(small_corpus, reference, 4, steps, save_every=5))
     cmd = [sys.executable, str(HERE / "ddp_worker.py"),
            json.dumps(config(small_corpus, killed, 4, steps, save_every=5))]
     proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -81,7 +86,7 @@ def test_resume_after_sigkill_reproduces_losses(small_corpus, tmp_path):
     proc.wait()
     killed_at = len(log.read_text().splitlines())
     assert killed_at < steps
-    subprocess.run(cmd + ["--resume"], check=True, env=env(), capture_output=True, timeout=300)
+    reference_run(config(small_corpus, killed, 4, steps, save_every=5), resume=True)  # the killed process was under test
     a, b = losses(reference), losses(killed)
     assert sorted(b) == list(range(1, steps + 1))
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-6
@@ -115,8 +120,7 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
                              "warmup_steps": 1, "log_every": 1, "progress_bar": False}}
 
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([sys.executable, str(HERE / "ddp_worker.py"), json.dumps(vl_config(one, 8)), "vl-pretraining"],
-                   check=True, env=env(), capture_output=True, timeout=300)
+    reference_run(vl_config(one, 8), "vl-pretraining")
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                              "--master_port", str(free_port()), str(HERE / "ddp_worker.py"),
                              json.dumps(vl_config(two, 4)), "vl-pretraining"],
@@ -154,8 +158,7 @@ def test_text_fine_tuning_on_three_processes_with_a_short_last_batch(tmp_path):
                              "warmup_steps": 1, "log_every": 1, "progress_bar": False}}
 
     one, three = tmp_path / "one", tmp_path / "three"
-    subprocess.run([sys.executable, str(HERE / "ddp_worker.py"), json.dumps(text_config(one, 24)), "text"],
-                   check=True, env=env(), capture_output=True, timeout=300)
+    reference_run(text_config(one, 24), "text")
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3",
                              "--master_port", str(free_port()), str(HERE / "ddp_worker.py"),
                              json.dumps(text_config(three, 8)), "text"],

@@ -127,12 +127,13 @@ def test_span_qa_jsonl(tmp_path, tiny_checkpoint):
 @pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["vlbert", "transformers"])
 def test_bbc_news_both_implementations(tmp_path, tiny_checkpoint, implementation):
-    # The packaged MiniLM, 24 steps on BBC News topics (48 wordpieces): both implementations must beat always
-    # answering the most frequent topic (24% of the test articles) by a wide margin (measured: 0.83 and 0.86).
+    # The packaged MiniLM, 12 steps on BBC News topics (48 wordpieces, 10% of the articles held out): both
+    # implementations must beat always answering the most frequent topic (25% of the held-out articles) by a wide
+    # margin (measured: 0.81 for ours at 12 steps; 0.84 and 0.88 at 16).
     config = {"init_from": "minilm", "implementation": implementation,
-              "data": {"task": "bbc-news", "max_seq_length": 48},
-              "training": {"output_dir": str(tmp_path / implementation), "max_steps": 24, "batch_size": 16,
-                           "learning_rate": 1e-4, "warmup_steps": 4, "progress_bar": False}}
+              "data": {"task": "bbc-news", "max_seq_length": 48, "eval_fraction": 0.1},
+              "training": {"output_dir": str(tmp_path / implementation), "max_steps": 12, "batch_size": 16,
+                           "learning_rate": 2e-4, "warmup_steps": 4, "progress_bar": False}}
     metrics = run_recipe(RECIPES["text"], config)
     assert metrics["accuracy"] >= metrics["accuracy_majority_baseline"] + 0.4, metrics
     assert (tmp_path / implementation / "model.safetensors").is_file()

@@ -166,13 +166,13 @@ def test_grounding_with_regions_beats_without(cache_dir, tmp_path):
         "modality": "vl", "init_from": "minilm",
         "detector": {"input_size": 96, "max_proposals": 16},
         "data": {"max_images": 480, "cache_dir": str(cache_dir), "eval_fraction": 0.2, "objectives": {"mlm": 1}},
-        "training": {"output_dir": str(out), "max_steps": 140, "batch_size": 16, "learning_rate": 2e-4,
+        "training": {"output_dir": str(out), "max_steps": 120, "batch_size": 16, "learning_rate": 2e-4,
                      "warmup_steps": 10, "log_every": 10, "progress_bar": False},
     }
     metrics = run(RECIPES["vl-pretraining"], config)
     with_regions = metrics["eval_color_shape_mlm_accuracy_with_regions"]
     without = metrics["eval_color_shape_mlm_accuracy_without_regions"]
-    assert with_regions >= without + 0.1, metrics  # measured: 0.51 vs 0.31 (200 steps at 1e-4: 0.51 vs 0.27)
+    assert with_regions >= without + 0.1, metrics  # measured: 0.46 vs 0.29 (140 steps: 0.47 vs 0.26)
 
 
 def test_imported_shards_are_not_credited_to_the_detector_section(tmp_path):
@@ -204,18 +204,18 @@ def test_imported_shards_are_not_credited_to_the_detector_section(tmp_path):
 @pytest.mark.slow
 def test_word_region_alignment_separates_matched_from_mismatched_pairs(cache_dir, tmp_path):
     """ITM + WRA from MiniLM on easy-VQA captions: the held-out mean transport distance of matched pairs falls
-    below that of mismatched pairs as training goes on (measured, 80 steps at batch 16: 0.28 vs 0.29 at step 20,
-    0.13 vs 0.30 at step 80)."""
+    below that of mismatched pairs as training goes on (measured, 60 steps at batch 16: 0.203 vs 0.210 at step 20,
+    0.41 vs 0.61 at step 60)."""
     out = tmp_path / "wra"
     config = {
         "modality": "vl", "init_from": "minilm",
         "detector": {"input_size": 96, "max_proposals": 16},
         "data": {"max_images": 480, "cache_dir": str(cache_dir), "eval_fraction": 0.2,
                  "objectives": {"itm": 1, "wra": 0.1}},
-        "training": {"output_dir": str(out), "max_steps": 80, "batch_size": 16, "learning_rate": 2e-4,
+        "training": {"output_dir": str(out), "max_steps": 60, "batch_size": 16, "learning_rate": 2e-4,
                      "warmup_steps": 10, "log_every": 10, "eval_every": 20, "progress_bar": False},
     }
     run(RECIPES["vl-pretraining"], config)
     evals = [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if r["split"] == "eval"]
     gaps = [r["eval_wra_mismatched_distance"] - r["eval_wra_matched_distance"] for r in evals]
-    assert len(gaps) == 4 and gaps[-1] > 0.05 and gaps[-1] > gaps[0], gaps
+    assert len(gaps) == 3 and gaps[-1] > 0.05 and gaps[-1] > gaps[0], gaps

@@ -109,26 +109,36 @@ class TextTaskDataset(torch.utils.data.Dataset):
         self.labels = labels
         self.items: list[dict] = []
         self.records = list(records)
-        encode = {"classification": self._classification, "regression": self._classification,
-                  "tagging": self._tagging, "qa": self._qa}.get(config.type)
-        if encode is None:
+        encode = {"tagging": self._tagging, "qa": self._qa}.get(config.type)
+        if config.type in ("classification", "regression"):
+            self.items = self._sentences(tokenizer)
+        elif encode is None:
             raise ValueError(f"data.type must be one of {TASK_TYPES}, got {config.type!r}")
-        for k, record in enumerate(self.records):
-            self.items.append(encode(record, tokenizer, f"record {k}"))
-
-    def _classification(self, record, tokenizer, where):
-        c = self.config
-        text = _field(record, c.text_field, where)
-        pair = _field(record, c.text_pair_field, where) if c.text_pair_field else None
-        enc = tokenizer(text, pair, truncation=True, max_length=c.max_seq_length)
-        value = _field(record, c.label_field, where)
-        if self.type == "regression":
-            label = float(value)
         else:
-            if value not in self.labels:
-                raise ValueError(f"{where}: label {value!r} is not one of the task's labels {self.labels[:10]}")
-            label = self.labels.index(value)
-        return {"input_ids": enc["input_ids"], "token_type_ids": enc["token_type_ids"], "labels": label}
+            self.items = [encode(record, tokenizer, f"record {k}") for k, record in enumerate(self.records)]
+
+    def _sentences(self, tokenizer) -> list[dict]:
+        """Classification / regression records (a text, or a pair) encoded in one batched tokenizer call."""
+        c = self.config
+        texts, pairs, labels = [], [], []
+        for k, record in enumerate(self.records):
+            where = f"record {k}"
+            texts.append(_field(record, c.text_field, where))
+            if c.text_pair_field:
+                pairs.append(_field(record, c.text_pair_field, where))
+            labels.append(self._label(_field(record, c.label_field, where), where))
+        if not texts:
+            return []
+        enc = tokenizer(texts, pairs or None, truncation=True, max_length=c.max_seq_length)
+        return [{"input_ids": i, "token_type_ids": t, "labels": y}
+                for i, t, y in zip(enc["input_ids"], enc["token_type_ids"], labels)]
+
+    def _label(self, value, where: str):
+        if self.type == "regression":
+            return float(value)
+        if value not in self.labels:
+            raise ValueError(f"{where}: label {value!r} is not one of the task's labels {self.labels[:10]}")
+        return self.labels.index(value)
 
     def _tagging(self, record, tokenizer, where):
         c = self.config
