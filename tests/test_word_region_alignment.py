@@ -128,3 +128,36 @@ def test_hard_negatives_replace_only_the_negative_rows_with_other_content():
             source = next(j for j in range(b) if torch.equal(new[i, : mask[j].sum()], ids[j, : mask[j].sum()])
                           and int((new[i] != 0).sum()) == int(mask[j].sum()))
             assert labels["itm_content"][source] != labels["itm_content"][i]
+
+
+def test_alignment_share_counts_the_mass_on_the_named_objects_regions(monkeypatch, tokenizer):
+    """The issue-32 measurement (vlbert.analysis.alignment_share): the object's box is found from the pixels, regions
+    are the object's (IoU >= 0.5), background (IoU < 0.1) or neither (the whole image, partial overlaps), and a
+    plan that sends a word's mass to the object's regions scores 1 where a content-blind plan scores their count's
+    share."""
+    from detectors.regions import Regions
+    from vlbert.analysis import alignment_share as measure
+
+    image = np.full((64, 64, 3), 255, dtype=np.uint8)
+    image[10:30, 20:44] = (200, 30, 30)  # a red rectangle on white: x 20..43, y 10..29
+    box = measure.object_box(image)
+    assert box.tolist() == [20, 10, 44, 30]
+    assert measure.object_box(np.full((64, 64, 3), 255, dtype=np.uint8)) is None  # nothing drawn
+    boxes = np.array([[20, 10, 44, 30], [0, 40, 20, 64], [21, 11, 43, 29], [0, 0, 64, 64], [20, 10, 64, 64]],
+                     dtype=np.float32)  # the object, background, the object again, the whole image, a partial overlap
+    regions = Regions("x", 64, 64, boxes, np.zeros((5, 4), np.float16), np.ones(5, np.float32))
+    on_object, background = measure.region_roles(regions, box, 5)
+    assert on_object.tolist() == [True, False, True, False, False]
+    assert background.tolist() == [False, True, False, False, False]
+
+    caption = "a red rectangle"
+    n_tokens = len(tokenizer(caption)["input_ids"])
+    aligned = np.full((n_tokens, 5), 0.2)
+    aligned[:, [0, 2]], aligned[:, 1] = 0.45, 0.0  # every word: all its object + background mass on the object
+    monkeypatch.setattr(measure, "word_region_transport", lambda model, ids, padded: (aligned, 0.0))
+    result = measure.alignment_share(None, tokenizer, [(caption, regions, box, ("red", "rectangle", "purple"))], 5)
+    assert result == {"words": 2, "share": 1.0, "uniform": pytest.approx(2 / 3), "images": 1}  # "purple": absent
+    blind = np.full((n_tokens, 5), 0.2)
+    monkeypatch.setattr(measure, "word_region_transport", lambda model, ids, padded: (blind, 0.0))
+    result = measure.alignment_share(None, tokenizer, [(caption, regions, box, ("red",))], 5)
+    assert result["share"] == pytest.approx(result["uniform"]) == pytest.approx(2 / 3)

@@ -7,6 +7,7 @@
         --word blue --out docs/
     python tools/explain.py alignment --model runs/vl-wra --easy-vqa-image test/3 --text "a blue circle" \\
         --word blue --out docs/      # the word-region transport plan (UNITER's WRA) instead of attention
+    python tools/explain.py alignment-share --model runs/vl-wra --images 800   # its mass on the shape's regions
     python tools/explain.py generate --model runs/vl-default --easy-vqa-split test --images 500 --length 3
     python tools/explain.py probe --task bbc-news --model minilm --out docs/
     python tools/explain.py probe --task easy-vqa-color --model runs/vl-default --out docs/
@@ -182,6 +183,30 @@ def regions_command(args, out: Path) -> None:
     print(f"wrote {path}")
 
 
+def alignment_share_command(args, out: Path) -> None:
+    """alignment-share: over --images easy-VQA images, the share of the colour and shape words' transported mass
+    (WRA's plan) on the shape's regions, against a plan blind to content (vlbert.analysis.alignment_share)."""
+    from detectors.images import load_image
+    from vlbert.analysis.alignment_share import alignment_share, object_box
+    from vlbert.data.easy_vqa import color_and_shape, image_paths
+
+    model, tok = load(args.model, vl=True)
+    detector, max_regions = run_detector(args.model)
+    truth = color_and_shape(args.easy_vqa_split)
+    ids = list(truth)[: args.images]
+    regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir, detector, ids)
+    paths = image_paths(args.easy_vqa_split)
+
+    def examples():
+        for i in ids:
+            box = object_box(load_image(paths[i]))
+            if box is not None and i in regions:
+                color, shape = truth[i]
+                yield f"a {color} {shape}", regions[i], box, (color, shape)
+
+    print(json.dumps(alignment_share(model, tok, examples(), max_regions)))
+
+
 def generate_command(args, out: Path) -> None:
     """generate: captions from regions (mask-predict and Gibbs), with and without the regions."""
     from detectors.batch import region_item
@@ -232,7 +257,8 @@ def probe_command(args, out: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("fill-mask", "attention", "regions", "alignment", "generate", "probe"))
+    p.add_argument("what", choices=("fill-mask", "attention", "regions", "alignment", "alignment-share", "generate",
+                                    "probe"))
     p.add_argument("--model", default="minilm")
     p.add_argument("--text")
     p.add_argument("--word", help="regions / alignment: the word whose attention / transport is drawn")
@@ -254,7 +280,8 @@ def main(argv=None) -> int:
 
 
 COMMANDS = {"fill-mask": fill_mask_command, "attention": attention_command, "regions": regions_command,
-            "alignment": regions_command, "generate": generate_command, "probe": probe_command}
+            "alignment": regions_command, "alignment-share": alignment_share_command, "generate": generate_command,
+            "probe": probe_command}
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ class Pipeline:
     call every task shares, in transformers' pipeline shape: ``pipe(*inputs, **parameters)`` turns the inputs into
     examples (one per row; one image, or one text, broadcast over a list of the other, as transformers' VQA
     pipeline does), cuts them into ``batch_size`` chunks and runs :meth:`preprocess` -> :meth:`_forward` (no
-    gradients) -> :meth:`postprocess` on each; one input of each kind gives one result, lists give a list.
+    gradients; bf16 autocast on a CUDA device, the outputs read back in float32) -> :meth:`postprocess` on each; one input of each kind gives one result, lists give a list.
 
     A task sets :attr:`tasks`, :attr:`model_class`, :attr:`input_fields` (its inputs in call order, each with the
     names a JSONL record may give it under), :attr:`image_fields`, :attr:`optional_fields`, :attr:`id_field`,
@@ -154,7 +154,7 @@ class Pipeline:
         for start in range(0, len(examples), self.batch_size):
             chunk = examples[start:start + self.batch_size]
             model_inputs = self.preprocess(chunk, **params)
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"):
                 outputs = self._forward(model_inputs)
             out += self.postprocess(outputs, chunk, **params)
         return out
