@@ -77,7 +77,7 @@ class ColourQuestion:
 class ColourDataset(GroundedTextDataset):  # the data module: what an example is and its target
     kind, id_field, text_field = "question", "question_id", "question"
 
-    def targets(self, example) -> dict:
+    def targets(self, example, regions) -> dict:
         return {"labels": example.label}
 
 

@@ -82,8 +82,9 @@ class GroundedTextDataset(Dataset):
         ``image_id``)."""
         return (example.image_id,)
 
-    def targets(self, example) -> dict[str, Any]:
-        """The example's training targets by batch key (what the task's head takes), e.g. ``{"labels": 2}``."""
+    def targets(self, example, regions: list[Regions]) -> dict[str, Any]:
+        """The example's training targets by batch key (what the task's head takes), e.g. ``{"labels": 2}``;
+        ``regions``: its images' regions, read once by ``__getitem__``."""
         raise NotImplementedError
 
     def __len__(self) -> int:
@@ -91,9 +92,10 @@ class GroundedTextDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         ex = self.examples[index]
-        items = [region_item(self.regions[i], self.max_regions) for i in self.images(ex)]
-        regions = items[0] if self.images_per_text == 1 else {"images": items}
-        return {"input_ids": self.input_ids[index], **regions, **self.targets(ex), "index": index}
+        regions = [self.regions[i] for i in self.images(ex)]  # a store reads each from disk: once per item
+        items = [region_item(r, self.max_regions) for r in regions]
+        padded = items[0] if self.images_per_text == 1 else {"images": items}
+        return {"input_ids": self.input_ids[index], **padded, **self.targets(ex, regions), "index": index}
 
     def lengths(self) -> list[int]:
         """Positions of every example (wordpieces + regions kept, for length-grouped batching)."""

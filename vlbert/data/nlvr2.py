@@ -117,7 +117,7 @@ class ImagePairDataset(GroundedTextDataset):
     def images(self, example) -> tuple[str, ...]:
         return (example.left_image, example.right_image)
 
-    def targets(self, example) -> dict:
+    def targets(self, example, regions) -> dict:
         return {"labels": example.label}
 
 

@@ -135,8 +135,8 @@ class ReferringDataset(GroundedTextDataset):
 
     kind, id_field, text_field = "expression", "ref_id", "expression"
 
-    def targets(self, example) -> dict:
-        r = self.regions[example.image_id]
+    def targets(self, example, regions) -> dict:
+        r = regions[0]
         scale = np.array([r.width, r.height, r.width, r.height], dtype=np.float32)
         target = int(box_iou(np.array([example.box]), r.boxes[: self.max_regions]).argmax())
         return {"target_region": target, "target_box": np.array(example.box, dtype=np.float32) / scale}

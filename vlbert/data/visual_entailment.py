@@ -93,7 +93,7 @@ class EntailmentDataset(GroundedTextDataset):
 
     kind, id_field, text_field = "pair", "pair_id", "hypothesis"
 
-    def targets(self, example) -> dict:
+    def targets(self, example, regions) -> dict:
         return {"labels": example.label}
 
 

@@ -111,7 +111,7 @@ class VQADataset(GroundedTextDataset):
             kept.append(ex)
         super().__init__(kept, regions, tokenizer, max_question_length, max_regions)
 
-    def targets(self, example) -> dict:
+    def targets(self, example, regions) -> dict:
         scores = torch.zeros(len(self.answer_vocab))
         for j, score in answer_targets(example.answers, self.answer_to_index).items():
             scores[j] = score

@@ -1,6 +1,6 @@
 """Use a trained model: one pipeline per task, loaded from a run directory, taking image files, PIL images or
-arrays and text (or text alone, for text runs) (:mod:`vlbert.inference.pipelines`); what a run saves for it and the detector check
-(:mod:`vlbert.inference.run`).
+arrays and text (or text alone, for text runs) (:mod:`vlbert.inference.pipelines`); what a run saves for it and the
+detector check (:mod:`vlbert.inference.run`).
 
     from vlbert.inference import pipeline
     vqa = pipeline("runs/vqa")
@@ -13,6 +13,6 @@ from vlbert.inference.pipelines import (PIPELINES, EntailmentPipeline, FillMaskP
 from vlbert.inference.run import RunInputs, detector_for_run, read_inference_info
 
 __all__ = ["pipeline", "PIPELINES", "Pipeline", "VQAPipeline", "RetrievalPipeline", "ImageIndex",
-           "ImagePairPipeline", "EntailmentPipeline", "ReferringPipeline", "FillMaskPipeline", "TextClassificationPipeline",
-           "TextFillMaskPipeline", "pipeline_class", "RunInputs",
-           "read_inference_info", "detector_for_run"]
+           "ImagePairPipeline", "EntailmentPipeline", "ReferringPipeline", "FillMaskPipeline",
+           "TextClassificationPipeline", "TextFillMaskPipeline", "pipeline_class", "RunInputs", "read_inference_info",
+           "detector_for_run"]

@@ -34,7 +34,8 @@ class Pipeline:
     call every task shares, in transformers' pipeline shape: ``pipe(*inputs, **parameters)`` turns the inputs into
     examples (one per row; one image, or one text, broadcast over a list of the other, as transformers' VQA
     pipeline does), cuts them into ``batch_size`` chunks and runs :meth:`preprocess` -> :meth:`_forward` (no
-    gradients; bf16 autocast on a CUDA device, the outputs read back in float32) -> :meth:`postprocess` on each; one input of each kind gives one result, lists give a list.
+    gradients; bf16 autocast on a CUDA device, the outputs read back in float32) -> :meth:`postprocess` on each;
+    one input of each kind gives one result, lists give a list.
 
     A task sets :attr:`tasks`, :attr:`model_class`, :attr:`input_fields` (its inputs in call order, each with the
     names a JSONL record may give it under), :attr:`image_fields`, :attr:`optional_fields`, :attr:`id_field`,

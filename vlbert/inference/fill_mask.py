@@ -48,8 +48,5 @@ class TextFillMaskPipeline(FillMaskPipeline):
     image_fields = ()
     optional_fields = ()
 
-    def preprocess(self, examples: list[dict], **parameters) -> dict[str, Any]:
-        return {"texts": [ex["text"] for ex in examples], "items": [None] * len(examples)}
-
 
 __all__ = ["FillMaskPipeline", "TextFillMaskPipeline"]

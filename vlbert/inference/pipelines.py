@@ -32,11 +32,16 @@ from vlbert.models.vl_classification import (VLBertForImagePairClassification, V
 from vlbert.models.vqa import VLBertForMaskedTokenVQA, VLBertForVQA
 
 
+def _require_ids(rows: list[dict], key: str, fmt: str) -> None:
+    """Raise ValueError naming the first row (1-based) without ``key``, which format ``fmt`` needs on every row."""
+    missing = [k for k, r in enumerate(rows, 1) if key not in r]
+    if missing:
+        raise ValueError(f"--format {fmt} needs a {key} on every example; example {missing[0]} has none")
+
+
 def _vqa_v2_results(rows: list[dict]) -> str:
     """The VQA v2 evaluation server's results JSON: ``[{"question_id", "answer"}]`` (VQA.loadRes)."""
-    missing = [k for k, r in enumerate(rows, 1) if "question_id" not in r]
-    if missing:
-        raise ValueError(f"--format vqa-v2 needs a question_id on every example; example {missing[0]} has none")
+    _require_ids(rows, "question_id", "vqa-v2")
     return json.dumps([{"question_id": _int_if_digits(r["question_id"]), "answer": r["answer"]} for r in rows])
 
 
@@ -88,9 +93,7 @@ class EntailmentPipeline(Pipeline):
 
 def _nlvr2_results(rows: list[dict]) -> str:
     """The NLVR2 evaluation script's CSV: ``identifier,True|False`` per line (lil-lab/nlvr ``nlvr2/eval``)."""
-    missing = [k for k, r in enumerate(rows, 1) if "identifier" not in r]
-    if missing:
-        raise ValueError(f"--format nlvr2 needs an identifier on every example; example {missing[0]} has none")
+    _require_ids(rows, "identifier", "nlvr2")
     return "".join(f"{r['identifier']},{r['prediction']}\n" for r in rows)
 
 

@@ -80,9 +80,10 @@ class ReferringData(RegionTaskData):
         composites = self.extra[0]
         return task_regions(ctx) if composites is None else _easy_vqa_regions(ctx, *composites)
 
-    def hit(self, example, region_index: int) -> bool:
-        """Whether region ``region_index`` of the example's image has IoU >= 0.5 with the referred box."""
-        box = self.regions[example.image_id].boxes[region_index]
+    @staticmethod
+    def hit(example, box: np.ndarray) -> bool:
+        """Whether ``box`` (float [4], pixels xyxy: a region of the example's image) has IoU >= 0.5 with the
+        referred box."""
         return bool(box_iou(np.array([example.box]), box[None])[0, 0] >= 0.5)
 
     def predict(self, model) -> tuple[list[dict], dict[str, float]]:
@@ -92,8 +93,9 @@ class ReferringData(RegionTaskData):
         rows = []
         for i, choice in zip(*self.predict_labels(model)[::2]):
             ex = self.eval.examples[i]
+            box = self.regions[ex.image_id].boxes[choice]  # one read of the image's regions per expression
             rows.append({"ref_id": ex.ref_id, "image_id": ex.image_id, "expression": ex.expression, "region": choice,
-                         "box": [float(v) for v in self.regions[ex.image_id].boxes[choice]], "hit": self.hit(ex, choice)})
+                         "box": [float(v) for v in box], "hit": self.hit(ex, box)})
         reachable = 0
         for example in self.eval.examples:
             n = min(region_count(self.regions, example.image_id), self.eval.max_regions)
@@ -109,7 +111,8 @@ def build_model(ctx: RunContext, data: ReferringData) -> VLBertForReferringExpre
 def baselines(ctx: RunContext, data: ReferringData, model) -> dict:
     """Accuracy of always choosing the region at the most frequent training target position."""
     position = Counter(data.train[i]["target_region"] for i in range(len(data.train))).most_common(1)[0][0]
-    hits = sum(data.hit(ex, min(position, region_count(data.regions, ex.image_id) - 1)) for ex in data.eval.examples)
+    hits = sum(data.hit(ex, data.regions[ex.image_id].boxes[min(position, region_count(data.regions, ex.image_id) - 1)])
+               for ex in data.eval.examples)
     return {"accuracy_majority_position_baseline": hits / len(data.eval)}
 
 

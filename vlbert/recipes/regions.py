@@ -168,9 +168,9 @@ class RegionTaskData(TaskData):
 
     def predict_labels(self, model) -> tuple[list[int], list[int], list[int]]:
         """(dataset indices, gold labels (None where the targets are not one class per item), predicted labels) of
-        every evaluation example, gathered from every process in dataset order (:func:`~vlbert.evaluation.classification.predict_labels`)."""
-        index, gold, predicted = predict_labels(model, self.rank_eval_batches(), self.target_keys)
-        return gathered_columns(index, gold or [None] * len(index), predicted)
+        every evaluation example, gathered from every process in dataset order
+        (:func:`~vlbert.evaluation.classification.predict_labels`)."""
+        return gathered_columns(*predict_labels(model, self.rank_eval_batches(), self.target_keys))
 
 
 def evaluate(ctx, data: RegionTaskData, model) -> dict:
@@ -208,5 +208,5 @@ def regions_provenance(store, detector=None) -> dict:
     return {"fingerprint": None, "config": None, "extractor": extractor}
 
 
-__all__ = ["RegionTaskDataConfig", "RegionTaskData", "evaluate", "majority_baseline", "DatasetBuilder", "load_examples", "task_regions", "region_store",
-           "region_task_info", "regions_provenance", "task_provenance"]
+__all__ = ["RegionTaskDataConfig", "RegionTaskData", "evaluate", "majority_baseline", "DatasetBuilder", "load_examples",
+           "task_regions", "region_store", "region_task_info", "regions_provenance", "task_provenance"]
