@@ -55,11 +55,11 @@ def test_padded_words_and_regions_carry_no_mass():
         ipot(cosine_cost(x, y), torch.zeros(2, 7), y_mask)
 
 
-def tiny_vl_model():
+def tiny_vl_model(**config_fields):
     torch.manual_seed(0)
     config = vlbert.VLBertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                  intermediate_size=48, region_feature_dim=12, num_region_classes=0,
-                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **config_fields)
     return vlbert.VLBertForPreTraining(config)
 
 
@@ -85,6 +85,30 @@ def test_wra_runs_with_itm_and_its_gradient_reaches_both_modalities():
     assert model.bert.embeddings.word_embeddings.weight.grad.abs().sum() > 0          # the words' side
     assert model.bert.region_embeddings.feature_proj.weight.grad.abs().sum() > 0     # the regions' side
     assert model.itm.weight.grad is None  # WRA has no parameters of its own: the ITM head gets nothing from it
+
+
+def test_wra_at_the_embeddings_transports_between_the_first_layers_inputs():
+    from vlbert.analysis.attention_maps import word_region_transport
+
+    model, batch = tiny_vl_model(wra_layer=0), wra_batch()
+    out = model(**batch)
+    assert out.hidden_states is None  # kept for the unit, not returned unasked
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "region_features", "region_boxes", "region_mask")}
+    embeddings = model.bert(**inputs, output_hidden_states=True).hidden_states[0]
+    distance, _ = wasserstein_distance(embeddings[:, :7], embeddings[:, 7:], batch["attention_mask"],
+                                       batch["region_mask"])
+    torch.testing.assert_close(out.metrics["wra_matched_distance"], distance[[0, 2]].mean())
+    torch.testing.assert_close(out.metrics["wra_mismatched_distance"], distance[[1, 3]].mean())
+    out.losses["wra"].backward()
+    assert model.bert.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    assert model.bert.region_embeddings.feature_proj.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in model.bert.encoder.parameters())  # above the states WRA reads
+    # the plan the analysis draws is the same layer's
+    one = {k: v[:1] for k, v in inputs.items() if k.startswith("region")}
+    _, drawn = word_region_transport(model.eval(), batch["input_ids"][:1], one)
+    assert abs(drawn - float(distance[0].detach())) < 1e-5
+    with pytest.raises(ValueError, match="wra_layer"):
+        tiny_vl_model(wra_layer=3)  # the model has 2 layers
 
 
 def test_wra_stays_finite_in_a_bfloat16_step():
@@ -156,8 +180,15 @@ def test_alignment_share_counts_the_mass_on_the_named_objects_regions(monkeypatc
     aligned[:, [0, 2]], aligned[:, 1] = 0.45, 0.0  # every word: all its object + background mass on the object
     monkeypatch.setattr(measure, "word_region_transport", lambda model, ids, padded: (aligned, 0.0))
     result = measure.alignment_share(None, tokenizer, [(caption, regions, box, ("red", "rectangle", "purple"))], 5)
-    assert result == {"words": 2, "share": 1.0, "uniform": pytest.approx(2 / 3), "images": 1}  # "purple": absent
+    assert result == {"words": 2, "share": 1.0, "uniform": pytest.approx(2 / 3), "images": 1,
+                      "by_word": [1.0, 1.0, None]}  # "purple": absent
     blind = np.full((n_tokens, 5), 0.2)
     monkeypatch.setattr(measure, "word_region_transport", lambda model, ids, padded: (blind, 0.0))
     result = measure.alignment_share(None, tokenizer, [(caption, regions, box, ("red",))], 5)
     assert result["share"] == pytest.approx(result["uniform"]) == pytest.approx(2 / 3)
+    # one word aligned, the other blind: each word's share apart, their mean as the share
+    mixed = blind.copy()
+    mixed[2, [0, 2]], mixed[2, 1] = 0.45, 0.0  # "red" (row 2 after [CLS] a) on the object
+    monkeypatch.setattr(measure, "word_region_transport", lambda model, ids, padded: (mixed, 0.0))
+    result = measure.alignment_share(None, tokenizer, [(caption, regions, box, ("red", "rectangle"))], 5)
+    assert result["by_word"] == [1.0, pytest.approx(2 / 3)] and result["share"] == pytest.approx(5 / 6)

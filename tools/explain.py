@@ -204,7 +204,9 @@ def alignment_share_command(args, out: Path) -> None:
                 color, shape = truth[i]
                 yield f"a {color} {shape}", regions[i], box, (color, shape)
 
-    print(json.dumps(alignment_share(model, tok, examples(), max_regions)))
+    result = alignment_share(model, tok, examples(), max_regions)
+    colour, shape = result.pop("by_word", None) or (None, None)
+    print(json.dumps({**result, "colour": colour, "shape": shape}))
 
 
 def generate_command(args, out: Path) -> None:

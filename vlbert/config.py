@@ -214,6 +214,12 @@ class VLBertConfig(BertConfig):
             without a background class (1600 for Visual Genome bottom-up-attention; 0 disables MRC). Whether MRC
             uses the top class (``mrc``) or the distribution (``mrc_kl``) is the objective mix's choice.
         projection_dim: size of the contrastive (ITC) embeddings of image-text retrieval (ALBEF: 256).
+        wra_layer: the hidden states word-region alignment (the ``wra`` objective, and the plans
+            ``tools/explain.py alignment`` draws) transports between: -1 the last layer's (UNITER section 3.2), 0
+            the embeddings (the first layer's input, before any word has seen a region), k the output of layer k.
+            In a single-stream encoder the last layer's word and region states both know whether the pair
+            matches, and on easy-VQA captions WRA there is met by making them all alike (the README's figures);
+            below the first cross-modal attention a matched pair can only be brought close through content.
     """
 
     region_feature_dim: int = 2048
@@ -222,6 +228,7 @@ class VLBertConfig(BertConfig):
     region_embedding: str = "uniter"
     region_token_type: int = 1
     projection_dim: int = 256
+    wra_layer: int = -1
 
     model_type = "vlbert"
 
@@ -238,6 +245,9 @@ class VLBertConfig(BertConfig):
         if not isinstance(self.region_token_type, int) or not 0 <= self.region_token_type < self.type_vocab_size:
             raise ValueError(f"config.region_token_type must be in [0, type_vocab_size={self.type_vocab_size}), "
                              f"got {self.region_token_type!r}")
+        if not isinstance(self.wra_layer, int) or not -1 <= self.wra_layer <= self.num_hidden_layers:
+            raise ValueError(f"config.wra_layer must be -1 (the last layer), 0 (the embeddings) or a layer in "
+                             f"1..num_hidden_layers={self.num_hidden_layers}, got {self.wra_layer!r}")
 
     @classmethod
     def accepted_model_types(cls) -> tuple[str, ...]:

@@ -58,9 +58,10 @@ def alignment_share(model, tokenizer, examples: Iterable[tuple[str, Regions, np.
         max_regions: regions read per image (the run's).
     Returns:
         ``{"words": n, "share": the mean share on the object's regions, "uniform": the mean share of a plan blind
-        to content, "images": images used}``.
+        to content, "images": images used, "by_word": [the mean share of the examples' first named word, of their
+        second, ...] (None where no example's k-th word was counted)}``.
     """
-    shares, uniform, images = [], [], 0
+    shares, uniform, images, by_word = [], [], 0, {}
     for caption, regions, box, words in examples:
         on_object, background = region_roles(regions, box, max_regions)
         if not on_object.any() or not background.any():
@@ -69,16 +70,19 @@ def alignment_share(model, tokenizer, examples: Iterable[tuple[str, Regions, np.
         tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0])
         plan, _ = word_region_transport(model, enc["input_ids"], pad_regions([region_item(regions, max_regions)]))
         images += 1
-        for word in words:
+        for k, word in enumerate(words):
+            by_word.setdefault(k, [])
             rows = _pieces(tokens, tokenizer.tokenize(word))
             if rows is None:
                 continue
             row = plan[rows].mean(0)[: len(on_object)]
             counted = row[on_object | background].sum()
             shares.append(float(row[on_object].sum() / max(counted, 1e-12)))
+            by_word[k].append(shares[-1])
             uniform.append(on_object.sum() / (on_object | background).sum())
     return {"words": len(shares), "share": float(np.mean(shares)) if shares else float("nan"),
-            "uniform": float(np.mean(uniform)) if uniform else float("nan"), "images": images}
+            "uniform": float(np.mean(uniform)) if uniform else float("nan"), "images": images,
+            "by_word": [float(np.mean(by_word[k])) if by_word[k] else None for k in sorted(by_word)]}
 
 
 def _pieces(tokens: list[str], word: list[str]) -> slice | None:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from vlbert.layers.optimal_transport import wasserstein_distance
+from vlbert.objectives.word_region_alignment import alignment_states
 
 
 def _pyplot():
@@ -109,9 +110,10 @@ def word_region_attention(attentions: tuple[torch.Tensor, ...], num_text: int, l
 def word_region_transport(model, input_ids: torch.Tensor, regions: dict[str, torch.Tensor],
                           beta: float = 0.5, iterations: int = 50) -> tuple[np.ndarray, float]:
     """UNITER's word-region alignment of one pair: the optimal transport plan between its words and its regions
-    (:func:`vlbert.layers.optimal_transport.wasserstein_distance` over the last layer's contextual embeddings, as
-    the ``wra`` objective computes it), each word's row renormalised over the regions so rows compare across words
-    (as :func:`word_region_attention`), and the pair's transport distance.
+    (:func:`vlbert.layers.optimal_transport.wasserstein_distance` between the word and region states of the
+    model's ``config.wra_layer``, the last layer's by default, as the ``wra`` objective computes it), each word's
+    row renormalised over the regions so rows compare across words (as :func:`word_region_attention`), and the
+    pair's transport distance.
 
     Args:
         model: a :class:`vlbert.VLBertForPreTraining` (or anything whose ``bert`` is a :class:`vlbert.VLBertModel`).
@@ -120,11 +122,14 @@ def word_region_transport(model, input_ids: torch.Tensor, regions: dict[str, tor
     Returns:
         (float [T, R] share of each word's mass per region; the distance, a float in [0, 2]).
     """
+    config = model.bert.config
     with torch.no_grad():
-        out = model.bert(input_ids, None, torch.ones_like(input_ids), **regions)
+        out = model.bert(input_ids, None, torch.ones_like(input_ids), **regions, output_hidden_states=True)
         t = input_ids.shape[1]
-        distance, plan = wasserstein_distance(out.last_hidden_state[:, :t], out.last_hidden_state[:, t:],
-                                              torch.ones_like(input_ids), regions["region_mask"], beta, iterations)
+        words, region_states = alignment_states(config, out.last_hidden_state[:, :t], out.last_hidden_state[:, t:],
+                                                out.hidden_states)
+        distance, plan = wasserstein_distance(words, region_states, torch.ones_like(input_ids),
+                                              regions["region_mask"], beta, iterations)
     rows = plan[0]
     return (rows / rows.sum(-1, keepdim=True).clamp(min=1e-12)).numpy(), float(distance[0])
 

@@ -204,16 +204,19 @@ class VLBertForPreTraining(PreTrainedModel):
         if inputs["input_ids"] is not input_ids:  # the text was rewritten: the collator's layout no longer holds
             packed_indices = cu_seqlens = given["masked_lm_positions"] = None
         input_ids, token_type_ids, attention_mask = inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"]
+        keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in self.units
+                                                  if all(given[k] is not None for k in unit.inputs))
         enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                        output_hidden_states, output_attentions, masked_regions=masked_regions,
+                        keep_hidden, output_attentions, masked_regions=masked_regions,
                         packed_indices=packed_indices, cu_seqlens=cu_seqlens)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
-                                hidden_states=enc.hidden_states, attentions=enc.attentions)
+                                hidden_states=enc.hidden_states if output_hidden_states else None,
+                                attentions=enc.attentions)
         t = input_ids.shape[1]
         encoded = Encoded(self, enc.last_hidden_state[:, :t], enc.last_hidden_state[:, t:], enc.pooler_output,
                           attention_mask if attention_mask is not None else torch.ones_like(input_ids),
                           region_mask if region_mask is not None or region_features is None
-                          else torch.ones_like(region_features[..., 0]))
+                          else torch.ones_like(region_features[..., 0]), enc.hidden_states)
         used = set()
         for unit in self.units:
             if all(given[k] is not None for k in unit.inputs):

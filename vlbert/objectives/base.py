@@ -27,6 +27,8 @@ class Encoded:
         regions: float [B, R, H] (VL models) or None.
         pooled: float [B, H], the pooled [CLS].
         text_mask, region_mask: [B, T], [B, R], 1 = real position (None: all real).
+        hidden_states: the L + 1 hidden states over [text; regions], float [B, T + R, H] each (0 = the
+            embeddings), kept when a running unit reads them (:meth:`Objective.reads_hidden_states`); else None.
     """
 
     model: nn.Module
@@ -35,6 +37,7 @@ class Encoded:
     pooled: torch.Tensor | None
     text_mask: torch.Tensor | None = None
     region_mask: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -113,6 +116,11 @@ class Objective:
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
         """Collator side: mask ``batch``'s inputs in place and add this unit's labels (keys :attr:`inputs`)."""
         raise NotImplementedError
+
+    def reads_hidden_states(self, config) -> bool:
+        """Whether the loss reads :attr:`Encoded.hidden_states` under ``config`` (the model then keeps them for
+        its batches; WRA below the last layer). Default: False."""
+        return False
 
     def before_encoder(self, model: nn.Module, inputs: dict, labels: dict) -> None:
         """Model side, before the encoder pass of a batch carrying this unit's labels: rewrite ``inputs``
