@@ -120,7 +120,6 @@ def uniter_forward(state, input_ids, text_lengths, img_feat, img_pos7, num_boxes
     row i = [text_i, regions_i, junk], pooled [B, H])."""
     s = {k: v.float() for k, v in state.items()}
     b, t_max = input_ids.shape
-    n_max = img_feat.shape[1]
     e = "uniter.embeddings"
     text = s[f"{e}.word_embeddings.weight"][input_ids] + s[f"{e}.position_embeddings.weight"][:t_max][None]
     text = layer_norm(text + s[f"{e}.token_type_embeddings.weight"][0], s, f"{e}.LayerNorm")

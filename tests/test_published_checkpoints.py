@@ -5,7 +5,6 @@ against reference forwards written from their code's equations (tests/published_
 from __future__ import annotations
 
 import json
-import pickle
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ import transformers
 
 from published_references import oscar_forward, uniter_forward, uniter_heads, uniter_state
 from vlbert.families import convert_checkpoint
-from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.region_embeddings import region_location_features
 from vlbert.models.vl import VLBertForPreTraining, VLBertModel
 from vlbert.models.vl_classification import VLBertForVisualReasoning
