@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from vlbert.layers.optimal_transport import wasserstein_distance
-from vlbert.objectives.word_region_alignment import alignment_states
+from vlbert.objectives.word_region_alignment import alignment_states, below_last_layer
 
 
 def _pyplot():
@@ -124,7 +124,8 @@ def word_region_transport(model, input_ids: torch.Tensor, regions: dict[str, tor
     """
     config = model.bert.config
     with torch.no_grad():
-        out = model.bert(input_ids, None, torch.ones_like(input_ids), **regions, output_hidden_states=True)
+        out = model.bert(input_ids, None, torch.ones_like(input_ids), **regions,
+                         output_hidden_states=below_last_layer(config))
         t = input_ids.shape[1]
         words, region_states = alignment_states(config, out.last_hidden_state[:, :t], out.last_hidden_state[:, t:],
                                                 out.hidden_states)

@@ -204,8 +204,8 @@ class VLBertForPreTraining(PreTrainedModel):
         if inputs["input_ids"] is not input_ids:  # the text was rewritten: the collator's layout no longer holds
             packed_indices = cu_seqlens = given["masked_lm_positions"] = None
         input_ids, token_type_ids, attention_mask = inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"]
-        keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in self.units
-                                                  if all(given[k] is not None for k in unit.inputs))
+        running = [unit for unit in self.units if all(given[k] is not None for k in unit.inputs)]
+        keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in running)
         enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
                         keep_hidden, output_attentions, masked_regions=masked_regions,
                         packed_indices=packed_indices, cu_seqlens=cu_seqlens)
@@ -218,17 +218,16 @@ class VLBertForPreTraining(PreTrainedModel):
                           region_mask if region_mask is not None or region_features is None
                           else torch.ones_like(region_features[..., 0]), enc.hidden_states)
         used = set()
-        for unit in self.units:
-            if all(given[k] is not None for k in unit.inputs):
-                result = unit.loss(encoded, given)
-                out.add(unit.name, result.loss, unit.metric, result.metric, result.count)
-                if result.metric_count is not None:
-                    out.counts[unit.metric] = result.metric_count
-                for metric, (value, count) in (result.extra_metrics or {}).items():
-                    out.metrics[metric], out.counts[metric] = value, count
-                used.update(unit.footprint())
-                if unit.output:
-                    setattr(out, unit.output, result.logits)
+        for unit in running:
+            result = unit.loss(encoded, given)
+            out.add(unit.name, result.loss, unit.metric, result.metric, result.count)
+            if result.metric_count is not None:
+                out.counts[unit.metric] = result.metric_count
+            for metric, (value, count) in (result.extra_metrics or {}).items():
+                out.metrics[metric], out.counts[metric] = value, count
+            used.update(unit.footprint())
+            if unit.output:
+                setattr(out, unit.output, result.logits)
         if out.loss is None:  # inference (no labels): the MLM over every text position, as BertForPreTraining
             out.prediction_logits = self.masked_lm(encoded.text, self.bert.embeddings.word_embeddings.weight)
         elif torch.is_grad_enabled():

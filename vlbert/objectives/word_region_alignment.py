@@ -83,4 +83,4 @@ class WordRegionAlignment(Objective):
         return ObjectiveResult(loss, metric, b, plan, extra, metric_count=n_matched)
 
 
-__all__ = ["WordRegionAlignment", "alignment_states"]
+__all__ = ["WordRegionAlignment", "alignment_states", "below_last_layer"]
