@@ -314,3 +314,136 @@ def test_bf16_weights_with_float32_masters_train_as_float32(tmp_path, small_toke
     resumed.train()
     for a, b in zip(whole.master.masters, resumed.master.masters):
         assert torch.equal(a, b)
+
+
+def test_a_kernel_registered_as_packed_always_gets_the_packed_layout():
+    """A kernel that reads cu_seqlens, registered with layout="packed", gets the packed tokens even when padding
+    is under the 5% below which padded kernels run the batch dense: one padded position in forty, float64, equal
+    to eager (1e-6). Registered with the default layout (padded) the same function would see the dense batch."""
+    from vlbert.layers.attention import _explicit
+
+    def per_sequence(q, k, v, packing, dropout_p, training, output_attentions=False):
+        assert packing.num_tokens == q.shape[0]
+        bounds = packing.cu_seqlens.tolist()
+        rows = [_explicit(*(t[a:b].transpose(0, 1)[None] for t in (q, k, v)), None, 0.0, False, False)[0]
+                for a, b in zip(bounds[:-1], bounds[1:])]
+        return torch.cat([r[0].transpose(0, 1) for r in rows]), None
+
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(5, 90, (4, 10), generator=g)
+    mask = torch.ones(4, 10, dtype=torch.long)
+    mask[2, 9] = 0  # 1 of 40 positions is padding
+    register_attention("test_packed", per_sequence, layout="packed")
+    try:
+        torch.manual_seed(0)
+        model = vlbert.BertModel(text_config(attn_implementation="eager")).double().eval()
+        reference = model(ids, attention_mask=mask).last_hidden_state
+        model.encoder.attn_implementation = "test_packed"
+        packing, kernel = model.encoder.packing(mask, 4, 10, "test_packed")
+        assert kernel == "test_packed" and packing.num_tokens == 39
+        out = model(ids, attention_mask=mask).last_hidden_state
+        torch.testing.assert_close(out[mask.bool()], reference[mask.bool()], atol=1e-6, rtol=0)
+        assert model.encoder.packing(mask, 4, 10, "sdpa")[0].num_tokens == 40  # a padded kernel: dense
+    finally:
+        del ATTENTION_FUNCTIONS["test_packed"]
+
+
+def test_flash_is_chosen_only_where_it_runs(monkeypatch, caplog):
+    """The selection of the kernel table: varlen (flash) on CUDA in bf16 with compute capability 8.0+, a head size
+    that is a multiple of 8 and at most 256, and (with dropout) FlashAttention-2; otherwise sdpa with one log line
+    naming the reason; eager for the probabilities; CPU keeps sdpa; an explicit varlen falls back the same way."""
+    import vlbert.layers.attention as attention
+    from vlbert.layers.attention import AttentionRequest, select_attention
+
+    cuda = torch.device("cuda")
+    capability = [(9, 0)]
+    monkeypatch.setattr(attention, "cuda_capability", lambda device: capability[0])
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+    monkeypatch.setattr(attention, "flash_attention_impl", lambda: None)
+    monkeypatch.setattr(attention, "_explained", set())
+
+    def chosen(name=None, dtype=torch.bfloat16, head_dim=64, dropout=0.1, probs=False, device=cuda):
+        return select_attention(name, AttentionRequest(device, dtype, head_dim, dropout, probs))
+
+    assert chosen() == "varlen" and chosen("varlen") == "varlen"
+    assert chosen(dtype=torch.float32) == "sdpa"
+    assert chosen(device=torch.device("cpu")) == "sdpa" and chosen("varlen", device=torch.device("cpu")) == "varlen"
+    assert chosen(probs=True) == "eager"
+    for head_dim in (26, 264, 260):
+        assert chosen(head_dim=head_dim) == "sdpa", head_dim
+    assert chosen(head_dim=256) == "varlen" and chosen(head_dim=8) == "varlen"
+    capability[0] = (7, 5)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="vlbert.layers.attention"):
+        assert chosen() == "sdpa" and chosen() == "sdpa" and chosen("varlen") == "sdpa"
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["attention: varlen cannot run here (flash attention needs compute capability 8.0 or newer, "
+                    "this GPU has 7.5); using sdpa"], said
+    capability[0] = (8, 0)
+    monkeypatch.setattr(attention, "flash_attention_impl", lambda: "FA3")
+    assert chosen(dropout=0.1) == "sdpa" and chosen(dropout=0.0) == "varlen"
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: False)
+    assert chosen(dropout=0.0) == "sdpa"
+
+
+@pytest.mark.parametrize("modality", ["text", "vl"])
+def test_gradient_checkpointing_gives_the_plain_step(modality):
+    """model.gradient_checkpointing recomputes each layer in the backward: with dropout on (the random state is
+    replayed) the loss and every gradient equal the plain step's."""
+    ids, mask, labels = ragged_text()
+    batch = dict(input_ids=ids, attention_mask=mask, labels=labels)
+    if modality == "vl":
+        feats, boxes, region_mask = ragged_regions()
+        batch.update(region_features=feats, region_boxes=boxes, region_mask=region_mask,
+                     itm_label=torch.tensor([1, 0, 1, 1]))
+    else:
+        batch["next_sentence_label"] = torch.tensor([0, 1, 0, 1])
+    results = []
+    for checkpointing in (False, True):
+        config = (vl_config if modality == "vl" else text_config)(gradient_checkpointing=checkpointing)
+        torch.manual_seed(0)
+        model = (VLBertForPreTraining if modality == "vl" else vlbert.BertForPreTraining)(config).train()
+        torch.manual_seed(1)
+        results.append(run(model, batch))
+    (h0, l0, g0), (h1, l1, g1) = results
+    torch.testing.assert_close(l1, l0, atol=0, rtol=0)
+    assert g0.keys() == g1.keys() and len(g0) > 10
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], atol=1e-7, rtol=1e-6, msg=name)
+
+
+def test_bf16_params_accumulate_micro_batches_in_float32(tmp_path, small_token_corpus, tokenizer):
+    """bf16-params with 4 micro-batches: the float32 master gradient the optimizer sees is the float32 sum of the 4
+    micro-batch gradients (each the bf16 model's, of loss / 4) within float32 rounding, not bf16's: summing the
+    same gradients in bf16, as bf16 .grad accumulation did, is off by orders of magnitude more."""
+    trainer = tiny_text_trainer(
+        tmp_path / "run", small_token_corpus, tokenizer, max_length=32,
+        model=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+        max_steps=1, batch_size=8, warmup_steps=0, learning_rate=1e-3, mixed_precision="bf16-params",
+        grad_accum_steps=4, group_by_length=False)
+    model = trainer.unwrapped
+    batches = [trainer._to_device(b) for _, b in zip(range(4), trainer.train_batches(0, 0, 0, 1))]
+    grads = []
+    for batch in batches:  # each micro-batch's gradient alone, as the bf16 model computes it
+        model.zero_grad(set_to_none=True)
+        (model(**batch).loss / 4).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    model.zero_grad(set_to_none=True)
+    exact = [sum(g[i].double() for g in grads) for i in range(len(grads[0]))]
+    in_bf16 = [sum(g[i] for g in grads[1:]) + grads[0][i] for i in range(len(grads[0]))]  # bf16 += bf16
+
+    seen = {}
+    clip = trainer._clip_gradients
+
+    def capture():
+        seen["masters"] = [m.grad.clone() if m.grad is not None else None for m in trainer.master.masters]
+        return clip()
+
+    trainer._clip_gradients = capture
+    trainer.train()
+    scale = max(float(e.abs().max()) for e in exact)
+    ours = max(float((m.double() - e).abs().max()) for m, e in zip(seen["masters"], exact))
+    bf16 = max(float((b.double() - e).abs().max()) for b, e in zip(in_bf16, exact))
+    assert ours <= 4 * 2.0 ** -24 * scale, (ours, scale)  # float32 rounding of a sum of 4
+    assert bf16 > 100 * ours, (bf16, ours)

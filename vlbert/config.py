@@ -19,7 +19,7 @@ BERT_MODEL_TYPES = ("bert", "vlbert")
 
 #: Hugging Face config.json keys that carry no architecture information and are dropped quietly.
 _HF_BOOKKEEPING_KEYS = {
-    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "gradient_checkpointing",
+    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
     "use_cache", "classifier_dropout", "_name_or_path", "pad_token_id", "bos_token_id", "eos_token_id",
     "output_past", "directionality", "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers",
     "pooler_size_per_head", "pooler_type", "label2id", "problem_type", "tie_word_embeddings",
@@ -44,7 +44,12 @@ class BertConfig:
     written here loads in transformers. Defaults describe BERT-base uncased (L=12, H=768, A=12).
     ``attn_implementation`` (transformers' key) names the attention kernel, a key of
     :data:`vlbert.layers.attention.ATTENTION_FUNCTIONS` (``eager``, ``sdpa``, ``varlen``; transformers'
-    ``flash_attention_*`` read as ``varlen``); None picks ``varlen`` on CUDA in bf16/fp16 and ``sdpa`` elsewhere.
+    ``flash_attention_*`` read as ``varlen``); None picks ``varlen`` on CUDA in bf16/fp16 and ``sdpa`` elsewhere,
+    and a kernel that cannot run on the device (flash before compute capability 8.0, head sizes flash does not
+    take) falls back to the next one with a log line (:func:`vlbert.layers.attention.select_attention`).
+    ``gradient_checkpointing`` (transformers' name) recomputes each encoder layer in the backward instead of
+    keeping its activations: less memory for about a third more compute; a run-time choice, not written to
+    config.json.
 
     Raises:
         ValueError: from :meth:`validate` when ``hidden_size`` is not divisible by ``num_attention_heads``,
@@ -69,6 +74,7 @@ class BertConfig:
     classifier_dropout: float | None = None
     id2label: dict[int, str] | None = None
     attn_implementation: str | None = None
+    gradient_checkpointing: bool = False
 
     model_type = "bert"
     #: Fields that fix the weights' shapes or the function they compute: a checkpoint's values decide these.
@@ -176,6 +182,7 @@ class BertConfig:
         ``config.json``."""
         out = dataclasses.asdict(self)
         del out["attn_implementation"]  # a run-time choice, not architecture: config.json gets it where shared
+        del out["gradient_checkpointing"]  # a run-time choice too (memory for compute)
         out["model_type"] = self.model_type
         names = self.id2label or {i: f"LABEL_{i}" for i in range(self.num_labels)}
         out["id2label"] = {str(i): name for i, name in sorted(names.items())}

@@ -24,6 +24,7 @@ and ``sdpa`` elsewhere.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,6 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from vlbert.layers.kernels import dropout
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -198,36 +201,159 @@ def varlen_attention(q, k, v, packing: Packing, dropout_p: float, training: bool
 
 
 AttentionFunction = Callable[..., tuple]
+LOW_PRECISION = (torch.bfloat16, torch.float16)
 
-#: name -> attention function (the config's ``attn_implementation``); see the module docstring.
-ATTENTION_FUNCTIONS: dict[str, AttentionFunction] = {
-    "eager": eager_attention,
-    "sdpa": sdpa_attention,
-    "varlen": varlen_attention,
+
+@dataclass(frozen=True)
+class AttentionRequest:
+    """What a forward asks of its attention kernel, for :meth:`AttentionKernel.unsupported`.
+
+    Attributes: device (where q, k, v live), dtype (the dtype the kernel computes in: the autocast dtype under
+    autocast, else the hidden states'), head_dim (int), dropout (the attention-probability dropout this forward
+    applies: 0.0 in eval mode), output_attentions (whether the probabilities are wanted)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    head_dim: int
+    dropout: float = 0.0
+    output_attentions: bool = False
+
+
+def _always(request: AttentionRequest) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """An entry of :data:`ATTENTION_FUNCTIONS`: the function and what it needs.
+
+    Attributes:
+        function: ``fn(q, k, v, packing, dropout_p, training, output_attentions=False) -> (out, probs)`` (see
+            the module docstring).
+        layout: ``"packed"``: the kernel reads ``packing.cu_seqlens`` and must get the packed tokens, never a
+            padded batch (the encoder then always unpads); ``"padded"``: it pads per call with ``packing.pad``
+            and masks with ``packing.key_mask()``, so the encoder may keep a batch with little padding dense.
+        returns_probabilities: whether ``probs`` comes back with ``output_attentions`` (else ``eager`` runs).
+        unsupported: ``(AttentionRequest) -> None`` if the kernel can run the request, else the reason in a few
+            words (device, dtype, head size, compute capability, dropout).
+        fallback: the kernel to try when this one cannot run (``varlen`` -> ``sdpa`` -> ``eager``).
+    Calling the entry calls ``function``.
+    """
+
+    function: AttentionFunction
+    layout: str = "padded"
+    returns_probabilities: bool = False
+    unsupported: Callable[[AttentionRequest], str | None] = _always
+    fallback: str | None = "sdpa"
+
+    def __post_init__(self):
+        if self.layout not in ("packed", "padded"):
+            raise ValueError(f"an attention kernel's layout is 'packed' or 'padded', not {self.layout!r}")
+
+    def __call__(self, *args, **kwargs):
+        return self.function(*args, **kwargs)
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """The compute capability of a CUDA ``device`` (``torch.cuda.get_device_capability``)."""
+    return torch.cuda.get_device_capability(device)
+
+
+def flash_attention_impl() -> str | None:
+    """The FlashAttention implementation behind PyTorch's flash kernels when another one was activated in this
+    process (``torch.nn.attention.activate_flash_attention_impl``, e.g. ``"FA3"``), else None (the built-in
+    FlashAttention-2)."""
+    current = getattr(torch.nn.attention, "current_flash_attention_impl", None)
+    return current() if current is not None else None
+
+
+def flash_varlen_unsupported(request: AttentionRequest) -> str | None:
+    """Why :func:`varlen_attention` cannot run ``request``, or None. Off CUDA it runs its per-sequence reference
+    (always). On CUDA, PyTorch's flash kernels need: bf16/fp16 inputs, a build with flash attention
+    (``torch.backends.cuda.is_flash_attention_available``), compute capability 8.0 or newer (Ampere; not a T4
+    or V100), a head size that is a multiple of 8 and at most 256 (not TinyBERT's 26); and, with dropout, the
+    built-in FlashAttention-2 (FlashAttention-3, when activated, has no dropout). Source: PyTorch 2.14
+    ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (check_flash_attention_hardware_support,
+    check_head_dim_size_flash)."""
+    if request.device.type != "cuda":
+        return None
+    if request.dtype not in LOW_PRECISION:
+        return f"flash attention takes bf16/fp16, this forward computes in {request.dtype}"
+    if not torch.backends.cuda.is_flash_attention_available():
+        return "this PyTorch build has no flash attention"
+    major, minor = cuda_capability(request.device)
+    if (major, minor) < (8, 0):
+        return f"flash attention needs compute capability 8.0 or newer, this GPU has {major}.{minor}"
+    if request.head_dim % 8 or request.head_dim > 256:
+        return f"flash attention needs a head size that is a multiple of 8 and at most 256, not {request.head_dim}"
+    impl = flash_attention_impl()
+    if request.dropout > 0 and impl not in (None, "FA2"):
+        return (f"{impl} is active for PyTorch's flash kernels and has no dropout (attention_probs_dropout_prob "
+                f"{request.dropout})")
+    return None
+
+
+#: name -> :class:`AttentionKernel` (the config's ``attn_implementation``); see the module docstring.
+ATTENTION_FUNCTIONS: dict[str, AttentionKernel] = {
+    "eager": AttentionKernel(eager_attention, "padded", returns_probabilities=True, fallback=None),
+    "sdpa": AttentionKernel(sdpa_attention, "padded", fallback="eager"),
+    "varlen": AttentionKernel(varlen_attention, "packed", unsupported=flash_varlen_unsupported, fallback="sdpa"),
 }
 
 
-def register_attention(name: str, function: AttentionFunction) -> None:
-    """Add an attention kernel under ``name`` (usable as ``attn_implementation``); raises ValueError if taken."""
+def register_attention(name: str, function: AttentionFunction, *, layout: str = "padded",
+                       returns_probabilities: bool = False,
+                       unsupported: Callable[[AttentionRequest], str | None] = _always,
+                       fallback: str | None = "sdpa") -> AttentionKernel:
+    """Add an attention kernel under ``name`` (usable as ``attn_implementation``), declaring its ``layout``
+    (``"packed"`` if it reads ``cu_seqlens``), whether it ``returns_probabilities``, when it cannot run
+    (``unsupported``) and what runs instead (``fallback``); see :class:`AttentionKernel`. Returns the entry.
+    Raises ValueError if the name is taken or the layout unknown."""
     if name in ATTENTION_FUNCTIONS:
         raise ValueError(f"attention implementation {name!r} is already registered")
-    ATTENTION_FUNCTIONS[name] = function
+    kernel = AttentionKernel(function, layout, returns_probabilities, unsupported, fallback)
+    ATTENTION_FUNCTIONS[name] = kernel
+    return kernel
 
 
-def resolve_attention(name: str | None, x: torch.Tensor) -> str:
-    """The kernel a config's ``attn_implementation`` means for hidden states ``x``: None -> ``varlen`` on CUDA in
-    bf16/fp16 (autocast or half weights: what flash attention takes), else ``sdpa``. Raises ValueError naming the
-    registered kernels for an unknown name."""
-    if name is None:
-        low = x.dtype in (torch.bfloat16, torch.float16) or (
-            x.is_cuda and torch.is_autocast_enabled("cuda")
-            and torch.get_autocast_dtype("cuda") in (torch.bfloat16, torch.float16))
-        return "varlen" if x.is_cuda and low else "sdpa"
-    if name not in ATTENTION_FUNCTIONS:
+_explained: set[str] = set()
+
+
+def select_attention(name: str | None, request: AttentionRequest) -> str:
+    """The kernel that runs ``request`` for a config's ``attn_implementation`` ``name``.
+
+    None prefers ``varlen`` (flash on packed tokens) on CUDA in bf16/fp16 and ``sdpa`` elsewhere. A kernel that
+    cannot run the request (:attr:`AttentionKernel.unsupported`) hands it to its fallback (varlen -> sdpa ->
+    eager), with one log line (once per process and reason) saying why; ``output_attentions`` takes ``eager``
+    unless the kernel returns probabilities. Raises ValueError naming the registered kernels for an unknown
+    name."""
+    if name is not None and name not in ATTENTION_FUNCTIONS:
         raise ValueError(f"attn_implementation={name!r} is not a registered attention kernel; use one of "
                          f"{sorted(ATTENTION_FUNCTIONS)} (or None: varlen on CUDA in bf16/fp16, sdpa elsewhere)")
-    return name
+    chosen = name or ("varlen" if request.device.type == "cuda" and request.dtype in LOW_PRECISION else "sdpa")
+    if request.output_attentions and not ATTENTION_FUNCTIONS[chosen].returns_probabilities:
+        return "eager"
+    tried = set()
+    while (reason := ATTENTION_FUNCTIONS[chosen].unsupported(request)) is not None:
+        tried.add(chosen)
+        fallback = ATTENTION_FUNCTIONS[chosen].fallback or "eager"
+        if fallback in tried:
+            raise RuntimeError(f"no attention kernel can run this forward: {chosen}: {reason}")
+        message = f"attention: {chosen} cannot run here ({reason}); using {fallback}"
+        if message not in _explained:
+            _explained.add(message)
+            logger.warning(message)
+        chosen = fallback
+    return chosen
 
 
-__all__ = ["Packing", "packing_fields", "ATTENTION_FUNCTIONS", "register_attention", "resolve_attention",
+def resolve_attention(name: str | None, x: torch.Tensor, head_dim: int | None = None, dropout: float = 0.0) -> str:
+    """:func:`select_attention` for hidden states ``x`` [..., H] (the compute dtype read from autocast)."""
+    autocast = torch.is_autocast_enabled(x.device.type)
+    dtype = torch.get_autocast_dtype(x.device.type) if autocast and x.dtype == torch.float32 else x.dtype
+    return select_attention(name, AttentionRequest(x.device, dtype, head_dim or 64, dropout))
+
+
+__all__ = ["Packing", "packing_fields", "ATTENTION_FUNCTIONS", "AttentionKernel", "AttentionRequest",
+           "register_attention", "select_attention", "resolve_attention", "flash_varlen_unsupported",
            "eager_attention", "sdpa_attention", "varlen_attention"]

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from vlbert.config import BertConfig
 from vlbert.layers.activations import activation
-from vlbert.layers.attention import ATTENTION_FUNCTIONS, Packing, resolve_attention
+from vlbert.layers.attention import ATTENTION_FUNCTIONS, AttentionRequest, Packing, select_attention
 from vlbert.layers.kernels import Dropout
+from vlbert.models.inputs import check_text_inputs, packing_from_batch
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.objectives import OBJECTIVES, Encoded
@@ -147,16 +149,33 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.attn_implementation = getattr(config, "attn_implementation", None)
+        self.gradient_checkpointing = getattr(config, "gradient_checkpointing", False)
+        self.head_dim = config.head_dim
+        self.attention_dropout = config.attention_probs_dropout_prob
         self.unpad = True
+
+    def select_attention(self, x: torch.Tensor, output_attentions: bool = False) -> str:
+        """The kernel this forward runs (:func:`~vlbert.layers.attention.select_attention`): the config's
+        ``attn_implementation`` where it can run hidden states ``x`` (its device, its compute dtype under
+        autocast, this model's head size and attention dropout), else its fallback, said once in the log."""
+        device = x.device
+        dtype = torch.get_autocast_dtype(device.type) if (
+            torch.is_autocast_enabled(device.type) and x.dtype == torch.float32) else x.dtype
+        request = AttentionRequest(device, dtype, self.head_dim, self.attention_dropout if self.training else 0.0,
+                                   output_attentions)
+        return select_attention(self.attn_implementation, request)
 
     def packing(self, mask: torch.Tensor | None, batch: int, seq: int, attention: str,
                 packing: Packing | None = None, device=None) -> tuple[Packing, str]:
-        """The layout the layers run on and the kernel that runs it (see the class docstring)."""
+        """The layout the layers run on and the kernel that runs it (see the class docstring): a kernel
+        declared ``packed`` (:class:`~vlbert.layers.attention.AttentionKernel`) always gets the packed tokens;
+        a ``padded`` one gets a dense batch when padding is under :attr:`min_padding_to_unpad`."""
+        packed = ATTENTION_FUNCTIONS[attention].layout == "packed"
         if not self.unpad:
-            return Packing.dense(batch, seq, device, mask), "sdpa" if attention == "varlen" else attention
+            return Packing.dense(batch, seq, device, mask), "sdpa" if packed else attention
         if packing is None:
             packing = Packing.from_mask(mask, batch, seq, device)
-        if attention != "varlen" and packing.mask is not None and \
+        if not packed and packing.mask is not None and \
                 packing.num_tokens > (1 - self.min_padding_to_unpad) * batch * seq:
             packing = Packing.dense(batch, seq, device, packing.mask)
         return packing, attention
@@ -167,18 +186,24 @@ class BertEncoder(nn.Module):
         are, when the collator computed it (else read from ``mask``).
         Returns: :class:`EncoderOutput` with last_hidden_state [B, S, H] (in the autocast dtype under autocast),
         and when asked the L + 1 hidden states (the input first) and the L attention probabilities
-        [B, heads, S, S] (no pooler).
+        [B, heads, S, S] (no pooler). With ``gradient_checkpointing`` (config; training only) each layer's
+        activations are recomputed in the backward instead of kept (``torch.utils.checkpoint``, non-reentrant,
+        random state preserved: the same dropout masks, the same gradients).
         Raises: ValueError for an unknown ``attn_implementation``."""
         b, s = x.shape[:2]
-        attention = resolve_attention(self.attn_implementation, x)
+        attention = self.select_attention(x, output_attentions)
         packing, attention = self.packing(mask, b, s, attention, packing, x.device)
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         x = packing.unpad(x)
         if torch.is_autocast_enabled(x.device.type):  # the residual stream in the autocast dtype (see LayerNorm)
             x = x.to(torch.get_autocast_dtype(x.device.type))
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled() and attentions is None
         for layer in self.layers:
-            x = layer(x, packing, attention, attentions)
+            if recompute:
+                x = torch.utils.checkpoint.checkpoint(layer, x, packing, attention, None, use_reentrant=False)
+            else:
+                x = layer(x, packing, attention, attentions)
             if hidden_states is not None:
                 hidden_states.append(packing.pad(x))
         return EncoderOutput(last_hidden_state=packing.pad(x),
@@ -196,60 +221,6 @@ def compile_model(model: nn.Module, **options) -> nn.Module:
     """
     model.compile(**{"dynamic": True, **options})
     return model
-
-
-def check_text_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                      attention_mask: torch.Tensor | None) -> None:
-    """Raise ``ValueError`` for text inputs a model of ``config`` cannot embed, naming the input and the fix:
-    not [B, T] integer ids, T beyond ``max_position_embeddings``, token_type_ids/attention_mask of another shape,
-    ids outside the embedding tables (``vocab_size``, ``type_vocab_size``), or a row with no real token.
-
-    Shapes are always checked; values are checked on CPU tensors. On an accelerator a value check would stall
-    the host on every step, so there an out-of-range id becomes an asynchronous device assertion instead.
-    """
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
-    if input_ids.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
-    if input_ids.shape[1] > config.max_position_embeddings:
-        raise ValueError(
-            f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings="
-            f"{config.max_position_embeddings}; truncate inputs (e.g. max_seq_length) to at most that")
-    for name, t in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
-        if t is not None and t.shape != input_ids.shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has {tuple(input_ids.shape)}")
-    if torch.compiler.is_compiling() or input_ids.numel() == 0:
-        return
-    ranges = [("input_ids", input_ids, config.vocab_size, "the tokenizer saved with the checkpoint")]
-    if token_type_ids is not None:
-        ranges.append(("token_type_ids", token_type_ids, config.type_vocab_size, "0 (segment A) and 1 (segment B)"))
-    for name, ids, size, fix in ranges:
-        if ids.device.type != "cpu":
-            torch._assert_async(((ids >= 0) & (ids < size)).all(), f"{name} outside [0, {size})")
-            continue
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= size:
-            raise ValueError(f"{name} holds {low if low < 0 else high}, outside the model's table of {size} "
-                             f"entries; use {fix}")
-    if attention_mask is not None and attention_mask.device.type == "cpu" and not attention_mask.any(1).all():
-        row = int((~attention_mask.bool().any(1)).nonzero()[0])
-        raise ValueError(f"attention_mask row {row} has no real token (all 0); every sequence needs at least [CLS]")
-
-
-def packing_from_batch(packed_indices: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
-                       mask: torch.Tensor | None) -> Packing | None:
-    """The collator's packed layout (:func:`~vlbert.layers.attention.packing_fields`) of ``mask`` [B, S], or None
-    when the batch has none. Raises ValueError when only one of the two fields is given, or they do not fit the
-    mask's shape (shapes only: the values are the collator's)."""
-    if packed_indices is None and cu_seqlens is None:
-        return None
-    if packed_indices is None or cu_seqlens is None or mask is None:
-        raise ValueError("packed_indices, cu_seqlens and the attention mask come together (the collator's "
-                         "packing_fields); pass all three or none")
-    if cu_seqlens.shape != (mask.shape[0] + 1,) or packed_indices.dim() != 1:
-        raise ValueError(f"cu_seqlens {tuple(cu_seqlens.shape)} / packed_indices {tuple(packed_indices.shape)} do "
-                         f"not describe a mask of {tuple(mask.shape)}; recompute them with packing_fields")
-    return Packing.from_indices(packed_indices, cu_seqlens, mask)
 
 
 class BertPooler(nn.Module):
@@ -374,4 +345,4 @@ class BertForPreTraining(PreTrainedModel):
 
 
 __all__ = ["BertModel", "BertForPreTraining", "BertEmbeddings", "BertEncoder", "BertLayer", "SelfAttention",
-           "BertPooler", "LayerNorm", "check_text_inputs", "compile_model"]
+           "BertPooler", "LayerNorm", "check_text_inputs", "packing_from_batch", "compile_model"]

@@ -11,6 +11,8 @@ The class distribution never includes a background class: detectors and importer
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -36,6 +38,7 @@ class _MaskedRegions(Objective):
     embedding there (UNITER's ``mask_embedding``), which only these units reach."""
 
     reads = ("bert.region_embeddings.mask_embedding",)
+    optional_inputs = ("masked_region_positions",)
 
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
         region_mask = batch["region_mask"]
@@ -43,15 +46,26 @@ class _MaskedRegions(Objective):
                                                     ctx.region_mask_probability, ctx.generator(x, self.name))
                               for i, x in enumerate(items)])
         batch["masked_regions"] = masked
+        # their flat positions, found here on the host: selecting them in the step needs no host sync
+        batch["masked_region_positions"] = masked.reshape(-1).nonzero().squeeze(1)
         self.add_targets(batch, items, masked)
         batch["region_features"] = batch["region_features"].masked_fill(masked[..., None], 0.0)
 
     def add_targets(self, batch: dict, items: list[dict], masked: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def selected(self, encoded: Encoded, labels) -> tuple[torch.Tensor, torch.Tensor]:
-        masked = labels["masked_regions"].bool()
-        return encoded.regions[masked], masked
+    def selected(self, encoded: Encoded, labels) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+        """(the masked regions' final states [M, H], a function taking a [B, R, ...] label tensor to its masked
+        rows [M, ...]), in row order. The rows come from ``masked_region_positions`` (int64 [M], row * R +
+        region, the collator's) or, without them, from ``masked_regions`` (one ``nonzero``: a host sync)."""
+        positions = labels.get("masked_region_positions")
+        if positions is None:
+            positions = labels["masked_regions"].reshape(-1).nonzero().squeeze(1)
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(-1, *t.shape[2:]).index_select(0, positions)
+
+        return take(encoded.regions), take
 
 
 class MaskedRegionFeatureRegression(_MaskedRegions):
@@ -66,9 +80,9 @@ class MaskedRegionFeatureRegression(_MaskedRegions):
         batch["region_targets"] = batch["region_features"].clone()
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
-        hidden, masked = self.selected(encoded, labels)
+        hidden, take = self.selected(encoded, labels)
         pred = upcast(getattr(encoded.model, self.head)(hidden))
-        target = labels["region_targets"][masked].to(pred.dtype)
+        target = take(labels["region_targets"]).to(pred.dtype)
         loss = F.mse_loss(pred, target) if len(pred) else pred.sum() * 0.0
         return ObjectiveResult(loss, loss.detach(), len(pred))
 
@@ -87,9 +101,9 @@ class MaskedRegionClassification(_MaskedRegions):
         batch["region_class_labels"] = top.masked_fill(~masked, -100)
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
-        hidden, masked = self.selected(encoded, labels)
+        hidden, take = self.selected(encoded, labels)
         logits = upcast(getattr(encoded.model, self.head)(hidden))
-        target = labels["region_class_labels"][masked]
+        target = take(labels["region_class_labels"])
         if not len(target):
             zero = logits.sum() * 0.0
             return ObjectiveResult(zero, zero.detach(), 0)
@@ -110,9 +124,9 @@ class MaskedRegionClassificationKL(_MaskedRegions):
         batch["region_labels"] = pad_class_probs(items, masked.shape[1])
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
-        hidden, masked = self.selected(encoded, labels)
+        hidden, take = self.selected(encoded, labels)
         logits = upcast(getattr(encoded.model, self.head)(hidden))
-        target = labels["region_labels"][masked].to(logits.dtype)
+        target = take(labels["region_labels"]).to(logits.dtype)
         if not len(target):
             zero = logits.sum() * 0.0
             return ObjectiveResult(zero, zero.detach(), 0)

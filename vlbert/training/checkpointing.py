@@ -13,8 +13,10 @@ import shutil
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 
 from vlbert import checkpoint as ckpt
+from vlbert.training.training_config import seed_process_streams
 
 logger = logging.getLogger(__name__)
 
@@ -37,20 +39,36 @@ def _set_numpy_rng_state(state: dict) -> None:
                          state["cached_gaussian"]))
 
 
-def training_state(trainer) -> dict:
-    """Everything besides the weights needed to continue exactly: optimizer, scheduler, RNGs, position, and each
-    hook's ``state_dict`` (keyed by position and class name)."""
-    state = {
+def process_rng_state(device: torch.device | None = None) -> dict:
+    """This process's random streams: Python's, numpy's, torch's CPU generator and, on a CUDA ``device``, that
+    device's generator (each rank trains on its own device with its own streams)."""
+    state = {"python": list(random.getstate()[1]), "numpy": _numpy_rng_state(), "torch": torch.get_rng_state()}
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_process_rng_state(state: dict, device: torch.device | None = None) -> None:
+    """Restore what :func:`process_rng_state` returned (the CUDA stream onto ``device``)."""
+    random.setstate((3, tuple(state["python"]), None))
+    _set_numpy_rng_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def training_state(trainer, rng_states: list[dict] | None = None) -> dict:
+    """Everything besides the weights needed to continue exactly: optimizer, scheduler, every process's random
+    streams (``rng``: one :func:`process_rng_state` per rank, ``rng_states`` as gathered by
+    :func:`save_checkpoint`; this process's alone when not given), position, and each hook's ``state_dict``
+    (keyed by position and class name)."""
+    return {
         "step": trainer.step, "epoch": trainer.epoch, "batch_in_epoch": trainer.batch_in_epoch,
         "skipped_steps": trainer.skipped_steps,
         "optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict(),
-        "rng_python": list(random.getstate()[1]), "rng_torch": torch.get_rng_state(),
-        "rng_numpy": _numpy_rng_state(),
+        "rng": rng_states if rng_states is not None else [process_rng_state(trainer.accelerator.device)],
         "hooks": {_hook_key(i, hook): hook.state_dict() for i, hook in enumerate(trainer.hooks)},
     }
-    if torch.cuda.is_available():
-        state["rng_cuda"] = torch.cuda.get_rng_state_all()
-    return state
 
 
 def _hook_key(index: int, hook) -> str:
@@ -60,7 +78,10 @@ def _hook_key(index: int, hook) -> str:
 def save_checkpoint(trainer) -> Path | None:
     """Write ``checkpoints/step-N`` atomically (build in a temporary directory, then rename); keep the newest
     ``save_total_limit``. Only the main process writes; returns the directory (None elsewhere)."""
-    trainer.accelerator.wait_for_everyone()
+    acc = trainer.accelerator
+    mine = [process_rng_state(acc.device)]
+    rng_states = gather_object(mine) if acc.num_processes > 1 else mine  # every rank's streams, in rank order
+    acc.wait_for_everyone()
     if not trainer.is_main:
         return None
     root = trainer.output_dir / CHECKPOINTS_DIR
@@ -69,7 +90,7 @@ def save_checkpoint(trainer) -> Path | None:
     tmp = root / f".tmp-step-{trainer.step}"
     shutil.rmtree(tmp, ignore_errors=True)
     trainer.save_model(tmp)
-    torch.save(training_state(trainer), tmp / STATE_NAME)
+    torch.save(training_state(trainer, rng_states), tmp / STATE_NAME)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -97,12 +118,7 @@ def resume(trainer, checkpoint: Path | None = None) -> bool:
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.step, trainer.epoch, trainer.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
     trainer.skipped_steps = state.get("skipped_steps", 0)
-    random.setstate((3, tuple(state["rng_python"]), None))
-    torch.set_rng_state(state["rng_torch"])
-    if "rng_numpy" in state:
-        _set_numpy_rng_state(state["rng_numpy"])
-    if "rng_cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["rng_cuda"])
+    _restore_rng(trainer, state)
     hooks = state.get("hooks", {})
     for i, hook in enumerate(trainer.hooks):
         if _hook_key(i, hook) in hooks:
@@ -114,6 +130,23 @@ def resume(trainer, checkpoint: Path | None = None) -> bool:
         log.write_text("".join(line + "\n" for line in kept))
     logger.info("resumed from %s at step %d", checkpoint, trainer.step)
     return True
+
+
+def _restore_rng(trainer, state: dict) -> None:
+    """Each process takes back its own random streams; a checkpoint of another number of processes (or of an
+    older version, which kept rank 0's) restores rank 0's, then gives each rank its own stream again."""
+    acc = trainer.accelerator
+    ranks = state.get("rng")
+    if ranks is None:  # written before the per-rank streams
+        ranks = [{"python": state["rng_python"], "numpy": state.get("rng_numpy", _numpy_rng_state()),
+                  "torch": state["rng_torch"]}]
+    if len(ranks) == acc.num_processes:
+        set_process_rng_state(ranks[acc.process_index], acc.device)
+        return
+    logger.warning("the checkpoint holds the random streams of %d process(es), this run has %d: the run continues "
+                   "with fresh per-rank streams (not bit-for-bit the run it resumes)", len(ranks), acc.num_processes)
+    set_process_rng_state(ranks[0], acc.device)
+    seed_process_streams(trainer.config.seed + trainer.step, acc.process_index, acc.num_processes)
 
 
 def latest_checkpoints(output_dir: Path) -> list[Path]:

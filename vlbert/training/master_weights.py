@@ -9,9 +9,15 @@ Linear: half of a BERT layer's operations, each costing the host ~30 us to launc
 for the UNITER-sized VL step 572 vs 896 operations.
 
 The optimizer holds the float32 masters (its state is theirs, so checkpoints and exact resume are as in float32
-training); after each backward the bf16 gradients (already averaged across processes by DDP) are copied into the
-masters' float32 gradients, clipped and stepped there, and the masters are copied back into the bf16 weights.
-Checkpoints write the masters (:meth:`MasterWeights.float32_model`), never the rounded weights.
+training). They live on the parameters' device: build :class:`MasterWeights` after the model is on its device (the
+trainer moves it first; an optimizer step over CPU masters of a GPU model would copy every gradient to the host and
+run AdamW there). Gradients are accumulated in float32, as Megatron-LM's ``main_grad``: after each micro-batch's
+backward, :meth:`MasterWeights.accumulate_gradients` adds the bf16 gradients into the masters' float32 gradients
+(one contiguous buffer) and releases them, so the sum of ``grad_accum_steps`` micro-batches is rounded once, in
+float32, not at every addition in bf16. Across processes the same buffer is all-reduced in float32
+(:meth:`MasterWeights.all_reduce_gradients`; the trainer keeps DDP from reducing the bf16 gradients). Then the
+masters are clipped and stepped, and copied back into the bf16 weights. Checkpoints write the masters
+(:meth:`MasterWeights.float32_model`), never the rounded weights.
 """
 
 from __future__ import annotations
@@ -23,45 +29,112 @@ from torch import nn
 
 
 class MasterWeights:
-    """Float32 masters of a model's parameters; the model itself is cast to ``dtype`` (bf16).
+    """Float32 masters of a model's parameters, on the parameters' device; the model itself is cast to ``dtype``.
 
     Args:
-        model: a float32 module; after construction its floating parameters and buffers are ``dtype``.
+        model: a float32 module, already on the device it trains on; after construction its floating parameters
+            and buffers are ``dtype``.
         dtype: the computing dtype (torch.bfloat16).
     Attributes:
-        masters: list of float32 leaf tensors (requires_grad), one per parameter of ``model`` in
-            ``model.parameters()`` order; build the optimizer over these (:meth:`groups`).
+        masters: list of float32 leaf tensors (requires_grad) on the parameters' devices, one per parameter of
+            ``model`` in ``model.parameters()`` order; build the optimizer over these (:meth:`groups`). Their
+            ``.grad`` are views of one contiguous float32 buffer (:attr:`grad_buffer`), set by
+            :meth:`accumulate_gradients` (None for a parameter that had no gradient in the step).
     """
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16):
         self.params = list(model.parameters())
         self.masters = [p.detach().clone().float().requires_grad_(p.requires_grad) for p in self.params]
         self._by_id = {id(p): m for p, m in zip(self.params, self.masters)}
-        self._buffers: list[torch.Tensor] | None = None
+        self.grad_buffer: torch.Tensor | None = None  # float32 [sum of numels], allocated at the first gradient
+        self._views: list[torch.Tensor] = []
+        self._scratch: list[torch.Tensor] | None = None  # float32 copies of a later micro-batch's gradients
+        self._seen: set[int] = set()  # parameters with a gradient in this step's micro-batches so far
         model.to(dtype)
 
     def groups(self, groups: list[dict]) -> list[dict]:
         """Optimizer parameter groups over the model's parameters -> the same groups over their masters."""
         return [{**g, "params": [self._by_id[id(p)] for p in g["params"]]} for g in groups]
 
+    def master_of(self, parameter: torch.Tensor) -> torch.Tensor:
+        """The float32 master of one of the model's parameters."""
+        return self._by_id[id(parameter)]
+
+    def _allocate(self) -> None:
+        devices = {m.device for m in self.masters}
+        if len(devices) != 1:
+            raise ValueError(f"the model's parameters are on several devices ({sorted(map(str, devices))}); "
+                             "bf16-params trains a model on one device")
+        self.grad_buffer = torch.zeros(sum(m.numel() for m in self.masters), dtype=torch.float32,
+                                       device=devices.pop())
+        self._views = list(self.grad_buffer.split([m.numel() for m in self.masters]))
+        self._views = [v.view_as(m) for v, m in zip(self._views, self.masters)]
+
     @torch.no_grad()
-    def gradients_to_masters(self) -> None:
-        """masters' .grad = float32 copies of the model's gradients, in one fused copy into buffers allocated once
-        (None where the model's is None: the optimizer then skips the parameter, as it would the model's); the
-        model's gradients are released."""
-        if self._buffers is None:
-            self._buffers = [torch.empty_like(m) for m in self.masters]
+    def accumulate_gradients(self) -> None:
+        """Add the model's (bf16) gradients of one micro-batch into the float32 master gradients and release them
+        (``p.grad = None``): the first micro-batch of a step copies, later ones add (each in fused ``_foreach``
+        kernels). Call after every backward; :meth:`finish_gradients` ends the step's accumulation."""
+        if self.grad_buffer is None:
+            self._allocate()
         present = [i for i, p in enumerate(self.params) if p.grad is not None]
-        if present:
-            torch._foreach_copy_([self._buffers[i] for i in present], [self.params[i].grad for i in present])
-        for i, (p, m) in enumerate(zip(self.params, self.masters)):
-            m.grad = self._buffers[i] if p.grad is not None else None
-            p.grad = None
+        fresh = [i for i in present if i not in self._seen]
+        again = [i for i in present if i in self._seen]
+        if fresh:
+            torch._foreach_copy_([self._views[i] for i in fresh], [self.params[i].grad for i in fresh])
+        if again:
+            if self._scratch is None:
+                self._scratch = [torch.empty_like(m) for m in self.masters]
+            scratch = [self._scratch[i] for i in again]
+            torch._foreach_copy_(scratch, [self.params[i].grad for i in again])
+            torch._foreach_add_([self._views[i] for i in again], scratch)
+        self._seen.update(fresh)
+        for i in present:
+            self.params[i].grad = None
+
+    @torch.no_grad()
+    def finish_gradients(self, world_size: int = 1) -> None:
+        """End the step's accumulation: masters' ``.grad`` = their float32 sums (views of :attr:`grad_buffer`),
+        None where no micro-batch gave the parameter a gradient (the optimizer then skips it, as it would the
+        model's; its slice of the buffer is zeroed so that an all-reduce adds nothing to it); with several
+        processes (``world_size``) averaged over them (:meth:`all_reduce_gradients`; collective)."""
+        if self.grad_buffer is None:
+            self._allocate()
+        absent = [i for i in range(len(self.masters)) if i not in self._seen]
+        if absent:
+            torch._foreach_zero_([self._views[i] for i in absent])
+        for i, m in enumerate(self.masters):
+            m.grad = self._views[i] if i in self._seen else None
+        self._seen = set()
+        if world_size > 1:
+            self.all_reduce_gradients(world_size)
+
+    @torch.no_grad()
+    def all_reduce_gradients(self, world_size: int) -> None:
+        """Average :attr:`grad_buffer` over the ``world_size`` processes of the default process group, in float32
+        (one all-reduce of the whole buffer: what DDP computes, without rounding the sum to bf16). Collective:
+        every process calls it."""
+        torch.distributed.all_reduce(self.grad_buffer)
+        self.grad_buffer.div_(world_size)
 
     @torch.no_grad()
     def masters_to_model(self) -> None:
         """Round the updated masters into the model's weights (one fused copy)."""
         torch._foreach_copy_(self.params, self.masters)
+
+    def misplaced(self, optimizer: torch.optim.Optimizer) -> list[str]:
+        """Masters, master gradients and optimizer states that are not on their parameter's device (one line
+        each; empty when all is in place). Reads devices only: no synchronisation."""
+        errors = []
+        for i, (p, m) in enumerate(zip(self.params, self.masters)):
+            for what, t in (("master", m), ("master gradient", m.grad), *(
+                    (f"optimizer state {k}", v) for k, v in optimizer.state.get(m, {}).items())):
+                # fused AdamW keeps its step counter on the parameter's device too; a CPU scalar is no copy
+                if torch.is_tensor(t) and t.device != p.device and not (t.dim() == 0 and t.device.type == "cpu"
+                                                                         and what.endswith("step")):
+                    errors.append(f"{what} of parameter {i} {tuple(p.shape)} on {t.device}, the parameter on "
+                                  f"{p.device}")
+        return errors
 
     @contextlib.contextmanager
     def float32_model(self):
@@ -78,4 +151,17 @@ class MasterWeights:
             self.masters_to_model()
 
 
-__all__ = ["MasterWeights"]
+def check_placement(model: nn.Module, device: torch.device, master: MasterWeights | None,
+                    optimizer: torch.optim.Optimizer) -> None:
+    """Raise RuntimeError if a parameter of ``model``, a float32 master, a gradient or an optimizer state is not
+    on the training ``device`` (the trainer calls it after its first step; devices are read, nothing copied)."""
+    errors = [f"parameter {n} on {p.device}" for n, p in model.named_parameters() if p.device.type != device.type]
+    if master is not None:
+        errors += master.misplaced(optimizer)
+    if errors:
+        raise RuntimeError(f"training on {device}, but: " + "; ".join(errors[:5]) +
+                           (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "") +
+                           ": a bug in the trainer's placement, please report it")
+
+
+__all__ = ["MasterWeights", "check_placement"]

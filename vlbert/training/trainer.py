@@ -27,9 +27,10 @@ from vlbert.training.evaluation import evaluate_objectives
 from vlbert.training.guards import NonFiniteChecks, NonFiniteLossError, SigtermFlag, TrainingPreempted
 from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, StepStats, TrainerHook
 from vlbert.training.log_hook import LogHook
-from vlbert.training.master_weights import MasterWeights
+from vlbert.training.master_weights import MasterWeights, check_placement
 from vlbert.training.mfu import device_peak_flops, estimate_flops_per_token
-from vlbert.training.training_config import TrainingConfig, linear_schedule, parameter_groups, set_seed
+from vlbert.training.training_config import (TrainingConfig, linear_schedule, parameter_groups,
+                                             seed_process_streams, set_seed)
 from vlbert.utils import keep_freed_memory_in_process
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,8 @@ class Trainer:
         self.train_batches = train_batches
         self.eval_batches = eval_batches
         self.unwrapped = model
+        # On its device before the float32 masters and the optimizer are made: they live where the parameters do.
+        model.to(self.accelerator.device)
         if config.compile:
             compile_model(model)
         # forward's named arguments and, for a model taking **labels, the label keys it names (label_names)
@@ -107,6 +110,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, linear_schedule(config.warmup_steps, config.max_steps))
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        seed_process_streams(config.seed, self.accelerator.process_index, self.accelerator.num_processes)
         # The fused AdamW skips a step on the device when ``found_inf`` is non-zero (as under AMP's grad scaler),
         # so a non-finite loss needs no host synchronisation in the step.
         self._device_skip = bool(fused)
@@ -120,6 +124,7 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.stats: StepStats | None = None  # the last step's (see run_step)
         self._checks = NonFiniteChecks()
+        self._placement_checked = False
 
     @property
     def is_main(self) -> bool:
@@ -202,20 +207,25 @@ class Trainer:
             if micro == 0:
                 stats.epoch = self.epoch
                 checks.position(self.step + 1, self.epoch, self.batch_in_epoch - 1)
-            sync = micro == cfg.grad_accum_steps - 1
+            # DDP reduces the last micro-batch's gradients; with bf16 parameters never (the float32 masters' are)
+            sync = micro == cfg.grad_accum_steps - 1 and not self.master
             with contextlib.nullcontext() if sync else acc.no_sync(self.model), acc.autocast():
                 out = self.model(**batch)
                 if out.loss is None:
                     raise ValueError("the model returned no loss: the batch carries no labels")
                 backward_loss, global_loss = self._global_loss(out)
                 acc.backward(backward_loss / cfg.grad_accum_steps)
+            if self.master:  # into the float32 sum at once: micro-batches add up in float32, not in bf16
+                self.master.accumulate_gradients()
             for name, value in {"loss": global_loss, **out.losses, **out.metrics}.items():
                 value = value.detach().float() / cfg.grad_accum_steps
                 stats.sums[name] = stats.sums[name] + value if name in stats.sums else value
             ids = {id(p): p for p in getattr(out, "unused_parameters", ())}
             idle = ids if idle is None else {k: p for k, p in idle.items() if k in ids}
+        if self.master:  # the float32 sums, averaged over the processes in float32
+            self.master.finish_gradients(acc.num_processes)
         for p in idle.values():  # zero gradients only there for DDP: the optimizer skips None
-            p.grad = None
+            (self.master.master_of(p) if self.master else p).grad = None
         stats.grad_norm = self._clip_gradients()
         stats.loss, stats.lr = stats.sums["loss"], self.scheduler.get_last_lr()[0]  # the rate this step uses
         # A non-finite step leaves the weights as they were and is otherwise a step like any other (the schedule
@@ -231,6 +241,9 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        if not self._placement_checked:  # once the optimizer's state exists; reads devices, copies nothing
+            check_placement(self.unwrapped, self.accelerator.device, self.master, self._optimizer())
+            self._placement_checked = True
         self._recent_losses = (self._recent_losses + [stats.loss])[-50:]
         self._tokens_this_run += stats.tokens
         stats.seconds = time.perf_counter() - started
@@ -239,8 +252,6 @@ class Trainer:
     def _clip_gradients(self) -> torch.Tensor:
         """Clip to ``max_grad_norm`` (on the float32 masters with bf16 parameters); the norm before clipping."""
         cfg, acc = self.config, self.accelerator
-        if self.master:  # the step happens on the float32 masters
-            self.master.gradients_to_masters()
         if cfg.max_grad_norm <= 0:
             return torch.zeros((), device=acc.device)
         if self.master:

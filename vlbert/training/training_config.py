@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from vlbert.training.run_config import dataclass_from_section
@@ -120,4 +121,23 @@ def set_seed(seed: int) -> None:
     accelerate_set_seed(seed)
 
 
-__all__ = ["TrainingConfig", "parameter_groups", "linear_schedule", "set_seed"]
+def process_seed(seed: int, rank: int) -> int:
+    """The seed of process ``rank``'s random streams in a run seeded ``seed``: independent streams per process from
+    numpy's ``SeedSequence`` spawn keys (the standard way to derive parallel streams from one seed), so that no
+    two ranks draw the same dropout masks. A 63-bit int."""
+    return int(np.random.SeedSequence(seed, spawn_key=(rank,)).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def seed_process_streams(seed: int, rank: int, world_size: int) -> None:
+    """Give each process of a multi-process run its own torch CPU and CUDA streams (dropout, masking drawn in the
+    step), seeded :func:`process_seed`; with one process nothing changes (the run's stream continues from
+    :func:`set_seed`). Called once the model exists: its initial weights depend on the seed alone, and DDP
+    broadcasts rank 0's anyway. Checkpoints save and restore every rank's streams."""
+    if world_size <= 1:
+        return
+    stream = process_seed(seed, rank)
+    torch.manual_seed(stream)  # seeds the CUDA generators too (lazily where CUDA is not yet initialised)
+
+
+__all__ = ["TrainingConfig", "parameter_groups", "linear_schedule", "set_seed", "process_seed",
+           "seed_process_streams"]

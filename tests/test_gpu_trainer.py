@@ -1,0 +1,124 @@
+"""The GPU path of the trainer as the tools run it, checked on a CPU machine (issue 38).
+
+Each test runs :func:`vlbert.recipes.run` from a run config, the way ``tools/pretrain.py`` does, inside
+:class:`fake_cuda.FakeCuda`: a process with one (fake) CUDA GPU, where the trainer picks its defaults
+(``mixed_precision: auto`` -> bf16 weights with float32 masters, ``attn_implementation`` unset, dropout on) and
+everything placed on the GPU is a fake tensor. A hook stops the run after three optimizer steps and checks what a
+GPU run cannot show without a profiler: where every parameter, gradient, master and optimizer state lives, which
+attention kernel ran, and that a step which does not log reads nothing back from the device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fake_cuda import FLASH, FakeCuda, placement_errors
+from vlbert.recipes import RECIPES, run
+from vlbert.training.hooks import TrainerHook
+
+N_IMAGES = 24
+
+
+class _Stop(Exception):
+    pass
+
+
+class Probe(TrainerHook):
+    """After step 1 (which creates the optimizer's state): placement; steps 2 and 3 are recorded (ops, host
+    syncs, device-to-host copies); then the run is stopped."""
+
+    def __init__(self, gpu: FakeCuda, steps: int = 3):
+        self.gpu, self.steps = gpu, steps
+        self.errors: list[str] = []
+        self.precision = None
+        self.device = None
+
+    def after_step(self, trainer) -> None:
+        if trainer.step == 1:
+            self.precision, self.device = trainer.precision, trainer.accelerator.device
+            self.errors = placement_errors(trainer)
+            self.master_dtypes = {p.dtype for g in trainer._optimizer().param_groups for p in g["params"]}
+            self.model_dtypes = {p.dtype for p in trainer.unwrapped.parameters()}
+            self.gpu.clear()
+        if trainer.step == self.steps:
+            raise _Stop
+
+
+def text_config(output_dir, corpus, accumulation: int, **model) -> dict:
+    return {
+        "modality": "text", "tokenizer": "minilm",
+        "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+                  "max_position_embeddings": 64, **model},
+        "data": {"corpus": str(corpus), "max_seq_length": 64, "eval_fraction": 0.1},
+        "training": {"output_dir": str(output_dir), "max_steps": 10, "batch_size": 4, "learning_rate": 1e-3,
+                     "warmup_steps": 2, "log_every": 1000, "eval_every": 0, "progress_bar": False,
+                     "grad_accum_steps": accumulation, "num_workers": 0},  # pinned memory needs a driver
+    }
+
+
+def vl_config(output_dir, cache_dir, accumulation: int) -> dict:
+    return {
+        "modality": "vl", "tokenizer": "minilm",
+        "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
+        "detector": {"input_size": 96, "max_proposals": 16},
+        "data": {"max_images": N_IMAGES, "cache_dir": str(cache_dir), "eval_fraction": 0.25,
+                 "objectives": {"mlm": 1, "mrfr": 1, "mrc_kl": 1, "itm": 1}},
+        "training": {"output_dir": str(output_dir), "max_steps": 10, "batch_size": 4, "learning_rate": 1e-3,
+                     "warmup_steps": 2, "log_every": 1000, "eval_every": 0, "progress_bar": False,
+                     "grad_accum_steps": accumulation, "num_workers": 0},
+    }
+
+
+def run_on_fake_gpu(recipe: str, config: dict, capability=(9, 0)) -> tuple[Probe, FakeCuda]:
+    with FakeCuda(capability) as gpu:
+        probe = Probe(gpu)
+        with pytest.raises(_Stop):
+            run(RECIPES[recipe], config, hooks=[probe])
+    return probe, gpu
+
+
+@pytest.fixture(scope="module")
+def region_cache(tmp_path_factory):
+    """The easy-VQA regions of the VL config, extracted once on the CPU (outside the fake GPU)."""
+    cache = tmp_path_factory.mktemp("regions")
+    config = vl_config(tmp_path_factory.mktemp("warm") / "run", cache, 1)
+    config["training"].update(max_steps=1, mixed_precision="no")
+    run(RECIPES["vl-pretraining"], config)
+    return cache
+
+
+def assert_gpu_step(probe: Probe, gpu: FakeCuda, flash: bool = True) -> None:
+    assert probe.device.type == "cuda" and probe.precision == "bf16-params"
+    assert probe.errors == [], "not on the GPU:\n" + "\n".join(probe.errors[:20])
+    assert probe.master_dtypes == {torch.float32} and probe.model_dtypes == {torch.bfloat16}
+    assert gpu.host_syncs == [], "host syncs in a step that does not log:\n" + "\n".join(gpu.host_syncs)
+    assert gpu.device_to_host == [], "device-to-host copies:\n" + "\n".join(gpu.device_to_host)
+    assert (gpu.ops[FLASH] > 0) == flash, dict(gpu.ops)
+
+
+@pytest.mark.parametrize("accumulation", [1, 4])
+def test_text_pretraining_step_lives_on_the_gpu(small_corpus, tmp_path, accumulation):
+    probe, gpu = run_on_fake_gpu("text-pretraining", text_config(tmp_path / "run", small_corpus, accumulation))
+    assert_gpu_step(probe, gpu)
+
+
+@pytest.mark.parametrize("accumulation", [1, 4])
+def test_vl_pretraining_step_lives_on_the_gpu(region_cache, tmp_path, accumulation):
+    probe, gpu = run_on_fake_gpu("vl-pretraining", vl_config(tmp_path / "run", region_cache, accumulation))
+    assert_gpu_step(probe, gpu)
+
+
+def test_an_older_gpu_runs_sdpa_instead_of_flash(small_corpus, tmp_path):
+    """A T4 (compute capability 7.5): flash attention cannot run there; the step runs SDPA."""
+    probe, gpu = run_on_fake_gpu("text-pretraining", text_config(tmp_path / "run", small_corpus, 1), (7, 5))
+    assert_gpu_step(probe, gpu, flash=False)
+    assert gpu.ops["aten._scaled_dot_product_efficient_attention"] + gpu.ops["aten._efficient_attention_forward"] \
+        + gpu.ops["aten.bmm"] > 0
+
+
+def test_a_head_size_flash_cannot_take_runs_sdpa(small_corpus, tmp_path):
+    """TinyBERT's head size, 312 / 12 = 26, is not a multiple of 8: flash cannot take it."""
+    config = text_config(tmp_path / "run", small_corpus, 1, hidden_size=52, num_attention_heads=2)
+    probe, gpu = run_on_fake_gpu("text-pretraining", config)
+    assert_gpu_step(probe, gpu, flash=False)
