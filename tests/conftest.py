@@ -120,6 +120,24 @@ def wait_for_log_lines(proc, log, lines: int, timeout: float = 240.0) -> None:
     assert proc.poll() is None, "the run ended before it could be interrupted"
 
 
+@pytest.fixture(autouse=True)
+def cpu_unless_marked_gpu(request, monkeypatch):
+    """The suite is written for the CPU: on a machine with a GPU, every test not marked ``gpu`` sees none, so that
+    its trainer runs where its tolerances (and its bitwise comparisons after a resume: flash attention's backward
+    is not deterministic) were set, and so do the processes it starts. Tests marked ``gpu`` (``python -m pytest -m gpu``) see the GPU. Nothing
+    changes on a machine without one."""
+    if torch.cuda.is_available() and "gpu" not in request.keywords:
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)  # a GPU test may have claimed the device
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # and the processes it starts
+        yield
+        AcceleratorState._reset_state(reset_partial_state=True)
+    else:
+        yield
+
+
 @pytest.fixture(scope="session")
 def minilm_dir():
     return packaged_minilm_dir()
