@@ -18,10 +18,9 @@ region-shard read throughput.
 
 With ``--trainer`` the text pair's config also runs through ``vlbert.recipes.run`` (the real trainer: loader,
 length-grouped batches, logging, clipping, the fused AdamW) for ``--warmup`` + ``--steps`` steps at the same batch
-size, at the precision the tools use by default (``mixed_precision: auto``: bf16 parameters with float32 masters on
-CUDA; ``--trainer-precision`` to choose); its real tokens/s after the warmup steps is printed beside the bare
-step's (bf16 autocast on a GPU), with the ratio, and the MFU its log reports. On a GPU in the datasheet table
-(vlbert/training/mfu.py) every MFU is also given against the datasheet peak.
+size and the tools' default precision (``mixed_precision: auto``; ``--trainer-precision``); its real tokens/s after
+the warmup steps is printed beside the bare step's, with the ratio and the MFU its log reports. On a GPU of
+vlbert/training/mfu.py's datasheet table every MFU is also given against the datasheet peak.
 """
 
 from __future__ import annotations
@@ -254,9 +253,8 @@ def data_pipeline(tokenizer) -> dict:
 
 def trainer_throughput(config_path: str, batch_size: int, warmup: int, steps: int, precision: str) -> dict:
     """Real tokens/s of the text config through the real trainer at ``training.mixed_precision`` = ``precision``
-    (the tools' default ``auto``: bf16 parameters with float32 masters on CUDA, float32 on a CPU), after
-    ``warmup`` steps (the mean of the log windows that follow), the trainer's data_wait_fraction there, and the
-    MFU it logs (against the GPU's datasheet peak, or a matmul measured in the process on a CPU)."""
+    (the tools' ``auto``: bf16 parameters + float32 masters on CUDA) after ``warmup`` steps (the mean of the log
+    windows that follow), its data_wait_fraction there and the MFU it logs (datasheet peak on a known GPU)."""
     from vlbert.recipes import RECIPES, run
     from vlbert.training.run_config import load_run_config
 
@@ -274,8 +272,7 @@ def trainer_throughput(config_path: str, batch_size: int, warmup: int, steps: in
     return {"trainer_precision": precision,
             "trainer_real_tokens_per_s": statistics.mean(r["tokens_per_s"] for r in timed),
             "trainer_data_wait_fraction": statistics.mean(r["data_wait_fraction"] for r in timed),
-            "trainer_mfu": statistics.mean(r.get("mfu", float("nan")) for r in timed),
-            "trainer_steps_timed": total - warmup}
+            "trainer_mfu": statistics.mean(r.get("mfu", 0.0) for r in timed), "trainer_steps_timed": total - warmup}
 
 
 def print_pair(name: str, record: dict, results: dict, config) -> None:
@@ -291,8 +288,7 @@ def print_pair(name: str, record: dict, results: dict, config) -> None:
         print(f"{impl:<14}{r['ms_per_step']:>10.1f}{r['real_tokens_per_s']:>12.0f}"
               f"{r['peak_memory_mib']:>10.0f}{100 * r['mfu']:>7.1f}%"
               + (f"{100 * r['mfu_datasheet']:>14.1f}%" if datasheet else ""))
-    print(f"speedup of vlbert over transformers: {record['speedup']:.2f}x" + (f"; datasheet MFU against the "
-                                                                              f"{datasheet}" if datasheet else ""))
+    print(f"speedup of vlbert over transformers: {record['speedup']:.2f}x" + f"; {datasheet}" * bool(datasheet))
     if "trainer_real_tokens_per_s" in record:
         print(f"through the trainer (mixed_precision {record['trainer_precision']}): "
               f"{record['trainer_real_tokens_per_s']:.0f} tokens/s = "
@@ -301,7 +297,8 @@ def print_pair(name: str, record: dict, results: dict, config) -> None:
               f"{100 * record['trainer_mfu']:.1f}%")
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "text" / "default.yaml"), help="text pair's config")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -316,12 +313,15 @@ def main(argv=None) -> int:
     p.add_argument("--trainer", action="store_true",
                    help="also run the text pair's config through the real trainer and compare tokens/s")
     p.add_argument("--trainer-precision", default="auto", choices=("auto", "no", "bf16", "bf16-params"),
-                   help="training.mixed_precision of the --trainer run (default auto, as the tools: bf16 "
-                        "parameters with float32 masters on CUDA, float32 on a CPU)")
+                   help="of the --trainer run (auto, as the tools: bf16 parameters + float32 masters on CUDA)")
     p.add_argument("--default-malloc", action="store_true",
                    help="leave glibc's malloc as it is (by default freed memory is kept in the process, as the "
                         "trainer does on CPU; this applies to both sides of each pair)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
 
     from vlbert.tokenization import load_tokenizer
     from vlbert.training.mfu import (count_positions, device_peak_flops, estimate_flops_per_token,
@@ -335,7 +335,7 @@ def main(argv=None) -> int:
     tokenizer = load_tokenizer()
     peak = measure_matmul_peak(device, torch.bfloat16 if bf16 else torch.float32, size=2048, repeats=5, trials=5)
     datasheet_peak, datasheet = device_peak_flops(device, bf16) if device.type == "cuda" else (None, "")
-    datasheet = datasheet if datasheet.startswith("datasheet") else None  # an unknown GPU: its measured matmul
+    datasheet = datasheet if datasheet.startswith("datasheet") else None  # (an unknown GPU: a measured matmul)
     wanted = args.pairs.split(",")
     records = []
     for name in ("text", "vl"):
@@ -349,11 +349,9 @@ def main(argv=None) -> int:
             ours, hf, ours_batch, hf_batch, config, real = vl_pair(tokenizer, args.batch_size)
             seq_len = config.seq_len
         padded = ours_batch["input_ids"].shape[0] * seq_len
-        if name == "text":
-            flops = estimate_flops_per_token(config, seq_len) * real
-        else:  # every position the encoder runs, as the trainer's MFU counts them
-            tokens, regions, sequences = count_positions(ours_batch)
-            flops = estimate_step_flops(config, tokens, sequences, regions)
+        tokens, regions, sequences = count_positions(ours_batch)  # VL: every position, as the trainer's MFU
+        flops = estimate_flops_per_token(config, seq_len) * real if name == "text" else \
+            estimate_step_flops(config, tokens, sequences, regions)
         if args.compile:
             from vlbert.models.bert import compile_model
 
