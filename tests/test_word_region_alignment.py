@@ -7,6 +7,7 @@ import numpy as np
 import ot
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import vlbert
 from vlbert.layers.optimal_transport import cosine_cost, ipot, wasserstein_distance
@@ -53,6 +54,56 @@ def test_padded_words_and_regions_carry_no_mass():
     assert abs(float(distance[1]) - exact(x[1:, :4], y[1:, :5])) < 1e-3
     with pytest.raises(ValueError, match="at least one real word and one real region"):
         ipot(cosine_cost(x, y), torch.zeros(2, 7), y_mask)
+
+
+def ipot_before(cost, x_mask, y_mask, beta=0.5, iterations=50, k=1):
+    """ipot as it was written up to 0da7c4f (9 kernels per iteration): the reference the fused loop must equal."""
+    xm, ym = x_mask.bool(), y_mask.bool()
+    cost = cost.float()
+    joint = (xm[:, :, None] & ym[:, None, :]).float()
+    mu, nu = xm.float() / xm.sum(1, keepdim=True), ym.float() / ym.sum(1, keepdim=True)
+    kernel, plan, sigma = torch.exp(-cost / beta) * joint, joint.clone(), nu.clone()
+    for _ in range(iterations):
+        q = kernel * plan
+        for _ in range(k):
+            delta = mu / (q @ sigma[:, :, None]).squeeze(2).clamp_min(1e-30)
+            sigma = nu / (q.transpose(1, 2) @ delta[:, :, None]).squeeze(2).clamp_min(1e-30)
+        plan = delta[:, :, None] * q * sigma[:, None, :]
+    return plan * joint
+
+
+class KernelCount(TorchDispatchMode):
+    """Counts the ATen calls that launch work (views and metadata ops launch nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += not (func.is_view or func._overloadpacket.__name__ in ("_unsafe_view", "detach"))
+        return func(*args, **(kwargs or {}))
+
+
+def padded_problem(seed=3):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(5, 11, 16, generator=g), torch.randn(5, 9, 16, generator=g)
+    x_mask, y_mask = torch.ones(5, 11), torch.ones(5, 9)
+    x_mask[1, 6:], y_mask[2, 4:], x_mask[3, 2:], y_mask[3, 8:] = 0, 0, 0, 0
+    return cosine_cost(x, y), x_mask, y_mask
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_ipot_equals_its_previous_form_in_7_launches_an_iteration(k):
+    """The fused loop: the previous form's plan within float32 rounding, padding and all, in at most 7 launching
+    ATen calls per iteration (k = 1; the previous form made 9) plus a fixed setup, no host synchronisation."""
+    cost, x_mask, y_mask = padded_problem()
+    with KernelCount() as counter:
+        plan = ipot(cost, x_mask, y_mask, k=k, graph=False)
+    torch.testing.assert_close(plan, ipot_before(cost, x_mask, y_mask, k=k), rtol=1e-5, atol=1e-9)
+    assert counter.calls <= (3 + 4 * k) * 50 + 20, counter.calls  # (the setup: masks, kernel, the CPU check)
+    with KernelCount() as before:
+        ipot_before(cost, x_mask, y_mask, k=k)
+    print(f"k={k}: {counter.calls} launching ATen calls for 50 iterations (previous form {before.calls})")
 
 
 def tiny_vl_model(**config_fields):
@@ -192,3 +243,23 @@ def test_alignment_share_counts_the_mass_on_the_named_objects_regions(monkeypatc
     monkeypatch.setattr(measure, "word_region_transport", lambda model, ids, padded: (mixed, 0.0))
     result = measure.alignment_share(None, tokenizer, [(caption, regions, box, ("red", "rectangle"))], 5)
     assert result["by_word"] == [1.0, pytest.approx(2 / 3)] and result["share"] == pytest.approx(5 / 6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_captured_ipot_replays_the_eager_loop_on_cuda():
+    """The CUDA-graph replay (the default on a GPU) against the eager loop on the same device, across sizes that
+    share a graph (rounded up to 16) and one that does not, and after a batch whose cost held a NaN."""
+    from vlbert.layers.optimal_transport import CapturedIPOT
+
+    captured = CapturedIPOT()
+    for seed, (m, n) in enumerate([(11, 9), (7, 14), (11, 9), (20, 9)]):
+        g = torch.Generator().manual_seed(seed)
+        cost = cosine_cost(torch.randn(4, m, 16, generator=g), torch.randn(4, n, 16, generator=g)).cuda()
+        x_mask, y_mask = torch.ones(4, m, device="cuda"), torch.ones(4, n, device="cuda")
+        x_mask[1, m // 2:], y_mask[2, n // 2:] = 0, 0
+        eager = ipot(cost, x_mask, y_mask, graph=False)
+        torch.testing.assert_close(captured(cost, x_mask, y_mask, 0.5, 50, 1), eager, rtol=0, atol=0)
+        if seed == 0:
+            captured(torch.full_like(cost, float("nan")), x_mask, y_mask, 0.5, 50, 1)
+    assert len(captured.graphs) == 2 and not captured.failed

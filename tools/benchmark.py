@@ -18,7 +18,9 @@ region-shard read throughput.
 
 With ``--trainer`` the text pair's config also runs through ``vlbert.recipes.run`` (the real trainer: loader,
 length-grouped batches, logging, clipping, the fused AdamW) for ``--warmup`` + ``--steps`` steps at the same batch
-size; its real tokens/s after the warmup steps is printed beside the bare step's, with the ratio.
+size and the tools' default precision (``mixed_precision: auto``; ``--trainer-precision``); its real tokens/s after
+the warmup steps is printed beside the bare step's, with the ratio and the MFU its log reports. On a GPU of
+vlbert/training/mfu.py's datasheet table every MFU is also given against the datasheet peak.
 """
 
 from __future__ import annotations
@@ -249,9 +251,10 @@ def data_pipeline(tokenizer) -> dict:
             "shard_mib_per_s": size / 2 ** 20 / elapsed, "shard_regions_per_image": 36, "shard_feature_dim": 2048}
 
 
-def trainer_throughput(config_path: str, batch_size: int, warmup: int, steps: int, bf16: bool) -> dict:
-    """Real tokens/s of the text config through the real trainer, after ``warmup`` steps (the mean of the log
-    windows that follow), and the trainer's data_wait_fraction there."""
+def trainer_throughput(config_path: str, batch_size: int, warmup: int, steps: int, precision: str) -> dict:
+    """Real tokens/s of the text config through the real trainer at ``training.mixed_precision`` = ``precision``
+    (the tools' ``auto``: bf16 parameters + float32 masters on CUDA) after ``warmup`` steps (the mean of the log
+    windows that follow), its data_wait_fraction there and the MFU it logs (datasheet peak on a known GPU)."""
     from vlbert.recipes import RECIPES, run
     from vlbert.training.run_config import load_run_config
 
@@ -261,14 +264,15 @@ def trainer_throughput(config_path: str, batch_size: int, warmup: int, steps: in
         config = load_run_config(config_path, [
             f"training.output_dir={out}", f"training.batch_size={batch_size}", f"training.max_steps={total}",
             f"training.log_every={warmup}", "training.eval_every=0", "training.save_every=0",
-            "training.progress_bar=false", f"training.mixed_precision={'bf16' if bf16 else 'no'}",
+            "training.progress_bar=false", f"training.mixed_precision={precision}",
             "data.max_eval_batches=1"])
         run(RECIPES["text-pretraining"], config)
         records = [json.loads(line) for line in (Path(out) / "log.jsonl").read_text().splitlines()]
     timed = [r for r in records if r["split"] == "train"][1:]
-    return {"trainer_real_tokens_per_s": statistics.mean(r["tokens_per_s"] for r in timed),
+    return {"trainer_precision": precision,
+            "trainer_real_tokens_per_s": statistics.mean(r["tokens_per_s"] for r in timed),
             "trainer_data_wait_fraction": statistics.mean(r["data_wait_fraction"] for r in timed),
-            "trainer_steps_timed": total - warmup}
+            "trainer_mfu": statistics.mean(r.get("mfu", 0.0) for r in timed), "trainer_steps_timed": total - warmup}
 
 
 def print_pair(name: str, record: dict, results: dict, config) -> None:
@@ -278,18 +282,23 @@ def print_pair(name: str, record: dict, results: dict, config) -> None:
           f"{seq_len} positions, {record['real_tokens']} real ({100 * record['real_fraction']:.0f}%), "
           f"L={config.num_hidden_layers} H={config.hidden_size}; matmul peak {record['peak_tflops']:.2f} TFLOP/s"
           + ("; malloc keeps freed memory (both sides)" if record["malloc_keeps_freed_memory"] else ""))
-    print(f"{'':<14}{'ms/step':>10}{'tokens/s':>12}{'peak MiB':>10}{'MFU':>8}")
+    datasheet = record.get("datasheet")
+    print(f"{'':<14}{'ms/step':>10}{'tokens/s':>12}{'peak MiB':>10}{'MFU':>8}" + "  datasheet MFU" * bool(datasheet))
     for impl, r in results.items():
         print(f"{impl:<14}{r['ms_per_step']:>10.1f}{r['real_tokens_per_s']:>12.0f}"
-              f"{r['peak_memory_mib']:>10.0f}{100 * r['mfu']:>7.1f}%")
-    print(f"speedup of vlbert over transformers: {record['speedup']:.2f}x")
+              f"{r['peak_memory_mib']:>10.0f}{100 * r['mfu']:>7.1f}%"
+              + (f"{100 * r['mfu_datasheet']:>14.1f}%" if datasheet else ""))
+    print(f"speedup of vlbert over transformers: {record['speedup']:.2f}x" + f"; {datasheet}" * bool(datasheet))
     if "trainer_real_tokens_per_s" in record:
-        print(f"through the trainer: {record['trainer_real_tokens_per_s']:.0f} tokens/s = "
+        print(f"through the trainer (mixed_precision {record['trainer_precision']}): "
+              f"{record['trainer_real_tokens_per_s']:.0f} tokens/s = "
               f"{100 * record['trainer_over_bare_step']:.0f}% of the bare step "
-              f"(data wait {100 * record['trainer_data_wait_fraction']:.1f}% of the step time)")
+              f"(data wait {100 * record['trainer_data_wait_fraction']:.1f}% of the step time), logged MFU "
+              f"{100 * record['trainer_mfu']:.1f}%")
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "text" / "default.yaml"), help="text pair's config")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -303,13 +312,20 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="one JSON line per pair")
     p.add_argument("--trainer", action="store_true",
                    help="also run the text pair's config through the real trainer and compare tokens/s")
+    p.add_argument("--trainer-precision", default="auto", choices=("auto", "no", "bf16", "bf16-params"),
+                   help="of the --trainer run (auto, as the tools: bf16 parameters + float32 masters on CUDA)")
     p.add_argument("--default-malloc", action="store_true",
                    help="leave glibc's malloc as it is (by default freed memory is kept in the process, as the "
                         "trainer does on CPU; this applies to both sides of each pair)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
 
     from vlbert.tokenization import load_tokenizer
-    from vlbert.training.mfu import estimate_flops_per_token, measure_matmul_peak
+    from vlbert.training.mfu import (count_positions, device_peak_flops, estimate_flops_per_token,
+                                     estimate_step_flops, measure_matmul_peak)
     from vlbert.training.run_config import load_run_config
     from vlbert.utils import keep_freed_memory_in_process
 
@@ -318,6 +334,8 @@ def main(argv=None) -> int:
     bf16 = args.bf16 or device.type == "cuda"
     tokenizer = load_tokenizer()
     peak = measure_matmul_peak(device, torch.bfloat16 if bf16 else torch.float32, size=2048, repeats=5, trials=5)
+    datasheet_peak, datasheet = device_peak_flops(device, bf16) if device.type == "cuda" else (None, "")
+    datasheet = datasheet if datasheet.startswith("datasheet") else None  # (an unknown GPU: a measured matmul)
     wanted = args.pairs.split(",")
     records = []
     for name in ("text", "vl"):
@@ -331,7 +349,9 @@ def main(argv=None) -> int:
             ours, hf, ours_batch, hf_batch, config, real = vl_pair(tokenizer, args.batch_size)
             seq_len = config.seq_len
         padded = ours_batch["input_ids"].shape[0] * seq_len
-        flops = estimate_flops_per_token(config, seq_len) * real
+        tokens, regions, sequences = count_positions(ours_batch)  # VL: every position, as the trainer's MFU
+        flops = estimate_flops_per_token(config, seq_len) * real if name == "text" else \
+            estimate_step_flops(config, tokens, sequences, regions)
         if args.compile:
             from vlbert.models.bert import compile_model
 
@@ -342,18 +362,21 @@ def main(argv=None) -> int:
         for r in results.values():
             r["real_tokens_per_s"] = real / (r["ms_per_step"] / 1e3)
             r["mfu"] = flops / (r["ms_per_step"] / 1e3) / peak
+            if datasheet:
+                r["mfu_datasheet"] = flops / (r["ms_per_step"] / 1e3) / datasheet_peak
         hf.cpu()
         ours.cpu()
         record = {"model": name, "device": str(device), "dtype": "bf16" if bf16 else "fp32",
                   "malloc_keeps_freed_memory": kept,
                   "vlbert_compiled": args.compile,
                   "batch": [ours_batch["input_ids"].shape[0], seq_len], "real_tokens": real,
-                  "real_fraction": real / padded, "peak_tflops": peak / 1e12,
+                  "real_fraction": real / padded, "peak_tflops": peak / 1e12, "datasheet": datasheet,
                   "speedup": results["transformers"]["ms_per_step"] / results["vlbert"]["ms_per_step"],
                   **{f"{impl}_{k}": v for impl, r in results.items() for k, v in r.items()}}
         if args.trainer and name == "text" and str(device) == str(torch.device("cuda" if torch.cuda.is_available()
                                                                                     else "cpu")):
-            record.update(trainer_throughput(args.config, args.batch_size, args.warmup, args.steps, bf16))
+            record.update(trainer_throughput(args.config, args.batch_size, args.warmup, args.steps,
+                                             args.trainer_precision))
             record["trainer_over_bare_step"] = record["trainer_real_tokens_per_s"] / record["vlbert_real_tokens_per_s"]
         records.append(record)
         if not args.json:

@@ -75,11 +75,13 @@ class WordRegionAlignment(Objective):
                                               self.iterations)
         matched = labels["itm_label"].bool()
         b = len(distance)
-        loss = labels["wra_weight"].float() * (distance[matched].sum() - distance[~matched].sum()) / b
+        # masked sums, not boolean indexing (each index is a host synchronisation)
+        loss = labels["wra_weight"].float() * torch.where(matched, distance, -distance).sum() / b
         with torch.no_grad():  # means over the pairs of each kind (0 where a batch has none, with count 0)
-            n_matched, n_mismatched = int(matched.sum()), int((~matched).sum())
-            metric = distance[matched].sum() / max(n_matched, 1)
-            extra = {"wra_mismatched_distance": (distance[~matched].sum() / max(n_mismatched, 1), n_mismatched)}
+            n_matched = int(matched.sum())  # the one host read: the metrics' counts are host ints
+            n_mismatched = b - n_matched
+            metric = (distance * matched).sum() / max(n_matched, 1)
+            extra = {"wra_mismatched_distance": ((distance * ~matched).sum() / max(n_mismatched, 1), n_mismatched)}
         return ObjectiveResult(loss, metric, b, plan, extra, metric_count=n_matched)
 
 

@@ -25,8 +25,8 @@ class StepStats:
     """What one optimizer step did, for hooks to read (``trainer.stats``); tensors stay on the device (reading
     them is a host synchronisation: do it at log steps only).
 
-    Attributes: step (the step's number, from 1), epoch, tokens and sequences (real ones, this process, counted
-    on the host), seconds (wall time of the step on the host, data wait included), data_wait (seconds spent
+    Attributes: step (the step's number, from 1), epoch, tokens, sequences and regions (real text tokens,
+    sequences and real regions, this process, counted on the host), seconds (wall time of the step on the host, data wait included), data_wait (seconds spent
     waiting for batches), loss (0-d float tensor, the global batch's), grad_norm (0-d, before clipping), lr (the
     rate the step used), sums (the step's loss and every objective's loss and metric, 0-d tensors).
     """
@@ -35,6 +35,7 @@ class StepStats:
     epoch: int = 0
     tokens: int = 0
     sequences: int = 0
+    regions: int = 0
     seconds: float = 0.0
     data_wait: float = 0.0
     loss: torch.Tensor | None = None

@@ -12,11 +12,12 @@ logger = logging.getLogger(__name__)
 
 
 class _Window:
-    """The steps since the last log line: their time (hooks excluded), data wait, steps, tokens and sequences."""
+    """The steps since the last log line: their time (hooks excluded), data wait, steps, tokens, sequences and
+    regions."""
 
     def __init__(self):
         self.seconds = self.data_wait = 0.0
-        self.steps = self.tokens = self.sequences = 0
+        self.steps = self.tokens = self.sequences = self.regions = 0
 
     def add(self, stats: StepStats) -> None:
         self.seconds += stats.seconds
@@ -24,6 +25,7 @@ class _Window:
         self.steps += 1
         self.tokens += stats.tokens
         self.sequences += stats.sequences
+        self.regions += stats.regions
 
 
 class LogHook(TrainerHook):
@@ -64,7 +66,8 @@ class LogHook(TrainerHook):
                   "lr": stats.lr, "grad_norm": float(stats.grad_norm), "tokens_per_s": tokens / elapsed,
                   "step_time_s": elapsed / max(1, window.steps),
                   "data_wait_fraction": min(1.0, window.data_wait / elapsed)}
-        mfu = trainer.mfu(tokens, trainer._global_sum(window.sequences), elapsed)
+        mfu = trainer.mfu(tokens, trainer._global_sum(window.sequences), elapsed,
+                          trainer._global_sum(window.regions))
         if mfu is not None:
             record["mfu"] = mfu
         trainer.log(record, "train")  # (Trainer.log: the one way lines are written, which writes through write)

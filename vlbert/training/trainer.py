@@ -28,7 +28,7 @@ from vlbert.training.guards import NonFiniteChecks, NonFiniteLossError, SigtermF
 from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, StepStats, TrainerHook
 from vlbert.training.log_hook import LogHook
 from vlbert.training.master_weights import MasterWeights, check_placement
-from vlbert.training.mfu import device_peak_flops, estimate_flops_per_token
+from vlbert.training.mfu import count_positions, device_peak_flops, estimate_step_flops
 from vlbert.training.training_config import (TrainingConfig, linear_schedule, parameter_groups,
                                              seed_process_streams, set_seed)
 from vlbert.utils import keep_freed_memory_in_process
@@ -139,8 +139,8 @@ class Trainer:
                 if k in self.forward_arguments}
 
     def _train_stream(self):
-        """(batch on the device, real tokens and sequences counted on the host copy) for every training batch,
-        epoch after epoch."""
+        """(batch on the device, real text tokens, sequences, real regions) for every training batch, epoch after
+        epoch, counted on the host copy (:func:`~vlbert.training.mfu.count_positions`)."""
         acc = self.accelerator
         epoch, start = self.epoch, self.batch_in_epoch
         while True:
@@ -148,10 +148,8 @@ class Trainer:
             for i, batch in enumerate(self.train_batches(epoch, start, acc.process_index, acc.num_processes)):
                 produced = True
                 self.epoch, self.batch_in_epoch = epoch, start + i + 1
-                mask = batch.get("attention_mask")
-                counted = torch.is_tensor(mask) and mask.device.type == "cpu"
-                tokens = int(mask.numpy().sum()) if counted else 0
-                yield self._to_device(batch), tokens, mask.shape[0] if counted else 0
+                tokens, regions, sequences = count_positions(batch)
+                yield self._to_device(batch), tokens, sequences, regions
             if not produced and start == 0:
                 raise ValueError("the training data yields no batch; use a larger corpus or a smaller batch_size")
             epoch, start = epoch + 1, 0
@@ -200,10 +198,11 @@ class Trainer:
         idle = None  # parameters idle in every micro-batch of this step
         for micro in range(cfg.grad_accum_steps):
             waited = time.perf_counter()
-            batch, tokens, sequences = next(stream)
+            batch, tokens, sequences, regions = next(stream)
             stats.data_wait += time.perf_counter() - waited
             stats.tokens += tokens
             stats.sequences += sequences
+            stats.regions += regions
             if micro == 0:
                 stats.epoch = self.epoch
                 checks.position(self.step + 1, self.epoch, self.batch_in_epoch - 1)
@@ -322,17 +321,17 @@ class Trainer:
         (:func:`~vlbert.training.distributed.global_batch_loss`)."""
         return global_batch_loss(out, getattr(self.unwrapped, "objectives", ()), self.accelerator)
 
-    def mfu(self, tokens: int, sequences: int, seconds: float) -> float | None:
-        """Model FLOPs utilisation of ``tokens`` real tokens in ``sequences`` sequences trained in ``seconds``
-        (all ranks): :func:`~vlbert.training.mfu.estimate_flops_per_token` at their mean length against the
-        device's peak times the number of processes (:func:`~vlbert.training.mfu.device_peak_flops`: the
-        datasheet on a known GPU, a measured matmul on a CPU). For vision-language models only the text tokens
-        are counted (regions add work the figure leaves out). None for a model without a BERT config."""
+    def mfu(self, tokens: int, sequences: int, seconds: float, regions: int = 0) -> float | None:
+        """Model FLOPs utilisation of ``sequences`` sequences holding ``tokens`` real text tokens and ``regions``
+        real regions, trained in ``seconds`` (all ranks): every position the encoder runs counts
+        (:func:`~vlbert.training.mfu.estimate_step_flops`, at the mean total length), against the device's peak
+        times the number of processes (:func:`~vlbert.training.mfu.device_peak_flops`: the datasheet on a known
+        GPU, a measured matmul on a CPU). None for a model without a BERT config."""
         config = getattr(self.unwrapped, "config", None)
-        if config is None or not hasattr(config, "intermediate_size") or not tokens or not sequences:
+        if config is None or not hasattr(config, "intermediate_size") or not (tokens or regions) or not sequences:
             return None
         peak, _ = device_peak_flops(self.accelerator.device, self.precision in ("bf16", "bf16-params"))
-        flops = estimate_flops_per_token(config, tokens / sequences) * tokens
+        flops = estimate_step_flops(config, tokens, sequences, regions)
         return flops / seconds / (peak * self.accelerator.num_processes)
 
     def _any_rank(self, flag: bool) -> bool:
