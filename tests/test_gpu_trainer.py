@@ -10,6 +10,8 @@ attention kernel ran, and that a step which does not log reads nothing back from
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -17,7 +19,7 @@ from fake_cuda import FLASH, FakeCuda, placement_errors
 from vlbert.recipes import RECIPES, run
 from vlbert.training.hooks import TrainerHook
 
-N_IMAGES = 24
+N_IMAGES = 16
 
 
 class _Stop(Exception):
@@ -50,19 +52,19 @@ def text_config(output_dir, corpus, accumulation: int, **model) -> dict:
         "modality": "text", "tokenizer": "minilm",
         "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
                   "max_position_embeddings": 64, **model},
-        "data": {"corpus": str(corpus), "max_seq_length": 64, "eval_fraction": 0.1},
+        "data": {"corpus": str(corpus), "max_seq_length": 64, "eval_fraction": 0.0,
+                 "corpus_cache_dir": str(Path(corpus).parent / "gpu-trainer-corpora")},  # tokenised once
         "training": {"output_dir": str(output_dir), "max_steps": 10, "batch_size": 4, "learning_rate": 1e-3,
                      "warmup_steps": 2, "log_every": 1000, "eval_every": 0, "progress_bar": False,
                      "grad_accum_steps": accumulation, "num_workers": 0},  # pinned memory needs a driver
     }
 
 
-def vl_config(output_dir, cache_dir, accumulation: int) -> dict:
+def vl_config(output_dir, shards, accumulation: int) -> dict:
     return {
         "modality": "vl", "tokenizer": "minilm",
         "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
-        "detector": {"input_size": 96, "max_proposals": 16},
-        "data": {"max_images": N_IMAGES, "cache_dir": str(cache_dir), "eval_fraction": 0.25,
+        "data": {"shards": str(shards), "max_images": N_IMAGES, "eval_fraction": 0.0,
                  "objectives": {"mlm": 1, "mrfr": 1, "mrc_kl": 1, "itm": 1}},
         "training": {"output_dir": str(output_dir), "max_steps": 10, "batch_size": 4, "learning_rate": 1e-3,
                      "warmup_steps": 2, "log_every": 1000, "eval_every": 0, "progress_bar": False,
@@ -79,13 +81,19 @@ def run_on_fake_gpu(recipe: str, config: dict, capability=(9, 0)) -> tuple[Probe
 
 
 @pytest.fixture(scope="module")
-def region_cache(tmp_path_factory):
-    """The easy-VQA regions of the VL config, extracted once on the CPU (outside the fake GPU)."""
-    cache = tmp_path_factory.mktemp("regions")
-    config = vl_config(tmp_path_factory.mktemp("warm") / "run", cache, 1)
-    config["training"].update(max_steps=1, mixed_precision="no")
-    run(RECIPES["vl-pretraining"], config)
-    return cache
+def region_shards(tmp_path_factory):
+    """Region shards of 16 easy-VQA training images, extracted on the CPU (outside the fake GPU)."""
+    from PIL import Image
+
+    from detectors.config import DetectorConfig
+    from detectors.shards import write_shards
+    from vlbert.data.easy_vqa import color_and_shape, image_paths
+
+    ids, paths = list(color_and_shape("train"))[:N_IMAGES], image_paths("train")
+    extractor = DetectorConfig(input_size=64, max_proposals=6).build()
+    shards = tmp_path_factory.mktemp("regions") / "shards"
+    write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), shards)
+    return shards
 
 
 def assert_gpu_step(probe: Probe, gpu: FakeCuda, flash: bool = True) -> None:
@@ -104,8 +112,8 @@ def test_text_pretraining_step_lives_on_the_gpu(small_corpus, tmp_path, accumula
 
 
 @pytest.mark.parametrize("accumulation", [1, 4])
-def test_vl_pretraining_step_lives_on_the_gpu(region_cache, tmp_path, accumulation):
-    probe, gpu = run_on_fake_gpu("vl-pretraining", vl_config(tmp_path / "run", region_cache, accumulation))
+def test_vl_pretraining_step_lives_on_the_gpu(region_shards, tmp_path, accumulation):
+    probe, gpu = run_on_fake_gpu("vl-pretraining", vl_config(tmp_path / "run", region_shards, accumulation))
     assert_gpu_step(probe, gpu)
 
 
