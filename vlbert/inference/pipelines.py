@@ -28,6 +28,7 @@ from vlbert.inference.fill_mask import FillMaskPipeline, TextFillMaskPipeline
 from vlbert.inference.matching import ImageTextMatchingPipeline
 from vlbert.inference.text import TextClassificationPipeline
 from vlbert.models.referring import VLBertForReferringExpressions
+from vlbert.models.uniter_heads import VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention, VLBertForVisualEntailment
 from vlbert.models.vl_classification import (VLBertForImagePairClassification, VLBertForSequenceClassification,
                                              VLBertForVisualReasoning)
 from vlbert.models.vqa import VLBertForMaskedTokenVQA, VLBertForVQA
@@ -83,6 +84,7 @@ class EntailmentPipeline(Pipeline):
 
     tasks = ("snli-ve",)
     model_class = VLBertForSequenceClassification
+    model_classes = (VLBertForVisualEntailment,)
     input_fields = {"image": ("image",), "text": ("text", "hypothesis", "sentence2")}
     id_field = "pairID"
 
@@ -105,7 +107,7 @@ class ImagePairPipeline(Pipeline):
 
     tasks = ("nlvr2",)
     model_class = VLBertForImagePairClassification
-    model_classes = (VLBertForVisualReasoning,)
+    model_classes = (VLBertForVisualReasoning, VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention)
     input_fields = {"left": ("left", "image"), "right": ("right", "image2"),
                     "text": ("text", "sentence", "statement")}
     image_fields = ("left", "right")
