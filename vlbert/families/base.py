@@ -61,6 +61,8 @@ class CheckpointFamily:
             reproduces them), ``fingerprint`` / ``config`` of our :class:`detectors.config.DetectorConfig` that
             reproduces them (None where none does: then the regions must be imported), ``max_regions``.
         max_text_length: the text length its data used.
+        reference: the reference code it is converted from, ``owner/repo@commit`` (the model card cites it).
+        parity: how far the converted model is from that code's forward (the model card cites it).
     """
 
     name: str
@@ -69,6 +71,8 @@ class CheckpointFamily:
     cased: bool
     features: dict[str, Any]
     max_text_length: int = 60
+    reference: str = ""
+    parity: str = ""
 
     def read(self, source: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The checkpoint's tensors and its own config (a dict; empty where the format has none)."""

@@ -125,7 +125,9 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
     info = {"format_version": 1, "task": converted.task, "max_text_length": fam.max_text_length,
             "max_regions": fam.features["max_regions"], "region_feature_dim": model_config.region_feature_dim,
             "detector": {k: fam.features[k] for k in ("fingerprint", "config", "extractor")},
-            "converted_from": {"family": family, "source": str(source), "features": fam.features["description"]},
+            "converted_from": {"family": family, "source": str(source), "features": fam.features["description"],
+                               "reference": fam.reference, "tokenizer": str(tokenizer or fam.tokenizer),
+                               "parity": fam.parity},
             **converted.info}
     if names is not None:
         info["labels"] = names
