@@ -6,7 +6,10 @@ published formats (random values, the families' exact key names and shapes).
   UniterImageEmbeddings, UniterModel with ``get_gather_index`` from ``data/data.py``, the additive -10000 key
   mask, BertLayer with erf GELU), heads of ``model/pretrain.py`` (MLM tied to the word embeddings, RegionFeature-
   Regression tied to ``img_linear`` through ``F.linear(x, W.t())``, RegionClassification, ``itm_output``) and
-  ``model/vqa.py`` (``vqa_output``).
+  ``model/vqa.py`` (``vqa_output``; ``model/ve.py``: the same head over 3 labels), ``model/itm.py``
+  (``rank_output`` on the pooled output), ``model/nlvr2.py`` (``paired``: the two pooled outputs of [text; left
+  regions typed 1] and [text; right regions typed 2] concatenated into ``nlvr2_output``; ``paired-attn``: each
+  sequence attends to the other's through ``attention.py``'s multi-head attention, ``fc``, ``AttentionPool``).
 * Oscar / VinVL: microsoft/Oscar ``oscar/modeling/modeling_bert.py`` at 266075f, ``BertImgModel.forward``: BERT text
   embeddings, ``img_embedding`` over the 2054-d input, ``LayerNorm`` when ``use_img_layernorm``, concatenation after
   the text, the additive -10000 mask.
@@ -55,9 +58,11 @@ def bert_encoder(x, additive_mask, state, prefix, num_layers, num_heads):
 
 # ---------------------------------------------------------------------------------------------------------- UNITER
 def uniter_state(hidden=32, layers=2, intermediate=48, vocab=60, positions=64, feature_dim=24, classes=1601,
-                 answers=0, seed=0, dtype=torch.float16) -> dict[str, torch.Tensor]:
+                 answers=0, seed=0, dtype=torch.float16, head="") -> dict[str, torch.Tensor]:
     """A state dict with exactly UNITER's keys and shapes (UniterForPretraining, or UniterForVisualQuestionAnswering
-    with ``answers`` > 0), random values stored in ``dtype``, the tied duplicates present as the same tensors."""
+    with ``answers`` > 0, UniterForVisualEntailment with 3; ``head`` "itm": UniterForImageTextRetrieval, "paired" /
+    "paired-attn": UniterForNlvr2Paired / PairedAttn with the 3-row token-type table of ``init_type_embedding``),
+    random values stored in ``dtype``, the tied duplicates present as the same tensors."""
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape, scale=0.2):
@@ -75,7 +80,7 @@ def uniter_state(hidden=32, layers=2, intermediate=48, vocab=60, positions=64, f
     e = "uniter.embeddings"
     state[f"{e}.word_embeddings.weight"] = rand(vocab, hidden)
     state[f"{e}.position_embeddings.weight"] = rand(positions, hidden)
-    state[f"{e}.token_type_embeddings.weight"] = rand(2, hidden)
+    state[f"{e}.token_type_embeddings.weight"] = rand(3 if head.startswith("paired") else 2, hidden)
     ln(f"{e}.LayerNorm")
     i = "uniter.img_embeddings"
     lin(f"{i}.img_linear", hidden, feature_dim)
@@ -94,6 +99,20 @@ def uniter_state(hidden=32, layers=2, intermediate=48, vocab=60, positions=64, f
         lin(f"{p}.output.dense", hidden, intermediate)
         ln(f"{p}.output.LayerNorm")
     lin("uniter.pooler.dense", hidden, hidden)
+    if head == "itm":
+        lin("itm_output", 2, hidden)
+        lin("rank_output", 1, hidden)
+        return state
+    if head.startswith("paired"):
+        if head == "paired-attn":
+            for attn in ("attn1", "attn2"):
+                state[f"{attn}.in_proj_weight"] = rand(3 * hidden, hidden)
+                state[f"{attn}.in_proj_bias"] = rand(3 * hidden, scale=0.1)
+                lin(f"{attn}.out_proj", hidden, hidden)
+            lin("fc.0", hidden, 2 * hidden)
+            lin("attn_pool.fc.0", 1, hidden)
+        lin("nlvr2_output", 2, 2 * hidden)
+        return state
     if answers:
         lin("vqa_output.0", 2 * hidden, hidden)
         ln("vqa_output.2", 2 * hidden)
@@ -114,17 +133,19 @@ def uniter_state(hidden=32, layers=2, intermediate=48, vocab=60, positions=64, f
     return state
 
 
-def uniter_forward(state, input_ids, text_lengths, img_feat, img_pos7, num_boxes, num_layers, num_heads):
+def uniter_forward(state, input_ids, text_lengths, img_feat, img_pos7, num_boxes, num_layers, num_heads,
+                   img_types=None, return_mask=False):
     """UniterModel.forward + pooler as UNITER computes it: text [B, Tmax] (right-padded), images [B, Nmax, D] and
-    their 7-d positions; the sequence gathered by ``get_gather_index``. Returns (sequence [B, max(tl+nbb), H] with
-    row i = [text_i, regions_i, junk], pooled [B, H])."""
+    their 7-d positions; the sequence gathered by ``get_gather_index``; ``img_types``: each row's region token type
+    (default 1; NLVR2's ``use_img_type``: 1 left, 2 right). Returns (sequence [B, max(tl+nbb), H] with row i =
+    [text_i, regions_i, junk], pooled [B, H]) and, with ``return_mask``, ``attn_masks`` [B, max(tl+nbb)]."""
     s = {k: v.float() for k, v in state.items()}
     b, t_max = input_ids.shape
     e = "uniter.embeddings"
     text = s[f"{e}.word_embeddings.weight"][input_ids] + s[f"{e}.position_embeddings.weight"][:t_max][None]
     text = layer_norm(text + s[f"{e}.token_type_embeddings.weight"][0], s, f"{e}.LayerNorm")
     i = "uniter.img_embeddings"
-    img_type = s[f"{e}.token_type_embeddings.weight"][1]
+    img_type = s[f"{e}.token_type_embeddings.weight"][torch.tensor(img_types or [1] * b)][:, None]
     transformed_im = layer_norm(linear(img_feat, s, f"{i}.img_linear"), s, f"{i}.img_layer_norm")
     transformed_pos = layer_norm(linear(img_pos7, s, f"{i}.pos_linear"), s, f"{i}.pos_layer_norm")
     img = layer_norm(transformed_im + transformed_pos + img_type, s, f"{i}.LayerNorm")
@@ -141,7 +162,7 @@ def uniter_forward(state, input_ids, text_lengths, img_feat, img_pos7, num_boxes
     additive = (1.0 - attn)[:, None, None, :] * -10000.0
     sequence = bert_encoder(embedded, additive, s, "uniter.encoder", num_layers, num_heads)
     pooled = torch.tanh(linear(sequence[:, 0], s, "uniter.pooler.dense"))
-    return sequence, pooled
+    return (sequence, pooled, attn) if return_mask else (sequence, pooled)
 
 
 def uniter_heads(state, hidden_text, hidden_regions, pooled):
@@ -161,7 +182,50 @@ def uniter_heads(state, hidden_text, hidden_regions, pooled):
     if "vqa_output.0.weight" in s:
         h = layer_norm(gelu(linear(pooled, s, "vqa_output.0")), s, "vqa_output.2")
         out["vqa"] = linear(h, s, "vqa_output.3")
+    if "rank_output.weight" in s:
+        out["rank"] = linear(pooled, s, "rank_output")[:, 0]
+    if "nlvr2_output.weight" in s and "attn1.in_proj_weight" not in s:  # paired: [pooled left ; pooled right]
+        out["nlvr2"] = linear(pooled.reshape(pooled.shape[0] // 2, -1), s, "nlvr2_output")
     return out
+
+
+def multihead_attention(query, key, state, prefix, num_heads, key_padding):
+    """``attention.py``'s multi_head_attention_forward (no bias_kv, no zero attention, no dropout), batch first:
+    q, k, v from the three row blocks of ``in_proj_weight``, q scaled by head_dim^-0.5, padded keys (True in
+    ``key_padding`` [B, S]) at -inf before the softmax, heads merged, ``out_proj``. query [B, L, H], key [B, S, H]."""
+    b, length, h = query.shape
+    d = h // num_heads
+    w, bias = state[prefix + ".in_proj_weight"], state[prefix + ".in_proj_bias"]
+    q = F.linear(query, w[:h], bias[:h]) * d ** -0.5
+    k = F.linear(key, w[h:2 * h], bias[h:2 * h])
+    v = F.linear(key, w[2 * h:], bias[2 * h:])
+
+    def heads(t):
+        return t.view(b, -1, num_heads, d).transpose(1, 2)
+
+    scores = (heads(q) @ heads(k).transpose(-1, -2)).masked_fill(key_padding[:, None, None, :], float("-inf"))
+    context = (scores.softmax(-1) @ heads(v)).transpose(1, 2).reshape(b, length, h)
+    return linear(context, state, prefix + ".out_proj")
+
+
+def uniter_nlvr2_paired_attn(state, sequence, attn_masks, num_heads):
+    """UniterForNlvr2PairedAttn's head on UNITER's gathered sequences (rows 2i, 2i + 1 = pair i's left and right
+    [text; regions; junk]) and their ``attn_masks``: bidirectional attention between the two, ``fc`` (Linear ->
+    ReLU) on [attended ; own], AttentionPool (ReLU(Linear(H, 1)) scores, padding -10000, softmax, weighted sum),
+    ``nlvr2_output`` on [left ; right]. Returns logits [B/2, 2]."""
+    s = {k: v.float() for k, v in state.items()}
+    left, right = sequence[0::2], sequence[1::2]
+    left_pad, right_pad = attn_masks[0::2] == 0, attn_masks[1::2] == 0
+    l2r = multihead_attention(left, right, s, "attn1", num_heads, right_pad)
+    r2l = multihead_attention(right, left, s, "attn2", num_heads, left_pad)
+
+    def pool(x, padding):
+        score = torch.relu(linear(x, s, "attn_pool.fc.0")).squeeze(-1) + padding.float() * -1e4
+        return (score.softmax(1)[:, :, None] * x).sum(1)
+
+    left = pool(torch.relu(linear(torch.cat([l2r, left], -1), s, "fc.0")), left_pad)
+    right = pool(torch.relu(linear(torch.cat([r2l, right], -1), s, "fc.0")), right_pad)
+    return linear(torch.cat([left, right], -1), s, "nlvr2_output")
 
 
 # ----------------------------------------------------------------------------------------------------- Oscar/VinVL

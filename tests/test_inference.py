@@ -220,6 +220,11 @@ def test_retrieval_pipeline_ranks_as_the_evaluation_and_its_index_reloads(easy, 
                                        atol=1e-4, rtol=0)
             assert sorted(key(h) for h in hits) == list(range(len(row)))
 
+    # The ITM pipeline on a retrieval run scores with its re-ranker: P(match) = sigmoid(the cross-encoder's margin).
+    itm = pipeline(out, task="image-text-matching", device="cpu")(easy.store[ids[0]], captions[:3])
+    margins = retrieval.model.match_scores(**retrieval.inputs.batch(captions[:3], [easy.store[ids[0]]] * 3, "cpu"))
+    torch.testing.assert_close(torch.tensor([r["score"] for r in itm]), margins.detach().sigmoid(), atol=1e-5, rtol=0)
+
     index.save(tmp_path / "index")
     with pytest.raises(FileExistsError, match="is not empty"):
         index.save(tmp_path / "index")
@@ -350,3 +355,83 @@ def test_images_in_other_modes_are_answered(vqa_run, tmp_path):
         image.save(path)
         answer = vqa(str(path), "what color is the shape?")
         assert answer[0]["answer"] in json.loads((vqa_run.dir / "inference.json").read_text())["labels"], mode
+
+
+# ------------------------------------------------------------------------------------------- image-text matching
+@pytest.fixture(scope="module")
+def pretraining_run(easy, tmp_path_factory):
+    """A VL pretraining run directory as tools/pretrain.py leaves it (a tiny VLBertForPreTraining, the MiniLM
+    tokenizer, inference.json naming the run's detector), over the `easy` regions."""
+    from vlbert.config import VLBertConfig
+    from vlbert.models.vl import VLBertForPreTraining
+    from vlbert.recipes.runner import write_inference_info
+    from vlbert.tokenization import load_tokenizer
+
+    out = tmp_path_factory.mktemp("vl-pretraining")
+    tokenizer = load_tokenizer()
+    torch.manual_seed(0)
+    config = VLBertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=48, region_feature_dim=easy.store["0"].feature_dim, num_region_classes=0)
+    model = VLBertForPreTraining(config)
+    with torch.no_grad():  # an ITM head that tells pairs apart (a fresh one scores every pair near 0.5)
+        model.itm.weight.normal_(0, 2.0)
+    model.save_pretrained(out, tokenizer=tokenizer)
+    write_inference_info(out, {"task": "vl-pretraining", "max_text_length": 32, "max_regions": 16,
+                               "region_feature_dim": config.region_feature_dim,
+                               "detector": {"fingerprint": DETECTOR.fingerprint(), "config": asdict(DETECTOR),
+                                            "extractor": easy.store["0"].detector}})
+    return out
+
+
+def test_image_text_matching_pipeline_scores_as_the_model(easy, pretraining_run):
+    from vlbert.models.vl import VLBertForPreTraining
+
+    itm = pipeline(pretraining_run, task="image-text-matching", device="cpu", batch_size=2)
+    captions = [f"a {c} {s}" for c, s in (easy.truth[k] for k in ("0", "1", "2"))]
+    one = itm(easy.store["0"], captions)  # one image, several captions: one result per caption, in order
+    assert [r["text"] for r in one] == captions and [r["index"] for r in one] == [0, 1, 2]
+    model = VLBertForPreTraining.from_pretrained(pretraining_run).eval()
+    batch = itm.inputs.batch(captions, [easy.store["0"]] * 3, "cpu")
+    with torch.no_grad():  # the model's forward given ITM labels: the logits the trained head computes
+        logits = model(**batch, itm_label=torch.ones(3, dtype=torch.long)).seq_relationship_logits
+    torch.testing.assert_close(torch.tensor([r["score"] for r in one]), logits.softmax(-1)[:, 1], atol=1e-5, rtol=0)
+    assert [r["match"] for r in one] == (logits.argmax(-1) == 1).tolist()
+    assert len({round(r["score"], 4) for r in one}) > 1  # the pairs are told apart
+
+    best = itm(easy.store["0"], captions, top_k=2)
+    assert [r["text"] for r in best] == [r["text"] for r in sorted(one, key=lambda r: -r["score"])[:2]]
+    images = itm([easy.files["0"], easy.store["1"]], captions[0])  # several images (a file: the run's detector)
+    assert images[0]["image"] == str(easy.files["0"]) and "image" not in images[1]
+    assert images[0]["score"] == pytest.approx(one[0]["score"], abs=1e-5)
+    single = itm(easy.store["1"], captions[0])  # one image and one caption: one result
+    assert isinstance(single, dict) and single["score"] == pytest.approx(images[1]["score"], abs=1e-5)
+    with pytest.raises(ValueError, match="has no text"):
+        itm(easy.store["0"])
+    with pytest.raises(ValueError, match="is a 'vl-pretraining' run, but vqa takes vqa runs"):
+        pipeline(pretraining_run, task="vqa")
+
+
+def test_predict_tool_takes_the_image_text_matching_task(easy, pretraining_run, vqa_run, tmp_path, capsys):
+    (tmp_path / "captions.txt").write_text("a red circle\n\na blue square\na green triangle\n")
+    write_jsonl(tmp_path / "in.jsonl", [{"id": "pair", "image": str(easy.files["0"]), "caption": "a blue square"},
+                                        {"id": "rank", "image": str(easy.files["0"])}])
+    argv = [str(pretraining_run), "--task", "image-text-matching", "--device", "cpu"]
+    assert run_tool(tool("predict"), argv + ["--input", str(tmp_path / "in.jsonl"), "--captions",
+                                             str(tmp_path / "captions.txt"), "--top-k", "2"]) == 0
+    pair, ranked = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    expected = pipeline(pretraining_run, task="image-text-matching", device="cpu")(
+        easy.store["0"], ["a red circle", "a blue square", "a green triangle"])
+    assert pair["id"] == "pair" and pair["score"] == pytest.approx(expected[1]["score"], abs=1e-5)
+    assert pair["match"] == expected[1]["match"]
+    best = sorted(expected, key=lambda r: -r["score"])[:2]
+    assert [(r["caption"], r["index"]) for r in ranked["captions"]] == [(e["text"], e["index"]) for e in best]
+    for bad, message in (([str(vqa_run.dir), "--task", "image-text-matching", "--image", "x.png", "--text", "a"],
+                          "is a 'vqa' run, but image-text-matching takes vl-pretraining or retrieval runs"),
+                         (argv + ["--image", "x.png", "--text", "a", "--top-k", "2"],
+                          "--top-k ranks the --captions FILE's captions"),
+                         (argv + ["--image", "x.png"], "needs a caption"),
+                         ([str(pretraining_run), "--task", "captioning", "--text", "a"],
+                          "no pipeline for task 'captioning'")):
+        assert run_tool(tool("predict"), bad) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err

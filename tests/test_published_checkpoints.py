@@ -10,9 +10,12 @@ import pytest
 import torch
 import transformers
 
-from published_references import oscar_forward, uniter_forward, uniter_heads, uniter_state
+from published_references import oscar_forward, uniter_forward, uniter_heads, uniter_nlvr2_paired_attn, uniter_state
 from vlbert.families import convert_checkpoint
+from vlbert.inference import ImagePairPipeline
 from vlbert.models.region_embeddings import region_location_features
+from vlbert.models.retrieval import VLBertForImageTextRetrieval
+from vlbert.models.uniter_heads import VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention, VLBertForVisualEntailment
 from vlbert.models.vl import VLBertForPreTraining, VLBertModel
 from vlbert.models.vl_classification import VLBertForVisualReasoning
 from vlbert.models.vqa import VLBertForMaskedTokenVQA, VLBertForVQA
@@ -238,6 +241,75 @@ def test_uniter_vqa_checkpoint_answers_with_its_labels(tmp_path):
     assert info["detector"]["extractor"].startswith("detectron2:butd-vg") and info["max_regions"] == 100
 
 
+@pytest.fixture(scope="module")
+def uniter_fine_tuned(tmp_path_factory):
+    """UNITER's SNLI-VE, retrieval and NLVR2 paired / paired-attn checkpoints (tiny, float16, its key names), each
+    converted once: name -> (its state, the converted directory, the converter's report)."""
+    tmp = tmp_path_factory.mktemp("uniter-heads")
+    tok = write_tokenizer(tmp / "tok", 60, cased=True)
+    out = {}
+    for name, kwargs in {"ve": {"answers": 3}, "itm": {"head": "itm"}, "paired": {"head": "paired"},
+                         "paired-attn": {"head": "paired-attn"}}.items():
+        state, path = write_uniter(tmp, f"{name}.pt", seed=len(out) + 1, **kwargs)
+        report = convert_checkpoint("uniter", path, tmp / name, tokenizer=tok, config=tmp / "uniter-tiny.json")
+        out[name] = state, tmp / name, report
+    return out
+
+
+@pytest.mark.parametrize("regions", [10, 100])
+def test_uniter_entailment_and_retrieval_heads_equal_their_reference(uniter_fine_tuned, regions):
+    counts = [regions, max(10, regions * 3 // 8), 10]
+    ids, tm = ragged_text(3, 9, 60, [9, 6, 3])
+    feats, boxes, rm = ragged_regions(3, regions, 24, counts)
+    pos7 = region_location_features(boxes)
+    state, out_dir, report = uniter_fine_tuned["ve"]
+    assert (report["model_class"], report["task"], report["missing"]) == ("VLBertForVisualEntailment", "snli-ve", [])
+    info = json.loads((out_dir / "inference.json").read_text())
+    assert info["labels"] == ["contradiction", "entailment", "neutral"]  # UNITER's VE_IDX2ENT
+    ve = VLBertForVisualEntailment.from_pretrained(out_dir).eval()
+    with torch.no_grad():
+        _, pooled = uniter_forward(state, ids, [9, 6, 3], feats, pos7, counts, 2, 4)
+        torch.testing.assert_close(ve(ids, None, tm, feats, boxes, rm).logits,
+                                   uniter_heads(state, None, None, pooled)["vqa"], atol=1e-5, rtol=1e-5)
+
+    state, out_dir, report = uniter_fine_tuned["itm"]
+    assert (report["model_class"], report["task"]) == ("VLBertForImageTextRetrieval", "retrieval")
+    assert sorted(report["dropped"]) == ["itm_output.bias", "itm_output.weight"]
+    assert json.loads((out_dir / "inference.json").read_text())["shortlist"] >= 10**9  # re-rank every candidate
+    retrieval = VLBertForImageTextRetrieval.from_pretrained(out_dir).eval()
+    with torch.no_grad():
+        _, pooled = uniter_forward(state, ids, [9, 6, 3], feats, pos7, counts, 2, 4)
+        torch.testing.assert_close(retrieval(ids, None, tm, feats, boxes, rm).scores,
+                                   uniter_heads(state, None, None, pooled)["rank"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("regions", [10, 100])
+@pytest.mark.parametrize("head", ["paired", "paired-attn"])
+def test_uniter_nlvr2_heads_equal_their_reference(uniter_fine_tuned, head, regions):
+    state, out_dir, report = uniter_fine_tuned[head]
+    cls = VLBertForNLVR2PairedAttention if head == "paired-attn" else VLBertForNLVR2Paired
+    assert report["model_class"] == cls.__name__ and report["task"] == "nlvr2" and not report["missing"]
+    ours = cls.from_pretrained(out_dir).eval()
+    assert ours.config.type_vocab_size == 3
+    assert ImagePairPipeline(out_dir, device="cpu").architecture() is cls  # the NLVR2 pipeline answers with it
+    counts = [[regions, max(10, regions // 3)], [10, regions]]  # per pair: left, right
+    ids, tm = ragged_text(2, 8, 60, [8, 5])
+    feats, boxes, rm = ragged_regions(4, regions, 24, [c for pair in counts for c in pair], seed=3)
+
+    def pairs(t):
+        return t.view(2, 2, *t.shape[1:])
+
+    lengths = [8, 8, 5, 5]
+    with torch.no_grad():  # UNITER's batch: rows (pair 0 left, pair 0 right, pair 1 left, ...), images typed 1, 2
+        seq, pooled, attn = uniter_forward(state, ids.repeat_interleave(2, 0), lengths, feats,
+                                           region_location_features(boxes), [c for p in counts for c in p], 2, 4,
+                                           img_types=[1, 2, 1, 2], return_mask=True)
+        ref = (uniter_nlvr2_paired_attn(state, seq, attn, 4) if head == "paired-attn"
+               else uniter_heads(state, None, None, pooled)["nlvr2"])
+        torch.testing.assert_close(ours(ids, None, tm, pairs(feats), pairs(boxes), pairs(rm)).logits, ref,
+                                   atol=1e-5, rtol=1e-5)
+
+
 # ----------------------------------------------------------------------------------------------------- Oscar/VinVL
 @pytest.mark.parametrize("vinvl", [False, True])
 def test_oscar_and_vinvl_equal_their_reference(tmp_path, vinvl):
@@ -293,11 +365,15 @@ def test_bad_checkpoints_are_refused_in_one_line_and_write_nothing(tmp_path):
     partial = {k: v for k, v in uniter_state().items() if "layer.1.output.dense" not in k}
     torch.save(partial, tmp_path / "partial.pt")
     torch.save({"weights": RunsCode()}, tmp_path / "code.pt")
+    triplet = uniter_state(head="paired")
+    triplet["nlvr2_output.weight"] = triplet["nlvr2_output.weight"][:, :32]  # UniterForNlvr2Triplet: Linear(H, 2)
+    torch.save(triplet, tmp_path / "triplet.pt")
     cases = {
         "lower-cases text": [str(path), "--tokenizer", str(uncased)],
         "it is a visualbert checkpoint": [str(visualbert_file), "--tokenizer", str(cased)],
         "encoder tensors missing": [str(tmp_path / "partial.pt"), "--tokenizer", str(cased)],
         "never unpickles code": [str(tmp_path / "code.pt"), "--tokenizer", str(cased)],
+        "NLVR2 'triplet' head": [str(tmp_path / "triplet.pt"), "--tokenizer", str(cased)],
     }
     from vlbert.command_line import run_tool
 
@@ -425,3 +501,12 @@ def test_uniter_2020_itm_names_load(tmp_path):
                        tokenizer=write_tokenizer(tmp_path / "tok", 60, cased=True))
     model = VLBertForPreTraining.from_pretrained(tmp_path / "out")
     torch.testing.assert_close(model.itm.weight, state["itm_output.weight"].float(), rtol=0, atol=0)
+
+
+def test_uniter_paired_head_needs_a_token_type_for_the_right_image():
+    from vlbert.config import VLBertConfig
+
+    config = VLBertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                          intermediate_size=48, region_feature_dim=24, type_vocab_size=2, num_labels=2)
+    with pytest.raises(ValueError, match="set type_vocab_size to 3"):
+        VLBertForNLVR2Paired(config)

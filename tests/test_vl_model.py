@@ -92,6 +92,25 @@ def test_objectives_match_their_definitions():
     assert all(p.grad is not None and not p.grad.any() for p in out.unused_parameters)
 
 
+def test_heads_answer_without_labels_as_with_them():
+    """As transformers' *ForPreTraining: without labels every head's logits come back; the ITM logits are those of a
+    forward given itm_label, and the MLM logits at the masked positions those of a forward given labels."""
+    torch.manual_seed(3)
+    model = VLBertForPreTraining(vl_config(3)).eval()
+    ids, types, mask = padded_batch(model.config.vocab_size, seed=6)
+    feats, boxes, rmask = region_inputs(seed=7)
+    labels = torch.full_like(ids, -100)
+    labels[0, 1] = labels[2, 2] = 7
+    with torch.no_grad():
+        bare = model(ids, types, mask, feats, boxes, rmask)
+        itm = model(ids, types, mask, feats, boxes, rmask, itm_label=torch.tensor([1, 0, 1, 0]))
+        mlm = model(ids, types, mask, feats, boxes, rmask, labels=labels)
+    assert bare.loss is None and bare.seq_relationship_logits.shape == (4, 2)
+    torch.testing.assert_close(bare.seq_relationship_logits, itm.seq_relationship_logits, rtol=0, atol=0)
+    torch.testing.assert_close(bare.prediction_logits[labels != -100], mlm.prediction_logits, atol=1e-5, rtol=0)
+    assert itm.prediction_logits is None  # a training batch computes no head it has no labels for
+
+
 def test_vl_checkpoint_round_trip_and_init_from_bert(tmp_path, minilm_dir):
     model = VLBertForPreTraining.from_pretrained(minilm_dir, region_feature_dim=12, num_region_classes=5)
     missing = model.loading_info.missing_keys

@@ -6,6 +6,8 @@
     python tools/convert_checkpoint.py --from uniter vqa-ft.pt --labels ans2label.json --output-dir models/uniter-vqa
     python tools/convert_checkpoint.py --from visualbert visualbert-vqa/ --labels answers.txt --output-dir models/vb-vqa
     python tools/convert_checkpoint.py --from oscar vinvl-base/ --output-dir models/vinvl-base
+    python tools/convert_checkpoint.py --from uniter uniter-base.pt --output-dir models/uniter-base \
+        --push-to-hub my-org/uniter-base      # then: --init-from my-org/uniter-base, pipeline("my-org/uniter-base")
 
 SRC: UNITER's ``.pt`` file (its ``config/uniter-*.json`` with ``--config`` for other head counts than 64 per head);
 a VisualBERT directory as transformers saves it (``uclanlp/visualbert-*``); an Oscar/VinVL directory
@@ -24,6 +26,7 @@ import sys
 
 def main(argv=None) -> int:
     from vlbert.families import FAMILIES, convert_checkpoint
+    from vlbert.hub import is_repo_id, push_model_directory
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", metavar="SRC", help="the published checkpoint (file or directory)")
@@ -33,10 +36,16 @@ def main(argv=None) -> int:
     p.add_argument("--labels", help="answer/label names of a fine-tuned head, in output order")
     p.add_argument("--config", help="the family's own config JSON (UNITER: config/uniter-base.json)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
+    p.add_argument("--push-to-hub", metavar="REPO", help="then upload --output-dir, with a model card, to the hub "
+                                                         "repository REPO (org/name; needs a token: hf auth login)")
     args = p.parse_args(argv)
+    if args.push_to_hub and not is_repo_id(args.push_to_hub):
+        raise ValueError(f"--push-to-hub {args.push_to_hub!r} is not a hub repository id; write it as org/name")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     report = convert_checkpoint(args.family, args.source, args.output_dir, tokenizer=args.tokenizer,
                                 labels=args.labels, config=args.config, overwrite=args.overwrite)
+    if args.push_to_hub:
+        report["pushed"] = {"repo": args.push_to_hub, "files": push_model_directory(args.output_dir, args.push_to_hub)}
     print(json.dumps({"output_dir": args.output_dir, **report}))
     return 0
 

@@ -10,12 +10,16 @@
     python tools/predict.py runs/retrieval --index photos.index --images photos/ --text "a red circle" --top-k 5
     python tools/predict.py runs/retrieval --image photo.png --captions captions.txt --top-k 5
     python tools/predict.py runs/vl-default --image photo.png --text "a [MASK] circle"
+    python tools/predict.py models/uniter-base --task image-text-matching --image photo.png --text "a red circle"
+    python tools/predict.py models/uniter-base --task image-text-matching --image photo.png --captions captions.txt
 
     python tools/predict.py runs/bbc-news --text "Shares rose sharply after the results"
     python tools/predict.py runs/text-default --text "the capital of france is [MASK]."
 
-The run directory's task (its inference.json) picks the pipeline (vlbert.inference.PIPELINES), and the pipeline
-says what is read and written: this tool knows no task by name. --text is the question (VQA), hypothesis
+The run directory's task (its inference.json) picks the pipeline (vlbert.inference.PIPELINES), or --task names
+another one the run answers (image-text-matching: a VL pretraining or retrieval run scores (image, caption)
+pairs, or ranks --captions for an image); the pipeline says what is read and written: this tool knows no task by
+name. --text is the question (VQA), hypothesis
 (SNLI-VE), statement (NLVR2), expression (RefCOCO), query (retrieval), text to classify, or text with [MASK]
 (pretraining runs); --image the image (NLVR2: the left one, --image2 the right). JSONL lines carry the pipeline's
 input fields by name (``image``, ``left``/``right``, ``text`` or the benchmark's name for it: ``question``,
@@ -42,6 +46,8 @@ OPTIONS = ("top_k", "draw", "images", "index", "captions")
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", help="a run's output directory (config.json, model.safetensors, inference.json)")
+    p.add_argument("--task", help="a pipeline task other than the run's own (image-text-matching for VL "
+                                  "pretraining and retrieval runs); default: the run's task")
     p.add_argument("--image", help="an image file (NLVR2: the left image)")
     p.add_argument("--image2", help="NLVR2: the right image file")
     p.add_argument("--text", "--question", dest="text", help="the question / hypothesis / statement / expression")
@@ -59,7 +65,8 @@ def parser() -> argparse.ArgumentParser:
                                   "example)")
     p.add_argument("--images", help="retrieval: a folder of images to index (with --index: built once, then reused)")
     p.add_argument("--index", help="retrieval: an index directory (written from --images if absent)")
-    p.add_argument("--captions", help="retrieval: a text file of candidate captions, one per line (image -> text)")
+    p.add_argument("--captions", help="retrieval, image-text-matching: a text file of candidate captions, one per "
+                                      "line (image -> text)")
     return p
 
 
@@ -137,7 +144,7 @@ def main(argv=None) -> int:
     from vlbert.inference import pipeline_class
     from vlbert_base.files import write_text_atomically
 
-    cls = pipeline_class(args.run)
+    cls = pipeline_class(args.run, args.task)
     render([], cls, args.format)  # an unknown format: the one-line error before the model loads
     examples = read_examples(args, cls)
     options = tool_options(args, cls)

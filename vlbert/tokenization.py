@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from vlbert.config import BertConfig, VLBertConfig
+from vlbert.hub import hub_snapshot, is_hub_name
 from vlbert_base.dependencies import require
 
 REQUIRED_SPECIAL_TOKENS = ("cls_token", "sep_token", "mask_token", "pad_token")
@@ -30,9 +31,15 @@ def packaged_minilm_dir() -> Path:
 def resolve_model_path(name_or_path: str | os.PathLike | None) -> str:
     """A checkpoint name as configs and ``--init-from`` give it -> what ``from_pretrained`` and
     :func:`load_tokenizer` take: ``None`` or ``"minilm"`` -> the packaged MiniLM directory (weights and
-    tokenizer); a directory or hub name unchanged."""
+    tokenizer); a hub repository id (``org/name``, no such local path) -> its snapshot directory in the hub cache
+    (:func:`vlbert.hub.hub_snapshot`; unchanged when it cannot be had); a directory or other name unchanged."""
     if name_or_path is None or str(name_or_path) == "minilm":
         return str(packaged_minilm_dir())
+    if is_hub_name(name_or_path):  # org/name: its snapshot in the hub cache, so every reader finds its files
+        try:
+            return str(hub_snapshot(str(name_or_path)))
+        except FileNotFoundError:
+            pass  # the reader's own error names the path (a local directory that is not there)
     return str(name_or_path)
 
 

@@ -32,8 +32,11 @@ class Converted:
         config: VLBertConfig field values (the architecture read from the checkpoint).
         state: tensors under our parameter names (float32).
         model_class: the name of the :mod:`vlbert.models` class whose parameters ``state`` fills.
-        task: the ``inference.json`` task of the result ("vl-pretraining", "vqa", "nlvr2").
+        task: the ``inference.json`` task of the result ("vl-pretraining", "vqa", "snli-ve", "retrieval", "nlvr2").
         dropped: source keys deliberately not carried over (and why), reported by the converter.
+        labels: the head's label names in output order where the family fixes them (UNITER's SNLI-VE order), else
+            None (``--labels`` names them).
+        info: further ``inference.json`` fields for the task (a retrieval checkpoint's ``shortlist``).
     """
 
     config: dict[str, Any]
@@ -41,6 +44,8 @@ class Converted:
     model_class: str
     task: str
     dropped: dict[str, str] = field(default_factory=dict)
+    labels: list[str] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,8 @@ class CheckpointFamily:
             reproduces them), ``fingerprint`` / ``config`` of our :class:`detectors.config.DetectorConfig` that
             reproduces them (None where none does: then the regions must be imported), ``max_regions``.
         max_text_length: the text length its data used.
+        reference: the reference code it is converted from, ``owner/repo@commit`` (the model card cites it).
+        parity: how far the converted model is from that code's forward (the model card cites it).
     """
 
     name: str
@@ -64,6 +71,8 @@ class CheckpointFamily:
     cased: bool
     features: dict[str, Any]
     max_text_length: int = 60
+    reference: str = ""
+    parity: str = ""
 
     def read(self, source: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The checkpoint's tensors and its own config (a dict; empty where the format has none)."""

@@ -118,14 +118,17 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
     model_config = VLBertConfig(**converted.config)
     tok = load_tokenizer(tokenizer or fam.tokenizer)
     check_tokenizer_casing(tok, fam, model_config.vocab_size)
-    names = _label_names(converted.task, labels, model_config.num_labels)
+    names = _label_names(converted.task, labels if labels is not None else converted.labels, model_config.num_labels)
     model = getattr(models, converted.model_class)(model_config)
     report = _load(model, converted.state, source)
     report.update(family=family, model_class=converted.model_class, task=converted.task, dropped=converted.dropped)
     info = {"format_version": 1, "task": converted.task, "max_text_length": fam.max_text_length,
             "max_regions": fam.features["max_regions"], "region_feature_dim": model_config.region_feature_dim,
             "detector": {k: fam.features[k] for k in ("fingerprint", "config", "extractor")},
-            "converted_from": {"family": family, "source": str(source), "features": fam.features["description"]}}
+            "converted_from": {"family": family, "source": str(source), "features": fam.features["description"],
+                               "reference": fam.reference, "tokenizer": str(tokenizer or fam.tokenizer),
+                               "parity": fam.parity},
+            **converted.info}
     if names is not None:
         info["labels"] = names
     output_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -144,7 +147,7 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
 def _label_names(task: str, labels, num_labels: int) -> list[str] | None:
     if task == "nlvr2":
         return ["False", "True"]
-    if task != "vqa":
+    if task not in ("vqa", "snli-ve"):
         return None
     if labels is None:
         logger.warning("no --labels: answers are named answer_0..answer_%d; pass the checkpoint's answer list "
@@ -152,7 +155,7 @@ def _label_names(task: str, labels, num_labels: int) -> list[str] | None:
         return [f"answer_{i}" for i in range(num_labels)]
     names = read_labels(labels) if isinstance(labels, (str, os.PathLike)) else [str(x) for x in labels]
     if len(names) != num_labels:
-        raise ValueError(f"{len(names)} labels given but the checkpoint's answer head has {num_labels} outputs")
+        raise ValueError(f"{len(names)} labels given but the checkpoint's {task} head has {num_labels} outputs")
     return names
 
 

@@ -88,6 +88,8 @@ VISUALBERT = VisualBertFamily(
     features={"extractor": "detectron-fc6", "fingerprint": None, "config": None, "max_regions": 100,
               "description": "Detectron (v1) Faster R-CNN fc6 features: 2048-d, 100 boxes (VQA / COCO checkpoints, "
                              "Pythia detectron_fix_100); 1024-d (NLVR2); import them as region shards"},
-    max_text_length=128)
+    max_text_length=128, reference="huggingface/transformers modeling_visual_bert.py@00e12e7",
+    parity=("hidden states and every head's logits equal transformers' VisualBert models within 1e-5 (vlbert "
+            "tests/test_published_checkpoints.py)"))
 
 __all__ = ["VISUALBERT", "VisualBertFamily"]

@@ -5,14 +5,17 @@ detector check (:mod:`vlbert.inference.run`).
     from vlbert.inference import pipeline
     vqa = pipeline("runs/vqa")
     vqa("photo.jpg", "what color is the shape?", top_k=3)   # [{"answer": "red", "score": 0.97}, ...]
+    itm = pipeline("models/uniter-base", task="image-text-matching")
+    itm("photo.jpg", ["a red circle", "a blue square"])      # [{"text", "score", "match", "index"}, ...]
 """
 
 from vlbert.inference.pipelines import (PIPELINES, EntailmentPipeline, FillMaskPipeline, ImageIndex, ImagePairPipeline,
-                                        Pipeline, ReferringPipeline, RetrievalPipeline, TextClassificationPipeline,
-                                        TextFillMaskPipeline, VQAPipeline, pipeline, pipeline_class)
+                                        ImageTextMatchingPipeline, Pipeline, ReferringPipeline, RetrievalPipeline,
+                                        TextClassificationPipeline, TextFillMaskPipeline, VQAPipeline, pipeline,
+                                        pipeline_class)
 from vlbert.inference.run import RunInputs, detector_for_run, read_inference_info
 
 __all__ = ["pipeline", "PIPELINES", "Pipeline", "VQAPipeline", "RetrievalPipeline", "ImageIndex",
-           "ImagePairPipeline", "EntailmentPipeline", "ReferringPipeline", "FillMaskPipeline",
-           "TextClassificationPipeline", "TextFillMaskPipeline", "pipeline_class", "RunInputs", "read_inference_info",
-           "detector_for_run"]
+           "ImagePairPipeline", "ImageTextMatchingPipeline", "EntailmentPipeline", "ReferringPipeline",
+           "FillMaskPipeline", "TextClassificationPipeline", "TextFillMaskPipeline", "pipeline_class", "RunInputs",
+           "read_inference_info", "detector_for_run"]

@@ -37,7 +37,7 @@ class Pipeline:
     gradients; bf16 autocast on a CUDA device, the outputs read back in float32) -> :meth:`postprocess` on each;
     one input of each kind gives one result, lists give a list.
 
-    A task sets :attr:`tasks`, :attr:`model_class`, :attr:`input_fields` (its inputs in call order, each with the
+    A task sets :attr:`tasks` (and :attr:`run_tasks` where it answers runs of other tasks), :attr:`model_class`, :attr:`input_fields` (its inputs in call order, each with the
     names a JSONL record may give it under), :attr:`image_fields`, :attr:`optional_fields`, :attr:`id_field`,
     :attr:`parameters` and :attr:`formats`, and implements :meth:`postprocess` (and :meth:`preprocess` /
     :meth:`_forward` where the default, one image and one text per example through the model's logits, does not
@@ -56,6 +56,9 @@ class Pipeline:
     """
 
     tasks: ClassVar[tuple[str, ...]] = ()
+    #: the run tasks (inference.json's ``task``) the pipeline loads, where they differ from :attr:`tasks` (a task
+    #: that every run of some kinds answers, e.g. image-text matching from pretraining and retrieval runs).
+    run_tasks: ClassVar[tuple[str, ...]] = ()
     model_class: ClassVar[type] = VLBertForVQA
     #: other model classes a run of the task may hold (config.json's ``architectures`` decides).
     model_classes: ClassVar[tuple[type, ...]] = ()
@@ -80,12 +83,18 @@ class Pipeline:
         self.device = torch.device(device or _default_device())
         self.inputs = RunInputs(run_dir, detector, allow_other_detector, str(self.device))
         task = self.inputs.info["task"]
-        if task not in self.tasks:
-            raise ValueError(f"{run_dir} is a {task!r} run; {type(self).__name__} takes {' or '.join(self.tasks)} "
-                             f"runs: use vlbert.inference.pipeline({str(run_dir)!r}), which picks the task's own")
+        if task not in self.accepted_runs():
+            raise ValueError(f"{run_dir} is a {task!r} run; {type(self).__name__} takes "
+                             f"{' or '.join(self.accepted_runs())} runs: use vlbert.inference.pipeline("
+                             f"{str(run_dir)!r}), which picks the task's own")
         self.model = self.architecture().from_pretrained(self.inputs.run_dir).to(self.device).eval()
         self.labels: list[str] | None = self.inputs.info.get("labels")
         self.batch_size = batch_size
+
+    @classmethod
+    def accepted_runs(cls) -> tuple[str, ...]:
+        """The run tasks this pipeline loads: :attr:`run_tasks`, else :attr:`tasks`."""
+        return cls.run_tasks or cls.tasks
 
     def architecture(self) -> type:
         """The model class to load: the one config.json names when it is among :attr:`model_classes` (a converted
@@ -225,6 +234,18 @@ def _flag(cls, name: str) -> str:
     return "--text" if name == "text" else f'a "{name}" field'
 
 
+def read_captions(path: str) -> list[str]:
+    """The non-empty lines of a text file of candidate captions (tools/predict.py's ``--captions``), stripped.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: a file without captions.
+    """
+    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"{path} holds no captions")
+    return lines
+
+
 def label_result(probabilities: torch.Tensor, labels: Sequence[str]) -> dict[str, Any]:
     """``{"label", "score", "scores"}`` of one example's class probabilities float [C]."""
     k = int(probabilities.argmax())
@@ -237,4 +258,4 @@ def label_row(result: dict) -> dict:
     return {"prediction": result["label"], "score": result["score"], "scores": result["scores"]}
 
 
-__all__ = ["Pipeline", "label_result", "label_row"]
+__all__ = ["Pipeline", "label_result", "label_row", "read_captions"]

@@ -25,8 +25,10 @@ from vlbert.inference.base import Pipeline, label_result, label_row
 from vlbert.inference.retrieval import ImageIndex, RetrievalPipeline
 from vlbert.inference.run import read_inference_info
 from vlbert.inference.fill_mask import FillMaskPipeline, TextFillMaskPipeline
+from vlbert.inference.matching import ImageTextMatchingPipeline
 from vlbert.inference.text import TextClassificationPipeline
 from vlbert.models.referring import VLBertForReferringExpressions
+from vlbert.models.uniter_heads import VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention, VLBertForVisualEntailment
 from vlbert.models.vl_classification import (VLBertForImagePairClassification, VLBertForSequenceClassification,
                                              VLBertForVisualReasoning)
 from vlbert.models.vqa import VLBertForMaskedTokenVQA, VLBertForVQA
@@ -82,6 +84,7 @@ class EntailmentPipeline(Pipeline):
 
     tasks = ("snli-ve",)
     model_class = VLBertForSequenceClassification
+    model_classes = (VLBertForVisualEntailment,)
     input_fields = {"image": ("image",), "text": ("text", "hypothesis", "sentence2")}
     id_field = "pairID"
 
@@ -104,7 +107,7 @@ class ImagePairPipeline(Pipeline):
 
     tasks = ("nlvr2",)
     model_class = VLBertForImagePairClassification
-    model_classes = (VLBertForVisualReasoning,)
+    model_classes = (VLBertForVisualReasoning, VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention)
     input_fields = {"left": ("left", "image"), "right": ("right", "image2"),
                     "text": ("text", "sentence", "statement")}
     image_fields = ("left", "right")
@@ -200,32 +203,44 @@ class ReferringPipeline(Pipeline):
 #: task name (inference.json's ``task``, a recipe's name) -> its pipeline class.
 PIPELINES: dict[str, type[Pipeline]] = {cls.tasks[0]: cls for cls in (
     VQAPipeline, RetrievalPipeline, ImagePairPipeline, EntailmentPipeline, ReferringPipeline, FillMaskPipeline,
-    TextClassificationPipeline, TextFillMaskPipeline)}
+    TextClassificationPipeline, TextFillMaskPipeline, ImageTextMatchingPipeline)}
 
 
-def pipeline_class(run_dir: str | os.PathLike) -> type[Pipeline]:
-    """The pipeline class of the run's task (``inference.json``), without loading the model.
+def pipeline_class(run_dir: str | os.PathLike, task: str | None = None) -> type[Pipeline]:
+    """The pipeline class of ``task`` (a key of :data:`PIPELINES`), by default the run's own task
+    (``inference.json``), without loading the model.
 
     Raises:
         FileNotFoundError, ValueError: as :func:`~vlbert.inference.run.read_inference_info`; a task without a
-            pipeline (the tasks that have one named).
+            pipeline (the tasks that have one named); a ``task`` whose pipeline does not take the run's kind (the
+            kinds it takes named).
     """
-    task = read_inference_info(run_dir)["task"]
+    run_task = read_inference_info(run_dir)["task"]
+    if task is None:
+        if run_task not in PIPELINES:
+            raise ValueError(f"{run_dir} is a {run_task!r} run, which has no pipeline; pipelines exist for "
+                             f"{', '.join(sorted(PIPELINES))}")
+        return PIPELINES[run_task]
     if task not in PIPELINES:
-        raise ValueError(f"{run_dir} is a {task!r} run, which has no pipeline; pipelines exist for "
-                         f"{', '.join(sorted(PIPELINES))}")
-    return PIPELINES[task]
+        raise ValueError(f"no pipeline for task {task!r}; pipelines exist for {', '.join(sorted(PIPELINES))}")
+    cls = PIPELINES[task]
+    if run_task not in cls.accepted_runs():
+        raise ValueError(f"{run_dir} is a {run_task!r} run, but {task} takes {' or '.join(cls.accepted_runs())} "
+                         f"runs; leave the task out to use the run's own ({run_task})")
+    return cls
 
 
-def pipeline(run_dir: str | os.PathLike, **kwargs) -> Pipeline:
-    """The pipeline of the run's task (``inference.json``), loaded from ``run_dir``; ``kwargs`` as :class:`Pipeline`.
+def pipeline(run_dir: str | os.PathLike, task: str | None = None, **kwargs) -> Pipeline:
+    """The pipeline of ``task`` loaded from ``run_dir`` (transformers' ``pipeline(task, model=...)``; by default the
+    run's own task, from ``inference.json``; ``"image-text-matching"`` scores (image, caption) pairs with a VL
+    pretraining or retrieval run); ``kwargs`` as :class:`Pipeline`.
 
     Raises:
         FileNotFoundError, ValueError: as :class:`Pipeline` and :func:`pipeline_class`.
     """
-    return pipeline_class(run_dir)(run_dir, **kwargs)
+    return pipeline_class(run_dir, task)(run_dir, **kwargs)
 
 
 __all__ = ["Pipeline", "VQAPipeline", "EntailmentPipeline", "ImagePairPipeline", "ReferringPipeline",
            "FillMaskPipeline", "RetrievalPipeline", "TextClassificationPipeline", "TextFillMaskPipeline", "ImageIndex",
-           "PIPELINES", "pipeline", "pipeline_class", "label_result", "label_row"]
+           "ImageTextMatchingPipeline", "PIPELINES", "pipeline", "pipeline_class", "label_result", "label_row"]

@@ -21,7 +21,7 @@ from vlbert.evaluation.retrieval import rerank_shortlist
 from vlbert.inference.run import ImageInput
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
 from vlbert_base.files import write_text_atomically
-from vlbert.inference.base import Pipeline, _as_list, _is_single
+from vlbert.inference.base import Pipeline, _as_list, _is_single, read_captions
 
 
 INDEX_FILE = "index.json"
@@ -116,10 +116,7 @@ class RetrievalPipeline(Pipeline):
                 continue
             if not captions:
                 raise ValueError("image -> text needs --captions FILE (candidate captions, one per line)")
-            lines = [line.strip() for line in Path(captions).read_text(encoding="utf-8").splitlines() if line.strip()]
-            if not lines:
-                raise ValueError(f"{captions} holds no captions")
-            rows.append({"captions": self.captions(record["image"], lines, top_k)})
+            rows.append({"captions": self.captions(record["image"], read_captions(captions), top_k)})
         return rows
 
     def _index(self, images: str | None, index: str | None, built: dict) -> ImageIndex:

@@ -25,6 +25,7 @@ from detectors.extract import extract_regions
 from detectors.images import to_rgb_array
 from detectors.regions import Regions
 from vlbert.data.padding import pad_text
+from vlbert.hub import hub_snapshot, is_hub_name
 from vlbert.recipes.runner import INFERENCE_INFO
 from vlbert.tokenization import load_tokenizer
 
@@ -33,15 +34,25 @@ from vlbert.tokenization import load_tokenizer
 ImageInput = Any
 
 
+def local_run_dir(run_dir: str | os.PathLike) -> Path:
+    """The directory a run (or model) is read from: ``run_dir`` itself, or for a hub repository id (``org/name``)
+    its snapshot in the hub cache (:func:`vlbert.hub.hub_snapshot`; ``HF_HUB_OFFLINE=1``: the cache only).
+
+    Raises:
+        FileNotFoundError: a hub id that is neither cached nor reachable.
+    """
+    return hub_snapshot(str(run_dir)) if is_hub_name(run_dir) else Path(run_dir).expanduser()
+
+
 def read_inference_info(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """``run_dir/inference.json`` as a dict.
+    """``run_dir/inference.json`` as a dict (``run_dir``: a directory or hub id, :func:`local_run_dir`).
 
     Raises:
         FileNotFoundError: no such file (not a run directory, or a run written before inference.json existed:
             train again, or write the file by hand with the fields :mod:`vlbert.inference.run` lists).
         ValueError: the file is not JSON or has no ``task``.
     """
-    path = Path(run_dir).expanduser() / INFERENCE_INFO
+    path = local_run_dir(run_dir) / INFERENCE_INFO
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {run_dir} is not the output directory of a finished run "
                                 "with regions (tools/finetune*.py and tools/pretrain.py --modality vl write it)")
@@ -96,7 +107,7 @@ class RunInputs:
 
     def __init__(self, run_dir: str | os.PathLike, detector: DetectorConfig | None = None,
                  allow_other_detector: bool = False, device: str = "cpu"):
-        self.run_dir = Path(run_dir).expanduser()
+        self.run_dir = local_run_dir(run_dir)
         self.info = read_inference_info(self.run_dir)
         self.tokenizer = load_tokenizer(self.run_dir)
         self.saved_detector = self.info.get("detector") or {}
@@ -189,4 +200,4 @@ class RunInputs:
         return {**self.text_batch(texts, device), **self.region_batch(regions, device)}
 
 
-__all__ = ["RunInputs", "read_inference_info", "detector_for_run", "ImageInput"]
+__all__ = ["RunInputs", "read_inference_info", "local_run_dir", "detector_for_run", "ImageInput"]

@@ -11,11 +11,13 @@ from vlbert.models.referring import VLBertForReferringExpressions
 from vlbert.models.region_embeddings import REGION_EMBEDDINGS
 from vlbert.models.vl_classification import (VLBertForImagePairClassification, VLBertForSequenceClassification,
                                              VLBertForVisualReasoning)
+from vlbert.models.uniter_heads import VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention, VLBertForVisualEntailment
 from vlbert.models.vqa import VLBertForMaskedTokenVQA, VLBertForVQA
 
 __all__ = ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "BertForTokenClassification",
            "BertForQuestionAnswering", "BertForMultipleChoice", "ScalarMix", "best_span", "layer_features",
            "VLBertModel", "VLBertForPreTraining", "VLBertForVQA", "VLBertForImageTextRetrieval",
            "VLBertForSequenceClassification", "VLBertForImagePairClassification", "VLBertForVisualReasoning",
-           "VLBertForMaskedTokenVQA", "VLBertForReferringExpressions", "REGION_EMBEDDINGS",
+           "VLBertForMaskedTokenVQA", "VLBertForReferringExpressions", "VLBertForVisualEntailment",
+           "VLBertForNLVR2Paired", "VLBertForNLVR2PairedAttention", "REGION_EMBEDDINGS",
            "region_location_features", "EncoderOutput", "ObjectiveOutput", "PreTrainingOutput", "PreTrainedModel"]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -12,6 +14,7 @@ from torch import nn
 
 from vlbert import checkpoint as ckpt
 from vlbert.config import BertConfig
+from vlbert.hub import push_model_directory
 from vlbert.tokenization import save_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -177,3 +180,24 @@ class PreTrainedModel(nn.Module):
         if tokenizer is not None:
             save_tokenizer(tokenizer, directory)
         return directory
+
+    def push_to_hub(self, repo_id: str, tokenizer=None, inference_info: dict | None = None, private: bool = False,
+                    token: str | None = None, license: str = "other") -> list[str]:
+        """Upload this model to the hub repository ``repo_id`` (``org/name``, created if needed), as transformers'
+        ``push_to_hub``: :meth:`save_pretrained` (with ``tokenizer``) into a temporary directory, plus
+        ``inference.json`` from ``inference_info`` where given (what :func:`vlbert.inference.pipeline` needs) and a
+        model card (:func:`vlbert.hub.model_card`). ``from_pretrained(repo_id)`` reads it back. To upload a run or
+        converted directory as it is, use :func:`vlbert.hub.push_model_directory`.
+
+        Returns:
+            the uploaded files' names.
+        Raises:
+            ValueError: ``repo_id`` is not ``org/name``. Errors of huggingface_hub (no token, no network).
+        """
+        with tempfile.TemporaryDirectory() as tmp:
+            directory = Path(tmp) / repo_id.split("/")[-1]
+            self.save_pretrained(directory, tokenizer=tokenizer)
+            if inference_info is not None:
+                (directory / "inference.json").write_text(json.dumps({"format_version": 1, **inference_info},
+                                                                     indent=1), encoding="utf-8")
+            return push_model_directory(directory, repo_id, private=private, token=token, license=license)

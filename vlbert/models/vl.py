@@ -188,7 +188,10 @@ class VLBertForPreTraining(PreTrainedModel):
         :attr:`label_names`, e.g. ``labels`` for MLM, ``itm_label``). Shapes as the class docstring; returns a
         :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives' losses and per-objective
         ``losses``/``metrics``/``counts``; ``seq_relationship_logits`` holds the ITM logits [B, 2]. Without any
-        labels (inference), ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size].
+        labels (inference), every head that has an output field fills it (:meth:`Objective.predict`):
+        ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size], and
+        ``seq_relationship_logits`` the ITM logits [B, 2] (column 1 = the text matches the image), as
+        transformers' ``*ForPreTraining`` return every head's logits.
         ``packed_indices``, ``cu_seqlens``, ``masked_lm_positions``: the collator's packed layout and MLM rows
         (no host sync); dropped when a unit rewrites the text before the encoder (ITM's hard negatives)."""
         unknown = sorted(set(labels) - set(self.label_names))
@@ -228,8 +231,10 @@ class VLBertForPreTraining(PreTrainedModel):
             used.update(unit.footprint())
             if unit.output:
                 setattr(out, unit.output, result.logits)
-        if out.loss is None:  # inference (no labels): the MLM over every text position, as BertForPreTraining
-            out.prediction_logits = self.masked_lm(encoded.text, self.bert.embeddings.word_embeddings.weight)
+        if out.loss is None:  # inference (no labels): every head's logits, as transformers' *ForPreTraining
+            for unit in self.units:
+                if unit.output and getattr(out, unit.output) is None:
+                    setattr(out, unit.output, unit.predict(encoded))
         elif torch.is_grad_enabled():
             footprints = dict.fromkeys(name for u in self.units for name in u.footprint())
             idle = [p for name in footprints if name not in used and _has_submodule(self, name)

@@ -43,7 +43,8 @@ class VLBertForImagePairClassification(VLBertForTask):
     (UNITER's and LXMERT's NLVR2 setting: UNITER section 4, LXMERT section 5.1).
 
     Regions: region_features [B, 2, R, D], region_boxes [B, 2, R, 4] (normalised xyxy), region_mask [B, 2, R],
-    image 0 = left. Target and outputs as :class:`VLBertForSequenceClassification`.
+    region_token_type_ids [B, 2, R] (default: every region ``config.region_token_type``), image 0 = left. Target and
+    outputs as :class:`VLBertForSequenceClassification`.
     Raises: ValueError if the regions are not [B, 2, ...].
     """
 
@@ -65,7 +66,9 @@ class VLBertForImagePairClassification(VLBertForTask):
 
         return self.bert(twice(input_ids), twice(token_type_ids), twice(attention_mask),
                          region_features.flatten(0, 1), region_boxes.flatten(0, 1),
-                         None if region_mask is None else region_mask.flatten(0, 1))
+                         None if region_mask is None else region_mask.flatten(0, 1),
+                         region_token_type_ids=None if region_token_type_ids is None
+                         else region_token_type_ids.flatten(0, 1))
 
     def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
         return self.classifier(encoding.pooler_output.reshape(input_ids.shape[0], -1))

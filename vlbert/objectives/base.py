@@ -127,6 +127,11 @@ class Objective:
         (input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask) in place where
         the unit builds its examples from the model itself (ITM's hard negatives). Default: nothing."""
 
+    def predict(self, encoded: Encoded) -> torch.Tensor | None:
+        """The head's logits without labels (inference), as transformers' ``*ForPreTraining`` return every head's
+        logits: what fills :attr:`output` when a forward is given no labels at all. Default: None (no output)."""
+        return None
+
     def loss(self, encoded: Encoded, labels: dict[str, torch.Tensor]) -> ObjectiveResult:
         """The loss from the encoder output and this unit's labels (keys :attr:`inputs`). With no prediction
         the loss is a zero that still depends on the head, so backward reaches every parameter."""

@@ -84,8 +84,12 @@ class ImageTextMatching(Objective):
         inputs["input_ids"], inputs["attention_mask"] = new_ids[:, :keep], new_mask[:, :keep]
         inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
 
+    def predict(self, encoded: Encoded) -> torch.Tensor:
+        """float [B, 2], the ITM logits of each (text, image) row (column 1 = the text matches the image)."""
+        return getattr(encoded.model, self.head)(encoded.pooled)
+
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
-        logits = getattr(encoded.model, self.head)(encoded.pooled)
+        logits = self.predict(encoded)
         loss, accuracy, n = classification_loss(logits, labels["itm_label"])
         return ObjectiveResult(loss, accuracy, n, logits)
 

@@ -23,6 +23,11 @@ class MaskedLanguageModeling(Objective):
         batch["input_ids"], batch["labels"] = ctx.text.mask_rows(
             batch["input_ids"], [ctx.generator(x, self.name) for x in items], [len(x["input_ids"]) for x in items])
 
+    def predict(self, encoded: Encoded):
+        """float [B, T, vocab_size], the MLM logits over every text position (as transformers without labels)."""
+        model = encoded.model
+        return getattr(model, self.head)(encoded.text, model.bert.embeddings.word_embeddings.weight)
+
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
         model = encoded.model
         loss, logits, accuracy, n = masked_lm_loss(getattr(model, self.head),
