@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers
 
-from conftest import tool
+from conftest import EASY_DETECTOR, tool
 from detectors.regions import Regions
 from published_references import uniter_state
 from vlbert.command_line import run_tool
@@ -200,6 +200,11 @@ def test_import_and_extraction_refusals_are_one_line(tmp_path, user, capsys):
         errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and re.search(message, errors[0]), (message, errors)
         assert not (tmp_path / "out").exists()
+    # A file of detector fields (a run config's detector section) names them for an import.
+    (tmp_path / "fields.yaml").write_text("detector:\n  backend: timm\n  input_size: 96\n  max_proposals: 8\n")
+    import_tsv(root, tmp_path / "out", "--extracted-with", str(tmp_path / "fields.yaml"))
+    info = json.loads((tmp_path / "out" / "detector.json").read_text())
+    assert info["config"]["input_size"] == 96 and info["fingerprint"] == EASY_DETECTOR.fingerprint()
 
 
 def test_region_cuts_are_said_once(quiet_cuts, caplog):

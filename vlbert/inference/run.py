@@ -115,6 +115,7 @@ class RunInputs:
         self.tokenizer = load_tokenizer(self.run_dir)
         self.saved_detector = self.info.get("detector") or {}
         self.detector = detector_for_run(self.saved_detector, detector, allow_other_detector, detector_weights)
+        self._weights_checked = detector_weights is not None
         self.allow_other_detector = allow_other_detector
         self.max_text_length = int(self.info.get("max_text_length", 40))
         self.max_regions = int(self.info.get("max_regions", 36))
@@ -130,12 +131,14 @@ class RunInputs:
                                  f"({self.saved_detector.get('extractor')}), so no detector can be rebuilt from it: "
                                  "pass the images' Regions, or a detector with allow_other_detector=True")
             weights = Path(self.detector.weights).expanduser()
-            if self.detector.weights and not weights.is_file():
+            if self.detector.weights not in ("", "DEFAULT") and not weights.is_file():
                 raise FileNotFoundError(
                     f"the run's detector reads weights {self.detector.weights}, which are not on this machine: pass "
                     f"where you keep {weights.name}: pipeline(run, detector_weights=PATH) (tools/predict.py "
                     "--detector-weights PATH)")
-            self._extractor = self.detector.identified().build(self.device)  # the recorded sha256 checked
+            # the recorded sha256 checked (detector_weights were checked when given)
+            detector = self.detector if self._weights_checked else self.detector.identified()
+            self._extractor = detector.build(self.device)
         return self._extractor
 
     def regions(self, images: Sequence[ImageInput], boxes: Sequence[np.ndarray | None] | None = None,
