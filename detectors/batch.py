@@ -9,10 +9,16 @@ float16 until the model casts them.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
 from detectors.regions import Regions
+
+logger = logging.getLogger(__name__)
+#: the ``max_regions`` values whose cut was already reported in this process (one line each, not one per image).
+_CUTS_REPORTED: set[int] = set()
 
 
 def region_item(regions: Regions, max_regions: int) -> dict:
@@ -24,13 +30,19 @@ def region_item(regions: Regions, max_regions: int) -> dict:
             the whole image first).
     Returns:
         dict with ``region_features`` float16 [R, D], ``region_boxes`` float32 [R, 4] normalised xyxy and
-        ``class_probs`` float16 [R, C] or None; R = min(num_regions, max_regions).
+        ``class_probs`` float16 [R, C] or None; R = min(num_regions, max_regions). The first image cut for a
+        ``max_regions`` value is reported with one warning line per process (the cut is never silent).
     Raises:
         ValueError: ``max_regions`` < 1.
     """
     if max_regions < 1:
         raise ValueError(f"max_regions must be >= 1, got {max_regions}")
     n = min(regions.num_regions, max_regions)
+    if regions.num_regions > max_regions and max_regions not in _CUTS_REPORTED:
+        _CUTS_REPORTED.add(max_regions)
+        logger.warning("max_regions=%d keeps the first %d of image %r's %d regions; images with more are cut the same "
+                       "way (said once): raise data.max_regions to keep them", max_regions, max_regions,
+                       regions.image_id, regions.num_regions)
     return {"region_features": regions.features[:n], "region_boxes": regions.normalised_boxes()[:n],
             "class_probs": regions.class_probs[:n] if regions.class_probs is not None else None}
 

@@ -11,8 +11,6 @@ Importing this module registers, in detectron2's registries:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from detectron2.config import CfgNode, configurable
@@ -21,7 +19,9 @@ from detectron2.modeling.backbone.resnet import BasicStem, build_resnet_backbone
 from detectron2.modeling.roi_heads import Res5ROIHeads
 from torch import nn
 
-BUTD_VG_CONFIG = Path(__file__).parent / "configs" / "butd-vg-R101-C4-attr.yaml"
+from detectors.config import BUTD_VG_CONFIG_FILE
+
+BUTD_VG_CONFIG = BUTD_VG_CONFIG_FILE
 
 #: Checkpoint keys of py-bottom-up-attention, which keeps the attribute layers inside the box predictor.
 ATTRIBUTE_KEY_RENAMES = {f"roi_heads.box_predictor.{name}.": f"roi_heads.attribute_predictor.{name}."

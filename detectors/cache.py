@@ -24,7 +24,8 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
                   name: str, batch_size: int = 32, boxes: dict[str, np.ndarray] | None = None) -> list[Path]:
     """Region shards of ``images``, extracted on first use and cached.
 
-    The cache directory is ``cache_dir/<name>-<detector fingerprint>-<image-set hash>``. ``complete.json`` is
+    The cache directory is ``cache_dir/<name>-<detector fingerprint>-<image-set hash>`` (the fingerprint of
+    :meth:`DetectorConfig.identified`: a weights file counts by its sha256). ``complete.json`` is
     written last, so an interrupted extraction is redone, never half-used.
 
     Args:
@@ -45,6 +46,7 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
         raise ValueError(f"no images to extract regions from for {name!r}")
     if boxes is not None and detector.backend != "timm":
         raise ValueError(f"given boxes are pooled by the timm backend only; detector.backend is {detector.backend!r}")
+    detector = detector.identified()  # a weights file is named by its content, not its path
     ids = list(images)
     key = "\n".join(ids) + ("" if boxes is None else "\n" + "\n".join(np.asarray(boxes[i]).tobytes().hex() for i in ids))
     image_set = hashlib.sha1(key.encode()).hexdigest()[:8]

@@ -18,6 +18,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from detectors.config import DetectorConfig
 from detectors.images import load_image, to_rgb_array
 from detectors.regions import Regions
 from detectors.shards import (read_detector_info, sample_key, shard_image_keys, write_detector_info,
@@ -67,6 +68,14 @@ def distributed_rank() -> tuple[int, int]:
     return rank, world
 
 
+def _same_detector(a: dict, b: dict) -> bool:
+    """Whether two ``detector.json`` records name the same features (their configs where both have one, as
+    :meth:`DetectorConfig.difference` compares them; else their fingerprints)."""
+    if a.get("config") and b.get("config"):
+        return DetectorConfig.from_record(a["config"]).difference(DetectorConfig.from_record(b["config"])) is None
+    return a.get("fingerprint") == b.get("fingerprint")
+
+
 def extract_to_shards(extractor, sources: Sequence[ImageSource], output_dir: str | os.PathLike, info: dict,
                       rank: int = 0, world_size: int = 1, batch_size: int = 8,
                       samples_per_shard: int = 1000) -> list[Path]:
@@ -94,7 +103,7 @@ def extract_to_shards(extractor, sources: Sequence[ImageSource], output_dir: str
     directory = Path(output_dir)
     directory.mkdir(parents=True, exist_ok=True)
     existing = read_detector_info(directory)
-    if existing is not None and existing.get("fingerprint") != info.get("fingerprint"):
+    if existing is not None and not _same_detector(existing, info):
         raise ValueError(f"{directory} holds shards of another detector ({existing.get('detector')}, config "
                          f"{existing.get('fingerprint')}); extract into a new --output-dir or delete that one")
     if existing is None and rank == 0:

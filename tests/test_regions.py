@@ -197,3 +197,38 @@ def test_detectron2_missing_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "detectron2", None)  # as on a machine without it
     with pytest.raises(ModuleNotFoundError, match="detectron2"):
         Detectron2RegionDetector("cfg.yaml", "model.pth")
+
+
+def test_features_are_identified_by_what_changes_them(tmp_path):
+    """The fingerprint and the match follow the weights' content and the settings, never a directory or a
+    vocabulary file; a record that knows only the weights' name (a published family's) matches on that name; old
+    records (no weights_sha256, fields of other versions) stay readable."""
+    from dataclasses import asdict, replace
+
+    from detectors.config import BUTD_VG_CONFIG_FILE, NAMED_DETECTORS, DetectorConfig
+
+    for folder in ("a", "b", "c"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "a" / "w.pkl").write_bytes(b"the weights")
+    (tmp_path / "b" / "w.pkl").write_bytes(b"the weights")
+    (tmp_path / "c" / "w.pkl").write_bytes(b"other weights")
+    butd = NAMED_DETECTORS["butd-vg"]  # weights named faster_rcnn_from_caffe_attr.pkl, sha256 unknown
+    here = replace(butd, weights=str(tmp_path / "a" / "w.pkl"), class_names="objects.txt").identified()
+    moved = replace(butd, weights=str(tmp_path / "b" / "w.pkl"), config_file=str(BUTD_VG_CONFIG_FILE)).identified()
+    other = replace(butd, weights=str(tmp_path / "c" / "w.pkl")).identified()
+    assert len(here.weights_sha256) == 64 and here.weights_sha256 == moved.weights_sha256
+    assert here.fingerprint() == moved.fingerprint() != other.fingerprint()  # content, not directory or names
+    assert here.difference(moved) is None
+    assert "weights sha256" in here.difference(other)
+    assert "max_boxes 100 vs 36" in butd.difference(replace(butd, max_boxes=36))
+    # Against the name-only record: the name decides.
+    assert "weights file 'faster_rcnn_from_caffe_attr.pkl' vs 'w.pkl'" in butd.difference(here)
+    named = tmp_path / "a" / "faster_rcnn_from_caffe_attr.pkl"
+    named.write_bytes(b"the weights")
+    assert butd.difference(replace(butd, weights=str(named)).identified()) is None
+    assert butd.with_weights(named).weights_sha256 == here.weights_sha256
+    with pytest.raises(ValueError, match="not the ones the regions were extracted with"):
+        here.with_weights(tmp_path / "c" / "w.pkl")
+    # A record written before weights_sha256 existed, with a field this version does not know.
+    old = {k: v for k, v in asdict(butd).items() if k != "weights_sha256"} | {"retired_field": 1}
+    assert DetectorConfig.from_record(old) == butd and butd.fingerprint() == "5cb19239ea"

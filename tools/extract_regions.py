@@ -7,12 +7,17 @@
         --weights faster_rcnn_from_caffe_attr.pkl --class-names objects_vocab.txt \
         --attribute-names attributes_vocab.txt --output-dir regions/coco-butd            # BUTD 10-100 boxes
     torchrun --nproc_per_node 8 tools/extract_regions.py ... --device cuda              # one shard set per process
-    python tools/extract_regions.py --from-tsv trainval_obj36.tsv --output-dir out/      # bottom-up-attention TSV
-    python tools/extract_regions.py --from-npz features_dir/ --output-dir out/             # one .npz per image
+    python tools/extract_regions.py --from-tsv trainval_obj36.tsv --extracted-with butd-vg --output-dir out/
+    python tools/extract_regions.py --from-npz features_dir/ --extracted-with my-detector.yaml --output-dir out/
 
 --images takes files, directories (PNG/JPEG inside), "skimage" (the real photos shipped with scikit-image) or
 "easy-vqa". --draw writes the first images with their boxes (and top class) to one PNG. Running the same command
 again after a crash or kill skips the images already in complete shards (detectors/extract.py).
+
+detector.json beside the shards says what made them: the detector's config with the sha256 of its weights file
+(extraction), or for imported features the detector --extracted-with names (``butd-vg``: UNITER's and LXMERT's
+bottom-up-attention features; or a YAML file of detector fields). An import that names none is of unknown origin,
+and fine-tuning a published model that records its features refuses it (docs/regions.md).
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ def detector_config(args):
     given = {name: getattr(args, name) for name in ("backend", "weights", "config_file", "input_size",
                                                      "roi_output_size", "max_proposals", "low_level_stage",
                                                      "min_boxes", "max_boxes", "score_threshold", "nms_iou",
-                                                     "class_names", "attribute_names")
+                                                     "class_names", "attribute_names", "weights_sha256")
              if getattr(args, name) is not None}
     if args.opts:
         if len(args.opts) % 2:
@@ -125,16 +130,64 @@ def draw_first(args, detector, info: dict, sources: dict) -> None:
     print(f"boxes drawn to {args.draw}")
 
 
+def import_regions(args):
+    """The Regions of ``--from-tsv`` (a bottom-up-attention TSV) or ``--from-npz`` (a directory of per-image .npz
+    files, or one file), read lazily; the ``--extracted-with`` name is checked first, before anything is read.
+
+    Raises:
+        FileNotFoundError: no .npz file there. ValueError: an unknown ``--extracted-with``.
+    """
+    if args.extracted_with:
+        from detectors.config import named_detector
+
+        named_detector(args.extracted_with)
+    if args.from_tsv:
+        from detectors.precomputed import read_butd_tsv
+
+        return read_butd_tsv(args.from_tsv)
+    from detectors.precomputed import read_npz
+
+    source = Path(args.from_npz)
+    files = [source] if source.is_file() else sorted(source.glob("*.npz"))
+    if not files:
+        raise FileNotFoundError(f"--from-npz {source}: no .npz file there; pass a directory of per-image .npz "
+                                "files or one .npz file")
+    return (read_npz(f) for f in files)
+
+
+def record_import(args) -> None:
+    """Write detector.json for imported features that ``--extracted-with`` names (the named detector's config
+    and fingerprint); without it nothing is written: the features' origin stays unknown."""
+    if not args.extracted_with:
+        print("the features' origin is unknown (no --extracted-with): fine-tuning a published model that records "
+              "its features refuses them")
+        return
+    from dataclasses import asdict
+
+    from detectors.config import named_detector
+    from detectors.shards import write_detector_info
+
+    detector = named_detector(args.extracted_with)
+    write_detector_info(args.output_dir, {"detector": f"imported:{args.extracted_with}",
+                                          "fingerprint": detector.fingerprint(), "config": asdict(detector),
+                                          "extracted_with": args.extracted_with,
+                                          "imported_from": str(args.from_tsv or args.from_npz)})
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--images", nargs="+", help="files, directories, 'skimage' or 'easy-vqa'")
     source.add_argument("--from-tsv", help="a bottom-up-attention TSV file (BUTD or LXMERT columns)")
     source.add_argument("--from-npz", help="a directory of per-image .npz files")
+    p.add_argument("--extracted-with", help="--from-tsv/--from-npz: the detector that made the features, a name "
+                                            "(butd-vg) or a YAML file of detector fields; recorded in detector.json")
     p.add_argument("--output-dir", required=True, help="where the shards go")
     p.add_argument("--backend", choices=("timm", "torchvision", "detectron2"), help="default: timm")
     p.add_argument("--weights", help="weights file (default: the backend's own: packaged ImageNet weights for "
                                      "timm, torchvision's COCO weights when online)")
+    p.add_argument("--weights-sha256", help="the weights file's expected sha256 (sha256sum): refused when the file "
+                                            "has another; detector.json records it either way")
     p.add_argument("--config-file", help="detectron2 config")
     p.add_argument("--input-size", type=int, help="timm backbone input size (default 224, ImageNet's)")
     p.add_argument("--max-proposals", type=int, help="timm: boxes per image incl. the whole image (default 36)")
@@ -159,28 +212,20 @@ def main(argv=None) -> int:
 
     from detectors.shards import write_shards
 
-    if args.from_tsv:
-        from detectors.precomputed import read_butd_tsv
-
-        shards = write_shards(tqdm(read_butd_tsv(args.from_tsv), desc="import tsv"), args.output_dir,
+    if args.extracted_with and not (args.from_tsv or args.from_npz):
+        raise ValueError("--extracted-with says what made imported features (--from-tsv / --from-npz); extraction "
+                         "from --images records its own detector")
+    if args.from_tsv or args.from_npz:
+        shards = write_shards(tqdm(import_regions(args), desc="import"), args.output_dir,
                               max_samples_per_shard=args.samples_per_shard)
-    elif args.from_npz:
-        from detectors.precomputed import read_npz
-
-        source = Path(args.from_npz)
-        files = [source] if source.is_file() else sorted(source.glob("*.npz"))
-        if not files:
-            raise FileNotFoundError(f"--from-npz {source}: no .npz file there; pass a directory of per-image .npz "
-                                    "files or one .npz file")
-        shards = write_shards((read_npz(f) for f in tqdm(files, desc="import npz")), args.output_dir,
-                              max_samples_per_shard=args.samples_per_shard)
+        record_import(args)
     else:
         from dataclasses import asdict
 
         from detectors.extract import distributed_rank, extract_to_shards
 
         rank, world = distributed_rank()
-        detector = detector_config(args)
+        detector = detector_config(args).identified()  # the weights' sha256 identifies the features
         device = args.device
         if device == "cuda" and world > 1:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"

@@ -61,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda, ... (default: CUDA when available)")
     p.add_argument("--allow-other-detector", action="store_true",
                    help="accept regions of another detector than the run's (predictions silently degrade)")
+    p.add_argument("--detector-weights", help="where the run's detector's weights file is on this machine (e.g. a "
+                                              "converted UNITER's faster_rcnn_from_caffe_attr.pkl), checked against "
+                                              "the sha256 the run records")
     p.add_argument("--draw", help="referring expressions: save the image with the chosen box drawn here (one "
                                   "example)")
     p.add_argument("--images", help="retrieval: a folder of images to index (with --index: built once, then reused)")
@@ -90,6 +93,22 @@ def read_examples(args, pipeline_class) -> list[dict]:
         return examples
     record = {k: v for k, v in (("image", args.image), ("image2", args.image2), ("text", args.text)) if v is not None}
     return [pipeline_class.read_record(record, "the command line", Path.cwd())]
+
+
+def refuse_unread_images(args, pipeline_class) -> None:
+    """Refuse ``--image`` / ``--image2`` / ``--detector-weights`` where the run's pipeline reads no such image (a
+    text run reads none; VQA reads one), instead of answering without it.
+
+    Raises:
+        ValueError: the flag named, with the task and what it reads.
+    """
+    read = {alias for aliases in pipeline_class.input_fields.values() for alias in aliases}
+    unread = [f"--{key}" for key in ("image", "image2") if getattr(args, key) is not None and key not in read]
+    if args.detector_weights and not pipeline_class.image_fields:
+        unread.append("--detector-weights")
+    if unread:
+        what = "reads no images" if not pipeline_class.image_fields else "reads one image (--image)"
+        raise ValueError(f"{unread[0]} is not used: this {pipeline_class.tasks[0]} run {what}; leave it out")
 
 
 def tool_options(args, pipeline_class) -> dict:
@@ -146,10 +165,12 @@ def main(argv=None) -> int:
 
     cls = pipeline_class(args.run, args.task)
     render([], cls, args.format)  # an unknown format: the one-line error before the model loads
+    refuse_unread_images(args, cls)
     examples = read_examples(args, cls)
     options = tool_options(args, cls)
     pipe = cls(args.run, device=args.device, allow_other_detector=args.allow_other_detector,
-               batch_size=args.batch_size)
+               batch_size=args.batch_size, **({"detector_weights": args.detector_weights}
+                                              if args.detector_weights else {}))
     text = render(rows(examples, pipe.predict_records(examples, **options), cls), cls, args.format)
     if args.output:
         write_text_atomically(args.output, text)

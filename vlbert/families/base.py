@@ -59,7 +59,9 @@ class CheckpointFamily:
         cased: whether that tokenizer keeps case (a tokenizer that lower-cases is refused for a cased family).
         features: what its regions were: ``extractor`` (a description, or the name our backend writes when one
             reproduces them), ``fingerprint`` / ``config`` of our :class:`detectors.config.DetectorConfig` that
-            reproduces them (None where none does: then the regions must be imported), ``max_regions``.
+            reproduces them, with what is known of the published weights (their file name; ``weights_sha256``
+            where published), so regions match on the hash where both records have one, else on the file name
+            (None where no config reproduces them: then the regions must be imported), ``max_regions``.
         max_text_length: the text length its data used.
         reference: the reference code it is converted from, ``owner/repo@commit`` (the model card cites it).
         parity: how far the converted model is from that code's forward (the model card cites it).

@@ -32,13 +32,14 @@ from pathlib import Path
 
 import torch
 
-from detectors.config import DetectorConfig
+from detectors.config import NAMED_DETECTORS
 from vlbert.checkpoint import hf_to_vlbert
 from vlbert.families.base import (CheckpointFamily, Converted, architecture, load_torch_file, rename_prefix, take_tied,
                                   to_float32)
 
-BUTD_VG = DetectorConfig(backend="detectron2", config_file="butd-vg", weights="faster_rcnn_from_caffe_attr.pkl",
-                         min_boxes=10, max_boxes=100, score_threshold=0.2)
+#: The features' detector as far as it is published: the weights file's name (no sha256 is published for it), so
+#: regions match on that name (detectors/config.py, docs/regions.md).
+BUTD_VG = NAMED_DETECTORS["butd-vg"]
 
 RENAMES = {
     "uniter.": "bert.",

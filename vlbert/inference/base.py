@@ -50,6 +50,8 @@ class Pipeline:
             unless it has the run's fingerprint or ``allow_other_detector``).
         allow_other_detector: accept another detector's regions, at the cost of silently worse predictions.
         batch_size: examples per forward pass (and images per detector call).
+        detector_weights: the run's detector's weights file where you keep it (a converted UNITER's
+            ``faster_rcnn_from_caffe_attr.pkl``), checked against the recorded sha256 (else its file name).
     Raises:
         FileNotFoundError: ``run_dir`` has no inference.json or no model.
         ValueError: the run is of another task than the pipeline's, or another detector (both named).
@@ -79,9 +81,9 @@ class Pipeline:
     tool_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, run_dir: str | os.PathLike, device: str | None = None, detector=None,
-                 allow_other_detector: bool = False, batch_size: int = 16):
+                 allow_other_detector: bool = False, batch_size: int = 16, detector_weights=None):
         self.device = torch.device(device or _default_device())
-        self.inputs = RunInputs(run_dir, detector, allow_other_detector, str(self.device))
+        self.inputs = RunInputs(run_dir, detector, allow_other_detector, str(self.device), detector_weights)
         task = self.inputs.info["task"]
         if task not in self.accepted_runs():
             raise ValueError(f"{run_dir} is a {task!r} run; {type(self).__name__} takes "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -66,30 +65,42 @@ def read_inference_info(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def detector_for_run(saved: dict[str, Any], detector: DetectorConfig | None = None,
-                     allow_other_detector: bool = False) -> DetectorConfig | None:
+                     allow_other_detector: bool = False,
+                     detector_weights: str | os.PathLike | None = None) -> DetectorConfig | None:
     """The detector configuration a pipeline extracts with: the run's own (``saved``, the ``detector`` entry of
-    inference.json), or ``detector`` when it has the same fingerprint or ``allow_other_detector`` is set.
+    inference.json), reading its weights from ``detector_weights`` where given (the file where the user keeps it,
+    checked against the recorded sha256, or where none is recorded the file name:
+    :meth:`~detectors.config.DetectorConfig.with_weights`); or ``detector`` when it extracts the same features
+    (:meth:`~detectors.config.DetectorConfig.difference`) or ``allow_other_detector`` is set.
 
     Returns None where neither exists (regions imported from precomputed features, no ``detector`` given): such
     a pipeline takes :class:`~detectors.regions.Regions` only.
     Raises:
-        ValueError: ``detector`` differs from the run's (both fingerprints and extractors named) and
-            ``allow_other_detector`` is False.
+        ValueError: ``detector`` differs from the run's (both fingerprints named, and what differs) and
+            ``allow_other_detector`` is False; ``detector_weights`` are other weights, or come with ``detector``
+            or with a run whose regions record no detector.
+        FileNotFoundError: ``detector_weights`` does not exist.
     """
+    own = DetectorConfig.from_record(saved["config"]) if saved.get("config") else None
+    if detector_weights is not None:
+        if detector is not None:
+            raise ValueError("detector_weights locates the run's own detector's weights; a detector of your own "
+                             "names its weights itself (its weights field): pass one of the two")
+        if own is None:
+            raise ValueError(f"the run's regions were imported from precomputed features "
+                             f"({saved.get('extractor')}) and name no detector, so detector_weights has nothing to "
+                             "apply to: pass the images' Regions")
+        return own.with_weights(detector_weights)
     if detector is None:
-        return DetectorConfig(**_known_fields(saved["config"])) if saved.get("config") else None
-    if saved.get("fingerprint") != detector.fingerprint() and not allow_other_detector:
+        return own
+    why = own.difference(detector) if own is not None else "the run records no detector"
+    if why is not None and not allow_other_detector:
         raise ValueError(
             f"the run was trained on regions of detector {saved.get('fingerprint')} ({saved.get('extractor')}), "
-            f"but the given detector is {detector.fingerprint()} ({detector.backend}); features of another extractor "
-            "silently degrade every prediction: leave detector unset to use the run's own, or pass "
+            f"but the given detector is {detector.fingerprint()} ({detector.backend}): {why}; features of another "
+            "extractor silently degrade every prediction: leave detector unset to use the run's own, or pass "
             "allow_other_detector=True (--allow-other-detector) to override")
     return detector
-
-
-def _known_fields(config: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(DetectorConfig)}
-    return {k: v for k, v in config.items() if k in names}
 
 
 class RunInputs:
@@ -101,17 +112,21 @@ class RunInputs:
             ``allow_other_detector``).
         allow_other_detector: accept ``detector`` and :class:`Regions` from another extractor (at your own risk).
         device: where the detector runs ("cpu", "cuda").
+        detector_weights: where the run's detector's weights file is on this machine (checked against the
+            recorded sha256; see :func:`detector_for_run`).
     Raises:
         FileNotFoundError, ValueError: from :func:`read_inference_info` and :func:`detector_for_run`.
     """
 
     def __init__(self, run_dir: str | os.PathLike, detector: DetectorConfig | None = None,
-                 allow_other_detector: bool = False, device: str = "cpu"):
+                 allow_other_detector: bool = False, device: str = "cpu",
+                 detector_weights: str | os.PathLike | None = None):
         self.run_dir = local_run_dir(run_dir)
         self.info = read_inference_info(self.run_dir)
         self.tokenizer = load_tokenizer(self.run_dir)
         self.saved_detector = self.info.get("detector") or {}
-        self.detector = detector_for_run(self.saved_detector, detector, allow_other_detector)
+        self.detector = detector_for_run(self.saved_detector, detector, allow_other_detector, detector_weights)
+        self._weights_checked = detector_weights is not None
         self.allow_other_detector = allow_other_detector
         self.max_text_length = int(self.info.get("max_text_length", 40))
         self.max_regions = int(self.info.get("max_regions", 36))
@@ -126,7 +141,15 @@ class RunInputs:
                 raise ValueError(f"the run's regions were imported from precomputed features "
                                  f"({self.saved_detector.get('extractor')}), so no detector can be rebuilt from it: "
                                  "pass the images' Regions, or a detector with allow_other_detector=True")
-            self._extractor = self.detector.build(self.device)
+            weights = Path(self.detector.weights).expanduser()
+            if self.detector.weights not in ("", "DEFAULT") and not weights.is_file():
+                raise FileNotFoundError(
+                    f"the run's detector reads weights {self.detector.weights}, which are not on this machine: pass "
+                    f"where you keep {weights.name}: pipeline(run, detector_weights=PATH) (tools/predict.py "
+                    "--detector-weights PATH)")
+            # the recorded sha256 checked (detector_weights were checked when given)
+            detector = self.detector if self._weights_checked else self.detector.identified()
+            self._extractor = detector.build(self.device)
         return self._extractor
 
     def regions(self, images: Sequence[ImageInput], boxes: Sequence[np.ndarray | None] | None = None,

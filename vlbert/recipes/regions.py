@@ -193,9 +193,10 @@ def regions_provenance(store, detector=None) -> dict:
 
     ``{"fingerprint": 10 hex digits or None, "config": the DetectorConfig fields or None, "extractor": the
     extractor's name as its regions carry it}``. The shard directory's ``detector.json`` decides when it has one
-    (``tools/extract_regions.py`` writes it); else ``detector`` (pass the run's ``detector`` section where it
-    extracted the regions: the cached easy-VQA images); imported features (BUTD TSV, npz) have neither:
-    fingerprint and config are None.
+    (``tools/extract_regions.py`` writes it, with the weights' sha256; for imported features, the detector its
+    ``--extracted-with`` named); else ``detector`` (pass the run's ``detector`` section where it extracted the
+    regions: the cached easy-VQA images; its weights file is hashed); imported features that named no detector
+    have neither: fingerprint and config are None (unknown).
     """
     stores = list(store.stores.values()) if hasattr(store, "stores") else [store]
     info = read_detector_info(stores[0].directory) if hasattr(stores[0], "directory") else None
@@ -204,6 +205,7 @@ def regions_provenance(store, detector=None) -> dict:
     if info and info.get("fingerprint"):
         return {"fingerprint": info["fingerprint"], "config": info.get("config"), "extractor": extractor}
     if detector is not None:
+        detector = detector.identified()
         return {"fingerprint": detector.fingerprint(), "config": asdict(detector), "extractor": extractor}
     return {"fingerprint": None, "config": None, "extractor": extractor}
 

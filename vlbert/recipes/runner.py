@@ -251,24 +251,32 @@ def _saved_config(init_from: str) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def same_regions(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two region provenances (the ``detector`` entries of inference.json: fingerprint, config,
-    extractor) describe the same features: the same fingerprint where either has one, else the same extractor
-    name where both have one; unknown provenance (imported features of unnamed origin) matches anything."""
+def regions_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """None where two region provenances (the ``detector`` entries of inference.json: fingerprint, config,
+    extractor) describe the same features, else what differs in words: by
+    :meth:`~detectors.config.DetectorConfig.difference` where both record a detector config (the weights by sha256
+    where both know it, else by file name), else the same fingerprint where either has one, else the same
+    extractor name where both have one; unknown provenance on both sides matches."""
+    if a.get("config") and b.get("config"):
+        return DetectorConfig.from_record(a["config"]).difference(DetectorConfig.from_record(b["config"]))
     if a.get("fingerprint") or b.get("fingerprint"):
-        return a.get("fingerprint") == b.get("fingerprint")
-    if a.get("extractor") and b.get("extractor"):
-        return a["extractor"] == b["extractor"]
-    return True
+        same = a.get("fingerprint") == b.get("fingerprint")
+        return None if same else f"detector {a.get('fingerprint')} vs {b.get('fingerprint')}"
+    if a.get("extractor") and b.get("extractor") and a["extractor"] != b["extractor"]:
+        return f"extractor {a['extractor']} vs {b['extractor']}"
+    return None
 
 
 def check_init_regions(ctx: RunContext, info: dict[str, Any]) -> None:
     """Refuse to fine-tune a vision-language ``init_from`` (one of our runs, or a converted published checkpoint)
     on regions of another detector than its own, the mistake the pipelines refuse at inference, unless the config
-    says ``allow_other_detector: true``. ``info``: this run's inference info (its ``detector`` entry).
+    says ``allow_other_detector: true``. ``info``: this run's inference info (its ``detector`` entry). Regions
+    imported without saying what made them (no ``--extracted-with``) are refused where ``init_from`` records its
+    detector: nothing shows they are its features.
 
     Raises:
-        ValueError: the two provenances differ (both named) and ``allow_other_detector`` is not set.
+        ValueError: the two provenances differ (both named, and what differs) or this run's are unknown, and
+            ``allow_other_detector`` is not set.
     """
     if not ctx.init_from or ctx.config.get("allow_other_detector") or "detector" not in info:
         return
@@ -277,13 +285,49 @@ def check_init_regions(ctx: RunContext, info: dict[str, Any]) -> None:
         return
     trained = json.loads(path.read_text(encoding="utf-8")).get("detector") or {}
     here = info["detector"] or {}
-    if not same_regions(trained, here):
+    if trained.get("config") and not (here.get("config") or here.get("fingerprint")):
+        raise ValueError(
+            f"init_from {ctx.init_from} was trained on regions of {trained.get('extractor')}, but this run's regions "
+            f"({here.get('extractor')}) were imported without saying what extracted them: re-import them with "
+            "tools/extract_regions.py --from-tsv/--from-npz F --extracted-with NAME (e.g. butd-vg) if that "
+            "detector made them, or set allow_other_detector: true (--set allow_other_detector=true)")
+    why = regions_difference(trained, here)
+    if why is not None:
         raise ValueError(
             f"init_from {ctx.init_from} was trained on regions of detector {trained.get('fingerprint')} "
             f"({trained.get('extractor')}), but this run's regions come from {here.get('fingerprint')} "
-            f"({here.get('extractor')}); features of another extractor silently degrade the model: extract the regions "
-            "with init_from's detector (its inference.json names it), or set allow_other_detector: true "
+            f"({here.get('extractor')}): {why}; features of another extractor silently degrade the model: extract the "
+            "regions with init_from's detector (its inference.json names it), or set allow_other_detector: true "
             "(--set allow_other_detector=true)")
+
+
+#: The data limits a vision-language checkpoint was trained with, read from its inference.json.
+CHECKPOINT_LIMITS = ("max_regions", "max_text_length")
+
+
+def checkpoint_limits_decide(ctx: RunContext) -> None:
+    """Set ``ctx.data``'s :data:`CHECKPOINT_LIMITS` to those of a vision-language ``init_from`` (its inference.json
+    records ``max_regions``: one of our VL runs or a converted published model, e.g. UNITER's 100 regions and 60
+    wordpieces) where the run config does not set them (the ``data`` section, from a file or ``--set``); where it
+    sets one below the checkpoint's, one warning line says so. A text checkpoint's lengths are another task's and
+    are not taken."""
+    path = Path(ctx.init_from or "") / INFERENCE_INFO
+    if not ctx.init_from or not path.is_file():
+        return
+    trained = json.loads(path.read_text(encoding="utf-8"))
+    if "max_regions" not in trained:
+        return
+    given = ctx.config.get("data") or {}
+    cuts = []
+    for name in CHECKPOINT_LIMITS:
+        if hasattr(ctx.data, name) and trained.get(name):
+            if name not in given:
+                setattr(ctx.data, name, int(trained[name]))
+            elif getattr(ctx.data, name) < int(trained[name]):
+                cuts.append(f"data.{name}={getattr(ctx.data, name)} (init_from: {trained[name]})")
+    if cuts:
+        logger.warning("the config cuts below what init_from %s was trained on: %s; leave them unset to use the "
+                       "checkpoint's", ctx.init_from, ", ".join(cuts))
 
 
 def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite: bool = False,
@@ -309,6 +353,7 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
     init_from = resolve_model_path(init) if init else None
     tokenizer = load_tokenizer(resolve_model_path(config.get("tokenizer") or init_from))
     ctx = RunContext(config, training, data_config, detector, tokenizer, init_from, tuple(command_line_keys))
+    checkpoint_limits_decide(ctx)
     data = recipe.build_data(ctx)
     info = recipe.inference_info(ctx, data) if recipe.inference_info is not None else None
     if info is not None:
@@ -333,5 +378,5 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
 
 
 __all__ = ["Recipe", "RunContext", "TaskData", "run", "load_model", "prepare_output_dir", "RunExistsError",
-           "check_init_regions", "same_regions",
+           "check_init_regions", "regions_difference",
            "write_inference_info", "INFERENCE_INFO", "write_output_file"]
