@@ -111,7 +111,7 @@ def test_text_pretraining_step_lives_on_the_gpu(small_corpus, tmp_path, accumula
     assert_gpu_step(probe, gpu)
 
 
-@pytest.mark.parametrize("accumulation", [1, 4])
+@pytest.mark.parametrize("accumulation", [4])  # accumulation 1: the text test
 def test_vl_pretraining_step_lives_on_the_gpu(region_shards, tmp_path, accumulation):
     probe, gpu = run_on_fake_gpu("vl-pretraining", vl_config(tmp_path / "run", region_shards, accumulation))
     assert_gpu_step(probe, gpu)
