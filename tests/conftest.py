@@ -124,8 +124,8 @@ def wait_for_log_lines(proc, log, lines: int, timeout: float = 240.0) -> None:
 def cpu_unless_marked_gpu(request, monkeypatch):
     """The suite is written for the CPU: on a machine with a GPU, every test not marked ``gpu`` sees none, so that
     its trainer runs where its tolerances (and its bitwise comparisons after a resume: flash attention's backward
-    is not deterministic) were set, and so do the processes it starts. Tests marked ``gpu`` (``python -m pytest -m gpu``) see the GPU. Nothing
-    changes on a machine without one."""
+    is not deterministic) were set, and so do the processes it starts. Tests marked ``gpu``
+    (``python -m pytest -m gpu``) see the GPU. Nothing changes on a machine without one."""
     if torch.cuda.is_available() and "gpu" not in request.keywords:
         from accelerate.state import AcceleratorState
 

@@ -122,7 +122,8 @@ def test_recipe_runs_two_steps_through_its_tool(fixtures, name, tmp_path):
         (".json", ".jsonl", ".p")) else f"data.{item}" for item in DATA_FILES[task]]
     argv = ["--config", str(ROOT / f"{name}.yaml"), "--init-from", str(fixtures.tiny), "--output-dir",
             str(tmp_path / "run"), "--max-steps", "2", "--set", f"data.shards={fixtures.shards}",
-            "--set", "training.batch_size=2", "--set", "training.grad_accum_steps=1", "--set", "training.warmup_steps=1",
+            "--set", "training.batch_size=2", "--set", "training.grad_accum_steps=1",
+            "--set", "training.warmup_steps=1",
             "--set", "training.eval_every=0", "--set", "training.progress_bar=false", "--set", "training.log_every=1"]
     for item in sets:
         argv += ["--set", item]

@@ -124,4 +124,5 @@ def push_model_directory(directory: str | os.PathLike, repo_id: str, private: bo
     return files
 
 
-__all__ = ["hub_snapshot", "is_hub_name", "is_repo_id", "model_card", "push_model_directory", "MODEL_FILES", "CARD_NAME"]
+__all__ = ["hub_snapshot", "is_hub_name", "is_repo_id", "model_card", "push_model_directory", "MODEL_FILES",
+           "CARD_NAME"]

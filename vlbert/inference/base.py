@@ -37,8 +37,8 @@ class Pipeline:
     gradients; bf16 autocast on a CUDA device, the outputs read back in float32) -> :meth:`postprocess` on each;
     one input of each kind gives one result, lists give a list.
 
-    A task sets :attr:`tasks` (and :attr:`run_tasks` where it answers runs of other tasks), :attr:`model_class`, :attr:`input_fields` (its inputs in call order, each with the
-    names a JSONL record may give it under), :attr:`image_fields`, :attr:`optional_fields`, :attr:`id_field`,
+    A task sets :attr:`tasks` (and :attr:`run_tasks` where it answers runs of other tasks), :attr:`model_class`,
+    :attr:`input_fields` (its inputs in call order, each with the names a JSONL record may give it under), :attr:`image_fields`, :attr:`optional_fields`, :attr:`id_field`,
     :attr:`parameters` and :attr:`formats`, and implements :meth:`postprocess` (and :meth:`preprocess` /
     :meth:`_forward` where the default, one image and one text per example through the model's logits, does not
     fit). ``tools/predict.py`` reads only these: it knows no task by name.

@@ -17,9 +17,10 @@ sequence boundaries, and each entry of :data:`ATTENTION_FUNCTIONS` reads them it
 
 Every function has one signature, ``fn(q, k, v, packing, dropout_p, training) -> (out, probs)``: q, k, v float
 [N, heads, head_dim] packed, ``out`` the same layout, ``probs`` [B, heads, S, S] or None. A new kernel is one
-function and one line in the table (:func:`register_attention`), as transformers' ``AttentionInterface``. The model
-config names it (``attn_implementation``, transformers' key); ``None`` picks ``varlen`` on CUDA in bf16/fp16
-and ``sdpa`` elsewhere.
+function and one line in the table (:func:`register_attention`), as transformers' ``AttentionInterface``, declaring
+its layout and when it can run (:class:`AttentionKernel`). The model config names it (``attn_implementation``,
+transformers' key); ``None`` picks ``varlen`` on CUDA in bf16/fp16 and ``sdpa`` elsewhere, and a kernel that cannot
+run falls back (:func:`select_attention`).
 """
 
 from __future__ import annotations
@@ -347,13 +348,6 @@ def select_attention(name: str | None, request: AttentionRequest) -> str:
     return chosen
 
 
-def resolve_attention(name: str | None, x: torch.Tensor, head_dim: int | None = None, dropout: float = 0.0) -> str:
-    """:func:`select_attention` for hidden states ``x`` [..., H] (the compute dtype read from autocast)."""
-    autocast = torch.is_autocast_enabled(x.device.type)
-    dtype = torch.get_autocast_dtype(x.device.type) if autocast and x.dtype == torch.float32 else x.dtype
-    return select_attention(name, AttentionRequest(x.device, dtype, head_dim or 64, dropout))
-
-
 __all__ = ["Packing", "packing_fields", "ATTENTION_FUNCTIONS", "AttentionKernel", "AttentionRequest",
-           "register_attention", "select_attention", "resolve_attention", "flash_varlen_unsupported",
+           "register_attention", "select_attention", "flash_varlen_unsupported",
            "eager_attention", "sdpa_attention", "varlen_attention"]

@@ -26,9 +26,10 @@ class StepStats:
     them is a host synchronisation: do it at log steps only).
 
     Attributes: step (the step's number, from 1), epoch, tokens, sequences and regions (real text tokens,
-    sequences and real regions, this process, counted on the host), seconds (wall time of the step on the host, data wait included), data_wait (seconds spent
-    waiting for batches), loss (0-d float tensor, the global batch's), grad_norm (0-d, before clipping), lr (the
-    rate the step used), sums (the step's loss and every objective's loss and metric, 0-d tensors).
+    sequences and real regions, this process, counted on the host), seconds (wall time of the step on the host,
+    data wait included), data_wait (seconds spent waiting for batches), loss (0-d float tensor, the global
+    batch's), grad_norm (0-d, before clipping), lr (the rate the step used), sums (the step's loss and every
+    objective's loss and metric, 0-d tensors).
     """
 
     step: int

@@ -67,8 +67,8 @@ class MasterWeights:
                              "bf16-params trains a model on one device")
         self.grad_buffer = torch.zeros(sum(m.numel() for m in self.masters), dtype=torch.float32,
                                        device=devices.pop())
-        self._views = list(self.grad_buffer.split([m.numel() for m in self.masters]))
-        self._views = [v.view_as(m) for v, m in zip(self._views, self.masters)]
+        self._views = [v.view_as(m) for v, m in zip(self.grad_buffer.split([m.numel() for m in self.masters]),
+                                                    self.masters)]
 
     @torch.no_grad()
     def accumulate_gradients(self) -> None:
