@@ -113,3 +113,19 @@ def test_truncated_benchmark_files_name_the_place(tmp_path):  # row 72
 def test_explain_on_a_text_model_says_it_needs_regions(capsys, minilm_dir):  # row 80
     line = one_line_error(capsys, "explain", ["alignment-share", "--model", str(minilm_dir), "--images", "2"])
     assert "is a text model" in line and "vision-language run" in line, line
+
+
+def test_a_collective_that_cannot_complete_is_one_line(monkeypatch):  # row 81
+    """What gloo raises when a peer never joins (measured: 2 processes, timeout 3 s) becomes one line with the fix."""
+    from vlbert.command_line import is_user_error, one_line
+    from vlbert.training.processes import ProcessGroupError, collective_failure
+
+    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+                        "3000ms for recv operation to complete")
+    assert collective_failure(gloo) is None  # one process: not a collective's failure
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    failure = collective_failure(gloo)
+    assert isinstance(failure, ProcessGroupError) and not is_user_error(failure)
+    assert one_line(failure).startswith("rank 1: a collective between the processes could not complete (")
+    assert "--resume" in one_line(failure) and collective_failure(RuntimeError("shape mismatch")) is None

@@ -24,7 +24,7 @@ from vlbert.config import BertConfig
 from vlbert.data.loading import eval_loader, train_loader
 from vlbert.run_files import INFERENCE_INFO, read_run_file, write_inference_info
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
-from vlbert.training.processes import check_shared_output_dir, control_plane, start_processes
+from vlbert.training.processes import check_shared_output_dir, collective_failure, control_plane, start_processes
 from vlbert.training.run_config import check_sections, dataclass_from_section
 from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig, set_seed
 from vlbert.utils import process_position
@@ -378,6 +378,11 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
         if fresh and (trainer is None or trainer.step == 0) and process_position()[0] == 0:
             shutil.rmtree(training.output_dir, ignore_errors=True)
         raise
+    except RuntimeError as e:  # a collective of several processes that timed out or lost a peer: one line
+        failure = collective_failure(e)
+        if failure is None:
+            raise
+        raise failure from e
 
 
 __all__ = ["Recipe", "RunContext", "TaskData", "run", "load_model", "prepare_output_dir", "RunExistsError",

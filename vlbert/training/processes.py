@@ -93,6 +93,24 @@ class ControlPlane:
         return out
 
 
+#: What gloo and NCCL say when a collective cannot complete (a peer died, hangs, or is in another collective).
+_COLLECTIVE_FAILURES = ("Timed out waiting", "Connection closed by peer", "Connection reset by peer",
+                        "NCCL communicator was aborted", "Watchdog caught collective operation timeout")
+
+
+def collective_failure(error: BaseException) -> ProcessGroupError | None:
+    """``error`` as a :class:`ProcessGroupError` (one line, the fix) where it is a collective of several processes
+    that could not complete (torch raises a plain ``RuntimeError`` / ``DistError`` from gloo and NCCL), else None."""
+    text = str(error)
+    if isinstance(error, ProcessGroupError) or launched_processes() == 1 or not (isinstance(error, dist.DistError) or any(m in text for m in
+                                                                                   _COLLECTIVE_FAILURES)):
+        return None
+    rank = os.environ.get("RANK", "?")
+    return ProcessGroupError(f"rank {rank}: a collective between the processes could not complete "
+                             f"({text.splitlines()[0][:160] if text else type(error).__name__}): another rank stopped "
+                             "or hangs (see its output); after fixing it, run again with --resume")
+
+
 _CONTROL: dict[int, ControlPlane] = {}
 
 
@@ -166,5 +184,5 @@ def agree_loaded(error: BaseException | None, control: ControlPlane) -> None:
                                 "rank stops")
 
 
-__all__ = ["ProcessGroupError", "ControlPlane", "control_plane", "start_processes", "use_cpu_processes", "launched_processes",
+__all__ = ["ProcessGroupError", "ControlPlane", "control_plane", "collective_failure", "start_processes", "use_cpu_processes", "launched_processes",
            "check_shared_output_dir", "agree_on_checkpoint", "agree_loaded", "SHARED_TOKEN"]
