@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import random
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from detectors.config import DetectorConfig
 from vlbert.data.corpus import load_bbc_news
 from vlbert.tokenization import load_tokenizer, packaged_minilm_dir
 
-torch.set_num_threads(2)
+# Two threads per test process; under pytest-xdist (-n N) the machine's cores are shared between the N workers.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, (os.cpu_count() or 2) // _WORKERS) if _WORKERS > 1 else 2)
 
 ROOT = Path(__file__).resolve().parents[1]
 

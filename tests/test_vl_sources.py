@@ -53,7 +53,7 @@ def test_karpathy_tsv_and_jsonl(tmp_path):
     with pytest.raises(ValueError, match=r"bad.jsonl:1: needs 'image_id' and 'caption'"):
         load_caption_jsonl(tmp_path / "bad.jsonl")
     (tmp_path / "worse.jsonl").write_text("not json\n")
-    with pytest.raises(ValueError, match="worse.jsonl:1: not a JSON object"):
+    with pytest.raises(ValueError, match=r"worse.jsonl:1, column \d+: not valid JSON for the caption file"):
         load_caption_jsonl(tmp_path / "worse.jsonl")
 
 
