@@ -1,4 +1,4 @@
-"""The import graph follows the layers (README "Layout"): no cycle between vlbert's subpackages, detectors and
+"""The import graph follows the layers (docs/architecture.md "Layout"): no cycle between vlbert's subpackages, detectors and
 vlbert_base; detectors and vlbert_base never import vlbert; no function-level import of the project's own modules
 (a hidden cycle) except the lazily built optional detector backends. Read from the source with ``ast``, so the
 test sees imports that a run would only reach on some path."""
