@@ -26,8 +26,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``vlbert benchmark [<what>] [flags]``: ``<what>`` one of :data:`BENCHMARKS`, default ``train``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv in (["-h"], ["--help"]):
-        print(__doc__.strip() + "\n\n" + "\n".join(f"  {name}: {m.__doc__.strip().splitlines()[0]}"
-                                                  for name, m in BENCHMARKS.items()))
+        print(f"usage: vlbert benchmark [{'|'.join(BENCHMARKS)}] [flags]   (--help after one for its flags)\n\n"
+              + __doc__.strip())
         return 0
     if argv and argv[0] in BENCHMARKS:
         return BENCHMARKS[argv[0]].main(argv[1:])
