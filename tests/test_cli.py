@@ -114,3 +114,13 @@ def test_the_wheel_runs_outside_the_checkout(tmp_path):
                            capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(env_dir))  # the wheel's code ran, not the checkout's
     assert (empty / "runs" / "text-default" / "model.safetensors").is_file() and "final metrics" in done.stdout
+
+
+def test_demo_refusals_are_one_line(doc_runs, monkeypatch, capsys):
+    """A run whose task the page does not show, and a missing gradio: one line each, status 2."""
+    assert run_tool(command_main("demo"), [str(doc_runs["nlvr2-easy-vqa"])]) == 2
+    assert "is a 'nlvr2' run; the demo shows runs of retrieval, vl-pretraining, vqa" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "gradio", None)  # as if not installed
+    assert run_tool(command_main("demo"), [str(doc_runs["vqa-easy-vqa"])]) == 2
+    assert capsys.readouterr().err.strip() == ("error: vlbert demo needs gradio: pip install 'vlbert[demo-web]' "
+                                               "(or pip install gradio)")

@@ -127,7 +127,7 @@ def draw_region_weights(image: Image.Image, boxes: np.ndarray, weights: np.ndarr
 
 
 def build_app(session: DemoSession):
-    """The Gradio Blocks page of ``session``: one tab per pipeline it has, and the attention tab. Its API names
+    """The Gradio Blocks page of ``session``: one tab per pipeline it has, and the attention panel. Its API names
     (for gradio_client): ``/answer``, ``/match``, ``/fill``, ``/words``, ``/attention``.
 
     Raises:
@@ -156,22 +156,25 @@ def build_app(session: DemoSession):
                 masked = gr.Textbox(label="text with [MASK]", value="a [MASK] circle")
                 fillers = gr.Label(label="fillers")
                 gr.Button("Fill").click(session.fill, [image, masked], fillers, api_name="fill")
-        with gr.Tab("Attention over regions"):
-            text = gr.Textbox(label="text", value="what color is the shape?")
-            words = gr.HighlightedText(label="click a word", combine_adjacent=False)
+        gr.Markdown("### Attention over regions\nShow the words, then click one: the regions drawn on the image are "
+                    "shaded by the attention it gives them (last layer, heads averaged).")
+        with gr.Row():
+            with gr.Column():
+                text = gr.Textbox(label="text", value="what color is the shape?")
+                show = gr.Button("Show words")
+                words = gr.HighlightedText(label="click a word", combine_adjacent=False, show_legend=False, show_inline_category=False,
+                                           color_map={"word": "#dbeafe"})
             picture = gr.Image(label="the word's attention over the regions", type="pil", height=320, format="png")
-            gr.Button("Show words").click(lambda t: [(w, None) for w in session.words(t)], text, words,
-                                          api_name="words")
+        show.click(lambda t: [(w, "word") for w in session.words(t)], text, words, api_name="words")
 
-            def on_select(img, t, selected):
-                return session.attention(img, t, selected.index)[1]
+        def on_select(img, t, selected):
+            return session.attention(img, t, selected.index)[1]
 
-            on_select.__annotations__["selected"] = gr.SelectData  # how Gradio knows to pass the click
-
-            words.select(on_select, [image, text], picture)
-            position = gr.Number(label="word position", value=1, precision=0, visible=False)
-            position.change(lambda img, t, k: session.attention(img, t, int(k))[1], [image, text, position],
-                            picture, api_name="attention")
+        on_select.__annotations__["selected"] = gr.SelectData  # how Gradio knows to pass the click
+        words.select(on_select, [image, text], picture)
+        position = gr.Number(value=1, precision=0, visible=False)
+        position.change(lambda img, t, k: session.attention(img, t, int(k))[1], [image, text, position], picture,
+                        api_name="attention")
     return app
 
 
