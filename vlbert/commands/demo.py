@@ -162,8 +162,8 @@ def build_app(session: DemoSession):
             with gr.Column():
                 text = gr.Textbox(label="text", value="what color is the shape?")
                 show = gr.Button("Show words")
-                words = gr.HighlightedText(label="click a word", combine_adjacent=False, show_legend=False, show_inline_category=False,
-                                           color_map={"word": "#dbeafe"})
+                words = gr.HighlightedText(label="click a word", combine_adjacent=False, show_legend=False,
+                                           show_inline_category=False, color_map={"word": "#dbeafe"})
             picture = gr.Image(label="the word's attention over the regions", type="pil", height=320, format="png")
         show.click(lambda t: [(w, "word") for w in session.words(t)], text, words, api_name="words")
 
