@@ -16,6 +16,7 @@ import pytest
 
 from conftest import ROOT, tool
 from vlbert.commands import command_main
+from vlbert.commands import main as vlbert_main
 from vlbert.inference.run import RunInputs
 from vlbert.training.run_config import config_dir, load_run_config
 
@@ -51,7 +52,8 @@ def command_lines() -> list[tuple[str, str]]:
         blocks += ["\n".join(line[4:] for line in chunk.splitlines())
                    for chunk in re.findall(r"(?:^    .*\n?)+", prose, re.M)]
         lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
-        lines += [m.group(1) for m in INLINE.finditer(prose) if not re.search(r"\\\||\[|\.\.\.", m.group(1))]
+        lines += [m.group(1) for m in INLINE.finditer(prose)  # whole commands, not names of one (`vlbert predict`)
+                  if not re.search(r"\\\||\[|\.\.\.|<|tools/X\.py", m.group(1)) and len(m.group(1).split()) > 2]
         for line in lines:
             for part in line.split("&&"):
                 if not part.strip().startswith(("python ", "vlbert ", "torchrun ", "accelerate ", "taskset ")):
@@ -72,7 +74,7 @@ def _tool_words(words: list[str]):
     if words[:1] == ["python"] and len(words) > 1 and words[1].startswith("tools/"):
         return "tools", words[1][len("tools/"):-len(".py")], words[2:]
     if words[:1] == ["vlbert"] and len(words) > 1:
-        return "vlbert", words[1], words[2:]
+        return ("vlbert", words[1], words[2:]) if not words[1].startswith("-") else ("vlbert", "", words[1:])
     if words[:3] == ["python", "-m", "vlbert"] and len(words) > 3:
         return "vlbert", words[3], words[4:]
     return None
@@ -98,8 +100,11 @@ def parse_only(monkeypatch):
 
     def parse(command: str):
         kind, name, argv = _tool_words(shlex.split(command))
-        main = tool(name) if kind == "tools" else command_main(name)
+        main = tool(name) if kind == "tools" else command_main(name) if name else vlbert_main
         argv = [w for w in argv if not w.startswith("...")]  # "...": the rest of a command said elsewhere
+        if main is vlbert_main:  # `vlbert --help`: the command's own usage, no parser
+            assert main(argv) == 0
+            return None
         with pytest.raises(Parsed) as parsed:
             main(argv)
         return parsed.value.namespace

@@ -39,6 +39,7 @@ from vlbert.data.easy_vqa import color_and_shape, easy_vqa_shards, image_paths
 from vlbert.inference.run import detector_for_run, read_inference_info
 from vlbert.tokenization import load_tokenizer, resolve_model_path
 from vlbert.training.run_config import load_run_config
+from vlbert_base.user_files import read_json
 
 EASY_VQA_DETECTOR_CONFIG = "detectors/easy-vqa"  # the easy-VQA runs' detector
 EASY_VQA_MAX_REGIONS = 16
@@ -47,7 +48,11 @@ EASY_VQA_MAX_REGIONS = 16
 def load(model_path: str, vl: bool):
     """The pretraining model (VL or text, from the checkpoint's config) and its tokenizer."""
     path = resolve_model_path(model_path)
-    config = json.loads((Path(path) / "config.json").read_text())
+    config = read_json(Path(path) / "config.json", "model config")
+    if vl and config.get("model_type") != "vlbert":
+        raise ValueError(f"{model_path} is a text model (model_type {config.get('model_type')!r}); this command reads "
+                         "an image's regions: give a vision-language run (tools/pretrain.py --modality vl, a VL "
+                         "fine-tuning run) or a converted UNITER / VisualBERT / Oscar model")
     cls = vlbert.VLBertForPreTraining if vl or config.get("model_type") == "vlbert" else vlbert.BertForPreTraining
     return cls.from_pretrained(path).eval(), load_tokenizer(path)
 
@@ -69,6 +74,9 @@ def run_detector(model_path: str):
     if not (path / "inference.json").is_file():
         return easy_vqa_detector(), EASY_VQA_MAX_REGIONS
     info = read_inference_info(path)
+    if "detector" not in info:
+        raise ValueError(f"{model_path} is a {info.get('task')} run without regions; this command reads an image's "
+                         "regions: give a vision-language run (tools/pretrain.py --modality vl, a VL fine-tuning run)")
     detector = detector_for_run(info.get("detector") or {})
     if detector is None:
         raise ValueError(f"{model_path} was trained on imported regions ({(info.get('detector') or {}).get('extractor')})"
@@ -179,8 +187,8 @@ def alignment_share_command(args, out: Path) -> None:
     """alignment-share: over --images easy-VQA images, the share of the colour and shape words' transported mass
     (WRA's plan) on the shape's regions, against a plan blind to content (vlbert.analysis.alignment_share)."""
 
-    model, tok = load(args.model, vl=True)
     detector, max_regions = run_detector(args.model)
+    model, tok = load(args.model, vl=True)
     truth = color_and_shape(args.easy_vqa_split)
     ids = list(truth)[: args.images]
     regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir, detector, ids)
@@ -200,8 +208,8 @@ def alignment_share_command(args, out: Path) -> None:
 
 def generate_command(args, out: Path) -> None:
     """generate: captions from regions (mask-predict and Gibbs), with and without the regions."""
-    model, tok = load(args.model, vl=True)
     detector, max_regions = run_detector(args.model)
+    model, tok = load(args.model, vl=True)
     regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir, detector)
     truth = color_and_shape(args.easy_vqa_split)
     ids = [i for i in truth if i in regions][: args.images]
