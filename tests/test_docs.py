@@ -69,8 +69,10 @@ def _tool_words(words: list[str]):
     while words and words[0] in ("taskset", "-c", "0,1", "env") or (words and "=" in words[0]):
         words = words[1:]
     if words[:2] == ["accelerate", "launch"] or words[:1] == ["torchrun"]:
-        words = ["python"] + [w for w in words if w.endswith(".py")][:1] + words[[i for i, w in enumerate(words)
-                                                                                   if w.endswith(".py")][0] + 1:]
+        scripts = [i for i, w in enumerate(words) if w.endswith(".py")]
+        if not scripts:
+            return None  # torchrun's own flags only (`torchrun --nnodes N`)
+        words = ["python", *words[scripts[0]:]]
     if words[:1] == ["python"] and len(words) > 1 and words[1].startswith("tools/"):
         return "tools", words[1][len("tools/"):-len(".py")], words[2:]
     if words[:1] == ["vlbert"] and len(words) > 1:
