@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 
 from vlbert.families import convert_checkpoint, FAMILIES
 from vlbert.hub import is_repo_id, push_model_directory

@@ -9,7 +9,6 @@ Use the result with pretraining: --set tokenizer=runs/tokenizer
 from __future__ import annotations
 
 import argparse
-import sys
 
 from vlbert.data.corpus import load_documents
 from vlbert.tokenizer_training import train_tokenizer

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 from vlbert.data.easy_vqa import image_paths

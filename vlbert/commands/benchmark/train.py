@@ -28,7 +28,6 @@ import argparse
 import ctypes
 import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
