@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from detectors.config import DetectorConfig
+from doc_runs import write_tiny_runs
 from vlbert.data.corpus import load_bbc_news
 from vlbert.tokenization import load_tokenizer, packaged_minilm_dir
 
@@ -213,3 +214,10 @@ def easy(tmp_path_factory):
     return SimpleNamespace(root=root, shards=root / "shards", store=RegionStore(root / "shards"), files=files,
                            truth={str(k): attrs for k, (_, attrs) in enumerate(truth)},
                            easy_ids={str(k): image_id for k, (image_id, _) in enumerate(truth)})
+
+
+@pytest.fixture(scope="session")
+def doc_runs(easy, tokenizer, tmp_path_factory):
+    """name -> directory of a tiny untrained run of every pipeline's task over the `easy` regions
+    (:func:`doc_runs.write_tiny_runs`): what the documentation's examples and the demo run on."""
+    return write_tiny_runs(tmp_path_factory.mktemp("doc-runs"), easy, EASY_DETECTOR, tokenizer)

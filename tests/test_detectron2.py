@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("detectron2", reason="detectron2 is not installed (see README: optional detectron2 backend)")
+pytest.importorskip("detectron2", reason="detectron2 is not installed (see docs/regions.md: the detectron2 backend)")
 
 from detectors.config import DetectorConfig  # noqa: E402
 from detectors.detectron2_detector import Detectron2RegionDetector, load_config  # noqa: E402

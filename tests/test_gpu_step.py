@@ -2,7 +2,7 @@
 text + regions, the collator's packed layout equals the one the model reads from the mask, a training step reads
 nothing back from the device, the whole model compiles without a graph break, the padded-vocabulary MLM loss is
 the cross-entropy, and bf16 weights with float32 masters train as float32 does. The H100 figures are the proxy's
-(../shared/gpu/roofline.py), quoted in the README."""
+(../shared/gpu/roofline.py), quoted in docs/performance.md."""
 
 from __future__ import annotations
 

@@ -222,7 +222,7 @@ def test_region_cuts_are_said_once(quiet_cuts, caplog):
 
 # ------------------------------------------------------------------------------------------- with detectron2
 def test_the_readme_path_with_detectron2(tmp_path, user, monkeypatch, quiet_cuts, caplog, capsys):
-    pytest.importorskip("detectron2", reason="detectron2 is not installed (see README: optional detectron2 backend)")
+    pytest.importorskip("detectron2", reason="detectron2 is not installed (see docs/regions.md: the detectron2 backend)")
     import detectors.detectron2_detector as d2
     from test_detectron2 import SMALL, random_weights
 

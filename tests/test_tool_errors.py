@@ -274,7 +274,7 @@ def test_explain_reads_images_with_the_runs_detector(capsys, tmp_path):
 
 
 def test_every_detector_field_has_its_extract_regions_flag(capsys):
-    """README: extract_regions.py's flags are the detector section's fields (roi_output_size and low_level_stage
+    """docs/configuration.md: extract_regions.py's flags are the detector section's fields (roi_output_size and low_level_stage
     had none); ``overrides`` is ``--opts``."""
     from dataclasses import fields
 

@@ -4,25 +4,17 @@
     python tools/finetune_nlvr2.py --init-from runs/vl-default                  # easy-VQA image pairs
     python tools/finetune_nlvr2.py --init-from DIR --set data.dataset=nlvr2 --set data.train_file=train.json \\
         --set data.eval_file=dev.json --set data.shards=regions/
+
+``vlbert finetune --task nlvr2`` with the default config ``finetune/nlvr2-easy-vqa``
+(vlbert/commands/finetune.py).
 """
 
-from __future__ import annotations
-
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from vlbert.command_line import run_tool
+from vlbert.commands.finetune import task_main
 
-
-def main(argv=None) -> int:
-    from vlbert.cli import run_from_args, training_parser
-
-    p = training_parser(__doc__, str(ROOT / "configs" / "finetune" / "nlvr2-easy-vqa.yaml"))
-    run_from_args(p.parse_args(argv), "nlvr2")
-    return 0
-
+main = task_main("nlvr2", __doc__)
 
 if __name__ == "__main__":
-    from vlbert.command_line import run_tool
-
     sys.exit(run_tool(main))

@@ -1,41 +1,10 @@
 #!/usr/bin/env python
-"""Pretrain BERT on text (MLM + NSP) or a vision-language BERT on image-text pairs (MLM, MRFR, MRC, ITM).
-
-    python tools/pretrain.py --modality text                 # embedded default: small BERT on BBC News
-    python tools/pretrain.py --modality vl                   # embedded default: MiniLM + regions on easy-VQA
-    python tools/pretrain.py --modality text --config configs/text/bert-base-128.yaml --set data.corpus=my.txt
-    python tools/pretrain.py --modality text --output-dir runs/x --save-every 100 --resume
-
-Every flag overrides the config file; --set section.key=value overrides any other entry.
-"""
-
-from __future__ import annotations
+"""``vlbert pretrain`` as a script: ``python tools/pretrain.py --help`` (the code: ``vlbert/commands/pretrain``)."""
 
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def main(argv=None) -> int:
-    from vlbert.cli import run_from_args, training_parser
-
-    p = training_parser(__doc__, "configs/<modality>/default.yaml")
-    p.add_argument("--modality", choices=("text", "vl"), default="text")
-    args = p.parse_args(argv)
-    if args.config == "configs/<modality>/default.yaml":
-        args.config = str(ROOT / "configs" / args.modality / "default.yaml")
-    from vlbert.training.run_config import load_run_config
-
-    written_for = load_run_config(args.config).get("modality", args.modality)
-    if written_for != args.modality:
-        raise ValueError(f"--modality {args.modality}, but {args.config} is a {written_for} config; "
-                         f"pass --modality {written_for} or a {args.modality} config")
-    run_from_args(args, f"{args.modality}-pretraining")
-    return 0
-
+from vlbert.command_line import run_tool
+from vlbert.commands.pretrain import main as main
 
 if __name__ == "__main__":
-    from vlbert.command_line import run_tool
-
     sys.exit(run_tool(main))

@@ -1,39 +1,10 @@
 #!/usr/bin/env python
-"""Train a WordPiece (default) or BPE vocabulary on a corpus.
+"""``vlbert train-tokenizer`` as a script: ``python tools/train_tokenizer.py --help`` (the code: ``vlbert/commands/train_tokenizer``)."""
 
-    python tools/train_tokenizer.py --output-dir runs/tokenizer                      # BBC News, 30,000 pieces
-    python tools/train_tokenizer.py --corpus my_docs/ --vocab-size 32000 --model bpe --output-dir runs/bpe
-
-Use the result with pretraining: --set tokenizer=runs/tokenizer
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
 
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--corpus", default="bbc-news", help="bbc-news, a .txt/.jsonl file, a directory or a hub name")
-    p.add_argument("--output-dir", required=True)
-    p.add_argument("--vocab-size", type=int, default=30000)
-    p.add_argument("--model", choices=("wordpiece", "bpe"), default="wordpiece")
-    p.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased, as BERT-base)")
-    p.add_argument("--min-frequency", type=int, default=2)
-    args = p.parse_args(argv)
-
-    from vlbert.data.corpus import load_documents
-    from vlbert.tokenizer_training import train_tokenizer
-
-    documents = load_documents(args.corpus)
-    tok = train_tokenizer(documents, args.output_dir, args.vocab_size, args.model, not args.cased, args.min_frequency)
-    print(f"trained a {args.model} vocabulary of {len(tok)} pieces on {len(documents)} documents -> {args.output_dir}")
-    print("example:", tok.tokenize("Unbelievably, the tokenizer handles unseen words."))
-    return 0
-
+from vlbert.command_line import run_tool
+from vlbert.commands.train_tokenizer import main as main
 
 if __name__ == "__main__":
-    from vlbert.command_line import run_tool
-
     sys.exit(run_tool(main))

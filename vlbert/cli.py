@@ -19,7 +19,9 @@ COMMON_FLAGS = (("init_from", "init_from"), ("output_dir", "training.output_dir"
 def training_parser(doc: str, default_config: str | None) -> argparse.ArgumentParser:
     """An argument parser with the flags of every training tool; tools add their own."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=default_config, help=f"YAML run config (default: {default_config})")
+    p.add_argument("--config", default=default_config,
+                   help=f"YAML run config: a file, or a shipped config's name such as vl/uniter-base "
+                        f"(`vlbert configs` lists them; default: {default_config})")
     p.add_argument("--init-from", help="checkpoint directory or hub name to start from ('minilm': the packaged BERT)")
     p.add_argument("--output-dir", help="where checkpoints, log.jsonl and metrics.json go")
     p.add_argument("--max-steps", type=int)

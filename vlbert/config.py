@@ -223,7 +223,7 @@ class VLBertConfig(BertConfig):
             ``tools/explain.py alignment`` draws) transports between: -1 the last layer's (UNITER section 3.2), 0
             the embeddings (the first layer's input, before any word has seen a region), k the output of layer k.
             In a single-stream encoder the last layer's word and region states both know whether the pair
-            matches, and on easy-VQA captions WRA there is met by making them all alike (the README's figures);
+            matches, and on easy-VQA captions WRA there is met by making them all alike (docs/experiments.md);
             below the first cross-modal attention a matched pair can only be brought close through content.
     """
 

@@ -12,23 +12,61 @@ import yaml
 
 from vlbert_base.user_files import read_yaml
 
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def config_dir() -> Path:
+    """The directory of the shipped run configs (``text/``, ``vl/``, ``finetune/``, ``detectors/``): inside the
+    installed package (a wheel ships the repository's ``configs/`` as ``vlbert/configs/``), else the checkout's
+    ``configs/`` beside the package (a source tree or an editable install)."""
+    installed = _PACKAGE / "configs"
+    return installed if installed.is_dir() else _PACKAGE.parent / "configs"
+
+
+def config_names() -> list[str]:
+    """The names of the shipped configs, e.g. ``["finetune/bbc-news", ..., "vl/uniter-base", ...]`` (bases and
+    detector sections included)."""
+    root = config_dir()
+    return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
+
+
+def resolve_config_path(config: str | os.PathLike) -> Path:
+    """The file a ``--config`` value names: an existing file as it is, else a shipped config by name
+    (``vl/uniter-base`` or ``vl/uniter-base.yaml``, relative to :func:`config_dir`).
+
+    Raises:
+        FileNotFoundError: neither a file nor a shipped config's name (the message lists where names come from).
+    """
+    path = Path(config).expanduser()
+    if path.is_file() or path.is_dir():  # a directory: refused by the loader, which says what to name
+        return path
+    name = str(config).removesuffix(".yaml")
+    shipped = config_dir() / (name.removeprefix("configs/") + ".yaml")
+    if shipped.is_file():
+        return shipped
+    examples = ", ".join(n for n in config_names() if n.split("/")[0] in ("text", "vl"))
+    raise FileNotFoundError(f"config file {config} does not exist and is not the name of a shipped config "
+                            f"({examples}, finetune/...: `vlbert configs` lists them; directory {config_dir()})")
+
 
 def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None = None,
                     values: list[tuple[str, Any]] | tuple = ()) -> dict[str, Any]:
-    """Read a YAML run config, set the typed ``values`` (a tool's flags: ``("training.output_dir", "runs/a #b")``,
-    taken as they are) and then apply the ``key.sub=value`` overrides of ``--set`` (values parsed as YAML scalars).
+    """Read a YAML run config (a file, or a shipped config by name: ``vl/uniter-base``), set the typed ``values``
+    (a tool's flags: ``("training.output_dir", "runs/a #b")``, taken as they are) and then apply the
+    ``key.sub=value`` overrides of ``--set`` (values parsed as YAML scalars).
 
     A config may include others with ``_base_: path`` (or a list of paths), relative to its own file, as
     detectron2 / mmengine configs do: the bases are merged in order (sections merged key by key) and the file's own
     entries win; bases may include bases (a cycle is refused).
 
     Raises:
-        FileNotFoundError: the config file does not exist.
+        FileNotFoundError: the config file does not exist and ``path`` is no shipped config's name
+            (:func:`resolve_config_path`).
         ValueError: the file is not valid YAML (the message names the file, line and column, as
             ``path:line:column: problem``), not a YAML mapping, an override is not ``key=value``, or ``_base_``
             includes form a cycle.
     """
-    config = _load_with_bases(Path(path), ()) if path is not None else {}
+    config = _load_with_bases(resolve_config_path(path), ()) if path is not None else {}
     config = copy.deepcopy(config)
     for key, value in values:
         _set_path(config, key, value)

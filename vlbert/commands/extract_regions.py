@@ -1,0 +1,234 @@
+"""Images -> region shards (webdataset tar, schema in detectors/shards.py), or precomputed features -> shards.
+
+    python tools/extract_regions.py --images skimage --output-dir runs/regions-photos --draw runs/photos.png
+    python tools/extract_regions.py --images my_photos/ --backend torchvision --weights frcnn.pth --output-dir out/
+    python tools/extract_regions.py --images coco/train2014 --backend detectron2 --config-file butd-vg \
+        --weights faster_rcnn_from_caffe_attr.pkl --class-names objects_vocab.txt \
+        --attribute-names attributes_vocab.txt --output-dir regions/coco-butd            # BUTD 10-100 boxes
+    torchrun --nproc_per_node 8 tools/extract_regions.py ... --device cuda              # one shard set per process
+    python tools/extract_regions.py --from-tsv trainval_obj36.tsv --extracted-with butd-vg --output-dir out/
+    python tools/extract_regions.py --from-npz features_dir/ --extracted-with my-detector.yaml --output-dir out/
+
+--images takes files, directories (PNG/JPEG inside), "skimage" (the real photos shipped with scikit-image) or
+"easy-vqa". --draw writes the first images with their boxes (and top class) to one PNG. Running the same command
+again after a crash or kill skips the images already in complete shards (detectors/extract.py).
+
+detector.json beside the shards says what made them: the detector's config with the sha256 of its weights file
+(extraction), or for imported features the detector --extracted-with names (``butd-vg``: UNITER's and LXMERT's
+bottom-up-attention features; or a YAML file of detector fields). An import that names none is of unknown origin,
+and fine-tuning a published model that records its features refuses it (docs/regions.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from detectors.config import DetectorConfig, named_detector
+from detectors.extract import distributed_rank, extract_to_shards
+from detectors.images import load_image
+from detectors.precomputed import read_butd_tsv, read_npz
+from detectors.shards import read_shards, shard_paths, write_detector_info, write_shards
+from vlbert.data.easy_vqa import image_paths
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
+SKIMAGE_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "horse.png")
+
+
+def image_sources(spec: list[str]) -> list[tuple[str, object]]:
+    """(image id, path or array) pairs for the --images arguments."""
+    out = []
+    for item in spec:
+        if item == "skimage":
+            import skimage.data
+
+            folder = Path(skimage.data.__file__).parent
+            out += [(Path(name).stem, folder / name) for name in SKIMAGE_PHOTOS]
+        elif item == "easy-vqa":
+
+            out += [(i, p) for split in ("train", "test") for i, p in image_paths(split).items()]
+        else:
+            path = Path(item)
+            if path.is_dir():
+                # image id = the path under the directory without suffix ("000000391895", or "train/17" nested)
+                out += [(p.relative_to(path).with_suffix("").as_posix(), p) for p in sorted(path.rglob("*"))
+                        if p.suffix.lower() in IMAGE_SUFFIXES]
+            elif path.is_file():
+                out.append((path.stem, path))
+            else:
+                raise FileNotFoundError(f"--images {item}: no such file or directory; pass image files, directories or 'skimage'/'easy-vqa'")
+    if not out:
+        raise ValueError("--images: no images found (suffixes " + ", ".join(sorted(IMAGE_SUFFIXES)) + ")")
+    return out
+
+
+def detector_config(args):
+    """The :class:`detectors.config.DetectorConfig` of the flags: fields not given keep its defaults, the same
+    defaults the VL run configs' ``detector`` section has."""
+
+    given = {name: getattr(args, name) for name in ("backend", "weights", "config_file", "input_size",
+                                                     "roi_output_size", "max_proposals", "low_level_stage",
+                                                     "min_boxes", "max_boxes", "score_threshold", "nms_iou",
+                                                     "class_names", "attribute_names", "weights_sha256")
+             if getattr(args, name) is not None}
+    if args.opts:
+        if len(args.opts) % 2:
+            raise ValueError(f"--opts takes KEY VALUE pairs, got {len(args.opts)} words")
+        import yaml
+
+        given["overrides"] = {k: yaml.safe_load(v) for k, v in zip(args.opts[::2], args.opts[1::2])}
+    return DetectorConfig(**given)
+
+
+def draw(regions_and_images, path: Path, max_boxes: int = 8, label_fn=None) -> None:
+    """Draw up to ``max_boxes`` boxes per image (highest scores, whole image excluded) side by side."""
+    from PIL import Image, ImageDraw
+
+    tiles = []
+    for regions, image in regions_and_images:
+        tile = image.convert("RGB").copy()
+        pen = ImageDraw.Draw(tile)
+        order = [i for i in regions.scores.argsort()[::-1]
+                 if not (regions.boxes[i] == [0, 0, regions.width, regions.height]).all()][:max_boxes]
+        for rank, i in enumerate(order):
+            color = ("red", "lime", "blue", "yellow", "magenta", "cyan", "orange", "white")[rank % 8]
+            x1, y1, x2, y2 = regions.boxes[i].tolist()
+            pen.rectangle([x1, y1, x2, y2], outline=color, width=max(1, tile.width // 200))
+            if label_fn is not None and regions.class_probs is not None:
+                pen.text((x1 + 2, y1 + 2), label_fn(int(regions.class_probs[i].argmax())), fill=color)
+        tile.thumbnail((400, 400))
+        tiles.append(tile)
+    canvas = Image.new("RGB", (sum(t.width for t in tiles), max(t.height for t in tiles)), "white")
+    x = 0
+    for t in tiles:
+        canvas.paste(t, (x, 0))
+        x += t.width
+    path.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(path)
+
+
+def draw_first(args, detector, info: dict, sources: dict) -> None:
+    """Draw the first ``--draw-count`` images of the output shards with their boxes and top classes."""
+    from itertools import islice
+
+    from PIL import Image
+
+    label_fn = None
+    if info.get("class_names"):
+        label_fn = info["class_names"].__getitem__
+    elif detector.backend == "timm":
+        from timm.data import ImageNetInfo
+
+        names = ImageNetInfo()
+        label_fn = lambda i: names.index_to_description(i).split(",")[0]  # noqa: E731
+    drawn = []
+    for r in islice(read_shards(shard_paths(args.output_dir)), args.draw_count):
+        src = sources[r.image_id]
+        drawn.append((r, Image.fromarray(src if hasattr(src, "shape") else load_image(src))))
+    draw(drawn, Path(args.draw), label_fn=label_fn)
+    print(f"boxes drawn to {args.draw}")
+
+
+def import_regions(args):
+    """The Regions of ``--from-tsv`` (a bottom-up-attention TSV) or ``--from-npz`` (a directory of per-image .npz
+    files, or one file), read lazily; the ``--extracted-with`` name is checked first, before anything is read.
+
+    Raises:
+        FileNotFoundError: no .npz file there. ValueError: an unknown ``--extracted-with``.
+    """
+    if args.extracted_with:
+
+        named_detector(args.extracted_with)
+    if args.from_tsv:
+
+        return read_butd_tsv(args.from_tsv)
+
+    source = Path(args.from_npz)
+    files = [source] if source.is_file() else sorted(source.glob("*.npz"))
+    if not files:
+        raise FileNotFoundError(f"--from-npz {source}: no .npz file there; pass a directory of per-image .npz "
+                                "files or one .npz file")
+    return (read_npz(f) for f in files)
+
+
+def record_import(args) -> None:
+    """Write detector.json for imported features that ``--extracted-with`` names (the named detector's config
+    and fingerprint); without it nothing is written: the features' origin stays unknown."""
+    if not args.extracted_with:
+        print("the features' origin is unknown (no --extracted-with): fine-tuning a published model that records "
+              "its features refuses them")
+        return
+    from dataclasses import asdict
+
+    detector = named_detector(args.extracted_with)
+    write_detector_info(args.output_dir, {"detector": f"imported:{args.extracted_with}",
+                                          "fingerprint": detector.fingerprint(), "config": asdict(detector),
+                                          "extracted_with": args.extracted_with,
+                                          "imported_from": str(args.from_tsv or args.from_npz)})
+
+
+def main(argv=None) -> int:
+    """Run the tool with ``argv`` (default: ``sys.argv[1:]``; see the module docstring); returns the exit
+    status (0). Errors propagate for :func:`vlbert.command_line.run_tool` to report."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--images", nargs="+", help="files, directories, 'skimage' or 'easy-vqa'")
+    source.add_argument("--from-tsv", help="a bottom-up-attention TSV file (BUTD or LXMERT columns)")
+    source.add_argument("--from-npz", help="a directory of per-image .npz files")
+    p.add_argument("--extracted-with", help="--from-tsv/--from-npz: the detector that made the features, a name "
+                                            "(butd-vg) or a YAML file of detector fields; recorded in detector.json")
+    p.add_argument("--output-dir", required=True, help="where the shards go")
+    p.add_argument("--backend", choices=("timm", "torchvision", "detectron2"), help="default: timm")
+    p.add_argument("--weights", help="weights file (default: the backend's own: packaged ImageNet weights for "
+                                     "timm, torchvision's COCO weights when online)")
+    p.add_argument("--weights-sha256", help="the weights file's expected sha256 (sha256sum): refused when the file "
+                                            "has another; detector.json records it either way")
+    p.add_argument("--config-file", help="detectron2 config")
+    p.add_argument("--input-size", type=int, help="timm backbone input size (default 224, ImageNet's)")
+    p.add_argument("--max-proposals", type=int, help="timm: boxes per image incl. the whole image (default 36)")
+    p.add_argument("--roi-output-size", type=int, help="timm: RoIAlign cells per side before pooling (default 3)")
+    p.add_argument("--low-level-stage", type=int,
+                   help="timm: also pool this early backbone stage (keeps colour; default 2, -1 = final only)")
+    p.add_argument("--min-boxes", type=int, help="torchvision/detectron2: BUTD's minimum (default 10)")
+    p.add_argument("--max-boxes", type=int, help="torchvision/detectron2: BUTD's maximum (default 100)")
+    p.add_argument("--score-threshold", type=float, help="torchvision/detectron2: BUTD's 0.2 by default")
+    p.add_argument("--nms-iou", type=float, help="detectron2: per-class NMS IoU over the proposals (default 0.3)")
+    p.add_argument("--class-names", help="detectron2: object vocabulary file, one name per line")
+    p.add_argument("--attribute-names", help="detectron2: attribute vocabulary file, one name per line")
+    p.add_argument("--opts", nargs="+", help="detectron2 config overrides: KEY VALUE ...")
+    p.add_argument("--batch-size", type=int, default=8, help="images per forward pass (equal sizes only)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--draw", help="PNG to draw the first images' boxes into")
+    p.add_argument("--draw-count", type=int, default=4)
+    p.add_argument("--samples-per-shard", type=int, default=1000)
+    args = p.parse_args(argv)
+
+    from tqdm.auto import tqdm
+
+    if args.extracted_with and not (args.from_tsv or args.from_npz):
+        raise ValueError("--extracted-with says what made imported features (--from-tsv / --from-npz); extraction "
+                         "from --images records its own detector")
+    if args.from_tsv or args.from_npz:
+        shards = write_shards(tqdm(import_regions(args), desc="import"), args.output_dir,
+                              max_samples_per_shard=args.samples_per_shard)
+        record_import(args)
+    else:
+        from dataclasses import asdict
+
+        rank, world = distributed_rank()
+        detector = detector_config(args).identified()  # the weights' sha256 identifies the features
+        device = args.device
+        if device == "cuda" and world > 1:
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        extractor = detector.build(device)
+        sources = image_sources(args.images)
+        info = {"detector": extractor.name, "fingerprint": detector.fingerprint(), "config": asdict(detector),
+                **({k: v for k, v in extractor.metadata().items() if k != "detector"}
+                   if hasattr(extractor, "metadata") else {})}
+        shards = extract_to_shards(extractor, sources, args.output_dir, info, rank, world, args.batch_size,
+                                   args.samples_per_shard)
+        if args.draw and rank == 0:
+            draw_first(args, detector, info, dict(sources))
+    print(f"wrote {len(shards)} shard(s) to {args.output_dir}")
+    return 0

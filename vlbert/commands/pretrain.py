@@ -1,0 +1,34 @@
+"""Pretrain BERT on text (MLM + NSP) or a vision-language BERT on image-text pairs (MLM, MRFR, MRC, ITM).
+
+    python tools/pretrain.py --modality text                 # embedded default: small BERT on BBC News
+    python tools/pretrain.py --modality vl                   # embedded default: MiniLM + regions on easy-VQA
+    python tools/pretrain.py --modality text --config configs/text/bert-base-128.yaml --set data.corpus=my.txt
+    python tools/pretrain.py --modality text --output-dir runs/x --save-every 100 --resume
+
+Every flag overrides the config file; --set section.key=value overrides any other entry.
+"""
+
+from __future__ import annotations
+
+from vlbert.cli import run_from_args, training_parser
+from vlbert.training.run_config import load_run_config
+
+
+def main(argv=None) -> int:
+    """Run ``vlbert pretrain`` with ``argv`` (the default config: the shipped ``<modality>/default``).
+
+    Raises:
+        ValueError: the config is written for the other modality.
+    """
+    p = training_parser(__doc__, "configs/<modality>/default.yaml")
+    p.add_argument("--modality", choices=("text", "vl"), default="text")
+    args = p.parse_args(argv)
+    if args.config == "configs/<modality>/default.yaml":
+        args.config = f"{args.modality}/default"  # a shipped config, by name
+
+    written_for = load_run_config(args.config).get("modality", args.modality)
+    if written_for != args.modality:
+        raise ValueError(f"--modality {args.modality}, but {args.config} is a {written_for} config; "
+                         f"pass --modality {written_for} or a {args.modality} config")
+    run_from_args(args, f"{args.modality}-pretraining")
+    return 0
