@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+import yaml
+
 from vlbert import models
 from vlbert.config import VLBertConfig
 from vlbert.families.base import CheckpointFamily
@@ -68,6 +70,19 @@ def read_labels(path: str | os.PathLike) -> list[str]:
     return [pairs[i] for i in range(len(pairs))]
 
 
+def read_source_config(path: Path) -> dict[str, Any]:
+    """A family's own config: JSON (UNITER's ``config/uniter-base.json``) or YAML (VL-BERT's ``cfgs/*.yaml``).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not a mapping.
+    """
+    text = path.read_text(encoding="utf-8")
+    values = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} is not a config mapping (name: value)")
+    return values
+
+
 def detect_family(state) -> str | None:
     """The name of the family whose key layout ``state`` has, or None."""
     return next((name for name, family in FAMILIES.items() if family.matches(state)), None)
@@ -79,14 +94,15 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
     """Convert a published checkpoint of ``family`` into a vlbert model directory ``output_dir``.
 
     Args:
-        family: a key of :data:`vlbert.families.FAMILIES` ("uniter", "visualbert", "oscar").
-        source: the checkpoint: UNITER's ``.pt`` file, a VisualBERT or Oscar/VinVL directory.
+        family: a key of :data:`vlbert.families.FAMILIES` ("uniter", "visualbert", "oscar", "vl-bert").
+        source: the checkpoint: UNITER's ``.pt`` file, a VisualBERT or Oscar/VinVL directory, VL-BERT's ``.model``.
         output_dir: written whole or not at all (built beside it and renamed at the end).
         tokenizer: a tokenizer directory or hub name (default: the family's, from the hub when online).
         labels: the answer/label names in the head's output order (a list, or a file for :func:`read_labels`);
             required by VQA heads to name answers (``answer_i`` otherwise, with a warning).
-        config: the family's own config JSON (UNITER's ``config/uniter-base.json``), for what the tensors'
-            shapes do not say (the head count; default 64 per head).
+        config: the family's own config, JSON (UNITER's ``config/uniter-base.json``) or YAML (VL-BERT's
+            ``cfgs/pretrain/base_prec_4x16G_fp32.yaml``), for what the tensors' shapes do not say (the head count;
+            default 64 per head; VL-BERT: whether the file is prec or e2e).
         overwrite: replace an existing ``output_dir``.
     Returns:
         a report: family, model class, task, ``missing`` (newly initialised heads), ``dropped`` (source tensors
@@ -108,7 +124,7 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
         raise FileExistsError(f"{output_dir} is not empty; choose another --output-dir or pass --overwrite")
     state, source_config = fam.read(source)
     if config is not None:
-        source_config = {**source_config, **json.loads(Path(config).read_text(encoding="utf-8"))}
+        source_config = {**source_config, **read_source_config(Path(config))}
     if not fam.matches(state):
         other = detect_family(state)
         hint = f"it is a {other} checkpoint: pass --from {other}" if other else \

@@ -52,6 +52,9 @@ class PreTrainedModel(nn.Module):
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+        own = getattr(module, "_init_own_weights", None)
+        if callable(own):  # a module with its own published initialisation (after its children's, apply's order)
+            own(std)
 
     def init_weights(self) -> None:
         """Initialise as BERT / transformers: N(0, initializer_range) weights, zero biases, LayerNorm = identity."""
