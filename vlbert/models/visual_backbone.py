@@ -30,6 +30,7 @@ from torch import nn
 from torchvision.models import resnet as torchvision_resnet
 from torchvision.ops import roi_align
 
+from vlbert.models.pretrained import OwnLearningRate
 from vlbert_base.dependencies import require
 
 DEFAULTS = {"kind": "caffe-resnet", "layers": [3, 4, 23], "depth": 50, "model": "resnet18", "roi_size": 14,
@@ -135,7 +136,7 @@ def _torchvision_c4(depth: int, pretrained: bool) -> tuple[nn.Module, nn.Module]
     return body, net.layer4
 
 
-class RegionFeatureExtractor(nn.Module):
+class RegionFeatureExtractor(OwnLearningRate, nn.Module):
     """Images + boxes -> region features [B, R, D], trainable (see the module docstring for the options).
 
     Args of forward:
