@@ -14,7 +14,7 @@ from vlbert.models.vqa import VLBertForVQA
 from vlbert.training.training_config import parameter_groups
 
 TORCHVISION = {"kind": "torchvision-resnet", "depth": 18, "roi_size": 4}
-TIMM = {"kind": "timm", "model": "resnet18", "roi_size": 2}
+TIMM = {"kind": "timm", "model": "mobilenetv3_small_050", "roi_size": 2}
 
 
 def batch(seed=0):
@@ -100,7 +100,7 @@ def test_activation_checkpointing_gives_the_same_gradients(extractor):
         torch.testing.assert_close(a, b)
 
 
-def test_the_backbone_trains_in_its_own_parameter_group_and_the_model_runs_on_images():
+def test_the_backbone_trains_in_its_own_parameter_group_and_the_model_runs_on_images(tmp_path):
     config = VLBertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                           intermediate_size=24, region_feature_dim=512, num_labels=3,
                           visual_backbone={**TORCHVISION, "learning_rate": 1e-5})
@@ -116,6 +116,14 @@ def test_the_backbone_trains_in_its_own_parameter_group_and_the_model_runs_on_im
                 answer_targets=torch.tensor([[1.0, 0, 0], [0, 0, 1.0]]))
     out.loss.backward()
     assert model.bert.visual_backbone.body.layer3[0].conv1.weight.grad.abs().sum() > 0
+    model.save_pretrained(tmp_path / "m")  # the backbone travels in the model directory, its config in config.json
+    loaded = VLBertForVQA.from_pretrained(tmp_path / "m").eval()
+    assert not loaded.loading_info.missing_keys and loaded.config.visual_backbone == config.visual_backbone
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids, None, (ids > 0).long(), None, boxes, mask, images=images,
+                                          image_sizes=sizes).logits,
+                                   model.eval()(ids, None, (ids > 0).long(), None, boxes, mask, images=images,
+                                                image_sizes=sizes).logits)
 
 
 def test_bad_visual_backbone_configs_are_refused():

@@ -10,6 +10,7 @@ import yaml
 
 from test_published_checkpoints import ragged_text, write_tokenizer
 from vl_bert_reference import vl_bert_forward, vl_bert_state
+from vlbert.config import VLBertConfig
 from vlbert.families import convert_checkpoint
 from vlbert.models.vl import VLBertForPreTraining
 
@@ -151,3 +152,28 @@ def test_bad_vl_bert_files_are_refused_in_one_line_and_write_nothing(tmp_path):
             convert(args)
         assert run_tool(convert, args) == 2
         assert not out.exists()
+
+
+def test_vl_bert_pathway_keeps_the_model_contract(tmp_path):
+    """Pretraining with MLM and masked region classification over VL-BERT's pathway: finite loss, the backward
+    reaches every parameter (DDP needs each in every graph), save / load is exact."""
+    from test_model_contract import B, D, R, mlm_labels, regions, text
+
+    config = VLBertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=32, max_position_embeddings=40, type_vocab_size=3, region_feature_dim=D,
+                          num_region_classes=4, region_embedding="vl-bert", region_location_dim=4,
+                          region_token_type=2, region_head_norm=False)
+    torch.manual_seed(0)
+    model = VLBertForPreTraining(config).train()
+    batch = {**(t := text()), **regions(), "labels": mlm_labels(t)}
+    masked = torch.zeros(B, R, dtype=torch.bool)
+    masked[:, 1] = True
+    out = model(**batch, masked_regions=masked, region_labels=torch.full((B, R, 4), 0.25))
+    assert torch.isfinite(out.loss) and {"mlm", "mrc_kl"} <= set(out.losses)
+    out.loss.backward()
+    unused = {id(p) for p in out.unused_parameters or ()}
+    assert [n for n, p in model.named_parameters() if p.grad is None and id(p) not in unused] == []
+    model.save_pretrained(tmp_path / "m")
+    loaded = VLBertForPreTraining.from_pretrained(tmp_path / "m")
+    assert not loaded.loading_info.missing_keys and not loaded.loading_info.unexpected_keys
+    assert loaded.config.region_embedding == "vl-bert" and not loaded.config.region_head_norm

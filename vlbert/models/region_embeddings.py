@@ -300,7 +300,9 @@ class VLBertRegionEmbeddings(RegionEmbedding):
             if self.replace_masked_features:
                 features = torch.where(masked.unsqueeze(-1), self.mask_visual_embedding.to(features.dtype), features)
             visual = self.visual(features, region_boxes)
-            image = self.image_visual(features, region_boxes, region_mask, masked)
+            # the text-only embedding enters with weight zero: every parameter is in every graph (DDP)
+            image = self.image_visual(features, region_boxes, region_mask, masked) \
+                + 0.0 * self.aux_text_visual_embedding.weight
             word = torch.where(masked.unsqueeze(-1), self.object_mask_embedding.weight[0], self.object_embedding.weight[0])
             objects = (word + self.visual_ln_object(visual) + text.position_embeddings(n_text)[:, None]
                        + text.token_type_embeddings(region_type.expand(b, r)))

@@ -54,12 +54,10 @@ class VLBertModel(PreTrainedModel):
         self.init_weights()
 
     def idle_modules(self, masked_regions: torch.Tensor | None = None) -> list[nn.Module]:
-        """Submodules a forward with regions but without ``masked_regions`` never uses: UNITER's region
-        ``mask_embedding`` (masked region modelling only), VL-BERT's ``aux_text_visual_embedding`` (text alone). Fine-tuning heads pass them to ``ObjectiveOutput.include_idle``."""
-        idle = [getattr(self.region_embeddings, "aux_text_visual_embedding", None)]  # VL-BERT's, for text alone
-        if masked_regions is None:
-            idle.append(getattr(self.region_embeddings, "mask_embedding", None))
-        return [m for m in idle if m is not None]
+        """Submodules a forward without ``masked_regions`` never uses: UNITER's region ``mask_embedding`` (masked
+        region modelling only). Fine-tuning heads pass them to ``ObjectiveOutput.include_idle``."""
+        mask_embedding = getattr(self.region_embeddings, "mask_embedding", None)
+        return [mask_embedding] if mask_embedding is not None and masked_regions is None else []
 
     def extract_regions(self, images: torch.Tensor, region_boxes: torch.Tensor, region_mask: torch.Tensor | None,
                         image_sizes: torch.Tensor | None = None,
