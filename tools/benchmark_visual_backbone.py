@@ -50,7 +50,7 @@ def proposals(paths, max_regions):
     return boxes, mask
 
 
-def build_model(trainable: bool, answers: int, backbone_lr: float):
+def build_model(trainable: bool, answers: int, backbone_lr: float, pathway: str):
     from detectors.backbone import load_efficientnet_lite0
     from vlbert.models.vqa import VLBertForVQA
 
@@ -58,8 +58,9 @@ def build_model(trainable: bool, answers: int, backbone_lr: float):
                 "frozen_stages": [1, 2] if trainable else [1, 2, 3, 4, 5], "frozen_bn": True,
                 "learning_rate": backbone_lr}
     torch.manual_seed(0)
+    location = {"vl-bert": 4, "uniter": 7}[pathway]
     model = VLBertForVQA.from_pretrained(minilm_dir(), num_labels=answers, region_feature_dim=320,
-                                         region_embedding="vl-bert", region_location_dim=4, region_token_type=1,
+                                         region_embedding=pathway, region_location_dim=location, region_token_type=1,
                                          visual_backbone=backbone)
     source = load_efficientnet_lite0().state_dict()
     net = model.bert.visual_backbone.body.net
@@ -86,6 +87,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-regions", type=int, default=8)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--backbone-lr", type=float, default=2e-4)
+    p.add_argument("--region-embedding", choices=("vl-bert", "uniter"), default="vl-bert",
+                   help="the pathway over the backbone's features (vl-bert's visual LayerNorms start at gamma 0)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     logging.getLogger("vlbert").setLevel(logging.ERROR)  # the new pathway's "newly initialised" list
@@ -105,7 +108,8 @@ def main(argv=None) -> int:
         index = {i: n for n, i in enumerate(ids)}
         files = [paths[i] for i in ids]
         data[split] = (qs, index, load_images(files, args.image_size), *proposals(files, args.max_regions))
-    models = {name: build_model(name == "trainable", len(answers), args.backbone_lr) for name in ("trainable", "frozen")}
+    models = {name: build_model(name == "trainable", len(answers), args.backbone_lr, args.region_embedding)
+              for name in ("trainable", "frozen")}
     optimizers = {n: torch.optim.AdamW(parameter_groups(m, 0.01), lr=args.lr) for n, m in models.items()}
     times = {n: [] for n in models}
 
@@ -133,7 +137,8 @@ def main(argv=None) -> int:
             times[name].append(time.perf_counter() - start)
         if step % 50 == 0:
             print(f"step {step}: loss {loss.item():.3f}", file=sys.stderr)
-    report = {"steps": args.steps, "batch_size": args.batch_size, "image_size": args.image_size}
+    report = {"steps": args.steps, "batch_size": args.batch_size, "image_size": args.image_size,
+              "region_embedding": args.region_embedding, "lr": args.lr, "backbone_lr": args.backbone_lr}
     for name, model in models.items():
         model.eval()
         correct, qs = 0, data["test"][0]

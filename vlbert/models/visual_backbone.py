@@ -15,7 +15,10 @@ backbone (VL-BERT's "e2e"; Su et al., ICLR 2020, section 3.3; jackroos/VL-BERT a
   and ``frozen_bn`` (True: BatchNorm parameters frozen and its statistics never updated, ``IMAGE_FROZEN_BN``);
 * ``mask_pixels`` (True: a masked region's pixels are zeroed before the CNN, VL-BERT's ``MASK_RAW_PIXELS``),
   ``checkpointing`` (False: recompute the backbone's activations in the backward), ``learning_rate`` (None: the
-  run's; else the backbone's own parameter group).
+  run's; else the backbone's own parameter group), ``pretrained`` (False: random weights, to be loaded from a
+  checkpoint; True: torchvision's / timm's downloadable ImageNet weights, online only).
+
+The torchvision head is its ``layer4`` as built (stride 2, not dilated: a 14x14 RoI becomes 7x7 before pooling).
 
 Images are float [B, 3, H, W], already normalised as the backbone was trained (VL-BERT: BGR, means subtracted,
 short side 600, long side <= 1000); ``image_sizes`` int [B, 2] (height, width) says where each image lies in a padded
