@@ -82,7 +82,7 @@ class BertConfig:
     ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                            "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
                            "layer_norm_eps", "position_embedding_type", "region_feature_dim", "region_location_dim",
-                           "num_region_classes", "region_embedding")
+                           "num_region_classes", "region_embedding", "region_head_norm", "visual_backbone")
 
     def __post_init__(self) -> None:
         self.attn_implementation = _HF_ATTENTION_NAMES.get(self.attn_implementation, self.attn_implementation)
@@ -209,9 +209,10 @@ class VLBertConfig(BertConfig):
     Extra fields:
         region_feature_dim: size D of one RoI feature vector (2048 for bottom-up-attention Faster R-CNN).
         region_embedding: the region pathway, a key of :data:`vlbert.models.region_embeddings.REGION_EMBEDDINGS`:
-            "uniter" (default), "visualbert", "oscar" or "vinvl" (their equations are in that module).
+            "uniter" (default), "visualbert", "oscar", "vinvl" or "vl-bert" (their equations are in that module).
         region_location_dim: size of the location feature the pathway reads: 7 = [x1, y1, x2, y2, w, h, w*h]
-            (uniter), 6 = [x1, y1, x2, y2, w, h] (oscar, vinvl), 0 = no box input (visualbert); normalised units.
+            (uniter), 6 = [x1, y1, x2, y2, w, h] (oscar, vinvl), 4 = the box, read by VL-BERT's sin/cos geometry
+            embedding (vl-bert), 0 = no box input (visualbert); normalised units.
         region_token_type: the token type regions get when the inputs give none: a row of the text's
             token-type table (uniter, default 1 = segment B) or of VisualBERT's visual token-type table
             (VisualBERT's VQA/COCO checkpoints were trained with 0).
@@ -225,6 +226,11 @@ class VLBertConfig(BertConfig):
             In a single-stream encoder the last layer's word and region states both know whether the pair
             matches, and on easy-VQA captions WRA there is met by making them all alike (docs/experiments.md);
             below the first cross-modal attention a matched pair can only be brought close through content.
+        region_head_norm: whether the masked-region heads have a LayerNorm after their dense layer (UNITER: yes;
+            VL-BERT's ``mvrc_head``: dense + GELU + classifier, no LayerNorm).
+        visual_backbone: None (region features come precomputed), or the region feature extractor the model runs on
+            the batch's images under the given boxes (:class:`vlbert.models.visual_backbone.RegionFeatureExtractor`:
+            ``kind`` "caffe-resnet" (VL-BERT's e2e), "torchvision-resnet" or "timm", and its options).
     """
 
     region_feature_dim: int = 2048
@@ -234,6 +240,8 @@ class VLBertConfig(BertConfig):
     region_token_type: int = 1
     projection_dim: int = 256
     wra_layer: int = -1
+    region_head_norm: bool = True
+    visual_backbone: dict | None = None
 
     model_type = "vlbert"
 
@@ -241,9 +249,9 @@ class VLBertConfig(BertConfig):
         super().validate()
         if not isinstance(self.region_feature_dim, int) or self.region_feature_dim <= 0:
             raise ValueError(f"config.region_feature_dim must be a positive integer, got {self.region_feature_dim!r}")
-        if self.region_location_dim not in (0, 6, 7):
+        if self.region_location_dim not in (0, 4, 6, 7):
             raise ValueError("config.region_location_dim must be 7 ([x1, y1, x2, y2, w, h, w*h]: uniter), "
-                             f"6 ([x1, y1, x2, y2, w, h]: oscar, vinvl) or 0 (visualbert), got "
+                             f"6 ([x1, y1, x2, y2, w, h]: oscar, vinvl), 4 (the box: vl-bert) or 0 (visualbert), got "
                              f"{self.region_location_dim!r}")
         if not isinstance(self.num_region_classes, int) or self.num_region_classes < 0:
             raise ValueError(f"config.num_region_classes must be an integer >= 0, got {self.num_region_classes!r}")

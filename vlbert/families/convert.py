@@ -13,12 +13,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+
 from vlbert import models
 from vlbert.config import VLBertConfig
 from vlbert.families.base import CheckpointFamily
 from vlbert.families.registry import FAMILIES
 from vlbert.tokenization import load_tokenizer
-from vlbert_base.user_files import expect, read_json
+from vlbert_base.user_files import expect, read_json, read_yaml
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,20 @@ def check_finite(state: dict[str, Any], source) -> None:
                          "one, or pass --allow-nonfinite if you know why")
 
 
+def read_source_config(path: str | os.PathLike, family: str) -> dict[str, Any]:
+    """A family's own config: JSON (UNITER's ``config/uniter-base.json``) or YAML (VL-BERT's ``cfgs/*.yaml``).
+
+    Raises:
+        FileNotFoundError: no such file. UserFileError (a ValueError): cut off, not JSON / YAML, or not a mapping
+            (the file, line and column named).
+    """
+    path = Path(path)
+    fix = f"give {family}'s own config (e.g. UNITER's config/uniter-base.json, VL-BERT's cfgs/*.yaml) as published"
+    values = (read_yaml(path, f"{family} config", fix) if path.suffix in (".yaml", ".yml")
+              else read_json(path, f"{family} config", fix))
+    return expect(values, dict, str(path), f"a {family} config", fix)
+
+
 def detect_family(state) -> str | None:
     """The name of the family whose key layout ``state`` has, or None."""
     return next((name for name, family in FAMILIES.items() if family.matches(state)), None)
@@ -95,14 +110,15 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
     """Convert a published checkpoint of ``family`` into a vlbert model directory ``output_dir``.
 
     Args:
-        family: a key of :data:`vlbert.families.FAMILIES` ("uniter", "visualbert", "oscar").
-        source: the checkpoint: UNITER's ``.pt`` file, a VisualBERT or Oscar/VinVL directory.
+        family: a key of :data:`vlbert.families.FAMILIES` ("uniter", "visualbert", "oscar", "vl-bert").
+        source: the checkpoint: UNITER's ``.pt`` file, a VisualBERT or Oscar/VinVL directory, VL-BERT's ``.model``.
         output_dir: written whole or not at all (built beside it and renamed at the end).
         tokenizer: a tokenizer directory or hub name (default: the family's, from the hub when online).
         labels: the answer/label names in the head's output order (a list, or a file for :func:`read_labels`);
             required by VQA heads to name answers (``answer_i`` otherwise, with a warning).
-        config: the family's own config JSON (UNITER's ``config/uniter-base.json``), for what the tensors'
-            shapes do not say (the head count; default 64 per head).
+        config: the family's own config, JSON (UNITER's ``config/uniter-base.json``) or YAML (VL-BERT's
+            ``cfgs/pretrain/base_prec_4x16G_fp32.yaml``), for what the tensors' shapes do not say (the head count;
+            default 64 per head; VL-BERT: whether the file is prec or e2e).
         overwrite: replace an existing ``output_dir``.
         allow_nonfinite: convert tensors holding NaN or inf (refused otherwise: a model that cannot train).
     Returns:
@@ -127,9 +143,7 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
         raise FileExistsError(f"{output_dir} is not empty; choose another --output-dir or pass --overwrite")
     state, source_config = fam.read(source)
     if config is not None:
-        fix = f"give {family}'s own config JSON (e.g. UNITER's config/uniter-base.json) as it was published"
-        source_config = {**source_config, **expect(read_json(config, f"{family} config", fix), dict, str(config),
-                                                   f"a {family} config", fix)}
+        source_config = {**source_config, **read_source_config(config, family)}
     _check_source(fam, source, state, source_config, allow_nonfinite)
     converted = fam.convert(state, source_config)
     model_config = VLBertConfig(**converted.config)

@@ -51,13 +51,16 @@ class MaskedLMHead(nn.Module):
 
 
 class RegionHead(nn.Module):
-    """dense + activation + LayerNorm + linear to ``out_dim``: the MRFR (features) and MRC (classes) heads."""
+    """dense + activation + LayerNorm + linear to ``out_dim``: the MRFR (features) and MRC (classes) heads (UNITER
+    ``model/pretrain.py``). Without ``config.region_head_norm`` there is no LayerNorm (VL-BERT's ``mvrc_head``,
+    jackroos/VL-BERT@4373674 ``common/visual_linguistic_bert.py``)."""
 
     def __init__(self, config: VLBertConfig, out_dim: int):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = activation(config.hidden_act)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm = (nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+                     if getattr(config, "region_head_norm", True) else nn.Identity())
         self.decoder = nn.Linear(config.hidden_size, out_dim)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,13 @@ from vlbert.tokenization import save_tokenizer
 
 logger = logging.getLogger(__name__)
 
+class OwnLearningRate:
+    """Mixin of a submodule whose parameters may train at a learning rate of their own (``learning_rate``: a float,
+    or None for the run's); :meth:`PreTrainedModel.learning_rates` collects them."""
+
+    learning_rate: float | None = None
+
+
 class PreTrainedModel(nn.Module):
     """Base class: weight initialisation, loading from and saving to Hugging Face BERT checkpoint directories.
 
@@ -52,10 +59,23 @@ class PreTrainedModel(nn.Module):
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+        own = getattr(module, "_init_own_weights", None)
+        if callable(own):  # a module with its own published initialisation (after its children's, apply's order)
+            own(std)
 
     def init_weights(self) -> None:
         """Initialise as BERT / transformers: N(0, initializer_range) weights, zero biases, LayerNorm = identity."""
         self.apply(self._init_module)
+
+    def learning_rates(self) -> dict[int, float]:
+        """``id(parameter)`` -> its own learning rate, for parameters that have one: those of every submodule
+        that is an :class:`OwnLearningRate` with a ``learning_rate`` set (a trainable visual backbone). The
+        trainer gives them their own AdamW groups (:func:`vlbert.training.training_config.parameter_groups`)."""
+        out: dict[int, float] = {}
+        for module in self.modules():
+            if isinstance(module, OwnLearningRate) and module.learning_rate:
+                out.update({id(p): float(module.learning_rate) for p in module.parameters()})
+        return out
 
     @property
     def device(self) -> torch.device:

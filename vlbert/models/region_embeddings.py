@@ -15,11 +15,28 @@ Every entry takes the same inputs and returns the same shape::
 | ``visualbert`` | LN_text(W_f f + pos_v[0] + type_v[t]) | transformers ``VisualBertEmbeddings`` |
 | ``oscar`` | W [f ; box6] + b | Oscar ``BertImgModel`` (``use_img_layernorm`` 0) |
 | ``vinvl`` | LN(W [f ; box6] + b) | Oscar ``BertImgModel`` (``use_img_layernorm`` 1, VinVL) |
+| ``vl-bert`` | [IMG] + LN_o(ReLU(W [geo(box) ; f] + b)) + pos[n_text] + type[2]; text adds LN_t(v_image); [END] | jackroos/VL-BERT@4373674 |
 
 (dropout after each, as the sources.) ``loc7`` = [x1, y1, x2, y2, w, h, w*h], ``box6`` = [x1, y1, x2, y2, w, h]
 (:func:`region_location_features`); ``type`` is row ``t`` of the text's token-type table for UNITER (default
 1), of VisualBERT's own visual token-type table (published VQA/COCO checkpoints were trained with 0). Oscar and
 VinVL have no type or position term.
+
+VL-BERT (Su et al., ICLR 2020, section 3.2; jackroos/VL-BERT at 4373674, ``common/visual_linguistic_bert.py``
+``VisualLinguisticBert.embedding``, ``common/fast_rcnn.py`` ``obj_downsample``, ``common/utils/bbox.py``
+``coordinate_embeddings``, ``pretrain/modules/resnet_vlbert_for_pretraining_multitask.py``) also changes the text
+tokens and adds a token, so its entry implements :meth:`RegionEmbedding.join` (the whole input sequence):
+
+* the visual embedding of a box: ``v = ReLU(W [geo(box) ; f] + b)`` (dropout before W), ``geo`` the 2048-d sin/cos
+  embedding of the box's centre, width and height (:func:`box_geometry_embedding`);
+* text token i: ``word[id_i] + LN_text(v_image) + position[i] + type[t_i]``, ``v_image`` the visual embedding of the
+  whole-image box (region 0 when it covers the image, as VL-BERT's data puts it first; otherwise the mean of the
+  unmasked regions' features under the whole-image box; ``aux_text_visual_embedding`` for text alone);
+* region j: ``[IMG] + LN_object(v_j) + position[n_text] + type[2]``; a masked region takes
+  ``object_mask_word_embedding`` for [IMG] and, with precomputed features, ``mask_visual_embedding`` for f;
+* one [END] token after the regions: ``end_embedding + position[n_text + 1] + type[2]``;
+* the sum goes through the text's LayerNorm and dropout (VL-BERT's ``embedding_LayerNorm``). All regions share one
+  position, so permuting them permutes their outputs. ``LN_text`` / ``LN_object`` start with gamma 0.
 """
 
 from __future__ import annotations
@@ -62,6 +79,9 @@ class RegionEmbedding(nn.Module):
     None); ``default_token_type``: the region type when the inputs give none."""
 
     location_dim: int = 0
+    #: tokens the entry adds after the regions (VL-BERT's [END]): they take part in attention and are dropped
+    #: from the model's outputs.
+    extra_tokens: int = 0
 
     def __init__(self, config: VLBertConfig):
         super().__init__()
@@ -80,6 +100,20 @@ class RegionEmbedding(nn.Module):
                 region_token_type_ids: torch.Tensor | None, text: BertEmbeddings,
                 masked_regions: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
+
+    def join(self, text: BertEmbeddings, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+             attention_mask: torch.Tensor | None, region_features: torch.Tensor, region_boxes: torch.Tensor | None,
+             region_mask: torch.Tensor | None, region_token_type_ids: torch.Tensor | None = None,
+             masked_regions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder's input: (embeddings float [B, T + R + extra_tokens, H], mask int64 [B, T + R +
+        extra_tokens]), text rows first. Default: the text embeddings, then :meth:`forward`'s region rows."""
+        x = text(input_ids, token_type_ids)
+        regions = self(region_features, region_boxes, region_token_type_ids, text, masked_regions)
+        b, t, r = input_ids.shape[0], input_ids.shape[1], region_features.shape[1]
+        text_mask = attention_mask if attention_mask is not None else input_ids.new_ones(b, t)
+        reg_mask = region_mask if region_mask is not None else input_ids.new_ones(b, r)
+        return (torch.cat([x, regions.to(x.dtype)], dim=1),
+                torch.cat([text_mask.to(torch.long), reg_mask.to(torch.long)], dim=1))
 
 
 class UniterRegionEmbeddings(RegionEmbedding):
@@ -161,12 +195,138 @@ class VinVLRegionEmbeddings(OscarRegionEmbeddings):
     layer_norm = True
 
 
+#: sin/cos frequencies per box coordinate (VL-BERT ``fast_rcnn.py`` passes 256): 4 x 2 x 256 = 2048 geometry dims.
+GEOMETRY_FREQUENCIES = 256
+#: a region whose normalised box reaches within this of every image border is the whole-image box.
+WHOLE_IMAGE_TOLERANCE = 0.02
+
+
+def box_geometry_embedding(boxes: torch.Tensor, frequencies: int = GEOMETRY_FREQUENCIES) -> torch.Tensor:
+    """VL-BERT's geometry embedding of boxes (``common/utils/bbox.py`` ``coordinate_embeddings`` at 4373674).
+
+    Args:
+        boxes: float [..., 4] = (x1, y1, x2, y2) normalised to [0, 1] by image width and height (VL-BERT divides
+            pixel boxes by the image size, which is the same).
+        frequencies: sin/cos pairs per coordinate (256).
+    Returns:
+        float [..., 4 * 2 * frequencies]: for each of (centre x, centre y, width, height) x 100, in that order, its
+        sines then its cosines at 1000^(k / frequencies), k < frequencies.
+    """
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    pos = torch.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], -1) * 100
+    scale = 1000 ** (torch.arange(frequencies, dtype=boxes.dtype, device=boxes.device) / frequencies)
+    angles = pos[..., None] / scale
+    return torch.cat([angles.sin(), angles.cos()], -1).flatten(-2)
+
+
+def is_whole_image(boxes: torch.Tensor) -> torch.Tensor:
+    """bool [...]: whether each normalised (x1, y1, x2, y2) box [..., 4] covers the image (within
+    :data:`WHOLE_IMAGE_TOLERANCE`; VL-BERT's own whole-image box is (0, 0, w - 1, h - 1) in pixels)."""
+    low = (boxes[..., :2] <= WHOLE_IMAGE_TOLERANCE).all(-1)
+    return low & (boxes[..., 2:] >= 1 - WHOLE_IMAGE_TOLERANCE).all(-1)
+
+
+class VLBertRegionEmbeddings(RegionEmbedding):
+    """VL-BERT's pathway (the module docstring has the equations and sources). Checkpoint names (``vlbert.families.vl_bert``):
+    ``visual_proj`` = ``image_feature_extractor.obj_downsample.1``; ``visual_ln_text`` / ``visual_ln_object``;
+    ``object_embedding`` = ``object_linguistic_embeddings`` ([IMG]); ``object_mask_embedding`` =
+    ``object_mask_word_embedding``; ``mask_visual_embedding`` = ``object_mask_visual_embedding``;
+    ``aux_text_visual_embedding``; ``end_embedding`` (VL-BERT's ``vlbert.end_embedding``)."""
+
+    location_dim = 4
+    extra_tokens = 1
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__(config)
+        h, eps = config.hidden_size, config.layer_norm_eps
+        self.visual_proj = nn.Linear(4 * 2 * GEOMETRY_FREQUENCIES + config.region_feature_dim, h)
+        self.visual_ln_text = nn.LayerNorm(h, eps=eps)
+        self.visual_ln_object = nn.LayerNorm(h, eps=eps)
+        self.object_embedding = nn.Embedding(1, h)
+        self.object_mask_embedding = nn.Embedding(1, h)
+        self.aux_text_visual_embedding = nn.Embedding(1, h)
+        self.end_embedding = nn.Embedding(1, h)
+        backbone = config.visual_backbone
+        #: precomputed features, or a backbone that does not hide masked pixels: a masked region's feature becomes
+        #: ``mask_visual_embedding`` (with pixel masking VL-BERT has no such parameter)
+        self.replace_masked_features = not backbone or backbone.get("mask_pixels", True) is False
+        self.mask_visual_embedding = (nn.Parameter(torch.zeros(config.region_feature_dim))
+                                      if self.replace_masked_features else None)
+
+    def _init_own_weights(self, std: float) -> None:
+        """After the generic init (children first): LN_text / LN_object gamma 0 (VL-BERT ``visual_scale_*_init``
+        0.0 in its published configs), the mask feature 0 (``object_mask_visual_embedding`` filled with 0)."""
+        with torch.no_grad():
+            self.visual_ln_text.weight.zero_()
+            self.visual_ln_object.weight.zero_()
+            if self.mask_visual_embedding is not None:
+                self.mask_visual_embedding.zero_()
+
+    def visual(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """``ReLU(W [geometry(box) ; feature] + b)``: features float [..., D], boxes [..., 4] normalised xyxy ->
+        float [..., H] (VL-BERT ``FastRCNN.obj_downsample``: Dropout, Linear, ReLU)."""
+        dtype = self.visual_proj.weight.dtype
+        x = torch.cat([box_geometry_embedding(boxes.to(dtype)), features.to(dtype)], -1)
+        return torch.relu(self.visual_proj(self.dropout(x)))
+
+    def image_visual(self, features, boxes, region_mask, masked) -> torch.Tensor:
+        """float [B, H]: the visual embedding every text token adds (see the module docstring)."""
+        keep = (region_mask.bool() & ~masked).unsqueeze(-1).to(features.dtype)
+        mean = (features * keep).sum(1) / keep.sum(1).clamp(min=1)
+        whole = torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=boxes.dtype, device=boxes.device).expand_as(boxes[:, 0])
+        first = self.visual(features[:, 0], boxes[:, 0])
+        pooled = self.visual(mean, whole)
+        return torch.where(is_whole_image(boxes[:, 0]).unsqueeze(-1), first, pooled)
+
+    def join(self, text: BertEmbeddings, input_ids, token_type_ids, attention_mask, region_features, region_boxes,
+             region_mask, region_token_type_ids=None, masked_regions=None):
+        """The whole sequence [text T ; regions R ; END 1] -> (embeddings float [B, T + R + 1, H], mask int64
+        [B, T + R + 1]). ``region_features`` None: text alone (R = 0), as VL-BERT's text-only corpus."""
+        b, t = input_ids.shape
+        device = input_ids.device
+        text_mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        n_text = text_mask.sum(1)
+        region_type = (torch.full((b, 1), self.default_token_type, device=device) if region_token_type_ids is None
+                       else region_token_type_ids)
+        if region_features is None:
+            image = self.aux_text_visual_embedding.weight.expand(b, -1)
+            objects = text.word_embeddings.weight.new_zeros(b, 0, text.word_embeddings.weight.shape[1])
+            region_mask = text_mask.new_zeros(b, 0)
+        else:
+            r = region_features.shape[1]
+            region_mask = region_mask if region_mask is not None else text_mask.new_ones(b, r)
+            masked = masked_regions.bool() if masked_regions is not None else region_mask.new_zeros(b, r).bool()
+            features = region_features.to(self.visual_proj.weight.dtype)
+            if self.replace_masked_features:
+                features = torch.where(masked.unsqueeze(-1), self.mask_visual_embedding.to(features.dtype), features)
+            visual = self.visual(features, region_boxes)
+            # the text-only embedding enters with weight zero: every parameter is in every graph (DDP)
+            image = self.image_visual(features, region_boxes, region_mask, masked) \
+                + 0.0 * self.aux_text_visual_embedding.weight
+            word = torch.where(masked.unsqueeze(-1), self.object_mask_embedding.weight[0], self.object_embedding.weight[0])
+            objects = (word + self.visual_ln_object(visual) + text.position_embeddings(n_text)[:, None]
+                       + text.token_type_embeddings(region_type.expand(b, r)))
+        words = text.word_embeddings(input_ids) + self.visual_ln_text(image)[:, None]
+        words = words + text.position_embeddings(torch.arange(t, device=device))
+        words = words + (text.token_type_embeddings(token_type_ids) if token_type_ids is not None
+                         else text.token_type_embeddings.weight[0])
+        end = (self.end_embedding.weight[0] + text.position_embeddings(n_text + 1)
+               + text.token_type_embeddings(region_type[:, -1]))[:, None]
+        x = torch.cat([words, objects.to(words.dtype), end.to(words.dtype)], 1)
+        mask = torch.cat([text_mask.long(), region_mask.long(), text_mask.new_ones(b, 1).long()], 1)
+        return text.dropout(text.norm(x)), mask
+
+    def forward(self, region_features, region_boxes, region_token_type_ids, text, masked_regions=None):
+        raise TypeError("VL-BERT's pathway embeds text and regions together: call join()")
+
+
 #: config.region_embedding -> the pathway's class.
 REGION_EMBEDDINGS: dict[str, type[RegionEmbedding]] = {
     "uniter": UniterRegionEmbeddings,
     "visualbert": VisualBertRegionEmbeddings,
     "oscar": OscarRegionEmbeddings,
     "vinvl": VinVLRegionEmbeddings,
+    "vl-bert": VLBertRegionEmbeddings,
 }
 
 
@@ -185,4 +345,5 @@ def build_region_embedding(config: VLBertConfig) -> RegionEmbedding:
 
 
 __all__ = ["REGION_EMBEDDINGS", "RegionEmbedding", "UniterRegionEmbeddings", "VisualBertRegionEmbeddings",
-           "OscarRegionEmbeddings", "VinVLRegionEmbeddings", "build_region_embedding", "region_location_features"]
+           "OscarRegionEmbeddings", "VinVLRegionEmbeddings", "VLBertRegionEmbeddings", "build_region_embedding",
+           "region_location_features", "box_geometry_embedding", "is_whole_image"]

@@ -17,6 +17,7 @@ from vlbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, check_te
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.region_embeddings import build_region_embedding, region_location_features
+from vlbert.models.visual_backbone import RegionFeatureExtractor
 from vlbert.objectives import Encoded, units_for
 
 def _has_submodule(model: nn.Module, name: str) -> bool:
@@ -43,6 +44,11 @@ class VLBertModel(PreTrainedModel):
         super().__init__(config)
         self.embeddings = BertEmbeddings(config)
         self.region_embeddings = build_region_embedding(config)
+        self.visual_backbone = RegionFeatureExtractor(config.visual_backbone) if config.visual_backbone else None
+        if self.visual_backbone is not None and self.visual_backbone.feature_dim != config.region_feature_dim:
+            raise ValueError(f"config.visual_backbone gives {self.visual_backbone.feature_dim}-d region features but "
+                             f"config.region_feature_dim is {config.region_feature_dim}; set it to "
+                             f"{self.visual_backbone.feature_dim}")
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.init_weights()
@@ -52,6 +58,22 @@ class VLBertModel(PreTrainedModel):
         region modelling only). Fine-tuning heads pass them to ``ObjectiveOutput.include_idle``."""
         mask_embedding = getattr(self.region_embeddings, "mask_embedding", None)
         return [mask_embedding] if mask_embedding is not None and masked_regions is None else []
+
+    def extract_regions(self, images: torch.Tensor, region_boxes: torch.Tensor, region_mask: torch.Tensor | None,
+                        image_sizes: torch.Tensor | None = None,
+                        masked_regions: torch.Tensor | None = None) -> torch.Tensor:
+        """Region features [B, R, region_feature_dim] computed from ``images`` under ``region_boxes`` by the
+        model's visual backbone (:class:`~vlbert.models.visual_backbone.RegionFeatureExtractor`; arguments there).
+
+        Raises:
+            ValueError: the config has no ``visual_backbone``, or no boxes are given.
+        """
+        if self.visual_backbone is None:
+            raise ValueError("images were given but config.visual_backbone is None; give region_features, or build "
+                             "the model with a visual_backbone section")
+        if region_boxes is None:
+            raise ValueError("images need region_boxes: the boxes whose features the backbone pools")
+        return self.visual_backbone(images, region_boxes, region_mask, image_sizes, masked_regions)
 
     def check_region_inputs(self, input_ids: torch.Tensor, region_features: torch.Tensor,
                             region_boxes: torch.Tensor, region_mask: torch.Tensor | None,
@@ -82,7 +104,8 @@ class VLBertModel(PreTrainedModel):
                 output_hidden_states: bool = False, output_attentions: bool = False,
                 region_token_type_ids: torch.Tensor | None = None,
                 masked_regions: torch.Tensor | None = None, packed_indices: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None) -> EncoderOutput:
+                cu_seqlens: torch.Tensor | None = None, images: torch.Tensor | None = None,
+                image_sizes: torch.Tensor | None = None) -> EncoderOutput:
         """Encode text and regions jointly.
 
         Args:
@@ -99,33 +122,42 @@ class VLBertModel(PreTrainedModel):
                 ``mask_embedding`` there; the other pathways ignore it).
             packed_indices, cu_seqlens: the packed layout of the [B, T + R] mask (text then regions) as the
                 collator computed it (:func:`~vlbert.layers.attention.packing_fields`): no host sync.
+            images, image_sizes: instead of ``region_features``, float [B, 3, H, W] images (and int64 [B, 2] their
+                (height, width) in a padded batch) for the model's visual backbone (:meth:`extract_regions`).
         Returns:
             :class:`EncoderOutput`, last_hidden_state [B, T + R, H] (text rows first), pooler_output [B, H].
-            Without regions this is exactly :class:`BertModel`.
+            Without regions this is exactly :class:`BertModel` (VL-BERT's pathway: its text-only embedding).
+            Tokens a pathway adds (VL-BERT's [END]) take part in attention and are dropped from
+            ``last_hidden_state`` and ``hidden_states``; ``attentions`` keep them ([B, heads, S, S], S = T + R + 1).
         Raises:
             ValueError: text input errors (see BertModel), feature size other than config.region_feature_dim,
                 zero regions, or mismatched box/mask shapes.
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
-        if region_features is None:  # text alone: exactly BertModel
+        if images is not None:
+            region_features = self.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
+        extra = self.region_embeddings.extra_tokens
+        if region_features is None and not extra:  # text alone: exactly BertModel
             out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
                                output_attentions, packing_from_batch(packed_indices, cu_seqlens, attention_mask))
             out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
             return out
-        if region_boxes is None and self.region_embeddings.location_dim:
-            raise ValueError("region_boxes are required with region_features")
-        self.check_region_inputs(input_ids, region_features, region_boxes, region_mask, region_token_type_ids,
-                                 masked_regions)
-        text = self.embeddings(input_ids, token_type_ids)
-        regions = self.region_embeddings(region_features, region_boxes, region_token_type_ids, self.embeddings,
-                                         masked_regions)
-        x = torch.cat([text, regions.to(text.dtype)], dim=1)
-        b, t, r = input_ids.shape[0], input_ids.shape[1], region_features.shape[1]
-        text_mask = attention_mask if attention_mask is not None else input_ids.new_ones(b, t)
-        reg_mask = region_mask if region_mask is not None else input_ids.new_ones(b, r)
-        mask = torch.cat([text_mask.to(torch.long), reg_mask.to(torch.long)], dim=1)
-        out = self.encoder(x, mask, output_hidden_states, output_attentions,
-                           packing_from_batch(packed_indices, cu_seqlens, mask))
+        if region_features is not None:
+            if region_boxes is None and self.region_embeddings.location_dim:
+                raise ValueError("region_boxes are required with region_features")
+            self.check_region_inputs(input_ids, region_features, region_boxes, region_mask, region_token_type_ids,
+                                     masked_regions)
+        x, mask = self.region_embeddings.join(self.embeddings, input_ids, token_type_ids, attention_mask,
+                                              region_features, region_boxes, region_mask, region_token_type_ids,
+                                              masked_regions)
+        # a pathway that adds tokens (VL-BERT's [END]) changes the layout the collator packed: read it from the mask
+        packing = None if extra else packing_from_batch(packed_indices, cu_seqlens, mask)
+        out = self.encoder(x, mask, output_hidden_states, output_attentions, packing)
+        if extra:
+            keep = x.shape[1] - extra
+            out.last_hidden_state = out.last_hidden_state[:, :keep]
+            if out.hidden_states is not None:
+                out.hidden_states = tuple(h[:, :keep] for h in out.hidden_states)
         out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
         return out
 
@@ -182,8 +214,8 @@ class VLBertForPreTraining(PreTrainedModel):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None,
                 region_boxes=None, region_mask=None, masked_regions=None, output_hidden_states: bool = False,
-                output_attentions: bool = False, packed_indices=None, cu_seqlens=None,
-                **labels) -> PreTrainingOutput:
+                output_attentions: bool = False, packed_indices=None, cu_seqlens=None, images=None,
+                image_sizes=None, **labels) -> PreTrainingOutput:
         """Run the encoder and every objective whose labels are given (``labels``: the keys of
         :attr:`label_names`, e.g. ``labels`` for MLM, ``itm_label``). Shapes as the class docstring; returns a
         :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives' losses and per-objective
@@ -193,12 +225,16 @@ class VLBertForPreTraining(PreTrainedModel):
         ``seq_relationship_logits`` the ITM logits [B, 2] (column 1 = the text matches the image), as
         transformers' ``*ForPreTraining`` return every head's logits.
         ``packed_indices``, ``cu_seqlens``, ``masked_lm_positions``: the collator's packed layout and MLM rows
-        (no host sync); dropped when a unit rewrites the text before the encoder (ITM's hard negatives)."""
+        (no host sync); dropped when a unit rewrites the text before the encoder (ITM's hard negatives).
+        ``images``, ``image_sizes``: pixels for the model's visual backbone instead of ``region_features``
+        (:meth:`VLBertModel.extract_regions`; masked regions' pixels are hidden there)."""
         unknown = sorted(set(labels) - set(self.label_names))
         if unknown:
             raise TypeError(f"VLBertForPreTraining.forward got {unknown}, which no objective unit reads; the units "
                             f"read {list(self.label_names)}")
         given = {**dict.fromkeys(self.label_names), **labels, "masked_regions": masked_regions}
+        if images is not None:
+            region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
         inputs = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
                   "region_features": region_features, "region_boxes": region_boxes, "region_mask": region_mask}
         for unit in self.units:  # units that build their examples from the model (ITM's hard negatives)

@@ -60,10 +60,13 @@ class VLBertForTask(PreTrainedModel):
         raise NotImplementedError
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
-                region_mask=None, region_token_type_ids=None, **targets) -> ObjectiveOutput:
+                region_mask=None, region_token_type_ids=None, images=None, image_sizes=None,
+                **targets) -> ObjectiveOutput:
         """Args: text int64 [B, T] and regions as :meth:`VLBertModel.forward` (region_features [B, R, D],
         region_boxes float [B, R, 4] normalised xyxy, region_mask [B, R]; the class docstring says where a head
-        takes another layout); ``targets``: the keys of :attr:`label_names` (shapes in the class docstring).
+        takes another layout); ``targets``: the keys of :attr:`label_names` (shapes in the class docstring);
+        ``images``, ``image_sizes``: pixels instead of ``region_features`` for the model's visual backbone
+        (:meth:`VLBertModel.extract_regions`).
         Returns :attr:`output_class` with ``logits``; with targets, the loss and metric of the task.
         Raises: TypeError for a target key the head does not read (its keys named); ValueError as
         :meth:`VLBertModel.forward`.
@@ -72,6 +75,8 @@ class VLBertForTask(PreTrainedModel):
         if unknown:
             raise TypeError(f"{type(self).__name__}.forward got unknown target(s) {unknown}; it reads "
                             f"{list(self.label_names)}")
+        if images is not None:
+            region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes)
         enc = self.encode(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
                           region_token_type_ids)
         out = self.output_class(logits=self.head(enc, input_ids, attention_mask, region_mask))

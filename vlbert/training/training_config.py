@@ -102,12 +102,19 @@ class TrainingConfig:
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: decay on weight matrices and embeddings, none on biases and LayerNorm (any 1-d tensor)."""
-    decay, no_decay = [], []
+    """AdamW groups: decay on weight matrices and embeddings, none on biases and LayerNorm (any 1-d tensor).
+    Parameters with a learning rate of their own (``model.learning_rates()`` of a
+    :class:`~vlbert.models.pretrained.PreTrainedModel`: a trainable visual backbone's) get groups with that ``lr``;
+    the schedule scales every group alike. Empty groups are left out."""
+    own = model.learning_rates() if hasattr(model, "learning_rates") else {}
+    groups: dict[tuple[float | None, bool], list] = {}
     for p in model.parameters():
         if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            groups.setdefault((own.get(id(p)), p.dim() >= 2), []).append(p)
+    out = []
+    for (lr, decay), params in groups.items():
+        out.append({"params": params, "weight_decay": weight_decay if decay else 0.0, **({"lr": lr} if lr else {})})
+    return sorted(out, key=lambda g: ("lr" in g, g["weight_decay"] == 0.0))
 
 
 def linear_schedule(warmup_steps: int, max_steps: int) -> Callable[[int], float]:
