@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from vlbert.families.base import CheckpointFamily
 from vlbert.families.oscar import OSCAR
+from vlbert.families.lxmert import LXMERT
 from vlbert.families.uniter import UNITER
 from vlbert.families.visualbert import VISUALBERT
 
-FAMILIES: dict[str, CheckpointFamily] = {family.name: family for family in (UNITER, VISUALBERT, OSCAR)}
+FAMILIES: dict[str, CheckpointFamily] = {family.name: family for family in (UNITER, VISUALBERT, OSCAR, LXMERT)}
 
 __all__ = ["FAMILIES"]

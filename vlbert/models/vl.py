@@ -17,7 +17,12 @@ from vlbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, check_te
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.region_embeddings import build_region_embedding, region_location_features
+from vlbert.models.two_stream import TwoStreamEncoder
 from vlbert.objectives import Encoded, units_for
+
+#: config.encoder -> the encoder class: one over [text ; regions] (a stack of BERT layers) or LXMERT's two streams.
+ENCODERS = {"single-stream": BertEncoder, "two-stream": TwoStreamEncoder}
+
 
 def _has_submodule(model: nn.Module, name: str) -> bool:
     try:
@@ -35,6 +40,11 @@ class VLBertModel(PreTrainedModel):
 
     Initialise the shared encoder from any BERT checkpoint with ``VLBertModel.from_pretrained(dir,
     region_feature_dim=...)``: the region embeddings are then newly initialised (listed in ``loading_info``).
+
+    ``config.encoder`` picks the encoder from :data:`ENCODERS`: "single-stream" (the above) or "two-stream"
+    (LXMERT: :class:`~vlbert.models.two_stream.TwoStreamEncoder`, text and regions in their own layers, then
+    cross-modality layers). Its outputs keep the shapes above: ``last_hidden_state`` [B, T + R, H] text rows first,
+    the pooler on the text's [CLS]; it needs regions.
     """
 
     config_class = VLBertConfig
@@ -43,7 +53,7 @@ class VLBertModel(PreTrainedModel):
         super().__init__(config)
         self.embeddings = BertEmbeddings(config)
         self.region_embeddings = build_region_embedding(config)
-        self.encoder = BertEncoder(config)
+        self.encoder = ENCODERS[config.encoder](config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.init_weights()
 
@@ -104,9 +114,16 @@ class VLBertModel(PreTrainedModel):
             Without regions this is exactly :class:`BertModel`.
         Raises:
             ValueError: text input errors (see BertModel), feature size other than config.region_feature_dim,
-                zero regions, or mismatched box/mask shapes.
+                zero regions, or mismatched box/mask shapes; no regions for a two-stream model.
+        With ``config.encoder = "two-stream"`` the collator's ``packed_indices`` / ``cu_seqlens`` (of the joint
+        mask) are not read: each stream is packed by its own mask, and the output adds each stream's states and
+        attention maps (:class:`~vlbert.models.two_stream.TwoStreamEncoder`).
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
+        two_stream = getattr(self.encoder, "streams", 1) == 2
+        if region_features is None and two_stream:
+            raise ValueError("a two-stream (LXMERT) model needs region_features: its text stream ends in "
+                             "cross-modality layers; give the image's regions")
         if region_features is None:  # text alone: exactly BertModel
             out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
                                output_attentions, packing_from_batch(packed_indices, cu_seqlens, attention_mask))
@@ -119,6 +136,11 @@ class VLBertModel(PreTrainedModel):
         text = self.embeddings(input_ids, token_type_ids)
         regions = self.region_embeddings(region_features, region_boxes, region_token_type_ids, self.embeddings,
                                          masked_regions)
+        if two_stream:  # the collator's joint packing does not describe the streams: each is packed by its mask
+            out = self.encoder(text, regions.to(text.dtype), attention_mask, region_mask, output_hidden_states,
+                               output_attentions)
+            out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
+            return out
         x = torch.cat([text, regions.to(text.dtype)], dim=1)
         b, t, r = input_ids.shape[0], input_ids.shape[1], region_features.shape[1]
         text_mask = attention_mask if attention_mask is not None else input_ids.new_ones(b, t)
@@ -245,4 +267,4 @@ class VLBertForPreTraining(PreTrainedModel):
         return out
 
 
-__all__ = ["VLBertModel", "VLBertForPreTraining", "region_location_features"]
+__all__ = ["VLBertModel", "VLBertForPreTraining", "ENCODERS", "region_location_features"]

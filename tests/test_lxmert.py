@@ -1,0 +1,124 @@
+"""LXMERT, the two-stream model (issue 42): converted from transformers' Lxmert checkpoints through
+``tools/convert_checkpoint.py --from lxmert``, it computes what transformers computes (random weights, ragged
+text and region counts, float32, 1e-5); airsplay/lxmert's ``module.``-prefixed ``.pth`` layout loads to the same
+model; the two-stream encoder keeps the single-stream encoder's shape and packing contracts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from conftest import tool
+from test_published_checkpoints import perturb_, ragged_regions, ragged_text, write_tokenizer
+from vlbert.config import VLBertConfig
+from vlbert.models.vl import VLBertForPreTraining, VLBertModel
+from vlbert.models.vqa import VLBertForVQA
+
+SIZES = {
+    "small": dict(vocab_size=90, hidden_size=32, num_attention_heads=4, intermediate_size=40, l_layers=2,
+                  r_layers=1, x_layers=2, visual_feat_dim=24, num_qa_labels=7, num_object_labels=6,
+                  num_attr_labels=5, max_position_embeddings=64),
+    "base": dict(vocab_size=300, hidden_size=768, num_attention_heads=12, intermediate_size=3072, l_layers=1,
+                 r_layers=1, x_layers=1, visual_feat_dim=2048, num_qa_labels=11, num_object_labels=1600,
+                 num_attr_labels=400),
+}
+ANSWERS = [f"answer-{i}" for i in range(7)]
+
+
+def lxmert(cls, size, tmp, **extra):
+    """A transformers Lxmert model of ``cls`` with random weights (every parameter perturbed), saved with
+    save_pretrained, and a tokenizer of its vocabulary size."""
+    config = transformers.LxmertConfig(**SIZES[size], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                       **extra)
+    torch.manual_seed(0)
+    hf = cls(config).eval()
+    perturb_(hf)
+    hf.save_pretrained(tmp / "hf")
+    return hf, tmp / "hf", write_tokenizer(tmp / "tok", config.vocab_size, cased=False)
+
+
+def inputs(cfg, seed=0):
+    """Ragged text (9, 6, 3 real of 9) and regions (5, 2, 4 real of 5), boxes normalised xyxy."""
+    ids, tm = ragged_text(3, 9, cfg.vocab_size, [9, 6, 3], seed=seed + 1)
+    feats, boxes, rm = ragged_regions(3, 5, cfg.visual_feat_dim, [5, 2, 4], seed=seed)
+    return ids, torch.randint(0, 2, ids.shape, generator=torch.Generator().manual_seed(seed)) * tm, tm, feats, \
+        boxes, rm
+
+
+def reference(hf, ids, tt, tm, feats, boxes, rm, **kwargs):
+    with torch.no_grad():
+        return hf(input_ids=ids, token_type_ids=tt, attention_mask=tm, visual_feats=feats, visual_pos=boxes,
+                  visual_attention_mask=rm, **kwargs)
+
+
+def close(ours, theirs, mask):
+    torch.testing.assert_close(ours[mask.bool()], theirs[mask.bool()], atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def pretraining(tmp_path_factory):
+    """transformers LxmertForPreTraining (small) and its conversion by the tool."""
+    tmp = tmp_path_factory.mktemp("lxmert-pt")
+    hf, source, tok = lxmert(transformers.LxmertForPreTraining, "small", tmp)
+    assert tool("convert_checkpoint")([str(source), "--from", "lxmert", "--output-dir", str(tmp / "out"),
+                                            "--tokenizer", str(tok)]) == 0
+    return hf, tmp / "out"
+
+
+def test_pretraining_heads_and_streams_equal_transformers(pretraining):
+    hf, out_dir = pretraining
+    ours = VLBertForPreTraining.from_pretrained(out_dir).eval()
+    assert ours.config.encoder == "two-stream" and ours.config.region_embedding == "lxmert"
+    assert {"mlm", "itm", "mrc", "mrfr", "attr", "qa"} <= set(ours.objectives)
+    ids, tt, tm, feats, boxes, rm = inputs(hf.config)
+    ref = reference(hf, ids, tt, tm, feats, boxes, rm, output_hidden_states=True)
+    with torch.no_grad():
+        out = ours(ids, tt, tm, feats, boxes, rm, output_hidden_states=True)
+        regions = out.last_hidden_state[:, ids.shape[1]:]
+        heads = {"obj": ours.mrc(regions), "attr": ours.attr(regions), "feat": ours.mrfr(regions)}
+        answers = ours.qa(out.pooler_output)
+    # transformers' LxmertForPreTrainingOutput carries the head outputs; its hidden states the streams
+    close(out.prediction_logits, ref.prediction_logits, tm)
+    torch.testing.assert_close(out.seq_relationship_logits, ref.cross_relationship_score, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(answers, ref.question_answering_score, atol=1e-5, rtol=1e-5)
+    close(out.last_hidden_state[:, :ids.shape[1]], ref.language_hidden_states[-1], tm)
+    close(regions, ref.vision_hidden_states[-1], rm)
+    visual = hf.obj_predict_head(ref.vision_hidden_states[-1])
+    for name, logits in heads.items():
+        close(logits, visual[name], rm)
+
+
+def test_base_sized_lxmert_model_equals_transformers(tmp_path):
+    """BERT-base widths (768 hidden, 12 heads, 2048-d features; one layer per stack: the widths are what a small
+    config could hide). The small config's streams are checked through LxmertForPreTraining above."""
+    hf, source, tok = lxmert(transformers.LxmertModel, "base", tmp_path)
+    assert tool("convert_checkpoint")([str(source), "--from", "lxmert", "--output-dir", str(tmp_path / "out"),
+                                            "--tokenizer", str(tok)]) == 0
+    ours = VLBertModel.from_pretrained(tmp_path / "out").eval()
+    ids, tt, tm, feats, boxes, rm = inputs(hf.config, seed=3)
+    ref = reference(hf, ids, tt, tm, feats, boxes, rm)
+    with torch.no_grad():
+        out = ours(ids, tt, tm, feats, boxes, rm)
+    t = ids.shape[1]
+    assert out.last_hidden_state.shape == (3, t + 5, hf.config.hidden_size)
+    close(out.last_hidden_state[:, :t], ref.language_output, tm)
+    close(out.last_hidden_state[:, t:], ref.vision_output, rm)
+    torch.testing.assert_close(out.pooler_output, ref.pooled_output, atol=1e-5, rtol=1e-5)
+
+
+def test_question_answering_head_equals_transformers_and_names_answers(tmp_path):
+    hf, source, tok = lxmert(transformers.LxmertForQuestionAnswering, "small", tmp_path)
+    (tmp_path / "answers.json").write_text(json.dumps(ANSWERS))
+    assert tool("convert_checkpoint")([str(source), "--from", "lxmert", "--output-dir", str(tmp_path / "out"),
+                                            "--tokenizer", str(tok), "--labels", str(tmp_path / "answers.json")]) == 0
+    ours = VLBertForVQA.from_pretrained(tmp_path / "out").eval()
+    ids, tt, tm, feats, boxes, rm = inputs(hf.config, seed=5)
+    ref = reference(hf, ids, tt, tm, feats, boxes, rm).question_answering_score
+    with torch.no_grad():
+        out = ours(ids, tt, tm, feats, boxes, rm).logits
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    info = json.loads((tmp_path / "out" / "inference.json").read_text())
+    assert info["task"] == "vqa" and info["labels"] == ANSWERS and info["max_regions"] == 36
