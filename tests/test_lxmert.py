@@ -109,11 +109,15 @@ def test_base_sized_lxmert_model_equals_transformers(tmp_path):
     torch.testing.assert_close(out.pooler_output, ref.pooled_output, atol=1e-5, rtol=1e-5)
 
 
+def write_answers(directory):
+    (directory / "answers.json").write_text(json.dumps(ANSWERS))
+    return directory / "answers.json"
+
+
 def test_question_answering_head_equals_transformers_and_names_answers(tmp_path):
     hf, source, tok = lxmert(transformers.LxmertForQuestionAnswering, "small", tmp_path)
-    (tmp_path / "answers.json").write_text(json.dumps(ANSWERS))
     assert tool("convert_checkpoint")([str(source), "--from", "lxmert", "--output-dir", str(tmp_path / "out"),
-                                            "--tokenizer", str(tok), "--labels", str(tmp_path / "answers.json")]) == 0
+                                       "--tokenizer", str(tok), "--labels", str(write_answers(tmp_path))]) == 0
     ours = VLBertForVQA.from_pretrained(tmp_path / "out").eval()
     ids, tt, tm, feats, boxes, rm = inputs(hf.config, seed=5)
     ref = reference(hf, ids, tt, tm, feats, boxes, rm).question_answering_score
@@ -122,3 +126,77 @@ def test_question_answering_head_equals_transformers_and_names_answers(tmp_path)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     info = json.loads((tmp_path / "out" / "inference.json").read_text())
     assert info["task"] == "vqa" and info["labels"] == ANSWERS and info["max_regions"] == 36
+
+
+def airsplay_keys(l_layers, r_layers, x_layers, heads=True) -> set[str]:
+    """The state-dict keys of airsplay/lxmert's ``LXRTPretraining`` (``src/lxrt/modeling.py`` at 827087b, with
+    obj/attr/feat visual losses and the QA head, as ``run/lxmert_pretrain.bash``), written from its module tree:
+    ``bert`` = ``LXRTModel`` (``embeddings``, ``encoder`` = ``LXRTEncoder``, ``pooler``), ``cls``,
+    ``obj_predict_head``, ``answer_head``."""
+    linear = ("weight", "bias")  # Linear and LayerNorm alike
+
+    def params(prefix, names):
+        return {f"{prefix}{n}.{p}" for n in names for p in linear}
+
+    def bert_layer(prefix, attention="attention.", inter="intermediate.", out="output."):
+        return params(prefix + attention, ("self.query", "self.key", "self.value", "output.dense",
+                                           "output.LayerNorm")) | params(prefix + inter, ("dense",)) | \
+            params(prefix + out, ("dense", "LayerNorm"))
+
+    keys = {f"bert.embeddings.{n}.weight" for n in ("word_embeddings", "position_embeddings",
+                                                    "token_type_embeddings")}
+    keys |= params("bert.embeddings.", ("LayerNorm",)) | params("bert.pooler.", ("dense",))
+    keys |= params("bert.encoder.visn_fc.", ("visn_fc", "visn_layer_norm", "box_fc", "box_layer_norm"))
+    for i in range(l_layers):
+        keys |= bert_layer(f"bert.encoder.layer.{i}.")
+    for i in range(r_layers):
+        keys |= bert_layer(f"bert.encoder.r_layers.{i}.")
+    for i in range(x_layers):  # LXRTXLayer: one BertCrossattLayer (att + output), then per stream
+        x = f"bert.encoder.x_layers.{i}."
+        keys |= params(x + "visual_attention.", ("att.query", "att.key", "att.value", "output.dense",
+                                                 "output.LayerNorm"))
+        for stream in ("lang", "visn"):
+            keys |= bert_layer(x, f"{stream}_self_att.", f"{stream}_inter.", f"{stream}_output.")
+    if heads:
+        keys |= params("cls.predictions.transform.", ("dense", "LayerNorm")) | params("cls.", ("seq_relationship",))
+        keys |= {"cls.predictions.bias", "cls.predictions.decoder.weight"}  # the decoder: the tied word embeddings
+        keys |= params("obj_predict_head.", ("transform.dense", "transform.LayerNorm", "decoder_dict.obj",
+                                             "decoder_dict.attr", "decoder_dict.feat"))
+        keys |= params("answer_head.logit_fc.", ("0", "2", "3"))
+    return keys
+
+
+def test_airsplay_pth_with_module_prefixes_converts_to_the_same_model(pretraining, tmp_path):
+    """airsplay's Epoch20_LXRT.pth layout (nn.DataParallel's ``module.`` on every key, the backbone under ``bert.``):
+    the transformers weights under airsplay's names are exactly the keys its code writes, and the tool converts the
+    file into the model the transformers directory gives (the forward: transformers', which ports airsplay's)."""
+    hf, out_dir = pretraining
+    state = {("module.bert." + k[len("lxmert."):] if k.startswith("lxmert.") else "module." + k): v
+             for k, v in hf.state_dict().items() if not k.endswith("position_ids")}
+    cfg = hf.config
+    assert {k[len("module."):] for k in state} == airsplay_keys(cfg.l_layers, cfg.r_layers, cfg.x_layers)
+    torch.save(state, tmp_path / "Epoch20_LXRT.pth")
+    tok = write_tokenizer(tmp_path / "tok", cfg.vocab_size, cased=False)
+    (tmp_path / "heads.json").write_text('{"num_attention_heads": 4}')  # a .pth has no config: 64 per head else
+    flags = ["--from", "lxmert", "--tokenizer", str(tok), "--config", str(tmp_path / "heads.json")]
+    assert tool("convert_checkpoint")([str(tmp_path / "Epoch20_LXRT.pth"), *flags, "--output-dir",
+                                       str(tmp_path / "out")]) == 0
+    models = [VLBertForPreTraining.from_pretrained(d) for d in (tmp_path / "out", out_dir)]
+    assert models[0].config == models[1].config
+    ours, expected = (m.state_dict() for m in models)
+    assert ours.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(ours[key], value, rtol=0, atol=0, msg=key)
+    # a fine-tuned BEST.pth of src/tasks/vqa_model.py: lxrt_encoder.model.bert.* and logit_fc.*
+    finetuned = {("lxrt_encoder.model.module.bert." + k[len("module.bert."):] if k.startswith("module.bert.") else
+                  "logit_fc." + k[len("module.answer_head.logit_fc."):]): v for k, v in state.items()
+                 if k.startswith(("module.bert.", "module.answer_head."))}
+    torch.save(finetuned, tmp_path / "BEST.pth")
+    assert tool("convert_checkpoint")([str(tmp_path / "BEST.pth"), *flags, "--output-dir", str(tmp_path / "vqa"),
+                                       "--labels", str(write_answers(tmp_path))]) == 0
+    vqa = VLBertForVQA.from_pretrained(tmp_path / "vqa").eval()
+    ids, tt, tm, feats, boxes, rm = inputs(cfg, seed=7)
+    with torch.no_grad():
+        torch.testing.assert_close(vqa(ids, tt, tm, feats, boxes, rm).logits,
+                                   reference(hf, ids, tt, tm, feats, boxes, rm).question_answering_score,
+                                   atol=1e-5, rtol=1e-5)

@@ -4,7 +4,9 @@
 ``LxmertForQuestionAnswering`` (``config.json`` with model_type ``lxmert``); and airsplay/lxmert's own ``.pth`` files
 (``Epoch20_LXRT.pth``: ``torch.save(model.state_dict())`` of the ``nn.DataParallel``-wrapped ``LXRTPretraining``, so
 every key starts ``module.`` and the backbone is ``module.bert.``; airsplay/lxmert@2249f65
-``src/pretrain/lxmert_pretrain.py``, keys of ``src/lxrt/modeling.py``@827087b, which transformers kept).
+``src/pretrain/lxmert_pretrain.py``, keys of ``src/lxrt/modeling.py``@827087b, which transformers kept), and its
+fine-tuned ``BEST.pth`` (``lxrt_encoder.model.bert.*`` + ``logit_fc.*``, ``src/tasks/{vqa,gqa}_model.py``: the
+VQA / GQA answer head).
 
 Keys -> ours (``bert.encoder`` is :class:`~vlbert.models.two_stream.TwoStreamEncoder`):
 
@@ -130,8 +132,11 @@ class LxmertFamily(CheckpointFamily):
             config = {}
         else:
             state, config = read_directory(source, "an LXMERT checkpoint (transformers' save_pretrained)")
-        if any(k.startswith("module.") for k in state):  # nn.DataParallel's prefix (airsplay/lxmert)
-            state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
+        if any(k.startswith("module.") or ".module." in k for k in state):  # nn.DataParallel's (airsplay/lxmert)
+            state = {k.removeprefix("module.").replace(".module.", "."): v for k, v in state.items()}
+        if any(k.startswith("lxrt_encoder.model.bert.") for k in state):  # airsplay's fine-tuned tasks/<task>_model.py
+            state = {"bert." + k[len("lxrt_encoder.model.bert."):] if k.startswith("lxrt_encoder.model.bert.") else
+                     "answer_head." + k if k.startswith("logit_fc.") else k: v for k, v in state.items()}
         if any(k.startswith("bert.encoder.visn_fc.") for k in state):  # airsplay's LXRTPretraining: backbone "bert."
             state = {"lxmert." + k[len("bert."):] if k.startswith("bert.") else k: v for k, v in state.items()}
         if "encoder.visn_fc.visn_fc.weight" in state:  # a bare LxmertModel saves no prefix
@@ -144,7 +149,7 @@ class LxmertFamily(CheckpointFamily):
     def convert(self, state, source_config) -> Converted:
         state = to_float32({k: v for k, v in state.items() if not k.endswith("position_ids")})
         heads = {a for a in source_config.get("architectures") or []}
-        qa = "LxmertForQuestionAnswering" in heads or (
+        qa = "LxmertForQuestionAnswering" in heads or (  # an answer head without pretraining heads: fine-tuned
             "answer_head.logit_fc.3.weight" in state and not any(k.startswith("cls.") for k in state))
         converted = convert_lxmert_state(state, qa)
         words = converted["bert.embeddings.word_embeddings.weight"]
