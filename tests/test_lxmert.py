@@ -200,3 +200,33 @@ def test_airsplay_pth_with_module_prefixes_converts_to_the_same_model(pretrainin
         torch.testing.assert_close(vqa(ids, tt, tm, feats, boxes, rm).logits,
                                    reference(hf, ids, tt, tm, feats, boxes, rm).question_answering_score,
                                    atol=1e-5, rtol=1e-5)
+
+
+def test_two_stream_refusals_name_the_fix(pretraining, tmp_path, capsys):
+    """Config values the two-stream encoder cannot run, a forward without regions, and GQA files in neither
+    layout are refused with the fix named (docs/bad-input.md rows 72-74)."""
+    with pytest.raises(ValueError, match="config.encoder must be one of"):
+        VLBertConfig(encoder="two stream")
+    with pytest.raises(ValueError, match="x_layers must be >= 1"):
+        VLBertConfig(encoder="two-stream", x_layers=0)
+    config = VLBertConfig(vocab_size=30, hidden_size=8, num_attention_heads=2, intermediate_size=8, l_layers=1,
+                          r_layers=1, x_layers=1, encoder="two-stream", region_embedding="lxmert",
+                          region_location_dim=4, region_feature_dim=6)
+    with pytest.raises(ValueError, match="two-stream .* needs region_features"):
+        VLBertModel(config)(torch.tensor([[2, 5, 3]]))
+    from vlbert.data.gqa import load_gqa
+
+    (tmp_path / "q.json").write_text(json.dumps({"1": {"question": "what?"}}))
+    with pytest.raises(ValueError, match="lacks imageId/question; is this a GQA questions file"):
+        load_gqa(tmp_path / "q.json")
+    (tmp_path / "l.json").write_text(json.dumps([{"img_id": "1", "sent": "what?"}]))
+    with pytest.raises(ValueError, match="record 0 lacks img_id/question_id/sent"):
+        load_gqa(tmp_path / "l.json")
+    argv = ["--config", "configs/finetune/lxmert-gqa.yaml", "--init-from", str(pretraining[1]), "--output-dir",
+            str(tmp_path / "run"), "--set", f"data.train_questions={tmp_path / 'q.json'}", "--set",
+            f"data.eval_questions={tmp_path / 'q.json'}", "--set", f"data.shards={tmp_path}"]
+    from vlbert.command_line import run_tool
+
+    assert run_tool(tool("finetune_vqa"), argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lacks imageId/question" in err[0] and not (tmp_path / "run").exists(), err
