@@ -230,3 +230,77 @@ def test_two_stream_refusals_name_the_fix(pretraining, tmp_path, capsys):
     assert run_tool(tool("finetune_vqa"), argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "lacks imageId/question" in err[0] and not (tmp_path / "run").exists(), err
+
+
+def test_attribute_and_question_answering_units():
+    """``attr`` labels each masked region with the detector's top attribute (-100 elsewhere) and zeroes its feature;
+    ``qa`` rows without an answer (captions) change nothing: the loss of a batch equals that of its question rows."""
+    from detectors.batch import pad_regions
+    from vlbert.objectives import OBJECTIVES, PrepareContext
+
+    g = torch.Generator().manual_seed(0)
+    items = [{"region_features": torch.randn(n, 6, generator=g).half().numpy(),
+              "region_boxes": torch.tensor([[0.1, 0.1, 0.6, 0.7]] * n).numpy(),
+              "attribute_probs": torch.eye(3)[torch.arange(n) % 3].half().numpy(), "sample_seed": k}
+             for k, n in enumerate((4, 3))]
+    batch = pad_regions(items)
+    features = batch["region_features"].clone()
+    OBJECTIVES["attr"].prepare(batch, items, PrepareContext(text=None, region_mask_probability=0.5))
+    masked, labels = batch["masked_regions"], batch["region_attribute_labels"]
+    assert masked.sum(1).tolist() == [2, 2] and not masked[1, 3]  # half of the real regions, never padding
+    expected = torch.arange(4).remainder(3).expand(2, 4)
+    assert torch.equal(labels, expected.masked_fill(~masked, -100))
+    assert (batch["region_features"][masked] == 0).all() and torch.equal(batch["region_features"][~masked],
+                                                                         features[~masked])
+
+    config = VLBertConfig(vocab_size=30, hidden_size=16, num_attention_heads=2, intermediate_size=16, l_layers=1,
+                          r_layers=1, x_layers=1, encoder="two-stream", region_embedding="lxmert",
+                          region_location_dim=4, region_feature_dim=6, num_region_classes=5,
+                          num_attribute_classes=3, num_qa_labels=4)
+    torch.manual_seed(0)
+    model = VLBertForPreTraining(config).eval()
+    ids, mask = ragged_text(3, 5, 30, [5, 4, 3])
+    feats, boxes, rm = ragged_regions(3, 4, 6, [4, 2, 3])
+    full = model(ids, None, mask, feats, boxes, rm, qa_label=torch.tensor([-100, 2, -100]))
+    alone = model(ids[1:2], None, mask[1:2], feats[1:2], boxes[1:2], rm[1:2], qa_label=torch.tensor([2]))
+    torch.testing.assert_close(full.losses["qa"], alone.losses["qa"])
+    assert full.metrics["qa_accuracy"] == alone.metrics["qa_accuracy"]
+
+
+def test_pretraining_config_resolves_to_lxmert():
+    """configs/vl/lxmert.yaml builds LXMERT's 9/5/5 two-stream model at BERT-base widths with its units."""
+    from vlbert.recipes.vl_pretraining import VLDataConfig
+    from vlbert.training.run_config import dataclass_from_section, load_run_config
+    from vlbert.training.trainer import TrainingConfig
+
+    run = load_run_config("configs/vl/lxmert.yaml")
+    TrainingConfig.from_dict(run["training"]).validate()
+    data = dataclass_from_section(VLDataConfig, run["data"], "data")
+    config = VLBertConfig.from_dict({"vocab_size": 30522, **run["model"]}, strict=True)
+    with torch.device("meta"):
+        model = VLBertForPreTraining(config)
+    encoder = model.bert.encoder
+    assert (len(encoder.text.layers), len(encoder.regions.layers), len(encoder.cross_layers)) == (9, 5, 5)
+    assert set(data.objectives) <= set(model.objectives) and "attr" in data.objectives
+    assert (data.max_text_length, data.max_regions, run["training"]["batch_size"]) == (20, 36, 256)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
+def test_text_with_every_region_masked_reads_nothing_of_them(kernel):
+    """The "without regions" baseline of VL pretraining masks every region: the text stream then attends to no
+    region (its outputs do not depend on the features) and a row's text equals that of an image-less row."""
+    config = VLBertConfig(vocab_size=30, hidden_size=16, num_attention_heads=2, intermediate_size=16, l_layers=1,
+                          r_layers=1, x_layers=2, encoder="two-stream", region_embedding="lxmert",
+                          region_location_dim=4, region_feature_dim=6, attn_implementation=kernel)
+    torch.manual_seed(0)
+    model = VLBertModel(config).eval()
+    ids, mask = ragged_text(2, 5, 30, [5, 3])
+    feats, boxes, _ = ragged_regions(2, 3, 6, [3, 3])
+    none, some = torch.zeros(2, 3, dtype=torch.long), torch.tensor([[1, 1, 0], [0, 0, 0]])
+    with torch.no_grad():
+        a, b, c = (model(ids, None, mask, f, boxes, m).last_hidden_state[:, :5]
+                   for f, m in ((feats, none), (torch.randn(2, 3, 6), none), (feats, some)))
+    assert torch.isfinite(a).all()
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(c[1], a[1])
+    assert not torch.allclose(c[0], a[0])

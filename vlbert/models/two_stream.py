@@ -57,11 +57,15 @@ class CrossAttention(nn.Module):
         """Args: x float [N_q, H] packed queries of one stream (``x_packing``); context float [N_k, H] packed
         positions of the other stream (``context_packing``, whose mask is the key mask); attentions: a list to
         append the probabilities [B, heads, S_q, S_k] to (after dropout; padded keys get 0).
-        Returns float [N_q, H]."""
+        Returns float [N_q, H]. A row whose context has no real position (every region masked out, as the
+        "without regions" baselines do) gets a zero attention output: its keys and values there are padding.
+        """
         q = x_packing.pad(self.query(x).view(-1, self.num_heads, self.head_dim)).transpose(1, 2)
         k, v = context_packing.pad(self.kv(context).view(-1, 2, self.num_heads, self.head_dim)).unbind(2)
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         key_mask = context_packing.key_mask()
+        if key_mask is not None:  # a row whose other stream has no real position (regions masked out) attends to
+            key_mask = key_mask | ~key_mask.any(-1, keepdim=True)  # its zero padding: its cross-attention adds 0
         if attentions is not None or (self.training and self.dropout_p > 0 and q.device.type == "cpu"):
             y, probs = _explicit(q, k, v, key_mask, self.dropout_p, self.training, attentions is not None)
             if attentions is not None:
@@ -69,7 +73,7 @@ class CrossAttention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
                                                dropout_p=self.dropout_p if self.training else 0.0)
-        y = x_packing.unpad(y.transpose(1, 2)).reshape(x.shape[0], -1)
+        y = x_packing.unpad(y.transpose(1, 2)).reshape(x.shape[0], self.num_heads * self.head_dim)
         return self.norm(x + self.dropout(self.out(y)))
 
 
