@@ -25,7 +25,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from vlbert.config import VLBertConfig
-from vlbert.layers.attention import Packing, _explicit
+from vlbert.layers.attention import ATTENTION_FUNCTIONS, Packing, _explicit
 from vlbert.layers.kernels import Dropout
 from vlbert.models.bert import BertEncoder, BertLayer, LayerNorm
 from vlbert.models.outputs import EncoderOutput
@@ -101,6 +101,14 @@ class CrossModalityLayer(nn.Module):
                 self.region_layer(regions2, region_packing, attention, a.get("regions")))
 
 
+def _pad(packing: Packing, x: torch.Tensor) -> torch.Tensor:
+    """[N, H] -> [B, S, H] with zeros at padding, also where the stream ran dense (its padded rows computed)."""
+    out = packing.pad(x)
+    if packing.indices is None and packing.mask is not None:
+        out = out.masked_fill(~packing.mask[..., None], 0.0)
+    return out
+
+
 class TwoStreamEncoder(nn.Module):
     """``text``: a :class:`BertEncoder` of ``l_layers`` layers (LXMERT's ``layer``), ``regions``: one of
     ``r_layers`` (``r_layers``), then ``cross_layers``: ``x_layers`` :class:`CrossModalityLayer` (``x_layers``).
@@ -123,9 +131,19 @@ class TwoStreamEncoder(nn.Module):
             return torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
         return layer(*args)
 
+    def _packing(self, stream: BertEncoder, mask, batch: int, seq: int, attention: str, device,
+                 dense: bool) -> tuple[Packing, str]:
+        """A stream's layout and kernel: ``dense`` (every position computed, padding masked: no host sync; a
+        kernel declared ``packed`` gives way to ``sdpa``, as ``BertEncoder.unpad = False`` does), else
+        :meth:`BertEncoder.packing` read from the mask (one ``nonzero``)."""
+        if dense:
+            return Packing.dense(batch, seq, device, mask), (
+                "sdpa" if ATTENTION_FUNCTIONS[attention].layout == "packed" else attention)
+        return stream.packing(mask, batch, seq, attention, None, device)
+
     def forward(self, text: torch.Tensor, regions: torch.Tensor, text_mask: torch.Tensor | None,
                 region_mask: torch.Tensor | None, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> EncoderOutput:
+                output_attentions: bool = False, dense: bool = False) -> EncoderOutput:
         """Args: text float [B, T, H] and regions float [B, R, H] (their embeddings); text_mask [B, T], region_mask
         [B, R] (1 = real; None = all real).
         Returns :class:`EncoderOutput`: last_hidden_state [B, T + R, H] (text rows, then region rows; padding
@@ -135,11 +153,12 @@ class TwoStreamEncoder(nn.Module):
         ``output_attentions`` ``text_attentions`` [B, heads, T, T] (language then cross layers),
         ``region_attentions`` [B, heads, R, R], ``cross_attentions`` (text queries over regions, [B, heads, T, R],
         transformers' ``cross_encoder_attentions``) and ``region_cross_attentions`` ([B, heads, R, T]).
-        Per-stream packings are read from the masks (one ``nonzero`` each)."""
+        Each stream is packed by its mask (one ``nonzero`` each), or with ``dense`` (the collator packed the batch,
+        for the joint layout the streams cannot use without reading the device) runs padded: no host sync."""
         (b, t), r = text.shape[:2], regions.shape[1]
         attention = self.text.select_attention(text, output_attentions)
-        text_packing, attention = self.text.packing(text_mask, b, t, attention, None, text.device)
-        region_packing, _ = self.regions.packing(region_mask, b, r, attention, None, text.device)
+        text_packing, attention = self._packing(self.text, text_mask, b, t, attention, text.device, dense)
+        region_packing, _ = self._packing(self.regions, region_mask, b, r, attention, text.device, dense)
         lists = {k: [] for k in ("text", "regions", "cross", "region_cross")} if output_attentions else None
         states = {"text": [text], "regions": [regions]} if output_hidden_states else None
         x, y = text_packing.unpad(text), region_packing.unpad(regions)
@@ -148,17 +167,17 @@ class TwoStreamEncoder(nn.Module):
         for layer in self.text.layers:
             x = self._run(layer, x, text_packing, attention, lists and lists["text"])
             if states:
-                states["text"].append(text_packing.pad(x))
+                states["text"].append(_pad(text_packing, x))
         for layer in self.regions.layers:
             y = self._run(layer, y, region_packing, attention, lists and lists["regions"])
             if states:
-                states["regions"].append(region_packing.pad(y))
+                states["regions"].append(_pad(region_packing, y))
         for layer in self.cross_layers:
             x, y = self._run(layer, x, y, text_packing, region_packing, attention, lists)
             if states:
-                states["text"].append(text_packing.pad(x))
-                states["regions"].append(region_packing.pad(y))
-        out = EncoderOutput(last_hidden_state=torch.cat([text_packing.pad(x), region_packing.pad(y)], 1))
+                states["text"].append(_pad(text_packing, x))
+                states["regions"].append(_pad(region_packing, y))
+        out = EncoderOutput(last_hidden_state=torch.cat([_pad(text_packing, x), _pad(region_packing, y)], 1))
         if states:
             k = 1 + len(self.text.layers)
             m = 1 + len(self.regions.layers)

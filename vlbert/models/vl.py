@@ -115,9 +115,10 @@ class VLBertModel(PreTrainedModel):
         Raises:
             ValueError: text input errors (see BertModel), feature size other than config.region_feature_dim,
                 zero regions, or mismatched box/mask shapes; no regions for a two-stream model.
-        With ``config.encoder = "two-stream"`` the collator's ``packed_indices`` / ``cu_seqlens`` (of the joint
-        mask) are not read: each stream is packed by its own mask, and the output adds each stream's states and
-        attention maps (:class:`~vlbert.models.two_stream.TwoStreamEncoder`).
+        With ``config.encoder = "two-stream"`` the collator's ``packed_indices`` / ``cu_seqlens`` describe the joint
+        mask, which the streams cannot use: given, the streams run padded with their masks (no host sync); not
+        given, each stream is packed by its own mask. The output adds each stream's states and attention maps
+        (:class:`~vlbert.models.two_stream.TwoStreamEncoder`).
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
         two_stream = getattr(self.encoder, "streams", 1) == 2
@@ -136,9 +137,9 @@ class VLBertModel(PreTrainedModel):
         text = self.embeddings(input_ids, token_type_ids)
         regions = self.region_embeddings(region_features, region_boxes, region_token_type_ids, self.embeddings,
                                          masked_regions)
-        if two_stream:  # the collator's joint packing does not describe the streams: each is packed by its mask
+        if two_stream:  # the collator's joint packing does not describe the streams: they then run padded
             out = self.encoder(text, regions.to(text.dtype), attention_mask, region_mask, output_hidden_states,
-                               output_attentions)
+                               output_attentions, dense=packed_indices is not None)
             out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
             return out
         x = torch.cat([text, regions.to(text.dtype)], dim=1)
