@@ -22,10 +22,10 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-import yaml
+from vlbert_base.user_files import read_yaml
 
 BACKENDS = ("timm", "torchvision", "detectron2")
 
@@ -274,10 +274,8 @@ def named_detector(spec: str) -> DetectorConfig:
     if not path.is_file():
         raise ValueError(f"{spec!r} is neither a known detector ({', '.join(NAMED_DETECTORS)}) nor a file; pass a "
                          "name or a YAML file of detector fields (backend, config_file, weights, ...)")
-    try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not YAML or JSON ({str(e).splitlines()[0]})") from e
+    values = read_yaml(path, "detector config",
+                       "give a YAML file of detector fields (backend, config_file, weights, ...)")
     for section in ("detector", "config"):
         if isinstance(values, dict) and isinstance(values.get(section), dict):
             values = values[section]

@@ -75,7 +75,17 @@ def _text_cases(tmp: Path, small_corpus: Path) -> dict[str, tuple[list[str], str
     empty_dir = tmp / "no-weights"
     empty_dir.mkdir()
     (empty_dir / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (tmp / "empty-base.yaml").write_text("_base_:  # ../bases/text.yaml\ntraining:\n  max_steps: 1\n")
+    (tmp / "dir-base.yaml").write_text(f"_base_: {ROOT / 'configs' / 'detectors'}\n")
+    damaged = tmp / "damaged-run"
+    damaged.mkdir()
+    (damaged / "inference.json").write_text('{"format_version": 1, "task": "vqa", "max_regi')
     return {
+        "78-attention-kernel": (["--set", "model.attn_implementation=flash_attention_9"],
+                                "'flash_attention_9' is not a registered attention kernel"),
+        "79-empty-base": (["--config", str(tmp / "empty-base.yaml")], "_base_ must be a config file's path"),
+        "79-base-directory": (["--config", str(tmp / "dir-base.yaml")], "is a directory; name a YAML file in it"),
+        "72-damaged-init-from": (["--init-from", str(damaged)], f"{damaged / 'inference.json'}:1:"),
         "1-empty-corpus": (["--set", f"data.corpus={tmp / 'empty.txt'}"], "is empty"),
         "2-missing-corpus": (["--set", f"data.corpus={tmp / 'missing.txt'}"], "does not exist"),
         "3-not-utf8": (["--set", f"data.corpus={tmp / 'bad.txt'}"], "UTF-8"),
@@ -103,7 +113,8 @@ def _text_cases(tmp: Path, small_corpus: Path) -> dict[str, tuple[list[str], str
 CASES = ["1-empty-corpus", "2-missing-corpus", "3-not-utf8", "4-no-text-field", "6-longer-than-positions",
          "7-tokenizer-vocabulary", "24-pickled-checkpoint", "25-other-architecture", "27-corrupt-safetensors",
          "28-no-weights", "28-no-directory", "29-unknown-key", "30-negative-learning-rate", "31-wrong-type",
-         "32-set-without-equals", "40-fp16", "new-modality-mismatch", "new-init-from-conflict", "new-fractional-int"]
+         "32-set-without-equals", "40-fp16", "new-modality-mismatch", "new-init-from-conflict", "new-fractional-int",
+         "78-attention-kernel", "79-empty-base", "79-base-directory", "72-damaged-init-from"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -112,7 +123,7 @@ def test_text_pretraining_refusals_are_one_line(capsys, tmp_path, small_corpus, 
     out = tmp_path / "out"
     line = one_line_error(capsys, "pretrain", ["--config", str(text_config), "--output-dir", str(out), *argv])
     assert expected in line, line
-    assert not (out / "log.jsonl").exists() and not (out / "metrics.json").exists()
+    assert not out.exists()  # nothing written: the config is checked before the output directory exists
 
 
 def test_an_existing_run_is_one_line_and_untouched(capsys, tmp_path, text_config):  # row 35
@@ -156,6 +167,9 @@ def test_vl_config_refusals_are_one_line(capsys, tmp_path):  # rows 38, 52
     line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--output-dir", str(tmp_path / "b"),
                                                "--set", "data.sources=[{name: x, format: parquet, path: p, shards: s}]"])
     assert "format must be one of" in line
+    line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--output-dir", str(tmp_path / "a"),
+                                               "--set", "data.objectives={wra: 1}"])  # row 80
+    assert "wra runs on itm batches" in line and "add itm, e.g. {itm: 1, wra: 1}" in line, line
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 

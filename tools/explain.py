@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from vlbert_base.user_files import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 EASY_VQA_DETECTOR_CONFIG = ROOT / "configs" / "detectors" / "easy-vqa.yaml"  # the easy-VQA runs' detector
@@ -35,7 +36,11 @@ def load(model_path: str, vl: bool):
     from vlbert.tokenization import load_tokenizer, resolve_model_path
 
     path = resolve_model_path(model_path)
-    config = json.loads((Path(path) / "config.json").read_text())
+    config = read_json(Path(path) / "config.json", "model config")
+    if vl and config.get("model_type") != "vlbert":
+        raise ValueError(f"{model_path} is a text model (model_type {config.get('model_type')!r}); this command reads "
+                         "an image's regions: give a vision-language run (tools/pretrain.py --modality vl, a VL "
+                         "fine-tuning run) or a converted UNITER / VisualBERT / Oscar model")
     cls = vlbert.VLBertForPreTraining if vl or config.get("model_type") == "vlbert" else vlbert.BertForPreTraining
     return cls.from_pretrained(path).eval(), load_tokenizer(path)
 
@@ -62,6 +67,9 @@ def run_detector(model_path: str):
     if not (path / "inference.json").is_file():
         return easy_vqa_detector(), EASY_VQA_MAX_REGIONS
     info = read_inference_info(path)
+    if "detector" not in info:
+        raise ValueError(f"{model_path} is a {info.get('task')} run without regions; this command reads an image's "
+                         "regions: give a vision-language run (tools/pretrain.py --modality vl, a VL fine-tuning run)")
     detector = detector_for_run(info.get("detector") or {})
     if detector is None:
         raise ValueError(f"{model_path} was trained on imported regions ({(info.get('detector') or {}).get('extractor')})"
@@ -192,8 +200,8 @@ def alignment_share_command(args, out: Path) -> None:
     from vlbert.analysis.alignment_share import alignment_share, object_box
     from vlbert.data.easy_vqa import color_and_shape, image_paths
 
-    model, tok = load(args.model, vl=True)
     detector, max_regions = run_detector(args.model)
+    model, tok = load(args.model, vl=True)
     truth = color_and_shape(args.easy_vqa_split)
     ids = list(truth)[: args.images]
     regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir, detector, ids)
@@ -218,8 +226,8 @@ def generate_command(args, out: Path) -> None:
     from vlbert.analysis.generation import gibbs_sample, mask_predict
     from vlbert.data.easy_vqa import color_and_shape
 
-    model, tok = load(args.model, vl=True)
     detector, max_regions = run_detector(args.model)
+    model, tok = load(args.model, vl=True)
     regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir, detector)
     truth = color_and_shape(args.easy_vqa_split)
     ids = [i for i in truth if i in regions][: args.images]

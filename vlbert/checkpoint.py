@@ -8,7 +8,6 @@ with safetensors or ``torch.load(weights_only=True)``: nothing is ever unpickled
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 
 from vlbert.hub import hub_snapshot
+from vlbert_base.user_files import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -178,9 +178,12 @@ def read_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
         if (directory / WEIGHTS_NAME).is_file():
             return load_file(directory / WEIGHTS_NAME)
         if (directory / SHARDED_INDEX_NAME).is_file():
-            index = json.loads((directory / SHARDED_INDEX_NAME).read_text())
+            index = read_json(directory / SHARDED_INDEX_NAME, "sharded checkpoint index")
             state: dict[str, torch.Tensor] = {}
-            for shard in sorted(set(index["weight_map"].values())):
+            weight_map = index.get("weight_map") if isinstance(index, dict) else None
+            if not isinstance(weight_map, dict):
+                raise ValueError(f"{directory / SHARDED_INDEX_NAME} has no weight_map; re-save the checkpoint")
+            for shard in sorted(set(weight_map.values())):
                 state.update(load_file(directory / shard))
             return state
     except SafetensorError as e:

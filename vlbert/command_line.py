@@ -7,13 +7,14 @@ Library callers keep the exception types (``ValueError``, ``FileNotFoundError``,
 
 * ``ValueError`` and its subclasses (``RegionError``, ``ShardError``, ``ImageDecodeError``), ``OSError`` and its
   subclasses (``FileNotFoundError``, ``RunExistsError``) and ``ModuleNotFoundError`` raised by vlbert's own code
-  (``vlbert/``, ``detectors/``, ``tools/``): vlbert raises these only after checking what it was given, with a
-  message that names the input; the same types raised deep inside torch or numpy are not checked input, so they
-  keep their traceback;
+  (``vlbert/``, ``vlbert_base/``, ``detectors/``, ``tools/``): vlbert raises these only after checking what it
+  was given, with a message that names the input; the same types raised deep inside torch or numpy are not
+  checked input, so they keep their traceback;
 * an ``OSError`` about a named file (``FileNotFoundError``, ``IsADirectoryError``, ``PermissionError``, ... with a
   ``filename``), wherever it is raised: the message names the file.
 
-A diverged run (:class:`~vlbert.training.trainer.NonFiniteLossError`) is one line too, with exit status 1, and a
+A diverged run (:class:`~vlbert.training.trainer.NonFiniteLossError`) and processes that cannot agree or reach
+each other (:class:`~vlbert.training.processes.ProcessGroupError`) are one line too, with exit status 1, and a
 preempted one (SIGTERM) exits with 143 after its checkpoint. ``VLBERT_TRACEBACK=1`` shows every traceback.
 """
 
@@ -24,10 +25,12 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from vlbert.training.processes import ProcessGroupError
 from vlbert.training.trainer import NonFiniteLossError, TrainingPreempted
 
 #: The directories whose code raises checked-input errors on purpose.
-_OWN_CODE = tuple(str(Path(__file__).resolve().parents[1] / name) + os.sep for name in ("vlbert", "detectors", "tools"))
+_OWN_CODE = tuple(str(Path(__file__).resolve().parents[1] / name) + os.sep
+                  for name in ("vlbert", "vlbert_base", "detectors", "tools"))
 USAGE_ERROR = 2
 FAILED_RUN = 1
 PREEMPTED = 143
@@ -83,7 +86,7 @@ def run_tool(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     except TrainingPreempted as e:
         _report("warning", e)
         return PREEMPTED
-    except NonFiniteLossError as e:
+    except (NonFiniteLossError, ProcessGroupError) as e:
         if show_traceback:
             raise
         _report("error", e)

@@ -11,6 +11,7 @@ import logging
 import os
 from dataclasses import dataclass
 from typing import Any
+from vlbert_base.user_files import expect, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -170,12 +171,9 @@ class BertConfig:
             FileNotFoundError: the file does not exist.
             ValueError: the file is not valid JSON, or see :meth:`from_dict`.
         """
-        with open(path, encoding="utf-8") as f:
-            try:
-                values = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} is not valid JSON ({e}); is this a config.json?") from e
-        return cls.from_dict(values)
+        values = read_json(path, "model config", "is this a model directory's config.json? write it again "
+                           "(save_pretrained or the conversion)")
+        return cls.from_dict(expect(values, dict, str(path), "a config.json"))
 
     def to_dict(self) -> dict[str, Any]:
         """All fields plus ``model_type`` and transformers' ``id2label``/``label2id`` (from which transformers

@@ -9,11 +9,11 @@ read back as the local snapshot directory every loader takes (``snapshot_downloa
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
+from vlbert_base.user_files import expect, read_json
 
 #: what a snapshot of a vlbert model repository holds (weights, config, tokenizer, inference.json, the card).
 MODEL_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model.bin", "vocab.txt",
@@ -62,9 +62,11 @@ def model_card(directory: str | os.PathLike, license: str = "other") -> str:
         FileNotFoundError: no config.json in ``directory``.
     """
     directory = Path(directory)
-    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    config = expect(read_json(directory / "config.json", "model config"), dict, str(directory / "config.json"),
+                    "a config.json")
     info_file = directory / "inference.json"
-    info: dict[str, Any] = json.loads(info_file.read_text(encoding="utf-8")) if info_file.is_file() else {}
+    info: dict[str, Any] = expect(read_json(info_file, "inference.json"), dict, str(info_file),
+                                  "inference.json") if info_file.is_file() else {}
     source = info.get("converted_from") or {}
     detector = info.get("detector") or {}
     task = info.get("task", "")

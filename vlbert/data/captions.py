@@ -16,12 +16,12 @@ Each reader maps the file's own image identifier to the id under which the regio
 from __future__ import annotations
 
 import csv
-import json
 import os
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from vlbert_base.user_files import read_json, read_jsonl
 
 CAPTION_FORMATS = ("coco", "karpathy", "tsv", "jsonl", "hf")
 
@@ -45,13 +45,7 @@ def _format_id(template: str, fields: dict, where: str) -> str:
 
 
 def _read_json(path: str | os.PathLike) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"caption file {path} does not exist")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from e
+    return read_json(path, "caption file")
 
 
 def _grouped(pairs: list[tuple[str, str]], where: str) -> list[CaptionedImage]:
@@ -136,22 +130,12 @@ def load_caption_jsonl(path: str | os.PathLike, image_id_format: str = "{image_i
     Raises:
         FileNotFoundError: no such file. ValueError: a line that is not a JSON object or lacks a field.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"caption file {path} does not exist")
     pairs = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not a JSON object ({e})") from e
-            if not isinstance(record, dict) or image_field not in record or caption_field not in record:
-                raise ValueError(f"{path}:{line_no}: needs {image_field!r} and {caption_field!r}; got "
-                                 f"{sorted(record) if isinstance(record, dict) else type(record).__name__}")
-            pairs.append((_format_id(image_id_format, record, f"{path}:{line_no}"), str(record[caption_field])))
+    for where, record in read_jsonl(path, "caption file"):
+        if not isinstance(record, dict) or image_field not in record or caption_field not in record:
+            raise ValueError(f"{where}: needs {image_field!r} and {caption_field!r}; got "
+                             f"{sorted(record) if isinstance(record, dict) else type(record).__name__}")
+        pairs.append((_format_id(image_id_format, record, where), str(record[caption_field])))
     return _grouped(pairs, str(path))
 
 

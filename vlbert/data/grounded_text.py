@@ -4,9 +4,7 @@ regions looked up (and checked) once, the texts tokenised once, and the one coll
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -16,6 +14,7 @@ from detectors.batch import pad_regions, region_item
 from detectors.regions import Regions
 from detectors.store import region_count
 from vlbert.data.padding import pad_text
+from vlbert_base.user_files import read_jsonl
 
 
 def jsonl_records(path: str | os.PathLike, what: str) -> Iterator[tuple[str, dict]]:
@@ -25,16 +24,7 @@ def jsonl_records(path: str | os.PathLike, what: str) -> Iterator[tuple[str, dic
         FileNotFoundError: no such file (``what`` names the format, e.g. "NLVR2").
         ValueError: a line that is not JSON (named by file and line).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} file {path} does not exist")
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield f"{path}:{line_no}", json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{line_no}: not a JSON line ({e})") from e
+    yield from read_jsonl(path, f"{what} file")
 
 
 class GroundedTextDataset(Dataset):

@@ -10,7 +10,6 @@ The pickle is read by :func:`load_plain_pickle`, which builds only plain contain
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import torch
 from detectors.safe_pickle import load_plain_pickle
 from vlbert.data.easy_vqa import color_and_shape, image_paths
 from vlbert.data.grounded_text import GroundedTextDataset
+from vlbert_base.user_files import expect, read_json
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,12 @@ def load_refcoco(refs_file: str | os.PathLike, instances_file: str | os.PathLike
             not in the instances, a bbox that is not [x, y, w, h] with w, h >= 0, or no expression in the split.
     """
     refs_path = Path(refs_file)
-    refs = json.loads(refs_path.read_text()) if refs_path.suffix == ".json" else load_plain_pickle(refs_path)
+    refs = read_json(refs_path, "RefCOCO refs file") if refs_path.suffix == ".json" else load_plain_pickle(refs_path)
     if not isinstance(refs, list) or not all(isinstance(r, dict) and {"ann_id", "image_id", "split", "sentences"} <= set(r)
                                              for r in refs):
         raise ValueError(f"{refs_file} must hold a list of refs with ann_id, image_id, split and sentences")
-    instances = json.loads(Path(instances_file).read_text())
+    instances = expect(read_json(instances_file, "COCO instances file"), dict, str(instances_file),
+                       "a COCO instances file")
     boxes = {a["id"]: a["bbox"] for a in instances.get("annotations", [])}
     out = []
     for ref in refs:

@@ -3,11 +3,9 @@ regions + soft answer targets."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -16,6 +14,7 @@ from detectors.regions import Regions
 from vlbert.data.easy_vqa import load_questions
 from vlbert.data.grounded_text import GroundedTextDataset
 from vlbert.data.vqa_answers import answer_targets, reference_forms
+from vlbert_base.user_files import read_json
 
 
 @dataclass(frozen=True)
@@ -47,13 +46,13 @@ def load_vqa_v2(questions_file: str | os.PathLike, annotations_file: str | os.Pa
         FileNotFoundError: a file is missing. ValueError: the files lack the expected keys, or an annotation
             refers to an unknown question.
     """
-    questions = json.loads(Path(questions_file).read_text())
-    if "questions" not in questions:
+    questions = read_json(questions_file, "VQA v2 questions file")
+    if not isinstance(questions, dict) or "questions" not in questions:
         raise ValueError(f"{questions_file} has no 'questions' list; is it a VQA v2 questions file?")
     answers: dict[int, tuple[str, ...]] = {}
     if annotations_file is not None:
-        annotations = json.loads(Path(annotations_file).read_text())
-        if "annotations" not in annotations:
+        annotations = read_json(annotations_file, "VQA v2 annotations file")
+        if not isinstance(annotations, dict) or "annotations" not in annotations:
             raise ValueError(f"{annotations_file} has no 'annotations' list; is it a VQA v2 annotations file?")
         answers = {a["question_id"]: tuple(x["answer"] for x in a["answers"]) for a in annotations["annotations"]}
         known = {q["question_id"] for q in questions["questions"]}

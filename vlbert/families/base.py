@@ -9,9 +9,7 @@ writes a normal vlbert model directory.
 
 from __future__ import annotations
 
-import json
 import logging
-import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 import torch
 
 from vlbert.checkpoint import read_state_dict
+from vlbert_base.user_files import expect, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +64,8 @@ class CheckpointFamily:
         max_text_length: the text length its data used.
         reference: the reference code it is converted from, ``owner/repo@commit`` (the model card cites it).
         parity: how far the converted model is from that code's forward (the model card cites it).
+        config_fields: the keys of the source's own config a conversion cannot do without (what the tensors do not
+            show: a transformers directory's ``num_attention_heads``); a source without them is refused.
     """
 
     name: str
@@ -75,6 +76,7 @@ class CheckpointFamily:
     max_text_length: int = 60
     reference: str = ""
     parity: str = ""
+    config_fields: tuple[str, ...] = ()
 
     def read(self, source: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The checkpoint's tensors and its own config (a dict; empty where the format has none)."""
@@ -102,7 +104,7 @@ def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{path} does not exist")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, TypeError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - the unpickler raises many types (IndexError, KeyError, ...) on bad bytes
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{path} is not a plain state dict of tensors ({first[:200]}); vlbert never unpickles code "
                          "or objects: re-save it as tensors (torch.save(model.state_dict())) with code you trust") from e
@@ -124,8 +126,8 @@ def read_directory(source: Path, what: str) -> tuple[dict[str, torch.Tensor], di
     if not source.is_dir():
         raise ValueError(f"{source} is a file; {what} is a directory (config.json + weights)")
     config_file = source / "config.json"
-    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-    return read_state_dict(source), config
+    config = read_json(config_file, f"{what}'s config.json") if config_file.is_file() else {}
+    return read_state_dict(source), expect(config, dict, str(config_file), "config.json")
 
 
 def to_float32(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -18,6 +18,7 @@ from vlbert.config import VLBertConfig
 from vlbert.families.base import CheckpointFamily
 from vlbert.families.registry import FAMILIES
 from vlbert.tokenization import load_tokenizer
+from vlbert_base.user_files import expect, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -53,19 +54,33 @@ def read_labels(path: str | os.PathLike) -> list[str]:
         FileNotFoundError: no such file. ValueError: indices that are not 0..N-1.
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
     if path.suffix != ".json":
-        return [line.strip() for line in text.splitlines() if line.strip()]
-    values = json.loads(text)
+        return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    fix = ('write {"name": index, ...} with the indices as numbers (UNITER\'s ans2label.json), {"index": "name"} '
+           '(label2ans) or a list of names')
+    values = expect(read_json(path, "label map", fix), (list, dict), str(path), "a label map", fix)
     if isinstance(values, list):
         return [str(v) for v in values]
-    if all(isinstance(v, int) for v in values.values()):
-        pairs = {int(i): str(name) for name, i in values.items()}
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
+        pairs = {v: str(name) for name, v in values.items()}
+    elif all(k.isdigit() for k in values):
+        pairs = {int(k): str(name) for k, name in values.items()}
     else:
-        pairs = {int(i): str(name) for i, name in values.items()}
+        name, value = next((k, v) for k, v in values.items() if not isinstance(v, int) or isinstance(v, bool))
+        raise ValueError(f"{path}: label {name!r} has index {value!r}, not a number; {fix}")
     if sorted(pairs) != list(range(len(pairs))):
-        raise ValueError(f"{path}: label indices must be 0..{len(pairs) - 1}")
+        raise ValueError(f"{path}: label indices must be 0..{len(pairs) - 1}, got {sorted(pairs)[:5]}...; {fix}")
     return [pairs[i] for i in range(len(pairs))]
+
+
+def check_finite(state: dict[str, Any], source) -> None:
+    """Raise ``ValueError`` naming the floating tensors of ``state`` that hold NaN or inf (a diverged or damaged
+    checkpoint: converted, it would look finished and fail in fine-tuning as if the learning rate were wrong)."""
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(v.isfinite().all())]
+    if bad:
+        raise ValueError(f"{source}: {len(bad)} tensor(s) hold NaN or inf ({', '.join(bad[:4])}"
+                         f"{', ...' if len(bad) > 4 else ''}): the checkpoint diverged or is damaged; convert another "
+                         "one, or pass --allow-nonfinite if you know why")
 
 
 def detect_family(state) -> str | None:
@@ -75,7 +90,8 @@ def detect_family(state) -> str | None:
 
 def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str | os.PathLike,
                        tokenizer: str | os.PathLike | None = None, labels: str | Sequence[str] | None = None,
-                       config: str | os.PathLike | None = None, overwrite: bool = False) -> dict[str, Any]:
+                       config: str | os.PathLike | None = None, overwrite: bool = False,
+                       allow_nonfinite: bool = False) -> dict[str, Any]:
     """Convert a published checkpoint of ``family`` into a vlbert model directory ``output_dir``.
 
     Args:
@@ -88,13 +104,16 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
         config: the family's own config JSON (UNITER's ``config/uniter-base.json``), for what the tensors'
             shapes do not say (the head count; default 64 per head).
         overwrite: replace an existing ``output_dir``.
+        allow_nonfinite: convert tensors holding NaN or inf (refused otherwise: a model that cannot train).
     Returns:
         a report: family, model class, task, ``missing`` (newly initialised heads), ``dropped`` (source tensors
         not carried over, with why).
     Raises:
         ValueError: an unknown family; a checkpoint of another family (named) or of none; a file that holds code;
             a tokenizer of the wrong casing or size; labels of the wrong count; tensors the model has no place for
-            or encoder tensors missing.
+            or encoder tensors missing; tensors holding NaN or inf (named) without ``allow_nonfinite``; a
+            transformers-format directory without the config.json values its tensors do not show (the head count,
+            and the head where the keys fit two).
         FileExistsError: ``output_dir`` is not empty and ``overwrite`` is not set.
         FileNotFoundError: no source, or no tokenizer there (offline without --tokenizer).
     """
@@ -108,12 +127,10 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
         raise FileExistsError(f"{output_dir} is not empty; choose another --output-dir or pass --overwrite")
     state, source_config = fam.read(source)
     if config is not None:
-        source_config = {**source_config, **json.loads(Path(config).read_text(encoding="utf-8"))}
-    if not fam.matches(state):
-        other = detect_family(state)
-        hint = f"it is a {other} checkpoint: pass --from {other}" if other else \
-            f"its keys ({', '.join(sorted(state)[:3])}, ...) are no published family's"
-        raise ValueError(f"{source} is not a {family} checkpoint; {hint}")
+        fix = f"give {family}'s own config JSON (e.g. UNITER's config/uniter-base.json) as it was published"
+        source_config = {**source_config, **expect(read_json(config, f"{family} config", fix), dict, str(config),
+                                                   f"a {family} config", fix)}
+    _check_source(fam, source, state, source_config, allow_nonfinite)
     converted = fam.convert(state, source_config)
     model_config = VLBertConfig(**converted.config)
     tok = load_tokenizer(tokenizer or fam.tokenizer)
@@ -142,6 +159,22 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return report
+
+
+def _check_source(fam: CheckpointFamily, source: Path, state, source_config: dict, allow_nonfinite: bool) -> None:
+    """Refuse what a conversion cannot know or should not carry: a missing config (``fam.config_fields``), non-finite
+    tensors, another family's keys (see :func:`convert_checkpoint`'s Raises)."""
+    if not fam.matches(state):
+        other = detect_family(state)
+        hint = f"it is a {other} checkpoint: pass --from {other}" if other else \
+            f"its keys ({', '.join(sorted(state)[:3])}, ...) are no published family's"
+        raise ValueError(f"{source} is not a {fam.name} checkpoint; {hint}")
+    if fam.config_fields and not all(k in source_config for k in fam.config_fields):
+        raise ValueError(f"{source} has no config.json with {', '.join(fam.config_fields)}: its tensors do not say "
+                         "the head count (nor always the head); put the checkpoint's own config.json beside its "
+                         "weights (as save_pretrained writes it) or pass --config FILE")
+    if not allow_nonfinite:
+        check_finite(state, source)
 
 
 def _label_names(task: str, labels, num_labels: int) -> list[str] | None:

@@ -64,7 +64,7 @@ OSCAR = OscarFamily(
     features={"extractor": "oscar-vinvl-features", "fingerprint": None, "config": None, "max_regions": 50,
               "description": "Oscar: bottom-up-attention Faster R-CNN (Visual Genome) 2048-d + 6-d box; VinVL: the "
                              "VinVL X152-C4 detector (vinvl_vg_x152c4) 2048-d + 6-d box; import its TSV features"},
-    max_text_length=70, reference="microsoft/Oscar@266075f",
+    max_text_length=70, config_fields=("num_attention_heads",), reference="microsoft/Oscar@266075f",
     parity=("hidden states and pooled output equal a reference forward written from BertImgModel within 1e-5 "
             "(vlbert tests/test_published_checkpoints.py)"))
 

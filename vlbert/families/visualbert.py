@@ -58,7 +58,7 @@ class VisualBertFamily(CheckpointFamily):
         state = to_float32({k: v for k, v in state.items() if not k.endswith("position_ids")})
         state.pop("cls.predictions.decoder.bias", None)  # a copy of cls.predictions.bias
         architectures = source_config.get("architectures") or []
-        head = next((a for a in architectures if a in HEADS), None) or _head_from_keys(state)
+        head = next((a for a in architectures if a in HEADS), None) or _head_from_keys(state, architectures)
         model_class, task = HEADS[head]
         if "cls.weight" in state:
             state["classifier.weight"], state["classifier.bias"] = state.pop("cls.weight"), state.pop("cls.bias")
@@ -75,11 +75,16 @@ class VisualBertFamily(CheckpointFamily):
         return Converted(config, state, model_class, task)
 
 
-def _head_from_keys(state) -> str:
+def _head_from_keys(state, architectures: list) -> str:
+    """The head the keys name where only one fits; a bare ``cls`` classifier is VQA's or NLVR2's (a 2-answer
+    VQA head has NLVR2's shape), so config.json's ``architectures`` must say which."""
     if any(k.startswith("cls.predictions.") for k in state):
         return "VisualBertForPreTraining"
     if "cls.weight" in state:
-        return "VisualBertForVisualReasoning" if state["cls.weight"].shape[0] == 2 else "VisualBertForQuestionAnswering"
+        raise ValueError(f"config.json's architectures ({architectures or 'none'}) name no VisualBERT head, and the "
+                         "keys (a cls classifier) fit VisualBertForQuestionAnswering and VisualBertForVisualReasoning: "
+                         "add \"architectures\": [\"VisualBertForQuestionAnswering\"] (or ...ForVisualReasoning) to "
+                         "config.json, as transformers writes it")
     return "VisualBertModel"
 
 
@@ -88,7 +93,8 @@ VISUALBERT = VisualBertFamily(
     features={"extractor": "detectron-fc6", "fingerprint": None, "config": None, "max_regions": 100,
               "description": "Detectron (v1) Faster R-CNN fc6 features: 2048-d, 100 boxes (VQA / COCO checkpoints, "
                              "Pythia detectron_fix_100); 1024-d (NLVR2); import them as region shards"},
-    max_text_length=128, reference="huggingface/transformers modeling_visual_bert.py@00e12e7",
+    max_text_length=128, config_fields=("num_attention_heads",),
+    reference="huggingface/transformers modeling_visual_bert.py@00e12e7",
     parity=("hidden states and every head's logits equal transformers' VisualBert models within 1e-5 (vlbert "
             "tests/test_published_checkpoints.py)"))
 

@@ -3,7 +3,6 @@ up (one image broadcast over several texts, as transformers' VQA pipeline does);
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
@@ -14,6 +13,7 @@ import torch
 from detectors.regions import Regions
 from vlbert.inference.run import ImageInput, RunInputs
 from vlbert.models.vqa import VLBertForVQA
+from vlbert_base.user_files import read_json
 
 
 def _default_device() -> str:
@@ -102,7 +102,7 @@ class Pipeline:
         """The model class to load: the one config.json names when it is among :attr:`model_classes` (a converted
         VisualBERT's VQA or NLVR2 head), else :attr:`model_class`."""
         path = self.inputs.run_dir / "config.json"
-        saved = json.loads(path.read_text(encoding="utf-8")).get("architectures") or [] if path.is_file() else []
+        saved = (read_json(path, "model config").get("architectures") or []) if path.is_file() else []
         return next((c for c in self.model_classes if c.__name__ in saved), self.model_class)
 
     @property

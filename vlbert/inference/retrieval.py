@@ -22,6 +22,7 @@ from vlbert.inference.run import ImageInput
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
 from vlbert_base.files import write_text_atomically
 from vlbert.inference.base import Pipeline, _as_list, _is_single, read_captions
+from vlbert_base.user_files import expect, read_json
 
 
 INDEX_FILE = "index.json"
@@ -66,7 +67,10 @@ class ImageIndex:
         if not (directory / INDEX_FILE).is_file():
             raise FileNotFoundError(f"{directory / INDEX_FILE} does not exist: {directory} is not a finished image "
                                     "index; build it again with RetrievalPipeline.index_images(...).save(...)")
-        ids = json.loads((directory / INDEX_FILE).read_text(encoding="utf-8"))["image_ids"]
+        fix = "build the index again with RetrievalPipeline.index_images(...).save(...)"
+        index = expect(read_json(directory / INDEX_FILE, "image index", fix), dict, str(directory / INDEX_FILE),
+                       "the index", fix)
+        ids = expect(index.get("image_ids"), list, str(directory / INDEX_FILE), "image_ids", fix)
         return cls(ids, RegionStore(directory / "regions"), load_file(str(directory / EMBEDDINGS_FILE))["embeddings"])
 
 

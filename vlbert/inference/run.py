@@ -10,7 +10,6 @@ error, so a pipeline refuses them, naming both detectors, unless told ``allow_ot
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -25,8 +24,9 @@ from detectors.images import to_rgb_array
 from detectors.regions import Regions
 from vlbert.data.padding import pad_text
 from vlbert.hub import hub_snapshot, is_hub_name
-from vlbert.recipes.runner import INFERENCE_INFO
+from vlbert.run_files import INFERENCE_INFO
 from vlbert.tokenization import load_tokenizer
+from vlbert_base.user_files import expect, read_json
 
 #: What a pipeline takes as an image: a file path, a PIL image, a uint8 array [H, W, 3] (RGB), or the image's
 #: :class:`~detectors.regions.Regions` already extracted (checked against the run's detector).
@@ -55,10 +55,8 @@ def read_inference_info(run_dir: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {run_dir} is not the output directory of a finished run "
                                 "with regions (tools/finetune*.py and tools/pretrain.py --modality vl write it)")
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); train the run again to rewrite it") from e
+    fix = "train the run (or convert the checkpoint) again to rewrite it"
+    info = expect(read_json(path, "inference.json", fix), dict, str(path), "inference.json", fix)
     if "task" not in info:
         raise ValueError(f"{path} names no task; train the run again to rewrite it")
     return info

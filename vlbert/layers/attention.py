@@ -320,6 +320,14 @@ def register_attention(name: str, function: AttentionFunction, *, layout: str = 
 _explained: set[str] = set()
 
 
+def check_attention_name(name: str | None) -> None:
+    """Raise ``ValueError`` naming the registered kernels unless ``name`` is one of :data:`ATTENTION_FUNCTIONS`
+    or None (the default choice). Models call it when built, so a run refuses a misspelt kernel before it writes."""
+    if name is not None and name not in ATTENTION_FUNCTIONS:
+        raise ValueError(f"attn_implementation={name!r} is not a registered attention kernel; use one of "
+                         f"{sorted(ATTENTION_FUNCTIONS)} (or None: varlen on CUDA in bf16/fp16, sdpa elsewhere)")
+
+
 def select_attention(name: str | None, request: AttentionRequest) -> str:
     """The kernel that runs ``request`` for a config's ``attn_implementation`` ``name``.
 
@@ -328,9 +336,7 @@ def select_attention(name: str | None, request: AttentionRequest) -> str:
     eager), with one log line (once per process and reason) saying why; ``output_attentions`` takes ``eager``
     unless the kernel returns probabilities. Raises ValueError naming the registered kernels for an unknown
     name."""
-    if name is not None and name not in ATTENTION_FUNCTIONS:
-        raise ValueError(f"attn_implementation={name!r} is not a registered attention kernel; use one of "
-                         f"{sorted(ATTENTION_FUNCTIONS)} (or None: varlen on CUDA in bf16/fp16, sdpa elsewhere)")
+    check_attention_name(name)
     chosen = name or ("varlen" if request.device.type == "cuda" and request.dtype in LOW_PRECISION else "sdpa")
     if request.output_attentions and not ATTENTION_FUNCTIONS[chosen].returns_probabilities:
         return "eager"
@@ -349,5 +355,5 @@ def select_attention(name: str | None, request: AttentionRequest) -> str:
 
 
 __all__ = ["Packing", "packing_fields", "ATTENTION_FUNCTIONS", "AttentionKernel", "AttentionRequest",
-           "register_attention", "select_attention", "flash_varlen_unsupported",
+           "register_attention", "select_attention", "check_attention_name", "flash_varlen_unsupported",
            "eager_attention", "sdpa_attention", "varlen_attention"]

@@ -25,7 +25,8 @@ from torch import nn
 
 from vlbert.config import BertConfig
 from vlbert.layers.activations import activation
-from vlbert.layers.attention import ATTENTION_FUNCTIONS, AttentionRequest, Packing, select_attention
+from vlbert.layers.attention import (ATTENTION_FUNCTIONS, AttentionRequest, Packing, check_attention_name,
+                                    select_attention)
 from vlbert.layers.kernels import Dropout
 from vlbert.models.inputs import check_text_inputs, packing_from_batch
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
@@ -149,6 +150,7 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.attn_implementation = getattr(config, "attn_implementation", None)
+        check_attention_name(self.attn_implementation)
         self.gradient_checkpointing = getattr(config, "gradient_checkpointing", False)
         self.head_dim = config.head_dim
         self.attention_dropout = config.attention_probs_dropout_prob

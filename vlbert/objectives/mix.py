@@ -26,13 +26,19 @@ class ObjectiveMix:
         unknown = sorted(set(self.weights) - set(OBJECTIVES))
         if unknown or not self.weights:
             raise ValueError(f"unknown objective(s) {unknown}; the objectives are {sorted(OBJECTIVES)}")
-        if any(w < 0 for w in self.weights.values()) or sum(self.weights[n] for n in self.active) <= 0:
-            raise ValueError(f"objective weights must be >= 0 with a positive sum, got {self.weights}")
+        bad = {n: w for n, w in self.weights.items()
+               if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0}
+        if bad:
+            raise ValueError(f"data.objectives weights must be numbers >= 0, got {bad}; e.g. {{mlm: 2, itm: 1}}")
         for name in self.paired:
             partner = OBJECTIVES[name].paired_with
             if self.weights.get(partner, 0) <= 0:
-                raise ValueError(f"data.objectives.{name} runs on {partner} batches (its weight is a loss weight): "
-                                 f"give {partner} a positive weight too")
+                raise ValueError(f"data.objectives.{name} runs on {partner} batches (its weight is a loss weight "
+                                 f"there), and {partner} has no positive weight: add {partner}, e.g. "
+                                 f"{{{partner}: 1, {name}: {self.weights[name]}}}")
+        if sum(self.weights[n] for n in self.active) <= 0:
+            raise ValueError(f"data.objectives gives no objective a positive weight ({self.weights}); e.g. "
+                             "{mlm: 2, itm: 1}")
 
     @property
     def active(self) -> list[str]:

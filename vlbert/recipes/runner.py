@@ -12,7 +12,6 @@ build its data, model and evaluation); :func:`run` does the wiring every task sh
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from dataclasses import dataclass, field
@@ -23,10 +22,12 @@ from detectors.config import DetectorConfig
 from vlbert import checkpoint as ckpt
 from vlbert.config import BertConfig
 from vlbert.data.loading import eval_loader, train_loader
+from vlbert.run_files import INFERENCE_INFO, read_run_file, write_inference_info
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
-from vlbert.utils import process_position
+from vlbert.training.processes import check_shared_output_dir, collective_failure, control_plane, start_processes
 from vlbert.training.run_config import check_sections, dataclass_from_section
 from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig, set_seed
+from vlbert.utils import process_position
 from vlbert_base.files import write_text_atomically
 
 logger = logging.getLogger(__name__)
@@ -137,15 +138,6 @@ class TaskData:
         return self.eval_batches(rank, world_size)
 
 
-INFERENCE_INFO = "inference.json"
-
-
-def write_inference_info(output_dir: str | Path, info: dict[str, Any]) -> Path:
-    """Write ``output_dir/inference.json`` (``info`` plus ``format_version``) atomically: a reader never sees half
-    a file. Returns its path."""
-    return write_text_atomically(Path(output_dir) / INFERENCE_INFO, json.dumps({"format_version": 1, **info}, indent=1))
-
-
 def write_output_file(ctx: "RunContext", name: str, text: str) -> Path:
     """Write ``text`` to ``name`` in the run's output directory, atomically (a predictions file is never seen half
     written), once: by the main process only. Returns its path."""
@@ -207,7 +199,7 @@ def checkpoint_architecture_decides(ctx: RunContext) -> dict[str, Any]:
     config_file = ckpt.resolve_checkpoint_dir(ctx.init_from) / ckpt.CONFIG_NAME
     if not section or not config_file.is_file():
         return section
-    saved = json.loads(config_file.read_text(encoding="utf-8"))
+    saved = read_run_file(config_file)
     conflicts = {k: (section[k], saved[k]) for k in BertConfig.ARCHITECTURE_FIELDS
                  if k in section and k in saved and not _same(section[k], saved[k])}
     given = [k for k in conflicts if f"model.{k}" in ctx.command_line_keys]
@@ -248,7 +240,7 @@ def load_model(cls, ctx: RunContext, **defaults):
 
 def _saved_config(init_from: str) -> dict[str, Any]:
     path = Path(init_from) / ckpt.CONFIG_NAME
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return read_run_file(path) if path.is_file() else {}
 
 
 def regions_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
@@ -283,7 +275,7 @@ def check_init_regions(ctx: RunContext, info: dict[str, Any]) -> None:
     path = Path(ctx.init_from) / INFERENCE_INFO
     if not path.is_file():
         return
-    trained = json.loads(path.read_text(encoding="utf-8")).get("detector") or {}
+    trained = read_run_file(path).get("detector") or {}
     here = info["detector"] or {}
     if trained.get("config") and not (here.get("config") or here.get("fingerprint")):
         raise ValueError(
@@ -314,7 +306,7 @@ def checkpoint_limits_decide(ctx: RunContext) -> None:
     path = Path(ctx.init_from or "") / INFERENCE_INFO
     if not ctx.init_from or not path.is_file():
         return
-    trained = json.loads(path.read_text(encoding="utf-8"))
+    trained = read_run_file(path)
     if "max_regions" not in trained:
         return
     given = ctx.config.get("data") or {}
@@ -348,6 +340,9 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
     detector = None
     if recipe.uses_regions:
         detector = dataclass_from_section(DetectorConfig, config.get("detector"), "detector")
+    start_processes(training.collective_timeout)
+    fresh = not Path(training.output_dir).exists()
+    check_shared_output_dir(training.output_dir, control_plane(training.collective_timeout))
     prepare_output_dir(training.output_dir, resume, overwrite)
     init = config.get("init_from") or recipe.default_init
     init_from = resolve_model_path(init) if init else None
@@ -365,18 +360,31 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
     logger.info("%s: %.1fM parameters; %d training items, %d held-out", recipe.name,
                 sum(p.numel() for p in model.parameters()) / 1e6, len(data.train),
                 len(data.eval) if data.eval is not None else 0)
-    trainer = Trainer(model, training, data.train_batches, data.eval_batches if data.eval is not None else None,
-                      run_config=config, tokenizer=tokenizer, hooks=hooks)
-    if resume and not trainer.resume():
-        logger.warning("--resume: no checkpoint under %s/%s; starting from step 0", training.output_dir,
-                       CHECKPOINTS_DIR)
-    if info is not None:
-        write_inference_info(training.output_dir, {"task": recipe.name, **info})
-    extra = recipe.baselines(ctx, data, trainer.unwrapped) if recipe.baselines else {}
-    final = (lambda model: recipe.evaluate(ctx, data, model)) if recipe.evaluate else None
-    return trainer.train(extra_metrics=extra, final_metrics=final)
+    trainer = None
+    try:
+        trainer = Trainer(model, training, data.train_batches, data.eval_batches if data.eval is not None else None,
+                          run_config=config, tokenizer=tokenizer, hooks=hooks)
+        if resume and not trainer.resume():
+            logger.warning("--resume: no checkpoint under %s/%s; starting from step 0", training.output_dir,
+                           CHECKPOINTS_DIR)
+        if info is not None:
+            write_inference_info(training.output_dir, {"task": recipe.name, **info})
+        extra = recipe.baselines(ctx, data, trainer.unwrapped) if recipe.baselines else {}
+        final = (lambda model: recipe.evaluate(ctx, data, model)) if recipe.evaluate else None
+        return trainer.train(extra_metrics=extra, final_metrics=final)
+    except (ValueError, OSError, ModuleNotFoundError):
+        # Refused before its first step: the directory this run made holds no run (nothing to resume), so it goes,
+        # and the corrected command is not refused with "already holds a run".
+        if fresh and (trainer is None or trainer.step == 0) and process_position()[0] == 0:
+            shutil.rmtree(training.output_dir, ignore_errors=True)
+        raise
+    except RuntimeError as e:  # a collective of several processes that timed out or lost a peer: one line
+        failure = collective_failure(e)
+        if failure is None:
+            raise
+        raise failure from e
 
 
 __all__ = ["Recipe", "RunContext", "TaskData", "run", "load_model", "prepare_output_dir", "RunExistsError",
            "check_init_regions", "regions_difference",
-           "write_inference_info", "INFERENCE_INFO", "write_output_file"]
+           "write_inference_info", "INFERENCE_INFO", "write_output_file", "read_run_file"]

@@ -16,6 +16,7 @@ import torch
 from accelerate.utils import gather_object
 
 from vlbert import checkpoint as ckpt
+from vlbert.training.processes import agree_loaded, agree_on_checkpoint
 from vlbert.training.training_config import seed_process_streams
 
 logger = logging.getLogger(__name__)
@@ -104,12 +105,29 @@ def resume(trainer, checkpoint: Path | None = None) -> bool:
     """Load the newest complete checkpoint of ``trainer.output_dir`` (or ``checkpoint``) into ``trainer``: weights
     (into the float32 masters with bf16 parameters), optimizer, scheduler, position, RNGs and the hooks' states.
     Returns False if there is none. Also truncates ``log.jsonl`` to the checkpoint's step, so the log continues
-    as if never interrupted."""
+    as if never interrupted. Several processes first agree on the checkpoint and then on having loaded it
+    (:func:`~vlbert.training.processes.agree_on_checkpoint`): no rank trains from another state.
+
+    Raises:
+        ProcessGroupError: the ranks found different checkpoints, or another rank could not load it.
+    """
     if checkpoint is None:
         found = latest_checkpoints(trainer.output_dir)
-        if not found:
+        checkpoint = max(found, key=lambda p: int(p.name.split("-")[1])) if found else None
+        agree_on_checkpoint(int(checkpoint.name.split("-")[1]) if checkpoint else None, trainer.control)
+        if checkpoint is None:
             return False
-        checkpoint = max(found, key=lambda p: int(p.name.split("-")[1]))
+    error = None
+    try:
+        _load(trainer, checkpoint)
+    except Exception as e:  # noqa: BLE001 - every rank must hear of it before any raises
+        error = e
+    agree_loaded(error, trainer.control)
+    logger.info("resumed from %s at step %d", checkpoint, trainer.step)
+    return True
+
+
+def _load(trainer, checkpoint: Path) -> None:
     weights = ckpt.hf_to_vlbert(ckpt.read_state_dict(checkpoint))
     with trainer.master.float32_model() if trainer.master else contextlib.nullcontext():  # into the masters
         trainer.unwrapped.load_converted_state_dict(weights, source=str(checkpoint), strict=True)
@@ -128,8 +146,6 @@ def resume(trainer, checkpoint: Path | None = None) -> bool:
         kept = [line for line in log.read_text().splitlines()
                 if line.strip() and json.loads(line)["step"] <= trainer.step]
         log.write_text("".join(line + "\n" for line in kept))
-    logger.info("resumed from %s at step %d", checkpoint, trainer.step)
-    return True
 
 
 def _restore_rng(trainer, state: dict) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from vlbert_base.user_files import read_yaml
+
 
 def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None = None,
                     values: list[tuple[str, Any]] | tuple = ()) -> dict[str, Any]:
@@ -47,19 +49,26 @@ def _set_path(config: dict[str, Any], key: str, value: Any) -> None:
 
 def _load_with_bases(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     """``path``'s mapping over its ``_base_`` includes (resolved relative to ``path``)."""
+    where = f" (included by {seen[-1]})" if seen else ""
+    if path.is_dir():
+        raise IsADirectoryError(f"config {path}{where} is a directory; name a YAML file in it, e.g. "
+                                f"{path / 'default.yaml'}")
     if not path.is_file():
-        where = f" (included by {seen[-1]})" if seen else ""
         raise FileNotFoundError(f"config file {path} does not exist{where}; see configs/ for runnable examples")
     if path.resolve() in seen:
         raise ValueError(f"{path}: _base_ includes form a cycle ({' -> '.join(map(str, seen))} -> {path})")
-    loaded = _parse_yaml(path)
+    loaded = read_yaml(path, "run config", "fix the syntax there (see configs/ for examples)")
     if loaded is None:
         loaded = {}
     if not isinstance(loaded, dict):
         raise ValueError(f"{path} must hold a YAML mapping (sections model/data/training), got {type(loaded).__name__}")
     bases = loaded.pop("_base_", [])
+    bases = [bases] if isinstance(bases, str) else bases
+    if not isinstance(bases, list) or not all(isinstance(b, str) and b for b in bases):
+        raise ValueError(f"{path}: _base_ must be a config file's path relative to this file, or a list of them, "
+                         f"got {bases!r}; write the path (e.g. _base_: ../bases/vl.yaml) or delete the _base_ line")
     merged: dict[str, Any] = {}
-    for base in [bases] if isinstance(bases, str) else list(bases):
+    for base in bases:
         _merge(merged, _load_with_bases(path.parent / base, (*seen, path.resolve())))
     _merge(merged, loaded)
     return merged
@@ -72,24 +81,6 @@ def _merge(into: dict[str, Any], other: dict[str, Any]) -> None:
             _merge(into[key], value)
         else:
             into[key] = copy.deepcopy(value)
-
-
-def _parse_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); is it a YAML run config?") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        what = e.problem or "syntax error"
-        if e.context and e.context_mark is not None:
-            what = f"{e.context} started at line {e.context_mark.line + 1}, column {e.context_mark.column + 1}: {what}"
-        raise ValueError(f"{where}: invalid YAML: {what}; fix the syntax there (see configs/ for examples)") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: invalid YAML: {e}; fix the syntax (see configs/ for examples)") from None
 
 
 def set_dotted(config: dict[str, Any], assignment: str) -> None:

@@ -29,6 +29,7 @@ from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, StepSt
 from vlbert.training.log_hook import LogHook
 from vlbert.training.master_weights import MasterWeights, check_placement
 from vlbert.training.mfu import count_positions, device_peak_flops, estimate_step_flops
+from vlbert.training.processes import control_plane, start_processes, use_cpu_processes
 from vlbert.training.training_config import (TrainingConfig, linear_schedule, parameter_groups,
                                              seed_process_streams, set_seed)
 from vlbert.utils import keep_freed_memory_in_process
@@ -76,14 +77,15 @@ class Trainer:
             mixed = "bf16-params" if torch.cuda.is_available() else "no"
         # DDP with every parameter in every backward (see ObjectiveOutput.unused_parameters); cpu: gloo under torchrun,
         # also where a machine has fewer GPUs than processes (NCCL cannot put two ranks on one GPU).
-        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        use_cpu = not torch.cuda.is_available() or torch.cuda.device_count() < local_processes
+        use_cpu = use_cpu_processes()
         if use_cpu and torch.cuda.is_available():
-            logger.warning("%d processes on this machine but %d GPU(s): training on CPU (gloo)", local_processes,
-                           torch.cuda.device_count())
+            logger.warning("%s processes on this machine but %d GPU(s): training on CPU (gloo)",
+                           os.environ.get("LOCAL_WORLD_SIZE"), torch.cuda.device_count())
             mixed = "no" if config.mixed_precision == "auto" else mixed
         self.precision = mixed
+        start_processes(config.collective_timeout)
         self.accelerator = Accelerator(mixed_precision="no" if mixed == "bf16-params" else mixed, cpu=use_cpu)
+        self.control = control_plane(config.collective_timeout)
         if self.accelerator.device.type == "cpu":
             keep_freed_memory_in_process()  # large activations are reused, not page-faulted in every step
         self.output_dir = Path(config.output_dir)
@@ -308,13 +310,10 @@ class Trainer:
         self.skipped_steps += count
 
     def _preemption_requested(self, flag: SigtermFlag) -> bool:
-        """True once SIGTERM reached any process. One process: a flag read. Several: an all-reduce, done every
-        10th step only (an all-reduce is a host synchronisation), so a preempted job stops within 10 steps."""
-        if self.accelerator.num_processes == 1:
-            return flag.raised
-        if self.step % 10:
-            return False
-        return self._any_rank(flag.raised)
+        """True once SIGTERM reached any process, checked between every two steps so that all stop after the same
+        one: one process reads its flag; several all-reduce it on the CPU control plane (no GPU synchronisation;
+        :class:`~vlbert.training.processes.ControlPlane`)."""
+        return self.control.any(flag.raised, "agree on stopping after SIGTERM")
 
     def _global_loss(self, out) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to backpropagate, the loss over the whole global batch) of one micro-batch

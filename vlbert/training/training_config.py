@@ -46,6 +46,9 @@ class TrainingConfig:
     group_by_length: bool = True
     progress_bar: bool = True
     compile: bool = False  # torch.compile the whole model (for GPUs; measured slower on a 2-core CPU)
+    # seconds a collective between processes may wait before every rank stops (a rank died or hangs; not a hang).
+    # Rank 0 preparing data alone (tokenising a corpus, extracting regions) must fit in it.
+    collective_timeout: float = 1800.0
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad field and its valid range."""
@@ -58,6 +61,8 @@ class TrainingConfig:
         for name in ("weight_decay", "warmup_steps", "max_grad_norm", "log_every", "eval_every", "save_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"training.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.collective_timeout > 0:
+            raise ValueError(f"training.collective_timeout must be positive (seconds), got {self.collective_timeout}")
         if self.num_workers < -1:
             raise ValueError(f"training.num_workers must be -1 (auto) or >= 0, got {self.num_workers}")
         if self.mixed_precision not in ("auto", "no", "bf16", "bf16-params"):
