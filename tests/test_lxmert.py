@@ -204,7 +204,7 @@ def test_airsplay_pth_with_module_prefixes_converts_to_the_same_model(pretrainin
 
 def test_two_stream_refusals_name_the_fix(pretraining, tmp_path, capsys):
     """Config values the two-stream encoder cannot run, a forward without regions, and GQA files in neither
-    layout are refused with the fix named (docs/bad-input.md rows 83-85)."""
+    layout are refused with the fix named (docs/bad-input.md rows 89-91)."""
     with pytest.raises(ValueError, match="config.encoder must be one of"):
         VLBertConfig(encoder="two stream")
     with pytest.raises(ValueError, match="x_layers must be >= 1"):
