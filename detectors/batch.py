@@ -30,7 +30,8 @@ def region_item(regions: Regions, max_regions: int) -> dict:
             the whole image first).
     Returns:
         dict with ``region_features`` float16 [R, D], ``region_boxes`` float32 [R, 4] normalised xyxy and
-        ``class_probs`` float16 [R, C] or None; R = min(num_regions, max_regions). The first image cut for a
+        ``class_probs`` float16 [R, C] or None, ``attribute_probs`` float16 [R, A] or None (BUTD's attribute
+        head); R = min(num_regions, max_regions). The first image cut for a
         ``max_regions`` value is reported with one warning line per process (the cut is never silent).
     Raises:
         ValueError: ``max_regions`` < 1.
@@ -44,7 +45,8 @@ def region_item(regions: Regions, max_regions: int) -> dict:
                        "way (said once): raise data.max_regions to keep them", max_regions, max_regions,
                        regions.image_id, regions.num_regions)
     return {"region_features": regions.features[:n], "region_boxes": regions.normalised_boxes()[:n],
-            "class_probs": regions.class_probs[:n] if regions.class_probs is not None else None}
+            "class_probs": regions.class_probs[:n] if regions.class_probs is not None else None,
+            "attribute_probs": regions.attribute_probs[:n] if regions.attribute_probs is not None else None}
 
 
 def pad_regions(items: list[dict]) -> dict[str, torch.Tensor]:
@@ -74,18 +76,19 @@ def pad_regions(items: list[dict]) -> dict[str, torch.Tensor]:
     return {"region_features": feats, "region_boxes": boxes, "region_mask": mask}
 
 
-def pad_class_probs(items: list[dict], num_regions: int) -> torch.Tensor:
-    """float16 [B, num_regions, C]: each item's ``class_probs`` padded with zero rows.
+def pad_class_probs(items: list[dict], num_regions: int, key: str = "class_probs") -> torch.Tensor:
+    """float16 [B, num_regions, C]: each item's ``key`` distribution (``class_probs``, or ``attribute_probs`` for
+    attribute classification) padded with zero rows.
 
     Raises:
-        ValueError: an item has no class distribution (the detector did not write one).
+        ValueError: an item has no such distribution (the detector did not write one).
     """
-    if any(x["class_probs"] is None for x in items):
-        raise ValueError("masked region classification needs the detector's class distributions (class_probs) "
-                         "in the shards; extract with a backend that writes them or drop mrc/mrc_kl")
-    probs = torch.zeros(len(items), num_regions, items[0]["class_probs"].shape[1], dtype=torch.float16)
+    if any(x.get(key) is None for x in items):
+        raise ValueError(f"masked region classification needs the detector's {key} in the shards; extract with a "
+                         f"backend that writes them (butd-vg writes classes and attributes) or drop the objective")
+    probs = torch.zeros(len(items), num_regions, items[0][key].shape[1], dtype=torch.float16)
     for i, x in enumerate(items):
-        probs[i, : len(x["class_probs"])] = torch.from_numpy(np.asarray(x["class_probs"]))
+        probs[i, : len(x[key])] = torch.from_numpy(np.asarray(x[key]))
     return probs
 
 

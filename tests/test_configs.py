@@ -66,7 +66,7 @@ def test_region_tasks_share_one_data_config_and_check_their_datasets(tmp_path):
 
     region_tasks = [r for r in RECIPES.values() if r.uses_regions and r.name != "vl-pretraining"]
     assert len(region_tasks) == 5 and all(issubclass(r.data_config, RegionTaskDataConfig) for r in region_tasks)
-    with pytest.raises(ValueError, match="data.dataset must be one of 'easy-vqa', 'vqa-v2', got 'coco'"):
+    with pytest.raises(ValueError, match="data.dataset must be one of 'easy-vqa', 'vqa-v2', 'gqa', got 'coco'"):
         load_examples(VQA_DATASETS, VQADataConfig(dataset="coco"), 0)
     with pytest.raises(ValueError, match="dataset nlvr2 needs data.train_file, data.eval_file, data.shards"):
         load_examples(NLVR2_DATASETS, NLVR2DataConfig(dataset="nlvr2"), 0)

@@ -68,27 +68,31 @@ def run(model, batch):
                                              for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("modality", ["text", "vl"])
+@pytest.mark.parametrize("modality", ["text", "vl", "two-stream"])
 def test_every_attention_kernel_equals_eager_on_ragged_batches(modality):
     """float64, eval mode: each kernel, with the packing read from the mask or given by the collator, gives
     eager's hidden states (1e-10 at real positions, zeros at padding), loss and gradients."""
     ids, mask, labels = ragged_text()
     batch = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), labels=labels)
     masks = [mask]
-    if modality == "vl":
+    if modality != "text":
         feats, boxes, region_mask = ragged_regions()
         batch.update(region_features=feats, region_boxes=boxes, region_mask=region_mask,
                      itm_label=torch.tensor([1, 0, 1, 1]))
         masks.append(region_mask)
+        if modality == "two-stream":  # the last cross layer's region sub-layer is read by region objectives only
+            batch.update(masked_regions=region_mask.bool() & (torch.arange(5) == 0), region_targets=feats)
     else:
         batch["next_sentence_label"] = torch.tensor([0, 1, 0, 1])
     real = torch.cat(masks, 1).bool()
     packed = {**packing_fields(*masks), "masked_lm_positions": masked_positions(labels)}
+    streams = {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1, "region_embedding": "lxmert",
+               "region_location_dim": 4} if modality == "two-stream" else {}  # LXMERT's encoder (issue 42)
     results = {}
     for kernel in KERNELS:
-        config = (vl_config if modality == "vl" else text_config)(attn_implementation=kernel)
+        config = (text_config if modality == "text" else vl_config)(attn_implementation=kernel, **streams)
         torch.manual_seed(0)
-        model = (VLBertForPreTraining if modality == "vl" else vlbert.BertForPreTraining)(config).double().eval()
+        model = (vlbert.BertForPreTraining if modality == "text" else VLBertForPreTraining)(config).double().eval()
         for given in (False, True):
             results[kernel, given] = run(model, {**batch, **(packed if given else {})})
     hidden, loss, grads = results["eager", False]
@@ -220,7 +224,7 @@ class DeviceReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("modality", ["text", "vl"])
+@pytest.mark.parametrize("modality", ["text", "vl", "two-stream"])
 def test_a_training_step_reads_nothing_back_from_the_device(modality):
     """With the collator's packed layout and MLM positions, forward and backward of a training step (sdpa, the
     kernel of these machines) never wait on the device: zero host syncs. Without them the model reads the mask:
@@ -228,11 +232,14 @@ def test_a_training_step_reads_nothing_back_from_the_device(modality):
     ids, mask, labels = ragged_text()
     batch = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), labels=labels)
     masks = [mask]
-    if modality == "vl":
+    if modality != "text":
         feats, boxes, region_mask = ragged_regions()
         batch.update(region_features=feats, region_boxes=boxes, region_mask=region_mask)
         masks.append(region_mask)
-        model = VLBertForPreTraining(vl_config(attn_implementation="sdpa", attention_probs_dropout_prob=0.0))
+        streams = {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1, "region_embedding": "lxmert",
+                   "region_location_dim": 4} if modality == "two-stream" else {}  # LXMERT (issue 42)
+        model = VLBertForPreTraining(vl_config(attn_implementation="sdpa", attention_probs_dropout_prob=0.0,
+                                               **streams))
     else:
         batch["next_sentence_label"] = torch.tensor([0, 1, 0, 1])
         model = vlbert.BertForPreTraining(text_config(attn_implementation="sdpa", attention_probs_dropout_prob=0.0))
@@ -243,7 +250,8 @@ def test_a_training_step_reads_nothing_back_from_the_device(modality):
     assert mode.reads == []
     with DeviceReads() as mode:
         model(**batch).loss.backward()
-    assert len(mode.reads) == 2, mode.reads  # the packing and the masked positions
+    # the packing (one per stream for two streams) and the masked positions
+    assert len(mode.reads) == (3 if modality == "two-stream" else 2), mode.reads
 
 
 @pytest.mark.slow

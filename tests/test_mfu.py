@@ -84,3 +84,25 @@ def test_the_step_estimate_of_a_text_batch_is_the_per_token_estimate():
     config = vlbert.BertConfig()
     assert estimate_step_flops(config, 1000, 8) == pytest.approx(estimate_flops_per_token(config, 125) * 1000,
                                                                  rel=1e-12)
+
+
+def test_two_stream_flops_count_each_stream_and_the_cross_attention():
+    """LXMERT's two streams (issue 42): the estimate against FlopCounterMode's count of a two-stream training
+    forward + backward on the same batch (text through l + x layers, regions through r + x, cross-attention both
+    ways), where a single-stream count of its layers would be far off."""
+    config = vlbert.VLBertConfig(vocab_size=512, hidden_size=256, num_attention_heads=4, intermediate_size=1024,
+                                 region_feature_dim=96, num_region_classes=0, attn_implementation="eager",
+                                 encoder="two-stream", l_layers=2, r_layers=1, x_layers=1,
+                                 region_embedding="lxmert", region_location_dim=4)
+    torch.manual_seed(0)
+    model = vlbert.VLBertForPreTraining(config).train()
+    # without the collator's joint packing each stream is packed by its mask, so the counter sees the real positions
+    # only (given it, the streams run padded: no host sync, the padding's FLOPs spent but not counted as the model's)
+    batch = {k: v for k, v in vl_batch().items() if k not in ("packed_indices", "cu_seqlens")}
+    tokens, regions, sequences = count_positions(batch)
+    with FlopCounterMode(display=False) as counter:
+        model(**batch).loss.backward()
+    counted = counter.get_total_flops()
+    estimated = estimate_step_flops(config, tokens, sequences, regions, masked_fraction=5 / 34)
+    print(f"counted {counted:.4g}, estimated {estimated:.4g} ({estimated / counted - 1:+.1%})")
+    assert abs(estimated / counted - 1) < 0.05

@@ -80,13 +80,27 @@ def test_every_exported_model_class_is_covered():
     assert exported == set(CASES)
 
 
+#: LXMERT's two-stream encoder (issue 42) under every VL head that encodes text with its regions.
+TWO_STREAM = {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1, "region_embedding": "lxmert",
+              "region_location_dim": 4, "num_attribute_classes": 3, "num_qa_labels": 4}
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_model_contract(name, tmp_path):
+    check_contract(name, tmp_path, {})
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CASES if n.startswith("VL") and n != "VLBertForImageTextRetrieval"))
+def test_two_stream_model_contract(name, tmp_path):
+    check_contract(name, tmp_path, TWO_STREAM)
+
+
+def check_contract(name, tmp_path, encoder: dict):
     extras, build, field, shape = CASES[name]
     cls = getattr(vlbert, name)
     base = {"vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
             "intermediate_size": 32, "max_position_embeddings": 16}
-    config = (vlbert.VLBertConfig(**base, region_feature_dim=D, num_region_classes=4, **extras)
+    config = (vlbert.VLBertConfig(**base, region_feature_dim=D, num_region_classes=4, **extras, **encoder)
               if name.startswith("VL") else vlbert.BertConfig(**base, **extras))
     torch.manual_seed(0)
     model = cls(config).train()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from conftest import tool, write_jsonl
+from detectors.store import RegionStore
+from vlbert.inference import pipeline
 from vlbert.recipes import RECIPES
 from vlbert.training.run_config import dataclass_from_section, load_run_config
 from vlbert.training.trainer import TrainingConfig
@@ -30,6 +32,10 @@ RECIPE_CONFIGS = {
     "uniter-base-refcoco+": ("finetune", {"training.learning_rate": 6e-5, "training.max_steps": 10000}),
     "visualbert-vqa": ("finetune_vqa", {"training.learning_rate": 2e-5, "data.max_text_length": 128}),
     "visualbert-nlvr2": ("finetune_nlvr2", {"training.learning_rate": 2e-5, "data.max_regions": 144}),
+    "lxmert-vqa-v2": ("finetune_vqa", {"training.learning_rate": 5e-5, "training.batch_size": 32,
+                                       "data.max_text_length": 20, "data.max_regions": 36}),
+    "lxmert-gqa": ("finetune_vqa", {"training.learning_rate": 1e-5, "training.batch_size": 32,
+                                    "data.dataset": "gqa", "detector.max_boxes": 36}),
 }
 UNITER_SHARED = {"data.max_text_length": 60, "data.max_regions": 100, "training.adam_beta2": 0.98,
                  "training.max_grad_norm": 2.0, "detector.max_boxes": 100, "detector.score_threshold": 0.2}
@@ -57,7 +63,7 @@ def fixtures(tmp_path_factory):
     file names, NLVR2 ``<stem>-img<k>``), a tiny VL model with the MiniLM tokenizer to start from, and each
     benchmark's files in its public format."""
     from detectors.config import DetectorConfig
-    from detectors.shards import write_shards
+    from detectors.shards import write_detector_info, write_shards
     from PIL import Image
     from vlbert.config import VLBertConfig
     from vlbert.data.easy_vqa import color_and_shape, image_paths
@@ -67,13 +73,18 @@ def fixtures(tmp_path_factory):
     root = tmp_path_factory.mktemp("recipes")
     truth = list(color_and_shape("train").items())[:8]
     paths = image_paths("train")
-    regions = DetectorConfig(input_size=96, max_proposals=8).build().extract_batch(
+    detector = DetectorConfig(input_size=96, max_proposals=8)
+    regions = detector.build().extract_batch(
         [Image.open(paths[i]).convert("RGB") for i, _ in truth], [str(k) for k in range(8)])
     numbers = [1000 + k for k in range(8)]
     ids = [str(n) for n in numbers] + [f"{n}.jpg" for n in numbers] + [
         f"dev-{p}-0-img{j}" for p in range(4) for j in (0, 1)]
     write_shards([replace(regions[k % 8], image_id=i) for k, i in enumerate(ids)], root / "shards")
     attrs = [a for _, a in truth]
+    # the same regions with the record tools/extract_regions.py writes: a run on them rebuilds its detector to answer
+    write_shards([replace(regions[k], image_id=str(n)) for k, n in enumerate(numbers)], root / "detected")
+    write_detector_info(root / "detected", {"detector": regions[0].detector, "fingerprint": detector.fingerprint(),
+                                            "config": asdict(detector)})
 
     questions = [{"question_id": 10 * n + q, "image_id": n, "question": text}
                  for n, (c, s) in zip(numbers, attrs) for q, text in enumerate(("what color is it?", "what shape?"))]
@@ -91,6 +102,9 @@ def fixtures(tmp_path_factory):
                                     for k, (n, (c, s)) in enumerate(zip(numbers, attrs))])
     refs = [{"ref_id": k, "ann_id": 100 + k, "image_id": n, "split": "train" if k < 6 else "val",
              "sentences": [{"sent": f"the {c} {s}"}]} for k, (n, (c, s)) in enumerate(zip(numbers, attrs))]
+    (root / "gqa.json").write_text(json.dumps({  # GQA's balanced-split layout, image ids as strings
+        str(10 * n + q): {"imageId": str(n), "question": text, "answer": a[q]}
+        for n, a in zip(numbers, attrs) for q, text in enumerate(("what color is it?", "what shape?"))}))
     (root / "refs.p").write_bytes(pickle.dumps(refs, protocol=2))
     (root / "instances.json").write_text(json.dumps({
         "images": [{"id": n, "width": regions[0].width, "height": regions[0].height} for n in numbers],
@@ -103,7 +117,12 @@ def fixtures(tmp_path_factory):
                                      num_attention_heads=2, intermediate_size=48, max_position_embeddings=160,
                                      type_vocab_size=2, region_feature_dim=regions[0].feature_dim))
     model.save_pretrained(root / "tiny", tokenizer=tokenizer)
-    return SimpleNamespace(root=root, shards=root / "shards", tiny=root / "tiny")
+    two_stream = VLBertModel(replace(model.config, encoder="two-stream", l_layers=1, r_layers=1, x_layers=1,
+                                     region_embedding="lxmert", region_location_dim=4))
+    two_stream.save_pretrained(root / "tiny-lxmert", tokenizer=tokenizer)
+    return SimpleNamespace(root=root, shards=root / "shards", detected=root / "detected", tiny=root / "tiny",
+                           tiny_lxmert=root / "tiny-lxmert",
+                           files={str(n): paths[i] for n, (i, _) in zip(numbers, truth)})
 
 
 DATA_FILES = {"vqa": ("train_questions=q.json", "train_annotations=a.json", "eval_questions=q.json",
@@ -111,7 +130,8 @@ DATA_FILES = {"vqa": ("train_questions=q.json", "train_annotations=a.json", "eva
               "retrieval": ("captions_file=karpathy.json", "max_eval_images=3", "shortlist=3"),
               "nlvr2": ("train_file=nlvr2.jsonl", "eval_file=nlvr2.jsonl"),
               "snli-ve": ("train_file=ve.jsonl", "eval_file=ve.jsonl"),
-              "refcoco": ("refs_file=refs.p", "instances_file=instances.json")}
+              "refcoco": ("refs_file=refs.p", "instances_file=instances.json"),
+              "lxmert-gqa": ("train_questions=gqa.json", "eval_questions=gqa.json", "min_answer_count=1")}
 
 
 @pytest.mark.parametrize("name", sorted(RECIPE_CONFIGS))
@@ -119,9 +139,11 @@ def test_recipe_runs_two_steps_through_its_tool(fixtures, name, tmp_path):
     tool_name = RECIPE_CONFIGS[name][0]
     task = load_run_config(ROOT / f"{name}.yaml")["task"]
     sets = [f"data.{item.split('=')[0]}={fixtures.root / item.split('=')[1]}" if item.split("=")[1].endswith(
-        (".json", ".jsonl", ".p")) else f"data.{item}" for item in DATA_FILES[task]]
-    argv = ["--config", str(ROOT / f"{name}.yaml"), "--init-from", str(fixtures.tiny), "--output-dir",
-            str(tmp_path / "run"), "--max-steps", "2", "--set", f"data.shards={fixtures.shards}",
+        (".json", ".jsonl", ".p")) else f"data.{item}" for item in DATA_FILES.get(name, DATA_FILES[task])]
+    init = fixtures.tiny_lxmert if name.startswith("lxmert") else fixtures.tiny  # LXMERT: the two-stream encoder
+    argv = ["--config", str(ROOT / f"{name}.yaml"), "--init-from", str(init), "--output-dir",
+            str(tmp_path / "run"), "--max-steps", "2", "--set",
+            f"data.shards={fixtures.detected if name == 'lxmert-gqa' else fixtures.shards}",
             "--set", "training.batch_size=2", "--set", "training.grad_accum_steps=1",
             "--set", "training.warmup_steps=1",
             "--set", "training.eval_every=0", "--set", "training.progress_bar=false", "--set", "training.log_every=1"]
@@ -134,3 +156,23 @@ def test_recipe_runs_two_steps_through_its_tool(fixtures, name, tmp_path):
     assert metrics["step"] == 2
     info = json.loads((tmp_path / "run" / "inference.json").read_text())
     assert info["task"] == task and info["max_regions"] == load_run_config(ROOT / f"{name}.yaml")["data"]["max_regions"]
+    if name == "lxmert-gqa":
+        check_gqa_answers(tmp_path / "run", fixtures, tmp_path)
+
+
+def check_gqa_answers(run, fixtures, tmp_path):
+    """A GQA run writes the GQA challenge's submission file with tools/predict.py (the image's regions extracted by
+    the run's own detector), and pipeline() gives the same answers from the image's stored regions."""
+    questions = [(qid, q) for qid, q in json.loads((fixtures.root / "gqa.json").read_text()).items()][:2]
+    image = questions[0][1]["imageId"]  # one image, its two questions: one extraction
+    lines = [{"question_id": qid, "image": str(fixtures.files[image]), "question": q["question"]}
+             for qid, q in questions]
+    write_jsonl(tmp_path / "gqa.jsonl", lines)
+    assert tool("predict")([str(run), "--input", str(tmp_path / "gqa.jsonl"), "--format", "gqa", "--output",
+                            str(tmp_path / "submit.json"), "--device", "cpu"]) == 0
+    results = json.loads((tmp_path / "submit.json").read_text())
+    assert [set(r) for r in results] == [{"questionId", "prediction"}] * 2
+    assert [r["questionId"] for r in results] == [line["question_id"] for line in lines]
+    regions = RegionStore(fixtures.detected)[image]
+    expected = pipeline(run, device="cpu")([regions] * 2, [line["question"] for line in lines])
+    assert [r["prediction"] for r in results] == [a[0]["answer"] for a in expected]

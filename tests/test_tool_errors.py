@@ -241,7 +241,7 @@ def test_flags_are_values_not_yaml(tmp_path, monkeypatch):
 def test_explain_reads_images_with_the_runs_detector(capsys, tmp_path):
     """tools/explain.py regions: the run's own detector and region count (it always used the default run's
     detector and 16 regions); a missing --easy-vqa-image or a --word absent from the text is one line."""
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from PIL import Image
 
@@ -271,6 +271,17 @@ def test_explain_reads_images_with_the_runs_detector(capsys, tmp_path):
     assert printed["word"] == "blue" and len(printed["attention_to_regions"]) == 4  # the run's max_regions
     cached = list((tmp_path / "cache").iterdir())
     assert len(cached) == 1 and detector.fingerprint() in cached[0].name  # extracted with the run's detector
+    # a two-stream (LXMERT) model: the picture is its last cross-modality layer's text-over-regions map
+    two = tmp_path / "two-stream"
+    vlbert.VLBertForPreTraining(replace(config, encoder="two-stream", l_layers=1, r_layers=1, x_layers=1,
+                                        region_embedding="lxmert", region_location_dim=4)).save_pretrained(
+        two, tokenizer=load_tokenizer("minilm"))
+    (two / "inference.json").write_text((run_dir / "inference.json").read_text())
+    assert run_tool(tool("explain"), [*base[:2], str(two), *base[3:], "--easy-vqa-image", "test/3", "--word",
+                                      "blue"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    shares = json.loads(out[0])["attention_to_regions"]
+    assert len(shares) == 4 and abs(sum(shares) - 1) < 0.01
 
 
 def test_every_detector_field_has_its_extract_regions_flag(capsys):

@@ -51,7 +51,7 @@ QKV_HF = "encoder.layer.{i}.attention.self.{part}"
 QKV_PARTS = ("query", "key", "value")
 # Hugging Face keys that are tied to or duplicated by other tensors and carry no information of their own.
 TIED_HF_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
-ENCODER_TOP_LEVEL = ("embeddings.", "encoder.", "pooler.")
+ENCODER_TOP_LEVEL = ("embeddings.", "encoder.", "pooler.", "region_embeddings.")
 
 
 def _pattern(template: str) -> re.Pattern:

@@ -82,7 +82,8 @@ class BertConfig:
     ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                            "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
                            "layer_norm_eps", "position_embedding_type", "region_feature_dim", "region_location_dim",
-                           "num_region_classes", "region_embedding", "region_head_norm", "visual_backbone")
+                           "num_region_classes", "region_embedding", "region_head_norm", "visual_backbone",
+                           "encoder", "l_layers", "r_layers", "x_layers", "num_attribute_classes", "num_qa_labels")
 
     def __post_init__(self) -> None:
         self.attn_implementation = _HF_ATTENTION_NAMES.get(self.attn_implementation, self.attn_implementation)
@@ -231,6 +232,14 @@ class VLBertConfig(BertConfig):
         visual_backbone: None (region features come precomputed), or the region feature extractor the model runs on
             the batch's images under the given boxes (:class:`vlbert.models.visual_backbone.RegionFeatureExtractor`:
             ``kind`` "caffe-resnet" (VL-BERT's e2e), "torchvision-resnet" or "timm", and its options).
+        encoder: "single-stream" (default: text and regions in one encoder of ``num_hidden_layers`` layers) or
+            "two-stream" (LXMERT, Tan and Bansal 2019 section 2.2: ``l_layers`` text layers, ``r_layers`` region
+            layers, then ``x_layers`` cross-modality layers; ``num_hidden_layers`` is then not read; see
+            :mod:`vlbert.models.two_stream`).
+        l_layers, r_layers, x_layers: the two-stream encoder's layer counts (LXMERT: 9, 5, 5).
+        num_attribute_classes: size of the detector's attribute vocabulary for attribute classification (LXMERT's
+            400 Visual Genome attributes; 0 disables it).
+        num_qa_labels: the answer count of the pretraining ``qa`` objective (LXMERT: 9500; 0 disables it).
     """
 
     region_feature_dim: int = 2048
@@ -242,8 +251,16 @@ class VLBertConfig(BertConfig):
     wra_layer: int = -1
     region_head_norm: bool = True
     visual_backbone: dict | None = None
+    encoder: str = "single-stream"
+    l_layers: int = 9
+    r_layers: int = 5
+    x_layers: int = 5
+    num_attribute_classes: int = 0
+    num_qa_labels: int = 0
 
     model_type = "vlbert"
+    #: config.encoder values (the classes are :data:`vlbert.models.two_stream.ENCODERS`).
+    ENCODER_KINDS = ("single-stream", "two-stream")
 
     def validate(self) -> None:
         super().validate()
@@ -251,7 +268,8 @@ class VLBertConfig(BertConfig):
             raise ValueError(f"config.region_feature_dim must be a positive integer, got {self.region_feature_dim!r}")
         if self.region_location_dim not in (0, 4, 6, 7):
             raise ValueError("config.region_location_dim must be 7 ([x1, y1, x2, y2, w, h, w*h]: uniter), "
-                             f"6 ([x1, y1, x2, y2, w, h]: oscar, vinvl), 4 (the box: vl-bert) or 0 (visualbert), got "
+                             f"6 ([x1, y1, x2, y2, w, h]: oscar, vinvl), 4 ([x1, y1, x2, y2]: vl-bert, lxmert) or 0 "
+                             f"(visualbert), got "
                              f"{self.region_location_dim!r}")
         if not isinstance(self.num_region_classes, int) or self.num_region_classes < 0:
             raise ValueError(f"config.num_region_classes must be an integer >= 0, got {self.num_region_classes!r}")
@@ -261,6 +279,15 @@ class VLBertConfig(BertConfig):
         if not isinstance(self.wra_layer, int) or not -1 <= self.wra_layer <= self.num_hidden_layers:
             raise ValueError(f"config.wra_layer must be -1 (the last layer), 0 (the embeddings) or a layer in "
                              f"1..num_hidden_layers={self.num_hidden_layers}, got {self.wra_layer!r}")
+        if self.encoder not in self.ENCODER_KINDS:
+            raise ValueError(f"config.encoder must be one of {self.ENCODER_KINDS}, got {self.encoder!r}")
+        for name in ("l_layers", "r_layers", "x_layers", "num_attribute_classes", "num_qa_labels"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"config.{name} must be an integer >= 0, got {value!r}")
+        if self.encoder == "two-stream" and self.x_layers < 1:
+            raise ValueError("config.x_layers must be >= 1 for encoder='two-stream': without a cross-modality layer "
+                             "the text never sees the regions")
 
     @classmethod
     def accepted_model_types(cls) -> tuple[str, ...]:

@@ -96,14 +96,15 @@ def plot_text_attention(attentions: tuple[torch.Tensor, ...], tokens: list[str],
     plt.close(fig)
 
 
-def word_region_attention(attentions: tuple[torch.Tensor, ...], num_text: int, layer: int, head: int | None = None
-                          ) -> np.ndarray:
+def word_region_attention(attentions: tuple[torch.Tensor, ...], num_text: int, layer: int, head: int | None = None,
+                          cross: bool = False) -> np.ndarray:
     """float [T, R]: the attention each text position gives each region in ``layer`` (averaged over heads, or
     one ``head``), renormalised over the regions so rows compare across words. Sequence order: text then regions
-    (as :class:`vlbert.VLBertModel`)."""
+    (as :class:`vlbert.VLBertModel`). ``cross``: ``attentions`` are a two-stream model's ``cross_attentions``
+    ([1, heads, T, R] per cross-modality layer: the text queries over the regions, LXMERT), read as they are."""
     probs = attentions[layer][0].float()
     probs = probs.mean(0) if head is None else probs[head]
-    to_regions = probs[:num_text, num_text:]
+    to_regions = probs if cross else probs[:num_text, num_text:]
     return (to_regions / to_regions.sum(-1, keepdim=True).clamp(min=1e-12)).numpy()
 
 

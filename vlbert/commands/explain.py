@@ -165,11 +165,13 @@ def regions_command(args, out: Path) -> None:
         title = f"{args.text!r}, word-region transport plan (distance {distance:.3f})"
     else:
         with torch.no_grad():
-            attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], **padded,
-                                    output_attentions=True).attentions
+            output = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], **padded,
+                                output_attentions=True)
+        cross = output.cross_attentions is not None  # a two-stream model: its cross-modality layers' maps
+        attentions = output.cross_attentions if cross else output.attentions
         layer = args.layer if args.layer >= 0 else len(attentions) - 1
-        matrix = word_region_attention(attentions, len(tokens), layer)
-        title = f"{args.text!r}, layer {layer + 1}, heads averaged"
+        matrix = word_region_attention(attentions, len(tokens), layer, cross=cross)
+        title = f"{args.text!r}, {'cross-modality ' if cross else ''}layer {layer + 1}, heads averaged"
     n = matrix.shape[1]
     labels = [f"{k}:{int(b[2] - b[0])}x{int(b[3] - b[1])}" for k, b in enumerate(r.boxes[:n])]
     image = Image.open(image_paths(split)[args.easy_vqa_image]).convert("RGB")

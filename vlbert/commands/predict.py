@@ -2,6 +2,7 @@
 
     python tools/predict.py runs/vqa --image photo.png --text "what color is the shape?" --top-k 3
     python tools/predict.py runs/vqa --input questions.jsonl --output results.json --format vqa-v2
+    python tools/predict.py runs/lxmert-gqa --input testdev.jsonl --output testdev_predict.json --format gqa
     python tools/predict.py runs/nlvr2 --image left.png --image2 right.png --text "both images show a circle"
     python tools/predict.py runs/nlvr2 --input dev.jsonl --output predictions.csv --format nlvr2
     python tools/predict.py runs/snli-ve --image photo.png --text "there is a red circle"
@@ -28,7 +29,8 @@ y2], ...] pixels); relative image paths are read from the JSONL file's folder.
 
 Formats: ``jsonl`` (default: one object per example, the input's id and fields plus the prediction) and the
 pipeline's own: ``vqa-v2`` (the VQA v2 evaluation server's results JSON: ``[{"question_id", "answer"}]``, every
-line needs a question_id) and ``nlvr2`` (the NLVR2 evaluation script's CSV: ``identifier,True|False`` per line).
+line needs a question_id), ``gqa`` (the GQA challenge's submission JSON: ``[{"questionId", "prediction"}]``, ids
+as strings) and ``nlvr2`` (the NLVR2 evaluation script's CSV: ``identifier,True|False`` per line).
 SNLI-VE defines no results format: use jsonl (``pairID`` + ``prediction``).
 """
 
@@ -57,7 +59,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--input", help="a JSONL file of examples (see above) instead of --image/--text")
     p.add_argument("--output", help="where to write the predictions (default: standard output); an existing file "
                                     "is replaced only when the whole output is ready")
-    p.add_argument("--format", default="jsonl", help="jsonl, or a format of the run's pipeline (vqa-v2, nlvr2)")
+    p.add_argument("--format", default="jsonl", help="jsonl, or a format of the run's pipeline (vqa-v2, gqa, "
+                                                              "nlvr2)")
     p.add_argument("--top-k", type=int, help="answers (VQA), images / captions (retrieval), fillers (default: the "
                                              "pipeline's)")
     p.add_argument("--batch-size", type=int, default=16)

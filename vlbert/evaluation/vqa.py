@@ -32,4 +32,11 @@ def vqa_accuracy(prediction: str, references: Sequence[str]) -> float:
     return sum(min(1.0, (matches - (r == pred)) / 3.0) for r in refs) / len(refs)
 
 
-__all__ = ["vqa_accuracy"]
+def gqa_accuracy(prediction: str, answer: str) -> float:
+    """GQA accuracy of one question: 1.0 when the predicted answer is exactly the single reference answer, else 0.0
+    (Hudson and Manning 2019, section 4; airsplay/lxmert@2249f65 ``src/tasks/gqa_data.py`` ``GQAEvaluator``: the
+    label's score of the answer, 1.0 for the one answer)."""
+    return float(prediction == answer)
+
+
+__all__ = ["vqa_accuracy", "gqa_accuracy"]

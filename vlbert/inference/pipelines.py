@@ -47,6 +47,13 @@ def _vqa_v2_results(rows: list[dict]) -> str:
     return json.dumps([{"question_id": _int_if_digits(r["question_id"]), "answer": r["answer"]} for r in rows])
 
 
+def _gqa_results(rows: list[dict]) -> str:
+    """The GQA challenge's submission JSON: ``[{"questionId": str, "prediction": str}]`` (airsplay/lxmert@2249f65
+    ``src/tasks/gqa_data.py`` ``GQAEvaluator.dump_result``: the server wants the id as a string)."""
+    _require_ids(rows, "question_id", "gqa")
+    return json.dumps([{"questionId": str(r["question_id"]), "prediction": r["answer"]} for r in rows])
+
+
 def _int_if_digits(value):
     return int(value) if isinstance(value, str) and value.isdigit() else value
 
@@ -65,7 +72,7 @@ class VQAPipeline(Pipeline):
     input_fields = {"image": ("image",), "text": ("text", "question")}
     id_field = "question_id"
     parameters = {"top_k": 1}
-    formats = {"vqa-v2": _vqa_v2_results}
+    formats = {"vqa-v2": _vqa_v2_results, "gqa": _gqa_results}
 
     def postprocess(self, outputs, examples, top_k: int = 1) -> list[list[dict]]:
         logits = outputs["logits"]

@@ -106,7 +106,7 @@ class SelfAttention(nn.Module):
                                                   attentions is not None)
         if attentions is not None:
             attentions.append(probs)
-        return self.out(y.reshape(n, -1))
+        return self.out(y.reshape(n, self.num_heads * self.head_dim))  # (n may be 0: a stream with no token)
 
 
 class BertLayer(nn.Module):

@@ -19,12 +19,21 @@ class EncoderOutput:
             the embedding output, then each layer's output (as transformers).
         attentions: when ``output_attentions=True``, a tuple of num_hidden_layers tensors [B, heads, S, S]: each
             layer's attention probabilities (rows: queries, columns: keys; padded keys get 0), as transformers.
+        text_hidden_states, region_hidden_states, text_attentions, region_attentions, cross_attentions,
+        region_cross_attentions: each stream's own states and attention maps, two-stream encoder only
+        (:class:`~vlbert.models.two_stream.TwoStreamEncoder` says their shapes); None otherwise.
     """
 
     last_hidden_state: torch.Tensor
     pooler_output: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+    text_hidden_states: tuple[torch.Tensor, ...] | None = None
+    region_hidden_states: tuple[torch.Tensor, ...] | None = None
+    text_attentions: tuple[torch.Tensor, ...] | None = None
+    region_attentions: tuple[torch.Tensor, ...] | None = None
+    cross_attentions: tuple[torch.Tensor, ...] | None = None
+    region_cross_attentions: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass

@@ -26,6 +26,18 @@ class OwnLearningRate:
     learning_rate: float | None = None
 
 
+def _bert_layers_to_text_stream(state: dict[str, torch.Tensor], base: str) -> dict[str, torch.Tensor]:
+    """A BERT checkpoint's layers (``{base}encoder.layers.{i}.*``) as a two-stream model's language layers
+    (``{base}encoder.text.layers.{i}.*``), as LXMERT initialises its ``l_layers`` from BERT unless ``--fromScratch``
+    (airsplay/lxmert@827087b ``src/lxrt/modeling.py``: "Using self.layer instead of self.l_layer to support
+    loading BERT weights"); BERT layers beyond ``l_layers`` are then unused. A state that already has a text
+    stream is returned unchanged."""
+    if any(k.startswith(base + "encoder.text.") for k in state):
+        return state
+    old, new = base + "encoder.layers.", base + "encoder.text.layers."
+    return {new + k[len(old):] if k.startswith(old) else k: v for k, v in state.items()}
+
+
 class PreTrainedModel(nn.Module):
     """Base class: weight initialisation, loading from and saving to Hugging Face BERT checkpoint directories.
 
@@ -139,6 +151,8 @@ class PreTrainedModel(nn.Module):
             state = {k[len("bert."):] if k.startswith("bert.") else "<head>." + k: v for k, v in state.items()}
         own = self.state_dict()
         base = prefix + "." if prefix else ""
+        if getattr(self.config, "encoder", None) == "two-stream":
+            state = _bert_layers_to_text_stream(state, base)
         encoder_keys = [k for k in own if k.startswith((base + "embeddings.", base + "encoder."))]
         if not any(k in state for k in encoder_keys):
             sample = ", ".join(sorted(state)[:5])

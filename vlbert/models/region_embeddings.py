@@ -16,9 +16,10 @@ Every entry takes the same inputs and returns the same shape::
 | ``oscar`` | W [f ; box6] + b | Oscar ``BertImgModel`` (``use_img_layernorm`` 0) |
 | ``vinvl`` | LN(W [f ; box6] + b) | Oscar ``BertImgModel`` (``use_img_layernorm`` 1, VinVL) |
 | ``vl-bert`` | [IMG] + LN_o(ReLU(W [geo(box) ; f] + b)) + pos[n_text] + type[2]; text adds LN_t(v_image); [END] | jackroos/VL-BERT@4373674 |
+| ``lxmert`` | (LN(W_f f) + LN(W_b box4)) / 2 | airsplay/lxmert ``src/lxrt/modeling.py`` ``VisualFeatEncoder`` |
 
 (dropout after each, as the sources.) ``loc7`` = [x1, y1, x2, y2, w, h, w*h], ``box6`` = [x1, y1, x2, y2, w, h]
-(:func:`region_location_features`); ``type`` is row ``t`` of the text's token-type table for UNITER (default
+(:func:`region_location_features`), ``box4`` = [x1, y1, x2, y2]; ``type`` is row ``t`` of the text's token-type table for UNITER (default
 1), of VisualBERT's own visual token-type table (published VQA/COCO checkpoints were trained with 0). Oscar and
 VinVL have no type or position term.
 
@@ -320,6 +321,30 @@ class VLBertRegionEmbeddings(RegionEmbedding):
         raise TypeError("VL-BERT's pathway embeds text and regions together: call join()")
 
 
+class LxmertRegionEmbeddings(RegionEmbedding):
+    """LXMERT's object-level image embedding: (LN(W_f f) + LN(W_b box4)) / 2, then dropout, with box4 = (x1, y1,
+    x2, y2) divided by the image's width and height (Tan and Bansal 2019, section 2.1; airsplay/lxmert@827087b
+    ``src/lxrt/modeling.py`` ``VisualFeatEncoder``; transformers ``LxmertVisualFeatureEncoder``). No token type or
+    position term; the regions feed the two-stream encoder's region layers (``config.encoder = "two-stream"``).
+    Both LayerNorms use eps 1e-12 in the sources: ``config.layer_norm_eps`` (default 1e-12)."""
+
+    location_dim = 4
+
+    def __init__(self, config: VLBertConfig):
+        super().__init__(config)
+        h, eps = config.hidden_size, config.layer_norm_eps
+        self.feature_proj = nn.Linear(config.region_feature_dim, h)
+        self.feature_norm = nn.LayerNorm(h, eps=eps)
+        self.location_proj = nn.Linear(4, h)
+        self.location_norm = nn.LayerNorm(h, eps=eps)
+
+    def forward(self, region_features, region_boxes, region_token_type_ids, text, masked_regions=None):
+        dtype = self.feature_proj.weight.dtype
+        x = self.feature_norm(self.feature_proj(region_features.to(dtype)))
+        y = self.location_norm(self.location_proj(region_boxes.to(dtype)))
+        return self.dropout((x + y) / 2)
+
+
 #: config.region_embedding -> the pathway's class.
 REGION_EMBEDDINGS: dict[str, type[RegionEmbedding]] = {
     "uniter": UniterRegionEmbeddings,
@@ -327,6 +352,7 @@ REGION_EMBEDDINGS: dict[str, type[RegionEmbedding]] = {
     "oscar": OscarRegionEmbeddings,
     "vinvl": VinVLRegionEmbeddings,
     "vl-bert": VLBertRegionEmbeddings,
+    "lxmert": LxmertRegionEmbeddings,
 }
 
 
@@ -345,5 +371,5 @@ def build_region_embedding(config: VLBertConfig) -> RegionEmbedding:
 
 
 __all__ = ["REGION_EMBEDDINGS", "RegionEmbedding", "UniterRegionEmbeddings", "VisualBertRegionEmbeddings",
-           "OscarRegionEmbeddings", "VinVLRegionEmbeddings", "VLBertRegionEmbeddings", "build_region_embedding",
-           "region_location_features", "box_geometry_embedding", "is_whole_image"]
+           "OscarRegionEmbeddings", "VinVLRegionEmbeddings", "VLBertRegionEmbeddings", "LxmertRegionEmbeddings",
+           "build_region_embedding", "region_location_features", "box_geometry_embedding", "is_whole_image"]

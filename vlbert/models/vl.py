@@ -17,8 +17,13 @@ from vlbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, check_te
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.region_embeddings import build_region_embedding, region_location_features
+from vlbert.models.two_stream import TwoStreamEncoder
 from vlbert.models.visual_backbone import RegionFeatureExtractor
 from vlbert.objectives import Encoded, units_for
+
+#: config.encoder -> the encoder class: one over [text ; regions] (a stack of BERT layers) or LXMERT's two streams.
+ENCODERS = {"single-stream": BertEncoder, "two-stream": TwoStreamEncoder}
+
 
 def _has_submodule(model: nn.Module, name: str) -> bool:
     try:
@@ -36,6 +41,11 @@ class VLBertModel(PreTrainedModel):
 
     Initialise the shared encoder from any BERT checkpoint with ``VLBertModel.from_pretrained(dir,
     region_feature_dim=...)``: the region embeddings are then newly initialised (listed in ``loading_info``).
+
+    ``config.encoder`` picks the encoder from :data:`ENCODERS`: "single-stream" (the above) or "two-stream"
+    (LXMERT: :class:`~vlbert.models.two_stream.TwoStreamEncoder`, text and regions in their own layers, then
+    cross-modality layers). Its outputs keep the shapes above: ``last_hidden_state`` [B, T + R, H] text rows first,
+    the pooler on the text's [CLS]; it needs regions.
     """
 
     config_class = VLBertConfig
@@ -49,7 +59,7 @@ class VLBertModel(PreTrainedModel):
             raise ValueError(f"config.visual_backbone gives {self.visual_backbone.feature_dim}-d region features but "
                              f"config.region_feature_dim is {config.region_feature_dim}; set it to "
                              f"{self.visual_backbone.feature_dim}")
-        self.encoder = BertEncoder(config)
+        self.encoder = ENCODERS[config.encoder](config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.init_weights()
 
@@ -131,12 +141,20 @@ class VLBertModel(PreTrainedModel):
             ``last_hidden_state`` and ``hidden_states``; ``attentions`` keep them ([B, heads, S, S], S = T + R + 1).
         Raises:
             ValueError: text input errors (see BertModel), feature size other than config.region_feature_dim,
-                zero regions, or mismatched box/mask shapes.
+                zero regions, or mismatched box/mask shapes; no regions for a two-stream model.
+        With ``config.encoder = "two-stream"`` the collator's ``packed_indices`` / ``cu_seqlens`` describe the joint
+        mask, which the streams cannot use: given, the streams run padded with their masks (no host sync); not
+        given, each stream is packed by its own mask. The output adds each stream's states and attention maps
+        (:class:`~vlbert.models.two_stream.TwoStreamEncoder`).
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
         if images is not None:
             region_features = self.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
         extra = self.region_embeddings.extra_tokens
+        two_stream = getattr(self.encoder, "streams", 1) == 2
+        if region_features is None and two_stream:
+            raise ValueError("a two-stream (LXMERT) model needs region_features: its text stream ends in "
+                             "cross-modality layers; give the image's regions")
         if region_features is None and not extra:  # text alone: exactly BertModel
             out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
                                output_attentions, packing_from_batch(packed_indices, cu_seqlens, attention_mask))
@@ -147,6 +165,14 @@ class VLBertModel(PreTrainedModel):
                 raise ValueError("region_boxes are required with region_features")
             self.check_region_inputs(input_ids, region_features, region_boxes, region_mask, region_token_type_ids,
                                      masked_regions)
+        if two_stream:  # the collator's joint packing does not describe the streams: they then run padded
+            text = self.embeddings(input_ids, token_type_ids)
+            regions = self.region_embeddings(region_features, region_boxes, region_token_type_ids, self.embeddings,
+                                             masked_regions)
+            out = self.encoder(text, regions.to(text.dtype), attention_mask, region_mask, output_hidden_states,
+                               output_attentions, dense=packed_indices is not None)
+            out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
+            return out
         x, mask = self.region_embeddings.join(self.embeddings, input_ids, token_type_ids, attention_mask,
                                               region_features, region_boxes, region_mask, region_token_type_ids,
                                               masked_regions)
@@ -281,4 +307,4 @@ class VLBertForPreTraining(PreTrainedModel):
         return out
 
 
-__all__ = ["VLBertModel", "VLBertForPreTraining", "region_location_features"]
+__all__ = ["VLBertModel", "VLBertForPreTraining", "ENCODERS", "region_location_features"]

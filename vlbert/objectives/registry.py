@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from vlbert.objectives.base import Objective
 from vlbert.objectives.image_text_matching import ImageTextMatching
+from vlbert.objectives.lxmert_units import AttributeClassification, PretrainingQuestionAnswering
 from vlbert.objectives.masked_lm import MaskedLanguageModeling
 from vlbert.objectives.masked_regions import (MaskedRegionClassification, MaskedRegionClassificationKL,
                                               MaskedRegionFeatureRegression)
@@ -13,7 +14,8 @@ from vlbert.objectives.word_region_alignment import WordRegionAlignment
 
 OBJECTIVES: dict[str, Objective] = {unit.name: unit for unit in (
     MaskedLanguageModeling(), NextSentencePrediction(), ImageTextMatching(), MaskedRegionFeatureRegression(),
-    MaskedRegionClassification(), MaskedRegionClassificationKL(), WordRegionAlignment())}
+    MaskedRegionClassification(), MaskedRegionClassificationKL(), WordRegionAlignment(), AttributeClassification(),
+    PretrainingQuestionAnswering())}
 
 
 

@@ -1,8 +1,10 @@
 """VQA fine-tuning (``tools/finetune_vqa.py``): :class:`~vlbert.models.vqa.VLBertForVQA` on question + regions,
 soft-score binary cross-entropy, and the official VQA accuracy on the evaluation split.
 
-Datasets: ``easy-vqa`` (embedded: regions extracted into the same cached shards as VL pretraining) and
-``vqa-v2`` (the official question/annotation JSON files plus region shards you extracted or imported).
+Datasets: ``easy-vqa`` (embedded: regions extracted into the same cached shards as VL pretraining),
+``vqa-v2`` (the official question/annotation JSON files plus region shards you extracted or imported) and ``gqa``
+(GQA's balanced-split questions JSON or LXMERT's ``gqa/<split>.json``, :func:`~vlbert.data.gqa.load_gqa`; one
+answer per question, scored by exact match: ``gqa_accuracy``).
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from vlbert.data.easy_vqa import answers as easy_vqa_answers
+from vlbert.data.gqa import load_gqa
 from vlbert.data.vqa import VQADataset, build_answer_vocab, easy_vqa_examples, load_vqa_v2
 from vlbert.data.vqa_answers import reference_forms
-from vlbert.evaluation.vqa import vqa_accuracy
+from vlbert.evaluation.vqa import gqa_accuracy, vqa_accuracy
 from vlbert.models.vqa import VLBertForVQA
 from vlbert.recipes.regions import DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate, region_task_info
 from vlbert.recipes.runner import Recipe, RunContext, load_model
@@ -45,9 +48,18 @@ def _vqa_v2(data: VQADataConfig, seed: int):
     return train, held_out, build_answer_vocab(train, data.min_answer_count), True
 
 
+def _gqa(data: VQADataConfig, seed: int):
+    train = load_gqa(data.train_questions, data.image_id_format)
+    held_out = load_gqa(data.eval_questions, data.image_id_format)
+    return train, held_out, build_answer_vocab(train, data.min_answer_count), True
+
+
 #: dataset name -> (train, eval, answer vocabulary, drop questions without a known answer).
 DATASETS = {"easy-vqa": DatasetBuilder(_easy_vqa),
-            "vqa-v2": DatasetBuilder(_vqa_v2, needs=("train_questions", "eval_questions", "shards"))}
+            "vqa-v2": DatasetBuilder(_vqa_v2, needs=("train_questions", "eval_questions", "shards")),
+            "gqa": DatasetBuilder(_gqa, needs=("train_questions", "eval_questions", "shards"))}
+#: how a dataset scores one answer: (metric name, fn(prediction, reference answers)); default VQA accuracy.
+SCORES = {"gqa": ("gqa_accuracy", lambda answer, references: gqa_accuracy(answer, references[0]))}
 
 
 class VQAData(RegionTaskData):
@@ -70,18 +82,19 @@ class VQAData(RegionTaskData):
                           self.data.max_regions, drop_unknown=self.extra[1] or not training)
 
     def predict(self, model) -> tuple[list[dict], dict[str, float]]:
-        """(the top answer for every evaluation question, with its VQA accuracy when answers are known;
-        ``vqa_accuracy`` over the scored questions and ``eval_questions``)."""
+        """(the top answer for every evaluation question, with its accuracy when answers are known;
+        ``vqa_accuracy`` (``gqa_accuracy`` for GQA: :data:`SCORES`) over the scored questions and
+        ``eval_questions``)."""
+        metric, score = SCORES.get(self.data.dataset, ("vqa_accuracy", vqa_accuracy))
         rows = []
         for i, a in zip(*self.predict_labels(model)[::2]):
             ex = self.eval.examples[i]
             row = {"question_id": ex.question_id, "question": ex.question, "answer": self.answer_vocab[a]}
             if ex.answers:
-                row["accuracy"] = vqa_accuracy(row["answer"], ex.answers)
+                row["accuracy"] = score(row["answer"], ex.answers)
             rows.append(row)
         scored = [r["accuracy"] for r in rows if "accuracy" in r]
-        return rows, {"vqa_accuracy": sum(scored) / len(scored) if scored else float("nan"),
-                      "eval_questions": len(rows)}
+        return rows, {metric: sum(scored) / len(scored) if scored else float("nan"), "eval_questions": len(rows)}
 
 
 def build_model(ctx: RunContext, data: VQAData) -> VLBertForVQA:

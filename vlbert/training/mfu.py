@@ -88,12 +88,30 @@ def estimate_step_flops(config, tokens: float, sequences: float, regions: float 
     if not positions or not sequences:
         return 0.0
     h = config.hidden_size
-    flops = estimate_flops_per_token(config, positions / sequences, with_heads=False) * positions
+    if getattr(config, "encoder", "single-stream") == "two-stream":
+        flops = _two_stream_encoder_flops(config, tokens, regions, sequences)
+    else:
+        flops = estimate_flops_per_token(config, positions / sequences, with_heads=False) * positions
     flops += 3.0 * (masked_fraction * 2 * (h * h + h * config.vocab_size) * tokens + 2 * (h * h + 2 * h) * sequences)
     if regions:
         inputs = config.region_feature_dim + getattr(config, "region_location_dim", 0)
         flops += 2.0 * 2 * inputs * h * regions
     return flops
+
+
+def _two_stream_encoder_flops(config, tokens: float, regions: float, sequences: float) -> float:
+    """Forward + backward FLOPs of LXMERT's two-stream encoder (:mod:`vlbert.models.two_stream`): the text through
+    ``l_layers`` + ``x_layers`` BERT layers at the mean text length, the regions through ``r_layers`` + ``x_layers``
+    at the mean region count, and per cross-modality layer the shared cross-attention of each stream over the
+    other (query, key/value and output projections, scores and weighted sum). Same convention as
+    :func:`estimate_flops_per_token`."""
+    h, i = config.hidden_size, config.intermediate_size
+    t, r = tokens / sequences, regions / sequences
+    dense = 2 * (4 * h * h + 2 * h * i)
+    forward = tokens * (config.l_layers + config.x_layers) * (dense + 4 * t * h)
+    forward += regions * (config.r_layers + config.x_layers) * (dense + 4 * r * h)
+    forward += config.x_layers * (2 * 4 * h * h * (tokens + regions) + 4 * h * (tokens * r + regions * t))
+    return 3.0 * forward
 
 
 def count_positions(batch: dict) -> tuple[int, int, int]:
