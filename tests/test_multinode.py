@@ -1,7 +1,7 @@
 """Two machines without and with a shared output directory, as a cluster gives them: two torchrun launches on
 loopback, one process each, joined by c10d rendezvous (gloo). Separate output directories (each node's scratch
 disk) stop both nodes in one line before any training, within a bounded time; on a shared one, SIGTERM to one node
-during a slow step stops both after that step with its checkpoint, and ``--resume`` on both continues with the
+during a slow step (1 s) stops both after that step with its checkpoint, and ``--resume`` on both continues with the
 uninterrupted run's losses."""
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ def test_nodes_without_a_shared_output_directory_stop_in_one_line(small_corpus, 
 @pytest.mark.slow
 @pytest.mark.integration
 def test_sigterm_on_one_node_stops_both_after_the_same_step_and_both_resume(small_corpus, tmp_path):
-    steps = 6
+    steps = 4
     reference, shared = tmp_path / "reference", tmp_path / "shared"
     reference_run(config(small_corpus, reference, 8, steps))  # one process at twice the batch = two at 4
-    nodes = two_nodes([config(small_corpus, shared, 4, steps)] * 2, step_seconds=2.0)
+    nodes = two_nodes([config(small_corpus, shared, 4, steps)] * 2, step_seconds=1.0)
     wait_for_log_lines(nodes[0], shared / "log.jsonl", 1, timeout=120)
     nodes[1].send_signal(signal.SIGTERM)  # as a cluster preempting one machine: torchrun passes it to its worker
     ends = finish(nodes)

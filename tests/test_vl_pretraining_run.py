@@ -17,6 +17,10 @@ from vlbert.recipes.vl_pretraining import VLDataConfig, VLPretrainingData
 N_IMAGES = 48
 
 
+# The learning runs share the module's region cache (480 easy-VQA images extracted once): one xdist process.
+pytestmark = pytest.mark.xdist_group("vl-pretraining-region-cache")
+
+
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("region-cache")
