@@ -170,13 +170,14 @@ def test_grounding_with_regions_beats_without(cache_dir, tmp_path):
         "modality": "vl", "init_from": "minilm",
         "detector": {"input_size": 96, "max_proposals": 16},
         "data": {"max_images": 480, "cache_dir": str(cache_dir), "eval_fraction": 0.2, "objectives": {"mlm": 1}},
-        "training": {"output_dir": str(out), "max_steps": 120, "batch_size": 16, "learning_rate": 2e-4,
+        "training": {"output_dir": str(out), "max_steps": 90, "batch_size": 16, "learning_rate": 2e-4,
                      "warmup_steps": 10, "log_every": 10, "progress_bar": False},
     }
     metrics = run(RECIPES["vl-pretraining"], config)
     with_regions = metrics["eval_color_shape_mlm_accuracy_with_regions"]
     without = metrics["eval_color_shape_mlm_accuracy_without_regions"]
-    assert with_regions >= without + 0.1, metrics  # measured: 0.46 vs 0.29 (140 steps: 0.47 vs 0.26)
+    # measured: 0.44 vs 0.29 at 90 steps (120 steps: 0.46 vs 0.29; 140 steps: 0.47 vs 0.26)
+    assert with_regions >= without + 0.1, metrics
 
 
 def test_imported_shards_are_not_credited_to_the_detector_section(tmp_path):
