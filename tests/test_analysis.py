@@ -41,6 +41,32 @@ def test_fill_mask_equals_the_transformers_pipeline(saved_bert, tokenizer):
         fill_mask(ours, tokenizer, "no mask here")
 
 
+def test_fill_mask_pipeline_over_a_model_in_memory_batches_as_transformers(saved_bert, tokenizer):
+    """pipeline(model=..., tokenizer=...) over a BertForPreTraining in memory: one forward per batch chunk of
+    padded texts, and per text the fillers transformers' fill-mask pipeline gives that text alone."""
+    from vlbert.inference import TextFillMaskPipeline, pipeline
+
+    ours = vlbert.BertForPreTraining.from_pretrained(saved_bert)
+    forwards = []
+    ours.register_forward_hook(lambda module, args, out: forwards.append(1))
+    fill = pipeline(model=ours, tokenizer=tokenizer, batch_size=2)
+    assert isinstance(fill, TextFillMaskPipeline)
+    texts = ["the [MASK] sat.", "[MASK] markets rose and [MASK] fell sharply today.", "a [MASK]"]
+    got = fill(texts, top_k=3)
+    assert len(forwards) == 2  # 3 texts at batch_size 2: two passes, not one per text
+    reference = transformers.pipeline("fill-mask", model=transformers.BertForMaskedLM.from_pretrained(saved_bert),
+                                      tokenizer=transformers.AutoTokenizer.from_pretrained(saved_bert), top_k=3)
+    for text, fillers in zip(texts, got):
+        expected = reference(text)
+        expected = [expected] if isinstance(expected[0], dict) else expected
+        assert [[x["token"] for x in m] for m in fillers] == [[x["token"] for x in m] for m in expected]
+        assert [[x["sequence"] for x in m] for m in fillers] == [[x["sequence"] for x in m] for m in expected]
+        assert [x["score"] for m in fillers for x in m] == pytest.approx(
+            [x["score"] for m in expected for x in m], abs=1e-5)  # padding changes nothing but rounding
+    with pytest.raises(ValueError, match="needs its tokenizer"):
+        pipeline(model=ours)
+
+
 def test_mask_predict_and_gibbs(saved_bert, tokenizer):
     from vlbert.analysis.generation import gibbs_sample, mask_predict
 

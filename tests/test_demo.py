@@ -45,7 +45,7 @@ def test_the_page_answers_as_the_pipelines(served, doc_runs, easy):
     _, _, client = served["vl-default"]
     captions = ["a red circle", "a blue square"]
     shown = _confidences(client.predict(client_module.handle_file(image), "\n".join(captions), api_name="/match"))
-    expected = pipeline(doc_runs["vl-default"], task="image-text-matching")(image, captions, top_k=2)
+    expected = pipeline("image-text-matching", doc_runs["vl-default"])(image, captions, top_k=2)
     assert shown == pytest.approx({r["text"]: r["score"] for r in expected}, abs=1e-6)
     shown = _confidences(client.predict(client_module.handle_file(image), "a [MASK] circle", api_name="/fill"))
     expected = pipeline(doc_runs["vl-default"])(image, "a [MASK] circle", top_k=5)

@@ -103,11 +103,12 @@ def colour_recipe(easy) -> Recipe:
                   lambda ctx, data: load_model(VLBertForSequenceClassification, ctx, num_labels=len(COLORS),
                                                region_feature_dim=data.feature_dim),
                   evaluate=evaluate, uses_regions=True,
-                  inference_info=lambda ctx, data: region_task_info(ctx, data, labels=list(COLORS)))
+                  inference_info=lambda ctx, data: region_task_info(ctx, data, labels=list(COLORS)),
+                  pipeline="shape-colour")
 
 
 class ColourPipeline(Pipeline):  # the pipeline: its inputs, id, output and results format
-    tasks = ("shape-colour",)
+    name = "shape-colour"
     model_class = VLBertForSequenceClassification
     input_fields = {"image": ("image",), "text": ("text", "question")}
     id_field = "question_id"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from dataclasses import asdict, replace
 from types import SimpleNamespace
 
@@ -19,8 +20,8 @@ from detectors.extract import extract_regions
 from detectors.shards import load_regions, shard_paths, write_detector_info, write_shards
 from vlbert.command_line import run_tool
 from vlbert.data.easy_vqa import load_questions
-from vlbert.inference import (EntailmentPipeline, ImageIndex, ImagePairPipeline, ReferringPipeline, RetrievalPipeline,
-                              VQAPipeline, pipeline)
+from vlbert.inference import (PIPELINES, EntailmentPipeline, ImageIndex, ImagePairPipeline, ReferringPipeline,
+                              RetrievalPipeline, VQAPipeline, pipeline)
 from vlbert.recipes import RECIPES, run
 
 from conftest import EASY_DETECTOR as DETECTOR, N_EASY_IMAGES as N_IMAGES  # the session's `easy` fixture
@@ -78,6 +79,36 @@ def test_vqa_pipeline_answers_as_the_evaluation(easy, vqa_run):
     broadcast = vqa(easy.store[str(qs[0]["image_id"])], [q["question"] for q in same_image], top_k=3)
     expected = [answers[qs.index(q)] for q in same_image]
     assert [[x["answer"] for x in a] for a in broadcast] == [[x["answer"] for x in a] for a in expected]
+
+
+def test_a_vqa_model_in_memory_answers_as_its_run(easy, vqa_run):
+    """pipeline(model=VLBertForVQA, tokenizer=..., detector=...) answers from image files as the run directory's
+    pipeline; without labels its answers are the answer indices; the task follows from the model's class."""
+    from_run = pipeline(vqa_run.dir, device="cpu")
+    in_memory = pipeline(model=from_run.model, tokenizer=from_run.tokenizer, detector=DETECTOR, labels=from_run.labels,
+                         max_text_length=from_run.inputs.max_text_length, max_regions=from_run.inputs.max_regions)
+    assert isinstance(in_memory, VQAPipeline)
+    images = [str(easy.files[k]) for k in ("0", "1", "2")]
+    questions = ["what color is the shape?", "what shape is this?", "is it a circle?"]
+    expected = from_run(images, questions, top_k=2)
+    assert in_memory(images, questions, top_k=2) == expected
+    unnamed = pipeline(model=from_run.model, tokenizer=from_run.tokenizer, detector=DETECTOR,
+                       max_regions=from_run.inputs.max_regions, max_text_length=from_run.inputs.max_text_length)
+    assert [[from_run.labels[int(a["answer"])] for a in row] for row in unnamed(images, questions, top_k=2)] == [
+        [a["answer"] for a in row] for row in expected]
+    with pytest.raises(ValueError, match="runs VLBertForSequenceClassification"):
+        pipeline("snli-ve", from_run.model, tokenizer=from_run.tokenizer)
+
+
+def test_the_recipe_names_its_pipeline_and_older_runs_keep_theirs(vqa_run, tmp_path):
+    info = json.loads((vqa_run.dir / "inference.json").read_text())
+    assert info["pipeline"] == RECIPES["vqa"].pipeline == "vqa"
+    named = {name: r.pipeline for name, r in RECIPES.items()}
+    assert all(p in PIPELINES for p in named.values()), named  # every recipe's pipeline exists
+    old = tmp_path / "old"  # a run written before inference.json named the pipeline: its task did
+    shutil.copytree(vqa_run.dir, old, ignore=shutil.ignore_patterns("checkpoints", "tensorboard"))
+    (old / "inference.json").write_text(json.dumps({k: v for k, v in info.items() if k != "pipeline"}))
+    assert type(pipeline(old, device="cpu")) is VQAPipeline
 
 
 def test_image_files_are_extracted_with_the_runs_own_detector(easy, vqa_run):
@@ -228,7 +259,7 @@ def test_retrieval_pipeline_ranks_as_the_evaluation_and_its_index_reloads(easy, 
             assert sorted(key(h) for h in hits) == list(range(len(row)))
 
     # The ITM pipeline on a retrieval run scores with its re-ranker: P(match) = sigmoid(the cross-encoder's margin).
-    itm = pipeline(out, task="image-text-matching", device="cpu")(easy.store[ids[0]], captions[:3])
+    itm = pipeline("image-text-matching", out, device="cpu")(easy.store[ids[0]], captions[:3])
     margins = retrieval.model.match_scores(**retrieval.inputs.batch(captions[:3], [easy.store[ids[0]]] * 3, "cpu"))
     torch.testing.assert_close(torch.tensor([r["score"] for r in itm]), margins.detach().sigmoid(), atol=1e-5, rtol=0)
 
@@ -393,7 +424,7 @@ def pretraining_run(easy, tmp_path_factory):
 def test_image_text_matching_pipeline_scores_as_the_model(easy, pretraining_run):
     from vlbert.models.vl import VLBertForPreTraining
 
-    itm = pipeline(pretraining_run, task="image-text-matching", device="cpu", batch_size=2)
+    itm = pipeline("image-text-matching", pretraining_run, device="cpu", batch_size=2)
     captions = [f"a {c} {s}" for c, s in (easy.truth[k] for k in ("0", "1", "2"))]
     one = itm(easy.store["0"], captions)  # one image, several captions: one result per caption, in order
     assert [r["text"] for r in one] == captions and [r["index"] for r in one] == [0, 1, 2]
@@ -415,7 +446,7 @@ def test_image_text_matching_pipeline_scores_as_the_model(easy, pretraining_run)
     with pytest.raises(ValueError, match="has no text"):
         itm(easy.store["0"])
     with pytest.raises(ValueError, match="is a 'vl-pretraining' run, but vqa takes vqa runs"):
-        pipeline(pretraining_run, task="vqa")
+        pipeline("vqa", pretraining_run)
 
 
 def test_predict_tool_takes_the_image_text_matching_task(easy, pretraining_run, vqa_run, tmp_path, capsys):
@@ -426,7 +457,7 @@ def test_predict_tool_takes_the_image_text_matching_task(easy, pretraining_run, 
     assert run_tool(tool("predict"), argv + ["--input", str(tmp_path / "in.jsonl"), "--captions",
                                              str(tmp_path / "captions.txt"), "--top-k", "2"]) == 0
     pair, ranked = (json.loads(line) for line in capsys.readouterr().out.splitlines())
-    expected = pipeline(pretraining_run, task="image-text-matching", device="cpu")(
+    expected = pipeline("image-text-matching", pretraining_run, device="cpu")(
         easy.store["0"], ["a red circle", "a blue square", "a green triangle"])
     assert pair["id"] == "pair" and pair["score"] == pytest.approx(expected[1]["score"], abs=1e-5)
     assert pair["match"] == expected[1]["match"]

@@ -6,6 +6,8 @@ test sees imports that a run would only reach on some path."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +94,15 @@ def test_lower_layers_do_not_import_vlbert():
     assert graph.get("detectors", set()) <= {"vlbert_base"}
     assert "vlbert.models" not in graph.get("vlbert.objectives", set())
     assert not {"vlbert.recipes", "vlbert.cli"} & graph.get("vlbert.training", set())
+
+
+def test_inference_stands_on_its_own():
+    """``import vlbert.inference`` in a fresh interpreter loads neither the trainer nor the recipes (nor analysis,
+    which calls inference's core, not the reverse)."""
+    probe = ("import sys, vlbert.inference; print(sorted({m.split('.')[1] for m in sys.modules "
+             "if m.startswith('vlbert.') and m.split('.')[1] in ('training', 'recipes', 'analysis', 'commands')}))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]", f"import vlbert.inference loads vlbert.{loaded}"
 
 
 def test_no_function_level_import_of_the_project():

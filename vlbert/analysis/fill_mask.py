@@ -1,22 +1,15 @@
-"""Fill-mask: the masked LM's top-k fillers of each [MASK], for text and conditioned on an image's regions.
+"""Fill-mask for one text: the masked LM's top-k fillers of each [MASK], for text and conditioned on an image's
+regions, as transformers' ``pipeline("fill-mask")`` returns them (for text models: tests/test_analysis.py).
 
-Same outputs as transformers' ``pipeline("fill-mask")`` (for text models: test), which a vision-language model
-cannot use: here the regions of an image (``region_item`` of :mod:`detectors.batch`) can join the text.
+The computation is inference's (:func:`vlbert.inference.fill_mask.fill_masks`, batched); this is the one-text form
+that ``tools/explain.py fill-mask`` and notebooks call with a model in memory.
 """
 
 from __future__ import annotations
 
-import torch
-
-from detectors.batch import pad_regions
+from vlbert.inference.fill_mask import fill_masks
 
 
-def region_inputs(regions_item: dict, device) -> dict[str, torch.Tensor]:
-    """One image's region item (:func:`detectors.batch.region_item`) as batch-of-one model inputs on ``device``."""
-    return {k: v.to(device) for k, v in pad_regions([regions_item]).items()}
-
-
-@torch.no_grad()
 def fill_mask(model, tokenizer, text: str, top_k: int = 5, regions: dict | None = None) -> list[list[dict]]:
     """The ``top_k`` fillers of every [MASK] in ``text``.
 
@@ -33,34 +26,7 @@ def fill_mask(model, tokenizer, text: str, top_k: int = 5, regions: dict | None 
     Raises:
         ValueError: no [MASK] in ``text``; regions given to a text-only model.
     """
-    enc = tokenizer(text, return_tensors="pt")
-    positions = (enc["input_ids"][0] == tokenizer.mask_token_id).nonzero().squeeze(1).tolist()
-    if not positions:
-        raise ValueError(f"no {tokenizer.mask_token} in {text!r}; write the word to fill as {tokenizer.mask_token}")
-    device = next(model.parameters()).device
-    inputs = {k: enc[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
-    if regions is not None:
-        if not hasattr(model.config, "region_feature_dim"):
-            raise ValueError(f"{type(model).__name__} reads no regions; use a VLBertForPreTraining")
-        inputs.update(region_inputs(regions, device))
-    was_training = model.training
-    model.eval()
-    try:
-        out = model(**inputs)
-    finally:
-        model.train(was_training)
-    probs = out.prediction_logits[0, positions].float().softmax(-1)
-    results = []
-    for row, position in zip(probs, positions):
-        scores, ids = row.topk(top_k)
-        fillers = []
-        for score, token in zip(scores.tolist(), ids.tolist()):
-            filled = enc["input_ids"][0].clone()
-            filled[position] = token
-            fillers.append({"score": score, "token": token, "token_str": tokenizer.decode([token]),
-                            "sequence": tokenizer.decode(filled, skip_special_tokens=True)})
-        results.append(fillers)
-    return results
+    return fill_masks(model, tokenizer, [text], top_k, None if regions is None else [regions])[0]
 
 
-__all__ = ["fill_mask", "region_inputs"]
+__all__ = ["fill_mask"]

@@ -45,7 +45,7 @@ class DemoSession:
         self.task = read_inference_info(run_dir)["task"]
         options = {"device": device, "detector_weights": detector_weights,
                    "allow_other_detector": allow_other_detector}
-        self.pipelines = {task: pipeline(run_dir, task=task, **options) for task in TABS
+        self.pipelines = {task: pipeline(task, run_dir, **options) for task in TABS
                           if self.task in PIPELINES[task].accepted_runs()}
         if not self.pipelines:
             accepted = sorted({t for task in TABS for t in PIPELINES[task].accepted_runs()})

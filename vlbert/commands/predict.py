@@ -113,7 +113,7 @@ def refuse_unread_images(args, pipeline_class) -> None:
         unread.append("--detector-weights")
     if unread:
         what = "reads no images" if not pipeline_class.image_fields else "reads one image (--image)"
-        raise ValueError(f"{unread[0]} is not used: this {pipeline_class.tasks[0]} run {what}; leave it out")
+        raise ValueError(f"{unread[0]} is not used: this {pipeline_class.name} run {what}; leave it out")
 
 
 def tool_options(args, pipeline_class) -> dict:
@@ -125,7 +125,7 @@ def tool_options(args, pipeline_class) -> dict:
     given = {k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None}
     unused = [k for k in given if k not in pipeline_class.parameters and k not in pipeline_class.tool_options]
     if unused:
-        raise ValueError(f"--{unused[0].replace('_', '-')} is not used by {pipeline_class.tasks[0]} runs; leave it out")
+        raise ValueError(f"--{unused[0].replace('_', '-')} is not used by {pipeline_class.name} runs; leave it out")
     return given
 
 
@@ -155,7 +155,7 @@ def render(rows: list[dict], pipeline_class, fmt: str) -> str:
         owners = sorted(t for t, cls in PIPELINES.items() if fmt in cls.formats)
         known = ", ".join(["jsonl", *pipeline_class.formats])
         where = f"is for {' and '.join(owners)} runs" if owners else "is not a known format"
-        raise ValueError(f"--format {fmt} {where}; this run is {pipeline_class.tasks[0]!r}: use --format {known}")
+        raise ValueError(f"--format {fmt} {where}; this run is {pipeline_class.name!r}: use --format {known}")
     return pipeline_class.formats[fmt](rows)
 
 

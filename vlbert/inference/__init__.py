@@ -1,21 +1,24 @@
-"""Use a trained model: one pipeline per task, loaded from a run directory, taking image files, PIL images or
-arrays and text (or text alone, for text runs) (:mod:`vlbert.inference.pipelines`); what a run saves for it and the
-detector check (:mod:`vlbert.inference.run`).
+"""Use a trained model: one pipeline per task, loaded from a run directory or over a model in memory, taking image
+files, PIL images or arrays and text (or text alone, for text runs) (:mod:`vlbert.inference.pipelines`); what a run
+saves for it and the detector check (:mod:`vlbert.inference.run`). Imports neither the trainer nor the recipes.
 
     from vlbert.inference import pipeline
     vqa = pipeline("runs/vqa")
     vqa("photo.jpg", "what color is the shape?", top_k=3)   # [{"answer": "red", "score": 0.97}, ...]
-    itm = pipeline("models/uniter-base", task="image-text-matching")
+    itm = pipeline("image-text-matching", "models/uniter-base")
     itm("photo.jpg", ["a red circle", "a blue square"])      # [{"text", "score", "match", "index"}, ...]
+    vqa = pipeline(model=model, tokenizer=tokenizer, detector=detector_config)   # a VLBertForVQA in memory
 """
 
 from vlbert.inference.pipelines import (PIPELINES, EntailmentPipeline, FillMaskPipeline, ImageIndex, ImagePairPipeline,
                                         ImageTextMatchingPipeline, Pipeline, ReferringPipeline, RetrievalPipeline,
                                         TextClassificationPipeline, TextFillMaskPipeline, VQAPipeline, pipeline,
                                         pipeline_class)
-from vlbert.inference.run import RunInputs, detector_for_run, read_inference_info
+from vlbert.inference.fill_mask import fill_masks
+from vlbert.inference.run import RunInputs, detector_for_run, read_inference_info, run_pipeline
 
 __all__ = ["pipeline", "PIPELINES", "Pipeline", "VQAPipeline", "RetrievalPipeline", "ImageIndex",
            "ImagePairPipeline", "ImageTextMatchingPipeline", "EntailmentPipeline", "ReferringPipeline",
            "FillMaskPipeline", "TextClassificationPipeline", "TextFillMaskPipeline", "pipeline_class", "RunInputs",
+           "fill_masks", "run_pipeline",
            "read_inference_info", "detector_for_run"]

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from detectors.regions import Regions
-from vlbert.inference.run import ImageInput, RunInputs
+from vlbert.inference.run import ImageInput, RunInputs, run_pipeline
 from vlbert.models.vqa import VLBertForVQA
 from vlbert_base.user_files import read_json
 
@@ -37,28 +37,41 @@ class Pipeline:
     gradients; bf16 autocast on a CUDA device, the outputs read back in float32) -> :meth:`postprocess` on each;
     one input of each kind gives one result, lists give a list.
 
-    A task sets :attr:`tasks` (and :attr:`run_tasks` where it answers runs of other tasks), :attr:`model_class`,
-    :attr:`input_fields` (its inputs in call order, each with the names a JSONL record may give it under), :attr:`image_fields`, :attr:`optional_fields`, :attr:`id_field`,
+    A task sets :attr:`name` (its :data:`~vlbert.inference.pipelines.PIPELINES` key, which a recipe's
+    ``pipeline`` names; :attr:`run_tasks` where it answers runs of other tasks too), :attr:`model_class`,
+    :attr:`input_fields` (its inputs in call order, each with the names a JSONL record may give it under),
+    :attr:`image_fields`, :attr:`optional_fields`, :attr:`id_field`,
     :attr:`parameters` and :attr:`formats`, and implements :meth:`postprocess` (and :meth:`preprocess` /
     :meth:`_forward` where the default, one image and one text per example through the model's logits, does not
     fit). ``tools/predict.py`` reads only these: it knows no task by name.
 
     Args:
-        run_dir: a run's output directory (``config.json``, ``model.safetensors``, tokenizer, ``inference.json``).
-        device: "cpu", "cuda", ... (default: CUDA when available).
+        model: a run's output directory (``config.json``, ``model.safetensors``, tokenizer, ``inference.json``) or a
+            hub id, or a model in memory (an instance of :attr:`model_class` or :attr:`model_classes`; then
+            ``tokenizer`` is required, and ``detector`` is the detector its regions came from).
+        device: "cpu", "cuda", ... (default: CUDA when available; a model in memory stays where it is unless
+            ``device`` is given).
         detector: a :class:`~detectors.config.DetectorConfig` to extract with instead of the run's own (refused
-            unless it has the run's fingerprint or ``allow_other_detector``).
+            unless it has the run's fingerprint or ``allow_other_detector``); for a model in memory, its own (None:
+            the pipeline takes :class:`~detectors.regions.Regions` only).
         allow_other_detector: accept another detector's regions, at the cost of silently worse predictions.
         batch_size: examples per forward pass (and images per detector call).
         detector_weights: the run's detector's weights file where you keep it (a converted UNITER's
             ``faster_rcnn_from_caffe_attr.pkl``), checked against the recorded sha256 (else its file name).
+        tokenizer: a model in memory's tokenizer (a run directory's is read from it).
+        labels: a model in memory's label names, in logit order (default: its ``config.id2label``).
+        max_text_length, max_regions: a model in memory's limits (default: the tokenizer's ``model_max_length``
+            within the model's positions; 36 regions, the BUTD features' count).
     Raises:
-        FileNotFoundError: ``run_dir`` has no inference.json or no model.
-        ValueError: the run is of another task than the pipeline's, or another detector (both named).
+        FileNotFoundError: ``model`` is a path without inference.json or without a model.
+        ValueError: the run is of another task than the pipeline's, or another detector (both named); a model in
+            memory of another class than the pipeline's, or without a tokenizer.
     """
 
-    tasks: ClassVar[tuple[str, ...]] = ()
-    #: the run tasks (inference.json's ``task``) the pipeline loads, where they differ from :attr:`tasks` (a task
+    #: the pipeline's name: its key in :data:`~vlbert.inference.pipelines.PIPELINES`, what a recipe's ``pipeline``
+    #: and a run's inference.json name.
+    name: ClassVar[str] = ""
+    #: the run tasks (inference.json's ``task``) the pipeline loads besides those whose recipe names it (a task
     #: that every run of some kinds answers, e.g. image-text matching from pretraining and retrieval runs).
     run_tasks: ClassVar[tuple[str, ...]] = ()
     model_class: ClassVar[type] = VLBertForVQA
@@ -80,23 +93,51 @@ class Pipeline:
     #: tools/predict.py flags besides the parameters that this task reads in :meth:`predict_records` (e.g. ``draw``).
     tool_options: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, run_dir: str | os.PathLike, device: str | None = None, detector=None,
-                 allow_other_detector: bool = False, batch_size: int = 16, detector_weights=None):
-        self.device = torch.device(device or _default_device())
-        self.inputs = RunInputs(run_dir, detector, allow_other_detector, str(self.device), detector_weights)
-        task = self.inputs.info["task"]
-        if task not in self.accepted_runs():
-            raise ValueError(f"{run_dir} is a {task!r} run; {type(self).__name__} takes "
-                             f"{' or '.join(self.accepted_runs())} runs: use vlbert.inference.pipeline("
-                             f"{str(run_dir)!r}), which picks the task's own")
-        self.model = self.architecture().from_pretrained(self.inputs.run_dir).to(self.device).eval()
-        self.labels: list[str] | None = self.inputs.info.get("labels")
+    def __init__(self, model: str | os.PathLike | torch.nn.Module, device: str | None = None, detector=None,
+                 allow_other_detector: bool = False, batch_size: int = 16, detector_weights=None, tokenizer=None,
+                 labels: Sequence[str] | None = None, max_text_length: int | None = None,
+                 max_regions: int | None = None):
         self.batch_size = batch_size
+        if isinstance(model, torch.nn.Module):
+            self._from_model(model, device, detector, tokenizer, labels, max_text_length, max_regions)
+            return
+        self.device = torch.device(device or _default_device())
+        self.inputs = RunInputs(model, detector, allow_other_detector, str(self.device), detector_weights)
+        if run_pipeline(self.inputs.info) != self.name and self.inputs.info["task"] not in self.run_tasks:
+            raise ValueError(f"{model} is a {self.inputs.info['task']!r} run; {type(self).__name__} takes "
+                             f"{' or '.join(self.accepted_runs())} runs: use vlbert.inference.pipeline("
+                             f"{str(model)!r}), which picks the task's own")
+        self.inputs.max_text_length = max_text_length or self.inputs.max_text_length
+        self.inputs.max_regions = max_regions or self.inputs.max_regions
+        self.model = self.architecture().from_pretrained(self.inputs.run_dir).to(self.device).eval()
+        self.labels: list[str] | None = labels or self.inputs.info.get("labels")
+
+    def _from_model(self, model, device, detector, tokenizer, labels, max_text_length, max_regions) -> None:
+        """Set up over a model in memory (see the class docstring)."""
+        classes = (self.model_class, *self.model_classes)
+        if not isinstance(model, classes):
+            raise ValueError(f"{type(self).__name__} runs {' or '.join(c.__name__ for c in classes)}, not "
+                             f"{type(model).__name__}: pass the task that fits the model (vlbert.inference.PIPELINES)")
+        if tokenizer is None:
+            raise ValueError("a model in memory needs its tokenizer: pipeline(model=model, tokenizer=tokenizer)")
+        config = model.config
+        id2label = getattr(config, "id2label", None)
+        labels = list(labels) if labels is not None else [id2label[k] for k in sorted(id2label)] if id2label else None
+        positions = int(getattr(config, "max_position_embeddings", 512))
+        info = {"task": self.name, "labels": labels, "max_regions": max_regions or 36,
+                "max_text_length": max_text_length or min(int(getattr(tokenizer, "model_max_length", positions)),
+                                                          positions),
+                "region_feature_dim": getattr(config, "region_feature_dim", None)}
+        self.device = torch.device(device) if device else next(model.parameters()).device
+        self.inputs = RunInputs.for_model(info, tokenizer, detector, str(self.device))
+        self.model = model.to(self.device).eval()
+        self.labels = labels
 
     @classmethod
     def accepted_runs(cls) -> tuple[str, ...]:
-        """The run tasks this pipeline loads: :attr:`run_tasks`, else :attr:`tasks`."""
-        return cls.run_tasks or cls.tasks
+        """The kinds of run this pipeline loads, for messages: :attr:`run_tasks`, else its own :attr:`name` (the
+        runs whose recipe names it)."""
+        return cls.run_tasks or (cls.name,)
 
     def architecture(self) -> type:
         """The model class to load: the one config.json names when it is among :attr:`model_classes` (a converted
@@ -104,6 +145,10 @@ class Pipeline:
         path = self.inputs.run_dir / "config.json"
         saved = (read_json(path, "model config").get("architectures") or []) if path.is_file() else []
         return next((c for c in self.model_classes if c.__name__ in saved), self.model_class)
+
+    def label_names(self, count: int) -> list[str]:
+        """The names of the ``count`` logits: the run's (or given) labels, else their indices as strings."""
+        return list(self.labels) if self.labels else [str(k) for k in range(count)]
 
     @property
     def tokenizer(self):
@@ -216,7 +261,7 @@ class Pipeline:
                    for name, aliases in cls.input_fields.items()}
         missing = [n for n, v in example.items() if v is None and n not in cls.optional_fields]
         if missing:
-            task = cls.tasks[0] if cls.tasks else cls.__name__
+            task = cls.name or cls.__name__
             raise ValueError(f"{where}: a {task} example needs {', '.join(missing)} (flags: "
                              f"{', '.join(_flag(cls, m) for m in missing)})")
         for name in cls.image_fields:

@@ -1,6 +1,6 @@
 """Image-text matching: does a caption describe an image? The ITM head of a VL pretraining run or a converted
 checkpoint (UNITER's ``itm_output``, VisualBERT's sentence-image head, the re-ranker of a retrieval run) scores
-each (image, caption) pair, as transformers' pipelines score theirs: ``pipeline(run, task="image-text-matching")``.
+each (image, caption) pair, as transformers' pipelines score theirs: ``pipeline("image-text-matching", run)``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class ImageTextMatchingPipeline(Pipeline):
     ask for this one by name. Inputs are prepared as :class:`~vlbert.inference.run.RunInputs` prepares every task's.
     """
 
-    tasks = ("image-text-matching",)
+    name = "image-text-matching"
     run_tasks = ("vl-pretraining", "retrieval")
     model_class = VLBertForPreTraining
     model_classes = (VLBertForImageTextRetrieval,)

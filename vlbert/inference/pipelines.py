@@ -19,11 +19,13 @@ import json
 import os
 from typing import Any
 
+import torch
+
 from detectors.images import load_image, to_rgb_array
 from detectors.regions import Regions
 from vlbert.inference.base import Pipeline, label_result, label_row
 from vlbert.inference.retrieval import ImageIndex, RetrievalPipeline
-from vlbert.inference.run import read_inference_info
+from vlbert.inference.run import read_inference_info, run_pipeline
 from vlbert.inference.fill_mask import FillMaskPipeline, TextFillMaskPipeline
 from vlbert.inference.matching import ImageTextMatchingPipeline
 from vlbert.inference.text import TextClassificationPipeline
@@ -66,7 +68,7 @@ class VQAPipeline(Pipeline):
     images and questions -> one such list per question.
     """
 
-    tasks = ("vqa",)
+    name = "vqa"
     model_class = VLBertForVQA
     model_classes = (VLBertForMaskedTokenVQA,)
     input_fields = {"image": ("image",), "text": ("text", "question")}
@@ -77,7 +79,8 @@ class VQAPipeline(Pipeline):
     def postprocess(self, outputs, examples, top_k: int = 1) -> list[list[dict]]:
         logits = outputs["logits"]
         scores, ids = logits.sigmoid().topk(min(top_k, logits.shape[1]), dim=-1)
-        return [[{"answer": self.labels[i], "score": s} for s, i in zip(row_s, row_i)]
+        names = self.label_names(logits.shape[1])
+        return [[{"answer": names[i], "score": s} for s, i in zip(row_s, row_i)]
                 for row_s, row_i in zip(scores.tolist(), ids.tolist())]
 
     def row(self, result: list[dict]) -> dict:
@@ -89,14 +92,15 @@ class EntailmentPipeline(Pipeline):
     probabilities of the three SNLI-VE labels); lists -> a list of them. SNLI-VE defines no results format: jsonl
     rows carry the ``pairID`` and ``prediction``."""
 
-    tasks = ("snli-ve",)
+    name = "snli-ve"
     model_class = VLBertForSequenceClassification
     model_classes = (VLBertForVisualEntailment,)
     input_fields = {"image": ("image",), "text": ("text", "hypothesis", "sentence2")}
     id_field = "pairID"
 
     def postprocess(self, outputs, examples) -> list[dict]:
-        return [label_result(row, self.labels) for row in outputs["logits"].softmax(-1)]
+        logits = outputs["logits"]
+        return [label_result(row, self.label_names(logits.shape[1])) for row in logits.softmax(-1)]
 
     row = staticmethod(label_row)
 
@@ -112,7 +116,7 @@ class ImagePairPipeline(Pipeline):
     "scores"}``; lists -> a list of them. The pair is encoded as the task's collator does (regions [B, 2, R, ...],
     left first)."""
 
-    tasks = ("nlvr2",)
+    name = "nlvr2"
     model_class = VLBertForImagePairClassification
     model_classes = (VLBertForVisualReasoning, VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention)
     input_fields = {"left": ("left", "image"), "right": ("right", "image2"),
@@ -128,7 +132,8 @@ class ImagePairPipeline(Pipeline):
         return {"batch": {**self.inputs.text_batch([ex["text"] for ex in examples], self.device), **pairs}}
 
     def postprocess(self, outputs, examples) -> list[dict]:
-        return [label_result(row, self.labels) for row in outputs["logits"].softmax(-1)]
+        logits = outputs["logits"]
+        return [label_result(row, self.label_names(logits.shape[1])) for row in logits.softmax(-1)]
 
     row = staticmethod(label_row)
 
@@ -143,7 +148,7 @@ class ReferringPipeline(Pipeline):
     ``--draw FILE`` saves it.
     """
 
-    tasks = ("refcoco",)
+    name = "refcoco"
     model_class = VLBertForReferringExpressions
     input_fields = {"image": ("image",), "text": ("text", "expression"), "boxes": ("boxes",)}
     optional_fields = ("boxes",)
@@ -207,45 +212,85 @@ class ReferringPipeline(Pipeline):
         return picture
 
 
-#: task name (inference.json's ``task``, a recipe's name) -> its pipeline class.
-PIPELINES: dict[str, type[Pipeline]] = {cls.tasks[0]: cls for cls in (
+#: pipeline name -> its class. A recipe names its pipeline (:attr:`vlbert.recipes.Recipe.pipeline`), which the run's
+#: inference.json records; a new pipeline is a :class:`Pipeline` subclass and one line here.
+PIPELINES: dict[str, type[Pipeline]] = {cls.name: cls for cls in (
     VQAPipeline, RetrievalPipeline, ImagePairPipeline, EntailmentPipeline, ReferringPipeline, FillMaskPipeline,
     TextClassificationPipeline, TextFillMaskPipeline, ImageTextMatchingPipeline)}
 
 
+def _known() -> str:
+    return ", ".join(sorted(PIPELINES))
+
+
 def pipeline_class(run_dir: str | os.PathLike, task: str | None = None) -> type[Pipeline]:
-    """The pipeline class of ``task`` (a key of :data:`PIPELINES`), by default the run's own task
-    (``inference.json``), without loading the model.
+    """The pipeline class of ``task`` (a key of :data:`PIPELINES`), by default the one the run names
+    (inference.json: :func:`~vlbert.inference.run.run_pipeline`), without loading the model.
 
     Raises:
-        FileNotFoundError, ValueError: as :func:`~vlbert.inference.run.read_inference_info`; a task without a
-            pipeline (the tasks that have one named); a ``task`` whose pipeline does not take the run's kind (the
-            kinds it takes named).
+        FileNotFoundError, ValueError: as :func:`~vlbert.inference.run.read_inference_info`; a run whose task has
+            no pipeline (the pipelines named); a ``task`` whose pipeline does not take the run's kind (the kinds it
+            takes named).
     """
-    run_task = read_inference_info(run_dir)["task"]
+    info = read_inference_info(run_dir)
+    run_task, own = info["task"], run_pipeline(info)
     if task is None:
-        if run_task not in PIPELINES:
-            raise ValueError(f"{run_dir} is a {run_task!r} run, which has no pipeline; pipelines exist for "
-                             f"{', '.join(sorted(PIPELINES))}")
-        return PIPELINES[run_task]
+        if own not in PIPELINES:
+            raise ValueError(f"{run_dir} is a {run_task!r} run, which has no pipeline; pipelines exist for {_known()}")
+        return PIPELINES[own]
     if task not in PIPELINES:
-        raise ValueError(f"no pipeline for task {task!r}; pipelines exist for {', '.join(sorted(PIPELINES))}")
+        raise ValueError(f"no pipeline for task {task!r}; pipelines exist for {_known()}")
     cls = PIPELINES[task]
-    if run_task not in cls.accepted_runs():
+    if own != cls.name and run_task not in cls.run_tasks:
         raise ValueError(f"{run_dir} is a {run_task!r} run, but {task} takes {' or '.join(cls.accepted_runs())} "
-                         f"runs; leave the task out to use the run's own ({run_task})")
+                         f"runs; leave the task out to use the run's own ({own})")
     return cls
 
 
-def pipeline(run_dir: str | os.PathLike, task: str | None = None, **kwargs) -> Pipeline:
-    """The pipeline of ``task`` loaded from ``run_dir`` (transformers' ``pipeline(task, model=...)``; by default the
-    run's own task, from ``inference.json``; ``"image-text-matching"`` scores (image, caption) pairs with a VL
-    pretraining or retrieval run); ``kwargs`` as :class:`Pipeline`.
+def _class_for_model(model: torch.nn.Module, task: str | None) -> type[Pipeline]:
+    """The pipeline of ``task``, or of the model's class when ``task`` is None (the one pipeline that runs it).
 
     Raises:
-        FileNotFoundError, ValueError: as :class:`Pipeline` and :func:`pipeline_class`.
+        ValueError: an unknown ``task``; no pipeline, or several, for the model's class (those named).
     """
-    return pipeline_class(run_dir, task)(run_dir, **kwargs)
+    if task is not None:
+        if task not in PIPELINES:
+            raise ValueError(f"no pipeline for task {task!r}; pipelines exist for {_known()}")
+        return PIPELINES[task]
+    fits = [cls for cls in PIPELINES.values() if type(model) in (cls.model_class, *cls.model_classes)]
+    if len(fits) != 1:
+        raise ValueError(f"{len(fits) or 'no'} pipelines run a {type(model).__name__}"
+                         f"{' (' + ', '.join(c.name for c in fits) + ')' if fits else ''}: name the task, "
+                         f"pipeline(task, model=model, tokenizer=tokenizer); pipelines exist for {_known()}")
+    return fits[0]
+
+
+def pipeline(task: str | None = None, model: str | os.PathLike | torch.nn.Module | None = None, tokenizer=None,
+             detector=None, **kwargs) -> Pipeline:
+    """The pipeline of ``task`` over ``model``, transformers' ``pipeline(task, model=..., tokenizer=...)``.
+
+    ``model`` is a run directory or hub id (its task's pipeline by default, from inference.json; ``task``
+    ``"image-text-matching"`` scores (image, caption) pairs with a VL pretraining or retrieval run), or a model in
+    memory (then ``tokenizer`` is required; ``detector`` is the :class:`~detectors.config.DetectorConfig` its
+    regions came from, else the pipeline takes :class:`~detectors.regions.Regions` only; by default the one pipeline
+    that runs the model's class). As a shorthand, a first argument that names no pipeline is the model:
+    ``pipeline("runs/vqa")``. ``kwargs`` as :class:`Pipeline` (device, batch_size, labels, ...).
+
+    Raises:
+        TypeError: no model given.
+        FileNotFoundError, ValueError: as :class:`Pipeline` and :func:`pipeline_class`; a model in memory that no
+            pipeline (or more than one) runs, without ``task``.
+    """
+    if model is None and task is not None and task not in PIPELINES:
+        task, model = None, task
+    if model is None:
+        raise TypeError("pipeline() needs a model: a run directory, a hub id or a model in memory "
+                        "(pipeline(\"runs/vqa\") or pipeline(task, model=model, tokenizer=tokenizer))")
+    if isinstance(model, torch.nn.Module):
+        return _class_for_model(model, task)(model, tokenizer=tokenizer, detector=detector, **kwargs)
+    if tokenizer is not None:
+        raise ValueError("a run directory holds its own tokenizer: leave tokenizer out (it is for a model in memory)")
+    return pipeline_class(model, task)(model, detector=detector, **kwargs)
 
 
 __all__ = ["Pipeline", "VQAPipeline", "EntailmentPipeline", "ImagePairPipeline", "ReferringPipeline",

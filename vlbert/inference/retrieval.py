@@ -87,7 +87,7 @@ class RetrievalPipeline(Pipeline):
     Scores: the cross-encoder's ITM logit margin inside the shortlist; outside it, the embedding similarity - 1e4.
     """
 
-    tasks = ("retrieval",)
+    name = "retrieval"
     model_class = VLBertForImageTextRetrieval
     input_fields = {"image": ("image",), "text": ("text", "query", "caption")}
     optional_fields = ("image", "text")

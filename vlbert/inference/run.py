@@ -62,6 +62,13 @@ def read_inference_info(run_dir: str | os.PathLike) -> dict[str, Any]:
     return info
 
 
+def run_pipeline(info: dict[str, Any]) -> str:
+    """The pipeline (a :data:`~vlbert.inference.pipelines.PIPELINES` key) a run's inference.json names: its
+    ``pipeline`` (the recipe's, :attr:`vlbert.recipes.Recipe.pipeline`), else its ``task``: runs and conversions
+    written before recipes named their pipeline, when every pipeline was named after its task."""
+    return info.get("pipeline") or info["task"]
+
+
 def detector_for_run(saved: dict[str, Any], detector: DetectorConfig | None = None,
                      allow_other_detector: bool = False,
                      detector_weights: str | os.PathLike | None = None) -> DetectorConfig | None:
@@ -104,6 +111,9 @@ def detector_for_run(saved: dict[str, Any], detector: DetectorConfig | None = No
 class RunInputs:
     """A run's tokenizer, limits and detector, turning texts and images into model inputs.
 
+    Built from a run directory (``RunInputs(run_dir, ...)``) or, for a model in memory, from what stands in for the
+    run's files (:meth:`for_model`).
+
     Args:
         run_dir: the run's output directory.
         detector: another detector configuration (refused unless its fingerprint is the run's, or
@@ -119,15 +129,34 @@ class RunInputs:
     def __init__(self, run_dir: str | os.PathLike, detector: DetectorConfig | None = None,
                  allow_other_detector: bool = False, device: str = "cpu",
                  detector_weights: str | os.PathLike | None = None):
-        self.run_dir = local_run_dir(run_dir)
-        self.info = read_inference_info(self.run_dir)
-        self.tokenizer = load_tokenizer(self.run_dir)
-        self.saved_detector = self.info.get("detector") or {}
-        self.detector = detector_for_run(self.saved_detector, detector, allow_other_detector, detector_weights)
+        self.run_dir: Path | None = local_run_dir(run_dir)
+        info = read_inference_info(self.run_dir)
+        detector = detector_for_run(info.get("detector") or {}, detector, allow_other_detector, detector_weights)
+        self._setup(info, load_tokenizer(self.run_dir), detector, allow_other_detector, device)
         self._weights_checked = detector_weights is not None
+
+    @classmethod
+    def for_model(cls, info: dict[str, Any], tokenizer, detector: DetectorConfig | None = None,
+                  device: str = "cpu") -> "RunInputs":
+        """Inputs of a model in memory, which has no run directory: ``info`` stands in for its inference.json
+        (``task``, ``labels``, ``max_text_length``, ``max_regions``, ``region_feature_dim``), ``tokenizer`` for its
+        saved tokenizer, and ``detector`` (None: the pipeline takes :class:`Regions` only) is taken as the one its
+        regions came from: nothing records another to check it against."""
+        inputs = cls.__new__(cls)
+        inputs.run_dir = None
+        inputs._setup(info, tokenizer, detector, False, device)
+        inputs._weights_checked = False
+        return inputs
+
+    def _setup(self, info: dict[str, Any], tokenizer, detector: DetectorConfig | None, allow_other_detector: bool,
+               device: str) -> None:
+        self.info = info
+        self.tokenizer = tokenizer
+        self.saved_detector = info.get("detector") or {}
+        self.detector = detector
         self.allow_other_detector = allow_other_detector
-        self.max_text_length = int(self.info.get("max_text_length", 40))
-        self.max_regions = int(self.info.get("max_regions", 36))
+        self.max_text_length = int(info.get("max_text_length", 40))
+        self.max_regions = int(info.get("max_regions", 36))
         self.device = device
         self._extractor = None
 
@@ -221,4 +250,4 @@ class RunInputs:
         return {**self.text_batch(texts, device), **self.region_batch(regions, device)}
 
 
-__all__ = ["RunInputs", "read_inference_info", "local_run_dir", "detector_for_run", "ImageInput"]
+__all__ = ["RunInputs", "read_inference_info", "run_pipeline", "local_run_dir", "detector_for_run", "ImageInput"]

@@ -18,17 +18,17 @@ class TextClassificationPipeline(Pipeline):
         ValueError: a run of another text task type (tagging, qa): their heads load with ``from_pretrained``.
     """
 
-    tasks = ("text",)
+    name = "text"
     model_class = BertForSequenceClassification
     input_fields = {"text": ("text", "sentence", "sentence1"), "text_pair": ("text_pair", "sentence2")}
     image_fields = ()
     optional_fields = ("text_pair",)
 
-    def __init__(self, run_dir, **kwargs):
-        super().__init__(run_dir, **kwargs)
+    def __init__(self, model, **kwargs):
+        super().__init__(model, **kwargs)
         self.type = self.inputs.info.get("type", "classification")
         if self.type not in ("classification", "regression"):
-            raise ValueError(f"{run_dir} is a {self.type} run; pipelines answer classification and regression runs "
+            raise ValueError(f"{model} is a {self.type} run; pipelines answer classification and regression runs "
                              "(load its head with from_pretrained)")
 
     def preprocess(self, examples: list[dict], **parameters) -> dict[str, Any]:
@@ -43,7 +43,7 @@ class TextClassificationPipeline(Pipeline):
     def postprocess(self, outputs, examples) -> list[dict]:
         if self.type == "regression":
             return [{"score": float(v)} for v in outputs["logits"][:, 0]]
-        labels = self.labels or [str(k) for k in range(outputs["logits"].shape[1])]
+        labels = self.label_names(outputs["logits"].shape[1])
         return [label_result(row, labels) for row in outputs["logits"].softmax(-1)]
 
     def row(self, result: dict) -> dict:

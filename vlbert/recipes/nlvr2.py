@@ -73,6 +73,6 @@ def inference_info(ctx: RunContext, data: NLVR2Data) -> dict:
 
 
 RECIPE = Recipe("nlvr2", NLVR2DataConfig, NLVR2Data, build_model, evaluate=evaluate,
-                baselines=majority_baseline, uses_regions=True, inference_info=inference_info)
+                baselines=majority_baseline, uses_regions=True, inference_info=inference_info, pipeline="nlvr2")
 
 __all__ = ["RECIPE", "NLVR2DataConfig", "NLVR2Data"]

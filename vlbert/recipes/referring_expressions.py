@@ -128,6 +128,6 @@ def inference_info(ctx: RunContext, data: ReferringData) -> dict:
 
 RECIPE = Recipe("refcoco", ReferringDataConfig, ReferringData, build_model,
                 evaluate=evaluate, baselines=baselines, uses_regions=True,
-                inference_info=inference_info)
+                inference_info=inference_info, pipeline="refcoco")
 
 __all__ = ["RECIPE", "ReferringDataConfig", "ReferringData"]

@@ -80,6 +80,6 @@ def inference_info(ctx: RunContext, data: RetrievalData) -> dict:
 
 
 RECIPE = Recipe("retrieval", RetrievalDataConfig, RetrievalData, build_model, evaluate=evaluate, uses_regions=True,
-                inference_info=inference_info)
+                inference_info=inference_info, pipeline="retrieval")
 
 __all__ = ["RECIPE", "RetrievalDataConfig", "RetrievalData"]

@@ -86,6 +86,8 @@ class Recipe:
         inference_info: ``(RunContext, TaskData) -> dict``, what inference needs to rebuild the inputs (the
             regions' detector provenance, label names, maximum lengths), written to ``inference.json`` in the output
             directory (:mod:`vlbert.inference` reads it), or None.
+        pipeline: the name of the task's inference pipeline (a key of :data:`vlbert.inference.PIPELINES`),
+            recorded in ``inference.json``; None where the task has none.
     """
 
     name: str
@@ -98,6 +100,7 @@ class Recipe:
     default_init: str | None = "minilm"
     sections: tuple[str, ...] = field(default=())
     inference_info: Callable | None = None
+    pipeline: str | None = None
 
 
 class TaskData:
@@ -368,7 +371,7 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
             logger.warning("--resume: no checkpoint under %s/%s; starting from step 0", training.output_dir,
                            CHECKPOINTS_DIR)
         if info is not None:
-            write_inference_info(training.output_dir, {"task": recipe.name, **info})
+            write_inference_info(training.output_dir, {"task": recipe.name, "pipeline": recipe.pipeline, **info})
         extra = recipe.baselines(ctx, data, trainer.unwrapped) if recipe.baselines else {}
         final = (lambda model: recipe.evaluate(ctx, data, model)) if recipe.evaluate else None
         return trainer.train(extra_metrics=extra, final_metrics=final)

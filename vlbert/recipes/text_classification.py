@@ -192,6 +192,7 @@ def inference_info(ctx: RunContext, data: TextTaskData) -> dict:
 
 
 RECIPE = Recipe("text", TextTaskConfig, TextTaskData, build_model, evaluate=lambda ctx, data, model: data.score(model),
-                baselines=majority_baseline, sections=("implementation",), inference_info=inference_info)
+                baselines=majority_baseline, sections=("implementation",), inference_info=inference_info,
+                pipeline="text")
 
 __all__ = ["RECIPE", "TextTaskData", "TransformersAdapter"]

@@ -109,6 +109,7 @@ def inference_info(ctx: RunContext, data: TextPretrainingData) -> dict:
 
 
 RECIPE = Recipe("text-pretraining", TextDataConfig, TextPretrainingData, build_model, baselines=baselines,
-                default_init=None, inference_info=inference_info)
+                default_init=None, inference_info=inference_info,
+                pipeline="text-pretraining")
 
 __all__ = ["RECIPE", "TextDataConfig", "TextPretrainingData"]

@@ -70,6 +70,6 @@ def inference_info(ctx: RunContext, data: EntailmentData) -> dict:
 
 RECIPE = Recipe("snli-ve", EntailmentDataConfig, EntailmentData, build_model,
                 evaluate=evaluate, baselines=majority_baseline, uses_regions=True,
-                inference_info=inference_info)
+                inference_info=inference_info, pipeline="snli-ve")
 
 __all__ = ["RECIPE", "EntailmentDataConfig", "EntailmentData"]

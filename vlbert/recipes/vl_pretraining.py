@@ -319,6 +319,7 @@ def inference_info(ctx: RunContext, data: VLPretrainingData) -> dict:
 
 
 RECIPE = Recipe("vl-pretraining", VLDataConfig, VLPretrainingData, build_model, evaluate=evaluate,
-                baselines=baselines, uses_regions=True, default_init=None, inference_info=inference_info)
+                baselines=baselines, uses_regions=True, default_init=None,
+                inference_info=inference_info, pipeline="vl-pretraining")
 
 __all__ = ["RECIPE", "VLDataConfig", "CaptionSource", "VLPretrainingData", "easy_vqa_captions"]

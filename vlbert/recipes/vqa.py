@@ -115,6 +115,6 @@ def inference_info(ctx: RunContext, data: VQAData) -> dict:
 
 
 RECIPE = Recipe("vqa", VQADataConfig, VQAData, build_model, evaluate=evaluate, baselines=majority_baseline,
-                uses_regions=True, inference_info=inference_info)
+                uses_regions=True, inference_info=inference_info, pipeline="vqa")
 
 __all__ = ["RECIPE", "VQADataConfig", "VQAData"]
