@@ -14,23 +14,16 @@ from torch import nn
 
 from vlbert.config import VLBertConfig
 from vlbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, check_text_inputs, packing_from_batch
+from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.region_embeddings import build_region_embedding, region_location_features
 from vlbert.models.two_stream import TwoStreamEncoder
 from vlbert.models.visual_backbone import RegionFeatureExtractor
-from vlbert.objectives import Encoded, units_for
+from vlbert.objectives import Encoded
 
 #: config.encoder -> the encoder class: one over [text ; regions] (a stack of BERT layers) or LXMERT's two streams.
 ENCODERS = {"single-stream": BertEncoder, "two-stream": TwoStreamEncoder}
-
-
-def _has_submodule(model: nn.Module, name: str) -> bool:
-    try:
-        model.get_submodule(name)
-        return True
-    except AttributeError:
-        return False
 
 
 class VLBertModel(PreTrainedModel):
@@ -188,7 +181,7 @@ class VLBertModel(PreTrainedModel):
         return out
 
 
-class VLBertForPreTraining(PreTrainedModel):
+class VLBertForPreTraining(UnitPreTrainingModel):
     """Vision-language pretraining heads over :class:`VLBertModel` (UNITER section 3.2).
 
     Each objective is a unit of :mod:`vlbert.objectives` (its head is built here under the unit's attribute name,
@@ -211,32 +204,13 @@ class VLBertForPreTraining(PreTrainedModel):
 
     config_class = VLBertConfig
     base_model_prefix = "bert"
+    modality = "vl"
 
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
         self.bert = VLBertModel(config)
-        self.units = []
-        for unit in units_for("vl"):  # every registered vision-language unit (vlbert.objectives.OBJECTIVES)
-            if not unit.head:  # a unit without parameters (WRA)
-                self.units.append(unit)
-                continue
-            head = getattr(self, unit.head, None)
-            if head is None:
-                head = unit.build_head(config)
-            if head is not None:
-                setattr(self, unit.head, head)
-                self.units.append(unit)
+        self.build_units(config)  # every registered vision-language unit (vlbert.objectives.OBJECTIVES)
         self.init_weights()
-
-    @property
-    def objectives(self) -> tuple[str, ...]:
-        """The names of the units this model runs (fixed order: multi-process loss weighting)."""
-        return tuple(unit.name for unit in self.units)
-
-    @property
-    def label_names(self) -> tuple[str, ...]:
-        """The batch keys the units read (``forward``'s ``**labels``): what the trainer passes besides the inputs."""
-        return tuple(dict.fromkeys(k for u in self.units for k in (*u.inputs, *u.optional_inputs)))
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None,
                 region_boxes=None, region_mask=None, masked_regions=None, output_hidden_states: bool = False,
@@ -254,11 +228,7 @@ class VLBertForPreTraining(PreTrainedModel):
         (no host sync); dropped when a unit rewrites the text before the encoder (ITM's hard negatives).
         ``images``, ``image_sizes``: pixels for the model's visual backbone instead of ``region_features``
         (:meth:`VLBertModel.extract_regions`; masked regions' pixels are hidden there)."""
-        unknown = sorted(set(labels) - set(self.label_names))
-        if unknown:
-            raise TypeError(f"VLBertForPreTraining.forward got {unknown}, which no objective unit reads; the units "
-                            f"read {list(self.label_names)}")
-        given = {**dict.fromkeys(self.label_names), **labels, "masked_regions": masked_regions}
+        given = self.given_labels(labels, masked_regions=masked_regions)
         if images is not None:
             region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
         inputs = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
@@ -269,7 +239,7 @@ class VLBertForPreTraining(PreTrainedModel):
         if inputs["input_ids"] is not input_ids:  # the text was rewritten: the collator's layout no longer holds
             packed_indices = cu_seqlens = given["masked_lm_positions"] = None
         input_ids, token_type_ids, attention_mask = inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"]
-        running = [unit for unit in self.units if all(given[k] is not None for k in unit.inputs)]
+        running = self.running(given)
         keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in running)
         enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
                         keep_hidden, output_attentions, masked_regions=masked_regions,
@@ -281,30 +251,9 @@ class VLBertForPreTraining(PreTrainedModel):
         encoded = Encoded(self, enc.last_hidden_state[:, :t], enc.last_hidden_state[:, t:], enc.pooler_output,
                           attention_mask if attention_mask is not None else torch.ones_like(input_ids),
                           region_mask if region_mask is not None or region_features is None
-                          else torch.ones_like(region_features[..., 0]), enc.hidden_states)
-        used = set()
-        for unit in running:
-            result = unit.loss(encoded, given)
-            out.add(unit.name, result.loss, unit.metric, result.metric, result.count)
-            if result.metric_count is not None:
-                out.counts[unit.metric] = result.metric_count
-            for metric, (value, count) in (result.extra_metrics or {}).items():
-                out.metrics[metric], out.counts[metric] = value, count
-            used.update(unit.footprint())
-            if unit.output:
-                setattr(out, unit.output, result.logits)
-        if out.loss is None:  # inference (no labels): every head's logits, as transformers' *ForPreTraining
-            for unit in self.units:
-                if unit.output and getattr(out, unit.output) is None:
-                    setattr(out, unit.output, unit.predict(encoded))
-        elif torch.is_grad_enabled():
-            footprints = dict.fromkeys(name for u in self.units for name in u.footprint())
-            idle = [p for name in footprints if name not in used and _has_submodule(self, name)
-                    for p in self.get_submodule(name).parameters()]
-            if idle:
-                out.loss = out.loss + sum(p.sum() for p in idle) * 0.0
-                out.unused_parameters = idle
-        return out
+                          else torch.ones_like(region_features[..., 0]), enc.hidden_states,
+                          self.bert.embeddings.word_embeddings.weight)
+        return self.run_units(out, encoded, given)
 
 
 __all__ = ["VLBertModel", "VLBertForPreTraining", "ENCODERS", "region_location_features"]
