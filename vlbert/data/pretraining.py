@@ -19,7 +19,8 @@ import torch
 
 from vlbert.data.padding import pad_text
 from vlbert.layers.attention import packing_fields
-from vlbert.layers.losses import IGNORE_INDEX
+from vlbert.layers.losses import IGNORE_INDEX, masked_positions  # noqa: F401 (masked_positions: read here by
+# ../shared/gpu/roofline.py, as before the MLM unit computed the positions itself)
 from vlbert.objectives import PrepareContext, units_for
 
 IS_NEXT, IS_RANDOM = 0, 1  # next_sentence_label values, as transformers: 0 = B continues A

@@ -67,7 +67,7 @@ class UnitPreTrainingModel(PreTrainedModel):
         """Add each running unit's loss, metric, count and logits (its :attr:`Objective.output` field) to
         ``out``. Without labels (inference) every head with an output field fills it (:meth:`Objective.predict`).
         While gradients are on, the parameters of heads (and :attr:`Objective.reads`) that no running unit
-        reached enter the loss with weight zero and are listed in ``unused_parameters`` (DDP)."""
+        reached are declared in ``unused_parameters`` (the trainer keeps them in DDP's graph)."""
         used = set()
         for unit in self.running(given):
             result = unit.loss(encoded, given)
@@ -81,13 +81,10 @@ class UnitPreTrainingModel(PreTrainedModel):
             for unit in self.units:
                 if unit.output and getattr(out, unit.output) is None:
                     setattr(out, unit.output, unit.predict(encoded))
-        elif torch.is_grad_enabled():
+        else:
             footprints = dict.fromkeys(name for u in self.units for name in u.footprint())
-            idle = [p for name in footprints if name not in used and _has_submodule(self, name)
-                    for p in self.get_submodule(name).parameters()]
-            if idle:
-                out.loss = out.loss + sum(p.sum() for p in idle) * 0.0
-                out.unused_parameters = idle
+            out.add_unused(*(self.get_submodule(name) for name in footprints
+                             if name not in used and _has_submodule(self, name)))
         return out
 
 

@@ -122,7 +122,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         labels = torch.cat([torch.ones(b), torch.zeros(2 * b)]).long().to(logits_itm.device)
         loss, acc, n = classification_loss(logits_itm, labels)
         out.add("itm", loss, "itm_accuracy", acc, n)
-        out.include_idle(*self.bert.idle_modules())
+        out.add_unused(*self.bert.idle_modules())
         return out
 
 

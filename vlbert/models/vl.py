@@ -58,7 +58,7 @@ class VLBertModel(PreTrainedModel):
 
     def idle_modules(self, masked_regions: torch.Tensor | None = None) -> list[nn.Module]:
         """Submodules a forward without ``masked_regions`` never uses: UNITER's region ``mask_embedding`` (masked
-        region modelling only). Fine-tuning heads pass them to ``ObjectiveOutput.include_idle``."""
+        region modelling only). Fine-tuning heads declare them with ``ObjectiveOutput.add_unused``."""
         mask_embedding = getattr(self.region_embeddings, "mask_embedding", None)
         return [mask_embedding] if mask_embedding is not None and masked_regions is None else []
 
@@ -198,8 +198,8 @@ class VLBertForPreTraining(UnitPreTrainingModel):
 
     Multi-process training draws one objective per step for every rank, so the heads of the other objectives
     get no gradient (nor does the pooler, which only ITM reads). DDP needs every parameter in every backward: while
-    gradients are on, idle heads enter the loss with weight zero and are listed in ``unused_parameters``, whose (zero) gradients the trainer then
-    drops, so the optimizer skips them exactly as it would without DDP.
+    gradients are on, the idle heads are declared in ``unused_parameters``; the trainer enters them into the backward
+    with weight zero under DDP and drops their gradients, so the optimizer skips them exactly as without DDP.
     """
 
     config_class = VLBertConfig
