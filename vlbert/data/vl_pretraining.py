@@ -142,7 +142,9 @@ class VLCollator:
         OBJECTIVES[name].prepare(batch, items, self.context)
         for paired in self.objectives.runs_on(name) if self.objectives is not None else ():
             OBJECTIVES[paired].prepare(batch, items, self.context)  # e.g. WRA on the ITM batch
-        if self.context.text.packed:  # see MaskingCollator: the layout of [text ; regions] (the MLM unit adds its rows)
+        # see MaskingCollator: the layout of [text ; regions] (the MLM unit adds its rows); not where the model
+        # rewrites the text itself (ITM's hard negatives, itm_content): that layout is unknown here
+        if self.context.text.packed and "itm_content" not in batch:
             batch.update(packing_fields(batch["attention_mask"], batch["region_mask"]))
         batch["objective"] = name
         return batch

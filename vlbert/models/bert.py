@@ -28,7 +28,7 @@ from vlbert.layers.activations import activation
 from vlbert.layers.attention import (ATTENTION_FUNCTIONS, AttentionRequest, Packing, check_attention_name,
                                     select_attention)
 from vlbert.layers.kernels import Dropout
-from vlbert.models.inputs import check_text_inputs, packing_from_batch
+from vlbert.models.inputs import check_text_inputs, packing_from_batch, take_packing
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
@@ -256,8 +256,7 @@ class BertModel(PreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False, packed_indices: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None) -> EncoderOutput:
+                output_attentions: bool = False, **packing) -> EncoderOutput:
         """Encode a batch of wordpiece sequences.
 
         Args:
@@ -267,17 +266,18 @@ class BertModel(PreTrainedModel):
             output_hidden_states: also return the L + 1 per-layer hidden states.
             output_attentions: also return each layer's attention probabilities [B, heads, T, T] (as
                 transformers' eager attention; computed explicitly, so slower than the fused kernel).
-            packed_indices, cu_seqlens: the packed layout of ``attention_mask`` as the collator computed it
-                (:func:`~vlbert.layers.attention.packing_fields`), so the model never reads the mask on the device.
+            packing: optionally the packed layout of ``attention_mask`` as the collator computed it
+                (``packed_indices``, ``cu_seqlens``: :func:`~vlbert.layers.attention.packing_fields`), so the model
+                never reads the mask on the device; as transformers passes FlashAttention's ``cu_seq_lens``.
         Returns:
             :class:`EncoderOutput` with last_hidden_state [B, T, H] and pooler_output [B, H].
         Raises:
             ValueError: wrong rank/dtype, mismatched shapes, or T > max_position_embeddings.
+            TypeError: a keyword that is neither an input nor a layout field.
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
-        packing = packing_from_batch(packed_indices, cu_seqlens, attention_mask)
         out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
-                           output_attentions, packing)
+                           output_attentions, packing_from_batch(attention_mask, **packing))
         out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
         return out
 
@@ -306,15 +306,14 @@ class BertForPreTraining(UnitPreTrainingModel):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False, packed_indices: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None, **labels) -> PreTrainingOutput:
+                output_attentions: bool = False, **labels) -> PreTrainingOutput:
         """Run BERT and the units whose labels are given.
 
         Args:
             input_ids, token_type_ids, attention_mask: as :meth:`BertModel.forward`, [B, T].
             output_hidden_states, output_attentions: also return per-layer hidden states / attention probabilities.
-            packed_indices, cu_seqlens: the collator's packed layout (see :meth:`BertModel.forward`).
-            labels: the units' label keys (:attr:`label_names`): ``labels`` int64 [B, T] (the original id at
+            labels: the collator's packed layout (``packed_indices``, ``cu_seqlens``: :meth:`BertModel.forward`),
+                then the units' label keys (:attr:`label_names`): ``labels`` int64 [B, T] (the original id at
                 masked positions, -100 elsewhere) with optionally ``masked_lm_positions`` int64 [N] (their flat
                 positions row * T + column, the collator's: no host sync); ``next_sentence_label`` int64 [B]
                 (0 = B follows A, 1 = B is random); ``sentence_order_label``, ``wwm_labels`` for those units.
@@ -326,9 +325,9 @@ class BertForPreTraining(UnitPreTrainingModel):
         Raises:
             TypeError: a keyword no unit reads. ValueError: as :meth:`BertModel.forward`.
         """
+        packing = take_packing(labels)
         given = self.given_labels(labels)
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
-                        packed_indices, cu_seqlens)
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, **packing)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
                                 hidden_states=enc.hidden_states, attentions=enc.attentions)
         encoded = Encoded(self, enc.last_hidden_state, None, enc.pooler_output, attention_mask,

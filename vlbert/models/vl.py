@@ -13,7 +13,9 @@ import torch
 from torch import nn
 
 from vlbert.config import VLBertConfig
+from vlbert.layers.attention import PACKING_FIELDS
 from vlbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, check_text_inputs, packing_from_batch
+from vlbert.models.inputs import take_packing
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
@@ -106,9 +108,8 @@ class VLBertModel(PreTrainedModel):
                 region_boxes: torch.Tensor | None = None, region_mask: torch.Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
                 region_token_type_ids: torch.Tensor | None = None,
-                masked_regions: torch.Tensor | None = None, packed_indices: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None, images: torch.Tensor | None = None,
-                image_sizes: torch.Tensor | None = None) -> EncoderOutput:
+                masked_regions: torch.Tensor | None = None, images: torch.Tensor | None = None,
+                image_sizes: torch.Tensor | None = None, **packing) -> EncoderOutput:
         """Encode text and regions jointly.
 
         Args:
@@ -123,8 +124,9 @@ class VLBertModel(PreTrainedModel):
                 VisualBERT's NLVR2 types the two images' regions 0 and 1).
             masked_regions: bool [B, R], regions masked for masked region modelling (UNITER adds its
                 ``mask_embedding`` there; the other pathways ignore it).
-            packed_indices, cu_seqlens: the packed layout of the [B, T + R] mask (text then regions) as the
-                collator computed it (:func:`~vlbert.layers.attention.packing_fields`): no host sync.
+            packing: optionally ``packed_indices``, ``cu_seqlens``, the packed layout of the [B, T + R] mask (text
+                then regions) as the collator computed it (:func:`~vlbert.layers.attention.packing_fields`): no
+                host sync.
             images, image_sizes: instead of ``region_features``, float [B, 3, H, W] images (and int64 [B, 2] their
                 (height, width) in a padded batch) for the model's visual backbone (:meth:`extract_regions`).
         Returns:
@@ -141,6 +143,7 @@ class VLBertModel(PreTrainedModel):
         (:class:`~vlbert.models.two_stream.TwoStreamEncoder`).
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
+        packing_from_batch(None, **{k: v for k, v in packing.items() if k not in PACKING_FIELDS})  # unknown keys
         if images is not None:
             region_features = self.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
         extra = self.region_embeddings.extra_tokens
@@ -150,7 +153,7 @@ class VLBertModel(PreTrainedModel):
                              "cross-modality layers; give the image's regions")
         if region_features is None and not extra:  # text alone: exactly BertModel
             out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
-                               output_attentions, packing_from_batch(packed_indices, cu_seqlens, attention_mask))
+                               output_attentions, packing_from_batch(attention_mask, **packing))
             out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
             return out
         if region_features is not None:
@@ -163,15 +166,15 @@ class VLBertModel(PreTrainedModel):
             regions = self.region_embeddings(region_features, region_boxes, region_token_type_ids, self.embeddings,
                                              masked_regions)
             out = self.encoder(text, regions.to(text.dtype), attention_mask, region_mask, output_hidden_states,
-                               output_attentions, dense=packed_indices is not None)
+                               output_attentions, dense=bool(packing))
             out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
             return out
         x, mask = self.region_embeddings.join(self.embeddings, input_ids, token_type_ids, attention_mask,
                                               region_features, region_boxes, region_mask, region_token_type_ids,
                                               masked_regions)
         # a pathway that adds tokens (VL-BERT's [END]) changes the layout the collator packed: read it from the mask
-        packing = None if extra else packing_from_batch(packed_indices, cu_seqlens, mask)
-        out = self.encoder(x, mask, output_hidden_states, output_attentions, packing)
+        layout = packing_from_batch(mask, **packing)
+        out = self.encoder(x, mask, output_hidden_states, output_attentions, None if extra else layout)
         if extra:
             keep = x.shape[1] - extra
             out.last_hidden_state = out.last_hidden_state[:, :keep]
@@ -214,8 +217,7 @@ class VLBertForPreTraining(UnitPreTrainingModel):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None,
                 region_boxes=None, region_mask=None, masked_regions=None, output_hidden_states: bool = False,
-                output_attentions: bool = False, packed_indices=None, cu_seqlens=None, images=None,
-                image_sizes=None, **labels) -> PreTrainingOutput:
+                output_attentions: bool = False, images=None, image_sizes=None, **labels) -> PreTrainingOutput:
         """Run the encoder and every objective whose labels are given (``labels``: the keys of
         :attr:`label_names`, e.g. ``labels`` for MLM, ``itm_label``). Shapes as the class docstring; returns a
         :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives' losses and per-objective
@@ -224,10 +226,12 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size], and
         ``seq_relationship_logits`` the ITM logits [B, 2] (column 1 = the text matches the image), as
         transformers' ``*ForPreTraining`` return every head's logits.
-        ``packed_indices``, ``cu_seqlens``, ``masked_lm_positions``: the collator's packed layout and MLM rows
-        (no host sync); dropped when a unit rewrites the text before the encoder (ITM's hard negatives).
+        ``labels`` also takes the collator's packed layout (``packed_indices``, ``cu_seqlens``:
+        :meth:`VLBertModel.forward`), and the MLM unit's ``masked_lm_positions`` (no host sync). A batch whose text a
+        unit rewrites before the encoder (ITM's hard negatives) carries no layout: the collator cannot know it.
         ``images``, ``image_sizes``: pixels for the model's visual backbone instead of ``region_features``
         (:meth:`VLBertModel.extract_regions`; masked regions' pixels are hidden there)."""
+        packing = take_packing(labels)
         given = self.given_labels(labels, masked_regions=masked_regions)
         if images is not None:
             region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
@@ -236,14 +240,14 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         for unit in self.units:  # units that build their examples from the model (ITM's hard negatives)
             if all(given[k] is not None for k in unit.inputs):
                 unit.before_encoder(self, inputs, given)
-        if inputs["input_ids"] is not input_ids:  # the text was rewritten: the collator's layout no longer holds
-            packed_indices = cu_seqlens = given["masked_lm_positions"] = None
+        if inputs["input_ids"] is not input_ids and packing:
+            raise ValueError("a unit rewrote the text before the encoder (ITM's hard negatives), so the batch's packed "
+                             "layout does not describe it; such batches carry no packed_indices / cu_seqlens")
         input_ids, token_type_ids, attention_mask = inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"]
         running = self.running(given)
         keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in running)
         enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                        keep_hidden, output_attentions, masked_regions=masked_regions,
-                        packed_indices=packed_indices, cu_seqlens=cu_seqlens)
+                        keep_hidden, output_attentions, masked_regions=masked_regions, **packing)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
                                 hidden_states=enc.hidden_states if output_hidden_states else None,
                                 attentions=enc.attentions)

@@ -35,7 +35,8 @@ class ImageTextMatching(Objective):
     """``itm_label`` int64 [B] (1 = the text belongs to the image). Items carry ``negative_input_ids``, a
     caption of another image with different content (the dataset guarantees it), and ``content_id``. With hard
     negatives the batch keeps every item's own caption and adds ``itm_content`` int64 [B] and ``itm_draw`` float
-    [B] (each row's uniform number in [0, 1), from its own seed); the model replaces the texts of the label-0 rows before encoding (:meth:`before_encoder`)."""
+    [B] (each row's uniform number in [0, 1), from its own seed); the model replaces the texts of the label-0
+    rows before encoding (:meth:`before_encoder`), and the collator gives such a batch no packed layout."""
 
     name, metric, head, inputs = "itm", "itm_accuracy", "itm", ("itm_label",)
     optional_inputs, output = ("itm_content", "itm_draw"), "seq_relationship_logits"

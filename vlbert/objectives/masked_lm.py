@@ -26,7 +26,7 @@ class MaskedLanguageModeling(Objective):
 
     def choose(self, input_ids: torch.Tensor, ctx: PrepareContext, generator: torch.Generator) -> torch.Tensor:
         """bool [1, n]: the positions of one sequence's ids (int64 [1, n]) chosen for prediction (BERT: a uniform
-        15% of the maskable wordpieces, :meth:`MaskingCollator.choose <vlbert.data.pretraining.MaskingCollator.choose>`)."""
+        15% of the maskable wordpieces, the text collator's ``choose``)."""
         return ctx.text.choose(input_ids, generator)
 
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
