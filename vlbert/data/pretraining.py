@@ -47,7 +47,8 @@ class MaskingCollator:
     at chosen positions and -100 elsewhere.
 
     Called on items, it pads them and lets the objective units named in ``objectives`` (text units of
-    :data:`vlbert.objectives.OBJECTIVES`; default ``("mlm", "nsp")``, BERT's) prepare the batch: MLM masks as
+    :data:`vlbert.objectives.OBJECTIVES`; default None: BERT's ``mlm``, and ``nsp`` where the items carry
+    ``next_sentence_label``) prepare the batch: MLM masks as
     above (:meth:`choose`, :meth:`corrupt`; other units may choose differently, e.g. whole words) and adds
     ``labels``, NSP adds ``next_sentence_label`` (int64 [B]) from the items. Returns a dict of tensors:
     input_ids, token_type_ids, attention_mask (int64 [B, T]) and the units' labels. T is the longest item rounded
@@ -68,7 +69,7 @@ class MaskingCollator:
     random_replace_prob: float = 0.1
     pad_to_multiple_of: int = 8
     packed: bool = False
-    objectives: tuple[str, ...] = ("mlm", "nsp")
+    objectives: tuple[str, ...] | None = None
     word_continuation: torch.Tensor | None = None
 
     @classmethod
@@ -87,7 +88,7 @@ class MaskingCollator:
             raise ValueError(f"mlm_probability must be in (0, 1), got {self.mlm_probability}")
         if self.mask_replace_prob + self.random_replace_prob > 1.0:
             raise ValueError("mask_replace_prob + random_replace_prob must be at most 1")
-        text_units(self.objectives)  # unknown names fail here, not in a loader worker
+        text_units(self.objectives or ())  # unknown names fail here, not in a loader worker
 
     def pad(self, items: list[dict]) -> dict[str, torch.Tensor]:
         """Pad input_ids/token_type_ids to a common length; build attention_mask (see :func:`pad_text`)."""
@@ -152,7 +153,9 @@ class MaskingCollator:
         """
         batch = self.pad(items)
         context = PrepareContext(self)
-        for unit in text_units(self.objectives):
+        names = self.objectives if self.objectives is not None else (
+            "mlm", *(("nsp",) if "next_sentence_label" in items[0] else ()))
+        for unit in text_units(names):
             unit.prepare(batch, items, context)
         if self.packed:
             batch.update(packing_fields(batch["attention_mask"]))

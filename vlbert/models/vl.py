@@ -59,10 +59,12 @@ class VLBertModel(PreTrainedModel):
         self.init_weights()
 
     def idle_modules(self, masked_regions: torch.Tensor | None = None) -> list[nn.Module]:
-        """Submodules a forward without ``masked_regions`` never uses: UNITER's region ``mask_embedding`` (masked
-        region modelling only). Fine-tuning heads declare them with ``ObjectiveOutput.add_unused``."""
-        mask_embedding = getattr(self.region_embeddings, "mask_embedding", None)
-        return [mask_embedding] if mask_embedding is not None and masked_regions is None else []
+        """Submodules a forward without ``masked_regions`` never uses: those the region pathway declares
+        (``RegionEmbedding.masked_region_modules``: UNITER's ``mask_embedding``). Models declare them unused
+        (``ObjectiveOutput.add_unused``) for DDP."""
+        if masked_regions is not None:
+            return []
+        return [self.region_embeddings.get_submodule(name) for name in self.region_embeddings.masked_region_modules]
 
     def extract_regions(self, images: torch.Tensor, region_boxes: torch.Tensor, region_mask: torch.Tensor | None,
                         image_sizes: torch.Tensor | None = None,
@@ -257,7 +259,9 @@ class VLBertForPreTraining(UnitPreTrainingModel):
                           region_mask if region_mask is not None or region_features is None
                           else torch.ones_like(region_features[..., 0]), enc.hidden_states,
                           self.bert.embeddings.word_embeddings.weight)
-        return self.run_units(out, encoded, given)
+        out = self.run_units(out, encoded, given)
+        out.add_unused(*self.bert.idle_modules(masked_regions))  # the pathway's masked-region-only modules
+        return out
 
 
 __all__ = ["VLBertModel", "VLBertForPreTraining", "ENCODERS", "region_location_features"]
