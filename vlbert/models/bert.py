@@ -250,9 +250,28 @@ class BertModel(PreTrainedModel):
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
         self.embeddings = BertEmbeddings(config)
-        self.encoder = BertEncoder(config)
+        self.add_inputs(config)
+        self.encoder = self.build_encoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.init_weights()
+
+    def add_inputs(self, config: BertConfig) -> None:
+        """Build the input pathways besides the word embeddings (before the encoder, so parameters keep their
+        order): none for text; :class:`~vlbert.models.vl.VLBertModel` adds its region pathway here."""
+
+    def build_encoder(self, config: BertConfig) -> nn.Module:
+        """The encoder: a :class:`BertEncoder` (a vision-language model picks its own from its config)."""
+        return BertEncoder(config)
+
+    def encode_text(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                    attention_mask: torch.Tensor | None, output_hidden_states: bool, output_attentions: bool,
+                    packing: dict) -> EncoderOutput:
+        """The text path every model shares: embeddings, encoder (packed by the collator's layout where given),
+        pooler. Arguments as :meth:`forward` (inputs already checked); returns its :class:`EncoderOutput`."""
+        out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
+                           output_attentions, packing_from_batch(attention_mask, **packing))
+        out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
+        return out
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
@@ -276,10 +295,8 @@ class BertModel(PreTrainedModel):
             TypeError: a keyword that is neither an input nor a layout field.
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
-        out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
-                           output_attentions, packing_from_batch(attention_mask, **packing))
-        out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
-        return out
+        return self.encode_text(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
+                                packing)
 
 
 class BertForPreTraining(UnitPreTrainingModel):

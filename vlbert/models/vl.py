@@ -14,11 +14,10 @@ from torch import nn
 
 from vlbert.config import VLBertConfig
 from vlbert.layers.attention import PACKING_FIELDS
-from vlbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, check_text_inputs, packing_from_batch
+from vlbert.models.bert import BertEncoder, BertModel, check_text_inputs, packing_from_batch
 from vlbert.models.inputs import take_packing
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
-from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.region_embeddings import build_region_embedding, region_location_features
 from vlbert.models.two_stream import TwoStreamEncoder
 from vlbert.models.visual_backbone import RegionFeatureExtractor
@@ -28,8 +27,10 @@ from vlbert.objectives import Encoded
 ENCODERS = {"single-stream": BertEncoder, "two-stream": TwoStreamEncoder}
 
 
-class VLBertModel(PreTrainedModel):
-    """BERT over [text ; regions]: text embeddings and the region pathway ``config.region_embedding`` (an entry
+class VLBertModel(BertModel):
+    """BERT over [text ; regions]: a :class:`~vlbert.models.bert.BertModel` (its embeddings, encoder, pooler and
+    text path, :meth:`~vlbert.models.bert.BertModel.encode_text`) plus a region pathway. The text embeddings and
+    the region pathway ``config.region_embedding`` (an entry
     of :data:`~vlbert.models.region_embeddings.REGION_EMBEDDINGS`: UNITER, VisualBERT, Oscar or VinVL)
     concatenated along the sequence, one encoder, a joint attention mask. ``last_hidden_state`` is [B, T + R, H],
     text positions first; the pooler reads the text's [CLS].
@@ -45,18 +46,19 @@ class VLBertModel(PreTrainedModel):
 
     config_class = VLBertConfig
 
-    def __init__(self, config: VLBertConfig, add_pooling_layer: bool = True):
-        super().__init__(config)
-        self.embeddings = BertEmbeddings(config)
+    def add_inputs(self, config: VLBertConfig) -> None:
+        """The region pathway (:data:`~vlbert.models.region_embeddings.REGION_EMBEDDINGS`) and, when the config has
+        one, the visual backbone. Raises ValueError when the backbone's feature size is not the config's."""
         self.region_embeddings = build_region_embedding(config)
         self.visual_backbone = RegionFeatureExtractor(config.visual_backbone) if config.visual_backbone else None
         if self.visual_backbone is not None and self.visual_backbone.feature_dim != config.region_feature_dim:
             raise ValueError(f"config.visual_backbone gives {self.visual_backbone.feature_dim}-d region features but "
                              f"config.region_feature_dim is {config.region_feature_dim}; set it to "
                              f"{self.visual_backbone.feature_dim}")
-        self.encoder = ENCODERS[config.encoder](config)
-        self.pooler = BertPooler(config) if add_pooling_layer else None
-        self.init_weights()
+
+    def build_encoder(self, config: VLBertConfig) -> nn.Module:
+        """``ENCODERS[config.encoder]``: one encoder over [text ; regions], or LXMERT's two streams."""
+        return ENCODERS[config.encoder](config)
 
     def idle_modules(self, masked_regions: torch.Tensor | None = None) -> list[nn.Module]:
         """Submodules a forward without ``masked_regions`` never uses: those the region pathway declares
@@ -153,11 +155,9 @@ class VLBertModel(PreTrainedModel):
         if region_features is None and two_stream:
             raise ValueError("a two-stream (LXMERT) model needs region_features: its text stream ends in "
                              "cross-modality layers; give the image's regions")
-        if region_features is None and not extra:  # text alone: exactly BertModel
-            out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
-                               output_attentions, packing_from_batch(attention_mask, **packing))
-            out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
-            return out
+        if region_features is None and not extra:  # text alone: BertModel's text path
+            return self.encode_text(input_ids, token_type_ids, attention_mask, output_hidden_states,
+                                    output_attentions, packing)
         if region_features is not None:
             if region_boxes is None and self.region_embeddings.location_dim:
                 raise ValueError("region_boxes are required with region_features")
