@@ -15,8 +15,10 @@ sequence boundaries, and each entry of :data:`ATTENTION_FUNCTIONS` reads them it
   flash kernel had none, a recipe change, not a kernel property. A run that wants MosaicBERT's recipe sets
   ``model.attention_probs_dropout_prob: 0``.
 
-Every function has one signature, ``fn(q, k, v, packing, dropout_p, training) -> (out, probs)``: q, k, v float
-[N, heads, head_dim] packed, ``out`` the same layout, ``probs`` [B, heads, S, S] or None. A new kernel is one
+Every function has one signature, ``fn(q, k, v, packing, dropout_p, training, output_attentions=False) -> (out,
+probs)``: q, k, v float [N, heads, head_dim] packed, ``packing`` the :class:`Packing`, ``dropout_p`` the
+attention-probability dropout applied when ``training``, ``output_attentions`` whether to return the
+probabilities; ``out`` the same layout as q, ``probs`` [B, heads, S, S] or None. A new kernel is one
 function and one line in the table (:func:`register_attention`), as transformers' ``AttentionInterface``, declaring
 its layout and when it can run (:class:`AttentionKernel`). The model config names it (``attn_implementation``,
 transformers' key); ``None`` picks ``varlen`` on CUDA in bf16/fp16 and ``sdpa`` elsewhere, and a kernel that cannot
