@@ -65,6 +65,62 @@ def test_a_new_objective_trains_through_the_vl_tool_with_a_unit_a_registry_line_
     assert saved["caption_length_head.weight"].shape == (2, 32)  # the head trained and saved with the model
 
 
+# Text units added the documented way (one module and one OBJECTIVES line each, vlbert/objectives/): ALBERT's
+# sentence-order prediction and whole-word masking, trained through the text tool and checked for what they promise.
+def test_sop_and_wwm_train_through_the_text_tool_as_units(small_corpus, tmp_path):
+    config = {"tokenizer": "minilm",
+              "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                        "max_position_embeddings": 64},
+              "data": {"corpus": str(small_corpus), "max_seq_length": 64, "eval_fraction": 0.1,
+                       "corpus_cache_dir": str(tmp_path / "corpora"), "max_eval_batches": 2,
+                       "objectives": {"wwm": 1, "sop": 1}},
+              "training": {"max_steps": 8, "batch_size": 8, "learning_rate": 2e-3, "warmup_steps": 1,
+                           "log_every": 1, "progress_bar": False}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    assert tool("pretrain")(["--modality", "text", "--config", str(tmp_path / "run.yaml"), "--output-dir",
+                             str(out)]) in (0, None)
+    train = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    train = [r for r in train if r["split"] == "train"]
+    assert all({"wwm", "sop", "wwm_accuracy", "sop_accuracy"} <= set(r) and "mlm" not in r and "nsp" not in r
+               for r in train)  # every batch trains exactly the two configured units
+    assert train[-1]["wwm"] < train[0]["wwm"]  # the (whole-word) masked LM learns
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert 0 < metrics["eval_wwm_accuracy_majority_baseline"] < 1 and "eval_sop_accuracy" in metrics
+    saved = load_file(str(out / "model.safetensors"))  # BERT's keys: both units use BERT's heads
+    assert "cls.seq_relationship.weight" in saved and not any(k.startswith(("sop", "wwm")) for k in saved)
+
+
+def test_wwm_masks_whole_words_and_sop_swaps_the_same_two_segments(small_token_corpus, tokenizer):
+    from vlbert.data.corpus_pairs import CorpusPairsDataset
+    from vlbert.data.pretraining import MaskingCollator
+    from vlbert.objectives.sentence_order import swap_segments
+
+    data = CorpusPairsDataset(small_token_corpus, torch.arange(small_token_corpus.num_documents).numpy(), tokenizer,
+                              64, seed=3, cache_name="extending", random_next=False)
+    items = [data[i] for i in range(0, min(len(data), 400), 2)]
+    batch = MaskingCollator.from_tokenizer(tokenizer, objectives=("sop", "wwm"))(items)
+    labels, ids = batch["wwm_labels"], batch["input_ids"]
+    original = torch.where(labels != -100, labels, ids)
+    pieces = tokenizer.convert_ids_to_tokens(original.reshape(-1).tolist())
+    continuation = torch.tensor([p.startswith("##") for p in pieces]).reshape(original.shape)
+    special = torch.isin(original, torch.tensor(tokenizer.all_special_ids))
+    chosen = labels != -100
+    # a '##' piece is chosen exactly when the piece before it (its word, back to the word's start) is
+    follows = continuation[:, 1:] & ~special[:, :-1]
+    assert torch.equal(chosen[:, 1:][follows], chosen[:, :-1][follows])
+    assert continuation[chosen].any() and (~continuation[chosen]).any()  # words of several pieces were masked
+    share = chosen.sum() / (~special & (batch["attention_mask"] == 1)).sum()
+    assert 0.10 < share < 0.17  # BERT's 15% of the pieces, in whole words
+    swapped = batch["sentence_order_label"].bool()
+    assert 0.4 < swapped.float().mean() < 0.6  # positives and negatives balanced
+    for row, item in enumerate(items):  # a negative is the same two segments, swapped; a positive the pair as is
+        expected = swap_segments(item) if swapped[row] else item
+        n = len(item["input_ids"])
+        assert original[row, :n].tolist() == expected["input_ids"]
+        assert batch["token_type_ids"][row, :n].tolist() == expected["token_type_ids"]
+
+
 # A new region task, "shape-colour": which colour is the shape? Its data module, recipe and pipeline follow.
 @dataclass(frozen=True)
 class ColourQuestion:

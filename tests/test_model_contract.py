@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import vlbert
+from vlbert.models.region_embeddings import REGION_EMBEDDINGS
 
 B, T, R, D = 3, 7, 5, 12
 
@@ -95,7 +96,29 @@ def test_two_stream_model_contract(name, tmp_path):
     check_contract(name, tmp_path, TWO_STREAM)
 
 
-def check_contract(name, tmp_path, encoder: dict):
+#: Config a region pathway needs beyond its own declarations (VL-BERT types regions 2: a third token type).
+PATHWAY_CONFIG = {"vl-bert": {"type_vocab_size": 3, "region_token_type": 2}}
+
+
+@pytest.mark.parametrize("pathway", sorted(REGION_EMBEDDINGS))
+def test_every_region_pathway_keeps_the_pretraining_contract(pathway, tmp_path):
+    """Every REGION_EMBEDDINGS entry under the VL pretraining model, on MLM and on masked region batches: the
+    backward reaches every parameter not declared unused (the pathway's masked-region-only modules are declared on
+    the MLM batch and trained on the masked one), the box size is the pathway's own, save / load is exact."""
+    masked = torch.zeros(B, R, dtype=torch.bool)
+    masked[:, 0] = True
+    extra = {"masked_regions": masked, "region_labels": torch.full((B, R, 4), 0.25)}
+    for batch in ({}, extra):
+        check_contract("VLBertForPreTraining", tmp_path / str(len(batch)), {"region_embedding": pathway,
+                                                                             **PATHWAY_CONFIG.get(pathway, {})}, batch)
+    model = vlbert.VLBertForPreTraining.from_pretrained(tmp_path / "2" / "VLBertForPreTraining")
+    assert model.config.region_location_dim == REGION_EMBEDDINGS[pathway].location_dim  # the declared box size
+    if pathway == "uniter":  # its mask embedding is idle without masked regions, used with them
+        assert [m for m in model.bert.idle_modules(None)] == [model.bert.region_embeddings.mask_embedding]
+    assert model.bert.idle_modules(masked) == []
+
+
+def check_contract(name, tmp_path, encoder: dict, more: dict | None = None):
     extras, build, field, shape = CASES[name]
     cls = getattr(vlbert, name)
     base = {"vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -104,7 +127,7 @@ def check_contract(name, tmp_path, encoder: dict):
               if name.startswith("VL") else vlbert.BertConfig(**base, **extras))
     torch.manual_seed(0)
     model = cls(config).train()
-    out = model(**build())
+    out = model(**build(), **(more or {}))
     assert out.loss is not None and out.loss.dim() == 0 and torch.isfinite(out.loss), name
     assert out.losses and set(out.losses) <= set(model.objectives), (name, out.losses, model.objectives)
     if field is not None and shape is not None:

@@ -89,7 +89,8 @@ def test_objectives_match_their_definitions():
     assert out.unused_parameters == list(model.masked_lm.parameters())  # the one head no objective used
     out.loss.backward()
     assert model.bert.region_embeddings.feature_proj.weight.grad.abs().sum() > 0
-    assert all(p.grad is not None and not p.grad.any() for p in out.unused_parameters)
+    assert all(p.grad is None for p in out.unused_parameters)  # declared, not in the loss: the trainer adds them
+    # under DDP (vlbert.training.distributed.global_batch_loss)
 
 
 def test_heads_answer_without_labels_as_with_them():

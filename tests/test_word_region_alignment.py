@@ -174,7 +174,7 @@ def test_wra_stays_finite_in_a_bfloat16_step():
 
 def test_hard_negatives_replace_only_the_negative_rows_with_other_content():
     """ITM's hard negatives (data.itm_negatives: hard): the label-0 rows get a caption of the batch with another
-    content, drawn by similarity from each row's own seed (the same draw twice); label-1 rows keep their text."""
+    content, drawn by similarity from each row's own uniform number (the same draw twice); label-1 rows keep their text."""
     from vlbert.objectives.image_text_matching import ImageTextMatching
 
     model = tiny_vl_model().eval()
@@ -186,7 +186,7 @@ def test_hard_negatives_replace_only_the_negative_rows_with_other_content():
     ids[5, 3] = 3
     mask = (ids != 0).long()
     labels = {"itm_label": torch.tensor([1, 0, 1, 0, 0, 1, 0, 1]), "itm_content": torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]),
-              "itm_seed": torch.arange(100, 100 + b)}
+              "itm_draw": torch.linspace(0.05, 0.95, b)}
     regions = {"region_features": torch.randn(b, 5, 12), "region_boxes": torch.rand(b, 5, 4),
                "region_mask": torch.ones(b, 5, dtype=torch.long)}
     draws = []

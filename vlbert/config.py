@@ -211,9 +211,11 @@ class VLBertConfig(BertConfig):
         region_feature_dim: size D of one RoI feature vector (2048 for bottom-up-attention Faster R-CNN).
         region_embedding: the region pathway, a key of :data:`vlbert.models.region_embeddings.REGION_EMBEDDINGS`:
             "uniter" (default), "visualbert", "oscar", "vinvl" or "vl-bert" (their equations are in that module).
-        region_location_dim: size of the location feature the pathway reads: 7 = [x1, y1, x2, y2, w, h, w*h]
-            (uniter), 6 = [x1, y1, x2, y2, w, h] (oscar, vinvl), 4 = the box, read by VL-BERT's sin/cos geometry
-            embedding (vl-bert), 0 = no box input (visualbert); normalised units.
+        region_location_dim: size of the location feature the pathway reads, as the pathway declares it
+            (``RegionEmbedding.location_dim``): 7 = [x1, y1, x2, y2, w, h, w*h] (uniter), 6 = [x1, y1, x2, y2, w, h]
+            (oscar, vinvl), 4 = the box (vl-bert's sin/cos geometry embedding, lxmert), 0 = no box input
+            (visualbert); normalised units. None (default): the pathway's, filled in when the model is built; a
+            value other than the pathway's is refused there.
         region_token_type: the token type regions get when the inputs give none: a row of the text's
             token-type table (uniter, default 1 = segment B) or of VisualBERT's visual token-type table
             (VisualBERT's VQA/COCO checkpoints were trained with 0).
@@ -243,7 +245,7 @@ class VLBertConfig(BertConfig):
     """
 
     region_feature_dim: int = 2048
-    region_location_dim: int = 7
+    region_location_dim: int | None = None
     num_region_classes: int = 1600
     region_embedding: str = "uniter"
     region_token_type: int = 1
@@ -266,11 +268,10 @@ class VLBertConfig(BertConfig):
         super().validate()
         if not isinstance(self.region_feature_dim, int) or self.region_feature_dim <= 0:
             raise ValueError(f"config.region_feature_dim must be a positive integer, got {self.region_feature_dim!r}")
-        if self.region_location_dim not in (0, 4, 6, 7):
-            raise ValueError("config.region_location_dim must be 7 ([x1, y1, x2, y2, w, h, w*h]: uniter), "
-                             f"6 ([x1, y1, x2, y2, w, h]: oscar, vinvl), 4 ([x1, y1, x2, y2]: vl-bert, lxmert) or 0 "
-                             f"(visualbert), got "
-                             f"{self.region_location_dim!r}")
+        if self.region_location_dim is not None and (not isinstance(self.region_location_dim, int)
+                                                     or self.region_location_dim < 0):  # the pathway checks its size
+            raise ValueError(f"config.region_location_dim must be None (the region pathway's own size) or an "
+                             f"integer >= 0, got {self.region_location_dim!r}")
         if not isinstance(self.num_region_classes, int) or self.num_region_classes < 0:
             raise ValueError(f"config.num_region_classes must be an integer >= 0, got {self.num_region_classes!r}")
         if not isinstance(self.region_token_type, int) or not 0 <= self.region_token_type < self.type_vocab_size:

@@ -127,10 +127,3 @@ def keep_freed_memory_in_process() -> bool:
         return False
     m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
     return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
-
-
-
-
-
-
-

@@ -94,17 +94,19 @@ class CorpusPairsDataset(Dataset):
         short_seq_prob: BERT's 0.1.
         seed: randomness of the chunks, pairs and masking.
         cache_name: the sample index is cached as ``samples-<name>-<key>.npy`` in the corpus directory.
+        random_next: draw B from another document half the time (NSP's negatives); False: B always follows A
+            (``next_sentence_label`` always 0; RoBERTa without NSP, ALBERT's SOP swaps the pair itself).
     Raises:
         ValueError: ``max_seq_length`` < 5, or no chunk (no document).
     """
 
     def __init__(self, corpus: TokenCorpus, documents: np.ndarray, tokenizer, max_seq_length: int = 128,
-                 short_seq_prob: float = 0.1, seed: int = 0, cache_name: str = "train"):
+                 short_seq_prob: float = 0.1, seed: int = 0, cache_name: str = "train", random_next: bool = True):
         if max_seq_length < 5:
             raise ValueError(f"max_seq_length must be at least 5 to hold [CLS] A [SEP] B [SEP], got {max_seq_length}")
         self.corpus, self.documents = corpus, np.sort(np.asarray(documents, dtype=np.int64))
         self.max_seq_length, self.max_tokens = max_seq_length, max_seq_length - 3
-        self.seed, self.epoch = seed, 0
+        self.seed, self.epoch, self.random_next = seed, 0, random_next
         self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
         key = hashlib.sha1(self.documents.tobytes() + f"{max_seq_length}-{short_seq_prob}-{seed}".encode()).hexdigest()[:10]
         stem = Path(corpus.directory) / f"samples-{cache_name}-{key}"
@@ -146,13 +148,13 @@ class CorpusPairsDataset(Dataset):
         rng = random.Random(seed)
         doc, first, end, target = self.row(index)
         doc_first, doc_end = self.corpus.sentences(doc)
-        is_random = len(self.documents) > 1 and rng.random() < 0.5
+        is_random = len(self.documents) > 1 and rng.random() < 0.5 and self.random_next
         if not is_random and end - first == 1:
             if end < doc_end:
                 end += 1  # the next sentence is the true B
             elif first > doc_first:
                 first -= 1  # the document's last sentence: the previous one becomes A
-            elif len(self.documents) > 1:
+            elif len(self.documents) > 1 and self.random_next:
                 is_random = True
         a_end = first + (rng.randint(1, end - first - 1) if end - first >= 2 else 1)
         tokens_a = self._tokens(first, a_end)

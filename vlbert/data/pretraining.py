@@ -12,14 +12,16 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from vlbert.data.padding import pad_text
 from vlbert.layers.attention import packing_fields
-from vlbert.layers.losses import IGNORE_INDEX, masked_positions
+from vlbert.layers.losses import IGNORE_INDEX, masked_positions  # noqa: F401 (masked_positions: read here by
+# ../shared/gpu/roofline.py, as before the MLM unit computed the positions itself)
+from vlbert.objectives import PrepareContext, units_for
 
 IS_NEXT, IS_RANDOM = 0, 1  # next_sentence_label values, as transformers: 0 = B continues A
 
@@ -44,12 +46,18 @@ class MaskingCollator:
     uniformly random vocabulary id and 10% left unchanged (BERT appendix A.1). ``labels`` holds the original id
     at chosen positions and -100 elsewhere.
 
-    Returns a dict of tensors: input_ids, token_type_ids, attention_mask, labels (int64 [B, T]) and, when the
-    items carry it, next_sentence_label (int64 [B]). T is the longest item rounded up to ``pad_to_multiple_of``.
-    With ``packed`` (what the training recipes use) also the packed layout the model then reads instead of the
-    mask (``packed_indices``, ``cu_seqlens``: :func:`~vlbert.layers.attention.packing_fields`) and
-    ``masked_lm_positions`` (:func:`masked_positions`): computed here, in the loader workers, so that a training
-    step on an accelerator never waits on the host.
+    Called on items, it pads them and lets the objective units named in ``objectives`` (text units of
+    :data:`vlbert.objectives.OBJECTIVES`; default None: BERT's ``mlm``, and ``nsp`` where the items carry
+    ``next_sentence_label``) prepare the batch: MLM masks as
+    above (:meth:`choose`, :meth:`corrupt`; other units may choose differently, e.g. whole words) and adds
+    ``labels``, NSP adds ``next_sentence_label`` (int64 [B]) from the items. Returns a dict of tensors:
+    input_ids, token_type_ids, attention_mask (int64 [B, T]) and the units' labels. T is the longest item rounded
+    up to ``pad_to_multiple_of``. With ``packed`` (what the training recipes use) also the packed layout the model
+    then reads instead of the mask (``packed_indices``, ``cu_seqlens``:
+    :func:`~vlbert.layers.attention.packing_fields`) and the masking unit's positions (``masked_lm_positions``,
+    :func:`~vlbert.layers.losses.masked_positions`): computed here, in the loader workers, so that a training step
+    on an accelerator never waits on the host. ``word_continuation``: bool [vocab_size], True for the ids that
+    continue a word (WordPiece's ``##`` pieces), read by whole-word masking (:meth:`from_tokenizer` fills it).
     """
 
     vocab_size: int
@@ -61,31 +69,51 @@ class MaskingCollator:
     random_replace_prob: float = 0.1
     pad_to_multiple_of: int = 8
     packed: bool = False
+    objectives: tuple[str, ...] | None = None
+    word_continuation: torch.Tensor | None = None
 
     @classmethod
     def from_tokenizer(cls, tokenizer, **kwargs) -> "MaskingCollator":
+        """The collator for a Hugging Face tokenizer (its vocabulary size, [MASK], [PAD], special ids and which
+        wordpieces continue a word: those spelled ``##...``, WordPiece's convention)."""
+        continuation = torch.zeros(len(tokenizer), dtype=torch.bool)
+        pieces = [i for token, i in tokenizer.get_vocab().items() if token.startswith("##") and i < len(tokenizer)]
+        continuation[pieces] = True
         return cls(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
-                   pad_token_id=tokenizer.pad_token_id, special_token_ids=tuple(tokenizer.all_special_ids), **kwargs)
+                   pad_token_id=tokenizer.pad_token_id, special_token_ids=tuple(tokenizer.all_special_ids),
+                   word_continuation=continuation, **kwargs)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.mlm_probability < 1.0:
             raise ValueError(f"mlm_probability must be in (0, 1), got {self.mlm_probability}")
         if self.mask_replace_prob + self.random_replace_prob > 1.0:
             raise ValueError("mask_replace_prob + random_replace_prob must be at most 1")
+        text_units(self.objectives or ())  # unknown names fail here, not in a loader worker
 
     def pad(self, items: list[dict]) -> dict[str, torch.Tensor]:
         """Pad input_ids/token_type_ids to a common length; build attention_mask (see :func:`pad_text`)."""
         return pad_text(items, self.pad_token_id, self.pad_to_multiple_of)
 
-    def mask(self, input_ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Apply masking to int64 [B, T] ids. Returns (masked input_ids, labels)."""
-        maskable = ~torch.isin(input_ids, torch.tensor(self.special_token_ids + (self.pad_token_id,)))
+    def maskable(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """bool, the shape of ``input_ids``: the positions masking may choose (not special tokens nor padding)."""
+        return ~torch.isin(input_ids, torch.tensor(self.special_token_ids + (self.pad_token_id,)))
+
+    def choose(self, input_ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """bool [B, T]: in each row of int64 [B, T] ids, round(mlm_probability x n) of its n maskable wordpieces
+        (at least one), chosen uniformly (BERT appendix A.1)."""
+        maskable = self.maskable(input_ids)
         n_maskable = maskable.sum(1)
         n_chosen = torch.where(n_maskable > 0,
                                (n_maskable.double() * self.mlm_probability).round().clamp(min=1).long(), 0)
         scores = torch.rand(input_ids.shape, generator=generator).masked_fill(~maskable, 2.0)
         ranks = scores.argsort(dim=1).argsort(dim=1)
-        chosen = ranks < n_chosen[:, None]
+        return ranks < n_chosen[:, None]
+
+    def corrupt(self, input_ids: torch.Tensor, chosen: torch.Tensor,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """BERT's 80/10/10 at the ``chosen`` positions (bool, the shape of ``input_ids``), each drawn on its own:
+        [MASK], a uniformly random id, or kept. Returns (masked input_ids, labels: the original id where chosen,
+        -100 elsewhere)."""
         labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
         action = torch.rand(input_ids.shape, generator=generator)
         to_mask = chosen & (action < self.mask_replace_prob)
@@ -96,28 +124,55 @@ class MaskingCollator:
         masked = torch.where(to_random, random_ids, masked)
         return masked, labels
 
-    def mask_rows(self, input_ids: torch.Tensor, generators: list[torch.Generator],
-                  lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def mask(self, input_ids: torch.Tensor, generator: torch.Generator,
+             choose: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Apply masking to int64 [B, T] ids: ``choose(input_ids, generator)`` (default :meth:`choose`), then
+        :meth:`corrupt`. Returns (masked input_ids, labels)."""
+        return self.corrupt(input_ids, (choose or self.choose)(input_ids, generator), generator)
+
+    def mask_rows(self, input_ids: torch.Tensor, generators: list[torch.Generator], lengths: list[int],
+                  choose: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Mask each row of a padded int64 [B, T] batch with its own generator over its first ``lengths[i]``
         positions, so a sample's masking does not depend on which other samples share its batch (or rank).
-        Returns (masked input_ids, labels), both int64 [B, T]."""
+        ``choose``: as :meth:`mask`. Returns (masked input_ids, labels), both int64 [B, T]."""
         input_ids = input_ids.clone()
         labels = torch.full_like(input_ids, IGNORE_INDEX)
         for row, (generator, n) in enumerate(zip(generators, lengths)):
-            input_ids[row:row + 1, :n], labels[row:row + 1, :n] = self.mask(input_ids[row:row + 1, :n], generator)
+            input_ids[row:row + 1, :n], labels[row:row + 1, :n] = self.mask(input_ids[row:row + 1, :n], generator,
+                                                                            choose)
         return input_ids, labels
 
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
-        """Pad and mask; each sample's masking is drawn from its own ``mask_seed``."""
+        """Pad, then let each unit of :attr:`objectives` prepare the batch (in registry order: a unit that
+        reorders the text, SOP, before the masking one); each sample's masking is drawn from its own
+        ``mask_seed`` (:meth:`~vlbert.objectives.PrepareContext.masking_generator`).
+
+        Raises:
+            ValueError: an objective that is not a text unit; items without a unit's fields (e.g. ``nsp`` over
+                items without ``next_sentence_label``).
+        """
         batch = self.pad(items)
-        generators = [torch.Generator().manual_seed(x.get("mask_seed", row)) for row, x in enumerate(items)]
-        batch["input_ids"], batch["labels"] = self.mask_rows(batch["input_ids"], generators,
-                                                             [len(x["input_ids"]) for x in items])
-        if "next_sentence_label" in items[0]:
-            batch["next_sentence_label"] = torch.tensor([x["next_sentence_label"] for x in items], dtype=torch.long)
+        context = PrepareContext(self)
+        names = self.objectives if self.objectives is not None else (
+            "mlm", *(("nsp",) if "next_sentence_label" in items[0] else ()))
+        for unit in text_units(names):
+            unit.prepare(batch, items, context)
         if self.packed:
-            batch.update(packing_fields(batch["attention_mask"]), masked_lm_positions=masked_positions(batch["labels"]))
+            batch.update(packing_fields(batch["attention_mask"]))
         return batch
+
+
+def text_units(names) -> list:
+    """The text objective units named in ``names``, in registry order (:func:`vlbert.objectives.units_for`).
+
+    Raises:
+        ValueError: a name that is not a text unit (unknown, or vision-language only)."""
+    units = units_for("text")
+    unknown = sorted(set(names) - {unit.name for unit in units})
+    if unknown:
+        raise ValueError(f"{unknown} are not text pretraining objectives; the text objectives are "
+                         f"{[unit.name for unit in units]}")
+    return [unit for unit in units if unit.name in names]
 
 
 class LengthGroupedBatchSampler:
@@ -175,4 +230,4 @@ class LengthGroupedBatchSampler:
         return [np.array_split(batch, self.world_size)[self.rank] for batch in self.global_batches()]
 
 
-__all__ = ["truncate_pair", "MaskingCollator", "LengthGroupedBatchSampler", "IS_NEXT", "IS_RANDOM"]
+__all__ = ["truncate_pair", "MaskingCollator", "text_units", "LengthGroupedBatchSampler", "IS_NEXT", "IS_RANDOM"]

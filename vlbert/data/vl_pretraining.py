@@ -19,7 +19,6 @@ from detectors.batch import pad_regions, region_item
 from detectors.regions import Regions
 from detectors.store import region_count
 from vlbert.data.pretraining import MaskingCollator
-from vlbert.layers.losses import masked_positions
 from vlbert.layers.attention import packing_fields
 from vlbert.objectives import OBJECTIVES, PrepareContext
 from vlbert.objectives.image_text_matching import content_id
@@ -143,10 +142,10 @@ class VLCollator:
         OBJECTIVES[name].prepare(batch, items, self.context)
         for paired in self.objectives.runs_on(name) if self.objectives is not None else ():
             OBJECTIVES[paired].prepare(batch, items, self.context)  # e.g. WRA on the ITM batch
-        if self.context.text.packed:  # see MaskingCollator: the layout of [text ; regions], the MLM rows
+        # see MaskingCollator: the layout of [text ; regions] (the MLM unit adds its rows); not where the model
+        # rewrites the text itself (ITM's hard negatives, itm_content): that layout is unknown here
+        if self.context.text.packed and "itm_content" not in batch:
             batch.update(packing_fields(batch["attention_mask"], batch["region_mask"]))
-            if "labels" in batch:
-                batch["masked_lm_positions"] = masked_positions(batch["labels"])
         batch["objective"] = name
         return batch
 

@@ -15,8 +15,10 @@ sequence boundaries, and each entry of :data:`ATTENTION_FUNCTIONS` reads them it
   flash kernel had none, a recipe change, not a kernel property. A run that wants MosaicBERT's recipe sets
   ``model.attention_probs_dropout_prob: 0``.
 
-Every function has one signature, ``fn(q, k, v, packing, dropout_p, training) -> (out, probs)``: q, k, v float
-[N, heads, head_dim] packed, ``out`` the same layout, ``probs`` [B, heads, S, S] or None. A new kernel is one
+Every function has one signature, ``fn(q, k, v, packing, dropout_p, training, output_attentions=False) -> (out,
+probs)``: q, k, v float [N, heads, head_dim] packed, ``packing`` the :class:`Packing`, ``dropout_p`` the
+attention-probability dropout applied when ``training``, ``output_attentions`` whether to return the
+probabilities; ``out`` the same layout as q, ``probs`` [B, heads, S, S] or None. A new kernel is one
 function and one line in the table (:func:`register_attention`), as transformers' ``AttentionInterface``, declaring
 its layout and when it can run (:class:`AttentionKernel`). The model config names it (``attn_implementation``,
 transformers' key); ``None`` picks ``varlen`` on CUDA in bf16/fp16 and ``sdpa`` elsewhere, and a kernel that cannot
@@ -107,6 +109,11 @@ class Packing:
         return None if self.mask is None else self.mask[:, None, None, :]
 
 
+#: The batch keys of the packed layout (:func:`packing_fields`): what a model's ``forward`` takes in ``**packing``
+#: (as transformers passes FlashAttention's ``cu_seq_lens`` through ``**kwargs``) and the trainer passes on.
+PACKING_FIELDS = ("packed_indices", "cu_seqlens")
+
+
 def packing_fields(*masks: torch.Tensor) -> dict[str, torch.Tensor]:
     """What the collator adds so that the model packs without reading the mask on the device: the concatenation of
     ``masks`` along the sequence ([B, T] text, then [B, R] regions for a vision-language batch) gives
@@ -114,7 +121,7 @@ def packing_fields(*masks: torch.Tensor) -> dict[str, torch.Tensor]:
     tensors out (computed in the loader workers)."""
     mask = torch.cat([m.bool() for m in masks], 1)
     packing = Packing.from_mask(mask, *mask.shape)
-    return {"packed_indices": packing.indices, "cu_seqlens": packing.cu_seqlens}
+    return dict(zip(PACKING_FIELDS, (packing.indices, packing.cu_seqlens)))
 
 
 def _padded(q: torch.Tensor, packing: Packing) -> torch.Tensor:
@@ -354,6 +361,6 @@ def select_attention(name: str | None, request: AttentionRequest) -> str:
     return chosen
 
 
-__all__ = ["Packing", "packing_fields", "ATTENTION_FUNCTIONS", "AttentionKernel", "AttentionRequest",
+__all__ = ["Packing", "packing_fields", "PACKING_FIELDS", "ATTENTION_FUNCTIONS", "AttentionKernel", "AttentionRequest",
            "register_attention", "select_attention", "check_attention_name", "flash_varlen_unsupported",
            "eager_attention", "sdpa_attention", "varlen_attention"]

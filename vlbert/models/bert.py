@@ -28,10 +28,11 @@ from vlbert.layers.activations import activation
 from vlbert.layers.attention import (ATTENTION_FUNCTIONS, AttentionRequest, Packing, check_attention_name,
                                     select_attention)
 from vlbert.layers.kernels import Dropout
-from vlbert.models.inputs import check_text_inputs, packing_from_batch
+from vlbert.models.inputs import check_text_inputs, packing_from_batch, take_packing
+from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
-from vlbert.objectives import OBJECTIVES, Encoded
+from vlbert.objectives import Encoded
 
 
 class BertEmbeddings(nn.Module):
@@ -249,14 +250,32 @@ class BertModel(PreTrainedModel):
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
         self.embeddings = BertEmbeddings(config)
-        self.encoder = BertEncoder(config)
+        self.add_inputs(config)
+        self.encoder = self.build_encoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.init_weights()
 
+    def add_inputs(self, config: BertConfig) -> None:
+        """Build the input pathways besides the word embeddings (before the encoder, so parameters keep their
+        order): none for text; :class:`~vlbert.models.vl.VLBertModel` adds its region pathway here."""
+
+    def build_encoder(self, config: BertConfig) -> nn.Module:
+        """The encoder: a :class:`BertEncoder` (a vision-language model picks its own from its config)."""
+        return BertEncoder(config)
+
+    def encode_text(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                    attention_mask: torch.Tensor | None, output_hidden_states: bool, output_attentions: bool,
+                    packing: dict) -> EncoderOutput:
+        """The text path every model shares: embeddings, encoder (packed by the collator's layout where given),
+        pooler. Arguments as :meth:`forward` (inputs already checked); returns its :class:`EncoderOutput`."""
+        out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
+                           output_attentions, packing_from_batch(attention_mask, **packing))
+        out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
+        return out
+
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False, packed_indices: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None) -> EncoderOutput:
+                output_attentions: bool = False, **packing) -> EncoderOutput:
         """Encode a batch of wordpiece sequences.
 
         Args:
@@ -266,84 +285,71 @@ class BertModel(PreTrainedModel):
             output_hidden_states: also return the L + 1 per-layer hidden states.
             output_attentions: also return each layer's attention probabilities [B, heads, T, T] (as
                 transformers' eager attention; computed explicitly, so slower than the fused kernel).
-            packed_indices, cu_seqlens: the packed layout of ``attention_mask`` as the collator computed it
-                (:func:`~vlbert.layers.attention.packing_fields`), so the model never reads the mask on the device.
+            packing: optionally the packed layout of ``attention_mask`` as the collator computed it
+                (``packed_indices``, ``cu_seqlens``: :func:`~vlbert.layers.attention.packing_fields`), so the model
+                never reads the mask on the device; as transformers passes FlashAttention's ``cu_seq_lens``.
         Returns:
             :class:`EncoderOutput` with last_hidden_state [B, T, H] and pooler_output [B, H].
         Raises:
             ValueError: wrong rank/dtype, mismatched shapes, or T > max_position_embeddings.
+            TypeError: a keyword that is neither an input nor a layout field.
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
-        packing = packing_from_batch(packed_indices, cu_seqlens, attention_mask)
-        out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
-                           output_attentions, packing)
-        out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
-        return out
+        return self.encode_text(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
+                                packing)
 
 
-class BertForPreTraining(PreTrainedModel):
-    """BERT with its two pretraining objectives: masked LM and next-sentence prediction (BERT section 3.1).
-
-    The heads and losses are the objective units :class:`~vlbert.objectives.MaskedLanguageModeling` (head
-    ``masked_lm``, tied to the word embeddings) and :class:`~vlbert.objectives.NextSentencePrediction` (head
-    ``next_sentence``). ``loss`` = mean MLM cross-entropy over masked positions + NSP cross-entropy, as
-    transformers' ``BertForPreTraining``. ``save_pretrained(dir)`` writes a directory that
-    ``transformers.BertForPreTraining.from_pretrained(dir)`` loads with no missing or unexpected keys.
+class BertForPreTraining(UnitPreTrainingModel):
+    """BERT with its pretraining objectives: the text units of :data:`~vlbert.objectives.OBJECTIVES`
+    (``units_for("text")``, built and run by :class:`~vlbert.models.objective_units.UnitPreTrainingModel`, the loop
+    :class:`~vlbert.models.vl.VLBertForPreTraining` shares): masked LM (``labels``; head ``masked_lm``, tied to
+    the word embeddings), next-sentence prediction (``next_sentence_label``; head ``next_sentence``, BERT section
+    3.1), and the heads' other users: whole-word masking (``wwm_labels``) and ALBERT's sentence-order prediction
+    (``sentence_order_label``). A batch trains the units whose labels it carries: ``loss`` = their sum, so MLM +
+    NSP is transformers' ``BertForPreTraining`` loss, MLM alone RoBERTa's. ``save_pretrained(dir)`` writes a
+    directory that ``transformers.BertForPreTraining.from_pretrained(dir)`` loads with no missing or unexpected
+    keys.
     """
 
     config_class = BertConfig
     base_model_prefix = "bert"
-    objectives = ("mlm", "nsp")
+    modality = "text"
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.bert = BertModel(config)
-        self.units = [OBJECTIVES[name] for name in self.objectives]
-        for unit in self.units:
-            setattr(self, unit.head, unit.build_head(config))
+        self.build_units(config)
         self.init_weights()
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                next_sentence_label: torch.Tensor | None = None,
-                output_hidden_states: bool = False, output_attentions: bool = False,
-                packed_indices: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
-                masked_lm_positions: torch.Tensor | None = None) -> PreTrainingOutput:
-        """Run BERT and its MLM/NSP heads.
+                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False, **labels) -> PreTrainingOutput:
+        """Run BERT and the units whose labels are given.
 
         Args:
             input_ids, token_type_ids, attention_mask: as :meth:`BertModel.forward`, [B, T].
-            labels: int64 [B, T], the original id at masked positions and -100 elsewhere. When given,
-                ``prediction_logits`` is [N, V] over the N masked positions only; otherwise [B, T, V].
-            next_sentence_label: int64 [B], 0 = segment B follows A, 1 = B is a random segment.
             output_hidden_states, output_attentions: also return per-layer hidden states / attention probabilities.
-            packed_indices, cu_seqlens: the collator's packed layout (see :meth:`BertModel.forward`).
-            masked_lm_positions: int64 [N], the flat positions (row * T + column) where ``labels`` != -100, as the
-                collator computed them (the MLM then selects its rows without a host sync).
+            labels: the collator's packed layout (``packed_indices``, ``cu_seqlens``: :meth:`BertModel.forward`),
+                then the units' label keys (:attr:`label_names`): ``labels`` int64 [B, T] (the original id at
+                masked positions, -100 elsewhere) with optionally ``masked_lm_positions`` int64 [N] (their flat
+                positions row * T + column, the collator's: no host sync); ``next_sentence_label`` int64 [B]
+                (0 = B follows A, 1 = B is random); ``sentence_order_label``, ``wwm_labels`` for those units.
         Returns:
-            :class:`PreTrainingOutput`; ``losses``/``metrics`` carry ``mlm``/``mlm_accuracy`` and
-            ``nsp``/``nsp_accuracy`` for whichever labels were given, ``loss`` their sum.
+            :class:`PreTrainingOutput`; ``losses``/``metrics`` carry e.g. ``mlm``/``mlm_accuracy`` and
+            ``nsp``/``nsp_accuracy`` for whichever labels were given, ``loss`` their sum. With MLM labels
+            ``prediction_logits`` is [N, V] over the N masked positions only; with no labels at all every head's
+            logits: ``prediction_logits`` [B, T, V] and ``seq_relationship_logits`` [B, 2].
+        Raises:
+            TypeError: a keyword no unit reads. ValueError: as :meth:`BertModel.forward`.
         """
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
-                        packed_indices, cu_seqlens)
+        packing = take_packing(labels)
+        given = self.given_labels(labels)
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, **packing)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
                                 hidden_states=enc.hidden_states, attentions=enc.attentions)
-        encoded = Encoded(self, enc.last_hidden_state, None, enc.pooler_output)
-        given = {"labels": labels, "next_sentence_label": next_sentence_label,
-                 "masked_lm_positions": masked_lm_positions}
-        for unit in self.units:
-            if all(given[k] is not None for k in unit.inputs):
-                result = unit.loss(encoded, given)
-                out.add(unit.name, result.loss, unit.metric, result.metric, result.count)
-                if unit.name == "mlm":
-                    out.prediction_logits = result.logits
-                else:
-                    out.seq_relationship_logits = result.logits
-        if labels is None:
-            out.prediction_logits = self.masked_lm(enc.last_hidden_state, self.bert.embeddings.word_embeddings.weight)
-        if next_sentence_label is None:
-            out.seq_relationship_logits = self.next_sentence(enc.pooler_output)
-        return out
+        encoded = Encoded(self, enc.last_hidden_state, None, enc.pooler_output, attention_mask,
+                          word_embeddings=self.bert.embeddings.word_embeddings.weight)
+        return self.run_units(out, encoded, given)
 
 
 __all__ = ["BertModel", "BertForPreTraining", "BertEmbeddings", "BertEncoder", "BertLayer", "SelfAttention",

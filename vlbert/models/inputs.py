@@ -2,8 +2,8 @@
 
 :func:`check_text_inputs` refuses inputs a model cannot embed with a message naming the fix (values checked on the
 host only: on an accelerator a check would stall every step); :func:`packing_from_batch` turns the collator's
-``packed_indices`` / ``cu_seqlens`` (:func:`~vlbert.layers.attention.packing_fields`) into the encoder's
-:class:`~vlbert.layers.attention.Packing`.
+``packed_indices`` / ``cu_seqlens`` (:func:`~vlbert.layers.attention.packing_fields`), which a public forward
+takes in its ``**packing`` keywords, into the encoder's :class:`~vlbert.layers.attention.Packing`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from vlbert.config import BertConfig
-from vlbert.layers.attention import Packing
+from vlbert.layers.attention import PACKING_FIELDS, Packing
 
 
 def check_text_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
@@ -52,11 +52,24 @@ def check_text_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_id
         raise ValueError(f"attention_mask row {row} has no real token (all 0); every sequence needs at least [CLS]")
 
 
-def packing_from_batch(packed_indices: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
-                       mask: torch.Tensor | None) -> Packing | None:
+def take_packing(kwargs: dict) -> dict:
+    """Pop the packed-layout fields (:data:`~vlbert.layers.attention.PACKING_FIELDS`: ``packed_indices``,
+    ``cu_seqlens``) out of a forward's ``**kwargs``; returns them (absent ones left out)."""
+    return {name: kwargs.pop(name) for name in PACKING_FIELDS if name in kwargs}
+
+
+def packing_from_batch(mask: torch.Tensor | None, packed_indices: torch.Tensor | None = None,
+                       cu_seqlens: torch.Tensor | None = None, **unknown) -> Packing | None:
     """The collator's packed layout (:func:`~vlbert.layers.attention.packing_fields`) of ``mask`` [B, S], or None
-    when the batch has none. Raises ValueError when only one of the two fields is given, or they do not fit the
-    mask's shape (shapes only: the values are the collator's)."""
+    when the batch has none.
+
+    Raises:
+        TypeError: a keyword other than the layout's (a misspelt input would otherwise be ignored).
+        ValueError: only one of the two fields is given, or they do not fit the mask's shape (shapes only: the
+            values are the collator's)."""
+    if unknown:
+        raise TypeError(f"forward got unexpected keyword(s) {sorted(unknown)}; besides its named inputs it takes "
+                        f"only the packed layout {list(PACKING_FIELDS)}")
     if packed_indices is None and cu_seqlens is None:
         return None
     if packed_indices is None or cu_seqlens is None or mask is None:
@@ -68,4 +81,4 @@ def packing_from_batch(packed_indices: torch.Tensor | None, cu_seqlens: torch.Te
     return Packing.from_indices(packed_indices, cu_seqlens, mask)
 
 
-__all__ = ["check_text_inputs", "packing_from_batch"]
+__all__ = ["check_text_inputs", "packing_from_batch", "take_packing"]

@@ -48,9 +48,9 @@ class ObjectiveOutput:
         counts: objective name (and its metric's name) -> number of predictions its loss and metric average
             over (int; transformers' ``num_items_in_batch``, per objective), so that losses are weighted by it
             across ranks and metrics averaged correctly over several batches.
-        unused_parameters: parameters that entered ``loss`` with weight zero only (heads of objectives this batch
-            does not train: DDP's unused parameters, kept in the graph so DDP needs no
-            ``find_unused_parameters`` search); the trainer drops their zero gradients.
+        unused_parameters: parameters this forward did not use (heads of objectives this batch does not train):
+            the model declares them, and the trainer keeps them in DDP's graph with weight zero (so DDP needs no
+            ``find_unused_parameters`` search) and drops their gradients.
     """
 
     loss: torch.Tensor | None = None
@@ -66,15 +66,16 @@ class ObjectiveOutput:
         self.counts[name] = self.counts[metric_name] = count
         self.loss = loss if self.loss is None else self.loss + loss
 
-    def include_idle(self, *modules) -> None:
-        """Enter the parameters of ``modules`` (None entries skipped), which this forward did not use, into ``loss``
-        with weight zero and list them in ``unused_parameters``: DDP needs every parameter in every backward, and
-        the trainer drops their zero gradients so the optimizer skips them. Nothing without a loss or gradients."""
+    def add_unused(self, *modules) -> None:
+        """Declare the parameters of ``modules`` (None entries skipped), which this forward did not use, in
+        ``unused_parameters``: under DDP the trainer enters them into the backward with weight zero (DDP needs
+        every parameter in every backward; :func:`~vlbert.training.distributed.global_batch_loss`) and drops their
+        zero gradients, so the optimizer skips them. The loss is left as it is. Nothing without a loss or
+        gradients."""
         if self.loss is None or not torch.is_grad_enabled():
             return
         idle = [p for m in modules if m is not None for p in m.parameters() if p.requires_grad]
         if idle:
-            self.loss = self.loss + sum(p.sum() for p in idle) * 0.0
             self.unused_parameters = [*self.unused_parameters, *idle]
 
 

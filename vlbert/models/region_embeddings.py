@@ -75,11 +75,14 @@ def region_location_features(boxes: torch.Tensor, size: int = 7) -> torch.Tensor
 
 
 class RegionEmbedding(nn.Module):
-    """Base class of the table's entries. ``location_dim``: the size of the box feature the entry reads (0 = no
-    box input); ``type_vocab``: where the region token type comes from ("text" table, own "visual" table, or
-    None); ``default_token_type``: the region type when the inputs give none."""
+    """Base class of the table's entries. Each declares ``location_dim``, the size of the box feature it reads (0
+    = no box input; the config's ``region_location_dim`` is filled from it, or checked against it), and
+    ``masked_region_modules``, its submodules that only masked region modelling uses (a forward without
+    ``masked_regions`` leaves them idle: :meth:`VLBertModel.idle_modules <vlbert.models.vl.VLBertModel.idle_modules>`).
+    ``default_token_type`` (instance): the region token type when the inputs give none."""
 
     location_dim: int = 0
+    masked_region_modules: tuple[str, ...] = ()
     #: tokens the entry adds after the regions (VL-BERT's [END]): they take part in attention and are dropped
     #: from the model's outputs.
     extra_tokens: int = 0
@@ -91,7 +94,7 @@ class RegionEmbedding(nn.Module):
 
     @classmethod
     def check_config(cls, config: VLBertConfig) -> None:
-        """Raise ``ValueError`` when ``config`` does not fit this pathway (location size, token type)."""
+        """Raise ``ValueError`` when ``config`` does not fit this pathway (location size)."""
         if config.region_location_dim != cls.location_dim:
             raise ValueError(f"region_embedding={config.region_embedding!r} reads a {cls.location_dim}-d location "
                              f"feature, but config.region_location_dim is {config.region_location_dim}; set it "
@@ -123,6 +126,7 @@ class UniterRegionEmbeddings(RegionEmbedding):
     masked region, row 0 (unmasked) being zero (UNITER ``UniterImageEmbeddings.forward``)."""
 
     location_dim = 7
+    masked_region_modules = ("mask_embedding",)
 
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
@@ -359,6 +363,9 @@ REGION_EMBEDDINGS: dict[str, type[RegionEmbedding]] = {
 def build_region_embedding(config: VLBertConfig) -> RegionEmbedding:
     """The :data:`REGION_EMBEDDINGS` entry ``config.region_embedding`` for ``config``.
 
+    A ``config.region_location_dim`` of None is set to the entry's declared ``location_dim`` (so the saved
+    config.json records it).
+
     Raises:
         ValueError: an unknown name (the table's names listed), or a config the entry cannot read.
     """
@@ -366,6 +373,8 @@ def build_region_embedding(config: VLBertConfig) -> RegionEmbedding:
     if cls is None:
         raise ValueError(f"config.region_embedding={config.region_embedding!r} is not one of "
                          f"{sorted(REGION_EMBEDDINGS)}")
+    if config.region_location_dim is None:
+        config.region_location_dim = cls.location_dim
     cls.check_config(config)
     return cls(config)
 

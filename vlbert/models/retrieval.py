@@ -10,6 +10,7 @@ from torch import nn
 
 from vlbert.config import VLBertConfig
 from vlbert.layers.losses import classification_loss
+from vlbert.layers.sampling import draw_by_similarity
 from vlbert.models.outputs import ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.vl import VLBertModel
@@ -33,12 +34,12 @@ def hard_negatives(logits: torch.Tensor, same: torch.Tensor,
         same: bool [B, B], True where text i and image j belong to the same group (never each other's negatives).
     Returns:
         (int64 [B]: for image i, the index of its negative text; int64 [B]: for text i, its negative image).
+    Drawn by :func:`~vlbert.layers.sampling.draw_by_similarity` (the one sampler, which ITM's hard negatives use
+    too), from uniform numbers of ``generator``.
     """
-    # The epsilon keeps a batch of one group drawable.
-    weights_t2i = logits.float().softmax(1).masked_fill(same, 0) + 1e-8
-    weights_i2t = logits.float().T.softmax(1).masked_fill(same.T, 0) + 1e-8
-    return (torch.multinomial(weights_i2t, 1, generator=generator).squeeze(1),
-            torch.multinomial(weights_t2i, 1, generator=generator).squeeze(1))
+    b = logits.shape[0]
+    uniforms = torch.rand(2, b, generator=generator, device=logits.device)
+    return draw_by_similarity(logits.T, same.T, uniforms[0]), draw_by_similarity(logits, same, uniforms[1])
 
 
 class VLBertForImageTextRetrieval(PreTrainedModel):
@@ -121,7 +122,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         labels = torch.cat([torch.ones(b), torch.zeros(2 * b)]).long().to(logits_itm.device)
         loss, acc, n = classification_loss(logits_itm, labels)
         out.add("itm", loss, "itm_accuracy", acc, n)
-        out.include_idle(*self.bert.idle_modules())
+        out.add_unused(*self.bert.idle_modules())
         return out
 
 

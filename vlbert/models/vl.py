@@ -13,28 +13,24 @@ import torch
 from torch import nn
 
 from vlbert.config import VLBertConfig
-from vlbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, check_text_inputs, packing_from_batch
+from vlbert.layers.attention import PACKING_FIELDS
+from vlbert.models.bert import BertEncoder, BertModel, check_text_inputs, packing_from_batch
+from vlbert.models.inputs import take_packing
+from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
-from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.region_embeddings import build_region_embedding, region_location_features
 from vlbert.models.two_stream import TwoStreamEncoder
 from vlbert.models.visual_backbone import RegionFeatureExtractor
-from vlbert.objectives import Encoded, units_for
+from vlbert.objectives import Encoded
 
 #: config.encoder -> the encoder class: one over [text ; regions] (a stack of BERT layers) or LXMERT's two streams.
 ENCODERS = {"single-stream": BertEncoder, "two-stream": TwoStreamEncoder}
 
 
-def _has_submodule(model: nn.Module, name: str) -> bool:
-    try:
-        model.get_submodule(name)
-        return True
-    except AttributeError:
-        return False
-
-
-class VLBertModel(PreTrainedModel):
-    """BERT over [text ; regions]: text embeddings and the region pathway ``config.region_embedding`` (an entry
+class VLBertModel(BertModel):
+    """BERT over [text ; regions]: a :class:`~vlbert.models.bert.BertModel` (its embeddings, encoder, pooler and
+    text path, :meth:`~vlbert.models.bert.BertModel.encode_text`) plus a region pathway. The text embeddings and
+    the region pathway ``config.region_embedding`` (an entry
     of :data:`~vlbert.models.region_embeddings.REGION_EMBEDDINGS`: UNITER, VisualBERT, Oscar or VinVL)
     concatenated along the sequence, one encoder, a joint attention mask. ``last_hidden_state`` is [B, T + R, H],
     text positions first; the pooler reads the text's [CLS].
@@ -50,24 +46,27 @@ class VLBertModel(PreTrainedModel):
 
     config_class = VLBertConfig
 
-    def __init__(self, config: VLBertConfig, add_pooling_layer: bool = True):
-        super().__init__(config)
-        self.embeddings = BertEmbeddings(config)
+    def add_inputs(self, config: VLBertConfig) -> None:
+        """The region pathway (:data:`~vlbert.models.region_embeddings.REGION_EMBEDDINGS`) and, when the config has
+        one, the visual backbone. Raises ValueError when the backbone's feature size is not the config's."""
         self.region_embeddings = build_region_embedding(config)
         self.visual_backbone = RegionFeatureExtractor(config.visual_backbone) if config.visual_backbone else None
         if self.visual_backbone is not None and self.visual_backbone.feature_dim != config.region_feature_dim:
             raise ValueError(f"config.visual_backbone gives {self.visual_backbone.feature_dim}-d region features but "
                              f"config.region_feature_dim is {config.region_feature_dim}; set it to "
                              f"{self.visual_backbone.feature_dim}")
-        self.encoder = ENCODERS[config.encoder](config)
-        self.pooler = BertPooler(config) if add_pooling_layer else None
-        self.init_weights()
+
+    def build_encoder(self, config: VLBertConfig) -> nn.Module:
+        """``ENCODERS[config.encoder]``: one encoder over [text ; regions], or LXMERT's two streams."""
+        return ENCODERS[config.encoder](config)
 
     def idle_modules(self, masked_regions: torch.Tensor | None = None) -> list[nn.Module]:
-        """Submodules a forward without ``masked_regions`` never uses: UNITER's region ``mask_embedding`` (masked
-        region modelling only). Fine-tuning heads pass them to ``ObjectiveOutput.include_idle``."""
-        mask_embedding = getattr(self.region_embeddings, "mask_embedding", None)
-        return [mask_embedding] if mask_embedding is not None and masked_regions is None else []
+        """Submodules a forward without ``masked_regions`` never uses: those the region pathway declares
+        (``RegionEmbedding.masked_region_modules``: UNITER's ``mask_embedding``). Models declare them unused
+        (``ObjectiveOutput.add_unused``) for DDP."""
+        if masked_regions is not None:
+            return []
+        return [self.region_embeddings.get_submodule(name) for name in self.region_embeddings.masked_region_modules]
 
     def extract_regions(self, images: torch.Tensor, region_boxes: torch.Tensor, region_mask: torch.Tensor | None,
                         image_sizes: torch.Tensor | None = None,
@@ -113,9 +112,8 @@ class VLBertModel(PreTrainedModel):
                 region_boxes: torch.Tensor | None = None, region_mask: torch.Tensor | None = None,
                 output_hidden_states: bool = False, output_attentions: bool = False,
                 region_token_type_ids: torch.Tensor | None = None,
-                masked_regions: torch.Tensor | None = None, packed_indices: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None, images: torch.Tensor | None = None,
-                image_sizes: torch.Tensor | None = None) -> EncoderOutput:
+                masked_regions: torch.Tensor | None = None, images: torch.Tensor | None = None,
+                image_sizes: torch.Tensor | None = None, **packing) -> EncoderOutput:
         """Encode text and regions jointly.
 
         Args:
@@ -130,8 +128,9 @@ class VLBertModel(PreTrainedModel):
                 VisualBERT's NLVR2 types the two images' regions 0 and 1).
             masked_regions: bool [B, R], regions masked for masked region modelling (UNITER adds its
                 ``mask_embedding`` there; the other pathways ignore it).
-            packed_indices, cu_seqlens: the packed layout of the [B, T + R] mask (text then regions) as the
-                collator computed it (:func:`~vlbert.layers.attention.packing_fields`): no host sync.
+            packing: optionally ``packed_indices``, ``cu_seqlens``, the packed layout of the [B, T + R] mask (text
+                then regions) as the collator computed it (:func:`~vlbert.layers.attention.packing_fields`): no
+                host sync.
             images, image_sizes: instead of ``region_features``, float [B, 3, H, W] images (and int64 [B, 2] their
                 (height, width) in a padded batch) for the model's visual backbone (:meth:`extract_regions`).
         Returns:
@@ -148,6 +147,7 @@ class VLBertModel(PreTrainedModel):
         (:class:`~vlbert.models.two_stream.TwoStreamEncoder`).
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
+        packing_from_batch(None, **{k: v for k, v in packing.items() if k not in PACKING_FIELDS})  # unknown keys
         if images is not None:
             region_features = self.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
         extra = self.region_embeddings.extra_tokens
@@ -155,11 +155,9 @@ class VLBertModel(PreTrainedModel):
         if region_features is None and two_stream:
             raise ValueError("a two-stream (LXMERT) model needs region_features: its text stream ends in "
                              "cross-modality layers; give the image's regions")
-        if region_features is None and not extra:  # text alone: exactly BertModel
-            out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
-                               output_attentions, packing_from_batch(packed_indices, cu_seqlens, attention_mask))
-            out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
-            return out
+        if region_features is None and not extra:  # text alone: BertModel's text path
+            return self.encode_text(input_ids, token_type_ids, attention_mask, output_hidden_states,
+                                    output_attentions, packing)
         if region_features is not None:
             if region_boxes is None and self.region_embeddings.location_dim:
                 raise ValueError("region_boxes are required with region_features")
@@ -170,15 +168,15 @@ class VLBertModel(PreTrainedModel):
             regions = self.region_embeddings(region_features, region_boxes, region_token_type_ids, self.embeddings,
                                              masked_regions)
             out = self.encoder(text, regions.to(text.dtype), attention_mask, region_mask, output_hidden_states,
-                               output_attentions, dense=packed_indices is not None)
+                               output_attentions, dense=bool(packing))
             out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
             return out
         x, mask = self.region_embeddings.join(self.embeddings, input_ids, token_type_ids, attention_mask,
                                               region_features, region_boxes, region_mask, region_token_type_ids,
                                               masked_regions)
         # a pathway that adds tokens (VL-BERT's [END]) changes the layout the collator packed: read it from the mask
-        packing = None if extra else packing_from_batch(packed_indices, cu_seqlens, mask)
-        out = self.encoder(x, mask, output_hidden_states, output_attentions, packing)
+        layout = packing_from_batch(mask, **packing)
+        out = self.encoder(x, mask, output_hidden_states, output_attentions, None if extra else layout)
         if extra:
             keep = x.shape[1] - extra
             out.last_hidden_state = out.last_hidden_state[:, :keep]
@@ -188,7 +186,7 @@ class VLBertModel(PreTrainedModel):
         return out
 
 
-class VLBertForPreTraining(PreTrainedModel):
+class VLBertForPreTraining(UnitPreTrainingModel):
     """Vision-language pretraining heads over :class:`VLBertModel` (UNITER section 3.2).
 
     Each objective is a unit of :mod:`vlbert.objectives` (its head is built here under the unit's attribute name,
@@ -205,43 +203,23 @@ class VLBertForPreTraining(PreTrainedModel):
 
     Multi-process training draws one objective per step for every rank, so the heads of the other objectives
     get no gradient (nor does the pooler, which only ITM reads). DDP needs every parameter in every backward: while
-    gradients are on, idle heads enter the loss with weight zero and are listed in ``unused_parameters``, whose (zero) gradients the trainer then
-    drops, so the optimizer skips them exactly as it would without DDP.
+    gradients are on, the idle heads are declared in ``unused_parameters``; the trainer enters them into the backward
+    with weight zero under DDP and drops their gradients, so the optimizer skips them exactly as without DDP.
     """
 
     config_class = VLBertConfig
     base_model_prefix = "bert"
+    modality = "vl"
 
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
         self.bert = VLBertModel(config)
-        self.units = []
-        for unit in units_for("vl"):  # every registered vision-language unit (vlbert.objectives.OBJECTIVES)
-            if not unit.head:  # a unit without parameters (WRA)
-                self.units.append(unit)
-                continue
-            head = getattr(self, unit.head, None)
-            if head is None:
-                head = unit.build_head(config)
-            if head is not None:
-                setattr(self, unit.head, head)
-                self.units.append(unit)
+        self.build_units(config)  # every registered vision-language unit (vlbert.objectives.OBJECTIVES)
         self.init_weights()
-
-    @property
-    def objectives(self) -> tuple[str, ...]:
-        """The names of the units this model runs (fixed order: multi-process loss weighting)."""
-        return tuple(unit.name for unit in self.units)
-
-    @property
-    def label_names(self) -> tuple[str, ...]:
-        """The batch keys the units read (``forward``'s ``**labels``): what the trainer passes besides the inputs."""
-        return tuple(dict.fromkeys(k for u in self.units for k in (*u.inputs, *u.optional_inputs)))
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None,
                 region_boxes=None, region_mask=None, masked_regions=None, output_hidden_states: bool = False,
-                output_attentions: bool = False, packed_indices=None, cu_seqlens=None, images=None,
-                image_sizes=None, **labels) -> PreTrainingOutput:
+                output_attentions: bool = False, images=None, image_sizes=None, **labels) -> PreTrainingOutput:
         """Run the encoder and every objective whose labels are given (``labels``: the keys of
         :attr:`label_names`, e.g. ``labels`` for MLM, ``itm_label``). Shapes as the class docstring; returns a
         :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives' losses and per-objective
@@ -250,15 +228,13 @@ class VLBertForPreTraining(PreTrainedModel):
         ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size], and
         ``seq_relationship_logits`` the ITM logits [B, 2] (column 1 = the text matches the image), as
         transformers' ``*ForPreTraining`` return every head's logits.
-        ``packed_indices``, ``cu_seqlens``, ``masked_lm_positions``: the collator's packed layout and MLM rows
-        (no host sync); dropped when a unit rewrites the text before the encoder (ITM's hard negatives).
+        ``labels`` also takes the collator's packed layout (``packed_indices``, ``cu_seqlens``:
+        :meth:`VLBertModel.forward`), and the MLM unit's ``masked_lm_positions`` (no host sync). A batch whose text a
+        unit rewrites before the encoder (ITM's hard negatives) carries no layout: the collator cannot know it.
         ``images``, ``image_sizes``: pixels for the model's visual backbone instead of ``region_features``
         (:meth:`VLBertModel.extract_regions`; masked regions' pixels are hidden there)."""
-        unknown = sorted(set(labels) - set(self.label_names))
-        if unknown:
-            raise TypeError(f"VLBertForPreTraining.forward got {unknown}, which no objective unit reads; the units "
-                            f"read {list(self.label_names)}")
-        given = {**dict.fromkeys(self.label_names), **labels, "masked_regions": masked_regions}
+        packing = take_packing(labels)
+        given = self.given_labels(labels, masked_regions=masked_regions)
         if images is not None:
             region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
         inputs = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
@@ -266,14 +242,14 @@ class VLBertForPreTraining(PreTrainedModel):
         for unit in self.units:  # units that build their examples from the model (ITM's hard negatives)
             if all(given[k] is not None for k in unit.inputs):
                 unit.before_encoder(self, inputs, given)
-        if inputs["input_ids"] is not input_ids:  # the text was rewritten: the collator's layout no longer holds
-            packed_indices = cu_seqlens = given["masked_lm_positions"] = None
+        if inputs["input_ids"] is not input_ids and packing:
+            raise ValueError("a unit rewrote the text before the encoder (ITM's hard negatives), so the batch's packed "
+                             "layout does not describe it; such batches carry no packed_indices / cu_seqlens")
         input_ids, token_type_ids, attention_mask = inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"]
-        running = [unit for unit in self.units if all(given[k] is not None for k in unit.inputs)]
+        running = self.running(given)
         keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in running)
         enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                        keep_hidden, output_attentions, masked_regions=masked_regions,
-                        packed_indices=packed_indices, cu_seqlens=cu_seqlens)
+                        keep_hidden, output_attentions, masked_regions=masked_regions, **packing)
         out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
                                 hidden_states=enc.hidden_states if output_hidden_states else None,
                                 attentions=enc.attentions)
@@ -281,29 +257,10 @@ class VLBertForPreTraining(PreTrainedModel):
         encoded = Encoded(self, enc.last_hidden_state[:, :t], enc.last_hidden_state[:, t:], enc.pooler_output,
                           attention_mask if attention_mask is not None else torch.ones_like(input_ids),
                           region_mask if region_mask is not None or region_features is None
-                          else torch.ones_like(region_features[..., 0]), enc.hidden_states)
-        used = set()
-        for unit in running:
-            result = unit.loss(encoded, given)
-            out.add(unit.name, result.loss, unit.metric, result.metric, result.count)
-            if result.metric_count is not None:
-                out.counts[unit.metric] = result.metric_count
-            for metric, (value, count) in (result.extra_metrics or {}).items():
-                out.metrics[metric], out.counts[metric] = value, count
-            used.update(unit.footprint())
-            if unit.output:
-                setattr(out, unit.output, result.logits)
-        if out.loss is None:  # inference (no labels): every head's logits, as transformers' *ForPreTraining
-            for unit in self.units:
-                if unit.output and getattr(out, unit.output) is None:
-                    setattr(out, unit.output, unit.predict(encoded))
-        elif torch.is_grad_enabled():
-            footprints = dict.fromkeys(name for u in self.units for name in u.footprint())
-            idle = [p for name in footprints if name not in used and _has_submodule(self, name)
-                    for p in self.get_submodule(name).parameters()]
-            if idle:
-                out.loss = out.loss + sum(p.sum() for p in idle) * 0.0
-                out.unused_parameters = idle
+                          else torch.ones_like(region_features[..., 0]), enc.hidden_states,
+                          self.bert.embeddings.word_embeddings.weight)
+        out = self.run_units(out, encoded, given)
+        out.add_unused(*self.bert.idle_modules(masked_regions))  # the pathway's masked-region-only modules
         return out
 
 

@@ -83,7 +83,7 @@ class VLBertForTask(PreTrainedModel):
         given = {k: v for k, v in targets.items() if v is not None}
         if given:
             self.add_loss(out, **given)
-        out.include_idle(*self.bert.idle_modules(), *(() if self.reads_pooler else (self.bert.pooler,)))
+        out.add_unused(*self.bert.idle_modules(), *(() if self.reads_pooler else (self.bert.pooler,)))
         return out
 
 

@@ -22,13 +22,15 @@ class Encoded:
     """What a unit's loss reads from the encoder pass.
 
     Attributes:
-        model: the pretraining model (heads are its attributes; the word embeddings for tied MLM decoders).
+        model: the pretraining model (the units' heads are its attributes, under :attr:`Objective.head`).
         text: float [B, T, H], the text positions of the last layer.
         regions: float [B, R, H] (VL models) or None.
         pooled: float [B, H], the pooled [CLS].
         text_mask, region_mask: [B, T], [B, R], 1 = real position (None: all real).
         hidden_states: the L + 1 hidden states over [text; regions], float [B, T + R, H] each (0 = the
             embeddings), kept when a running unit reads them (:meth:`Objective.reads_hidden_states`); else None.
+        word_embeddings: float [vocab_size, H], the input word embedding matrix: the tied decoder weight of the
+            masked-LM heads (BERT section 3.1; transformers ties ``cls.predictions.decoder.weight`` to it).
     """
 
     model: nn.Module
@@ -38,6 +40,7 @@ class Encoded:
     text_mask: torch.Tensor | None = None
     region_mask: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
+    word_embeddings: torch.Tensor | None = None
 
 
 @dataclass
@@ -54,24 +57,34 @@ class PrepareContext:
 
     @staticmethod
     def generator(item: dict, name: str) -> torch.Generator:
-        """A generator seeded by the item's ``sample_seed`` and the unit's name: a sample's masking depends on
+        """A generator seeded by the item's ``sample_seed`` (text corpora's items: their ``mask_seed``) and the
+        unit's name: a sample's masking depends on
         nothing else (not on its batch or rank), so N processes at batch b = 1 process at N x b."""
         # zlib.crc32, not hash(): str hashes differ between processes (PYTHONHASHSEED), seeds must not.
-        seed = (int(item.get("sample_seed", 0)) * 1_000_003 + zlib.crc32(name.encode())) & 0x7FFFFFFFFFFF
+        sample = item["sample_seed"] if "sample_seed" in item else item.get("mask_seed", 0)  # text corpora: mask_seed
+        seed = (int(sample) * 1_000_003 + zlib.crc32(name.encode())) & 0x7FFFFFFFFFFF
         return torch.Generator().manual_seed(seed)
+
+    @classmethod
+    def masking_generator(cls, item: dict) -> torch.Generator:
+        """The generator the wordpiece-masking units (``mlm``, ``wwm``: one of them per batch) draw an item's
+        masking from: seeded by the item's ``mask_seed`` where it carries one (text corpora,
+        :class:`~vlbert.data.corpus_pairs.CorpusPairsDataset`), else :meth:`generator` (item, ``"mlm"``)."""
+        if "mask_seed" in item:
+            return torch.Generator().manual_seed(int(item["mask_seed"]))
+        return cls.generator(item, "mlm")
 
 
 class ObjectiveResult(NamedTuple):
     """A unit's loss (0-d float), its metric (0-d, detached), the number of predictions both average over, the
-    logits it computed (for the model's output), further metrics (name -> (0-d value, count)) and the count its
-    metric averages over where that differs from ``count``."""
+    logits it computed (for the model's output) and further metrics, name -> (0-d value, the count it averages
+    over); an entry under the unit's own metric name replaces that metric's count (WRA: its matched pairs)."""
 
     loss: torch.Tensor
     metric: torch.Tensor
     count: int
     logits: torch.Tensor | None = None
     extra_metrics: dict | None = None
-    metric_count: int | None = None
 
 
 class Objective:
@@ -110,7 +123,9 @@ class Objective:
         return tuple(name for name in (self.head, *self.reads) if name)
 
     def build_head(self, config) -> nn.Module | None:
-        """The head module for ``config`` (None: the unit cannot run with this config, e.g. MRC without classes)."""
+        """The head module for ``config``, or None: the unit has no head of its own (it uses the head another unit
+        builds under the same :attr:`head` name, e.g. SOP NSP's) or cannot run with this config (MRC without
+        region classes); a model runs it where a head of that name exists."""
         raise NotImplementedError
 
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbert.layers.losses import classification_loss
+from vlbert.layers.sampling import draw_by_similarity
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
 from vlbert.utils import all_gather_padded
 
@@ -33,11 +34,12 @@ def content_id(content: str) -> int:
 class ImageTextMatching(Objective):
     """``itm_label`` int64 [B] (1 = the text belongs to the image). Items carry ``negative_input_ids``, a
     caption of another image with different content (the dataset guarantees it), and ``content_id``. With hard
-    negatives the batch keeps every item's own caption and adds ``itm_content`` int64 [B] and ``itm_seed`` int64
-    [B]; the model replaces the texts of the label-0 rows before encoding (:meth:`before_encoder`)."""
+    negatives the batch keeps every item's own caption and adds ``itm_content`` int64 [B] and ``itm_draw`` float
+    [B] (each row's uniform number in [0, 1), from its own seed); the model replaces the texts of the label-0
+    rows before encoding (:meth:`before_encoder`), and the collator gives such a batch no packed layout."""
 
     name, metric, head, inputs = "itm", "itm_accuracy", "itm", ("itm_label",)
-    optional_inputs, output = ("itm_content", "itm_seed"), "seq_relationship_logits"
+    optional_inputs, output = ("itm_content", "itm_draw"), "seq_relationship_logits"
     reads = ("bert.pooler",)
     temperature = 0.1
 
@@ -53,13 +55,14 @@ class ImageTextMatching(Objective):
         batch["itm_label"] = torch.tensor(is_match, dtype=torch.long)
         if hard:
             batch["itm_content"] = torch.tensor([x["content_id"] for x in items], dtype=torch.long)
-            batch["itm_seed"] = torch.cat([torch.randint(0, 2**31 - 1, (1,), generator=g) for g in generators])
+            batch["itm_draw"] = torch.cat([torch.rand(1, generator=g) for g in generators])
 
     def before_encoder(self, model, inputs: dict, labels: dict) -> None:
         """Hard negatives: replace the text of every label-0 row with a caption drawn from the global batch in
         proportion to its similarity to the row's image (other content only), in place in ``inputs``
-        (input_ids, token_type_ids, attention_mask [B, T]). Draws depend only on each row's ``itm_seed`` and the
-        global batch, so N processes at batch b draw as 1 process at N x b."""
+        (input_ids, token_type_ids, attention_mask [B, T'], T' the global batch's longest text). Draws
+        (:func:`~vlbert.layers.sampling.draw_by_similarity`, no host sync) depend only on each row's ``itm_draw``
+        and the global batch, so N processes at batch b draw as 1 process at N x b."""
         if labels.get("itm_content") is None or labels.get("itm_label") is None:
             return
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
@@ -71,17 +74,13 @@ class ImageTextMatching(Objective):
             image = F.normalize(model.bert(cls_sep, None, None, inputs["region_features"], inputs["region_boxes"],
                                            inputs["region_mask"]).last_hidden_state[:, 0].float(), dim=-1)
             all_text, all_ids, all_mask, all_content = all_gather_padded([text, ids, mask, labels["itm_content"]])
-            weights = (image @ all_text.T / self.temperature).softmax(1)
-            weights = weights.masked_fill(labels["itm_content"][:, None] == all_content[None, :], 0) + 1e-12
-            chosen = ids.new_empty(b)
-            for i, seed in enumerate(labels["itm_seed"].tolist()):  # one read of the seeds, not one per row
-                g = torch.Generator(device=weights.device).manual_seed(int(seed))
-                chosen[i] = torch.multinomial(weights[i], 1, generator=g)
+            same = labels["itm_content"][:, None] == all_content[None, :]
+            chosen = draw_by_similarity(image @ all_text.T / self.temperature, same, labels["itm_draw"])
         negative = labels["itm_label"] == 0
-        new_ids = torch.where(negative[:, None], all_ids[chosen], F.pad(ids, (0, all_ids.shape[1] - ids.shape[1])))
-        new_mask = torch.where(negative[:, None], all_mask[chosen], F.pad(mask, (0, all_ids.shape[1] - ids.shape[1])))
-        keep = int(new_mask.sum(1).max())
-        inputs["input_ids"], inputs["attention_mask"] = new_ids[:, :keep], new_mask[:, :keep]
+        width = all_ids.shape[1]  # the global batch's longest text (no host read of the new lengths)
+        inputs["input_ids"] = torch.where(negative[:, None], all_ids[chosen], F.pad(ids, (0, width - ids.shape[1])))
+        inputs["attention_mask"] = torch.where(negative[:, None], all_mask[chosen],
+                                               F.pad(mask, (0, width - ids.shape[1])))
         inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
 
     def predict(self, encoded: Encoded) -> torch.Tensor:

@@ -4,14 +4,19 @@ through a head tied to the word embeddings."""
 
 from __future__ import annotations
 
-from vlbert.layers.losses import masked_lm_loss
+import torch
+
+from vlbert.layers.losses import masked_lm_loss, masked_positions
 from vlbert.layers.pretraining_heads import MaskedLMHead
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
 
 
 class MaskedLanguageModeling(Objective):
-    """``labels`` int64 [B, T]: the original id at masked positions, -100 elsewhere; optionally
-    ``masked_lm_positions`` int64 [N], their flat positions (the collator's, so the loss needs no host sync)."""
+    """``labels`` int64 [B, T]: the original id at masked positions, -100 elsewhere; with a packed text collator
+    also ``masked_lm_positions`` int64 [N], their flat positions (row * T + column), so the loss needs no host
+    sync. The label and position keys are :attr:`inputs` [0] and :attr:`optional_inputs` [0]: a unit that masks
+    differently (:class:`~vlbert.objectives.whole_word_masking.WholeWordMasking`) subclasses this one with its own
+    keys and :meth:`choose`, and shares the head."""
 
     name, metric, head, inputs = "mlm", "mlm_accuracy", "masked_lm", ("labels",)
     optional_inputs, modalities, output = ("masked_lm_positions",), ("text", "vl"), "prediction_logits"
@@ -19,20 +24,27 @@ class MaskedLanguageModeling(Objective):
     def build_head(self, config) -> MaskedLMHead:
         return MaskedLMHead(config)
 
+    def choose(self, input_ids: torch.Tensor, ctx: PrepareContext, generator: torch.Generator) -> torch.Tensor:
+        """bool [1, n]: the positions of one sequence's ids (int64 [1, n]) chosen for prediction (BERT: a uniform
+        15% of the maskable wordpieces, the text collator's ``choose``)."""
+        return ctx.text.choose(input_ids, generator)
+
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
-        batch["input_ids"], batch["labels"] = ctx.text.mask_rows(
-            batch["input_ids"], [ctx.generator(x, self.name) for x in items], [len(x["input_ids"]) for x in items])
+        labels_key, positions_key = self.inputs[0], self.optional_inputs[0]
+        batch["input_ids"], batch[labels_key] = ctx.text.mask_rows(
+            batch["input_ids"], [ctx.masking_generator(x) for x in items], [len(x["input_ids"]) for x in items],
+            lambda ids, g: self.choose(ids, ctx, g))
+        if ctx.text.packed:  # found here, on the host: selecting the rows in the step needs no host sync
+            batch[positions_key] = masked_positions(batch[labels_key])
 
     def predict(self, encoded: Encoded):
         """float [B, T, vocab_size], the MLM logits over every text position (as transformers without labels)."""
-        model = encoded.model
-        return getattr(model, self.head)(encoded.text, model.bert.embeddings.word_embeddings.weight)
+        return getattr(encoded.model, self.head)(encoded.text, encoded.word_embeddings)
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
-        model = encoded.model
-        loss, logits, accuracy, n = masked_lm_loss(getattr(model, self.head),
-                                                   model.bert.embeddings.word_embeddings.weight, encoded.text,
-                                                   labels["labels"], labels.get("masked_lm_positions"))
+        loss, logits, accuracy, n = masked_lm_loss(getattr(encoded.model, self.head), encoded.word_embeddings,
+                                                   encoded.text, labels[self.inputs[0]],
+                                                   labels.get(self.optional_inputs[0]))
         return ObjectiveResult(loss, accuracy, n, logits)
 
 

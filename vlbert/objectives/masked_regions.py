@@ -35,9 +35,9 @@ def choose_masked_regions(num_real: int, num_regions: int, probability: float,
 class _MaskedRegions(Objective):
     """Shared collator side: choose each image's masked regions from its own generator and zero their features;
     subclasses add their targets (taken before zeroing). The model's region pathway may add a learned mask
-    embedding there (UNITER's ``mask_embedding``), which only these units reach."""
+    embedding there (UNITER's ``mask_embedding``), which only these units reach: the pathway declares it
+    (``RegionEmbedding.masked_region_modules``), the model keeps it idle on other batches."""
 
-    reads = ("bert.region_embeddings.mask_embedding",)
     optional_inputs = ("masked_region_positions",)
 
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:

@@ -21,11 +21,19 @@ class NextSentencePrediction(Objective):
         return nn.Linear(config.hidden_size, 2)
 
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
+        """Raises ValueError when the items carry no ``next_sentence_label`` (a corpus of single texts)."""
+        if any("next_sentence_label" not in x for x in items):
+            raise ValueError("nsp needs sentence pairs with next_sentence_label (CorpusPairsDataset's items); "
+                             "drop nsp from data.objectives for single texts")
         batch["next_sentence_label"] = torch.tensor([x["next_sentence_label"] for x in items], dtype=torch.long)
 
+    def predict(self, encoded: Encoded) -> torch.Tensor:
+        """float [B, 2], the head's logits on the pooled [CLS] (transformers' ``seq_relationship_logits``)."""
+        return getattr(encoded.model, self.head)(encoded.pooled)
+
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
-        logits = getattr(encoded.model, self.head)(encoded.pooled)
-        loss, accuracy, n = classification_loss(logits, labels["next_sentence_label"])
+        logits = self.predict(encoded)
+        loss, accuracy, n = classification_loss(logits, labels[self.inputs[0]])
         return ObjectiveResult(loss, accuracy, n, logits)
 
 

@@ -81,8 +81,9 @@ class WordRegionAlignment(Objective):
             n_matched = int(matched.sum())  # the one host read: the metrics' counts are host ints
             n_mismatched = b - n_matched
             metric = (distance * matched).sum() / max(n_matched, 1)
-            extra = {"wra_mismatched_distance": ((distance * ~matched).sum() / max(n_mismatched, 1), n_mismatched)}
-        return ObjectiveResult(loss, metric, b, plan, extra, metric_count=n_matched)
+            extra = {self.metric: (metric, n_matched),
+                     "wra_mismatched_distance": ((distance * ~matched).sum() / max(n_mismatched, 1), n_mismatched)}
+        return ObjectiveResult(loss, metric, b, plan, extra)
 
 
 __all__ = ["WordRegionAlignment", "alignment_states", "below_last_layer"]

@@ -1,17 +1,18 @@
-"""Text pretraining (``tools/pretrain.py --modality text``): BERT's MLM + NSP on a document corpus.
+"""Text pretraining (``tools/pretrain.py --modality text``): BERT's MLM + NSP on a document corpus, or any set of
+text objective units (``data.objectives``: ``{mlm: 1}`` is RoBERTa's recipe without NSP; ``sop``, ``wwm``).
 
 corpus -> (prepared once: sentences -> wordpieces in on-disk arrays) -> segment pairs drawn at load time ->
-masking collator -> :class:`BertForPreTraining`. Every corpus, the embedded default included, takes the prepared
+collator (the units prepare the batch) -> :class:`BertForPreTraining`. Every corpus, the embedded default included, takes the prepared
 path (:mod:`vlbert.data.token_corpus`, :mod:`vlbert.data.corpus_pairs`), so no setting makes memory grow with the
 corpus. Source: BERT paper section 3.1 and appendix A.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vlbert.data.corpus_pairs import CorpusPairsDataset, split_documents
-from vlbert.data.pretraining import MaskingCollator
+from vlbert.data.pretraining import MaskingCollator, text_units
 from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
 from vlbert.layers.losses import IGNORE_INDEX
 from vlbert.models.bert import BertForPreTraining
@@ -33,6 +34,15 @@ class TextDataConfig:
     mlm_probability: share of wordpieces chosen for prediction (BERT: 0.15).
     max_eval_batches: cap on held-out batches per evaluation (0 = all).
     num_proc: processes for the one-time tokenisation (``datasets.map``).
+    objectives: the text objective units every batch trains (names in :data:`vlbert.objectives.OBJECTIVES` with
+        modality "text": ``mlm``, ``nsp``, ``sop``, ``wwm``), each with weight 1 (on) or 0 (off): BERT sums their
+        losses on every batch, so a weight is no frequency. Default ``{mlm: 1, nsp: 1}`` (BERT); ``{mlm: 1}`` is
+        RoBERTa's no-NSP recipe. Pairs draw a random segment B (half the time) only when ``nsp`` is on.
+
+    Raises:
+        ValueError: an unknown or vision-language-only objective, a weight other than 0 or 1, no objective on, or
+            two units that choose the same thing (``mlm`` with ``wwm``: the masked pieces; ``nsp`` with ``sop``:
+            segment B).
     """
 
     corpus: str = "bbc-news"
@@ -44,6 +54,25 @@ class TextDataConfig:
     max_eval_batches: int = 0
     num_proc: int = 1
     corpus_cache_dir: str = "~/.cache/vlbert/corpora"
+    objectives: dict = field(default_factory=lambda: {"mlm": 1, "nsp": 1})
+
+    def __post_init__(self) -> None:
+        text_units(self.objectives)  # unknown names: ValueError naming the text objectives
+        bad = {n: w for n, w in self.objectives.items() if isinstance(w, bool) or w not in (0, 1)}
+        if bad:
+            raise ValueError(f"data.objectives weights of text pretraining are 1 (on) or 0 (off), got {bad}: every "
+                             "batch trains every objective (BERT sums their losses); e.g. {mlm: 1, nsp: 1}")
+        if not self.running:
+            raise ValueError("data.objectives turns no objective on; e.g. {mlm: 1} (RoBERTa) or {mlm: 1, nsp: 1}")
+        for pair in (("mlm", "wwm"), ("nsp", "sop")):
+            if set(pair) <= set(self.running):
+                raise ValueError(f"data.objectives has both {pair[0]} and {pair[1]}, which choose the same "
+                                 f"{'wordpieces to mask' if pair[0] == 'mlm' else 'segment B'}; keep one")
+
+    @property
+    def running(self) -> tuple[str, ...]:
+        """The objectives turned on (weight 1)."""
+        return tuple(name for name, weight in self.objectives.items() if weight == 1)
 
 
 class TextPretrainingData(TaskData):
@@ -59,16 +88,18 @@ class TextPretrainingData(TaskData):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         data, tokenizer = ctx.data, ctx.tokenizer
-        self.collator = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability, packed=True)
+        self.collator = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability, packed=True,
+                                                       objectives=data.running)
         self.max_eval_batches = data.max_eval_batches
         corpus = TokenCorpus(prepare_corpus(data.corpus, tokenizer, data.corpus_cache_dir, data.text_field,
                                             num_proc=data.num_proc))
         train_docs, eval_docs = split_documents(corpus.num_documents, data.eval_fraction, self.seed)
+        random_next = "nsp" in data.running  # NSP's negatives; SOP and MLM alone keep B the true continuation
         self.train = CorpusPairsDataset(corpus, train_docs, tokenizer, data.max_seq_length, data.short_seq_prob,
-                                        self.seed, "train")
+                                        self.seed, "train", random_next)
         if len(eval_docs) >= 2:
             self.eval = CorpusPairsDataset(corpus, eval_docs, tokenizer, data.max_seq_length, data.short_seq_prob,
-                                           self.seed + 1, "eval")
+                                           self.seed + 1, "eval", random_next)
         counts = corpus.token_counts(len(tokenizer))  # counted at preparation: the whole corpus
         counts[list(tokenizer.all_special_ids)] = -1
         self.majority_token = int(counts.argmax())
@@ -77,8 +108,9 @@ class TextPretrainingData(TaskData):
         """Held-out MLM accuracy of always predicting the corpus's most frequent ordinary wordpiece (counted at
         preparation)."""
         hits = total = 0
+        key = next(u.inputs[0] for u in text_units(self.collator.objectives) if u.output == "prediction_logits")
         for batch in self.rank_eval_batches():
-            labels = batch["labels"][batch["labels"] != IGNORE_INDEX]
+            labels = batch[key][batch[key] != IGNORE_INDEX]
             hits += int((labels == self.majority_token).sum())
             total += labels.numel()
         parts = gather_objects([(hits, total)])
@@ -100,7 +132,12 @@ def build_model(ctx: RunContext, data) -> BertForPreTraining:
 
 
 def baselines(ctx: RunContext, data: TextPretrainingData, model) -> dict:
-    return {"eval_mlm_accuracy_majority_baseline": data.majority_baseline_accuracy()} if data.eval else {}
+    """The majority baseline of the masking unit's held-out accuracy (``eval_mlm_accuracy_majority_baseline``,
+    or ``wwm``'s), where a masking unit runs and there are held-out documents."""
+    masking = [u for u in text_units(data.collator.objectives) if u.output == "prediction_logits"]
+    if not (data.eval and masking):
+        return {}
+    return {f"eval_{masking[0].metric}_majority_baseline": data.majority_baseline_accuracy()}
 
 
 def inference_info(ctx: RunContext, data: TextPretrainingData) -> dict:

@@ -15,8 +15,10 @@ def global_batch_loss(out, names, acc) -> tuple[torch.Tensor, torch.Tensor]:
     (transformers' ``num_items_in_batch`` fix, applied across ranks). ``names``: the model's ``objectives`` (loss
     names); without them the plain per-rank mean is used. ``acc``: the accelerate ``Accelerator``.
     """
-    if acc.num_processes == 1 or not names:
+    if acc.num_processes == 1:
         return out.loss, out.loss
+    if not names:
+        return out.loss + _idle_term(out), out.loss
     device = out.loss.device
     counts = torch.tensor([float(out.counts.get(n, 0)) for n in names], device=device, dtype=torch.float64)
     sums = torch.stack([out.losses[n].detach().double() * out.counts[n] if n in out.losses
@@ -26,11 +28,17 @@ def global_batch_loss(out, names, acc) -> tuple[torch.Tensor, torch.Tensor]:
     present = totals[0] > 0
     weights = torch.where(present, counts * acc.num_processes / totals[0].clamp(min=1), 0.0).float()
     backward = sum(out.losses[n] * weights[i] for i, n in enumerate(names) if n in out.losses)
-    idle = getattr(out, "unused_parameters", ())
-    if idle:  # keep idle heads in the graph: DDP expects every parameter in every backward
-        backward = backward + sum(p.sum() for p in idle) * 0.0
+    backward = backward + _idle_term(out)
     global_loss = torch.where(present, totals[1] / totals[0].clamp(min=1), 0.0).sum().float()
     return backward, global_loss
+
+
+def _idle_term(out) -> torch.Tensor | float:
+    """The parameters the model declared unused (``out.unused_parameters``) with weight zero, or 0.0 when there
+    are none: added to the backward loss so DDP sees every parameter in every backward (no
+    ``find_unused_parameters`` search); the trainer then drops their zero gradients."""
+    idle = getattr(out, "unused_parameters", ())
+    return sum(p.sum() for p in idle) * 0.0 if idle else 0.0
 
 
 __all__ = ["global_batch_loss"]

@@ -94,7 +94,7 @@ def estimate_step_flops(config, tokens: float, sequences: float, regions: float 
         flops = estimate_flops_per_token(config, positions / sequences, with_heads=False) * positions
     flops += 3.0 * (masked_fraction * 2 * (h * h + h * config.vocab_size) * tokens + 2 * (h * h + 2 * h) * sequences)
     if regions:
-        inputs = config.region_feature_dim + getattr(config, "region_location_dim", 0)
+        inputs = config.region_feature_dim + (getattr(config, "region_location_dim", 0) or 0)
         flops += 2.0 * 2 * inputs * h * regions
     return flops
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from vlbert.layers.attention import PACKING_FIELDS
 from vlbert.models.bert import compile_model
 from vlbert.training import checkpointing
 from vlbert.training.checkpointing import CHECKPOINTS_DIR, STATE_NAME, latest_checkpoints
@@ -54,11 +55,12 @@ class Trainer:
         hooks: :class:`~vlbert.training.hooks.TrainerHook` s run around every optimizer step, after the log line
             and before the periodic evaluation and checkpoint (which therefore hold their state of that step).
 
-    The model's side of the contract: ``forward(**batch)`` (batch keys its signature does not name are dropped)
+    The model's side of the contract: ``forward(**batch)`` (batch keys its signature does not name, its
+    ``label_names`` and, for a forward taking ``**kwargs``, ``PACKING_FIELDS`` excepted, are dropped)
     returns an :class:`~vlbert.models.outputs.ObjectiveOutput` with ``loss`` (minimised), ``losses`` and
     ``metrics`` (logged), ``counts`` (the predictions each averages over: weights across ranks and eval batches)
-    and ``unused_parameters``; a model with several objectives names them in ``objectives`` (a tuple of loss
-    names) so that multi-process losses are weighted exactly.
+    and ``unused_parameters`` (kept in DDP's graph with weight zero); a model with several objectives names them in
+    ``objectives`` (loss names) so that multi-process losses are weighted exactly.
 
     Output directory: ``log.jsonl`` (one JSON line per logged step: step, loss, each objective's loss and
     metric, lr, tokens/s), ``metrics.json`` (final figures), ``tensorboard/``, ``config.yaml``, the final model
@@ -98,9 +100,10 @@ class Trainer:
         model.to(self.accelerator.device)
         if config.compile:
             compile_model(model)
-        # forward's named arguments and, for a model taking **labels, the label keys it names (label_names)
-        self.forward_arguments = set(inspect.signature(model.forward).parameters) | set(
-            getattr(model, "label_names", ()))
+        # forward's named arguments, its label_names and, taking **kwargs, the packed layout (FlashAttention-style)
+        parameters = inspect.signature(model.forward).parameters
+        kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        self.forward_arguments = {*parameters, *getattr(model, "label_names", ()), *(PACKING_FIELDS if kwargs else ())}
         # Fused AdamW (one kernel over all parameters) on CUDA and, since torch 2.4, on CPU.
         fused = self.accelerator.device.type in ("cuda", "cpu")
         groups = parameter_groups(model, config.weight_decay)

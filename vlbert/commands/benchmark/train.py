@@ -194,7 +194,7 @@ def vl_pair(tokenizer, batch_size: int, feature_dim: int = 1320, max_regions: in
     rng = np.random.default_rng(0)
     texts = [{"input_ids": tokenizer(CAPTION_TEMPLATES[i % 5].format(color=COLORS[i % 8], shape=SHAPES[i % 3]))
               ["input_ids"], "mask_seed": i} for i in range(batch_size)]
-    collator = MaskingCollator.from_tokenizer(tokenizer)
+    collator = MaskingCollator.from_tokenizer(tokenizer, objectives=("mlm",))  # captions: no sentence pairs
     batch = collator(texts)
     counts = rng.integers(4, max_regions + 1, batch_size)
     items = []
