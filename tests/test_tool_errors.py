@@ -107,9 +107,9 @@ def _text_cases(tmp: Path, small_corpus: Path) -> dict[str, tuple[list[str], str
         "new-modality-mismatch": (["--modality", "vl"], "is a text config"),
         "new-init-from-conflict": (["--init-from", "minilm", "--set", "model.hidden_size=32"],
                                    "--set model.hidden_size=32 conflicts with the architecture"),
-        "92-text-objective-pair": (["--set", "data.objectives={mlm: 1, wwm: 1}"],
+        "96-text-objective-pair": (["--set", "data.objectives={mlm: 1, wwm: 1}"],
                                    "data.objectives has both mlm and wwm, which choose the same wordpieces to mask"),
-        "92-vl-objective-for-text": (["--set", "data.objectives={itm: 1}"],
+        "96-vl-objective-for-text": (["--set", "data.objectives={itm: 1}"],
                                      "['itm'] are not text pretraining objectives"),
     }
 
@@ -118,8 +118,8 @@ CASES = ["1-empty-corpus", "2-missing-corpus", "3-not-utf8", "4-no-text-field", 
          "7-tokenizer-vocabulary", "24-pickled-checkpoint", "25-other-architecture", "27-corrupt-safetensors",
          "28-no-weights", "28-no-directory", "29-unknown-key", "30-negative-learning-rate", "31-wrong-type",
          "32-set-without-equals", "40-fp16", "new-modality-mismatch", "new-init-from-conflict", "new-fractional-int",
-         "78-attention-kernel", "79-empty-base", "79-base-directory", "72-damaged-init-from", "92-text-objective-pair",
-         "92-vl-objective-for-text"]
+         "78-attention-kernel", "79-empty-base", "79-base-directory", "72-damaged-init-from", "96-text-objective-pair",
+         "96-vl-objective-for-text"]
 
 
 @pytest.mark.parametrize("case", CASES)
