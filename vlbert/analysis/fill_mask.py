@@ -1,18 +1,18 @@
 """Fill-mask: the masked LM's top-k fillers of each [MASK], for text and conditioned on an image's regions.
 
 Same outputs as transformers' ``pipeline("fill-mask")`` (for text models: test), which a vision-language model
-cannot use: here the regions of an image (``region_item`` of :mod:`detectors.batch`) can join the text.
+cannot use: here the regions of an image (``region_item`` of :mod:`vlbert.data.regions`) can join the text.
 """
 
 from __future__ import annotations
 
 import torch
 
-from detectors.batch import pad_regions
+from vlbert.data.regions import pad_regions
 
 
 def region_inputs(regions_item: dict, device) -> dict[str, torch.Tensor]:
-    """One image's region item (:func:`detectors.batch.region_item`) as batch-of-one model inputs on ``device``."""
+    """One image's region item (:func:`vlbert.data.regions.region_item`) as batch-of-one model inputs on ``device``."""
     return {k: v.to(device) for k, v in pad_regions([regions_item]).items()}
 
 
@@ -26,7 +26,7 @@ def fill_mask(model, tokenizer, text: str, top_k: int = 5, regions: dict | None 
         tokenizer: the model's tokenizer (its mask token is written ``[MASK]`` in ``text``).
         text: one sentence with at least one [MASK].
         top_k: fillers per mask.
-        regions: an image's region item (``detectors.batch.region_item(regions, max_regions)``), for VL models.
+        regions: an image's region item (``vlbert.data.regions.region_item(regions, max_regions)``), for VL models.
     Returns:
         one list per [MASK], in order, of ``top_k`` dicts ``{"score": probability, "token": id, "token_str":
         wordpiece, "sequence": the text with this filler}``, best first (transformers' fill-mask fields).
