@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
+from conftest import tool
 from PIL import Image
 
-from conftest import tool
 from detectors.backends import DETECTOR_BACKENDS, DetectorBackend
 from detectors.config import DetectorConfig
 from detectors.regions import Regions
@@ -135,3 +135,14 @@ def test_bad_backend_flags_are_refused_in_one_line(tmp_path, photos, mobilenet_w
         errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and re.search(message, errors[0]), (message, errors)
         assert not out.exists() or not list(out.glob("*.tar"))  # nothing that looks finished
+
+
+def test_a_transformer_backbone_is_refused_by_name():
+    """A ViT gives tokens [N, L, C], not a feature map to RoI-align on."""
+    import timm
+
+    from detectors.backbone import BackboneRegionExtractor
+
+    extractor = BackboneRegionExtractor(timm.create_model("test_vit"), input_size=160, low_level_stage=None)
+    with pytest.raises(ValueError, match="gives features of shape .* not a feature map .*pass a convolutional timm"):
+        extractor.extract_batch([np.zeros((40, 50, 3), np.uint8)], ["x"])

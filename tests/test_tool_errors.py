@@ -153,7 +153,7 @@ def test_region_tool_refusals_are_one_line(capsys, tmp_path):  # rows 12, 13, 50
                                                       str(tmp_path / "u")])
     assert "no such file or directory" in line
     line = one_line_error(capsys, "extract_regions", ["--images", "skimage", "--output-dir", str(tmp_path / "v"),
-                                                      "--opts", "MODEL.DEVICE"])
+                                                      "--backend", "detectron2", "--opts", "MODEL.DEVICE"])
     assert "KEY VALUE pairs" in line
 
 
