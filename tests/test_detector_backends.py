@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
-from conftest import tool
 from PIL import Image
 
+from conftest import tool
 from detectors.backends import DETECTOR_BACKENDS, DetectorBackend
 from detectors.config import DetectorConfig
 from detectors.regions import Regions
