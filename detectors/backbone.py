@@ -20,6 +20,7 @@ are 1280 + 40 = 1320-d.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from functools import partial
@@ -151,6 +152,14 @@ def load_timm_backbone(architecture: str, weights: str | os.PathLike | None = No
     return model.eval()
 
 
+@functools.lru_cache(maxsize=1)
+def _imagenet_info():
+    """timm's ImageNet class descriptions (read once)."""
+    from timm.data import ImageNetInfo
+
+    return ImageNetInfo()
+
+
 class BackboneRegionExtractor:
     """Image -> :class:`~detectors.regions.Regions` with a timm backbone and RoIAlign over proposals.
 
@@ -206,9 +215,7 @@ class BackboneRegionExtractor:
         ``class <index>``."""
         if self.num_classes != 1000:
             return f"class {index}"
-        from timm.data import ImageNetInfo
-
-        return ImageNetInfo().index_to_description(index).split(",")[0]
+        return _imagenet_info().index_to_description(index).split(",")[0]
 
     @torch.no_grad()
     def feature_maps(self, images: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor | None]:

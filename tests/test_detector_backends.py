@@ -52,8 +52,9 @@ def test_another_timm_architecture_extracts_through_the_tool(tmp_path, photos, m
 
     out = tmp_path / "regions"
     argv = ["--images", str(photos), "--architecture", ARCHITECTURE, "--weights", str(mobilenet_weights),
-            "--input-size", "64", "--max-proposals", "4", "--output-dir", str(out)]
+            "--input-size", "64", "--max-proposals", "4", "--output-dir", str(out), "--draw", str(tmp_path / "b.png")]
     assert run_tool(tool("extract_regions"), argv) == 0
+    assert Image.open(tmp_path / "b.png").width > 0  # boxes drawn with the classifier's ImageNet names
     regions = list(read_shards(shard_paths(out)))
     channels = timm.create_model(ARCHITECTURE, features_only=True).feature_info.channels()  # what timm says
     assert len(regions) == 3 and {r.features.shape[1] for r in regions} == {channels[-1] + channels[2]}

@@ -60,7 +60,9 @@ def build(args, tmp: Path):
             raise ValueError(f"the {backend} backend writes no random weights; pass --weights")
         weights = str(tmp / "random.pth")
         entry.random_weights(options, weights)
-    return DetectorConfig(backend=backend, weights=weights, options=options).build(args.device)
+    sha256 = (args.weights_sha256 or "") if args.weights else ""  # --weights-sha256 checks a given file
+    return DetectorConfig(backend=backend, weights=weights, weights_sha256=sha256, options=options).identified().build(
+        args.device)
 
 
 def main(argv=None) -> int:
