@@ -20,6 +20,7 @@ are 1280 + 40 = 1320-d.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 from dataclasses import dataclass, field
@@ -131,10 +132,9 @@ def load_timm_backbone(architecture: str, weights: str | os.PathLike | None = No
     if architecture == PACKAGED_ARCHITECTURE:
         return load_efficientnet_lite0(weights)
     if not timm.is_model(architecture):
-        import difflib
-
         close = difflib.get_close_matches(architecture, timm.list_models(), n=3)
-        raise ValueError(f"{architecture!r} is no timm architecture{' (close: ' + ', '.join(close) + ')' if close else ''}"
+        said = f" (close: {', '.join(close)})" if close else ""
+        raise ValueError(f"{architecture!r} is no timm architecture{said}"
                          "; pass a name of timm.list_models() as detector.options.architecture / --architecture")
     if weights is None:
         raise ValueError(f"the timm architecture {architecture} has no packaged weights: pass its weights file")

@@ -72,7 +72,8 @@ def typed_options(options_class: type, values: dict[str, Any], section: str = "d
             out[key] = _typed(types[key], value)
         except (TypeError, ValueError):
             kind = types[key]
-            raise ValueError(f"{section}.{key} must be {'an' if kind == 'int' else 'a'} {kind}, got {value!r}") from None
+            article = "an" if kind == "int" else "a"
+            raise ValueError(f"{section}.{key} must be {article} {kind}, got {value!r}") from None
     return options_class(**out)
 
 

@@ -64,7 +64,8 @@ class Detectron2Options:
                              f"got {self.overrides!r}")
 
 
-def build_detectron2_detector(options: Detectron2Options, weights: str, device: str = "cpu") -> Detectron2RegionDetector:
+def build_detectron2_detector(options: Detectron2Options, weights: str,
+                              device: str = "cpu") -> Detectron2RegionDetector:
     """The ``detectron2`` backend's build: :class:`Detectron2RegionDetector` of the options.
 
     Raises:

@@ -148,7 +148,8 @@ class TorchvisionRegionDetector:
         return out
 
 
-def build_torchvision_detector(options: TorchvisionOptions, weights: str, device: str = "cpu") -> TorchvisionRegionDetector:
+def build_torchvision_detector(options: TorchvisionOptions, weights: str,
+                               device: str = "cpu") -> TorchvisionRegionDetector:
     """The ``torchvision`` backend's build (its line of :data:`detectors.backends.DETECTOR_BACKENDS`): Faster R-CNN
     R50-FPN with ``weights`` ("" = torchvision's COCO weights, downloaded when online) and BUTD's selection.
 

@@ -125,7 +125,8 @@ def test_bad_backend_flags_are_refused_in_one_line(tmp_path, photos, mobilenet_w
         "the timm architecture resnet18 has no packaged weights: pass its weights file": ["--architecture", "resnet18"],
         "does not fit timm's mobilenetv3_small_075: .* in the file, .* in the model; pass the weights of mobilenetv3": [
             "--architecture", "mobilenetv3_small_075", "--weights", str(mobilenet_weights)],
-        "--min-boxes is an option of the torchvision and detectron2 backend, not of timm; drop it": ["--min-boxes", "5"],
+        "--min-boxes is an option of the torchvision and detectron2 backend, not of timm; drop it": [
+            "--min-boxes", "5"],
         "low_level_stage 7 is no feature level of mobilenetv3_small_050 \\(levels: channels 0: 16,": [
             "--architecture", ARCHITECTURE, "--weights", str(mobilenet_weights), "--low-level-stage", "7"],
     }
