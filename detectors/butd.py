@@ -19,7 +19,7 @@ from detectron2.modeling.backbone.resnet import BasicStem, build_resnet_backbone
 from detectron2.modeling.roi_heads import Res5ROIHeads
 from torch import nn
 
-from detectors.config import BUTD_VG_CONFIG_FILE
+from detectors.files import BUTD_VG_CONFIG_FILE
 
 BUTD_VG_CONFIG = BUTD_VG_CONFIG_FILE
 

@@ -7,10 +7,12 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
+from detectors.backends import DETECTOR_BACKENDS
 from detectors.config import DetectorConfig
 from detectors.extract import extract_regions
 from detectors.shards import write_shards
@@ -35,7 +37,8 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
         name: a readable name for the image set (e.g. ``"easy-vqa"``).
         batch_size: images per extractor call where the backend batches.
         boxes: image id -> float32 [R, 4] pixel xyxy boxes to pool instead of the detector's own (e.g. the
-            ground-truth objects); the timm backend only. They are part of the cache's name.
+            ground-truth objects); backends whose table line says ``pools_given_boxes`` (timm) only. They are part
+            of the cache's name.
     Returns:
         the shard paths, in order.
     Raises:
@@ -44,8 +47,10 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
     """
     if not images:
         raise ValueError(f"no images to extract regions from for {name!r}")
-    if boxes is not None and detector.backend != "timm":
-        raise ValueError(f"given boxes are pooled by the timm backend only; detector.backend is {detector.backend!r}")
+    if boxes is not None and not DETECTOR_BACKENDS[detector.backend].pools_given_boxes:
+        pooling = [name for name, entry in DETECTOR_BACKENDS.items() if entry.pools_given_boxes]
+        raise ValueError(f"given boxes are pooled by the {', '.join(pooling)} backend only; detector.backend is "
+                         f"{detector.backend!r}")
     detector = detector.identified()  # a weights file is named by its content, not its path
     ids = list(images)
     key = "\n".join(ids) + ("" if boxes is None else "\n" + "\n".join(np.asarray(boxes[i]).tobytes().hex() for i in ids))
@@ -60,7 +65,7 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
     sources = [(i, images[i]) for i in ids]
     shards = write_shards(extract_regions(extractor, sources, batch_size, boxes), directory)
     tmp = directory / (MARKER + ".tmp")
-    tmp.write_text(json.dumps({"detector": extractor.name, "config": detector.__dict__,
+    tmp.write_text(json.dumps({"detector": extractor.name, "config": asdict(detector),
                                "shards": [p.name for p in shards], "images": len(ids)}, indent=2))
     os.replace(tmp, marker)
     return shards

@@ -1,16 +1,20 @@
 """One detector configuration for every place that extracts regions: the ``detector`` section of the VL run
 configs, the region cache, and ``tools/extract_regions.py`` (whose flags map onto these fields).
 
-Backends:
-  * ``timm``: Felzenszwalb proposals + the whole image, RoI-aligned on an ImageNet backbone
-    (:class:`detectors.backbone.BackboneRegionExtractor`; works offline with the packaged EfficientNet-Lite0);
-  * ``torchvision``: Faster R-CNN R50-FPN with BUTD's box selection
-    (:class:`detectors.torchvision_detector.TorchvisionRegionDetector`);
-  * ``detectron2``: :class:`detectors.detectron2_detector.Detectron2RegionDetector` (needs detectron2).
+A config is the backend's name (a line of :data:`detectors.backends.DETECTOR_BACKENDS`), the weights file and its
+sha256, and the backend's own options (its dataclass)::
+
+    detector:
+      backend: timm
+      weights: ""            # "" = the backend's default
+      options: {architecture: efficientnet_lite0, input_size: 160, max_proposals: 16}
+
+The flat layout that came before (``detector: {backend: timm, input_size: 160}``, and every ``detector.json``
+written before it) reads too: a key of the backend's options outside ``options`` is one of them.
 
 What identifies the features a config extracts (:meth:`DetectorConfig.fingerprint`,
-:meth:`DetectorConfig.difference`): the backend, the fields that change the numbers, and the weights' identity,
-the sha256 of the weights file's content (``weights_sha256``, written at extraction by
+:meth:`DetectorConfig.difference`): the backend, the options fields its table line names, and the weights'
+identity, the sha256 of the weights file's content (``weights_sha256``, written at extraction by
 :meth:`DetectorConfig.identified`), or where a record has none (a published model's description) the weights
 file's name. Never a directory, never a vocabulary file: class and attribute names do not change the features.
 docs/regions.md says more.
@@ -22,47 +26,55 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
+from detectors.backends import DEFAULT_BACKEND, DETECTOR_BACKENDS, detector_backend
+from detectors.detectron2_options import Detectron2Options
+from detectors.files import file_sha256
 from vlbert_base.user_files import read_yaml
 
-BACKENDS = ("timm", "torchvision", "detectron2")
-
-#: The fields besides the weights that change what each backend extracts (and so name its cache).
-_FIELDS_BY_BACKEND = {
-    "timm": ("input_size", "roi_output_size", "max_proposals", "low_level_stage"),
-    "torchvision": ("min_boxes", "max_boxes", "score_threshold"),
-    "detectron2": ("config_file", "min_boxes", "max_boxes", "score_threshold", "nms_iou", "overrides"),
-}
-#: The config file of the BUTD Visual Genome model (:mod:`detectors.butd`), named ``butd-vg``.
-BUTD_VG_CONFIG_FILE = Path(__file__).parent / "configs" / "butd-vg-R101-C4-attr.yaml"
+#: The keys of a ``detector`` section besides the backend's options.
+COMMON_KEYS = ("backend", "weights", "weights_sha256", "options")
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """The sha256 of a file's content, 64 hex digits (read in 1 MiB blocks).
+def _typed(kind: str, value: Any) -> Any:
+    """``value`` as a field of type ``kind`` ("int", "float", "str", "dict"): numbers written as strings (YAML 1.1
+    reads ``1e-4`` as one) converted. Raises ``TypeError`` or ``ValueError`` where it is none."""
+    if value is None or isinstance(value, bool):
+        raise TypeError
+    if kind == "int":
+        if float(value) != int(float(value)):
+            raise TypeError  # 1.5 is no count of boxes
+        return int(float(value))
+    if kind == "float":
+        return float(value)
+    if kind == "str" and isinstance(value, (dict, list)) or kind == "dict" and not isinstance(value, dict):
+        raise TypeError
+    return str(value) if kind == "str" else value
+
+
+def typed_options(options_class: type, values: dict[str, Any], section: str = "detector.options") -> Any:
+    """``options_class`` from a mapping of its fields, values converted to the fields' types (:func:`_typed`).
 
     Raises:
-        FileNotFoundError: no such file.
+        ValueError: an unknown key (the backend's fields said), or a value not of (or convertible to) its type.
     """
-    digest = hashlib.sha256()
-    with open(Path(path).expanduser(), "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def config_file_identity(config_file: str) -> str:
-    """What a detectron2 ``config_file`` value says about the model, without its directory: ``butd-vg`` for the
-    packaged BUTD config (by name or by a path to it), ``sha256:<16 hex>`` of another existing file's content,
-    else the value itself (a model-zoo name such as ``COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml``)."""
-    if not config_file or config_file == "butd-vg":
-        return config_file
-    path = Path(config_file).expanduser()
-    if not path.is_file():
-        return config_file
-    digest = file_sha256(path)
-    return "butd-vg" if digest == file_sha256(BUTD_VG_CONFIG_FILE) else "sha256:" + digest[:16]
+    types = {f.name: f.type for f in fields(options_class)}
+    unknown = sorted(set(values) - set(types))
+    if unknown:
+        raise ValueError(f"unknown detector fields {', '.join(unknown)} in {section}; this backend's options are "
+                         f"{', '.join(types)}")
+    out = {}
+    for key, value in values.items():
+        try:
+            out[key] = _typed(types[key], value)
+        except (TypeError, ValueError):
+            kind = types[key]
+            article = "an" if kind == "int" else "a"
+            raise ValueError(f"{section}.{key} must be {article} {kind}, got {value!r}") from None
+    return options_class(**out)
 
 
 @dataclass
@@ -70,110 +82,110 @@ class DetectorConfig:
     """How images become regions (YAML section ``detector``; ``tools/extract_regions.py`` flags).
 
     Attributes:
-        backend: one of :data:`BACKENDS`.
-        input_size: timm: the backbone's square input in pixels (ImageNet: 224; the easy-VQA configs use 160).
-        roi_output_size: timm: RoIAlign grid (cells per side) before average pooling.
-        max_proposals: timm: boxes per image including the whole-image box.
-        low_level_stage: timm: also pool this early backbone stage and append it (keeps colour); -1 = final only.
-        weights: a weights file; "" = the backend's default (timm: the packaged ImageNet weights; torchvision:
-            its COCO weights, downloaded when online).
-        config_file: detectron2: the model's config file, ``butd-vg`` (the BUTD Visual Genome model with attributes,
-            :mod:`detectors.butd`), or a model-zoo name such as ``COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml``.
-        min_boxes, max_boxes, score_threshold: torchvision/detectron2: BUTD's box selection (10, 100, 0.2).
-        nms_iou: detectron2: BUTD's per-class NMS IoU over the proposals (0.3).
-        overrides: detectron2: config overrides, {"MODEL.RPN.POST_NMS_TOPK_TEST": 300, ...}.
-        class_names, attribute_names: detectron2: vocabulary files (one name per line) written with the shards;
-            they do not change the features, so they are no part of the fingerprint.
+        backend: a key of :data:`detectors.backends.DETECTOR_BACKENDS` (``timm``, ``torchvision``, ``detectron2``).
+        weights: a weights file; "" = the backend's default (timm: the packaged EfficientNet-Lite0 ImageNet
+            weights; torchvision: its COCO weights, downloaded when online).
         weights_sha256: the sha256 (64 hex digits) of the weights file's content; "" = not known (a published
             model's record that knows only the file's name). :meth:`identified` fills it from the file.
+        options: the backend's options (its dataclass; a mapping of its fields is converted, None = defaults).
     Raises:
-        ValueError: from :meth:`validate`, naming the field.
+        ValueError: an unknown backend, options of another backend, and the options' own ``validate``.
     """
 
-    backend: str = "timm"
-    input_size: int = 224
-    roi_output_size: int = 3
-    max_proposals: int = 36
-    low_level_stage: int = 2
+    backend: str = DEFAULT_BACKEND
     weights: str = ""
-    config_file: str = ""
-    min_boxes: int = 10
-    max_boxes: int = 100
-    score_threshold: float = 0.2
-    nms_iou: float = 0.3
-    overrides: dict = field(default_factory=dict)
-    class_names: str = ""
-    attribute_names: str = ""
     weights_sha256: str = ""
+    options: Any = None
 
     def __post_init__(self) -> None:
+        entry = detector_backend(self.backend)
+        if self.options is None:
+            self.options = entry.options()
+        elif isinstance(self.options, dict):
+            self.options = typed_options(entry.options, self.options)
+        elif not isinstance(self.options, entry.options):
+            raise ValueError(f"detector.options of the {self.backend} backend are {entry.options.__name__}, got "
+                             f"{type(self.options).__name__}")
         self.validate()
 
     def validate(self) -> None:
-        """Raise ``ValueError`` for an unknown backend or sizes out of range."""
-        if self.backend not in BACKENDS:
-            raise ValueError(f"detector.backend must be one of {BACKENDS}, got {self.backend!r}")
-        for name in ("input_size", "roi_output_size", "max_proposals", "min_boxes", "max_boxes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"detector.{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 < self.nms_iou <= 1.0:
-            raise ValueError(f"detector.nms_iou must be in (0, 1], got {self.nms_iou}")
-        if not 0.0 <= self.score_threshold <= 1.0:
-            raise ValueError(f"detector.score_threshold must be in [0, 1], got {self.score_threshold}")
-        if not isinstance(self.overrides, dict):
-            raise ValueError(f"detector.overrides must be a mapping of detectron2 config keys to values, got "
-                             f"{self.overrides!r}")
-        if self.min_boxes > self.max_boxes:
-            raise ValueError(f"detector.min_boxes={self.min_boxes} exceeds max_boxes={self.max_boxes}")
-        if self.backend == "detectron2" and not (self.config_file and self.weights):
-            raise ValueError("the detectron2 backend needs detector.config_file and detector.weights")
+        """Raise ``ValueError`` for a malformed ``weights_sha256`` or options out of range (their ``validate``)."""
         if self.weights_sha256 and not re.fullmatch(r"[0-9a-f]{64}", self.weights_sha256):
             raise ValueError(f"detector.weights_sha256 must be 64 lower-case hex digits (sha256sum's output), got "
                              f"{self.weights_sha256!r}")
+        self.options.validate(self.weights)
 
     def build(self, device: str = "cpu"):
-        """The extractor this config describes: a callable ``(image, image_id) -> Regions`` with
-        ``extract_batch(images, image_ids)`` where the backend batches.
+        """The extractor this config describes (the backend's build): a callable ``(image, image_id) -> Regions``
+        with ``extract_batch(images, image_ids)``.
 
         Raises:
             ModuleNotFoundError: the backend's package is missing (the message names the install).
             FileNotFoundError: ``weights`` names a file that does not exist.
+            ValueError: the backend's refusals (an unknown timm architecture, weights that do not fit...).
         """
-        if self.backend == "timm":
-            from functools import partial
+        return DETECTOR_BACKENDS[self.backend].build(self.options, self.weights, device)
 
-            from detectors.backbone import BackboneRegionExtractor, load_efficientnet_lite0
-            from detectors.proposals import felzenszwalb_proposals
+    def with_options(self, **changes) -> "DetectorConfig":
+        """This config with some options changed (``config.with_options(max_boxes=36)``).
 
-            return BackboneRegionExtractor(
-                model=load_efficientnet_lite0(self.weights or None), input_size=self.input_size,
-                roi_output_size=self.roi_output_size, device=device,
-                proposals=partial(felzenszwalb_proposals, max_proposals=self.max_proposals),
-                low_level_stage=self.low_level_stage if self.low_level_stage >= 0 else None)
-        if self.backend == "torchvision":
-            from detectors.torchvision_detector import TorchvisionRegionDetector
+        Raises:
+            ValueError: a name that is no option of the backend, or a value out of range.
+        """
+        unknown = sorted(set(changes) - set(DETECTOR_BACKENDS[self.backend].option_names()))
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: no option of the {self.backend} backend")
+        return replace(self, options=replace(self.options, **changes))
 
-            return TorchvisionRegionDetector(weights=self.weights or "DEFAULT", min_boxes=self.min_boxes,
-                                             max_boxes=self.max_boxes, score_threshold=self.score_threshold,
-                                             device=device)
-        from detectors.detectron2_detector import Detectron2RegionDetector
+    @classmethod
+    def from_section(cls, values: dict | None, section: str = "detector", strict: bool = True) -> "DetectorConfig":
+        """The config of a ``detector`` section or record, in either layout: ``options`` as a mapping, or the
+        flat layout of earlier versions (the backend's options beside ``backend``).
 
-        return Detectron2RegionDetector(self.config_file, self.weights, device, min_boxes=self.min_boxes,
-                                        max_boxes=self.max_boxes, score_threshold=self.score_threshold,
-                                        nms_iou=self.nms_iou, overrides=self.overrides,
-                                        class_names=self.class_names or None,
-                                        attribute_names=self.attribute_names or None)
+        Args:
+            values: the section (None = the defaults).
+            section: where it comes from, for the messages.
+            strict: refuse keys no backend knows and options of another backend (a user's file); False drops
+                them (a record written by another version, whose flat layout held every backend's fields).
+        Raises:
+            ValueError: not a mapping, an unknown backend or key, another backend's option, a key given both flat
+                and in ``options`` with different values, or a value of the wrong type.
+        """
+        if values is None:
+            return cls()
+        if not isinstance(values, dict) or not isinstance(values.get("options") or {}, dict):
+            raise ValueError(f"{section} must be a mapping of detector fields (backend, weights, options), got "
+                             f"{values!r}")
+        backend = values.get("backend", DEFAULT_BACKEND)
+        entry = detector_backend(backend)
+        mine = entry.option_names()
+        options = dict(values.get("options") or {})
+        for key in sorted(set(values) - set(COMMON_KEYS)):
+            owners = [name for name, other in DETECTOR_BACKENDS.items() if key in other.option_names()]
+            if key in mine:
+                if key in options and options[key] != values[key]:
+                    raise ValueError(f"{section}.{key} and {section}.options.{key} differ; give it once, in options")
+                options[key] = values[key]
+            elif strict and owners:
+                raise ValueError(f"{section}.{key} is an option of the {' and '.join(owners)} backend, not of "
+                                 f"{backend}; drop it or change {section}.backend")
+            elif strict:
+                raise ValueError(f"unknown detector fields {key} in {section}; the fields are "
+                                 f"{', '.join(COMMON_KEYS)} and the backend's options ({', '.join(mine)})")
+        if not strict:
+            options = {k: v for k, v in options.items() if k in mine}
+        common = {k: values[k] for k in ("backend", "weights", "weights_sha256") if k in values}
+        return cls(**common, options=typed_options(entry.options, options, f"{section}.options"))
 
     @classmethod
     def from_record(cls, record: dict) -> "DetectorConfig":
-        """The config of a saved record (``detector.json``'s or ``inference.json``'s ``config``), fields this
-        version does not know dropped (records written by other versions stay readable).
+        """The config of a saved record (``detector.json``'s or ``inference.json``'s ``config``) in either layout,
+        fields this version does not know dropped (records written by other versions stay readable).
 
         Raises:
             ValueError: from :meth:`validate`.
         """
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in record.items() if k in names})
+        return cls.from_section(record, "the detector record", strict=False)
 
     def weights_identity(self) -> str:
         """``sha256:<hex>`` where the weights' hash is known, else the weights file's name without its directory
@@ -217,18 +229,29 @@ class DetectorConfig:
                              "pass the weights file the run's detector used")
         return candidate
 
+    def feature_values(self, recorded_only: bool = False) -> dict[str, Any]:
+        """The options that change the features (the backend's ``feature_fields``, in order), each by its
+        identity (a config file by its content); ``recorded_only``: those at their ``unrecorded`` value left out
+        (the fingerprint's)."""
+        entry = DETECTOR_BACKENDS[self.backend]
+        values = {}
+        for name in entry.feature_fields:
+            value = getattr(self.options, name)
+            if recorded_only and name in entry.unrecorded and value == entry.unrecorded[name]:
+                continue
+            values[name] = entry.identities[name](value) if name in entry.identities else value
+        return values
+
     def difference(self, other: "DetectorConfig") -> str | None:
         """None where ``self`` and ``other`` extract the same features, else the first difference in words
-        ("max_boxes 100 vs 36"). Compared: the backend, its fields of :data:`_FIELDS_BY_BACKEND` (a config file
-        by :func:`config_file_identity`) and the weights: by sha256 where both know it, else by file name."""
+        ("max_boxes 100 vs 36"). Compared: the backend, its :meth:`feature_values` and the weights: by sha256
+        where both know it, else by file name."""
         if self.backend != other.backend:
             return f"backend {self.backend} vs {other.backend}"
-        for name in _FIELDS_BY_BACKEND[self.backend]:
-            a, b = getattr(self, name), getattr(other, name)
-            if name == "config_file":
-                a, b = config_file_identity(a), config_file_identity(b)
-            if a != b:
-                return f"{name} {a!r} vs {b!r}"
+        theirs = other.feature_values()
+        for name, value in self.feature_values().items():
+            if value != theirs[name]:
+                return f"{name} {value!r} vs {theirs[name]!r}"
         mine, theirs = Path(self.weights).name, Path(other.weights).name
         if self.weights_sha256 and other.weights_sha256:
             if self.weights_sha256 != other.weights_sha256:
@@ -239,12 +262,9 @@ class DetectorConfig:
         return None
 
     def fingerprint(self) -> str:
-        """10 hex digits naming what this config extracts: the backend, its fields that change the numbers and
-        :meth:`weights_identity` (no directory, no vocabulary file)."""
-        values = {"backend": self.backend, "weights": self.weights_identity()}
-        for name in _FIELDS_BY_BACKEND[self.backend]:
-            value = getattr(self, name)
-            values[name] = config_file_identity(value) if name == "config_file" else value
+        """10 hex digits naming what this config extracts: the backend, :meth:`feature_values` and
+        :meth:`weights_identity` (no directory, no vocabulary file; empty values left out)."""
+        values = {"backend": self.backend, "weights": self.weights_identity(), **self.feature_values(True)}
         values = {k: v for k, v in values.items() if v not in ("", {})}
         return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:10]
 
@@ -255,15 +275,16 @@ class DetectorConfig:
 #: at confidence >= 0.2: the features of UNITER and LXMERT (Anderson et al. 2018; BUTD-UNITER-NLVR2
 #: ``tools/generate_npz.py``).
 NAMED_DETECTORS: dict[str, DetectorConfig] = {
-    "butd-vg": DetectorConfig(backend="detectron2", config_file="butd-vg", weights="faster_rcnn_from_caffe_attr.pkl",
-                              min_boxes=10, max_boxes=100, score_threshold=0.2),
+    "butd-vg": DetectorConfig(backend="detectron2", weights="faster_rcnn_from_caffe_attr.pkl",
+                              options=Detectron2Options(config_file="butd-vg", min_boxes=10, max_boxes=100,
+                                                        score_threshold=0.2)),
 }
 
 
 def named_detector(spec: str) -> DetectorConfig:
-    """The detector ``spec`` names: a key of :data:`NAMED_DETECTORS`, or a YAML/JSON file of
-    :class:`DetectorConfig` fields (as a run config's ``detector`` section; a whole run config, or a
-    ``detector.json``, is read from its ``detector`` / ``config`` entry).
+    """The detector ``spec`` names: a key of :data:`NAMED_DETECTORS`, or a YAML/JSON file of a ``detector``
+    section (:meth:`DetectorConfig.from_section`, either layout; a whole run config, or a ``detector.json``, is
+    read from its ``detector`` / ``config`` entry).
 
     Raises:
         ValueError: neither a name nor a readable file of known fields (the names and the fix said).
@@ -273,20 +294,14 @@ def named_detector(spec: str) -> DetectorConfig:
     path = Path(spec).expanduser()
     if not path.is_file():
         raise ValueError(f"{spec!r} is neither a known detector ({', '.join(NAMED_DETECTORS)}) nor a file; pass a "
-                         "name or a YAML file of detector fields (backend, config_file, weights, ...)")
-    values = read_yaml(path, "detector config",
-                       "give a YAML file of detector fields (backend, config_file, weights, ...)")
+                         "name or a YAML file of a detector section (backend, weights, options)")
+    values = read_yaml(path, "detector config", "give a YAML file of a detector section (backend, weights, options)")
     for section in ("detector", "config"):
         if isinstance(values, dict) and isinstance(values.get(section), dict):
             values = values[section]
     if not isinstance(values, dict):
-        raise ValueError(f"{path} holds no mapping of detector fields (backend, config_file, weights, ...)")
-    unknown = sorted(set(values) - {f.name for f in fields(DetectorConfig)})
-    if unknown:
-        raise ValueError(f"{path}: unknown detector fields {', '.join(unknown)}; the fields are those of a run "
-                         "config's detector section")
-    return DetectorConfig(**values)
+        raise ValueError(f"{path} holds no mapping of detector fields (backend, weights, options)")
+    return DetectorConfig.from_section(values, str(path))
 
 
-__all__ = ["DetectorConfig", "BACKENDS", "NAMED_DETECTORS", "named_detector", "file_sha256", "config_file_identity",
-           "BUTD_VG_CONFIG_FILE"]
+__all__ = ["DetectorConfig", "NAMED_DETECTORS", "named_detector", "typed_options", "COMMON_KEYS"]

@@ -56,4 +56,16 @@ def select_regions(confidence: torch.Tensor, threshold: float = 0.2, min_boxes: 
     return confidence.argsort(descending=True, stable=True)[:count]
 
 
-__all__ = ["per_class_nms_confidence", "select_regions"]
+def check_box_selection(min_boxes: int, max_boxes: int, score_threshold: float) -> None:
+    """Raise ``ValueError`` naming the field (``detector.options.*``) where BUTD's box selection settings are out of
+    range: at least 1 box, ``min_boxes`` <= ``max_boxes``, a confidence threshold in [0, 1]."""
+    for name, value in (("min_boxes", min_boxes), ("max_boxes", max_boxes)):
+        if value < 1:
+            raise ValueError(f"detector.options.{name} must be >= 1, got {value}")
+    if min_boxes > max_boxes:
+        raise ValueError(f"detector.options.min_boxes={min_boxes} exceeds max_boxes={max_boxes}")
+    if not 0.0 <= score_threshold <= 1.0:
+        raise ValueError(f"detector.options.score_threshold must be in [0, 1], got {score_threshold}")
+
+
+__all__ = ["per_class_nms_confidence", "select_regions", "check_box_selection"]

@@ -10,11 +10,31 @@ Weights come from torchvision's weights API when online, or from a local state-d
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 import torch
 
 from detectors.images import boxes_to_pixels, run_in_shape_groups, to_rgb_array
 from detectors.regions import Regions
+from detectors.selection import check_box_selection
+
+
+@dataclass
+class TorchvisionOptions:
+    """The ``torchvision`` backend's options (``detector.options``): BUTD's box selection (each field's ``help``
+    is its ``tools/extract_regions.py`` flag's text).
+
+    Raises:
+        ValueError: from :meth:`validate`, naming the field.
+    """
+
+    min_boxes: int = field(default=10, metadata={"help": "BUTD's minimum boxes per image"})
+    max_boxes: int = field(default=100, metadata={"help": "BUTD's maximum boxes per image"})
+    score_threshold: float = field(default=0.2, metadata={"help": "BUTD's class confidence threshold"})
+
+    def validate(self, weights: str) -> None:
+        """Raise ``ValueError`` for a box selection out of range (``weights`` "" = torchvision's COCO weights)."""
+        check_box_selection(self.min_boxes, self.max_boxes, self.score_threshold)
 
 
 class TorchvisionRegionDetector:
@@ -33,7 +53,10 @@ class TorchvisionRegionDetector:
 
     def __init__(self, weights: str | os.PathLike | None = "DEFAULT", min_boxes: int = 10, max_boxes: int = 100,
                  score_threshold: float = 0.2, device: str | torch.device = "cpu"):
-        from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights, fasterrcnn_resnet50_fpn
+        from torchvision.models.detection import (
+            FasterRCNN_ResNet50_FPN_Weights,
+            fasterrcnn_resnet50_fpn,
+        )
 
         if weights == "DEFAULT":
             try:
@@ -125,4 +148,25 @@ class TorchvisionRegionDetector:
         return out
 
 
-__all__ = ["TorchvisionRegionDetector"]
+def build_torchvision_detector(options: TorchvisionOptions, weights: str,
+                               device: str = "cpu") -> TorchvisionRegionDetector:
+    """The ``torchvision`` backend's build (its line of :data:`detectors.backends.DETECTOR_BACKENDS`): Faster R-CNN
+    R50-FPN with ``weights`` ("" = torchvision's COCO weights, downloaded when online) and BUTD's selection.
+
+    Raises:
+        FileNotFoundError, RuntimeError: from :class:`TorchvisionRegionDetector`.
+    """
+    return TorchvisionRegionDetector(weights=weights or "DEFAULT", min_boxes=options.min_boxes,
+                                     max_boxes=options.max_boxes, score_threshold=options.score_threshold,
+                                     device=device)
+
+
+def write_random_torchvision_weights(options: TorchvisionOptions, path: str | os.PathLike) -> None:
+    """Write seeded random weights (seed 0) of ``fasterrcnn_resnet50_fpn`` to ``path``: for benchmarks only."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        torch.save(TorchvisionRegionDetector(weights=None).model.state_dict(), path)
+
+
+__all__ = ["TorchvisionRegionDetector", "TorchvisionOptions", "build_torchvision_detector",
+           "write_random_torchvision_weights"]

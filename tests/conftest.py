@@ -186,7 +186,7 @@ def small_token_corpus(small_corpus, tokenizer, tmp_path_factory):
 
 #: The easy-VQA regions that the inference and extension tests share (the `easy` fixture).
 N_EASY_IMAGES = 12
-EASY_DETECTOR = DetectorConfig(input_size=96, max_proposals=8)
+EASY_DETECTOR = DetectorConfig(options={"input_size": 96, "max_proposals": 8})
 
 
 @pytest.fixture(scope="session")

@@ -199,5 +199,5 @@ def test_bad_detectron2_inputs(tmp_path):
     # FPN weights into the C4 config: parameters missing from the file.
     with pytest.raises(ValueError, match="missing from the file"):
         Detectron2RegionDetector(C4, weights, overrides=SMALL)
-    with pytest.raises(ValueError, match="the detectron2 backend needs detector.config_file and detector.weights"):
+    with pytest.raises(ValueError, match="the detectron2 backend needs a config file and weights"):
         DetectorConfig(backend="detectron2")

@@ -133,7 +133,7 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
 
     ids = list(color_and_shape("train"))[:32]
     paths = image_paths("train")
-    extractor = DetectorConfig(input_size=64, max_proposals=6).build()
+    extractor = DetectorConfig(options={"input_size": 64, "max_proposals": 6}).build()
     write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), tmp_path / "shards")
 
     def vl_config(out, batch_size):

@@ -90,7 +90,7 @@ def region_shards(tmp_path_factory):
     from vlbert.data.easy_vqa import color_and_shape, image_paths
 
     ids, paths = list(color_and_shape("train"))[:N_IMAGES], image_paths("train")
-    extractor = DetectorConfig(input_size=64, max_proposals=6).build()
+    extractor = DetectorConfig(options={"input_size": 64, "max_proposals": 6}).build()
     shards = tmp_path_factory.mktemp("regions") / "shards"
     write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), shards)
     return shards

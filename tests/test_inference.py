@@ -126,7 +126,7 @@ def test_image_files_are_extracted_with_the_runs_own_detector(easy, vqa_run):
 
 
 def test_another_detector_is_refused_naming_both(easy, vqa_run):
-    other = DetectorConfig(input_size=128, max_proposals=8)
+    other = DetectorConfig(options={"input_size": 128, "max_proposals": 8})
     with pytest.raises(ValueError) as refused:
         VQAPipeline(vqa_run.dir, device="cpu", detector=other)
     assert DETECTOR.fingerprint() in str(refused.value) and other.fingerprint() in str(refused.value)
@@ -310,7 +310,7 @@ def test_smoke_inference_benchmark_prints_its_figures(vqa_run, capsys):
 def test_fine_tuning_from_a_run_refuses_another_detectors_regions(easy, vqa_run, tmp_path):
     """The timm detector at another input size gives features of the same size: fine-tuning from a run trained on
     the first on regions of the second used to pass silently. Refused naming both; allowed when asked."""
-    other = DetectorConfig(input_size=128, max_proposals=8)
+    other = DetectorConfig(options={"input_size": 128, "max_proposals": 8})
     extractor = other.build()
     regions = list(extract_regions(extractor, list(easy.files.items()), batch_size=N_IMAGES, progress=False))
     assert regions[0].feature_dim == easy.store["0"].feature_dim

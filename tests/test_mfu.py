@@ -8,8 +8,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import vlbert
-from detectors.batch import pad_regions
 from vlbert.data.padding import pad_text
+from vlbert.data.regions import pad_regions
 from vlbert.layers.attention import packing_fields
 from vlbert.training.mfu import (DATASHEET_PEAK_FLOPS, count_positions, datasheet_key, device_peak_flops,
                                  estimate_flops_per_token, estimate_step_flops)

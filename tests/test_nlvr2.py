@@ -78,7 +78,8 @@ def test_smoke_nlvr2_fixture_runs_through_its_tool(tmp_path):
     paths = image_paths("train")
     ids = [f"train-{k // 2}-0-img{k % 2}" for k in range(len(truth))]
     images = [Image.open(paths[i]).convert("RGB") for i, _ in truth]
-    write_shards(DetectorConfig(input_size=96, max_proposals=8).build().extract_batch(images, ids), tmp_path / "shards")
+    extractor = DetectorConfig(options={"input_size": 96, "max_proposals": 8}).build()
+    write_shards(extractor.extract_batch(images, ids), tmp_path / "shards")
     records = [{"identifier": f"train-{k}-0-{j}", "sentence": s, "label": label}
                for k in range(8) for j, (s, label) in enumerate((("both images show a circle", "True"),
                                                                  ("exactly one image shows a circle", "False")))]

@@ -106,10 +106,10 @@ def assert_trained_on_the_checkpoints_settings(run_dir, caplog):
 
 @pytest.fixture()
 def quiet_cuts(monkeypatch):
-    """Forget which region cuts this process already reported (detectors.batch says each once)."""
-    import detectors.batch
+    """Forget which region cuts this process already reported (vlbert.data.regions says each once)."""
+    import vlbert.data.regions
 
-    monkeypatch.setattr(detectors.batch, "_CUTS_REPORTED", set())
+    monkeypatch.setattr(vlbert.data.regions, "_CUTS_REPORTED", set())
 
 
 def test_imported_butd_features_fine_tune_a_converted_uniter_and_answer(tmp_path, user, quiet_cuts, caplog):
@@ -204,11 +204,11 @@ def test_import_and_extraction_refusals_are_one_line(tmp_path, user, capsys):
     (tmp_path / "fields.yaml").write_text("detector:\n  backend: timm\n  input_size: 96\n  max_proposals: 8\n")
     import_tsv(root, tmp_path / "out", "--extracted-with", str(tmp_path / "fields.yaml"))
     info = json.loads((tmp_path / "out" / "detector.json").read_text())
-    assert info["config"]["input_size"] == 96 and info["fingerprint"] == EASY_DETECTOR.fingerprint()
+    assert info["config"]["options"]["input_size"] == 96 and info["fingerprint"] == EASY_DETECTOR.fingerprint()
 
 
 def test_region_cuts_are_said_once(quiet_cuts, caplog):
-    from detectors.batch import region_item
+    from vlbert.data.regions import region_item
 
     regions = Regions("a", 10, 10, np.tile([[0, 0, 5, 5]], (6, 1)).astype(np.float32),
                       np.zeros((6, 3), np.float16), np.ones(6, np.float32), None, "x")

@@ -35,15 +35,17 @@ RECIPE_CONFIGS = {
     "lxmert-vqa-v2": ("finetune_vqa", {"training.learning_rate": 5e-5, "training.batch_size": 32,
                                        "data.max_text_length": 20, "data.max_regions": 36}),
     "lxmert-gqa": ("finetune_vqa", {"training.learning_rate": 1e-5, "training.batch_size": 32,
-                                    "data.dataset": "gqa", "detector.max_boxes": 36}),
+                                    "data.dataset": "gqa", "detector.options.max_boxes": 36}),
 }
 UNITER_SHARED = {"data.max_text_length": 60, "data.max_regions": 100, "training.adam_beta2": 0.98,
-                 "training.max_grad_norm": 2.0, "detector.max_boxes": 100, "detector.score_threshold": 0.2}
+                 "training.max_grad_norm": 2.0, "detector.options.max_boxes": 100,
+                 "detector.options.score_threshold": 0.2}
 
 
 def dotted(config: dict, key: str):
-    section, name = key.split(".")
-    return config[section][name]
+    for name in key.split("."):
+        config = config[name]
+    return config
 
 
 @pytest.mark.parametrize("name", sorted(RECIPE_CONFIGS))
@@ -73,7 +75,7 @@ def fixtures(tmp_path_factory):
     root = tmp_path_factory.mktemp("recipes")
     truth = list(color_and_shape("train").items())[:8]
     paths = image_paths("train")
-    detector = DetectorConfig(input_size=96, max_proposals=8)
+    detector = DetectorConfig(options={"input_size": 96, "max_proposals": 8})
     regions = detector.build().extract_batch(
         [Image.open(paths[i]).convert("RGB") for i, _ in truth], [str(k) for k in range(8)])
     numbers = [1000 + k for k in range(8)]

@@ -205,7 +205,8 @@ def test_features_are_identified_by_what_changes_them(tmp_path):
     records (no weights_sha256, fields of other versions) stay readable."""
     from dataclasses import asdict, replace
 
-    from detectors.config import BUTD_VG_CONFIG_FILE, NAMED_DETECTORS, DetectorConfig
+    from detectors.config import NAMED_DETECTORS, DetectorConfig
+    from detectors.files import BUTD_VG_CONFIG_FILE
 
     for folder in ("a", "b", "c"):
         (tmp_path / folder).mkdir()
@@ -213,14 +214,15 @@ def test_features_are_identified_by_what_changes_them(tmp_path):
     (tmp_path / "b" / "w.pkl").write_bytes(b"the weights")
     (tmp_path / "c" / "w.pkl").write_bytes(b"other weights")
     butd = NAMED_DETECTORS["butd-vg"]  # weights named faster_rcnn_from_caffe_attr.pkl, sha256 unknown
-    here = replace(butd, weights=str(tmp_path / "a" / "w.pkl"), class_names="objects.txt").identified()
-    moved = replace(butd, weights=str(tmp_path / "b" / "w.pkl"), config_file=str(BUTD_VG_CONFIG_FILE)).identified()
+    here = replace(butd.with_options(class_names="objects.txt"), weights=str(tmp_path / "a" / "w.pkl")).identified()
+    moved = replace(butd.with_options(config_file=str(BUTD_VG_CONFIG_FILE)), weights=str(tmp_path / "b" / "w.pkl"))
+    moved = moved.identified()
     other = replace(butd, weights=str(tmp_path / "c" / "w.pkl")).identified()
     assert len(here.weights_sha256) == 64 and here.weights_sha256 == moved.weights_sha256
     assert here.fingerprint() == moved.fingerprint() != other.fingerprint()  # content, not directory or names
     assert here.difference(moved) is None
     assert "weights sha256" in here.difference(other)
-    assert "max_boxes 100 vs 36" in butd.difference(replace(butd, max_boxes=36))
+    assert "max_boxes 100 vs 36" in butd.difference(butd.with_options(max_boxes=36))
     # Against the name-only record: the name decides.
     assert "weights file 'faster_rcnn_from_caffe_attr.pkl' vs 'w.pkl'" in butd.difference(here)
     named = tmp_path / "a" / "faster_rcnn_from_caffe_attr.pkl"
@@ -232,3 +234,43 @@ def test_features_are_identified_by_what_changes_them(tmp_path):
     # A record written before weights_sha256 existed, with a field this version does not know.
     old = {k: v for k, v in asdict(butd).items() if k != "weights_sha256"} | {"retired_field": 1}
     assert DetectorConfig.from_record(old) == butd and butd.fingerprint() == "5cb19239ea"
+
+
+#: detector.json's ``config`` as the flat layout wrote it (every backend's fields side by side), before the options
+#: sections, with the fingerprints recorded beside them then: butd-vg's (UNITER's record), the tests' easy timm.
+FLAT_RECORDS = {
+    "5cb19239ea": {"backend": "detectron2", "input_size": 224, "roi_output_size": 3, "max_proposals": 36,
+                   "low_level_stage": 2, "weights": "faster_rcnn_from_caffe_attr.pkl", "config_file": "butd-vg",
+                   "min_boxes": 10, "max_boxes": 100, "score_threshold": 0.2, "nms_iou": 0.3, "overrides": {},
+                   "class_names": "", "attribute_names": "", "weights_sha256": ""},
+    "3fa4ad0779": {"backend": "timm", "input_size": 96, "roi_output_size": 3, "max_proposals": 8, "low_level_stage": 2,
+                   "weights": "", "config_file": "", "min_boxes": 10, "max_boxes": 100, "score_threshold": 0.2,
+                   "nms_iou": 0.3, "overrides": {}, "class_names": "", "attribute_names": "", "weights_sha256": ""},
+}
+
+
+def test_the_flat_layout_reads_with_its_fingerprint_and_sections_are_checked(tmp_path):
+    """Records and YAML of the flat layout read into the backend's options with the fingerprint they had; a user's
+    section is refused where a key belongs to another backend, to none, or is given twice differently."""
+    from dataclasses import asdict
+
+    from detectors.config import NAMED_DETECTORS, DetectorConfig, named_detector
+
+    for fingerprint, record in FLAT_RECORDS.items():
+        config = DetectorConfig.from_record(record)
+        assert config.fingerprint() == fingerprint
+        assert DetectorConfig.from_record(asdict(config)) == config  # the sections layout reads back
+    assert DetectorConfig.from_record(FLAT_RECORDS["5cb19239ea"]) == NAMED_DETECTORS["butd-vg"]
+    assert DetectorConfig.from_record(FLAT_RECORDS["3fa4ad0779"]).options.input_size == 96
+    (tmp_path / "flat.yaml").write_text("detector: {backend: timm, input_size: '96', max_proposals: 8}\n")
+    assert named_detector(str(tmp_path / "flat.yaml")).fingerprint() == "3fa4ad0779"
+    refusals = {"min_boxes is an option of the torchvision and detectron2 backend, not of timm":
+                {"backend": "timm", "min_boxes": 5},
+                "unknown detector fields input_sise": {"input_sise": 96},
+                "detector.input_size and detector.options.input_size differ":
+                {"input_size": 96, "options": {"input_size": 128}},
+                "detector.options.max_proposals must be an int, got 8.5": {"options": {"max_proposals": 8.5}},
+                "detector.backend must be one of timm, torchvision, detectron2": {"backend": "yolo"}}
+    for message, section in refusals.items():
+        with pytest.raises(ValueError, match=message):
+            DetectorConfig.from_section(section)

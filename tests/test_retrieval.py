@@ -62,7 +62,7 @@ def test_shortlist_matches_full_scoring(setup, tokenizer):
     assert full["cross_encoder_pairs"] == 2 * full["all_pairs"]  # shortlist covers everything: both directions
     # Brute force: cross-encoder on every pair.
     from vlbert.data.pretraining import MaskingCollator
-    from detectors.batch import pad_regions
+    from vlbert.data.regions import pad_regions
 
     caps = [(k, c) for k, im in enumerate(images) for c in im.captions]
     text = MaskingCollator.from_tokenizer(tokenizer)

@@ -158,7 +158,7 @@ def test_region_tool_refusals_are_one_line(capsys, tmp_path):  # rows 12, 13, 50
                                                       str(tmp_path / "u")])
     assert "no such file or directory" in line
     line = one_line_error(capsys, "extract_regions", ["--images", "skimage", "--output-dir", str(tmp_path / "v"),
-                                                      "--opts", "MODEL.DEVICE"])
+                                                      "--backend", "detectron2", "--opts", "MODEL.DEVICE"])
     assert "KEY VALUE pairs" in line
 
 
@@ -255,7 +255,7 @@ def test_explain_reads_images_with_the_runs_detector(capsys, tmp_path):
     from vlbert.data.easy_vqa import image_paths
     from vlbert.tokenization import load_tokenizer
 
-    detector = DetectorConfig(input_size=64, max_proposals=5)
+    detector = DetectorConfig(options={"input_size": 64, "max_proposals": 5})
     dim = detector.build().extract_batch([Image.open(image_paths("test")["test/3"]).convert("RGB")],
                                          ["test/3"])[0].feature_dim
     run_dir = tmp_path / "run"
@@ -290,15 +290,17 @@ def test_explain_reads_images_with_the_runs_detector(capsys, tmp_path):
 
 
 def test_every_detector_field_has_its_extract_regions_flag(capsys):
-    """docs/configuration.md: extract_regions.py's flags are the detector section's fields (roi_output_size and low_level_stage
-    had none); ``overrides`` is ``--opts``."""
+    """docs/configuration.md: extract_regions.py's flags are the detector section's fields, every backend's options
+    from the table (detectors/backends.py); ``overrides`` is ``--opts``."""
     from dataclasses import fields
 
-    from detectors.config import DetectorConfig
+    from detectors.backends import DETECTOR_BACKENDS
 
     with pytest.raises(SystemExit):
         tool("extract_regions")(["--help"])
     text = capsys.readouterr().out
-    for f in fields(DetectorConfig):
-        flag = "--opts" if f.name == "overrides" else "--" + f.name.replace("_", "-")
+    assert "--backend {" + ",".join(DETECTOR_BACKENDS) + "}" in text
+    names = ["weights", "weights_sha256", *(f.name for e in DETECTOR_BACKENDS.values() for f in fields(e.options))]
+    for name in names:
+        flag = "--opts" if name == "overrides" else "--" + name.replace("_", "-")
         assert flag in text, flag

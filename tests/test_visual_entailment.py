@@ -62,7 +62,8 @@ def test_smoke_snli_ve_fixture_runs_through_the_generic_tool(tmp_path):
     ids = [str(1000000 + k) for k in range(len(truth))]
     paths = image_paths("train")
     images = [Image.open(paths[i]).convert("RGB") for i, _ in truth]
-    write_shards(DetectorConfig(input_size=96, max_proposals=8).build().extract_batch(images, ids), tmp_path / "shards")
+    extractor = DetectorConfig(options={"input_size": 96, "max_proposals": 8}).build()
+    write_shards(extractor.extract_batch(images, ids), tmp_path / "shards")
     records = []
     for image, (_, (color, shape)) in zip(ids, truth):
         records += [{"Flickr30K_ID": image, "sentence2": f"there is a {color} {shape}", "gold_label": "entailment"},

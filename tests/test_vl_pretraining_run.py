@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from detectors.batch import pad_regions
 from vlbert.data.easy_vqa import color_and_shape, image_attributes, load_questions
+from vlbert.data.regions import pad_regions
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.recipes import RECIPES, run
 from vlbert.recipes.vl_pretraining import VLDataConfig, VLPretrainingData
@@ -49,8 +49,8 @@ def data(cache_dir, tokenizer):
 
     config = VLDataConfig(max_images=N_IMAGES, cache_dir=str(cache_dir), eval_fraction=0.25,
                           objectives={"mlm": 1, "mrfr": 1, "mrc": 1, "mrc_kl": 1, "itm": 1})
-    ctx = RunContext({}, TrainingConfig(batch_size=8), config, DetectorConfig(input_size=96, max_proposals=16),
-                     tokenizer, None)
+    detector = DetectorConfig(options={"input_size": 96, "max_proposals": 16})
+    ctx = RunContext({}, TrainingConfig(batch_size=8), config, detector, tokenizer, None)
     return VLPretrainingData(ctx)
 
 
@@ -148,13 +148,13 @@ def test_smoke_vl_run_draws_one_objective_per_step(cache_dir, tmp_path):
     assert model.loading_info.missing_keys == [] and model.config.region_feature_dim == 1320
 
     # The run's fill-mask pipeline on an image file: the analysis function on the regions of the run's detector.
-    from detectors.batch import region_item
     from vlbert.analysis.fill_mask import fill_mask
     from vlbert.data.easy_vqa import image_paths
+    from vlbert.data.regions import region_item
     from vlbert.inference import FillMaskPipeline, pipeline
 
     fill = pipeline(out, device="cpu")
-    assert isinstance(fill, FillMaskPipeline) and fill.inputs.detector.input_size == 96
+    assert isinstance(fill, FillMaskPipeline) and fill.inputs.detector.options.input_size == 96
     image = image_paths("test")["test/0"]
     regions = fill.regions([image])[0]
     assert fill(image, "a [MASK] circle", top_k=3) == fill_mask(fill.model, fill.tokenizer, "a [MASK] circle", 3,
@@ -191,7 +191,7 @@ def test_imported_shards_are_not_credited_to_the_detector_section(tmp_path):
 
     ids = list(color_and_shape("train"))[:16]
     paths = image_paths("train")
-    extractor = DetectorConfig(input_size=64, max_proposals=6).build()
+    extractor = DetectorConfig(options={"input_size": 64, "max_proposals": 6}).build()
     write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), tmp_path / "shards")
     config = {"modality": "vl", "tokenizer": "minilm",
               "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64},

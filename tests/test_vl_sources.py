@@ -96,7 +96,7 @@ def write_easy_vqa_as_coco_and_butd_tsv(tmp_path, count=24, extra_caption=False)
     truth = color_and_shape("train")
     ids = list(truth)[:count]
     paths = image_paths("train")
-    extractor = DetectorConfig(input_size=64, max_proposals=6).build()
+    extractor = DetectorConfig(options={"input_size": 64, "max_proposals": 6}).build()
     regions = list(extract_regions(extractor, [(i, paths[i]) for i in ids], progress=False))
     for n, r in enumerate(regions):
         r.image_id = f"COCO_train2014_{n + 1:012d}"

@@ -149,7 +149,7 @@ def _write_easy_vqa_shards(directory, n_train, n_test):
     from detectors.shards import write_shards
     from vlbert.data.easy_vqa import image_paths, load_questions
 
-    extractor = DetectorConfig(input_size=96, max_proposals=16).build()
+    extractor = DetectorConfig(options={"input_size": 96, "max_proposals": 16}).build()
     wanted = []
     for split, count in (("train", n_train), ("test", n_test)):
         ids = list(dict.fromkeys(q.image_id for q in load_questions(split)[:count]))

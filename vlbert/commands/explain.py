@@ -23,7 +23,6 @@ import json
 from pathlib import Path
 
 import vlbert
-from detectors.batch import pad_regions, region_item
 from detectors.config import DetectorConfig
 from detectors.images import load_image
 from detectors.shards import load_regions
@@ -35,6 +34,7 @@ from vlbert.analysis.generation import gibbs_sample, mask_predict
 from vlbert.analysis.probe_data import probe_features
 from vlbert.analysis.probing import plot_probe, probe_layers
 from vlbert.data.easy_vqa import color_and_shape, easy_vqa_shards, image_paths
+from vlbert.data.regions import pad_regions, region_item
 from vlbert.inference.run import detector_for_run, read_inference_info
 from vlbert.tokenization import load_tokenizer, resolve_model_path
 from vlbert.training.run_config import load_run_config
@@ -58,7 +58,7 @@ def load(model_path: str, vl: bool):
 
 def easy_vqa_detector():
     """The :class:`detectors.config.DetectorConfig` of configs/detectors/easy-vqa.yaml (the VL default run's)."""
-    return DetectorConfig(**load_run_config(EASY_VQA_DETECTOR_CONFIG)["detector"])
+    return DetectorConfig.from_section(load_run_config(EASY_VQA_DETECTOR_CONFIG)["detector"])
 
 
 def run_detector(model_path: str):

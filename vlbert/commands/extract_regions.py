@@ -10,7 +10,8 @@
     python tools/extract_regions.py --from-npz features_dir/ --extracted-with my-detector.yaml --output-dir out/
 
 --images takes files, directories (PNG/JPEG inside), "skimage" (the real photos shipped with scikit-image) or
-"easy-vqa". --draw writes the first images with their boxes (and top class) to one PNG. Running the same command
+"easy-vqa". The detector flags are made from the backends' table (detectors/backends.py): --backend chooses one,
+each backend option is a flag (--architecture resnet50 --weights resnet50.safetensors for another timm backbone). --draw writes the first images with their boxes (and top class) to one PNG. Running the same command
 again after a crash or kill skips the images already in complete shards (detectors/extract.py).
 
 detector.json beside the shards says what made them: the detector's config with the sha256 of its weights file
@@ -25,11 +26,12 @@ import argparse
 import os
 from pathlib import Path
 
-from detectors.config import DetectorConfig, named_detector
+from detectors.config import named_detector
 from detectors.extract import distributed_rank, extract_to_shards
 from detectors.images import load_image
 from detectors.precomputed import read_butd_tsv, read_npz
 from detectors.shards import read_shards, shard_paths, write_detector_info, write_shards
+from vlbert.commands.detector_flags import add_detector_arguments, detector_from_arguments
 from vlbert.data.easy_vqa import image_paths
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
@@ -63,24 +65,6 @@ def image_sources(spec: list[str]) -> list[tuple[str, object]]:
     return out
 
 
-def detector_config(args):
-    """The :class:`detectors.config.DetectorConfig` of the flags: fields not given keep its defaults, the same
-    defaults the VL run configs' ``detector`` section has."""
-
-    given = {name: getattr(args, name) for name in ("backend", "weights", "config_file", "input_size",
-                                                     "roi_output_size", "max_proposals", "low_level_stage",
-                                                     "min_boxes", "max_boxes", "score_threshold", "nms_iou",
-                                                     "class_names", "attribute_names", "weights_sha256")
-             if getattr(args, name) is not None}
-    if args.opts:
-        if len(args.opts) % 2:
-            raise ValueError(f"--opts takes KEY VALUE pairs, got {len(args.opts)} words")
-        import yaml
-
-        given["overrides"] = {k: yaml.safe_load(v) for k, v in zip(args.opts[::2], args.opts[1::2])}
-    return DetectorConfig(**given)
-
-
 def draw(regions_and_images, path: Path, max_boxes: int = 8, label_fn=None) -> None:
     """Draw up to ``max_boxes`` boxes per image (highest scores, whole image excluded) side by side."""
     from PIL import Image, ImageDraw
@@ -108,20 +92,16 @@ def draw(regions_and_images, path: Path, max_boxes: int = 8, label_fn=None) -> N
     canvas.save(path)
 
 
-def draw_first(args, detector, info: dict, sources: dict) -> None:
-    """Draw the first ``--draw-count`` images of the output shards with their boxes and top classes."""
+def draw_first(args, extractor, info: dict, sources: dict) -> None:
+    """Draw the first ``--draw-count`` images of the output shards with their boxes and top classes (the names
+    ``detector.json`` records, else the extractor's ``label`` where it has one)."""
     from itertools import islice
 
     from PIL import Image
 
-    label_fn = None
+    label_fn = getattr(extractor, "label", None)
     if info.get("class_names"):
         label_fn = info["class_names"].__getitem__
-    elif detector.backend == "timm":
-        from timm.data import ImageNetInfo
-
-        names = ImageNetInfo()
-        label_fn = lambda i: names.index_to_description(i).split(",")[0]  # noqa: E731
     drawn = []
     for r in islice(read_shards(shard_paths(args.output_dir)), args.draw_count):
         src = sources[r.image_id]
@@ -179,24 +159,7 @@ def main(argv=None) -> int:
     p.add_argument("--extracted-with", help="--from-tsv/--from-npz: the detector that made the features, a name "
                                             "(butd-vg) or a YAML file of detector fields; recorded in detector.json")
     p.add_argument("--output-dir", required=True, help="where the shards go")
-    p.add_argument("--backend", choices=("timm", "torchvision", "detectron2"), help="default: timm")
-    p.add_argument("--weights", help="weights file (default: the backend's own: packaged ImageNet weights for "
-                                     "timm, torchvision's COCO weights when online)")
-    p.add_argument("--weights-sha256", help="the weights file's expected sha256 (sha256sum): refused when the file "
-                                            "has another; detector.json records it either way")
-    p.add_argument("--config-file", help="detectron2 config")
-    p.add_argument("--input-size", type=int, help="timm backbone input size (default 224, ImageNet's)")
-    p.add_argument("--max-proposals", type=int, help="timm: boxes per image incl. the whole image (default 36)")
-    p.add_argument("--roi-output-size", type=int, help="timm: RoIAlign cells per side before pooling (default 3)")
-    p.add_argument("--low-level-stage", type=int,
-                   help="timm: also pool this early backbone stage (keeps colour; default 2, -1 = final only)")
-    p.add_argument("--min-boxes", type=int, help="torchvision/detectron2: BUTD's minimum (default 10)")
-    p.add_argument("--max-boxes", type=int, help="torchvision/detectron2: BUTD's maximum (default 100)")
-    p.add_argument("--score-threshold", type=float, help="torchvision/detectron2: BUTD's 0.2 by default")
-    p.add_argument("--nms-iou", type=float, help="detectron2: per-class NMS IoU over the proposals (default 0.3)")
-    p.add_argument("--class-names", help="detectron2: object vocabulary file, one name per line")
-    p.add_argument("--attribute-names", help="detectron2: attribute vocabulary file, one name per line")
-    p.add_argument("--opts", nargs="+", help="detectron2 config overrides: KEY VALUE ...")
+    add_detector_arguments(p)
     p.add_argument("--batch-size", type=int, default=8, help="images per forward pass (equal sizes only)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--draw", help="PNG to draw the first images' boxes into")
@@ -217,7 +180,7 @@ def main(argv=None) -> int:
         from dataclasses import asdict
 
         rank, world = distributed_rank()
-        detector = detector_config(args).identified()  # the weights' sha256 identifies the features
+        detector = detector_from_arguments(args).identified()  # the weights' sha256 identifies the features
         device = args.device
         if device == "cuda" and world > 1:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
@@ -229,6 +192,6 @@ def main(argv=None) -> int:
         shards = extract_to_shards(extractor, sources, args.output_dir, info, rank, world, args.batch_size,
                                    args.samples_per_shard)
         if args.draw and rank == 0:
-            draw_first(args, detector, info, dict(sources))
+            draw_first(args, extractor, info, dict(sources))
     print(f"wrote {len(shards)} shard(s) to {args.output_dir}")
     return 0

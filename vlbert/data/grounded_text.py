@@ -10,10 +10,10 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from detectors.batch import pad_regions, region_item
 from detectors.regions import Regions
 from detectors.store import region_count
 from vlbert.data.padding import pad_text
+from vlbert.data.regions import pad_regions, region_item
 from vlbert_base.user_files import read_jsonl
 
 
@@ -36,7 +36,7 @@ class GroundedTextDataset(Dataset):
     example has more than its ``image_id``.
 
     Items (for :class:`GroundedCollator`): ``input_ids`` (list of int), the image's region item
-    (:func:`detectors.batch.region_item`: region_features float16 [R, D], region_boxes float32 [R, 4] normalised
+    (:func:`vlbert.data.regions.region_item`: region_features float16 [R, D], region_boxes float32 [R, 4] normalised
     xyxy) or, with ``images_per_text`` > 1, ``images`` (a list of such items), the task's targets and ``index``.
 
     Args:
@@ -99,7 +99,7 @@ class GroundedCollator:
 
     Returns input_ids / token_type_ids / attention_mask int64 [B, T] (:func:`vlbert.data.padding.pad_text`);
     region_features float16 [B, R, D], region_boxes float32 [B, R, 4] (normalised xyxy), region_mask int64 [B, R]
-    (:func:`detectors.batch.pad_regions`), or with ``images_per_text`` = n > 1 [B, n, R, ...] (image 0 first,
+    (:func:`vlbert.data.regions.pad_regions`), or with ``images_per_text`` = n > 1 [B, n, R, ...] (image 0 first,
     every image padded to the batch's largest R); each of ``target_keys`` stacked over the items (ints -> int64
     [B], arrays -> [B, ...] of their dtype); ``index`` int64 [B] (the items' dataset indices).
 

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from detectors.batch import pad_regions, region_item
 from vlbert.data.padding import pad_text
+from vlbert.data.regions import pad_regions, region_item
 from vlbert.utils import evaluation
 
 if TYPE_CHECKING:

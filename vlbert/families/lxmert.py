@@ -33,7 +33,7 @@ bert-base-uncased. Features: BUTD Caffe ResNet-101 on Visual Genome, exactly 36 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -43,7 +43,7 @@ from vlbert.families.base import CheckpointFamily, Converted, load_torch_file, r
 from vlbert.families.uniter import BUTD_VG
 
 #: the features LXMERT's checkpoints were trained on: butd-vg at exactly 36 boxes (``*_obj36.tsv``).
-BUTD_VG_36 = replace(BUTD_VG, min_boxes=36, max_boxes=36)
+BUTD_VG_36 = BUTD_VG.with_options(min_boxes=36, max_boxes=36)
 
 _LAYER_PARTS = {"self_att.self.": "attention.self.", "self_att.output.": "attention.output.",
                 "inter.": "intermediate.", "output.": "output."}

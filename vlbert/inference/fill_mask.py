@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import torch
 
-from detectors.batch import pad_regions
+from vlbert.data.regions import pad_regions
 from vlbert.inference.base import Pipeline
 from vlbert.models.bert import BertForPreTraining
 from vlbert.models.vl import VLBertForPreTraining
@@ -26,7 +26,7 @@ def fill_masks(model, tokenizer, texts: Sequence[str], top_k: int = 5, regions: 
         tokenizer: the model's tokenizer (its mask token is written ``[MASK]`` in the texts).
         texts: B texts, each with at least one [MASK].
         top_k: fillers per mask.
-        regions: one region item per text (:func:`detectors.batch.region_item`: region_features float16 [R, D],
+        regions: one region item per text (:func:`vlbert.data.regions.region_item`: region_features float16 [R, D],
             region_boxes float32 [R, 4] normalised xyxy), or None.
         max_length: truncate the texts to this many wordpieces ([CLS]/[SEP] included), as the run's dataset did;
             None: no truncation.

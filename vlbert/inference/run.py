@@ -17,12 +17,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from detectors.batch import pad_regions, region_item
 from detectors.config import DetectorConfig
 from detectors.extract import extract_regions
 from detectors.images import to_rgb_array
 from detectors.regions import Regions
 from vlbert.data.padding import pad_text
+from vlbert.data.regions import pad_regions, region_item
 from vlbert.hub import hub_snapshot, is_hub_name
 from vlbert.run_files import INFERENCE_INFO
 from vlbert.tokenization import load_tokenizer
@@ -227,7 +227,7 @@ class RunInputs:
                              f"model reads {dim}: extract them with the run's detector")
 
     def region_items(self, regions: Sequence[Regions]) -> list[dict]:
-        """Each image's first ``max_regions`` regions as dataset items (:func:`detectors.batch.region_item`)."""
+        """Each image's first ``max_regions`` regions as dataset items (:func:`vlbert.data.regions.region_item`)."""
         return [region_item(r, self.max_regions) for r in regions]
 
     def text_ids(self, texts: Sequence[str]) -> list[list[int]]:

@@ -17,12 +17,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from detectors.batch import pad_class_probs
 from vlbert.layers.losses import IGNORE_INDEX, upcast
 from vlbert.layers.mlp_head import mlp_head
 from vlbert.layers.pretraining_heads import RegionHead
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
 from vlbert.objectives.masked_regions import _MaskedRegions
+from vlbert.objectives.region_targets import pad_class_probs
 
 
 class AttributeClassification(_MaskedRegions):

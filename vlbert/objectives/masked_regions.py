@@ -16,10 +16,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from detectors.batch import pad_class_probs
 from vlbert.layers.losses import upcast
 from vlbert.layers.pretraining_heads import RegionHead
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+from vlbert.objectives.region_targets import pad_class_probs
 
 
 def choose_masked_regions(num_real: int, num_regions: int, probability: float,

@@ -342,7 +342,7 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
     data_config = dataclass_from_section(recipe.data_config, config.get("data"), "data")
     detector = None
     if recipe.uses_regions:
-        detector = dataclass_from_section(DetectorConfig, config.get("detector"), "detector")
+        detector = DetectorConfig.from_section(config.get("detector"))
     start_processes(training.collective_timeout)
     fresh = not Path(training.output_dir).exists()
     check_shared_output_dir(training.output_dir, control_plane(training.collective_timeout))

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from detectors.batch import pad_regions
 from detectors.store import NamespacedRegions, RegionStore
 from vlbert.data import captions as caption_files
 from vlbert.data.corpus import train_eval_split
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES, color_and_shape
 from vlbert.data.pretraining import MaskingCollator
+from vlbert.data.regions import pad_regions
 from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset, caption_content
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives import ObjectiveMix, units_for

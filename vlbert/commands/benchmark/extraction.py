@@ -3,10 +3,13 @@
     python tools/benchmark_extraction.py --config-file COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml --images 16
     python tools/benchmark_extraction.py --config-file butd-vg --images 8 --device cuda --batch-size 8
     python tools/benchmark_extraction.py --backend torchvision --images 16
+    python tools/benchmark_extraction.py --backend timm --architecture resnet50 --images 16
 
-Weights are random unless --weights is given (the RPN's box deltas zeroed, so that its proposals are distinct
-anchors as a trained RPN's are; the RPN then keeps POST_NMS_TOPK_TEST proposals and the selection min_boxes..max_boxes
-regions, which is what the time depends on). The images are
+Any backend of detectors/backends.py, with the same detector flags as tools/extract_regions.py (default: detectron2,
+COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml). Weights are the backend's seeded random ones (its table line's
+``random_weights``) unless --weights is given (detectron2: the RPN's box deltas zeroed, so that its proposals are
+distinct anchors as a trained RPN's are; the RPN then keeps POST_NMS_TOPK_TEST proposals and the selection
+min_boxes..max_boxes regions, which is what the time depends on). The images are
 the embedded easy-VQA pictures resized to COCO's commonest sizes (640x480, 480x640, 640x427, 500x375), so batches
 form as they do on COCO. Prints one JSON line per batch size.
 """
@@ -22,7 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detectors.torchvision_detector import TorchvisionRegionDetector
+from detectors.backends import DETECTOR_BACKENDS
+from detectors.config import DetectorConfig
+from vlbert.commands.detector_flags import add_detector_arguments, detector_options
 from vlbert.data.easy_vqa import image_paths
 
 COCO_SIZES = [(640, 480), (480, 640), (640, 427), (500, 375)]
@@ -39,38 +44,32 @@ def coco_like_images(count: int) -> list[tuple[str, np.ndarray]]:
 
 
 def build(args, tmp: Path):
-    """The detector to time: torchvision's, or detectron2's from --config-file (random weights unless --weights;
-    detectron2 is imported here, as it is optional)."""
-    if args.backend == "torchvision":
-        torch.manual_seed(0)
-        return TorchvisionRegionDetector(weights=args.weights, device=args.device)
-    from detectron2.modeling import build_model
+    """The detector to time, from the detector flags (default: detectron2's COCO R50-FPN), with the backend's
+    seeded random weights written to ``tmp`` unless --weights is given.
 
-    from detectors.detectron2_detector import Detectron2RegionDetector, load_config
-
-    overrides = dict(zip(args.opts[::2], args.opts[1::2])) if args.opts else {}
+    Raises:
+        ValueError: the backend writes no random weights and no --weights was given.
+    """
+    backend, options = detector_options(args, "detectron2")
+    if backend == "detectron2" and not options.config_file:
+        options.config_file = "COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml"
     weights = args.weights
     if weights is None:
-        torch.manual_seed(0)
-        weights = tmp / "random.pth"
-        state = build_model(load_config(args.config_file, overrides)).state_dict()
-        for k in state:  # random deltas stretch every anchor to the whole image; a trained RPN's do not
-            if "anchor_deltas" in k:
-                state[k].zero_()
-            elif k.endswith("norm.weight"):  # untrained frozen norms are identities: 100 residual layers overflow
-                state[k].mul_(0.2)
-        torch.save(state, weights)
-    return Detectron2RegionDetector(args.config_file, weights, args.device, overrides=overrides)
+        entry = DETECTOR_BACKENDS[backend]
+        if entry.random_weights is None:
+            raise ValueError(f"the {backend} backend writes no random weights; pass --weights")
+        weights = str(tmp / "random.pth")
+        entry.random_weights(options, weights)
+    sha256 = (args.weights_sha256 or "") if args.weights else ""  # --weights-sha256 checks a given file
+    return DetectorConfig(backend=backend, weights=weights, weights_sha256=sha256, options=options).identified().build(
+        args.device)
 
 
 def main(argv=None) -> int:
     """Run the tool with ``argv`` (default: ``sys.argv[1:]``; see the module docstring); returns the exit
     status (0). Errors propagate for :func:`vlbert.command_line.run_tool` to report."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", choices=("detectron2", "torchvision"), default="detectron2")
-    p.add_argument("--config-file", default="COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml")
-    p.add_argument("--weights", help="default: random weights")
-    p.add_argument("--opts", nargs="+", help="detectron2 config overrides: KEY VALUE ...")
+    add_detector_arguments(p, default_backend="detectron2")
     p.add_argument("--images", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -87,7 +86,7 @@ def main(argv=None) -> int:
             regions = 0
             for s in range(0, len(images), batch_size):
                 chunk = images[s:s + batch_size]
-                out = detector.extract_batch([a for _, a in chunk], [i for i, _ in chunk], batch_size=batch_size)
+                out = detector.extract_batch([a for _, a in chunk], [i for i, _ in chunk])
                 regions += sum(r.num_regions for r in out)
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()

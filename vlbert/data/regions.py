@@ -1,7 +1,8 @@
-"""Regions into model inputs: slicing one image's regions and padding a batch of them (which regions to mask is
-masked region modelling's decision:
-:mod:`vlbert.objectives.masked_regions`). Every VL task (pretraining, VQA, retrieval, classification) builds its
-region tensors here.
+"""Regions into model inputs: slicing one image's :class:`~detectors.regions.Regions` and padding a batch of them
+under the model's input names (``region_features``, ``region_boxes``, ``region_mask``). Every VL task (pretraining,
+VQA, retrieval, classification) builds its region tensors here; detectors/ below knows regions, never the model's
+batch. Which regions to mask is masked region modelling's decision, and the padding of its targets its own
+(:mod:`vlbert.objectives.region_targets`).
 
 Units: ``region_boxes`` are normalised to [0, 1] by image width and height, (x1, y1, x2, y2); features stay
 float16 until the model casts them.
@@ -76,21 +77,5 @@ def pad_regions(items: list[dict]) -> dict[str, torch.Tensor]:
     return {"region_features": feats, "region_boxes": boxes, "region_mask": mask}
 
 
-def pad_class_probs(items: list[dict], num_regions: int, key: str = "class_probs") -> torch.Tensor:
-    """float16 [B, num_regions, C]: each item's ``key`` distribution (``class_probs``, or ``attribute_probs`` for
-    attribute classification) padded with zero rows.
-
-    Raises:
-        ValueError: an item has no such distribution (the detector did not write one).
-    """
-    if any(x.get(key) is None for x in items):
-        raise ValueError(f"masked region classification needs the detector's {key} in the shards; extract with a "
-                         f"backend that writes them (butd-vg writes classes and attributes) or drop the objective")
-    probs = torch.zeros(len(items), num_regions, items[0][key].shape[1], dtype=torch.float16)
-    for i, x in enumerate(items):
-        probs[i, : len(x[key])] = torch.from_numpy(np.asarray(x[key]))
-    return probs
-
-
-__all__ = ["region_item", "pad_regions", "pad_class_probs"]
+__all__ = ["region_item", "pad_regions"]
 

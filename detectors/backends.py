@@ -1,0 +1,107 @@
+"""The detector backends, one line each: how images become regions (``detector.backend``).
+
+A backend is a module with its options (a dataclass: each field with a default and a ``help`` in its metadata,
+and ``validate(weights)``), a build function ``(options, weights, device) -> extractor`` (a callable
+``(image, image_id) -> Regions`` with ``extract_batch(images, image_ids)``, ``name`` and ``feature_dim``), and its
+line in :data:`DETECTOR_BACKENDS` naming the options fields that change the features (the fingerprint's). The
+config (:class:`detectors.config.DetectorConfig`), the run configs' ``detector`` section and the flags of
+``tools/extract_regions.py`` and ``vlbert benchmark extraction`` all read this table; docs/extending.md
+"A detector backend" walks adding one.
+
+Backends:
+  * ``timm``: Felzenszwalb proposals + the whole image, RoI-aligned on any timm ImageNet backbone
+    (:mod:`detectors.backbone`; offline with the packaged EfficientNet-Lite0 weights);
+  * ``torchvision``: Faster R-CNN R50-FPN with BUTD's box selection (:mod:`detectors.torchvision_detector`);
+  * ``detectron2``: any detectron2 Faster R-CNN, the BUTD Visual Genome model included
+    (:mod:`detectors.detectron2_options`; needs detectron2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+from detectors.backbone import (
+    TimmOptions,
+    build_timm_extractor,
+    write_random_timm_weights,
+)
+from detectors.detectron2_options import (
+    Detectron2Options,
+    build_detectron2_detector,
+    config_file_identity,
+    write_random_detectron2_weights,
+)
+from detectors.torchvision_detector import (
+    TorchvisionOptions,
+    build_torchvision_detector,
+    write_random_torchvision_weights,
+)
+
+
+@dataclass(frozen=True)
+class DetectorBackend:
+    """One line of :data:`DETECTOR_BACKENDS`.
+
+    Attributes:
+        options: the backend's options dataclass (``detector.options``).
+        build: ``(options, weights: str, device: str) -> extractor``; ``weights`` "" = the backend's default.
+        feature_fields: the options fields that change the features, in the fingerprint's order (with the backend
+            and the weights' identity, always).
+        summary: one line for ``--help`` (what it detects with, what it needs).
+        identities: field -> function of its value giving what of it changes the features (a config file by its
+            content, not its directory); fields not named count by value.
+        unrecorded: field -> the value it had before it was a field, left out of the fingerprint so that features
+            extracted then keep their name (timm's ``architecture``: ``efficientnet_lite0``).
+        pools_given_boxes: the extractor pools boxes it is given (``extract_batch(images, ids, boxes)``) instead of
+            detecting its own.
+        random_weights: ``(options, path) -> None`` writing seeded random weights, for benchmarks; None = none.
+    """
+
+    options: type
+    build: Callable[..., Any]
+    feature_fields: tuple[str, ...]
+    summary: str
+    identities: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+    unrecorded: dict[str, Any] = field(default_factory=dict)
+    pools_given_boxes: bool = False
+    random_weights: Callable[[Any, str], None] | None = None
+
+    def option_names(self) -> tuple[str, ...]:
+        """The names of the options fields, in order."""
+        return tuple(f.name for f in fields(self.options))
+
+
+DETECTOR_BACKENDS: dict[str, DetectorBackend] = {
+    "timm": DetectorBackend(TimmOptions, build_timm_extractor, ("architecture", "input_size", "roi_output_size",
+                                                                "max_proposals", "low_level_stage"),
+                            "Felzenszwalb proposals RoI-aligned on a timm ImageNet backbone (offline default)",
+                            unrecorded={"architecture": "efficientnet_lite0"}, pools_given_boxes=True,
+                            random_weights=write_random_timm_weights),
+    "torchvision": DetectorBackend(TorchvisionOptions, build_torchvision_detector,
+                                   ("min_boxes", "max_boxes", "score_threshold"),
+                                   "torchvision's Faster R-CNN R50-FPN, BUTD's box selection",
+                                   random_weights=write_random_torchvision_weights),
+    "detectron2": DetectorBackend(Detectron2Options, build_detectron2_detector,
+                                  ("config_file", "min_boxes", "max_boxes", "score_threshold", "nms_iou",
+                                   "overrides"),
+                                  "a detectron2 Faster R-CNN (BUTD's Visual Genome model: butd-vg); needs detectron2",
+                                  identities={"config_file": config_file_identity},
+                                  random_weights=write_random_detectron2_weights),
+}
+#: The backend of a config that names none: the one that runs offline.
+DEFAULT_BACKEND = "timm"
+
+
+def detector_backend(name: str) -> DetectorBackend:
+    """The line of :data:`DETECTOR_BACKENDS` named ``name``.
+
+    Raises:
+        ValueError: no such backend (the names said).
+    """
+    if name not in DETECTOR_BACKENDS:
+        raise ValueError(f"detector.backend must be one of {', '.join(DETECTOR_BACKENDS)}, got {name!r}")
+    return DETECTOR_BACKENDS[name]
+
+
+__all__ = ["DetectorBackend", "DETECTOR_BACKENDS", "DEFAULT_BACKEND", "detector_backend"]
