@@ -6,7 +6,9 @@ the cross-entropy, and bf16 weights with float32 masters train as float32 does. 
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 import traceback
 from pathlib import Path
 
@@ -455,3 +457,22 @@ def test_bf16_params_accumulate_micro_batches_in_float32(tmp_path, small_token_c
     bf16 = max(float((b.double() - e).abs().max()) for b, e in zip(in_bf16, exact))
     assert ours <= 4 * 2.0 ** -24 * scale, (ours, scale)  # float32 rounding of a sum of 4
     assert bf16 > 100 * ours, (bf16, ours)
+
+
+ROOFLINE = ROOT.parent / "shared" / "gpu" / "roofline.py"
+
+
+@pytest.mark.skipif(not ROOFLINE.is_file(), reason="../shared/gpu/roofline.py is not beside the checkout")
+def test_the_shared_roofline_proxy_traces_this_checkout(monkeypatch, capsys):
+    """The H100 step the project quotes (docs/performance.md) comes from ../shared/gpu/roofline.py, which imports
+    tools/benchmark.py as ``benchmark`` and traces its BBC News batch through the model: moving the benchmark must
+    not break it. A small batch keeps the trace short; the bf16-params step makes no host sync."""
+    spec = importlib.util.spec_from_file_location("roofline_proxy", ROOFLINE)
+    roofline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(roofline)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the proxy puts tools/ first; undone after the test
+    monkeypatch.setattr(sys, "argv", ["roofline.py", "--impl", "vlbert", "--batch-size", "8", "--bf16-params"])
+    roofline.main()
+    out = capsys.readouterr().out
+    assert "predicted H100 step" in out and "host syncs: 0" in out, out
