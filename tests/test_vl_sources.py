@@ -202,7 +202,8 @@ def test_published_vl_configs_run_on_small_data_in_their_formats(tmp_path, name)
         source["shards"] = str(tmp_path / "shards-npz")  # with class distributions (MRC-kl)
         source["image_id_format"] = "COCO_train2014_{image_id:012d}"
     config.update({"init_from": "minilm", "tokenizer": "minilm"})
-    config["model"] = {"num_hidden_layers": 1, "region_feature_dim": 1320}
+    shipped = config["model"]
+    config["model"] = {**shipped, "num_hidden_layers": 1, "region_feature_dim": 1320}  # MiniLM's sizes, their pathway
     config["data"].update({"eval_fraction": 0.2, "max_regions": 8})
     config["training"].update({"output_dir": str(tmp_path / "run"), "max_steps": 2, "batch_size": 4,
                                "grad_accum_steps": 1, "warmup_steps": 1, "num_workers": 0, "log_every": 1,
@@ -210,3 +211,5 @@ def test_published_vl_configs_run_on_small_data_in_their_formats(tmp_path, name)
     run(RECIPES["vl-pretraining"], config)
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if r["split"] == "train"] == [1, 2]
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["region_embedding"] == shipped.get("region_embedding", "uniter")  # VisualBERT trains its own
