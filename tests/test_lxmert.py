@@ -281,7 +281,8 @@ def test_pretraining_config_resolves_to_lxmert():
         model = VLBertForPreTraining(config)
     encoder = model.bert.encoder
     assert (len(encoder.text.layers), len(encoder.regions.layers), len(encoder.cross_layers)) == (9, 5, 5)
-    assert set(data.objectives) <= set(model.objectives) and "attr" in data.objectives
+    assert set(data.objectives) <= set(model.objectives) and {"attr", "qa"} <= set(data.objectives)
+    assert {s.format for s in data.sources} == {"lxmert"} and model.qa[3].out_features == 9500
     assert (data.max_text_length, data.max_regions, run["training"]["batch_size"]) == (20, 36, 256)
 
 
