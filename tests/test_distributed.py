@@ -173,17 +173,26 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
 @pytest.mark.integration
 def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_shards, tmp_path):
     """LXMERT's two-stream encoder (issue 42) under DDP: 2 processes at batch 4 give 1 process at batch 8's losses
-    step by step, over its pretraining units (MLM, feature regression, detected labels, ITM); the 2-process run
+    step by step, over its pretraining units (MLM, feature regression, detected labels, ITM, and QA on LXMERT's
+    JSON whose questions fall unevenly on the ranks: each rank weighs by its question rows); the 2-process run
     stopped after step 5 (its log to step 5, the checkpoint of step 3) and resumed on 2 processes gives the
     uninterrupted run's losses for steps 4 to 6."""
+    from vlbert.data.easy_vqa import color_and_shape
+
+    truth = color_and_shape("train")
+    records = [{"img_id": i, "sentf": {"mscoco": [f"a {c} {s}"], "vqa": [f"what color is the {s}?"]},
+                "labelf": {"vqa": [{c: 1.0}]}} for i, (c, s) in list(truth.items())[:16]]
+    (tmp_path / "lxmert.json").write_text(json.dumps(records))
+
     def two_stream_config(out, batch_size):
         return {"modality": "vl", "tokenizer": "minilm",
                 "model": {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1,
                           "region_embedding": "lxmert", "region_location_dim": 4, "hidden_size": 32,
                           "num_attention_heads": 2, "intermediate_size": 64, "hidden_dropout_prob": 0.0,
                           "attention_probs_dropout_prob": 0.0},
-                "data": {"shards": str(easy_vqa_shards), "max_images": 16, "eval_fraction": 0.0,
-                         "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "itm": 1}},
+                "data": {"sources": [{"name": "lxmert", "format": "lxmert", "path": str(tmp_path / "lxmert.json"),
+                                      "shards": str(easy_vqa_shards)}], "eval_fraction": 0.0,
+                         "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "itm": 1, "qa": 4}},
                 "training": {"output_dir": str(out), "max_steps": 6, "batch_size": batch_size, "learning_rate": 1e-3,
                              "warmup_steps": 1, "log_every": 1, "save_every": 3, "save_total_limit": 0,
                              "progress_bar": False}}
@@ -195,9 +204,9 @@ def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_sha
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, 7))
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
-    objectives = {next(k for k in ("mlm", "mrfr", "mrc", "itm") if k in r)
+    objectives = {next(k for k in ("mlm", "mrfr", "mrc", "itm", "qa") if k in r)
                   for r in map(json.loads, (two / "log.jsonl").read_text().splitlines()) if r["split"] == "train"}
-    assert len(objectives) >= 3, objectives  # the steps did mix the units
+    assert len(objectives) >= 3 and "qa" in objectives, objectives  # the steps did mix the units
     (stopped / "checkpoints").mkdir(parents=True)
     shutil.copytree(two / "checkpoints" / "step-3", stopped / "checkpoints" / "step-3")
     lines = (two / "log.jsonl").read_text().splitlines()

@@ -265,6 +265,7 @@ def test_attribute_and_question_answering_units():
     alone = model(ids[1:2], None, mask[1:2], feats[1:2], boxes[1:2], rm[1:2], qa_label=torch.tensor([2]))
     torch.testing.assert_close(full.losses["qa"], alone.losses["qa"])
     assert full.metrics["qa_accuracy"] == alone.metrics["qa_accuracy"]
+    assert int(full.counts["qa"]) == int(alone.counts["qa"]) == 1  # DDP weighs each rank by its question rows
 
 
 def test_pretraining_config_resolves_to_lxmert():
