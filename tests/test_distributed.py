@@ -119,12 +119,9 @@ def test_two_processes_stopped_and_resumed_equal_the_uninterrupted_run(small_cor
     assert a[9] != a[10]
 
 
-@pytest.mark.slow
-@pytest.mark.integration
-def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(tmp_path):
-    """VL pretraining draws one objective per step for both ranks; the heads of the other objectives stay in the
-    graph with weight zero, so DDP runs without find_unused_parameters and 2 x b = 1 x 2b, step by step. ITM draws
-    hard negatives from the global batch (both ranks' captions), with word-region alignment on its batches."""
+@pytest.fixture(scope="module")
+def easy_vqa_shards(tmp_path_factory) -> Path:
+    """Region shards of 32 easy-VQA training images (a tiny detector: 64-pixel input, 6 proposals)."""
     from PIL import Image
 
     from detectors.config import DetectorConfig
@@ -134,13 +131,22 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
     ids = list(color_and_shape("train"))[:32]
     paths = image_paths("train")
     extractor = DetectorConfig(options={"input_size": 64, "max_proposals": 6}).build()
-    write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), tmp_path / "shards")
+    shards = tmp_path_factory.mktemp("easy-vqa") / "shards"
+    write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), shards)
+    return shards
 
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(easy_vqa_shards, tmp_path):
+    """VL pretraining draws one objective per step for both ranks; the heads of the other objectives stay in the
+    graph with weight zero, so DDP runs without find_unused_parameters and 2 x b = 1 x 2b, step by step. ITM draws
+    hard negatives from the global batch (both ranks' captions), with word-region alignment on its batches."""
     def vl_config(out, batch_size):
         return {"modality": "vl", "tokenizer": "minilm",
                 "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
                           "intermediate_size": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
-                "data": {"shards": str(tmp_path / "shards"), "max_images": 32, "eval_fraction": 0.0,
+                "data": {"shards": str(easy_vqa_shards), "max_images": 32, "eval_fraction": 0.0,
                          "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "mrc_kl": 1, "itm": 4, "wra": 0.1},
                          "itm_negatives": "hard"},
                 "training": {"output_dir": str(out), "max_steps": 8, "batch_size": batch_size, "learning_rate": 1e-3,
@@ -161,6 +167,55 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
     assert len(set(objectives)) >= 3 and "itm" in objectives  # the steps did mix objectives
     itm_rows = [r for r in map(json.loads, (two / "log.jsonl").read_text().splitlines()) if "itm" in r]
     assert all("wra" in r and "wra_mismatched_distance" in r for r in itm_rows)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_shards, tmp_path):
+    """LXMERT's two-stream encoder (issue 42) under DDP: 2 processes at batch 4 give 1 process at batch 8's losses
+    step by step, over its pretraining units (MLM, feature regression, detected labels, ITM, and QA on LXMERT's
+    JSON whose questions fall unevenly on the ranks: each rank weighs by its question rows); the 2-process run
+    stopped after step 5 (its log to step 5, the checkpoint of step 3) and resumed on 2 processes gives the
+    uninterrupted run's losses for steps 4 to 6."""
+    from vlbert.data.easy_vqa import color_and_shape
+
+    truth = color_and_shape("train")
+    records = [{"img_id": i, "sentf": {"mscoco": [f"a {c} {s}"], "vqa": [f"what color is the {s}?"]},
+                "labelf": {"vqa": [{c: 1.0}]}} for i, (c, s) in list(truth.items())[:16]]
+    (tmp_path / "lxmert.json").write_text(json.dumps(records))
+
+    def two_stream_config(out, batch_size):
+        return {"modality": "vl", "tokenizer": "minilm",
+                "model": {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1,
+                          "region_embedding": "lxmert", "region_location_dim": 4, "hidden_size": 32,
+                          "num_attention_heads": 2, "intermediate_size": 64, "hidden_dropout_prob": 0.0,
+                          "attention_probs_dropout_prob": 0.0},
+                "data": {"sources": [{"name": "lxmert", "format": "lxmert", "path": str(tmp_path / "lxmert.json"),
+                                      "shards": str(easy_vqa_shards)}], "eval_fraction": 0.0,
+                         "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "itm": 1, "qa": 4}},
+                "training": {"output_dir": str(out), "max_steps": 6, "batch_size": batch_size, "learning_rate": 1e-3,
+                             "warmup_steps": 1, "log_every": 1, "save_every": 3, "save_total_limit": 0,
+                             "progress_bar": False}}
+
+    one, two, stopped = tmp_path / "one", tmp_path / "two", tmp_path / "stopped"
+    reference_run(two_stream_config(one, 8), "vl-pretraining")
+    first = torchrun(two_stream_config(two, 4), "vl-pretraining")
+    assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
+    a, b = losses(one), losses(two)
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    assert max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
+    objectives = {next(k for k in ("mlm", "mrfr", "mrc", "itm", "qa") if k in r)
+                  for r in map(json.loads, (two / "log.jsonl").read_text().splitlines()) if r["split"] == "train"}
+    assert len(objectives) >= 3 and "qa" in objectives, objectives  # the steps did mix the units
+    (stopped / "checkpoints").mkdir(parents=True)
+    shutil.copytree(two / "checkpoints" / "step-3", stopped / "checkpoints" / "step-3")
+    lines = (two / "log.jsonl").read_text().splitlines()
+    (stopped / "log.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= 5))
+    resumed = torchrun(two_stream_config(stopped, 4), "vl-pretraining", "--resume")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-3000:]
+    c = losses(stopped)
+    assert sorted(c) == list(range(1, 7))
+    assert max(abs(b[s] - c[s]) for s in b) <= 1e-6, (b, c)
 
 
 @pytest.mark.slow

@@ -265,6 +265,7 @@ def test_attribute_and_question_answering_units():
     alone = model(ids[1:2], None, mask[1:2], feats[1:2], boxes[1:2], rm[1:2], qa_label=torch.tensor([2]))
     torch.testing.assert_close(full.losses["qa"], alone.losses["qa"])
     assert full.metrics["qa_accuracy"] == alone.metrics["qa_accuracy"]
+    assert int(full.counts["qa"]) == int(alone.counts["qa"]) == 1  # DDP weighs each rank by its question rows
 
 
 def test_pretraining_config_resolves_to_lxmert():
@@ -281,7 +282,8 @@ def test_pretraining_config_resolves_to_lxmert():
         model = VLBertForPreTraining(config)
     encoder = model.bert.encoder
     assert (len(encoder.text.layers), len(encoder.regions.layers), len(encoder.cross_layers)) == (9, 5, 5)
-    assert set(data.objectives) <= set(model.objectives) and "attr" in data.objectives
+    assert set(data.objectives) <= set(model.objectives) and {"attr", "qa"} <= set(data.objectives)
+    assert {s.format for s in data.sources} == {"lxmert"} and model.qa[3].out_features == 9500
     assert (data.max_text_length, data.max_regions, run["training"]["batch_size"]) == (20, 36, 256)
 
 

@@ -147,7 +147,7 @@ def test_shard_feature_size_must_match_the_config(tokenizer):
                      "region_feature_dim": 2048}}
     ctx = RunContext(run, None, None, None, tokenizer, None)
     with pytest.raises(ValueError, match="1280-d region features but model.region_feature_dim is 2048"):
-        build_model(ctx, SimpleNamespace(feature_dim=1280, num_classes=1000))
+        build_model(ctx, SimpleNamespace(feature_dim=1280, num_classes=1000, qa_answers=[]))
 
 
 def test_mrc_cross_entropy_variant():

@@ -213,3 +213,47 @@ def test_published_vl_configs_run_on_small_data_in_their_formats(tmp_path, name)
     assert [r["step"] for r in log if r["split"] == "train"] == [1, 2]
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["region_embedding"] == shipped.get("region_embedding", "uniter")  # VisualBERT trains its own
+
+
+def test_lxmert_json_questions_train_the_qa_unit(easy, tokenizer, tmp_path):
+    """LXMERT's pretraining JSON: captions, and questions whose answers (normalised as LXMERT's answer table does)
+    label the ``qa`` unit; a two-stream run draws ``qa`` and logs its loss, and inference.json keeps the answers."""
+    from vlbert.data.captions import load_lxmert_json
+    from vlbert.data.vl_pretraining import Caption, VLPretrainingDataset
+    from vlbert.recipes import RECIPES, run
+
+    records = [{"img_id": k, "sentf": {"mscoco": [f"a {c} {s}"], "vqa": ["what color is it?", "what shape is it?"]},
+                "labelf": {"vqa": [{c.capitalize() + ".": 1.0}, {"the " + s: 0.9, "one": 0.0}]}}
+               for k, (c, s) in easy.truth.items()]
+    (tmp_path / "mscoco_train.json").write_text(json.dumps(records))
+    image = load_lxmert_json(tmp_path / "mscoco_train.json")[0]
+    color, shape = easy.truth["0"]
+    assert image.image_id == "0" and image.answers == ((), ((color, 1.0),), ((shape, 0.9), ("1", 0.0)))
+    caption, question = (Caption("0", [1], text, answers) for text, answers in zip(("c", "q"), image.answers[::2]))
+    data = VLPretrainingDataset([caption, question, Caption("1", [1], "x")], easy.store, tokenizer,
+                                qa_answers=["1", shape])
+    assert "answer_label" not in data[0] and data[1]["answer_label"] == 1  # "1" scores 0: never drawn
+    (tmp_path / "bad.json").write_text(json.dumps([{"img_id": "0", "sentf": {"vqa": ["why?"]}, "labelf": {"vqa": []}}]))
+    with pytest.raises(ValueError, match=r"labelf\['vqa'\] must hold one \{answer: score\} per sentence"):
+        load_lxmert_json(tmp_path / "bad.json")
+
+    source = {"name": "lxmert", "format": "lxmert", "path": str(tmp_path / "mscoco_train.json"),
+              "shards": str(easy.shards)}
+    config = {"modality": "vl", "tokenizer": "minilm",
+              "model": {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1, "hidden_size": 32,
+                        "region_embedding": "lxmert", "region_location_dim": 4, "num_attention_heads": 2,
+                        "intermediate_size": 64},
+              "data": {"sources": [source], "eval_fraction": 0.0, "objectives": {"mlm": 1, "qa": 3}},
+              "training": {"output_dir": str(tmp_path / "run"), "max_steps": 4, "batch_size": 8, "log_every": 1,
+                           "progress_bar": False}}
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"image_id": k, "caption": f"a {c} {s}"}) + "\n"
+                                              for k, (c, s) in easy.truth.items()))
+    with pytest.raises(ValueError, match="has qa .* but no source holds questions with answers"):
+        run(RECIPES["vl-pretraining"], {**config, "data": {**config["data"], "sources": [
+            {**source, "format": "jsonl", "path": str(tmp_path / "c.jsonl")}]}})
+    run(RECIPES["vl-pretraining"], config)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    answers = json.loads((tmp_path / "run" / "inference.json").read_text())["qa_answers"]
+    assert sorted(answers) == sorted({a for c, s in easy.truth.values() for a in (c, s)})
+    qa = [r for r in rows if "qa" in r]
+    assert qa and abs(qa[0]["qa"] - np.log(len(answers))) < 0.5, qa  # a fresh head: near uniform

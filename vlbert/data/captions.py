@@ -6,7 +6,10 @@
   sentences [{raw}]}] (Karpathy & Fei-Fei 2015), read by pretraining and retrieval alike;
 * Conceptual-Captions-style TSV: one ``caption<TAB>image key`` per line (Sharma et al. 2018), no header;
 * JSON lines ``{"image_id": ..., "caption": ...}`` (e.g. Visual Genome region descriptions or SBU converted);
-* a Hugging Face ``datasets`` name (online), with its image-id and caption columns.
+* a Hugging Face ``datasets`` name (online), with its image-id and caption columns;
+* LXMERT's pretraining JSON (``data/lxmert/mscoco_train.json``, ``vgnococo.json``, ...; airsplay/lxmert@077c596
+  ``src/pretrain/lxmert_data.py``): ``[{"img_id", "sentf": {source: [sentence]}, "labelf": {source: [{answer:
+  score}]}}]``, where the sentences of a source with ``labelf`` are questions (VQA, GQA, VG-QA) with their answers.
 
 Each reader maps the file's own image identifier to the id under which the region shards hold the image with
 ``image_id_format``, a ``str.format`` template over the record's fields (COCO: ``image_id``, ``file_name`` and its
@@ -23,17 +26,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from vlbert_base.user_files import read_json, read_jsonl
 
-CAPTION_FORMATS = ("coco", "karpathy", "tsv", "jsonl", "hf")
+CAPTION_FORMATS = ("coco", "karpathy", "tsv", "jsonl", "hf", "lxmert")
 
 
 @dataclass(frozen=True)
 class CaptionedImage:
     """An image and its captions. ``group``: images of the same group are interchangeable for their captions
-    (e.g. easy-VQA's "a blue circle" fits every blue circle); by default each image is its own group."""
+    (e.g. easy-VQA's "a blue circle" fits every blue circle); by default each image is its own group.
+    ``answers``: empty (no caption is a question), or one entry per caption: a question's answers with their
+    scores, ``((answer, score), ...)`` (answers normalised by :func:`lxmert_answer`), ``()`` for a caption."""
 
     image_id: str
     captions: tuple[str, ...]
     group: str = ""
+    answers: tuple[tuple[tuple[str, float], ...], ...] = ()
 
 
 def _format_id(template: str, fields: dict, where: str) -> str:
@@ -158,5 +164,64 @@ def load_hf_captions(name: str, split: str = "train", image_id_format: str = "{i
     return _grouped(pairs, name)
 
 
-__all__ = ["CaptionedImage", "CAPTION_FORMATS", "load_coco_captions", "load_karpathy_split", "load_caption_tsv",
+#: LXMERT's answer rewrites (airsplay/lxmert@077c596 ``src/pretrain/qa_answer_table.py``, ``AnswerTable``).
+_ANSWER_REWRITES = {"a man": "man", "the man": "man", "a woman": "woman", "the woman": "woman", "grey": "gray",
+                    **{w: str(n) for n, w in enumerate("one two three four five six seven eight nine ten".split(), 1)}}
+
+
+def lxmert_answer(answer: str) -> str:
+    """An answer in the form LXMERT's answer table compares (``AnswerTable.convert_ans`` at 077c596): lower case,
+    one trailing period dropped, a leading article ("a ", "an ", "the ") dropped, number words as digits,
+    "grey" as "gray"."""
+    answer = answer.lower()
+    if answer.endswith("."):
+        answer = answer[:-1].strip()
+    for article in ("a ", "an ", "the "):
+        if answer.startswith(article):
+            answer = answer[len(article):].strip()
+    return _ANSWER_REWRITES.get(answer, answer)
+
+
+def load_lxmert_json(path: str | os.PathLike, image_id_format: str = "{img_id}") -> list[CaptionedImage]:
+    """LXMERT's pretraining JSON -> one record per image with all its sentences; the sentences of a source that
+    has ``labelf`` are questions, each with its answers (``{answer: score}``, normalised by :func:`lxmert_answer`;
+    two answers of one form keep the later score, as LXMERT's table does). Id fields: the record's own
+    (``img_id``, e.g. ``"COCO_train2014_000000000009"``, the id of LXMERT's ``*_obj36.tsv`` features).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not a JSON list, a record without ``img_id`` or a ``sentf``
+            object, a ``labelf`` list whose length is not its sentence list's, or no sentence at all.
+    """
+    data = _read_json(path)
+    if not isinstance(data, list):
+        raise ValueError(f"{path} is not a list of image records; an LXMERT pretraining file "
+                         "(data/lxmert/mscoco_train.json) holds [{\"img_id\", \"sentf\", \"labelf\"}, ...]")
+    out = []
+    for n, record in enumerate(data):
+        where = f"{path}: record {n}"
+        if not isinstance(record, dict) or "img_id" not in record or not isinstance(record.get("sentf"), dict):
+            raise ValueError(f"{where} needs 'img_id' and 'sentf' (sentences by source), got "
+                             f"{sorted(record) if isinstance(record, dict) else type(record).__name__}")
+        labelf = record.get("labelf") or {}
+        captions, answers = [], []
+        for source, sentences in record["sentf"].items():
+            labels = labelf.get(source)
+            if labels is not None and (not isinstance(labels, list) or len(labels) != len(sentences)):
+                raise ValueError(f"{where}: labelf[{source!r}] must hold one {{answer: score}} per sentence of "
+                                 f"sentf[{source!r}] ({len(sentences)})")
+            for k, sentence in enumerate(sentences):
+                if str(sentence).strip():
+                    captions.append(str(sentence).strip())
+                    scored = {lxmert_answer(str(a)): float(v) for a, v in (labels[k] if labels else {}).items()}
+                    answers.append(tuple(scored.items()))
+        if captions:
+            fields = {k: v for k, v in record.items() if k not in ("sentf", "labelf")}
+            out.append(CaptionedImage(_format_id(image_id_format, fields, where), tuple(captions),
+                                      answers=tuple(answers)))
+    if not out:
+        raise ValueError(f"{path} holds no sentence")
+    return out
+
+
+__all__ = ["CaptionedImage", "CAPTION_FORMATS", "lxmert_answer", "load_lxmert_json", "load_coco_captions", "load_karpathy_split", "load_caption_tsv",
            "load_caption_jsonl", "load_hf_captions"]

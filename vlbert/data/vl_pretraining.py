@@ -39,11 +39,13 @@ def caption_content(text: str) -> str:
 @dataclass
 class Caption:
     """An image-text pair: ``image_id``, the caption's wordpiece ids (no special tokens) and its ``content``
-    key (captions with equal keys say the same thing; default :func:`caption_content` of the text)."""
+    key (captions with equal keys say the same thing; default :func:`caption_content` of the text); ``answers``:
+    for a question, its answers with their scores ``((answer, score), ...)`` (the ``qa`` unit's targets)."""
 
     image_id: str
     token_ids: list[int]
     content: str
+    answers: tuple[tuple[str, float], ...] = ()
 
 
 class VLPretrainingDataset(Dataset):
@@ -56,16 +58,18 @@ class VLPretrainingDataset(Dataset):
         max_text_length: wordpieces including [CLS] and [SEP].
         max_regions: keep at most this many regions per image (the detector's order).
         seed: for ITM negatives and masking.
+        qa_answers: the answer vocabulary of the ``qa`` unit (empty: no answer labels).
     Items: dict with input_ids (list), negative_input_ids (a caption of another image with other content),
     content_id (int, the caption's content key: ITM's hard negatives skip captions of the same content),
     region_features float16 [R, D], region_boxes float32 [R, 4] normalised xyxy, class_probs float16 [R, C] or
-    None, and ``sample_seed``.
+    None, ``sample_seed``, and for a question with an answer in ``qa_answers`` ``answer_label`` (int: one of its
+    answers drawn by score per epoch, as LXMERT's ``convert_example_to_features``, airsplay/lxmert@077c596).
     Raises:
         ValueError: no captions, a caption's image has no regions, or all captions say the same thing.
     """
 
     def __init__(self, captions: Sequence[Caption], regions: dict[str, Regions], tokenizer, max_text_length: int = 40,
-                 max_regions: int = 36, seed: int = 0):
+                 max_regions: int = 36, seed: int = 0, qa_answers: Sequence[str] = ()):
         if not captions:
             raise ValueError("no image-text pairs to pretrain on")
         missing = sorted(i for i in {c.image_id for c in captions} if i not in regions)  # one lookup per image
@@ -78,6 +82,7 @@ class VLPretrainingDataset(Dataset):
         self.regions = regions
         self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
         self.max_text_length, self.max_regions, self.seed = max_text_length, max_regions, seed
+        self.answer_ids = {a: i for i, a in enumerate(qa_answers)}
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -104,13 +109,26 @@ class VLPretrainingDataset(Dataset):
                 return other
         return next(c for c in self.captions if c.image_id != own.image_id and c.content != own.content)
 
+    def answer_label(self, caption: Caption, rng: random.Random) -> int | None:
+        """The index of one of the question's known answers with a positive score, drawn in proportion to the
+        scores; None for a caption or a question without such an answer."""
+        known = [(self.answer_ids[a], score) for a, score in caption.answers if a in self.answer_ids and score > 0]
+        if not known:
+            return None
+        return known[0][0] if len(known) == 1 else rng.choices([i for i, _ in known], [s for _, s in known])[0]
+
     def __getitem__(self, index: int) -> dict:
         caption = self.captions[index]
         seed = hash((self.seed, self.epoch, index)) & 0x7FFFFFFF
-        return {"input_ids": self.text_ids(caption),
-                "negative_input_ids": self.text_ids(self.negative_for(index, random.Random(seed))),
+        rng = random.Random(seed)
+        item = {"input_ids": self.text_ids(caption),
+                "negative_input_ids": self.text_ids(self.negative_for(index, rng)),
                 **region_item(self.regions[caption.image_id], self.max_regions), "sample_seed": seed,
                 "content_id": content_id(caption.content)}
+        label = self.answer_label(caption, rng) if caption.answers else None
+        if label is not None:
+            item["answer_label"] = label
+        return item
 
 
 class VLCollator:

@@ -76,13 +76,14 @@ class PrepareContext:
 
 
 class ObjectiveResult(NamedTuple):
-    """A unit's loss (0-d float), its metric (0-d, detached), the number of predictions both average over, the
+    """A unit's loss (0-d float), its metric (0-d, detached), the number of predictions both average over (an int,
+    or a 0-d integer tensor where only the device knows it: ``qa``'s question rows), the
     logits it computed (for the model's output) and further metrics, name -> (0-d value, the count it averages
     over); an entry under the unit's own metric name replaces that metric's count (WRA: its matched pairs)."""
 
     loss: torch.Tensor
     metric: torch.Tensor
-    count: int
+    count: int | torch.Tensor
     logits: torch.Tensor | None = None
     extra_metrics: dict | None = None
 

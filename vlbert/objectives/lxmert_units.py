@@ -53,7 +53,8 @@ class AttributeClassification(_MaskedRegions):
 
 class PretrainingQuestionAnswering(Objective):
     """``qa_label`` int64 [B]: the answer's index among ``config.num_qa_labels`` for a question record, -100 for
-    a caption. Items carry ``answer_label`` (int, or absent for captions). Head ``qa``: Linear(H, 2H) -> GELU ->
+    a caption. Items carry ``answer_label`` (int, or absent for captions). The loss averages over the question
+    rows, and its count is theirs (a 0-d tensor), which weighs the ranks under DDP. Head ``qa``: Linear(H, 2H) -> GELU ->
     LayerNorm -> Linear(2H, num_qa_labels) on the pooled [CLS] (LXMERT's ``answer_head``)."""
 
     name, metric, head, inputs = "qa", "qa_accuracy", "qa", ("qa_label",)
@@ -79,7 +80,8 @@ class PretrainingQuestionAnswering(Objective):
         with torch.no_grad():
             correct = ((logits.argmax(-1) == target) & valid).sum()
             accuracy = correct / valid.sum().clamp(min=1)
-        return ObjectiveResult(loss, accuracy, target.numel(), logits)
+        # the count of question rows stays on the device: reading it would be a host sync per step
+        return ObjectiveResult(loss, accuracy, valid.sum(), logits)
 
 
 __all__ = ["AttributeClassification", "PretrainingQuestionAnswering"]

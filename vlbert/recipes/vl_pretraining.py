@@ -3,7 +3,8 @@ modelling (MRFR, MRC, MRC-kl) and image-text matching on one shared encoder init
 section 3), one objective per step drawn from ``data.objectives``.
 
 Data: ``data.sources``, a list of caption files each with its region shards (COCO captions JSON, Karpathy JSON,
-Conceptual-Captions TSV, JSONL, a ``datasets`` name; :mod:`vlbert.data.captions`), mixed with weights as UNITER
+Conceptual-Captions TSV, JSONL, a ``datasets`` name, LXMERT's JSON with its questions and answers for the ``qa``
+unit; :mod:`vlbert.data.captions`), mixed with weights as UNITER
 mixes COCO, VG, CC and SBU. Regions are read from disk per sample (:class:`detectors.store.RegionStore`).
 Embedded default (no ``sources``): the easy-VQA images with one caption per image derived from its own annotations
 ("a blue circle"); regions from the ``detector`` section, extracted on first use into a cache and reused.
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -36,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE_FORMATS = ("easy-vqa",) + caption_files.CAPTION_FORMATS
 _DEFAULT_ID_FORMAT = {"coco": "{image_id}", "karpathy": "{filename}", "tsv": "{key}", "jsonl": "{image_id}",
-                      "hf": "{image_id}", "easy-vqa": ""}
+                      "hf": "{image_id}", "lxmert": "{img_id}", "easy-vqa": ""}
 
 
 @dataclass
@@ -45,7 +47,8 @@ class CaptionSource:
 
     name: a short name (prefixes its image ids when several sources mix: "coco/391895").
     format: "coco" (captions_*.json), "karpathy" (dataset_coco.json), "tsv" (caption<TAB>image key), "jsonl"
-        ({"image_id", "caption"} lines), "hf" (a ``datasets`` name, online) or "easy-vqa" (the embedded images).
+        ({"image_id", "caption"} lines), "hf" (a ``datasets`` name, online), "lxmert" (LXMERT's pretraining JSON:
+        captions and questions with answers) or "easy-vqa" (the embedded images).
     path: the caption file (or the ``datasets`` name).
     shards: the directory of region shards of its images (easy-VQA: empty = extract with the run's detector).
     image_id_format: the shards' image id from the record's fields (:mod:`vlbert.data.captions`), e.g.
@@ -89,6 +92,8 @@ class CaptionSource:
             return f.load_karpathy_split(self.path, self.split, self.image_id_format)
         if self.format == "tsv":
             return f.load_caption_tsv(self.path, self.image_id_format)
+        if self.format == "lxmert":
+            return f.load_lxmert_json(self.path, self.image_id_format)
         if self.format == "jsonl":
             return f.load_caption_jsonl(self.path, self.image_id_format, self.image_field, self.caption_field)
         return f.load_hf_captions(self.path, self.split, self.image_id_format, self.image_field, self.caption_field)
@@ -162,7 +167,8 @@ class VLPretrainingData(TaskData):
     """Training and held-out batches for the VL objectives.
 
     Raises:
-        ValueError: a dataset other than easy-VQA, an unknown objective, MRC without class distributions.
+        ValueError: a dataset other than easy-VQA, an unknown objective, MRC without class distributions, ``qa``
+            without a question with answers in any source.
     """
 
     eval_batch_factor = 1
@@ -188,7 +194,7 @@ class VLPretrainingData(TaskData):
         for source in sources:
             source_pairs, stores[source.name] = self._load_source(ctx, source)
             if len(sources) > 1:
-                source_pairs = [Caption(f"{source.name}/{p.image_id}", p.token_ids, p.content) for p in source_pairs]
+                source_pairs = [replace(p, image_id=f"{source.name}/{p.image_id}") for p in source_pairs]
             pairs += _weighted(source_pairs, source.weight, random.Random(f"mix-{self.seed}-{source.name}"))
         self.regions = stores[sources[0].name] if len(sources) == 1 else NamespacedRegions(stores)
         any_regions = next(iter(self.regions.values()))
@@ -198,6 +204,12 @@ class VLPretrainingData(TaskData):
             raise ValueError("data.objectives has mrc/mrc_kl but the regions have no class distributions; extract "
                              "with a detector that writes them or set their weight to 0")
         self.tokenizer = tokenizer
+        self.qa_answers = qa_vocabulary(pairs, ctx.model_section.get("num_qa_labels") or 0) \
+            if "qa" in self.objectives.active else []
+        if "qa" in self.objectives.active and not self.qa_answers:
+            raise ValueError("data.objectives has qa (image question answering) but no source holds questions with "
+                             "answers: add a source of format lxmert whose records have 'labelf' (LXMERT's "
+                             "data/lxmert/*.json), or set qa's weight to 0")
         # Held out by image (all captions of an image on one side), images in order of first appearance.
         _, eval_images = train_eval_split(list(dict.fromkeys(p.image_id for p in pairs)), data.eval_fraction, self.seed)
         held = set(eval_images)
@@ -206,10 +218,10 @@ class VLPretrainingData(TaskData):
         self.text = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability, packed=True)
         self.collator = VLCollator(self.text, data.region_mask_probability, self.objectives, data.itm_negatives)
         self.train = VLPretrainingDataset(train_pairs, self.regions, tokenizer, data.max_text_length,
-                                          data.max_regions, self.seed)
+                                          data.max_regions, self.seed, self.qa_answers)
         if len(self.eval_pairs) >= 2:
             self.eval = VLPretrainingDataset(self.eval_pairs, self.regions, tokenizer, data.max_text_length,
-                                             data.max_regions, self.seed + 1)
+                                             data.max_regions, self.seed + 1, self.qa_answers)
 
     def _load_source(self, ctx: RunContext, source: CaptionSource) -> tuple[list[Caption], object]:
         """A source's captions (tokenized; its first ``max_images`` images) and its region store; captions whose
@@ -226,11 +238,12 @@ class VLPretrainingData(TaskData):
             if data.max_images:
                 images = images[: data.max_images]
             store = RegionStore(source.shards)
-            texts = [(img.image_id, text) for img in images for text in img.captions]
-            ids = tokenizer([t for _, t in texts], add_special_tokens=False, return_attention_mask=False,
+            texts = [(img.image_id, text, img.answers[k] if img.answers else ())
+                     for img in images for k, text in enumerate(img.captions)]
+            ids = tokenizer([t for _, t, _ in texts], add_special_tokens=False, return_attention_mask=False,
                             return_token_type_ids=False)["input_ids"]
-            pairs = [Caption(image_id, token_ids, caption_content(text))
-                     for (image_id, text), token_ids in zip(texts, ids) if token_ids]
+            pairs = [Caption(image_id, token_ids, caption_content(text), answers)
+                     for (image_id, text, answers), token_ids in zip(texts, ids) if token_ids]
         absent = {i for i in {p.image_id for p in pairs} if i not in store}  # one lookup per image
         if absent:
             missing = sorted(absent)
@@ -285,8 +298,9 @@ def build_model(ctx: RunContext, data: VLPretrainingData) -> VLBertForPreTrainin
     Raises:
         ValueError: ``model.region_feature_dim`` differs from the shards' feature size.
     """
+    answers = {"num_qa_labels": len(data.qa_answers)} if data.qa_answers else {}
     model = load_model(VLBertForPreTraining, ctx, region_feature_dim=data.feature_dim,
-                       num_region_classes=data.num_classes)
+                       num_region_classes=data.num_classes, **answers)
     if model.config.region_feature_dim != data.feature_dim:
         raise ValueError(f"the shards hold {data.feature_dim}-d region features but model.region_feature_dim is "
                          f"{model.config.region_feature_dim}; make them equal")
@@ -305,6 +319,16 @@ def evaluate(ctx: RunContext, data: VLPretrainingData, model) -> dict:
     return data.grounding_accuracy(model) if data.eval is not None and data.easy_vqa_only else {}
 
 
+def qa_vocabulary(pairs: list[Caption], limit: int = 0) -> list[str]:
+    """The ``qa`` unit's answers: every answer of the questions among ``pairs``, the most frequent first (ties in
+    alphabetical order), at most ``limit`` of them (0 = all; ``model.num_qa_labels``). LXMERT reads a fixed table
+    instead (``data/lxmert/all_ans.json``, 9,500 answers of its QA sets: airsplay/lxmert@077c596
+    ``src/pretrain/qa_answer_table.py``); the most frequent answers of the same questions approximate it."""
+    counts = Counter(a for p in pairs for a, score in p.answers if score > 0)
+    ranked = sorted(counts, key=lambda a: (-counts[a], a))
+    return ranked[:limit] if limit else ranked
+
+
 def _weighted(pairs: list[Caption], weight: float, rng: random.Random) -> list[Caption]:
     """``pairs`` repeated ``int(weight)`` times plus a seeded ``weight % 1`` share of them."""
     whole, part = int(weight), weight - int(weight)
@@ -312,14 +336,16 @@ def _weighted(pairs: list[Caption], weight: float, rng: random.Random) -> list[C
 
 
 def inference_info(ctx: RunContext, data: VLPretrainingData) -> dict:
-    """The maximum lengths and the regions' detector (for fill-mask on an image, :mod:`vlbert.inference`)."""
+    """The maximum lengths and the regions' detector (for fill-mask on an image, :mod:`vlbert.inference`); with
+    the ``qa`` unit, its answers in label order (``qa_answers``)."""
     return {"max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
             "region_feature_dim": next(iter(data.regions.values())).feature_dim,
-            "detector": regions_provenance(data.regions, ctx.detector if data.extracted_by_detector else None)}
+            "detector": regions_provenance(data.regions, ctx.detector if data.extracted_by_detector else None),
+            **({"qa_answers": data.qa_answers} if data.qa_answers else {})}
 
 
 RECIPE = Recipe("vl-pretraining", VLDataConfig, VLPretrainingData, build_model, evaluate=evaluate,
                 baselines=baselines, uses_regions=True, default_init=None,
                 inference_info=inference_info, pipeline="vl-pretraining")
 
-__all__ = ["RECIPE", "VLDataConfig", "CaptionSource", "VLPretrainingData", "easy_vqa_captions"]
+__all__ = ["RECIPE", "VLDataConfig", "CaptionSource", "VLPretrainingData", "easy_vqa_captions", "qa_vocabulary"]

@@ -20,7 +20,8 @@ def global_batch_loss(out, names, acc) -> tuple[torch.Tensor, torch.Tensor]:
     if not names:
         return out.loss + _idle_term(out), out.loss
     device = out.loss.device
-    counts = torch.tensor([float(out.counts.get(n, 0)) for n in names], device=device, dtype=torch.float64)
+    # a count may be a 0-d device tensor (the qa unit's question rows): stacked on the device, never read back
+    counts = torch.stack([torch.as_tensor(out.counts.get(n, 0), device=device).double() for n in names])
     sums = torch.stack([out.losses[n].detach().double() * out.counts[n] if n in out.losses
                         else torch.zeros((), device=device, dtype=torch.float64) for n in names])
     totals = acc.reduce(torch.stack([counts, sums]), reduction="sum")
