@@ -57,29 +57,6 @@ def env():
             "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)}
 
 
-@pytest.mark.slow
-@pytest.mark.integration
-def test_two_processes_equal_one_process_at_twice_the_batch(small_corpus, tmp_path):
-    """bf16 weights with float32 masters (the GPU default) and 2 micro-batches per step: each rank sums its
-    micro-batches' gradients in float32 and the ranks average the float32 sums, so 2 processes at batch 4 give
-    1 process at batch 8's per-step losses. Not to float64's 1e-5 as the float32 runs: a bf16 model rounds each
-    micro-batch's weight gradient (a sum over 4 rows here, over 8 there) to bf16 before it reaches the float32 sum,
-    which moves the loss by ~5e-5 of 11 after a few steps; ranks that did not average their gradients drift by
-    orders of magnitude more."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    reference_run(config(small_corpus, one, 8, mixed_precision="bf16-params", grad_accum_steps=2))
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", str(free_port()), str(HERE / "ddp_worker.py"),
-                             json.dumps(config(small_corpus, two, 4, mixed_precision="bf16-params",
-                                               grad_accum_steps=2))],
-                            env=env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    a, b = losses(one), losses(two)
-    assert sorted(a) == sorted(b) == list(range(1, 7)), "only rank 0 writes the log: one line per step"
-    assert a[1] == b[1] and max(abs(a[s] - b[s]) for s in a) <= 2e-4, (a, b)
-    assert a[6] != a[1]  # the model did train
-
-
 def torchrun(run_config: dict, *extra: str, **popen) -> subprocess.Popen:
     """ddp_worker.py under torchrun on 2 processes (stderr kept for the failure message)."""
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
@@ -172,9 +149,13 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
 @pytest.mark.slow
 @pytest.mark.integration
 def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_shards, tmp_path):
-    """LXMERT's two-stream encoder (issue 42) under DDP: 2 processes at batch 4 give 1 process at batch 8's losses
-    step by step, over its pretraining units (MLM, feature regression, detected labels, ITM, and QA on LXMERT's
-    JSON whose questions fall unevenly on the ranks: each rank weighs by its question rows); a run stopped after step
+    """LXMERT's two-stream encoder (issue 42) under DDP, with the GPU default (bf16 weights, float32 masters) and 2
+    micro-batches per step: 2 processes at batch 4 give 1 process at batch 8's losses step by step, over its
+    pretraining units (MLM, feature regression, detected labels, ITM, and QA on LXMERT's JSON whose questions fall
+    unevenly on the ranks: each rank weighs by its question rows). Each rank sums its micro-batches' gradients in
+    float32 and the ranks average the sums; a bf16 model rounds each micro-batch's weight gradient (a sum over 4
+    rows here, 8 there) before the float32 sum, so the losses agree to 2e-4, not float32's 1e-5 (ranks that did
+    not average drift by orders of magnitude more; the per-row QA count was 1.03 off). A run stopped after step
     5 (its log to step 5, the checkpoint of step 3) and resumed gives the uninterrupted run's losses for steps 4 to
     6. The resume runs in this process (one launch less; multi-process resume with per-rank streams is
     :func:`test_two_processes_stopped_and_resumed_equal_the_uninterrupted_run`'s, and nothing in it is particular
@@ -197,7 +178,7 @@ def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_sha
                          "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "itm": 1, "qa": 4}},
                 "training": {"output_dir": str(out), "max_steps": 6, "batch_size": batch_size, "learning_rate": 1e-3,
                              "warmup_steps": 1, "log_every": 1, "save_every": 3, "save_total_limit": 0,
-                             "progress_bar": False}}
+                             "mixed_precision": "bf16-params", "grad_accum_steps": 2, "progress_bar": False}}
 
     one, two, stopped = tmp_path / "one", tmp_path / "two", tmp_path / "stopped"
     reference_run(two_stream_config(one, 8), "vl-pretraining")
@@ -205,7 +186,7 @@ def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_sha
     assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, 7))
-    assert max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
+    assert a[1] == b[1] and max(abs(a[s] - b[s]) for s in a) <= 2e-4, (a, b)
     objectives = {next(k for k in ("mlm", "mrfr", "mrc", "itm", "qa") if k in r)
                   for r in map(json.loads, (two / "log.jsonl").read_text().splitlines()) if r["split"] == "train"}
     assert len(objectives) >= 3 and "qa" in objectives, objectives  # the steps did mix the units
