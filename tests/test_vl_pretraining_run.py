@@ -209,8 +209,8 @@ def test_imported_shards_are_not_credited_to_the_detector_section(tmp_path):
 @pytest.mark.slow
 def test_word_region_alignment_separates_matched_from_mismatched_pairs(cache_dir, tmp_path):
     """ITM + WRA from MiniLM on easy-VQA captions: the held-out mean transport distance of matched pairs falls
-    below that of mismatched pairs as training goes on (measured, 60 steps at batch 16: 0.203 vs 0.210 at step 20,
-    0.41 vs 0.61 at step 60)."""
+    below that of mismatched pairs as training goes on (measured, 60 steps at batch 16: mismatched minus matched
+    0.031 at step 30, 0.153 at step 60)."""
     out = tmp_path / "wra"
     config = {
         "modality": "vl", "init_from": "minilm",
@@ -218,9 +218,9 @@ def test_word_region_alignment_separates_matched_from_mismatched_pairs(cache_dir
         "data": {"max_images": 480, "cache_dir": str(cache_dir), "eval_fraction": 0.2,
                  "objectives": {"itm": 1, "wra": 0.1}},
         "training": {"output_dir": str(out), "max_steps": 60, "batch_size": 16, "learning_rate": 2e-4,
-                     "warmup_steps": 10, "log_every": 10, "eval_every": 20, "progress_bar": False},
+                     "warmup_steps": 10, "log_every": 10, "eval_every": 30, "progress_bar": False},
     }
     run(RECIPES["vl-pretraining"], config)
     evals = [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if r["split"] == "eval"]
     gaps = [r["eval_wra_mismatched_distance"] - r["eval_wra_matched_distance"] for r in evals]
-    assert len(gaps) == 3 and gaps[-1] > 0.05 and gaps[-1] > gaps[0], gaps
+    assert len(gaps) == 2 and gaps[-1] > 0.05 and gaps[-1] > gaps[0], gaps
