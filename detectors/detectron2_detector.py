@@ -195,6 +195,15 @@ def _read_names(path: str | os.PathLike) -> list[str]:
     return [n for n in names if n]
 
 
+def extractor_name(config_file: str | os.PathLike, weights: str | os.PathLike, min_boxes: int, max_boxes: int,
+                   score_threshold: float, nms_iou: float) -> str:
+    """The name this backend writes into every :class:`~detectors.regions.Regions` it extracts (and a store's
+    ``detector.json``): ``detectron2:<config file name>(weights=<file name>,thr=..,boxes=min-max,nms=..)``; the
+    published families record their features under it (``vlbert.families``)."""
+    return (f"detectron2:{Path(str(config_file)).name}(weights={Path(str(weights)).name},"
+            f"thr={score_threshold},boxes={min_boxes}-{max_boxes},nms={nms_iou})")
+
+
 class Detectron2RegionDetector:
     """Image -> :class:`~detectors.regions.Regions` with a detectron2 Faster R-CNN, BUTD's way (module docstring).
 
@@ -239,8 +248,7 @@ class Detectron2RegionDetector:
         self.class_names = self._names(class_names, self.num_classes, "class", cfg)
         self.attribute_names = (self._names(attribute_names, self.attributes.num_attributes, "attribute", None)
                                 if self.attributes is not None else None)
-        self.name = (f"detectron2:{Path(str(config_file)).name}(weights={Path(str(weights)).name},"
-                     f"thr={score_threshold},boxes={min_boxes}-{max_boxes},nms={nms_iou})")
+        self.name = extractor_name(config_file, weights, min_boxes, max_boxes, score_threshold, nms_iou)
 
     @staticmethod
     def _names(path, count: int, kind: str, cfg) -> list[str]:

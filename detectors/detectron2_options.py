@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from detectors.detectron2_detector import Detectron2RegionDetector, load_config
+from detectors.detectron2_detector import Detectron2RegionDetector, extractor_name, load_config
 from detectors.files import BUTD_VG_CONFIG_FILE, file_sha256
 from detectors.selection import check_box_selection
 
@@ -49,6 +49,12 @@ class Detectron2Options:
         "help": "config overrides, KEY VALUE ... (values read as YAML)", "flag": "--opts"})
     class_names: str = field(default="", metadata={"help": "object vocabulary file, one name per line"})
     attribute_names: str = field(default="", metadata={"help": "attribute vocabulary file, one name per line"})
+
+    def extractor_name(self, weights: str) -> str:
+        """The name the backend built from these options and ``weights`` writes into its regions
+        (:func:`~detectors.detectron2_detector.extractor_name`), known without building it."""
+        return extractor_name(self.config_file, weights, self.min_boxes, self.max_boxes, self.score_threshold,
+                              self.nms_iou)
 
     def validate(self, weights: str) -> None:
         """Raise ``ValueError`` without ``config_file`` or ``weights`` (detectron2 has no default model), or for

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,14 @@ class CheckpointFamily:
     def convert(self, state: dict[str, torch.Tensor], source_config: dict[str, Any]) -> Converted:
         """The checkpoint in our terms (see :class:`Converted`)."""
         raise NotImplementedError
+
+
+def detector_features(detector, max_regions: int, description: str) -> dict[str, Any]:
+    """A family's ``features`` for regions of one of our detectron2 detectors (a
+    :class:`~detectors.config.DetectorConfig`): the name that backend writes into its regions, the fingerprint, the
+    configuration record, ``max_regions`` and ``description``, all derived from the one config."""
+    return {"extractor": detector.options.extractor_name(detector.weights), "fingerprint": detector.fingerprint(),
+            "config": asdict(detector), "max_regions": max_regions, "description": description}
 
 
 def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
@@ -183,5 +191,5 @@ def architecture(state: dict[str, torch.Tensor], source_config: dict) -> dict:
     return values
 
 
-__all__ = ["CheckpointFamily", "Converted", "load_torch_file", "read_directory", "to_float32", "take_tied", "rename_prefix",
-           "architecture"]
+__all__ = ["CheckpointFamily", "Converted", "detector_features", "load_torch_file", "read_directory", "to_float32",
+           "take_tied", "rename_prefix", "architecture"]

@@ -33,13 +33,12 @@ bert-base-uncased. Features: BUTD Caffe ResNet-101 on Visual Genome, exactly 36 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from vlbert.checkpoint import hf_to_vlbert
-from vlbert.families.base import CheckpointFamily, Converted, load_torch_file, read_directory, to_float32
+from vlbert.families.base import CheckpointFamily, detector_features, Converted, load_torch_file, read_directory, to_float32
 from vlbert.families.uniter import BUTD_VG
 
 #: the features LXMERT's checkpoints were trained on: butd-vg at exactly 36 boxes (``*_obj36.tsv``).
@@ -182,11 +181,9 @@ class LxmertFamily(CheckpointFamily):
 
 LXMERT = LxmertFamily(
     name="lxmert", region_embedding="lxmert", tokenizer="bert-base-uncased", cased=False,
-    features={"extractor": ("detectron2:butd-vg(weights=faster_rcnn_from_caffe_attr.pkl,thr=0.2,boxes=36-36,"
-                            "nms=0.3)"),
-              "fingerprint": BUTD_VG_36.fingerprint(), "config": asdict(BUTD_VG_36), "max_regions": 36,
-              "description": "bottom-up-attention Faster R-CNN ResNet-101 (Visual Genome, Caffe), exactly 36 boxes "
-                             "per image (LXMERT's *_obj36.tsv), 2048-d pool5 + 4-d box (x1, y1, x2, y2) / (w, h)"},
+    features=detector_features(BUTD_VG_36, 36, "bottom-up-attention Faster R-CNN ResNet-101 (Visual Genome, Caffe), "
+                               "exactly 36 boxes per image (LXMERT's *_obj36.tsv), 2048-d pool5 + 4-d box (x1, y1, x2, "
+                               "y2) / (w, h)"),
     max_text_length=20, reference="airsplay/lxmert@827087b; huggingface/transformers modeling_lxmert.py (5.23)",
     parity=("language, vision and pooled outputs and every head's logits equal transformers' Lxmert models within "
             "1e-5 (float32, ragged text and regions; vlbert tests/test_lxmert.py)"))

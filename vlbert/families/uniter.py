@@ -27,14 +27,13 @@ detectron2 ``butd-vg`` backend reproduces with py-bottom-up-attention's ``faster
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from detectors.config import NAMED_DETECTORS
 from vlbert.checkpoint import hf_to_vlbert
-from vlbert.families.base import (CheckpointFamily, Converted, architecture, load_torch_file, rename_prefix, take_tied,
+from vlbert.families.base import (CheckpointFamily, detector_features, Converted, architecture, load_torch_file, rename_prefix, take_tied,
                                   to_float32)
 
 #: The features' detector as far as it is published: the weights file's name (no sha256 is published for it), so
@@ -137,12 +136,8 @@ def _fine_tuned_head(state: dict, config: dict) -> Converted | None:
 
 UNITER = UniterFamily(
     name="uniter", region_embedding="uniter", tokenizer="bert-base-cased", cased=True,
-    features={"extractor": ("detectron2:butd-vg(weights=faster_rcnn_from_caffe_attr.pkl,thr=0.2,boxes=10-100,"
-                            "nms=0.3)"),
-              "fingerprint": BUTD_VG.fingerprint(), "config": asdict(BUTD_VG),
-              "max_regions": 100,
-              "description": "bottom-up-attention Faster R-CNN ResNet-101 (Visual Genome, Caffe), 10-100 boxes at "
-                             "confidence >= 0.2, 2048-d pool5 + 7-d box"},
+    features=detector_features(BUTD_VG, 100, "bottom-up-attention Faster R-CNN ResNet-101 (Visual Genome, Caffe), "
+                                             "10-100 boxes at confidence >= 0.2, 2048-d pool5 + 7-d box"),
     max_text_length=60, reference="ChenRocks/UNITER@1dbfa62",
     parity=("hidden states and every head's logits equal a reference forward written from UNITER's code "
             "within 1e-5 (float32, 10 and 100 regions; vlbert tests/test_published_checkpoints.py)"))

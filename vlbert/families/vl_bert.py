@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import pickle
 import re
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from vlbert.checkpoint import hf_to_vlbert
-from vlbert.families.base import CheckpointFamily, Converted, architecture, rename_prefix, take_tied, to_float32
+from vlbert.families.base import CheckpointFamily, detector_features, Converted, architecture, rename_prefix, take_tied, to_float32
 from vlbert.families.uniter import BUTD_VG
 
 RENAMES = {
@@ -165,12 +164,10 @@ def _drop_head_copy(state: dict[str, torch.Tensor]) -> None:
 
 VL_BERT = VLBertFamily(
     name="vl-bert", region_embedding="vl-bert", tokenizer="bert-base-uncased", cased=False,
-    features={"extractor": ("detectron2:butd-vg(weights=faster_rcnn_from_caffe_attr.pkl,thr=0.2,boxes=10-100,"
-                            "nms=0.3)"),
-              "fingerprint": BUTD_VG.fingerprint(), "config": asdict(BUTD_VG), "max_regions": 100,
-              "description": "prec: bottom-up-attention Faster R-CNN ResNet-101 (Visual Genome, Caffe), 10-100 boxes "
-                             "at confidence >= 0.2, 2048-d pool5, the whole-image box first (the mean feature); e2e: "
-                             "the images under those boxes through the model's own ResNet-101 C4 + res5"},
+    features=detector_features(BUTD_VG, 100, "prec: bottom-up-attention Faster R-CNN ResNet-101 (Visual Genome, "
+                               "Caffe), 10-100 boxes at confidence >= 0.2, 2048-d pool5, the whole-image box first "
+                               "(the mean feature); e2e: the images under those boxes through the model's own "
+                               "ResNet-101 C4 + res5"),
     max_text_length=64, reference="jackroos/VL-BERT@4373674",
     parity=("hidden states, MLM and region-class logits equal a reference forward written from VL-BERT's code "
             "within 1e-5 (float32, prec and e2e; vlbert tests/test_vl_bert.py)"))
