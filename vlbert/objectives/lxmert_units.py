@@ -19,43 +19,24 @@ import torch.nn.functional as F
 
 from vlbert.layers.losses import IGNORE_INDEX, upcast
 from vlbert.layers.mlp_head import mlp_head
-from vlbert.layers.pretraining_heads import RegionHead
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
-from vlbert.objectives.masked_regions import _MaskedRegions
-from vlbert.objectives.region_targets import pad_class_probs
+from vlbert.objectives.masked_regions import MaskedRegionClassification
 
 
-class AttributeClassification(_MaskedRegions):
+class AttributeClassification(MaskedRegionClassification):
     """``masked_regions`` bool [B, R] and ``region_attribute_labels`` int64 [B, R] (the detector's top attribute at
     masked regions, -100 elsewhere; from the regions' ``attribute_probs``). Head ``attr``: dense + activation +
     LayerNorm + Linear(H, num_attribute_classes), as LXMERT's ``obj_predict_head`` with its ``attr`` decoder."""
 
     name, metric, head, inputs = "attr", "attr_accuracy", "attr", ("masked_regions", "region_attribute_labels")
-
-    def build_head(self, config) -> RegionHead | None:
-        classes = getattr(config, "num_attribute_classes", 0)
-        return RegionHead(config, classes) if classes else None
-
-    def add_targets(self, batch, items, masked) -> None:
-        top = pad_class_probs(items, masked.shape[1], "attribute_probs").float().argmax(-1)
-        batch["region_attribute_labels"] = top.masked_fill(~masked, IGNORE_INDEX)
-
-    def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
-        hidden, take = self.selected(encoded, labels)
-        logits = upcast(getattr(encoded.model, self.head)(hidden))
-        target = take(labels["region_attribute_labels"])
-        if not len(target):
-            zero = logits.sum() * 0.0
-            return ObjectiveResult(zero, zero.detach(), 0)
-        loss = F.cross_entropy(logits, target)
-        return ObjectiveResult(loss, (logits.detach().argmax(-1) == target).float().mean(), len(target), logits)
+    probs_key, labels_key, classes_field = "attribute_probs", "region_attribute_labels", "num_attribute_classes"
 
 
 class PretrainingQuestionAnswering(Objective):
     """``qa_label`` int64 [B]: the answer's index among ``config.num_qa_labels`` for a question record, -100 for
     a caption. Items carry ``answer_label`` (int, or absent for captions). The loss averages over the question
-    rows, and its count is theirs (a 0-d tensor), which weighs the ranks under DDP. Head ``qa``: Linear(H, 2H) -> GELU ->
-    LayerNorm -> Linear(2H, num_qa_labels) on the pooled [CLS] (LXMERT's ``answer_head``)."""
+    rows, and its count is theirs (a 0-d tensor), which weighs the ranks under DDP. Head ``qa``: Linear(H, 2H) ->
+    GELU -> LayerNorm -> Linear(2H, num_qa_labels) on the pooled [CLS] (LXMERT's ``answer_head``)."""
 
     name, metric, head, inputs = "qa", "qa_accuracy", "qa", ("qa_label",)
     reads = ("bert.pooler",)

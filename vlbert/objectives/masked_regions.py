@@ -92,18 +92,22 @@ class MaskedRegionClassification(_MaskedRegions):
     regions, -100 elsewhere)."""
 
     name, metric, head, inputs = "mrc", "mrc_accuracy", "mrc", ("masked_regions", "region_class_labels")
+    #: the region items' distribution whose top class is the target, the batch key of the targets, and the config
+    #: field that sizes the head (LXMERT's attribute unit sets its own: vlbert.objectives.lxmert_units).
+    probs_key, labels_key, classes_field = "class_probs", "region_class_labels", "num_region_classes"
 
     def build_head(self, config) -> RegionHead | None:
-        return RegionHead(config, config.num_region_classes) if config.num_region_classes else None
+        classes = getattr(config, self.classes_field, 0)
+        return RegionHead(config, classes) if classes else None
 
     def add_targets(self, batch, items, masked) -> None:
-        top = pad_class_probs(items, masked.shape[1]).float().argmax(-1)
-        batch["region_class_labels"] = top.masked_fill(~masked, -100)
+        top = pad_class_probs(items, masked.shape[1], self.probs_key).float().argmax(-1)
+        batch[self.labels_key] = top.masked_fill(~masked, -100)
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
         hidden, take = self.selected(encoded, labels)
         logits = upcast(getattr(encoded.model, self.head)(hidden))
-        target = take(labels["region_class_labels"])
+        target = take(labels[self.labels_key])
         if not len(target):
             zero = logits.sum() * 0.0
             return ObjectiveResult(zero, zero.detach(), 0)
@@ -135,4 +139,5 @@ class MaskedRegionClassificationKL(_MaskedRegions):
         return ObjectiveResult(loss, accuracy, len(target), logits)
 
 
-__all__ = ["choose_masked_regions", "MaskedRegionFeatureRegression", "MaskedRegionClassification", "MaskedRegionClassificationKL"]
+__all__ = ["choose_masked_regions", "MaskedRegionFeatureRegression", "MaskedRegionClassification",
+           "MaskedRegionClassificationKL"]
