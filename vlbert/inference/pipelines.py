@@ -223,6 +223,13 @@ def _known() -> str:
     return ", ".join(sorted(PIPELINES))
 
 
+def _named(task: str) -> type[Pipeline]:
+    """``PIPELINES[task]``; raises ValueError naming the pipelines that exist."""
+    if task not in PIPELINES:
+        raise ValueError(f"no pipeline for task {task!r}; pipelines exist for {_known()}")
+    return PIPELINES[task]
+
+
 def pipeline_class(run_dir: str | os.PathLike, task: str | None = None) -> type[Pipeline]:
     """The pipeline class of ``task`` (a key of :data:`PIPELINES`), by default the one the run names
     (inference.json: :func:`~vlbert.inference.run.run_pipeline`), without loading the model.
@@ -238,9 +245,7 @@ def pipeline_class(run_dir: str | os.PathLike, task: str | None = None) -> type[
         if own not in PIPELINES:
             raise ValueError(f"{run_dir} is a {run_task!r} run, which has no pipeline; pipelines exist for {_known()}")
         return PIPELINES[own]
-    if task not in PIPELINES:
-        raise ValueError(f"no pipeline for task {task!r}; pipelines exist for {_known()}")
-    cls = PIPELINES[task]
+    cls = _named(task)
     if own != cls.name and run_task not in cls.run_tasks:
         raise ValueError(f"{run_dir} is a {run_task!r} run, but {task} takes {' or '.join(cls.accepted_runs())} "
                          f"runs; leave the task out to use the run's own ({own})")
@@ -254,9 +259,7 @@ def _class_for_model(model: torch.nn.Module, task: str | None) -> type[Pipeline]
         ValueError: an unknown ``task``; no pipeline, or several, for the model's class (those named).
     """
     if task is not None:
-        if task not in PIPELINES:
-            raise ValueError(f"no pipeline for task {task!r}; pipelines exist for {_known()}")
-        return PIPELINES[task]
+        return _named(task)
     fits = [cls for cls in PIPELINES.values() if type(model) in (cls.model_class, *cls.model_classes)]
     if len(fits) != 1:
         raise ValueError(f"{len(fits) or 'no'} pipelines run a {type(model).__name__}"
