@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import vlbert
 from conftest import tiny_text_trainer
 from vlbert.layers.attention import ATTENTION_FUNCTIONS, Packing, packing_fields, register_attention
+from vlbert.layers.packing import stream_packing_fields
 from vlbert.layers.losses import masked_lm_loss, masked_positions
 from vlbert.models.vl import VLBertForPreTraining
 
@@ -61,6 +62,11 @@ def vl_config(**kw):
                                   "num_region_classes": 0, **kw})
 
 
+#: LXMERT's encoder (issue 42), one layer per stream.
+TWO_STREAM = {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1, "region_embedding": "lxmert",
+              "region_location_dim": 4}
+
+
 def run(model, batch):
     """(last hidden state, loss, the gradient of every parameter) of one forward + backward."""
     model.zero_grad()
@@ -72,8 +78,9 @@ def run(model, batch):
 
 @pytest.mark.parametrize("modality", ["text", "vl", "two-stream"])
 def test_every_attention_kernel_equals_eager_on_ragged_batches(modality):
-    """float64, eval mode: each kernel, with the packing read from the mask or given by the collator, gives
-    eager's hidden states (1e-10 at real positions, zeros at padding), loss and gradients."""
+    """float64, eval mode: each kernel, with the packing read from the mask or given by the collator (for the
+    two-stream model also each stream's layout, the one its collator gives), gives eager's hidden states (1e-10 at
+    real positions, zeros at padding), loss and gradients."""
     ids, mask, labels = ragged_text()
     batch = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), labels=labels)
     masks = [mask]
@@ -87,17 +94,18 @@ def test_every_attention_kernel_equals_eager_on_ragged_batches(modality):
     else:
         batch["next_sentence_label"] = torch.tensor([0, 1, 0, 1])
     real = torch.cat(masks, 1).bool()
-    packed = {**packing_fields(*masks), "masked_lm_positions": masked_positions(labels)}
-    streams = {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1, "region_embedding": "lxmert",
-               "region_location_dim": 4} if modality == "two-stream" else {}  # LXMERT's encoder (issue 42)
+    layouts = {"mask": {}, "joint": {**packing_fields(*masks), "masked_lm_positions": masked_positions(labels)}}
+    streams = TWO_STREAM if modality == "two-stream" else {}
+    if streams:
+        layouts["streams"] = {**stream_packing_fields(*masks), "masked_lm_positions": masked_positions(labels)}
     results = {}
     for kernel in KERNELS:
         config = (text_config if modality == "text" else vl_config)(attn_implementation=kernel, **streams)
         torch.manual_seed(0)
         model = (vlbert.BertForPreTraining if modality == "text" else VLBertForPreTraining)(config).double().eval()
-        for given in (False, True):
-            results[kernel, given] = run(model, {**batch, **(packed if given else {})})
-    hidden, loss, grads = results["eager", False]
+        for given, layout in layouts.items():
+            results[kernel, given] = run(model, {**batch, **layout})
+    hidden, loss, grads = results["eager", "mask"]
     assert all(g.abs().sum() > 0 for n, g in grads.items() if n.startswith("bert.encoder"))
     for key, (h, l, g) in results.items():
         torch.testing.assert_close(h[real], hidden[real], atol=1e-10, rtol=0, msg=str(key))
@@ -105,6 +113,33 @@ def test_every_attention_kernel_equals_eager_on_ragged_batches(modality):
         torch.testing.assert_close(l, loss, atol=1e-10, rtol=0)
         assert g.keys() == grads.keys()
         for name in g:
+            torch.testing.assert_close(g[name], grads[name], atol=1e-9, rtol=1e-7, msg=f"{key} {name}")
+
+
+def test_two_stream_layouts_agree_where_a_row_has_no_region():
+    """LXMERT's cross-attention on each stream's layout (issue 42): ``varlen`` (queries and keys of their own
+    cu_seqlens; here its per-sequence CPU reference of the flash kernel), ``sdpa`` and ``eager``, given the
+    collator's per-stream layout or reading the masks, agree (float64: hidden states, loss, gradients) on a batch
+    where one row's regions are all masked out: its text attends to no region (cross-attention output 0 in the
+    packed kernel, attention to the zero padding in the padded ones)."""
+    ids, mask, labels = ragged_text()
+    feats, boxes, region_mask = ragged_regions()
+    region_mask[3] = 0
+    batch = dict(input_ids=ids, attention_mask=mask, labels=labels, region_features=feats, region_boxes=boxes,
+                 region_mask=region_mask)
+    results = {}
+    for kernel in KERNELS:
+        torch.manual_seed(0)
+        model = VLBertForPreTraining(vl_config(attn_implementation=kernel, **TWO_STREAM)).double().eval()
+        for given in (False, True):
+            layout = stream_packing_fields(mask, region_mask) if given else {}
+            results[kernel, given] = run(model, {**batch, **layout})
+    real = torch.cat([mask, region_mask], 1).bool()
+    hidden, loss, grads = results["eager", False]
+    for key, (h, l, g) in results.items():
+        torch.testing.assert_close(h[real], hidden[real], atol=1e-10, rtol=0, msg=str(key))
+        torch.testing.assert_close(l, loss, atol=1e-10, rtol=0)
+        for name in grads:
             torch.testing.assert_close(g[name], grads[name], atol=1e-9, rtol=1e-7, msg=f"{key} {name}")
 
 
@@ -173,6 +208,14 @@ def test_collator_packing_equals_the_mask_and_regions_follow_their_text():
     assert torch.equal(packing.pad(packing.unpad(x)), x * full[..., None])
     with pytest.raises(ValueError, match="recompute them with packing_fields"):
         vlbert.BertModel(text_config())(ids, attention_mask=mask, **packing_fields(mask[:2]))
+    streams = stream_packing_fields(mask, region_mask)  # a two-stream model's: each stream's own mask
+    assert streams["text_cu_seqlens"].tolist() == [0, 11, 18, 21, 30]
+    assert streams["region_cu_seqlens"].tolist() == [0, 5, 8, 13, 14]
+    assert streams["region_packed_indices"].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15]
+    feats, boxes, _ = ragged_regions()
+    with pytest.raises(ValueError, match="single-stream: collate with VLCollator"):
+        vlbert.VLBertModel(vl_config())(ids, attention_mask=mask, region_features=feats, region_boxes=boxes,
+                                        region_mask=region_mask, **streams)
 
 
 def test_padded_vocabulary_mlm_loss_is_the_cross_entropy(monkeypatch):
@@ -238,8 +281,7 @@ def test_a_training_step_reads_nothing_back_from_the_device(modality):
         feats, boxes, region_mask = ragged_regions()
         batch.update(region_features=feats, region_boxes=boxes, region_mask=region_mask)
         masks.append(region_mask)
-        streams = {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1, "region_embedding": "lxmert",
-                   "region_location_dim": 4} if modality == "two-stream" else {}  # LXMERT (issue 42)
+        streams = TWO_STREAM if modality == "two-stream" else {}
         model = VLBertForPreTraining(vl_config(attn_implementation="sdpa", attention_probs_dropout_prob=0.0,
                                                **streams))
     else:
@@ -250,6 +292,11 @@ def test_a_training_step_reads_nothing_back_from_the_device(modality):
     with DeviceReads() as mode:
         model(**batch, **packed).loss.backward()
     assert mode.reads == []
+    if modality == "two-stream":  # each stream's own layout (its collator's), cross-attention on the two
+        streams = {**stream_packing_fields(*masks), "masked_lm_positions": packed["masked_lm_positions"]}
+        with DeviceReads() as mode:
+            model(**batch, **streams).loss.backward()
+        assert mode.reads == []
     with DeviceReads() as mode:
         model(**batch).loss.backward()
     # the packing (one per stream for two streams) and the masked positions

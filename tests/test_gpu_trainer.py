@@ -119,11 +119,15 @@ def test_text_pretraining_step_lives_on_the_gpu(small_corpus, tmp_path, accumula
 
 @pytest.mark.parametrize("accumulation,model", [(4, {}), (1, TWO_STREAM)], ids=["single-stream", "two-stream"])
 def test_vl_pretraining_step_lives_on_the_gpu(region_shards, tmp_path, accumulation, model):
-    """Accumulation 1 of the single-stream model: the text test's path. The two-stream model (at accumulation 1)
-    runs each stream padded with its mask under SDPA, not flash: the collator packs the concatenated text and
-    region rows, which neither stream's own packing can take (vlbert/models/two_stream.py)."""
+    """Accumulation 1 of the single-stream model: the text test's path. The two-stream model (at accumulation 1):
+    its collator gives each stream's layout (the recipe's switch), and every attention of steps 2 and 3 is flash
+    varlen: per step 2 text and 2 region self-attentions (language/object layer, cross layer) and the cross-attention
+    both ways, 6 forward and 6 backward kernels, no SDPA, no host sync (vlbert/models/two_stream.py)."""
     probe, gpu = run_on_fake_gpu("vl-pretraining", vl_config(tmp_path / "run", region_shards, accumulation, **model))
-    assert_gpu_step(probe, gpu, flash=not model)
+    assert_gpu_step(probe, gpu)
+    if model:
+        assert gpu.ops[FLASH] == gpu.ops["aten._flash_attention_backward"] == 2 * 6, dict(gpu.ops)
+        assert not [op for op in gpu.ops if "scaled_dot_product" in op or "efficient_attention" in op], dict(gpu.ops)
 
 
 def test_an_older_gpu_runs_sdpa_instead_of_flash(small_corpus, tmp_path):

@@ -19,7 +19,7 @@ from detectors.regions import Regions
 from detectors.store import region_count
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.regions import pad_regions, region_item
-from vlbert.layers.attention import packing_fields
+from vlbert.layers.packing import packing_fields, stream_packing_fields
 from vlbert.layers.losses import masked_positions
 from vlbert.objectives import OBJECTIVES, PrepareContext
 from vlbert.objectives.image_text_matching import content_id
@@ -139,14 +139,17 @@ class VLCollator:
     [B, R, D]; region_boxes float32 [B, R, 4]; region_mask [B, R] (1 = real); the objective's labels (see
     :mod:`vlbert.objectives`), with a ``packed`` text collator the packed layout of [text ; regions] and the
     MLM positions (as :class:`~vlbert.data.pretraining.MaskingCollator`), and ``objective`` (str; the trainer
-    passes only what ``forward`` takes).
+    passes only what ``forward`` takes). ``two_stream``: the model packs each stream by its own mask (LXMERT,
+    ``model.encoder: two-stream``; the recipe sets it from the model's config): the layout is then the text's and
+    the regions' (:func:`~vlbert.layers.packing.stream_packing_fields`) instead of the joint one.
 
     Raises:
         ValueError: items without an ``objective``, or one of different objectives.
     """
 
     def __init__(self, text: MaskingCollator, region_mask_probability: float = 0.15, objectives=None,
-                 itm_negatives: str = "random"):
+                 itm_negatives: str = "random", two_stream: bool = False):
+        self.two_stream = two_stream
         self.context = PrepareContext(text, region_mask_probability, dict(objectives.weights) if objectives else {},
                                       itm_negatives)
         self.objectives = objectives
@@ -164,7 +167,8 @@ class VLCollator:
         # see MaskingCollator: the layout of [text ; regions] (the MLM unit adds its rows); not where the model
         # rewrites the text itself (ITM's hard negatives, itm_content): that layout is unknown here
         if self.context.text.packed and "itm_content" not in batch:
-            batch.update(packing_fields(batch["attention_mask"], batch["region_mask"]))
+            layout = stream_packing_fields if self.two_stream else packing_fields
+            batch.update(layout(batch["attention_mask"], batch["region_mask"]))
         batch["objective"] = name
         return batch
 

@@ -1,9 +1,9 @@
-"""Attention kernels as a table, and the packed token layout they run on.
+"""Attention kernels as a table, over the packed token layout of :mod:`vlbert.layers.packing`.
 
 The encoder keeps its hidden states *packed*: the N real tokens (and regions) of a padded [B, S] batch as one
 [N, H] matrix (MosaicBERT / MLPerf BERT "unpadding"), built once before the first layer and padded back once after
-the last (:class:`Packing`). Position-wise layers never see padding; attention is the one place that needs the
-sequence boundaries, and each entry of :data:`ATTENTION_FUNCTIONS` reads them its own way:
+the last (:class:`~vlbert.layers.packing.Packing`). Position-wise layers never see padding; attention is the one
+place that needs the sequence boundaries, and each entry of :data:`ATTENTION_FUNCTIONS` reads them its own way:
 
 * ``eager``: softmax(q k^T / sqrt(d) + mask) v written out (the reference; it alone returns the probabilities);
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` on the padded [B, heads, S, d] batch;
@@ -18,7 +18,9 @@ sequence boundaries, and each entry of :data:`ATTENTION_FUNCTIONS` reads them it
 Every function has one signature, ``fn(q, k, v, packing, dropout_p, training, output_attentions=False) -> (out,
 probs)``: q, k, v float [N, heads, head_dim] packed, ``packing`` the :class:`Packing`, ``dropout_p`` the
 attention-probability dropout applied when ``training``, ``output_attentions`` whether to return the
-probabilities; ``out`` the same layout as q, ``probs`` [B, heads, S, S] or None. A new kernel is one
+probabilities; ``out`` the same layout as q, ``probs`` [B, heads, S, S] or None. A kernel declared
+``cross_attention`` (the three above) also takes ``kv_packing``, the layout of k and v when it is not q's: a
+two-stream model's cross-attention, one stream's queries over the other's keys. A new kernel is one
 function and one line in the table (:func:`register_attention`), as transformers' ``AttentionInterface``, declaring
 its layout and when it can run (:class:`AttentionKernel`). The model config names it (``attn_implementation``,
 transformers' key); ``None`` picks ``varlen`` on CUDA in bf16/fp16 and ``sdpa`` elsewhere, and a kernel that cannot
@@ -35,93 +37,10 @@ import torch
 import torch.nn.functional as F
 
 from vlbert.layers.kernels import dropout
+from vlbert.layers.packing import (LAYOUT_KEYS, PACKING_FIELDS, STREAM_PACKING_FIELDS, Packing, packing_fields,
+                                    stream_packing_fields)
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Packing:
-    """Where the real positions of a padded [B, S] batch are.
-
-    Attributes:
-        indices: int64 [N], the flat positions (row * S + column) of the real positions in row order, or None when
-            every position is real (then N = B * S and packing is a reshape).
-        cu_seqlens: int32 [B + 1], cumulative real lengths: row b's tokens are packed rows
-            cu_seqlens[b]:cu_seqlens[b + 1].
-        max_seqlen: int, an upper bound of the longest row (S: known on the host without reading the mask).
-        batch, seq: B and S.
-        mask: bool [B, S], True = real (None when every position is real).
-
-    Build it with :meth:`from_mask` (one ``nonzero``: a host sync on an accelerator) or :meth:`from_indices` with
-    what the collator computed on the host (no sync; see :func:`packing_fields`).
-    """
-
-    indices: torch.Tensor | None
-    cu_seqlens: torch.Tensor
-    max_seqlen: int
-    batch: int
-    seq: int
-    mask: torch.Tensor | None
-
-    @classmethod
-    def from_mask(cls, mask: torch.Tensor | None, batch: int, seq: int, device=None) -> "Packing":
-        """From a [B, S] mask (1/True = real; None = all real). Raises ValueError for a mask of another shape."""
-        if mask is None:
-            return cls.dense(batch, seq, device)
-        if mask.shape != (batch, seq):
-            raise ValueError(f"the attention mask is {tuple(mask.shape)}, the batch [{batch}, {seq}]")
-        mask = mask.bool()
-        cu = F.pad(mask.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
-        return cls(mask.reshape(-1).nonzero().squeeze(1), cu, seq, batch, seq, mask)
-
-    @classmethod
-    def from_indices(cls, indices: torch.Tensor, cu_seqlens: torch.Tensor, mask: torch.Tensor) -> "Packing":
-        """From :func:`packing_fields`' ``packed_indices`` and ``cu_seqlens`` and the [B, S] mask they describe."""
-        batch, seq = mask.shape
-        return cls(indices, cu_seqlens.to(torch.int32), seq, batch, seq, mask.bool())
-
-    @classmethod
-    def dense(cls, batch: int, seq: int, device=None, mask: torch.Tensor | None = None) -> "Packing":
-        """Every position kept: packing is a reshape. With ``mask`` [B, S] the padded kernels still mask its
-        padding (the layers then compute padded positions too, as in transformers)."""
-        cu = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=device)
-        return cls(None, cu, seq, batch, seq, None if mask is None else mask.bool())
-
-    @property
-    def num_tokens(self) -> int:
-        """N, the packed length (host-known: the shape of ``indices``)."""
-        return self.batch * self.seq if self.indices is None else self.indices.numel()
-
-    def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, S, ...] -> [N, ...]: the real positions in row order."""
-        flat = x.reshape(self.batch * self.seq, *x.shape[2:])
-        return flat if self.indices is None else flat.index_select(0, self.indices)
-
-    def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """[N, ...] -> [B, S, ...] with zeros at padding."""
-        if self.indices is None:
-            return x.reshape(self.batch, self.seq, *x.shape[1:])
-        out = x.new_zeros(self.batch * self.seq, *x.shape[1:])
-        return out.index_copy(0, self.indices, x).view(self.batch, self.seq, *x.shape[1:])
-
-    def key_mask(self) -> torch.Tensor | None:
-        """bool [B, 1, 1, S] for a padded attention (True = attend), or None when nothing is padding."""
-        return None if self.mask is None else self.mask[:, None, None, :]
-
-
-#: The batch keys of the packed layout (:func:`packing_fields`): what a model's ``forward`` takes in ``**packing``
-#: (as transformers passes FlashAttention's ``cu_seq_lens`` through ``**kwargs``) and the trainer passes on.
-PACKING_FIELDS = ("packed_indices", "cu_seqlens")
-
-
-def packing_fields(*masks: torch.Tensor) -> dict[str, torch.Tensor]:
-    """What the collator adds so that the model packs without reading the mask on the device: the concatenation of
-    ``masks`` along the sequence ([B, T] text, then [B, R] regions for a vision-language batch) gives
-    ``packed_indices`` int64 [N] and ``cu_seqlens`` int32 [B + 1] (see :class:`Packing`). Host tensors in, host
-    tensors out (computed in the loader workers)."""
-    mask = torch.cat([m.bool() for m in masks], 1)
-    packing = Packing.from_mask(mask, *mask.shape)
-    return dict(zip(PACKING_FIELDS, (packing.indices, packing.cu_seqlens)))
 
 
 def _padded(q: torch.Tensor, packing: Packing) -> torch.Tensor:
@@ -144,22 +63,38 @@ def _explicit(q, k, v, key_mask, dropout_p, training, keep_probs):
     return torch.matmul(probs, v), (probs if keep_probs else None)
 
 
-def eager_attention(q, k, v, packing: Packing, dropout_p: float, training: bool, output_attentions: bool = False):
+def _key_mask(packing: Packing, kv_packing: Packing | None) -> torch.Tensor | None:
+    """The padded kernels' key mask: ``packing``'s, or for cross-attention the key stream's, where a row with no
+    real key (its regions all masked out) attends to its padding instead: zeros where that stream is packed, so its
+    output is 0, as the packed kernels give a row without keys."""
+    if kv_packing is None:
+        return packing.key_mask()
+    mask = kv_packing.key_mask()
+    return None if mask is None else mask | ~mask.any(-1, keepdim=True)
+
+
+def eager_attention(q, k, v, packing: Packing, dropout_p: float, training: bool, output_attentions: bool = False,
+                    kv_packing: Packing | None = None):
     """The reference: scores, softmax, :func:`~vlbert.layers.kernels.dropout`, times v, on the padded batch
     (transformers' eager attention). Returns the probabilities [B, heads, S, S] (after dropout, the weights that
-    multiply v, rows of padded queries included) when ``output_attentions``."""
-    y, probs = _explicit(_padded(q, packing), _padded(k, packing), _padded(v, packing), packing.key_mask(),
+    multiply v, rows of padded queries included) when ``output_attentions``; [B, heads, S, S_kv] for
+    cross-attention (``kv_packing``)."""
+    kv = packing if kv_packing is None else kv_packing
+    y, probs = _explicit(_padded(q, packing), _padded(k, kv), _padded(v, kv), _key_mask(packing, kv_packing),
                          dropout_p, training, output_attentions)
     return _unpadded(y, packing), probs
 
 
-def sdpa_attention(q, k, v, packing: Packing, dropout_p: float, training: bool, output_attentions: bool = False):
+def sdpa_attention(q, k, v, packing: Packing, dropout_p: float, training: bool, output_attentions: bool = False,
+                   kv_packing: Packing | None = None):
     """``scaled_dot_product_attention`` on the padded batch with a boolean key mask. CPU training with dropout runs
     :func:`eager_attention` instead (SDPA's CPU dropout path, the math kernel with ``bernoulli_``, is slower)."""
     if output_attentions or (training and dropout_p > 0 and q.device.type == "cpu"):
-        return eager_attention(q, k, v, packing, dropout_p, training, output_attentions)
-    y = F.scaled_dot_product_attention(_padded(q, packing), _padded(k, packing), _padded(v, packing),
-                                       attn_mask=packing.key_mask(), dropout_p=dropout_p if training else 0.0)
+        return eager_attention(q, k, v, packing, dropout_p, training, output_attentions, kv_packing)
+    kv = packing if kv_packing is None else kv_packing
+    y = F.scaled_dot_product_attention(_padded(q, packing), _padded(k, kv), _padded(v, kv),
+                                       attn_mask=_key_mask(packing, kv_packing),
+                                       dropout_p=dropout_p if training else 0.0)
     return _unpadded(y, packing), None
 
 
@@ -167,44 +102,52 @@ class _FlashVarlen(torch.autograd.Function):
     """Flash attention over packed sequences with attention-probability dropout: ATen's
     ``_flash_attention_forward`` / ``_flash_attention_backward``, the kernels ``varlen_attn`` calls with dropout 0.
     The forward returns the Philox seed and offset of its dropout mask; the backward regenerates the same mask from
-    them (FlashAttention-2, Dao 2023, section 3.1). Needs CUDA (sm80+) and bf16/fp16 inputs."""
+    them (FlashAttention-2, Dao 2023, section 3.1). Queries and keys have their own ``cu_seqlens`` and maximum
+    length (the same for self-attention; a two-stream model's cross-attention: one stream's queries over the
+    other's keys; a sequence without keys gets a zero output, FlashAttention-2's ``flash_fwd_kernel.h``). Needs
+    CUDA (sm80+) and bf16/fp16 inputs."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, dropout_p):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, dropout_p):
         out, lse, seed, offset, _ = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False, False)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, seed, offset)
-        ctx.max_seqlen, ctx.dropout_p = max_seqlen, dropout_p
+            q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, False, False)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seed, offset)
+        ctx.max_q, ctx.max_k, ctx.dropout_p = max_q, max_k, dropout_p
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        q, k, v, out, lse, cu, seed, offset = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, cu_k, seed, offset = ctx.saved_tensors
         dq, dk, dv = torch.ops.aten._flash_attention_backward(
-            grad.contiguous(), q, k, v, out, lse, cu, cu, ctx.max_seqlen, ctx.max_seqlen, ctx.dropout_p, False,
+            grad.contiguous(), q, k, v, out, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.dropout_p, False,
             seed, offset)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
-def varlen_attention(q, k, v, packing: Packing, dropout_p: float, training: bool, output_attentions: bool = False):
-    """Attention within each packed sequence (``packing.cu_seqlens``), never touching padding. CUDA: flash
-    attention (:class:`_FlashVarlen`, q/k/v in the autocast dtype). Elsewhere: each sequence's [1, heads, L, d]
-    attention in turn (:func:`_explicit`, dropout included), the reference of the packed layout that the tests
-    compare with ``eager``. With ``output_attentions`` it is :func:`eager_attention`."""
+def varlen_attention(q, k, v, packing: Packing, dropout_p: float, training: bool, output_attentions: bool = False,
+                     kv_packing: Packing | None = None):
+    """Attention within each packed sequence (``packing.cu_seqlens``), never touching padding; with ``kv_packing``
+    (cross-attention) sequence b's queries attend to the keys ``kv_packing.cu_seqlens`` gives sequence b. CUDA:
+    flash attention (:class:`_FlashVarlen`, q/k/v in the autocast dtype). Elsewhere: each sequence's
+    [1, heads, L, d] attention in turn (:func:`_explicit`, dropout included), the reference of the packed layout
+    that the tests compare with ``eager``. With ``output_attentions`` it is :func:`eager_attention`."""
     if output_attentions:  # the probabilities exist only in the explicit path, as in transformers
-        return eager_attention(q, k, v, packing, dropout_p, training, True)
+        return eager_attention(q, k, v, packing, dropout_p, training, True, kv_packing)
     p = dropout_p if training else 0.0
+    kv = packing if kv_packing is None else kv_packing
     if q.is_cuda:
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else q.dtype
         if dtype in (torch.float16, torch.bfloat16):
             q, k, v = (t.to(dtype) for t in (q, k, v))
-            return _FlashVarlen.apply(q, k, v, packing.cu_seqlens, packing.max_seqlen, p), None
-    bounds = packing.cu_seqlens.tolist()
+            return _FlashVarlen.apply(q, k, v, packing.cu_seqlens, kv.cu_seqlens, packing.max_seqlen,
+                                      kv.max_seqlen, p), None
+    queries, keys = packing.cu_seqlens.tolist(), kv.cu_seqlens.tolist()
     outs = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        seq = lambda t: t[start:end].transpose(0, 1)[None]  # [1, heads, L, d]
-        outs.append(_explicit(seq(q), seq(k), seq(v), None, p, training, False)[0][0].transpose(0, 1))
+    for (q0, q1), (k0, k1) in zip(zip(queries[:-1], queries[1:]), zip(keys[:-1], keys[1:])):
+        seq = lambda t, a, b: t[a:b].transpose(0, 1)[None]  # [1, heads, L, d]
+        outs.append(_explicit(seq(q, q0, q1), seq(k, k0, k1), seq(v, k0, k1), None, p, training, False)[0][0]
+                    .transpose(0, 1))
     return torch.cat(outs), None
 
 
@@ -245,6 +188,9 @@ class AttentionKernel:
         unsupported: ``(AttentionRequest) -> None`` if the kernel can run the request, else the reason in a few
             words (device, dtype, head size, compute capability, dropout).
         fallback: the kernel to try when this one cannot run (``varlen`` -> ``sdpa`` -> ``eager``).
+        cross_attention: whether ``function`` takes ``kv_packing`` (keys and values in another layout than the
+            queries: :class:`~vlbert.models.two_stream.CrossAttention`); one that does not leaves the
+            cross-attention to ``sdpa``.
     Calling the entry calls ``function``.
     """
 
@@ -253,6 +199,7 @@ class AttentionKernel:
     returns_probabilities: bool = False
     unsupported: Callable[[AttentionRequest], str | None] = _always
     fallback: str | None = "sdpa"
+    cross_attention: bool = False
 
     def __post_init__(self):
         if self.layout not in ("packed", "padded"):
@@ -303,23 +250,26 @@ def flash_varlen_unsupported(request: AttentionRequest) -> str | None:
 
 #: name -> :class:`AttentionKernel` (the config's ``attn_implementation``); see the module docstring.
 ATTENTION_FUNCTIONS: dict[str, AttentionKernel] = {
-    "eager": AttentionKernel(eager_attention, "padded", returns_probabilities=True, fallback=None),
-    "sdpa": AttentionKernel(sdpa_attention, "padded", fallback="eager"),
-    "varlen": AttentionKernel(varlen_attention, "packed", unsupported=flash_varlen_unsupported, fallback="sdpa"),
+    "eager": AttentionKernel(eager_attention, "padded", returns_probabilities=True, fallback=None,
+                             cross_attention=True),
+    "sdpa": AttentionKernel(sdpa_attention, "padded", fallback="eager", cross_attention=True),
+    "varlen": AttentionKernel(varlen_attention, "packed", unsupported=flash_varlen_unsupported, fallback="sdpa",
+                              cross_attention=True),
 }
 
 
 def register_attention(name: str, function: AttentionFunction, *, layout: str = "padded",
                        returns_probabilities: bool = False,
                        unsupported: Callable[[AttentionRequest], str | None] = _always,
-                       fallback: str | None = "sdpa") -> AttentionKernel:
+                       fallback: str | None = "sdpa", cross_attention: bool = False) -> AttentionKernel:
     """Add an attention kernel under ``name`` (usable as ``attn_implementation``), declaring its ``layout``
     (``"packed"`` if it reads ``cu_seqlens``), whether it ``returns_probabilities``, when it cannot run
-    (``unsupported``) and what runs instead (``fallback``); see :class:`AttentionKernel`. Returns the entry.
+    (``unsupported``), what runs instead (``fallback``) and whether it takes ``kv_packing``
+    (``cross_attention``); see :class:`AttentionKernel`. Returns the entry.
     Raises ValueError if the name is taken or the layout unknown."""
     if name in ATTENTION_FUNCTIONS:
         raise ValueError(f"attention implementation {name!r} is already registered")
-    kernel = AttentionKernel(function, layout, returns_probabilities, unsupported, fallback)
+    kernel = AttentionKernel(function, layout, returns_probabilities, unsupported, fallback, cross_attention)
     ATTENTION_FUNCTIONS[name] = kernel
     return kernel
 
@@ -361,6 +311,7 @@ def select_attention(name: str | None, request: AttentionRequest) -> str:
     return chosen
 
 
-__all__ = ["Packing", "packing_fields", "PACKING_FIELDS", "ATTENTION_FUNCTIONS", "AttentionKernel", "AttentionRequest",
+__all__ = ["Packing", "packing_fields", "stream_packing_fields", "PACKING_FIELDS", "LAYOUT_KEYS",
+           "STREAM_PACKING_FIELDS", "ATTENTION_FUNCTIONS", "AttentionKernel", "AttentionRequest",
            "register_attention", "select_attention", "check_attention_name", "flash_varlen_unsupported",
            "eager_attention", "sdpa_attention", "varlen_attention"]

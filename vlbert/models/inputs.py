@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from vlbert.config import BertConfig
-from vlbert.layers.attention import PACKING_FIELDS, Packing
+from vlbert.layers.packing import LAYOUT_KEYS, PACKING_FIELDS, STREAM_PACKING_FIELDS, Packing
 
 
 def check_text_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
@@ -53,8 +53,9 @@ def check_text_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_id
 
 
 def take_packing(kwargs: dict) -> dict:
-    """Pop the packed-layout fields (:data:`~vlbert.layers.attention.PACKING_FIELDS`: ``packed_indices``,
-    ``cu_seqlens``) out of a forward's ``**kwargs``; returns them (absent ones left out)."""
+    """Pop the packed-layout fields (:data:`~vlbert.layers.packing.PACKING_FIELDS`: ``packed_indices``,
+    ``cu_seqlens`` and a two-stream model's ``text_*`` / ``region_*`` ones) out of a forward's ``**kwargs``;
+    returns them (absent ones left out)."""
     return {name: kwargs.pop(name) for name in PACKING_FIELDS if name in kwargs}
 
 
@@ -69,7 +70,7 @@ def packing_from_batch(mask: torch.Tensor | None, packed_indices: torch.Tensor |
             values are the collator's)."""
     if unknown:
         raise TypeError(f"forward got unexpected keyword(s) {sorted(unknown)}; besides its named inputs it takes "
-                        f"only the packed layout {list(PACKING_FIELDS)}")
+                        f"only the packed layout {list(LAYOUT_KEYS)}")
     if packed_indices is None and cu_seqlens is None:
         return None
     if packed_indices is None or cu_seqlens is None or mask is None:
@@ -81,4 +82,26 @@ def packing_from_batch(mask: torch.Tensor | None, packed_indices: torch.Tensor |
     return Packing.from_indices(packed_indices, cu_seqlens, mask)
 
 
-__all__ = ["check_text_inputs", "packing_from_batch", "take_packing"]
+
+def stream_layouts(text_mask: torch.Tensor | None, region_mask: torch.Tensor | None,
+                   packing: dict) -> tuple[Packing | None, Packing | None]:
+    """A two-stream model's layouts from the collator's fields (:func:`~vlbert.layers.packing.stream_packing_fields`
+    in ``packing``): (text layout of ``text_mask`` [B, T], region layout of ``region_mask`` [B, R]), None for a
+    stream whose fields the batch lacks. Raises ValueError as :func:`packing_from_batch` for each stream."""
+    fields = [{key: packing[prefix + key] for key in LAYOUT_KEYS if prefix + key in packing}
+              for prefix in ("text_", "region_")]
+    return packing_from_batch(text_mask, **fields[0]), packing_from_batch(region_mask, **fields[1])
+
+
+def refuse_stream_layouts(packing: dict) -> None:
+    """Raise ``ValueError`` when ``packing`` holds a two-stream model's per-stream layout
+    (:data:`~vlbert.layers.packing.STREAM_PACKING_FIELDS`) for a single-stream model, which packs [text ; regions]
+    as one sequence."""
+    given = sorted(set(packing) & set(STREAM_PACKING_FIELDS))
+    if given:
+        raise ValueError(f"the batch carries a two-stream model's per-stream layout {given}, but this model is "
+                         "single-stream: collate with VLCollator(two_stream=False) (packing_fields of "
+                         "[text ; regions]) or drop those fields")
+
+
+__all__ = ["check_text_inputs", "packing_from_batch", "take_packing", "stream_layouts", "refuse_stream_layouts"]

@@ -5,10 +5,11 @@ feed-forward network.
 
 Built from the single-stream encoder's blocks: every self-attention + FFN sub-layer is a
 :class:`~vlbert.models.bert.BertLayer` (the same packed layout, the same attention table
-``config.attn_implementation``, the same gradient checkpointing), each stream packed by its own mask
-(:class:`~vlbert.layers.attention.Packing`). Only the cross-attention core runs on the padded [B, S, heads, d]
-batch (queries of one stream, keys of the other: SDPA with the other stream's key mask, or the explicit softmax
-when the probabilities are asked for or on a CPU with dropout, as the ``sdpa`` kernel does).
+``config.attn_implementation``, the same gradient checkpointing), each stream packed by its own layout
+(:class:`~vlbert.layers.packing.Packing`: the collator's, :func:`~vlbert.layers.packing.stream_packing_fields`,
+else read from the stream's mask). The cross-attention core runs the same kernel on the two layouts (queries of
+one stream, keys and values of the other: the table's ``kv_packing``; flash varlen attention with
+``cu_seqlens_q`` != ``cu_seqlens_k`` on CUDA in bf16).
 
 Source: airsplay/lxmert@827087b ``src/lxrt/modeling.py`` (``LXRTEncoder``, ``LXRTXLayer``, ``BertCrossattLayer``);
 transformers ``LxmertEncoder`` / ``LxmertXLayer``, whose outputs these equal with the same weights (tests/
@@ -20,13 +21,13 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
 from vlbert.config import VLBertConfig
-from vlbert.layers.attention import ATTENTION_FUNCTIONS, Packing, _explicit
+from vlbert.layers.attention import ATTENTION_FUNCTIONS
 from vlbert.layers.kernels import Dropout
+from vlbert.layers.packing import Packing
 from vlbert.models.bert import BertEncoder, BertLayer, LayerNorm
 from vlbert.models.outputs import EncoderOutput
 
@@ -53,28 +54,21 @@ class CrossAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(self, x: torch.Tensor, x_packing: Packing, context: torch.Tensor, context_packing: Packing,
-                attentions: list | None = None) -> torch.Tensor:
+                attention: str = "sdpa", attentions: list | None = None) -> torch.Tensor:
         """Args: x float [N_q, H] packed queries of one stream (``x_packing``); context float [N_k, H] packed
-        positions of the other stream (``context_packing``, whose mask is the key mask); attentions: a list to
-        append the probabilities [B, heads, S_q, S_k] to (after dropout; padded keys get 0).
-        Returns float [N_q, H]. A row whose context has no real position (every region masked out, as the
-        "without regions" baselines do) gets a zero attention output: its keys and values there are padding.
-        """
-        q = x_packing.pad(self.query(x).view(-1, self.num_heads, self.head_dim)).transpose(1, 2)
-        k, v = context_packing.pad(self.kv(context).view(-1, 2, self.num_heads, self.head_dim)).unbind(2)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
-        key_mask = context_packing.key_mask()
-        if key_mask is not None:  # a row whose other stream has no real position (regions masked out) attends to
-            key_mask = key_mask | ~key_mask.any(-1, keepdim=True)  # its zero padding: its cross-attention adds 0
-        if attentions is not None or (self.training and self.dropout_p > 0 and q.device.type == "cpu"):
-            y, probs = _explicit(q, k, v, key_mask, self.dropout_p, self.training, attentions is not None)
-            if attentions is not None:
-                attentions.append(probs)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
-                                               dropout_p=self.dropout_p if self.training else 0.0)
-        y = x_packing.unpad(y.transpose(1, 2)).reshape(x.shape[0], self.num_heads * self.head_dim)
-        return self.norm(x + self.dropout(self.out(y)))
+        positions of the other stream (``context_packing``, whose mask is the key mask); attention: the kernel
+        (a key of :data:`~vlbert.layers.attention.ATTENTION_FUNCTIONS`; one not declared ``cross_attention``
+        gives way to ``sdpa``); attentions: a list to append the probabilities [B, heads, S_q, S_k] to (after
+        dropout; padded keys get 0). Returns float [N_q, H]. A row whose context has no real position (every
+        region masked out, as the "without regions" baselines do) gets a zero attention output."""
+        q = self.query(x).view(-1, self.num_heads, self.head_dim)
+        k, v = self.kv(context).view(-1, 2, self.num_heads, self.head_dim).unbind(1)
+        kernel = attention if ATTENTION_FUNCTIONS[attention].cross_attention else "sdpa"
+        y, probs = ATTENTION_FUNCTIONS[kernel](q, k, v, x_packing, self.dropout_p, self.training,
+                                               attentions is not None, kv_packing=context_packing)
+        if attentions is not None:
+            attentions.append(probs)
+        return self.norm(x + self.dropout(self.out(y.reshape(x.shape[0], self.num_heads * self.head_dim))))
 
 
 class CrossModalityLayer(nn.Module):
@@ -91,12 +85,13 @@ class CrossModalityLayer(nn.Module):
 
     def forward(self, text: torch.Tensor, regions: torch.Tensor, text_packing: Packing, region_packing: Packing,
                 attention: str = "sdpa", attentions: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Args: text [N_t, H], regions [N_r, H] packed by their packings; attention: the self-attention kernel;
+        """Args: text [N_t, H], regions [N_r, H] packed by their packings; attention: the kernel of the self-
+        and cross-attention;
         attentions: lists by name (``text``, ``regions``, ``cross``, ``region_cross``) to append probabilities to.
         Returns (text [N_t, H], regions [N_r, H])."""
         a = attentions or {}
-        text2 = self.cross_attention(text, text_packing, regions, region_packing, a.get("cross"))
-        regions2 = self.cross_attention(regions, region_packing, text, text_packing, a.get("region_cross"))
+        text2 = self.cross_attention(text, text_packing, regions, region_packing, attention, a.get("cross"))
+        regions2 = self.cross_attention(regions, region_packing, text, text_packing, attention, a.get("region_cross"))
         return (self.text_layer(text2, text_packing, attention, a.get("text")),
                 self.region_layer(regions2, region_packing, attention, a.get("regions")))
 
@@ -131,19 +126,21 @@ class TwoStreamEncoder(nn.Module):
             return torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
         return layer(*args)
 
-    def _packing(self, stream: BertEncoder, mask, batch: int, seq: int, attention: str, device,
-                 dense: bool) -> tuple[Packing, str]:
-        """A stream's layout and kernel: ``dense`` (every position computed, padding masked: no host sync; a
-        kernel declared ``packed`` gives way to ``sdpa``, as ``BertEncoder.unpad = False`` does), else
-        :meth:`BertEncoder.packing` read from the mask (one ``nonzero``)."""
-        if dense:
+    def _packing(self, stream: BertEncoder, mask, batch: int, seq: int, attention: str, device, dense: bool,
+                 given: Packing | None) -> tuple[Packing, str]:
+        """A stream's layout and kernel: :meth:`BertEncoder.packing` of the collator's layout ``given`` (no host
+        sync), else ``dense`` (every position computed, padding masked: no host sync; a kernel declared
+        ``packed`` gives way to ``sdpa``, as ``BertEncoder.unpad = False`` does), else read from the mask (one
+        ``nonzero``)."""
+        if dense and given is None:
             return Packing.dense(batch, seq, device, mask), (
                 "sdpa" if ATTENTION_FUNCTIONS[attention].layout == "packed" else attention)
-        return stream.packing(mask, batch, seq, attention, None, device)
+        return stream.packing(mask, batch, seq, attention, given, device)
 
     def forward(self, text: torch.Tensor, regions: torch.Tensor, text_mask: torch.Tensor | None,
                 region_mask: torch.Tensor | None, output_hidden_states: bool = False,
-                output_attentions: bool = False, dense: bool = False) -> EncoderOutput:
+                output_attentions: bool = False, dense: bool = False,
+                layouts: tuple[Packing | None, Packing | None] = (None, None)) -> EncoderOutput:
         """Args: text float [B, T, H] and regions float [B, R, H] (their embeddings); text_mask [B, T], region_mask
         [B, R] (1 = real; None = all real).
         Returns :class:`EncoderOutput`: last_hidden_state [B, T + R, H] (text rows, then region rows; padding
@@ -153,12 +150,17 @@ class TwoStreamEncoder(nn.Module):
         ``output_attentions`` ``text_attentions`` [B, heads, T, T] (language then cross layers),
         ``region_attentions`` [B, heads, R, R], ``cross_attentions`` (text queries over regions, [B, heads, T, R],
         transformers' ``cross_encoder_attentions``) and ``region_cross_attentions`` ([B, heads, R, T]).
-        Each stream is packed by its mask (one ``nonzero`` each), or with ``dense`` (the collator packed the batch,
-        for the joint layout the streams cannot use without reading the device) runs padded: no host sync."""
+        ``layouts``: the (text, region) packings the collator computed
+        (:func:`~vlbert.layers.packing.stream_packing_fields`; None for a stream without one): each stream runs on
+        its own with no host sync, on the config's kernel (flash varlen on CUDA in bf16), cross-attention included.
+        A stream without one runs padded with ``dense`` (the batch carries the single-stream layout of
+        [text ; regions], which the streams cannot use: no host sync, a ``packed`` kernel gives way to ``sdpa``),
+        else is packed by its mask (one ``nonzero``)."""
         (b, t), r = text.shape[:2], regions.shape[1]
         attention = self.text.select_attention(text, output_attentions)
-        text_packing, attention = self._packing(self.text, text_mask, b, t, attention, text.device, dense)
-        region_packing, _ = self._packing(self.regions, region_mask, b, r, attention, text.device, dense)
+        text_packing, attention = self._packing(self.text, text_mask, b, t, attention, text.device, dense, layouts[0])
+        region_packing, attention = self._packing(self.regions, region_mask, b, r, attention, text.device, dense,
+                                                  layouts[1])
         lists = {k: [] for k in ("text", "regions", "cross", "region_cross")} if output_attentions else None
         states = {"text": [text], "regions": [regions]} if output_hidden_states else None
         x, y = text_packing.unpad(text), region_packing.unpad(regions)

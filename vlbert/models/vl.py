@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from vlbert.config import VLBertConfig
-from vlbert.layers.attention import PACKING_FIELDS
+from vlbert.layers.packing import LAYOUT_KEYS, PACKING_FIELDS
 from vlbert.models.bert import BertEncoder, BertModel, check_text_inputs, packing_from_batch
-from vlbert.models.inputs import take_packing
+from vlbert.models.inputs import refuse_stream_layouts, stream_layouts, take_packing
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.region_embeddings import build_region_embedding, region_location_features
@@ -107,6 +107,25 @@ class VLBertModel(BertModel):
             if t is not None and t.shape != (b, r):
                 raise ValueError(f"{name} must be [{b}, {r}], got {tuple(t.shape)}")
 
+    def encode_streams(self, input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
+                       region_token_type_ids, masked_regions, output_hidden_states: bool, output_attentions: bool,
+                       packing: dict) -> EncoderOutput:
+        """A two-stream model's path (:class:`~vlbert.models.two_stream.TwoStreamEncoder`; arguments as
+        :meth:`forward`, inputs already checked): the text and region embeddings, each stream on the collator's
+        layout of its own mask (``text_*`` / ``region_*`` fields, :func:`~vlbert.layers.packing.stream_packing_fields`:
+        no host sync; the configured kernel, flash varlen on CUDA in bf16, in the self- and cross-attention); given
+        only the joint ``packed_indices`` / ``cu_seqlens``, which the streams cannot use, they run padded with their
+        masks (no host sync, ``sdpa``); given neither, each is packed by its own mask (one ``nonzero`` each).
+        Returns :meth:`forward`'s :class:`EncoderOutput` plus each stream's states and attention maps."""
+        text = self.embeddings(input_ids, token_type_ids)
+        regions = self.region_embeddings(region_features, region_boxes, region_token_type_ids, self.embeddings,
+                                         masked_regions)
+        out = self.encoder(text, regions.to(text.dtype), attention_mask, region_mask, output_hidden_states,
+                           output_attentions, dense=any(k in packing for k in LAYOUT_KEYS),
+                           layouts=stream_layouts(attention_mask, region_mask, packing))
+        out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
+        return out
+
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, region_features: torch.Tensor | None = None,
                 region_boxes: torch.Tensor | None = None, region_mask: torch.Tensor | None = None,
@@ -128,9 +147,9 @@ class VLBertModel(BertModel):
                 VisualBERT's NLVR2 types the two images' regions 0 and 1).
             masked_regions: bool [B, R], regions masked for masked region modelling (UNITER adds its
                 ``mask_embedding`` there; the other pathways ignore it).
-            packing: optionally ``packed_indices``, ``cu_seqlens``, the packed layout of the [B, T + R] mask (text
-                then regions) as the collator computed it (:func:`~vlbert.layers.attention.packing_fields`): no
-                host sync.
+            packing: optionally the collator's packed layout (no host sync): ``packed_indices``, ``cu_seqlens`` of
+                the [B, T + R] mask, text then regions (:func:`~vlbert.layers.packing.packing_fields`); for a
+                two-stream model each stream's (:func:`~vlbert.layers.packing.stream_packing_fields`).
             images, image_sizes: instead of ``region_features``, float [B, 3, H, W] images (and int64 [B, 2] their
                 (height, width) in a padded batch) for the model's visual backbone (:meth:`extract_regions`).
         Returns:
@@ -140,11 +159,9 @@ class VLBertModel(BertModel):
             ``last_hidden_state`` and ``hidden_states``; ``attentions`` keep them ([B, heads, S, S], S = T + R + 1).
         Raises:
             ValueError: text input errors (see BertModel), feature size other than config.region_feature_dim,
-                zero regions, or mismatched box/mask shapes; no regions for a two-stream model.
-        With ``config.encoder = "two-stream"`` the collator's ``packed_indices`` / ``cu_seqlens`` describe the joint
-        mask, which the streams cannot use: given, the streams run padded with their masks (no host sync); not
-        given, each stream is packed by its own mask. The output adds each stream's states and attention maps
-        (:class:`~vlbert.models.two_stream.TwoStreamEncoder`).
+                zero regions, or mismatched box/mask shapes; no regions for a two-stream model; a per-stream layout
+                for a single-stream model.
+        With ``config.encoder = "two-stream"``: :meth:`encode_streams`.
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
         packing_from_batch(None, **{k: v for k, v in packing.items() if k not in PACKING_FIELDS})  # unknown keys
@@ -163,14 +180,11 @@ class VLBertModel(BertModel):
                 raise ValueError("region_boxes are required with region_features")
             self.check_region_inputs(input_ids, region_features, region_boxes, region_mask, region_token_type_ids,
                                      masked_regions)
-        if two_stream:  # the collator's joint packing does not describe the streams: they then run padded
-            text = self.embeddings(input_ids, token_type_ids)
-            regions = self.region_embeddings(region_features, region_boxes, region_token_type_ids, self.embeddings,
-                                             masked_regions)
-            out = self.encoder(text, regions.to(text.dtype), attention_mask, region_mask, output_hidden_states,
-                               output_attentions, dense=bool(packing))
-            out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
-            return out
+        if two_stream:
+            return self.encode_streams(input_ids, token_type_ids, attention_mask, region_features, region_boxes,
+                                       region_mask, region_token_type_ids, masked_regions, output_hidden_states,
+                                       output_attentions, packing)
+        refuse_stream_layouts(packing)
         x, mask = self.region_embeddings.join(self.embeddings, input_ids, token_type_ids, attention_mask,
                                               region_features, region_boxes, region_mask, region_token_type_ids,
                                               masked_regions)
@@ -228,8 +242,8 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size], and
         ``seq_relationship_logits`` the ITM logits [B, 2] (column 1 = the text matches the image), as
         transformers' ``*ForPreTraining`` return every head's logits.
-        ``labels`` also takes the collator's packed layout (``packed_indices``, ``cu_seqlens``:
-        :meth:`VLBertModel.forward`), and the MLM unit's ``masked_lm_positions`` (no host sync). A batch whose text a
+        ``labels`` also takes the collator's packed layout (``packed_indices``, ``cu_seqlens``, or a two-stream
+        model's ``text_*`` / ``region_*`` ones: :meth:`VLBertModel.forward`), and the MLM unit's ``masked_lm_positions`` (no host sync). A batch whose text a
         unit rewrites before the encoder (ITM's hard negatives) carries no layout: the collator cannot know it.
         ``images``, ``image_sizes``: pixels for the model's visual backbone instead of ``region_features``
         (:meth:`VLBertModel.extract_regions`; masked regions' pixels are hidden there)."""

@@ -293,7 +293,7 @@ class VLPretrainingData(TaskData):
 
 def build_model(ctx: RunContext, data: VLPretrainingData) -> VLBertForPreTraining:
     """VLBertForPreTraining from ``init_from`` (a BERT checkpoint) or the ``model`` section; region sizes come
-    from the shards.
+    from the shards. The collator then packs as the model runs: one layout per stream for a two-stream model.
 
     Raises:
         ValueError: ``model.region_feature_dim`` differs from the shards' feature size.
@@ -304,6 +304,7 @@ def build_model(ctx: RunContext, data: VLPretrainingData) -> VLBertForPreTrainin
     if model.config.region_feature_dim != data.feature_dim:
         raise ValueError(f"the shards hold {data.feature_dim}-d region features but model.region_feature_dim is "
                          f"{model.config.region_feature_dim}; make them equal")
+    data.collator.two_stream = model.config.encoder == "two-stream"  # the packed layout per stream (VLCollator)
     return model
 
 
