@@ -10,6 +10,8 @@ import torch
 
 from vlbert.data.easy_vqa import color_and_shape, image_attributes, load_questions
 from vlbert.data.regions import pad_regions
+from vlbert.data.vl_pretraining import VLCollator
+from vlbert.layers.packing import PACKING_FIELDS, STREAM_PACKING_FIELDS
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.recipes import RECIPES, run
 from vlbert.recipes.vl_pretraining import VLDataConfig, VLPretrainingData
@@ -86,6 +88,23 @@ def test_conditional_masking_per_objective(data, tokenizer):
             assert own == bool(itm["itm_label"][row])  # label 1 exactly when the caption is the image's own
         labels += itm["itm_label"].tolist()
     assert 0.25 < sum(labels) / len(labels) < 0.75
+
+
+def test_a_two_stream_collator_packs_each_stream_and_not_text_the_model_rewrites(data):
+    """VLCollator(two_stream=True), the recipe's switch for LXMERT (issue 42): each stream's layout from its own mask
+    (the real positions in row order and the cumulative lengths) instead of the joint one; an ITM batch with hard
+    negatives, whose text the model rewrites, carries no layout (each stream then packs itself)."""
+    items = [data.train[i] for i in range(8)]
+    collator = VLCollator(data.text, objectives=data.objectives, two_stream=True)
+    batch = collator([{**x, "objective": "mlm"} for x in items])
+    assert set(PACKING_FIELDS) & set(batch) == set(STREAM_PACKING_FIELDS)
+    for stream, mask in (("text", batch["attention_mask"]), ("region", batch["region_mask"])):
+        assert batch[f"{stream}_packed_indices"].tolist() == [i for i, m in enumerate(mask.flatten().tolist()) if m]
+        assert batch[f"{stream}_cu_seqlens"].tolist() == [0, *torch.cumsum(mask.sum(1), 0).tolist()]
+    assert (batch["region_mask"] == 0).any()  # ragged regions
+    hard = VLCollator(data.text, objectives=data.objectives, itm_negatives="hard", two_stream=True)
+    itm = hard([{**x, "objective": "itm"} for x in items])
+    assert "itm_content" in itm and not set(PACKING_FIELDS) & set(itm)
 
 
 def test_masking_of_a_sample_does_not_depend_on_its_batch(data):
