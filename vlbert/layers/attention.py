@@ -104,8 +104,9 @@ class _FlashVarlen(torch.autograd.Function):
     The forward returns the Philox seed and offset of its dropout mask; the backward regenerates the same mask from
     them (FlashAttention-2, Dao 2023, section 3.1). Queries and keys have their own ``cu_seqlens`` and maximum
     length (the same for self-attention; a two-stream model's cross-attention: one stream's queries over the
-    other's keys; a sequence without keys gets a zero output, FlashAttention-2's ``flash_fwd_kernel.h``). Needs
-    CUDA (sm80+) and bf16/fp16 inputs."""
+    other's keys; a sequence without keys gets a zero output, the forward kernel exiting early with zeros:
+    Dao-AILab/flash-attention ``csrc/flash_attn/src/flash_fwd_kernel.h``, ``compute_attn_1rowblock``). Needs CUDA
+    (sm80+) and bf16/fp16 inputs."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, dropout_p):

@@ -2,8 +2,10 @@
 fields in which a collator hands that layout to the model, computed on the host (:func:`packing_fields`; one per
 stream for a two-stream model, :func:`stream_packing_fields`), so the model never reads a mask on the device.
 
-Source: MosaicBERT / MLPerf BERT "unpadding" (``bert_padding.py``'s ``unpad_input``: indices and ``cu_seqlens``);
-FlashAttention's variable-length interface (``cu_seqlens_q`` / ``cu_seqlens_k``).
+Source: the "unpadding" of MLPerf BERT and MosaicBERT, as Dao-AILab/flash-attention@3c0d495
+``flash_attn/bert_padding.py`` writes it (``unpad_input``: the real positions' indices and ``cu_seqlens``), whose
+variable-length kernels take one ``cu_seqlens`` for the queries and one for the keys (a two-stream model's
+cross-attention: :func:`~vlbert.layers.attention.varlen_attention`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 :func:`check_text_inputs` refuses inputs a model cannot embed with a message naming the fix (values checked on the
 host only: on an accelerator a check would stall every step); :func:`packing_from_batch` turns the collator's
-``packed_indices`` / ``cu_seqlens`` (:func:`~vlbert.layers.attention.packing_fields`), which a public forward
-takes in its ``**packing`` keywords, into the encoder's :class:`~vlbert.layers.attention.Packing`.
+``packed_indices`` / ``cu_seqlens`` (:func:`~vlbert.layers.packing.packing_fields`), which a public forward takes in
+its ``**packing`` keywords, into the encoder's :class:`~vlbert.layers.packing.Packing`, and :func:`stream_layouts`
+a two-stream model's ``text_*`` / ``region_*`` fields into one per stream.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def take_packing(kwargs: dict) -> dict:
 
 def packing_from_batch(mask: torch.Tensor | None, packed_indices: torch.Tensor | None = None,
                        cu_seqlens: torch.Tensor | None = None, **unknown) -> Packing | None:
-    """The collator's packed layout (:func:`~vlbert.layers.attention.packing_fields`) of ``mask`` [B, S], or None
+    """The collator's packed layout (:func:`~vlbert.layers.packing.packing_fields`) of ``mask`` [B, S], or None
     when the batch has none.
 
     Raises:
