@@ -113,7 +113,7 @@ def _ragged(b=4, t=24, r=0, seed=0):
     return {k: v.cuda() for k, v in batch.items()}
 
 
-def _model(kernel, head_dim, regions, dropout=0.0):
+def _model(kernel, head_dim, regions, dropout=0.0, **model):
     import vlbert
     from vlbert.models.vl import VLBertForPreTraining
 
@@ -122,7 +122,8 @@ def _model(kernel, head_dim, regions, dropout=0.0):
               "attention_probs_dropout_prob": dropout}
     torch.manual_seed(0)
     if regions:
-        return VLBertForPreTraining(vlbert.VLBertConfig(**values, region_feature_dim=16, num_region_classes=0)).cuda()
+        return VLBertForPreTraining(vlbert.VLBertConfig(**values, region_feature_dim=16, num_region_classes=0,
+                                                        **model)).cuda()
     return vlbert.BertForPreTraining(vlbert.BertConfig(**values)).cuda()
 
 
@@ -139,9 +140,15 @@ def test_flash_varlen_equals_eager_in_bf16(head_dim, regions, collator_packing):
     if collator_packing:
         masks = [batch["attention_mask"].cpu()] + ([batch["region_mask"].cpu()] if regions else [])
         batch.update({k: v.cuda() for k, v in packing_fields(*masks).items()})
+    _assert_varlen_equals_eager_in_bf16(batch, head_dim, regions)
+
+
+def _assert_varlen_equals_eager_in_bf16(batch, head_dim, regions, **model_config):
+    """One bf16-autocast training forward + backward of the same model with eager and with varlen: the loss and every
+    gradient within bf16's tolerance."""
     results = {}
     for kernel in ("eager", "varlen"):
-        model = _model(kernel, head_dim, regions).train()
+        model = _model(kernel, head_dim, regions, **model_config).train()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = model(**batch)
         out.loss.backward()
@@ -153,6 +160,24 @@ def test_flash_varlen_equals_eager_in_bf16(head_dim, regions, collator_packing):
     for name in ge:
         scale = float(ge[name].abs().max()) + 1e-6
         assert float((gv[name] - ge[name]).abs().max()) <= 0.05 * scale, name
+
+
+@needs_flash
+@pytest.mark.parametrize("collator_packing", [False, True])
+def test_two_stream_flash_varlen_equals_eager_in_bf16(collator_packing):
+    """LXMERT's encoder (issue 42): flash varlen for the text and region self-attention and the cross-attention both
+    ways (cu_seqlens_q != cu_seqlens_k), each stream on the collator's layout (stream_packing_fields) or its own
+    mask, with a row whose regions are all masked out (its text attends to no region: flash's zero output for a
+    sequence without keys, eager's attention to zero padding), equals eager in bf16: loss and every gradient."""
+    from vlbert.layers.packing import stream_packing_fields
+
+    batch = _ragged(r=6)
+    batch["region_mask"][3] = 0
+    if collator_packing:
+        fields = stream_packing_fields(batch["attention_mask"].cpu(), batch["region_mask"].cpu())
+        batch.update({k: v.cuda() for k, v in fields.items()})
+    _assert_varlen_equals_eager_in_bf16(batch, 64, 6, encoder="two-stream", l_layers=1, r_layers=1, x_layers=1,
+                                        region_embedding="lxmert", region_location_dim=4)
 
 
 @needs_flash
@@ -170,7 +195,7 @@ def test_flash_dropout_reproduces_keeps_the_rate_and_its_backward_matches_its_ma
     outs = []
     for _ in range(2):
         torch.cuda.manual_seed(7)
-        outs.append(_FlashVarlen.apply(q, q, v, cu, length, p))
+        outs.append(_FlashVarlen.apply(q, q, v, cu, cu, length, length, p))
     assert torch.equal(outs[0], outs[1])
     kept = float((outs[0][:, :, :length] != 0).float().mean())
     assert abs(kept - (1 - p)) < 0.02, kept
