@@ -111,8 +111,9 @@ class VLDataConfig:
     max_text_length, max_regions: truncation. objectives: the objective mix (relative frequency of steps; names
     in :data:`vlbert.objectives.OBJECTIVES`; ``wra`` is a loss weight on ``itm`` batches). max_images: use only the
     first N captioned images per source (0 = all). easy_vqa_questions: questions per image added to the embedded
-    easy-VQA source with their answers (the ``qa`` unit's data; 0 = captions only). itm_negatives: "random" (UNITER) or "hard" (drawn from the
-    global batch by similarity, ALBEF: :mod:`vlbert.objectives.image_text_matching`).
+    easy-VQA source with their answers (the ``qa`` unit's data; 0 = captions only). itm_negatives: "random"
+    (UNITER) or "hard" (drawn from the global batch by similarity, ALBEF:
+    :mod:`vlbert.objectives.image_text_matching`).
     Raises:
         ValueError: a source that is not valid (:class:`CaptionSource`), two with one name, ``missing_regions``
             other than error/skip, ``itm_negatives`` other than random/hard, a negative ``easy_vqa_questions``.
@@ -230,8 +231,8 @@ class VLPretrainingData(TaskData):
         if "qa" in self.objectives.active and not self.qa_answers:
             raise ValueError("data.objectives has qa (image question answering) but no source holds questions with "
                              "answers: add a source of format lxmert whose records have 'labelf' (LXMERT's "
-                             "data/lxmert/*.json; on the embedded easy-VQA data set data.easy_vqa_questions: 1), or set "
-                             "qa's weight to 0")
+                             "data/lxmert/*.json; on the embedded easy-VQA data set "
+                             "data.easy_vqa_questions: 1), or set qa's weight to 0")
         # Held out by image (all captions of an image on one side), images in order of first appearance.
         _, eval_images = train_eval_split(list(dict.fromkeys(p.image_id for p in pairs)), data.eval_fraction, self.seed)
         held = set(eval_images)
