@@ -151,7 +151,8 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
 def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_shards, tmp_path):
     """LXMERT's two-stream encoder (issue 42) under DDP, with the GPU default (bf16 weights, float32 masters) and 2
     micro-batches per step: 2 processes at batch 4 give 1 process at batch 8's losses step by step, over its
-    pretraining units (MLM, feature regression, detected labels, ITM, and QA on LXMERT's JSON whose questions fall
+    pretraining units (MLM, feature regression, detected labels, ITM with hard negatives drawn over the global batch
+    from the language layers' text embeddings, and QA on LXMERT's JSON whose questions fall
     unevenly on the ranks: each rank weighs by its question rows). Each rank sums its micro-batches' gradients in
     float32 and the ranks average the sums; a bf16 model rounds each micro-batch's weight gradient (a sum over 4
     rows here, 8 there) before the float32 sum, so the losses agree to 2e-4, not float32's 1e-5 (ranks that did
@@ -175,7 +176,7 @@ def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_sha
                           "attention_probs_dropout_prob": 0.0},
                 "data": {"sources": [{"name": "lxmert", "format": "lxmert", "path": str(tmp_path / "lxmert.json"),
                                       "shards": str(easy_vqa_shards)}], "eval_fraction": 0.0,
-                         "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "itm": 1, "qa": 4}},
+                         "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "itm": 1, "qa": 4}, "itm_negatives": "hard"},
                 "training": {"output_dir": str(out), "max_steps": 6, "batch_size": batch_size, "learning_rate": 1e-3,
                              "warmup_steps": 1, "log_every": 1, "save_every": 3, "save_total_limit": 0,
                              "mixed_precision": "bf16-params", "grad_accum_steps": 2, "progress_bar": False}}
@@ -189,7 +190,7 @@ def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_sha
     assert a[1] == b[1] and max(abs(a[s] - b[s]) for s in a) <= 2e-4, (a, b)
     objectives = {next(k for k in ("mlm", "mrfr", "mrc", "itm", "qa") if k in r)
                   for r in map(json.loads, (two / "log.jsonl").read_text().splitlines()) if r["split"] == "train"}
-    assert len(objectives) >= 3 and "qa" in objectives, objectives  # the steps did mix the units
+    assert len(objectives) >= 3 and {"qa", "itm"} <= objectives, objectives  # the steps did mix the units
     (stopped / "checkpoints").mkdir(parents=True)
     shutil.copytree(one / "checkpoints" / "step-3", stopped / "checkpoints" / "step-3")
     lines = (one / "log.jsonl").read_text().splitlines()

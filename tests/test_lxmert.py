@@ -89,6 +89,11 @@ def test_pretraining_heads_and_streams_equal_transformers(pretraining):
     visual = hf.obj_predict_head(ref.vision_hidden_states[-1])
     for name, logits in heads.items():
         close(logits, visual[name], rm)
+    # text alone (retrieval's text embedding, ITM's hard-negative draw): the language layers, LXMERT's BERT
+    with torch.no_grad():
+        alone = ours.bert(ids, tt, tm, output_hidden_states=True)
+    assert alone.last_hidden_state.shape == (*ids.shape, hf.config.hidden_size) and len(alone.hidden_states) == 3
+    close(alone.last_hidden_state, ref.language_hidden_states[hf.config.l_layers - 1], tm)  # no embeddings there
 
 
 def test_base_sized_lxmert_model_equals_transformers(tmp_path):
@@ -203,8 +208,8 @@ def test_airsplay_pth_with_module_prefixes_converts_to_the_same_model(pretrainin
 
 
 def test_two_stream_refusals_name_the_fix(pretraining, tmp_path, capsys):
-    """Config values the two-stream encoder cannot run, a forward without regions, and GQA files in neither
-    layout are refused with the fix named (docs/bad-input.md rows 89-91)."""
+    """Config values the two-stream encoder cannot run and GQA files in neither layout are refused with the fix
+    named (docs/bad-input.md rows 89 and 91)."""
     with pytest.raises(ValueError, match="config.encoder must be one of"):
         VLBertConfig(encoder="two stream")
     with pytest.raises(ValueError, match="x_layers must be >= 1"):
@@ -212,8 +217,6 @@ def test_two_stream_refusals_name_the_fix(pretraining, tmp_path, capsys):
     config = VLBertConfig(vocab_size=30, hidden_size=8, num_attention_heads=2, intermediate_size=8, l_layers=1,
                           r_layers=1, x_layers=1, encoder="two-stream", region_embedding="lxmert",
                           region_location_dim=4, region_feature_dim=6)
-    with pytest.raises(ValueError, match="two-stream .* needs region_features"):
-        VLBertModel(config)(torch.tensor([[2, 5, 3]]))
     from vlbert.data.gqa import load_gqa
 
     (tmp_path / "q.json").write_text(json.dumps({"1": {"question": "what?"}}))

@@ -81,7 +81,7 @@ def test_every_exported_model_class_is_covered():
     assert exported == set(CASES)
 
 
-#: LXMERT's two-stream encoder (issue 42) under every VL head that encodes text with its regions.
+#: LXMERT's two-stream encoder (issue 42) under every VL head (retrieval's text embedding: its language layers).
 TWO_STREAM = {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1, "region_embedding": "lxmert",
               "region_location_dim": 4, "num_attribute_classes": 3, "num_qa_labels": 4}
 
@@ -91,7 +91,7 @@ def test_model_contract(name, tmp_path):
     check_contract(name, tmp_path, {})
 
 
-@pytest.mark.parametrize("name", sorted(n for n in CASES if n.startswith("VL") and n != "VLBertForImageTextRetrieval"))
+@pytest.mark.parametrize("name", sorted(n for n in CASES if n.startswith("VL")))
 def test_two_stream_model_contract(name, tmp_path):
     check_contract(name, tmp_path, TWO_STREAM)
 

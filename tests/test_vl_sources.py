@@ -257,3 +257,25 @@ def test_lxmert_json_questions_train_the_qa_unit(easy, tokenizer, tmp_path):
     assert sorted(answers) == sorted({a for c, s in easy.truth.values() for a in (c, s)})
     qa = [r for r in rows if "qa" in r]
     assert qa and abs(qa[0]["qa"] - np.log(len(answers))) < 0.5, qa  # a fresh head: near uniform
+
+
+def test_easy_vqa_questions_join_their_images_captions_for_the_qa_unit(tokenizer):
+    """``data.easy_vqa_questions: k`` adds up to k of each image's own questions, answer at score 1, beside its
+    caption; the captions are those of a run without questions, and ``max_images`` counts images, not texts."""
+    from vlbert.data.easy_vqa import load_questions
+    from vlbert.recipes.vl_pretraining import VLDataConfig, easy_vqa_captions
+
+    plain = easy_vqa_captions(tokenizer, "train", seed=3, max_images=6)
+    mixed = easy_vqa_captions(tokenizer, "train", seed=3, questions=2, max_images=6)
+    assert plain == easy_vqa_captions(tokenizer, "train", seed=3)[:6]
+    assert [p for p in mixed if not p.answers] == plain
+    asked = {}
+    for q in load_questions("train"):
+        asked.setdefault(q.image_id, set()).add((tuple(tokenizer(q.question, add_special_tokens=False)["input_ids"]),
+                                                 q.answer))
+    questions = [p for p in mixed if p.answers]
+    assert len(questions) == 12 and {p.image_id for p in questions} == {p.image_id for p in plain}
+    assert all((tuple(p.token_ids), p.answers[0][0]) in asked[p.image_id] and p.answers[0][1] == 1.0
+               for p in questions)
+    with pytest.raises(ValueError, match="easy_vqa_questions must be a whole number >= 0"):
+        VLDataConfig(easy_vqa_questions=-1)

@@ -20,7 +20,6 @@ from detectors.store import region_count
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.regions import pad_regions, region_item
 from vlbert.layers.packing import packing_fields, stream_packing_fields
-from vlbert.layers.losses import masked_positions
 from vlbert.objectives import OBJECTIVES, PrepareContext
 from vlbert.objectives.image_text_matching import content_id
 

@@ -265,11 +265,13 @@ class BertModel(PreTrainedModel):
 
     def encode_text(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                     attention_mask: torch.Tensor | None, output_hidden_states: bool, output_attentions: bool,
-                    packing: dict) -> EncoderOutput:
+                    packing: dict, encoder: nn.Module | None = None) -> EncoderOutput:
         """The text path every model shares: embeddings, encoder (packed by the collator's layout where given),
-        pooler. Arguments as :meth:`forward` (inputs already checked); returns its :class:`EncoderOutput`."""
-        out = self.encoder(self.embeddings(input_ids, token_type_ids), attention_mask, output_hidden_states,
-                           output_attentions, packing_from_batch(attention_mask, **packing))
+        pooler. Arguments as :meth:`forward` (inputs already checked); ``encoder``: the layers to run (default
+        ``self.encoder``; a two-stream model's language layers for text alone). Returns :class:`EncoderOutput`."""
+        out = (encoder or self.encoder)(self.embeddings(input_ids, token_type_ids), attention_mask,
+                                        output_hidden_states, output_attentions,
+                                        packing_from_batch(attention_mask, **packing))
         out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
         return out
 

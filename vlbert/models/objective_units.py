@@ -9,7 +9,6 @@ run by them with no edit here.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from vlbert.models.outputs import PreTrainingOutput

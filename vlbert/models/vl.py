@@ -154,14 +154,14 @@ class VLBertModel(BertModel):
                 (height, width) in a padded batch) for the model's visual backbone (:meth:`extract_regions`).
         Returns:
             :class:`EncoderOutput`, last_hidden_state [B, T + R, H] (text rows first), pooler_output [B, H].
-            Without regions this is exactly :class:`BertModel` (VL-BERT's pathway: its text-only embedding).
+            Without regions this is exactly :class:`BertModel` (VL-BERT's pathway: its text-only embedding); for a
+            two-stream model, its language layers alone (LXMERT's language encoder, a BERT), then the pooler.
             Tokens a pathway adds (VL-BERT's [END]) take part in attention and are dropped from
             ``last_hidden_state`` and ``hidden_states``; ``attentions`` keep them ([B, heads, S, S], S = T + R + 1).
         Raises:
             ValueError: text input errors (see BertModel), feature size other than config.region_feature_dim,
-                zero regions, or mismatched box/mask shapes; no regions for a two-stream model; a per-stream layout
-                for a single-stream model.
-        With ``config.encoder = "two-stream"``: :meth:`encode_streams`.
+                zero regions, or mismatched box/mask shapes; a per-stream layout for a single-stream model.
+        With ``config.encoder = "two-stream"`` and regions: :meth:`encode_streams`.
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
         packing_from_batch(None, **{k: v for k, v in packing.items() if k not in PACKING_FIELDS})  # unknown keys
@@ -169,12 +169,9 @@ class VLBertModel(BertModel):
             region_features = self.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
         extra = self.region_embeddings.extra_tokens
         two_stream = getattr(self.encoder, "streams", 1) == 2
-        if region_features is None and two_stream:
-            raise ValueError("a two-stream (LXMERT) model needs region_features: its text stream ends in "
-                             "cross-modality layers; give the image's regions")
-        if region_features is None and not extra:  # text alone: BertModel's text path
+        if region_features is None and not extra:  # text alone: BertModel's text path (two-stream: language layers)
             return self.encode_text(input_ids, token_type_ids, attention_mask, output_hidden_states,
-                                    output_attentions, packing)
+                                    output_attentions, packing, self.encoder.text if two_stream else None)
         if region_features is not None:
             if region_boxes is None and self.region_embeddings.location_dim:
                 raise ValueError("region_boxes are required with region_features")

@@ -22,7 +22,7 @@ import torch
 from detectors.store import NamespacedRegions, RegionStore
 from vlbert.data import captions as caption_files
 from vlbert.data.corpus import train_eval_split
-from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES, color_and_shape
+from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES, color_and_shape, load_questions
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.regions import pad_regions
 from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset, caption_content
@@ -110,15 +110,18 @@ class VLDataConfig:
     extracting (image ids "train/<n>"). cache_dir: where extracted shards are kept. eval_fraction: images held out.
     max_text_length, max_regions: truncation. objectives: the objective mix (relative frequency of steps; names
     in :data:`vlbert.objectives.OBJECTIVES`; ``wra`` is a loss weight on ``itm`` batches). max_images: use only the
-    first N captioned images per source (0 = all). itm_negatives: "random" (UNITER) or "hard" (drawn from the
-    global batch by similarity, ALBEF: :mod:`vlbert.objectives.image_text_matching`).
+    first N captioned images per source (0 = all). easy_vqa_questions: questions per image added to the embedded
+    easy-VQA source with their answers (the ``qa`` unit's data; 0 = captions only). itm_negatives: "random"
+    (UNITER) or "hard" (drawn from the global batch by similarity, ALBEF:
+    :mod:`vlbert.objectives.image_text_matching`).
     Raises:
         ValueError: a source that is not valid (:class:`CaptionSource`), two with one name, ``missing_regions``
-            other than error/skip, ``itm_negatives`` other than random/hard.
+            other than error/skip, ``itm_negatives`` other than random/hard, a negative ``easy_vqa_questions``.
     """
 
     dataset: str = "easy-vqa"
     max_images: int = 0
+    easy_vqa_questions: int = 0
     shards: str = ""
     sources: list = field(default_factory=list)
     missing_regions: str = "error"
@@ -136,6 +139,9 @@ class VLDataConfig:
             raise ValueError(f"data.missing_regions must be 'error' or 'skip', got {self.missing_regions!r}")
         if self.itm_negatives not in NEGATIVES:
             raise ValueError(f"data.itm_negatives must be one of {NEGATIVES}, got {self.itm_negatives!r}")
+        if not (isinstance(self.easy_vqa_questions, int) and self.easy_vqa_questions >= 0):
+            raise ValueError(f"data.easy_vqa_questions must be a whole number >= 0 (questions per image), got "
+                             f"{self.easy_vqa_questions!r}")
         sources = []
         for entry in self.sources:
             if isinstance(entry, CaptionSource):
@@ -152,15 +158,31 @@ class VLDataConfig:
         self.sources = sources
 
 
-def easy_vqa_captions(tokenizer, split: str = "train", seed: int = 0) -> list[Caption]:
+def easy_vqa_captions(tokenizer, split: str = "train", seed: int = 0, questions: int = 0,
+                      max_images: int = 0) -> list[Caption]:
     """One caption per easy-VQA image of ``split``, from its colour and shape, with a template chosen per image;
-    the content key is "<colour> <shape>"."""
-    rng = random.Random(f"captions-{seed}")
-    pairs = []
-    for image_id, (color, shape) in color_and_shape(split).items():
-        text = rng.choice(CAPTION_TEMPLATES).format(color=color, shape=shape)
-        pairs.append(Caption(image_id, tokenizer(text, add_special_tokens=False)["input_ids"], f"{color} {shape}"))
-    return pairs
+    the content key is "<colour> <shape>". With ``questions`` > 0, each image also brings up to that many of its
+    own questions (drawn with the seed) with their answer at score 1: the ``qa`` unit's data, as LXMERT's corpus
+    holds the VQA, GQA and VG-QA questions of its images beside their captions (Tan and Bansal 2019, section 3.2).
+    ``max_images``: only the first N images (0 = all), each with its caption and questions."""
+    rng, ask = random.Random(f"captions-{seed}"), random.Random(f"questions-{seed}")
+    images = list(color_and_shape(split).items())
+    images = images[:max_images] if max_images else images
+    asked: dict[str, list] = {}
+    if questions:
+        for q in load_questions(split):
+            asked.setdefault(q.image_id, []).append(q)
+    texts = []
+    for image_id, (color, shape) in images:
+        texts.append((image_id, rng.choice(CAPTION_TEMPLATES).format(color=color, shape=shape), f"{color} {shape}",
+                      ()))
+        own = asked.get(image_id, [])
+        for q in ask.sample(own, min(questions, len(own))):
+            texts.append((image_id, q.question, caption_content(q.question), ((q.answer, 1.0),)))
+    ids = tokenizer([t for _, t, _, _ in texts], add_special_tokens=False, return_attention_mask=False,
+                    return_token_type_ids=False)["input_ids"]
+    return [Caption(image_id, token_ids, content, answers)
+            for (image_id, _, content, answers), token_ids in zip(texts, ids)]
 
 
 class VLPretrainingData(TaskData):
@@ -209,7 +231,8 @@ class VLPretrainingData(TaskData):
         if "qa" in self.objectives.active and not self.qa_answers:
             raise ValueError("data.objectives has qa (image question answering) but no source holds questions with "
                              "answers: add a source of format lxmert whose records have 'labelf' (LXMERT's "
-                             "data/lxmert/*.json), or set qa's weight to 0")
+                             "data/lxmert/*.json; on the embedded easy-VQA data set "
+                             "data.easy_vqa_questions: 1), or set qa's weight to 0")
         # Held out by image (all captions of an image on one side), images in order of first appearance.
         _, eval_images = train_eval_split(list(dict.fromkeys(p.image_id for p in pairs)), data.eval_fraction, self.seed)
         held = set(eval_images)
@@ -228,9 +251,7 @@ class VLPretrainingData(TaskData):
         image has no regions are refused or skipped per ``data.missing_regions``."""
         data, tokenizer = ctx.data, ctx.tokenizer
         if source.format == "easy-vqa":
-            pairs = easy_vqa_captions(tokenizer, source.split, self.seed)
-            if data.max_images:
-                pairs = pairs[: data.max_images]
+            pairs = easy_vqa_captions(tokenizer, source.split, self.seed, data.easy_vqa_questions, data.max_images)
             store = region_store(source.shards, "easy-vqa", data.cache_dir, ctx.detector,
                                  [p.image_id for p in pairs] if data.max_images else None)
         else:
@@ -264,7 +285,8 @@ class VLPretrainingData(TaskData):
     @evaluation
     def grounding_accuracy(self, model) -> dict[str, float]:
         """Held-out accuracy of predicting a caption's masked colour or shape word, with the image's regions and
-        with every region masked out (region_mask = 0): the gap is what the model reads from the image."""
+        with every region masked out (region_mask = 0): the gap is what the model reads from the image. Questions
+        are left out ("is there a red shape?" names a colour the image need not have)."""
         word_ids = {self.tokenizer.convert_tokens_to_ids(w) for w in COLORS + SHAPES}
         device = next(model.parameters()).device
         hits = {"with_regions": 0, "without_regions": 0}
@@ -272,6 +294,8 @@ class VLPretrainingData(TaskData):
         for start in range(0, len(self.eval), 64):
             rows = []
             for k in range(start, min(start + 64, len(self.eval))):
+                if self.eval.captions[k].answers:
+                    continue
                 item = self.eval[k]
                 rows += [(item, pos, tid) for pos, tid in enumerate(item["input_ids"]) if tid in word_ids]
             if not rows:
