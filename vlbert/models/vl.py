@@ -170,6 +170,8 @@ class VLBertModel(BertModel):
         extra = self.region_embeddings.extra_tokens
         two_stream = getattr(self.encoder, "streams", 1) == 2
         if region_features is None and not extra:  # text alone: BertModel's text path (two-stream: language layers)
+            if two_stream:  # the text stream's layout is the text mask's
+                packing = {k: packing[f"text_{k}"] for k in LAYOUT_KEYS if f"text_{k}" in packing} or packing
             return self.encode_text(input_ids, token_type_ids, attention_mask, output_hidden_states,
                                     output_attentions, packing, self.encoder.text if two_stream else None)
         if region_features is not None:
