@@ -13,13 +13,16 @@ ImageNet's RGB mean/std as torchvision and timm normalise (``timm.data.IMAGENET_
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 from PIL import Image
+
+from detectors.images import to_rgb_array
+from detectors.regions import Regions
 
 #: the file endings :func:`image_files` looks for under an image directory, in this order.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".JPEG", ".JPG", ".PNG")
@@ -72,6 +75,18 @@ class ImagePreprocessing:
         mean = torch.tensor(self.mean).view(3, 1, 1)
         std = torch.tensor(self.std).view(3, 1, 1)
         return (pixels * self.scale - mean) / std
+
+    def read(self, image) -> torch.Tensor:
+        """:meth:`__call__` of an image given as a pipeline takes it: a file path, a PIL image, or a uint8 array
+        [H, W, 3] RGB (any mode :func:`detectors.images.to_rgb_array` converts).
+
+        Raises:
+            FileNotFoundError: no such file. ValueError: an array or image mode it cannot convert.
+        """
+        if isinstance(image, (str, os.PathLike)):
+            with Image.open(image) as opened:
+                return self(opened)
+        return self(Image.fromarray(to_rgb_array(image)))
 
     def record(self) -> dict:
         """The fields, JSON-ready: what a run writes to ``inference.json`` (``image_preprocessing``)."""
@@ -162,6 +177,20 @@ class ImageReader:
             return self.preprocessing(image)
 
 
+@dataclass
+class ImageRegions(Regions):
+    """An image's :class:`~detectors.regions.Regions` with its preprocessed ``pixels`` (float32 [3, h, w]): what a
+    pipeline over a model with a visual backbone builds per image, so the boxes (the run's detector's) and the pixels
+    (the run's preprocessing) travel together into :func:`vlbert.data.regions.region_item`."""
+
+    pixels: torch.Tensor | None = None
+
+
+def with_image(regions: Regions, pixels: torch.Tensor) -> ImageRegions:
+    """``regions`` as :class:`ImageRegions` carrying ``pixels`` (float32 [3, h, w])."""
+    return ImageRegions(**{f.name: getattr(regions, f.name) for f in fields(Regions)}, pixels=pixels)
+
+
 def pad_images(pixels: Sequence[torch.Tensor], multiple: int = 1) -> dict[str, torch.Tensor]:
     """Pad images of different sizes into one batch, each at the top left, zeros elsewhere (after normalisation:
     the mean colour), as VL-BERT's ``vqa/data/collate_batch.py`` ``BatchCollator`` pads (``clip_pad_images(..., pad=0)``).
@@ -185,4 +214,4 @@ def pad_images(pixels: Sequence[torch.Tensor], multiple: int = 1) -> dict[str, t
 
 
 __all__ = ["ImagePreprocessing", "PREPROCESSING", "DEFAULT_PREPROCESSING", "image_preprocessing", "image_files",
-           "ImageReader", "pad_images", "IMAGE_SUFFIXES"]
+           "ImageReader", "pad_images", "IMAGE_SUFFIXES", "ImageRegions", "with_image"]

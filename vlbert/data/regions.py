@@ -33,7 +33,8 @@ def region_item(regions: Regions, max_regions: int) -> dict:
     Returns:
         dict with ``region_features`` float16 [R, D], ``region_boxes`` float32 [R, 4] normalised xyxy and
         ``class_probs`` float16 [R, C] or None, ``attribute_probs`` float16 [R, A] or None (BUTD's attribute
-        head); R = min(num_regions, max_regions). The first image cut for a
+        head), and for :class:`~vlbert.data.images.ImageRegions` their ``pixels``; R = min(num_regions,
+        max_regions). The first image cut for a
         ``max_regions`` value is reported with one warning line per process (the cut is never silent).
     Raises:
         ValueError: ``max_regions`` < 1.
@@ -46,9 +47,11 @@ def region_item(regions: Regions, max_regions: int) -> dict:
         logger.warning("max_regions=%d keeps the first %d of image %r's %d regions; images with more are cut the same "
                        "way (said once): raise data.max_regions to keep them", max_regions, max_regions,
                        regions.image_id, regions.num_regions)
-    return {"region_features": regions.features[:n], "region_boxes": regions.normalised_boxes()[:n],
+    item = {"region_features": regions.features[:n], "region_boxes": regions.normalised_boxes()[:n],
             "class_probs": regions.class_probs[:n] if regions.class_probs is not None else None,
             "attribute_probs": regions.attribute_probs[:n] if regions.attribute_probs is not None else None}
+    pixels = getattr(regions, "pixels", None)  # an ImageRegions (a pipeline over a visual-backbone model)
+    return item if pixels is None else {**item, "pixels": pixels}
 
 
 def pad_regions(items: list[dict]) -> dict[str, torch.Tensor]:

@@ -154,7 +154,8 @@ def task_images(data, backbone: dict, image_ids) -> ImageReader:
     :data:`~vlbert.data.images.DEFAULT_PREPROCESSING`) with its size overrides.
 
     Raises:
-        ValueError: no ``data.image_dir`` for a dataset other than easy-VQA; an unknown preprocessing name.
+        ValueError: no ``data.image_dir`` for a dataset other than easy-VQA, or easy-VQA images the package lacks
+            (a task's own composites); an unknown preprocessing name.
         FileNotFoundError: an image without a file (from :func:`image_files`).
     """
     name = data.image_preprocessing or DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet")
@@ -166,6 +167,11 @@ def task_images(data, backbone: dict, image_ids) -> ImageReader:
                          f"is not set for data.dataset={data.dataset!r}; set it to the directory of the images whose "
                          "regions the shards hold")
     files = {**image_paths("train"), **image_paths("test")}
+    others = [i for i in dict.fromkeys(image_ids) if i not in files]
+    if others:
+        raise ValueError(f"{len(others)} images of this task are not the easy-VQA package's (e.g. {others[0]!r}: the "
+                         "task composes its own), so model.visual_backbone has no pixels for them; set data.image_dir "
+                         "to a directory holding them")
     return ImageReader({i: files[i] for i in dict.fromkeys(image_ids)}, preprocessing)
 
 
