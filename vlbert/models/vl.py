@@ -84,6 +84,7 @@ class VLBertModel(BertModel):
                              "the model with a visual_backbone section")
         if region_boxes is None:
             raise ValueError("images need region_boxes: the boxes whose features the backbone pools")
+        images = images.to(self.embeddings.word_embeddings.weight.dtype)  # the collator's float32, as the model
         if images.dim() == 5:  # n images per text (NLVR2's pairs): [B, n, 3, H, W], boxes [B, n, R, 4]
             def flat(t):
                 return None if t is None else t.flatten(0, 1)
