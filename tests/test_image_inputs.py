@@ -78,8 +78,9 @@ def e2e_run(easy, tmp_path_factory):
     records = [{"question_id": 1000 + n, "image_id": int(wanted[q.image_id]), "question": q.question}
                for n, q in enumerate(questions)]
     (root / "questions.json").write_text(json.dumps({"questions": records}))
-    (root / "annotations.json").write_text(json.dumps({"annotations": [
-        {"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10} for r, q in zip(records, questions)]}))
+    annotations = [{"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10}
+                   for r, q in zip(records, questions)]
+    (root / "annotations.json").write_text(json.dumps({"annotations": annotations}))
     (root / "images").mkdir()
     for k, path in easy.files.items():
         shutil.copy(path, root / "images" / f"{k}.png")
@@ -143,3 +144,31 @@ def test_a_backbone_run_without_an_image_is_refused_in_one_line(capsys, e2e_run,
     config.write_text(json.dumps({**e2e_run.config, "data": data}))
     line = one_line_error(capsys, "finetune_vqa", ["--config", str(config), "--output-dir", str(tmp_path / "out")])
     assert "data.image_dir is not set for data.dataset='vqa-v2'" in line
+
+
+def test_vl_pretraining_reads_images_and_refuses_feature_regression(capsys, easy, e2e_run, tmp_path):  # row 99
+    """VL pretraining (MLM, MRC-KL: masked regions' pixels hidden in the model, ITM) of a tiny model with a timm
+    backbone, on the `easy` shards' boxes and the image directory: it trains, and records its preprocessing; MRFR
+    (regressing the detector's features, which the backbone replaces) is refused in one line."""
+    config = {"modality": "vl", "tokenizer": "minilm", "detector": asdict(EASY_DETECTOR),
+              "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                        "region_embedding": "vl-bert", "region_location_dim": 4, "visual_backbone": TIMM},
+              "data": {"sources": [{"name": "easy", "format": "jsonl", "path": str(tmp_path / "captions.jsonl"),
+                                    "shards": str(easy.shards)}],
+                       "image_dir": str(e2e_run.root / "images"), "image_short_side": 64, "eval_fraction": 0.0,
+                       "objectives": {"mlm": 1, "mrc_kl": 1, "itm": 1}},
+              "training": {"output_dir": str(tmp_path / "vl"), "max_steps": 3, "batch_size": 4, "warmup_steps": 1,
+                           "log_every": 1, "progress_bar": False}}
+    (tmp_path / "captions.jsonl").write_text("".join(
+        json.dumps({"image_id": k, "caption": f"a {c} {s}"}) + "\n" for k, (c, s) in easy.truth.items()))
+    run(RECIPES["vl-pretraining"], config)
+    info = json.loads((tmp_path / "vl" / "inference.json").read_text())
+    assert info["image_preprocessing"]["short_side"] == 64 and info["region_feature_dim"] == 288
+    log = (tmp_path / "vl" / "log.jsonl").read_text().splitlines()
+    steps = [r for r in map(json.loads, log) if r["split"] == "train"]
+    assert len(steps) == 3 and all(np.isfinite(r["loss"]) for r in steps)
+    config["data"]["objectives"] = {"mlm": 1, "mrfr": 1}
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--config", str(tmp_path / "config.yaml"),
+                                               "--output-dir", str(tmp_path / "refused")])
+    assert "data.objectives has mrfr, which regresses the detector's features" in line

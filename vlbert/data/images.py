@@ -193,7 +193,8 @@ def with_image(regions: Regions, pixels: torch.Tensor) -> ImageRegions:
 
 def pad_images(pixels: Sequence[torch.Tensor], multiple: int = 1) -> dict[str, torch.Tensor]:
     """Pad images of different sizes into one batch, each at the top left, zeros elsewhere (after normalisation:
-    the mean colour), as VL-BERT's ``vqa/data/collate_batch.py`` ``BatchCollator`` pads (``clip_pad_images(..., pad=0)``).
+    the mean colour), as VL-BERT's ``vqa/data/collate_batch.py`` ``BatchCollator`` pads them
+    (``clip_pad_images(..., pad=0)``).
 
     Args:
         pixels: float [3, h_i, w_i] each.

@@ -175,6 +175,24 @@ def task_images(data, backbone: dict, image_ids) -> ImageReader:
     return ImageReader({i: files[i] for i in dict.fromkeys(image_ids)}, preprocessing)
 
 
+def attach_images(ctx, datasets, image_ids: Callable[[Any], list[str]]) -> ImageReader | None:
+    """For a run whose model has a visual backbone (:func:`run_visual_backbone`): the :func:`task_images` reader of
+    every image the ``datasets`` name (``image_ids(dataset)``; None entries skipped), set as each dataset's
+    ``image_reader`` so that its items carry their pixels. None (nothing changed) for a model without one.
+
+    Raises:
+        ValueError, FileNotFoundError: from :func:`task_images`.
+    """
+    backbone = run_visual_backbone(ctx)
+    if not backbone:
+        return None
+    datasets = [d for d in datasets if d is not None]
+    reader = task_images(ctx.data, backbone, [i for d in datasets for i in image_ids(d)])
+    for d in datasets:
+        d.image_reader = reader
+    return reader
+
+
 def backbone_feature_dim(backbone: dict) -> int:
     """The region feature size of a ``visual_backbone`` section, from the extractor built on the meta device (no
     weights allocated). Raises ValueError for a bad section (:class:`RegionFeatureExtractor`)."""
@@ -194,7 +212,8 @@ class RegionTaskData(TaskData):
 
     Attributes (after ``__init__``): ``train``, ``eval``, ``regions`` (image id -> Regions), ``collator``,
     ``feature_dim`` (the backbone's for a model with a ``visual_backbone``), ``images`` (None, or for such a model
-    the :class:`~vlbert.data.images.ImageReader` whose pixels every item carries: :func:`task_images`), ``extra`` (what the dataset builder returned after the train and eval examples).
+    the :class:`~vlbert.data.images.ImageReader` whose pixels every item carries: :func:`attach_images`),
+    ``extra`` (what the dataset builder returned after the train and eval examples).
     Raises:
         ValueError: from :func:`load_examples` (unknown dataset, missing files) and the dataset class (an image
             without regions).
@@ -215,15 +234,11 @@ class RegionTaskData(TaskData):
         self.eval = self.dataset(held_out[: ctx.data.max_eval_examples or None], training=False)
         self.collator = GroundedCollator(ctx.tokenizer, self.target_keys, self.dataset_class.images_per_text)
         self.feature_dim = next(iter(self.regions.values())).feature_dim
-        self.images = None
-        backbone = run_visual_backbone(ctx)
-        if backbone:  # the model computes the region features from the images under the shards' boxes
-            datasets = [d for d in (self.train, self.eval) if d is not None]
-            ids = [i for d in datasets for ex in d.examples for i in d.images(ex)]
-            self.images = task_images(ctx.data, backbone, ids)
-            for d in datasets:
-                d.image_reader = self.images
-            self.feature_dim = backbone_feature_dim(backbone)
+        # a model with a visual backbone computes the region features from the images under the shards' boxes
+        self.images = attach_images(ctx, (self.train, self.eval), lambda d: [i for ex in d.examples
+                                                                             for i in d.images(ex)])
+        if self.images is not None:
+            self.feature_dim = backbone_feature_dim(run_visual_backbone(ctx))
 
     def load_regions(self, ctx):
         """Image id -> Regions of every image the examples name: :func:`task_regions` (shards or easy-VQA)."""
@@ -287,5 +302,6 @@ def regions_provenance(store, detector=None) -> dict:
     return {"fingerprint": None, "config": None, "extractor": extractor}
 
 
-__all__ = ["RegionTaskDataConfig", "RegionTaskData", "run_visual_backbone", "task_images", "backbone_feature_dim", "evaluate", "majority_baseline", "DatasetBuilder", "load_examples",
+__all__ = ["RegionTaskDataConfig", "RegionTaskData", "run_visual_backbone", "task_images", "backbone_feature_dim",
+           "attach_images", "evaluate", "majority_baseline", "DatasetBuilder", "load_examples",
            "task_regions", "region_store", "region_task_info", "regions_provenance", "task_provenance"]
