@@ -22,6 +22,7 @@ from vlbert.data.easy_vqa import load_questions
 from vlbert.data.images import PREPROCESSING, image_preprocessing, pad_images
 from vlbert.inference import VQAPipeline
 from vlbert.recipes import RECIPES, run
+from vlbert.recipes.regions import task_images
 
 TIMM = {"kind": "timm", "model": "mobilenetv3_small_050", "roi_size": 2, "learning_rate": 1e-3}
 
@@ -140,6 +141,12 @@ def test_a_backbone_run_without_an_image_is_refused_in_one_line(capsys, e2e_run,
     line = one_line_error(capsys, "finetune_vqa", ["--config", str(config), "--output-dir", str(tmp_path / "out")])
     assert "have regions but no file under data.image_dir" in line and "'3'" in line
     assert not (tmp_path / "out").exists()
+    # Fine-tuning from this run without a preprocessing of its own sees images as it did (its inference.json's).
+    trained = json.loads((e2e_run.dir / "inference.json").read_text())["image_preprocessing"]
+    data = SimpleNamespace(**{**e2e_run.config["data"], "image_preprocessing": "", "image_short_side": 0,
+                              "image_max_side": 0})
+    assert task_images(data, TIMM, ["0"], trained).preprocessing.short_side == 80
+    assert task_images(data, TIMM, ["0"]).preprocessing.short_side == 224
     data = {k: v for k, v in e2e_run.config["data"].items() if k != "image_dir"}
     config.write_text(json.dumps({**e2e_run.config, "data": data}))
     line = one_line_error(capsys, "finetune_vqa", ["--config", str(config), "--output-dir", str(tmp_path / "out")])

@@ -93,8 +93,11 @@ class ImagePreprocessing:
         return {**asdict(self), "mean": list(self.mean), "std": list(self.std)}
 
     @classmethod
-    def from_record(cls, record: Mapping) -> "ImagePreprocessing":
-        """The inverse of :meth:`record`. Raises ValueError for a record with other fields."""
+    def from_record(cls, record: Mapping | str) -> "ImagePreprocessing":
+        """The inverse of :meth:`record`; a name alone is that entry of :data:`PREPROCESSING` (what a converted
+        checkpoint records, e.g. "vl-bert"). Raises ValueError for a record with other fields or an unknown name."""
+        if isinstance(record, str):
+            return image_preprocessing(record)
         try:
             return cls(**{**record, "mean": tuple(record["mean"]), "std": tuple(record["std"])})
         except (TypeError, KeyError) as e:

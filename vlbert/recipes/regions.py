@@ -19,11 +19,11 @@ from detectors.shards import read_detector_info
 from detectors.store import RegionStore
 from vlbert import checkpoint as ckpt
 from vlbert.data.easy_vqa import easy_vqa_shards, image_paths
-from vlbert.data.images import DEFAULT_PREPROCESSING, ImageReader, image_files, image_preprocessing
+from vlbert.data.images import DEFAULT_PREPROCESSING, ImagePreprocessing, ImageReader, image_files, image_preprocessing
 from vlbert.data.grounded_text import GroundedCollator, GroundedTextDataset
 from vlbert.evaluation.classification import predict_labels
 from vlbert.models.visual_backbone import RegionFeatureExtractor
-from vlbert.run_files import read_run_file
+from vlbert.run_files import INFERENCE_INFO, read_run_file
 from vlbert.recipes.runner import TaskData, write_output_file
 from vlbert.utils import gathered_columns
 
@@ -147,19 +147,34 @@ def run_visual_backbone(ctx) -> dict | None:
     return ctx.model_section.get("visual_backbone")
 
 
-def task_images(data, backbone: dict, image_ids) -> ImageReader:
+def trained_preprocessing(ctx):
+    """The ``image_preprocessing`` that ``init_from``'s inference.json records (a run or conversion whose model has
+    a visual backbone: how its backbone saw images), or None."""
+    if not ctx.init_from:
+        return None
+    path = ckpt.resolve_checkpoint_dir(ctx.init_from) / INFERENCE_INFO
+    return (read_run_file(path) if path.is_file() else {}).get("image_preprocessing")
+
+
+def task_images(data, backbone: dict, image_ids, trained=None) -> ImageReader:
     """The image reader of a run whose model has a visual ``backbone`` (its config section): the files of
     ``image_ids`` (easy-VQA without ``data.image_dir``: the package's images; else :func:`image_files` under
-    ``data.image_dir``), preprocessed by ``data.image_preprocessing`` (default: the backbone kind's,
-    :data:`~vlbert.data.images.DEFAULT_PREPROCESSING`) with its size overrides.
+    ``data.image_dir``), preprocessed by ``data.image_preprocessing`` (default: ``trained``, the preprocessing
+    ``init_from`` recorded (:func:`trained_preprocessing`), else the backbone kind's,
+    :data:`~vlbert.data.images.DEFAULT_PREPROCESSING`) with ``data.image_short_side`` / ``image_max_side``.
 
     Raises:
         ValueError: no ``data.image_dir`` for a dataset other than easy-VQA, or easy-VQA images the package lacks
             (a task's own composites); an unknown preprocessing name.
         FileNotFoundError: an image without a file (from :func:`image_files`).
     """
-    name = data.image_preprocessing or DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet")
-    preprocessing = image_preprocessing(name, data.image_short_side, data.image_max_side)
+    if trained and not data.image_preprocessing:  # init_from's own, its sizes overridable
+        base = ImagePreprocessing.from_record(trained)
+        preprocessing = image_preprocessing(base.name, data.image_short_side or base.short_side or -1,
+                                            data.image_max_side or base.max_side or -1)
+    else:
+        name = data.image_preprocessing or DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet")
+        preprocessing = image_preprocessing(name, data.image_short_side, data.image_max_side)
     if data.image_dir:
         return ImageReader(image_files(image_ids, data.image_dir), preprocessing)
     if data.dataset != "easy-vqa":
@@ -187,7 +202,7 @@ def attach_images(ctx, datasets, image_ids: Callable[[Any], list[str]]) -> Image
     if not backbone:
         return None
     datasets = [d for d in datasets if d is not None]
-    reader = task_images(ctx.data, backbone, [i for d in datasets for i in image_ids(d)])
+    reader = task_images(ctx.data, backbone, [i for d in datasets for i in image_ids(d)], trained_preprocessing(ctx))
     for d in datasets:
         d.image_reader = reader
     return reader
