@@ -207,7 +207,8 @@ def check_backbone_vqa(config, root: Path) -> None:
     start = load_file(root / "vqa-one" / "checkpoints" / "step-3" / "model.safetensors")
     end = load_file(root / "vqa-one" / "model.safetensors")
     moved = [k for k in start if "visual_backbone" in k and not torch.equal(start[k], end[k])]
-    assert any("blocks.4" in k for k in moved) and not any("conv_stem" in k or ".bn" in k for k in moved), moved
+    frozen = ("conv_stem", "blocks.0.", ".bn")  # stages 1-2 (the stem, the first level) and every BatchNorm
+    assert any("blocks.4" in k for k in moved) and not any(f in k for k in moved for f in frozen), moved
     stopped = root / "vqa-stopped"
     (stopped / "checkpoints").mkdir(parents=True)
     shutil.copytree(root / "vqa-one" / "checkpoints" / "step-3", stopped / "checkpoints" / "step-3")
