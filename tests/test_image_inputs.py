@@ -20,7 +20,7 @@ from conftest import EASY_DETECTOR
 from test_tool_errors import one_line_error
 from vlbert.data.easy_vqa import load_questions
 from vlbert.data.images import PREPROCESSING, image_preprocessing, pad_images
-from vlbert.inference import VQAPipeline
+from vlbert.inference import VQAPipeline, pipeline
 from vlbert.recipes import RECIPES, run
 from vlbert.recipes.regions import task_images
 
@@ -130,6 +130,10 @@ def test_a_backbone_run_reads_images_and_its_pipeline_answers_as_the_forward(eas
         assert abs(a[0]["score"] - float(top.values[i])) < 1e-5
     with pytest.raises(ValueError, match="computes its region features from the pixels"):
         vqa(easy.store["0"], "what color is the shape?")
+    # The model in memory has no run files: its backbone kind's preprocessing (ImageNet, short side 224).
+    in_memory = pipeline(model=vqa.model, tokenizer=vqa.tokenizer, detector=EASY_DETECTOR, labels=vqa.labels)
+    assert in_memory.inputs.preprocessing == PREPROCESSING["imagenet"]
+    assert type(in_memory.regions([files[0]])[0]).__name__ == "ImageRegions"
 
 
 def test_a_backbone_run_without_an_image_is_refused_in_one_line(capsys, e2e_run, tmp_path):  # row 99
