@@ -183,3 +183,28 @@ def test_vl_pretraining_reads_images_and_refuses_feature_regression(capsys, easy
     line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--config", str(tmp_path / "config.yaml"),
                                                "--output-dir", str(tmp_path / "refused")])
     assert "data.objectives has mrfr, which regresses the detector's features" in line
+
+
+def test_image_pairs_go_through_the_backbone_one_image_at_a_time():
+    """NLVR2's layout (images [B, 2, 3, H, W], boxes [B, 2, R, 4], as the region collator gives pairs): the pair
+    model's logits equal those from each image's features computed alone (a batch of one, its size given)."""
+    from vlbert.config import VLBertConfig
+    from vlbert.models.vl_classification import VLBertForImagePairClassification
+
+    torch.manual_seed(0)
+    config = VLBertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=32, region_feature_dim=288, num_labels=2, visual_backbone=TIMM)
+    model = VLBertForImagePairClassification(config).eval()
+    ids, images = torch.randint(1, 50, (2, 5)), torch.randn(2, 2, 3, 48, 64)
+    sizes = torch.tensor([[[48, 64], [40, 64]], [[48, 56], [48, 64]]])
+    for i, j in ((0, 1), (1, 0)):
+        images[i, j, :, sizes[i, j, 0]:], images[i, j, :, :, sizes[i, j, 1]:] = 0.0, 0.0
+    boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.1, 0.2, 0.6, 0.7], [0.4, 0.3, 0.9, 0.8]]).expand(2, 2, 3, 4)
+    mask = torch.tensor([[[1, 1, 1], [1, 1, 0]], [[1, 0, 0], [1, 1, 1]]])
+    with torch.no_grad():
+        logits = model(ids, images=images, region_boxes=boxes, region_mask=mask, image_sizes=sizes).logits
+        alone = torch.stack([torch.stack([model.bert.visual_backbone(
+            images[i, j, None], boxes[i, j, None], mask[i, j, None], sizes[i, j, None])[0]
+            for j in range(2)]) for i in range(2)])
+        expected = model(ids, region_features=alone, region_boxes=boxes, region_mask=mask).logits
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
