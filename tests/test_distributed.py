@@ -118,7 +118,8 @@ def easy_vqa_shards(tmp_path_factory) -> Path:
 def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(easy_vqa_shards, tmp_path):
     """VL pretraining draws one objective per step for both ranks; the heads of the other objectives stay in the
     graph with weight zero, so DDP runs without find_unused_parameters and 2 x b = 1 x 2b, step by step. ITM draws
-    hard negatives from the global batch (both ranks' captions), with word-region alignment on its batches."""
+    hard negatives from the global batch (both ranks' captions), with word-region alignment on its batches. The
+    same launch trains a VQA model with a trainable visual backbone on the images: :func:`check_backbone_vqa`."""
     def vl_config(out, batch_size):
         return {"modality": "vl", "tokenizer": "minilm",
                 "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -131,11 +132,14 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
 
     one, two = tmp_path / "one", tmp_path / "two"
     reference_run(vl_config(one, 8), "vl-pretraining")
+    vqa = backbone_vqa_config(easy_vqa_shards, tmp_path)  # the same launch also trains a visual backbone
+    reference_run(vqa(tmp_path / "vqa-one", 8), "vqa")
+    runs = [["vl-pretraining", vl_config(two, 4)], ["vqa", vqa(tmp_path / "vqa-two", 4)]]
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", str(free_port()), str(HERE / "ddp_worker.py"),
-                             json.dumps(vl_config(two, 4)), "vl-pretraining"],
+                             "--master_port", str(free_port()), str(HERE / "ddp_worker.py"), json.dumps(runs)],
                             env=env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    check_backbone_vqa(vqa, tmp_path)
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, 9))
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
@@ -144,6 +148,76 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
     assert len(set(objectives)) >= 3 and "itm" in objectives  # the steps did mix objectives
     itm_rows = [r for r in map(json.loads, (two / "log.jsonl").read_text().splitlines()) if "itm" in r]
     assert all("wra" in r and "wra_mismatched_distance" in r for r in itm_rows)
+
+
+def backbone_vqa_config(shards: Path, root: Path):
+    """VQA with a trainable timm backbone (MobileNetV3, random weights; stem and first level frozen, every BatchNorm
+    frozen in eval mode, its own learning rate) over a tiny BERT: the 32 images' easy-VQA questions as VQA v2 files,
+    boxes from ``shards``, pixels from ``<root>/images/train/<n>.png``; a checkpoint every 3 steps."""
+    import vlbert
+    from vlbert.data.easy_vqa import image_paths, load_questions
+    from vlbert.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer("minilm")
+    tiny = vlbert.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=64, max_position_embeddings=64)
+    vlbert.BertModel(tiny).save_pretrained(root / "tiny", tokenizer=tokenizer)
+    ids = set(_shard_ids(shards))
+    questions = [q for q in load_questions("train") if q.image_id in ids][:48]
+    (root / "images" / "train").mkdir(parents=True)
+    for image_id in {q.image_id for q in questions}:
+        shutil.copy(image_paths("train")[image_id], root / "images" / f"{image_id}.png")
+    records = [{"question_id": n, "image_id": int(q.image_id.split("/")[1]), "question": q.question}
+               for n, q in enumerate(questions)]
+    (root / "q.json").write_text(json.dumps({"questions": records}))
+    (root / "a.json").write_text(json.dumps({"annotations": [{"question_id": n, "answers": [{"answer": q.answer}] * 10}
+                                                             for n, q in enumerate(questions)]}))
+    files = {"train_questions": str(root / "q.json"), "train_annotations": str(root / "a.json"),
+             "eval_questions": str(root / "q.json"), "eval_annotations": str(root / "a.json")}
+
+    def config(out, batch_size):
+        return {"task": "vqa", "init_from": str(root / "tiny"),
+                "model": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+                          "visual_backbone": {"kind": "timm", "model": "mobilenetv3_small_050", "roi_size": 2,
+                                              "learning_rate": 3e-3}},
+                "data": {"dataset": "vqa-v2", "shards": str(shards), "image_dir": str(root / "images"),
+                         "image_id_format": "train/{image_id}", "image_short_side": 48, "max_regions": 4,
+                         "max_eval_examples": 8, **files},
+                "training": {"output_dir": str(out), "max_steps": 6, "batch_size": batch_size, "learning_rate": 1e-3,
+                             "warmup_steps": 1, "log_every": 1, "save_every": 3, "save_total_limit": 0,
+                             "progress_bar": False}}
+    return config
+
+
+def _shard_ids(shards: Path) -> list[str]:
+    from detectors.store import RegionStore
+
+    return list(RegionStore(shards).keys())
+
+
+def check_backbone_vqa(config, root: Path) -> None:
+    """2 processes at batch 4 = 1 at batch 8 step by step, with the backbone trained (its weights moved); a run
+    stopped after step 5 (its log to step 5, the checkpoint of step 3) and resumed in this process gives the
+    uninterrupted run's losses (its data order, optimizer state and the backbone's own parameter group restored)."""
+    from safetensors.torch import load_file
+
+    a, b = losses(root / "vqa-one"), losses(root / "vqa-two")
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    assert max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
+    start = load_file(root / "vqa-one" / "checkpoints" / "step-3" / "model.safetensors")
+    end = load_file(root / "vqa-one" / "model.safetensors")
+    moved = [k for k in start if "visual_backbone" in k and not torch.equal(start[k], end[k])]
+    frozen = ("conv_stem", "blocks.0.", ".bn")  # stages 1-2 (the stem, the first level) and every BatchNorm
+    assert any("blocks.4" in k for k in moved) and not any(f in k for k in moved for f in frozen), moved
+    stopped = root / "vqa-stopped"
+    (stopped / "checkpoints").mkdir(parents=True)
+    shutil.copytree(root / "vqa-one" / "checkpoints" / "step-3", stopped / "checkpoints" / "step-3")
+    lines = (root / "vqa-one" / "log.jsonl").read_text().splitlines()
+    (stopped / "log.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= 5))
+    reference_run(config(stopped, 8), "vqa", resume=True)
+    c = losses(stopped)
+    assert sorted(c) == list(range(1, 7)) and max(abs(a[s] - c[s]) for s in a) <= 1e-6, (a, c)
+    assert a[4] != a[5]
 
 
 @pytest.mark.slow

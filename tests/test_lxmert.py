@@ -219,9 +219,6 @@ def test_two_stream_refusals_name_the_fix(pretraining, tmp_path, capsys):
         VLBertConfig(encoder="two stream")
     with pytest.raises(ValueError, match="x_layers must be >= 1"):
         VLBertConfig(encoder="two-stream", x_layers=0)
-    config = VLBertConfig(vocab_size=30, hidden_size=8, num_attention_heads=2, intermediate_size=8, l_layers=1,
-                          r_layers=1, x_layers=1, encoder="two-stream", region_embedding="lxmert",
-                          region_location_dim=4, region_feature_dim=6)
     from vlbert.data.gqa import load_gqa
 
     (tmp_path / "q.json").write_text(json.dumps({"1": {"question": "what?"}}))

@@ -4,6 +4,8 @@ line."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import yaml
@@ -11,6 +13,7 @@ import yaml
 from test_published_checkpoints import ragged_text, write_tokenizer
 from vl_bert_reference import vl_bert_forward, vl_bert_state
 from vlbert.config import VLBertConfig
+from vlbert.data.images import PREPROCESSING, ImagePreprocessing
 from vlbert.families import convert_checkpoint
 from vlbert.models.vl import VLBertForPreTraining
 
@@ -109,6 +112,8 @@ def test_e2e_checkpoint_runs_its_backbone_and_equals_its_reference(tmp_path):
                                 tokenizer=write_tokenizer(tmp_path / "tok", 60, cased=False))
     ours = VLBertForPreTraining.from_pretrained(tmp_path / "out").eval()
     assert ours.config.visual_backbone["layers"] == [1, 1, 1] and report["dropped"] == {}
+    info = json.loads((tmp_path / "out" / "inference.json").read_text())  # pipelines and fine-tuning read its pixels
+    assert ImagePreprocessing.from_record(info["image_preprocessing"]) == PREPROCESSING["vl-bert"]
     res5 = [k for k in state if k.startswith("module.image_feature_extractor.roi_head_feature_extractor.")]
     assert sum(k.startswith("bert.visual_backbone.head.") for k in ours.state_dict()) == len(res5)  # one copy kept
     ids, tm = ragged_text(2, 7, 60, [7, 4])

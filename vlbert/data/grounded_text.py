@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 from detectors.regions import Regions
 from detectors.store import region_count
 from vlbert.data.padding import pad_text
-from vlbert.data.regions import pad_regions, region_item
+from vlbert.data.regions import pad_regions, region_item, with_pixels
 from vlbert_base.user_files import read_jsonl
 
 
@@ -37,7 +37,8 @@ class GroundedTextDataset(Dataset):
 
     Items (for :class:`GroundedCollator`): ``input_ids`` (list of int), the image's region item
     (:func:`vlbert.data.regions.region_item`: region_features float16 [R, D], region_boxes float32 [R, 4] normalised
-    xyxy) or, with ``images_per_text`` > 1, ``images`` (a list of such items), the task's targets and ``index``.
+    xyxy; with an :attr:`image_reader`, also ``pixels``) or, with ``images_per_text`` > 1, ``images`` (a list of such
+    items), the task's targets and ``index``.
 
     Args:
         examples: the task's examples (each with an id attribute named by ``id_field``).
@@ -50,6 +51,9 @@ class GroundedTextDataset(Dataset):
 
     kind, id_field, text_field = "example", "id", "text"
     images_per_text = 1
+    #: for a model with a visual backbone: image id -> pixels (:class:`~vlbert.data.images.ImageReader`), which
+    #: every region item then carries (``pixels``) and the collator pads into ``images`` / ``image_sizes``.
+    image_reader = None
 
     def __init__(self, examples: Sequence, regions: dict[str, Regions], tokenizer, max_text_length: int = 40,
                  max_regions: int = 36):
@@ -83,7 +87,8 @@ class GroundedTextDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         ex = self.examples[index]
         regions = [self.regions[i] for i in self.images(ex)]  # a store reads each from disk: once per item
-        items = [region_item(r, self.max_regions) for r in regions]
+        items = [with_pixels(region_item(r, self.max_regions), i, self.image_reader)
+                 for r, i in zip(regions, self.images(ex))]
         padded = items[0] if self.images_per_text == 1 else {"images": items}
         return {"input_ids": self.input_ids[index], **padded, **self.targets(ex, regions), "index": index}
 

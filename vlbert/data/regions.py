@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from detectors.regions import Regions
+from vlbert.data.images import ImageReader, pad_images
 
 logger = logging.getLogger(__name__)
 #: the ``max_regions`` values whose cut was already reported in this process (one line each, not one per image).
@@ -32,7 +33,8 @@ def region_item(regions: Regions, max_regions: int) -> dict:
     Returns:
         dict with ``region_features`` float16 [R, D], ``region_boxes`` float32 [R, 4] normalised xyxy and
         ``class_probs`` float16 [R, C] or None, ``attribute_probs`` float16 [R, A] or None (BUTD's attribute
-        head); R = min(num_regions, max_regions). The first image cut for a
+        head), and for :class:`~vlbert.data.images.ImageRegions` their ``pixels``; R = min(num_regions,
+        max_regions). The first image cut for a
         ``max_regions`` value is reported with one warning line per process (the cut is never silent).
     Raises:
         ValueError: ``max_regions`` < 1.
@@ -45,9 +47,11 @@ def region_item(regions: Regions, max_regions: int) -> dict:
         logger.warning("max_regions=%d keeps the first %d of image %r's %d regions; images with more are cut the same "
                        "way (said once): raise data.max_regions to keep them", max_regions, max_regions,
                        regions.image_id, regions.num_regions)
-    return {"region_features": regions.features[:n], "region_boxes": regions.normalised_boxes()[:n],
+    item = {"region_features": regions.features[:n], "region_boxes": regions.normalised_boxes()[:n],
             "class_probs": regions.class_probs[:n] if regions.class_probs is not None else None,
             "attribute_probs": regions.attribute_probs[:n] if regions.attribute_probs is not None else None}
+    pixels = getattr(regions, "pixels", None)  # an ImageRegions (a pipeline over a visual-backbone model)
+    return item if pixels is None else {**item, "pixels": pixels}
 
 
 def pad_regions(items: list[dict]) -> dict[str, torch.Tensor]:
@@ -55,12 +59,19 @@ def pad_regions(items: list[dict]) -> dict[str, torch.Tensor]:
 
     Returns:
         region_features float16 [B, R, D], region_boxes float32 [B, R, 4] (normalised xyxy, zeros at padding),
-        region_mask int64 [B, R] (1 = real region), R = the largest R_i.
+        region_mask int64 [B, R] (1 = real region), R = the largest R_i. Items that carry their image's
+        ``pixels`` (float [3, h, w], for a model with a visual backbone: :func:`with_pixels`) give ``images``
+        float32 [B, 3, H, W] and ``image_sizes`` int64 [B, 2] (height, width) in place of ``region_features``
+        (:func:`vlbert.data.images.pad_images`); the boxes stay the shards'.
     Raises:
         ValueError: an empty list, or items whose feature sizes differ.
     """
     if not items:
         raise ValueError("cannot pad an empty list of regions")
+    if "pixels" in items[0]:
+        padded = pad_regions([{k: v for k, v in x.items() if k != "pixels"} for x in items])
+        del padded["region_features"]
+        return {**padded, **pad_images([x["pixels"] for x in items])}
     dims = {np.shape(x["region_features"])[1] for x in items}
     if len(dims) != 1:
         raise ValueError(f"region features of one batch must share a size, got sizes {sorted(dims)}; extract "
@@ -77,5 +88,12 @@ def pad_regions(items: list[dict]) -> dict[str, torch.Tensor]:
     return {"region_features": feats, "region_boxes": boxes, "region_mask": mask}
 
 
-__all__ = ["region_item", "pad_regions"]
+def with_pixels(item: dict, image_id: str, images: ImageReader | None) -> dict:
+    """``item`` (a :func:`region_item`) with ``pixels``, its image's preprocessed pixels float32 [3, h, w]
+    (``images(image_id)``), when the run reads images (``images`` is not None: its model has a visual backbone);
+    else ``item`` itself. Raises KeyError from the reader for an image without a file."""
+    return item if images is None else {**item, "pixels": images(image_id)}
+
+
+__all__ = ["region_item", "pad_regions", "with_pixels"]
 

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 from detectors.regions import Regions
 from detectors.store import region_count
 from vlbert.data.pretraining import MaskingCollator
-from vlbert.data.regions import pad_regions, region_item
+from vlbert.data.regions import pad_regions, region_item, with_pixels
 from vlbert.layers.packing import packing_fields, stream_packing_fields
 from vlbert.objectives import OBJECTIVES, PrepareContext
 from vlbert.objectives.image_text_matching import content_id
@@ -66,6 +66,10 @@ class VLPretrainingDataset(Dataset):
     Raises:
         ValueError: no captions, a caption's image has no regions, or all captions say the same thing.
     """
+
+    #: for a model with a visual backbone: image id -> pixels (:class:`~vlbert.data.images.ImageReader`); items then
+    #: carry ``pixels`` and the collator pads them into ``images`` / ``image_sizes`` in place of region_features.
+    image_reader = None
 
     def __init__(self, captions: Sequence[Caption], regions: dict[str, Regions], tokenizer, max_text_length: int = 40,
                  max_regions: int = 36, seed: int = 0, qa_answers: Sequence[str] = ()):
@@ -122,7 +126,8 @@ class VLPretrainingDataset(Dataset):
         rng = random.Random(seed)
         item = {"input_ids": self.text_ids(caption),
                 "negative_input_ids": self.text_ids(self.negative_for(index, rng)),
-                **region_item(self.regions[caption.image_id], self.max_regions), "sample_seed": seed,
+                **with_pixels(region_item(self.regions[caption.image_id], self.max_regions), caption.image_id,
+                              self.image_reader), "sample_seed": seed,
                 "content_id": content_id(caption.content)}
         label = self.answer_label(caption, rng) if caption.answers else None
         if label is not None:

@@ -140,7 +140,8 @@ class VLBertFamily(CheckpointFamily):
                 "frozen_stages": list(network.get("IMAGE_FROZEN_BACKBONE_STAGES", [1, 2])),
                 "frozen_bn": bool(network.get("IMAGE_FROZEN_BN", True)),
                 "mask_pixels": mask_visual is None and bool(network.get("MASK_RAW_PIXELS", True))}
-        return Converted(config, state, "VLBertForPreTraining", "vl-pretraining")
+        info = {"image_preprocessing": "vl-bert"} if e2e else {}  # vlbert.data.images.PREPROCESSING's entry
+        return Converted(config, state, "VLBertForPreTraining", "vl-pretraining", info=info)
 
 
 def _drop_head_copy(state: dict[str, torch.Tensor]) -> None:

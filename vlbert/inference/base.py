@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from detectors.regions import Regions
+from vlbert.data.images import DEFAULT_PREPROCESSING
 from vlbert.inference.run import ImageInput, RunInputs, run_pipeline
 from vlbert.models.vqa import VLBertForVQA
 from vlbert_base.user_files import read_json
@@ -48,7 +49,9 @@ class Pipeline:
     Args:
         model: a run's output directory (``config.json``, ``model.safetensors``, tokenizer, ``inference.json``) or a
             hub id, or a model in memory (an instance of :attr:`model_class` or :attr:`model_classes`; then
-            ``tokenizer`` is required, and ``detector`` is the detector its regions came from).
+            ``tokenizer`` is required, and ``detector`` is the detector its regions came from; a model with a
+            ``visual_backbone`` reads each image's pixels through its backbone kind's preprocessing,
+            :data:`vlbert.data.images.DEFAULT_PREPROCESSING`: a run directory records its own).
         device: "cpu", "cuda", ... (default: CUDA when available; a model in memory stays where it is unless
             ``device`` is given).
         detector: a :class:`~detectors.config.DetectorConfig` to extract with instead of the run's own (refused
@@ -128,6 +131,9 @@ class Pipeline:
                 "max_text_length": max_text_length or min(int(getattr(tokenizer, "model_max_length", positions)),
                                                           positions),
                 "region_feature_dim": getattr(config, "region_feature_dim", None)}
+        backbone = getattr(config, "visual_backbone", None)
+        if backbone:  # nothing records its images' preprocessing: its backbone kind's (vlbert.data.images)
+            info["image_preprocessing"] = DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet")
         self.device = torch.device(device) if device else next(model.parameters()).device
         self.inputs = RunInputs.for_model(info, tokenizer, detector, str(self.device))
         self.model = model.to(self.device).eval()

@@ -21,6 +21,7 @@ from detectors.config import DetectorConfig
 from detectors.extract import extract_regions
 from detectors.images import to_rgb_array
 from detectors.regions import Regions
+from vlbert.data.images import ImagePreprocessing, with_image
 from vlbert.data.padding import pad_text
 from vlbert.data.regions import pad_regions, region_item
 from vlbert.hub import hub_snapshot, is_hub_name
@@ -158,6 +159,8 @@ class RunInputs:
         self.max_text_length = int(info.get("max_text_length", 40))
         self.max_regions = int(info.get("max_regions", 36))
         self.device = device
+        record = info.get("image_preprocessing")  # a model with a visual backbone: it reads the pixels too
+        self.preprocessing = ImagePreprocessing.from_record(record) if record else None
         self._extractor = None
 
     @property
@@ -188,12 +191,20 @@ class RunInputs:
             boxes: per image, float32 [N, 4] pixel (x1, y1, x2, y2) boxes to pool instead of detecting (timm backend;
                 a run trained on given boxes, e.g. referring expressions over known objects), or None.
         Raises:
-            ValueError: a :class:`Regions` from another extractor than the run's (both named), an unreadable image.
+            ValueError: a :class:`Regions` from another extractor than the run's (both named), an unreadable image;
+                a :class:`Regions` without pixels for a run whose model has a visual backbone.
+        Returns:
+            one :class:`Regions` per image; for a run whose inference.json records ``image_preprocessing`` (a model
+            with a visual backbone), :class:`~vlbert.data.images.ImageRegions` carrying the image's pixels too.
         """
         out: list[Regions | None] = [None] * len(images)
         pending: dict = {}  # key -> (name, source, boxes or None, positions): a file asked about twice is read once
         for k, image in enumerate(images):
             if isinstance(image, Regions):
+                if self.preprocessing is not None and getattr(image, "pixels", None) is None:
+                    raise ValueError(f"image {image.image_id!r} was given as Regions, but this run's model computes "
+                                     "its region features from the pixels (model.visual_backbone): pass the image "
+                                     "itself (a path, PIL image or array)")
                 self._check_regions(image)
                 out[k] = image
                 continue
@@ -213,7 +224,14 @@ class RunInputs:
                 for (_, _, _, positions), regions in zip(group, extracted):
                     for k in positions:
                         out[k] = regions
-        return out
+        return out if self.preprocessing is None else self._with_pixels(images, out)
+
+    def _with_pixels(self, images: Sequence[ImageInput], regions: list[Regions]) -> list[Regions]:
+        """Each image's regions with its pixels through the run's preprocessing
+        (:class:`~vlbert.data.images.ImageRegions`; given ones already carry theirs), for a run whose model has a
+        visual backbone."""
+        return [found if isinstance(image, Regions) else with_image(found, self.preprocessing.read(image))
+                for image, found in zip(images, regions)]
 
     def _check_regions(self, regions: Regions) -> None:
         expected = self.saved_detector.get("extractor")
@@ -242,7 +260,9 @@ class RunInputs:
 
     def region_batch(self, regions: Sequence[Regions], device) -> dict[str, torch.Tensor]:
         """Each image's first ``max_regions`` regions, padded (:func:`pad_regions`) on ``device``: region_features
-        float16 [B, R, D], region_boxes float32 [B, R, 4] normalised, region_mask int64 [B, R]."""
+        float16 [B, R, D], region_boxes float32 [B, R, 4] normalised, region_mask int64 [B, R]; for regions with
+        pixels (:class:`~vlbert.data.images.ImageRegions`) images float32 [B, 3, H, W] and image_sizes int64 [B, 2]
+        in place of region_features, as the run's collator gave them in training."""
         return {k: v.to(device) for k, v in pad_regions(self.region_items(regions)).items()}
 
     def batch(self, texts: Sequence[str], regions: Sequence[Regions], device) -> dict[str, torch.Tensor]:

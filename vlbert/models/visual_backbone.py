@@ -16,12 +16,15 @@ backbone (VL-BERT's "e2e"; Su et al., ICLR 2020, section 3.3; jackroos/VL-BERT a
 * ``mask_pixels`` (True: a masked region's pixels are zeroed before the CNN, VL-BERT's ``MASK_RAW_PIXELS``),
   ``checkpointing`` (False: recompute the backbone's activations in the backward), ``learning_rate`` (None: the
   run's; else the backbone's own parameter group), ``pretrained`` (False: random weights, to be loaded from a
-  checkpoint; True: torchvision's / timm's downloadable ImageNet weights, online only).
+  checkpoint; True: torchvision's / timm's downloadable ImageNet weights, online only), ``weights`` (timm only, None:
+  none; a timm state dict file (.safetensors or weights-only torch), or "packaged": the offline ImageNet
+  EfficientNet-Lite0 the easy-VQA detector uses (:func:`detectors.backbone.load_efficientnet_lite0`); read when the
+  model is built, then replaced by a checkpoint's own weights where the model loads one).
 
 The torchvision head is its ``layer4`` as built (stride 2, not dilated: a 14x14 RoI becomes 7x7 before pooling).
 
 Images are float [B, 3, H, W], already normalised as the backbone was trained (VL-BERT: BGR, means subtracted,
-short side 600, long side <= 1000); ``image_sizes`` int [B, 2] (height, width) says where each image lies in a padded
+short side 600, long side <= 1000: :data:`vlbert.data.images.PREPROCESSING`, which the recipes and pipelines apply); ``image_sizes`` int [B, 2] (height, width) says where each image lies in a padded
 batch (top-left); boxes are normalised (x1, y1, x2, y2) of that image.
 """
 
@@ -33,12 +36,13 @@ from torch import nn
 from torchvision.models import resnet as torchvision_resnet
 from torchvision.ops import roi_align
 
+from detectors.backbone import load_efficientnet_lite0, read_state_dict
 from vlbert.models.pretrained import OwnLearningRate
 from vlbert_base.dependencies import require
 
 DEFAULTS = {"kind": "caffe-resnet", "layers": [3, 4, 23], "depth": 50, "model": "resnet18", "roi_size": 14,
             "sampling_ratio": 1, "aligned": False, "frozen_stages": [1, 2], "frozen_bn": True, "mask_pixels": True,
-            "checkpointing": False, "learning_rate": None, "pretrained": False}
+            "checkpointing": False, "learning_rate": None, "pretrained": False, "weights": None}
 
 
 class CaffeBottleneck(nn.Module):
@@ -106,12 +110,36 @@ class TimmLevels(nn.Module):
     """A timm ``features_only`` model whose last level is the RoI feature map; ``stages`` split its parameters by
     feature level (level k's stage holds the modules up to that level's output)."""
 
-    def __init__(self, name: str, pretrained: bool = False):
+    def __init__(self, name: str, pretrained: bool = False, weights: str | None = None):
         super().__init__()
         timm = require("timm", "the timm visual backbone", "pip install timm")
         self.net = timm.create_model(name, features_only=True, pretrained=pretrained)
         self.stride = self.net.feature_info.reduction()[-1]
         self.channels = self.net.feature_info.channels()[-1]
+        if weights:
+            self.load_weights(name, weights)
+
+    def load_weights(self, name: str, weights: str) -> None:
+        """Load the backbone's tensors from ``weights`` (see the module docstring), every ``features_only`` tensor
+        required (the classifier's are skipped). Skipped on the meta device (nothing to load into).
+
+        Raises:
+            ValueError: "packaged" for another model than efficientnet_lite0, or a file that lacks tensors of the
+                model or has them in other shapes (the first named).
+            FileNotFoundError: no such file.
+        """
+        if next(self.net.parameters()).is_meta:
+            return
+        if weights == "packaged" and name != "efficientnet_lite0":
+            raise ValueError(f"config.visual_backbone.weights='packaged' is the ImageNet efficientnet_lite0; model is "
+                             f"{name!r}: pass a weights file of {name}")
+        source = load_efficientnet_lite0().state_dict() if weights == "packaged" else read_state_dict(weights)
+        target = self.net.state_dict()
+        wrong = [k for k in target if k not in source or source[k].shape != target[k].shape]
+        if wrong:
+            raise ValueError(f"config.visual_backbone.weights {weights} does not fit timm's {name}: {wrong[0]} is "
+                             f"missing or of another shape ({len(wrong)} such tensors); pass weights of {name}")
+        self.net.load_state_dict({k: source[k] for k in target})
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """float [B, 3, H, W] -> the last level [B, channels, H / stride, W / stride]."""
@@ -172,7 +200,8 @@ class RegionFeatureExtractor(OwnLearningRate, nn.Module):
             stages = [[*self.body.conv1.parameters(), *self.body.bn1.parameters()], self.body.layer1, self.body.layer2,
                       self.body.layer3, self.head]
         elif kind == "timm":
-            self.body, self.head = TimmLevels(self.options["model"], self.options["pretrained"]), None
+            self.body = TimmLevels(self.options["model"], self.options["pretrained"], self.options["weights"])
+            self.head = None
             self.stride, self.feature_dim, stages = self.body.stride, self.body.channels, self.body.stages()
         else:
             raise ValueError(f"config.visual_backbone.kind={kind!r} is not one of caffe-resnet, torchvision-resnet, "

@@ -72,7 +72,9 @@ class VLBertModel(BertModel):
                         image_sizes: torch.Tensor | None = None,
                         masked_regions: torch.Tensor | None = None) -> torch.Tensor:
         """Region features [B, R, region_feature_dim] computed from ``images`` under ``region_boxes`` by the
-        model's visual backbone (:class:`~vlbert.models.visual_backbone.RegionFeatureExtractor`; arguments there).
+        model's visual backbone (:class:`~vlbert.models.visual_backbone.RegionFeatureExtractor`; arguments there);
+        with n images per text (images [B, n, 3, H, W], region_boxes [B, n, R, 4], region_mask [B, n, R],
+        image_sizes [B, n, 2]: the region collator's layout for NLVR2's pairs) [B, n, R, region_feature_dim].
 
         Raises:
             ValueError: the config has no ``visual_backbone``, or no boxes are given.
@@ -82,6 +84,14 @@ class VLBertModel(BertModel):
                              "the model with a visual_backbone section")
         if region_boxes is None:
             raise ValueError("images need region_boxes: the boxes whose features the backbone pools")
+        images = images.to(self.embeddings.word_embeddings.weight.dtype)  # the collator's float32, as the model
+        if images.dim() == 5:  # n images per text (NLVR2's pairs): [B, n, 3, H, W], boxes [B, n, R, 4]
+            def flat(t):
+                return None if t is None else t.flatten(0, 1)
+
+            features = self.visual_backbone(flat(images), flat(region_boxes), flat(region_mask), flat(image_sizes),
+                                            flat(masked_regions))
+            return features.unflatten(0, tuple(images.shape[:2]))
         return self.visual_backbone(images, region_boxes, region_mask, image_sizes, masked_regions)
 
     def check_region_inputs(self, input_ids: torch.Tensor, region_features: torch.Tensor,

@@ -33,7 +33,8 @@ def choose_masked_regions(num_real: int, num_regions: int, probability: float,
 
 
 class _MaskedRegions(Objective):
-    """Shared collator side: choose each image's masked regions from its own generator and zero their features;
+    """Shared collator side: choose each image's masked regions from its own generator and zero their features (a
+    batch of images for a visual backbone has none: the model zeroes the masked regions' pixels instead);
     subclasses add their targets (taken before zeroing). The model's region pathway may add a learned mask
     embedding there (UNITER's ``mask_embedding``), which only these units reach: the pathway declares it
     (``RegionEmbedding.masked_region_modules``), the model keeps it idle on other batches."""
@@ -49,7 +50,8 @@ class _MaskedRegions(Objective):
         # their flat positions, found here on the host: selecting them in the step needs no host sync
         batch["masked_region_positions"] = masked.reshape(-1).nonzero().squeeze(1)
         self.add_targets(batch, items, masked)
-        batch["region_features"] = batch["region_features"].masked_fill(masked[..., None], 0.0)
+        if "region_features" in batch:  # images instead (a visual backbone): the model hides their pixels
+            batch["region_features"] = batch["region_features"].masked_fill(masked[..., None], 0.0)
 
     def add_targets(self, batch: dict, items: list[dict], masked: torch.Tensor) -> None:
         raise NotImplementedError

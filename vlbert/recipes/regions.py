@@ -13,11 +13,17 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, ClassVar
 
+import torch
+
 from detectors.shards import read_detector_info
 from detectors.store import RegionStore
-from vlbert.data.easy_vqa import easy_vqa_shards
+from vlbert import checkpoint as ckpt
+from vlbert.data.easy_vqa import easy_vqa_shards, image_paths
+from vlbert.data.images import DEFAULT_PREPROCESSING, ImagePreprocessing, ImageReader, image_files, image_preprocessing
 from vlbert.data.grounded_text import GroundedCollator, GroundedTextDataset
 from vlbert.evaluation.classification import predict_labels
+from vlbert.models.visual_backbone import RegionFeatureExtractor
+from vlbert.run_files import INFERENCE_INFO, read_run_file
 from vlbert.recipes.runner import TaskData, write_output_file
 from vlbert.utils import gathered_columns
 
@@ -33,6 +39,12 @@ class RegionTaskDataConfig:
     ``"COCO_train2014_{image_id:012d}"`` for LXMERT's features). max_text_length: wordpieces per text with
     [CLS]/[SEP]. max_regions: regions kept per image. max_train_examples / max_eval_examples: only the first N
     examples of each split (0 = all).
+
+    Images, read only when the model has a ``visual_backbone`` (:func:`task_images`): image_dir (the directory of
+    the images whose regions the shards hold, each ``<image id>`` or ``<image id>.jpg/.png``; easy-VQA: the
+    package's own images), image_preprocessing (a name in :data:`vlbert.data.images.PREPROCESSING`; "" = the
+    backbone kind's: "vl-bert" for caffe-resnet, else "imagenet"), image_short_side / image_max_side (0 = the
+    entry's; -1 = not resized / no limit).
     """
 
     dataset: str = "easy-vqa"
@@ -43,6 +55,10 @@ class RegionTaskDataConfig:
     max_regions: int = 16
     max_train_examples: int = 0
     max_eval_examples: int = 0
+    image_dir: str = ""
+    image_preprocessing: str = ""
+    image_short_side: int = 0
+    image_max_side: int = 0
 
 
 @dataclass(frozen=True)
@@ -110,9 +126,93 @@ def task_regions(ctx, image_ids: list[str] | None = None) -> RegionStore:
 def region_task_info(ctx, data, **extra) -> dict:
     """What a region task's run saves for inference (``inference.json``, :mod:`vlbert.inference`): the maximum
     lengths, the region feature size (``data.feature_dim``), the regions' detector (:func:`task_provenance` of
-    ``data.regions``) and the task's ``extra`` fields (label names, ...; an ``extra`` key replaces a common one)."""
+    ``data.regions``), for a model with a visual backbone its images' ``image_preprocessing``
+    (:meth:`~vlbert.data.images.ImagePreprocessing.record`), and the task's ``extra`` fields (label names, ...; an
+    ``extra`` key replaces a common one)."""
+    images = getattr(data, "images", None)
+    preprocessing = {"image_preprocessing": images.preprocessing.record()} if images is not None else {}
     return {"max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
-            "region_feature_dim": data.feature_dim, "detector": task_provenance(ctx, data.regions), **extra}
+            "region_feature_dim": data.feature_dim, "detector": task_provenance(ctx, data.regions),
+            **preprocessing, **extra}
+
+
+def run_visual_backbone(ctx) -> dict | None:
+    """The ``visual_backbone`` section of the model this run trains: ``init_from``'s own where its config.json has
+    the field (a checkpoint decides its architecture), else the run's ``model`` section's (None: no backbone)."""
+    if ctx.init_from:
+        config = ckpt.resolve_checkpoint_dir(ctx.init_from) / ckpt.CONFIG_NAME
+        saved = read_run_file(config) if config.is_file() else {}
+        if "visual_backbone" in saved:
+            return saved["visual_backbone"]
+    return ctx.model_section.get("visual_backbone")
+
+
+def trained_preprocessing(ctx):
+    """The ``image_preprocessing`` that ``init_from``'s inference.json records (a run or conversion whose model has
+    a visual backbone: how its backbone saw images), or None."""
+    if not ctx.init_from:
+        return None
+    path = ckpt.resolve_checkpoint_dir(ctx.init_from) / INFERENCE_INFO
+    return (read_run_file(path) if path.is_file() else {}).get("image_preprocessing")
+
+
+def task_images(data, backbone: dict, image_ids, trained=None) -> ImageReader:
+    """The image reader of a run whose model has a visual ``backbone`` (its config section): the files of
+    ``image_ids`` (easy-VQA without ``data.image_dir``: the package's images; else :func:`image_files` under
+    ``data.image_dir``), preprocessed by ``data.image_preprocessing`` (default: ``trained``, the preprocessing
+    ``init_from`` recorded (:func:`trained_preprocessing`), else the backbone kind's,
+    :data:`~vlbert.data.images.DEFAULT_PREPROCESSING`) with ``data.image_short_side`` / ``image_max_side``.
+
+    Raises:
+        ValueError: no ``data.image_dir`` for a dataset other than easy-VQA, or easy-VQA images the package lacks
+            (a task's own composites); an unknown preprocessing name.
+        FileNotFoundError: an image without a file (from :func:`image_files`).
+    """
+    if trained and not data.image_preprocessing:  # init_from's own, its sizes overridable
+        base = ImagePreprocessing.from_record(trained)
+        preprocessing = image_preprocessing(base.name, data.image_short_side or base.short_side or -1,
+                                            data.image_max_side or base.max_side or -1)
+    else:
+        name = data.image_preprocessing or DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet")
+        preprocessing = image_preprocessing(name, data.image_short_side, data.image_max_side)
+    if data.image_dir:
+        return ImageReader(image_files(image_ids, data.image_dir), preprocessing)
+    if data.dataset != "easy-vqa":
+        raise ValueError(f"model.visual_backbone computes the region features from the images, but data.image_dir "
+                         f"is not set for data.dataset={data.dataset!r}; set it to the directory of the images whose "
+                         "regions the shards hold")
+    files = {**image_paths("train"), **image_paths("test")}
+    others = [i for i in dict.fromkeys(image_ids) if i not in files]
+    if others:
+        raise ValueError(f"{len(others)} images of this task are not the easy-VQA package's (e.g. {others[0]!r}: the "
+                         "task composes its own), so model.visual_backbone has no pixels for them; set data.image_dir "
+                         "to a directory holding them")
+    return ImageReader({i: files[i] for i in dict.fromkeys(image_ids)}, preprocessing)
+
+
+def attach_images(ctx, datasets, image_ids: Callable[[Any], list[str]]) -> ImageReader | None:
+    """For a run whose model has a visual backbone (:func:`run_visual_backbone`): the :func:`task_images` reader of
+    every image the ``datasets`` name (``image_ids(dataset)``; None entries skipped), set as each dataset's
+    ``image_reader`` so that its items carry their pixels. None (nothing changed) for a model without one.
+
+    Raises:
+        ValueError, FileNotFoundError: from :func:`task_images`.
+    """
+    backbone = run_visual_backbone(ctx)
+    if not backbone:
+        return None
+    datasets = [d for d in datasets if d is not None]
+    reader = task_images(ctx.data, backbone, [i for d in datasets for i in image_ids(d)], trained_preprocessing(ctx))
+    for d in datasets:
+        d.image_reader = reader
+    return reader
+
+
+def backbone_feature_dim(backbone: dict) -> int:
+    """The region feature size of a ``visual_backbone`` section, from the extractor built on the meta device (no
+    weights allocated). Raises ValueError for a bad section (:class:`RegionFeatureExtractor`)."""
+    with torch.device("meta"):
+        return RegionFeatureExtractor(backbone).feature_dim
 
 
 class RegionTaskData(TaskData):
@@ -126,7 +226,9 @@ class RegionTaskData(TaskData):
     :meth:`dataset` where its dataset class takes more than the common arguments.
 
     Attributes (after ``__init__``): ``train``, ``eval``, ``regions`` (image id -> Regions), ``collator``,
-    ``feature_dim``, ``extra`` (what the dataset builder returned after the train and eval examples).
+    ``feature_dim`` (the backbone's for a model with a ``visual_backbone``), ``images`` (None, or for such a model
+    the :class:`~vlbert.data.images.ImageReader` whose pixels every item carries: :func:`attach_images`),
+    ``extra`` (what the dataset builder returned after the train and eval examples).
     Raises:
         ValueError: from :func:`load_examples` (unknown dataset, missing files) and the dataset class (an image
             without regions).
@@ -147,6 +249,11 @@ class RegionTaskData(TaskData):
         self.eval = self.dataset(held_out[: ctx.data.max_eval_examples or None], training=False)
         self.collator = GroundedCollator(ctx.tokenizer, self.target_keys, self.dataset_class.images_per_text)
         self.feature_dim = next(iter(self.regions.values())).feature_dim
+        # a model with a visual backbone computes the region features from the images under the shards' boxes
+        self.images = attach_images(ctx, (self.train, self.eval), lambda d: [i for ex in d.examples
+                                                                             for i in d.images(ex)])
+        if self.images is not None:
+            self.feature_dim = backbone_feature_dim(run_visual_backbone(ctx))
 
     def load_regions(self, ctx):
         """Image id -> Regions of every image the examples name: :func:`task_regions` (shards or easy-VQA)."""
@@ -210,5 +317,6 @@ def regions_provenance(store, detector=None) -> dict:
     return {"fingerprint": None, "config": None, "extractor": extractor}
 
 
-__all__ = ["RegionTaskDataConfig", "RegionTaskData", "evaluate", "majority_baseline", "DatasetBuilder", "load_examples",
+__all__ = ["RegionTaskDataConfig", "RegionTaskData", "run_visual_backbone", "task_images", "backbone_feature_dim",
+           "attach_images", "evaluate", "majority_baseline", "DatasetBuilder", "load_examples",
            "task_regions", "region_store", "region_task_info", "regions_provenance", "task_provenance"]

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from vlbert.data.retrieval import RetrievalCollator, RetrievalPairs, easy_vqa_captioned, load_karpathy_split
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
-from vlbert.recipes.regions import DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info, task_regions
+from vlbert.recipes.regions import (DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info,
+                                    run_visual_backbone, task_regions)
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 
 
@@ -49,12 +50,16 @@ class RetrievalData(TaskData):
     """Training pairs and evaluation images (evaluated by Recall@K at the end, not by held-out batches).
 
     Raises:
-        ValueError: an unknown dataset, karpathy without ``captions_file``.
+        ValueError: an unknown dataset, karpathy without ``captions_file``; a model with a ``visual_backbone``.
     """
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         data = ctx.data
+        if run_visual_backbone(ctx):
+            raise ValueError("task retrieval does not read images yet, so its model cannot have a "
+                             "model.visual_backbone; drop that section (the VQA, SNLI-VE, NLVR2 and RefCOCO tasks read "
+                             "them)")
         train_images, eval_images = load_examples(DATASETS, data, self.seed)
         self.train_images = train_images[: data.max_train_images] if data.max_train_images else train_images
         self.eval_images = eval_images[: data.max_eval_images] if data.max_eval_images else eval_images

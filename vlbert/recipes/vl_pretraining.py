@@ -29,7 +29,8 @@ from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives import ObjectiveMix, units_for
 from vlbert.objectives.image_text_matching import NEGATIVES
-from vlbert.recipes.regions import region_store, regions_provenance
+from vlbert.recipes.regions import (attach_images, backbone_feature_dim, region_store, regions_provenance,
+                                    run_visual_backbone)
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 from vlbert.utils import evaluation
 
@@ -113,7 +114,10 @@ class VLDataConfig:
     first N captioned images per source (0 = all). easy_vqa_questions: questions per image added to the embedded
     easy-VQA source with their answers (the ``qa`` unit's data; 0 = captions only). itm_negatives: "random"
     (UNITER) or "hard" (drawn from the global batch by similarity, ALBEF:
-    :mod:`vlbert.objectives.image_text_matching`).
+    :mod:`vlbert.objectives.image_text_matching`). image_dir, image_preprocessing, image_short_side,
+    image_max_side: the images of a model with a ``visual_backbone``, as
+    :class:`~vlbert.recipes.regions.RegionTaskDataConfig`'s (with several sources an image is
+    ``<image_dir>/<source name>/<image id>``).
     Raises:
         ValueError: a source that is not valid (:class:`CaptionSource`), two with one name, ``missing_regions``
             other than error/skip, ``itm_negatives`` other than random/hard, a negative ``easy_vqa_questions``.
@@ -133,6 +137,10 @@ class VLDataConfig:
     region_mask_probability: float = 0.15
     objectives: dict = field(default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc_kl": 1.0, "itm": 1.0})
     itm_negatives: str = "random"
+    image_dir: str = ""
+    image_preprocessing: str = ""
+    image_short_side: int = 0
+    image_max_side: int = 0
 
     def __post_init__(self) -> None:
         if self.missing_regions not in ("error", "skip"):
@@ -245,6 +253,13 @@ class VLPretrainingData(TaskData):
         if len(self.eval_pairs) >= 2:
             self.eval = VLPretrainingDataset(self.eval_pairs, self.regions, tokenizer, data.max_text_length,
                                              data.max_regions, self.seed + 1, self.qa_answers)
+        self.images = attach_images(ctx, (self.train, self.eval), lambda d: [c.image_id for c in d.captions])
+        if self.images is not None:
+            self.feature_dim = backbone_feature_dim(run_visual_backbone(ctx))
+            if "mrfr" in self.objectives.active:
+                raise ValueError("data.objectives has mrfr, which regresses the detector's features, but "
+                                 "model.visual_backbone computes its own from the images; set mrfr's weight to 0 "
+                                 "(VL-BERT pretrains its e2e model with mlm and mrc_kl)")
 
     def _load_source(self, ctx: RunContext, source: CaptionSource) -> tuple[list[Caption], object]:
         """A source's captions (tokenized; its first ``max_images`` images) and its region store; captions whose
@@ -362,11 +377,13 @@ def _weighted(pairs: list[Caption], weight: float, rng: random.Random) -> list[C
 
 def inference_info(ctx: RunContext, data: VLPretrainingData) -> dict:
     """The maximum lengths and the regions' detector (for fill-mask on an image, :mod:`vlbert.inference`); with
-    the ``qa`` unit, its answers in label order (``qa_answers``)."""
+    the ``qa`` unit, its answers in label order (``qa_answers``); for a model with a visual backbone its images'
+    ``image_preprocessing``."""
+    images = {"image_preprocessing": data.images.preprocessing.record()} if data.images is not None else {}
     return {"max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
-            "region_feature_dim": next(iter(data.regions.values())).feature_dim,
+            "region_feature_dim": data.feature_dim,
             "detector": regions_provenance(data.regions, ctx.detector if data.extracted_by_detector else None),
-            **({"qa_answers": data.qa_answers} if data.qa_answers else {})}
+            **images, **({"qa_answers": data.qa_answers} if data.qa_answers else {})}
 
 
 RECIPE = Recipe("vl-pretraining", VLDataConfig, VLPretrainingData, build_model, evaluate=evaluate,

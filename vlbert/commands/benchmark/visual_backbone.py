@@ -9,8 +9,8 @@ of each in turn (so both see the same machine load); printed: the test accuracy 
 
     vlbert benchmark visual-backbone --steps 300 --batch-size 32 --json   # or python tools/benchmark_visual_backbone.py
 
-Not the recipes' runner: images go into the model here directly (the loader that streams images beside the region
-shards is not built yet; docs/vl-bert.md).
+Not the recipes' runner: images go into the model here directly. The same comparison through the fine-tuning tool
+(the loader reads each image beside the region shards' boxes): configs/finetune/e2e-easy-vqa.yaml, docs/vl-bert.md.
 """
 
 from __future__ import annotations
