@@ -74,7 +74,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         enc = self.bert(input_ids, token_type_ids, attention_mask)
         return F.normalize(self.text_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
 
-    def embed_image(self, region_features=None, region_boxes=None, region_mask=None, cls_sep: tuple[int, int] = (),
+    def embed_image(self, region_features=None, region_boxes=None, region_mask=None, *, cls_sep: tuple[int, int],
                     images=None, image_sizes=None) -> torch.Tensor:
         """Args: regions as :class:`VLBertModel` (``region_features``, or for a model with a visual backbone
         ``images`` float [B, 3, H, W] and ``image_sizes`` int64 [B, 2] under ``region_boxes``); cls_sep: the
@@ -111,7 +111,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         if b < 2:
             raise ValueError("retrieval training needs at least 2 pairs per batch (negatives come from the batch)")
         t = self.embed_text(input_ids, token_type_ids, attention_mask)
-        v = self.embed_image(region_features, region_boxes, region_mask, tuple(cls_sep_ids.tolist()))
+        v = self.embed_image(region_features, region_boxes, region_mask, cls_sep=tuple(cls_sep_ids.tolist()))
         same = group_ids[:, None] == group_ids[None, :]
         logits = t @ v.T / self.log_temperature.exp()
         target = same.float() / same.float().sum(1, keepdim=True)
