@@ -233,6 +233,7 @@ def test_retrieval_trains_the_backbone_and_evaluates_on_the_pixels(easy, e2e_run
     metrics = run(RECIPES["retrieval"], config)
     retrieval = RetrievalPipeline(tmp_path / "run", device="cpu", batch_size=4)
     model, tokenizer = retrieval.model, retrieval.tokenizer
+    assert retrieval.inputs.preprocessing.short_side == 32  # the run's, recorded in its inference.json
     before = load_file(str(e2e_run.dir / "model.safetensors"))
     trainable = [(n, p) for n, p in model.bert.visual_backbone.named_parameters(prefix="bert.visual_backbone")
                  if p.requires_grad]
