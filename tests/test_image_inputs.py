@@ -208,3 +208,64 @@ def test_image_pairs_go_through_the_backbone_one_image_at_a_time():
             for j in range(2)]) for i in range(2)])
         expected = model(ids, region_features=alone, region_boxes=boxes, region_mask=mask).logits
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+
+
+
+def test_retrieval_trains_the_backbone_and_evaluates_on_the_pixels(easy, e2e_run, tmp_path):
+    """Retrieval (Karpathy captions of the 12 `easy` images, boxes from the shards, pixels from the image directory)
+    fine-tuned from the VQA run's model and its timm backbone: one step moves every trainable backbone weight, and
+    the evaluation's re-ranked scores of an image (and the pipeline's, from the image file) are the model's
+    ``match_scores`` on pixels made here (PIL bilinear to 32 x 32, ImageNet mean/std)."""
+    from safetensors.torch import load_file
+
+    from vlbert.data.retrieval import load_karpathy_split
+    from vlbert.evaluation.retrieval import evaluate_retrieval
+    from vlbert.inference import RetrievalPipeline
+
+    records = [{"filename": k, "split": "train" if int(k) < 8 else "test", "sentences": [{"raw": f"a {c} {s}"}]}
+               for k, (c, s) in easy.truth.items()]
+    (tmp_path / "captions.json").write_text(json.dumps({"images": records}))
+    data = {"dataset": "karpathy", "captions_file": str(tmp_path / "captions.json"), "shards": str(easy.shards),
+            "image_dir": str(e2e_run.root / "images"), "image_short_side": 32, "max_regions": 6, "shortlist": 2}
+    config = {"task": "retrieval", "init_from": str(e2e_run.dir), "detector": asdict(EASY_DETECTOR), "data": data,
+              "training": {"output_dir": str(tmp_path / "run"), "max_steps": 1, "batch_size": 4, "warmup_steps": 1,
+                           "progress_bar": False}}
+    metrics = run(RECIPES["retrieval"], config)
+    retrieval = RetrievalPipeline(tmp_path / "run", device="cpu", batch_size=4)
+    model, tokenizer = retrieval.model, retrieval.tokenizer
+    assert retrieval.inputs.preprocessing.short_side == 32  # the run's, recorded in its inference.json
+    before = load_file(str(e2e_run.dir / "model.safetensors"))
+    trainable = [(n, p) for n, p in model.bert.visual_backbone.named_parameters(prefix="bert.visual_backbone")
+                 if p.requires_grad]
+    # One AdamW step of the backbone's learning rate (1e-3) from init_from's weights: each moves, by about that much.
+    steps = [float((p.detach() - before[n]).abs().max()) for n, p in trainable]
+    assert trainable and 0 < min(steps) and max(steps) < 1e-2
+    test = load_karpathy_split(tmp_path / "captions.json", "test")
+    reader = task_images(SimpleNamespace(**{**data, "image_preprocessing": "", "image_max_side": 0}), TIMM,
+                         [im.image_id for im in test])
+    again, i2t, t2i = evaluate_retrieval(model, test, easy.store, tokenizer, shortlist=2, max_regions=6,
+                                       return_scores=True, image_reader=reader)
+    assert again == {k: v for k, v in metrics.items() if k in again}
+    mean, std = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+    image = Image.open(easy.files[test[0].image_id]).convert("RGB").resize((32, 32), Image.BILINEAR)
+    pixels = ((TF.to_tensor(image) - mean) / std)[None]
+    regions = easy.store[test[0].image_id]
+    boxes = torch.from_numpy(regions.normalised_boxes()[:6])[None]
+    captions = [c for im in test for c in im.captions]
+    shortlisted = (i2t[0] > -1e3).nonzero().flatten()  # the re-ranked ones; the rest are similarity - 1e4
+    assert len(shortlisted) == 2
+    text = tokenizer([captions[i] for i in shortlisted], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        scores = model.match_scores(text["input_ids"], text["token_type_ids"], text["attention_mask"],
+                                    images=pixels.expand(2, -1, -1, -1), region_boxes=boxes.expand(2, -1, -1))
+    torch.testing.assert_close(i2t[0, shortlisted], scores, atol=1e-4, rtol=0)
+    ranked = retrieval.captions(str(easy.files[test[0].image_id]), captions, top_k=2)
+    torch.testing.assert_close(torch.tensor([h["score"] for h in ranked]), i2t[0, [h["index"] for h in ranked]],
+                               atol=1e-4, rtol=0)
+    # An index of the image files holds the backbone's features (float16): a search scores as the evaluation.
+    ids = [im.image_id for im in test]
+    index = retrieval.index_images([str(easy.files[i]) for i in ids], image_ids=ids)
+    assert index.regions[ids[0]].feature_dim == 288
+    found = retrieval.search(captions[:1], index, top_k=2)[0]
+    torch.testing.assert_close(torch.tensor([h["score"] for h in found]),
+                               t2i[0, [ids.index(h["image_id"]) for h in found]], atol=1e-2, rtol=0)

@@ -11,7 +11,7 @@ from detectors.regions import Regions
 from vlbert.data.captions import CaptionedImage, load_karpathy_split
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, color_and_shape
 from vlbert.data.padding import pad_text
-from vlbert.data.regions import pad_regions, region_item
+from vlbert.data.regions import pad_regions, region_item, with_pixels
 
 
 def easy_vqa_captioned(split: str, seed: int = 0) -> list[CaptionedImage]:
@@ -25,7 +25,9 @@ def easy_vqa_captioned(split: str, seed: int = 0) -> list[CaptionedImage]:
 
 
 class RetrievalPairs(torch.utils.data.Dataset):
-    """One item per (image, caption) pair: caption ids, the image's regions and its group id.
+    """One item per (image, caption) pair: caption ids, the image's regions and its group id; with an
+    :attr:`image_reader` (a model with a visual backbone: :func:`vlbert.recipes.regions.attach_images` sets it), also
+    the image's ``pixels`` (:func:`~vlbert.data.regions.with_pixels`).
 
     Raises:
         ValueError: an image has no regions.
@@ -44,17 +46,22 @@ class RetrievalPairs(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.pairs)
 
+    image_reader = None
+
     def lengths(self) -> list[int]:
         return [len(ids) for ids in self.input_ids]
 
     def __getitem__(self, index: int) -> dict:
         image, _, group = self.pairs[index]
-        return {"input_ids": self.input_ids[index], **region_item(self.regions[image.image_id], self.max_regions),
-                "group": group}
+        regions = with_pixels(region_item(self.regions[image.image_id], self.max_regions), image.image_id,
+                              self.image_reader)
+        return {"input_ids": self.input_ids[index], **regions, "group": group}
 
 
 class RetrievalCollator:
-    """Batches of aligned pairs for :class:`~vlbert.models.vl.VLBertForImageTextRetrieval` training."""
+    """Batches of aligned pairs for :class:`~vlbert.models.vl.VLBertForImageTextRetrieval` training: text
+    (:func:`pad_text`), regions (:func:`pad_regions`: ``images``/``image_sizes`` in place of ``region_features``
+    where the items carry pixels), ``group_ids`` int64 [B] and ``cls_sep_ids`` int64 [2]."""
 
     def __init__(self, tokenizer):
         self.pad_token_id = tokenizer.pad_token_id

@@ -6,14 +6,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from vlbert.data.padding import pad_text
-from vlbert.data.regions import pad_regions, region_item
+from vlbert.data.regions import pad_regions, region_item, with_pixels
 from vlbert.utils import evaluation
 
 if TYPE_CHECKING:
     from detectors.regions import Regions
     from vlbert.data.captions import CaptionedImage
+    from vlbert.data.images import ImageReader
 
 
 def recall_at_k(scores: torch.Tensor, positives: Sequence[set[int]] | torch.Tensor,
@@ -96,10 +98,50 @@ def positive_pairs(image_groups: Sequence[str], caption_images: Sequence[int]) -
     return own, group
 
 
+def backbone_regions(model, items: list[dict], image_ids: Sequence[str], image_reader: ImageReader,
+                     batch_size: int = 128) -> list[dict]:
+    """Each image's region features computed once by the model's visual backbone, for an evaluation that pairs
+    every image with many captions (the backbone's features of an image do not depend on its caption).
+
+    Args:
+        model: a retrieval model whose ``bert`` has a visual backbone (:meth:`VLBertModel.extract_regions`), in
+            eval mode (dropout off: the features are those each pair's own forward computes).
+        items: per image, :func:`~vlbert.data.regions.region_item` (its boxes; features unused).
+        image_ids: per image, its id for ``image_reader`` (:class:`~vlbert.data.images.ImageReader`: the pixels).
+    Returns:
+        per image ``{"region_features": float32 [R, D] on the CPU, "region_boxes": float32 [R, 4]}`` (R its kept
+        regions), for :func:`pad_backbone_regions`.
+    Raises:
+        KeyError: an image without a file (from the reader).
+    """
+    device = next(model.parameters()).device
+    out = []
+    for start in range(0, len(items), batch_size):
+        rows = range(start, min(start + batch_size, len(items)))
+        batch = pad_regions([with_pixels(items[i], image_ids[i], image_reader) for i in rows])
+        batch = {k: v.to(device) for k, v in batch.items()}
+        features = model.bert.extract_regions(batch["images"], batch["region_boxes"], batch["region_mask"],
+                                              batch["image_sizes"]).float().cpu()
+        for j, i in enumerate(rows):
+            boxes = torch.as_tensor(items[i]["region_boxes"], dtype=torch.float32)
+            out.append({"region_features": features[j, :len(boxes)], "region_boxes": boxes})
+    return out
+
+
+def pad_backbone_regions(items: list[dict]) -> dict[str, torch.Tensor]:
+    """:func:`backbone_regions` items padded as :func:`~vlbert.data.regions.pad_regions` pads regions (zeros, mask
+    0), the features kept float32: region_features [B, R, D], region_boxes [B, R, 4], region_mask int64 [B, R]."""
+    lengths = torch.tensor([len(x["region_boxes"]) for x in items])
+    return {"region_features": pad_sequence([x["region_features"] for x in items], batch_first=True),
+            "region_boxes": pad_sequence([x["region_boxes"] for x in items], batch_first=True),
+            "region_mask": (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long()}
+
+
 @evaluation
 def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[str, Regions], tokenizer,
                        shortlist: int = 16, batch_size: int = 128, max_regions: int = 36,
-                       ks: Sequence[int] = (1, 5, 10), return_scores: bool = False, max_text_length: int = 32):
+                       ks: Sequence[int] = (1, 5, 10), return_scores: bool = False, max_text_length: int = 32,
+                       image_reader: ImageReader | None = None):
     """Recall@K for image->text and text->image: contrastive scores over all pairs pick a ``shortlist`` per
     query, which the cross-encoder re-ranks; items outside the shortlist rank after it in contrastive order.
 
@@ -108,18 +150,26 @@ def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[st
     ``_group`` (any caption/image of the same group counts), and ``cross_encoder_pairs``. With
     ``return_scores``, also the final (image x caption) and (caption x image) score matrices. Captions are
     truncated to ``max_text_length`` wordpieces ([CLS]/[SEP] included).
+
+    ``image_reader`` (a model with a visual backbone; :func:`vlbert.recipes.regions.attach_images`): each image's
+    pixels under its regions' boxes; the backbone computes each image's region features once
+    (:func:`backbone_regions`), and every embedding and cross-encoder pass of that image reads them.
     """
     device = next(model.parameters()).device
     captions = [(k, c) for k, im in enumerate(images) for c in im.captions]
     ids = tokenizer([c for _, c in captions], truncation=True, max_length=max_text_length)["input_ids"]
     items = [region_item(regions[im.image_id], max_regions) for im in images]
+    pad = pad_regions
+    if image_reader is not None:
+        items = backbone_regions(model, items, [im.image_id for im in images], image_reader, batch_size)
+        pad = pad_backbone_regions
 
     def text_batch(rows):
         return {k: v.to(device) for k, v in pad_text([{"input_ids": ids[i]} for i in rows],
                                                      tokenizer.pad_token_id).items()}
 
     def image_batch(rows):
-        return {k: v.to(device) for k, v in pad_regions([items[i] for i in rows]).items()}
+        return {k: v.to(device) for k, v in pad([items[i] for i in rows]).items()}
 
     t_emb = torch.cat([model.embed_text(**text_batch(range(s, min(s + batch_size, len(ids)))))
                        for s in range(0, len(ids), batch_size)])
@@ -143,4 +193,5 @@ def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[st
     return (out, i2t, t2i) if return_scores else out
 
 
-__all__ = ["recall_at_k", "evaluate_retrieval", "rerank_shortlist", "positive_pairs"]
+__all__ = ["recall_at_k", "evaluate_retrieval", "rerank_shortlist", "positive_pairs", "backbone_regions",
+           "pad_backbone_regions"]

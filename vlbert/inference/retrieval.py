@@ -143,7 +143,9 @@ class RetrievalPipeline(Pipeline):
     @torch.no_grad()
     def index_images(self, images: str | os.PathLike | Sequence[ImageInput],
                      image_ids: Sequence[str] | None = None) -> ImageIndex:
-        """Regions and embeddings of ``images``: a folder (its image files, recursively, sorted) or a list.
+        """Regions and embeddings of ``images``: a folder (its image files, recursively, sorted) or a list. For a
+        run whose model has a visual backbone, the index holds the backbone's region features of each image
+        (:meth:`_backbone_regions`), so a search reads no image again.
 
         Raises:
             ValueError: an empty folder or list; ``image_ids`` of another length or with repeats.
@@ -164,11 +166,29 @@ class RetrievalPipeline(Pipeline):
         regions, embeddings = {}, []
         for start in range(0, len(images), self.batch_size):
             chunk = self.regions(images[start:start + self.batch_size])
+            if self.inputs.preprocessing is not None:  # a visual backbone: the index keeps its features
+                chunk = self._backbone_regions(chunk)
             for image_id, r in zip(ids[start:start + self.batch_size], chunk):
                 regions[image_id] = Regions(image_id, r.height, r.width, r.boxes, r.features, r.scores,
                                             r.class_probs, r.detector, r.attribute_probs)
             embeddings.append(self._embed_images(chunk))
         return ImageIndex(ids, regions, torch.cat(embeddings))
+
+    def _backbone_regions(self, regions: Sequence[Regions]) -> list[Regions]:
+        """Each image's first ``max_regions`` regions with the model's visual backbone's features in place of the
+        detector's (float16, as shards store features: a search scores them as the evaluation's cached features,
+        :func:`vlbert.evaluation.retrieval.backbone_regions`, up to that rounding), from its pixels
+        (:class:`~vlbert.data.images.ImageRegions`)."""
+        batch = self.inputs.region_batch(regions, self.device)
+        features = self.model.bert.extract_regions(batch["images"], batch["region_boxes"], batch["region_mask"],
+                                                   batch["image_sizes"]).float().cpu().numpy()
+        out = []
+        for r, f in zip(regions, features):
+            n = min(r.num_regions, self.inputs.max_regions)
+            cut = [None if x is None else x[:n] for x in (r.class_probs, r.attribute_probs)]
+            out.append(Regions(r.image_id, r.height, r.width, r.boxes[:n], f[:n], r.scores[:n], cut[0], r.detector,
+                               cut[1]))
+        return out
 
     def _embed_images(self, regions: Sequence[Regions]) -> torch.Tensor:
         cls_sep = (self.tokenizer.cls_token_id, self.tokenizer.sep_token_id)

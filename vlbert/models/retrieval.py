@@ -74,25 +74,36 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         enc = self.bert(input_ids, token_type_ids, attention_mask)
         return F.normalize(self.text_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
 
-    def embed_image(self, region_features, region_boxes, region_mask, cls_sep: tuple[int, int]) -> torch.Tensor:
-        """Args: regions as :class:`VLBertModel`; cls_sep: the tokenizer's ([CLS], [SEP]) ids. Returns [B, P]."""
-        b = region_features.shape[0]
-        ids = torch.tensor(cls_sep, device=region_features.device).expand(b, 2)
-        enc = self.bert(ids, None, None, region_features, region_boxes, region_mask)
+    def embed_image(self, region_features=None, region_boxes=None, region_mask=None, *, cls_sep: tuple[int, int],
+                    images=None, image_sizes=None) -> torch.Tensor:
+        """Args: regions as :class:`VLBertModel` (``region_features``, or for a model with a visual backbone
+        ``images`` float [B, 3, H, W] and ``image_sizes`` int64 [B, 2] under ``region_boxes``); cls_sep: the
+        tokenizer's ([CLS], [SEP]) ids. Returns float [B, P], unit length."""
+        b = region_boxes.shape[0]
+        ids = torch.tensor(cls_sep, device=region_boxes.device).expand(b, 2)
+        enc = self.bert(ids, None, None, region_features, region_boxes, region_mask, images=images,
+                        image_sizes=image_sizes)
         return F.normalize(self.image_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
 
-    def match_scores(self, input_ids, token_type_ids, attention_mask, region_features, region_boxes,
-                     region_mask) -> torch.Tensor:
-        """Cross-encoder score of each (text, image) pair: ITM logit margin, float [B]."""
+    def match_scores(self, input_ids, token_type_ids, attention_mask, region_features=None, region_boxes=None,
+                     region_mask=None, images=None, image_sizes=None) -> torch.Tensor:
+        """Cross-encoder score of each (text, image) pair: ITM logit margin, float [B]. Regions as
+        :meth:`embed_image`."""
         logits = self.itm(self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes,
-                                    region_mask).pooler_output).float()
+                                    region_mask, images=images, image_sizes=image_sizes).pooler_output).float()
         return logits[:, 1] - logits[:, 0]
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
-                region_mask=None, group_ids=None, cls_sep_ids=None) -> RetrievalOutput:
+                region_mask=None, group_ids=None, cls_sep_ids=None, images=None, image_sizes=None) -> RetrievalOutput:
         """Without ``group_ids``: the cross-encoder scores of the given pairs. With ``group_ids`` (int64 [B]; equal
         ids = interchangeable texts/images, never each other's negatives) and ``cls_sep_ids`` (int64 [2]): the
-        training losses ``itc`` and ``itm`` (with ``itc_accuracy``/``itm_accuracy``)."""
+        training losses ``itc`` and ``itm`` (with ``itc_accuracy``/``itm_accuracy``).
+
+        ``images`` (float [B, 3, H, W]) and ``image_sizes`` (int64 [B, 2]), for a model with a visual backbone:
+        the region features are computed from them once (:meth:`VLBertModel.extract_regions`, under
+        ``region_boxes``) and shared by the contrastive pass and the ITM pairs, so both losses train the backbone."""
+        if images is not None:
+            region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes)
         if group_ids is None:
             return RetrievalOutput(scores=self.match_scores(input_ids, token_type_ids, attention_mask,
                                                             region_features, region_boxes, region_mask))
@@ -100,7 +111,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         if b < 2:
             raise ValueError("retrieval training needs at least 2 pairs per batch (negatives come from the batch)")
         t = self.embed_text(input_ids, token_type_ids, attention_mask)
-        v = self.embed_image(region_features, region_boxes, region_mask, tuple(cls_sep_ids.tolist()))
+        v = self.embed_image(region_features, region_boxes, region_mask, cls_sep=tuple(cls_sep_ids.tolist()))
         same = group_ids[:, None] == group_ids[None, :]
         logits = t @ v.T / self.log_temperature.exp()
         target = same.float() / same.float().sum(1, keepdim=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from vlbert.data.retrieval import RetrievalCollator, RetrievalPairs, easy_vqa_captioned, load_karpathy_split
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
-from vlbert.recipes.regions import (DatasetBuilder, RegionTaskDataConfig, load_examples, region_task_info,
-                                    run_visual_backbone, task_regions)
+from vlbert.recipes.regions import (DatasetBuilder, RegionTaskDataConfig, attach_images, backbone_feature_dim,
+                                    load_examples, region_task_info, run_visual_backbone, task_regions)
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 
 
@@ -47,19 +47,19 @@ DATASETS = {
 
 
 class RetrievalData(TaskData):
-    """Training pairs and evaluation images (evaluated by Recall@K at the end, not by held-out batches).
+    """Training pairs and evaluation images (evaluated by Recall@K at the end, not by held-out batches). For a model
+    with a ``visual_backbone``, ``images`` is the :class:`~vlbert.data.images.ImageReader` of the training and
+    evaluation images (:func:`attach_images`: the pairs carry their pixels, the evaluation reads them) and
+    ``feature_dim`` the backbone's; else ``images`` is None.
 
     Raises:
-        ValueError: an unknown dataset, karpathy without ``captions_file``; a model with a ``visual_backbone``.
+        ValueError: an unknown dataset, karpathy without ``captions_file``; from :func:`attach_images` (images
+            without files, no ``data.image_dir``).
     """
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         data = ctx.data
-        if run_visual_backbone(ctx):
-            raise ValueError("task retrieval does not read images yet, so its model cannot have a "
-                             "model.visual_backbone; drop that section (the VQA, SNLI-VE, NLVR2 and RefCOCO tasks read "
-                             "them)")
         train_images, eval_images = load_examples(DATASETS, data, self.seed)
         self.train_images = train_images[: data.max_train_images] if data.max_train_images else train_images
         self.eval_images = eval_images[: data.max_eval_images] if data.max_eval_images else eval_images
@@ -68,6 +68,10 @@ class RetrievalData(TaskData):
                                     data.max_regions)
         self.collator = RetrievalCollator(ctx.tokenizer)
         self.feature_dim = next(iter(self.regions.values())).feature_dim
+        eval_ids = [im.image_id for im in self.eval_images]
+        self.images = attach_images(ctx, (self.train,), lambda d: [im.image_id for im, _, _ in d.pairs] + eval_ids)
+        if self.images is not None:
+            self.feature_dim = backbone_feature_dim(run_visual_backbone(ctx))
 
 
 def build_model(ctx: RunContext, data: RetrievalData) -> VLBertForImageTextRetrieval:
@@ -76,7 +80,8 @@ def build_model(ctx: RunContext, data: RetrievalData) -> VLBertForImageTextRetri
 
 def evaluate(ctx: RunContext, data: RetrievalData, model) -> dict:
     return evaluate_retrieval(model, data.eval_images, data.regions, ctx.tokenizer, shortlist=ctx.data.shortlist,
-                              max_regions=ctx.data.max_regions, max_text_length=ctx.data.max_text_length)
+                              max_regions=ctx.data.max_regions, max_text_length=ctx.data.max_text_length,
+                              image_reader=data.images)
 
 
 def inference_info(ctx: RunContext, data: RetrievalData) -> dict:
