@@ -269,3 +269,34 @@ def test_retrieval_trains_the_backbone_and_evaluates_on_the_pixels(easy, e2e_run
     found = retrieval.search(captions[:1], index, top_k=2)[0]
     torch.testing.assert_close(torch.tensor([h["score"] for h in found]),
                                t2i[0, [ids.index(h["image_id"]) for h in found]], atol=1e-2, rtol=0)
+
+
+def test_explain_reads_a_backbone_runs_pixels_and_refuses_what_feeds_features(e2e_run, tmp_path, capsys):
+    """``tools/explain.py regions`` over a backbone run: a word's attention over the image's regions equals the
+    model's own attention on pixels made here (PIL bilinear to the run's 80 x 80, ImageNet mean/std) under the
+    printed boxes; ``generate`` (many images' detector features) is refused in one line."""
+    from conftest import tool
+    from vlbert.data.easy_vqa import image_paths
+    from vlbert.models.vl import VLBertForPreTraining
+    from vlbert.tokenization import load_tokenizer
+
+    text = "what color is the shape?"
+    argv = ["regions", "--model", str(e2e_run.dir), "--easy-vqa-image", "test/3", "--text", text, "--word", "color",
+            "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache")]
+    assert tool("explain")(argv) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-2])
+    boxes = torch.tensor(printed["boxes"]) / 64.0
+    mean, std = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+    image = Image.open(image_paths("test")["test/3"]).convert("RGB").resize((80, 80), Image.BILINEAR)
+    pixels = ((TF.to_tensor(image) - mean) / std)[None]
+    model, tok = VLBertForPreTraining.from_pretrained(e2e_run.dir).eval(), load_tokenizer(e2e_run.dir)
+    enc = tok(text, return_tensors="pt")
+    with torch.no_grad():
+        attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"],
+                                region_boxes=boxes[None], images=pixels, output_attentions=True).attentions
+    t = enc["input_ids"].shape[1]
+    word = tok.convert_ids_to_tokens(enc["input_ids"][0]).index("color")
+    row = attentions[-1][0].mean(0)[word, t:]
+    np.testing.assert_allclose(printed["attention_to_regions"], (row / row.sum()).numpy(), atol=2e-3)
+    assert "computes them from the pixels" in one_line_error(capsys, "explain", ["generate", "--model",
+                                                                                 str(e2e_run.dir), "--images", "4"])

@@ -34,6 +34,7 @@ from vlbert.analysis.generation import gibbs_sample, mask_predict
 from vlbert.analysis.probe_data import probe_features
 from vlbert.analysis.probing import plot_probe, probe_layers
 from vlbert.data.easy_vqa import color_and_shape, easy_vqa_shards, image_paths
+from vlbert.data.images import ImagePreprocessing, with_image
 from vlbert.data.regions import pad_regions, region_item
 from vlbert.inference.run import detector_for_run, read_inference_info
 from vlbert.tokenization import load_tokenizer, resolve_model_path
@@ -83,6 +84,23 @@ def run_detector(model_path: str):
     return detector, int(info.get("max_regions", EASY_VQA_MAX_REGIONS))
 
 
+def run_preprocessing(model_path: str) -> ImagePreprocessing | None:
+    """How the run at ``model_path`` turns an image into its visual backbone's pixels (its inference.json's
+    ``image_preprocessing``), or None for a run that reads detector features only."""
+    path = Path(resolve_model_path(model_path))
+    record = read_inference_info(path).get("image_preprocessing") if (path / "inference.json").is_file() else None
+    return ImagePreprocessing.from_record(record) if record else None
+
+
+def refuse_visual_backbone(args) -> None:
+    """Raise ValueError, naming the commands that do run, for a run whose model computes its region features from
+    the pixels (``model.visual_backbone``): this command feeds many images' detector features."""
+    if run_preprocessing(args.model) is not None:
+        raise ValueError(f"{args.what} feeds the detector's region features of many images, but {args.model}'s model "
+                         "computes them from the pixels (model.visual_backbone); fill-mask, regions and alignment "
+                         "read one image's pixels and do run on it")
+
+
 def easy_vqa_regions(split: str, cache_dir: str, detector=None, image_ids: list[str] | None = None):
     """image id -> regions of an easy-VQA split (or of ``image_ids`` only), extracted with ``detector`` (default:
     the VL default run's; cached)."""
@@ -92,7 +110,9 @@ def easy_vqa_regions(split: str, cache_dir: str, detector=None, image_ids: list[
 
 
 def image_regions(args):
-    """(regions, maximum regions) of ``--easy-vqa-image`` read with the ``--model`` run's detector.
+    """(regions, maximum regions) of ``--easy-vqa-image`` read with the ``--model`` run's detector; for a run whose
+    model has a visual backbone, :class:`~vlbert.data.images.ImageRegions` with the image's pixels as the run
+    preprocesses them.
 
     Raises:
         ValueError: no --easy-vqa-image, or no such image id in the split.
@@ -106,8 +126,11 @@ def image_regions(args):
     if args.easy_vqa_image not in known:
         raise ValueError(f"--easy-vqa-image {args.easy_vqa_image}: no such easy-VQA image (ids are train/N or test/N, "
                          f"N < {len(known) or 'the split size'})")
-    regions = easy_vqa_regions(split, args.cache_dir, detector, [args.easy_vqa_image])
-    return regions[args.easy_vqa_image], max_regions
+    found = easy_vqa_regions(split, args.cache_dir, detector, [args.easy_vqa_image])[args.easy_vqa_image]
+    preprocessing = run_preprocessing(args.model)  # a visual backbone: the boxes, and the pixels under them
+    if preprocessing is not None:
+        found = with_image(found, preprocessing.read(known[args.easy_vqa_image]))
+    return found, max_regions
 
 
 def require_text(args) -> str:
@@ -187,7 +210,7 @@ def regions_command(args, out: Path) -> None:
 def alignment_share_command(args, out: Path) -> None:
     """alignment-share: over --images easy-VQA images, the share of the colour and shape words' transported mass
     (WRA's plan) on the shape's regions, against a plan blind to content (vlbert.analysis.alignment_share)."""
-
+    refuse_visual_backbone(args)
     detector, max_regions = run_detector(args.model)
     model, tok = load(args.model, vl=True)
     truth = color_and_shape(args.easy_vqa_split)
@@ -209,6 +232,7 @@ def alignment_share_command(args, out: Path) -> None:
 
 def generate_command(args, out: Path) -> None:
     """generate: captions from regions (mask-predict and Gibbs), with and without the regions."""
+    refuse_visual_backbone(args)
     detector, max_regions = run_detector(args.model)
     model, tok = load(args.model, vl=True)
     regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir, detector)
@@ -237,6 +261,8 @@ def generate_command(args, out: Path) -> None:
 
 def probe_command(args, out: Path) -> None:
     """probe: per-layer linear probes of a task's labels."""
+    if args.task.startswith("easy-vqa"):
+        refuse_visual_backbone(args)
     detector, max_regions = run_detector(args.model) if args.task.startswith("easy-vqa") else (None, 16)
     train_x, train_y, eval_x, eval_y, title = probe_features(args.task, args.model, args.cache_dir, detector,
                                                              max_regions)
