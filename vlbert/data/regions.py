@@ -54,11 +54,15 @@ def region_item(regions: Regions, max_regions: int) -> dict:
     return item if pixels is None else {**item, "pixels": pixels}
 
 
-def pad_regions(items: list[dict]) -> dict[str, torch.Tensor]:
+def pad_regions(items: list[dict], feature_dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
     """Pad per-image regions (as :func:`region_item` gives them) into a batch.
 
+    Args:
+        items: per image, ``region_features`` [R_i, D] and ``region_boxes`` [R_i, 4] (arrays or CPU tensors).
+        feature_dtype: of the padded features (float16, as shards store them; float32 for features a visual
+            backbone computed, :func:`vlbert.evaluation.retrieval.backbone_regions`).
     Returns:
-        region_features float16 [B, R, D], region_boxes float32 [B, R, 4] (normalised xyxy, zeros at padding),
+        region_features ``feature_dtype`` [B, R, D], region_boxes float32 [B, R, 4] (normalised xyxy, zeros at padding),
         region_mask int64 [B, R] (1 = real region), R = the largest R_i. Items that carry their image's
         ``pixels`` (float [3, h, w], for a model with a visual backbone: :func:`with_pixels`) give ``images``
         float32 [B, 3, H, W] and ``image_sizes`` int64 [B, 2] (height, width) in place of ``region_features``
@@ -77,12 +81,12 @@ def pad_regions(items: list[dict]) -> dict[str, torch.Tensor]:
         raise ValueError(f"region features of one batch must share a size, got sizes {sorted(dims)}; extract "
                          "every image with the same detector")
     b, r, d = len(items), max(len(x["region_features"]) for x in items), dims.pop()
-    feats = torch.zeros(b, r, d, dtype=torch.float16)
+    feats = torch.zeros(b, r, d, dtype=feature_dtype)
     boxes = torch.zeros(b, r, 4, dtype=torch.float32)
     mask = torch.zeros(b, r, dtype=torch.long)
     for i, x in enumerate(items):
         n = len(x["region_features"])
-        feats[i, :n] = torch.from_numpy(np.asarray(x["region_features"], dtype=np.float16))
+        feats[i, :n] = torch.as_tensor(np.asarray(x["region_features"]), dtype=feature_dtype)
         boxes[i, :n] = torch.from_numpy(np.asarray(x["region_boxes"], dtype=np.float32))
         mask[i, :n] = 1
     return {"region_features": feats, "region_boxes": boxes, "region_mask": mask}

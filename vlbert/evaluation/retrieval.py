@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from vlbert.data.padding import pad_text
 from vlbert.data.regions import pad_regions, region_item, with_pixels
@@ -110,7 +109,7 @@ def backbone_regions(model, items: list[dict], image_ids: Sequence[str], image_r
         image_ids: per image, its id for ``image_reader`` (:class:`~vlbert.data.images.ImageReader`: the pixels).
     Returns:
         per image ``{"region_features": float32 [R, D] on the CPU, "region_boxes": float32 [R, 4]}`` (R its kept
-        regions), for :func:`pad_backbone_regions`.
+        regions), padded by :func:`~vlbert.data.regions.pad_regions` with ``feature_dtype=torch.float32``.
     Raises:
         KeyError: an image without a file (from the reader).
     """
@@ -126,15 +125,6 @@ def backbone_regions(model, items: list[dict], image_ids: Sequence[str], image_r
             boxes = torch.as_tensor(items[i]["region_boxes"], dtype=torch.float32)
             out.append({"region_features": features[j, :len(boxes)], "region_boxes": boxes})
     return out
-
-
-def pad_backbone_regions(items: list[dict]) -> dict[str, torch.Tensor]:
-    """:func:`backbone_regions` items padded as :func:`~vlbert.data.regions.pad_regions` pads regions (zeros, mask
-    0), the features kept float32: region_features [B, R, D], region_boxes [B, R, 4], region_mask int64 [B, R]."""
-    lengths = torch.tensor([len(x["region_boxes"]) for x in items])
-    return {"region_features": pad_sequence([x["region_features"] for x in items], batch_first=True),
-            "region_boxes": pad_sequence([x["region_boxes"] for x in items], batch_first=True),
-            "region_mask": (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long()}
 
 
 @evaluation
@@ -159,17 +149,17 @@ def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[st
     captions = [(k, c) for k, im in enumerate(images) for c in im.captions]
     ids = tokenizer([c for _, c in captions], truncation=True, max_length=max_text_length)["input_ids"]
     items = [region_item(regions[im.image_id], max_regions) for im in images]
-    pad = pad_regions
+    feature_dtype = torch.float16
     if image_reader is not None:
         items = backbone_regions(model, items, [im.image_id for im in images], image_reader, batch_size)
-        pad = pad_backbone_regions
+        feature_dtype = torch.float32  # the backbone's features, kept as computed
 
     def text_batch(rows):
         return {k: v.to(device) for k, v in pad_text([{"input_ids": ids[i]} for i in rows],
                                                      tokenizer.pad_token_id).items()}
 
     def image_batch(rows):
-        return {k: v.to(device) for k, v in pad([items[i] for i in rows]).items()}
+        return {k: v.to(device) for k, v in pad_regions([items[i] for i in rows], feature_dtype).items()}
 
     t_emb = torch.cat([model.embed_text(**text_batch(range(s, min(s + batch_size, len(ids)))))
                        for s in range(0, len(ids), batch_size)])
@@ -193,5 +183,4 @@ def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[st
     return (out, i2t, t2i) if return_scores else out
 
 
-__all__ = ["recall_at_k", "evaluate_retrieval", "rerank_shortlist", "positive_pairs", "backbone_regions",
-           "pad_backbone_regions"]
+__all__ = ["recall_at_k", "evaluate_retrieval", "rerank_shortlist", "positive_pairs", "backbone_regions"]
