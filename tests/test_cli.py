@@ -114,6 +114,10 @@ def test_the_wheel_runs_outside_the_checkout(tmp_path):
                            capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(env_dir))  # the wheel's code ran, not the checkout's
     assert (empty / "runs" / "text-default" / "model.safetensors").is_file() and "final metrics" in done.stdout
+    # the end-of-run table (NSP beside its chance level) and the held-out evaluation printed as it happens
+    nsp = [line for line in done.stdout.splitlines() if line.startswith("eval_nsp_accuracy ")]
+    assert len(nsp) == 1 and "0.5000 chance" in nsp[0], done.stdout
+    assert "held-out at step 2: mlm_accuracy" in done.stderr
 
 
 def test_demo_refusals_are_one_line(doc_runs, monkeypatch, capsys):

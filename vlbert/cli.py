@@ -8,6 +8,7 @@ import argparse
 import logging
 from typing import Any
 
+from vlbert.commands.report import results_table
 from vlbert.recipes import RECIPES, run
 from vlbert.training.run_config import load_run_config
 
@@ -38,7 +39,8 @@ def training_parser(doc: str, default_config: str | None) -> argparse.ArgumentPa
 
 def run_from_args(args: argparse.Namespace, task: str, extra: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
     """Load ``args.config``, apply the flags (``extra``: more (config key, value) pairs) and ``--set``
-    overrides, run the recipe ``task`` and print the final metrics.
+    overrides, run the recipe ``task`` and print the final metrics as a table beside their baselines
+    (:func:`vlbert.commands.report.results_table`).
 
     Errors propagate with their types; the tools' :func:`vlbert.command_line.run_tool` turns the user's into one
     line (a run directory that holds a run, bad config values, missing data, ...) and a SIGTERM into status 143.
@@ -50,7 +52,9 @@ def run_from_args(args: argparse.Namespace, task: str, extra: tuple[tuple[str, A
     config = load_run_config(args.config, list(args.set), values=flags)
     keys = tuple(key for key, _ in flags) + tuple(o.split("=", 1)[0].strip() for o in args.set)
     metrics = run(RECIPES[task], config, args.resume, args.overwrite, command_line_keys=keys)
-    print("final metrics:", {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
+    where = config.get("training", {}).get("output_dir")
+    print(f"final metrics (every entry: {where}/metrics.json):" if where else "final metrics:")
+    print(results_table(metrics))
     return metrics
 
 

@@ -106,6 +106,9 @@ class Objective:
             (VLBertForPreTraining).
         output: the model output field its logits fill (``prediction_logits``, ``seq_relationship_logits``) or
             None.
+        chance: the metric of a model that guesses, where the unit's labels fix it (0.5 for NSP, SOP and ITM,
+            whose pairs are drawn half positive), else None; the end-of-run table
+            (:mod:`vlbert.commands.report`) compares the held-out metric with it.
     """
 
     name: str = ""
@@ -117,6 +120,7 @@ class Objective:
     optional_inputs: tuple[str, ...] = ()
     modalities: tuple[str, ...] = ("vl",)
     output: str | None = None
+    chance: float | None = None
 
     def footprint(self) -> tuple[str, ...]:
         """The submodules (dotted names) whose parameters only this unit's loss reaches (a unit without

@@ -39,6 +39,7 @@ class ImageTextMatching(Objective):
     rows before encoding (:meth:`before_encoder`), and the collator gives such a batch no packed layout."""
 
     name, metric, head, inputs = "itm", "itm_accuracy", "itm", ("itm_label",)
+    chance = 0.5  # half the pairs are positive
     optional_inputs, output = ("itm_content", "itm_draw"), "seq_relationship_logits"
     reads = ("bert.pooler",)
     temperature = 0.1

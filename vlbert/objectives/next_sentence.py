@@ -14,6 +14,7 @@ class NextSentencePrediction(Objective):
     """``next_sentence_label`` int64 [B] (0 = B follows A, 1 = random), from the pair builder."""
 
     name, metric, head, inputs = "nsp", "nsp_accuracy", "next_sentence", ("next_sentence_label",)
+    chance = 0.5  # half the pairs are positive
     modalities, output = ("text",), "seq_relationship_logits"
     reads = ("bert.pooler",)
 

@@ -35,6 +35,7 @@ class SentenceOrderPrediction(NextSentencePrediction):
     ``next_sentence_label`` 0 (B follows A)."""
 
     name, metric, inputs = "sop", "sop_accuracy", ("sentence_order_label",)
+    chance = 0.5  # half the pairs are positive
 
     def build_head(self, config) -> None:
         """None: the unit uses NSP's head, which the model builds for NSP."""

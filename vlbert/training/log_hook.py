@@ -81,10 +81,19 @@ class LogHook(TrainerHook):
         record = {"split": split, **record}
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        if split == "eval":  # the held-out figures as they happen, not only in log.jsonl
+            self._say(eval_line(record))
         if self.writer is not None:
             for k, v in record.items():
                 if isinstance(v, (int, float)) and k != "step":
                     self.writer.add_scalar(f"{split}/{k}", v, record["step"])
+
+    def _say(self, line: str) -> None:
+        """One line for the person watching: above the progress bar where there is one, else the log."""
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            logger.info(line)
 
     def stop(self) -> None:
         """The loop ended (finished, preempted or failed): close the bar, flush the log."""
@@ -104,6 +113,15 @@ class LogHook(TrainerHook):
             self.writer = None
 
 
+def eval_line(record: dict) -> str:
+    """``"held-out at step 200: mlm_accuracy 0.3120, nsp_accuracy 0.5040, loss 4.1033"``: a held-out ``eval``
+    record's metrics (``eval_`` dropped), then its losses, 4 decimals."""
+    values = {k.removeprefix("eval_"): v for k, v in record.items()
+              if k not in ("split", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    ordered = sorted(values, key=lambda k: (k.endswith("loss"), k))
+    return f"held-out at step {record.get('step')}: " + ", ".join(f"{k} {values[k]:.4f}" for k in ordered)
+
+
 def _tensorboard(output_dir):
     try:
         from torch.utils.tensorboard import SummaryWriter
@@ -113,4 +131,4 @@ def _tensorboard(output_dir):
     return SummaryWriter(str(output_dir / "tensorboard"))
 
 
-__all__ = ["LogHook"]
+__all__ = ["LogHook", "eval_line"]

@@ -1,0 +1,117 @@
+"""The table a person reads at the end of a run: each result, its baseline and whether the run beat it.
+
+A training tool's final metrics are a flat dict (``metrics.json``): held-out objective metrics (``eval_mlm_accuracy``),
+task metrics (``vqa_accuracy``, ``entity_f1``), bookkeeping (``train_seconds``) and the baselines the recipes compute
+beside them (``<metric>_majority_baseline``, ``<metric>_majority_position_baseline``, ``<metric>_before`` for the
+same measure on the untrained model). A pretraining unit's chance level (NSP, SOP and ITM: balanced yes/no pairs,
+0.5) is its :attr:`vlbert.objectives.base.Objective.chance`. :func:`results_table` lines each result up with its
+baseline and says whether it beat it by :data:`MARGIN`; :func:`chance_notes` says, in one line a result, what a
+result still at its baseline means.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from vlbert.objectives.registry import OBJECTIVES
+
+#: A result beats its baseline when it exceeds it by more than this (absolute, on a [0, 1] scale): about two standard
+#: errors of an accuracy near 0.5 measured on 2,500 held-out items, so a smaller lead is not read as learning.
+MARGIN = 0.02
+
+#: Baseline key suffixes and how the table names them, in order of preference for one result.
+BASELINE_SUFFIXES = (("_majority_baseline", "majority class"), ("_majority_position_baseline", "majority position"),
+                     ("_before", "before training"))
+
+#: Bookkeeping entries that are no result (left out of the table; still in metrics.json).
+BOOKKEEPING = frozenset({"step", "train_seconds", "train_tokens_per_s", "steps_this_run", "skipped_steps"})
+
+#: What a unit at its chance level means at the quick start's scale, by unit name; others get the general line.
+AT_CHANCE = {
+    "nsp": "next-sentence prediction usually stays at chance for the first few thousand steps of a small BERT on a "
+           "small corpus (transformers' BERT on the same batches is at chance after 200 NSP steps too); MLM is the "
+           "signal to read here, NSP needs a longer run (--max-steps)",
+    "sop": "sentence-order prediction usually stays at chance for the first few thousand steps at this size; MLM "
+           "is the signal to read here, SOP needs a longer run (--max-steps)",
+    "itm": "image-text matching usually stays at chance until the masked objectives have shaped the regions' "
+           "embeddings (thousands of steps at the default size); MLM and the region objectives are the signal "
+           "to read here, ITM needs a longer run (--max-steps)",
+}
+
+
+def _chance_levels() -> dict[str, tuple[str, float]]:
+    """``eval_<metric>`` -> (unit name, chance level) of every unit that declares one."""
+    return {f"eval_{unit.metric}": (unit.name, unit.chance) for unit in OBJECTIVES.values()
+            if getattr(unit, "chance", None) is not None}
+
+
+def baseline_of(key: str, metrics: Mapping[str, Any]) -> tuple[float, str] | None:
+    """(value, what it is) of the baseline for the result ``key`` of ``metrics``, or None: a recipe's baseline
+    entry (:data:`BASELINE_SUFFIXES`), else the chance level of the pretraining unit whose metric ``key`` is."""
+    for suffix, name in BASELINE_SUFFIXES:
+        value = metrics.get(key + suffix)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value), name
+    unit = _chance_levels().get(key)
+    return (unit[1], "chance") if unit else None
+
+
+def _is_baseline_key(key: str, metrics: Mapping[str, Any]) -> bool:
+    return any(key.endswith(suffix) and key[: -len(suffix)] in metrics for suffix, _ in BASELINE_SUFFIXES)
+
+
+def verdict(value: float, baseline: float) -> str:
+    """``"yes (+0.251)"`` when ``value`` beats ``baseline`` by more than :data:`MARGIN`, ``"at baseline"`` within
+    it, ``"below baseline"`` under it, ``"undefined"`` for nan (e.g. a correlation of a constant prediction)."""
+    if math.isnan(value):
+        return "undefined"
+    if value > baseline + MARGIN:
+        return f"yes (+{value - baseline:.3f})"
+    return "at baseline" if value >= baseline - MARGIN else f"below baseline ({value - baseline:+.3f})"
+
+
+def results_table(metrics: Mapping[str, Any]) -> str:
+    """The end-of-run table of ``metrics`` (a run's final metrics, e.g. ``metrics.json``): one row a result with a
+    number (baselines and bookkeeping folded away), those with a baseline first, as
+    ``result | value | baseline | beats it by > MARGIN?``; then :func:`chance_notes`. Plain text, 4 columns."""
+    rows, rest = [], []
+    for key, value in metrics.items():
+        if key in BOOKKEEPING or not isinstance(value, (int, float)) or isinstance(value, bool) \
+                or _is_baseline_key(key, metrics):
+            continue
+        base = baseline_of(key, metrics)
+        if base is None:
+            rest.append((key, _number(value), "", ""))
+        else:
+            rows.append((key, _number(value), f"{base[0]:.4f} {base[1]}", verdict(float(value), base[0])))
+    table = [("result", "value", "baseline", f"beats it by > {MARGIN}?")] + rows + rest
+    widths = [max(len(r[i]) for r in table) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines + chance_notes(metrics))
+
+
+def chance_notes(metrics: Mapping[str, Any]) -> list[str]:
+    """One line for every result still at (or below) its baseline, saying what that means here (:data:`AT_CHANCE`
+    for the pretraining units, a general line otherwise)."""
+    units = _chance_levels()
+    notes = []
+    for key, value in metrics.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or _is_baseline_key(key, metrics):
+            continue
+        base = baseline_of(key, metrics)
+        if base is None or math.isnan(float(value)) or float(value) > base[0] + MARGIN:
+            continue
+        unit = units.get(key, (None,))[0]
+        why = AT_CHANCE.get(unit) or ("the model has not learned this beyond the baseline at this budget: train "
+                                      "longer (--max-steps), or check the data and labels")
+        notes.append(f"note: {key} is {float(value):.4f}, at its {base[1]} baseline {base[0]:.4f}: {why}.")
+    return notes
+
+
+def _number(value) -> str:
+    return str(value) if isinstance(value, int) else f"{value:.4f}"
+
+
+__all__ = ["results_table", "chance_notes", "baseline_of", "verdict", "MARGIN", "AT_CHANCE"]
