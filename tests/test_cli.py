@@ -113,6 +113,10 @@ def test_the_wheel_runs_outside_the_checkout(tmp_path):
                            cwd=empty, env=env,
                            capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(env_dir))  # the wheel's code ran, not the checkout's
+    advice = subprocess.run([python, "-c", "from vlbert_base.dependencies import extra_install as e; "
+                             "print(e('demo', 'easy-vqa'))"], cwd=empty, env=env, capture_output=True, text=True,
+                            check=True).stdout
+    assert advice.startswith("pip install 'vlbert[demo]'")  # a wheel is not told to `pip install -e .`
     assert (empty / "runs" / "text-default" / "model.safetensors").is_file() and "final metrics" in done.stdout
     # the end-of-run table (NSP beside its chance level) and the held-out evaluation printed as it happens
     nsp = [line for line in done.stdout.splitlines() if line.startswith("eval_nsp_accuracy ")]

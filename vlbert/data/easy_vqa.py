@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from detectors.cache import cached_shards
-from vlbert_base.dependencies import require
+from vlbert_base.dependencies import extra_install, require
 
 COLORS = ("red", "green", "blue", "black", "gray", "teal", "brown", "yellow")
 SHAPES = ("circle", "rectangle", "triangle")
@@ -37,7 +37,7 @@ def easy_vqa_dir() -> Path:
     Raises:
         ModuleNotFoundError: easy-vqa is not installed; the message names the install.
     """
-    package = require("easy_vqa", "the easy-VQA dataset", "pip install -e '.[demo]'  (or pip install easy-vqa)")
+    package = require("easy_vqa", "the easy-VQA dataset", extra_install("demo", "easy-vqa"))
     return Path(package.__file__).parent / "data"
 
 
