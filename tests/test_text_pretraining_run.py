@@ -72,7 +72,7 @@ def test_run_writes_outputs_and_a_transformers_checkpoint(small_corpus, tmp_path
     # The run's fill-mask pipeline gives transformers' fill-mask pipeline's fillers and scores.
     from vlbert.inference import pipeline
 
-    ours_fill = pipeline(out, device="cpu")("the markets [MASK] today.", top_k=3)[0]
+    ours_fill = pipeline(out, device="cpu")("the markets [MASK] today.", top_k=3)  # one mask: a list, as theirs
     theirs = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out), device="cpu")(
         "the markets [MASK] today.", top_k=3)
     assert [x["token_str"] for x in ours_fill] == [x["token_str"] for x in theirs]

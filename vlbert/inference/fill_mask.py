@@ -76,9 +76,10 @@ def fill_masks(model, tokenizer, texts: Sequence[str], top_k: int = 5, regions: 
 
 
 class FillMaskPipeline(Pipeline):
-    """(image, text with [MASK]) -> per [MASK], the top-k fillers (:func:`fill_masks`' transformers-style dicts:
-    ``score``, ``token``, ``token_str``, ``sequence``) given the image's regions; ``image=None`` reads the text
-    alone. Lists -> a list of results. Each ``batch_size`` chunk is one forward pass (two where it mixes examples
+    """(image, text with [MASK]) -> the top-k fillers (:func:`fill_masks`' transformers-style dicts: ``score``,
+    ``token``, ``token_str``, ``sequence``) given the image's regions, shaped as transformers' fill-mask pipeline
+    shapes them: a list of dicts for a text with one [MASK], one such list per [MASK] for a text with several;
+    ``image=None`` reads the text alone. Lists -> a list of results. Each ``batch_size`` chunk is one forward pass (two where it mixes examples
     with and without an image)."""
 
     name = "vl-pretraining"
@@ -106,8 +107,10 @@ class FillMaskPipeline(Pipeline):
                     fillers[k] = result
         return {"fillers": fillers}
 
-    def postprocess(self, outputs, examples, top_k: int = 5) -> list[list[list[dict]]]:
-        return outputs["fillers"]
+    def postprocess(self, outputs, examples, top_k: int = 5) -> list:
+        """Per text, as transformers' fill-mask pipeline gives it: the ``top_k`` filler dicts of its one [MASK],
+        or, for a text with several, one such list per [MASK] in order."""
+        return [fillers[0] if len(fillers) == 1 else fillers for fillers in outputs["fillers"]]
 
     def row(self, result) -> dict:
         return {"fillers": result}
