@@ -132,3 +132,20 @@ def test_demo_refusals_are_one_line(doc_runs, monkeypatch, capsys):
     assert run_tool(command_main("demo"), [str(doc_runs["vqa-easy-vqa"])]) == 2
     assert capsys.readouterr().err.strip() == ("error: vlbert demo needs gradio: pip install 'vlbert[demo-web]' "
                                                "(or pip install gradio)")
+
+
+def test_example_image_writes_a_test_picture_with_its_answers_and_never_overwrites(tmp_path, capsys):
+    """`vlbert example-image` copies an easy-VQA test image of the asked colour and shape and prints the dataset's
+    own questions about it; an existing file is refused in one line and kept."""
+    from vlbert.command_line import run_tool
+    from vlbert.data.easy_vqa import color_and_shape, image_paths
+
+    out = tmp_path / "photo.png"
+    assert main(["example-image", str(out), "--color", "red", "--shape", "circle"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    image_id = printed[0].split("easy-VQA ")[1].split(",")[0]
+    assert color_and_shape("test")[image_id] == ("red", "circle")
+    assert out.read_bytes() == image_paths("test")[image_id].read_bytes()
+    assert any(line.strip().endswith("->  circle") for line in printed[1:])
+    assert run_tool(command_main("example-image"), [str(out), "--id", "test/1"]) == 2
+    assert "exists" in capsys.readouterr().err and out.read_bytes() == image_paths("test")[image_id].read_bytes()

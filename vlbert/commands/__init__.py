@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare-corpus": ("vlbert.commands.prepare_corpus", "tokenise a text corpus once into on-disk token arrays"),
     "train-tokenizer": ("vlbert.commands.train_tokenizer", "train a WordPiece (or BPE) vocabulary"),
     "configs": ("vlbert.commands.configs", "list the shipped run configs (--config takes their names)"),
+    "example-image": ("vlbert.commands.example_image", "write an easy-VQA test picture to try the pipelines on"),
 }
 
 
