@@ -92,3 +92,64 @@ def test_smoke_nlvr2_fixture_runs_through_its_tool(tmp_path):
                              "--set", "training.warmup_steps=1", "--set", "training.progress_bar=false"]) == 0
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["accuracy_majority_baseline"] == 0.5 and metrics["step"] == 2
+
+
+def nlvr2_metrics(predictions_csv: str, labeled_jsonl: str) -> tuple[float, float]:
+    """(precision, consistency) as NLVR2's official script computes them, restated from lil-lab/nlvr@e6a286a
+    ``nlvr2/eval/metrics.py`` (no license, so not vendored): each CSV line is stripped and split on ","
+    (identifier, prediction); a missing prediction stops it; an example is correct when ``prediction.lower() ==
+    label.lower()``; its sentence is its identifier with the third "-" field blanked; precision = correct /
+    examples, consistency = sentences with every example correct / unique sentences."""
+    predictions = {}
+    for line in predictions_csv.splitlines(keepends=True):
+        if line:
+            splits = line.strip().split(",")
+            predictions[splits[0]] = splits[1]
+    labeled = [json.loads(line) for line in labeled_jsonl.splitlines(keepends=True) if line]
+    assert len(predictions) >= len(labeled), "Some predictions are missing!"
+    num_correct, consistency = 0.0, {}
+    for example in labeled:
+        anon = example["identifier"].split("-")
+        anon[2] = ""
+        anon = "-".join(anon)
+        consistency.setdefault(anon, True)
+        if predictions[example["identifier"]].lower() == example["label"].lower():
+            num_correct += 1.0
+        else:
+            consistency[anon] = False
+    return num_correct / len(labeled), sum(1.0 for c in consistency.values() if c) / len(consistency)
+
+
+def test_accuracy_and_consistency_are_the_official_scripts_on_the_recipes_file(easy, doc_runs, tmp_path):
+    """The recipe's accuracy and consistency equal NLVR2's metrics.py (:func:`nlvr2_metrics`) on its own
+    predictions.csv: 9 statements, 4 unique sentences shown with 1 to 3 image pairs each (identifiers that differ in
+    the pair field), labels mixed within a sentence so that consistency differs from accuracy whatever the model
+    answers (0886c57 reports no consistency)."""
+    import shutil
+    from dataclasses import asdict, replace
+
+    from conftest import EASY_DETECTOR
+    from detectors.shards import DETECTOR_INFO, write_shards
+    from vlbert.recipes import RECIPES, run
+
+    stems = ["dev-0-0", "dev-0-1", "dev-0-2", "dev-1-0", "dev-1-1"]
+    shards = tmp_path / "shards"  # the stems' images: aliases of the `easy` regions
+    write_shards([replace(easy.store[str(2 * p + k)], image_id=f"{stem}-img{k}")
+                  for p, stem in enumerate(stems) for k in (0, 1)], shards)
+    shutil.copy(easy.shards / DETECTOR_INFO, shards / DETECTOR_INFO)
+    # Always "True": accuracy 4/9, consistency 1/4; always "False": 5/9 and 2/4.
+    sentences = {("0", "0"): ["True"] * 3, ("0", "1"): ["False"] * 3, ("1", "0"): ["True", "False"],
+                 ("1", "1"): ["False"]}
+    records = [{"identifier": f"dev-{s}-{pair}-{n}", "sentence": f"sentence {s}-{n}", "label": label}
+               for (s, n), labels in sentences.items() for pair, label in enumerate(labels)]
+    write_jsonl(tmp_path / "dev.json", records)
+    out = tmp_path / "run"
+    metrics = run(RECIPES["nlvr2"], {
+        "init_from": str(doc_runs["vl-default"]), "detector": asdict(EASY_DETECTOR),
+        "data": {"dataset": "nlvr2", "train_file": str(tmp_path / "dev.json"), "eval_file": str(tmp_path / "dev.json"),
+                 "shards": str(shards)},
+        "training": {"output_dir": str(out), "max_steps": 1, "batch_size": 4, "warmup_steps": 1, "progress_bar": False}})
+    precision, consistency = nlvr2_metrics((out / "predictions.csv").read_text(), (tmp_path / "dev.json").read_text())
+    assert metrics["eval_statements"] == 9 and metrics["eval_sentences"] == 4
+    assert metrics["accuracy"] != metrics["consistency"]
+    assert (metrics["accuracy"], metrics["consistency"]) == (precision, consistency)

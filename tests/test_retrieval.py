@@ -15,6 +15,7 @@ from detectors.regions import Regions
 from vlbert.data.retrieval import CaptionedImage, RetrievalCollator, RetrievalPairs, load_karpathy_split
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
+from vlbert.tokenization import load_tokenizer
 
 
 def test_karpathy_reader(tmp_path):
@@ -112,3 +113,68 @@ def test_positive_pairs_with_and_without_groups():
     own, group = positive_pairs(["red circle", "", "red circle"], [0, 0, 1, 2, 2, 2])
     assert own.tolist() == [[1, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1]]
     assert group.tolist() == [[1, 1, 0, 1, 1, 1], [0, 0, 1, 0, 0, 0], [1, 1, 0, 1, 1, 1]]
+
+
+def test_recalls_and_r_mean_against_uniters_itm_eval(easy, doc_runs, tmp_path, monkeypatch):
+    """The retrieval recipe's logged recalls and r_mean against UNITER's own itm_eval (ChenRocks/UNITER@1dbfa62
+    ``utils/itm_eval.py``, vendored in tests/official/) on the final score matrices of the recipe's own evaluation
+    (kept as it computes them), 12 test images x 2 captions, shortlist 4 (ranks 5-10 in contrastive order).
+
+    UNITER's txt_r{K} (image -> text) equals i2t_r{K} exactly. Its img_r{K} counts ``(rank < K).sum()`` over
+    ``nonzero()``'s (row, column) pairs, so a text row index below K whose image is in its top 10 counts as a
+    hit too: img_r{K} is t2i_r{K} plus that count / #texts (at most K / #texts: 0.2 points of img_r10 on Flickr30K's
+    5,000 test captions). vlbert reports the recall without it; the test checks that this is the only difference."""
+    from dataclasses import asdict
+
+    import vlbert.recipes.retrieval as recipe
+    from conftest import EASY_DETECTOR
+    from official.uniter_itm_eval import itm_eval
+    from vlbert.recipes import RECIPES, run
+
+    kept = {}
+
+    def keeping_scores(*args, **kwargs):
+        out, kept["i2t"], kept["t2i"] = evaluate_retrieval(*args, **kwargs, return_scores=True)
+        return out
+
+    monkeypatch.setattr(recipe, "evaluate_retrieval", keeping_scores)
+    images = [{"filename": k, "split": "test", "sentences": [{"raw": f"image {k}: a {c} {s}"},
+                                                           {"raw": f"picture {k} shows a {s} colored {c}"}]}
+              for k, (c, s) in easy.truth.items()]
+    images += [{**images[k], "split": "train"} for k in (0, 1)]
+    (tmp_path / "captions.json").write_text(json.dumps({"images": images}))
+    metrics = run(RECIPES["retrieval"], {
+        "init_from": str(doc_runs["vl-default"]), "detector": asdict(EASY_DETECTOR),
+        "data": {"dataset": "karpathy", "captions_file": str(tmp_path / "captions.json"), "shards": str(easy.shards),
+                 "shortlist": 4},
+        "training": {"output_dir": str(tmp_path / "run"), "max_steps": 1, "batch_size": 4, "warmup_steps": 1,
+                     "progress_bar": False}})
+
+    test = load_karpathy_split(tmp_path / "captions.json", "test")
+    captions = [(k, c) for k, im in enumerate(test) for c in im.captions]
+    txt_ids, img_ids = list(range(len(captions))), list(range(len(test)))
+    txt2img = {t: k for t, (k, _) in enumerate(captions)}
+    img2txts = {k: [t for t in txt_ids if txt2img[t] == k] for k in img_ids}
+    texts = itm_eval(kept["i2t"].T.contiguous(), txt_ids, img_ids, txt2img, img2txts)  # UNITER's [txt, img] layout
+    images_ = itm_eval(kept["t2i"], txt_ids, img_ids, txt2img, img2txts)
+    gold = torch.tensor([txt2img[t] for t in txt_ids])
+    in_top10 = (kept["t2i"].topk(10, dim=1).indices == gold[:, None]).any(1)  # the rows of UNITER's image `rank`
+    for k in (1, 5, 10):
+        assert metrics[f"i2t_r{k}"] == texts[f"txt_r{k}"]
+        assert metrics[f"t2i_r{k}"] == pytest.approx(images_[f"img_r{k}"] - int(in_top10[:k].sum()) / len(txt_ids),
+                                                     abs=1e-12)
+    extra = sum(int(in_top10[:k].sum()) for k in (1, 5, 10)) / len(txt_ids) / 6
+    assert metrics["r_mean"] == pytest.approx((texts["txt_r_mean"] + images_["img_r_mean"]) / 2 - extra, abs=1e-12)
+
+
+def test_rerank_keeps_the_contrastive_order_outside_the_shortlist():
+    """Candidates outside the shortlist rank below it in contrastive order, even when their contrastive scores
+    differ by less than float32 can tell apart at 1e4 (0886c57 subtracted 1e4 from them: 0.0301, 0.0302 and
+    0.0303 became ties, and Recall@K beyond the shortlist depended on how a sort breaks ties)."""
+    from vlbert.evaluation.retrieval import rerank_shortlist
+
+    scores = torch.tensor([[0.5, 0.0301, 0.0302, 0.0303, 0.9]])
+    final, pairs = rerank_shortlist(scores, 2, lambda q, n: (q, n), lambda images, captions: torch.full(
+        (len(images),), -50.0))
+    assert pairs == 2 and final[0, [0, 4]].tolist() == [-50.0, -50.0]
+    assert final[0].argsort(descending=True).tolist()[2:] == [3, 2, 1] and final[0, 3] < -50

@@ -118,7 +118,12 @@ def test_vqa_dataset_errors(tokenizer):
         VQADataset([ok, no_regions], regions, tokenizer, ["circle"])
     with pytest.raises(ValueError, match="none of which is in the 1-answer vocabulary"):
         VQADataset([ok, unknown], regions, tokenizer, ["circle"])
-    assert len(VQADataset([ok, unknown], regions, tokenizer, ["circle"], drop_unknown=True)) == 1
+    dropped = VQADataset([ok, unknown], regions, tokenizer, ["circle"], unknown="drop")
+    assert len(dropped) == 1 and dropped.unanswerable == 1
+    kept = VQADataset([ok, unknown], regions, tokenizer, ["circle"], unknown="keep")  # evaluation: every question
+    assert len(kept) == 2 and kept.unanswerable == 1 and kept[1]["answer_targets"].tolist() == [0.0]
+    with pytest.raises(ValueError, match="unknown must be one of 'error', 'drop', 'keep'"):
+        VQADataset([ok], regions, tokenizer, ["circle"], unknown="skip")
 
 
 @pytest.mark.slow
@@ -171,3 +176,104 @@ def test_recall_at_k_hand_worked():
     assert recall_at_k(shortlisted, [{0}, {0}, {1, 2}], ks=(3,))[3] == 1.0  # -inf still ranks last, within 3
     with pytest.raises(ValueError, match="at least one"):
         recall_at_k(scores, [{0}, set(), {1}])
+
+
+# --- The recipe's figures against the benchmarks' own evaluation code, over every evaluation question -----------
+
+def _finetune(dataset: str, files: dict, easy, doc_runs, out) -> dict:
+    """One step of VQA fine-tuning from the tiny VL run of `doc_runs` on the `easy` regions, then the recipe's own
+    evaluation (the figures and files under test)."""
+    from dataclasses import asdict
+
+    from conftest import EASY_DETECTOR
+    from vlbert.recipes import RECIPES, run
+
+    config = {"init_from": str(doc_runs["vl-default"]), "detector": asdict(EASY_DETECTOR),
+              "data": {"dataset": dataset, "shards": str(easy.shards), "min_answer_count": 1,
+                       **{k: str(v) for k, v in files.items()}},
+              "training": {"output_dir": str(out), "max_steps": 1, "batch_size": 4, "warmup_steps": 1,
+                           "progress_bar": False}}
+    return run(RECIPES["vqa"], config)
+
+
+def _vqa_v2_files(root, name: str, questions: list[tuple[int, str, list[str]]]) -> tuple:
+    """The official VQA v2 questions and annotations files (every field VQA.loadRes and VQAEval read) of
+    ``questions``: (question id, image id in `easy`, the ten annotators' answers)."""
+    meta = {"info": {}, "task_type": "Open-Ended", "data_type": "mscoco", "data_subtype": name, "license": {}}
+    qs = [{"question_id": qid, "image_id": int(image), "question": f"question {qid}?"} for qid, image, _ in questions]
+    anns = [{"question_id": qid, "image_id": int(image), "question_type": "what", "answer_type": "other",
+             "multiple_choice_answer": answers[0],
+             "answers": [{"answer": a, "answer_confidence": "yes", "answer_id": k + 1} for k, a in enumerate(answers)]}
+            for qid, image, answers in questions]
+    (root / f"{name}_questions.json").write_text(json.dumps({**meta, "questions": qs}))
+    (root / f"{name}_annotations.json").write_text(json.dumps({**meta, "annotations": anns}))
+    return root / f"{name}_questions.json", root / f"{name}_annotations.json"
+
+
+def test_vqa_v2_accuracy_is_the_official_evaluation_over_every_question(easy, doc_runs, tmp_path):
+    """The recipe's vqa_accuracy equals GT-Vision-Lab/VQA@a013f00's own VQA.loadRes + VQAEval (vendored in
+    tests/official/) run on the recipe's own results file, question by question, with 3 of the 6 evaluation
+    questions unanswerable (no annotated answer in the 2-answer vocabulary "Yes", "no"): they are evaluated too (the
+    official loadRes refuses a results file that lacks one), and one of them earns 0.9 if the model answers "Yes"
+    ("yes" x3 + "maybe" x7: the answers differ, so both sides are processed to "yes")."""
+    from official.vqa import VQA
+    from official.vqaEval import VQAEval
+
+    train = [(1, "0", ["Yes"] * 10), (2, "1", ["no"] * 10), (3, "2", ["Yes"] * 10), (4, "3", ["no"] * 10)]
+    held_out = [(11, "4", ["Yes"] * 10), (12, "5", ["no"] * 6 + ["yes"] * 4), (13, "6", ["yes"] * 3 + ["maybe"] * 7),
+                (14, "7", ["red"] * 10), (15, "8", ["No"] * 5 + ["nope"] * 5), (16, "9", ["two"] * 9 + ["2"])]
+    q_train, a_train = _vqa_v2_files(tmp_path, "train", train)
+    q_eval, a_eval = _vqa_v2_files(tmp_path, "val", held_out)
+    out = tmp_path / "run"
+    metrics = _finetune("vqa-v2", {"train_questions": q_train, "train_annotations": a_train,
+                                   "eval_questions": q_eval, "eval_annotations": a_eval}, easy, doc_runs, out)
+    assert json.loads((out / "inference.json").read_text())["labels"] == ["Yes", "no"]
+    assert metrics["eval_questions"] == 6 and metrics["eval_unanswerable"] == 3  # 0886c57: 3 questions, unanswerable ones dropped
+
+    vqa = VQA(str(a_eval), str(q_eval))
+    official = VQAEval(vqa, vqa.loadRes(str(out / "vqa_results.json"), str(q_eval)), n=2)
+    official.evaluate()
+    assert official.accuracy["overall"] == round(100 * metrics["vqa_accuracy"], 2)
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert {int(r["question_id"]): round(100 * r["accuracy"], 2) for r in rows} == official.evalQA
+    assert {r["answer"] for r in rows} <= {"Yes", "no"}
+
+
+def gqa_eval_accuracy(questions: dict, predictions: list[dict]) -> float:
+    """GQA's official accuracy, restated from its ``eval.py`` (distributed with the dataset, no license; read in the
+    public copy junayednaushad/Relation-Network-VQA@613d4a2 ``gqa/eval.py``, whose main loop matches
+    bitshrine/quipvlm@b6003cf ``gqa/eval.py``): ``predictions = {p["questionId"]: p["prediction"]}``; a balanced
+    question without a prediction raises "missing predictions"; for every question ``predicted =
+    predictions[qid]``, and over the questions with ``isBalanced`` the score is ``float(predicted == gold)``;
+    ``accuracy = avg(scores) * 100`` (``avg`` of an empty list: 0)."""
+    predictions = {p["questionId"]: p["prediction"] for p in predictions}
+    missing = [qid for qid, q in questions.items() if qid not in predictions and q["isBalanced"]]
+    if missing:
+        raise AssertionError(f"no prediction for question {missing[0]}: missing predictions")
+    scores = []
+    for qid, question in questions.items():
+        predicted = predictions[qid]
+        if question["isBalanced"]:
+            scores.append(float(1 if predicted == question["answer"] else 0))
+    return (float(sum(scores)) / len(scores) if scores else 0) * 100
+
+
+def test_gqa_accuracy_is_gqa_evaluation_over_every_question(easy, doc_runs, tmp_path):
+    """The recipe's gqa_accuracy (times 100) equals GQA's eval.py accuracy (:func:`gqa_eval_accuracy`) on the
+    recipe's own gqa_predictions.json, over all 8 balanced evaluation questions, 3 of them with an answer no
+    training question has ("green", "teal", "Red": exact match, so not "red")."""
+    def questions(answers, first):
+        return {str(first + k): {"imageId": str(k % 12), "question": f"what is {k}?", "answer": a, "isBalanced": True}
+                for k, a in enumerate(answers)}
+
+    train = questions(["red", "blue", "circle", "red", "yes"], 100)
+    held_out = questions(["red", "blue", "green", "circle", "teal", "yes", "Red", "blue"], 200)
+    (tmp_path / "train_balanced_questions.json").write_text(json.dumps(train))
+    (tmp_path / "val_balanced_questions.json").write_text(json.dumps(held_out))
+    out = tmp_path / "run"
+    metrics = _finetune("gqa", {"train_questions": tmp_path / "train_balanced_questions.json",
+                                "eval_questions": tmp_path / "val_balanced_questions.json"}, easy, doc_runs, out)
+    assert metrics["eval_questions"] == 8 and metrics["eval_unanswerable"] == 3  # 0886c57: 5, the 3 dropped
+    predictions = json.loads((out / "gqa_predictions.json").read_text())
+    assert 100 * metrics["gqa_accuracy"] == pytest.approx(gqa_eval_accuracy(held_out, predictions), abs=1e-9)
+    assert {p["prediction"] for p in predictions} <= {"red", "blue", "circle", "yes"}

@@ -72,12 +72,16 @@ def build_answer_vocab(examples: Sequence[VQAExample], min_count: int = 1) -> li
     return [a for a, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if c >= min_count]
 
 
+#: what :class:`VQADataset` does with a question none of whose answers is in the vocabulary.
+UNKNOWN_QUESTIONS = ("error", "drop", "keep")
+
+
 class VQADataset(GroundedTextDataset):
     """Questions joined with their image's regions and soft answer targets.
 
     Items: as :class:`~vlbert.data.grounded_text.GroundedTextDataset`, the target ``answer_targets`` float32 [A]
     (each vocabulary answer's soft score, :func:`~vlbert.data.vqa_answers.answer_targets`; zeros for a question
-    without answers).
+    without answers or without an answer in the vocabulary).
 
     Args:
         examples: the questions.
@@ -85,28 +89,38 @@ class VQADataset(GroundedTextDataset):
         tokenizer: WordPiece tokenizer.
         answer_vocab: the answers the model can output.
         max_question_length: wordpieces incl. [CLS]/[SEP]; max_regions: regions per image.
-        drop_unknown: drop labelled questions none of whose answers is in the vocabulary (standard for VQA v2);
-            otherwise such a question is an error.
+        unknown: what becomes of a labelled question none of whose answers is in the vocabulary (an
+            *unanswerable* question): ``"error"`` (refused), ``"drop"`` (left out: for training, where such a
+            question has no target to learn) or ``"keep"`` (kept with all-zero targets: for evaluation, where the
+            official evaluators score every question and such a question scores what its predicted answer string
+            earns against the annotators' answers, usually 0).
+    Attributes:
+        unanswerable: how many unanswerable questions were kept (``"keep"``) or dropped (``"drop"``).
     Raises:
-        ValueError: a question's image has no regions, or (without ``drop_unknown``) no answer is in the
-            vocabulary; the message names the question and the fix.
+        ValueError: a question's image has no regions; with ``unknown="error"``, an unanswerable question (the
+            message names the question and the fix); an ``unknown`` other than the three.
     """
 
     kind, id_field, text_field = "question", "question_id", "question"
 
     def __init__(self, examples: Sequence[VQAExample], regions: dict[str, Regions], tokenizer,
                  answer_vocab: Sequence[str], max_question_length: int = 32, max_regions: int = 36,
-                 drop_unknown: bool = False):
+                 unknown: str = "error"):
+        if unknown not in UNKNOWN_QUESTIONS:
+            raise ValueError(f"unknown must be one of {', '.join(map(repr, UNKNOWN_QUESTIONS))}, got {unknown!r}")
         self.answer_to_index = {a: i for i, a in enumerate(answer_vocab)}
         self.answer_vocab = list(answer_vocab)
-        kept = []
+        kept, self.unanswerable = [], 0
         for ex in examples:
             if ex.answers and not answer_targets(ex.answers, self.answer_to_index):
-                if drop_unknown:
+                if unknown == "error":
+                    raise ValueError(f"question {ex.question_id} ({ex.question!r}) has answers "
+                                     f"{list(ex.answers)[:3]} none of which is in the {len(answer_vocab)}-answer "
+                                     "vocabulary; extend the vocabulary, or pass unknown='drop' (training) or "
+                                     "unknown='keep' (evaluation)")
+                self.unanswerable += 1
+                if unknown == "drop":
                     continue
-                raise ValueError(f"question {ex.question_id} ({ex.question!r}) has answers {list(ex.answers)[:3]} "
-                                 f"none of which is in the {len(answer_vocab)}-answer vocabulary; extend the "
-                                 "vocabulary or pass drop_unknown=True")
             kept.append(ex)
         super().__init__(kept, regions, tokenizer, max_question_length, max_regions)
 
@@ -117,4 +131,4 @@ class VQADataset(GroundedTextDataset):
         return {"answer_targets": scores}
 
 
-__all__ = ["VQAExample", "easy_vqa_examples", "load_vqa_v2", "build_answer_vocab", "VQADataset"]
+__all__ = ["VQAExample", "easy_vqa_examples", "load_vqa_v2", "build_answer_vocab", "VQADataset", "UNKNOWN_QUESTIONS"]

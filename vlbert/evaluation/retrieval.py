@@ -1,5 +1,6 @@
-"""Image-text retrieval metrics (Karpathy & Fei-Fei 2015; UNITER section 4): Recall@K in both directions, and the
-two-stage evaluation of a retrieval model (contrastive shortlist, cross-encoder re-rank)."""
+"""Image-text retrieval metrics (Karpathy & Fei-Fei 2015; UNITER section 4): Recall@K in both directions, their
+mean (UNITER's ``r_mean``), and the two-stage evaluation of a retrieval model (contrastive shortlist, cross-encoder
+re-rank)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def recall_at_k(scores: torch.Tensor, positives: Sequence[set[int]] | torch.Tens
         positives: for each query, the set of correct item indices (or a bool [Q, N] matrix).
         ks: the K values.
     Returns:
-        {K: recall in [0, 1]}.
+        {K: recall in [0, 1]}: hits / Q as a Python float (UNITER's and the usual figure, exactly).
     Raises:
         ValueError: shapes disagree or a query has no positive.
     """
@@ -46,7 +47,7 @@ def recall_at_k(scores: torch.Tensor, positives: Sequence[set[int]] | torch.Tens
         raise ValueError("every query needs at least one correct item")
     order = scores.argsort(dim=1, descending=True)
     hit_rank = truth.gather(1, order).float().argmax(1)  # rank of the first correct item
-    return {k: float((hit_rank < k).float().mean()) for k in ks}
+    return {k: int((hit_rank < k).sum()) / q for k in ks}  # exact count / Q (float32's mean rounds)
 
 
 def rerank_shortlist(scores: torch.Tensor, shortlist: int, image_and_caption: Callable[[int, int], tuple[int, int]],
@@ -62,17 +63,27 @@ def rerank_shortlist(scores: torch.Tensor, shortlist: int, image_and_caption: Ca
         cross_scores: (image rows, caption rows) -> float [P] cross-encoder scores of those pairs.
         batch_size: pairs per ``cross_scores`` call.
     Returns:
-        (final scores float [Q, N], number of cross-encoder pairs). Used by :func:`evaluate_retrieval` and by
-        :class:`vlbert.inference.RetrievalPipeline`, so a search ranks exactly as the evaluation does.
+        (final scores float [Q, N], number of cross-encoder pairs). A shortlisted candidate's score is its
+        cross-encoder score; every other candidate scores below the query's lowest re-ranked score by 1 plus its
+        contrastive gap to the query's best unlisted candidate, so the contrastive order among them survives in
+        float32 (a constant offset such as -1e4 rounds gaps below 1e-3 away and ties them). Used by
+        :func:`evaluate_retrieval` and by :class:`vlbert.inference.RetrievalPipeline`, so a search ranks exactly as
+        the evaluation does.
     """
     top = scores.topk(min(shortlist, scores.shape[1]), dim=1).indices
     pairs = [(q, n) for q in range(scores.shape[0]) for n in top[q].tolist()]
-    final = scores - 1e4  # everything outside the shortlist ranks after it, in contrastive order
+    final = scores.clone()
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start:start + batch_size]
         image_rows, caption_rows = zip(*(image_and_caption(q, n) for q, n in chunk))
         for (q, n), value in zip(chunk, cross_scores(list(image_rows), list(caption_rows)).tolist()):
             final[q, n] = value
+    listed = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, top, True)
+    if not listed.all():  # everything outside the shortlist ranks after it, in contrastive order
+        low = final.masked_fill(~listed, float("inf")).amin(1, keepdim=True)
+        best = scores.masked_fill(listed, float("-inf")).amax(1, keepdim=True)
+        low = torch.where(torch.isfinite(low), low, best + 1)  # an empty shortlist: the contrastive scores
+        final = torch.where(listed, final, low - 1 - (best - scores))
     return final, len(pairs)
 
 
@@ -136,7 +147,9 @@ def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[st
     query, which the cross-encoder re-ranks; items outside the shortlist rank after it in contrastive order.
 
     Cross-encoder passes: (#images + #captions) x shortlist, instead of #images x #captions.
-    Returns ``i2t_r1``... and ``t2i_r1``... (strict: only the image's own captions count), the same with
+    Returns ``i2t_r1``... and ``t2i_r1``... (strict: only the image's own captions count), ``r_mean`` (their mean
+    over both directions and every K: with the default ``ks``, UNITER's ``r_mean`` of ChenRocks/UNITER@1dbfa62
+    ``utils/itm_eval.py``, whose ``txt_r{K}`` is ``i2t_r{K}`` here and ``img_r{K}`` is ``t2i_r{K}``), the same with
     ``_group`` (any caption/image of the same group counts), and ``cross_encoder_pairs``. With
     ``return_scores``, also the final (image x caption) and (caption x image) score matrices. Captions are
     truncated to ``max_text_length`` wordpieces ([CLS]/[SEP] included).
@@ -180,7 +193,27 @@ def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[st
         for kk, value in recall_at_k(scores, positives, ks).items():
             base, _, suffix = name.partition("_")
             out[f"{base}_r{kk}" + (f"_{suffix}" if suffix else "")] = value
+    out.update(mean_recall(out, ks))
     return (out, i2t, t2i) if return_scores else out
 
 
-__all__ = ["recall_at_k", "evaluate_retrieval", "rerank_shortlist", "positive_pairs", "backbone_regions"]
+def mean_recall(recalls: dict[str, float], ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+    """``r_mean``: the mean of ``i2t_r{K}`` and ``t2i_r{K}`` over ``ks`` (UNITER's ``r_mean``,
+    ChenRocks/UNITER@1dbfa62 ``utils/itm_eval.py``: (mean of txt_r1, r5, r10 + mean of img_r1, r5, r10) / 2, its
+    txt retrieval being image -> text), and ``r_mean_group`` of the ``_group`` recalls where ``recalls`` has them.
+    UNITER's ``itm_eval`` also counts a text's row index as a hit in ``img_r{K}`` (``(rank < K).sum()`` over
+    ``nonzero()``'s pairs), up to K / #texts above the recall; this is the recall itself (docs/metrics.md).
+
+    Args:
+        recalls: :func:`evaluate_retrieval`'s figures (``i2t_r1``, ``t2i_r1_group``, ...), fractions.
+    Raises:
+        KeyError: a strict recall of ``ks`` is missing.
+    """
+    out = {"r_mean": sum(recalls[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in ks) / (2 * len(ks))}
+    if all(f"{d}_r{k}_group" in recalls for d in ("i2t", "t2i") for k in ks):
+        out["r_mean_group"] = sum(recalls[f"{d}_r{k}_group"] for d in ("i2t", "t2i") for k in ks) / (2 * len(ks))
+    return out
+
+
+__all__ = ["recall_at_k", "mean_recall", "evaluate_retrieval", "rerank_shortlist", "positive_pairs",
+           "backbone_regions"]

@@ -15,7 +15,6 @@ A new task is a Pipeline subclass and one line in :data:`PIPELINES` (docs/extend
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -23,6 +22,7 @@ import torch
 
 from detectors.images import load_image, to_rgb_array
 from detectors.regions import Regions
+from vlbert.evaluation.vqa import gqa_predictions_json, vqa_results_json
 from vlbert.inference.base import Pipeline, label_result, label_row
 from vlbert.inference.retrieval import ImageIndex, RetrievalPipeline
 from vlbert.inference.run import read_inference_info, run_pipeline
@@ -44,20 +44,17 @@ def _require_ids(rows: list[dict], key: str, fmt: str) -> None:
 
 
 def _vqa_v2_results(rows: list[dict]) -> str:
-    """The VQA v2 evaluation server's results JSON: ``[{"question_id", "answer"}]`` (VQA.loadRes)."""
+    """The VQA v2 evaluation server's results JSON: ``[{"question_id", "answer"}]`` (VQA.loadRes;
+    :func:`~vlbert.evaluation.vqa.vqa_results_json`, the file the VQA recipe writes)."""
     _require_ids(rows, "question_id", "vqa-v2")
-    return json.dumps([{"question_id": _int_if_digits(r["question_id"]), "answer": r["answer"]} for r in rows])
+    return vqa_results_json(rows)
 
 
 def _gqa_results(rows: list[dict]) -> str:
-    """The GQA challenge's submission JSON: ``[{"questionId": str, "prediction": str}]`` (airsplay/lxmert@2249f65
-    ``src/tasks/gqa_data.py`` ``GQAEvaluator.dump_result``: the server wants the id as a string)."""
+    """The GQA challenge's submission JSON: ``[{"questionId": str, "prediction": str}]``
+    (:func:`~vlbert.evaluation.vqa.gqa_predictions_json`, the file the VQA recipe writes for GQA)."""
     _require_ids(rows, "question_id", "gqa")
-    return json.dumps([{"questionId": str(r["question_id"]), "prediction": r["answer"]} for r in rows])
-
-
-def _int_if_digits(value):
-    return int(value) if isinstance(value, str) and value.isdigit() else value
+    return gqa_predictions_json(rows)
 
 
 class VQAPipeline(Pipeline):

@@ -84,7 +84,8 @@ class RetrievalPipeline(Pipeline):
     ``index = retrieval.index_images("photos/")`` (once; ``index.save(dir)``, ``ImageIndex.load(dir)``), then
     ``retrieval.search("a red circle", index, top_k=5)`` -> ``[{"image_id", "score"}, ...]`` and
     ``retrieval.captions(image, ["a red circle", ...], top_k=5)`` -> ``[{"caption", "index", "score"}, ...]``.
-    Scores: the cross-encoder's ITM logit margin inside the shortlist; outside it, the embedding similarity - 1e4.
+    Scores: the cross-encoder's ITM logit margin inside the shortlist; outside it, below the shortlist's lowest in
+    embedding-similarity order (:func:`~vlbert.evaluation.retrieval.rerank_shortlist`).
     """
 
     name = "retrieval"

@@ -1,5 +1,7 @@
 """NLVR2 (``tools/finetune_nlvr2.py``): is a statement true of two images? The statement is encoded with each
-image and both pooled outputs are classified together (UNITER / LXMERT), accuracy on the evaluation split.
+image and both pooled outputs are classified together (UNITER / LXMERT); accuracy and consistency on the evaluation
+split, as NLVR2's official ``metrics.py`` computes them from the ``predictions.csv`` this recipe writes
+(:mod:`vlbert.evaluation.nlvr2`).
 
 Datasets: ``easy-vqa`` (the embedded demonstration, see :func:`vlbert.data.nlvr2.easy_vqa_image_pairs`) and ``nlvr2``
 (the public JSONL files plus region shards of the NLVR2 images).
@@ -10,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlbert.data.nlvr2 import ImagePairDataset, easy_vqa_image_pairs, load_nlvr2
+from vlbert.evaluation.nlvr2 import nlvr2_scores
 from vlbert.models.vl_classification import VLBertForImagePairClassification
 from vlbert.recipes.regions import (DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate,
                                     majority_baseline, region_task_info)
@@ -51,15 +54,19 @@ class NLVR2Data(RegionTaskData):
     predictions_file = "predictions.csv"
 
     def predict(self, model) -> tuple[list[dict], dict[str, float]]:
-        """(``{"identifier", "prediction": True | False}`` of every evaluation statement, accuracy)."""
+        """(``{"identifier", "prediction": True | False}`` of every evaluation statement; ``accuracy``,
+        ``consistency`` (the share of unique sentences whose every example is right), ``eval_statements`` and
+        ``eval_sentences``: :func:`~vlbert.evaluation.nlvr2.nlvr2_scores`, lil-lab/nlvr@e6a286a
+        ``nlvr2/eval/metrics.py``)."""
         index, gold, predicted = self.predict_labels(model)
         rows = [{"identifier": self.eval.examples[i].identifier, "prediction": bool(p)}
                 for i, p in zip(index, predicted)]
-        return rows, {"accuracy": sum(g == p for g, p in zip(gold, predicted)) / max(len(gold), 1)}
+        scores = nlvr2_scores([r["identifier"] for r in rows], [g == p for g, p in zip(gold, predicted)])
+        return rows, {**scores, "eval_statements": len(rows)}
 
     def predictions_text(self, rows: list[dict]) -> str:
-        """The NLVR2 evaluation script's format: ``identifier,True|False`` per line, no header (lil-lab/nlvr
-        ``nlvr2/eval``)."""
+        """The NLVR2 evaluation script's format: ``identifier,True|False`` per line, no header (lil-lab/nlvr@e6a286a
+        ``nlvr2/eval/metrics.py`` reads it: ``python metrics.py predictions.csv dev.json``)."""
         return "".join(f"{r['identifier']},{r['prediction']}\n" for r in rows)
 
 

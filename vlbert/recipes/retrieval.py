@@ -1,6 +1,7 @@
 """Image-text retrieval fine-tuning (``tools/finetune_retrieval.py``): contrastive + ITM with hard negatives on
-:class:`~vlbert.models.retrieval.VLBertForImageTextRetrieval`, Recall@1/5/10 both ways with a shortlist
-re-ranked by the cross-encoder (see :func:`vlbert.evaluation.retrieval.evaluate_retrieval`).
+:class:`~vlbert.models.retrieval.VLBertForImageTextRetrieval`, Recall@1/5/10 both ways and their mean (UNITER's
+``r_mean``) with a shortlist re-ranked by the cross-encoder (see
+:func:`vlbert.evaluation.retrieval.evaluate_retrieval`).
 
 Datasets: ``easy-vqa`` (embedded; one templated caption per image, many images share a caption's content, so
 strict Recall@K is bounded: see the ``_group`` figures) and ``karpathy`` (COCO / Flickr30K caption JSON plus your

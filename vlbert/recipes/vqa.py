@@ -1,14 +1,21 @@
 """VQA fine-tuning (``tools/finetune_vqa.py``): :class:`~vlbert.models.vqa.VLBertForVQA` on question + regions,
-soft-score binary cross-entropy, and the official VQA accuracy on the evaluation split.
+soft-score binary cross-entropy, and the official VQA accuracy over every question of the evaluation split.
 
 Datasets: ``easy-vqa`` (embedded: regions extracted into the same cached shards as VL pretraining),
 ``vqa-v2`` (the official question/annotation JSON files plus region shards you extracted or imported) and ``gqa``
 (GQA's balanced-split questions JSON or LXMERT's ``gqa/<split>.json``, :func:`~vlbert.data.gqa.load_gqa`; one
 answer per question, scored by exact match: ``gqa_accuracy``).
+
+Training leaves out the questions none of whose answers is in the answer vocabulary (vqa-v2, gqa: they have no
+target); the evaluation keeps them, as the official evaluators do, and scores each by its predicted answer string
+(usually 0). The metrics say how many questions were evaluated (``eval_questions``) and how many of them had no
+answer in the vocabulary (``eval_unanswerable``); the benchmark's own results file (:data:`RESULTS_FILES`) is
+written beside ``predictions.jsonl`` for its official evaluation code.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass
 
@@ -16,10 +23,12 @@ from vlbert.data.easy_vqa import answers as easy_vqa_answers
 from vlbert.data.gqa import load_gqa
 from vlbert.data.vqa import VQADataset, build_answer_vocab, easy_vqa_examples, load_vqa_v2
 from vlbert.data.vqa_answers import reference_forms
-from vlbert.evaluation.vqa import gqa_accuracy, vqa_accuracy
+from vlbert.evaluation.vqa import gqa_accuracy, gqa_predictions_json, vqa_accuracy, vqa_results_json
 from vlbert.models.vqa import VLBertForVQA
-from vlbert.recipes.regions import DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate, region_task_info
-from vlbert.recipes.runner import Recipe, RunContext, load_model
+from vlbert.recipes.regions import DatasetBuilder, RegionTaskData, RegionTaskDataConfig, region_task_info
+from vlbert.recipes.runner import Recipe, RunContext, load_model, write_output_file
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,12 +63,16 @@ def _gqa(data: VQADataConfig, seed: int):
     return train, held_out, build_answer_vocab(train, data.min_answer_count), True
 
 
-#: dataset name -> (train, eval, answer vocabulary, drop questions without a known answer).
+#: dataset name -> (train, eval, answer vocabulary, drop training questions without an answer in the vocabulary).
 DATASETS = {"easy-vqa": DatasetBuilder(_easy_vqa),
             "vqa-v2": DatasetBuilder(_vqa_v2, needs=("train_questions", "eval_questions", "shards")),
             "gqa": DatasetBuilder(_gqa, needs=("train_questions", "eval_questions", "shards"))}
 #: how a dataset scores one answer: (metric name, fn(prediction, reference answers)); default VQA accuracy.
 SCORES = {"gqa": ("gqa_accuracy", lambda answer, references: gqa_accuracy(answer, references[0]))}
+#: dataset -> (file name, rows -> text): the benchmark's results file, written beside predictions.jsonl for its
+#: official evaluation code (VQA v2: ``VQA.loadRes`` + ``VQAEval``; GQA: ``eval.py --predictions``).
+RESULTS_FILES = {"vqa-v2": ("vqa_results.json", vqa_results_json),
+                 "gqa": ("gqa_predictions.json", gqa_predictions_json)}
 
 
 class VQAData(RegionTaskData):
@@ -78,13 +91,19 @@ class VQAData(RegionTaskData):
         return self.extra[0]
 
     def dataset(self, examples: list, training: bool) -> VQADataset:
+        """Training: questions without an answer in the vocabulary are dropped (vqa-v2, gqa) or refused (easy-VQA,
+        whose vocabulary is every answer); evaluation: every question is kept (``VQADataset(unknown="keep")``)."""
+        unknown = "keep" if not training else "drop" if self.extra[1] else "error"
         return VQADataset(examples, self.regions, self.tokenizer, self.answer_vocab, self.data.max_text_length,
-                          self.data.max_regions, drop_unknown=self.extra[1] or not training)
+                          self.data.max_regions, unknown=unknown)
 
     def predict(self, model) -> tuple[list[dict], dict[str, float]]:
-        """(the top answer for every evaluation question, with its accuracy when answers are known;
-        ``vqa_accuracy`` (``gqa_accuracy`` for GQA: :data:`SCORES`) over the scored questions and
-        ``eval_questions``)."""
+        """(the top answer for every evaluation question, with its accuracy when answers are known; the metrics).
+
+        Metrics: ``vqa_accuracy`` (``gqa_accuracy`` for GQA: :data:`SCORES`), the mean over every question with
+        annotated answers, those without an answer in the vocabulary included (the official evaluators' figure;
+        they print it times 100); ``eval_questions`` (questions predicted), ``eval_unanswerable`` (of them, those
+        none of whose answers is in the vocabulary). NaN accuracy when no question has answers (a test split)."""
         metric, score = SCORES.get(self.data.dataset, ("vqa_accuracy", vqa_accuracy))
         rows = []
         for i, a in zip(*self.predict_labels(model)[::2]):
@@ -94,7 +113,22 @@ class VQAData(RegionTaskData):
                 row["accuracy"] = score(row["answer"], ex.answers)
             rows.append(row)
         scored = [r["accuracy"] for r in rows if "accuracy" in r]
-        return rows, {metric: sum(scored) / len(scored) if scored else float("nan"), "eval_questions": len(rows)}
+        value = sum(scored) / len(scored) if scored else float("nan")
+        logger.info("%s %.4f over %d questions (%d of them with no answer in the %d-answer vocabulary, scored as the "
+                    "official evaluation scores them)", metric, value, len(scored), self.eval.unanswerable,
+                    len(self.answer_vocab))
+        return rows, {metric: value, "eval_questions": len(rows), "eval_unanswerable": self.eval.unanswerable}
+
+
+def evaluate(ctx: RunContext, data: VQAData, model) -> dict:
+    """The final evaluation (:func:`vlbert.recipes.regions.evaluate`'s shape): the metrics of ``data.predict``, its
+    rows in ``predictions.jsonl`` and, for a benchmark (:data:`RESULTS_FILES`), in the benchmark's results file."""
+    rows, metrics = data.predict(model)
+    write_output_file(ctx, data.predictions_file, data.predictions_text(rows))
+    if ctx.data.dataset in RESULTS_FILES:
+        name, render = RESULTS_FILES[ctx.data.dataset]
+        write_output_file(ctx, name, render(rows))
+    return metrics
 
 
 def build_model(ctx: RunContext, data: VQAData) -> VLBertForVQA:
@@ -102,11 +136,13 @@ def build_model(ctx: RunContext, data: VQAData) -> VLBertForVQA:
 
 
 def majority_baseline(ctx: RunContext, data: VQAData, model) -> dict:
-    """VQA accuracy of always giving the most frequent training answer (the usual prior baseline)."""
+    """Accuracy (the dataset's: :data:`SCORES`) of always giving the most frequent training answer (the usual prior
+    baseline), over every evaluation question with answers."""
+    metric, score = SCORES.get(ctx.data.dataset, ("vqa_accuracy", vqa_accuracy))
     counts = Counter(a for ex in data.train.examples for a in reference_forms(ex.answers))
     answer = counts.most_common(1)[0][0]
-    scored = [vqa_accuracy(answer, ex.answers) for ex in data.eval.examples if ex.answers]
-    return {"vqa_accuracy_majority_baseline": sum(scored) / len(scored)} if scored else {}
+    scored = [score(answer, ex.answers) for ex in data.eval.examples if ex.answers]
+    return {f"{metric}_majority_baseline": sum(scored) / len(scored)} if scored else {}
 
 
 def inference_info(ctx: RunContext, data: VQAData) -> dict:
@@ -117,4 +153,4 @@ def inference_info(ctx: RunContext, data: VQAData) -> dict:
 RECIPE = Recipe("vqa", VQADataConfig, VQAData, build_model, evaluate=evaluate, baselines=majority_baseline,
                 uses_regions=True, inference_info=inference_info, pipeline="vqa")
 
-__all__ = ["RECIPE", "VQADataConfig", "VQAData"]
+__all__ = ["RECIPE", "VQADataConfig", "VQAData", "RESULTS_FILES", "evaluate"]
