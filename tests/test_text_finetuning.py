@@ -146,13 +146,15 @@ def test_glue_mrpc_config_on_data_in_the_datasets_glue_layout(tmp_path, tiny_che
     split = {"train": [{"sentence1": a, "sentence2": b, "label": y, "idx": k} for k, (a, b, y) in enumerate(pairs * 3)],
              "validation": [{"sentence1": a, "sentence2": b, "label": y, "idx": 100 + k}
                             for k, (a, b, y) in enumerate(pairs)]}
-    datasets.DatasetDict({name: datasets.Dataset.from_list(rows, features=features)
-                          for name, rows in split.items()}).save_to_disk(str(tmp_path / "glue-mrpc"))
+    glue_mrpc = datasets.DatasetDict({name: datasets.Dataset.from_list(rows, features=features)
+                                      for name, rows in split.items()})
+    glue_mrpc.save_to_disk(str(tmp_path / "glue-mrpc"))  # training from the DatasetDict's "train" split
+    glue_mrpc["validation"].to_parquet(str(tmp_path / "validation.parquet"))  # evaluation from a parquet file
     out = tmp_path / "mrpc"
     assert tool("finetune_text")(["--config", "finetune/glue-mrpc", "--init-from", str(tiny_checkpoint),
                                   "--output-dir", str(out), "--max-steps", "3", "--set", "training.batch_size=4",
                                   "--set", "training.warmup_steps=1", "--set", f"data.train={tmp_path / 'glue-mrpc'}",
-                                  "--set", f"data.eval={tmp_path / 'glue-mrpc'}"]) == 0
+                                  "--set", f"data.eval={tmp_path / 'validation.parquet'}"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert "accuracy" in metrics and "f1" in metrics and "macro_f1" not in metrics
     written = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
