@@ -316,8 +316,8 @@ def test_an_undefined_correlation_is_nan_with_one_warning(tmp_path, tokenizer, c
     with caplog.at_level(logging.WARNING):
         metrics = evaluate(ctx, data, constant)
     assert math.isnan(metrics["pearson"]) and math.isnan(metrics["spearmanr"])
-    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and "predictions are constant (every one 2.5)" in warnings[0].getMessage()
+    logged = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(logged) == 1 and "predictions are constant (every one 2.5)" in logged[0].getMessage()
     written = [json.loads(line) for line in (tmp_path / "run" / "predictions.jsonl").read_text().splitlines()]
     assert [r["prediction"] for r in written] == [2.5] * 8
     assert [r["label"] for r in written] == [r["label"] for r in rows]
