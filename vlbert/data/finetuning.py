@@ -1,9 +1,18 @@
-"""Text fine-tuning data: task records from BBC News, local CSV/JSON/JSONL files or ``datasets`` names, encoded
-for the heads of :mod:`vlbert.models.heads`.
+"""Text fine-tuning data: task records from BBC News, GLUE (``datasets``' glue layout), local CSV/JSON/JSONL/Parquet
+files, ``save_to_disk`` directories or ``datasets`` names, encoded for the heads of :mod:`vlbert.models.heads`.
 
 Task types (BERT section 4): ``classification`` (one text, or a pair with ``text_pair_field``), ``regression``,
 ``tagging`` (pre-split words with one tag each; the tag goes on the word's first wordpiece, -100 on the others,
 as BERT section 5.3), ``qa`` (SQuAD format: question, context, answers {"text": [...], "answer_start": [...]}).
+
+Tagging and span QA read every word of the evaluation set: a sentence (a context) longer than one window is cut
+into overlapping windows of ``max_seq_length`` wordpieces, ``doc_stride`` wordpieces apart (:func:`window_spans`,
+Google BERT ``run_squad.py``'s doc spans), and each word (context wordpiece) is read from the window where it has
+the most context (:func:`max_context_window`, ``run_squad.py``'s ``_check_is_max_context``; BERT section 4.2 / 5.3
+window their inputs the same way). A word with no wordpiece at all (a soft hyphen U+00AD, a zero-width space, an
+empty string: BERT's tokenizer removes them as control / format characters) gets no prediction from the model and
+is tagged "O" (outside any entity), the tag conlleval assumes for a word outside every chunk; its gold tag is kept,
+so an entity on it counts as missed.
 """
 
 from __future__ import annotations
@@ -19,57 +28,113 @@ from vlbert.layers.losses import IGNORE_INDEX
 
 TASK_TYPES = ("classification", "regression", "tagging", "qa")
 
+#: The tag of a word without a wordpiece (no window can predict it): conlleval's outside tag.
+OUTSIDE_TAG = "O"
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    """One GLUE task in ``datasets``' glue layout (huggingface/datasets@02bb18c7f9899b206983480b14bc1accf69714a5
+    ``datasets/glue/glue.py``): its text columns (one, or a pair), its ClassLabel names in label order (None:
+    a float score, STS-B) and its validation split. Every task has ``label`` and ``idx`` columns."""
+
+    text_fields: tuple[str, ...]
+    label_names: tuple[str, ...] | None
+    eval_split: str = "validation"
+
+
+#: GLUE's tasks (the keys are ``datasets.load_dataset("nyu-mll/glue", name)`` names).
+GLUE_TASKS: dict[str, GlueTask] = {
+    "cola": GlueTask(("sentence",), ("unacceptable", "acceptable")),
+    "sst2": GlueTask(("sentence",), ("negative", "positive")),
+    "mrpc": GlueTask(("sentence1", "sentence2"), ("not_equivalent", "equivalent")),
+    "qqp": GlueTask(("question1", "question2"), ("not_duplicate", "duplicate")),
+    "stsb": GlueTask(("sentence1", "sentence2"), None),
+    "mnli": GlueTask(("premise", "hypothesis"), ("entailment", "neutral", "contradiction"), "validation_matched"),
+    "qnli": GlueTask(("question", "sentence"), ("entailment", "not_entailment")),
+    "rte": GlueTask(("sentence1", "sentence2"), ("entailment", "not_entailment")),
+    "wnli": GlueTask(("sentence1", "sentence2"), ("not_entailment", "entailment")),
+}
+
 
 @dataclass
 class TextTaskConfig:
     """Fine-tuning data (YAML section ``data``).
 
-    task: "bbc-news" (embedded: 5-way topic classification, fixed 80/20 split of the 2,127 distinct articles) or
-        "custom". For custom: ``type`` (one of TASK_TYPES), ``train``/``eval`` (a .csv/.json/.jsonl file or a
-        ``datasets`` name with ``train_split``/``eval_split``) and the field names.
-    max_seq_length: wordpieces per example including special tokens.
+    task: "bbc-news" (embedded: 5-way topic classification, fixed 80/20 split of the 2,127 distinct articles),
+        "glue" (``glue_task`` names the GLUE task: its columns, labels and metrics; ``train``/``eval`` default to
+        the hub's ``nyu-mll/glue``, or give local copies in its layout) or "custom". For custom: ``type`` (one of
+        TASK_TYPES), ``train``/``eval`` (a .csv/.json/.jsonl/.parquet file, a ``save_to_disk`` directory or a
+        ``datasets`` name with ``dataset_config``, ``train_split``/``eval_split``) and the field names.
+    id_field: the field naming each evaluation record in the predictions files (SQuAD's ``id``, GLUE's ``idx``);
+        records without it are named by their position.
+    max_seq_length: wordpieces per example (window) including special tokens.
+    doc_stride: tagging and QA: wordpieces between the starts of consecutive windows over a long sentence or
+        context (Google BERT ``run_squad.py``'s ``doc_stride``; transformers' ``stride`` is the overlap instead).
+    max_answer_length: QA: longest answer span in wordpieces (BERT ``run_squad.py``: 30).
+    version_2_with_negative: QA: SQuAD 2.0: questions may have no answer; "no answer" is predicted when
+        s_null - s_best > ``null_score_diff_threshold`` (BERT section 4.3), scored by ``evaluate-v2.0.py``'s rules.
+        False: SQuAD v1.1 (every question answered, ``evaluate-v1.1.py``'s rules).
+    null_score_diff_threshold: QA v2: that threshold; None (default): chosen on the evaluation set as
+        ``evaluate-v2.0.py``'s ``best_f1_thresh``.
     """
 
     task: str = "bbc-news"
+    glue_task: str = ""
     type: str = "classification"
     train: str = ""
     eval: str = ""
+    dataset_config: str = ""
     train_split: str = "train"
     eval_split: str = "validation"
     text_field: str = "text"
     text_pair_field: str = ""
     label_field: str = "label"
+    id_field: str = "id"
     tokens_field: str = "tokens"
     tags_field: str = "tags"
     question_field: str = "question"
     context_field: str = "context"
     answers_field: str = "answers"
     max_seq_length: int = 128
+    doc_stride: int = 64
+    max_answer_length: int = 30
+    version_2_with_negative: bool = False
+    null_score_diff_threshold: float | None = None
     eval_fraction: float = 0.2
     max_train_examples: int = 0
 
 
-def load_records(source: str, split: str = "train") -> list[dict]:
-    """Records from a .csv / .json / .jsonl file (through ``datasets``) or a ``datasets`` hub name.
+def load_records(source: str, split: str = "train", name: str = "") -> list[dict]:
+    """Records from a .csv / .json / .jsonl / .parquet file or a ``save_to_disk`` directory (a Dataset, or a
+    DatasetDict: its ``split``), all through ``datasets``, or a ``datasets`` hub name (``name``: its config, such as
+    "mrpc" of "nyu-mll/glue"; ``split``).
 
     Raises:
         FileNotFoundError: a path that does not exist and is not loadable from the hub.
-        ValueError: the file holds no records.
+        ValueError: a DatasetDict without ``split`` (its splits named), or no records.
     """
     import datasets
 
     path = Path(source)
-    if path.suffix in (".csv", ".json", ".jsonl"):
+    if path.is_dir():
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise ValueError(f"{source} holds splits {sorted(ds)}, not {split!r}; set data.train_split / "
+                                 "data.eval_split")
+            ds = ds[split]
+    elif path.suffix in (".csv", ".json", ".jsonl", ".parquet"):
         if not path.is_file():
             raise FileNotFoundError(f"data file {path} does not exist")
-        builder = "csv" if path.suffix == ".csv" else "json"
+        builder = {".csv": "csv", ".parquet": "parquet"}.get(path.suffix, "json")
         ds = datasets.load_dataset(builder, data_files=str(path), split="train")
     else:
         try:
-            ds = datasets.load_dataset(source, split=split)
+            ds = datasets.load_dataset(source, name or None, split=split)
         except Exception as e:
-            raise FileNotFoundError(f"{source!r} is neither a .csv/.json/.jsonl file nor a loadable datasets name "
-                                    f"({type(e).__name__}: {e})") from e
+            raise FileNotFoundError(f"{source!r} is neither a .csv/.json/.jsonl/.parquet file, a save_to_disk "
+                                    f"directory nor a loadable datasets name ({type(e).__name__}: {e})") from e
     records = list(ds)
     if not records:
         raise ValueError(f"{source} holds no records")
@@ -95,27 +160,71 @@ def _field(record: dict, name: str, where: str):
     return record[name]
 
 
+def window_spans(length: int, window: int, stride: int) -> list[tuple[int, int]]:
+    """(start, length) of the windows over a sequence of ``length`` wordpieces: each at most ``window`` long, each
+    starting ``stride`` after the previous one (at most one window length after it, so nothing is skipped), the last
+    reaching the end (Google BERT ``run_squad.py`` ``convert_examples_to_features``' doc spans,
+    google-research/bert@1cd50d7aa7d26638e05eb5b8a282b30cc92c6eb6). An empty sequence has one empty window.
+
+    Raises: ValueError: ``window`` or ``stride`` below 1.
+    """
+    if window < 1 or stride < 1:
+        raise ValueError(f"windows need a length and a stride of at least 1 wordpiece (got {window} and {stride})")
+    spans, start = [], 0
+    while True:
+        size = min(length - start, window)
+        spans.append((start, size))
+        if start + size >= length:
+            return spans
+        start += min(size, stride)
+
+
+def max_context_window(spans: Sequence[tuple[int, int]], position: int) -> int | None:
+    """Index of the window in ``spans`` (``(start, length)``) where wordpiece ``position`` has the most context:
+    the largest min(wordpieces left of it, wordpieces right of it) + 0.01 x window length, the first on ties
+    (``run_squad.py``'s ``_check_is_max_context``); None where no window holds it."""
+    best, best_score = None, None
+    for k, (start, size) in enumerate(spans):
+        end = start + size - 1
+        if start <= position <= end:
+            score = min(position - start, end - position) + 0.01 * size
+            if best_score is None or score > best_score:
+                best, best_score = k, score
+    return best
+
+
 class TextTaskDataset(torch.utils.data.Dataset):
     """Encoded examples of one text task (see module docstring). Items are dicts of lists/ints for
-    :class:`TextTaskCollator`.
+    :class:`TextTaskCollator`, each with ``record``, the index of its record in ``records``: one item per record
+    for classification and regression (truncated to ``max_seq_length``), one per window for tagging and QA.
+
+    Tagging items also hold ``words``: [(word index, position)] of the words whose prediction this window gives
+    (their first wordpiece has its most context here); ``words_without_wordpieces[record]`` lists the others that no
+    window holds. QA items hold ``doc_start`` (the context wordpiece at ``doc_offset``), ``length`` (context
+    wordpieces in the window) and ``home`` (per context wordpiece: this is its max-context window);
+    ``doc_offsets[record]`` maps context wordpieces to character spans of the context.
 
     Raises:
         ValueError: a record lacks a configured field, a label is not in ``labels``, a tag sequence's length
-            differs from its words', or an answer does not occur in its context.
+            differs from its words', an answer does not occur in its context, a context has no wordpiece, or a
+            question leaves no room for context in ``max_seq_length``.
     """
 
     def __init__(self, records: Sequence[dict], tokenizer, config: TextTaskConfig, labels: list | None = None):
         self.config, self.type = config, config.type
         self.labels = labels
-        self.items: list[dict] = []
         self.records = list(records)
-        encode = {"tagging": self._tagging, "qa": self._qa}.get(config.type)
+        self.words_without_wordpieces: list[list[int]] = []
+        self.doc_offsets: list[list[tuple[int, int]]] = []
+        self.cls, self.sep = tokenizer.cls_token_id, tokenizer.sep_token_id
         if config.type in ("classification", "regression"):
             self.items = self._sentences(tokenizer)
-        elif encode is None:
-            raise ValueError(f"data.type must be one of {TASK_TYPES}, got {config.type!r}")
+        elif config.type == "tagging":
+            self.items = [w for k, r in enumerate(self.records) for w in self._tagging(r, tokenizer, k)]
+        elif config.type == "qa":
+            self.items = [w for k, r in enumerate(self.records) for w in self._qa(r, tokenizer, k)]
         else:
-            self.items = [encode(record, tokenizer, f"record {k}") for k, record in enumerate(self.records)]
+            raise ValueError(f"data.type must be one of {TASK_TYPES}, got {config.type!r}")
 
     def _sentences(self, tokenizer) -> list[dict]:
         """Classification / regression records (a text, or a pair) encoded in one batched tokenizer call."""
@@ -130,48 +239,85 @@ class TextTaskDataset(torch.utils.data.Dataset):
         if not texts:
             return []
         enc = tokenizer(texts, pairs or None, truncation=True, max_length=c.max_seq_length)
-        return [{"input_ids": i, "token_type_ids": t, "labels": y}
-                for i, t, y in zip(enc["input_ids"], enc["token_type_ids"], labels)]
+        return [{"input_ids": i, "token_type_ids": t, "labels": y, "record": k}
+                for k, (i, t, y) in enumerate(zip(enc["input_ids"], enc["token_type_ids"], labels))]
 
     def _label(self, value, where: str):
         if self.type == "regression":
             return float(value)
         if value not in self.labels:
-            raise ValueError(f"{where}: label {value!r} is not one of the task's labels {self.labels[:10]}")
+            hint = " (-1 marks an unlabelled example, as in GLUE's test splits: evaluate on validation)" \
+                if value == -1 else ""
+            raise ValueError(f"{where}: label {value!r} is not one of the task's labels {self.labels[:10]}{hint}")
         return self.labels.index(value)
 
-    def _tagging(self, record, tokenizer, where):
-        c = self.config
+    def _tagging(self, record, tokenizer, k: int) -> list[dict]:
+        c, where = self.config, f"record {k}"
         words, tags = _field(record, c.tokens_field, where), _field(record, c.tags_field, where)
         if len(words) != len(tags):
             raise ValueError(f"{where}: {len(words)} words but {len(tags)} tags")
-        enc = tokenizer(list(words), is_split_into_words=True, truncation=True, max_length=c.max_seq_length)
         for t in tags:
             if t not in self.labels:
                 raise ValueError(f"{where}: tag {t!r} is not one of the task's tags {self.labels[:20]}")
-        labels = align_word_labels(enc.word_ids(), [self.labels.index(t) for t in tags])
-        return {"input_ids": enc["input_ids"], "token_type_ids": enc["token_type_ids"], "labels": labels}
+        tag_ids = [self.labels.index(t) for t in tags]
+        enc = tokenizer(list(words), is_split_into_words=True, add_special_tokens=False, verbose=False)
+        ids, word_ids = enc["input_ids"], enc.word_ids()
+        first: dict[int, int] = {}  # word -> its first wordpiece
+        for p, w in enumerate(word_ids):
+            first.setdefault(w, p)
+        self.words_without_wordpieces.append([w for w in range(len(words)) if w not in first])
+        spans = window_spans(len(ids), c.max_seq_length - 2, c.doc_stride)
+        home = {w: max_context_window(spans, p) for w, p in first.items()}
+        starts = {p: w for w, p in first.items()}
+        items = []
+        for n, (start, size) in enumerate(spans):
+            labels = [IGNORE_INDEX] + [tag_ids[starts[p]] if p in starts else IGNORE_INDEX
+                                       for p in range(start, start + size)] + [IGNORE_INDEX]
+            if all(y == IGNORE_INDEX for y in labels):
+                continue  # no word starts here: nothing to learn or predict
+            items.append({"input_ids": [self.cls, *ids[start:start + size], self.sep],
+                          "token_type_ids": [0] * (size + 2), "labels": labels, "record": k,
+                          "words": [(w, 1 + first[w] - start) for w in sorted(first) if home[w] == n]})
+        return items
 
-    def _qa(self, record, tokenizer, where):
-        c = self.config
+    def _qa(self, record, tokenizer, k: int) -> list[dict]:
+        c, where = self.config, f"record {k}"
         question, context = _field(record, c.question_field, where), _field(record, c.context_field, where)
         answers = _field(record, c.answers_field, where)
-        enc = tokenizer(question, context, truncation="only_second", max_length=c.max_seq_length,
-                        return_offsets_mapping=True)
-        seq = enc.sequence_ids()
-        start = end = 0  # [CLS] when the answer was truncated away (SQuAD 2.0 convention)
+        q = tokenizer(question, add_special_tokens=False, verbose=False)["input_ids"]
+        enc = tokenizer(context, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        doc, offsets = enc["input_ids"], [tuple(o) for o in enc["offset_mapping"]]
+        if not doc:
+            raise ValueError(f"{where}: the context has no wordpiece (empty, or only characters the tokenizer "
+                             "removes); a question needs a context to answer from")
+        room = c.max_seq_length - len(q) - 3  # [CLS] question [SEP] context [SEP]
+        if room < 1:
+            raise ValueError(f"{where}: the question has {len(q)} wordpieces, which leaves no room for the context "
+                             f"in data.max_seq_length={c.max_seq_length}; raise it")
+        self.doc_offsets.append(offsets)
+        answer = None  # first and last context wordpiece of the (first) answer
         if answers["text"]:
             a_start = answers["answer_start"][0]
             a_end = a_start + len(answers["text"][0])
             if context[a_start:a_end] != answers["text"][0]:
                 raise ValueError(f"{where}: answer {answers['text'][0]!r} is not at character {a_start} of the context")
-            tokens = [i for i, (s, (o0, o1)) in enumerate(zip(seq, enc["offset_mapping"]))
-                      if s == 1 and o0 < a_end and o1 > a_start]
-            if tokens:
-                start, end = tokens[0], tokens[-1]
-        return {"input_ids": enc["input_ids"], "token_type_ids": enc["token_type_ids"],
-                "start_positions": start, "end_positions": end,
-                "context_mask": [int(s == 1) for s in seq], "offsets": enc["offset_mapping"]}
+            pieces = [i for i, (o0, o1) in enumerate(offsets) if o0 < a_end and o1 > a_start]
+            if pieces:
+                answer = (pieces[0], pieces[-1])
+        spans = window_spans(len(doc), room, c.doc_stride)
+        home = [max_context_window(spans, p) for p in range(len(doc))]
+        offset = len(q) + 2
+        items = []
+        for n, (start, size) in enumerate(spans):
+            # A window without the whole answer points at [CLS] (run_squad.py; SQuAD 2.0's "no answer").
+            inside = answer is not None and start <= answer[0] and answer[1] < start + size
+            items.append({"input_ids": [self.cls, *q, self.sep, *doc[start:start + size], self.sep],
+                          "token_type_ids": [0] * offset + [1] * (size + 1),
+                          "start_positions": offset + answer[0] - start if inside else 0,
+                          "end_positions": offset + answer[1] - start if inside else 0,
+                          "record": k, "doc_start": start, "doc_offset": offset, "length": size,
+                          "home": [home[p] == n for p in range(start, start + size)]})
+        return items
 
     def __len__(self) -> int:
         return len(self.items)
@@ -228,12 +374,9 @@ class TextTaskCollator:
         else:
             batch["start_positions"] = torch.tensor([x["start_positions"] for x in items])
             batch["end_positions"] = torch.tensor([x["end_positions"] for x in items])
-            context = torch.zeros(b, t, dtype=torch.bool)
-            for i, x in enumerate(items):
-                context[i, : len(x["context_mask"])] = torch.tensor(x["context_mask"], dtype=torch.bool)
-            batch["context_mask"] = context
         return batch
 
 
 __all__ = ["TextTaskConfig", "TextTaskDataset", "TextTaskCollator", "align_word_labels", "load_records",
-           "bbc_news_split", "label_space", "TASK_TYPES"]
+           "bbc_news_split", "label_space", "window_spans", "max_context_window", "GlueTask", "GLUE_TASKS",
+           "OUTSIDE_TAG", "TASK_TYPES"]

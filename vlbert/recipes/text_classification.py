@@ -1,27 +1,50 @@
 """Text fine-tuning (``tools/finetune_text.py``): one output layer on the pretrained encoder, the whole network
 fine-tuned (BERT section 4; recipe of appendix A.3: 2-4 epochs, batch 16-32, lr 2e-5..5e-5, warmup).
 
-Metrics in metrics.json: classification ``accuracy`` and ``macro_f1``; regression ``pearson``; tagging
-``entity_f1`` and ``token_accuracy``; QA ``exact_match`` and ``f1``.
+Every figure is the field's own on the whole evaluation set (:mod:`vlbert.evaluation.text`; docs/metrics.md
+"Text tasks"), and the predictions it was computed from are written to the run directory:
+
+* classification: ``accuracy`` and ``macro_f1`` (over the task's whole label set); a GLUE task (``data.task:
+  glue``): GLUE's metrics under GLUE's names (cola ``matthews_correlation``, mrpc/qqp ``accuracy`` and ``f1``, ...).
+  regression: ``pearson`` and ``spearmanr``. File ``predictions.jsonl``: ``{"id", "label", "prediction"}`` per
+  example.
+* tagging: ``entity_f1`` (seqeval's default mode = conlleval) and ``token_accuracy`` over every word of every
+  sentence (long sentences windowed; a word without a wordpiece tagged "O"), with ``eval_sentences``,
+  ``eval_words`` and ``eval_words_without_wordpieces``. File ``predictions.jsonl``: ``{"id", "tokens", "tags",
+  "predicted_tags"}`` per sentence.
+* qa, SQuAD v1.1: ``exact_match`` and ``f1`` in percent, as ``evaluate-v1.1.py``. SQuAD 2.0
+  (``data.version_2_with_negative``): ``evaluate-v2.0.py``'s ``exact``, ``f1``, ``total``, ``HasAns_*``,
+  ``NoAns_*`` and ``best_exact``/``best_f1`` with their thresholds, and ``null_score_diff_threshold``, the
+  threshold the predictions used. Files ``predictions.json`` (question id -> answer, "" for no answer: the file
+  the official scripts read), and for v2 ``null_odds.json`` (question id -> s_null - s_best: their
+  ``--na-prob-file``) and ``best_non_null_predictions.json`` (each question's best span, before the threshold).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 from collections import Counter
 from typing import Any
 
 import torch
 
-from vlbert.data.finetuning import (TextTaskCollator, TextTaskConfig, TextTaskDataset, bbc_news_split, label_space,
-                                    load_records)
+from vlbert.data.finetuning import (GLUE_TASKS, OUTSIDE_TAG, TextTaskCollator, TextTaskConfig, TextTaskDataset,
+                                    bbc_news_split, label_space, load_records)
 from vlbert import checkpoint as ckpt
 from vlbert.evaluation import text as text_metrics
 from vlbert.models import heads
-from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
 from vlbert.utils import evaluation, gather_objects
+
+logger = logging.getLogger(__name__)
 
 HEADS = {"classification": heads.BertForSequenceClassification, "regression": heads.BertForSequenceClassification,
          "tagging": heads.BertForTokenClassification, "qa": heads.BertForQuestionAnswering}
+
+#: The hub's copy of GLUE, in ``datasets``' glue layout (``data.task: glue`` reads it unless train/eval are given).
+GLUE_HUB_NAME = "nyu-mll/glue"
 
 
 class TransformersAdapter(torch.nn.Module):
@@ -62,10 +85,12 @@ class TransformersAdapter(torch.nn.Module):
 
 
 class TextTaskData(TaskData):
-    """Train/eval datasets of one text task and their batches.
+    """Train/eval datasets of one text task, their batches, and the task's evaluation (:meth:`predict`).
 
     Raises:
-        ValueError: an unknown task, a custom task without its files; errors of the record readers.
+        ValueError: an unknown task or GLUE task, a custom task without its files, a window setting below 1, a
+            SQuAD v1.1 evaluation question without an answer, repeated evaluation ids; errors of the record
+            readers.
     """
 
     train_drop_last = False
@@ -73,16 +98,33 @@ class TextTaskData(TaskData):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         config, tokenizer = ctx.data, ctx.tokenizer
+        self.glue_task = None
         if config.task == "bbc-news":
             config.type = "classification"
             train, evaluation, names = bbc_news_split(seed=0, eval_fraction=config.eval_fraction)
             labels = list(range(len(names)))
             self.label_names = names
+        elif config.task == "glue":
+            if config.glue_task not in GLUE_TASKS:
+                raise ValueError(f"data.glue_task must name a GLUE task, one of {sorted(GLUE_TASKS)}; got "
+                                 f"{config.glue_task!r}")
+            glue = GLUE_TASKS[config.glue_task]
+            self.glue_task = config.glue_task
+            # GLUE's columns, label and id in datasets' glue layout.
+            config.type = "regression" if glue.label_names is None else "classification"
+            config.text_field, config.text_pair_field = (*glue.text_fields, "")[:2]
+            config.label_field, config.id_field = "label", "idx"
+            eval_split = glue.eval_split if config.eval_split == "validation" else config.eval_split
+            name = config.dataset_config or config.glue_task
+            train = load_records(config.train or GLUE_HUB_NAME, config.train_split, name)
+            evaluation = load_records(config.eval or GLUE_HUB_NAME, eval_split, name)
+            labels = list(range(len(glue.label_names))) if glue.label_names else None
+            self.label_names = list(glue.label_names) if glue.label_names else None
         elif config.task == "custom":
             if not (config.train and config.eval):
                 raise ValueError("a custom task needs data.train and data.eval (files or datasets names)")
-            train = load_records(config.train, config.train_split)
-            evaluation = load_records(config.eval, config.eval_split)
+            train = load_records(config.train, config.train_split, config.dataset_config)
+            evaluation = load_records(config.eval, config.eval_split, config.dataset_config)
             if config.type == "classification":
                 labels = label_space(train, config.label_field)
             elif config.type == "tagging":
@@ -91,66 +133,185 @@ class TextTaskData(TaskData):
                 labels = None
             self.label_names = [str(x) for x in labels] if labels else None
         else:
-            raise ValueError(f"data.task must be 'bbc-news' or 'custom', got {config.task!r}")
+            raise ValueError(f"data.task must be 'bbc-news', 'glue' or 'custom', got {config.task!r}")
+        if config.doc_stride < 1 or config.max_answer_length < 1:
+            raise ValueError(f"data.doc_stride and data.max_answer_length must be at least 1 wordpiece (got "
+                             f"{config.doc_stride} and {config.max_answer_length})")
+        if config.null_score_diff_threshold is not None:
+            if not config.version_2_with_negative:
+                raise ValueError("data.null_score_diff_threshold decides SQuAD 2.0's 'no answer': it needs "
+                                 "data.version_2_with_negative: true")
+            try:
+                config.null_score_diff_threshold = float(config.null_score_diff_threshold)
+            except (TypeError, ValueError):
+                raise ValueError(f"data.null_score_diff_threshold must be a number or null (chosen on the "
+                                 f"evaluation set), got {config.null_score_diff_threshold!r}") from None
         if config.max_train_examples:
             train = train[: config.max_train_examples]
         self.config, self.labels = config, labels
         self.train = TextTaskDataset(train, tokenizer, config, labels)
         self.eval = TextTaskDataset(evaluation, tokenizer, config, labels)
         self.collator = TextTaskCollator(tokenizer, config.type)
+        self.ids = self._ids(evaluation)
+        if config.type == "qa" and not config.version_2_with_negative:
+            for k, record in enumerate(evaluation):
+                if not record[config.answers_field]["text"]:
+                    raise ValueError(f"evaluation record {k} (id {self.ids[k]!r}) has no answer: SQuAD v1.1 scores "
+                                     "every question against its answers; for unanswerable questions set "
+                                     "data.version_2_with_negative: true")
+
+    def _ids(self, records) -> list:
+        """Each evaluation record's id (``data.id_field``; its position where it has none), checked unique."""
+        ids = [r.get(self.config.id_field, k) for k, r in enumerate(records)]
+        if self.config.type == "qa":
+            ids = [str(i) for i in ids]  # SQuAD's prediction files are keyed by string ids
+        seen: dict = {}
+        for k, i in enumerate(ids):
+            if i in seen:
+                raise ValueError(f"evaluation records {seen[i]} and {k} share the id {i!r} (data.id_field="
+                                 f"{self.config.id_field!r}); the predictions files name each record by its id")
+            seen[i] = k
+        return ids
 
     @property
     def num_labels(self) -> int:
         return {"regression": 1, "qa": 2}.get(self.config.type) or len(self.labels)
 
     @evaluation
-    def score(self, model) -> dict[str, float]:
-        """The task's metrics on the evaluation set (see module docstring)."""
+    def predict(self, model) -> tuple[dict[str, str], dict[str, Any]]:
+        """({file name: text} of the predictions files, the task's metrics) on the whole evaluation set (see module
+        docstring); each process predicts its share of the windows and the results are gathered."""
         device = next(model.parameters()).device
-        preds: dict[int, Any] = {}
+        kind = self.config.type
+        outputs: dict[int, Any] = {}
         for batch in self.rank_eval_batches():
             index = batch.pop("index").tolist()
             inputs = {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
             out = model(**inputs)
-            if self.config.type == "qa":
-                s, e, _ = heads.best_span(out.start_logits, out.end_logits, allowed=batch["context_mask"].to(device))
-                for i, a, b in zip(index, s.tolist(), e.tolist()):
-                    preds[i] = (a, b)
-            elif self.config.type == "tagging":
+            if kind == "qa":
                 for row, i in enumerate(index):
-                    preds[i] = out.logits[row].argmax(-1).tolist()
-            elif self.config.type == "regression":
-                preds.update(zip(index, out.logits.squeeze(-1).tolist()))
+                    outputs[i] = self._window_spans(out.start_logits[row].float().cpu(),
+                                                    out.end_logits[row].float().cpu(), self.eval.items[i])
+            elif kind == "tagging":
+                best = out.logits.argmax(-1).cpu()
+                for row, i in enumerate(index):
+                    outputs[i] = [(w, int(best[row, p])) for w, p in self.eval.items[i]["words"]]
+            elif kind == "regression":
+                outputs.update(zip(index, out.logits.squeeze(-1).float().cpu().tolist()))
             else:
-                preds.update(zip(index, out.logits.argmax(-1).tolist()))
-        preds = dict(gather_objects(list(preds.items())))  # each rank predicted its share
+                outputs.update(zip(index, out.logits.argmax(-1).cpu().tolist()))
+        outputs = dict(gather_objects(list(outputs.items())))  # each rank predicted its share
+        return {"qa": self._qa, "tagging": self._tagging}.get(kind, self._sentences)(outputs)
+
+    def _sentences(self, outputs: dict[int, Any]) -> tuple[dict[str, str], dict[str, Any]]:
         items = self.eval.items
-        order = range(len(items))
-        if self.config.type == "classification":
-            p, r = [preds[i] for i in order], [items[i]["labels"] for i in order]
-            return {"accuracy": text_metrics.accuracy(p, r), "macro_f1": text_metrics.macro_f1(p, r)}
+        pred = [outputs[i] for i in range(len(items))]
+        gold = [items[i]["labels"] for i in range(len(items))]
         if self.config.type == "regression":
-            return {"pearson": text_metrics.pearson([preds[i] for i in order], [items[i]["labels"] for i in order])}
-        if self.config.type == "tagging":
-            names = [str(x) for x in self.labels]
-            pred_tags, gold_tags, hits, total = [], [], 0, 0
-            for i in order:
-                gold = items[i]["labels"]
-                keep = [k for k, g in enumerate(gold) if g != -100]
-                pred_tags.append([names[preds[i][k]] for k in keep])
-                gold_tags.append([names[gold[k]] for k in keep])
-                hits += sum(preds[i][k] == gold[k] for k in keep)
-                total += len(keep)
-            return {"entity_f1": text_metrics.entity_f1(pred_tags, gold_tags), "token_accuracy": hits / max(total, 1)}
-        em = f1 = 0.0
-        for i in order:
-            record, (a, b) = self.eval.records[i], preds[i]
-            offsets = items[i]["offsets"]
-            context = record[self.config.context_field]
-            answer = context[offsets[a][0]:offsets[b][1]] if items[i]["context_mask"][a] else ""
-            e, f = text_metrics.squad_scores(answer, record[self.config.answers_field]["text"])
-            em, f1 = em + e, f1 + f
-        return {"exact_match": em / len(items), "f1": f1 / len(items)}
+            shown_pred, shown_gold = pred, gold
+        else:
+            names = self.label_names or [str(x) for x in self.labels]
+            shown_pred, shown_gold = [names[p] for p in pred], [names[g] for g in gold]
+        if self.glue_task is not None:
+            metrics = text_metrics.glue_metrics(self.glue_task, pred, gold)
+        elif self.config.type == "regression":
+            metrics = text_metrics.pearson_and_spearman(pred, gold)
+        else:
+            metrics = {"accuracy": text_metrics.accuracy(pred, gold),
+                       "macro_f1": text_metrics.macro_f1(pred, gold, labels=range(len(self.labels)))}
+        rows = [{"id": self.ids[items[i]["record"]], "label": shown_gold[i], "prediction": shown_pred[i]}
+                for i in range(len(items))]
+        return {"predictions.jsonl": _jsonl(rows)}, metrics
+
+    def _tagging(self, outputs: dict[int, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+        c, names = self.config, [str(x) for x in self.labels]
+        records = self.eval.records
+        predicted = [[OUTSIDE_TAG] * len(r[c.tokens_field]) for r in records]  # words without a wordpiece: O
+        for i, words in outputs.items():
+            record = self.eval.items[i]["record"]
+            for w, label in words:
+                predicted[record][w] = names[label]
+        gold = [list(r[c.tags_field]) for r in records]
+        metrics = {"entity_f1": text_metrics.entity_f1(predicted, gold),
+                   "token_accuracy": text_metrics.tag_accuracy(predicted, gold),
+                   "eval_sentences": len(records), "eval_words": sum(len(g) for g in gold),
+                   "eval_words_without_wordpieces": sum(len(w) for w in self.eval.words_without_wordpieces)}
+        logger.info("tagging evaluated on %d sentences, %d words (%d without a wordpiece, tagged %s) from %d "
+                    "windows", len(records), metrics["eval_words"], metrics["eval_words_without_wordpieces"],
+                    OUTSIDE_TAG, len(self.eval.items))
+        rows = [{"id": self.ids[k], "tokens": list(r[c.tokens_field]), "tags": gold[k], "predicted_tags": predicted[k]}
+                for k, r in enumerate(records)]
+        return {"predictions.jsonl": _jsonl(rows)}, metrics
+
+    def _window_spans(self, start_logits: torch.Tensor, end_logits: torch.Tensor, item: dict) -> tuple:
+        """(s_null, best span score, first and last context wordpiece of the best span) of one window: the span's
+        start among the context wordpieces this window is the max-context window of, its end among the window's
+        context wordpieces, end >= start, at most ``max_answer_length`` long (Google BERT ``run_squad.py``
+        ``write_predictions``, without its n-best shortlist: the exact maximum of BERT section 4.2's
+        S.T_i + E.T_j); s_null = S.C + E.C, the [CLS] scores (section 4.3)."""
+        o, n = item["doc_offset"], item["length"]
+        s, e = start_logits[o:o + n], end_logits[o:o + n]
+        i = torch.arange(n)
+        valid = (i[None, :] >= i[:, None]) & (i[None, :] - i[:, None] < self.config.max_answer_length)
+        valid &= torch.tensor(item["home"], dtype=torch.bool)[:, None]
+        null = float(start_logits[0] + end_logits[0])
+        if not valid.any():
+            return null, -math.inf, 0, 0
+        scores = (s[:, None] + e[None, :]).masked_fill(~valid, -math.inf)
+        a, b = divmod(int(scores.flatten().argmax()), n)
+        return null, float(scores[a, b]), item["doc_start"] + a, item["doc_start"] + b
+
+    def _qa(self, outputs: dict[int, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+        c, records = self.config, self.eval.records
+        null = [math.inf] * len(records)
+        best: list[tuple] = [(-math.inf, 0, 0)] * len(records)
+        for i in sorted(outputs):  # windows in order: the first wins a tie
+            s_null, score, a, b = outputs[i]
+            k = self.eval.items[i]["record"]
+            null[k] = min(null[k], s_null)  # run_squad.py: the smallest null score over the windows
+            if score > best[k][0]:
+                best[k] = (score, a, b)
+        answers, references = {}, {}
+        for k, record in enumerate(records):
+            offsets = self.eval.doc_offsets[k]
+            _, a, b = best[k]
+            answers[self.ids[k]] = record[c.context_field][offsets[a][0]:offsets[b][1]]
+            references[self.ids[k]] = list(record[c.answers_field]["text"])
+        counts = {"eval_questions": len(records), "eval_windows": len(self.eval.items)}
+        if not c.version_2_with_negative:
+            return ({"predictions.json": json.dumps(answers, indent=2) + "\n"},
+                    {**text_metrics.squad_v1_evaluate(answers, references), **counts})
+        odds = {self.ids[k]: null[k] - best[k][0] for k in range(len(records))}  # s_null - s_best (section 4.3)
+        search = text_metrics.squad_v2_evaluate(answers, references, na_probs=odds)
+        threshold = c.null_score_diff_threshold
+        if threshold is None:  # evaluate-v2.0.py's best_f1_thresh
+            unanswerable = sum(not golds for golds in references.values())
+            threshold = search["best_f1_thresh"]
+            if search["best_f1"] == 100.0 * unanswerable / len(references):
+                # Answering nothing is best; the script then reports 0.0, which would answer some: stay below all.
+                threshold = min(odds.values()) - 1.0
+        predictions = {qid: "" if odds[qid] > threshold else text for qid, text in answers.items()}
+        metrics = {**text_metrics.squad_v2_evaluate(predictions, references),
+                   **{k: search[k] for k in ("best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh")},
+                   "null_score_diff_threshold": threshold, **counts}
+        logger.info("SQuAD 2.0: 'no answer' where s_null - s_best > %g: %d of %d questions", threshold,
+                    sum(not p for p in predictions.values()), len(predictions))
+        return ({"predictions.json": json.dumps(predictions, indent=2) + "\n",
+                 "null_odds.json": json.dumps(odds, indent=2) + "\n",
+                 "best_non_null_predictions.json": json.dumps(answers, indent=2) + "\n"}, metrics)
+
+
+def _jsonl(rows: list[dict]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+def evaluate(ctx: RunContext, data: TextTaskData, model) -> dict[str, Any]:
+    """The recipe's final evaluation: :meth:`TextTaskData.predict`'s metrics, its predictions files written to the
+    run directory."""
+    files, metrics = data.predict(model)
+    for name, text in files.items():
+        write_output_file(ctx, name, text)
+    return metrics
 
 
 def majority_baseline(ctx: RunContext, data: TextTaskData, model) -> dict:
@@ -191,8 +352,8 @@ def inference_info(ctx: RunContext, data: TextTaskData) -> dict:
     return {"type": data.config.type, "labels": data.label_names, "max_text_length": data.config.max_seq_length}
 
 
-RECIPE = Recipe("text", TextTaskConfig, TextTaskData, build_model, evaluate=lambda ctx, data, model: data.score(model),
+RECIPE = Recipe("text", TextTaskConfig, TextTaskData, build_model, evaluate=evaluate,
                 baselines=majority_baseline, sections=("implementation",), inference_info=inference_info,
                 pipeline="text")
 
-__all__ = ["RECIPE", "TextTaskData", "TransformersAdapter"]
+__all__ = ["RECIPE", "TextTaskData", "TransformersAdapter", "evaluate", "GLUE_HUB_NAME"]
