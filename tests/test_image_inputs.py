@@ -300,3 +300,47 @@ def test_explain_reads_a_backbone_runs_pixels_and_refuses_what_feeds_features(e2
     np.testing.assert_allclose(printed["attention_to_regions"], (row / row.sum()).numpy(), atol=2e-3)
     assert "computes them from the pixels" in one_line_error(capsys, "explain", ["generate", "--model",
                                                                                  str(e2e_run.dir), "--images", "4"])
+
+
+def test_boxes_and_pixels_come_from_one_reader(e2e_run, tmp_path):  # row 102
+    """A 16-bit greyscale PNG, a phone JPEG stored sideways with EXIF orientation 8, a .webp and a .bmp in one
+    folder, read by the VQA pipeline over the backbone run (its regions extracted with the run's detector, its
+    pixels preprocessed as the run's) and by the recipe's image reader with ``data.image_dir`` set to that folder
+    (the image ids tools/extract_regions.py --images gives it): the pixels under every box are the pixels the
+    detector saw (the image upright, [3, 80, 128]; 16-bit scaled by 65535, not clipped to white), and every file
+    is found."""
+    from detectors.images import load_image
+    from vlbert.commands.extract_regions import image_sources
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    ramp = np.linspace(0, 65535, 128 * 80).reshape(80, 128).astype(np.uint16)
+    Image.fromarray(ramp).save(folder / "deep.png")  # mode I;16
+    upright = np.random.default_rng(0).integers(0, 256, (80, 128, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = 8  # "rotate 90 clockwise to view": stored 80 wide, 128 high
+    Image.fromarray(upright).transpose(Image.Transpose.ROTATE_270).save(folder / "phone.jpg", exif=exif.tobytes(),
+                                                                         quality=95)
+    Image.fromarray(upright).save(folder / "other.webp", lossless=True)
+    Image.fromarray(upright[:, ::-1].copy()).save(folder / "flipped.bmp")
+    files = dict(image_sources([str(folder)]))
+    assert sorted(files) == ["deep", "flipped", "other", "phone"]
+    mean, std = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+
+    def same_under_boxes(pixels, regions, seen):  # the backbone's input (ImageNet-normalised) back to 0..255
+        assert tuple(pixels.shape) == (3, 80, 128) and (regions.height, regions.width) == (80, 128)
+        values = ((pixels * std + mean) * 255).permute(1, 2, 0).numpy()
+        for x1, y1, x2, y2 in regions.boxes.round().astype(int):
+            np.testing.assert_allclose(values[y1:y2, x1:x2], seen[y1:y2, x1:x2], atol=1e-3)
+
+    vqa = VQAPipeline(e2e_run.dir, device="cpu")
+    found = dict(zip(files, vqa.inputs.regions([str(p) for p in files.values()])))
+    for image_id, regions in found.items():
+        same_under_boxes(regions.pixels, regions, load_image(files[image_id]))
+    np.testing.assert_array_equal(load_image(files["deep"])[:, :, 0], np.round(ramp / 65535 * 255))  # not all 255
+    assert vqa(str(files["phone"]), "what color is the shape?", top_k=1)[0]["answer"] in vqa.labels
+    data = SimpleNamespace(dataset="vqa-v2", image_dir=str(folder), image_preprocessing="", image_short_side=80,
+                           image_max_side=0)
+    reader = task_images(data, TIMM, list(files))
+    for image_id, regions in found.items():
+        same_under_boxes(reader(image_id), regions, load_image(files[image_id]))

@@ -9,7 +9,7 @@
     python tools/extract_regions.py --from-tsv trainval_obj36.tsv --extracted-with butd-vg --output-dir out/
     python tools/extract_regions.py --from-npz features_dir/ --extracted-with my-detector.yaml --output-dir out/
 
---images takes files, directories (PNG/JPEG inside), "skimage" (the real photos shipped with scikit-image) or
+--images takes files, directories (the image files inside: detectors.images.IMAGE_SUFFIXES, .jpg .png .webp .bmp ...), "skimage" (the real photos shipped with scikit-image) or
 "easy-vqa". The detector flags are made from the backends' table (detectors/backends.py): --backend chooses one,
 each backend option is a flag (--architecture resnet50 --weights resnet50.safetensors for another timm backbone). --draw writes the first images with their boxes (and top class) to one PNG. Running the same command
 again after a crash or kill skips the images already in complete shards (detectors/extract.py).
@@ -28,13 +28,12 @@ from pathlib import Path
 
 from detectors.config import named_detector
 from detectors.extract import distributed_rank, extract_to_shards
-from detectors.images import load_image
+from detectors.images import IMAGE_SUFFIXES, is_image_file, read_pil_image
 from detectors.precomputed import read_butd_tsv, read_npz
 from detectors.shards import read_shards, shard_paths, write_detector_info, write_shards
 from vlbert.commands.detector_flags import add_detector_arguments, detector_from_arguments
 from vlbert.data.easy_vqa import image_paths
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
 SKIMAGE_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "horse.png")
 
 
@@ -55,13 +54,13 @@ def image_sources(spec: list[str]) -> list[tuple[str, object]]:
             if path.is_dir():
                 # image id = the path under the directory without suffix ("000000391895", or "train/17" nested)
                 out += [(p.relative_to(path).with_suffix("").as_posix(), p) for p in sorted(path.rglob("*"))
-                        if p.suffix.lower() in IMAGE_SUFFIXES]
+                        if is_image_file(p) and p.is_file()]
             elif path.is_file():
                 out.append((path.stem, path))
             else:
                 raise FileNotFoundError(f"--images {item}: no such file or directory; pass image files, directories or 'skimage'/'easy-vqa'")
     if not out:
-        raise ValueError("--images: no images found (suffixes " + ", ".join(sorted(IMAGE_SUFFIXES)) + ")")
+        raise ValueError("--images: no images found (endings " + ", ".join(IMAGE_SUFFIXES) + ")")
     return out
 
 
@@ -97,15 +96,13 @@ def draw_first(args, extractor, info: dict, sources: dict) -> None:
     ``detector.json`` records, else the extractor's ``label`` where it has one)."""
     from itertools import islice
 
-    from PIL import Image
-
     label_fn = getattr(extractor, "label", None)
     if info.get("class_names"):
         label_fn = info["class_names"].__getitem__
     drawn = []
     for r in islice(read_shards(shard_paths(args.output_dir)), args.draw_count):
         src = sources[r.image_id]
-        drawn.append((r, Image.fromarray(src if hasattr(src, "shape") else load_image(src))))
+        drawn.append((r, read_pil_image(src)))
     draw(drawn, Path(args.draw), label_fn=label_fn)
     print(f"boxes drawn to {args.draw}")
 
