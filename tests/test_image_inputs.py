@@ -344,3 +344,23 @@ def test_boxes_and_pixels_come_from_one_reader(e2e_run, tmp_path):  # row 102
     reader = task_images(data, TIMM, list(files))
     for image_id, regions in found.items():
         same_under_boxes(reader(image_id), regions, load_image(files[image_id]))
+
+
+def test_a_missing_backbone_weights_file_is_named_under_the_backbones_key(capsys, easy, e2e_run, tmp_path):  # row 109
+    """``model.visual_backbone.weights`` naming no file: one line under that key (it named the detector's
+    ``detector.weights / --weights``), nothing written."""
+    config = {"modality": "vl", "tokenizer": "minilm", "detector": asdict(EASY_DETECTOR),
+              "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                        "visual_backbone": {**TIMM, "weights": str(tmp_path / "mobilenet.safetensors")}},
+              "data": {"sources": [{"name": "easy", "format": "jsonl", "path": str(tmp_path / "captions.jsonl"),
+                                    "shards": str(easy.shards)}],
+                       "image_dir": str(e2e_run.root / "images"), "image_short_side": 64, "eval_fraction": 0.0,
+                       "objectives": {"mlm": 1}},
+              "training": {"max_steps": 1, "batch_size": 4, "progress_bar": False}}
+    (tmp_path / "captions.jsonl").write_text("".join(
+        json.dumps({"image_id": k, "caption": f"a {c} {s}"}) + "\n" for k, (c, s) in easy.truth.items()))
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--config", str(tmp_path / "config.yaml"),
+                                               "--output-dir", str(tmp_path / "run")])
+    assert f"{tmp_path / 'mobilenet.safetensors'} does not exist (model.visual_backbone.weights)" in line, line
+    assert not (tmp_path / "run").exists()
