@@ -198,3 +198,18 @@ def test_a_damaged_shard_is_repaired_by_rerunning_the_command_and_another_pictur
     line = one_line_error(capsys, "extract_regions", again)
     assert f"image id 'b' of {other / 'b.png'} is already in {out} from {folder / 'b.png'}, a different picture" in line
     assert_same_store(regions_by_id(out), whole)
+
+
+def test_a_damaged_cache_is_extracted_again(tmp_path):  # row 106
+    """easy-VQA regions cached under data.cache_dir (as the recipes read them), the shard then cut off: the next
+    run's lookup sees the shard's size differ from the one recorded and extracts the cache again."""
+    from detectors.config import DetectorConfig
+    from vlbert.data.easy_vqa import easy_vqa_shards
+
+    detector = DetectorConfig(options={"input_size": 64, "max_proposals": 4})
+    ids = ["train/0", "train/1"]
+    shards = easy_vqa_shards(detector, tmp_path, ids)
+    whole = regions_by_id(shards[0].parent)
+    shards[0].write_bytes(shards[0].read_bytes()[:2000])
+    assert easy_vqa_shards(detector, tmp_path, ids) == shards
+    assert_same_store(regions_by_id(shards[0].parent), whole)

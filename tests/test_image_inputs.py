@@ -97,10 +97,16 @@ def e2e_run(easy, tmp_path_factory):
     return SimpleNamespace(root=root, dir=root / "run", questions=records, config=config)
 
 
-def test_a_backbone_run_reads_images_and_its_pipeline_answers_as_the_forward(easy, e2e_run):
+@pytest.fixture(scope="module")
+def e2e_vqa(e2e_run):
+    """The VQA pipeline of the backbone run (its model and detector loaded once for the module)."""
+    return VQAPipeline(e2e_run.dir, device="cpu", batch_size=8)
+
+
+def test_a_backbone_run_reads_images_and_its_pipeline_answers_as_the_forward(easy, e2e_run, e2e_vqa):
     info = json.loads((e2e_run.dir / "inference.json").read_text())
     assert info["image_preprocessing"] == {**PREPROCESSING["imagenet"].record(), "short_side": 80}
-    vqa = VQAPipeline(e2e_run.dir, device="cpu", batch_size=8)
+    vqa = e2e_vqa
     assert vqa.model.bert.visual_backbone is not None and info["region_feature_dim"] == 288
     qs = e2e_run.questions
     files = [str(easy.files[str(q["image_id"])]) for q in qs]
@@ -302,7 +308,7 @@ def test_explain_reads_a_backbone_runs_pixels_and_refuses_what_feeds_features(e2
                                                                                  str(e2e_run.dir), "--images", "4"])
 
 
-def test_boxes_and_pixels_come_from_one_reader(e2e_run, tmp_path):  # row 102
+def test_boxes_and_pixels_come_from_one_reader(e2e_vqa, tmp_path):  # row 102
     """A 16-bit greyscale PNG, a phone JPEG stored sideways with EXIF orientation 8, a .webp and a .bmp in one
     folder, read by the VQA pipeline over the backbone run (its regions extracted with the run's detector, its
     pixels preprocessed as the run's) and by the recipe's image reader with ``data.image_dir`` set to that folder
@@ -333,7 +339,7 @@ def test_boxes_and_pixels_come_from_one_reader(e2e_run, tmp_path):  # row 102
         for x1, y1, x2, y2 in regions.boxes.round().astype(int):
             np.testing.assert_allclose(values[y1:y2, x1:x2], seen[y1:y2, x1:x2], atol=1e-3)
 
-    vqa = VQAPipeline(e2e_run.dir, device="cpu")
+    vqa = e2e_vqa
     found = dict(zip(files, vqa.inputs.regions([str(p) for p in files.values()])))
     for image_id, regions in found.items():
         same_under_boxes(regions.pixels, regions, load_image(files[image_id]))
