@@ -127,8 +127,9 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
     """Convert a published checkpoint of ``family`` into a vlbert model directory ``output_dir``.
 
     Args:
-        family: a key of :data:`vlbert.families.FAMILIES` ("uniter", "visualbert", "oscar", "vl-bert").
-        source: the checkpoint: UNITER's ``.pt`` file, a VisualBERT or Oscar/VinVL directory, VL-BERT's ``.model``.
+        family: a key of :data:`vlbert.families.FAMILIES` ("uniter", "visualbert", "oscar", "vl-bert", "lxmert").
+        source: the checkpoint: UNITER's ``.pt`` file, a VisualBERT, Oscar/VinVL or LXMERT directory, VL-BERT's
+            ``.model``, airsplay/lxmert's ``.pth``.
         output_dir: written whole or not at all (built beside it and renamed at the end).
         tokenizer: a tokenizer directory or hub name (default: the family's, from the hub when online).
         labels: the answer/label names in the head's output order (a list, or a file for :func:`read_labels`);
@@ -142,11 +143,13 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
         a report: family, model class, task, ``missing`` (newly initialised heads), ``dropped`` (source tensors
         not carried over, with why).
     Raises:
-        ValueError: an unknown family; a checkpoint of another family (named) or of none; a file that holds code;
-            a tokenizer of the wrong casing or size; labels of the wrong count; tensors the model has no place for
+        ValueError: an unknown family; a checkpoint of another family (named, whatever its form: a directory for a
+            one-file family too) or of none; a damaged file or one that holds code (whatever the unpickler raises:
+            :func:`~vlbert.families.base.load_torch_object`); a tensor of the family's layout missing, or one outside
+            it (named, with the family); a tokenizer of the wrong casing or size; labels of the wrong count; tensors the model has no place for
             or encoder tensors missing; tensors holding NaN or inf (named) without ``allow_nonfinite``; a
-            transformers-format directory without the config.json values its tensors do not show (the head count,
-            and the head where the keys fit two).
+            transformers-format directory (VisualBERT, Oscar, LXMERT) without the config.json values its tensors do
+            not show (the head count, and the head where the keys fit two).
         FileExistsError: ``output_dir`` is not empty and ``overwrite`` is not set.
         FileNotFoundError: no source, or no tokenizer there (offline without --tokenizer).
     """
