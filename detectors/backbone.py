@@ -69,20 +69,27 @@ class TimmOptions:
                              "file (detector.weights / --weights; a timm state dict, .safetensors or .pth)")
 
 
-def read_state_dict(weights: str | os.PathLike) -> dict[str, torch.Tensor]:
+def read_state_dict(weights: str | os.PathLike, key: str = "detector.weights / --weights") -> dict[str, torch.Tensor]:
     """The tensors of a weights file: ``.safetensors``, else a ``torch.save``\\ d state dict read with
-    ``weights_only=True`` (a training checkpoint's ``state_dict`` entry is unwrapped).
+    ``weights_only=True`` (a training checkpoint's ``state_dict`` entry is unwrapped). ``key``: the setting that
+    names the file, for the messages (the detector's, or a model's ``model.visual_backbone.weights``).
 
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: no such file (``key`` named).
+        ValueError: a file that cannot be read as tensors (damaged, or pickled code or objects; ``key`` named).
     """
     if not os.path.isfile(weights):
-        raise FileNotFoundError(f"timm weights file {weights} does not exist (detector.weights / --weights)")
-    if str(weights).endswith(".safetensors"):
-        from safetensors.torch import load_file
+        raise FileNotFoundError(f"timm weights file {weights} does not exist ({key})")
+    try:
+        if str(weights).endswith(".safetensors"):
+            from safetensors.torch import load_file
 
-        return load_file(str(weights))
-    state = torch.load(weights, map_location="cpu", weights_only=True)
+            return load_file(str(weights))
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - safetensors' and the unpickler's errors on damaged bytes are of many types
+        raise ValueError(f"timm weights file {weights} ({key}) cannot be read as tensors ({type(e).__name__}: "
+                         f"{(str(e).splitlines() or [''])[0][:200]}): fetch it again, or re-save it as a state dict "
+                         "of tensors") from e
     return state.get("state_dict", state) if isinstance(state, dict) else state
 
 

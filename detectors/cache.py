@@ -28,7 +28,8 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
 
     The cache directory is ``cache_dir/<name>-<detector fingerprint>-<image-set hash>`` (the fingerprint of
     :meth:`DetectorConfig.identified`: a weights file counts by its sha256). ``complete.json`` is
-    written last, so an interrupted extraction is redone, never half-used.
+    written last, so an interrupted extraction is redone, never half-used; it records each shard's size, and a
+    cache whose shards are missing or of another size since (cut off by a copy, a full disk) is extracted again.
 
     Args:
         detector: the configuration to extract with.
@@ -58,7 +59,15 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
     directory = Path(cache_dir).expanduser() / f"{name}-{detector.fingerprint()}-{image_set}"
     marker = directory / MARKER
     if marker.is_file():
-        return [directory / shard for shard in json.loads(marker.read_text())["shards"]]
+        record = json.loads(marker.read_text())
+        shards = [directory / shard for shard in record["shards"]]
+        sizes = record.get("sizes") or {}
+        damaged = [p.name for p in shards if not p.is_file() or (p.name in sizes and p.stat().st_size != sizes[p.name])]
+        if not damaged:
+            return shards
+        logger.warning("the cached regions in %s are damaged (%s missing or cut off): extracting them again",
+                       directory, ", ".join(damaged))
+        marker.unlink()
     extractor = detector.build()
     logger.info("extracting regions of %d %s images into %s (first use only)", len(ids), name, directory)
 
@@ -66,7 +75,8 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
     shards = write_shards(extract_regions(extractor, sources, batch_size, boxes), directory)
     tmp = directory / (MARKER + ".tmp")
     tmp.write_text(json.dumps({"detector": extractor.name, "config": asdict(detector),
-                               "shards": [p.name for p in shards], "images": len(ids)}, indent=2))
+                               "shards": [p.name for p in shards], "sizes": {p.name: p.stat().st_size for p in shards},
+                               "images": len(ids)}, indent=2))
     os.replace(tmp, marker)
     return shards
 

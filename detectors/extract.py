@@ -4,11 +4,15 @@
 ``RANK`` and ``WORLD_SIZE``; process r takes images r, r + N, r + 2N, ... and writes its own shards
 (``regions-rank<r>-<k>.tar``) into the one output directory. Shards are written under a temporary name and renamed
 when complete (:func:`detectors.shards.write_shards`), so a killed extraction leaves no half shard that reads as
-complete; run the same command again and every image already in a complete shard is skipped.
+complete; run the same command again and every image already in a complete shard is skipped. A shard damaged
+since (cut off by a copy, a full disk) is set aside as ``<name>.corrupt`` by that rerun and its images are extracted
+again. Each sample records its image file and the file's sha256 (``meta.json``), so an image id already in the store
+with other content (a second folder's ``cat.jpg``) is refused, not skipped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -19,10 +23,11 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from detectors.config import DetectorConfig
+from detectors.files import file_sha256
 from detectors.images import load_image, to_rgb_array
 from detectors.regions import Regions
-from detectors.shards import (read_detector_info, sample_key, shard_image_keys, write_detector_info,
-                              write_shards)
+from detectors.shards import (ShardError, readable_image_keys, read_detector_info, sample_key, shard_image_keys,
+                              shard_provenance, write_detector_info, write_shards)
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +81,116 @@ def _same_detector(a: dict, b: dict) -> bool:
     return a.get("fingerprint") == b.get("fingerprint")
 
 
+def source_provenance(source) -> dict:
+    """What identifies an image source by content: for a file its path (``source``), size (``bytes``) and
+    ``sha256``; for an array ``source`` "array" and the sha256 of its shape and bytes."""
+    if isinstance(source, np.ndarray):
+        digest = hashlib.sha256(repr((source.shape, source.dtype.str)).encode())
+        digest.update(np.ascontiguousarray(source).tobytes())
+        return {"source": "array", "bytes": int(source.nbytes), "sha256": digest.hexdigest()}
+    path = Path(source)
+    return {"source": str(path), "bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def _set_aside(shard: Path, error: ShardError, names: dict[str, str]) -> None:
+    """Move a damaged shard out of the store (``<name>.corrupt``, kept, never deleted) so that its images are
+    extracted again; refuse where it held images that ``names`` (sample key -> source, this command's images)
+    lacks, which a rerun would not bring back.
+
+    Raises:
+        ShardError: the shard held images this command does not extract (one named, with the fix).
+    """
+    others = sorted(readable_image_keys(shard) - set(names))
+    if others:
+        raise ShardError(f"{error}; it also holds images this command does not extract (e.g. {others[0]!r}): run the "
+                         "command that extracted those, or delete the shard if they are not needed") from error
+    target = shard.with_name(shard.name + ".corrupt")
+    k = 1
+    while target.exists():
+        target, k = shard.with_name(f"{shard.name}.{k}.corrupt"), k + 1
+    try:
+        os.replace(shard, target)
+    except FileNotFoundError:  # another process set it aside first
+        return
+    logger.warning("%s is damaged (%s): moved to %s; its images are extracted again", shard, error, target.name)
+
+
+def _check_same_content(done: dict[str, dict], sources: dict[str, object], directory: Path) -> None:
+    """Refuse an image whose id the store already holds from other content (its recorded sha256 differs):
+    ``done`` = sample key -> the stored provenance, ``sources`` = sample key -> this command's source.
+
+    Raises:
+        ValueError: one line naming both files and their hashes, with the fix.
+    """
+    for key, stored in done.items():
+        source = sources[key]
+        if not isinstance(source, np.ndarray):
+            path = Path(source)
+            if stored.get("source") == str(path) and stored.get("bytes") == path.stat().st_size:
+                continue  # the same file as extracted (a resumed run): not read again
+        now = source_provenance(source)
+        if now["sha256"] != stored.get("sha256"):
+            raise ValueError(
+                f"image id {stored.get('image_id')!r} of {now['source']} is already in {directory} from "
+                f"{stored.get('source')}, a different picture (sha256 {now['sha256'][:12]} vs "
+                f"{str(stored.get('sha256'))[:12]}): image ids are file paths under the --images folder without "
+                "their ending, so the two collide; extract the other folder into its own --output-dir, or rename "
+                "the file")
+
+
+def pending_sources(sources: Sequence[ImageSource], output_dir: str | os.PathLike, info: dict, rank: int = 0,
+                    world_size: int = 1) -> list[ImageSource]:
+    """This process's share of ``sources`` that ``output_dir`` does not hold yet, after the checks that keep a
+    store one detector's and each id one picture's. Writes nothing, except that a damaged shard (cut off by a copy,
+    a full disk) is set aside as ``<name>.corrupt`` (kept), so that its images are among those returned.
+
+    Args:
+        sources: (image id, file or array) pairs, the same list in every process.
+        output_dir: the shard directory (need not exist).
+        info: what identifies the extraction (``detector.json``'s ``config`` / ``fingerprint`` at least).
+        rank, world_size: this process and the number of processes (:func:`distributed_rank`).
+    Raises:
+        ValueError: duplicate image ids; ``output_dir`` holds shards of another detector; an image id the store
+            holds from another picture (its recorded sha256 differs from the file's; both files named).
+        detectors.shards.ShardError: a damaged shard holding images ``sources`` lacks (a rerun would lose them).
+    """
+    repeated = [i for i, n in Counter(image_id for image_id, _ in sources).items() if n > 1]
+    if repeated:
+        raise ValueError(f"image id {repeated[0]!r} appears twice in the images; ids are file paths without their "
+                         "suffix (a.jpg and a.png collide), so rename one or extract the folders separately")
+    directory = Path(output_dir)
+    existing = read_detector_info(directory) if directory.is_dir() else None
+    if existing is not None and not _same_detector(existing, info):
+        raise ValueError(f"{directory} holds shards of another detector ({existing.get('detector')}, config "
+                         f"{existing.get('fingerprint')}); extract into a new --output-dir or delete that one")
+    by_key = {sample_key(image_id): source for image_id, source in sources}
+    done: set[str] = set()
+    complete = []
+    for shard in sorted(directory.glob("*.tar")):
+        try:
+            done |= shard_image_keys(shard)
+            complete.append(shard)
+        except ShardError as e:
+            _set_aside(shard, e, by_key)
+        except FileNotFoundError:  # set aside by another process meanwhile
+            continue
+    stored = {}
+    for shard in complete:
+        stored.update(shard_provenance(shard, done & set(by_key)))
+    _check_same_content(stored, by_key, directory)
+    share = sources[rank::world_size]
+    mine = [s for s in share if sample_key(s[0]) not in done]
+    if len(share) > len(mine):
+        logger.info("rank %d: %d images already extracted, %d to go", rank, len(share) - len(mine), len(mine))
+    return mine
+
+
 def extract_to_shards(extractor, sources: Sequence[ImageSource], output_dir: str | os.PathLike, info: dict,
                       rank: int = 0, world_size: int = 1, batch_size: int = 8,
                       samples_per_shard: int = 1000) -> list[Path]:
-    """Extract this process's share of ``sources`` into ``output_dir``, skipping images already in complete shards.
+    """Extract this process's share of ``sources`` into ``output_dir``, skipping images already in complete shards
+    (:func:`pending_sources`: a damaged shard is set aside as ``.corrupt`` and its images extracted again). Each
+    sample's ``meta.json`` records its source's :func:`source_provenance`.
 
     Args:
         extractor: the backend.
@@ -93,38 +204,24 @@ def extract_to_shards(extractor, sources: Sequence[ImageSource], output_dir: str
     Returns:
         the shards this call wrote.
     Raises:
-        ValueError: duplicate image ids, or ``output_dir`` holds shards of another detector.
-        detectors.shards.ShardError: a complete-looking shard is corrupt.
+        ValueError, detectors.shards.ShardError: see :func:`pending_sources`.
     """
-    repeated = [i for i, n in Counter(image_id for image_id, _ in sources).items() if n > 1]
-    if repeated:
-        raise ValueError(f"image id {repeated[0]!r} appears twice in the images; ids are file paths without their "
-                         "suffix (a.jpg and a.png collide), so rename one or extract the folders separately")
+    mine = pending_sources(sources, output_dir, info, rank, world_size)
     directory = Path(output_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    existing = read_detector_info(directory)
-    if existing is not None and not _same_detector(existing, info):
-        raise ValueError(f"{directory} holds shards of another detector ({existing.get('detector')}, config "
-                         f"{existing.get('fingerprint')}); extract into a new --output-dir or delete that one")
-    if existing is None and rank == 0:
+    if read_detector_info(directory) is None and rank == 0:
         write_detector_info(directory, info)
     prefix = f"regions-rank{rank:04d}"
     for stale in directory.glob(f"{prefix}-*.tar.tmp"):
-        stale.unlink()  # a half shard of an interrupted run: its images are redone below
-    done: set[str] = set()
-    for shard in sorted(directory.glob("*.tar")):
-        done |= shard_image_keys(shard)
-    share = sources[rank::world_size]
-    mine = [s for s in share if sample_key(s[0]) not in done]
-    skipped = len(share) - len(mine)
-    if skipped:
-        logger.info("rank %d: %d images already extracted, %d to go", rank, skipped, len(mine))
-    numbers = [int(m.group(1)) for p in directory.glob(f"{prefix}-*.tar")
-               if (m := re.fullmatch(re.escape(prefix) + r"-(\d+)\.tar", p.name))]
+        stale.unlink()  # a half shard of an interrupted run: its images are among ``mine``
     if not mine:
         return []
+    numbers = [int(m.group(1)) for p in directory.glob(f"{prefix}-*.tar")
+               if (m := re.fullmatch(re.escape(prefix) + r"-(\d+)\.tar", p.name))]
+    by_id = dict(mine)
     return write_shards(extract_regions(extractor, mine, batch_size, progress=rank == 0), directory, prefix=prefix,
-                        max_samples_per_shard=samples_per_shard, start_index=max(numbers, default=-1) + 1)
+                        max_samples_per_shard=samples_per_shard, start_index=max(numbers, default=-1) + 1,
+                        provenance=lambda image_id: source_provenance(by_id[image_id]))
 
 
-__all__ = ["extract_regions", "extract_to_shards", "distributed_rank"]
+__all__ = ["extract_regions", "extract_to_shards", "pending_sources", "distributed_rank", "source_provenance"]

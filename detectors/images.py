@@ -1,4 +1,7 @@
-"""Images in: decoding any file Pillow reads into 8-bit RGB, and grouping images by shape so that a batch never
+"""Images in: the one reader of image files and images in memory (:func:`read_image`: upright, 8-bit RGB, the
+file endings of :data:`IMAGE_SUFFIXES`, one error for a file it cannot decode), which extraction, a visual
+backbone's preprocessing (``vlbert.data.images``), the pipelines, the demo and ``tools/explain.py`` all use, so the
+pixels a model reads are the pixels its boxes were found on; and grouping images by shape so that a batch never
 pads one image to another's size (padding changes convolution outputs near the border, and so the features).
 """
 
@@ -11,8 +14,18 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 
+#: The file endings of image files (compared in lower case): what extraction takes from an ``--images`` folder, what
+#: ``data.image_dir`` is searched for and what a retrieval index reads from a folder. Pillow decodes them all.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
+
+
 class ImageDecodeError(ValueError):
     """An image file that cannot be decoded; the message names the file."""
+
+
+def is_image_file(path: str | os.PathLike) -> bool:
+    """Whether ``path``'s ending is one of :data:`IMAGE_SUFFIXES` (any case: ``.JPG`` too)."""
+    return Path(path).suffix.lower() in IMAGE_SUFFIXES
 
 
 def to_rgb_array(image) -> np.ndarray:
@@ -76,6 +89,33 @@ def load_image(path: str | os.PathLike) -> np.ndarray:
                                "list or re-encode it as PNG/JPEG") from e
 
 
+def read_image(image) -> np.ndarray:
+    """uint8 [H, W, 3] RGB pixels of an image as users give one: a file path (:func:`load_image`: EXIF
+    orientation applied, every mode converted as :func:`to_rgb_array` says), a PIL image (its EXIF orientation
+    applied too, as an image opened with ``Image.open`` still carries it) or an array (:func:`to_rgb_array`).
+
+    Raises:
+        FileNotFoundError, ImageDecodeError: a file (see :func:`load_image`). ValueError: an array or mode that
+            cannot be converted. TypeError: anything else.
+    """
+    if isinstance(image, (str, os.PathLike)):
+        return load_image(image)
+    if isinstance(image, np.ndarray):
+        return to_rgb_array(image)
+    from PIL import Image, ImageOps
+
+    if isinstance(image, Image.Image):
+        return to_rgb_array(ImageOps.exif_transpose(image) or image)
+    raise TypeError(f"an image is a file path, a PIL image or a uint8 array, got {type(image).__name__}")
+
+
+def read_pil_image(image):
+    """:func:`read_image` as a PIL RGB image (for resizing and drawing)."""
+    from PIL import Image
+
+    return Image.fromarray(read_image(image))
+
+
 def shape_groups(shapes: Sequence[Hashable], max_batch: int) -> list[list[int]]:
     """Indices of ``shapes`` grouped by equal shape, each group cut to at most ``max_batch``, in order of first
     appearance: the batches that need no padding between images.
@@ -113,4 +153,5 @@ def boxes_to_pixels(boxes, resized_size: tuple[int, int], original_size: tuple[i
     return pixels
 
 
-__all__ = ["ImageDecodeError", "to_rgb_array", "load_image", "shape_groups", "run_in_shape_groups", "boxes_to_pixels"]
+__all__ = ["IMAGE_SUFFIXES", "ImageDecodeError", "is_image_file", "to_rgb_array", "load_image", "read_image",
+           "read_pil_image", "shape_groups", "run_in_shape_groups", "boxes_to_pixels"]

@@ -1,7 +1,9 @@
 """Region shards: webdataset tar files, one sample per image, and the one reader for them.
 
 Schema (version 1), per sample ``<key>.*`` where ``<key>`` is the image id with dots replaced:
-    meta.json         {"schema": 1, "image_id": str, "height": int, "width": int, "detector": str, "num_regions": R}
+    meta.json         {"schema": 1, "image_id": str, "height": int, "width": int, "detector": str, "num_regions": R,
+                       and from extraction of image files (optional): "source": the file it was read from,
+                       "bytes": its size, "sha256": its content's hash (the image's identity beside its id)}
     boxes.npy         float32 [R, 4]  pixels, (x1, y1, x2, y2)
     features.npy      float16 [R, D]
     scores.npy        float32 [R]
@@ -20,7 +22,7 @@ import json
 import os
 import tarfile
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -33,6 +35,13 @@ REQUIRED_FIELDS = ("meta.json", "boxes.npy", "features.npy", "scores.npy")
 
 class ShardError(ValueError):
     """A shard that cannot be read: corrupt or truncated tar, missing fields, duplicate image ids."""
+
+
+#: What to do about a corrupt or truncated shard, said by every refusal of one: the command that wrote it repairs it.
+DAMAGED_SHARD_FIX = ("run the command that wrote it again: tools/extract_regions.py with the same --images and "
+                     "--output-dir sets a damaged shard aside (.corrupt) and extracts only its images, an import "
+                     "(--from-tsv / --from-npz) rewrites every shard; for a cache under data.cache_dir, delete that "
+                     "directory and the next run extracts it again")
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
@@ -77,11 +86,13 @@ def sample_key(image_id: str) -> str:
 
 
 def write_shards(regions: Iterable[Regions], directory: str | os.PathLike, prefix: str = "regions",
-                 max_samples_per_shard: int = 1000, start_index: int = 0) -> list[Path]:
+                 max_samples_per_shard: int = 1000, start_index: int = 0,
+                 provenance: Callable[[str], dict] | None = None) -> list[Path]:
     """Write regions to ``directory/prefix-000000.tar`` etc. (numbered from ``start_index``).
 
     Each shard is written under a temporary name and renamed when complete, so a crash never leaves a shard
-    that looks finished. Returns the shard paths in order.
+    that looks finished. Returns the shard paths in order. ``provenance``: image id -> further ``meta.json`` fields
+    (the image file's ``source``, ``bytes`` and ``sha256``: :func:`detectors.extract.extract_to_shards`).
 
     Raises:
         ShardError: two regions share an image id.
@@ -112,8 +123,8 @@ def write_shards(regions: Iterable[Regions], directory: str | os.PathLike, prefi
         sample = {
             "__key__": sample_key(r.image_id),
             "meta.json": json.dumps({"schema": SCHEMA_VERSION, "image_id": r.image_id, "height": int(r.height),
-                                     "width": int(r.width), "detector": r.detector,
-                                     "num_regions": r.num_regions}).encode(),
+                                     "width": int(r.width), "detector": r.detector, "num_regions": r.num_regions,
+                                     **(provenance(r.image_id) if provenance is not None else {})}).encode(),
             "boxes.npy": _npy_bytes(r.boxes.astype(np.float32)),
             "features.npy": _npy_bytes(r.features.astype(np.float16)),
             "scores.npy": _npy_bytes(r.scores.astype(np.float32)),
@@ -136,15 +147,14 @@ def check_tar_complete(path: Path) -> None:
         with tarfile.open(path, "r:") as tar:
             members = tar.getmembers()
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise ShardError(f"{path} is corrupt or truncated ({type(e).__name__}: {e}); re-extract it with "
-                         "tools/extract_regions.py") from e
+        raise ShardError(f"{path} is corrupt or truncated ({type(e).__name__}: {e}); {DAMAGED_SHARD_FIX}") from e
     end = max((m.offset_data + (m.size + 511) // 512 * 512 for m in members), default=0)
     with open(path, "rb") as f:
         f.seek(end)
         marker = f.read(1024)
     if end > size or marker != bytes(1024):
         raise ShardError(f"{path} is corrupt or truncated: it ends at byte {size} without tar's end-of-archive "
-                         f"marker after its last member (byte {end}); re-extract it with tools/extract_regions.py")
+                         f"marker after its last member (byte {end}); {DAMAGED_SHARD_FIX}")
 
 
 def _iter_tar_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
@@ -158,8 +168,7 @@ def _iter_tar_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
             fields = {k: v for k, v in sample.items() if not k.startswith("__")}
             yield key, fields
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise ShardError(f"{path} is corrupt or truncated ({type(e).__name__}: {e}); re-extract it with "
-                         "tools/extract_regions.py") from e
+        raise ShardError(f"{path} is corrupt or truncated ({type(e).__name__}: {e}); {DAMAGED_SHARD_FIX}") from e
     except ValueError as e:
         if "duplicate file name" in str(e):
             raise ShardError(f"{path}: a sample has the same field twice (duplicate key in the shard): {e}; "
@@ -242,6 +251,44 @@ def shard_image_keys(path: str | os.PathLike) -> set[str]:
         return {m.name.split(".", 1)[0] for m in tar.getmembers() if m.isfile()}
 
 
+def readable_image_keys(path: str | os.PathLike) -> set[str]:
+    """The sample keys of a damaged shard's members that can still be read, up to where it breaks ({} for a file
+    that is no tar at all): the images it is known to have held."""
+    keys: set[str] = set()
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for member in tar:
+                if member.isfile():
+                    keys.add(member.name.split(".", 1)[0])
+    except (tarfile.TarError, EOFError, OSError):
+        pass
+    return keys
+
+
+def shard_provenance(path: str | os.PathLike, keys: set[str]) -> dict[str, dict]:
+    """sample key -> the ``source`` / ``bytes`` / ``sha256`` fields of its ``meta.json``, for the samples of a
+    complete shard whose key is in ``keys`` and whose meta records them (extraction of image files writes them).
+
+    Raises:
+        ShardError: the shard is truncated or corrupt, or a meta.json is not JSON.
+    """
+    path = Path(path)
+    check_tar_complete(path)
+    out: dict[str, dict] = {}
+    with tarfile.open(path, "r:") as tar:
+        for member in tar.getmembers():
+            key, _, field = member.name.partition(".")
+            if field != "meta.json" or key not in keys:
+                continue
+            try:
+                meta = json.loads(tar.extractfile(member).read())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ShardError(f"{path}: sample {key!r} has invalid meta.json ({e}); {DAMAGED_SHARD_FIX}") from e
+            if isinstance(meta, dict) and "sha256" in meta:
+                out[key] = {name: meta.get(name) for name in ("image_id", "source", "bytes", "sha256")}
+    return out
+
+
 DETECTOR_INFO = "detector.json"
 
 
@@ -270,6 +317,6 @@ def load_regions(paths: Iterable[str | os.PathLike]) -> dict[str, Regions]:
     return {r.image_id: r for r in read_shards(paths)}
 
 
-__all__ = ["write_shards", "read_shards", "load_regions", "shard_paths", "shard_image_keys", "write_detector_info",
-           "read_detector_info", "ShardError", "RegionError", "SCHEMA_VERSION",
-           "sample_key"]
+__all__ = ["write_shards", "read_shards", "load_regions", "shard_paths", "shard_image_keys", "readable_image_keys",
+           "shard_provenance", "write_detector_info", "read_detector_info", "ShardError", "RegionError",
+           "SCHEMA_VERSION", "sample_key", "DAMAGED_SHARD_FIX"]

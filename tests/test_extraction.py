@@ -159,3 +159,57 @@ def test_butd_selection_equals_one_nms_per_class():
     assert len(keep) == passing and confidence[keep].min() >= 0.3 and (confidence[keep].diff() <= 0).all()
     assert len(select_regions(confidence, 0.95, 10, 100)) == 10  # topped up to min_boxes by confidence
     assert len(select_regions(confidence, 0.0, 10, 36)) == 36  # cut to max_boxes
+
+
+def test_a_damaged_shard_is_repaired_by_rerunning_the_command_and_another_picture_under_an_id_is_refused(
+        tmp_path, capsys):  # rows 110, 111
+    """A store with one shard cut off (a copy interrupted): reading it says to rerun the command that wrote it, and
+    that command (the one that used to refuse) sets the shard aside and extracts only its images again, to the
+    store an uninterrupted run wrote. A second --images folder whose ``b.png`` is another picture is refused in one
+    line naming both files; the same pictures under another folder are recognised by their sha256 and skipped."""
+    from detectors.shards import ShardError
+    from detectors.store import RegionStore
+    from test_tool_errors import one_line_error
+
+    rng = np.random.default_rng(0)
+    folder, other = tmp_path / "images", tmp_path / "more"
+    folder.mkdir()
+    other.mkdir()
+    for name in "abc":
+        Image.fromarray(rng.integers(0, 256, (32, 48, 3), dtype=np.uint8)).save(folder / f"{name}.png")
+    out = tmp_path / "out"
+    args = ["--images", str(folder), *FAST, "--samples-per-shard", "1", "--output-dir", str(out)]
+    assert run_tool(tool("extract_regions"), args) == 0
+    whole = regions_by_id(out)
+    damaged = shard_paths(out)[1]
+    damaged.write_bytes(damaged.read_bytes()[:1500])
+    with pytest.raises(ShardError, match="run the command that wrote it again: tools/extract_regions.py with the same"):
+        RegionStore(out)
+    capsys.readouterr()
+    assert run_tool(tool("extract_regions"), args) == 0
+    assert "wrote 1 shard(s)" in capsys.readouterr().out
+    assert damaged.with_name(damaged.name + ".corrupt").is_file()  # kept, out of the store
+    assert_same_store(regions_by_id(out), whole)
+    for name in "ab":  # the same pictures in another folder: already extracted
+        (other / f"{name}.png").write_bytes((folder / f"{name}.png").read_bytes())
+    again = ["--images", str(other), *FAST, "--output-dir", str(out)]
+    assert run_tool(tool("extract_regions"), again) == 0 and "wrote 0 shard(s)" in capsys.readouterr().out
+    Image.fromarray(rng.integers(0, 256, (32, 48, 3), dtype=np.uint8)).save(other / "b.png")
+    line = one_line_error(capsys, "extract_regions", again)
+    assert f"image id 'b' of {other / 'b.png'} is already in {out} from {folder / 'b.png'}, a different picture" in line
+    assert_same_store(regions_by_id(out), whole)
+
+
+def test_a_damaged_cache_is_extracted_again(tmp_path):  # row 110
+    """easy-VQA regions cached under data.cache_dir (as the recipes read them), the shard then cut off: the next
+    run's lookup sees the shard's size differ from the one recorded and extracts the cache again."""
+    from detectors.config import DetectorConfig
+    from vlbert.data.easy_vqa import easy_vqa_shards
+
+    detector = DetectorConfig(options={"input_size": 64, "max_proposals": 4})
+    ids = ["train/0", "train/1"]
+    shards = easy_vqa_shards(detector, tmp_path, ids)
+    whole = regions_by_id(shards[0].parent)
+    shards[0].write_bytes(shards[0].read_bytes()[:2000])
+    assert easy_vqa_shards(detector, tmp_path, ids) == shards
+    assert_same_store(regions_by_id(shards[0].parent), whole)

@@ -97,10 +97,16 @@ def e2e_run(easy, tmp_path_factory):
     return SimpleNamespace(root=root, dir=root / "run", questions=records, config=config)
 
 
-def test_a_backbone_run_reads_images_and_its_pipeline_answers_as_the_forward(easy, e2e_run):
+@pytest.fixture(scope="module")
+def e2e_vqa(e2e_run):
+    """The VQA pipeline of the backbone run (its model and detector loaded once for the module)."""
+    return VQAPipeline(e2e_run.dir, device="cpu", batch_size=8)
+
+
+def test_a_backbone_run_reads_images_and_its_pipeline_answers_as_the_forward(easy, e2e_run, e2e_vqa):
     info = json.loads((e2e_run.dir / "inference.json").read_text())
     assert info["image_preprocessing"] == {**PREPROCESSING["imagenet"].record(), "short_side": 80}
-    vqa = VQAPipeline(e2e_run.dir, device="cpu", batch_size=8)
+    vqa = e2e_vqa
     assert vqa.model.bert.visual_backbone is not None and info["region_feature_dim"] == 288
     qs = e2e_run.questions
     files = [str(easy.files[str(q["image_id"])]) for q in qs]
@@ -300,3 +306,67 @@ def test_explain_reads_a_backbone_runs_pixels_and_refuses_what_feeds_features(e2
     np.testing.assert_allclose(printed["attention_to_regions"], (row / row.sum()).numpy(), atol=2e-3)
     assert "computes them from the pixels" in one_line_error(capsys, "explain", ["generate", "--model",
                                                                                  str(e2e_run.dir), "--images", "4"])
+
+
+def test_boxes_and_pixels_come_from_one_reader(e2e_vqa, tmp_path):  # row 106
+    """A 16-bit greyscale PNG, a phone JPEG stored sideways with EXIF orientation 8, a .webp and a .bmp in one
+    folder, read by the VQA pipeline over the backbone run (its regions extracted with the run's detector, its
+    pixels preprocessed as the run's) and by the recipe's image reader with ``data.image_dir`` set to that folder
+    (the image ids tools/extract_regions.py --images gives it): the pixels under every box are the pixels the
+    detector saw (the image upright, [3, 80, 128]; 16-bit scaled by 65535, not clipped to white), and every file
+    is found."""
+    from detectors.images import load_image
+    from vlbert.commands.extract_regions import image_sources
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    ramp = np.linspace(0, 65535, 128 * 80).reshape(80, 128).astype(np.uint16)
+    Image.fromarray(ramp).save(folder / "deep.png")  # mode I;16
+    upright = np.random.default_rng(0).integers(0, 256, (80, 128, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = 8  # "rotate 90 clockwise to view": stored 80 wide, 128 high
+    Image.fromarray(upright).transpose(Image.Transpose.ROTATE_270).save(folder / "phone.jpg", exif=exif.tobytes(),
+                                                                         quality=95)
+    Image.fromarray(upright).save(folder / "other.webp", lossless=True)
+    Image.fromarray(upright[:, ::-1].copy()).save(folder / "flipped.bmp")
+    files = dict(image_sources([str(folder)]))
+    assert sorted(files) == ["deep", "flipped", "other", "phone"]
+    mean, std = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+
+    def same_under_boxes(pixels, regions, seen):  # the backbone's input (ImageNet-normalised) back to 0..255
+        assert tuple(pixels.shape) == (3, 80, 128) and (regions.height, regions.width) == (80, 128)
+        values = ((pixels * std + mean) * 255).permute(1, 2, 0).numpy()
+        for x1, y1, x2, y2 in regions.boxes.round().astype(int):
+            np.testing.assert_allclose(values[y1:y2, x1:x2], seen[y1:y2, x1:x2], atol=1e-3)
+
+    vqa = e2e_vqa
+    found = dict(zip(files, vqa.inputs.regions([str(p) for p in files.values()])))
+    for image_id, regions in found.items():
+        same_under_boxes(regions.pixels, regions, load_image(files[image_id]))
+    np.testing.assert_array_equal(load_image(files["deep"])[:, :, 0], np.round(ramp / 65535 * 255))  # not all 255
+    assert vqa(str(files["phone"]), "what color is the shape?", top_k=1)[0]["answer"] in vqa.labels
+    data = SimpleNamespace(dataset="vqa-v2", image_dir=str(folder), image_preprocessing="", image_short_side=80,
+                           image_max_side=0)
+    reader = task_images(data, TIMM, list(files))
+    for image_id, regions in found.items():
+        same_under_boxes(reader(image_id), regions, load_image(files[image_id]))
+
+
+def test_a_missing_backbone_weights_file_is_named_under_the_backbones_key(capsys, easy, e2e_run, tmp_path):  # row 113
+    """``model.visual_backbone.weights`` naming no file: one line under that key (it named the detector's
+    ``detector.weights / --weights``), nothing written."""
+    config = {"modality": "vl", "tokenizer": "minilm", "detector": asdict(EASY_DETECTOR),
+              "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                        "visual_backbone": {**TIMM, "weights": str(tmp_path / "mobilenet.safetensors")}},
+              "data": {"sources": [{"name": "easy", "format": "jsonl", "path": str(tmp_path / "captions.jsonl"),
+                                    "shards": str(easy.shards)}],
+                       "image_dir": str(e2e_run.root / "images"), "image_short_side": 64, "eval_fraction": 0.0,
+                       "objectives": {"mlm": 1}},
+              "training": {"max_steps": 1, "batch_size": 4, "progress_bar": False}}
+    (tmp_path / "captions.jsonl").write_text("".join(
+        json.dumps({"image_id": k, "caption": f"a {c} {s}"}) + "\n" for k, (c, s) in easy.truth.items()))
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--config", str(tmp_path / "config.yaml"),
+                                               "--output-dir", str(tmp_path / "run")])
+    assert f"{tmp_path / 'mobilenet.safetensors'} does not exist (model.visual_backbone.weights)" in line, line
+    assert not (tmp_path / "run").exists()

@@ -129,3 +129,90 @@ def test_a_collective_that_cannot_complete_is_one_line(monkeypatch):  # row 81
     assert isinstance(failure, ProcessGroupError) and not is_user_error(failure)
     assert one_line(failure).startswith("rank 1: a collective between the processes could not complete (")
     assert "--resume" in one_line(failure) and collective_failure(RuntimeError("shape mismatch")) is None
+
+
+@pytest.fixture(scope="module")
+def lxmert_dir(tmp_path_factory):
+    """A tiny transformers LxmertForPreTraining (4 heads) saved as save_pretrained writes it, its state dict, and
+    an uncased tokenizer of its vocabulary."""
+    from test_lxmert import SIZES
+
+    tmp = tmp_path_factory.mktemp("lxmert-refusals")
+    torch.manual_seed(0)
+    hf = transformers.LxmertForPreTraining(transformers.LxmertConfig(**SIZES["small"]))
+    hf.save_pretrained(tmp / "hf")
+    state = {k: v.clone() for k, v in hf.state_dict().items() if not k.endswith("position_ids")}
+    return tmp / "hf", state, write_tokenizer(tmp / "tok", SIZES["small"]["vocab_size"], cased=False)
+
+
+def test_lxmert_and_vl_bert_files_are_refused_naming_the_tensor_and_the_family(capsys, tmp_path, lxmert_dir):
+    """Rows 103-105. An LXMERT transformers directory without config.json (its 4 heads would convert as 1), an LXMERT
+    or VL-BERT checkpoint lacking one tensor or holding one outside the layout, airsplay's Epoch20_LXRT.pth or an
+    LXMERT directory given --from vl-bert: each one line naming the tensor / the family, nothing written."""
+    import shutil
+
+    from safetensors.torch import save_file
+    from test_vl_bert import write_model_file
+    from vl_bert_reference import vl_bert_state
+
+    source, state, tok = lxmert_dir
+    out = tmp_path / "out"
+
+    def refused(path, family, *more):
+        return one_line_error(capsys, "convert_checkpoint", [str(path), "--from", family, "--tokenizer", str(tok),
+                                                             "--output-dir", str(out), *more])
+
+    bare = tmp_path / "no-config"
+    shutil.copytree(source, bare)
+    (bare / "config.json").unlink()
+    line = refused(bare, "lxmert")
+    assert "has no config.json with num_attention_heads" in line and "--config" in line, line
+    key = "lxmert.encoder.x_layers.0.visual_attention.att.query.weight"
+    for layout, expected in (({k: v for k, v in state.items() if k != key}, f"lacks the tensor '{key}'"),
+                             ({**state, "lxmert.encoder.extra.weight": torch.zeros(2)},
+                              "'lxmert.encoder.extra.weight' is not part of LXMERT's layout")):
+        damaged = tmp_path / "damaged"
+        shutil.copytree(source, damaged, dirs_exist_ok=True)
+        save_file(layout, damaged / "model.safetensors")
+        line = refused(damaged, "lxmert")
+        assert expected in line and "lxmert" in line.replace("LXMERT", "lxmert"), line
+    airsplay = {("module.bert." + k[len("lxmert."):] if k.startswith("lxmert.") else "module." + k): v
+                for k, v in state.items()}
+    torch.save(airsplay, tmp_path / "Epoch20_LXRT.pth")
+    for path in (tmp_path / "Epoch20_LXRT.pth", source):
+        line = refused(path, "vl-bert")
+        assert "it is a lxmert checkpoint: pass --from lxmert" in line, line
+    vl_bert = vl_bert_state(layers=1)
+    write_model_file(tmp_path / "partial.model", {k: v for k, v in vl_bert.items()
+                                                  if k != "module.image_feature_extractor.obj_downsample.1.weight"})
+    line = refused(tmp_path / "partial.model", "vl-bert")
+    assert "vl-bert checkpoint lacks the tensor 'module.image_feature_extractor.obj_downsample.1.weight'" in line
+    assert not out.exists()
+
+
+def test_damaged_vl_bert_files_are_one_line_whatever_the_unpickler_raises(capsys, tmp_path):  # row 108
+    """VL-BERT's .model files are torch 1.x pickles (no zip): cut off or with bytes flipped, torch's weights-only
+    unpickler raises IndexError, KeyError, UnpicklingError, ...; the converter's one loader makes each one line."""
+    from test_vl_bert import OPTIMIZER
+    from vl_bert_reference import vl_bert_state
+
+    path = tmp_path / "vl-bert-base-prec.model"
+    state = vl_bert_state(hidden=8, layers=1, intermediate=8, vocab=12, positions=8, feature_dim=4, classes=3)
+    torch.save({"state_dict": state, "optimizer": OPTIMIZER}, path, _use_new_zipfile_serialization=False)
+    data = path.read_bytes()
+    g = torch.Generator().manual_seed(0)
+    seen = set()
+    for i in range(40):
+        cut = data[: int(torch.randint(1, len(data), (1,), generator=g))]
+        flipped = bytearray(data[:len(cut)])
+        for k in torch.randint(0, len(cut), (3,), generator=g).tolist():
+            flipped[k] = int(torch.randint(0, 256, (1,), generator=g))
+        path.write_bytes(bytes(flipped))
+        try:
+            torch.load(path, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - what the unpickler raises, to check the cases cover several types
+            seen.add(type(e).__name__)
+        line = one_line_error(capsys, "convert_checkpoint", [str(path), "--from", "vl-bert", "--output-dir",
+                                                             str(tmp_path / "out")])
+        assert "is not a plain VL-BERT checkpoint" in line and "fetch it again" in line, line
+    assert {"IndexError", "KeyError"} & seen, seen  # what escaped the reader's own torch.load before

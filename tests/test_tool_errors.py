@@ -304,3 +304,32 @@ def test_every_detector_field_has_its_extract_regions_flag(capsys):
     for name in names:
         flag = "--opts" if name == "overrides" else "--" + name.replace("_", "-")
         assert flag in text, flag
+
+
+def test_a_mistyped_init_from_says_the_directory_does_not_exist_before_any_hub_lookup(capsys, tmp_path, monkeypatch,
+                                                                                      text_config):  # row 112
+    """``--init-from runs/vqa-ezy`` beside ``runs/vqa-easy``: one line saying the directory does not exist and
+    naming the near one, before the hub is asked for it (it was blamed on the network: the tokenizer was tried as
+    a hub id first); with ``--overwrite``, the run in --output-dir is kept (it was deleted before the refusal)."""
+    import huggingface_hub
+
+    asked = []
+
+    def no_hub(*args, **kwargs):
+        asked.append(args)
+        raise OSError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_hub)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_hub)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "vqa-easy").mkdir(parents=True)
+    config = yaml.safe_load(text_config.read_text())
+    del config["tokenizer"]  # the tokenizer would come from init_from
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "runs" / "old"
+    out.mkdir()
+    (out / "metrics.json").write_text('{"kept": 1}')
+    line = one_line_error(capsys, "pretrain", ["--config", "config.yaml", "--init-from", "runs/vqa-ezy",
+                                               "--output-dir", str(out), "--overwrite"])
+    assert line.startswith("error: runs/vqa-ezy does not exist") and "did you mean runs/vqa-easy?" in line, line
+    assert not asked and (out / "metrics.json").read_text() == '{"kept": 1}'

@@ -28,13 +28,44 @@ def packaged_minilm_dir() -> Path:
     return Path(package.__file__).parent / "model"
 
 
+def local_looking(name_or_path: str | os.PathLike) -> bool:
+    """Whether ``name_or_path`` can only mean a local path: absolute, starting with ``.`` or ``~``, of more than two
+    parts, or whose first part is a local directory (``runs/vqa-easy`` where ``runs/`` is here); a hub id
+    (``org/name``) is none of these."""
+    text = str(name_or_path)
+    parts = Path(text).parts
+    return (Path(text).is_absolute() or text.startswith((".", "~")) or len(parts) > 2
+            or (len(parts) == 2 and Path(parts[0]).is_dir()))
+
+
+def missing_local_path(name_or_path: str | os.PathLike) -> FileNotFoundError:
+    """The error for a local-looking path that does not exist: it names the path, the nearest existing parent and
+    the entries of that parent closest to what was typed (``runs/vqa-ezy``: did you mean ``runs/vqa-easy``?)."""
+    import difflib
+
+    path = Path(str(name_or_path)).expanduser()
+    parent = next((p for p in path.parents if p.is_dir()), Path("."))
+    wanted = path.relative_to(parent).parts[0] if path != parent else path.name
+    near = difflib.get_close_matches(wanted, sorted(p.name for p in parent.iterdir()), n=2, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(str(parent / n) for n in near)}?)" if near else ""
+    return FileNotFoundError(f"{name_or_path} does not exist: there is no such directory{hint}; a model is a local "
+                             "directory (config.json + weights) or a hub name org/name")
+
+
 def resolve_model_path(name_or_path: str | os.PathLike | None) -> str:
     """A checkpoint name as configs and ``--init-from`` give it -> what ``from_pretrained`` and
     :func:`load_tokenizer` take: ``None`` or ``"minilm"`` -> the packaged MiniLM directory (weights and
     tokenizer); a hub repository id (``org/name``, no such local path) -> its snapshot directory in the hub cache
-    (:func:`vlbert.hub.hub_snapshot`; unchanged when it cannot be had); a directory or other name unchanged."""
+    (:func:`vlbert.hub.hub_snapshot`; unchanged when it cannot be had); a directory or other name unchanged.
+
+    Raises:
+        FileNotFoundError: a path that can only be local (:func:`local_looking`) and does not exist, before any
+            hub lookup (:func:`missing_local_path`: the nearest names named).
+    """
     if name_or_path is None or str(name_or_path) == "minilm":
         return str(packaged_minilm_dir())
+    if local_looking(name_or_path) and not Path(str(name_or_path)).expanduser().exists():
+        raise missing_local_path(name_or_path)
     if is_hub_name(name_or_path):  # org/name: its snapshot in the hub cache, so every reader finds its files
         try:
             return str(hub_snapshot(str(name_or_path)))

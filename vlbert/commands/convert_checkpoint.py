@@ -10,7 +10,10 @@
 
 SRC: UNITER's ``.pt`` file (its ``config/uniter-*.json`` with ``--config`` for other head counts than 64 per head);
 a VisualBERT directory as transformers saves it (``uclanlp/visualbert-*``); an Oscar/VinVL directory
-(``config.json`` + ``pytorch_model.bin``). ``--tokenizer``: a directory or hub name (default: the family's own,
+(``config.json`` + ``pytorch_model.bin``); VL-BERT's ``.model`` (``--config`` its ``cfgs/*.yaml``); an LXMERT
+directory as transformers saves it (``unc-nlp/lxmert-*``) or airsplay/lxmert's ``.pth``. A directory must hold its
+``config.json`` (the head count is not in the tensors); a damaged file, a missing or foreign tensor, and another
+family's checkpoint are refused in one line naming the file, the tensor and the family. ``--tokenizer``: a directory or hub name (default: the family's own,
 bert-base-cased for UNITER, bert-base-uncased for VisualBERT and Oscar; online). ``--labels``: the answer list of a
 fine-tuned VQA head (UNITER's ``ans2label.json``, a JSON list, or one answer per line).
 """

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from detectors.images import read_pil_image
+
 from vlbert.analysis.attention_maps import word_region_attention
 from vlbert.inference import PIPELINES, pipeline
 from vlbert.inference.run import read_inference_info
@@ -106,7 +108,7 @@ class DemoSession:
                                          region_mask=batch["region_mask"], output_attentions=True).attentions
         weights = word_region_attention(tuple(a.cpu() for a in attentions), num_text,
                                         layer % len(attentions))[word]
-        picture = image if isinstance(image, Image.Image) else Image.open(image)
+        picture = read_pil_image(image)  # the pixels the regions were found on (EXIF orientation applied)
         return weights, draw_region_weights(picture, regions.boxes[:len(weights)], weights)
 
 

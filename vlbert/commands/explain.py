@@ -24,7 +24,7 @@ from pathlib import Path
 
 import vlbert
 from detectors.config import DetectorConfig
-from detectors.images import load_image
+from detectors.images import load_image, read_pil_image
 from detectors.shards import load_regions
 from vlbert.analysis.alignment_share import alignment_share, object_box
 from vlbert.analysis.attention_maps import (head_statistics, plot_head_statistics, plot_text_attention,
@@ -170,7 +170,6 @@ def attention_command(args, out: Path) -> None:
 def regions_command(args, out: Path) -> None:
     """regions / alignment: a word's attention (or transport plan) over an easy-VQA image's regions."""
     import torch
-    from PIL import Image
 
     text = require_text(args)
     r, max_regions = image_regions(args)
@@ -197,7 +196,7 @@ def regions_command(args, out: Path) -> None:
         title = f"{args.text!r}, {'cross-modality ' if cross else ''}layer {layer + 1}, heads averaged"
     n = matrix.shape[1]
     labels = [f"{k}:{int(b[2] - b[0])}x{int(b[3] - b[1])}" for k, b in enumerate(r.boxes[:n])]
-    image = Image.open(image_paths(split)[args.easy_vqa_image]).convert("RGB")
+    image = read_pil_image(image_paths(split)[args.easy_vqa_image])
     path = out / f"{args.what}-{args.easy_vqa_image.replace('/', '-')}-{tokens[word]}.png"
     plot_word_regions(image, r.boxes[:n], tokens, matrix, word, labels, path, title=title,
                       quantity="attention" if args.what == "regions" else "transport")

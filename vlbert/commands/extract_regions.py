@@ -9,10 +9,14 @@
     python tools/extract_regions.py --from-tsv trainval_obj36.tsv --extracted-with butd-vg --output-dir out/
     python tools/extract_regions.py --from-npz features_dir/ --extracted-with my-detector.yaml --output-dir out/
 
---images takes files, directories (PNG/JPEG inside), "skimage" (the real photos shipped with scikit-image) or
-"easy-vqa". The detector flags are made from the backends' table (detectors/backends.py): --backend chooses one,
-each backend option is a flag (--architecture resnet50 --weights resnet50.safetensors for another timm backbone). --draw writes the first images with their boxes (and top class) to one PNG. Running the same command
-again after a crash or kill skips the images already in complete shards (detectors/extract.py).
+--images takes files, directories (the image files inside, of the endings detectors.images.IMAGE_SUFFIXES: .jpg,
+.png, .webp, .bmp, ...), "skimage" (the real photos shipped with scikit-image) or "easy-vqa". The detector flags are
+made from the backends' table (detectors/backends.py): --backend chooses one, each backend option is a flag
+(--architecture resnet50 --weights resnet50.safetensors for another timm backbone). --draw writes the first images
+with their boxes (and top class) to one PNG. Running the same command again after a crash or kill skips the images
+already in complete shards, and repairs a shard damaged since (cut off by a copy: set aside as .corrupt, its images
+extracted again); an image id the store holds from another picture (a second folder's cat.jpg; each sample records
+its file's sha256) is refused (detectors/extract.py).
 
 detector.json beside the shards says what made them: the detector's config with the sha256 of its weights file
 (extraction), or for imported features the detector --extracted-with names (``butd-vg``: UNITER's and LXMERT's
@@ -27,14 +31,13 @@ import os
 from pathlib import Path
 
 from detectors.config import named_detector
-from detectors.extract import distributed_rank, extract_to_shards
-from detectors.images import load_image
+from detectors.extract import distributed_rank, extract_to_shards, pending_sources
+from detectors.images import IMAGE_SUFFIXES, is_image_file, read_pil_image
 from detectors.precomputed import read_butd_tsv, read_npz
-from detectors.shards import read_shards, shard_paths, write_detector_info, write_shards
+from detectors.shards import read_detector_info, read_shards, shard_paths, write_detector_info, write_shards
 from vlbert.commands.detector_flags import add_detector_arguments, detector_from_arguments
 from vlbert.data.easy_vqa import image_paths
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp"}
 SKIMAGE_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "horse.png")
 
 
@@ -55,13 +58,13 @@ def image_sources(spec: list[str]) -> list[tuple[str, object]]:
             if path.is_dir():
                 # image id = the path under the directory without suffix ("000000391895", or "train/17" nested)
                 out += [(p.relative_to(path).with_suffix("").as_posix(), p) for p in sorted(path.rglob("*"))
-                        if p.suffix.lower() in IMAGE_SUFFIXES]
+                        if is_image_file(p) and p.is_file()]
             elif path.is_file():
                 out.append((path.stem, path))
             else:
                 raise FileNotFoundError(f"--images {item}: no such file or directory; pass image files, directories or 'skimage'/'easy-vqa'")
     if not out:
-        raise ValueError("--images: no images found (suffixes " + ", ".join(sorted(IMAGE_SUFFIXES)) + ")")
+        raise ValueError("--images: no images found (endings " + ", ".join(IMAGE_SUFFIXES) + ")")
     return out
 
 
@@ -97,15 +100,13 @@ def draw_first(args, extractor, info: dict, sources: dict) -> None:
     ``detector.json`` records, else the extractor's ``label`` where it has one)."""
     from itertools import islice
 
-    from PIL import Image
-
     label_fn = getattr(extractor, "label", None)
     if info.get("class_names"):
         label_fn = info["class_names"].__getitem__
     drawn = []
     for r in islice(read_shards(shard_paths(args.output_dir)), args.draw_count):
         src = sources[r.image_id]
-        drawn.append((r, Image.fromarray(src if hasattr(src, "shape") else load_image(src))))
+        drawn.append((r, read_pil_image(src)))
     draw(drawn, Path(args.draw), label_fn=label_fn)
     print(f"boxes drawn to {args.draw}")
 
@@ -184,14 +185,20 @@ def main(argv=None) -> int:
         device = args.device
         if device == "cuda" and world > 1:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-        extractor = detector.build(device)
         sources = image_sources(args.images)
-        info = {"detector": extractor.name, "fingerprint": detector.fingerprint(), "config": asdict(detector),
-                **({k: v for k, v in extractor.metadata().items() if k != "detector"}
-                   if hasattr(extractor, "metadata") else {})}
-        shards = extract_to_shards(extractor, sources, args.output_dir, info, rank, world, args.batch_size,
-                                   args.samples_per_shard)
+        record = {"fingerprint": detector.fingerprint(), "config": asdict(detector)}
+        extractor, shards = None, []
+        # the store's checks first (another detector, another picture under an id, a damaged shard set aside):
+        # a refusal, or a rerun with nothing left to extract, loads no weights
+        if read_detector_info(args.output_dir) is None or pending_sources(sources, args.output_dir, record, rank,
+                                                                          world):
+            extractor = detector.build(device)
+            info = {"detector": extractor.name, **record,
+                    **({k: v for k, v in extractor.metadata().items() if k != "detector"}
+                       if hasattr(extractor, "metadata") else {})}
+            shards = extract_to_shards(extractor, sources, args.output_dir, info, rank, world, args.batch_size,
+                                       args.samples_per_shard)
         if args.draw and rank == 0:
-            draw_first(args, extractor, info, dict(sources))
+            draw_first(args, extractor, read_detector_info(args.output_dir) or {}, dict(sources))
     print(f"wrote {len(shards)} shard(s) to {args.output_dir}")
     return 0

@@ -21,11 +21,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from detectors.images import to_rgb_array
+from detectors.images import IMAGE_SUFFIXES, is_image_file, read_pil_image
 from detectors.regions import Regions
-
-#: the file endings :func:`image_files` looks for under an image directory, in this order.
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".JPEG", ".JPG", ".PNG")
 
 
 @dataclass(frozen=True)
@@ -63,9 +60,16 @@ class ImagePreprocessing:
             return width, height
         return (side, int(side * height / width)) if width < height else (int(side * width / height), side)
 
-    def __call__(self, image: Image.Image) -> torch.Tensor:
-        """float32 [3, h, w]: ``image`` resized (:meth:`size`), in the channel order, scaled and normalised."""
-        image = image.convert("RGB")
+    def __call__(self, image) -> torch.Tensor:
+        """float32 [3, h, w]: ``image`` (a file path, PIL image or uint8 array, read by
+        :func:`detectors.images.read_image`, the reader extraction uses: EXIF orientation applied, 16-bit scaled)
+        resized (:meth:`size`), in the channel order, scaled and normalised.
+
+        Raises:
+            FileNotFoundError, detectors.images.ImageDecodeError: a file that is missing or cannot be decoded.
+            ValueError: an array or image mode it cannot convert.
+        """
+        image = read_pil_image(image)
         w, h = self.size(*image.size)
         if (w, h) != image.size:
             image = image.resize((w, h), Image.BILINEAR)
@@ -81,12 +85,10 @@ class ImagePreprocessing:
         [H, W, 3] RGB (any mode :func:`detectors.images.to_rgb_array` converts).
 
         Raises:
-            FileNotFoundError: no such file. ValueError: an array or image mode it cannot convert.
+            FileNotFoundError, detectors.images.ImageDecodeError: a file that is missing or cannot be decoded.
+            ValueError: an array or image mode it cannot convert.
         """
-        if isinstance(image, (str, os.PathLike)):
-            with Image.open(image) as opened:
-                return self(opened)
-        return self(Image.fromarray(to_rgb_array(image)))
+        return self(image)
 
     def record(self) -> dict:
         """The fields, JSON-ready: what a run writes to ``inference.json`` (``image_preprocessing``)."""
@@ -131,9 +133,26 @@ def image_preprocessing(name: str, short_side: int = 0, max_side: int = 0) -> Im
     return replace(chosen, **changes)
 
 
+def _image_files_in(folder: Path) -> dict[str, Path]:
+    """name without its ending -> file, for the image files directly in ``folder`` (:func:`detectors.images.
+    is_image_file`; the first in sorted order where two share a name), {} for a folder that does not exist."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    files: dict[str, Path] = {}
+    for entry in entries:
+        if is_image_file(entry.name) and entry.is_file():
+            files.setdefault(Path(entry.name).stem, Path(entry.path))
+    return files
+
+
 def image_files(image_ids: Sequence[str], directory: str | os.PathLike) -> dict[str, Path]:
-    """image id -> its file under ``directory``: ``<directory>/<id>`` itself when the id has a file ending, else
-    ``<directory>/<id><suffix>`` for the first of :data:`IMAGE_SUFFIXES` that exists.
+    """image id -> its file under ``directory``, by extraction's rule (``tools/extract_regions.py --images
+    DIRECTORY`` names each image by its path under the directory without its ending): ``<directory>/<id>`` itself
+    when that is a file, else ``<directory>/<id><ending>`` for an ending of :data:`detectors.images.IMAGE_SUFFIXES`
+    in any case (``.webp``, ``.JPG``, ...). So ``data.image_dir`` set to the folder the regions were extracted from
+    finds every image. Each folder is listed once.
 
     Raises:
         FileNotFoundError: the directory does not exist, or an image has no file (the first missing one named,
@@ -143,18 +162,21 @@ def image_files(image_ids: Sequence[str], directory: str | os.PathLike) -> dict[
     if not root.is_dir():
         raise FileNotFoundError(f"data.image_dir {root} is not a directory; set it to the directory of the images "
                                 "whose regions the shards hold")
-    found, missing = {}, []
+    found, missing, listed = {}, [], {}
     for image_id in dict.fromkeys(image_ids):
-        candidates = [root / image_id] + [root / f"{image_id}{s}" for s in IMAGE_SUFFIXES]
-        path = next((p for p in candidates if p.is_file()), None)
+        path = root / image_id
+        if not path.is_file():
+            if path.parent not in listed:
+                listed[path.parent] = _image_files_in(path.parent)
+            path = listed[path.parent].get(path.name)
         if path is None:
             missing.append(image_id)
         else:
             found[image_id] = path
     if missing:
         raise FileNotFoundError(f"{len(missing)} image(s) have regions but no file under data.image_dir {root}, e.g. "
-                                f"{missing[0]!r} (looked for {missing[0]}{{,{','.join(IMAGE_SUFFIXES)}}}); copy them "
-                                "there or point data.image_dir at them")
+                                f"{missing[0]!r} (looked for {missing[0]}{{,{','.join(IMAGE_SUFFIXES)}}} in any "
+                                "case); copy them there or point data.image_dir at them")
     return found
 
 
@@ -176,8 +198,7 @@ class ImageReader:
         path = self.files.get(image_id)
         if path is None:
             raise KeyError(f"image {image_id!r} has regions but no image file; the visual backbone reads its pixels")
-        with Image.open(path) as image:
-            return self.preprocessing(image)
+        return self.preprocessing.read(path)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from vlbert.checkpoint import read_state_dict
+from vlbert.checkpoint import PYTORCH_WEIGHTS_NAME, SHARDED_INDEX_NAME, WEIGHTS_NAME, read_state_dict
 from vlbert_base.user_files import expect, read_json
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ class CheckpointFamily:
         reference: the reference code it is converted from, ``owner/repo@commit`` (the model card cites it).
         parity: how far the converted model is from that code's forward (the model card cites it).
         config_fields: the keys of the source's own config a conversion cannot do without (what the tensors do not
-            show: a transformers directory's ``num_attention_heads``); a source without them is refused.
+            show: a transformers directory's ``num_attention_heads``); a directory source without them is refused
+            (a family's own single-file format, airsplay's ``.pth``, has no config: its head size is the family's).
     """
 
     name: str
@@ -79,12 +80,29 @@ class CheckpointFamily:
     config_fields: tuple[str, ...] = ()
 
     def read(self, source: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """The checkpoint's tensors and its own config (a dict; empty where the format has none)."""
+        """The checkpoint's tensors, in one key layout whatever the published form (:meth:`normalise`), and its own
+        config (a dict; empty where the format has none). Files go through :func:`load_torch_object`, the one
+        loader of pickled tensors.
+
+        Raises:
+            WrongForm: a directory where the family publishes a file, or the reverse.
+        """
         raise NotImplementedError
 
+    def normalise(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``state``'s keys as :meth:`matches` and :meth:`convert` read them, from any of the family's published
+        layouts (prefixes of ``nn.DataParallel``, of a bare model, of another release); the default changes
+        nothing."""
+        return state
+
     def matches(self, state: dict[str, torch.Tensor]) -> bool:
-        """Whether ``state`` has this family's key layout."""
+        """Whether ``state`` (after :meth:`normalise`) has this family's key layout."""
         raise NotImplementedError
+
+    def source_key(self, key: str) -> str:
+        """The family's own name of ``key`` (a name of :meth:`convert`'s output), for naming a tensor the file
+        lacks; the default: ``key`` unchanged."""
+        return key
 
     def convert(self, state: dict[str, torch.Tensor], source_config: dict[str, Any]) -> Converted:
         """The checkpoint in our terms (see :class:`Converted`)."""
@@ -99,23 +117,44 @@ def detector_features(detector, max_regions: int, description: str) -> dict[str,
             "config": asdict(detector), "max_regions": max_regions, "description": description}
 
 
-def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
-    """A ``.pt`` / ``.bin`` state dict read with ``torch.load(weights_only=True)`` onto the CPU: tensors and plain
-    containers only, never code. A ``{"model_state": {...}}`` / ``{"state_dict": {...}}`` wrapper is unwrapped.
+class WrongForm(ValueError):
+    """A source of the wrong form for a family's reader: a directory where the family publishes one file, or the
+    reverse (:func:`vlbert.families.convert.convert_checkpoint` then names the family the source is)."""
+
+
+def load_torch_object(path: Path, what: str = "state dict of tensors"):
+    """The one loader of every family's ``torch.save`` files (UNITER's ``.pt``, airsplay's ``.pth``, VL-BERT's
+    ``.model``, a directory's ``pytorch_model.bin``): ``torch.load(weights_only=True)`` onto the CPU, tensors and
+    plain containers only, never code.
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: the file holds anything but tensors (pickled code or objects: the file is named and refused),
-            or no state dict.
+        ValueError: whatever the unpickler raises (``UnpicklingError``, and on damaged bytes ``IndexError``,
+            ``KeyError``, ``EOFError``, ``RuntimeError``, ...): one message naming the file and ``what`` it should
+            hold, the cause's first line, and both fixes (a damaged copy fetched again; code or objects re-saved).
     """
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - the unpickler raises many types (IndexError, KeyError, ...) on bad bytes
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"{path} is not a plain state dict of tensors ({first[:200]}); vlbert never unpickles code "
-                         "or objects: re-save it as tensors (torch.save(model.state_dict())) with code you trust") from e
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ValueError(f"{path} is not a plain {what} ({type(e).__name__}: {first[:200]}): either the file is "
+                         "damaged (cut off by a copy or download: fetch it again), or it holds code or objects, and "
+                         "vlbert never unpickles code or objects: re-save it as tensors "
+                         "(torch.save(model.state_dict())) with code you trust") from e
+
+
+def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
+    """A ``.pt`` / ``.bin`` state dict read by :func:`load_torch_object`. A ``{"model_state": {...}}`` /
+    ``{"state_dict": {...}}`` wrapper is unwrapped.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is damaged or holds anything but tensors (pickled code or objects: the file is named
+            and refused), or no state dict.
+    """
+    state = load_torch_object(path)
     for wrapper in ("model_state", "state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]
@@ -129,13 +168,17 @@ def read_directory(source: Path, what: str) -> tuple[dict[str, torch.Tensor], di
     safetensors, or ``pytorch_model.bin`` read without unpickling code) and its ``config.json`` (empty if none).
 
     Raises:
-        ValueError: ``source`` is a file (``what`` names the family's format). Errors of ``read_state_dict``.
+        WrongForm: ``source`` is a file (``what`` names the family's format). Errors of ``read_state_dict`` and
+            :func:`load_torch_file` (``pytorch_model.bin``).
     """
     if not source.is_dir():
-        raise ValueError(f"{source} is a file; {what} is a directory (config.json + weights)")
+        raise WrongForm(f"{source} is a file; {what} is a directory (config.json + weights)")
     config_file = source / "config.json"
     config = read_json(config_file, f"{what}'s config.json") if config_file.is_file() else {}
-    return read_state_dict(source), expect(config, dict, str(config_file), "config.json")
+    only_bin = not any((source / name).is_file() for name in (WEIGHTS_NAME, SHARDED_INDEX_NAME))
+    state = load_torch_file(source / PYTORCH_WEIGHTS_NAME) if only_bin and (source / PYTORCH_WEIGHTS_NAME).is_file() \
+        else read_state_dict(source)
+    return state, expect(config, dict, str(config_file), "config.json")
 
 
 def to_float32(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -158,6 +201,15 @@ def take_tied(state: dict[str, torch.Tensor], duplicate: str, original: str, tra
     if copy.shape != expected.shape or not torch.equal(copy, expected):
         raise ValueError(f"{duplicate} should be tied to {original} but holds other values; this checkpoint was "
                          "not written by the family's own code")
+
+
+def source_prefix(key: str, table: dict[str, str]) -> str:
+    """``key`` with :func:`rename_prefix`'s renames of ``table`` undone (in reverse order): the source's name of a
+    renamed key; unchanged where no rename produced it."""
+    for old, new in reversed(table.items()):
+        if key.startswith(new):
+            key = old + key[len(new):]
+    return key
 
 
 def rename_prefix(state: dict[str, torch.Tensor], table: dict[str, str]) -> dict[str, torch.Tensor]:
@@ -191,5 +243,6 @@ def architecture(state: dict[str, torch.Tensor], source_config: dict) -> dict:
     return values
 
 
-__all__ = ["CheckpointFamily", "Converted", "detector_features", "load_torch_file", "read_directory", "to_float32",
-           "take_tied", "rename_prefix", "architecture"]
+__all__ = ["CheckpointFamily", "Converted", "WrongForm", "detector_features", "load_torch_object", "load_torch_file",
+           "read_directory", "to_float32",
+           "take_tied", "rename_prefix", "source_prefix", "architecture"]

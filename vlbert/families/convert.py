@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from vlbert import models
 from vlbert.config import VLBertConfig
-from vlbert.families.base import CheckpointFamily
+from vlbert.families.base import CheckpointFamily, WrongForm, load_torch_file, read_directory
 from vlbert.families.registry import FAMILIES
 from vlbert.tokenization import load_tokenizer
 from vlbert_base.user_files import expect, read_json, read_yaml
@@ -99,8 +99,25 @@ def read_source_config(path: str | os.PathLike, family: str) -> dict[str, Any]:
 
 
 def detect_family(state) -> str | None:
-    """The name of the family whose key layout ``state`` has, or None."""
-    return next((name for name, family in FAMILIES.items() if family.matches(state)), None)
+    """The name of the family whose key layout ``state`` has in any of its published forms (each family's
+    :meth:`~vlbert.families.base.CheckpointFamily.normalise` first: airsplay's ``module.bert.*`` is LXMERT's),
+    or None."""
+    return next((name for name, family in FAMILIES.items() if family.matches(family.normalise(state))), None)
+
+
+def sniff_family(source: Path) -> str | None:
+    """The family of the checkpoint at ``source`` whatever its form (a file through
+    :func:`~vlbert.families.base.load_torch_file`; a directory's weights, or its one ``.pt`` file), or None where
+    it cannot be read or is no family's. Read only to name the family in a refusal."""
+    try:
+        if source.is_dir():
+            files = sorted(source.glob("*.pt"))
+            state = read_directory(source, "a checkpoint")[0] if not files else load_torch_file(files[0])
+        else:
+            state = load_torch_file(source)
+    except (ValueError, OSError):
+        return None
+    return detect_family(state)
 
 
 def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str | os.PathLike,
@@ -110,8 +127,9 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
     """Convert a published checkpoint of ``family`` into a vlbert model directory ``output_dir``.
 
     Args:
-        family: a key of :data:`vlbert.families.FAMILIES` ("uniter", "visualbert", "oscar", "vl-bert").
-        source: the checkpoint: UNITER's ``.pt`` file, a VisualBERT or Oscar/VinVL directory, VL-BERT's ``.model``.
+        family: a key of :data:`vlbert.families.FAMILIES` ("uniter", "visualbert", "oscar", "vl-bert", "lxmert").
+        source: the checkpoint: UNITER's ``.pt`` file, a VisualBERT, Oscar/VinVL or LXMERT directory, VL-BERT's
+            ``.model``, airsplay/lxmert's ``.pth``.
         output_dir: written whole or not at all (built beside it and renamed at the end).
         tokenizer: a tokenizer directory or hub name (default: the family's, from the hub when online).
         labels: the answer/label names in the head's output order (a list, or a file for :func:`read_labels`);
@@ -125,11 +143,13 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
         a report: family, model class, task, ``missing`` (newly initialised heads), ``dropped`` (source tensors
         not carried over, with why).
     Raises:
-        ValueError: an unknown family; a checkpoint of another family (named) or of none; a file that holds code;
-            a tokenizer of the wrong casing or size; labels of the wrong count; tensors the model has no place for
+        ValueError: an unknown family; a checkpoint of another family (named, whatever its form: a directory for a
+            one-file family too) or of none; a damaged file or one that holds code (whatever the unpickler raises:
+            :func:`~vlbert.families.base.load_torch_object`); a tensor of the family's layout missing, or one outside
+            it (named, with the family); a tokenizer of the wrong casing or size; labels of the wrong count; tensors the model has no place for
             or encoder tensors missing; tensors holding NaN or inf (named) without ``allow_nonfinite``; a
-            transformers-format directory without the config.json values its tensors do not show (the head count,
-            and the head where the keys fit two).
+            transformers-format directory (VisualBERT, Oscar, LXMERT) without the config.json values its tensors do
+            not show (the head count, and the head where the keys fit two).
         FileExistsError: ``output_dir`` is not empty and ``overwrite`` is not set.
         FileNotFoundError: no source, or no tokenizer there (offline without --tokenizer).
     """
@@ -141,17 +161,23 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
         raise FileNotFoundError(f"{source} does not exist")
     if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
         raise FileExistsError(f"{output_dir} is not empty; choose another --output-dir or pass --overwrite")
-    state, source_config = fam.read(source)
+    try:
+        state, source_config = fam.read(source)
+    except WrongForm as e:  # a directory for a one-file family, or the reverse: which family it is, if any
+        other = sniff_family(source)
+        if other is None or other == family:
+            raise
+        raise WrongForm(f"{e}; it is a {other} checkpoint: pass --from {other}") from e
     if config is not None:
         source_config = {**source_config, **read_source_config(config, family)}
     _check_source(fam, source, state, source_config, allow_nonfinite)
-    converted = fam.convert(state, source_config)
+    converted = _convert(fam, source, state, source_config)
     model_config = VLBertConfig(**converted.config)
     tok = load_tokenizer(tokenizer or fam.tokenizer)
     check_tokenizer_casing(tok, fam, model_config.vocab_size)
     names = _label_names(converted.task, labels if labels is not None else converted.labels, model_config.num_labels)
     model = getattr(models, converted.model_class)(model_config)
-    report = _load(model, converted.state, source)
+    report = _load(model, converted.state, source, family)
     report.update(family=family, model_class=converted.model_class, task=converted.task, dropped=converted.dropped)
     info = {"format_version": 1, "task": converted.task, "max_text_length": fam.max_text_length,
             "max_regions": fam.features["max_regions"], "region_feature_dim": model_config.region_feature_dim,
@@ -175,15 +201,37 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
     return report
 
 
+def _convert(fam: CheckpointFamily, source: Path, state, source_config: dict):
+    """``fam.convert``, its refusals in one line naming the file and the family: a tensor of the family's layout
+    that the file lacks (a ``KeyError`` of the key map), a tensor outside it, a layer missing one of its weights.
+
+    Raises:
+        ValueError: as said.
+    """
+    try:
+        return fam.convert(state, source_config)
+    except KeyError as e:
+        key = str(e.args[0]) if e.args else "?"
+        theirs = fam.source_key(key)
+        named = repr(theirs) + (f" (vlbert's {key!r})" if theirs != key else "")
+        raise ValueError(f"{source}: this {fam.name} checkpoint lacks the tensor {named}, which its layout has: the "
+                         f"file is incomplete or was altered; convert the checkpoint as {fam.name} published it") from e
+    except ValueError as e:
+        if str(source) in str(e):
+            raise
+        raise ValueError(f"{source} ({fam.name}): {e}") from e
+
+
 def _check_source(fam: CheckpointFamily, source: Path, state, source_config: dict, allow_nonfinite: bool) -> None:
-    """Refuse what a conversion cannot know or should not carry: a missing config (``fam.config_fields``), non-finite
-    tensors, another family's keys (see :func:`convert_checkpoint`'s Raises)."""
+    """Refuse what a conversion cannot know or should not carry: a directory without the config values its tensors
+    do not show (``fam.config_fields``), non-finite tensors, another family's keys (see :func:`convert_checkpoint`'s
+    Raises)."""
     if not fam.matches(state):
         other = detect_family(state)
         hint = f"it is a {other} checkpoint: pass --from {other}" if other else \
             f"its keys ({', '.join(sorted(state)[:3])}, ...) are no published family's"
         raise ValueError(f"{source} is not a {fam.name} checkpoint; {hint}")
-    if fam.config_fields and not all(k in source_config for k in fam.config_fields):
+    if fam.config_fields and source.is_dir() and not all(k in source_config for k in fam.config_fields):
         raise ValueError(f"{source} has no config.json with {', '.join(fam.config_fields)}: its tensors do not say "
                          "the head count (nor always the head); put the checkpoint's own config.json beside its "
                          "weights (as save_pretrained writes it) or pass --config FILE")
@@ -206,19 +254,22 @@ def _label_names(task: str, labels, num_labels: int) -> list[str] | None:
     return names
 
 
-def _load(model, state, source) -> dict[str, Any]:
-    """Load ``state`` into ``model``: every tensor must have a place and the encoder must be complete; heads the
-    checkpoint lacks are reported as newly initialised."""
+def _load(model, state, source, family: str) -> dict[str, Any]:
+    """Load ``state`` into ``model``: every tensor must have a place and the encoder must be complete (else one line
+    naming the tensors, in vlbert's names, and the ``family``); heads the checkpoint lacks are reported as newly
+    initialised."""
     own = model.state_dict()
     unexpected = sorted(k for k in state if k not in own)
     if unexpected:
-        raise ValueError(f"{source}: tensors with no place in {type(model).__name__}: {unexpected[:8]}"
-                         f"{' ...' if len(unexpected) > 8 else ''}")
+        raise ValueError(f"{source}: {family} tensors with no place in {type(model).__name__}: {unexpected[:8]}"
+                         f"{' ...' if len(unexpected) > 8 else ''} (vlbert's names); the file is not as {family} "
+                         "publishes it")
     missing = sorted(k for k in own if k not in state)
     encoder_missing = [k for k in missing if k.startswith("bert.") and not k.startswith("bert.pooler.")]
     if encoder_missing:
         raise ValueError(f"{source}: encoder tensors missing: {encoder_missing[:8]}"
-                         f"{' ...' if len(encoder_missing) > 8 else ''}")
+                         f"{' ...' if len(encoder_missing) > 8 else ''} (vlbert's names); this {family} checkpoint is "
+                         "incomplete or was altered")
     model.load_converted_state_dict(state, source=str(source))
     if missing:
         logger.warning("newly initialised (not in %s): %s", source, ", ".join(missing))

@@ -65,7 +65,10 @@ def _cross_layers(state: dict, out: dict) -> None:
             for k, v in state.items():
                 if k.startswith(src + stream):
                     rest = k[len(src + stream):]
-                    part = next(p for p in _LAYER_PARTS if rest.startswith(p))
+                    part = next((p for p in _LAYER_PARTS if rest.startswith(p)), None)
+                    if part is None:
+                        raise ValueError(f"tensor {k!r} is not part of LXMERT's layout (a cross-modality layer's "
+                                         f"{stream}* tensors are {', '.join(stream + p + '*' for p in _LAYER_PARTS)})")
                     renamed["x.0." + _LAYER_PARTS[part] + rest[len(part):]] = v
             out.update({f"{dst}{ours}." + k[len("x.0."):]: v for k, v in _bert_layers(renamed, "x.", "x.").items()})
         att = src + "visual_attention."
@@ -92,17 +95,35 @@ def _heads(state: dict, out: dict, question_answering: bool) -> None:
         elif k.startswith("answer_head.logit_fc."):
             out[("vqa_head." if question_answering else "qa.") + k[len("answer_head.logit_fc."):]] = v
         elif k.startswith("obj_predict_head.decoder_dict."):
-            name, param = k[len("obj_predict_head.decoder_dict."):].split(".")
-            head = _VISUAL_DECODERS[name]
+            name, _, param = k[len("obj_predict_head.decoder_dict."):].partition(".")
+            head = _VISUAL_DECODERS.get(name)
+            if head is None:
+                raise ValueError(f"tensor {k!r} is not part of LXMERT's layout (its object head decodes "
+                                 f"{', '.join(_VISUAL_DECODERS)})")
             out[f"{head}.decoder.{param}"] = v
             for ours, theirs in (("dense", "dense"), ("norm", "LayerNorm")):
                 for p in ("weight", "bias"):
                     out[f"{head}.{ours}.{p}"] = state[f"obj_predict_head.transform.{theirs}.{p}"]
 
 
+#: the key prefixes of LXMERT's layout (transformers' names); a tensor under none is not LXMERT's.
+LAYOUT = ("lxmert.embeddings.", "lxmert.pooler.", "lxmert.encoder.visn_fc.", "lxmert.encoder.layer.",
+          "lxmert.encoder.r_layers.", "lxmert.encoder.x_layers.", "cls.predictions.", "cls.seq_relationship.",
+          "answer_head.logit_fc.", "obj_predict_head.transform.", "obj_predict_head.decoder_dict.")
+
+
 def convert_lxmert_state(state: dict, question_answering: bool) -> dict:
     """An LXMERT state dict (``lxmert.``-prefixed backbone, transformers' head names) in our names: the table of the
-    module docstring. Raises KeyError for a cross-attention layer with a missing tensor."""
+    module docstring.
+
+    Raises:
+        KeyError: a tensor of the layout that the state lacks (a cross-attention or object-head tensor; named).
+        ValueError: a tensor outside LXMERT's layout (named).
+    """
+    foreign = sorted(k for k in state if not k.startswith(LAYOUT))
+    if foreign:
+        raise ValueError(f"tensor {foreign[0]!r}{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''} is "
+                         f"not part of LXMERT's layout (its keys start {', '.join(p + '*' for p in LAYOUT)})")
     out = {}
     for k, v in state.items():
         if k.startswith(("lxmert.embeddings.", "lxmert.pooler.")):
@@ -131,6 +152,9 @@ class LxmertFamily(CheckpointFamily):
             config = {}
         else:
             state, config = read_directory(source, "an LXMERT checkpoint (transformers' save_pretrained)")
+        return self.normalise(state), config
+
+    def normalise(self, state):
         if any(k.startswith("module.") or ".module." in k for k in state):  # nn.DataParallel's (airsplay/lxmert)
             state = {k.removeprefix("module.").replace(".module.", "."): v for k, v in state.items()}
         if any(k.startswith("lxrt_encoder.model.bert.") for k in state):  # airsplay's fine-tuned tasks/<task>_model.py
@@ -140,10 +164,13 @@ class LxmertFamily(CheckpointFamily):
             state = {"lxmert." + k[len("bert."):] if k.startswith("bert.") else k: v for k, v in state.items()}
         if "encoder.visn_fc.visn_fc.weight" in state:  # a bare LxmertModel saves no prefix
             state = {"lxmert." + k: v for k, v in state.items()}
-        return state, config
+        return state
 
     def matches(self, state) -> bool:
         return any(k.startswith("lxmert.encoder.visn_fc.") for k in state)
+
+    def source_key(self, key: str) -> str:
+        return "lxmert." + key[len("bert."):] if key.startswith(("bert.embeddings.", "bert.pooler.")) else key
 
     def convert(self, state, source_config) -> Converted:
         state = to_float32({k: v for k, v in state.items() if not k.endswith("position_ids")})
@@ -184,7 +211,8 @@ LXMERT = LxmertFamily(
     features=detector_features(BUTD_VG_36, 36, "bottom-up-attention Faster R-CNN ResNet-101 (Visual Genome, Caffe), "
                                "exactly 36 boxes per image (LXMERT's *_obj36.tsv), 2048-d pool5 + 4-d box (x1, y1, x2, "
                                "y2) / (w, h)"),
-    max_text_length=20, reference="airsplay/lxmert@827087b; huggingface/transformers modeling_lxmert.py (5.23)",
+    max_text_length=20, config_fields=("num_attention_heads",),
+    reference="airsplay/lxmert@827087b; huggingface/transformers modeling_lxmert.py (5.23)",
     parity=("language, vision and pooled outputs and every head's logits equal transformers' Lxmert models within "
             "1e-5 (float32, ragged text and regions; vlbert tests/test_lxmert.py)"))
 

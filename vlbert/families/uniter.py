@@ -33,8 +33,8 @@ import torch
 
 from detectors.config import NAMED_DETECTORS
 from vlbert.checkpoint import hf_to_vlbert
-from vlbert.families.base import (CheckpointFamily, detector_features, Converted, architecture, load_torch_file, rename_prefix, take_tied,
-                                  to_float32)
+from vlbert.families.base import (CheckpointFamily, Converted, WrongForm, architecture, detector_features,
+                                  load_torch_file, rename_prefix, source_prefix, take_tied, to_float32)
 
 #: The features' detector as far as it is published: the weights file's name (no sha256 is published for it), so
 #: regions match on that name (detectors/config.py, docs/regions.md).
@@ -67,12 +67,15 @@ class UniterFamily(CheckpointFamily):
         if source.is_dir():
             files = sorted(source.glob("*.pt"))
             if len(files) != 1:
-                raise ValueError(f"{source} holds {len(files)} .pt files; name the UNITER checkpoint file itself")
+                raise WrongForm(f"{source} holds {len(files)} .pt files; name the UNITER checkpoint file itself")
             source = files[0]
         return load_torch_file(source), {}
 
     def matches(self, state) -> bool:
         return any(k.startswith("uniter.embeddings.") for k in state)
+
+    def source_key(self, key: str) -> str:
+        return source_prefix(key, RENAMES)
 
     def convert(self, state, source_config) -> Converted:
         state = to_float32(state)

@@ -47,9 +47,12 @@ class VisualBertFamily(CheckpointFamily):
 
     def read(self, source: Path):
         state, config = read_directory(source, "a VisualBERT checkpoint (as transformers' save_pretrained writes it)")
+        return self.normalise(state), config
+
+    def normalise(self, state):
         if "embeddings.visual_projection.weight" in state:  # a bare VisualBertModel saves no prefix
             state = {"visual_bert." + k: v for k, v in state.items()}
-        return state, config
+        return state
 
     def matches(self, state) -> bool:
         return any(k.startswith("visual_bert.embeddings.") for k in state)

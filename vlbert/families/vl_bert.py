@@ -28,14 +28,14 @@ features: BGR, means 102.98/115.95/122.77 subtracted, short side 600, long side 
 
 from __future__ import annotations
 
-import pickle
 import re
 from pathlib import Path
 
 import torch
 
 from vlbert.checkpoint import hf_to_vlbert
-from vlbert.families.base import CheckpointFamily, detector_features, Converted, architecture, rename_prefix, take_tied, to_float32
+from vlbert.families.base import (CheckpointFamily, Converted, WrongForm, architecture, detector_features,
+                                  load_torch_object, rename_prefix, source_prefix, take_tied, to_float32)
 from vlbert.families.uniter import BUTD_VG
 
 RENAMES = {
@@ -62,21 +62,18 @@ BACKBONE = "image_feature_extractor.backbone."
 
 
 def read_vl_bert_file(source: Path) -> dict[str, torch.Tensor]:
-    """The state dict of a VL-BERT ``.model`` file, ``module.`` prefixes removed, read with
-    ``torch.load(weights_only=True)`` (tensors and plain containers only); the optimizer state is dropped.
+    """The state dict of a VL-BERT ``.model`` file, ``module.`` prefixes removed, read by
+    :func:`~vlbert.families.base.load_torch_object` (tensors and plain containers only); the optimizer state is
+    dropped.
 
     Raises:
-        ValueError: a directory; a file that holds code or objects; a file with an optimizer state but no model
-            state (VL-BERT's ``.model`` files hold both); no tensors.
+        WrongForm: a directory.
+        ValueError: a damaged file or one that holds code or objects (whatever the unpickler raises); a file with an
+            optimizer state but no model state (VL-BERT's ``.model`` files hold both); no tensors.
     """
     if source.is_dir():
-        raise ValueError(f"{source} is a directory; a VL-BERT checkpoint is one .model file (vl-bert-base-prec.model)")
-    try:
-        saved = torch.load(source, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, TypeError, ValueError) as e:
-        first = (str(e).splitlines() or [type(e).__name__])[0]
-        raise ValueError(f"{source} is not a plain VL-BERT checkpoint ({first[:200]}); vlbert never unpickles code "
-                         "or objects") from e
+        raise WrongForm(f"{source} is a directory; a VL-BERT checkpoint is one .model file (vl-bert-base-prec.model)")
+    saved = load_torch_object(source, "VL-BERT checkpoint ({'state_dict': ..., 'optimizer': ...} of tensors)")
     if isinstance(saved, dict) and "state_dict" not in saved and "optimizer" in saved:
         raise ValueError(f"{source} holds only an optimizer state, no 'state_dict'; pass the .model file that "
                          "VL-BERT's trainer saved with both")
@@ -84,6 +81,11 @@ def read_vl_bert_file(source: Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{source} holds no state dict of tensors; a VL-BERT .model file is "
                          "{'state_dict': ..., 'optimizer': ...}")
+    return without_module_prefix(state)
+
+
+def without_module_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with DistributedDataParallel's ``module.`` prefixes removed."""
     return {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
 
 
@@ -108,8 +110,14 @@ class VLBertFamily(CheckpointFamily):
     def read(self, source: Path):
         return read_vl_bert_file(source), {}
 
+    def normalise(self, state):
+        return without_module_prefix(state)
+
     def matches(self, state) -> bool:
-        return any(k in state for k in ("vlbert.word_embeddings.weight", "module.vlbert.word_embeddings.weight"))
+        return any(k.startswith(("vlbert.word_embeddings.", "vlbert.encoder.")) for k in state)
+
+    def source_key(self, key: str) -> str:
+        return "module." + source_prefix(key, RENAMES)
 
     def convert(self, state, source_config) -> Converted:
         network = network_section(source_config)

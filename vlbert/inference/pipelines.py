@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from detectors.images import load_image, to_rgb_array
+from detectors.images import read_pil_image
 from detectors.regions import Regions
 from vlbert.evaluation.vqa import gqa_predictions_json, vqa_results_json
 from vlbert.inference.base import Pipeline, label_result, label_row
@@ -198,13 +198,9 @@ class ReferringPipeline(Pipeline):
     @staticmethod
     def draw(image, result: dict, color: str = "red", width: int = 3):
         """A copy of ``image`` (path, PIL image or uint8 array) as a PIL RGB image with ``result["box"]`` drawn."""
-        from PIL import Image, ImageDraw
+        from PIL import ImageDraw
 
-        if isinstance(image, (str, os.PathLike)):
-            array = load_image(image)
-        else:
-            array = to_rgb_array(image)
-        picture = Image.fromarray(array)
+        picture = read_pil_image(image)  # as the regions were found on it (EXIF orientation applied)
         ImageDraw.Draw(picture).rectangle(result["box"], outline=color, width=width)
         return picture
 

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import torch
 from safetensors.torch import load_file
 
+from detectors.images import IMAGE_SUFFIXES, is_image_file
 from detectors.regions import Regions
 from detectors.shards import write_shards
 from detectors.store import RegionStore
@@ -74,7 +75,6 @@ class ImageIndex:
         return cls(ids, RegionStore(directory / "regions"), load_file(str(directory / EMBEDDINGS_FILE))["embeddings"])
 
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 class RetrievalPipeline(Pipeline):
@@ -153,7 +153,7 @@ class RetrievalPipeline(Pipeline):
         """
         if isinstance(images, (str, os.PathLike)) and Path(images).is_dir():
             folder = Path(images)
-            files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+            files = sorted(p for p in folder.rglob("*") if is_image_file(p))
             images, image_ids = files, image_ids or [p.relative_to(folder).as_posix() for p in files]
         images = list(images)
         if not images:

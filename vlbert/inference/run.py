@@ -19,7 +19,7 @@ import torch
 
 from detectors.config import DetectorConfig
 from detectors.extract import extract_regions
-from detectors.images import to_rgb_array
+from detectors.images import read_image
 from detectors.regions import Regions
 from vlbert.data.images import ImagePreprocessing, with_image
 from vlbert.data.padding import pad_text
@@ -212,7 +212,7 @@ class RunInputs:
             if isinstance(image, (str, os.PathLike)):
                 name, source = str(image), image
             else:  # an array, or a PIL image
-                name, source = f"image-{k}", image if isinstance(image, np.ndarray) else to_rgb_array(image)
+                name, source = f"image-{k}", read_image(image)  # upright, 8-bit RGB: as the pixels
             key = name if given is None and isinstance(source, (str, os.PathLike)) else k
             pending.setdefault(key, (name, source, given, []))[3].append(k)
         for with_boxes in (False, True):

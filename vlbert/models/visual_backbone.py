@@ -133,7 +133,8 @@ class TimmLevels(nn.Module):
         if weights == "packaged" and name != "efficientnet_lite0":
             raise ValueError(f"config.visual_backbone.weights='packaged' is the ImageNet efficientnet_lite0; model is "
                              f"{name!r}: pass a weights file of {name}")
-        source = load_efficientnet_lite0().state_dict() if weights == "packaged" else read_state_dict(weights)
+        source = load_efficientnet_lite0().state_dict() if weights == "packaged" else \
+            read_state_dict(weights, "model.visual_backbone.weights")
         target = self.net.state_dict()
         wrong = [k for k in target if k not in source or source[k].shape != target[k].shape]
         if wrong:

@@ -344,11 +344,11 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
     if recipe.uses_regions:
         detector = DetectorConfig.from_section(config.get("detector"))
     start_processes(training.collective_timeout)
+    init = config.get("init_from") or recipe.default_init
+    init_from = resolve_model_path(init) if init else None  # a mistyped path refused before --overwrite deletes
     fresh = not Path(training.output_dir).exists()
     check_shared_output_dir(training.output_dir, control_plane(training.collective_timeout))
     prepare_output_dir(training.output_dir, resume, overwrite)
-    init = config.get("init_from") or recipe.default_init
-    init_from = resolve_model_path(init) if init else None
     tokenizer = load_tokenizer(resolve_model_path(config.get("tokenizer") or init_from))
     ctx = RunContext(config, training, data_config, detector, tokenizer, init_from, tuple(command_line_keys))
     checkpoint_limits_decide(ctx)
