@@ -1,8 +1,10 @@
 """One runner for every task: a :class:`Recipe` says what is particular to a task (its data section, how to
 build its data, model and evaluation); :func:`run` does the wiring every task shares, in one order:
 
-1. check the run config (top-level keys, ``training``, ``data``, ``detector``) before anything is written;
-2. refuse an output directory that holds a run unless ``resume`` or ``overwrite`` says what to do with it;
+1. check the run config (top-level keys, ``training``, ``data``, ``detector``, ``model``: every value through the
+   typed reading of :mod:`vlbert_base.typed_config`) before anything is built or written;
+2. refuse an output directory that holds a run unless ``resume`` or ``overwrite`` says what to do with it, and a
+   ``resume`` whose config differs from the run's own ``config.yaml`` (:func:`resume_changes`);
 3. resolve ``init_from`` (``minilm`` = the packaged BERT) and load the tokenizer (``tokenizer``, else the one
    saved with ``init_from``, else the packaged vocabulary);
 4. build the data, seed, build the model and check that the tokenizer fits it;
@@ -12,23 +14,27 @@ build its data, model and evaluation); :func:`run` does the wiring every task sh
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from detectors.config import DetectorConfig
 from vlbert import checkpoint as ckpt
-from vlbert.config import BertConfig
+from vlbert.config import BertConfig, VLBertConfig
 from vlbert.data.loading import eval_loader, train_loader
 from vlbert.run_files import INFERENCE_INFO, read_run_file, write_inference_info
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
 from vlbert.training.processes import check_shared_output_dir, collective_failure, control_plane, start_processes
 from vlbert.training.run_config import check_sections, dataclass_from_section
-from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig, set_seed
+from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig, latest_checkpoints, set_seed
 from vlbert.utils import process_position
 from vlbert_base.files import write_text_atomically
+from vlbert_base.typed_config import check_mapping
+from vlbert_base.user_files import read_yaml
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +45,37 @@ FINISHED_MARKERS = ("metrics.json", "model.safetensors", "inference.json")
 COMMON_SECTIONS = ("task", "modality", "init_from", "tokenizer", "model", "data", "training", "allow_other_detector")
 
 
+#: The run's config as it started, written by the trainer into the output directory; a resumed run keeps it.
+RUN_CONFIG_FILE = "config.yaml"
+#: The keys a resumed run may change: how long it runs, where and how often it writes, how it loads its data; not
+#: what it trains. The change is recorded in log.jsonl (a ``"split": "config"`` line); any other difference from
+#: the run's config.yaml is refused (:func:`resume_changes`).
+RESUMABLE_CHANGES = ("training.output_dir", "training.max_steps", "training.log_every", "training.eval_every",
+                     "training.save_every", "training.save_total_limit", "training.progress_bar",
+                     "training.num_workers", "training.collective_timeout", "data.max_eval_batches", "data.num_proc",
+                     "data.corpus_cache_dir", "data.cache_dir")
+
+
 class RunExistsError(FileExistsError):
     """The output directory already holds a run and neither resume nor overwrite was asked for."""
+
+
+@dataclass
+class RunKeys:
+    """The top-level values of a run config besides its sections (``model``, ``data``, ``training``, ``detector``,
+    each read by its own type), read through the typed layer like every other value.
+
+    task: the recipe's name (tools/finetune.py); modality: "text" or "vl" (tools/pretrain.py); init_from: a
+    checkpoint directory, hub name or ``minilm``; tokenizer: a tokenizer directory or hub name (default: the one
+    saved with init_from); allow_other_detector: fine-tune a vision-language init_from on regions of another
+    detector than its own (:func:`check_init_regions`).
+    """
+
+    task: str | None = None
+    modality: Literal["text", "vl"] | None = None
+    init_from: str | None = None
+    tokenizer: str | None = None
+    allow_other_detector: bool = False
 
 
 @dataclass
@@ -325,6 +360,110 @@ def checkpoint_limits_decide(ctx: RunContext) -> None:
                        "checkpoint's", ctx.init_from, ", ".join(cuts))
 
 
+def model_config_class(recipe: Recipe) -> type:
+    """The config class of the ``model`` section of ``recipe``'s runs: :class:`~vlbert.config.VLBertConfig` for
+    the tasks with regions, else :class:`~vlbert.config.BertConfig`."""
+    return VLBertConfig if recipe.uses_regions else BertConfig
+
+
+def read_run_config(recipe: Recipe, config: dict[str, Any]) -> tuple[TrainingConfig, Any, Any]:
+    """Read every value of ``config`` through its type (:mod:`vlbert_base.typed_config`), building nothing: the
+    top-level keys (:class:`RunKeys`, and none unknown), ``training``, ``data`` (the recipe's data config),
+    ``detector`` (recipes with regions) and the ``model`` section's given keys (the model config's fields, its
+    ``visual_backbone`` included; the architecture's consistency is checked when the model is built). The
+    ``model`` section of an ``implementation: transformers`` run is transformers' to read.
+
+    Returns:
+        (training config, data config, detector config or None).
+    Raises:
+        ValueError: an unknown key, a value of the wrong type or out of range: one line naming the key, what it
+            got and what it takes.
+    """
+    check_sections(config, COMMON_SECTIONS + (("detector",) if recipe.uses_regions else ()) + recipe.sections)
+    keys = {f.name for f in dataclasses.fields(RunKeys)}
+    check_mapping(RunKeys, {k: v for k, v in config.items() if k in keys}, "")
+    training = TrainingConfig.from_dict(config.get("training"))
+    data_config = dataclass_from_section(recipe.data_config, config.get("data"), "data")
+    detector = DetectorConfig.from_section(config.get("detector")) if recipe.uses_regions else None
+    if config.get("implementation", "vlbert") != "transformers":
+        check_mapping(model_config_class(recipe), config.get("model"), "model")
+    return training, data_config, detector
+
+
+def _effective(recipe: Recipe, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` flattened to ``section.key`` -> value, the typed sections with their defaults filled (an entry
+    spelled out at its default equals one left out; ``1e-4`` equals ``0.0001``). A section this version cannot
+    read (a config.yaml of another version) is compared as written."""
+    readers = {"training": lambda v: dataclasses.asdict(TrainingConfig.from_dict(v)),
+               "data": lambda v: dataclasses.asdict(dataclass_from_section(recipe.data_config, v, "data")),
+               "model": lambda v: check_mapping(model_config_class(recipe), v, "model")}
+    if recipe.uses_regions:
+        readers["detector"] = lambda v: dataclasses.asdict(DetectorConfig.from_section(v))
+    out: dict[str, Any] = {}
+    for key in sorted(set(config) | set(readers) - {"model"}):
+        value = config.get(key)
+        if key in readers:
+            try:
+                value = readers[key](value)
+            except (ValueError, TypeError):
+                pass
+        if isinstance(value, dict) and key in readers:
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    out["init_from"] = config.get("init_from") or recipe.default_init  # the checkpoint the run starts from
+    return out
+
+
+def resume_changes(recipe: Recipe, config: dict[str, Any], output_dir: str | Path) -> dict[str, tuple[Any, Any]]:
+    """What ``config`` changes against the run it resumes: its ``config.yaml`` (written when the run started, and
+    never rewritten), where the output directory holds one and a checkpoint to resume from. The keys of
+    :data:`RESUMABLE_CHANGES` may change (returned, ``key -> (recorded, now)``, for the run's log); any other
+    difference is refused, since the checkpoint's steps were trained with the recorded values and the run would
+    mix two recipes under one record.
+
+    Raises:
+        ValueError: a key outside :data:`RESUMABLE_CHANGES` differs (every such key named, with both values).
+    """
+    directory = Path(output_dir)
+    path = directory / RUN_CONFIG_FILE
+    if not path.is_file() or not latest_checkpoints(directory):
+        return {}
+    recorded = read_yaml(path, "run's config", "it is the record the trainer wrote; restore it from a checkpoint's "
+                         "config.yaml") or {}
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{path} must hold a YAML mapping (the run's config), got {type(recorded).__name__}; "
+                         "restore it from a checkpoint's config.yaml")
+    before, now = _effective(recipe, recorded), _effective(recipe, config)
+    missing = "(not set)"
+    changed = {k: (before.get(k, missing), now.get(k, missing)) for k in sorted(set(before) | set(now))
+               if not _same(before.get(k, missing), now.get(k, missing))}
+    refused = [k for k in changed if k not in RESUMABLE_CHANGES]
+    if refused:
+        differences = "; ".join(f"{k}: {changed[k][0]!r} -> {changed[k][1]!r}" for k in refused)
+        raise ValueError(
+            f"--resume: this config differs from the one the run in {directory} started with ({path}): {differences}; "
+            "a run continues with its own config: undo these changes (--set them back), or train a new run in "
+            f"another --output-dir (--init-from one of its checkpoints); only {', '.join(RESUMABLE_CHANGES)} may "
+            "change on --resume")
+    return changed
+
+
+def record_resume_changes(output_dir: str | Path, step: int, changes: dict[str, tuple[Any, Any]]) -> None:
+    """Append the allowed config changes of a resumed run to its ``log.jsonl`` (main process): one line
+    ``{"split": "config", "step": <resumed step>, "changed": {key: [recorded, now]}}``, and one log line."""
+    if not changes:
+        return
+    logger.warning("--resume at step %d with config changes %s (recorded in log.jsonl; %s keeps the run's first "
+                   "config)", step, ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()),
+                   RUN_CONFIG_FILE)
+    if process_position()[0] != 0:
+        return
+    record = {"split": "config", "step": step, "changed": {k: [a, b] for k, (a, b) in changes.items()}}
+    with open(Path(output_dir) / "log.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, default=str) + "\n")
+
+
 def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite: bool = False,
         command_line_keys: tuple[str, ...] = (), hooks: Sequence = ()) -> dict[str, Any]:
     """Train and evaluate ``recipe`` as ``config`` says; returns the final metrics (also in metrics.json).
@@ -332,21 +471,18 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
     ``hooks``: :class:`~vlbert.training.hooks.TrainerHook` s for the trainer (a throughput meter, an EMA, ...).
 
     Raises:
-        ValueError / FileNotFoundError: bad config keys or values, missing data, a tokenizer that does not fit
+        ValueError / FileNotFoundError: bad config keys or values (:func:`read_run_config`), a ``resume`` whose
+            config differs from the run's (:func:`resume_changes`), missing data, a tokenizer that does not fit
             the model, ...: all raised before any file is written.
         RunExistsError: see :func:`prepare_output_dir`.
         vlbert.training.trainer.TrainingPreempted: SIGTERM; a checkpoint was written.
     """
-    check_sections(config, COMMON_SECTIONS + (("detector",) if recipe.uses_regions else ()) + recipe.sections)
-    training = TrainingConfig.from_dict(config.get("training") or {})
-    data_config = dataclass_from_section(recipe.data_config, config.get("data"), "data")
-    detector = None
-    if recipe.uses_regions:
-        detector = DetectorConfig.from_section(config.get("detector"))
+    training, data_config, detector = read_run_config(recipe, config)
     start_processes(training.collective_timeout)
     fresh = not Path(training.output_dir).exists()
     check_shared_output_dir(training.output_dir, control_plane(training.collective_timeout))
     prepare_output_dir(training.output_dir, resume, overwrite)
+    changes = resume_changes(recipe, config, training.output_dir) if resume else {}
     init = config.get("init_from") or recipe.default_init
     init_from = resolve_model_path(init) if init else None
     tokenizer = load_tokenizer(resolve_model_path(config.get("tokenizer") or init_from))
@@ -370,6 +506,8 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
         if resume and not trainer.resume():
             logger.warning("--resume: no checkpoint under %s/%s; starting from step 0", training.output_dir,
                            CHECKPOINTS_DIR)
+        elif resume:
+            record_resume_changes(training.output_dir, trainer.step, changes)
         if info is not None:
             write_inference_info(training.output_dir, {"task": recipe.name, "pipeline": recipe.pipeline, **info})
         extra = recipe.baselines(ctx, data, trainer.unwrapped) if recipe.baselines else {}
@@ -389,5 +527,6 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
 
 
 __all__ = ["Recipe", "RunContext", "TaskData", "run", "load_model", "prepare_output_dir", "RunExistsError",
+           "RunKeys", "read_run_config", "resume_changes", "RESUMABLE_CHANGES", "model_config_class",
            "check_init_regions", "regions_difference",
            "write_inference_info", "INFERENCE_INFO", "write_output_file", "read_run_file"]

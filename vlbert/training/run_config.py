@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from vlbert_base.typed_config import from_section
 from vlbert_base.user_files import read_yaml
 
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -150,38 +151,15 @@ def check_sections(config: dict[str, Any], allowed: tuple[str, ...]) -> None:
 
 
 def dataclass_from_section(cls, values: dict[str, Any] | None, section: str):
-    """Build the dataclass ``cls`` from a config section: unknown keys and values of the wrong type are errors
-    naming the key; numbers written as strings (YAML 1.1 reads ``1e-4`` as one) are converted.
+    """Build the dataclass ``cls`` from a config section through the one typed reading of config values
+    (:func:`vlbert_base.typed_config.from_section`): an unknown key, a value of the wrong type (elements of lists
+    and mappings included) or out of the field's range is one line naming the key, what it got and what it takes;
+    numbers written as strings (YAML 1.1 reads ``1e-4`` as one) are converted.
 
     Raises:
-        ValueError: unknown key, or a value that is not of (or convertible to) the field's type.
+        ValueError: unknown key, or a value that is not of (or convertible to) the field's type or out of range.
     """
-    import dataclasses
-
-    values = dict(values or {})
-    types = {f.name: f.type for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(types))
-    if unknown:
-        raise ValueError(f"unknown {section} config key(s) {unknown}; valid keys are {sorted(types)}")
-    for key, value in values.items():
-        kind = types[key] if isinstance(types[key], str) else getattr(types[key], "__name__", str(types[key]))
-        try:
-            if kind == "float" and isinstance(value, (int, float, str)) and not isinstance(value, bool):
-                values[key] = float(value)
-            elif kind == "int":
-                if isinstance(value, bool) or float(value) != int(float(value)):
-                    raise TypeError  # 1.5 is no count of steps
-                values[key] = int(float(value))
-            elif kind == "bool" and not isinstance(value, bool):
-                raise TypeError
-            elif kind == "str" and isinstance(value, bool):
-                # YAML 1.1 reads an unquoted no/off (yes/on) as a boolean: training.mixed_precision=no means "no"
-                values[key] = "yes" if value else "no"
-            elif kind == "str" and not isinstance(value, str):
-                values[key] = str(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{section}.{key} must be {'an' if kind == 'int' else 'a'} {kind}, got {value!r}") from None
-    return cls(**values)
+    return from_section(cls, values, section)
 
 
 __all__ = ["load_run_config", "set_dotted", "check_sections", "dataclass_from_section"]

@@ -92,6 +92,7 @@ class Trainer:
             keep_freed_memory_in_process()  # large activations are reused, not page-faulted in every step
         self.output_dir = Path(config.output_dir)
         self.run_config = run_config or {}
+        self.resumed = False  # continued from a checkpoint (resume): the output directory's config.yaml is kept
         self.tokenizer = tokenizer
         self.train_batches = train_batches
         self.eval_batches = eval_batches
@@ -370,6 +371,8 @@ class Trainer:
     def _write_run_config(self, directory: Path) -> None:
         import yaml
 
+        if self.resumed and Path(directory) == self.output_dir and (self.output_dir / "config.yaml").is_file():
+            return  # a resumed run keeps the config.yaml it started with (vlbert.recipes.runner.resume_changes)
         with open(directory / "config.yaml", "w", encoding="utf-8") as f:
             yaml.safe_dump(self.run_config, f, sort_keys=False)
 
@@ -393,7 +396,8 @@ class Trainer:
     def resume(self, checkpoint: Path | None = None) -> bool:
         """Load the newest complete checkpoint (or ``checkpoint``); returns False if there is none (see
         :func:`~vlbert.training.checkpointing.resume`)."""
-        return checkpointing.resume(self, checkpoint)
+        self.resumed = checkpointing.resume(self, checkpoint)
+        return self.resumed
 
 
 __all__ = ["Trainer", "TrainingConfig", "NonFiniteLossError", "TrainingPreempted", "parameter_groups", "linear_schedule",
