@@ -17,6 +17,7 @@ import yaml
 from conftest import tool
 from test_tool_errors import TINY_MODEL, one_line_error
 from vlbert.command_line import run_tool
+from vlbert.training.run_config import config_dir, load_run_config
 from vlbert_base.typed_config import Range, check_value
 
 
@@ -113,6 +114,33 @@ def test_the_typed_layer_reads_yaml_spellings_and_refuses_what_they_are_not():
                                (True, str, "k must be a string, got True")):
         with pytest.raises(ValueError, match=message if "[" in message else re.escape(message)):
             check_value(value, tp, "k")
+
+
+def test_config_names_resolve_local_file_first_then_shipped(capsys, tmp_path, monkeypatch):
+    """--config text/default uses ./text/default.yaml where it exists (the shipped one otherwise), and
+    ``_base_: text/default`` in a user's own file is the shipped config, as in an installed vlbert whose package
+    has no configs/ folder beside the working directory; a name that is neither is one line that names `vlbert
+    configs`, not a folder an installed vlbert does not have."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "default.yaml").write_text("modality: text\ntraining: {max_stepz: 1}\n")
+    line = one_line_error(capsys, "pretrain", ["--config", "text/default", "--output-dir", str(tmp_path / "a"),
+                                               "--max-steps", "1"])
+    assert "unknown training config key(s) ['max_stepz']" in line  # the local file was read, not the shipped one
+
+    (tmp_path / "mine.yaml").write_text("_base_: text/default\ntraining: {max_steps: 3}\n")
+    assert load_run_config("mine.yaml")["training"] == {"max_stepz": 1, "max_steps": 3}  # the same rule: local
+    (tmp_path / "text" / "default.yaml").unlink()  # without the local file, the name is the shipped config
+    shipped = load_run_config(config_dir() / "text" / "default.yaml")
+    assert load_run_config("text/default") == shipped
+    assert load_run_config("mine.yaml") == {**shipped, "training": {**shipped["training"], "max_steps": 3}}
+    assert run_tool(tool("pretrain"), ["--config", "mine.yaml", "--output-dir", str(tmp_path / "c"),
+                                       "--set", "training.max_steps=0"]) == 2  # read, then refused: max_steps
+    assert "training.max_steps must be an int >= 1, got 0" in capsys.readouterr().err
+    (tmp_path / "typo.yaml").write_text("_base_: text/nosuch\n")
+    line = one_line_error(capsys, "pretrain", ["--config", "typo.yaml", "--output-dir", str(tmp_path / "b")])
+    assert "text/nosuch is not the name of a shipped config (`vlbert configs` lists them)" in line
+    assert "included by typo.yaml" in line and "see configs/" not in line
 
 
 def test_resume_refuses_a_changed_config_and_never_rewrites_config_yaml(capsys, tmp_path, small_corpus,
