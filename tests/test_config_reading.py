@@ -1,9 +1,9 @@
 """Config values as users give them, through the one typed reading (vlbert_base/typed_config.py): a value of the
 wrong type, out of its range or under an unknown key is one line ``error: ...`` naming the key, what it got and
-what it takes, with exit status 2, before anything is built or written (docs/bad-input.md rows 102-106); config
+what it takes, with exit status 2, before anything is built or written (docs/bad-input.md rows 102-104); config
 names resolve by one rule for ``--config`` and ``_base_``, the local file first, then the shipped config (row
-107); ``--resume`` with a config other than the run's is refused, and the run's config.yaml is never rewritten
-(row 108). Every case is a tool's ``main(argv)`` run in-process under ``run_tool``, as ``vlbert <tool>`` runs it."""
+105); ``--resume`` with a config other than the run's is refused, and the run's config.yaml is never rewritten
+(row 106). Every case is a tool's ``main(argv)`` run in-process under ``run_tool``, as ``vlbert <tool>`` runs it."""
 
 from __future__ import annotations
 
