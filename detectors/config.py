@@ -33,48 +33,27 @@ from typing import Any
 from detectors.backends import DEFAULT_BACKEND, DETECTOR_BACKENDS, detector_backend
 from detectors.detectron2_options import Detectron2Options
 from detectors.files import file_sha256
+from vlbert_base.typed_config import check_value, field_types
 from vlbert_base.user_files import read_yaml
 
 #: The keys of a ``detector`` section besides the backend's options.
 COMMON_KEYS = ("backend", "weights", "weights_sha256", "options")
 
 
-def _typed(kind: str, value: Any) -> Any:
-    """``value`` as a field of type ``kind`` ("int", "float", "str", "dict"): numbers written as strings (YAML 1.1
-    reads ``1e-4`` as one) converted. Raises ``TypeError`` or ``ValueError`` where it is none."""
-    if value is None or isinstance(value, bool):
-        raise TypeError
-    if kind == "int":
-        if float(value) != int(float(value)):
-            raise TypeError  # 1.5 is no count of boxes
-        return int(float(value))
-    if kind == "float":
-        return float(value)
-    if kind == "str" and isinstance(value, (dict, list)) or kind == "dict" and not isinstance(value, dict):
-        raise TypeError
-    return str(value) if kind == "str" else value
-
-
 def typed_options(options_class: type, values: dict[str, Any], section: str = "detector.options") -> Any:
-    """``options_class`` from a mapping of its fields, values converted to the fields' types (:func:`_typed`).
+    """``options_class`` from a mapping of its fields, each value read as its field's annotation says through the
+    one typed reading of config values (:func:`vlbert_base.typed_config.check_value`: numbers written as strings
+    converted, 1.5 refused for a count); the options' own ``validate`` checks the ranges.
 
     Raises:
         ValueError: an unknown key (the backend's fields said), or a value not of (or convertible to) its type.
     """
-    types = {f.name: f.type for f in fields(options_class)}
+    types = field_types(options_class)
     unknown = sorted(set(values) - set(types))
     if unknown:
         raise ValueError(f"unknown detector fields {', '.join(unknown)} in {section}; this backend's options are "
                          f"{', '.join(types)}")
-    out = {}
-    for key, value in values.items():
-        try:
-            out[key] = _typed(types[key], value)
-        except (TypeError, ValueError):
-            kind = types[key]
-            article = "an" if kind == "int" else "a"
-            raise ValueError(f"{section}.{key} must be {article} {kind}, got {value!r}") from None
-    return options_class(**out)
+    return options_class(**{key: check_value(value, types[key], f"{section}.{key}") for key, value in values.items()})
 
 
 @dataclass

@@ -47,7 +47,7 @@ def test_set_dotted_parses_yaml_values():
 
 def test_config_values_are_type_checked_and_numbers_coerced():
     assert TrainingConfig.from_dict({"learning_rate": "1e-4", "max_steps": "10"}).learning_rate == 1e-4
-    with pytest.raises(ValueError, match="training.max_steps must be an int, got 'ten'"):
+    with pytest.raises(ValueError, match="training.max_steps must be an int >= 1, got 'ten'"):
         TrainingConfig.from_dict({"max_steps": "ten"})
     with pytest.raises(ValueError, match="training.group_by_length must be a bool"):
         TrainingConfig.from_dict({"group_by_length": "yes"})

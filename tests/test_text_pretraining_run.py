@@ -109,7 +109,7 @@ def test_resume_after_crash_reproduces_losses(small_corpus, tmp_path, monkeypatc
 
 @pytest.mark.parametrize("change, message", [
     ({"data": {"corpus": "/no/such/corpus.txt"}}, "does not exist"),
-    ({"training": {"learning_rate": -1.0}}, "learning_rate must be positive"),
+    ({"training": {"learning_rate": -1.0}}, "learning_rate must be a float > 0"),
     ({"training": {"max_stepz": 3}}, "unknown training config key"),
     ({"model": {"vocab_size": 100}}, "vocab_size"),
     ({"data": {"max_seq_length": 128}}, "max_position_embeddings"),

@@ -94,7 +94,8 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 
 
 def test_fp16_is_refused():
-    with pytest.raises(ValueError, match="mixed_precision must be auto, no, bf16 or bf16-params"):
+    with pytest.raises(ValueError, match="training.mixed_precision must be one of 'auto', 'no', 'bf16', 'bf16-params', "
+                                         "got 'fp16'"):
         TrainingConfig(mixed_precision="fp16").validate()
 
 

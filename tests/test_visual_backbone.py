@@ -128,7 +128,8 @@ def test_the_backbone_trains_in_its_own_parameter_group_and_the_model_runs_on_im
 
 def test_bad_visual_backbone_configs_are_refused():
     base = dict(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
-    for options, message in (({"kind": "resnet"}, "is not one of"), ({"lr": 1e-5}, "unknown fields"),
+    for options, message in (({"kind": "resnet"}, "kind must be one of"),
+                             ({"lr": 1e-5}, r"unknown config.visual_backbone key\(s\) \['lr'\]"),
                              ({**TORCHVISION, "frozen_stages": [7]}, "is not a stage")):
         with pytest.raises(ValueError, match=message):
             RegionFeatureExtractor(options)

@@ -172,11 +172,11 @@ def test_bad_sources_are_refused_before_anything_runs(tmp_path):
         VLDataConfig(sources=[{"name": "x", "format": "parquet", "path": "p", "shards": "s"}])
     with pytest.raises(ValueError, match="needs path .* and shards"):
         VLDataConfig(sources=[{"name": "x", "format": "coco", "path": "p"}])
-    with pytest.raises(ValueError, match="unknown keys \\['captions'\\]"):
+    with pytest.raises(ValueError, match="unknown data.sources\\[0\\] key\\(s\\) \\['captions'\\]"):
         VLDataConfig(sources=[{"name": "x", "format": "coco", "captions": "p"}])
     with pytest.raises(ValueError, match="names must differ"):
         VLDataConfig(sources=[{"name": "x", "format": "easy-vqa"}, {"name": "x", "format": "easy-vqa"}])
-    with pytest.raises(ValueError, match="missing_regions must be 'error' or 'skip'"):
+    with pytest.raises(ValueError, match="missing_regions must be one of 'error', 'skip', got 'ignore'"):
         VLDataConfig(missing_regions="ignore")
 
 
@@ -277,5 +277,5 @@ def test_easy_vqa_questions_join_their_images_captions_for_the_qa_unit(tokenizer
     assert len(questions) == 12 and {p.image_id for p in questions} == {p.image_id for p in plain}
     assert all((tuple(p.token_ids), p.answers[0][0]) in asked[p.image_id] and p.answers[0][1] == 1.0
                for p in questions)
-    with pytest.raises(ValueError, match="easy_vqa_questions must be a whole number >= 0"):
+    with pytest.raises(ValueError, match="data.easy_vqa_questions must be an int >= 0, got -1"):
         VLDataConfig(easy_vqa_questions=-1)

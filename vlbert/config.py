@@ -9,8 +9,10 @@ import dataclasses
 import json
 import logging
 import os
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from vlbert_base.typed_config import AsMapping, ConfigValueError, Range, Takes, check_fields, from_section
 from vlbert_base.user_files import expect, read_json
 
 logger = logging.getLogger(__name__)
@@ -38,6 +40,51 @@ SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
 
 @dataclass
+class VisualBackboneConfig:
+    """The fields of ``VLBertConfig.visual_backbone``, the region feature extractor a model runs on its images
+    (:class:`vlbert.models.visual_backbone.RegionFeatureExtractor`, whose module docstring says what each does;
+    VL-BERT's e2e, Su et al. 2020 section 3.3). ``config.json`` keeps the mapping as given; these are its types,
+    ranges and defaults.
+
+    Raises:
+        ValueError: ``layers`` that are not three block counts (res2-res4).
+    """
+
+    kind: Literal["caffe-resnet", "torchvision-resnet", "timm"] = "caffe-resnet"
+    layers: Annotated[list[Annotated[int, Range(ge=1)]], Takes(
+        "three block counts of res2-res4, e.g. [3, 4, 23] (ResNet-101)")] = field(default_factory=lambda: [3, 4, 23])
+    depth: Literal[18, 34, 50, 101, 152] = 50
+    model: str = "resnet18"
+    roi_size: Annotated[int, Range(ge=1)] = 14
+    sampling_ratio: int = 1  # RoIAlign's; <= 0: adaptive (torchvision.ops.roi_align)
+    aligned: bool = False
+    frozen_stages: Annotated[list[Annotated[int, Range(ge=1)]], Takes(
+        "a list of the stages to freeze (1 = the stem, 2 = res2 or the first timm level, ...), e.g. [1, 2]; [] for "
+        "none")] = field(default_factory=lambda: [1, 2])
+    frozen_bn: bool = True
+    mask_pixels: bool = True
+    checkpointing: bool = False
+    learning_rate: Annotated[Annotated[float, Range(gt=0)] | None, Takes(
+        "null (the run's learning rate) or a float > 0")] = None
+    pretrained: bool = False
+    weights: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.layers) != 3:
+            raise ConfigValueError("visual_backbone.layers", self.layers, "three block counts of res2-res4, e.g. "
+                                   "[3, 4, 23] (ResNet-101)")
+
+    @classmethod
+    def options(cls, values: dict | None, section: str = "config.visual_backbone") -> dict[str, Any]:
+        """Every field of a ``visual_backbone`` mapping, defaults filled, read through the typed layer.
+
+        Raises:
+            ValueError: an unknown field, a value of the wrong type or out of range (one line naming the key).
+        """
+        return dataclasses.asdict(from_section(cls, values, section))
+
+
+@dataclass
 class BertConfig:
     """Architecture of a BERT encoder (Devlin et al. 2019, section 3; transformers ``BertConfig``).
 
@@ -57,22 +104,22 @@ class BertConfig:
             an activation or position embedding type is unsupported, or a size is not positive.
     """
 
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
+    vocab_size: Annotated[int, Range(ge=1)] = 30522
+    hidden_size: Annotated[int, Range(ge=1)] = 768
+    num_hidden_layers: Annotated[int, Range(ge=1)] = 12
+    num_attention_heads: Annotated[int, Range(ge=1)] = 12
+    intermediate_size: Annotated[int, Range(ge=1)] = 3072
     hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    initializer_range: float = 0.02
-    layer_norm_eps: float = 1e-12
+    hidden_dropout_prob: Annotated[float, Range(ge=0, lt=1)] = 0.1
+    attention_probs_dropout_prob: Annotated[float, Range(ge=0, lt=1)] = 0.1
+    max_position_embeddings: Annotated[int, Range(ge=1)] = 512
+    type_vocab_size: Annotated[int, Range(ge=1)] = 2
+    initializer_range: Annotated[float, Range(ge=0)] = 0.02
+    layer_norm_eps: Annotated[float, Range(gt=0)] = 1e-12
     position_embedding_type: str = "absolute"
-    pad_token_id: int = 0
-    num_labels: int = 2
-    classifier_dropout: float | None = None
+    pad_token_id: Annotated[int, Range(ge=0)] | None = 0
+    num_labels: Annotated[int, Range(ge=1)] = 2
+    classifier_dropout: Annotated[float, Range(ge=0, lt=1)] | None = None
     id2label: dict[int, str] | None = None
     attn_implementation: str | None = None
     gradient_checkpointing: bool = False
@@ -87,25 +134,19 @@ class BertConfig:
 
     def __post_init__(self) -> None:
         self.attn_implementation = _HF_ATTENTION_NAMES.get(self.attn_implementation, self.attn_implementation)
-        if isinstance(self.id2label, dict):  # config.json keys are strings
-            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
-        self.validate()
+        self.validate()  # (config.json's id2label keys are strings: read as the ints they name)
 
     def validate(self) -> None:
-        """Check the fields for consistency; raise ``ValueError`` naming the field and the fix."""
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings", "type_vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"config.{name} must be a positive integer, got {value!r}")
+        """Check every field's type and range as its annotation says (the typed reading of config values,
+        :func:`vlbert_base.typed_config.check_fields`), then the fields' consistency; raise ``ValueError`` naming
+        the field and the fix."""
+        check_fields(self, "config")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"config.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads}); pick a head count that divides it")
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ValueError(f"config.hidden_act={self.hidden_act!r} is not supported; use one of {SUPPORTED_ACTIVATIONS}")
-        if not isinstance(self.num_labels, int) or self.num_labels < 1:
-            raise ValueError(f"config.num_labels must be a positive integer, got {self.num_labels!r}")
         if self.id2label is not None and sorted(self.id2label) != list(range(self.num_labels)):
             raise ValueError(f"config.id2label must name labels 0..{self.num_labels - 1} (num_labels), got "
                              f"{sorted(self.id2label)}")
@@ -113,10 +154,6 @@ class BertConfig:
             raise ValueError(
                 f"config.position_embedding_type={self.position_embedding_type!r} is not supported; "
                 "only BERT's learned 'absolute' position embeddings are implemented")
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"config.{name} must be in [0, 1), got {value!r}")
 
     @property
     def head_dim(self) -> int:
@@ -244,21 +281,24 @@ class VLBertConfig(BertConfig):
         num_qa_labels: the answer count of the pretraining ``qa`` objective (LXMERT: 9500; 0 disables it).
     """
 
-    region_feature_dim: int = 2048
-    region_location_dim: int | None = None
-    num_region_classes: int = 1600
+    region_feature_dim: Annotated[int, Range(ge=1)] = 2048
+    # None: the region pathway's own size (the pathway checks a given one)
+    region_location_dim: Annotated[int, Range(ge=0)] | None = None
+    num_region_classes: Annotated[int, Range(ge=0)] = 1600
     region_embedding: str = "uniter"
-    region_token_type: int = 1
-    projection_dim: int = 256
-    wra_layer: int = -1
+    region_token_type: Annotated[int, Range(ge=0)] = 1
+    projection_dim: Annotated[int, Range(ge=1)] = 256
+    wra_layer: Annotated[int, Range(ge=-1)] = -1
     region_head_norm: bool = True
-    visual_backbone: dict | None = None
-    encoder: str = "single-stream"
-    l_layers: int = 9
-    r_layers: int = 5
-    x_layers: int = 5
-    num_attribute_classes: int = 0
-    num_qa_labels: int = 0
+    visual_backbone: Annotated[dict, AsMapping(VisualBackboneConfig), Takes(
+        "a mapping of visual backbone fields (kind, layers, depth, model, roi_size, frozen_stages, learning_rate, "
+        "...), e.g. {kind: timm, model: resnet18}")] | None = None
+    encoder: Literal["single-stream", "two-stream"] = "single-stream"
+    l_layers: Annotated[int, Range(ge=0)] = 9
+    r_layers: Annotated[int, Range(ge=0)] = 5
+    x_layers: Annotated[int, Range(ge=0)] = 5
+    num_attribute_classes: Annotated[int, Range(ge=0)] = 0
+    num_qa_labels: Annotated[int, Range(ge=0)] = 0
 
     model_type = "vlbert"
     #: config.encoder values (the classes are :data:`vlbert.models.two_stream.ENCODERS`).
@@ -266,26 +306,12 @@ class VLBertConfig(BertConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not isinstance(self.region_feature_dim, int) or self.region_feature_dim <= 0:
-            raise ValueError(f"config.region_feature_dim must be a positive integer, got {self.region_feature_dim!r}")
-        if self.region_location_dim is not None and (not isinstance(self.region_location_dim, int)
-                                                     or self.region_location_dim < 0):  # the pathway checks its size
-            raise ValueError(f"config.region_location_dim must be None (the region pathway's own size) or an "
-                             f"integer >= 0, got {self.region_location_dim!r}")
-        if not isinstance(self.num_region_classes, int) or self.num_region_classes < 0:
-            raise ValueError(f"config.num_region_classes must be an integer >= 0, got {self.num_region_classes!r}")
-        if not isinstance(self.region_token_type, int) or not 0 <= self.region_token_type < self.type_vocab_size:
+        if self.region_token_type >= self.type_vocab_size:
             raise ValueError(f"config.region_token_type must be in [0, type_vocab_size={self.type_vocab_size}), "
                              f"got {self.region_token_type!r}")
-        if not isinstance(self.wra_layer, int) or not -1 <= self.wra_layer <= self.num_hidden_layers:
+        if self.wra_layer > self.num_hidden_layers:
             raise ValueError(f"config.wra_layer must be -1 (the last layer), 0 (the embeddings) or a layer in "
                              f"1..num_hidden_layers={self.num_hidden_layers}, got {self.wra_layer!r}")
-        if self.encoder not in self.ENCODER_KINDS:
-            raise ValueError(f"config.encoder must be one of {self.ENCODER_KINDS}, got {self.encoder!r}")
-        for name in ("l_layers", "r_layers", "x_layers", "num_attribute_classes", "num_qa_labels"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"config.{name} must be an integer >= 0, got {value!r}")
         if self.encoder == "two-stream" and self.x_layers < 1:
             raise ValueError("config.x_layers must be >= 1 for encoder='two-stream': without a cross-modality layer "
                              "the text never sees the regions")
@@ -296,4 +322,4 @@ class VLBertConfig(BertConfig):
         return BERT_MODEL_TYPES
 
 
-__all__ = ["BertConfig", "VLBertConfig", "SUPPORTED_ACTIVATIONS"]
+__all__ = ["BertConfig", "VLBertConfig", "VisualBackboneConfig", "SUPPORTED_ACTIVATIONS"]

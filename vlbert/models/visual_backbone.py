@@ -3,7 +3,8 @@ given box from its feature map, and a head turns the pooled grid into the region
 backbone (VL-BERT's "e2e"; Su et al., ICLR 2020, section 3.3; jackroos/VL-BERT at 4373674, ``common/fast_rcnn.py``
 ``FastRCNN``, ``common/backbone/resnet/resnet.py``).
 
-``config.visual_backbone`` chooses it (:class:`RegionFeatureExtractor`); its fields:
+``config.visual_backbone`` chooses it (:class:`RegionFeatureExtractor`); its fields (their types and ranges:
+:class:`vlbert.config.VisualBackboneConfig`):
 
 * ``kind``: "caffe-resnet" (VL-BERT's: Caffe-style ResNet up to C4, stride 16, strides in the 1x1 convolutions,
   then the res5 stage as the RoI head, dilated, 14x14 RoIAlign, average pooled: 2048-d), "torchvision-resnet"
@@ -37,12 +38,12 @@ from torchvision.models import resnet as torchvision_resnet
 from torchvision.ops import roi_align
 
 from detectors.backbone import load_efficientnet_lite0, read_state_dict
+from vlbert.config import VisualBackboneConfig
 from vlbert.models.pretrained import OwnLearningRate
 from vlbert_base.dependencies import require
 
-DEFAULTS = {"kind": "caffe-resnet", "layers": [3, 4, 23], "depth": 50, "model": "resnet18", "roi_size": 14,
-            "sampling_ratio": 1, "aligned": False, "frozen_stages": [1, 2], "frozen_bn": True, "mask_pixels": True,
-            "checkpointing": False, "learning_rate": None, "pretrained": False, "weights": None}
+#: The fields' defaults (their types and ranges: :class:`vlbert.config.VisualBackboneConfig`).
+DEFAULTS = VisualBackboneConfig.options(None)
 
 
 class CaffeBottleneck(nn.Module):
@@ -181,15 +182,13 @@ class RegionFeatureExtractor(OwnLearningRate, nn.Module):
     Returns:
         float [B, R, feature_dim].
     Raises:
-        ValueError: an unknown ``kind`` or option.
+        ValueError: an unknown option, a value of the wrong type or out of range
+            (:class:`vlbert.config.VisualBackboneConfig`), a frozen stage the backbone does not have.
     """
 
     def __init__(self, options: dict):
         super().__init__()
-        unknown = sorted(set(options) - set(DEFAULTS))
-        if unknown:
-            raise ValueError(f"config.visual_backbone has unknown fields {unknown}; known: {sorted(DEFAULTS)}")
-        self.options = {**DEFAULTS, **options}
+        self.options = VisualBackboneConfig.options(options)  # types and ranges checked, defaults filled
         kind = self.options["kind"]
         if kind == "caffe-resnet":
             self.body, self.stride = CaffeResNetC4(self.options["layers"]), 16
@@ -204,9 +203,8 @@ class RegionFeatureExtractor(OwnLearningRate, nn.Module):
             self.body = TimmLevels(self.options["model"], self.options["pretrained"], self.options["weights"])
             self.head = None
             self.stride, self.feature_dim, stages = self.body.stride, self.body.channels, self.body.stages()
-        else:
-            raise ValueError(f"config.visual_backbone.kind={kind!r} is not one of caffe-resnet, torchvision-resnet, "
-                             "timm")
+        else:  # (VisualBackboneConfig's kind is one of the three)
+            raise AssertionError(kind)
         self._stage_params = [list(s.parameters()) if isinstance(s, nn.Module) else s for s in stages]
         self.freeze(self.options["frozen_stages"], self.options["frozen_bn"])
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from vlbert.data.nlvr2 import ImagePairDataset, easy_vqa_image_pairs, load_nlvr2
 from vlbert.evaluation.nlvr2 import nlvr2_scores
 from vlbert.models.vl_classification import VLBertForImagePairClassification
-from vlbert.recipes.regions import (DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate,
+from vlbert.recipes.regions import (Count, DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate,
                                     majority_baseline, region_task_info)
 from vlbert.recipes.runner import Recipe, RunContext, load_model
 
@@ -27,8 +27,8 @@ class NLVR2DataConfig(RegionTaskDataConfig):
 
     train_file: str = ""
     eval_file: str = ""
-    train_pairs: int = 8000
-    eval_pairs: int = 2000
+    train_pairs: Count = 8000
+    eval_pairs: Count = 2000
 
 
 #: dataset name -> (train, eval) statements.

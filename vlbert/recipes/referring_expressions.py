@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -18,8 +19,8 @@ from detectors.cache import cached_shards
 from detectors.store import RegionStore, region_count
 from vlbert.data.refcoco import ReferringDataset, box_iou, easy_vqa_composites, load_refcoco
 from vlbert.models.referring import VLBertForReferringExpressions
-from vlbert.recipes.regions import (DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate,
-                                    region_task_info, regions_provenance, task_regions)
+from vlbert.recipes.regions import (DatasetBuilder, Positive, RegionTaskData, RegionTaskDataConfig, TextLength,
+                                    evaluate, region_task_info, regions_provenance, task_regions)
 from vlbert.recipes.runner import Recipe, RunContext, load_model
 
 
@@ -30,14 +31,14 @@ class ReferringDataConfig(RegionTaskDataConfig):
     choose from). boxes: for easy-VQA, "gt" (the tiles' boxes are the regions) or "detector" (the detector's
     proposals). train_images / eval_images: easy-VQA composites drawn."""
 
-    boxes: str = "gt"
+    boxes: Literal["gt", "detector"] = "gt"
     refs_file: str = ""
     instances_file: str = ""
     train_split: str = "train"
     eval_split: str = "val"
-    train_images: int = 1500
-    eval_images: int = 300
-    max_text_length: int = 16
+    train_images: Positive = 1500
+    eval_images: Positive = 300
+    max_text_length: TextLength = 16
 
 
 def _easy_vqa(data: ReferringDataConfig, seed: int):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, ClassVar
+from typing import Annotated, Any, Callable, ClassVar
 
 import torch
 
@@ -26,6 +26,18 @@ from vlbert.models.visual_backbone import RegionFeatureExtractor
 from vlbert.run_files import INFERENCE_INFO, read_run_file
 from vlbert.recipes.runner import TaskData, write_output_file
 from vlbert.utils import gathered_columns
+from vlbert_base.typed_config import Range
+
+
+#: The field types the region tasks' data configs share (the typed reading: :mod:`vlbert_base.typed_config`).
+#: wordpieces per text, [CLS] and [SEP] included
+TextLength = Annotated[int, Range(ge=3)]
+#: a number of examples or images, 0 = all
+Count = Annotated[int, Range(ge=0)]
+#: a number that must be at least one
+Positive = Annotated[int, Range(ge=1)]
+#: pixels; 0 = the preprocessing's own, -1 = not resized / no limit
+ImageSide = Annotated[int, Range(ge=-1)]
 
 
 @dataclass
@@ -51,14 +63,14 @@ class RegionTaskDataConfig:
     cache_dir: str = "~/.cache/vlbert/regions"
     shards: str = ""
     image_id_format: str = ""
-    max_text_length: int = 40
-    max_regions: int = 16
-    max_train_examples: int = 0
-    max_eval_examples: int = 0
+    max_text_length: TextLength = 40
+    max_regions: Positive = 16
+    max_train_examples: Count = 0
+    max_eval_examples: Count = 0
     image_dir: str = ""
     image_preprocessing: str = ""
-    image_short_side: int = 0
-    image_max_side: int = 0
+    image_short_side: ImageSide = 0
+    image_max_side: ImageSide = 0
 
 
 @dataclass(frozen=True)

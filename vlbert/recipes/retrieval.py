@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from vlbert.data.retrieval import RetrievalCollator, RetrievalPairs, easy_vqa_captioned, load_karpathy_split
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
-from vlbert.recipes.regions import (DatasetBuilder, RegionTaskDataConfig, attach_images, backbone_feature_dim,
-                                    load_examples, region_task_info, run_visual_backbone, task_regions)
+from vlbert.recipes.regions import (Count, DatasetBuilder, Positive, RegionTaskDataConfig, TextLength, attach_images,
+                                    backbone_feature_dim, load_examples, region_task_info, run_visual_backbone,
+                                    task_regions)
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 
 
@@ -29,10 +30,10 @@ class RetrievalDataConfig(RegionTaskDataConfig):
 
     captions_file: str = ""
     eval_split: str = "test"
-    max_train_images: int = 0
-    max_eval_images: int = 500
-    max_text_length: int = 32
-    shortlist: int = 16
+    max_train_images: Count = 0
+    max_eval_images: Count = 500
+    max_text_length: TextLength = 32
+    shortlist: Positive = 16
 
 
 #: dataset name -> (training images, evaluation images), each with its captions.

@@ -1,8 +1,10 @@
 """One runner for every task: a :class:`Recipe` says what is particular to a task (its data section, how to
 build its data, model and evaluation); :func:`run` does the wiring every task shares, in one order:
 
-1. check the run config (top-level keys, ``training``, ``data``, ``detector``) before anything is written;
-2. refuse an output directory that holds a run unless ``resume`` or ``overwrite`` says what to do with it;
+1. check the run config (top-level keys, ``training``, ``data``, ``detector``, ``model``: every value through the
+   typed reading of :mod:`vlbert_base.typed_config`) before anything is built or written;
+2. refuse an output directory that holds a run unless ``resume`` or ``overwrite`` says what to do with it, and a
+   ``resume`` whose config differs from the run's own ``config.yaml`` (:func:`resume_changes`);
 3. resolve ``init_from`` (``minilm`` = the packaged BERT) and load the tokenizer (``tokenizer``, else the one
    saved with ``init_from``, else the packaged vocabulary);
 4. build the data, seed, build the model and check that the tokenizer fits it;
@@ -22,10 +24,11 @@ from detectors.config import DetectorConfig
 from vlbert import checkpoint as ckpt
 from vlbert.config import BertConfig
 from vlbert.data.loading import eval_loader, train_loader
+from vlbert.recipes.config_reading import (COMMON_SECTIONS, RESUMABLE_CHANGES, RunKeys, read_run_config,
+                                           record_resume_changes, resume_changes, same_value)
 from vlbert.run_files import INFERENCE_INFO, read_run_file, write_inference_info
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
 from vlbert.training.processes import check_shared_output_dir, collective_failure, control_plane, start_processes
-from vlbert.training.run_config import check_sections, dataclass_from_section
 from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig, set_seed
 from vlbert.utils import process_position
 from vlbert_base.files import write_text_atomically
@@ -36,7 +39,6 @@ logger = logging.getLogger(__name__)
 RUN_MARKERS = ("log.jsonl", "metrics.json", CHECKPOINTS_DIR, "model.safetensors")
 #: What a finished run leaves last: an overwrite deletes these before anything else.
 FINISHED_MARKERS = ("metrics.json", "model.safetensors", "inference.json")
-COMMON_SECTIONS = ("task", "modality", "init_from", "tokenizer", "model", "data", "training", "allow_other_detector")
 
 
 class RunExistsError(FileExistsError):
@@ -180,13 +182,6 @@ def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) ->
     PartialState().wait_for_everyone()
 
 
-def _same(a, b) -> bool:
-    try:
-        return float(a) == float(b)
-    except (TypeError, ValueError):
-        return a == b
-
-
 def checkpoint_architecture_decides(ctx: RunContext) -> dict[str, Any]:
     """The ``model`` section without the architecture entries that conflict with ``ctx.init_from``'s config.json.
 
@@ -204,7 +199,7 @@ def checkpoint_architecture_decides(ctx: RunContext) -> dict[str, Any]:
         return section
     saved = read_run_file(config_file)
     conflicts = {k: (section[k], saved[k]) for k in BertConfig.ARCHITECTURE_FIELDS
-                 if k in section and k in saved and not _same(section[k], saved[k])}
+                 if k in section and k in saved and not same_value(section[k], saved[k])}
     given = [k for k in conflicts if f"model.{k}" in ctx.command_line_keys]
     if given:
         raise ValueError(
@@ -332,23 +327,20 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
     ``hooks``: :class:`~vlbert.training.hooks.TrainerHook` s for the trainer (a throughput meter, an EMA, ...).
 
     Raises:
-        ValueError / FileNotFoundError: bad config keys or values, missing data, a tokenizer that does not fit
+        ValueError / FileNotFoundError: bad config keys or values (:func:`read_run_config`), a ``resume`` whose
+            config differs from the run's (:func:`resume_changes`), missing data, a tokenizer that does not fit
             the model, ...: all raised before any file is written.
         RunExistsError: see :func:`prepare_output_dir`.
         vlbert.training.trainer.TrainingPreempted: SIGTERM; a checkpoint was written.
     """
-    check_sections(config, COMMON_SECTIONS + (("detector",) if recipe.uses_regions else ()) + recipe.sections)
-    training = TrainingConfig.from_dict(config.get("training") or {})
-    data_config = dataclass_from_section(recipe.data_config, config.get("data"), "data")
-    detector = None
-    if recipe.uses_regions:
-        detector = DetectorConfig.from_section(config.get("detector"))
+    training, data_config, detector = read_run_config(recipe, config)
     start_processes(training.collective_timeout)
     init = config.get("init_from") or recipe.default_init
     init_from = resolve_model_path(init) if init else None  # a mistyped path refused before --overwrite deletes
     fresh = not Path(training.output_dir).exists()
     check_shared_output_dir(training.output_dir, control_plane(training.collective_timeout))
     prepare_output_dir(training.output_dir, resume, overwrite)
+    changes = resume_changes(recipe, config, training.output_dir) if resume else {}
     tokenizer = load_tokenizer(resolve_model_path(config.get("tokenizer") or init_from))
     ctx = RunContext(config, training, data_config, detector, tokenizer, init_from, tuple(command_line_keys))
     checkpoint_limits_decide(ctx)
@@ -370,6 +362,8 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
         if resume and not trainer.resume():
             logger.warning("--resume: no checkpoint under %s/%s; starting from step 0", training.output_dir,
                            CHECKPOINTS_DIR)
+        elif resume:
+            record_resume_changes(training.output_dir, trainer.step, changes)
         if info is not None:
             write_inference_info(training.output_dir, {"task": recipe.name, "pipeline": recipe.pipeline, **info})
         extra = recipe.baselines(ctx, data, trainer.unwrapped) if recipe.baselines else {}
@@ -389,5 +383,6 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
 
 
 __all__ = ["Recipe", "RunContext", "TaskData", "run", "load_model", "prepare_output_dir", "RunExistsError",
+           "COMMON_SECTIONS", "RESUMABLE_CHANGES", "RunKeys",
            "check_init_regions", "regions_difference",
            "write_inference_info", "INFERENCE_INFO", "write_output_file", "read_run_file"]

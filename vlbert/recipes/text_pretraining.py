@@ -10,6 +10,7 @@ corpus. Source: BERT paper section 3.1 and appendix A.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from vlbert.data.corpus_pairs import CorpusPairsDataset, split_documents
 from vlbert.data.pretraining import MaskingCollator, text_units
@@ -18,6 +19,7 @@ from vlbert.layers.losses import IGNORE_INDEX
 from vlbert.models.bert import BertForPreTraining
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 from vlbert.utils import gather_objects
+from vlbert_base.typed_config import Range, Takes, check_fields
 
 
 @dataclass
@@ -47,16 +49,19 @@ class TextDataConfig:
 
     corpus: str = "bbc-news"
     text_field: str = "text"
-    eval_fraction: float = 0.05
-    max_seq_length: int = 128
-    short_seq_prob: float = 0.1
-    mlm_probability: float = 0.15
-    max_eval_batches: int = 0
-    num_proc: int = 1
+    eval_fraction: Annotated[float, Range(ge=0, lt=1)] = 0.05
+    max_seq_length: Annotated[int, Range(ge=5)] = 128  # [CLS] A [SEP] B [SEP]
+    short_seq_prob: Annotated[float, Range(ge=0, le=1)] = 0.1
+    mlm_probability: Annotated[float, Range(ge=0, le=1)] = 0.15
+    max_eval_batches: Annotated[int, Range(ge=0)] = 0
+    num_proc: Annotated[int, Range(ge=1)] = 1
     corpus_cache_dir: str = "~/.cache/vlbert/corpora"
-    objectives: dict = field(default_factory=lambda: {"mlm": 1, "nsp": 1})
+    objectives: Annotated[dict[str, float], Takes(
+        "a mapping of objective name to weight, 1 (on) or 0 (off), e.g. {mlm: 1, nsp: 1}")] = field(
+        default_factory=lambda: {"mlm": 1, "nsp": 1})
 
     def __post_init__(self) -> None:
+        check_fields(self, "data")  # types and ranges (built in Python; a config section was read through them)
         text_units(self.objectives)  # unknown names: ValueError naming the text objectives
         bad = {n: w for n, w in self.objectives.items() if isinstance(w, bool) or w not in (0, 1)}
         if bad:

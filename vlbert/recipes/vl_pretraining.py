@@ -16,6 +16,7 @@ import logging
 import random
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import Annotated, Literal
 
 import torch
 
@@ -29,10 +30,11 @@ from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives import ObjectiveMix, units_for
 from vlbert.objectives.image_text_matching import NEGATIVES
-from vlbert.recipes.regions import (attach_images, backbone_feature_dim, region_store, regions_provenance,
-                                    run_visual_backbone)
+from vlbert.recipes.regions import (Count, ImageSide, Positive, TextLength, attach_images, backbone_feature_dim,
+                                    region_store, regions_provenance, run_visual_backbone)
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 from vlbert.utils import evaluation
+from vlbert_base.typed_config import Range, Takes, check_fields, from_section
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class CaptionSource:
     path: str = ""
     shards: str = ""
     image_id_format: str = ""
-    weight: float = 1.0
+    weight: Annotated[float, Range(gt=0)] = 1.0
     split: str = "train"
     image_field: str = "image_id"
     caption_field: str = "caption"
@@ -124,46 +126,35 @@ class VLDataConfig:
     """
 
     dataset: str = "easy-vqa"
-    max_images: int = 0
-    easy_vqa_questions: int = 0
+    max_images: Count = 0
+    easy_vqa_questions: Count = 0
     shards: str = ""
-    sources: list = field(default_factory=list)
-    missing_regions: str = "error"
+    sources: list[CaptionSource] = field(default_factory=list)
+    missing_regions: Literal["error", "skip"] = "error"
     cache_dir: str = "~/.cache/vlbert/regions"
-    eval_fraction: float = 0.05
-    max_text_length: int = 24
-    max_regions: int = 16
-    mlm_probability: float = 0.15
-    region_mask_probability: float = 0.15
-    objectives: dict = field(default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc_kl": 1.0, "itm": 1.0})
+    eval_fraction: Annotated[float, Range(ge=0, lt=1)] = 0.05
+    max_text_length: TextLength = 24
+    max_regions: Positive = 16
+    mlm_probability: Annotated[float, Range(ge=0, le=1)] = 0.15
+    region_mask_probability: Annotated[float, Range(ge=0, le=1)] = 0.15
+    objectives: Annotated[dict[str, float], Takes(
+        "a mapping of objective name to weight (relative frequency), e.g. {mlm: 2, itm: 1}")] = field(
+        default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc_kl": 1.0, "itm": 1.0})
     itm_negatives: str = "random"
     image_dir: str = ""
     image_preprocessing: str = ""
-    image_short_side: int = 0
-    image_max_side: int = 0
+    image_short_side: ImageSide = 0
+    image_max_side: ImageSide = 0
 
     def __post_init__(self) -> None:
-        if self.missing_regions not in ("error", "skip"):
-            raise ValueError(f"data.missing_regions must be 'error' or 'skip', got {self.missing_regions!r}")
+        self.sources = [from_section(CaptionSource, s, f"data.sources[{i}]") if isinstance(s, dict) else s
+                        for i, s in enumerate(self.sources)]  # (entries given as mappings in Python)
+        check_fields(self, "data")
         if self.itm_negatives not in NEGATIVES:
             raise ValueError(f"data.itm_negatives must be one of {NEGATIVES}, got {self.itm_negatives!r}")
-        if not (isinstance(self.easy_vqa_questions, int) and self.easy_vqa_questions >= 0):
-            raise ValueError(f"data.easy_vqa_questions must be a whole number >= 0 (questions per image), got "
-                             f"{self.easy_vqa_questions!r}")
-        sources = []
-        for entry in self.sources:
-            if isinstance(entry, CaptionSource):
-                sources.append(entry)
-                continue
-            unknown = set(entry) - set(CaptionSource.__dataclass_fields__)
-            if unknown or "name" not in entry or "format" not in entry:
-                raise ValueError(f"data.sources entry {entry}: needs name and format; unknown keys {sorted(unknown)} "
-                                 f"(known: {sorted(CaptionSource.__dataclass_fields__)})")
-            sources.append(CaptionSource(**entry))
-        names = [s.name for s in sources]
+        names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise ValueError(f"data.sources names must differ, got {names}")
-        self.sources = sources
 
 
 def easy_vqa_captions(tokenizer, split: str = "train", seed: int = 0, questions: int = 0,

@@ -25,7 +25,8 @@ from vlbert.data.vqa import VQADataset, build_answer_vocab, easy_vqa_examples, l
 from vlbert.data.vqa_answers import reference_forms
 from vlbert.evaluation.vqa import gqa_accuracy, gqa_predictions_json, vqa_accuracy, vqa_results_json
 from vlbert.models.vqa import VLBertForVQA
-from vlbert.recipes.regions import DatasetBuilder, RegionTaskData, RegionTaskDataConfig, region_task_info
+from vlbert.recipes.regions import (Count, DatasetBuilder, RegionTaskData, RegionTaskDataConfig, TextLength,
+                                    region_task_info)
 from vlbert.recipes.runner import Recipe, RunContext, load_model, write_output_file
 
 logger = logging.getLogger(__name__)
@@ -43,8 +44,8 @@ class VQADataConfig(RegionTaskDataConfig):
     train_annotations: str = ""
     eval_questions: str = ""
     eval_annotations: str = ""
-    min_answer_count: int = 1
-    max_text_length: int = 32
+    min_answer_count: Count = 1
+    max_text_length: TextLength = 32
 
 
 def _easy_vqa(data: VQADataConfig, seed: int):

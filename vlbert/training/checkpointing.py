@@ -136,6 +136,7 @@ def _load(trainer, checkpoint: Path) -> None:
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.step, trainer.epoch, trainer.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
     trainer.skipped_steps = state.get("skipped_steps", 0)
+    trainer.resumed = True  # the output directory's config.yaml is the run's record: not rewritten (runner.py)
     _restore_rng(trainer, state)
     hooks = state.get("hooks", {})
     for i, hook in enumerate(trainer.hooks):

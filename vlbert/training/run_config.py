@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from vlbert_base.typed_config import from_section
 from vlbert_base.user_files import read_yaml
 
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -30,20 +31,37 @@ def config_names() -> list[str]:
     return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
 
 
-def resolve_config_path(config: str | os.PathLike) -> Path:
-    """The file a ``--config`` value names: an existing file as it is, else a shipped config by name
-    (``vl/uniter-base`` or ``vl/uniter-base.yaml``, relative to :func:`config_dir`).
+def resolve_config_path(config: str | os.PathLike, relative_to: str | os.PathLike | None = None,
+                        included_by: str | os.PathLike | None = None) -> Path:
+    """The file a config name names, by one rule for ``--config`` and ``_base_`` (docs/configuration.md, "Configs
+    by name"):
+
+    1. the local file: the name as written, else with ``.yaml`` added, relative to the working directory for
+       ``--config`` and to the including file's directory (``relative_to``) for ``_base_`` (an absolute path as
+       it is); a directory of that name is returned too (the loader refuses it, saying what to name);
+    2. else the shipped config of that name (``vl/uniter-base``, ``vl/uniter-base.yaml`` or
+       ``configs/vl/uniter-base.yaml``: a file under :func:`config_dir`).
 
     Raises:
-        FileNotFoundError: neither a file nor a shipped config's name (the message lists where names come from).
+        FileNotFoundError: neither (the message names the local path tried, the including file for a ``_base_``,
+            and where shipped names come from).
     """
-    path = Path(config).expanduser()
-    if path.is_file() or path.is_dir():  # a directory: refused by the loader, which says what to name
-        return path
-    name = str(config).removesuffix(".yaml")
-    shipped = config_dir() / (name.removeprefix("configs/") + ".yaml")
-    if shipped.is_file():
-        return shipped
+    raw = Path(config).expanduser()
+    local = raw if relative_to is None or raw.is_absolute() else Path(relative_to) / raw
+    for candidate in (local, local.with_name(local.name + ".yaml")):
+        if candidate.is_file():
+            return candidate
+    if local.is_dir():
+        return local
+    name = raw.as_posix().removesuffix(".yaml").removeprefix("./").removeprefix("configs/")
+    if not raw.is_absolute() and ".." not in Path(name).parts:
+        shipped = config_dir() / (name + ".yaml")
+        if shipped.is_file():
+            return shipped
+    if included_by is not None:
+        raise FileNotFoundError(f"config file {local} does not exist (included by {included_by}) and {config} is not "
+                                f"the name of a shipped config (`vlbert configs` lists them); write the base's path "
+                                f"relative to the including file, or a shipped name such as text/default")
     examples = ", ".join(n for n in config_names() if n.split("/")[0] in ("text", "vl"))
     raise FileNotFoundError(f"config file {config} does not exist and is not the name of a shipped config "
                             f"({examples}, finetune/...: `vlbert configs` lists them; directory {config_dir()})")
@@ -55,8 +73,9 @@ def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None 
     (a tool's flags: ``("training.output_dir", "runs/a #b")``, taken as they are) and then apply the
     ``key.sub=value`` overrides of ``--set`` (values parsed as YAML scalars).
 
-    A config may include others with ``_base_: path`` (or a list of paths), relative to its own file, as
-    detectron2 / mmengine configs do: the bases are merged in order (sections merged key by key) and the file's own
+    A config may include others with ``_base_: name`` (or a list of names), as detectron2 / mmengine configs do: a
+    name is a path relative to the including file or a shipped config's name, by the rule of ``--config``
+    (:func:`resolve_config_path`); the bases are merged in order (sections merged key by key) and the file's own
     entries win; bases may include bases (a cycle is refused).
 
     Raises:
@@ -86,16 +105,17 @@ def _set_path(config: dict[str, Any], key: str, value: Any) -> None:
 
 
 def _load_with_bases(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
-    """``path``'s mapping over its ``_base_`` includes (resolved relative to ``path``)."""
+    """``path``'s mapping over its ``_base_`` includes (resolved by :func:`resolve_config_path` from ``path``'s
+    directory)."""
     where = f" (included by {seen[-1]})" if seen else ""
     if path.is_dir():
         raise IsADirectoryError(f"config {path}{where} is a directory; name a YAML file in it, e.g. "
                                 f"{path / 'default.yaml'}")
     if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist{where}; see configs/ for runnable examples")
+        raise FileNotFoundError(f"config file {path} does not exist{where}; `vlbert configs` lists the shipped ones")
     if path.resolve() in seen:
         raise ValueError(f"{path}: _base_ includes form a cycle ({' -> '.join(map(str, seen))} -> {path})")
-    loaded = read_yaml(path, "run config", "fix the syntax there (see configs/ for examples)")
+    loaded = read_yaml(path, "run config", "fix the syntax there (`vlbert configs` lists working examples)")
     if loaded is None:
         loaded = {}
     if not isinstance(loaded, dict):
@@ -103,11 +123,13 @@ def _load_with_bases(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     bases = loaded.pop("_base_", [])
     bases = [bases] if isinstance(bases, str) else bases
     if not isinstance(bases, list) or not all(isinstance(b, str) and b for b in bases):
-        raise ValueError(f"{path}: _base_ must be a config file's path relative to this file, or a list of them, "
-                         f"got {bases!r}; write the path (e.g. _base_: ../bases/vl.yaml) or delete the _base_ line")
+        raise ValueError(f"{path}: _base_ must be a config file's path relative to this file or a shipped config's "
+                         f"name, or a list of them, got {bases!r}; write the path (e.g. _base_: ../bases/vl.yaml) or "
+                         "delete the _base_ line")
     merged: dict[str, Any] = {}
     for base in bases:
-        _merge(merged, _load_with_bases(path.parent / base, (*seen, path.resolve())))
+        base_path = resolve_config_path(base, relative_to=path.parent, included_by=path)
+        _merge(merged, _load_with_bases(base_path, (*seen, path.resolve())))
     _merge(merged, loaded)
     return merged
 
@@ -150,38 +172,15 @@ def check_sections(config: dict[str, Any], allowed: tuple[str, ...]) -> None:
 
 
 def dataclass_from_section(cls, values: dict[str, Any] | None, section: str):
-    """Build the dataclass ``cls`` from a config section: unknown keys and values of the wrong type are errors
-    naming the key; numbers written as strings (YAML 1.1 reads ``1e-4`` as one) are converted.
+    """Build the dataclass ``cls`` from a config section through the one typed reading of config values
+    (:func:`vlbert_base.typed_config.from_section`): an unknown key, a value of the wrong type (elements of lists
+    and mappings included) or out of the field's range is one line naming the key, what it got and what it takes;
+    numbers written as strings (YAML 1.1 reads ``1e-4`` as one) are converted.
 
     Raises:
-        ValueError: unknown key, or a value that is not of (or convertible to) the field's type.
+        ValueError: unknown key, or a value that is not of (or convertible to) the field's type or out of range.
     """
-    import dataclasses
-
-    values = dict(values or {})
-    types = {f.name: f.type for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(types))
-    if unknown:
-        raise ValueError(f"unknown {section} config key(s) {unknown}; valid keys are {sorted(types)}")
-    for key, value in values.items():
-        kind = types[key] if isinstance(types[key], str) else getattr(types[key], "__name__", str(types[key]))
-        try:
-            if kind == "float" and isinstance(value, (int, float, str)) and not isinstance(value, bool):
-                values[key] = float(value)
-            elif kind == "int":
-                if isinstance(value, bool) or float(value) != int(float(value)):
-                    raise TypeError  # 1.5 is no count of steps
-                values[key] = int(float(value))
-            elif kind == "bool" and not isinstance(value, bool):
-                raise TypeError
-            elif kind == "str" and isinstance(value, bool):
-                # YAML 1.1 reads an unquoted no/off (yes/on) as a boolean: training.mixed_precision=no means "no"
-                values[key] = "yes" if value else "no"
-            elif kind == "str" and not isinstance(value, str):
-                values[key] = str(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{section}.{key} must be {'an' if kind == 'int' else 'a'} {kind}, got {value!r}") from None
-    return cls(**values)
+    return from_section(cls, values, section)
 
 
 __all__ = ["load_run_config", "set_dotted", "check_sections", "dataclass_from_section"]

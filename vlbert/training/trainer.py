@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
+import yaml
 
 from vlbert.layers.attention import PACKING_FIELDS
 from vlbert.models.bert import compile_model
@@ -91,7 +92,7 @@ class Trainer:
         if self.accelerator.device.type == "cpu":
             keep_freed_memory_in_process()  # large activations are reused, not page-faulted in every step
         self.output_dir = Path(config.output_dir)
-        self.run_config = run_config or {}
+        self.run_config, self.resumed = run_config or {}, False  # resumed: keeps output_dir's first config.yaml
         self.tokenizer = tokenizer
         self.train_batches = train_batches
         self.eval_batches = eval_batches
@@ -368,10 +369,9 @@ class Trainer:
         self.log_hook.write(record, split)
 
     def _write_run_config(self, directory: Path) -> None:
-        import yaml
-
-        with open(directory / "config.yaml", "w", encoding="utf-8") as f:
-            yaml.safe_dump(self.run_config, f, sort_keys=False)
+        if not (self.resumed and directory == self.output_dir and (directory / "config.yaml").is_file()):
+            with open(directory / "config.yaml", "w", encoding="utf-8") as f:
+                yaml.safe_dump(self.run_config, f, sort_keys=False)
 
     # ------------------------------------------------------------------ checkpoints
     def save_model(self, directory: Path) -> None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, Literal
 
 import numpy as np
 import torch
 
 from vlbert.training.run_config import dataclass_from_section
+from vlbert_base.typed_config import Range, check_fields
 
 
 @dataclass
@@ -25,54 +26,39 @@ class TrainingConfig:
     """
 
     output_dir: str = "runs/default"
-    max_steps: int = 1000
-    batch_size: int = 32
-    grad_accum_steps: int = 1
-    learning_rate: float = 1e-4
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-6
-    warmup_steps: int = 100
-    max_grad_norm: float = 1.0
-    log_every: int = 10
-    eval_every: int = 0  # 0: evaluate at the end only
-    save_every: int = 0  # 0: save the final model only
-    save_total_limit: int = 2
-    seed: int = 0
-    mixed_precision: str = "auto"  # auto = bf16-params on CUDA, fp32 on CPU; or "no" / "bf16" / "bf16-params"
-    num_workers: int = -1  # -1: auto (loader workers on an accelerator, none on CPU); see loader_options
-    on_nonfinite: str = "stop"  # "stop" or "skip" the step
+    max_steps: Annotated[int, Range(ge=1)] = 1000
+    batch_size: Annotated[int, Range(ge=1)] = 32
+    grad_accum_steps: Annotated[int, Range(ge=1)] = 1
+    learning_rate: Annotated[float, Range(gt=0)] = 1e-4
+    weight_decay: Annotated[float, Range(ge=0)] = 0.01
+    adam_beta1: Annotated[float, Range(ge=0, lt=1)] = 0.9
+    adam_beta2: Annotated[float, Range(ge=0, lt=1)] = 0.999
+    adam_epsilon: Annotated[float, Range(gt=0)] = 1e-6
+    warmup_steps: Annotated[int, Range(ge=0)] = 100
+    max_grad_norm: Annotated[float, Range(ge=0)] = 1.0  # 0: no clipping
+    log_every: Annotated[int, Range(ge=0)] = 10
+    eval_every: Annotated[int, Range(ge=0)] = 0  # 0: evaluate at the end only
+    save_every: Annotated[int, Range(ge=0)] = 0  # 0: save the final model only
+    save_total_limit: Annotated[int, Range(ge=0)] = 2  # 0: keep every checkpoint
+    seed: Annotated[int, Range(ge=0, le=2 ** 32 - 1)] = 0  # numpy's seeds are 32-bit
+    # auto = bf16-params on CUDA, fp32 on CPU. fp16 would need loss scaling, whose routine overflow steps the
+    # non-finite guard would stop on; bf16 has float32's range and needs none. bf16: autocast over float32 weights;
+    # bf16-params: bf16 weights with float32 masters in the optimizer (vlbert.training.master_weights).
+    mixed_precision: Literal["auto", "no", "bf16", "bf16-params"] = "auto"
+    num_workers: Annotated[int, Range(ge=-1)] = -1  # -1: auto (loader workers on an accelerator, none on CPU)
+    on_nonfinite: Literal["stop", "skip"] = "stop"  # "stop" or "skip" the step
     group_by_length: bool = True
     progress_bar: bool = True
     compile: bool = False  # torch.compile the whole model (for GPUs; measured slower on a 2-core CPU)
     # seconds a collective between processes may wait before every rank stops (a rank died or hangs; not a hang).
     # Rank 0 preparing data alone (tokenising a corpus, extracting regions) must fit in it.
-    collective_timeout: float = 1800.0
+    collective_timeout: Annotated[float, Range(gt=0)] = 1800.0
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad field and its valid range."""
-        positive = ("max_steps", "batch_size", "grad_accum_steps")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"training.{name} must be >= 1, got {getattr(self, name)}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"training.learning_rate must be positive, got {self.learning_rate}")
-        for name in ("weight_decay", "warmup_steps", "max_grad_norm", "log_every", "eval_every", "save_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"training.{name} must be >= 0, got {getattr(self, name)}")
-        if not self.collective_timeout > 0:
-            raise ValueError(f"training.collective_timeout must be positive (seconds), got {self.collective_timeout}")
-        if self.num_workers < -1:
-            raise ValueError(f"training.num_workers must be -1 (auto) or >= 0, got {self.num_workers}")
-        if self.mixed_precision not in ("auto", "no", "bf16", "bf16-params"):
-            # fp16 would need loss scaling, whose routine overflow steps the non-finite guard would stop on;
-            # bf16 has float32's range and needs none. bf16: autocast over float32 weights; bf16-params: bf16
-            # weights with float32 masters in the optimizer (vlbert.training.master_weights).
-            raise ValueError("training.mixed_precision must be auto, no, bf16 or bf16-params, got "
-                             f"{self.mixed_precision!r}")
-        if self.on_nonfinite not in ("stop", "skip"):
-            raise ValueError(f"training.on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
+        """Check every field's type and range as its annotation says (:func:`vlbert_base.typed_config.check_fields`,
+        numbers given as text converted); raise ``ValueError`` naming the bad field, what it got and what it
+        takes."""
+        check_fields(self, "training")
 
     def resolved_num_workers(self) -> int:
         """``num_workers``, with -1 (auto) resolved: on a CUDA machine, 4 loader processes per training process
@@ -94,11 +80,9 @@ class TrainingConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainingConfig":
-        """Build and validate from the YAML ``training`` section; raises ``ValueError`` for unknown keys,
-        wrong types and out-of-range values."""
-        config = dataclass_from_section(cls, values, "training")
-        config.validate()
-        return config
+        """Build from the YAML ``training`` section through the typed reading of config values; raises
+        ``ValueError`` for unknown keys, wrong types and out-of-range values (one line naming the key)."""
+        return dataclass_from_section(cls, values, "training")
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
