@@ -332,7 +332,7 @@ def test_an_undefined_correlation_is_nan_with_one_warning(tmp_path, tokenizer, c
 
 
 def test_text_data_refusals(tmp_path, tokenizer):
-    """docs/bad-input.md rows 102-105: settings and records the text recipe cannot evaluate as the benchmark
+    """docs/bad-input.md rows 102-105 and 115: settings and records the text recipe cannot evaluate as the benchmark
     would, refused before any training with the fix named."""
     write_jsonl(tmp_path / "q.jsonl", [qa_record("a", "where is it ?", "It stands in Paris", ["Paris"])] * 2)
     qa = {"task": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl")}
@@ -342,9 +342,9 @@ def test_text_data_refusals(tmp_path, tokenizer):
     qa = {**qa, "eval": str(tmp_path / "one.jsonl")}
     with pytest.raises(ValueError, match="needs data.version_2_with_negative: true"):
         recipe_data(tmp_path, tokenizer, {**qa, "null_score_diff_threshold": 1.0})
-    with pytest.raises(ValueError, match="must be a number or null"):
+    with pytest.raises(ValueError, match="null_score_diff_threshold must be null or a float, got 'x'"):
         recipe_data(tmp_path, tokenizer, {**qa, "version_2_with_negative": True, "null_score_diff_threshold": "x"})
-    with pytest.raises(ValueError, match="doc_stride and data.max_answer_length must be at least 1"):
+    with pytest.raises(ValueError, match="data.doc_stride must be .*>= 1, got 0"):
         recipe_data(tmp_path, tokenizer, {**qa, "doc_stride": 0})
     with pytest.raises(ValueError, match="question has 4 wordpieces, which leaves no room.*max_seq_length=7"):
         recipe_data(tmp_path, tokenizer, {**qa, "max_seq_length": 7})

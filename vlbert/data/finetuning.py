@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Sequence
 
 import torch
 
 from vlbert.data.corpus import BBC_CLASSES, load_bbc_news, train_eval_split
 from vlbert.layers.losses import IGNORE_INDEX
+from vlbert_base.typed_config import Range
 
 TASK_TYPES = ("classification", "regression", "tagging", "qa")
 
@@ -97,8 +98,8 @@ class TextTaskConfig:
     context_field: str = "context"
     answers_field: str = "answers"
     max_seq_length: int = 128
-    doc_stride: int = 64
-    max_answer_length: int = 30
+    doc_stride: Annotated[int, Range(ge=1)] = 64
+    max_answer_length: Annotated[int, Range(ge=1)] = 30
     version_2_with_negative: bool = False
     null_score_diff_threshold: float | None = None
     eval_fraction: float = 0.2

@@ -134,18 +134,10 @@ class TextTaskData(TaskData):
             self.label_names = [str(x) for x in labels] if labels else None
         else:
             raise ValueError(f"data.task must be 'bbc-news', 'glue' or 'custom', got {config.task!r}")
-        if config.doc_stride < 1 or config.max_answer_length < 1:
-            raise ValueError(f"data.doc_stride and data.max_answer_length must be at least 1 wordpiece (got "
-                             f"{config.doc_stride} and {config.max_answer_length})")
-        if config.null_score_diff_threshold is not None:
-            if not config.version_2_with_negative:
-                raise ValueError("data.null_score_diff_threshold decides SQuAD 2.0's 'no answer': it needs "
-                                 "data.version_2_with_negative: true")
-            try:
-                config.null_score_diff_threshold = float(config.null_score_diff_threshold)
-            except (TypeError, ValueError):
-                raise ValueError(f"data.null_score_diff_threshold must be a number or null (chosen on the "
-                                 f"evaluation set), got {config.null_score_diff_threshold!r}") from None
+        # (doc_stride, max_answer_length and the threshold's type: the typed reading of the data section)
+        if config.null_score_diff_threshold is not None and not config.version_2_with_negative:
+            raise ValueError("data.null_score_diff_threshold decides SQuAD 2.0's 'no answer': it needs "
+                             "data.version_2_with_negative: true")
         if config.max_train_examples:
             train = train[: config.max_train_examples]
         self.config, self.labels = config, labels
