@@ -1,10 +1,10 @@
-"""The end-of-run table (vlbert.commands.report): each result beside its baseline, a result at chance called so."""
+"""The end-of-run table (vlbert.recipes.report): each result beside its baseline, a result at chance called so."""
 
 from __future__ import annotations
 
 import math
 
-from vlbert.commands.report import MARGIN, results_table, verdict
+from vlbert.recipes.report import MARGIN, results_table, verdict
 from vlbert.training.log_hook import eval_line
 
 # What `tools/pretrain.py --modality text` returns after the quick start's 600 steps (figures of a real run:

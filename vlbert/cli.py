@@ -8,7 +8,7 @@ import argparse
 import logging
 from typing import Any
 
-from vlbert.commands.report import results_table
+from vlbert.recipes.report import results_table
 from vlbert.recipes import RECIPES, run
 from vlbert.training.run_config import load_run_config
 
@@ -40,7 +40,7 @@ def training_parser(doc: str, default_config: str | None) -> argparse.ArgumentPa
 def run_from_args(args: argparse.Namespace, task: str, extra: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
     """Load ``args.config``, apply the flags (``extra``: more (config key, value) pairs) and ``--set``
     overrides, run the recipe ``task`` and print the final metrics as a table beside their baselines
-    (:func:`vlbert.commands.report.results_table`).
+    (:func:`vlbert.recipes.report.results_table`).
 
     Errors propagate with their types; the tools' :func:`vlbert.command_line.run_tool` turns the user's into one
     line (a run directory that holds a run, bad config values, missing data, ...) and a SIGTERM into status 143.

@@ -108,7 +108,7 @@ class Objective:
             None.
         chance: the metric of a model that guesses, where the unit's labels fix it (0.5 for NSP, SOP and ITM,
             whose pairs are drawn half positive), else None; the end-of-run table
-            (:mod:`vlbert.commands.report`) compares the held-out metric with it.
+            (:mod:`vlbert.recipes.report`) compares the held-out metric with it.
     """
 
     name: str = ""
