@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from vlbert.hub import push_model_directory
 from vlbert.tokenization import save_tokenizer
 
 logger = logging.getLogger(__name__)
+
 
 class OwnLearningRate:
     """Mixin of a submodule whose parameters may train at a learning rate of their own (``learning_rate``: a float,
@@ -36,6 +38,23 @@ def _bert_layers_to_text_stream(state: dict[str, torch.Tensor], base: str) -> di
         return state
     old, new = base + "encoder.layers.", base + "encoder.text.layers."
     return {new + k[len(old):] if k.startswith(old) else k: v for k, v in state.items()}
+
+
+def _new_region_pathway(own: dict, state: dict, missing: list[str], base: str) -> list[str]:
+    """The missing keys of a vision-language model's encoder (under ``base``, e.g. ``bert.``) when ``state`` is a
+    text BERT's (no tensor whose name mentions regions) and the model has a region pathway: its region embeddings
+    (and, two-stream, its region and cross-modality layers), which such a checkpoint cannot hold. Empty otherwise
+    (a text model, or a checkpoint that was trained on regions)."""
+    if not base or any("region" in k for k in state) or not any("region" in k for k in own):
+        return []
+    return [k for k in missing if k.startswith(base)]
+
+
+def _parts(keys: list[str], base: str) -> str:
+    """``keys`` (under ``base``) named by module, e.g. "region_embeddings (11), encoder.cross (40)"."""
+    names = [k[len(base):].split(".") for k in keys]
+    counts = Counter(".".join(n[:2] if n[0] == "encoder" else n[:1]) for n in names)
+    return ", ".join(f"{name} ({count})" for name, count in sorted(counts.items()))
 
 
 class PreTrainedModel(nn.Module):
@@ -179,8 +198,16 @@ class PreTrainedModel(nn.Module):
         if strict and (missing or unexpected):
             raise ValueError(f"loading {source} strictly: missing {missing}, unexpected {unexpected}")
         self.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
-        if missing:
-            logger.warning("%s: newly initialised (not in %s): %s", type(self).__name__, source, missing)
+        pathway = _new_region_pathway(own, state, missing, base)
+        if pathway:
+            logger.info("%s: %s is a text BERT: its BERT weights (%d tensors) loaded; newly initialised, as a text "
+                        "BERT has no region pathway: %s", type(self).__name__, source,
+                        sum(k in state for k in own if k.startswith(base)), _parts(pathway, base))
+            missing_heads = [k for k in missing if k not in pathway]
+        else:
+            missing_heads = missing
+        if missing_heads:
+            logger.warning("%s: newly initialised (not in %s): %s", type(self).__name__, source, missing_heads)
         if unexpected:
             logger.info("%s: unused tensors of %s: %s", type(self).__name__, source, unexpected)
         return ckpt.LoadingInfo(missing_keys=missing, unexpected_keys=unexpected)

@@ -264,6 +264,11 @@ def check_init_regions(ctx: RunContext, info: dict[str, Any]) -> None:
     imported without saying what made them (no ``--extracted-with``) are refused where ``init_from`` records its
     detector: nothing shows they are its features.
 
+    Detectors are compared only where both sides were trained on regions: an ``init_from`` whose inference.json
+    has no ``detector`` entry (a text run of ``tools/pretrain.py --modality text``, a text classifier) or has no
+    inference.json (the packaged MiniLM, a converted text BERT) never saw a region, so any detector's regions may
+    start its region pathway (the design card's text-then-vision path).
+
     Raises:
         ValueError: the two provenances differ (both named, and what differs) or this run's are unknown, and
             ``allow_other_detector`` is not set.
@@ -273,7 +278,10 @@ def check_init_regions(ctx: RunContext, info: dict[str, Any]) -> None:
     path = Path(ctx.init_from) / INFERENCE_INFO
     if not path.is_file():
         return
-    trained = read_run_file(path).get("detector") or {}
+    saved = read_run_file(path)
+    if "detector" not in saved:  # a text checkpoint: no regions to compare with
+        return
+    trained = saved["detector"] or {}
     here = info["detector"] or {}
     if trained.get("config") and not (here.get("config") or here.get("fingerprint")):
         raise ValueError(
