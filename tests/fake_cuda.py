@@ -33,7 +33,6 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-from accelerate.state import AcceleratorState
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
@@ -199,7 +198,6 @@ class FakeCuda:
         self.host_syncs.append(f"torch.cuda.synchronize at {project_line()}")
 
     def __enter__(self) -> "FakeCuda":
-        AcceleratorState._reset_state(reset_partial_state=True)  # a process-wide singleton: it knew the CPU
         props = _Properties(self.name, self.capability)
         rng = torch.zeros(16, dtype=torch.uint8)
         patches = {
@@ -230,7 +228,6 @@ class FakeCuda:
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
-        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def placement_errors(trainer) -> list[str]:

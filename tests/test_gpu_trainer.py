@@ -143,3 +143,51 @@ def test_a_head_size_flash_cannot_take_runs_sdpa(small_corpus, tmp_path):
     config = text_config(tmp_path / "run", small_corpus, 1, hidden_size=52, num_attention_heads=2)
     probe, gpu = run_on_fake_gpu("text-pretraining", config)
     assert_gpu_step(probe, gpu, flash=False)
+
+
+class _Precision(TrainerHook):
+    """Keeps the trainer and the dtype of the encoder's output in its steps."""
+
+    def before_train(self, trainer) -> None:
+        self.trainer, self.dtypes = trainer, []
+        encoder = trainer.unwrapped.bert.encoder
+        self.handle = encoder.register_forward_hook(lambda m, i, out: self.dtypes.append(out.last_hidden_state.dtype))
+
+    def after_train(self, trainer, metrics) -> None:
+        self.handle.remove()
+
+
+def test_runs_of_any_precision_and_device_follow_each_other_in_one_process(small_corpus, small_token_corpus,
+                                                                            tokenizer, tmp_path):
+    """accelerate keeps one state per process and refuses a second precision (``AcceleratorState has already been
+    initialized``); each Trainer owns its precision and device, so one interpreter (a notebook calling run() again,
+    the GPU suite in one process) runs ``bf16`` (autocast: the encoder computes in bf16 over float32 weights), then
+    ``no`` (float32), then ``bf16-params`` (bf16 weights), with no reset between them; then a trainer on the fake
+    GPU and one on the CPU again are each on their own device (accelerate's state restarted for the second), and
+    the first trainer's autocast and device are still its own."""
+    from conftest import tiny_text_trainer
+
+    def trainer(name, precision, **training):
+        return tiny_text_trainer(tmp_path / name, small_token_corpus, tokenizer, max_length=32, hooks=training.pop(
+            "hooks", ()), model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
+            max_steps=1, batch_size=2, mixed_precision=precision, **training)
+
+    seen = {name: _Precision() for name in ("bf16", "no", "bf16-params")}
+    trainer("bf16", "bf16", hooks=[seen["bf16"]]).train()
+    config = text_config(tmp_path / "no", small_corpus, 1)  # a notebook's second run(), in another precision
+    config["training"].update(max_steps=1, batch_size=2, mixed_precision="no")
+    run(RECIPES["text-pretraining"], config, hooks=[seen["no"]])
+    trainer("bf16-params", "bf16-params", hooks=[seen["bf16-params"]]).train()
+    dtypes = {name: set(p.dtypes) for name, p in seen.items()}
+    assert dtypes == {"bf16": {torch.bfloat16}, "no": {torch.float32}, "bf16-params": {torch.bfloat16}}, dtypes
+    with FakeCuda():
+        gpu = trainer("gpu", "auto")
+    cpu = trainer("cpu", "no")
+    first = seen["bf16"].trainer
+    assert (gpu.device.type, gpu.precision, cpu.device.type, first.device.type) == ("cuda", "bf16-params", "cpu", "cpu")
+    assert {p.device.type for p in cpu.unwrapped.parameters()} == {"cpu"}
+    assert {p.dtype for p in first.unwrapped.parameters()} == {torch.float32}
+    with first.autocast():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with seen["no"].trainer.autocast():
+        assert not torch.is_autocast_enabled("cpu")

@@ -40,6 +40,36 @@ logger = logging.getLogger(__name__)
 BatchFactory = Callable[[int, int, int, int], Iterable[dict]]  # (epoch, start_batch, rank, world_size) -> batches
 
 
+def own_accelerator(cpu: bool):
+    """An accelerate ``Accelerator`` for one Trainer (device placement, DDP, ``no_sync``, process state) whose
+    state never decides the trainer's precision, so that trainers of any precisions follow each other (or live side
+    by side) in one process.
+
+    accelerate keeps one ``AcceleratorState`` per process, fixed by the first ``Accelerator``: a second one with
+    another ``mixed_precision`` raises ``ValueError: AcceleratorState has already been initialized`` (accelerate
+    1.x ``state.py``, ``AcceleratorState._check_initialized``), and ``cpu=True`` after a GPU state does too. So the
+    Accelerator is always made with ``mixed_precision="no"`` (the trainer applies its own bf16 autocast:
+    :meth:`Trainer.autocast`), and in a single process (no process group, nothing else to keep) a state that
+    another run left on another device (a GPU run before a CPU one, or the reverse) is started afresh for this
+    trainer's device: CUDA when it is available and ``cpu`` is False, else the CPU. Under a launcher the process
+    group and its device are the process's for its lifetime and are kept. A state another ``Accelerator`` made
+    with a mixed precision (user code, ``ACCELERATE_MIXED_PRECISION``) is replaced by this one's, the process
+    state kept.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
+
+    state = PartialState._shared_state
+    if state and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        wanted = "cuda" if torch.cuda.is_available() and not cpu else "cpu"
+        device = state.get("device")
+        if device is None or device.type != wanted:
+            AcceleratorState._reset_state(reset_partial_state=True)
+    if AcceleratorState._shared_state.get("_mixed_precision", "no") != "no":  # another library's Accelerator
+        AcceleratorState._reset_state()  # the process state (devices, process group) is kept
+    return Accelerator(mixed_precision="no", cpu=cpu)
+
+
 class Trainer:
     """Train ``model`` on batches from ``train_batches``.
 
@@ -70,8 +100,6 @@ class Trainer:
     def __init__(self, model, config: TrainingConfig, train_batches: BatchFactory,
                  eval_batches: Callable[..., Iterable[dict]] | None = None, run_config: dict | None = None,
                  tokenizer=None, hooks: Sequence[TrainerHook] = ()):
-        from accelerate import Accelerator
-
         config.validate()
         self.config = config
         mixed = config.mixed_precision
@@ -86,9 +114,12 @@ class Trainer:
             mixed = "no" if config.mixed_precision == "auto" else mixed
         self.precision = mixed
         start_processes(config.collective_timeout)
-        self.accelerator = Accelerator(mixed_precision="no" if mixed == "bf16-params" else mixed, cpu=use_cpu)
+        self.accelerator = own_accelerator(use_cpu)
+        #: this trainer's device, fixed here (accelerate's ``device`` is the process's state, which a later trainer
+        #: on another device restarts: :func:`own_accelerator`)
+        self.device = self.accelerator.device
         self.control = control_plane(config.collective_timeout)
-        if self.accelerator.device.type == "cpu":
+        if self.device.type == "cpu":
             keep_freed_memory_in_process()  # large activations are reused, not page-faulted in every step
         self.output_dir = Path(config.output_dir)
         self.run_config = run_config or {}
@@ -97,7 +128,7 @@ class Trainer:
         self.eval_batches = eval_batches
         self.unwrapped = model
         # On its device before the float32 masters and the optimizer are made: they live where the parameters do.
-        model.to(self.accelerator.device)
+        model.to(self.device)
         if config.compile:
             compile_model(model)
         # forward's named arguments, its label_names and, taking **kwargs, the packed layout (FlashAttention-style)
@@ -105,7 +136,7 @@ class Trainer:
         kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
         self.forward_arguments = {*parameters, *getattr(model, "label_names", ()), *(PACKING_FIELDS if kwargs else ())}
         # Fused AdamW (one kernel over all parameters) on CUDA and, since torch 2.4, on CPU.
-        fused = self.accelerator.device.type in ("cuda", "cpu")
+        fused = self.device.type in ("cuda", "cpu")
         groups = parameter_groups(model, config.weight_decay)
         self.master = MasterWeights(model) if mixed == "bf16-params" else None
         optimizer = torch.optim.AdamW(
@@ -131,6 +162,15 @@ class Trainer:
         self._checks = NonFiniteChecks()
         self._placement_checked = False
 
+    def autocast(self):
+        """The context this trainer's forwards run in: bf16 autocast on its device for ``mixed_precision: bf16``
+        (float32 weights), nothing otherwise (``no``: float32; ``bf16-params``: the weights are bf16). The trainer's
+        own, not accelerate's (whose precision is one per process: see :func:`own_accelerator`); the same context
+        accelerate's ``autocast()`` gives for bf16 (accelerate 1.x ``get_mixed_precision_context_manager``)."""
+        if self.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     @property
     def is_main(self) -> bool:
         return self.accelerator.is_main_process
@@ -139,7 +179,7 @@ class Trainer:
     def _to_device(self, batch: dict) -> dict:
         """Move tensors to the device, keeping only what the model's ``forward`` takes (batches may carry
         bookkeeping such as the objective's name or example indices)."""
-        device = self.accelerator.device
+        device = self.device
         return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
                 if k in self.forward_arguments}
 
@@ -213,7 +253,7 @@ class Trainer:
                 checks.position(self.step + 1, self.epoch, self.batch_in_epoch - 1)
             # DDP reduces the last micro-batch's gradients; with bf16 parameters never (the float32 masters' are)
             sync = micro == cfg.grad_accum_steps - 1 and not self.master
-            with contextlib.nullcontext() if sync else acc.no_sync(self.model), acc.autocast():
+            with contextlib.nullcontext() if sync else acc.no_sync(self.model), self.autocast():
                 out = self.model(**batch)
                 if out.loss is None:
                     raise ValueError("the model returned no loss: the batch carries no labels")
@@ -246,7 +286,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         if not self._placement_checked:  # once the optimizer's state exists; reads devices, copies nothing
-            check_placement(self.unwrapped, self.accelerator.device, self.master, self._optimizer())
+            check_placement(self.unwrapped, self.device, self.master, self._optimizer())
             self._placement_checked = True
         self._recent_losses = (self._recent_losses + [stats.loss])[-50:]
         self._tokens_this_run += stats.tokens
@@ -257,7 +297,7 @@ class Trainer:
         """Clip to ``max_grad_norm`` (on the float32 masters with bf16 parameters); the norm before clipping."""
         cfg, acc = self.config, self.accelerator
         if cfg.max_grad_norm <= 0:
-            return torch.zeros((), device=acc.device)
+            return torch.zeros((), device=self.device)
         if self.master:
             return torch.nn.utils.clip_grad_norm_(self.master.masters, cfg.max_grad_norm)
         return acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
@@ -332,7 +372,7 @@ class Trainer:
         config = getattr(self.unwrapped, "config", None)
         if config is None or not hasattr(config, "intermediate_size") or not (tokens or regions) or not sequences:
             return None
-        peak, _ = device_peak_flops(self.accelerator.device, self.precision in ("bf16", "bf16-params"))
+        peak, _ = device_peak_flops(self.device, self.precision in ("bf16", "bf16-params"))
         flops = estimate_step_flops(config, tokens, sequences, regions)
         return flops / seconds / (peak * self.accelerator.num_processes)
 
@@ -340,13 +380,13 @@ class Trainer:
         """True if ``flag`` is set on any process (one all-reduce when there are several)."""
         if self.accelerator.num_processes == 1:
             return flag
-        t = torch.tensor([float(flag)], device=self.accelerator.device)
+        t = torch.tensor([float(flag)], device=self.device)
         return bool(self.accelerator.reduce(t, reduction="sum") > 0)
 
     def _global_sum(self, value: int) -> int:
         if self.accelerator.num_processes == 1:
             return value
-        t = torch.tensor([value], device=self.accelerator.device)
+        t = torch.tensor([value], device=self.device)
         return int(self.accelerator.reduce(t, reduction="sum"))
 
     # ------------------------------------------------------------------ evaluation
@@ -359,7 +399,7 @@ class Trainer:
         acc = self.accelerator
         batches = (self._to_device(b) for b in self.eval_batches(rank=acc.process_index, world_size=acc.num_processes))
         # the unwrapped model: no DDP collective in an evaluation forward, ranks may run different counts
-        return evaluate_objectives(self.unwrapped, batches, acc.autocast)
+        return evaluate_objectives(self.unwrapped, batches, self.autocast)
 
     # ------------------------------------------------------------------ logging
     def log(self, record: dict, split: str) -> None:
