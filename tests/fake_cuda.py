@@ -5,8 +5,10 @@ and compute capability, accelerate's device), every tensor put on ``cuda`` is a
 :class:`~torch._subclasses.fake_tensor.FakeTensor` (shapes, dtypes, strides and devices, no arithmetic), and CPU
 work stays real: data loading, tokenisation and collation run as usual, so a training run can go from its config
 to its optimizer steps unchanged. What the step does on the device is recorded: every ATen op that reaches the fake
-GPU, every host synchronisation (``.item()``, ``nonzero``, ``torch.cuda.synchronize``) and every device-to-host
-copy, each with the line of project code that made it.
+GPU, every host synchronisation (``.item()``, ``nonzero``, ``torch.cuda.synchronize``, and a host-to-device copy
+with ``non_blocking=False``, which waits for every kernel queued before it: ``.to(device)``, ``.cuda()``,
+``torch.tensor(..., device=...)``, ``copy_`` from the host) and every device-to-host copy, each with the line of
+project code that made it; every host-to-device copy's bytes are counted (:attr:`FakeCuda.host_to_device`).
 
 The technique is ../shared/gpu/roofline.py's (FakeTensorMode on a CUDA device, a dispatch mode that records); this
 module is the tests' own, smaller version. Two things a driver-less process cannot do are replaced:
@@ -77,6 +79,12 @@ class _Recorder(TorchDispatchMode):
                 return func(*args, **kwargs)
         owner, name = self.owner, str(func.overloadpacket)
         owner.ops[name] += 1
+        copied = _host_to_device(func, args, kwargs)
+        if copied is not None:
+            source, blocking = copied
+            owner.host_to_device.append((source.numel() * source.element_size(), blocking, project_line()))
+            if blocking:  # the copy is queued after every kernel before it, and the host waits for it
+                owner.host_syncs.append(f"{name} (blocking host-to-device copy) at {project_line()}")
         if func in HOST_SYNCS and any(_on_fake_cuda(t) for t in tensors):
             owner.host_syncs.append(f"{name} at {project_line()}")
             if func is aten._local_scalar_dense.default:  # the run goes on with a stand-in value
@@ -93,6 +101,24 @@ class _Recorder(TorchDispatchMode):
         if any(_on_fake_cuda(t) for t in tensors) and any(t.device.type == "cpu" for t in outs):
             owner.device_to_host.append(f"{name} at {project_line()}")
         return out
+
+
+def _host_to_device(func, args, kwargs) -> tuple[torch.Tensor, bool] | None:
+    """(the host tensor, whether the copy blocks) for a copy of a real host tensor to the fake GPU, else None:
+    ``_to_copy`` to a CUDA device (``.to``, ``.cuda()``, ``torch.tensor``/``as_tensor`` with a CUDA device) or
+    ``copy_`` into a GPU tensor. ``non_blocking=False`` (the default) blocks: torch's copy waits for the stream
+    (``cudaStreamSynchronize`` after the ``cudaMemcpyAsync``), whether the host memory is pinned or pageable
+    (torch 2.14 ``aten/src/ATen/native/cuda/Copy.cu``, ``copy_kernel_cuda``)."""
+    if func is aten._to_copy.default:
+        device = kwargs.get("device")
+        source = args[0]
+        if device is not None and torch.device(device).type == "cuda" and not isinstance(source, FakeTensor):
+            return source, not kwargs.get("non_blocking", False)
+    elif func is aten.copy_.default and len(args) >= 2 and _on_fake_cuda(args[0]) and \
+            isinstance(args[1], torch.Tensor) and not isinstance(args[1], FakeTensor):
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        return args[1], not non_blocking
+    return None
 
 
 def _stand_in(func, args):
@@ -176,8 +202,10 @@ class FakeCuda:
         name: what ``torch.cuda.get_device_name`` answers.
     Attributes (filled while active):
         ops: Counter of ATen op names that reached the fake GPU.
-        host_syncs: one 'op at file:line function' per host synchronisation on a GPU tensor.
+        host_syncs: one 'op at file:line function' per host synchronisation on a GPU tensor (blocking
+            host-to-device copies included).
         device_to_host: likewise per copy from the GPU to the host.
+        host_to_device: (bytes, blocking, 'file:line function') per copy from the host to the GPU.
 
     Use ``with FakeCuda() as gpu:``; :meth:`clear` forgets what was recorded so far.
     """
@@ -187,12 +215,14 @@ class FakeCuda:
         self.ops: collections.Counter = collections.Counter()
         self.host_syncs: list[str] = []
         self.device_to_host: list[str] = []
+        self.host_to_device: list[tuple[int, bool, str]] = []
         self._stack = contextlib.ExitStack()
 
     def clear(self) -> None:
         self.ops.clear()
         self.host_syncs.clear()
         self.device_to_host.clear()
+        self.host_to_device.clear()
 
     def _synchronize(self, device=None) -> None:
         self.host_syncs.append(f"torch.cuda.synchronize at {project_line()}")

@@ -62,6 +62,8 @@ def vl_config(**kw):
                                   "num_region_classes": 0, **kw})
 
 
+#: VL-BERT's region pathway: [text ; regions ; END], the visual embedding added to every token.
+VL_BERT = {"region_embedding": "vl-bert"}
 #: LXMERT's encoder (issue 42), one layer per stream.
 TWO_STREAM = {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1, "region_embedding": "lxmert",
               "region_location_dim": 4}
@@ -76,11 +78,12 @@ def run(model, batch):
                                              for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("modality", ["text", "vl", "two-stream"])
+@pytest.mark.parametrize("modality", ["text", "vl", "two-stream", "vl-bert"])
 def test_every_attention_kernel_equals_eager_on_ragged_batches(modality):
     """float64, eval mode: each kernel, with the packing read from the mask or given by the collator (for the
-    two-stream model also each stream's layout, the one its collator gives), gives eager's hidden states (1e-10 at
-    real positions, zeros at padding), loss and gradients."""
+    two-stream model also each stream's layout, the one its collator gives; for VL-BERT's pathway the collator's
+    layout extended by its [END] on the device), gives eager's hidden states (1e-10 at real positions, zeros at
+    padding), loss and gradients."""
     ids, mask, labels = ragged_text()
     batch = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), labels=labels)
     masks = [mask]
@@ -95,8 +98,8 @@ def test_every_attention_kernel_equals_eager_on_ragged_batches(modality):
         batch["next_sentence_label"] = torch.tensor([0, 1, 0, 1])
     real = torch.cat(masks, 1).bool()
     layouts = {"mask": {}, "joint": {**packing_fields(*masks), "masked_lm_positions": masked_positions(labels)}}
-    streams = TWO_STREAM if modality == "two-stream" else {}
-    if streams:
+    streams = TWO_STREAM if modality == "two-stream" else VL_BERT if modality == "vl-bert" else {}
+    if modality == "two-stream":
         layouts["streams"] = {**stream_packing_fields(*masks), "masked_lm_positions": masked_positions(labels)}
     results = {}
     for kernel in KERNELS:
@@ -269,11 +272,12 @@ class DeviceReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("modality", ["text", "vl", "two-stream"])
+@pytest.mark.parametrize("modality", ["text", "vl", "two-stream", "vl-bert"])
 def test_a_training_step_reads_nothing_back_from_the_device(modality):
     """With the collator's packed layout and MLM positions, forward and backward of a training step (sdpa, the
-    kernel of these machines) never wait on the device: zero host syncs. Without them the model reads the mask:
-    the check sees those reads."""
+    kernel of these machines) never wait on the device: zero host syncs; VL-BERT's pathway, which adds its [END]
+    token after the regions, extends the collator's layout on the device (0886c57: it read the mask). Without them
+    the model reads the mask: the check sees those reads."""
     ids, mask, labels = ragged_text()
     batch = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), labels=labels)
     masks = [mask]
@@ -281,7 +285,7 @@ def test_a_training_step_reads_nothing_back_from_the_device(modality):
         feats, boxes, region_mask = ragged_regions()
         batch.update(region_features=feats, region_boxes=boxes, region_mask=region_mask)
         masks.append(region_mask)
-        streams = TWO_STREAM if modality == "two-stream" else {}
+        streams = TWO_STREAM if modality == "two-stream" else VL_BERT if modality == "vl-bert" else {}
         model = VLBertForPreTraining(vl_config(attn_implementation="sdpa", attention_probs_dropout_prob=0.0,
                                                **streams))
     else:
@@ -523,3 +527,34 @@ def test_the_shared_roofline_proxy_traces_this_checkout(monkeypatch, capsys):
     roofline.main()
     out = capsys.readouterr().out
     assert "predicted H100 step" in out and "host syncs: 0" in out, out
+
+
+def test_the_pair_collators_layout_is_what_the_pair_model_encodes():
+    """NLVR2's collator (two images per statement) gives the packed layout of the 2B rows (statement i ; image j)
+    that :class:`VLBertForImagePairClassification` encodes: its training step with that layout reads nothing back
+    from the device (0886c57: the layout read from the mask) and gives the logits and loss of the mask's layout."""
+    from types import SimpleNamespace
+
+    from vlbert.data.grounded_text import GroundedCollator
+    from vlbert.models.vl_classification import VLBertForImagePairClassification
+
+    g = torch.Generator().manual_seed(0)
+
+    def image(r):
+        return {"region_features": torch.randn(r, 16, generator=g), "region_boxes": torch.rand(r, 4, generator=g)}
+
+    items = [{"input_ids": list(range(2, 2 + t)), "images": [image(a), image(b)], "labels": label, "index": i}
+             for i, (t, a, b, label) in enumerate([(5, 3, 1, 0), (3, 2, 4, 1), (6, 4, 4, 1)])]
+    batch = GroundedCollator(SimpleNamespace(pad_token_id=0), images_per_text=2)(items)
+    batch.pop("index")
+    layout = {k: batch.pop(k) for k in ("packed_indices", "cu_seqlens")}
+    torch.manual_seed(0)
+    model = VLBertForImagePairClassification(vl_config(attn_implementation="sdpa", num_labels=2,
+                                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    reference = model(**batch)
+    with DeviceReads() as mode:
+        out = model(**batch, **layout)
+        out.loss.backward()
+    assert mode.reads == []
+    torch.testing.assert_close(out.logits, reference.logits, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.loss, reference.loss, atol=1e-6, rtol=0)

@@ -10,6 +10,7 @@ attention kernel ran, and that a step which does not log reads nothing back from
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -88,14 +89,16 @@ def run_on_fake_gpu(recipe: str, config: dict, capability=(9, 0)) -> tuple[Probe
 
 @pytest.fixture(scope="module")
 def region_shards(tmp_path_factory):
-    """Region shards of 16 easy-VQA training images, extracted on the CPU (outside the fake GPU)."""
+    """Region shards of 16 easy-VQA training images and 4 test images (the fine-tuning recipes' held-out data),
+    extracted on the CPU (outside the fake GPU)."""
     from PIL import Image
 
     from detectors.config import DetectorConfig
     from detectors.shards import write_shards
     from vlbert.data.easy_vqa import color_and_shape, image_paths
 
-    ids, paths = list(color_and_shape("train"))[:N_IMAGES], image_paths("train")
+    ids = list(color_and_shape("train"))[:N_IMAGES] + list(color_and_shape("test"))[:4]
+    paths = {**image_paths("train"), **image_paths("test")}
     extractor = DetectorConfig(options={"input_size": 64, "max_proposals": 6}).build()
     shards = tmp_path_factory.mktemp("regions") / "shards"
     write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), shards)
@@ -145,6 +148,82 @@ def test_a_head_size_flash_cannot_take_runs_sdpa(small_corpus, tmp_path):
     assert_gpu_step(probe, gpu, flash=False)
 
 
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory, tokenizer):
+    """A one-layer text BERT (hidden 32) saved with the MiniLM tokenizer: the fine-tuning runs' ``init_from``."""
+    import vlbert
+
+    path = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    config = vlbert.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64, max_position_embeddings=64)
+    vlbert.BertModel(config).save_pretrained(path, tokenizer=tokenizer)
+    return path
+
+
+def finetuning_config(task: str, output_dir, init, shards, tmp_path) -> dict:
+    """A fine-tuning run of ``task`` from ``init`` at its defaults (bf16-params on the GPU, the recipe's collator
+    and model); region tasks on easy-VQA with the module's shards, text classification on 16 rows."""
+    training = {"output_dir": str(output_dir), "max_steps": 10, "batch_size": 4, "learning_rate": 1e-3,
+                "warmup_steps": 2, "log_every": 1000, "eval_every": 0, "progress_bar": False, "num_workers": 0}
+    if task == "text":
+        rows = [{"text": f"row {i} is about {'sport' if i % 2 else 'money'}", "label": "ab"[i % 2]} for i in range(16)]
+        path = tmp_path / "rows.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        data = {"task": "custom", "type": "classification", "train": str(path), "eval": str(path), "max_seq_length": 32}
+    else:
+        data = {"dataset": "easy-vqa", "shards": str(shards), "max_regions": 6,
+                **({"max_train_images": 8, "max_eval_images": 4, "shortlist": 2} if task == "retrieval"
+                   else {"max_train_examples": 16, "max_eval_examples": 4})}
+    return {"task": task, "init_from": str(init), "data": data, "training": training}
+
+
+#: host syncs (blocking host-to-device copies included) in steps 2 and 3 of each recipe's default run on 0886c57:
+#: text 8 (the layout read from the mask: nonzero; labels checked on the host), vqa 2, retrieval 14 (3 layouts, the
+#: [CLS]/[SEP] ids read back, 2 blocking copies a step), snli-ve 2; each now 0.
+@pytest.mark.parametrize("task", ["text", "vqa", "retrieval", "snli-ve"])
+def test_a_finetuning_step_makes_the_host_wait_for_nothing(task, region_shards, tiny_bert, tmp_path):
+    """Steps 2 and 3 of each fine-tuning recipe's default GPU run (bf16 weights, float32 masters, flash attention):
+    every parameter, gradient and master on the GPU, no host synchronisation and no blocking host-to-device copy
+    (the collators give the packed layouts; text classification checks its labels on the device; retrieval's
+    ITM pass over pairs drawn on the device runs padded), nothing read back."""
+    probe, gpu = run_on_fake_gpu(task, finetuning_config(task, tmp_path / "run", tiny_bert, region_shards, tmp_path))
+    assert_gpu_step(probe, gpu)
+    assert gpu.host_to_device and not any(blocking for _, blocking, _ in gpu.host_to_device)
+
+
+def test_several_processes_weight_their_losses_without_a_host_wait():
+    """With several processes each objective's loss is weighted by this rank's share of the global batch's
+    predictions (training/distributed.py): the counts reach the GPU in one copy the host does not wait for
+    (0886c57: one blocking copy per objective per micro-batch), a count already on the device stays there; and the
+    weights are those of the global batch (two ranks holding the same micro-batch: weight 1 each, the global loss
+    the per-objective means' sum)."""
+    from types import SimpleNamespace
+
+    from vlbert.models.outputs import ObjectiveOutput
+    from vlbert.training.distributed import global_batch_loss
+
+    acc = SimpleNamespace(num_processes=2, reduce=lambda t, reduction: t * 2)  # two ranks with the same batch
+    names = ("mlm", "itm", "qa")
+
+    def output(device):
+        out = ObjectiveOutput()
+        out.add("mlm", torch.tensor(2.0, device=device, requires_grad=True), "mlm_accuracy", torch.tensor(0.5), 7)
+        out.add("qa", torch.tensor(4.0, device=device, requires_grad=True), "qa_accuracy", torch.tensor(0.5),
+                torch.tensor(3, device=device))  # counted on the device
+        return out
+
+    backward, global_loss = global_batch_loss(output("cpu"), names, acc)
+    assert float(backward) == 6.0 and float(global_loss) == 6.0  # itm absent from the global batch: weight 0
+    with FakeCuda() as gpu:
+        out = output("cuda")
+        gpu.clear()
+        backward, global_loss = global_batch_loss(out, names, acc)
+    assert backward.device.type == global_loss.device.type == "cuda"
+    assert gpu.host_syncs == [] and gpu.device_to_host == [], gpu.host_syncs + gpu.device_to_host
+    assert [blocking for _, blocking, _ in gpu.host_to_device] == [False]
+
+
 class _Precision(TrainerHook):
     """Keeps the trainer and the dtype of the encoder's output in its steps."""
 
@@ -191,3 +270,4 @@ def test_runs_of_any_precision_and_device_follow_each_other_in_one_process(small
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
     with seen["no"].trainer.autocast():
         assert not torch.is_autocast_enabled("cpu")
+

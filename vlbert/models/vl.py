@@ -197,9 +197,10 @@ class VLBertModel(BertModel):
         x, mask = self.region_embeddings.join(self.embeddings, input_ids, token_type_ids, attention_mask,
                                               region_features, region_boxes, region_mask, region_token_type_ids,
                                               masked_regions)
-        # a pathway that adds tokens (VL-BERT's [END]) changes the layout the collator packed: read it from the mask
-        layout = packing_from_batch(mask, **packing)
-        out = self.encoder(x, mask, output_hidden_states, output_attentions, None if extra else layout)
+        # a pathway that adds tokens after the regions (VL-BERT's [END]) extends the collator's layout on the device
+        layout = packing_from_batch(mask[:, :mask.shape[1] - extra] if extra else mask, **packing)
+        out = self.encoder(x, mask, output_hidden_states, output_attentions,
+                           layout.append(extra) if extra and layout is not None else layout)
         if extra:
             keep = x.shape[1] - extra
             out.last_hidden_state = out.last_hidden_state[:, :keep]
