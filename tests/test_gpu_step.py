@@ -529,6 +529,42 @@ def test_the_shared_roofline_proxy_traces_this_checkout(monkeypatch, capsys):
     assert "predicted H100 step" in out and "host syncs: 0" in out, out
 
 
+def test_a_compiled_encoder_layer_traces_in_one_graph_and_falls_back_to_eager(caplog):
+    """training.compile's regional compilation (vlbert/training/device.py): one encoder layer on the collator's
+    packed layout (sdpa, training mode, dropout on) traces as one graph with no break (dynamo's explain), so every
+    layer of a model reuses it; and when compilation fails (a backend that raises) every layer runs eagerly,
+    giving eager's outputs, after one warning."""
+    from vlbert.models.bert import BertLayer
+    from vlbert.training.device import compile_layers
+
+    ids, mask, _ = ragged_text()
+    fields = packing_fields(mask)
+    packing = Packing.from_indices(fields["packed_indices"], fields["cu_seqlens"], mask)
+    torch.manual_seed(0)
+    layer = BertLayer(text_config()).train()
+    x = torch.randn(packing.num_tokens, 32)
+    explained = torch._dynamo.explain(layer)(x, packing, "sdpa")
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+    def broken(graph, inputs):
+        raise RuntimeError("no compiler on this machine")
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = vlbert.BertModel(text_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
+    expected = model(ids, attention_mask=mask, **fields).last_hidden_state
+    layers = compile_layers(model, backend=broken)
+    assert len(layers) == 2 and all(m._compiled_call_impl is not None for m in layers)
+    with caplog.at_level("WARNING", logger="vlbert.training.device"):
+        got = model(ids, attention_mask=mask, **fields).last_hidden_state
+        again = model(ids, attention_mask=mask, **fields).last_hidden_state
+    assert torch.equal(got, expected) and torch.equal(again, expected)
+    said = [r.getMessage() for r in caplog.records if r.name == "vlbert.training.device"]
+    assert said == ["training.compile: compiling the encoder layers failed (RuntimeError: no compiler on this "
+                    "machine); training eager"], said
+    assert all(m._compiled_call_impl is None for m in layers)
+
+
 def test_the_pair_collators_layout_is_what_the_pair_model_encodes():
     """NLVR2's collator (two images per statement) gives the packed layout of the 2B rows (statement i ; image j)
     that :class:`VLBertForImagePairClassification` encodes: its training step with that layout reads nothing back

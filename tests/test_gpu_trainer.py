@@ -271,3 +271,37 @@ def test_runs_of_any_precision_and_device_follow_each_other_in_one_process(small
     with seen["no"].trainer.autocast():
         assert not torch.is_autocast_enabled("cpu")
 
+
+def test_a_float32_cuda_run_uses_tf32_and_gpu_runs_compile_their_layers(small_token_corpus, tokenizer, tmp_path):
+    """On the (fake) GPU: a float32 run (mixed_precision no) turns TF32 on for its matmuls (as transformers' tf32
+    flag; its MFU is reported against the TF32 peak), a bf16-params run and ``training.tf32: false`` leave float32
+    as it was, a CPU run too; ``training.compile`` (auto) compiles each encoder layer on the GPU (regional
+    compilation), nothing on the CPU, and ``false`` nothing anywhere; another value is refused (bad-input row
+    102)."""
+    from conftest import tiny_text_trainer
+    from vlbert.models.bert import BertLayer
+
+    def build(name, **training):
+        return tiny_text_trainer(tmp_path / name, small_token_corpus, tokenizer, max_length=32, model=dict(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64), **training)
+
+    def compiled(trainer):
+        return [m._compiled_call_impl is not None for m in trainer.unwrapped.modules() if isinstance(m, BertLayer)]
+
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        seen = {}
+        for name, training in {"bf16-params": {}, "tf32-off": {"mixed_precision": "no", "tf32": False},
+                               "eager": {"compile": False}, "float32": {"mixed_precision": "no"}}.items():
+            with FakeCuda():
+                trainer = build(name, **training)
+            seen[name] = torch.get_float32_matmul_precision(), compiled(trainer)
+        cpu = build("cpu", mixed_precision="no")
+        assert seen == {"bf16-params": ("highest", [True, True]), "tf32-off": ("highest", [True, True]),
+                        "eager": ("highest", [False, False]), "float32": ("high", [True, True])}, seen
+        assert torch.backends.cudnn.allow_tf32 and compiled(cpu) == [False, False]
+        with pytest.raises(ValueError, match=r"training.compile must be auto, true, false or model, got 'fast'"):
+            build("bad", compile="fast")
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]

@@ -12,7 +12,6 @@ import contextlib
 import inspect
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -20,9 +19,9 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from vlbert.layers.attention import PACKING_FIELDS
-from vlbert.models.bert import compile_model
 from vlbert.training import checkpointing
 from vlbert.training.checkpointing import CHECKPOINTS_DIR, STATE_NAME, latest_checkpoints
+from vlbert.training.device import own_accelerator, prepare_compute, resolve_precision
 from vlbert.training.distributed import global_batch_loss
 from vlbert.training.evaluation import evaluate_objectives
 from vlbert.training.guards import NonFiniteChecks, NonFiniteLossError, SigtermFlag, TrainingPreempted
@@ -30,7 +29,7 @@ from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, StepSt
 from vlbert.training.log_hook import LogHook
 from vlbert.training.master_weights import MasterWeights, check_placement
 from vlbert.training.mfu import count_positions, device_peak_flops, estimate_step_flops
-from vlbert.training.processes import control_plane, start_processes, use_cpu_processes
+from vlbert.training.processes import control_plane, start_processes
 from vlbert.training.training_config import (TrainingConfig, linear_schedule, parameter_groups,
                                              seed_process_streams, set_seed)
 from vlbert.utils import keep_freed_memory_in_process
@@ -38,36 +37,6 @@ from vlbert.utils import keep_freed_memory_in_process
 logger = logging.getLogger(__name__)
 
 BatchFactory = Callable[[int, int, int, int], Iterable[dict]]  # (epoch, start_batch, rank, world_size) -> batches
-
-
-def own_accelerator(cpu: bool):
-    """An accelerate ``Accelerator`` for one Trainer (device placement, DDP, ``no_sync``, process state) whose
-    state never decides the trainer's precision, so that trainers of any precisions follow each other (or live side
-    by side) in one process.
-
-    accelerate keeps one ``AcceleratorState`` per process, fixed by the first ``Accelerator``: a second one with
-    another ``mixed_precision`` raises ``ValueError: AcceleratorState has already been initialized`` (accelerate
-    1.x ``state.py``, ``AcceleratorState._check_initialized``), and ``cpu=True`` after a GPU state does too. So the
-    Accelerator is always made with ``mixed_precision="no"`` (the trainer applies its own bf16 autocast:
-    :meth:`Trainer.autocast`), and in a single process (no process group, nothing else to keep) a state that
-    another run left on another device (a GPU run before a CPU one, or the reverse) is started afresh for this
-    trainer's device: CUDA when it is available and ``cpu`` is False, else the CPU. Under a launcher the process
-    group and its device are the process's for its lifetime and are kept. A state another ``Accelerator`` made
-    with a mixed precision (user code, ``ACCELERATE_MIXED_PRECISION``) is replaced by this one's, the process
-    state kept.
-    """
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, PartialState
-
-    state = PartialState._shared_state
-    if state and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        wanted = "cuda" if torch.cuda.is_available() and not cpu else "cpu"
-        device = state.get("device")
-        if device is None or device.type != wanted:
-            AcceleratorState._reset_state(reset_partial_state=True)
-    if AcceleratorState._shared_state.get("_mixed_precision", "no") != "no":  # another library's Accelerator
-        AcceleratorState._reset_state()  # the process state (devices, process group) is kept
-    return Accelerator(mixed_precision="no", cpu=cpu)
 
 
 class Trainer:
@@ -102,17 +71,8 @@ class Trainer:
                  tokenizer=None, hooks: Sequence[TrainerHook] = ()):
         config.validate()
         self.config = config
-        mixed = config.mixed_precision
-        if mixed == "auto":  # bf16 weights + float32 masters: the faster GPU step (see master_weights.py)
-            mixed = "bf16-params" if torch.cuda.is_available() else "no"
-        # DDP with every parameter in every backward (see ObjectiveOutput.unused_parameters); cpu: gloo under torchrun,
-        # also where a machine has fewer GPUs than processes (NCCL cannot put two ranks on one GPU).
-        use_cpu = use_cpu_processes()
-        if use_cpu and torch.cuda.is_available():
-            logger.warning("%s processes on this machine but %d GPU(s): training on CPU (gloo)",
-                           os.environ.get("LOCAL_WORLD_SIZE"), torch.cuda.device_count())
-            mixed = "no" if config.mixed_precision == "auto" else mixed
-        self.precision = mixed
+        self.precision, use_cpu = resolve_precision(config.mixed_precision)
+        mixed = self.precision
         start_processes(config.collective_timeout)
         self.accelerator = own_accelerator(use_cpu)
         #: this trainer's device, fixed here (accelerate's ``device`` is the process's state, which a later trainer
@@ -129,8 +89,7 @@ class Trainer:
         self.unwrapped = model
         # On its device before the float32 masters and the optimizer are made: they live where the parameters do.
         model.to(self.device)
-        if config.compile:
-            compile_model(model)
+        prepare_compute(model, self.device, self.precision, config)  # compile (regional on CUDA), TF32
         # forward's named arguments, its label_names and, taking **kwargs, the packed layout (FlashAttention-style)
         parameters = inspect.signature(model.forward).parameters
         kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
@@ -163,10 +122,8 @@ class Trainer:
         self._placement_checked = False
 
     def autocast(self):
-        """The context this trainer's forwards run in: bf16 autocast on its device for ``mixed_precision: bf16``
-        (float32 weights), nothing otherwise (``no``: float32; ``bf16-params``: the weights are bf16). The trainer's
-        own, not accelerate's (whose precision is one per process: see :func:`own_accelerator`); the same context
-        accelerate's ``autocast()`` gives for bf16 (accelerate 1.x ``get_mixed_precision_context_manager``)."""
+        """The context of this trainer's forwards: bf16 autocast for ``mixed_precision: bf16``, else none; its own,
+        as accelerate's precision is one per process (:func:`~vlbert.training.device.own_accelerator`)."""
         if self.precision == "bf16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
