@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import heapq
 import traceback
 from pathlib import Path
@@ -82,7 +83,8 @@ class _Recorder(TorchDispatchMode):
         copied = _host_to_device(func, args, kwargs)
         if copied is not None:
             source, blocking = copied
-            owner.host_to_device.append((source.numel() * source.element_size(), blocking, project_line()))
+            owner.host_to_device.append(Copy(source.numel() * source.element_size(), blocking, project_line(),
+                                             owner.stream))
             if blocking:  # the copy is queued after every kernel before it, and the host waits for it
                 owner.host_syncs.append(f"{name} (blocking host-to-device copy) at {project_line()}")
         if func in HOST_SYNCS and any(_on_fake_cuda(t) for t in tensors):
@@ -179,6 +181,48 @@ def fake_backward(root: torch.Tensor, gradient: torch.Tensor | None = None, reta
                     order += 1
 
 
+@dataclasses.dataclass
+class Copy:
+    """One host-to-device copy: its bytes, whether the host waits for it, the project line that made it and the
+    stream it was issued on ("compute", or the name of a :class:`_Stream` made by the code)."""
+
+    bytes: int
+    blocking: bool
+    line: str
+    stream: str
+
+
+class _Event:
+    """``torch.cuda.Event`` without a driver: remembers the stream it was recorded on."""
+
+    def __init__(self, *args, **kwargs):
+        self.stream = None
+
+    def record(self, stream=None):
+        self.stream = stream
+
+
+class _Stream:
+    """``torch.cuda.Stream`` without a driver: a name; what waits on what is written to the owner's
+    ``stream_log``."""
+
+    made = 0
+
+    def __init__(self, owner: "FakeCuda", name: str | None = None):
+        if name is None:
+            _Stream.made += 1
+            name = f"side-{_Stream.made}"
+        self.owner, self.name = owner, name
+
+    def wait_event(self, event: _Event) -> None:
+        self.owner.stream_log.append(("wait", self.name, getattr(event.stream, "name", None)))
+
+    def record_event(self, event: _Event | None = None) -> _Event:
+        event = event or _Event()
+        event.record(self)
+        return event
+
+
 class _DriverlessFakeMode(FakeTensorMode):
     """FakeTensorMode that never touches a real device, even with ``torch.cuda.is_available()`` patched to True
     (it would otherwise materialise constants on the device and initialise CUDA)."""
@@ -205,7 +249,10 @@ class FakeCuda:
         host_syncs: one 'op at file:line function' per host synchronisation on a GPU tensor (blocking
             host-to-device copies included).
         device_to_host: likewise per copy from the GPU to the host.
-        host_to_device: (bytes, blocking, 'file:line function') per copy from the host to the GPU.
+        host_to_device: a :class:`Copy` per copy from the host to the GPU.
+        stream_log: ("wait", stream, on the stream of the event) per ``wait_event``, ("record", stream, bytes) per
+            ``Tensor.record_stream``: CUDA streams (``torch.cuda.Stream``, ``torch.cuda.stream``, ``Event``) are
+            names here, the copies issued in a ``torch.cuda.stream(s)`` block carry ``s``'s.
 
     Use ``with FakeCuda() as gpu:``; :meth:`clear` forgets what was recorded so far.
     """
@@ -215,7 +262,9 @@ class FakeCuda:
         self.ops: collections.Counter = collections.Counter()
         self.host_syncs: list[str] = []
         self.device_to_host: list[str] = []
-        self.host_to_device: list[tuple[int, bool, str]] = []
+        self.host_to_device: list[Copy] = []
+        self.stream_log: list[tuple] = []
+        self.stream = "compute"  # the current stream's name
         self._stack = contextlib.ExitStack()
 
     def clear(self) -> None:
@@ -223,6 +272,18 @@ class FakeCuda:
         self.host_syncs.clear()
         self.device_to_host.clear()
         self.host_to_device.clear()
+        self.stream_log.clear()
+
+    @contextlib.contextmanager
+    def _use_stream(self, stream):
+        previous, self.stream = self.stream, stream.name if stream is not None else self.stream
+        try:
+            yield
+        finally:
+            self.stream = previous
+
+    def _record_stream(self, tensor, stream) -> None:
+        self.stream_log.append(("record", stream.name, tensor.numel() * tensor.element_size()))
 
     def _synchronize(self, device=None) -> None:
         self.host_syncs.append(f"torch.cuda.synchronize at {project_line()}")
@@ -243,6 +304,10 @@ class FakeCuda:
             "torch.cuda.set_rng_state_all": lambda states: None,
             "torch.cuda.manual_seed": lambda seed: None, "torch.cuda.manual_seed_all": lambda seed: None,
             "torch.Tensor.backward": fake_backward,
+            "torch.cuda.Stream": lambda device=None, priority=0: _Stream(self),
+            "torch.cuda.stream": self._use_stream, "torch.cuda.Event": _Event,
+            "torch.cuda.current_stream": lambda device=None: _Stream(self, self.stream),
+            "torch.Tensor.record_stream": lambda tensor, stream: self._record_stream(tensor, stream),
         }
         for target, new in patches.items():
             self._stack.enter_context(mock.patch(target, new))
@@ -283,4 +348,4 @@ def placement_errors(trainer) -> list[str]:
     return errors
 
 
-__all__ = ["FakeCuda", "fake_backward", "placement_errors", "FLASH"]
+__all__ = ["FakeCuda", "Copy", "fake_backward", "placement_errors", "FLASH"]

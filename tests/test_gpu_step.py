@@ -594,3 +594,30 @@ def test_the_pair_collators_layout_is_what_the_pair_model_encodes():
     assert mode.reads == []
     torch.testing.assert_close(out.logits, reference.logits, atol=1e-6, rtol=0)
     torch.testing.assert_close(out.loss, reference.loss, atol=1e-6, rtol=0)
+
+
+def test_masked_region_targets_travel_as_the_masked_rows_only():
+    """MRFR's features and MRC-kl's class distributions go to the GPU as the masked regions' rows [M, ...] (the
+    collator's order, ``masked_region_positions``), not as [B, R, ...] copies of every region: the same losses and
+    metrics as the padded targets (float64), at M / (B x R) of their bytes."""
+    from vlbert.layers.packing import packing_fields as fields_of
+
+    ids, mask, _ = ragged_text()
+    feats, boxes, region_mask = ragged_regions()
+    g = torch.Generator().manual_seed(5)
+    masked = region_mask.bool() & (torch.rand(region_mask.shape, generator=g) < 0.4)
+    masked[:, 0] = True
+    probs = torch.rand(*region_mask.shape, 6, generator=g).softmax(-1).double()
+    torch.manual_seed(0)
+    model = VLBertForPreTraining(vl_config(num_region_classes=6, hidden_dropout_prob=0.0,
+                                           attention_probs_dropout_prob=0.0)).double()
+    batch = dict(input_ids=ids, attention_mask=mask, region_features=feats.masked_fill(masked[..., None], 0).double(),
+                 region_boxes=boxes.double(), region_mask=region_mask, masked_regions=masked,
+                 masked_region_positions=masked.reshape(-1).nonzero().squeeze(1), **fields_of(mask, region_mask))
+    for key, padded in (("region_targets", feats.double()), ("region_labels", probs)):
+        full = model(**batch, **{key: padded})
+        rows = model(**batch, **{key: padded[masked]})
+        assert rows.losses.keys() == full.losses.keys() and len(rows.losses) == 1
+        for name in full.losses:
+            torch.testing.assert_close(rows.losses[name], full.losses[name], atol=1e-12, rtol=0)
+        assert padded[masked].numel() < 0.5 * padded.numel()

@@ -112,6 +112,20 @@ def assert_gpu_step(probe: Probe, gpu: FakeCuda, flash: bool = True) -> None:
     assert gpu.host_syncs == [], "host syncs in a step that does not log:\n" + "\n".join(gpu.host_syncs)
     assert gpu.device_to_host == [], "device-to-host copies:\n" + "\n".join(gpu.device_to_host)
     assert (gpu.ops[FLASH] > 0) == flash, dict(gpu.ops)
+    assert_fed_ahead(gpu)
+
+
+def assert_fed_ahead(gpu: FakeCuda, batches: int = 2) -> None:
+    """The batches of steps 2 and 3 reached the GPU as the feed sends them (vlbert/training/feed.py): every copy
+    on a side stream, never the compute stream; the compute stream waits (on the device) for each handed-over
+    batch's copy event, recorded on that side stream, and records each of its tensors (so their memory is not
+    reused under it); at least ``batches`` batches."""
+    streams = {copy.stream for copy in gpu.host_to_device}
+    assert gpu.host_to_device and "compute" not in streams, [(c.line, c.stream) for c in gpu.host_to_device]
+    waits = [entry for entry in gpu.stream_log if entry[0] == "wait"]
+    assert len(waits) >= batches and all(w[1] == "compute" and w[2] in streams for w in waits), gpu.stream_log
+    records = [entry for entry in gpu.stream_log if entry[0] == "record"]
+    assert len(records) >= len(waits) and all(r[1] == "compute" for r in records), gpu.stream_log
 
 
 @pytest.mark.parametrize("accumulation", [1, 4])
@@ -189,7 +203,7 @@ def test_a_finetuning_step_makes_the_host_wait_for_nothing(task, region_shards, 
     ITM pass over pairs drawn on the device runs padded), nothing read back."""
     probe, gpu = run_on_fake_gpu(task, finetuning_config(task, tmp_path / "run", tiny_bert, region_shards, tmp_path))
     assert_gpu_step(probe, gpu)
-    assert gpu.host_to_device and not any(blocking for _, blocking, _ in gpu.host_to_device)
+    assert gpu.host_to_device and not any(copy.blocking for copy in gpu.host_to_device)
 
 
 def test_several_processes_weight_their_losses_without_a_host_wait():
@@ -214,14 +228,14 @@ def test_several_processes_weight_their_losses_without_a_host_wait():
         return out
 
     backward, global_loss = global_batch_loss(output("cpu"), names, acc)
-    assert float(backward) == 6.0 and float(global_loss) == 6.0  # itm absent from the global batch: weight 0
+    assert float(backward.detach()) == 6.0 and float(global_loss) == 6.0  # itm absent from the global batch: weight 0
     with FakeCuda() as gpu:
         out = output("cuda")
         gpu.clear()
         backward, global_loss = global_batch_loss(out, names, acc)
     assert backward.device.type == global_loss.device.type == "cuda"
     assert gpu.host_syncs == [] and gpu.device_to_host == [], gpu.host_syncs + gpu.device_to_host
-    assert [blocking for _, blocking, _ in gpu.host_to_device] == [False]
+    assert [copy.blocking for copy in gpu.host_to_device] == [False]
 
 
 class _Precision(TrainerHook):

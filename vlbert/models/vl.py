@@ -216,9 +216,11 @@ class VLBertForPreTraining(UnitPreTrainingModel):
     Each objective is a unit of :mod:`vlbert.objectives` (its head is built here under the unit's attribute name,
     its loss computed where its labels are given):
       * ``mlm``: masked LM on text conditioned on the regions (``labels`` [B, T], -100 = not masked);
-      * ``mrfr``: masked region feature regression (``masked_regions`` bool [B, R], ``region_targets`` [B, R, D]);
+      * ``mrfr``: masked region feature regression (``masked_regions`` bool [B, R], ``region_targets`` [B, R, D],
+        or the masked rows [M, D] as the collator sends them);
       * ``mrc``: masked region classification against the detector's top class (``region_class_labels`` [B, R]);
-      * ``mrc_kl``: the same against the detector's class distribution (``region_labels`` float [B, R, C]);
+      * ``mrc_kl``: the same against the detector's class distribution (``region_labels`` float [B, R, C], or the
+        masked rows [M, C]);
       * ``itm``: image-text matching on the pooled [CLS] (``itm_label`` [B], 1 = the text matches the image);
       * ``wra``: word-region alignment on the same batch (``itm_label`` and ``wra_weight`` [], its loss weight):
         the optimal-transport distance between the pair's words and regions, no parameters.

@@ -23,12 +23,13 @@ from vlbert.training import checkpointing
 from vlbert.training.checkpointing import CHECKPOINTS_DIR, STATE_NAME, latest_checkpoints
 from vlbert.training.device import own_accelerator, prepare_compute, resolve_precision
 from vlbert.training.distributed import global_batch_loss
+from vlbert.training.feed import device_batches
 from vlbert.training.evaluation import evaluate_objectives
 from vlbert.training.guards import NonFiniteChecks, NonFiniteLossError, SigtermFlag, TrainingPreempted
 from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, StepStats, TrainerHook
 from vlbert.training.log_hook import LogHook
 from vlbert.training.master_weights import MasterWeights, check_placement
-from vlbert.training.mfu import count_positions, device_peak_flops, estimate_step_flops
+from vlbert.training.mfu import device_peak_flops, estimate_step_flops
 from vlbert.training.processes import control_plane, start_processes
 from vlbert.training.training_config import (TrainingConfig, linear_schedule, parameter_groups,
                                              seed_process_streams, set_seed)
@@ -136,26 +137,17 @@ class Trainer:
     def _to_device(self, batch: dict) -> dict:
         """Move tensors to the device, keeping only what the model's ``forward`` takes (batches may carry
         bookkeeping such as the objective's name or example indices)."""
-        device = self.device
-        return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
-                if k in self.forward_arguments}
+        return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v
+                for k, v in self._inputs(batch).items()}
+
+    def _inputs(self, batch: dict) -> dict:
+        """The entries of ``batch`` the model's ``forward`` takes."""
+        return {k: v for k, v in batch.items() if k in self.forward_arguments}
 
     def _train_stream(self):
         """(batch on the device, real text tokens, sequences, real regions) for every training batch, epoch after
-        epoch, counted on the host copy (:func:`~vlbert.training.mfu.count_positions`)."""
-        acc = self.accelerator
-        epoch, start = self.epoch, self.batch_in_epoch
-        while True:
-            produced = False
-            for i, batch in enumerate(self.train_batches(epoch, start, acc.process_index, acc.num_processes)):
-                produced = True
-                self.epoch, self.batch_in_epoch = epoch, start + i + 1
-                tokens, regions, sequences = count_positions(batch)
-                yield self._to_device(batch), tokens, sequences, regions
-            if not produced and start == 0:
-                raise ValueError("the training data yields no batch; use a larger corpus or a smaller batch_size")
-            epoch, start = epoch + 1, 0
-            self.epoch, self.batch_in_epoch = epoch, 0
+        epoch, each sent to the device one batch ahead (:func:`~vlbert.training.feed.device_batches`)."""
+        return device_batches(self)
 
     # ------------------------------------------------------------------ training
     def train(self, extra_metrics: dict[str, Any] | None = None,
