@@ -129,17 +129,13 @@ def cpu_unless_marked_gpu(request, monkeypatch):
     """The suite is written for the CPU: on a machine with a GPU, every test not marked ``gpu`` sees none, so that
     its trainer runs where its tolerances (and its bitwise comparisons after a resume: flash attention's backward
     is not deterministic) were set, and so do the processes it starts. Tests marked ``gpu``
-    (``python -m pytest -m gpu``) see the GPU. Nothing changes on a machine without one."""
+    (``python -m pytest -m gpu``) see the GPU. Nothing changes on a machine without one. (accelerate's
+    process-wide state needs no reset between tests: every Trainer makes its own, see
+    :func:`vlbert.training.trainer.own_accelerator`.)"""
     if torch.cuda.is_available() and "gpu" not in request.keywords:
-        from accelerate.state import AcceleratorState
-
-        AcceleratorState._reset_state(reset_partial_state=True)  # a GPU test may have claimed the device
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # and the processes it starts
-        yield
-        AcceleratorState._reset_state(reset_partial_state=True)
-    else:
-        yield
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,10 @@ and compute capability, accelerate's device), every tensor put on ``cuda`` is a
 :class:`~torch._subclasses.fake_tensor.FakeTensor` (shapes, dtypes, strides and devices, no arithmetic), and CPU
 work stays real: data loading, tokenisation and collation run as usual, so a training run can go from its config
 to its optimizer steps unchanged. What the step does on the device is recorded: every ATen op that reaches the fake
-GPU, every host synchronisation (``.item()``, ``nonzero``, ``torch.cuda.synchronize``) and every device-to-host
-copy, each with the line of project code that made it.
+GPU, every host synchronisation (``.item()``, ``nonzero``, ``torch.cuda.synchronize``, and a host-to-device copy
+with ``non_blocking=False``, which waits for every kernel queued before it: ``.to(device)``, ``.cuda()``,
+``torch.tensor(..., device=...)``, ``copy_`` from the host) and every device-to-host copy, each with the line of
+project code that made it; every host-to-device copy's bytes are counted (:attr:`FakeCuda.host_to_device`).
 
 The technique is ../shared/gpu/roofline.py's (FakeTensorMode on a CUDA device, a dispatch mode that records); this
 module is the tests' own, smaller version. Two things a driver-less process cannot do are replaced:
@@ -27,13 +29,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import heapq
 import traceback
 from pathlib import Path
 from unittest import mock
 
 import torch
-from accelerate.state import AcceleratorState
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
@@ -78,6 +80,13 @@ class _Recorder(TorchDispatchMode):
                 return func(*args, **kwargs)
         owner, name = self.owner, str(func.overloadpacket)
         owner.ops[name] += 1
+        copied = _host_to_device(func, args, kwargs)
+        if copied is not None:
+            source, blocking = copied
+            owner.host_to_device.append(Copy(source.numel() * source.element_size(), blocking, project_line(),
+                                             owner.stream))
+            if blocking:  # the copy is queued after every kernel before it, and the host waits for it
+                owner.host_syncs.append(f"{name} (blocking host-to-device copy) at {project_line()}")
         if func in HOST_SYNCS and any(_on_fake_cuda(t) for t in tensors):
             owner.host_syncs.append(f"{name} at {project_line()}")
             if func is aten._local_scalar_dense.default:  # the run goes on with a stand-in value
@@ -94,6 +103,24 @@ class _Recorder(TorchDispatchMode):
         if any(_on_fake_cuda(t) for t in tensors) and any(t.device.type == "cpu" for t in outs):
             owner.device_to_host.append(f"{name} at {project_line()}")
         return out
+
+
+def _host_to_device(func, args, kwargs) -> tuple[torch.Tensor, bool] | None:
+    """(the host tensor, whether the copy blocks) for a copy of a real host tensor to the fake GPU, else None:
+    ``_to_copy`` to a CUDA device (``.to``, ``.cuda()``, ``torch.tensor``/``as_tensor`` with a CUDA device) or
+    ``copy_`` into a GPU tensor. ``non_blocking=False`` (the default) blocks: torch's copy waits for the stream
+    (``cudaStreamSynchronize`` after the ``cudaMemcpyAsync``), whether the host memory is pinned or pageable
+    (torch 2.14 ``aten/src/ATen/native/cuda/Copy.cu``, ``copy_kernel_cuda``)."""
+    if func is aten._to_copy.default:
+        device = kwargs.get("device")
+        source = args[0]
+        if device is not None and torch.device(device).type == "cuda" and not isinstance(source, FakeTensor):
+            return source, not kwargs.get("non_blocking", False)
+    elif func is aten.copy_.default and len(args) >= 2 and _on_fake_cuda(args[0]) and \
+            isinstance(args[1], torch.Tensor) and not isinstance(args[1], FakeTensor):
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        return args[1], not non_blocking
+    return None
 
 
 def _stand_in(func, args):
@@ -154,6 +181,48 @@ def fake_backward(root: torch.Tensor, gradient: torch.Tensor | None = None, reta
                     order += 1
 
 
+@dataclasses.dataclass
+class Copy:
+    """One host-to-device copy: its bytes, whether the host waits for it, the project line that made it and the
+    stream it was issued on ("compute", or the name of a :class:`_Stream` made by the code)."""
+
+    bytes: int
+    blocking: bool
+    line: str
+    stream: str
+
+
+class _Event:
+    """``torch.cuda.Event`` without a driver: remembers the stream it was recorded on."""
+
+    def __init__(self, *args, **kwargs):
+        self.stream = None
+
+    def record(self, stream=None):
+        self.stream = stream
+
+
+class _Stream:
+    """``torch.cuda.Stream`` without a driver: a name; what waits on what is written to the owner's
+    ``stream_log``."""
+
+    made = 0
+
+    def __init__(self, owner: "FakeCuda", name: str | None = None):
+        if name is None:
+            _Stream.made += 1
+            name = f"side-{_Stream.made}"
+        self.owner, self.name = owner, name
+
+    def wait_event(self, event: _Event) -> None:
+        self.owner.stream_log.append(("wait", self.name, getattr(event.stream, "name", None)))
+
+    def record_event(self, event: _Event | None = None) -> _Event:
+        event = event or _Event()
+        event.record(self)
+        return event
+
+
 class _DriverlessFakeMode(FakeTensorMode):
     """FakeTensorMode that never touches a real device, even with ``torch.cuda.is_available()`` patched to True
     (it would otherwise materialise constants on the device and initialise CUDA)."""
@@ -177,8 +246,13 @@ class FakeCuda:
         name: what ``torch.cuda.get_device_name`` answers.
     Attributes (filled while active):
         ops: Counter of ATen op names that reached the fake GPU.
-        host_syncs: one 'op at file:line function' per host synchronisation on a GPU tensor.
+        host_syncs: one 'op at file:line function' per host synchronisation on a GPU tensor (blocking
+            host-to-device copies included).
         device_to_host: likewise per copy from the GPU to the host.
+        host_to_device: a :class:`Copy` per copy from the host to the GPU.
+        stream_log: ("wait", stream, on the stream of the event) per ``wait_event``, ("record", stream, bytes) per
+            ``Tensor.record_stream``: CUDA streams (``torch.cuda.Stream``, ``torch.cuda.stream``, ``Event``) are
+            names here, the copies issued in a ``torch.cuda.stream(s)`` block carry ``s``'s.
 
     Use ``with FakeCuda() as gpu:``; :meth:`clear` forgets what was recorded so far.
     """
@@ -188,18 +262,33 @@ class FakeCuda:
         self.ops: collections.Counter = collections.Counter()
         self.host_syncs: list[str] = []
         self.device_to_host: list[str] = []
+        self.host_to_device: list[Copy] = []
+        self.stream_log: list[tuple] = []
+        self.stream = "compute"  # the current stream's name
         self._stack = contextlib.ExitStack()
 
     def clear(self) -> None:
         self.ops.clear()
         self.host_syncs.clear()
         self.device_to_host.clear()
+        self.host_to_device.clear()
+        self.stream_log.clear()
+
+    @contextlib.contextmanager
+    def _use_stream(self, stream):
+        previous, self.stream = self.stream, stream.name if stream is not None else self.stream
+        try:
+            yield
+        finally:
+            self.stream = previous
+
+    def _record_stream(self, tensor, stream) -> None:
+        self.stream_log.append(("record", stream.name, tensor.numel() * tensor.element_size()))
 
     def _synchronize(self, device=None) -> None:
         self.host_syncs.append(f"torch.cuda.synchronize at {project_line()}")
 
     def __enter__(self) -> "FakeCuda":
-        AcceleratorState._reset_state(reset_partial_state=True)  # a process-wide singleton: it knew the CPU
         props = _Properties(self.name, self.capability)
         rng = torch.zeros(16, dtype=torch.uint8)
         patches = {
@@ -215,6 +304,10 @@ class FakeCuda:
             "torch.cuda.set_rng_state_all": lambda states: None,
             "torch.cuda.manual_seed": lambda seed: None, "torch.cuda.manual_seed_all": lambda seed: None,
             "torch.Tensor.backward": fake_backward,
+            "torch.cuda.Stream": lambda device=None, priority=0: _Stream(self),
+            "torch.cuda.stream": self._use_stream, "torch.cuda.Event": _Event,
+            "torch.cuda.current_stream": lambda device=None: _Stream(self, self.stream),
+            "torch.Tensor.record_stream": lambda tensor, stream: self._record_stream(tensor, stream),
         }
         for target, new in patches.items():
             self._stack.enter_context(mock.patch(target, new))
@@ -230,7 +323,6 @@ class FakeCuda:
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
-        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def placement_errors(trainer) -> list[str]:
@@ -256,4 +348,4 @@ def placement_errors(trainer) -> list[str]:
     return errors
 
 
-__all__ = ["FakeCuda", "fake_backward", "placement_errors", "FLASH"]
+__all__ = ["FakeCuda", "Copy", "fake_backward", "placement_errors", "FLASH"]

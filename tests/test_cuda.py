@@ -310,7 +310,8 @@ def test_the_default_tools_train_on_the_gpu_with_dropout(modality, tmp_path):
 
 
 def test_compile_on_cuda_equals_eager(small_corpus, tmp_path):
-    """training.compile on the GPU: the same losses as eager within bf16's tolerance, dropout off."""
+    """training.compile on the GPU (true: each encoder layer compiled, as the default ``auto`` does on CUDA): the
+    same losses as eager within bf16's tolerance, dropout off."""
     from vlbert.recipes import RECIPES, run
 
     losses = {}
@@ -346,3 +347,47 @@ def test_two_gpus_over_nccl_equal_one_at_twice_the_batch(small_corpus, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     for a, b in zip(train_losses(one), train_losses(two)):
         assert abs(a - b) <= 0.03 * a + 0.01
+
+
+
+class _Stop(Exception):
+    pass
+
+
+def _syncs_are_errors():
+    """A trainer hook: after step 1 every synchronising CUDA call raises (``torch.cuda.set_sync_debug_mode``);
+    it stops the run after step 3, before the end of training reads the losses back."""
+    from vlbert.training.hooks import TrainerHook
+
+    class SyncsAreErrors(TrainerHook):
+        def after_step(self, trainer):
+            if trainer.step == 1:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            elif trainer.step == 3:
+                torch.cuda.set_sync_debug_mode("default")
+                raise _Stop
+
+    return SyncsAreErrors()
+
+
+@pytest.mark.parametrize("modality", ["text", "vl"])
+def test_steps_after_the_first_never_synchronise(small_corpus, tmp_path, modality):
+    """The default GPU run of each pretraining recipe (bf16-params, flash, compiled layers, loader workers): steps 2
+    and 3 run with ``torch.cuda.set_sync_debug_mode("error")``, so any host wait in them (a ``.item()``, a
+    ``nonzero``, a blocking copy) raises. The fake GPU counts the same waits on every machine
+    (tests/test_gpu_trainer.py)."""
+    from vlbert.recipes import RECIPES, run
+
+    config = _gpu_text_config(small_corpus, tmp_path / "run", max_steps=10, log_every=100)
+    if modality == "vl":
+        config = {"modality": "vl", "tokenizer": "minilm",
+                  "model": {k: v for k, v in config["model"].items() if k != "max_position_embeddings"},
+                  "detector": {"input_size": 96, "max_proposals": 16},
+                  "data": {"max_images": 48, "cache_dir": str(tmp_path / "regions"), "eval_fraction": 0.0},
+                  "training": config["training"]}
+    try:
+        with pytest.raises(_Stop):
+            run(RECIPES[f"{modality}-pretraining"], config, hooks=[_syncs_are_errors()])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -62,6 +62,8 @@ def vl_config(**kw):
                                   "num_region_classes": 0, **kw})
 
 
+#: VL-BERT's region pathway: [text ; regions ; END], the visual embedding added to every token.
+VL_BERT = {"region_embedding": "vl-bert"}
 #: LXMERT's encoder (issue 42), one layer per stream.
 TWO_STREAM = {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1, "region_embedding": "lxmert",
               "region_location_dim": 4}
@@ -76,11 +78,12 @@ def run(model, batch):
                                              for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("modality", ["text", "vl", "two-stream"])
+@pytest.mark.parametrize("modality", ["text", "vl", "two-stream", "vl-bert"])
 def test_every_attention_kernel_equals_eager_on_ragged_batches(modality):
     """float64, eval mode: each kernel, with the packing read from the mask or given by the collator (for the
-    two-stream model also each stream's layout, the one its collator gives), gives eager's hidden states (1e-10 at
-    real positions, zeros at padding), loss and gradients."""
+    two-stream model also each stream's layout, the one its collator gives; for VL-BERT's pathway the collator's
+    layout extended by its [END] on the device), gives eager's hidden states (1e-10 at real positions, zeros at
+    padding), loss and gradients."""
     ids, mask, labels = ragged_text()
     batch = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), labels=labels)
     masks = [mask]
@@ -95,8 +98,8 @@ def test_every_attention_kernel_equals_eager_on_ragged_batches(modality):
         batch["next_sentence_label"] = torch.tensor([0, 1, 0, 1])
     real = torch.cat(masks, 1).bool()
     layouts = {"mask": {}, "joint": {**packing_fields(*masks), "masked_lm_positions": masked_positions(labels)}}
-    streams = TWO_STREAM if modality == "two-stream" else {}
-    if streams:
+    streams = TWO_STREAM if modality == "two-stream" else VL_BERT if modality == "vl-bert" else {}
+    if modality == "two-stream":
         layouts["streams"] = {**stream_packing_fields(*masks), "masked_lm_positions": masked_positions(labels)}
     results = {}
     for kernel in KERNELS:
@@ -269,11 +272,12 @@ class DeviceReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("modality", ["text", "vl", "two-stream"])
+@pytest.mark.parametrize("modality", ["text", "vl", "two-stream", "vl-bert"])
 def test_a_training_step_reads_nothing_back_from_the_device(modality):
     """With the collator's packed layout and MLM positions, forward and backward of a training step (sdpa, the
-    kernel of these machines) never wait on the device: zero host syncs. Without them the model reads the mask:
-    the check sees those reads."""
+    kernel of these machines) never wait on the device: zero host syncs; VL-BERT's pathway, which adds its [END]
+    token after the regions, extends the collator's layout on the device (0886c57: it read the mask). Without them
+    the model reads the mask: the check sees those reads."""
     ids, mask, labels = ragged_text()
     batch = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), labels=labels)
     masks = [mask]
@@ -281,7 +285,7 @@ def test_a_training_step_reads_nothing_back_from_the_device(modality):
         feats, boxes, region_mask = ragged_regions()
         batch.update(region_features=feats, region_boxes=boxes, region_mask=region_mask)
         masks.append(region_mask)
-        streams = TWO_STREAM if modality == "two-stream" else {}
+        streams = TWO_STREAM if modality == "two-stream" else VL_BERT if modality == "vl-bert" else {}
         model = VLBertForPreTraining(vl_config(attn_implementation="sdpa", attention_probs_dropout_prob=0.0,
                                                **streams))
     else:
@@ -523,3 +527,97 @@ def test_the_shared_roofline_proxy_traces_this_checkout(monkeypatch, capsys):
     roofline.main()
     out = capsys.readouterr().out
     assert "predicted H100 step" in out and "host syncs: 0" in out, out
+
+
+def test_a_compiled_encoder_layer_traces_in_one_graph_and_falls_back_to_eager(caplog):
+    """training.compile's regional compilation (vlbert/training/device.py): one encoder layer on the collator's
+    packed layout (sdpa, training mode, dropout on) traces as one graph with no break (dynamo's explain), so every
+    layer of a model reuses it; and when compilation fails (a backend that raises) every layer runs eagerly,
+    giving eager's outputs, after one warning."""
+    from vlbert.models.bert import BertLayer
+    from vlbert.training.device import compile_layers
+
+    ids, mask, _ = ragged_text()
+    fields = packing_fields(mask)
+    packing = Packing.from_indices(fields["packed_indices"], fields["cu_seqlens"], mask)
+    torch.manual_seed(0)
+    layer = BertLayer(text_config()).train()
+    x = torch.randn(packing.num_tokens, 32)
+    explained = torch._dynamo.explain(layer)(x, packing, "sdpa")
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+    def broken(graph, inputs):
+        raise RuntimeError("no compiler on this machine")
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = vlbert.BertModel(text_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
+    expected = model(ids, attention_mask=mask, **fields).last_hidden_state
+    layers = compile_layers(model, backend=broken)
+    assert len(layers) == 2 and all(m._compiled_call_impl is not None for m in layers)
+    with caplog.at_level("WARNING", logger="vlbert.training.device"):
+        got = model(ids, attention_mask=mask, **fields).last_hidden_state
+        again = model(ids, attention_mask=mask, **fields).last_hidden_state
+    assert torch.equal(got, expected) and torch.equal(again, expected)
+    said = [r.getMessage() for r in caplog.records if r.name == "vlbert.training.device"]
+    assert said == ["training.compile: compiling the encoder layers failed (RuntimeError: no compiler on this "
+                    "machine); training eager"], said
+    assert all(m._compiled_call_impl is None for m in layers)
+
+
+def test_the_pair_collators_layout_is_what_the_pair_model_encodes():
+    """NLVR2's collator (two images per statement) gives the packed layout of the 2B rows (statement i ; image j)
+    that :class:`VLBertForImagePairClassification` encodes: its training step with that layout reads nothing back
+    from the device (0886c57: the layout read from the mask) and gives the logits and loss of the mask's layout."""
+    from types import SimpleNamespace
+
+    from vlbert.data.grounded_text import GroundedCollator
+    from vlbert.models.vl_classification import VLBertForImagePairClassification
+
+    g = torch.Generator().manual_seed(0)
+
+    def image(r):
+        return {"region_features": torch.randn(r, 16, generator=g), "region_boxes": torch.rand(r, 4, generator=g)}
+
+    items = [{"input_ids": list(range(2, 2 + t)), "images": [image(a), image(b)], "labels": label, "index": i}
+             for i, (t, a, b, label) in enumerate([(5, 3, 1, 0), (3, 2, 4, 1), (6, 4, 4, 1)])]
+    batch = GroundedCollator(SimpleNamespace(pad_token_id=0), images_per_text=2)(items)
+    batch.pop("index")
+    layout = {k: batch.pop(k) for k in ("packed_indices", "cu_seqlens")}
+    torch.manual_seed(0)
+    model = VLBertForImagePairClassification(vl_config(attn_implementation="sdpa", num_labels=2,
+                                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    reference = model(**batch)
+    with DeviceReads() as mode:
+        out = model(**batch, **layout)
+        out.loss.backward()
+    assert mode.reads == []
+    torch.testing.assert_close(out.logits, reference.logits, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.loss, reference.loss, atol=1e-6, rtol=0)
+
+
+def test_masked_region_targets_travel_as_the_masked_rows_only():
+    """MRFR's features and MRC-kl's class distributions go to the GPU as the masked regions' rows [M, ...] (the
+    collator's order, ``masked_region_positions``), not as [B, R, ...] copies of every region: the same losses and
+    metrics as the padded targets (float64), at M / (B x R) of their bytes."""
+    from vlbert.layers.packing import packing_fields as fields_of
+
+    ids, mask, _ = ragged_text()
+    feats, boxes, region_mask = ragged_regions()
+    g = torch.Generator().manual_seed(5)
+    masked = region_mask.bool() & (torch.rand(region_mask.shape, generator=g) < 0.4)
+    masked[:, 0] = True
+    probs = torch.rand(*region_mask.shape, 6, generator=g).softmax(-1).double()
+    torch.manual_seed(0)
+    model = VLBertForPreTraining(vl_config(num_region_classes=6, hidden_dropout_prob=0.0,
+                                           attention_probs_dropout_prob=0.0)).double()
+    batch = dict(input_ids=ids, attention_mask=mask, region_features=feats.masked_fill(masked[..., None], 0).double(),
+                 region_boxes=boxes.double(), region_mask=region_mask, masked_regions=masked,
+                 masked_region_positions=masked.reshape(-1).nonzero().squeeze(1), **fields_of(mask, region_mask))
+    for key, padded in (("region_targets", feats.double()), ("region_labels", probs)):
+        full = model(**batch, **{key: padded})
+        rows = model(**batch, **{key: padded[masked]})
+        assert rows.losses.keys() == full.losses.keys() and len(rows.losses) == 1
+        for name in full.losses:
+            torch.testing.assert_close(rows.losses[name], full.losses[name], atol=1e-12, rtol=0)
+        assert padded[masked].numel() < 0.5 * padded.numel()

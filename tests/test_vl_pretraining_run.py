@@ -13,6 +13,7 @@ from vlbert.data.regions import pad_regions
 from vlbert.data.vl_pretraining import VLCollator
 from vlbert.layers.packing import PACKING_FIELDS, STREAM_PACKING_FIELDS
 from vlbert.models.vl import VLBertForPreTraining
+from vlbert.objectives.region_targets import pad_class_probs
 from vlbert.recipes import RECIPES, run
 from vlbert.recipes.vl_pretraining import VLDataConfig, VLPretrainingData
 
@@ -69,16 +70,18 @@ def test_conditional_masking_per_objective(data, tokenizer):
     masked = mrfr["masked_regions"]
     assert "labels" not in mrfr and (masked.sum(1) >= 1).all() and not (masked & (mrfr["region_mask"] == 0)).any()
     assert (mrfr["region_features"][masked] == 0).all()
-    assert torch.equal(mrfr["region_targets"], plain["region_features"])
+    assert torch.equal(mrfr["region_targets"], plain["region_features"][masked])  # the masked rows only
     assert torch.equal(mrfr["region_features"][~masked], plain["region_features"][~masked])
     assert mrfr["region_features"].dtype == torch.float16
     mrc_kl = collate(data, items, "mrc_kl")
-    torch.testing.assert_close(mrc_kl["region_labels"][mrc_kl["masked_regions"]].float().sum(-1),
+    probs = pad_class_probs(items, plain["region_mask"].shape[1])
+    assert torch.equal(mrc_kl["region_labels"], probs[mrc_kl["masked_regions"]])  # the masked rows only
+    torch.testing.assert_close(mrc_kl["region_labels"].float().sum(-1),
                                torch.ones(int(mrc_kl["masked_regions"].sum())), atol=1e-2, rtol=0)
     mrc = collate(data, items, "mrc")
     top = mrc["region_class_labels"]
     assert ((top != -100) == mrc["masked_regions"]).all()
-    assert torch.equal(top[mrc["masked_regions"]], mrc_kl["region_labels"][mrc["masked_regions"]].float().argmax(-1))
+    assert torch.equal(top[mrc["masked_regions"]], probs[mrc["masked_regions"]].float().argmax(-1))
     labels = []
     for start in range(0, len(data.train) - 8, 8):
         batch_items = [data.train[i] for i in range(start, start + 8)]

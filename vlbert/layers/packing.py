@@ -64,6 +64,27 @@ class Packing:
         cu = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=device)
         return cls(None, cu, seq, batch, seq, None if mask is None else mask.bool())
 
+    def append(self, extra: int) -> "Packing":
+        """The layout of the [B, S + ``extra``] batch whose every row gains ``extra`` real positions after its last
+        column (VL-BERT's [END] after [text ; regions]), computed on the device from this one: N + B * extra
+        packed positions (host-known), each row's old tokens then its new ones, no host synchronisation."""
+        b, s, wide = self.batch, self.seq, self.seq + extra
+        device = self.cu_seqlens.device
+        mask = None if self.mask is None else F.pad(self.mask, (0, extra), value=True)
+        if self.indices is None:  # every position kept: a reshape still
+            return Packing.dense(b, wide, device, mask)
+        rows = torch.arange(b + 1, device=device, dtype=torch.int32)
+        cu = self.cu_seqlens.to(torch.int32) + extra * rows
+        n = self.indices.numel()
+        row_of = torch.div(self.indices, s, rounding_mode="floor")
+        indices = torch.empty(n + b * extra, dtype=torch.int64, device=device)
+        # old token k of row r moves r * extra slots on (the rows before it gained that many), to column (k % s)
+        indices.index_copy_(0, torch.arange(n, device=device) + row_of * extra, self.indices + row_of * extra)
+        new = torch.arange(extra, device=device)
+        slots = cu[1:].long()[:, None] - extra + new  # [B, extra]: the last slots of each row
+        indices.index_copy_(0, slots.reshape(-1), (rows[:-1].long()[:, None] * wide + s + new).reshape(-1))
+        return Packing(indices, cu, wide, b, wide, mask)
+
     @property
     def num_tokens(self) -> int:
         """N, the packed length (host-known: the shape of ``indices``)."""

@@ -18,6 +18,8 @@ Differences from transformers, all for speed and none visible in the numbers:
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
@@ -212,6 +214,22 @@ class BertEncoder(nn.Module):
         return EncoderOutput(last_hidden_state=packing.pad(x),
                              hidden_states=tuple(hidden_states) if hidden_states else None,
                              attentions=tuple(attentions) if attentions is not None else None)
+
+
+@contextlib.contextmanager
+def run_padded(encoder: nn.Module):
+    """Inside, ``encoder`` (a :class:`BertEncoder`) runs every forward on the padded batch with its mask
+    (``unpad = False``: a padded attention kernel, no packing read from the mask), for a batch whose layout the
+    host cannot know without waiting for the device (rows drawn on the device: hard negatives); an encoder of
+    another kind (LXMERT's two streams) is left as it is."""
+    if not hasattr(encoder, "unpad"):
+        yield
+        return
+    previous, encoder.unpad = encoder.unpad, False
+    try:
+        yield
+    finally:
+        encoder.unpad = previous
 
 
 def compile_model(model: nn.Module, **options) -> nn.Module:

@@ -66,10 +66,12 @@ class BertForSequenceClassification(PreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> ClassificationOutput:
-        """Args: text [B, T]; labels int64 [B] (classification) or float [B] (regression). Returns logits
-        [B, num_labels]; with labels, ``losses["cls"]`` and ``metrics["cls_accuracy"]`` (classification)."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                **packing) -> ClassificationOutput:
+        """Args: text [B, T]; labels int64 [B] (classification) or float [B] (regression); ``packing``: the
+        collator's packed layout (:meth:`BertModel.forward`: no host sync). Returns logits [B, num_labels]; with
+        labels, ``losses["cls"]`` and ``metrics["cls_accuracy"]`` (classification)."""
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, **packing)
         logits = self.classifier(self.dropout(enc.pooler_output))
         out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
         if labels is not None:
@@ -93,7 +95,18 @@ class BertForSequenceClassification(PreTrainedModel):
 
 
 def check_labels(labels: torch.Tensor, num_labels: int) -> None:
-    """Raise ``ValueError`` if a class label (ignoring -100) is outside [0, num_labels)."""
+    """Raise ``ValueError`` if a class label (ignoring -100) is outside [0, num_labels).
+
+    Values are read on the host only: labels on an accelerator are checked by an asynchronous device assertion
+    (``torch._assert_async``, as :func:`~vlbert.models.inputs.check_text_inputs` checks ids there), since reading
+    them would make the host wait for the GPU on every step (the text recipes' datasets give labels from the
+    label space, so the device check guards a mismatched ``num_labels``)."""
+    if labels.device.type != "cpu":
+        if not torch.compiler.is_compiling():
+            ok = (labels == IGNORE_INDEX) | ((labels >= 0) & (labels < num_labels))
+            torch._assert_async(ok.all(), f"a label is outside [0, num_labels={num_labels}); set num_labels to the "
+                                          "number of classes")
+        return
     valid = labels[labels != IGNORE_INDEX]
     if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= num_labels):
         raise ValueError(f"label {int(valid.max()) if int(valid.max()) >= num_labels else int(valid.min())} is "
@@ -118,18 +131,22 @@ class BertForTokenClassification(PreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> ClassificationOutput:
-        """Returns logits [B, T, num_labels]; with labels, ``losses["tag"]`` and ``metrics["tag_accuracy"]``."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                **packing) -> ClassificationOutput:
+        """Returns logits [B, T, num_labels]; with labels, ``losses["tag"]`` and ``metrics["tag_accuracy"]``
+        (counted over the scored pieces: a 0-d tensor on an accelerator, read on the CPU). ``packing``: the
+        collator's packed layout (:meth:`BertModel.forward`)."""
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, **packing)
         logits = self.classifier(self.dropout(enc.last_hidden_state))
         out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
         if labels is not None:
             check_labels(labels, self.config.num_labels)
             scored = labels != IGNORE_INDEX
             loss = F.cross_entropy(upcast(logits.flatten(0, 1)), labels.flatten(), ignore_index=IGNORE_INDEX)
-            with torch.no_grad():
-                acc = (logits.argmax(-1)[scored] == labels[scored]).float().mean()
-            out.add("tag", loss, "tag_accuracy", acc, int(scored.sum()))
+            with torch.no_grad():  # no boolean indexing: on an accelerator its size would be read by the host
+                count = scored.sum()
+                acc = ((logits.argmax(-1) == labels) & scored).sum().float() / count.clamp(min=1)
+            out.add("tag", loss, "tag_accuracy", acc, int(count) if labels.device.type == "cpu" else count)
         return out
 
 
@@ -154,10 +171,11 @@ class BertForQuestionAnswering(PreTrainedModel):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
                 end_positions=None, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> QuestionAnsweringOutput:
-        """Args: text [B, T]; start_positions/end_positions int64 [B] (wordpiece indices). Returns start/end
-        logits [B, T]; with positions, ``losses["qa"]`` and ``metrics["qa_exact"]`` (both boundaries right)."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+                output_attentions: bool = False, **packing) -> QuestionAnsweringOutput:
+        """Args: text [B, T]; start_positions/end_positions int64 [B] (wordpiece indices); ``packing``: the
+        collator's layout, taken and unused (this head computes every position). Returns start/end logits [B, T];
+        with positions, ``losses["qa"]`` and ``metrics["qa_exact"]`` (both boundaries right)."""
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, **packing)
         start_logits, end_logits = self.qa_outputs(enc.last_hidden_state).unbind(-1)
         out = QuestionAnsweringOutput(start_logits=start_logits, end_logits=end_logits,
                                       hidden_states=enc.hidden_states, attentions=enc.attentions)

@@ -278,7 +278,8 @@ class VLBertRegionEmbeddings(RegionEmbedding):
         """float [B, H]: the visual embedding every text token adds (see the module docstring)."""
         keep = (region_mask.bool() & ~masked).unsqueeze(-1).to(features.dtype)
         mean = (features * keep).sum(1) / keep.sum(1).clamp(min=1)
-        whole = torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=boxes.dtype, device=boxes.device).expand_as(boxes[:, 0])
+        # the whole-image box (0, 0, 1, 1), made on the device (a host tensor would be a copy the host waits for)
+        whole = (torch.arange(4, device=boxes.device) >= 2).to(boxes.dtype).expand_as(boxes[:, 0])
         first = self.visual(features[:, 0], boxes[:, 0])
         pooled = self.visual(mean, whole)
         return torch.where(is_whole_image(boxes[:, 0]).unsqueeze(-1), first, pooled)

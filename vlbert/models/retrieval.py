@@ -13,6 +13,7 @@ from vlbert.layers.losses import classification_loss
 from vlbert.layers.sampling import draw_by_similarity
 from vlbert.models.outputs import ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
+from vlbert.models.bert import run_padded
 from vlbert.models.vl import VLBertModel
 
 
@@ -69,20 +70,28 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         self.init_weights()
         self.log_temperature = nn.Parameter(torch.tensor(0.07).log())
 
-    def embed_text(self, input_ids, token_type_ids=None, attention_mask=None) -> torch.Tensor:
-        """Args: text [B, T]. Returns float [B, P], unit length."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask)
+    def embed_text(self, input_ids, token_type_ids=None, attention_mask=None, **packing) -> torch.Tensor:
+        """Args: text [B, T]; ``packing``: optionally the text mask's packed layout (``packed_indices``,
+        ``cu_seqlens``: :meth:`VLBertModel.forward`, no host sync). Returns float [B, P], unit length."""
+        enc = self.bert(input_ids, token_type_ids, attention_mask, **packing)
         return F.normalize(self.text_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
 
-    def embed_image(self, region_features=None, region_boxes=None, region_mask=None, *, cls_sep: tuple[int, int],
-                    images=None, image_sizes=None) -> torch.Tensor:
+    def embed_image(self, region_features=None, region_boxes=None, region_mask=None, *,
+                    cls_sep: tuple[int, int] | torch.Tensor, images=None, image_sizes=None,
+                    **packing) -> torch.Tensor:
         """Args: regions as :class:`VLBertModel` (``region_features``, or for a model with a visual backbone
         ``images`` float [B, 3, H, W] and ``image_sizes`` int64 [B, 2] under ``region_boxes``); cls_sep: the
-        tokenizer's ([CLS], [SEP]) ids. Returns float [B, P], unit length."""
-        b = region_boxes.shape[0]
-        ids = torch.tensor(cls_sep, device=region_boxes.device).expand(b, 2)
+        tokenizer's ([CLS], [SEP]) ids, two ints or an int64 [2] tensor on the model's device (the collator's
+        ``cls_sep_ids``: never read back); ``packing``: optionally the packed layout of ``[CLS] [SEP]`` + regions
+        ([B, 2 + R]). Returns float [B, P], unit length."""
+        b, device = region_boxes.shape[0], region_boxes.device
+        if torch.is_tensor(cls_sep):
+            ids = cls_sep.to(device, non_blocking=True).expand(b, 2)
+        else:  # made on the device (a host tensor would be a copy the host waits for)
+            ids = torch.full((b, 2), cls_sep[1], dtype=torch.long, device=device)
+            ids[:, 0] = cls_sep[0]
         enc = self.bert(ids, None, None, region_features, region_boxes, region_mask, images=images,
-                        image_sizes=image_sizes)
+                        image_sizes=image_sizes, **packing)
         return F.normalize(self.image_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
 
     def match_scores(self, input_ids, token_type_ids, attention_mask, region_features=None, region_boxes=None,
@@ -94,10 +103,18 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         return logits[:, 1] - logits[:, 0]
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
-                region_mask=None, group_ids=None, cls_sep_ids=None, images=None, image_sizes=None) -> RetrievalOutput:
+                region_mask=None, group_ids=None, cls_sep_ids=None, images=None, image_sizes=None,
+                text_packed_indices=None, text_cu_seqlens=None, image_packed_indices=None,
+                image_cu_seqlens=None) -> RetrievalOutput:
         """Without ``group_ids``: the cross-encoder scores of the given pairs. With ``group_ids`` (int64 [B]; equal
         ids = interchangeable texts/images, never each other's negatives) and ``cls_sep_ids`` (int64 [2]): the
         training losses ``itc`` and ``itm`` (with ``itc_accuracy``/``itm_accuracy``).
+
+        ``text_packed_indices`` / ``text_cu_seqlens`` and ``image_packed_indices`` / ``image_cu_seqlens``: the
+        collator's packed layouts of the text pass and of the image pass (:class:`~vlbert.data.retrieval.
+        RetrievalCollator`), so that neither reads a mask on the device. The ITM pass pairs texts and images drawn
+        on the device (the hard negatives), whose layout the host cannot know without waiting: it runs on the
+        padded batch with its masks (a padded attention kernel), so the step never waits on the host.
 
         ``images`` (float [B, 3, H, W]) and ``image_sizes`` (int64 [B, 2]), for a model with a visual backbone:
         the region features are computed from them once (:meth:`VLBertModel.extract_regions`, under
@@ -110,8 +127,10 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         b = input_ids.shape[0]
         if b < 2:
             raise ValueError("retrieval training needs at least 2 pairs per batch (negatives come from the batch)")
-        t = self.embed_text(input_ids, token_type_ids, attention_mask)
-        v = self.embed_image(region_features, region_boxes, region_mask, cls_sep=tuple(cls_sep_ids.tolist()))
+        t = self.embed_text(input_ids, token_type_ids, attention_mask,
+                            **_layout(text_packed_indices, text_cu_seqlens))
+        v = self.embed_image(region_features, region_boxes, region_mask, cls_sep=cls_sep_ids,
+                             **_layout(image_packed_indices, image_cu_seqlens))
         same = group_ids[:, None] == group_ids[None, :]
         logits = t @ v.T / self.log_temperature.exp()
         target = same.float() / same.float().sum(1, keepdim=True)
@@ -119,7 +138,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
                + torch.sum(-target * F.log_softmax(logits.T, 1), 1).mean()) / 2
         out = RetrievalOutput()
         with torch.no_grad():
-            itc_acc = same[torch.arange(b), logits.argmax(1)].float().mean()
+            itc_acc = same.gather(1, logits.argmax(1, keepdim=True)).float().mean()
             neg_text, neg_image = hard_negatives(logits, same)
         out.add("itc", itc, "itc_accuracy", itc_acc, b)
         idx = torch.arange(b, device=input_ids.device)
@@ -127,14 +146,20 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         image_rows = torch.cat([idx, idx, neg_image])
         tt = None if token_type_ids is None else token_type_ids[text_rows]
         am = None if attention_mask is None else attention_mask[text_rows]
-        logits_itm = self.itm(self.bert(input_ids[text_rows], tt, am, region_features[image_rows],
-                                        region_boxes[image_rows], None if region_mask is None
-                                        else region_mask[image_rows]).pooler_output).float()
-        labels = torch.cat([torch.ones(b), torch.zeros(2 * b)]).long().to(logits_itm.device)
+        with run_padded(self.bert.encoder):
+            logits_itm = self.itm(self.bert(input_ids[text_rows], tt, am, region_features[image_rows],
+                                            region_boxes[image_rows], None if region_mask is None
+                                            else region_mask[image_rows]).pooler_output).float()
+        labels = (torch.arange(3 * b, device=logits_itm.device) < b).long()  # b matches, then 2b non-matches
         loss, acc, n = classification_loss(logits_itm, labels)
         out.add("itm", loss, "itm_accuracy", acc, n)
         out.add_unused(*self.bert.idle_modules())
         return out
+
+
+def _layout(packed_indices, cu_seqlens) -> dict:
+    """The layout keywords of one pass (:meth:`VLBertModel.forward`), or none where the batch has none."""
+    return {} if packed_indices is None else {"packed_indices": packed_indices, "cu_seqlens": cu_seqlens}
 
 
 __all__ = ["VLBertForImageTextRetrieval", "RetrievalOutput", "hard_negatives"]

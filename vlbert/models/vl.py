@@ -197,9 +197,10 @@ class VLBertModel(BertModel):
         x, mask = self.region_embeddings.join(self.embeddings, input_ids, token_type_ids, attention_mask,
                                               region_features, region_boxes, region_mask, region_token_type_ids,
                                               masked_regions)
-        # a pathway that adds tokens (VL-BERT's [END]) changes the layout the collator packed: read it from the mask
-        layout = packing_from_batch(mask, **packing)
-        out = self.encoder(x, mask, output_hidden_states, output_attentions, None if extra else layout)
+        # a pathway that adds tokens after the regions (VL-BERT's [END]) extends the collator's layout on the device
+        layout = packing_from_batch(mask[:, :mask.shape[1] - extra] if extra else mask, **packing)
+        out = self.encoder(x, mask, output_hidden_states, output_attentions,
+                           layout.append(extra) if extra and layout is not None else layout)
         if extra:
             keep = x.shape[1] - extra
             out.last_hidden_state = out.last_hidden_state[:, :keep]
@@ -215,9 +216,11 @@ class VLBertForPreTraining(UnitPreTrainingModel):
     Each objective is a unit of :mod:`vlbert.objectives` (its head is built here under the unit's attribute name,
     its loss computed where its labels are given):
       * ``mlm``: masked LM on text conditioned on the regions (``labels`` [B, T], -100 = not masked);
-      * ``mrfr``: masked region feature regression (``masked_regions`` bool [B, R], ``region_targets`` [B, R, D]);
+      * ``mrfr``: masked region feature regression (``masked_regions`` bool [B, R], ``region_targets`` [B, R, D],
+        or the masked rows [M, D] as the collator sends them);
       * ``mrc``: masked region classification against the detector's top class (``region_class_labels`` [B, R]);
-      * ``mrc_kl``: the same against the detector's class distribution (``region_labels`` float [B, R, C]);
+      * ``mrc_kl``: the same against the detector's class distribution (``region_labels`` float [B, R, C], or the
+        masked rows [M, C]);
       * ``itm``: image-text matching on the pooled [CLS] (``itm_label`` [B], 1 = the text matches the image);
       * ``wra``: word-region alignment on the same batch (``itm_label`` and ``wra_weight`` [], its loss weight):
         the optimal-transport distance between the pair's words and regions, no parameters.

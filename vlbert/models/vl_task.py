@@ -12,6 +12,7 @@ import torch
 
 from vlbert.config import VLBertConfig
 from vlbert.models.heads import ClassificationOutput
+from vlbert.models.inputs import take_packing
 from vlbert.models.outputs import EncoderOutput, ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.vl import VLBertModel
@@ -45,10 +46,12 @@ class VLBertForTask(PreTrainedModel):
         raise NotImplementedError
 
     def encode(self, input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-               region_token_type_ids) -> EncoderOutput:
-        """The joint encoding [B, T + R, H] of text and regions (:meth:`VLBertModel.forward`)."""
+               region_token_type_ids, packing: dict | None = None) -> EncoderOutput:
+        """The joint encoding [B, T + R, H] of text and regions (:meth:`VLBertModel.forward`); ``packing``: the
+        collator's layout of [text ; regions] (given only where the batch has one: a subclass whose regions come in
+        another layout, whose collator gives none, need not take it)."""
         return self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                         region_token_type_ids=region_token_type_ids)
+                         region_token_type_ids=region_token_type_ids, **(packing or {}))
 
     def head(self, encoding: EncoderOutput, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
              region_mask: torch.Tensor | None) -> torch.Tensor:
@@ -64,13 +67,15 @@ class VLBertForTask(PreTrainedModel):
                 **targets) -> ObjectiveOutput:
         """Args: text int64 [B, T] and regions as :meth:`VLBertModel.forward` (region_features [B, R, D],
         region_boxes float [B, R, 4] normalised xyxy, region_mask [B, R]; the class docstring says where a head
-        takes another layout); ``targets``: the keys of :attr:`label_names` (shapes in the class docstring);
+        takes another layout); ``targets``: the keys of :attr:`label_names` (shapes in the class docstring), and
+        the collator's packed layout (``packed_indices``, ``cu_seqlens``: :meth:`VLBertModel.forward`);
         ``images``, ``image_sizes``: pixels instead of ``region_features`` for the model's visual backbone
         (:meth:`VLBertModel.extract_regions`).
         Returns :attr:`output_class` with ``logits``; with targets, the loss and metric of the task.
         Raises: TypeError for a target key the head does not read (its keys named); ValueError as
         :meth:`VLBertModel.forward`.
         """
+        packing = take_packing(targets)  # the collator's layout (no host sync), not a target
         unknown = sorted(set(targets) - set(self.label_names))
         if unknown:
             raise TypeError(f"{type(self).__name__}.forward got unknown target(s) {unknown}; it reads "
@@ -78,7 +83,7 @@ class VLBertForTask(PreTrainedModel):
         if images is not None:
             region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes)
         enc = self.encode(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                          region_token_type_ids)
+                          region_token_type_ids, **({"packing": packing} if packing else {}))
         out = self.output_class(logits=self.head(enc, input_ids, attention_mask, region_mask))
         given = {k: v for k, v in targets.items() if v is not None}
         if given:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from vlbert.layers.losses import upcast
 from vlbert.layers.pretraining_heads import RegionHead
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
-from vlbert.objectives.region_targets import pad_class_probs
+from vlbert.objectives.region_targets import masked_class_probs, pad_class_probs
 
 
 def choose_masked_regions(num_real: int, num_regions: int, probability: float,
@@ -70,8 +70,16 @@ class _MaskedRegions(Objective):
         return take(encoded.regions), take
 
 
+def masked_rows(target: torch.Tensor, take: Callable[[torch.Tensor], torch.Tensor], rank: int) -> torch.Tensor:
+    """The masked regions' rows of a target: ``take(target)`` for a padded [B, R, ...] one (``rank`` dimensions),
+    ``target`` itself when it holds the masked rows already ([M, ...], one dimension less: the collator's)."""
+    return take(target) if target.dim() == rank else target
+
+
 class MaskedRegionFeatureRegression(_MaskedRegions):
-    """``masked_regions`` bool [B, R] and ``region_targets`` float [B, R, D] (the unmasked features)."""
+    """``masked_regions`` bool [B, R] and ``region_targets`` float: the masked regions' unmasked features [M, D]
+    in ``masked_region_positions`` order (the collator's: 15% of the regions travel twice, not all), or every
+    region's [B, R, D]."""
 
     name, metric, head, inputs = "mrfr", "mrfr_mse", "mrfr", ("masked_regions", "region_targets")
 
@@ -79,12 +87,12 @@ class MaskedRegionFeatureRegression(_MaskedRegions):
         return RegionHead(config, config.region_feature_dim)
 
     def add_targets(self, batch, items, masked) -> None:
-        batch["region_targets"] = batch["region_features"].clone()
+        batch["region_targets"] = batch["region_features"][masked]  # [M, D], before the features are zeroed
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
         hidden, take = self.selected(encoded, labels)
         pred = upcast(getattr(encoded.model, self.head)(hidden))
-        target = take(labels["region_targets"]).to(pred.dtype)
+        target = masked_rows(labels["region_targets"], take, 3).to(pred.dtype)
         loss = F.mse_loss(pred, target) if len(pred) else pred.sum() * 0.0
         return ObjectiveResult(loss, loss.detach(), len(pred))
 
@@ -118,7 +126,8 @@ class MaskedRegionClassification(_MaskedRegions):
 
 
 class MaskedRegionClassificationKL(_MaskedRegions):
-    """MRC-kl: ``masked_regions`` and ``region_labels`` float [B, R, C] (the detector's class distribution);
+    """MRC-kl: ``masked_regions`` and ``region_labels`` float: the detector's class distribution of the masked
+    regions [M, C] in ``masked_region_positions`` order (the collator's, float16), or of every region [B, R, C];
     the metric is top-1 agreement with the detector."""
 
     name, metric, head, inputs = "mrc_kl", "mrc_kl_accuracy", "mrc", ("masked_regions", "region_labels")
@@ -127,12 +136,12 @@ class MaskedRegionClassificationKL(_MaskedRegions):
         return RegionHead(config, config.num_region_classes) if config.num_region_classes else None
 
     def add_targets(self, batch, items, masked) -> None:
-        batch["region_labels"] = pad_class_probs(items, masked.shape[1])
+        batch["region_labels"] = masked_class_probs(items, masked)
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
         hidden, take = self.selected(encoded, labels)
         logits = upcast(getattr(encoded.model, self.head)(hidden))
-        target = take(labels["region_labels"]).to(logits.dtype)
+        target = masked_rows(labels["region_labels"], take, 3).to(logits.dtype)
         if not len(target):
             zero = logits.sum() * 0.0
             return ObjectiveResult(zero, zero.detach(), 0)
@@ -141,5 +150,5 @@ class MaskedRegionClassificationKL(_MaskedRegions):
         return ObjectiveResult(loss, accuracy, len(target), logits)
 
 
-__all__ = ["choose_masked_regions", "MaskedRegionFeatureRegression", "MaskedRegionClassification",
+__all__ = ["choose_masked_regions", "masked_rows", "MaskedRegionFeatureRegression", "MaskedRegionClassification",
            "MaskedRegionClassificationKL"]

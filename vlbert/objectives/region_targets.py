@@ -23,4 +23,15 @@ def pad_class_probs(items: list[dict], num_regions: int, key: str = "class_probs
     return probs
 
 
-__all__ = ["pad_class_probs"]
+def masked_class_probs(items: list[dict], masked: torch.Tensor, key: str = "class_probs") -> torch.Tensor:
+    """float16 [M, C]: the ``key`` distributions of the masked regions only (bool ``masked`` [B, R], True among
+    each item's real regions), in row-major order (row by row, region by region: the order of
+    ``masked_region_positions``), as :func:`pad_class_probs` ``[masked]`` gives them without padding every region.
+    Raises ValueError as :func:`pad_class_probs`."""
+    if any(x.get(key) is None for x in items):
+        pad_class_probs(items, masked.shape[1], key)  # raises, naming the fix
+    rows = [torch.from_numpy(np.asarray(x[key]))[m[: len(x[key])]] for x, m in zip(items, masked)]
+    return torch.cat(rows).to(torch.float16)
+
+
+__all__ = ["pad_class_probs", "masked_class_probs"]

@@ -67,7 +67,7 @@ def training_state(trainer, rng_states: list[dict] | None = None) -> dict:
         "step": trainer.step, "epoch": trainer.epoch, "batch_in_epoch": trainer.batch_in_epoch,
         "skipped_steps": trainer.skipped_steps,
         "optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict(),
-        "rng": rng_states if rng_states is not None else [process_rng_state(trainer.accelerator.device)],
+        "rng": rng_states if rng_states is not None else [process_rng_state(trainer.device)],
         "hooks": {_hook_key(i, hook): hook.state_dict() for i, hook in enumerate(trainer.hooks)},
     }
 
@@ -80,7 +80,7 @@ def save_checkpoint(trainer) -> Path | None:
     """Write ``checkpoints/step-N`` atomically (build in a temporary directory, then rename); keep the newest
     ``save_total_limit``. Only the main process writes; returns the directory (None elsewhere)."""
     acc = trainer.accelerator
-    mine = [process_rng_state(acc.device)]
+    mine = [process_rng_state(trainer.device)]
     rng_states = gather_object(mine) if acc.num_processes > 1 else mine  # every rank's streams, in rank order
     acc.wait_for_everyone()
     if not trainer.is_main:
@@ -158,11 +158,11 @@ def _restore_rng(trainer, state: dict) -> None:
         ranks = [{"python": state["rng_python"], "numpy": state.get("rng_numpy", _numpy_rng_state()),
                   "torch": state["rng_torch"]}]
     if len(ranks) == acc.num_processes:
-        set_process_rng_state(ranks[acc.process_index], acc.device)
+        set_process_rng_state(ranks[acc.process_index], trainer.device)
         return
     logger.warning("the checkpoint holds the random streams of %d process(es), this run has %d: the run continues "
                    "with fresh per-rank streams (not bit-for-bit the run it resumes)", len(ranks), acc.num_processes)
-    set_process_rng_state(ranks[0], acc.device)
+    set_process_rng_state(ranks[0], trainer.device)
     seed_process_streams(trainer.config.seed + trainer.step, acc.process_index, acc.num_processes)
 
 

@@ -20,8 +20,7 @@ def global_batch_loss(out, names, acc) -> tuple[torch.Tensor, torch.Tensor]:
     if not names:
         return out.loss + _idle_term(out), out.loss
     device = out.loss.device
-    # a count may be a 0-d device tensor (the qa unit's question rows): stacked on the device, never read back
-    counts = torch.stack([torch.as_tensor(out.counts.get(n, 0), device=device).double() for n in names])
+    counts = device_counts([out.counts.get(n, 0) for n in names], device)
     sums = torch.stack([out.losses[n].detach().double() * out.counts[n] if n in out.losses
                         else torch.zeros((), device=device, dtype=torch.float64) for n in names])
     totals = acc.reduce(torch.stack([counts, sums]), reduction="sum")
@@ -34,6 +33,21 @@ def global_batch_loss(out, names, acc) -> tuple[torch.Tensor, torch.Tensor]:
     return backward, global_loss
 
 
+def device_counts(counts: list, device: torch.device) -> torch.Tensor:
+    """float64 [len(counts)] on ``device``: host integers travel in one copy that does not make the host wait
+    (page-locked memory, ``non_blocking=True``; a copy with ``non_blocking=False`` would wait for every kernel
+    queued before it, torch's ``copy_`` then synchronising the stream); a count that is already a 0-d tensor (the
+    qa unit's question rows, counted on the device) is added there, never read back."""
+    host = torch.tensor([0.0 if torch.is_tensor(c) else float(c) for c in counts], dtype=torch.float64)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    values = host.to(device, non_blocking=True)
+    if not any(torch.is_tensor(c) for c in counts):
+        return values
+    return torch.stack([c.to(device, torch.float64, non_blocking=True) if torch.is_tensor(c) else values[i]
+                        for i, c in enumerate(counts)])
+
+
 def _idle_term(out) -> torch.Tensor | float:
     """The parameters the model declared unused (``out.unused_parameters``) with weight zero, or 0.0 when there
     are none: added to the backward loss so DDP sees every parameter in every backward (no
@@ -42,4 +56,4 @@ def _idle_term(out) -> torch.Tensor | float:
     return sum(p.sum() for p in idle) * 0.0 if idle else 0.0
 
 
-__all__ = ["global_batch_loss"]
+__all__ = ["global_batch_loss", "device_counts"]

@@ -12,7 +12,6 @@ import contextlib
 import inspect
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -21,17 +20,18 @@ import torch
 import yaml
 
 from vlbert.layers.attention import PACKING_FIELDS
-from vlbert.models.bert import compile_model
 from vlbert.training import checkpointing
 from vlbert.training.checkpointing import CHECKPOINTS_DIR, STATE_NAME, latest_checkpoints
+from vlbert.training.device import own_accelerator, prepare_compute, resolve_precision
 from vlbert.training.distributed import global_batch_loss
+from vlbert.training.feed import device_batches
 from vlbert.training.evaluation import evaluate_objectives
 from vlbert.training.guards import NonFiniteChecks, NonFiniteLossError, SigtermFlag, TrainingPreempted
 from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, StepStats, TrainerHook
 from vlbert.training.log_hook import LogHook
 from vlbert.training.master_weights import MasterWeights, check_placement
-from vlbert.training.mfu import count_positions, device_peak_flops, estimate_step_flops
-from vlbert.training.processes import control_plane, start_processes, use_cpu_processes
+from vlbert.training.mfu import device_peak_flops, estimate_step_flops
+from vlbert.training.processes import control_plane, start_processes
 from vlbert.training.training_config import (TrainingConfig, linear_schedule, parameter_groups,
                                              seed_process_streams, set_seed)
 from vlbert.utils import keep_freed_memory_in_process
@@ -71,25 +71,17 @@ class Trainer:
     def __init__(self, model, config: TrainingConfig, train_batches: BatchFactory,
                  eval_batches: Callable[..., Iterable[dict]] | None = None, run_config: dict | None = None,
                  tokenizer=None, hooks: Sequence[TrainerHook] = ()):
-        from accelerate import Accelerator
-
         config.validate()
         self.config = config
-        mixed = config.mixed_precision
-        if mixed == "auto":  # bf16 weights + float32 masters: the faster GPU step (see master_weights.py)
-            mixed = "bf16-params" if torch.cuda.is_available() else "no"
-        # DDP with every parameter in every backward (see ObjectiveOutput.unused_parameters); cpu: gloo under torchrun,
-        # also where a machine has fewer GPUs than processes (NCCL cannot put two ranks on one GPU).
-        use_cpu = use_cpu_processes()
-        if use_cpu and torch.cuda.is_available():
-            logger.warning("%s processes on this machine but %d GPU(s): training on CPU (gloo)",
-                           os.environ.get("LOCAL_WORLD_SIZE"), torch.cuda.device_count())
-            mixed = "no" if config.mixed_precision == "auto" else mixed
-        self.precision = mixed
+        self.precision, use_cpu = resolve_precision(config.mixed_precision)
+        mixed = self.precision
         start_processes(config.collective_timeout)
-        self.accelerator = Accelerator(mixed_precision="no" if mixed == "bf16-params" else mixed, cpu=use_cpu)
+        self.accelerator = own_accelerator(use_cpu)
+        #: this trainer's device, fixed here (accelerate's ``device`` is the process's state, which a later trainer
+        #: on another device restarts: :func:`own_accelerator`)
+        self.device = self.accelerator.device
         self.control = control_plane(config.collective_timeout)
-        if self.accelerator.device.type == "cpu":
+        if self.device.type == "cpu":
             keep_freed_memory_in_process()  # large activations are reused, not page-faulted in every step
         self.output_dir = Path(config.output_dir)
         self.run_config, self.resumed = run_config or {}, False  # resumed: keeps output_dir's first config.yaml
@@ -98,15 +90,14 @@ class Trainer:
         self.eval_batches = eval_batches
         self.unwrapped = model
         # On its device before the float32 masters and the optimizer are made: they live where the parameters do.
-        model.to(self.accelerator.device)
-        if config.compile:
-            compile_model(model)
+        model.to(self.device)
+        prepare_compute(model, self.device, self.precision, config)  # compile (regional on CUDA), TF32
         # forward's named arguments, its label_names and, taking **kwargs, the packed layout (FlashAttention-style)
         parameters = inspect.signature(model.forward).parameters
         kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
         self.forward_arguments = {*parameters, *getattr(model, "label_names", ()), *(PACKING_FIELDS if kwargs else ())}
         # Fused AdamW (one kernel over all parameters) on CUDA and, since torch 2.4, on CPU.
-        fused = self.accelerator.device.type in ("cuda", "cpu")
+        fused = self.device.type in ("cuda", "cpu")
         groups = parameter_groups(model, config.weight_decay)
         self.master = MasterWeights(model) if mixed == "bf16-params" else None
         optimizer = torch.optim.AdamW(
@@ -132,6 +123,13 @@ class Trainer:
         self._checks = NonFiniteChecks()
         self._placement_checked = False
 
+    def autocast(self):
+        """The context of this trainer's forwards: bf16 autocast for ``mixed_precision: bf16``, else none; its own,
+        as accelerate's precision is one per process (:func:`~vlbert.training.device.own_accelerator`)."""
+        if self.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     @property
     def is_main(self) -> bool:
         return self.accelerator.is_main_process
@@ -140,26 +138,17 @@ class Trainer:
     def _to_device(self, batch: dict) -> dict:
         """Move tensors to the device, keeping only what the model's ``forward`` takes (batches may carry
         bookkeeping such as the objective's name or example indices)."""
-        device = self.accelerator.device
-        return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
-                if k in self.forward_arguments}
+        return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v
+                for k, v in self._inputs(batch).items()}
+
+    def _inputs(self, batch: dict) -> dict:
+        """The entries of ``batch`` the model's ``forward`` takes."""
+        return {k: v for k, v in batch.items() if k in self.forward_arguments}
 
     def _train_stream(self):
         """(batch on the device, real text tokens, sequences, real regions) for every training batch, epoch after
-        epoch, counted on the host copy (:func:`~vlbert.training.mfu.count_positions`)."""
-        acc = self.accelerator
-        epoch, start = self.epoch, self.batch_in_epoch
-        while True:
-            produced = False
-            for i, batch in enumerate(self.train_batches(epoch, start, acc.process_index, acc.num_processes)):
-                produced = True
-                self.epoch, self.batch_in_epoch = epoch, start + i + 1
-                tokens, regions, sequences = count_positions(batch)
-                yield self._to_device(batch), tokens, sequences, regions
-            if not produced and start == 0:
-                raise ValueError("the training data yields no batch; use a larger corpus or a smaller batch_size")
-            epoch, start = epoch + 1, 0
-            self.epoch, self.batch_in_epoch = epoch, 0
+        epoch, each sent to the device one batch ahead (:func:`~vlbert.training.feed.device_batches`)."""
+        return device_batches(self)
 
     # ------------------------------------------------------------------ training
     def train(self, extra_metrics: dict[str, Any] | None = None,
@@ -214,7 +203,7 @@ class Trainer:
                 checks.position(self.step + 1, self.epoch, self.batch_in_epoch - 1)
             # DDP reduces the last micro-batch's gradients; with bf16 parameters never (the float32 masters' are)
             sync = micro == cfg.grad_accum_steps - 1 and not self.master
-            with contextlib.nullcontext() if sync else acc.no_sync(self.model), acc.autocast():
+            with contextlib.nullcontext() if sync else acc.no_sync(self.model), self.autocast():
                 out = self.model(**batch)
                 if out.loss is None:
                     raise ValueError("the model returned no loss: the batch carries no labels")
@@ -247,7 +236,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         if not self._placement_checked:  # once the optimizer's state exists; reads devices, copies nothing
-            check_placement(self.unwrapped, self.accelerator.device, self.master, self._optimizer())
+            check_placement(self.unwrapped, self.device, self.master, self._optimizer())
             self._placement_checked = True
         self._recent_losses = (self._recent_losses + [stats.loss])[-50:]
         self._tokens_this_run += stats.tokens
@@ -258,7 +247,7 @@ class Trainer:
         """Clip to ``max_grad_norm`` (on the float32 masters with bf16 parameters); the norm before clipping."""
         cfg, acc = self.config, self.accelerator
         if cfg.max_grad_norm <= 0:
-            return torch.zeros((), device=acc.device)
+            return torch.zeros((), device=self.device)
         if self.master:
             return torch.nn.utils.clip_grad_norm_(self.master.masters, cfg.max_grad_norm)
         return acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
@@ -333,7 +322,7 @@ class Trainer:
         config = getattr(self.unwrapped, "config", None)
         if config is None or not hasattr(config, "intermediate_size") or not (tokens or regions) or not sequences:
             return None
-        peak, _ = device_peak_flops(self.accelerator.device, self.precision in ("bf16", "bf16-params"))
+        peak, _ = device_peak_flops(self.device, self.precision in ("bf16", "bf16-params"))
         flops = estimate_step_flops(config, tokens, sequences, regions)
         return flops / seconds / (peak * self.accelerator.num_processes)
 
@@ -341,13 +330,13 @@ class Trainer:
         """True if ``flag`` is set on any process (one all-reduce when there are several)."""
         if self.accelerator.num_processes == 1:
             return flag
-        t = torch.tensor([float(flag)], device=self.accelerator.device)
+        t = torch.tensor([float(flag)], device=self.device)
         return bool(self.accelerator.reduce(t, reduction="sum") > 0)
 
     def _global_sum(self, value: int) -> int:
         if self.accelerator.num_processes == 1:
             return value
-        t = torch.tensor([value], device=self.accelerator.device)
+        t = torch.tensor([value], device=self.device)
         return int(self.accelerator.reduce(t, reduction="sum"))
 
     # ------------------------------------------------------------------ evaluation
@@ -360,7 +349,7 @@ class Trainer:
         acc = self.accelerator
         batches = (self._to_device(b) for b in self.eval_batches(rank=acc.process_index, world_size=acc.num_processes))
         # the unwrapped model: no DDP collective in an evaluation forward, ranks may run different counts
-        return evaluate_objectives(self.unwrapped, batches, acc.autocast)
+        return evaluate_objectives(self.unwrapped, batches, self.autocast)
 
     # ------------------------------------------------------------------ logging
     def log(self, record: dict, split: str) -> None:

@@ -49,7 +49,10 @@ class TrainingConfig:
     on_nonfinite: Literal["stop", "skip"] = "stop"  # "stop" or "skip" the step
     group_by_length: bool = True
     progress_bar: bool = True
-    compile: bool = False  # torch.compile the whole model (for GPUs; measured slower on a 2-core CPU)
+    # torch.compile: "auto" = each encoder layer compiled (regional compilation) on CUDA, eager elsewhere (measured
+    # slower on a 2-core CPU); true = the layers wherever the run is; "model" = the whole model; false = eager
+    compile: bool | Literal["auto", "model", "layers"] = "auto"
+    tf32: bool = True  # float32 runs on CUDA: matmuls in TF32 (transformers' tf32 flag); false = full float32
     # seconds a collective between processes may wait before every rank stops (a rank died or hangs; not a hang).
     # Rank 0 preparing data alone (tokenising a corpus, extracting regions) must fit in it.
     collective_timeout: Annotated[float, Range(gt=0)] = 1800.0
@@ -59,6 +62,21 @@ class TrainingConfig:
         numbers given as text converted); raise ``ValueError`` naming the bad field, what it got and what it
         takes."""
         check_fields(self, "training")
+
+    def compile_mode(self, device_type: str) -> str | None:
+        """What ``compile`` means on a ``device_type`` device: "layers" (regional compilation of the encoder
+        layers: :func:`~vlbert.training.device.compile_layers`; ``auto`` on CUDA, or true), "model" (the whole
+        model: :func:`~vlbert.models.bert.compile_model`) or None (eager; ``auto`` elsewhere, or false); "?" for a
+        value that is none of these. YAML's true/false (and yes/no) arrive as booleans or as "yes"/"no"."""
+        value = self.compile if isinstance(self.compile, str) else ("yes" if self.compile else "no")
+        value = value.strip().lower()
+        if value == "auto":
+            return "layers" if device_type == "cuda" else None
+        if value in ("yes", "true", "on", "layers"):
+            return "layers"
+        if value in ("no", "false", "off"):
+            return None
+        return "model" if value == "model" else "?"
 
     def resolved_num_workers(self) -> int:
         """``num_workers``, with -1 (auto) resolved: on a CUDA machine, 4 loader processes per training process
