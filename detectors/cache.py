@@ -7,14 +7,17 @@ import hashlib
 import json
 import logging
 import os
+import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 
 from detectors.backends import DETECTOR_BACKENDS
 from detectors.config import DetectorConfig
 from detectors.extract import extract_regions
+from detectors.regions import Regions
 from detectors.shards import write_shards
 
 logger = logging.getLogger(__name__)
@@ -42,6 +45,9 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
             of the cache's name.
     Returns:
         the shard paths, in order.
+
+    An extraction logs its cost once, early (:func:`announce_cost`, :func:`cost_line`): "extracting regions of N
+    images, about M minutes, once (cached in DIR)".
     Raises:
         ValueError: no images, or ``boxes`` with a backend that detects its own. Errors of
             :meth:`DetectorConfig.build` and of the extractor.
@@ -69,10 +75,10 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
                        directory, ", ".join(damaged))
         marker.unlink()
     extractor = detector.build()
-    logger.info("extracting regions of %d %s images into %s (first use only)", len(ids), name, directory)
-
     sources = [(i, images[i]) for i in ids]
-    shards = write_shards(extract_regions(extractor, sources, batch_size, boxes), directory)
+    regions = announce_cost(extract_regions(extractor, sources, batch_size, boxes), len(ids), directory,
+                            min(batch_size, len(ids)))
+    shards = write_shards(regions, directory)
     tmp = directory / (MARKER + ".tmp")
     tmp.write_text(json.dumps({"detector": extractor.name, "config": asdict(detector),
                                "shards": [p.name for p in shards], "sizes": {p.name: p.stat().st_size for p in shards},
@@ -81,4 +87,28 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
     return shards
 
 
-__all__ = ["cached_shards"]
+def cost_line(count: int, seconds_per_image: float, directory: str | os.PathLike) -> str:
+    """What an extraction will cost, said before it runs: ``"extracting regions of 1,000 images, about 2 minutes,
+    once (cached in DIR)"`` for ``count`` images at ``seconds_per_image`` (wall seconds, measured), in whole minutes
+    ("under a minute" below 60 s)."""
+    seconds = count * seconds_per_image
+    minutes = round(seconds / 60)
+    cost = "under a minute" if seconds < 60 else "about a minute" if minutes == 1 else f"about {minutes} minutes"
+    return f"extracting regions of {count:,} images, {cost}, once (cached in {directory})"
+
+
+def announce_cost(regions: Iterable[Regions], count: int, directory: str | os.PathLike,
+                  batch: int) -> Iterator[Regions]:
+    """``regions`` as they come, logging :func:`cost_line` once, early: timed on the second ``batch`` of images
+    (the first one carries the model's warm-up, which would inflate the estimate by a third), or on the first where
+    there are no more than two batches."""
+    start, mark = time.perf_counter(), batch if count > 2 * batch else 0
+    for done, r in enumerate(regions, 1):
+        if done == mark:
+            start = time.perf_counter()
+        elif done == mark + batch:
+            logger.info(cost_line(count, (time.perf_counter() - start) / batch, directory))
+        yield r
+
+
+__all__ = ["cached_shards", "cost_line", "announce_cost"]

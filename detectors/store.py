@@ -188,11 +188,59 @@ class NamespacedRegions(Mapping):
         return (f"{name}/{i}" for name, store in self.stores.items() for i in store)
 
 
+class MergedRegions(Mapping):
+    """Several region stores whose image ids differ, as one mapping under their own ids (e.g. the easy-VQA
+    training and test images, cached apart: :func:`vlbert.data.easy_vqa.easy_vqa_shards`). A lookup asks each
+    store in turn (an index search each, no read).
+
+    Args:
+        stores: name -> mapping of image id -> Regions (a :class:`RegionStore` or a dict).
+    Raises:
+        ValueError: an image id held by two of the stores (checked once, on the stores' sorted ids).
+    """
+
+    def __init__(self, stores: dict[str, Mapping]):
+        self.stores = dict(stores)
+        seen: set[str] = set()
+        for name, store in self.stores.items():
+            ids = set(store)
+            if seen & ids:
+                raise ValueError(f"image id {sorted(seen & ids)[0]!r} is in region store {name!r} and another one")
+            seen |= ids
+
+    def _store(self, image_id) -> Mapping:
+        for store in self.stores.values():
+            if image_id in store:
+                return store
+        raise KeyError(image_id)
+
+    def __getitem__(self, image_id: str) -> Regions:
+        return self._store(image_id)[image_id]
+
+    def __contains__(self, image_id) -> bool:
+        return any(image_id in store for store in self.stores.values())
+
+    def num_regions(self, image_id: str) -> int:
+        """The image's region count (from a store's index where it has one). Raises KeyError for an unknown id."""
+        return region_count(self._store(image_id), image_id)
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.stores.values())
+
+    def __iter__(self) -> Iterator[str]:
+        return (i for store in self.stores.values() for i in store)
+
+    @property
+    def feature_dim(self) -> int:
+        """The region feature size (read from the first image)."""
+        return self[next(iter(self))].feature_dim
+
+
 def region_count(regions: Mapping, image_id: str) -> int:
     """Regions of ``image_id`` in any mapping of regions; a store answers from its index (no read)."""
-    if isinstance(regions, (RegionStore, NamespacedRegions)):
+    if isinstance(regions, (RegionStore, NamespacedRegions, MergedRegions)):
         return regions.num_regions(image_id)
     return regions[image_id].num_regions
 
 
-__all__ = ["RegionStore", "NamespacedRegions", "build_index", "region_count", "FIELDS"]
+__all__ = ["RegionStore", "NamespacedRegions", "MergedRegions", "build_index", "region_count", "FIELDS"]

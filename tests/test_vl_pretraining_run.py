@@ -20,7 +20,8 @@ from vlbert.recipes.vl_pretraining import VLDataConfig, VLPretrainingData
 N_IMAGES = 48
 
 
-# The learning runs share the module's region cache (480 easy-VQA images extracted once): one xdist process.
+# The learning runs share the module's region cache (the first 528 easy-VQA training images extracted once, whose
+# first 480 captioned images they train on): one xdist process.
 pytestmark = pytest.mark.xdist_group("vl-pretraining-region-cache")
 
 
@@ -191,7 +192,7 @@ def test_grounding_with_regions_beats_without(cache_dir, tmp_path):
     config = {
         "modality": "vl", "init_from": "minilm",
         "detector": {"input_size": 96, "max_proposals": 16},
-        "data": {"max_images": 480, "cache_dir": str(cache_dir), "eval_fraction": 0.2, "objectives": {"mlm": 1}},
+        "data": {"max_images": 528, "cache_dir": str(cache_dir), "eval_fraction": 0.2, "objectives": {"mlm": 1}},
         "training": {"output_dir": str(out), "max_steps": 90, "batch_size": 16, "learning_rate": 2e-4,
                      "warmup_steps": 10, "log_every": 10, "progress_bar": False},
     }
@@ -237,7 +238,7 @@ def test_word_region_alignment_separates_matched_from_mismatched_pairs(cache_dir
     config = {
         "modality": "vl", "init_from": "minilm",
         "detector": {"input_size": 96, "max_proposals": 16},
-        "data": {"max_images": 480, "cache_dir": str(cache_dir), "eval_fraction": 0.2,
+        "data": {"max_images": 528, "cache_dir": str(cache_dir), "eval_fraction": 0.2,
                  "objectives": {"itm": 1, "wra": 0.1}},
         "training": {"output_dir": str(out), "max_steps": 60, "batch_size": 16, "learning_rate": 2e-4,
                      "warmup_steps": 10, "log_every": 10, "eval_every": 30, "progress_bar": False},

@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("vlbert.commands.convert_checkpoint", "a published UNITER / VisualBERT / Oscar checkpoint -> a model"),
     "explain": ("vlbert.commands.explain", "fill-mask, attention, word-region pictures, generation, probes"),
     "benchmark": ("vlbert.commands.benchmark",
-                  "speed: train | inference | extraction | region-store | text-corpus"),
+                  "speed: train | inference | extraction | region-store | text-corpus | quickstart"),
     "demo": ("vlbert.commands.demo", "a web page over a run: VQA, caption matching, fill-mask, attention"),
     "prepare-corpus": ("vlbert.commands.prepare_corpus", "tokenise a text corpus once into on-disk token arrays"),
     "train-tokenizer": ("vlbert.commands.train_tokenizer", "train a WordPiece (or BPE) vocabulary"),

@@ -60,14 +60,39 @@ def image_paths(split: str) -> dict[str, Path]:
     return dict(sorted(paths.items(), key=lambda kv: int(kv[0].split("/")[1])))
 
 
+def first_images(split: str, count: int = 0) -> list[str]:
+    """The ids of the first ``count`` images of ``split`` in numeric order ("train/0", "train/1", ...; 0 = all):
+    the image set a run of the first N images uses, whichever task it is (VL pretraining's ``data.max_images``,
+    VQA's ``data.max_train_images``), so that runs of the same N share one region cache."""
+    ids = list(image_paths(split))
+    return ids[:count] if count else ids
+
+
 def easy_vqa_shards(detector, cache_dir: str | Path, image_ids: list[str] | None = None) -> list[Path]:
     """Region shards of the easy-VQA images (default: all, train and test), extracted once with ``detector``
     (a :class:`detectors.config.DetectorConfig`) and cached under ``cache_dir`` (see
-    :func:`detectors.cache.cached_shards`)."""
+    :func:`detectors.cache.cached_shards`).
+
+    Each split's images are cached on their own (one directory for the given ids of ``train``, one for those of
+    ``test``), so a run that needs the test split beside its training images (VQA's evaluation) reuses the
+    training images' regions that another run extracted (VL pretraining on the same ``first_images``). Returns
+    the shard paths, train's first; they lie in one directory per split present in ``image_ids``. The cache
+    is keyed by the set of ids, whatever their order.
+
+    Raises:
+        KeyError: an image id that is not the package's.
+    """
     paths = {**image_paths("train"), **image_paths("test")}
-    if image_ids is not None:
-        paths = {i: paths[i] for i in image_ids}
-    return cached_shards(detector, paths, cache_dir, "easy-vqa")
+    ids = set(paths) if image_ids is None else set(image_ids)
+    unknown = sorted(ids - set(paths))
+    if unknown:
+        raise KeyError(f"{unknown[0]!r} is not an image of the easy-VQA package (ids \"train/<n>\", \"test/<n>\")")
+    shards = []
+    for split in SPLITS:  # the set decides the cache, not the order it was given in: numeric order per split
+        mine = [i for i in paths if i in ids and i.startswith(split + "/")]
+        if mine:
+            shards += cached_shards(detector, {i: paths[i] for i in mine}, cache_dir, "easy-vqa")
+    return shards
 
 
 def answers() -> list[str]:
@@ -115,5 +140,5 @@ def color_and_shape(split: str, attributes: dict[str, dict[str, str]] | None = N
             if "color" in a and "shape" in a and i.startswith(split + "/")}
 
 
-__all__ = ["Question", "SPLITS", "load_questions", "image_paths", "easy_vqa_shards", "answers", "image_attributes", "color_and_shape", "COLORS",
+__all__ = ["Question", "SPLITS", "load_questions", "image_paths", "first_images", "easy_vqa_shards", "answers", "image_attributes", "color_and_shape", "COLORS",
            "SHAPES", "CAPTION_TEMPLATES", "easy_vqa_dir"]

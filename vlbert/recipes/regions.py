@@ -16,7 +16,7 @@ from typing import Annotated, Any, Callable, ClassVar
 import torch
 
 from detectors.shards import read_detector_info
-from detectors.store import RegionStore
+from detectors.store import MergedRegions, RegionStore
 from vlbert import checkpoint as ckpt
 from vlbert.data.easy_vqa import easy_vqa_shards, image_paths
 from vlbert.data.images import DEFAULT_PREPROCESSING, ImagePreprocessing, ImageReader, image_files, image_preprocessing
@@ -106,9 +106,12 @@ def load_examples(datasets: dict[str, DatasetBuilder], data, seed: int):
     return builder.load(data, seed)
 
 
-def region_store(shards: str, dataset: str, cache_dir: str, detector, image_ids: list[str] | None = None) -> RegionStore:
+def region_store(shards: str, dataset: str, cache_dir: str, detector,
+                 image_ids: list[str] | None = None) -> RegionStore | MergedRegions:
     """The region store of ``shards``, or for easy-VQA without shards the images extracted with ``detector``
-    (a :class:`detectors.config.DetectorConfig`; cached under ``cache_dir``; only ``image_ids`` when given).
+    (a :class:`detectors.config.DetectorConfig`; cached under ``cache_dir``, each split apart:
+    :func:`~vlbert.data.easy_vqa.easy_vqa_shards`; only ``image_ids`` when given): one split's
+    :class:`~detectors.store.RegionStore`, or both splits' as one :class:`~detectors.store.MergedRegions`.
 
     Raises:
         ValueError: a dataset other than easy-VQA without shards.
@@ -120,7 +123,9 @@ def region_store(shards: str, dataset: str, cache_dir: str, detector, image_ids:
         raise ValueError(f"data.dataset={dataset!r} needs data.shards: a directory of region shards "
                          "(tools/extract_regions.py writes them from images or imports BUTD TSV / npz features)")
 
-    return RegionStore(easy_vqa_shards(detector, cache_dir, image_ids)[0].parent)
+    directories = dict.fromkeys(path.parent for path in easy_vqa_shards(detector, cache_dir, image_ids))
+    stores = {d.name: RegionStore(d) for d in directories}  # one cache per split (train's, test's)
+    return next(iter(stores.values())) if len(stores) == 1 else MergedRegions(stores)
 
 
 def task_provenance(ctx, store) -> dict:

@@ -23,7 +23,7 @@ import torch
 from detectors.store import NamespacedRegions, RegionStore
 from vlbert.data import captions as caption_files
 from vlbert.data.corpus import train_eval_split
-from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES, color_and_shape, load_questions
+from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES, color_and_shape, first_images, load_questions
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.regions import pad_regions
 from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset, caption_content
@@ -113,9 +113,10 @@ class VLDataConfig:
     extracting (image ids "train/<n>"). cache_dir: where extracted shards are kept. eval_fraction: images held out.
     max_text_length, max_regions: truncation. objectives: the objective mix (relative frequency of steps; names
     in :data:`vlbert.objectives.OBJECTIVES`; ``wra`` is a loss weight on ``itm`` batches). max_images: use only the
-    first N captioned images per source (0 = all). easy_vqa_questions: questions per image added to the embedded
-    easy-VQA source with their answers (the ``qa`` unit's data; 0 = captions only). itm_negatives: "random"
-    (UNITER) or "hard" (drawn from the global batch by similarity, ALBEF:
+    first N images per source (0 = all; easy-VQA: the split's first N, those with a caption, and the regions of all
+    N are extracted, the set a VQA run with ``data.max_train_images: N`` reads). easy_vqa_questions: questions per
+    image added to the embedded easy-VQA source with their answers (the ``qa`` unit's data; 0 = captions only).
+    itm_negatives: "random" (UNITER) or "hard" (drawn from the global batch by similarity, ALBEF:
     :mod:`vlbert.objectives.image_text_matching`). image_dir, image_preprocessing, image_short_side,
     image_max_side: the images of a model with a ``visual_backbone``, as
     :class:`~vlbert.recipes.regions.RegionTaskDataConfig`'s (with several sources an image is
@@ -163,10 +164,14 @@ def easy_vqa_captions(tokenizer, split: str = "train", seed: int = 0, questions:
     the content key is "<colour> <shape>". With ``questions`` > 0, each image also brings up to that many of its
     own questions (drawn with the seed) with their answer at score 1: the ``qa`` unit's data, as LXMERT's corpus
     holds the VQA, GQA and VG-QA questions of its images beside their captions (Tan and Bansal 2019, section 3.2).
-    ``max_images``: only the first N images (0 = all), each with its caption and questions."""
+    ``max_images``: only the first N images of the split (0 = all; :func:`~vlbert.data.easy_vqa.first_images`,
+    the images whose regions a VQA run with ``data.max_train_images: N`` reads too), each with its caption and
+    questions; those whose colour or shape their questions leave unknown (about one in nine) have no caption."""
     rng, ask = random.Random(f"captions-{seed}"), random.Random(f"questions-{seed}")
     images = list(color_and_shape(split).items())
-    images = images[:max_images] if max_images else images
+    if max_images:
+        first = set(first_images(split, max_images))
+        images = [(image_id, attributes) for image_id, attributes in images if image_id in first]
     asked: dict[str, list] = {}
     if questions:
         for q in load_questions(split):
@@ -258,8 +263,9 @@ class VLPretrainingData(TaskData):
         data, tokenizer = ctx.data, ctx.tokenizer
         if source.format == "easy-vqa":
             pairs = easy_vqa_captions(tokenizer, source.split, self.seed, data.easy_vqa_questions, data.max_images)
+            # every one of the first max_images images, captioned or not: the set a VQA run on them reads too
             store = region_store(source.shards, "easy-vqa", data.cache_dir, ctx.detector,
-                                 [p.image_id for p in pairs] if data.max_images else None)
+                                 first_images(source.split, data.max_images))
         else:
             images = source.captioned_images()
             if data.max_images:

@@ -19,14 +19,14 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 
-from vlbert.data.easy_vqa import answers as easy_vqa_answers
+from vlbert.data.easy_vqa import answers as easy_vqa_answers, first_images
 from vlbert.data.gqa import load_gqa
 from vlbert.data.vqa import VQADataset, build_answer_vocab, easy_vqa_examples, load_vqa_v2
 from vlbert.data.vqa_answers import reference_forms
 from vlbert.evaluation.vqa import gqa_accuracy, gqa_predictions_json, vqa_accuracy, vqa_results_json
 from vlbert.models.vqa import VLBertForVQA
 from vlbert.recipes.regions import (Count, DatasetBuilder, RegionTaskData, RegionTaskDataConfig, TextLength,
-                                    region_task_info)
+                                    region_task_info, task_regions)
 from vlbert.recipes.runner import Recipe, RunContext, load_model, write_output_file
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,9 @@ class VQADataConfig(RegionTaskDataConfig):
     """VQA data (YAML section ``data``): :class:`RegionTaskDataConfig` (dataset "easy-vqa" or "vqa-v2") and, for
     vqa-v2, the official train/eval question and annotation files (``image_id_format`` maps the numeric COCO id to
     the shards' id). min_answer_count: answers given fewer times in training are left out of the vocabulary (VQA
-    v2: 9). max_text_length: of a question.
+    v2: 9). max_text_length: of a question. max_train_images: train on the questions of the first N training images
+    only (in the order of their first question; easy-VQA: "train/0" ... "train/<N-1>", whose regions VL pretraining
+    with ``data.max_images: N`` extracts too; 0 = all); the evaluation keeps every question.
     """
 
     train_questions: str = ""
@@ -46,20 +48,31 @@ class VQADataConfig(RegionTaskDataConfig):
     eval_annotations: str = ""
     min_answer_count: Count = 1
     max_text_length: TextLength = 32
+    max_train_images: Count = 0
+
+
+def first_images_questions(examples: list, count: int) -> list:
+    """The examples about the first ``count`` images (in the order of each image's first example; 0 = all)."""
+    if not count:
+        return examples
+    images = set(list(dict.fromkeys(ex.image_id for ex in examples))[:count])
+    return [ex for ex in examples if ex.image_id in images]
 
 
 def _easy_vqa(data: VQADataConfig, seed: int):
-    return easy_vqa_examples("train"), easy_vqa_examples("test"), easy_vqa_answers(), False
+    train = first_images_questions(easy_vqa_examples("train"), data.max_train_images)
+    return train, easy_vqa_examples("test"), easy_vqa_answers(), False
 
 
 def _vqa_v2(data: VQADataConfig, seed: int):
     train = load_vqa_v2(data.train_questions, data.train_annotations or None, data.image_id_format)
+    train = first_images_questions(train, data.max_train_images)
     held_out = load_vqa_v2(data.eval_questions, data.eval_annotations or None, data.image_id_format)
     return train, held_out, build_answer_vocab(train, data.min_answer_count), True
 
 
 def _gqa(data: VQADataConfig, seed: int):
-    train = load_gqa(data.train_questions, data.image_id_format)
+    train = first_images_questions(load_gqa(data.train_questions, data.image_id_format), data.max_train_images)
     held_out = load_gqa(data.eval_questions, data.image_id_format)
     return train, held_out, build_answer_vocab(train, data.min_answer_count), True
 
@@ -90,6 +103,14 @@ class VQAData(RegionTaskData):
     @property
     def answer_vocab(self) -> list[str]:
         return self.extra[0]
+
+    def load_regions(self, ctx):
+        """The shards' regions, or the easy-VQA images the run reads, extracted and cached: the first
+        ``data.max_train_images`` training images (the same cache as VL pretraining's ``data.max_images``) and
+        every test image, whatever ``max_eval_examples`` is (one test cache for every run)."""
+        if ctx.data.dataset != "easy-vqa" or ctx.data.shards:
+            return task_regions(ctx)
+        return task_regions(ctx, first_images("train", ctx.data.max_train_images) + first_images("test"))
 
     def dataset(self, examples: list, training: bool) -> VQADataset:
         """Training: questions without an answer in the vocabulary are dropped (vqa-v2, gqa) or refused (easy-VQA,

@@ -6,6 +6,7 @@
     vlbert benchmark region-store --images 5000 50000               # peak RSS vs the region store's size
     vlbert benchmark text-corpus --copies 2 200                     # text pretraining on ~10 MB and ~1 GB
     vlbert benchmark visual-backbone --steps 300                    # trainable vs frozen backbone in the model
+    vlbert benchmark quickstart --repeats 3                         # the README's quick start, clean, timed
 
 Without a subcommand the train-step benchmark runs (``python tools/benchmark.py --bf16`` as before); the old
 scripts ``tools/benchmark_inference.py`` ... run their subcommand.
@@ -16,11 +17,12 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from vlbert.commands.benchmark import extraction, inference, region_store, text_corpus, train, visual_backbone
+from vlbert.commands.benchmark import (extraction, inference, quickstart, region_store, text_corpus, train,
+                                      visual_backbone)
 
 #: subcommand -> its module (each has ``main(argv)`` and a module docstring).
 BENCHMARKS = {"train": train, "inference": inference, "extraction": extraction, "region-store": region_store,
-              "text-corpus": text_corpus, "visual-backbone": visual_backbone}
+              "text-corpus": text_corpus, "visual-backbone": visual_backbone, "quickstart": quickstart}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
