@@ -7,6 +7,7 @@ the ``--set`` overrides applied. A renamed flag, subcommand or config fails here
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -17,6 +18,7 @@ import pytest
 from conftest import ROOT, tool
 from vlbert.commands import command_main
 from vlbert.commands import main as vlbert_main
+from vlbert.commands.report import results_table
 from vlbert.inference.run import RunInputs
 from vlbert.training.run_config import config_dir, load_run_config
 
@@ -181,3 +183,55 @@ def test_every_python_block_runs(page, doc_runs, easy, tmp_path, monkeypatch):
     for block_page, source in python_blocks():
         if block_page == page:
             exec(compile(_substituted(source, doc_runs, easy, images), page, "exec"), namespace)
+
+
+#: The quick start's measured runs (docs/performance.md, "The quick start"): their metrics.json and what
+#: tools/predict.py printed about photo.png, as the README's and performance.md's sample outputs show them.
+QUICKSTART_RUN = ROOT / "docs" / "quickstart-run"
+
+
+def _indented(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+def test_the_sample_tables_are_the_measured_quick_start_runs_as_the_tools_print_them():
+    """The end-of-run tables that README.md and docs/performance.md show are, verbatim, what the training tools
+    print (`results_table`) for the recorded metrics of the measured quick-start runs; a changed table, or a run
+    measured again without new samples, fails here. The recorded VQA run is the quick start's: scored on every
+    test question, ahead of its majority baseline."""
+    readme, performance = (ROOT / "README.md").read_text(), (ROOT / "docs" / "performance.md").read_text()
+    vqa = json.loads((QUICKSTART_RUN / "vqa-easy-vqa.metrics.json").read_text())
+    vl = json.loads((QUICKSTART_RUN / "vl-default.metrics.json").read_text())
+    assert _indented(results_table(vqa)) in readme and _indented(results_table(vqa)) in performance
+    assert _indented(results_table(vl)) in performance
+    assert vqa["eval_questions"] == 9673 and vqa["step"] == load_run_config("finetune/vqa-easy-vqa")["training"][
+        "max_steps"] and vl["step"] == load_run_config("vl/default")["training"]["max_steps"]
+
+
+def test_the_sample_answer_is_the_measured_runs_in_the_shape_predict_prints(doc_runs, easy, tmp_path, monkeypatch,
+                                                                           capsys):
+    """The README's answer about photo.png is the recorded one (its JSON line, the image's folder elided, and the
+    pipeline comment's rounded scores), and `vlbert example-image photo.png` then the README's predict line print
+    it in that shape: one JSON object with the same keys in the same order, three answers, the first the answer
+    (here on the tiny doc run, whose regions come from the `easy` store as in test_every_python_block_runs)."""
+    readme = (ROOT / "README.md").read_text()
+    recorded = json.loads((QUICKSTART_RUN / "predict.jsonl").read_text())
+    assert _indented(json.dumps({**recorded, "image": ".../photo.png"})) in readme.splitlines()
+    top = recorded["answers"][:2]
+    assert (f'[{{"answer": "{top[0]["answer"]}", "score": {top[0]["score"]:.3f}}}, {{"answer": "{top[1]["answer"]}", '
+            f'"score": {top[1]["score"]:.3f}}}, ...]') in readme
+
+    monkeypatch.chdir(tmp_path)
+    assert command_main("example-image")(["photo.png"]) == 0
+    assert "easy-VQA test/0, a red triangle" in capsys.readouterr().out
+    photo = str(tmp_path / "photo.png")
+    assert Path(photo).read_bytes() == Path(easy.files["0"]).read_bytes()
+    extract = RunInputs.regions
+    monkeypatch.setattr(RunInputs, "regions", lambda self, images, boxes=None, batch_size=16: extract(
+        self, [easy.store["0"] if str(i) in ("photo.png", photo) else i for i in images], boxes, batch_size))
+    assert tool("predict")([str(doc_runs["vqa-easy-vqa"]), "--image", "photo.png", "--text",
+                            recorded["text"], "--top-k", "3"]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(printed) == 1 and list(printed[0]) == list(recorded)
+    assert len(printed[0]["answers"]) == 3 and printed[0]["answer"] == printed[0]["answers"][0]["answer"]
+    assert list(printed[0]["answers"][0]) == list(recorded["answers"][0]) and printed[0]["image"].endswith("photo.png")

@@ -13,9 +13,9 @@ and the evaluation over every test question included), ``predict`` (``vlbert exa
 on it). A command that needs an earlier one's run (``vqa`` needs ``vl``) brings it along, untimed, where it is not
 among ``--commands``. Each command runs in a child process (``python -m vlbert ...``: the package this Python
 imports), its log kept in the repeat's directory (``<name>.log``; ``--keep`` keeps the directories;
-``--show-output`` prints what the last repeat's commands printed: the end-of-run tables, the answers). The load average is the 1-minute figure read every 2 s while the command ran
-(its mean and maximum), beside the machine's CPU count; on a shared machine the figures grow with the load, so
-compare them only at a like load.
+``--show-output`` prints what the last repeat's commands printed: the end-of-run tables, the answers). The load
+average is the 1-minute figure read every 2 s while the command ran (its mean and maximum), beside the machine's CPU
+count; on a shared machine the figures grow with the load, so compare them only at a like load.
 
 Prints one table (``--json``: one JSON object per command) and, per run, the seconds it took.
 """
