@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, tool
 from vlbert.commands import command_main
 from vlbert.commands import main as vlbert_main
-from vlbert.commands.report import results_table
+from vlbert.recipes.report import results_table
 from vlbert.inference.run import RunInputs
 from vlbert.training.run_config import config_dir, load_run_config
 
