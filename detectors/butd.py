@@ -24,8 +24,10 @@ from detectors.files import BUTD_VG_CONFIG_FILE
 BUTD_VG_CONFIG = BUTD_VG_CONFIG_FILE
 
 #: Checkpoint keys of py-bottom-up-attention, which keeps the attribute layers inside the box predictor.
-ATTRIBUTE_KEY_RENAMES = {f"roi_heads.box_predictor.{name}.": f"roi_heads.attribute_predictor.{name}."
-                         for name in ("cls_embedding", "attr_linear1", "attr_linear2")}
+ATTRIBUTE_KEY_RENAMES = {
+    f"roi_heads.box_predictor.{name}.": f"roi_heads.attribute_predictor.{name}."
+    for name in ("cls_embedding", "attr_linear1", "attr_linear2")
+}
 
 
 def add_butd_config(cfg: CfgNode) -> CfgNode:
@@ -50,8 +52,9 @@ class CaffeMaxPoolStem(BasicStem):
 def build_butd_resnet_backbone(cfg: CfgNode, input_shape):
     """detectron2's ``build_resnet_backbone`` with the stem replaced by :class:`CaffeMaxPoolStem`."""
     backbone = build_resnet_backbone(cfg, input_shape)
-    backbone.stem = CaffeMaxPoolStem(in_channels=input_shape.channels,
-                                     out_channels=cfg.MODEL.RESNETS.STEM_OUT_CHANNELS, norm=cfg.MODEL.RESNETS.NORM)
+    backbone.stem = CaffeMaxPoolStem(
+        in_channels=input_shape.channels, out_channels=cfg.MODEL.RESNETS.STEM_OUT_CHANNELS, norm=cfg.MODEL.RESNETS.NORM
+    )
     return backbone
 
 
@@ -66,8 +69,9 @@ class AttributePredictor(nn.Module):
         class_embed_dim, fc_dim: 256 and 512 in BUTD.
     """
 
-    def __init__(self, feature_dim: int, num_classes: int, num_attributes: int, class_embed_dim: int = 256,
-                 fc_dim: int = 512):
+    def __init__(
+        self, feature_dim: int, num_classes: int, num_attributes: int, class_embed_dim: int = 256, fc_dim: int = 512
+    ):
         super().__init__()
         self.cls_embedding = nn.Embedding(num_classes + 1, class_embed_dim)
         self.attr_linear1 = nn.Linear(feature_dim + class_embed_dim, fc_dim)
@@ -97,10 +101,18 @@ class ButdAttributeRes5ROIHeads(Res5ROIHeads):
         if cfg.MODEL.ATTRIBUTE_ON:
             head = cfg.MODEL.ROI_ATTRIBUTE_HEAD
             feature_dim = cfg.MODEL.RESNETS.RES2_OUT_CHANNELS * 8
-            ret["attribute_predictor"] = AttributePredictor(feature_dim, cfg.MODEL.ROI_HEADS.NUM_CLASSES,
-                                                            head.NUM_ATTRIBUTES, head.CLASS_EMBED_DIM, head.FC_DIM)
+            ret["attribute_predictor"] = AttributePredictor(
+                feature_dim, cfg.MODEL.ROI_HEADS.NUM_CLASSES, head.NUM_ATTRIBUTES, head.CLASS_EMBED_DIM, head.FC_DIM
+            )
         return ret
 
 
-__all__ = ["BUTD_VG_CONFIG", "ATTRIBUTE_KEY_RENAMES", "add_butd_config", "CaffeMaxPoolStem",
-           "build_butd_resnet_backbone", "AttributePredictor", "ButdAttributeRes5ROIHeads"]
+__all__ = [
+    "BUTD_VG_CONFIG",
+    "ATTRIBUTE_KEY_RENAMES",
+    "add_butd_config",
+    "CaffeMaxPoolStem",
+    "build_butd_resnet_backbone",
+    "AttributePredictor",
+    "ButdAttributeRes5ROIHeads",
+]

@@ -25,8 +25,14 @@ logger = logging.getLogger(__name__)
 MARKER = "complete.json"
 
 
-def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike], cache_dir: str | os.PathLike,
-                  name: str, batch_size: int = 32, boxes: dict[str, np.ndarray] | None = None) -> list[Path]:
+def cached_shards(
+    detector: DetectorConfig,
+    images: dict[str, str | os.PathLike],
+    cache_dir: str | os.PathLike,
+    name: str,
+    batch_size: int = 32,
+    boxes: dict[str, np.ndarray] | None = None,
+) -> list[Path]:
     """Region shards of ``images``, extracted on first use and cached.
 
     The cache directory is ``cache_dir/<name>-<detector fingerprint>-<image-set hash>`` (the fingerprint of
@@ -56,11 +62,14 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
         raise ValueError(f"no images to extract regions from for {name!r}")
     if boxes is not None and not DETECTOR_BACKENDS[detector.backend].pools_given_boxes:
         pooling = [name for name, entry in DETECTOR_BACKENDS.items() if entry.pools_given_boxes]
-        raise ValueError(f"given boxes are pooled by the {', '.join(pooling)} backend only; detector.backend is "
-                         f"{detector.backend!r}")
+        raise ValueError(
+            f"given boxes are pooled by the {', '.join(pooling)} backend only; detector.backend is {detector.backend!r}"
+        )
     detector = detector.identified()  # a weights file is named by its content, not its path
     ids = list(images)
-    key = "\n".join(ids) + ("" if boxes is None else "\n" + "\n".join(np.asarray(boxes[i]).tobytes().hex() for i in ids))
+    key = "\n".join(ids) + (
+        "" if boxes is None else "\n" + "\n".join(np.asarray(boxes[i]).tobytes().hex() for i in ids)
+    )
     image_set = hashlib.sha1(key.encode()).hexdigest()[:8]
     directory = Path(cache_dir).expanduser() / f"{name}-{detector.fingerprint()}-{image_set}"
     marker = directory / MARKER
@@ -71,18 +80,31 @@ def cached_shards(detector: DetectorConfig, images: dict[str, str | os.PathLike]
         damaged = [p.name for p in shards if not p.is_file() or (p.name in sizes and p.stat().st_size != sizes[p.name])]
         if not damaged:
             return shards
-        logger.warning("the cached regions in %s are damaged (%s missing or cut off): extracting them again",
-                       directory, ", ".join(damaged))
+        logger.warning(
+            "the cached regions in %s are damaged (%s missing or cut off): extracting them again",
+            directory,
+            ", ".join(damaged),
+        )
         marker.unlink()
     extractor = detector.build()
     sources = [(i, images[i]) for i in ids]
-    regions = announce_cost(extract_regions(extractor, sources, batch_size, boxes), len(ids), directory,
-                            min(batch_size, len(ids)))
+    regions = announce_cost(
+        extract_regions(extractor, sources, batch_size, boxes), len(ids), directory, min(batch_size, len(ids))
+    )
     shards = write_shards(regions, directory)
     tmp = directory / (MARKER + ".tmp")
-    tmp.write_text(json.dumps({"detector": extractor.name, "config": asdict(detector),
-                               "shards": [p.name for p in shards], "sizes": {p.name: p.stat().st_size for p in shards},
-                               "images": len(ids)}, indent=2))
+    tmp.write_text(
+        json.dumps(
+            {
+                "detector": extractor.name,
+                "config": asdict(detector),
+                "shards": [p.name for p in shards],
+                "sizes": {p.name: p.stat().st_size for p in shards},
+                "images": len(ids),
+            },
+            indent=2,
+        )
+    )
     os.replace(tmp, marker)
     return shards
 
@@ -97,8 +119,9 @@ def cost_line(count: int, seconds_per_image: float, directory: str | os.PathLike
     return f"extracting regions of {count:,} images, {cost}, once (cached in {directory})"
 
 
-def announce_cost(regions: Iterable[Regions], count: int, directory: str | os.PathLike,
-                  batch: int) -> Iterator[Regions]:
+def announce_cost(
+    regions: Iterable[Regions], count: int, directory: str | os.PathLike, batch: int
+) -> Iterator[Regions]:
     """``regions`` as they come, logging :func:`cost_line` once, early: timed on the second ``batch`` of images
     (the first one carries the model's warm-up, which would inflate the estimate by a third), or on the first where
     there are no more than two batches."""

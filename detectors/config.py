@@ -26,7 +26,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +51,9 @@ def typed_options(options_class: type, values: dict[str, Any], section: str = "d
     types = field_types(options_class)
     unknown = sorted(set(values) - set(types))
     if unknown:
-        raise ValueError(f"unknown detector fields {', '.join(unknown)} in {section}; this backend's options are "
-                         f"{', '.join(types)}")
+        raise ValueError(
+            f"unknown detector fields {', '.join(unknown)} in {section}; this backend's options are {', '.join(types)}"
+        )
     return options_class(**{key: check_value(value, types[key], f"{section}.{key}") for key, value in values.items()})
 
 
@@ -83,15 +84,19 @@ class DetectorConfig:
         elif isinstance(self.options, dict):
             self.options = typed_options(entry.options, self.options)
         elif not isinstance(self.options, entry.options):
-            raise ValueError(f"detector.options of the {self.backend} backend are {entry.options.__name__}, got "
-                             f"{type(self.options).__name__}")
+            raise ValueError(
+                f"detector.options of the {self.backend} backend are {entry.options.__name__}, got "
+                f"{type(self.options).__name__}"
+            )
         self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` for a malformed ``weights_sha256`` or options out of range (their ``validate``)."""
         if self.weights_sha256 and not re.fullmatch(r"[0-9a-f]{64}", self.weights_sha256):
-            raise ValueError(f"detector.weights_sha256 must be 64 lower-case hex digits (sha256sum's output), got "
-                             f"{self.weights_sha256!r}")
+            raise ValueError(
+                f"detector.weights_sha256 must be 64 lower-case hex digits (sha256sum's output), got "
+                f"{self.weights_sha256!r}"
+            )
         self.options.validate(self.weights)
 
     def build(self, device: str = "cpu"):
@@ -133,8 +138,9 @@ class DetectorConfig:
         if values is None:
             return cls()
         if not isinstance(values, dict) or not isinstance(values.get("options") or {}, dict):
-            raise ValueError(f"{section} must be a mapping of detector fields (backend, weights, options), got "
-                             f"{values!r}")
+            raise ValueError(
+                f"{section} must be a mapping of detector fields (backend, weights, options), got {values!r}"
+            )
         backend = values.get("backend", DEFAULT_BACKEND)
         entry = detector_backend(backend)
         mine = entry.option_names()
@@ -146,11 +152,15 @@ class DetectorConfig:
                     raise ValueError(f"{section}.{key} and {section}.options.{key} differ; give it once, in options")
                 options[key] = values[key]
             elif strict and owners:
-                raise ValueError(f"{section}.{key} is an option of the {' and '.join(owners)} backend, not of "
-                                 f"{backend}; drop it or change {section}.backend")
+                raise ValueError(
+                    f"{section}.{key} is an option of the {' and '.join(owners)} backend, not of "
+                    f"{backend}; drop it or change {section}.backend"
+                )
             elif strict:
-                raise ValueError(f"unknown detector fields {key} in {section}; the fields are "
-                                 f"{', '.join(COMMON_KEYS)} and the backend's options ({', '.join(mine)})")
+                raise ValueError(
+                    f"unknown detector fields {key} in {section}; the fields are "
+                    f"{', '.join(COMMON_KEYS)} and the backend's options ({', '.join(mine)})"
+                )
         if not strict:
             options = {k: v for k, v in options.items() if k in mine}
         common = {k: values[k] for k in ("backend", "weights", "weights_sha256") if k in values}
@@ -185,8 +195,10 @@ class DetectorConfig:
             return self
         digest = file_sha256(path)
         if self.weights_sha256 and digest != self.weights_sha256:
-            raise ValueError(f"weights file {path} has sha256 {digest[:12]}..., but the detector records "
-                             f"{self.weights_sha256[:12]}...: it is not the file the regions were extracted with")
+            raise ValueError(
+                f"weights file {path} has sha256 {digest[:12]}..., but the detector records "
+                f"{self.weights_sha256[:12]}...: it is not the file the regions were extracted with"
+            )
         return replace(self, weights_sha256=digest)
 
     def with_weights(self, path: str | os.PathLike) -> "DetectorConfig":
@@ -199,13 +211,17 @@ class DetectorConfig:
         """
         path = Path(path).expanduser()
         if not path.is_file():
-            raise FileNotFoundError(f"detector weights {path} do not exist; pass the path of the weights file "
-                                    f"({Path(self.weights).name or 'the backend default'})")
+            raise FileNotFoundError(
+                f"detector weights {path} do not exist; pass the path of the weights file "
+                f"({Path(self.weights).name or 'the backend default'})"
+            )
         candidate = replace(self, weights=str(path), weights_sha256=file_sha256(path))
         why = self.difference(candidate)
         if why is not None:
-            raise ValueError(f"detector weights {path} are not the ones the regions were extracted with ({why}); "
-                             "pass the weights file the run's detector used")
+            raise ValueError(
+                f"detector weights {path} are not the ones the regions were extracted with ({why}); "
+                "pass the weights file the run's detector used"
+            )
         return candidate
 
     def feature_values(self, recorded_only: bool = False) -> dict[str, Any]:
@@ -234,8 +250,10 @@ class DetectorConfig:
         mine, theirs = Path(self.weights).name, Path(other.weights).name
         if self.weights_sha256 and other.weights_sha256:
             if self.weights_sha256 != other.weights_sha256:
-                return (f"weights sha256 {self.weights_sha256[:12]}... ({mine}) vs {other.weights_sha256[:12]}... "
-                        f"({theirs})")
+                return (
+                    f"weights sha256 {self.weights_sha256[:12]}... ({mine}) vs {other.weights_sha256[:12]}... "
+                    f"({theirs})"
+                )
         elif mine != theirs:
             return f"weights file {mine or 'the default'!r} vs {theirs or 'the default'!r}"
         return None
@@ -254,9 +272,11 @@ class DetectorConfig:
 #: at confidence >= 0.2: the features of UNITER and LXMERT (Anderson et al. 2018; BUTD-UNITER-NLVR2
 #: ``tools/generate_npz.py``).
 NAMED_DETECTORS: dict[str, DetectorConfig] = {
-    "butd-vg": DetectorConfig(backend="detectron2", weights="faster_rcnn_from_caffe_attr.pkl",
-                              options=Detectron2Options(config_file="butd-vg", min_boxes=10, max_boxes=100,
-                                                        score_threshold=0.2)),
+    "butd-vg": DetectorConfig(
+        backend="detectron2",
+        weights="faster_rcnn_from_caffe_attr.pkl",
+        options=Detectron2Options(config_file="butd-vg", min_boxes=10, max_boxes=100, score_threshold=0.2),
+    ),
 }
 
 
@@ -272,8 +292,10 @@ def named_detector(spec: str) -> DetectorConfig:
         return NAMED_DETECTORS[spec]
     path = Path(spec).expanduser()
     if not path.is_file():
-        raise ValueError(f"{spec!r} is neither a known detector ({', '.join(NAMED_DETECTORS)}) nor a file; pass a "
-                         "name or a YAML file of a detector section (backend, weights, options)")
+        raise ValueError(
+            f"{spec!r} is neither a known detector ({', '.join(NAMED_DETECTORS)}) nor a file; pass a "
+            "name or a YAML file of a detector section (backend, weights, options)"
+        )
     values = read_yaml(path, "detector config", "give a YAML file of a detector section (backend, weights, options)")
     for section in ("detector", "config"):
         if isinstance(values, dict) and isinstance(values.get(section), dict):

@@ -31,9 +31,11 @@ from detectors.selection import per_class_nms_confidence, select_regions
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = ("detectron2 is not on PyPI: install it from source with `pip install --no-build-isolation "
-                "'git+https://github.com/facebookresearch/detectron2.git'` (then `pip install fvcore iopath "
-                "pycocotools omegaconf hydra-core`), or use the torchvision or timm backend")
+INSTALL_HINT = (
+    "detectron2 is not on PyPI: install it from source with `pip install --no-build-isolation "
+    "'git+https://github.com/facebookresearch/detectron2.git'` (then `pip install fvcore iopath "
+    "pycocotools omegaconf hydra-core`), or use the torchvision or timm backend"
+)
 
 
 def _require_detectron2():
@@ -63,8 +65,10 @@ def resolve_config_file(config_file: str | os.PathLike) -> Path:
     zoo = Path(detectron2.__file__).parent / "model_zoo" / "configs" / str(config_file)
     if zoo.is_file():
         return zoo
-    raise FileNotFoundError(f"detectron2 config {config_file} is neither a file, 'butd-vg', nor a model-zoo name "
-                            f"(looked in {zoo.parent.parent})")
+    raise FileNotFoundError(
+        f"detectron2 config {config_file} is neither a file, 'butd-vg', nor a model-zoo name "
+        f"(looked in {zoo.parent.parent})"
+    )
 
 
 def load_config(config_file: str | os.PathLike, overrides: dict | None = None):
@@ -96,9 +100,11 @@ def load_config(config_file: str | os.PathLike, overrides: dict | None = None):
     if "Cascade" in cfg.MODEL.ROI_HEADS.NAME:
         problems.append(f"MODEL.ROI_HEADS.NAME is {cfg.MODEL.ROI_HEADS.NAME!r}")
     if problems:
-        raise ValueError(f"detectron2 config {path} is not a Faster R-CNN ({'; '.join(problems)}); the detectron2 "
-                         "backend needs GeneralizedRCNN + RPN + Res5ROIHeads (C4) or StandardROIHeads (FPN), e.g. "
-                         "COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml or butd-vg")
+        raise ValueError(
+            f"detectron2 config {path} is not a Faster R-CNN ({'; '.join(problems)}); the detectron2 "
+            "backend needs GeneralizedRCNN + RPN + Res5ROIHeads (C4) or StandardROIHeads (FPN), e.g. "
+            "COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml or butd-vg"
+        )
     cfg.MODEL.DEVICE = "cpu"
     cfg.MODEL.WEIGHTS = ""
     return cfg
@@ -154,7 +160,7 @@ def read_checkpoint(weights: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
             continue  # e.g. a stray step counter
         for old, new in ATTRIBUTE_KEY_RENAMES.items():
             if name.startswith(old):
-                name = new + name[len(old):]
+                name = new + name[len(old) :]
         out[name] = torch.as_tensor(np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value)
     return out, caffe2
 
@@ -173,16 +179,29 @@ def load_weights(model: torch.nn.Module, weights: str | os.PathLike) -> None:
         from detectron2.checkpoint.c2_model_loading import align_and_update_state_dicts
 
         state = align_and_update_state_dicts(model_state, state, c2_conversion=True)
-    wrong = [f"{k}: file {tuple(v.shape)}, config {tuple(model_state[k].shape)}" for k, v in state.items()
-             if k in model_state and tuple(v.shape) != tuple(model_state[k].shape)]
+    wrong = [
+        f"{k}: file {tuple(v.shape)}, config {tuple(model_state[k].shape)}"
+        for k, v in state.items()
+        if k in model_state and tuple(v.shape) != tuple(model_state[k].shape)
+    ]
     missing = [k for k in model_state if k not in state]
     if wrong or missing:
-        detail = "; ".join(([f"shapes differ: {', '.join(wrong[:4])}"] if wrong else [])
-                           + ([f"missing from the file: {', '.join(missing[:6])}"
-                               + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")] if missing else []))
-        raise ValueError(f"weights {weights} do not fit the detectron2 config ({detail}); pass the config file the "
-                         "weights were trained with (e.g. butd-vg for py-bottom-up-attention's "
-                         "faster_rcnn_from_caffe_attr.pkl)")
+        detail = "; ".join(
+            ([f"shapes differ: {', '.join(wrong[:4])}"] if wrong else [])
+            + (
+                [
+                    f"missing from the file: {', '.join(missing[:6])}"
+                    + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+                ]
+                if missing
+                else []
+            )
+        )
+        raise ValueError(
+            f"weights {weights} do not fit the detectron2 config ({detail}); pass the config file the "
+            "weights were trained with (e.g. butd-vg for py-bottom-up-attention's "
+            "faster_rcnn_from_caffe_attr.pkl)"
+        )
     unexpected = [k for k in state if k not in model_state]
     if unexpected:
         logger.info("weights %s: %d keys the model does not use (e.g. %s)", weights, len(unexpected), unexpected[0])
@@ -195,13 +214,21 @@ def _read_names(path: str | os.PathLike) -> list[str]:
     return [n for n in names if n]
 
 
-def extractor_name(config_file: str | os.PathLike, weights: str | os.PathLike, min_boxes: int, max_boxes: int,
-                   score_threshold: float, nms_iou: float) -> str:
+def extractor_name(
+    config_file: str | os.PathLike,
+    weights: str | os.PathLike,
+    min_boxes: int,
+    max_boxes: int,
+    score_threshold: float,
+    nms_iou: float,
+) -> str:
     """The name this backend writes into every :class:`~detectors.regions.Regions` it extracts (and a store's
     ``detector.json``): ``detectron2:<config file name>(weights=<file name>,thr=..,boxes=min-max,nms=..)``; the
     published families record their features under it (``vlbert.families``)."""
-    return (f"detectron2:{Path(str(config_file)).name}(weights={Path(str(weights)).name},"
-            f"thr={score_threshold},boxes={min_boxes}-{max_boxes},nms={nms_iou})")
+    return (
+        f"detectron2:{Path(str(config_file)).name}(weights={Path(str(weights)).name},"
+        f"thr={score_threshold},boxes={min_boxes}-{max_boxes},nms={nms_iou})"
+    )
 
 
 class Detectron2RegionDetector:
@@ -221,10 +248,19 @@ class Detectron2RegionDetector:
         ValueError: from :func:`load_config` and :func:`load_weights`; a names file of the wrong length.
     """
 
-    def __init__(self, config_file: str | os.PathLike, weights: str | os.PathLike, device: str = "cpu",
-                 min_boxes: int = 10, max_boxes: int = 100, score_threshold: float = 0.2, nms_iou: float = 0.3,
-                 overrides: dict | None = None, class_names: str | os.PathLike | None = None,
-                 attribute_names: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        config_file: str | os.PathLike,
+        weights: str | os.PathLike,
+        device: str = "cpu",
+        min_boxes: int = 10,
+        max_boxes: int = 100,
+        score_threshold: float = 0.2,
+        nms_iou: float = 0.3,
+        overrides: dict | None = None,
+        class_names: str | os.PathLike | None = None,
+        attribute_names: str | os.PathLike | None = None,
+    ):
         _require_detectron2()
         from detectron2.data import transforms as T
         from detectron2.modeling import build_model
@@ -233,8 +269,10 @@ class Detectron2RegionDetector:
         cfg = load_config(config_file, overrides)
         model = build_model(cfg)
         if not isinstance(model.roi_heads, (Res5ROIHeads, StandardROIHeads)):
-            raise ValueError(f"detectron2 config {config_file}: ROI heads {type(model.roi_heads).__name__} are "
-                             "neither Res5ROIHeads (C4) nor StandardROIHeads (FPN)")
+            raise ValueError(
+                f"detectron2 config {config_file}: ROI heads {type(model.roi_heads).__name__} are "
+                "neither Res5ROIHeads (C4) nor StandardROIHeads (FPN)"
+            )
         load_weights(model, weights)
         self.cfg = cfg
         self.model = model.to(device).eval()
@@ -246,8 +284,11 @@ class Detectron2RegionDetector:
         self.c4 = isinstance(model.roi_heads, Res5ROIHeads)
         self.attributes = getattr(model.roi_heads, "attribute_predictor", None)
         self.class_names = self._names(class_names, self.num_classes, "class", cfg)
-        self.attribute_names = (self._names(attribute_names, self.attributes.num_attributes, "attribute", None)
-                                if self.attributes is not None else None)
+        self.attribute_names = (
+            self._names(attribute_names, self.attributes.num_attributes, "attribute", None)
+            if self.attributes is not None
+            else None
+        )
         self.name = extractor_name(config_file, weights, min_boxes, max_boxes, score_threshold, nms_iou)
 
     @staticmethod
@@ -281,8 +322,12 @@ class Detectron2RegionDetector:
     def metadata(self) -> dict:
         """What travels with the shards (``detector.json``): the extractor's name, feature size, class names and
         attribute names (None without an attribute head)."""
-        return {"detector": self.name, "feature_dim": self.feature_dim, "class_names": self.class_names,
-                "attribute_names": self.attribute_names}
+        return {
+            "detector": self.name,
+            "feature_dim": self.feature_dim,
+            "class_names": self.class_names,
+            "attribute_names": self.attribute_names,
+        }
 
     def _prepare(self, array: np.ndarray) -> torch.Tensor:
         """uint8 [H, W, 3] RGB -> float32 [3, h, w] in the model's channel order, resized as the config says."""
@@ -302,10 +347,17 @@ class Detectron2RegionDetector:
         arrays = [to_rgb_array(im) for im in images]
         sizes = [a.shape[:2] for a in arrays]
         prepared = [self._prepare(a) for a in arrays]
-        return run_in_shape_groups([tuple(t.shape) for t in prepared], batch_size, lambda group: self._forward(
-            [prepared[i] for i in group], [sizes[i] for i in group], [image_ids[i] for i in group]))
+        return run_in_shape_groups(
+            [tuple(t.shape) for t in prepared],
+            batch_size,
+            lambda group: self._forward(
+                [prepared[i] for i in group], [sizes[i] for i in group], [image_ids[i] for i in group]
+            ),
+        )
 
-    def _forward(self, tensors: list[torch.Tensor], sizes: list[tuple[int, int]], image_ids: list[str]) -> list[Regions]:
+    def _forward(
+        self, tensors: list[torch.Tensor], sizes: list[tuple[int, int]], image_ids: list[str]
+    ) -> list[Regions]:
         m, heads = self.model, self.model.roi_heads
         images = m.preprocess_image([{"image": t.to(self.device)} for t in tensors])
         features = m.backbone(images.tensor)
@@ -320,7 +372,7 @@ class Detectron2RegionDetector:
         out, start = [], 0
         for proposal_boxes, size, image_id, resized_size in zip(boxes, sizes, image_ids, images.image_sizes):
             n = len(proposal_boxes)
-            p, feats, b = probs[start:start + n], pooled[start:start + n], proposal_boxes.tensor
+            p, feats, b = probs[start : start + n], pooled[start : start + n], proposal_boxes.tensor
             start += n
             confidence = per_class_nms_confidence(b, p, self.nms_iou)
             keep = select_regions(confidence, self.score_threshold, self.min_boxes, self.max_boxes)
@@ -333,11 +385,27 @@ class Detectron2RegionDetector:
                 attribute_probs = attribute_logits.softmax(-1)[:, :-1].cpu().numpy()
             pixel_boxes = boxes_to_pixels(b[keep], resized_size, size)
             h, w = size
-            out.append(Regions(image_id, h, w, pixel_boxes.cpu().numpy(), feats[keep].float().cpu().numpy(),
-                               confidence[keep].cpu().numpy(), objects.float().cpu().numpy(), self.name,
-                               attribute_probs=attribute_probs))
+            out.append(
+                Regions(
+                    image_id,
+                    h,
+                    w,
+                    pixel_boxes.cpu().numpy(),
+                    feats[keep].float().cpu().numpy(),
+                    confidence[keep].cpu().numpy(),
+                    objects.float().cpu().numpy(),
+                    self.name,
+                    attribute_probs=attribute_probs,
+                )
+            )
         return out
 
 
-__all__ = ["Detectron2RegionDetector", "load_config", "read_checkpoint", "load_weights", "resolve_config_file",
-           "INSTALL_HINT"]
+__all__ = [
+    "Detectron2RegionDetector",
+    "load_config",
+    "read_checkpoint",
+    "load_weights",
+    "resolve_config_file",
+    "INSTALL_HINT",
+]

@@ -38,50 +38,69 @@ class Detectron2Options:
         ValueError: from :meth:`validate`, naming the field.
     """
 
-    config_file: str = field(default="", metadata={
-        "help": "the model's config file, butd-vg (BUTD's Visual Genome model with attributes) or a model-zoo "
-                "name such as COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml"})
+    config_file: str = field(
+        default="",
+        metadata={
+            "help": "the model's config file, butd-vg (BUTD's Visual Genome model with attributes) or a model-zoo "
+            "name such as COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml"
+        },
+    )
     min_boxes: int = field(default=10, metadata={"help": "BUTD's minimum boxes per image"})
     max_boxes: int = field(default=100, metadata={"help": "BUTD's maximum boxes per image"})
     score_threshold: float = field(default=0.2, metadata={"help": "BUTD's class confidence threshold"})
     nms_iou: float = field(default=0.3, metadata={"help": "BUTD's per-class NMS IoU over the proposals"})
-    overrides: dict = field(default_factory=dict, metadata={
-        "help": "config overrides, KEY VALUE ... (values read as YAML)", "flag": "--opts"})
+    overrides: dict = field(
+        default_factory=dict,
+        metadata={"help": "config overrides, KEY VALUE ... (values read as YAML)", "flag": "--opts"},
+    )
     class_names: str = field(default="", metadata={"help": "object vocabulary file, one name per line"})
     attribute_names: str = field(default="", metadata={"help": "attribute vocabulary file, one name per line"})
 
     def extractor_name(self, weights: str) -> str:
         """The name the backend built from these options and ``weights`` writes into its regions
         (:func:`~detectors.detectron2_detector.extractor_name`), known without building it."""
-        return extractor_name(self.config_file, weights, self.min_boxes, self.max_boxes, self.score_threshold,
-                              self.nms_iou)
+        return extractor_name(
+            self.config_file, weights, self.min_boxes, self.max_boxes, self.score_threshold, self.nms_iou
+        )
 
     def validate(self, weights: str) -> None:
         """Raise ``ValueError`` without ``config_file`` or ``weights`` (detectron2 has no default model), or for
         settings out of range."""
         if not (self.config_file and weights):
-            raise ValueError("the detectron2 backend needs a config file and weights: detector.options.config_file "
-                             "and detector.weights (--config-file and --weights)")
+            raise ValueError(
+                "the detectron2 backend needs a config file and weights: detector.options.config_file "
+                "and detector.weights (--config-file and --weights)"
+            )
         check_box_selection(self.min_boxes, self.max_boxes, self.score_threshold)
         if not 0.0 < self.nms_iou <= 1.0:
             raise ValueError(f"detector.options.nms_iou must be in (0, 1], got {self.nms_iou}")
         if not isinstance(self.overrides, dict):
-            raise ValueError(f"detector.options.overrides must be a mapping of detectron2 config keys to values, "
-                             f"got {self.overrides!r}")
+            raise ValueError(
+                f"detector.options.overrides must be a mapping of detectron2 config keys to values, "
+                f"got {self.overrides!r}"
+            )
 
 
-def build_detectron2_detector(options: Detectron2Options, weights: str,
-                              device: str = "cpu") -> Detectron2RegionDetector:
+def build_detectron2_detector(
+    options: Detectron2Options, weights: str, device: str = "cpu"
+) -> Detectron2RegionDetector:
     """The ``detectron2`` backend's build: :class:`Detectron2RegionDetector` of the options.
 
     Raises:
         ModuleNotFoundError, FileNotFoundError, ValueError: from :class:`Detectron2RegionDetector`.
     """
-    return Detectron2RegionDetector(options.config_file, weights, device, min_boxes=options.min_boxes,
-                                    max_boxes=options.max_boxes, score_threshold=options.score_threshold,
-                                    nms_iou=options.nms_iou, overrides=options.overrides,
-                                    class_names=options.class_names or None,
-                                    attribute_names=options.attribute_names or None)
+    return Detectron2RegionDetector(
+        options.config_file,
+        weights,
+        device,
+        min_boxes=options.min_boxes,
+        max_boxes=options.max_boxes,
+        score_threshold=options.score_threshold,
+        nms_iou=options.nms_iou,
+        overrides=options.overrides,
+        class_names=options.class_names or None,
+        attribute_names=options.attribute_names or None,
+    )
 
 
 def write_random_detectron2_weights(options: Detectron2Options, path: str | os.PathLike) -> None:

@@ -26,16 +26,29 @@ from detectors.config import DetectorConfig
 from detectors.files import file_sha256
 from detectors.images import load_image, to_rgb_array
 from detectors.regions import Regions
-from detectors.shards import (ShardError, readable_image_keys, read_detector_info, sample_key, shard_image_keys,
-                              shard_provenance, write_detector_info, write_shards)
+from detectors.shards import (
+    ShardError,
+    read_detector_info,
+    readable_image_keys,
+    sample_key,
+    shard_image_keys,
+    shard_provenance,
+    write_detector_info,
+    write_shards,
+)
 
 logger = logging.getLogger(__name__)
 
 ImageSource = tuple[str, "str | os.PathLike | np.ndarray"]
 
 
-def extract_regions(extractor, sources: Sequence[ImageSource], batch_size: int = 8,
-                    boxes: dict[str, np.ndarray] | None = None, progress: bool = True) -> Iterator[Regions]:
+def extract_regions(
+    extractor,
+    sources: Sequence[ImageSource],
+    batch_size: int = 8,
+    boxes: dict[str, np.ndarray] | None = None,
+    progress: bool = True,
+) -> Iterator[Regions]:
     """Yield the regions of each (image id, file or uint8 array) in order, ``batch_size`` images per
     ``extractor.extract_batch`` call where the extractor has one.
 
@@ -49,7 +62,7 @@ def extract_regions(extractor, sources: Sequence[ImageSource], batch_size: int =
 
     with tqdm(total=len(sources), desc="extract regions", unit="img", dynamic_ncols=True, disable=not progress) as bar:
         for start in range(0, len(sources), batch_size):
-            chunk = sources[start:start + batch_size]
+            chunk = sources[start : start + batch_size]
             ids = [image_id for image_id, _ in chunk]
             arrays = [to_rgb_array(src) if isinstance(src, np.ndarray) else load_image(src) for _, src in chunk]
             if boxes is not None:
@@ -102,8 +115,10 @@ def _set_aside(shard: Path, error: ShardError, names: dict[str, str]) -> None:
     """
     others = sorted(readable_image_keys(shard) - set(names))
     if others:
-        raise ShardError(f"{error}; it also holds images this command does not extract (e.g. {others[0]!r}): run the "
-                         "command that extracted those, or delete the shard if they are not needed") from error
+        raise ShardError(
+            f"{error}; it also holds images this command does not extract (e.g. {others[0]!r}): run the "
+            "command that extracted those, or delete the shard if they are not needed"
+        ) from error
     target = shard.with_name(shard.name + ".corrupt")
     k = 1
     while target.exists():
@@ -135,11 +150,13 @@ def _check_same_content(done: dict[str, dict], sources: dict[str, object], direc
                 f"{stored.get('source')}, a different picture (sha256 {now['sha256'][:12]} vs "
                 f"{str(stored.get('sha256'))[:12]}): image ids are file paths under the --images folder without "
                 "their ending, so the two collide; extract the other folder into its own --output-dir, or rename "
-                "the file")
+                "the file"
+            )
 
 
-def pending_sources(sources: Sequence[ImageSource], output_dir: str | os.PathLike, info: dict, rank: int = 0,
-                    world_size: int = 1) -> list[ImageSource]:
+def pending_sources(
+    sources: Sequence[ImageSource], output_dir: str | os.PathLike, info: dict, rank: int = 0, world_size: int = 1
+) -> list[ImageSource]:
     """This process's share of ``sources`` that ``output_dir`` does not hold yet, after the checks that keep a
     store one detector's and each id one picture's. Writes nothing, except that a damaged shard (cut off by a copy,
     a full disk) is set aside as ``<name>.corrupt`` (kept), so that its images are among those returned.
@@ -156,13 +173,17 @@ def pending_sources(sources: Sequence[ImageSource], output_dir: str | os.PathLik
     """
     repeated = [i for i, n in Counter(image_id for image_id, _ in sources).items() if n > 1]
     if repeated:
-        raise ValueError(f"image id {repeated[0]!r} appears twice in the images; ids are file paths without their "
-                         "suffix (a.jpg and a.png collide), so rename one or extract the folders separately")
+        raise ValueError(
+            f"image id {repeated[0]!r} appears twice in the images; ids are file paths without their "
+            "suffix (a.jpg and a.png collide), so rename one or extract the folders separately"
+        )
     directory = Path(output_dir)
     existing = read_detector_info(directory) if directory.is_dir() else None
     if existing is not None and not _same_detector(existing, info):
-        raise ValueError(f"{directory} holds shards of another detector ({existing.get('detector')}, config "
-                         f"{existing.get('fingerprint')}); extract into a new --output-dir or delete that one")
+        raise ValueError(
+            f"{directory} holds shards of another detector ({existing.get('detector')}, config "
+            f"{existing.get('fingerprint')}); extract into a new --output-dir or delete that one"
+        )
     by_key = {sample_key(image_id): source for image_id, source in sources}
     done: set[str] = set()
     complete = []
@@ -185,9 +206,16 @@ def pending_sources(sources: Sequence[ImageSource], output_dir: str | os.PathLik
     return mine
 
 
-def extract_to_shards(extractor, sources: Sequence[ImageSource], output_dir: str | os.PathLike, info: dict,
-                      rank: int = 0, world_size: int = 1, batch_size: int = 8,
-                      samples_per_shard: int = 1000) -> list[Path]:
+def extract_to_shards(
+    extractor,
+    sources: Sequence[ImageSource],
+    output_dir: str | os.PathLike,
+    info: dict,
+    rank: int = 0,
+    world_size: int = 1,
+    batch_size: int = 8,
+    samples_per_shard: int = 1000,
+) -> list[Path]:
     """Extract this process's share of ``sources`` into ``output_dir``, skipping images already in complete shards
     (:func:`pending_sources`: a damaged shard is set aside as ``.corrupt`` and its images extracted again). Each
     sample's ``meta.json`` records its source's :func:`source_provenance`.
@@ -216,12 +244,20 @@ def extract_to_shards(extractor, sources: Sequence[ImageSource], output_dir: str
         stale.unlink()  # a half shard of an interrupted run: its images are among ``mine``
     if not mine:
         return []
-    numbers = [int(m.group(1)) for p in directory.glob(f"{prefix}-*.tar")
-               if (m := re.fullmatch(re.escape(prefix) + r"-(\d+)\.tar", p.name))]
+    numbers = [
+        int(m.group(1))
+        for p in directory.glob(f"{prefix}-*.tar")
+        if (m := re.fullmatch(re.escape(prefix) + r"-(\d+)\.tar", p.name))
+    ]
     by_id = dict(mine)
-    return write_shards(extract_regions(extractor, mine, batch_size, progress=rank == 0), directory, prefix=prefix,
-                        max_samples_per_shard=samples_per_shard, start_index=max(numbers, default=-1) + 1,
-                        provenance=lambda image_id: source_provenance(by_id[image_id]))
+    return write_shards(
+        extract_regions(extractor, mine, batch_size, progress=rank == 0),
+        directory,
+        prefix=prefix,
+        max_samples_per_shard=samples_per_shard,
+        start_index=max(numbers, default=-1) + 1,
+        provenance=lambda image_id: source_provenance(by_id[image_id]),
+    )
 
 
 __all__ = ["extract_regions", "extract_to_shards", "pending_sources", "distributed_rank", "source_provenance"]

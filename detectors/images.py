@@ -13,7 +13,6 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-
 #: The file endings of image files (compared in lower case): what extraction takes from an ``--images`` folder, what
 #: ``data.image_dir`` is searched for and what a retrieval index reads from a folder. Pillow decodes them all.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
@@ -53,7 +52,7 @@ def to_rgb_array(image) -> np.ndarray:
     mode = image.mode
     if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
         values = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if mode.startswith("I;16") or values.max(initial=0) <= 65535 else 2.0 ** 32 - 1
+        top = 65535.0 if mode.startswith("I;16") or values.max(initial=0) <= 65535 else 2.0**32 - 1
         grey = np.clip(values / top * 255.0 + 0.5, 0, 255).astype(np.uint8)
         return np.ascontiguousarray(np.repeat(grey[:, :, None], 3, axis=2))
     if mode == "F":
@@ -82,11 +81,15 @@ def load_image(path: str | os.PathLike) -> np.ndarray:
             image = ImageOps.exif_transpose(image) or image
             return to_rgb_array(image)
     except Image.DecompressionBombError as e:
-        raise ImageDecodeError(f"image {path} is far larger than a photo ({e}); resize it (detectors read images "
-                               "at a few hundred pixels a side) or remove it from the image list") from e
+        raise ImageDecodeError(
+            f"image {path} is far larger than a photo ({e}); resize it (detectors read images "
+            "at a few hundred pixels a side) or remove it from the image list"
+        ) from e
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise ImageDecodeError(f"cannot decode image {path} ({type(e).__name__}: {e}); remove it from the image "
-                               "list or re-encode it as PNG/JPEG") from e
+        raise ImageDecodeError(
+            f"cannot decode image {path} ({type(e).__name__}: {e}); remove it from the image "
+            "list or re-encode it as PNG/JPEG"
+        ) from e
 
 
 def read_image(image) -> np.ndarray:
@@ -128,7 +131,7 @@ def shape_groups(shapes: Sequence[Hashable], max_batch: int) -> list[list[int]]:
     groups: dict[Hashable, list[int]] = {}
     for i, shape in enumerate(shapes):
         groups.setdefault(shape, []).append(i)
-    return [g[s:s + max_batch] for g in groups.values() for s in range(0, len(g), max_batch)]
+    return [g[s : s + max_batch] for g in groups.values() for s in range(0, len(g), max_batch)]
 
 
 def run_in_shape_groups(shapes: Sequence[Hashable], max_batch: int | None, run: Callable[[list[int]], list]) -> list:
@@ -153,5 +156,15 @@ def boxes_to_pixels(boxes, resized_size: tuple[int, int], original_size: tuple[i
     return pixels
 
 
-__all__ = ["IMAGE_SUFFIXES", "ImageDecodeError", "is_image_file", "to_rgb_array", "load_image", "read_image",
-           "read_pil_image", "shape_groups", "run_in_shape_groups", "boxes_to_pixels"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "ImageDecodeError",
+    "is_image_file",
+    "to_rgb_array",
+    "load_image",
+    "read_image",
+    "read_pil_image",
+    "shape_groups",
+    "run_in_shape_groups",
+    "boxes_to_pixels",
+]

@@ -23,8 +23,18 @@ import numpy as np
 from detectors.regions import RegionError, Regions
 
 BUTD_FIELDS = ["image_id", "image_w", "image_h", "num_boxes", "boxes", "features"]
-LXMERT_FIELDS = ["img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf", "num_boxes",
-                 "boxes", "features"]
+LXMERT_FIELDS = [
+    "img_id",
+    "img_h",
+    "img_w",
+    "objects_id",
+    "objects_conf",
+    "attrs_id",
+    "attrs_conf",
+    "num_boxes",
+    "boxes",
+    "features",
+]
 
 
 def _decode(value: str, rows: int, dtype, where: str) -> np.ndarray:
@@ -61,14 +71,19 @@ def read_butd_tsv(path: str | os.PathLike, detector: str = "butd-tsv") -> Iterat
                 rec = dict(zip(BUTD_FIELDS, row))
                 image_id, h, w = rec["image_id"], rec["image_h"], rec["image_w"]
             else:
-                raise RegionError(f"{path}:{line_no}: {len(row)} columns; expected {len(BUTD_FIELDS)} (BUTD: "
-                                  f"{BUTD_FIELDS}) or {len(LXMERT_FIELDS)} (LXMERT: {LXMERT_FIELDS})")
+                raise RegionError(
+                    f"{path}:{line_no}: {len(row)} columns; expected {len(BUTD_FIELDS)} (BUTD: "
+                    f"{BUTD_FIELDS}) or {len(LXMERT_FIELDS)} (LXMERT: {LXMERT_FIELDS})"
+                )
             where = f"{path}:{line_no} (image {image_id})"
             n = int(rec["num_boxes"])
             boxes = _decode(rec["boxes"], n, np.float32, where + " boxes")
             features = _decode(rec["features"], n, np.float32, where + " features")
-            scores = (_decode(rec["objects_conf"], n, np.float32, where + " objects_conf")[:, 0]
-                      if "objects_conf" in rec else np.ones(n, dtype=np.float32))
+            scores = (
+                _decode(rec["objects_conf"], n, np.float32, where + " objects_conf")[:, 0]
+                if "objects_conf" in rec
+                else np.ones(n, dtype=np.float32)
+            )
             try:
                 yield Regions(image_id, int(h), int(w), boxes, features, scores, None, detector)
             except RegionError as e:
@@ -80,13 +95,21 @@ def write_butd_tsv(regions: list[Regions], path: str | os.PathLike) -> None:
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, delimiter="\t")
         for r in regions:
-            writer.writerow([r.image_id, r.width, r.height, r.num_regions,
-                             base64.b64encode(r.boxes.astype(np.float32).tobytes()).decode(),
-                             base64.b64encode(r.features.astype(np.float32).tobytes()).decode()])
+            writer.writerow(
+                [
+                    r.image_id,
+                    r.width,
+                    r.height,
+                    r.num_regions,
+                    base64.b64encode(r.boxes.astype(np.float32).tobytes()).decode(),
+                    base64.b64encode(r.features.astype(np.float32).tobytes()).decode(),
+                ]
+            )
 
 
-def read_npz(path: str | os.PathLike, image_id: str | None = None, detector: str = "npz",
-             background_column: bool = True) -> Regions:
+def read_npz(
+    path: str | os.PathLike, image_id: str | None = None, detector: str = "npz", background_column: bool = True
+) -> Regions:
     """Read one image's regions from a ``.npz`` file (see module docstring for the keys).
 
     ``cls_prob`` of the bottom-up-attention detectors (1601 Visual Genome classes) has the background class in

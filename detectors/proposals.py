@@ -17,9 +17,15 @@ from detectors.regions import whole_image_box
 DEFAULT_SCALES = (100.0, 500.0)
 
 
-def felzenszwalb_proposals(image: np.ndarray, scales: tuple[float, ...] = DEFAULT_SCALES, sigma: float = 0.8,
-                           min_area_fraction: float = 0.01, min_side_fraction: float = 0.08, max_proposals: int = 36,
-                           iou_threshold: float = 0.7) -> np.ndarray:
+def felzenszwalb_proposals(
+    image: np.ndarray,
+    scales: tuple[float, ...] = DEFAULT_SCALES,
+    sigma: float = 0.8,
+    min_area_fraction: float = 0.01,
+    min_side_fraction: float = 0.08,
+    max_proposals: int = 36,
+    iou_threshold: float = 0.7,
+) -> np.ndarray:
     """Boxes around image segments at several scales, plus the whole image.
 
     Args:
@@ -54,8 +60,12 @@ def felzenszwalb_proposals(image: np.ndarray, scales: tuple[float, ...] = DEFAUL
     boxes = np.asarray(boxes, dtype=np.float32)
     area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
     bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-    keep = ((area >= min_area_fraction * h * w) & (area < 0.95 * h * w)
-            & (bw >= min_side_fraction * w) & (bh >= min_side_fraction * h))
+    keep = (
+        (area >= min_area_fraction * h * w)
+        & (area < 0.95 * h * w)
+        & (bw >= min_side_fraction * w)
+        & (bh >= min_side_fraction * h)
+    )
     boxes, area = boxes[keep], area[keep]
     if len(boxes):
         order = nms(torch.from_numpy(boxes), torch.from_numpy(area), iou_threshold).numpy()

@@ -69,41 +69,55 @@ class Regions:
             box_tolerance: pixels a box may extend past the image edge (detectors round coordinates).
         """
         where = f"image {self.image_id!r}"
-        if not (isinstance(self.height, (int, np.integer)) and isinstance(self.width, (int, np.integer))
-                and self.height > 0 and self.width > 0):
+        if not (
+            isinstance(self.height, (int, np.integer))
+            and isinstance(self.width, (int, np.integer))
+            and self.height > 0
+            and self.width > 0
+        ):
             raise RegionError(f"{where}: image height/width must be positive integers, got {self.height}x{self.width}")
         if self.boxes.ndim != 2 or self.boxes.shape[1] != 4:
             raise RegionError(f"{where}: boxes must be [R, 4] (x1, y1, x2, y2), got shape {self.boxes.shape}")
         r = self.boxes.shape[0]
         if r == 0:
-            raise RegionError(f"{where}: zero regions; add at least the whole-image box "
-                              f"[0, 0, {self.width}, {self.height}]")
+            raise RegionError(
+                f"{where}: zero regions; add at least the whole-image box [0, 0, {self.width}, {self.height}]"
+            )
         if self.features.ndim != 2 or self.features.shape[0] != r:
             raise RegionError(f"{where}: features must be [R={r}, D], got shape {self.features.shape}")
         if self.scores.shape != (r,):
             raise RegionError(f"{where}: scores must be [R={r}], got shape {self.scores.shape}")
         if self.class_probs is not None and (self.class_probs.ndim != 2 or self.class_probs.shape[0] != r):
             raise RegionError(f"{where}: class_probs must be [R={r}, C], got shape {self.class_probs.shape}")
-        if self.attribute_probs is not None and (self.attribute_probs.ndim != 2
-                                                 or self.attribute_probs.shape[0] != r):
+        if self.attribute_probs is not None and (self.attribute_probs.ndim != 2 or self.attribute_probs.shape[0] != r):
             raise RegionError(f"{where}: attribute_probs must be [R={r}, A], got shape {self.attribute_probs.shape}")
-        for name, array in (("boxes", self.boxes), ("features", self.features), ("scores", self.scores),
-                            ("class_probs", self.class_probs), ("attribute_probs", self.attribute_probs)):
+        for name, array in (
+            ("boxes", self.boxes),
+            ("features", self.features),
+            ("scores", self.scores),
+            ("class_probs", self.class_probs),
+            ("attribute_probs", self.attribute_probs),
+        ):
             if array is not None and not np.isfinite(array).all():
                 bad = np.argwhere(~np.isfinite(array))[0].tolist()
-                raise RegionError(f"{where}: {name} hold NaN or inf (first at index {bad}); re-extract the image "
-                                  "or drop it")
+                raise RegionError(
+                    f"{where}: {name} hold NaN or inf (first at index {bad}); re-extract the image or drop it"
+                )
         x1, y1, x2, y2 = self.boxes.T
         if (x2 < x1).any() or (y2 < y1).any():
             i = int(np.argmax((x2 < x1) | (y2 < y1)))
-            raise RegionError(f"{where}: box {i} = {self.boxes[i].tolist()} has x2 < x1 or y2 < y1; boxes are "
-                              "(x1, y1, x2, y2) in pixels, not (x, y, w, h)")
+            raise RegionError(
+                f"{where}: box {i} = {self.boxes[i].tolist()} has x2 < x1 or y2 < y1; boxes are "
+                "(x1, y1, x2, y2) in pixels, not (x, y, w, h)"
+            )
         t = box_tolerance
         outside = (x1 < -t) | (y1 < -t) | (x2 > self.width + t) | (y2 > self.height + t)
         if outside.any():
             i = int(np.argmax(outside))
-            raise RegionError(f"{where}: box {i} = {self.boxes[i].tolist()} lies outside the "
-                              f"{self.width}x{self.height} image; boxes must be in pixels of this image")
+            raise RegionError(
+                f"{where}: box {i} = {self.boxes[i].tolist()} lies outside the "
+                f"{self.width}x{self.height} image; boxes must be in pixels of this image"
+            )
 
     def normalised_boxes(self) -> np.ndarray:
         """float32 [R, 4] boxes divided by (width, height, width, height), clipped to [0, 1]."""

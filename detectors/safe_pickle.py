@@ -15,11 +15,17 @@ from pathlib import Path
 
 #: What a pickle of numpy arrays asks for (numpy 1.x and 2.x module names), plus OrderedDict, which
 #: detectron2's own checkpoints use for their state dicts. None of these can run code of the file's choosing.
-NUMPY_GLOBALS = frozenset({
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
-    ("numpy", "ndarray"), ("numpy", "dtype"), ("collections", "OrderedDict"),
-})
+NUMPY_GLOBALS = frozenset(
+    {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("collections", "OrderedDict"),
+    }
+)
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -31,8 +37,10 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if (module, name) in self.allowed:
             return super().find_class(module, name)
         what = "plain containers, strings, numbers" + (" and numpy arrays" if self.allowed else "")
-        raise pickle.UnpicklingError(f"the pickle asks for {module}.{name}; only {what} are read (convert the "
-                                     "file to JSON or safetensors if it holds other objects)")
+        raise pickle.UnpicklingError(
+            f"the pickle asks for {module}.{name}; only {what} are read (convert the "
+            "file to JSON or safetensors if it holds other objects)"
+        )
 
 
 def load_plain_pickle(path: str | os.PathLike, numpy_arrays: bool = False):

@@ -8,7 +8,9 @@ from __future__ import annotations
 import torch
 
 
-def per_class_nms_confidence(boxes: torch.Tensor, class_probs: torch.Tensor, iou_threshold: float = 0.3) -> torch.Tensor:
+def per_class_nms_confidence(
+    boxes: torch.Tensor, class_probs: torch.Tensor, iou_threshold: float = 0.3
+) -> torch.Tensor:
     """Each proposal's highest class probability among the classes for which it survives NMS.
 
     For every class, greedy NMS runs over all proposals ordered by that class's probability (a proposal is dropped
@@ -41,8 +43,9 @@ def per_class_nms_confidence(boxes: torch.Tensor, class_probs: torch.Tensor, iou
     return torch.where(kept.T, class_probs, torch.zeros_like(class_probs)).max(dim=1).values
 
 
-def select_regions(confidence: torch.Tensor, threshold: float = 0.2, min_boxes: int = 10,
-                   max_boxes: int = 100) -> torch.Tensor:
+def select_regions(
+    confidence: torch.Tensor, threshold: float = 0.2, min_boxes: int = 10, max_boxes: int = 100
+) -> torch.Tensor:
     """Indices of the kept proposals, highest confidence first: all with ``confidence >= threshold``, topped up to
     ``min_boxes`` or cut to ``max_boxes`` by confidence (fewer only when there are fewer proposals).
 

@@ -38,10 +38,12 @@ class ShardError(ValueError):
 
 
 #: What to do about a corrupt or truncated shard, said by every refusal of one: the command that wrote it repairs it.
-DAMAGED_SHARD_FIX = ("run the command that wrote it again: tools/extract_regions.py with the same --images and "
-                     "--output-dir sets a damaged shard aside (.corrupt) and extracts only its images, an import "
-                     "(--from-tsv / --from-npz) rewrites every shard; for a cache under data.cache_dir, delete that "
-                     "directory and the next run extracts it again")
+DAMAGED_SHARD_FIX = (
+    "run the command that wrote it again: tools/extract_regions.py with the same --images and "
+    "--output-dir sets a damaged shard aside (.corrupt) and extracts only its images, an import "
+    "(--from-tsv / --from-npz) rewrites every shard; for a cache under data.cache_dir, delete that "
+    "directory and the next run extracts it again"
+)
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
@@ -74,8 +76,11 @@ def _npy_array(data: bytes, where: str) -> np.ndarray:
         raise ShardError(f"{where}: not a plain .npy array ({e}); object arrays are refused") from e
     if start is not None and len(_NPY_HEADERS) < 4096:
         stream = io.BytesIO(data)
-        read_header = (np.lib.format.read_array_header_1_0 if np.lib.format.read_magic(stream) == (1, 0)
-                       else np.lib.format.read_array_header_2_0)
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if np.lib.format.read_magic(stream) == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
         _NPY_HEADERS[data[:end]] = read_header(stream)
     return array
 
@@ -85,9 +90,14 @@ def sample_key(image_id: str) -> str:
     return str(image_id).replace(".", "_").replace("/", "_")
 
 
-def write_shards(regions: Iterable[Regions], directory: str | os.PathLike, prefix: str = "regions",
-                 max_samples_per_shard: int = 1000, start_index: int = 0,
-                 provenance: Callable[[str], dict] | None = None) -> list[Path]:
+def write_shards(
+    regions: Iterable[Regions],
+    directory: str | os.PathLike,
+    prefix: str = "regions",
+    max_samples_per_shard: int = 1000,
+    start_index: int = 0,
+    provenance: Callable[[str], dict] | None = None,
+) -> list[Path]:
     """Write regions to ``directory/prefix-000000.tar`` etc. (numbered from ``start_index``).
 
     Each shard is written under a temporary name and renamed when complete, so a crash never leaves a shard
@@ -122,9 +132,17 @@ def write_shards(regions: Iterable[Regions], directory: str | os.PathLike, prefi
             writer, count = wds.TarWriter(str(tmp)), 0
         sample = {
             "__key__": sample_key(r.image_id),
-            "meta.json": json.dumps({"schema": SCHEMA_VERSION, "image_id": r.image_id, "height": int(r.height),
-                                     "width": int(r.width), "detector": r.detector, "num_regions": r.num_regions,
-                                     **(provenance(r.image_id) if provenance is not None else {})}).encode(),
+            "meta.json": json.dumps(
+                {
+                    "schema": SCHEMA_VERSION,
+                    "image_id": r.image_id,
+                    "height": int(r.height),
+                    "width": int(r.width),
+                    "detector": r.detector,
+                    "num_regions": r.num_regions,
+                    **(provenance(r.image_id) if provenance is not None else {}),
+                }
+            ).encode(),
             "boxes.npy": _npy_bytes(r.boxes.astype(np.float32)),
             "features.npy": _npy_bytes(r.features.astype(np.float16)),
             "scores.npy": _npy_bytes(r.scores.astype(np.float32)),
@@ -153,8 +171,10 @@ def check_tar_complete(path: Path) -> None:
         f.seek(end)
         marker = f.read(1024)
     if end > size or marker != bytes(1024):
-        raise ShardError(f"{path} is corrupt or truncated: it ends at byte {size} without tar's end-of-archive "
-                         f"marker after its last member (byte {end}); {DAMAGED_SHARD_FIX}")
+        raise ShardError(
+            f"{path} is corrupt or truncated: it ends at byte {size} without tar's end-of-archive "
+            f"marker after its last member (byte {end}); {DAMAGED_SHARD_FIX}"
+        )
 
 
 def _iter_tar_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
@@ -171,8 +191,9 @@ def _iter_tar_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
         raise ShardError(f"{path} is corrupt or truncated ({type(e).__name__}: {e}); {DAMAGED_SHARD_FIX}") from e
     except ValueError as e:
         if "duplicate file name" in str(e):
-            raise ShardError(f"{path}: a sample has the same field twice (duplicate key in the shard): {e}; "
-                             "rewrite the shard") from e
+            raise ShardError(
+                f"{path}: a sample has the same field twice (duplicate key in the shard): {e}; rewrite the shard"
+            ) from e
         raise
 
 
@@ -186,20 +207,35 @@ def decode_sample(key: str, fields: dict[str, bytes], where: str) -> Regions:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ShardError(f"{where}: sample {key!r} has invalid meta.json ({e})") from e
     if meta.get("schema") != SCHEMA_VERSION:
-        raise ShardError(f"{where}: sample {key!r} has schema {meta.get('schema')!r}, this reader reads "
-                         f"{SCHEMA_VERSION}")
-    arrays = {name: _npy_array(fields[name + ".npy"], f"{where}:{key}.{name}.npy")
-              for name in ("boxes", "features", "scores", "class_probs", "attribute_probs")
-              if name + ".npy" in fields}
-    for name, dtype in (("boxes", np.float32), ("features", np.float16), ("scores", np.float32),
-                        ("class_probs", np.float16), ("attribute_probs", np.float16)):
+        raise ShardError(
+            f"{where}: sample {key!r} has schema {meta.get('schema')!r}, this reader reads {SCHEMA_VERSION}"
+        )
+    arrays = {
+        name: _npy_array(fields[name + ".npy"], f"{where}:{key}.{name}.npy")
+        for name in ("boxes", "features", "scores", "class_probs", "attribute_probs")
+        if name + ".npy" in fields
+    }
+    for name, dtype in (
+        ("boxes", np.float32),
+        ("features", np.float16),
+        ("scores", np.float32),
+        ("class_probs", np.float16),
+        ("attribute_probs", np.float16),
+    ):
         if name in arrays and arrays[name].dtype != dtype:
             raise ShardError(f"{where}: sample {key!r} field {name} is {arrays[name].dtype}, the schema says {dtype}")
     try:
-        return Regions(image_id=meta["image_id"], height=int(meta["height"]), width=int(meta["width"]),
-                       boxes=arrays["boxes"], features=arrays["features"], scores=arrays["scores"],
-                       class_probs=arrays.get("class_probs"), detector=meta.get("detector", ""),
-                       attribute_probs=arrays.get("attribute_probs"))
+        return Regions(
+            image_id=meta["image_id"],
+            height=int(meta["height"]),
+            width=int(meta["width"]),
+            boxes=arrays["boxes"],
+            features=arrays["features"],
+            scores=arrays["scores"],
+            class_probs=arrays.get("class_probs"),
+            detector=meta.get("detector", ""),
+            attribute_probs=arrays.get("attribute_probs"),
+        )
     except KeyError as e:
         raise ShardError(f"{where}: sample {key!r} meta.json lacks {e}") from e
 
@@ -234,8 +270,10 @@ def shard_paths(directory: str | os.PathLike) -> list[Path]:
     """
     paths = sorted(Path(directory).expanduser().glob("*.tar"))
     if not paths:
-        raise FileNotFoundError(f"no region shards (*.tar) in {directory}; write them with "
-                                "tools/extract_regions.py (--images, --from-tsv or --from-npz)")
+        raise FileNotFoundError(
+            f"no region shards (*.tar) in {directory}; write them with "
+            "tools/extract_regions.py (--images, --from-tsv or --from-npz)"
+        )
     return paths
 
 
@@ -317,6 +355,19 @@ def load_regions(paths: Iterable[str | os.PathLike]) -> dict[str, Regions]:
     return {r.image_id: r for r in read_shards(paths)}
 
 
-__all__ = ["write_shards", "read_shards", "load_regions", "shard_paths", "shard_image_keys", "readable_image_keys",
-           "shard_provenance", "write_detector_info", "read_detector_info", "ShardError", "RegionError",
-           "SCHEMA_VERSION", "sample_key", "DAMAGED_SHARD_FIX"]
+__all__ = [
+    "write_shards",
+    "read_shards",
+    "load_regions",
+    "shard_paths",
+    "shard_image_keys",
+    "readable_image_keys",
+    "shard_provenance",
+    "write_detector_info",
+    "read_detector_info",
+    "ShardError",
+    "RegionError",
+    "SCHEMA_VERSION",
+    "sample_key",
+    "DAMAGED_SHARD_FIX",
+]

@@ -72,10 +72,13 @@ def build_index(paths: list[Path]) -> dict[str, np.ndarray]:
     if len(ids_array) > 1 and (ids_array[1:] == ids_array[:-1]).any():
         dup = ids_array[1:][ids_array[1:] == ids_array[:-1]][0]
         raise ShardError(f"image id {dup!r} appears twice across the shards")
-    return {"ids": ids_array, "shard": np.array(shard, dtype=np.int32)[order],
-            "offset": np.array(offsets, dtype=np.int64).reshape(-1, len(FIELDS))[order],
-            "size": np.array(sizes, dtype=np.int64).reshape(-1, len(FIELDS))[order],
-            "num_regions": np.array(counts, dtype=np.int32)[order]}
+    return {
+        "ids": ids_array,
+        "shard": np.array(shard, dtype=np.int32)[order],
+        "offset": np.array(offsets, dtype=np.int64).reshape(-1, len(FIELDS))[order],
+        "size": np.array(sizes, dtype=np.int64).reshape(-1, len(FIELDS))[order],
+        "num_regions": np.array(counts, dtype=np.int32)[order],
+    }
 
 
 class RegionStore(Mapping):
@@ -123,8 +126,11 @@ class RegionStore(Mapping):
         if row < 0:
             raise KeyError(image_id)
         path = self.paths[self.shard[row]]
-        fields = {name: self._files.read(path, offset, size)
-                  for name, offset, size in zip(FIELDS, self.offset[row], self.size[row]) if offset >= 0}
+        fields = {
+            name: self._files.read(path, offset, size)
+            for name, offset, size in zip(FIELDS, self.offset[row], self.size[row])
+            if offset >= 0
+        }
         return decode_sample(str(image_id), fields, str(self.paths[self.shard[row]]))
 
     def num_regions(self, image_id: str) -> int:

@@ -51,8 +51,14 @@ class TorchvisionRegionDetector:
         RuntimeError: the weights cannot be downloaded (offline): the message names the local-file option.
     """
 
-    def __init__(self, weights: str | os.PathLike | None = "DEFAULT", min_boxes: int = 10, max_boxes: int = 100,
-                 score_threshold: float = 0.2, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        weights: str | os.PathLike | None = "DEFAULT",
+        min_boxes: int = 10,
+        max_boxes: int = 100,
+        score_threshold: float = 0.2,
+        device: str | torch.device = "cpu",
+    ):
         from torchvision.models.detection import (
             FasterRCNN_ResNet50_FPN_Weights,
             fasterrcnn_resnet50_fpn,
@@ -64,7 +70,8 @@ class TorchvisionRegionDetector:
             except Exception as e:
                 raise RuntimeError(
                     f"could not fetch torchvision's Faster R-CNN weights ({type(e).__name__}: {e}); offline, pass "
-                    "weights=<path to a fasterrcnn_resnet50_fpn state dict>, or use the timm backbone detector") from e
+                    "weights=<path to a fasterrcnn_resnet50_fpn state dict>, or use the timm backbone detector"
+                ) from e
         else:
             model = fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None)
             if weights is not None:
@@ -110,7 +117,9 @@ class TorchvisionRegionDetector:
             resized.append(one)
 
         def run(group: list[int]) -> list[Regions]:
-            batch = ImageList(torch.cat([resized[i].tensors for i in group]), [resized[i].image_sizes[0] for i in group])
+            batch = ImageList(
+                torch.cat([resized[i].tensors for i in group]), [resized[i].image_sizes[0] for i in group]
+            )
             return self._forward(batch, [arrays[i].shape[:2] for i in group], [image_ids[i] for i in group])
 
         return run_in_shape_groups([tuple(r.image_sizes[0]) for r in resized], batch_size, run)
@@ -141,24 +150,38 @@ class TorchvisionRegionDetector:
             n = len(boxes)
             pixel_boxes = boxes_to_pixels(boxes, resized_size, size)  # back to the original image's pixels
             h, w = size
-            out.append(Regions(image_id, h, w, pixel_boxes.cpu().numpy(), region_features[start:start + n].cpu().numpy(),
-                               top[start:start + n].cpu().numpy(), probs[start:start + n].cpu().numpy(),
-                               detector=self.name))
+            out.append(
+                Regions(
+                    image_id,
+                    h,
+                    w,
+                    pixel_boxes.cpu().numpy(),
+                    region_features[start : start + n].cpu().numpy(),
+                    top[start : start + n].cpu().numpy(),
+                    probs[start : start + n].cpu().numpy(),
+                    detector=self.name,
+                )
+            )
             start += n
         return out
 
 
-def build_torchvision_detector(options: TorchvisionOptions, weights: str,
-                               device: str = "cpu") -> TorchvisionRegionDetector:
+def build_torchvision_detector(
+    options: TorchvisionOptions, weights: str, device: str = "cpu"
+) -> TorchvisionRegionDetector:
     """The ``torchvision`` backend's build (its line of :data:`detectors.backends.DETECTOR_BACKENDS`): Faster R-CNN
     R50-FPN with ``weights`` ("" = torchvision's COCO weights, downloaded when online) and BUTD's selection.
 
     Raises:
         FileNotFoundError, RuntimeError: from :class:`TorchvisionRegionDetector`.
     """
-    return TorchvisionRegionDetector(weights=weights or "DEFAULT", min_boxes=options.min_boxes,
-                                     max_boxes=options.max_boxes, score_threshold=options.score_threshold,
-                                     device=device)
+    return TorchvisionRegionDetector(
+        weights=weights or "DEFAULT",
+        min_boxes=options.min_boxes,
+        max_boxes=options.max_boxes,
+        score_threshold=options.score_threshold,
+        device=device,
+    )
 
 
 def write_random_torchvision_weights(options: TorchvisionOptions, path: str | os.PathLike) -> None:
@@ -168,5 +191,9 @@ def write_random_torchvision_weights(options: TorchvisionOptions, path: str | os
         torch.save(TorchvisionRegionDetector(weights=None).model.state_dict(), path)
 
 
-__all__ = ["TorchvisionRegionDetector", "TorchvisionOptions", "build_torchvision_detector",
-           "write_random_torchvision_weights"]
+__all__ = [
+    "TorchvisionRegionDetector",
+    "TorchvisionOptions",
+    "build_torchvision_detector",
+    "write_random_torchvision_weights",
+]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from doc_runs import write_tiny_runs
 
 from detectors.config import DetectorConfig
-from doc_runs import write_tiny_runs
 from vlbert.data.corpus import load_bbc_news
 from vlbert.tokenization import load_tokenizer, packaged_minilm_dir
 
@@ -32,8 +32,9 @@ def tool(name: str):
     return module.main
 
 
-def tiny_text_trainer(output_dir, corpus, tokenizer, *, max_length: int, model: dict, packed: bool = True,
-                      hooks=(), **training):
+def tiny_text_trainer(
+    output_dir, corpus, tokenizer, *, max_length: int, model: dict, packed: bool = True, hooks=(), **training
+):
     """A :class:`vlbert.training.trainer.Trainer` of a tiny BertForPreTraining (``model``: the BertConfig sizes) on
     the pairs of every document of ``corpus`` (``max_length`` wordpieces), batched by the training loader with the
     masking collator (``packed``: the packed layout); ``training``: TrainingConfig fields over quiet defaults."""
@@ -51,8 +52,7 @@ def tiny_text_trainer(output_dir, corpus, tokenizer, *, max_length: int, model: 
     net = BertForPreTraining(BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64, **model))
 
     def batches(epoch, start, rank, world):
-        return train_loader(data, collator, config.batch_size, 0, epoch, start, rank, world,
-                            **config.loader_options())
+        return train_loader(data, collator, config.batch_size, 0, epoch, start, rank, world, **config.loader_options())
 
     return Trainer(net, config, batches, hooks=hooks)
 
@@ -63,12 +63,19 @@ def random_hf_config(seed: int, **overrides):
 
     rng = random.Random(seed)
     heads = rng.choice([1, 2, 4])
-    values = dict(vocab_size=rng.randint(50, 300), hidden_size=heads * rng.choice([8, 16]),
-                  num_hidden_layers=rng.randint(1, 3), num_attention_heads=heads,
-                  intermediate_size=rng.randint(16, 80), hidden_act=rng.choice(["gelu", "gelu_new", "relu"]),
-                  max_position_embeddings=rng.choice([32, 64]), type_vocab_size=rng.choice([2, 3]),
-                  layer_norm_eps=rng.choice([1e-12, 1e-5]), hidden_dropout_prob=0.0,
-                  attention_probs_dropout_prob=0.0)
+    values = dict(
+        vocab_size=rng.randint(50, 300),
+        hidden_size=heads * rng.choice([8, 16]),
+        num_hidden_layers=rng.randint(1, 3),
+        num_attention_heads=heads,
+        intermediate_size=rng.randint(16, 80),
+        hidden_act=rng.choice(["gelu", "gelu_new", "relu"]),
+        max_position_embeddings=rng.choice([32, 64]),
+        type_vocab_size=rng.choice([2, 3]),
+        layer_norm_eps=rng.choice([1e-12, 1e-5]),
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     values.update(overrides)
     return transformers.BertConfig(**values)
 
@@ -203,13 +210,22 @@ def easy(tmp_path_factory):
     files = {str(k): paths[image_id] for k, (image_id, _) in enumerate(truth)}
     extractor = EASY_DETECTOR.build()
     regions = list(extract_regions(extractor, list(files.items()), batch_size=N_EASY_IMAGES, progress=False))
-    pairs = [replace(regions[2 * p + j], image_id=f"dev-{p}-0-img{j}") for p in range(N_EASY_IMAGES // 2) for j in (0, 1)]
+    pairs = [
+        replace(regions[2 * p + j], image_id=f"dev-{p}-0-img{j}") for p in range(N_EASY_IMAGES // 2) for j in (0, 1)
+    ]
     write_shards(regions + pairs, root / "shards")
-    write_detector_info(root / "shards", {"detector": extractor.name, "fingerprint": EASY_DETECTOR.fingerprint(),
-                                          "config": asdict(EASY_DETECTOR)})
-    return SimpleNamespace(root=root, shards=root / "shards", store=RegionStore(root / "shards"), files=files,
-                           truth={str(k): attrs for k, (_, attrs) in enumerate(truth)},
-                           easy_ids={str(k): image_id for k, (image_id, _) in enumerate(truth)})
+    write_detector_info(
+        root / "shards",
+        {"detector": extractor.name, "fingerprint": EASY_DETECTOR.fingerprint(), "config": asdict(EASY_DETECTOR)},
+    )
+    return SimpleNamespace(
+        root=root,
+        shards=root / "shards",
+        store=RegionStore(root / "shards"),
+        files=files,
+        truth={str(k): attrs for k, (_, attrs) in enumerate(truth)},
+        easy_ids={str(k): image_id for k, (image_id, _) in enumerate(truth)},
+    )
 
 
 @pytest.fixture(scope="session")

@@ -42,8 +42,14 @@ from torch.utils._pytree import tree_leaves
 
 aten = torch.ops.aten
 ROOT = Path(__file__).resolve().parents[1]
-HOST_SYNCS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.is_nonzero.default,
-              aten.masked_select.default, aten.unique_consecutive.default, aten._unique2.default}
+HOST_SYNCS = {
+    aten._local_scalar_dense.default,
+    aten.nonzero.default,
+    aten.is_nonzero.default,
+    aten.masked_select.default,
+    aten.unique_consecutive.default,
+    aten._unique2.default,
+}
 FLASH = "aten._flash_attention_forward"
 
 
@@ -83,8 +89,9 @@ class _Recorder(TorchDispatchMode):
         copied = _host_to_device(func, args, kwargs)
         if copied is not None:
             source, blocking = copied
-            owner.host_to_device.append(Copy(source.numel() * source.element_size(), blocking, project_line(),
-                                             owner.stream))
+            owner.host_to_device.append(
+                Copy(source.numel() * source.element_size(), blocking, project_line(), owner.stream)
+            )
             if blocking:  # the copy is queued after every kernel before it, and the host waits for it
                 owner.host_syncs.append(f"{name} (blocking host-to-device copy) at {project_line()}")
         if func in HOST_SYNCS and any(_on_fake_cuda(t) for t in tensors):
@@ -116,8 +123,13 @@ def _host_to_device(func, args, kwargs) -> tuple[torch.Tensor, bool] | None:
         source = args[0]
         if device is not None and torch.device(device).type == "cuda" and not isinstance(source, FakeTensor):
             return source, not kwargs.get("non_blocking", False)
-    elif func is aten.copy_.default and len(args) >= 2 and _on_fake_cuda(args[0]) and \
-            isinstance(args[1], torch.Tensor) and not isinstance(args[1], FakeTensor):
+    elif (
+        func is aten.copy_.default
+        and len(args) >= 2
+        and _on_fake_cuda(args[0])
+        and isinstance(args[1], torch.Tensor)
+        and not isinstance(args[1], FakeTensor)
+    ):
         non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
         return args[1], not non_blocking
     return None
@@ -128,12 +140,13 @@ def _stand_in(func, args):
     still agree in shape); raises for ops it does not know."""
     if func is aten.index.Tensor and len(args[1]) == 1 and args[1][0].dtype == torch.bool:
         x, mask = args[0], args[1][0]
-        return torch.empty((mask.numel(), *x.shape[mask.dim():]), dtype=x.dtype, device=x.device)
+        return torch.empty((mask.numel(), *x.shape[mask.dim() :]), dtype=x.dtype, device=x.device)
     raise NotImplementedError(f"no stand-in for the data-dependent {func}")
 
 
-def fake_backward(root: torch.Tensor, gradient: torch.Tensor | None = None, retain_graph=None, create_graph=False,
-                  inputs=None) -> None:
+def fake_backward(
+    root: torch.Tensor, gradient: torch.Tensor | None = None, retain_graph=None, create_graph=False, inputs=None
+) -> None:
     """``root.backward(gradient)`` without autograd's engine (see the module docstring): leaves' ``.grad`` are set
     or accumulated into. ``retain_graph``, ``create_graph`` and ``inputs`` are not supported (ignored / refused)."""
     if create_graph or inputs is not None:
@@ -163,8 +176,10 @@ def fake_backward(root: torch.Tensor, gradient: torch.Tensor | None = None, reta
                     leaf.grad = g if leaf.grad is None else leaf.grad + g
                 continue
             meta = node._input_metadata
-            args = [grads[i] if grads.get(i) is not None else
-                    torch.zeros(m.shape, dtype=m.dtype, device=m.device) for i, m in enumerate(meta)]
+            args = [
+                grads[i] if grads.get(i) is not None else torch.zeros(m.shape, dtype=m.dtype, device=m.device)
+                for i, m in enumerate(meta)
+            ]
             outs = node.apply(*args) if hasattr(node, "_forward_cls") else node(*args)
             outs = outs if isinstance(outs, tuple) else (outs,)
             for (nxt, slot), g in zip(node.next_functions, outs):
@@ -292,8 +307,10 @@ class FakeCuda:
         props = _Properties(self.name, self.capability)
         rng = torch.zeros(16, dtype=torch.uint8)
         patches = {
-            "torch.cuda.is_available": lambda: True, "torch.cuda.device_count": lambda: 1,
-            "torch.cuda.current_device": lambda: 0, "torch.cuda.set_device": lambda device: None,
+            "torch.cuda.is_available": lambda: True,
+            "torch.cuda.device_count": lambda: 1,
+            "torch.cuda.current_device": lambda: 0,
+            "torch.cuda.set_device": lambda device: None,
             "torch.cuda.get_device_capability": lambda device=None: self.capability,
             "torch.cuda.get_device_properties": lambda device=None: props,
             "torch.cuda.get_device_name": lambda device=None: self.name,
@@ -302,10 +319,12 @@ class FakeCuda:
             "torch.cuda.get_rng_state_all": lambda: [rng.clone()],
             "torch.cuda.set_rng_state": lambda state, device="cuda": None,
             "torch.cuda.set_rng_state_all": lambda states: None,
-            "torch.cuda.manual_seed": lambda seed: None, "torch.cuda.manual_seed_all": lambda seed: None,
+            "torch.cuda.manual_seed": lambda seed: None,
+            "torch.cuda.manual_seed_all": lambda seed: None,
             "torch.Tensor.backward": fake_backward,
             "torch.cuda.Stream": lambda device=None, priority=0: _Stream(self),
-            "torch.cuda.stream": self._use_stream, "torch.cuda.Event": _Event,
+            "torch.cuda.stream": self._use_stream,
+            "torch.cuda.Event": _Event,
             "torch.cuda.current_stream": lambda device=None: _Stream(self, self.stream),
             "torch.Tensor.record_stream": lambda tensor, stream: self._record_stream(tensor, stream),
         }

@@ -49,16 +49,28 @@ def bert_encoder(x, additive_mask, state, prefix, num_layers, num_heads):
         q, k, v = (heads(linear(x, state, f"{p}.attention.self.{n}")) for n in ("query", "key", "value"))
         scores = q @ k.transpose(-1, -2) / math.sqrt(d) + additive_mask
         context = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, h)
-        x = layer_norm(linear(context, state, f"{p}.attention.output.dense") + x, state,
-                       f"{p}.attention.output.LayerNorm")
+        x = layer_norm(
+            linear(context, state, f"{p}.attention.output.dense") + x, state, f"{p}.attention.output.LayerNorm"
+        )
         ffn = linear(gelu(linear(x, state, f"{p}.intermediate.dense")), state, f"{p}.output.dense")
         x = layer_norm(ffn + x, state, f"{p}.output.LayerNorm")
     return x
 
 
 # ---------------------------------------------------------------------------------------------------------- UNITER
-def uniter_state(hidden=32, layers=2, intermediate=48, vocab=60, positions=64, feature_dim=24, classes=1601,
-                 answers=0, seed=0, dtype=torch.float16, head="") -> dict[str, torch.Tensor]:
+def uniter_state(
+    hidden=32,
+    layers=2,
+    intermediate=48,
+    vocab=60,
+    positions=64,
+    feature_dim=24,
+    classes=1601,
+    answers=0,
+    seed=0,
+    dtype=torch.float16,
+    head="",
+) -> dict[str, torch.Tensor]:
     """A state dict with exactly UNITER's keys and shapes (UniterForPretraining, or UniterForVisualQuestionAnswering
     with ``answers`` > 0, UniterForVisualEntailment with 3; ``head`` "itm": UniterForImageTextRetrieval, "paired" /
     "paired-attn": UniterForNlvr2Paired / PairedAttn with the 3-row token-type table of ``init_type_embedding``),
@@ -133,8 +145,18 @@ def uniter_state(hidden=32, layers=2, intermediate=48, vocab=60, positions=64, f
     return state
 
 
-def uniter_forward(state, input_ids, text_lengths, img_feat, img_pos7, num_boxes, num_layers, num_heads,
-                   img_types=None, return_mask=False):
+def uniter_forward(
+    state,
+    input_ids,
+    text_lengths,
+    img_feat,
+    img_pos7,
+    num_boxes,
+    num_layers,
+    num_heads,
+    img_types=None,
+    return_mask=False,
+):
     """UniterModel.forward + pooler as UNITER computes it: text [B, Tmax] (right-padded), images [B, Nmax, D] and
     their 7-d positions; the sequence gathered by ``get_gather_index``; ``img_types``: each row's region token type
     (default 1; NLVR2's ``use_img_type``: 1 left, 2 right). Returns (sequence [B, max(tl+nbb), H] with row i =
@@ -152,13 +174,13 @@ def uniter_forward(state, input_ids, text_lengths, img_feat, img_pos7, num_boxes
     out_size = int(max(tl + nb for tl, nb in zip(text_lengths, num_boxes)))
     gather_index = torch.arange(out_size).repeat(b, 1)
     for row, (tl, nb) in enumerate(zip(text_lengths, num_boxes)):
-        gather_index[row, tl:tl + nb] = torch.arange(t_max, t_max + nb)
+        gather_index[row, tl : tl + nb] = torch.arange(t_max, t_max + nb)
     joint = torch.cat([text, img], 1)
     joint = torch.cat([joint, joint.new_zeros(b, max(0, out_size - joint.shape[1]), joint.shape[2])], 1)
     embedded = joint.gather(1, gather_index[..., None].expand(-1, -1, joint.shape[2]))
     attn = torch.zeros(b, out_size)
     for row, (tl, nb) in enumerate(zip(text_lengths, num_boxes)):
-        attn[row, :tl + nb] = 1
+        attn[row, : tl + nb] = 1
     additive = (1.0 - attn)[:, None, None, :] * -10000.0
     sequence = bert_encoder(embedded, additive, s, "uniter.encoder", num_layers, num_heads)
     pooled = torch.tanh(linear(sequence[:, 0], s, "uniter.pooler.dense"))
@@ -171,8 +193,9 @@ def uniter_heads(state, hidden_text, hidden_regions, pooled):
     s = {k: v.float() for k, v in state.items()}
     out = {}
     if "cls.predictions.bias" in s:
-        h = layer_norm(gelu(linear(hidden_text, s, "cls.predictions.transform.dense")), s,
-                       "cls.predictions.transform.LayerNorm")
+        h = layer_norm(
+            gelu(linear(hidden_text, s, "cls.predictions.transform.dense")), s, "cls.predictions.transform.LayerNorm"
+        )
         out["mlm"] = F.linear(h, s["uniter.embeddings.word_embeddings.weight"], s["cls.predictions.bias"])
         h = layer_norm(gelu(linear(hidden_regions, s, "feat_regress.net.0")), s, "feat_regress.net.2")
         out["mrfr"] = F.linear(h, s["feat_regress.weight"].t(), s["feat_regress.bias"])
@@ -196,9 +219,9 @@ def multihead_attention(query, key, state, prefix, num_heads, key_padding):
     b, length, h = query.shape
     d = h // num_heads
     w, bias = state[prefix + ".in_proj_weight"], state[prefix + ".in_proj_bias"]
-    q = F.linear(query, w[:h], bias[:h]) * d ** -0.5
-    k = F.linear(key, w[h:2 * h], bias[h:2 * h])
-    v = F.linear(key, w[2 * h:], bias[2 * h:])
+    q = F.linear(query, w[:h], bias[:h]) * d**-0.5
+    k = F.linear(key, w[h : 2 * h], bias[h : 2 * h])
+    v = F.linear(key, w[2 * h :], bias[2 * h :])
 
     def heads(t):
         return t.view(b, -1, num_heads, d).transpose(1, 2)
@@ -236,14 +259,23 @@ def oscar_forward(state, config, input_ids, token_type_ids, attention_mask, img_
     s = {k: v.float() for k, v in state.items()}
     t = input_ids.shape[1]
     e = "bert.embeddings"
-    text = (s[f"{e}.word_embeddings.weight"][input_ids] + s[f"{e}.position_embeddings.weight"][:t][None]
-            + s[f"{e}.token_type_embeddings.weight"][token_type_ids])
+    text = (
+        s[f"{e}.word_embeddings.weight"][input_ids]
+        + s[f"{e}.position_embeddings.weight"][:t][None]
+        + s[f"{e}.token_type_embeddings.weight"][token_type_ids]
+    )
     text = layer_norm(text, s, f"{e}.LayerNorm", config["layer_norm_eps"])
     img = linear(img_feats, s, "bert.img_embedding")
     if config.get("use_img_layernorm"):
         img = layer_norm(img, s, "bert.LayerNorm", config["img_layer_norm_eps"])
     mask = torch.cat([attention_mask, img_mask], 1).float()
     additive = (1.0 - mask)[:, None, None, :] * -10000.0
-    sequence = bert_encoder(torch.cat([text, img], 1), additive, s, "bert.encoder", config["num_hidden_layers"],
-                            config["num_attention_heads"])
+    sequence = bert_encoder(
+        torch.cat([text, img], 1),
+        additive,
+        s,
+        "bert.encoder",
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+    )
     return sequence, torch.tanh(linear(sequence[:, 0], s, "bert.pooler.dense"))

@@ -14,8 +14,14 @@ from vlbert.analysis.fill_mask import fill_mask
 def saved_bert(tmp_path_factory, tokenizer):
     """A small BERT with trained-looking (random) MLM weights saved in the Hugging Face layout."""
     torch.manual_seed(0)
-    config = vlbert.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                               intermediate_size=64, max_position_embeddings=64)
+    config = vlbert.BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     model = vlbert.BertForPreTraining(config)
     with torch.no_grad():
         model.masked_lm.bias.normal_(0, 2.0)  # spread the distribution so the top-k order is well defined
@@ -26,8 +32,12 @@ def saved_bert(tmp_path_factory, tokenizer):
 
 def test_fill_mask_equals_the_transformers_pipeline(saved_bert, tokenizer):
     ours = vlbert.BertForPreTraining.from_pretrained(saved_bert)
-    pipe = transformers.pipeline("fill-mask", model=transformers.BertForMaskedLM.from_pretrained(saved_bert),
-                                 tokenizer=transformers.AutoTokenizer.from_pretrained(saved_bert), top_k=5)
+    pipe = transformers.pipeline(
+        "fill-mask",
+        model=transformers.BertForMaskedLM.from_pretrained(saved_bert),
+        tokenizer=transformers.AutoTokenizer.from_pretrained(saved_bert),
+        top_k=5,
+    )
     for text in ("the cat sat on the [MASK].", "[MASK] markets rose and [MASK] fell."):
         expected = pipe(text)
         expected = [expected] if isinstance(expected[0], dict) else expected
@@ -54,8 +64,12 @@ def test_fill_mask_pipeline_over_a_model_in_memory_batches_as_transformers(saved
     texts = ["the [MASK] sat.", "[MASK] markets rose and [MASK] fell sharply today.", "a [MASK]"]
     got = fill(texts, top_k=3)
     assert len(forwards) == 2  # 3 texts at batch_size 2: two passes, not one per text
-    reference = transformers.pipeline("fill-mask", model=transformers.BertForMaskedLM.from_pretrained(saved_bert),
-                                      tokenizer=transformers.AutoTokenizer.from_pretrained(saved_bert), top_k=3)
+    reference = transformers.pipeline(
+        "fill-mask",
+        model=transformers.BertForMaskedLM.from_pretrained(saved_bert),
+        tokenizer=transformers.AutoTokenizer.from_pretrained(saved_bert),
+        top_k=3,
+    )
     for text, fillers in zip(texts, got):
         expected = reference(text)
         assert isinstance(fillers[0], dict) == isinstance(expected[0], dict)  # transformers' shape: one mask, a list
@@ -63,7 +77,8 @@ def test_fill_mask_pipeline_over_a_model_in_memory_batches_as_transformers(saved
         assert [[x["token"] for x in m] for m in fillers] == [[x["token"] for x in m] for m in expected]
         assert [[x["sequence"] for x in m] for m in fillers] == [[x["sequence"] for x in m] for m in expected]
         assert [x["score"] for m in fillers for x in m] == pytest.approx(
-            [x["score"] for m in expected for x in m], abs=1e-5)  # padding changes nothing but rounding
+            [x["score"] for m in expected for x in m], abs=1e-5
+        )  # padding changes nothing but rounding
     with pytest.raises(ValueError, match="needs its tokenizer"):
         pipeline(model=ours)
 
@@ -79,8 +94,10 @@ def test_mask_predict_and_gibbs(saved_bert, tokenizer):
     assert one_pass == tokenizer.decode(expected)  # T = 1: every position from one parallel pass
     refined = mask_predict(model, tokenizer, length=4, iterations=4)[0]
     assert tokenizer.mask_token not in refined and len(tokenizer(refined, add_special_tokens=False)["input_ids"]) >= 1
-    a, b = gibbs_sample(model, tokenizer, 5, sweeps=2, seed=1, batch=3), gibbs_sample(model, tokenizer, 5, sweeps=2,
-                                                                                      seed=1, batch=3)
+    a, b = (
+        gibbs_sample(model, tokenizer, 5, sweeps=2, seed=1, batch=3),
+        gibbs_sample(model, tokenizer, 5, sweeps=2, seed=1, batch=3),
+    )
     assert a == b and a != gibbs_sample(model, tokenizer, 5, sweeps=2, seed=2, batch=3)
     with pytest.raises(ValueError, match="length and iterations"):
         mask_predict(model, tokenizer, length=0)
@@ -97,8 +114,9 @@ def test_head_statistics_on_hand_made_attention():
     to_cls = torch.zeros(t, t)
     to_cls[:, 0] = 1
     attentions = (torch.stack([previous, to_cls])[None],)
-    stats = head_statistics(attentions, torch.tensor([[101, 5, 6, 102]]), torch.ones(1, t, dtype=torch.long),
-                            cls_id=101, sep_id=102)
+    stats = head_statistics(
+        attentions, torch.tensor([[101, 5, 6, 102]]), torch.ones(1, t, dtype=torch.long), cls_id=101, sep_id=102
+    )
     assert stats["previous"][0].tolist() == pytest.approx([3 / 4, 1 / 4])
     assert stats["cls"][0].tolist() == pytest.approx([2 / 4, 1.0])
     assert stats["next"][0].tolist() == pytest.approx([0.0, 0.0])
@@ -110,11 +128,13 @@ def test_probe_finds_the_layer_that_holds_the_label():
     from vlbert.analysis.probing import probe_layers
 
     g = torch.Generator().manual_seed(0)
+
     def make(n):
         labels = torch.randint(0, 3, (n,), generator=g)
         x = torch.randn(n, 4, 8, generator=g)
         x[:, 2, :3] += 3 * torch.nn.functional.one_hot(labels, 3).float()
         return x, labels
+
     (tx, ty), (ex, ey) = make(400), make(200)
     result = probe_layers(tx, ty, ex, ey, steps=200)
     assert max(range(4), key=lambda i: result.mix_weights[i]) == 2 and abs(result.expected_layer - 2) < 0.5

@@ -26,8 +26,14 @@ def test_flops_estimate_equals_counted_forward_flops():
 
     # A vocabulary of a multiple of 64: the MLM head pads others to one (MaskedLMHead.vocab_multiple), and the
     # padded rows' FLOPs are work the model does but the estimate (useful FLOPs) leaves out.
-    config = BertConfig(vocab_size=320, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=128, max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=320,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    )
     # Training mode on CPU: attention runs as two counted matmuls (the CPU dropout path); SDPA's fused CPU
     # kernel is not counted by FlopCounterMode.
     model = BertForPreTraining(config).train()

@@ -60,8 +60,9 @@ def test_bare_encoder_checkpoint_into_pretraining_model(minilm_dir):
     assert missing and all(k.startswith(("masked_lm.", "next_sentence.")) for k in missing)
     assert model.loading_info.unexpected_keys == []
     encoder = vlbert.BertModel.from_pretrained(minilm_dir)
-    torch.testing.assert_close(model.bert.encoder.layers[0].attention.qkv.weight,
-                               encoder.encoder.layers[0].attention.qkv.weight)
+    torch.testing.assert_close(
+        model.bert.encoder.layers[0].attention.qkv.weight, encoder.encoder.layers[0].attention.qkv.weight
+    )
 
 
 def test_pretraining_checkpoint_into_bare_encoder_reports_heads_unused(tmp_path):
@@ -73,17 +74,22 @@ def test_pretraining_checkpoint_into_bare_encoder_reports_heads_unused(tmp_path)
 
 def test_old_gamma_beta_names_and_pytorch_bin(tmp_path):
     hf = transformers.BertModel(random_hf_config(6)).eval()
-    state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-             for k, v in hf.state_dict().items()}
+    state = {
+        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+        for k, v in hf.state_dict().items()
+    }
     torch.save(state, tmp_path / "pytorch_model.bin")
     hf.config.to_json_file(tmp_path / "config.json")
     ours = vlbert.BertModel.from_pretrained(tmp_path, strict=True).eval()
     ids, types, mask = padded_batch(hf.config.vocab_size, seed=2)
     with torch.no_grad():
         real = mask.bool()
-        torch.testing.assert_close(ours(ids, types, mask).last_hidden_state[real],
-                                   hf(input_ids=ids, token_type_ids=types, attention_mask=mask).last_hidden_state[real],
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            ours(ids, types, mask).last_hidden_state[real],
+            hf(input_ids=ids, token_type_ids=types, attention_mask=mask).last_hidden_state[real],
+            atol=1e-5,
+            rtol=0,
+        )
 
 
 class _Payload:
@@ -171,8 +177,11 @@ def test_library_calls_check_their_inputs():
     """What the CLIs refuse, the models refuse too: ids outside the embedding tables and rows with no token."""
     import vlbert
 
-    model = vlbert.BertModel(vlbert.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
-                                               num_attention_heads=2, intermediate_size=32))
+    model = vlbert.BertModel(
+        vlbert.BertConfig(
+            vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+        )
+    )
     with pytest.raises(ValueError, match="input_ids holds 60, outside the model's table of 50"):
         model(torch.tensor([[1, 60]]))
     with pytest.raises(ValueError, match="input_ids holds -1"):
@@ -187,11 +196,23 @@ def test_every_vl_head_round_trips_and_is_exported(tmp_path):
     """Save/load of each VL head class is exact, the retrieval projection size included (it lived outside the
     config and came back as 256), and each class is importable from vlbert."""
     torch.manual_seed(0)
-    base = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=40,
-                region_feature_dim=12, num_region_classes=0)
-    for name, extra in (("VLBertForImageTextRetrieval", {"projection_dim": 16}), ("VLBertForVQA", {"num_labels": 7}),
-                        ("VLBertForImagePairClassification", {}), ("VLBertForReferringExpressions", {}),
-                        ("VLBertForVisualReasoning", {}), ("VLBertForMaskedTokenVQA", {"num_labels": 5})):
+    base = dict(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=40,
+        region_feature_dim=12,
+        num_region_classes=0,
+    )
+    for name, extra in (
+        ("VLBertForImageTextRetrieval", {"projection_dim": 16}),
+        ("VLBertForVQA", {"num_labels": 7}),
+        ("VLBertForImagePairClassification", {}),
+        ("VLBertForReferringExpressions", {}),
+        ("VLBertForVisualReasoning", {}),
+        ("VLBertForMaskedTokenVQA", {"num_labels": 5}),
+    ):
         cls = getattr(vlbert, name)
         model = cls(vlbert.VLBertConfig(**base, **extra))
         model.save_pretrained(tmp_path / name)
@@ -199,16 +220,27 @@ def test_every_vl_head_round_trips_and_is_exported(tmp_path):
         assert not loaded.loading_info.missing_keys and not loaded.loading_info.unexpected_keys, name
         for key, value in model.state_dict().items():
             torch.testing.assert_close(loaded.state_dict()[key], value, rtol=0, atol=0)
-    assert vlbert.VLBertForImageTextRetrieval.from_pretrained(
-        tmp_path / "VLBertForImageTextRetrieval").text_proj.out_features == 16
+    assert (
+        vlbert.VLBertForImageTextRetrieval.from_pretrained(
+            tmp_path / "VLBertForImageTextRetrieval"
+        ).text_proj.out_features
+        == 16
+    )
 
 
 def test_returned_attentions_are_the_weights_that_multiply_the_values():
     """In training mode with attention dropout, the returned probabilities are after dropout, as transformers'
     eager attention returns them (some entries dropped to 0, the kept ones scaled by 1 / (1 - p))."""
     torch.manual_seed(0)
-    config = vlbert.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                               intermediate_size=40, attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.0)
+    config = vlbert.BertConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=40,
+        attention_probs_dropout_prob=0.5,
+        hidden_dropout_prob=0.0,
+    )
     model = vlbert.BertModel(config).train()
     ids = torch.randint(1, 50, (2, 9))
     attention = model(ids, output_attentions=True).attentions[0]

@@ -12,8 +12,8 @@ import venv
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, tool
+
 from vlbert.command_line import run_tool
 from vlbert.commands import COMMANDS, command_main, main
 from vlbert.commands.benchmark import BENCHMARKS
@@ -36,8 +36,15 @@ def test_every_subcommand_and_script_has_a_parser(capsys):
         except SystemExit as done:  # argparse's --help
             status = done.code
         assert status == 0 and capsys.readouterr().out.startswith("usage: "), name
-    scripts = {"pretrain": "pretrain", "predict": "predict", "extract_regions": "extract", "explain": "explain",
-               "convert_checkpoint": "convert", "benchmark": "benchmark", "finetune": "finetune"}
+    scripts = {
+        "pretrain": "pretrain",
+        "predict": "predict",
+        "extract_regions": "extract",
+        "explain": "explain",
+        "convert_checkpoint": "convert",
+        "benchmark": "benchmark",
+        "finetune": "finetune",
+    }
     for script, name in scripts.items():
         assert tool(script) is command_main(name)
     assert tool("benchmark_inference") is BENCHMARKS["inference"].main
@@ -50,8 +57,11 @@ def test_task_tools_are_finetune_with_their_task_and_config(monkeypatch):
     import vlbert.commands.finetune as finetune
 
     seen = {}
-    monkeypatch.setattr(finetune, "run_from_args", lambda args, task, extra=(): seen.update(
-        task=task, config=str(args.config), extra=dict(extra)))
+    monkeypatch.setattr(
+        finetune,
+        "run_from_args",
+        lambda args, task, extra=(): seen.update(task=task, config=str(args.config), extra=dict(extra)),
+    )
     assert tool("finetune_vqa")(["--dataset", "vqa-v2", "--max-steps", "3"]) == 0
     assert seen == {"task": "vqa", "config": "finetune/vqa-easy-vqa", "extra": {"data.dataset": "vqa-v2"}}
     assert command_main("finetune")(["--task", "nlvr2"]) == 0 and seen["config"] == "finetune/nlvr2-easy-vqa"
@@ -95,27 +105,59 @@ def test_the_wheel_runs_outside_the_checkout(tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     dependencies = [p for p in sys.path if p.endswith("site-packages")]
     Path(site, "installed-dependencies.pth").write_text("\n".join(dependencies) + "\n")
-    subprocess.run([*pip, "--python", python, "install", "--no-deps", "--no-index", "--ignore-installed", wheel],
-                   check=True)
+    subprocess.run(
+        [*pip, "--python", python, "install", "--no-deps", "--no-index", "--ignore-installed", wheel], check=True
+    )
     empty = tmp_path / "empty"
     empty.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([env_dir / "bin" / "vlbert", "pretrain", "--modality", "text", "--max-steps", "2",
-                           "--set", "training.batch_size=4", "--set", "data.max_eval_batches=1",
-                           "--set", "training.progress_bar=false"],
-                          cwd=empty, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            env_dir / "bin" / "vlbert",
+            "pretrain",
+            "--modality",
+            "text",
+            "--max-steps",
+            "2",
+            "--set",
+            "training.batch_size=4",
+            "--set",
+            "data.max_eval_batches=1",
+            "--set",
+            "training.progress_bar=false",
+        ],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    where = subprocess.run([python, "-c", "import importlib.util; print(importlib.util.find_spec('vlbert').origin)"],
-                           cwd=empty, env=env,
-                           capture_output=True, text=True, check=True).stdout
+    where = subprocess.run(
+        [python, "-c", "import importlib.util; print(importlib.util.find_spec('vlbert').origin)"],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert where.startswith(str(env_dir))  # the wheel's code ran, not the checkout's
-    advice = subprocess.run([python, "-c", "from vlbert_base.dependencies import extra_install as e; "
-                             "print(e('demo', 'easy-vqa'))"], cwd=empty, env=env, capture_output=True, text=True,
-                            check=True).stdout
+    advice = subprocess.run(
+        [python, "-c", "from vlbert_base.dependencies import extra_install as e; print(e('demo', 'easy-vqa'))"],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert advice.startswith("pip install 'vlbert[demo]'")  # a wheel is not told to `pip install -e .`
     assert (empty / "runs" / "text-default" / "model.safetensors").is_file() and "final metrics" in done.stdout
     # the end-of-run table (NSP beside its chance level) and the held-out evaluation printed as it happens
@@ -130,8 +172,9 @@ def test_demo_refusals_are_one_line(doc_runs, monkeypatch, capsys):
     assert "is a 'nlvr2' run; the demo shows runs of retrieval, vl-pretraining, vqa" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "gradio", None)  # as if not installed
     assert run_tool(command_main("demo"), [str(doc_runs["vqa-easy-vqa"])]) == 2
-    assert capsys.readouterr().err.strip() == ("error: vlbert demo needs gradio: pip install 'vlbert[demo-web]' "
-                                               "(or pip install gradio)")
+    assert capsys.readouterr().err.strip() == (
+        "error: vlbert demo needs gradio: pip install 'vlbert[demo-web]' (or pip install gradio)"
+    )
 
 
 def test_example_image_writes_a_test_picture_with_its_answers_and_never_overwrites(tmp_path, capsys):

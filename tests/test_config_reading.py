@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import tool
 from test_tool_errors import TINY_MODEL, one_line_error
+
 from vlbert.command_line import run_tool
 from vlbert.training.run_config import config_dir, load_run_config
 from vlbert_base.typed_config import Range, check_value
@@ -23,10 +23,18 @@ from vlbert_base.typed_config import Range, check_value
 
 def tiny_text_config(root: Path, corpus: Path, cache_dir: Path) -> Path:
     """A tiny text-pretraining config file (1 step) in ``root`` over ``corpus``, prepared under ``cache_dir``."""
-    config = {"modality": "text", "tokenizer": "minilm", "model": TINY_MODEL,
-              "data": {"corpus": str(corpus), "max_seq_length": 64, "max_eval_batches": 1,
-                       "corpus_cache_dir": str(cache_dir)},
-              "training": {"max_steps": 1, "batch_size": 4, "progress_bar": False}}
+    config = {
+        "modality": "text",
+        "tokenizer": "minilm",
+        "model": TINY_MODEL,
+        "data": {
+            "corpus": str(corpus),
+            "max_seq_length": 64,
+            "max_eval_batches": 1,
+            "corpus_cache_dir": str(cache_dir),
+        },
+        "training": {"max_steps": 1, "batch_size": 4, "progress_bar": False},
+    }
     path = root / "tiny.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -44,42 +52,98 @@ def tiny_text(tmp_path_factory, small_corpus):
 CASES = {
     # data.objectives is a mapping: a list or a single name is refused (not read as names of weight 1: the weights
     # of VL mixes are frequencies, and one spelling is one meaning), with the mapping that works.
-    "objectives-list": ("text", ["--set", "data.objectives=[mlm, nsp]"],
-                        "data.objectives must be a mapping of objective name to weight", "e.g. {mlm: 1, nsp: 1}, "
-                        "got ['mlm', 'nsp']"),
-    "objectives-one-name": ("text", ["--set", "data.objectives=mlm"],
-                            "data.objectives must be a mapping of objective name to weight", "got 'mlm'"),
-    "objective-weight": ("text", ["--set", "data.objectives={mlm: x}"], "data.objectives.mlm must be a float",
-                         "got 'x'"),
-    "not-a-boolean": ("text", ["--set", "model.gradient_checkpointing=ture"],
-                      "model.gradient_checkpointing must be a bool (true or false)", "got 'ture'"),
-    "top-level-boolean": ("text", ["--set", "allow_other_detector=ture"],
-                          "allow_other_detector must be a bool (true or false)", "got 'ture'"),
-    "model-range": ("text", ["--set", "model.hidden_dropout_prob=1.5"],
-                    "model.hidden_dropout_prob must be a float in [0, 1)", "got 1.5"),
-    "model-unknown-key": ("text", ["--set", "model.hiden_size=64"], "unknown model config key(s) ['hiden_size']",
-                          "valid keys are"),
-    "training-range": ("text", ["--set", "training.adam_beta2=1"], "training.adam_beta2 must be a float in [0, 1)",
-                       "got 1"),
+    "objectives-list": (
+        "text",
+        ["--set", "data.objectives=[mlm, nsp]"],
+        "data.objectives must be a mapping of objective name to weight",
+        "e.g. {mlm: 1, nsp: 1}, got ['mlm', 'nsp']",
+    ),
+    "objectives-one-name": (
+        "text",
+        ["--set", "data.objectives=mlm"],
+        "data.objectives must be a mapping of objective name to weight",
+        "got 'mlm'",
+    ),
+    "objective-weight": (
+        "text",
+        ["--set", "data.objectives={mlm: x}"],
+        "data.objectives.mlm must be a float",
+        "got 'x'",
+    ),
+    "not-a-boolean": (
+        "text",
+        ["--set", "model.gradient_checkpointing=ture"],
+        "model.gradient_checkpointing must be a bool (true or false)",
+        "got 'ture'",
+    ),
+    "top-level-boolean": (
+        "text",
+        ["--set", "allow_other_detector=ture"],
+        "allow_other_detector must be a bool (true or false)",
+        "got 'ture'",
+    ),
+    "model-range": (
+        "text",
+        ["--set", "model.hidden_dropout_prob=1.5"],
+        "model.hidden_dropout_prob must be a float in [0, 1)",
+        "got 1.5",
+    ),
+    "model-unknown-key": (
+        "text",
+        ["--set", "model.hiden_size=64"],
+        "unknown model config key(s) ['hiden_size']",
+        "valid keys are",
+    ),
+    "training-range": (
+        "text",
+        ["--set", "training.adam_beta2=1"],
+        "training.adam_beta2 must be a float in [0, 1)",
+        "got 1",
+    ),
     "negative-seed": ("text", ["--seed", "-1"], "training.seed must be an int in [0, 4294967295]", "got -1"),
-    "data-range": ("text", ["--set", "data.mlm_probability=1.5"], "data.mlm_probability must be a float in [0, 1]",
-                   "got 1.5"),
+    "data-range": (
+        "text",
+        ["--set", "data.mlm_probability=1.5"],
+        "data.mlm_probability must be a float in [0, 1]",
+        "got 1.5",
+    ),
     "not-a-section": ("text", ["--set", "data=bbc-news"], "data must be a mapping of data fields", "got 'bbc-news'"),
-    "backbone-by-name": ("vqa", ["--set", "model.visual_backbone=timm"],
-                         "model.visual_backbone must be null or a mapping of visual backbone fields", "got 'timm'"),
-    "frozen-stages-number": ("vqa", ["--set", "model.visual_backbone={kind: timm, frozen_stages: 2}"],
-                             "model.visual_backbone.frozen_stages must be a list of the stages to freeze",
-                             "e.g. [1, 2]; [] for none, got 2"),
-    "frozen-stage-zero": ("vqa", ["--set", "model.visual_backbone={kind: timm, frozen_stages: [0]}"],
-                          "model.visual_backbone.frozen_stages[0] must be an int >= 1", "got 0"),
-    "negative-backbone-rate": ("vqa", ["--set", "model.visual_backbone={kind: timm, learning_rate: -1e-4}"],
-                               "model.visual_backbone.learning_rate must be null (the run's learning rate) or a "
-                               "float > 0", "got -0.0001"),
-    "backbone-kind": ("vqa", ["--set", "model.visual_backbone={kind: resnet}"],
-                      "model.visual_backbone.kind must be one of 'caffe-resnet', 'torchvision-resnet', 'timm'",
-                      "got 'resnet'"),
-    "backbone-unknown-key": ("vqa", ["--set", "model.visual_backbone={kind: timm, lr: 1e-5}"],
-                             "unknown model.visual_backbone key(s) ['lr']", "valid keys are"),
+    "backbone-by-name": (
+        "vqa",
+        ["--set", "model.visual_backbone=timm"],
+        "model.visual_backbone must be null or a mapping of visual backbone fields",
+        "got 'timm'",
+    ),
+    "frozen-stages-number": (
+        "vqa",
+        ["--set", "model.visual_backbone={kind: timm, frozen_stages: 2}"],
+        "model.visual_backbone.frozen_stages must be a list of the stages to freeze",
+        "e.g. [1, 2]; [] for none, got 2",
+    ),
+    "frozen-stage-zero": (
+        "vqa",
+        ["--set", "model.visual_backbone={kind: timm, frozen_stages: [0]}"],
+        "model.visual_backbone.frozen_stages[0] must be an int >= 1",
+        "got 0",
+    ),
+    "negative-backbone-rate": (
+        "vqa",
+        ["--set", "model.visual_backbone={kind: timm, learning_rate: -1e-4}"],
+        "model.visual_backbone.learning_rate must be null (the run's learning rate) or a float > 0",
+        "got -0.0001",
+    ),
+    "backbone-kind": (
+        "vqa",
+        ["--set", "model.visual_backbone={kind: resnet}"],
+        "model.visual_backbone.kind must be one of 'caffe-resnet', 'torchvision-resnet', 'timm'",
+        "got 'resnet'",
+    ),
+    "backbone-unknown-key": (
+        "vqa",
+        ["--set", "model.visual_backbone={kind: timm, lr: 1e-5}"],
+        "unknown model.visual_backbone key(s) ['lr']",
+        "valid keys are",
+    ),
     "region-data-range": ("vqa", ["--set", "data.max_regions=0"], "data.max_regions must be an int >= 1", "got 0"),
 }
 
@@ -107,11 +171,14 @@ def test_the_typed_layer_reads_yaml_spellings_and_refuses_what_they_are_not():
     assert check_value(10.0, int, "k") == 10 and type(check_value(10.0, int, "k")) is int
     assert check_value(False, Literal["auto", "no"], "k") == "no"
     assert check_value({"mlm": "2"}, dict[str, float], "k") == {"mlm": 2.0}
-    for value, tp, message in ((True, int, "k must be an int, got True"), (1.5, int, "k must be an int, got 1.5"),
-                               ("yes", bool, "k must be a bool (true or false), got 'yes'"),
-                               (float("nan"), Annotated[float, Range(ge=0)], "k must be a float >= 0, got nan"),
-                               ([1, "x"], list[int], r"k\[1\] must be an int, got 'x'"),
-                               (True, str, "k must be a string, got True")):
+    for value, tp, message in (
+        (True, int, "k must be an int, got True"),
+        (1.5, int, "k must be an int, got 1.5"),
+        ("yes", bool, "k must be a bool (true or false), got 'yes'"),
+        (float("nan"), Annotated[float, Range(ge=0)], "k must be a float >= 0, got nan"),
+        ([1, "x"], list[int], r"k\[1\] must be an int, got 'x'"),
+        (True, str, "k must be a string, got True"),
+    ):
         with pytest.raises(ValueError, match=message if "[" in message else re.escape(message)):
             check_value(value, tp, "k")
 
@@ -124,8 +191,9 @@ def test_config_names_resolve_local_file_first_then_shipped(capsys, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     (tmp_path / "text").mkdir()
     (tmp_path / "text" / "default.yaml").write_text("modality: text\ntraining: {max_stepz: 1}\n")
-    line = one_line_error(capsys, "pretrain", ["--config", "text/default", "--output-dir", str(tmp_path / "a"),
-                                               "--max-steps", "1"])
+    line = one_line_error(
+        capsys, "pretrain", ["--config", "text/default", "--output-dir", str(tmp_path / "a"), "--max-steps", "1"]
+    )
     assert "unknown training config key(s) ['max_stepz']" in line  # the local file was read, not the shipped one
 
     (tmp_path / "mine.yaml").write_text("_base_: text/default\ntraining: {max_steps: 3}\n")
@@ -134,8 +202,13 @@ def test_config_names_resolve_local_file_first_then_shipped(capsys, tmp_path, mo
     shipped = load_run_config(config_dir() / "text" / "default.yaml")
     assert load_run_config("text/default") == shipped
     assert load_run_config("mine.yaml") == {**shipped, "training": {**shipped["training"], "max_steps": 3}}
-    assert run_tool(tool("pretrain"), ["--config", "mine.yaml", "--output-dir", str(tmp_path / "c"),
-                                       "--set", "training.max_steps=0"]) == 2  # read, then refused: max_steps
+    assert (
+        run_tool(
+            tool("pretrain"),
+            ["--config", "mine.yaml", "--output-dir", str(tmp_path / "c"), "--set", "training.max_steps=0"],
+        )
+        == 2
+    )  # read, then refused: max_steps
     assert "training.max_steps must be an int >= 1, got 0" in capsys.readouterr().err
     (tmp_path / "typo.yaml").write_text("_base_: text/nosuch\n")
     line = one_line_error(capsys, "pretrain", ["--config", "typo.yaml", "--output-dir", str(tmp_path / "b")])
@@ -143,8 +216,9 @@ def test_config_names_resolve_local_file_first_then_shipped(capsys, tmp_path, mo
     assert "included by typo.yaml" in line and "see configs/" not in line
 
 
-def test_resume_refuses_a_changed_config_and_never_rewrites_config_yaml(capsys, tmp_path, small_corpus,
-                                                                        small_token_corpus):
+def test_resume_refuses_a_changed_config_and_never_rewrites_config_yaml(
+    capsys, tmp_path, small_corpus, small_token_corpus
+):
     """A run of 2 steps with a checkpoint each step; --resume with data.objectives edited is refused in one line
     naming the key and both values, nothing in the run touched; --resume with a longer --max-steps (a change a
     resumed run may make) continues, keeps config.yaml byte for byte and records the change in log.jsonl."""

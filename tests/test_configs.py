@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from vlbert import BertConfig, BertForPreTraining
-from vlbert.training.run_config import load_run_config, set_dotted
 from vlbert.recipes.text_pretraining import TextDataConfig
-from vlbert.training.run_config import dataclass_from_section
+from vlbert.training.run_config import dataclass_from_section, load_run_config, set_dotted
 from vlbert.training.trainer import TrainingConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "text").glob("*.yaml"))
@@ -39,8 +38,11 @@ def test_set_dotted_parses_yaml_values():
     config = {"training": {"max_steps": 3}}
     for item in ("training.max_steps=10", "training.learning_rate=5e-4", "data.corpus=my.txt", "x.flag=true"):
         set_dotted(config, item)
-    assert config == {"training": {"max_steps": 10, "learning_rate": 5e-4}, "data": {"corpus": "my.txt"},
-                      "x": {"flag": True}}
+    assert config == {
+        "training": {"max_steps": 10, "learning_rate": 5e-4},
+        "data": {"corpus": "my.txt"},
+        "x": {"flag": True},
+    }
     with pytest.raises(ValueError, match="key=value"):
         set_dotted(config, "training.max_steps")
 
@@ -60,9 +62,11 @@ def test_config_values_are_type_checked_and_numbers_coerced():
 
 def test_region_tasks_share_one_data_config_and_check_their_datasets(tmp_path):
     from vlbert.recipes import RECIPES
-    from vlbert.recipes.nlvr2 import DATASETS as NLVR2_DATASETS, NLVR2DataConfig
+    from vlbert.recipes.nlvr2 import DATASETS as NLVR2_DATASETS
+    from vlbert.recipes.nlvr2 import NLVR2DataConfig
     from vlbert.recipes.regions import RegionTaskDataConfig, load_examples
-    from vlbert.recipes.vqa import DATASETS as VQA_DATASETS, VQADataConfig
+    from vlbert.recipes.vqa import DATASETS as VQA_DATASETS
+    from vlbert.recipes.vqa import VQADataConfig
 
     region_tasks = [r for r in RECIPES.values() if r.uses_regions and r.name != "vl-pretraining"]
     assert len(region_tasks) == 5 and all(issubclass(r.data_config, RegionTaskDataConfig) for r in region_tasks)
@@ -71,8 +75,9 @@ def test_region_tasks_share_one_data_config_and_check_their_datasets(tmp_path):
     with pytest.raises(ValueError, match="dataset nlvr2 needs data.train_file, data.eval_file, data.shards"):
         load_examples(NLVR2_DATASETS, NLVR2DataConfig(dataset="nlvr2"), 0)
     (tmp_path / "dev.json").write_text(json.dumps({"identifier": "dev-7-1-0", "sentence": "x", "label": "True"}))
-    data = NLVR2DataConfig(dataset="nlvr2", train_file=str(tmp_path / "dev.json"), eval_file=str(tmp_path / "dev.json"),
-                           shards="regions/")
+    data = NLVR2DataConfig(
+        dataset="nlvr2", train_file=str(tmp_path / "dev.json"), eval_file=str(tmp_path / "dev.json"), shards="regions/"
+    )
     train, _ = load_examples(NLVR2_DATASETS, data, 0)
     assert (train[0].left_image, data.image_id_format) == ("dev-7-1-img0", "{stem}-img{k}")  # the dataset's default
     data.image_id_format = "{stem}.img{k}"
@@ -88,8 +93,10 @@ def test_base_includes(tmp_path):
     (tmp_path / "train.yaml").write_text("training: {batch_size: 8, max_steps: 10}\n")
     (tmp_path / "run.yaml").write_text("_base_: [det.yaml, train.yaml]\ntraining: {max_steps: 3}\n")
     config = load_run_config(tmp_path / "run.yaml", ["detector.max_proposals=8"])
-    assert config == {"detector": {"backend": "timm", "input_size": 160, "max_proposals": 8},
-                      "training": {"batch_size": 8, "max_steps": 3}}
+    assert config == {
+        "detector": {"backend": "timm", "input_size": 160, "max_proposals": 8},
+        "training": {"batch_size": 8, "max_steps": 3},
+    }
     (tmp_path / "a.yaml").write_text("_base_: b.yaml\n")
     (tmp_path / "b.yaml").write_text("_base_: a.yaml\n")
     with pytest.raises(ValueError, match="cycle"):

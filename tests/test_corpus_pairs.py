@@ -42,8 +42,10 @@ def test_preparation_equals_the_reference_tokenisation_for_every_format(small_co
     plain = TokenCorpus(prepare_corpus(tmp_path / "docs.txt", tokenizer, tmp_path / "cache"))
     assert plain.num_documents >= 2 and plain.document(0)[0] == reference[0][0]
     counts = corpus.token_counts(len(tokenizer))
-    assert counts.sum() == corpus.meta["tokens"] and counts.argmax() == np.bincount(
-        [t for doc in reference for s in doc for t in s]).argmax()
+    assert (
+        counts.sum() == corpus.meta["tokens"]
+        and counts.argmax() == np.bincount([t for doc in reference for s in doc for t in s]).argmax()
+    )
     # A changed file is another corpus: prepared anew, not served stale.
     first = sorted(small_corpus.glob("*.txt"))[0]
     changed = tmp_path / "changed"
@@ -73,7 +75,7 @@ def test_pairs_from_the_memory_map(small_corpus, tokenizer, tmp_path):
 
     def find(stream, piece, start=0):
         n = len(piece)
-        return next((i for i in range(start, len(stream) - n + 1) if stream[i:i + n] == piece), -1)
+        return next((i for i in range(start, len(stream) - n + 1) if stream[i : i + n] == piece), -1)
 
     checked = {IS_NEXT: 0, IS_RANDOM: 0}
     for k, x in enumerate(items[:300]):
@@ -81,7 +83,7 @@ def test_pairs_from_the_memory_map(small_corpus, tokenizer, tmp_path):
         assert len(ids) <= 64 and ids[0] == tokenizer.cls_token_id and ids[-1] == sep
         cut = ids.index(sep)
         assert x["token_type_ids"] == [0] * (cut + 1) + [1] * (len(ids) - cut - 1)
-        a, b = ids[1:cut], ids[cut + 1:-1]
+        a, b = ids[1:cut], ids[cut + 1 : -1]
         own = data.row(k)[0]
         if x["next_sentence_label"] == IS_NEXT:
             assert (i := find(streams[own], a)) >= 0 and find(streams[own], b, i + len(a)) >= 0
@@ -99,13 +101,32 @@ def test_pairs_from_the_memory_map(small_corpus, tokenizer, tmp_path):
 def test_text_pretraining_on_the_prepared_corpus(small_corpus, tmp_path):
     from vlbert.recipes import RECIPES, run
 
-    config = {"modality": "text", "tokenizer": "minilm",
-              "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-                        "max_position_embeddings": 64},
-              "data": {"corpus": str(small_corpus), "max_seq_length": 64, "eval_fraction": 0.1,
-                       "corpus_cache_dir": str(tmp_path / "cache")},
-              "training": {"output_dir": str(tmp_path / "run"), "max_steps": 6, "batch_size": 8,
-                           "learning_rate": 1e-3, "warmup_steps": 1, "log_every": 1, "progress_bar": False}}
+    config = {
+        "modality": "text",
+        "tokenizer": "minilm",
+        "model": {
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+        },
+        "data": {
+            "corpus": str(small_corpus),
+            "max_seq_length": 64,
+            "eval_fraction": 0.1,
+            "corpus_cache_dir": str(tmp_path / "cache"),
+        },
+        "training": {
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": 6,
+            "batch_size": 8,
+            "learning_rate": 1e-3,
+            "warmup_steps": 1,
+            "log_every": 1,
+            "progress_bar": False,
+        },
+    }
     metrics = run(RECIPES["text-pretraining"], config)
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
@@ -123,6 +144,14 @@ def test_text_pretraining_on_the_prepared_corpus(small_corpus, tmp_path):
     documents = reference_tokenization(load_documents(small_corpus), tokenizer)
     counts = Counter(t for doc in documents for sentence in doc for t in sentence)
     expected = next(t for t, _ in counts.most_common() if t not in set(tokenizer.all_special_ids))
-    data = TextPretrainingData(RunContext(config, TrainingConfig.from_dict(config["training"]),
-                                          TextDataConfig(**config["data"]), None, tokenizer, None))
+    data = TextPretrainingData(
+        RunContext(
+            config,
+            TrainingConfig.from_dict(config["training"]),
+            TextDataConfig(**config["data"]),
+            None,
+            tokenizer,
+            None,
+        )
+    )
     assert data.majority_token == expected

@@ -33,12 +33,21 @@ def cpu_reference(config: dict, out: Path) -> list[float]:
     path = out.with_suffix(".yaml")
     import yaml
 
-    path.write_text(yaml.safe_dump({**config, "training": {**config["training"], "output_dir": str(out),
-                                                            "mixed_precision": "no"}}))
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "pretrain.py"), "--modality", config["modality"],
-                           "--config", str(path)], env=env, capture_output=True, text=True, timeout=900)
+    path.write_text(
+        yaml.safe_dump({**config, "training": {**config["training"], "output_dir": str(out), "mixed_precision": "no"}})
+    )
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "pretrain.py"), "--modality", config["modality"], "--config", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return train_losses(out)
 
@@ -53,33 +62,76 @@ def assert_close_in_bf16(gpu: list[float], cpu: list[float]) -> None:
 def test_text_pretraining_in_bf16_on_cuda_equals_cpu_float32(small_corpus, tmp_path):
     from vlbert.recipes import RECIPES, run
 
-    config = {"modality": "text", "tokenizer": "minilm",
-              "model": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128,
-                        "max_position_embeddings": 64, **NO_DROPOUT},
-              "data": {"corpus": str(small_corpus), "max_seq_length": 64, "eval_fraction": 0.0,
-                       "corpus_cache_dir": str(tmp_path / "corpora")},
-              "training": {"max_steps": STEPS, "batch_size": 8, "learning_rate": 1e-3, "warmup_steps": 1,
-                           "log_every": 1, "progress_bar": False, "num_workers": 0}}
+    config = {
+        "modality": "text",
+        "tokenizer": "minilm",
+        "model": {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+            "max_position_embeddings": 64,
+            **NO_DROPOUT,
+        },
+        "data": {
+            "corpus": str(small_corpus),
+            "max_seq_length": 64,
+            "eval_fraction": 0.0,
+            "corpus_cache_dir": str(tmp_path / "corpora"),
+        },
+        "training": {
+            "max_steps": STEPS,
+            "batch_size": 8,
+            "learning_rate": 1e-3,
+            "warmup_steps": 1,
+            "log_every": 1,
+            "progress_bar": False,
+            "num_workers": 0,
+        },
+    }
     cpu = cpu_reference(config, tmp_path / "cpu")
-    run(RECIPES["text-pretraining"], {**config, "training": {**config["training"], "output_dir": str(tmp_path / "gpu"),
-                                                              "mixed_precision": "bf16"}})
+    run(
+        RECIPES["text-pretraining"],
+        {**config, "training": {**config["training"], "output_dir": str(tmp_path / "gpu"), "mixed_precision": "bf16"}},
+    )
     assert_close_in_bf16(train_losses(tmp_path / "gpu"), cpu)
 
 
 def test_vl_pretraining_in_bf16_on_cuda_equals_cpu_float32(tmp_path):
     from vlbert.recipes import RECIPES, run
 
-    config = {"modality": "vl", "tokenizer": "minilm",
-              "model": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128,
-                        **NO_DROPOUT},
-              "detector": {"input_size": 96, "max_proposals": 16},
-              "data": {"max_images": 48, "cache_dir": str(tmp_path / "regions"), "eval_fraction": 0.25,
-                       "objectives": {"mlm": 1, "mrfr": 1, "mrc_kl": 1, "itm": 1}},
-              "training": {"max_steps": STEPS, "batch_size": 8, "learning_rate": 1e-3, "warmup_steps": 1,
-                           "log_every": 1, "progress_bar": False, "num_workers": 0}}
+    config = {
+        "modality": "vl",
+        "tokenizer": "minilm",
+        "model": {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+            **NO_DROPOUT,
+        },
+        "detector": {"input_size": 96, "max_proposals": 16},
+        "data": {
+            "max_images": 48,
+            "cache_dir": str(tmp_path / "regions"),
+            "eval_fraction": 0.25,
+            "objectives": {"mlm": 1, "mrfr": 1, "mrc_kl": 1, "itm": 1},
+        },
+        "training": {
+            "max_steps": STEPS,
+            "batch_size": 8,
+            "learning_rate": 1e-3,
+            "warmup_steps": 1,
+            "log_every": 1,
+            "progress_bar": False,
+            "num_workers": 0,
+        },
+    }
     cpu = cpu_reference(config, tmp_path / "cpu")  # extracts the regions into the shared cache first
-    run(RECIPES["vl-pretraining"], {**config, "training": {**config["training"], "output_dir": str(tmp_path / "gpu"),
-                                                            "mixed_precision": "bf16"}})
+    run(
+        RECIPES["vl-pretraining"],
+        {**config, "training": {**config["training"], "output_dir": str(tmp_path / "gpu"), "mixed_precision": "bf16"}},
+    )
     assert_close_in_bf16(train_losses(tmp_path / "gpu"), cpu)
 
 
@@ -87,6 +139,7 @@ def test_vl_pretraining_in_bf16_on_cuda_equals_cpu_float32(tmp_path):
 # What a CPU machine cannot show: the flash kernels' numbers, their dropout, the fallbacks on real hardware, bf16
 # weights with float32 masters on the device, the tools' default run, compile and NCCL. (Placement and host traffic
 # of the step are checked everywhere by tests/test_gpu_trainer.py on a fake GPU.)
+
 
 def _flash_capable() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
@@ -104,10 +157,12 @@ def _ragged(b=4, t=24, r=0, seed=0):
     labels[:, 2] = ids[:, 2]
     batch = {"input_ids": ids * mask, "attention_mask": mask, "labels": labels}
     if r:
-        batch.update(region_features=torch.randn(b, r, 16, generator=g),
-                     region_boxes=torch.rand(b, r, 4, generator=g).sort(-1).values,
-                     region_mask=(torch.arange(r) < torch.tensor([r, 2, r - 1, 1][:b])[:, None]).long(),
-                     itm_label=torch.tensor([1, 0, 1, 1][:b]))
+        batch.update(
+            region_features=torch.randn(b, r, 16, generator=g),
+            region_boxes=torch.rand(b, r, 4, generator=g).sort(-1).values,
+            region_mask=(torch.arange(r) < torch.tensor([r, 2, r - 1, 1][:b])[:, None]).long(),
+            itm_label=torch.tensor([1, 0, 1, 1][:b]),
+        )
     else:
         batch["next_sentence_label"] = torch.tensor([0, 1, 0, 1][:b])
     return {k: v.cuda() for k, v in batch.items()}
@@ -117,13 +172,21 @@ def _model(kernel, head_dim, regions, dropout=0.0, **model):
     import vlbert
     from vlbert.models.vl import VLBertForPreTraining
 
-    values = {"vocab_size": 90, "hidden_size": 2 * head_dim, "num_hidden_layers": 2, "num_attention_heads": 2,
-              "intermediate_size": 64, "attn_implementation": kernel, "hidden_dropout_prob": 0.0,
-              "attention_probs_dropout_prob": dropout}
+    values = {
+        "vocab_size": 90,
+        "hidden_size": 2 * head_dim,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "attn_implementation": kernel,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": dropout,
+    }
     torch.manual_seed(0)
     if regions:
-        return VLBertForPreTraining(vlbert.VLBertConfig(**values, region_feature_dim=16, num_region_classes=0,
-                                                        **model)).cuda()
+        return VLBertForPreTraining(
+            vlbert.VLBertConfig(**values, region_feature_dim=16, num_region_classes=0, **model)
+        ).cuda()
     return vlbert.BertForPreTraining(vlbert.BertConfig(**values)).cuda()
 
 
@@ -152,8 +215,10 @@ def _assert_varlen_equals_eager_in_bf16(batch, head_dim, regions, **model_config
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = model(**batch)
         out.loss.backward()
-        results[kernel] = (out.loss.float(), {n: p.grad.float() for n, p in model.named_parameters()
-                                              if p.grad is not None})
+        results[kernel] = (
+            out.loss.float(),
+            {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None},
+        )
     (le, ge), (lv, gv) = results["eager"], results["varlen"]
     assert torch.isfinite(lv) and abs(float(lv - le)) <= 0.02 * abs(float(le)) + 1e-3
     assert ge.keys() == gv.keys()
@@ -176,8 +241,17 @@ def test_two_stream_flash_varlen_equals_eager_in_bf16(collator_packing):
     if collator_packing:
         fields = stream_packing_fields(batch["attention_mask"].cpu(), batch["region_mask"].cpu())
         batch.update({k: v.cuda() for k, v in fields.items()})
-    _assert_varlen_equals_eager_in_bf16(batch, 64, 6, encoder="two-stream", l_layers=1, r_layers=1, x_layers=1,
-                                        region_embedding="lxmert", region_location_dim=4)
+    _assert_varlen_equals_eager_in_bf16(
+        batch,
+        64,
+        6,
+        encoder="two-stream",
+        l_layers=1,
+        r_layers=1,
+        x_layers=1,
+        region_embedding="lxmert",
+        region_location_dim=4,
+    )
 
 
 @needs_flash
@@ -201,17 +275,21 @@ def test_flash_dropout_reproduces_keeps_the_rate_and_its_backward_matches_its_ma
     assert abs(kept - (1 - p)) < 0.02, kept
     # backward against the explicit attention with flash's own mask (return_debug_mask: dropped entries negative)
     g = torch.Generator(device="cuda").manual_seed(1)
-    q, k, v = (torch.randn(length, heads, d, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_()
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(length, heads, d, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_()
+        for _ in range(3)
+    )
     cu1 = cu[:2]
     out, lse, seed, offset, debug = torch.ops.aten._flash_attention_forward(
-        q, k, v, cu1, cu1, length, length, p, False, True)
+        q, k, v, cu1, cu1, length, length, p, False, True
+    )
     keep = (debug[0, :, :length, :length] >= 0).float()  # [heads, L, L]
     grad_out = torch.randn_like(out)
-    dq, dk, dv = torch.ops.aten._flash_attention_backward(grad_out, q, k, v, out, lse, cu1, cu1, length, length, p,
-                                                           False, seed, offset)
+    dq, dk, dv = torch.ops.aten._flash_attention_backward(
+        grad_out, q, k, v, out, lse, cu1, cu1, length, length, p, False, seed, offset
+    )
     qf, kf, vf = (t.detach().float().transpose(0, 1).requires_grad_() for t in (q, k, v))
-    probs = torch.softmax(qf @ kf.transpose(-1, -2) / d ** 0.5, -1) * keep / (1 - p)
+    probs = torch.softmax(qf @ kf.transpose(-1, -2) / d**0.5, -1) * keep / (1 - p)
     ref = (probs @ vf).transpose(0, 1)
     ref.backward(grad_out.float())
     for mine, theirs in ((dq, qf.grad), (dk, kf.grad), (dv, vf.grad)):
@@ -229,8 +307,12 @@ def test_fallbacks_run_on_this_gpu():
     batch = _ragged()
     for head_dim, autocast in ((13, True), (32, False)):
         model = _model(None, head_dim, 0).eval()
-        assert model.bert.encoder.select_attention(torch.zeros(1, device="cuda", dtype=torch.bfloat16
-                                                               if autocast else torch.float32)) == "sdpa"
+        assert (
+            model.bert.encoder.select_attention(
+                torch.zeros(1, device="cuda", dtype=torch.bfloat16 if autocast else torch.float32)
+            )
+            == "sdpa"
+        )
     with mock.patch.object(attention, "cuda_capability", lambda device: (7, 5)):
         model = _model(None, 32, 0).eval()
         assert model.bert.encoder.select_attention(torch.zeros(1, device="cuda", dtype=torch.bfloat16)) == "sdpa"
@@ -243,13 +325,34 @@ def test_fallbacks_run_on_this_gpu():
 
 
 def _gpu_text_config(corpus, out, **training):
-    return {"modality": "text", "tokenizer": "minilm",
-            "model": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128,
-                      "max_position_embeddings": 64, **NO_DROPOUT},
-            "data": {"corpus": str(corpus), "max_seq_length": 64, "eval_fraction": 0.0,
-                     "corpus_cache_dir": str(Path(out).parent / "corpora")},
-            "training": {"output_dir": str(out), "max_steps": 50, "batch_size": 8, "learning_rate": 1e-3,
-                         "warmup_steps": 5, "log_every": 10, "progress_bar": False, **training}}
+    return {
+        "modality": "text",
+        "tokenizer": "minilm",
+        "model": {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+            "max_position_embeddings": 64,
+            **NO_DROPOUT,
+        },
+        "data": {
+            "corpus": str(corpus),
+            "max_seq_length": 64,
+            "eval_fraction": 0.0,
+            "corpus_cache_dir": str(Path(out).parent / "corpora"),
+        },
+        "training": {
+            "output_dir": str(out),
+            "max_steps": 50,
+            "batch_size": 8,
+            "learning_rate": 1e-3,
+            "warmup_steps": 5,
+            "log_every": 10,
+            "progress_bar": False,
+            **training,
+        },
+    }
 
 
 @pytest.mark.parametrize("accumulation", [1, 4])
@@ -261,8 +364,10 @@ def test_bf16_params_on_cuda_track_float32(small_corpus, tmp_path, accumulation)
     windows = {}
     for precision in ("no", "bf16-params"):
         out = tmp_path / precision
-        run(RECIPES["text-pretraining"], _gpu_text_config(small_corpus, out, mixed_precision=precision,
-                                                          grad_accum_steps=accumulation))
+        run(
+            RECIPES["text-pretraining"],
+            _gpu_text_config(small_corpus, out, mixed_precision=precision, grad_accum_steps=accumulation),
+        )
         windows[precision] = train_losses(out)
     assert len(windows["no"]) == len(windows["bf16-params"]) == 5
     for fp32, bf16 in zip(windows["no"], windows["bf16-params"]):
@@ -300,9 +405,23 @@ def test_the_default_tools_train_on_the_gpu_with_dropout(modality, tmp_path):
     """tools/pretrain.py --modality text|vl as a user runs it (defaults: bf16-params, flash, dropout on), a few
     steps: finite losses, step time and MFU in every log line."""
     out = tmp_path / modality
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "pretrain.py"), "--modality", modality,
-                           "--output-dir", str(out), "--max-steps", "20", "--set", "training.log_every=5"],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "pretrain.py"),
+            "--modality",
+            modality,
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "20",
+            "--set",
+            "training.log_every=5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if r["split"] == "train"]
     assert len(lines) == 4 and all(math.isfinite(r["loss"]) for r in lines)
@@ -341,13 +460,29 @@ def test_two_gpus_over_nccl_equal_one_at_twice_the_batch(small_corpus, tmp_path)
 
     path = tmp_path / "two.yaml"
     path.write_text(yaml.safe_dump(_gpu_text_config(small_corpus, two, max_steps=10, batch_size=4, log_every=1)))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           str(port), str(ROOT / "tools" / "pretrain.py"), "--modality", "text", "--config",
-                           str(path)], env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port),
+            str(ROOT / "tools" / "pretrain.py"),
+            "--modality",
+            "text",
+            "--config",
+            str(path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     for a, b in zip(train_losses(one), train_losses(two)):
         assert abs(a - b) <= 0.03 * a + 0.01
-
 
 
 class _Stop(Exception):
@@ -381,11 +516,14 @@ def test_steps_after_the_first_never_synchronise(small_corpus, tmp_path, modalit
 
     config = _gpu_text_config(small_corpus, tmp_path / "run", max_steps=10, log_every=100)
     if modality == "vl":
-        config = {"modality": "vl", "tokenizer": "minilm",
-                  "model": {k: v for k, v in config["model"].items() if k != "max_position_embeddings"},
-                  "detector": {"input_size": 96, "max_proposals": 16},
-                  "data": {"max_images": 48, "cache_dir": str(tmp_path / "regions"), "eval_fraction": 0.0},
-                  "training": config["training"]}
+        config = {
+            "modality": "vl",
+            "tokenizer": "minilm",
+            "model": {k: v for k, v in config["model"].items() if k != "max_position_embeddings"},
+            "detector": {"input_size": 96, "max_proposals": 16},
+            "data": {"max_images": 48, "cache_dir": str(tmp_path / "regions"), "eval_fraction": 0.0},
+            "training": config["training"],
+        }
     try:
         with pytest.raises(_Stop):
             run(RECIPES[f"{modality}-pretraining"], config, hooks=[_syncs_are_errors()])

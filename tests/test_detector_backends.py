@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
+from conftest import tool
 from PIL import Image
 
-from conftest import tool
 from detectors.backends import DETECTOR_BACKENDS, DetectorBackend
 from detectors.config import DetectorConfig
 from detectors.regions import Regions
@@ -29,8 +29,11 @@ def photos(tmp_path_factory):
     import skimage.data
 
     folder = tmp_path_factory.mktemp("photos")
-    for name, image in (("astronaut", skimage.data.astronaut()), ("coffee", skimage.data.coffee()),
-                        ("chelsea", skimage.data.chelsea())):
+    for name, image in (
+        ("astronaut", skimage.data.astronaut()),
+        ("coffee", skimage.data.coffee()),
+        ("chelsea", skimage.data.chelsea()),
+    ):
         Image.fromarray(image).resize((96, 72)).save(folder / f"{name}.png")
     return folder
 
@@ -51,8 +54,22 @@ def test_another_timm_architecture_extracts_through_the_tool(tmp_path, photos, m
     import timm
 
     out = tmp_path / "regions"
-    argv = ["--images", str(photos), "--architecture", ARCHITECTURE, "--weights", str(mobilenet_weights),
-            "--input-size", "64", "--max-proposals", "4", "--output-dir", str(out), "--draw", str(tmp_path / "b.png")]
+    argv = [
+        "--images",
+        str(photos),
+        "--architecture",
+        ARCHITECTURE,
+        "--weights",
+        str(mobilenet_weights),
+        "--input-size",
+        "64",
+        "--max-proposals",
+        "4",
+        "--output-dir",
+        str(out),
+        "--draw",
+        str(tmp_path / "b.png"),
+    ]
     assert run_tool(tool("extract_regions"), argv) == 0
     assert Image.open(tmp_path / "b.png").width > 0  # boxes drawn with the classifier's ImageNet names
     regions = list(read_shards(shard_paths(out)))
@@ -62,8 +79,11 @@ def test_another_timm_architecture_extracts_through_the_tool(tmp_path, photos, m
     info = json.loads((out / "detector.json").read_text())
     config = DetectorConfig.from_record(info["config"])
     assert config.options.architecture == ARCHITECTURE and ARCHITECTURE in info["detector"]
-    assert info["fingerprint"] == config.fingerprint() != config.with_options(
-        architecture="efficientnet_lite0").fingerprint()  # the architecture names the features
+    assert (
+        info["fingerprint"]
+        == config.fingerprint()
+        != config.with_options(architecture="efficientnet_lite0").fingerprint()
+    )  # the architecture names the features
     assert config.weights_sha256 and config.weights_identity() == "sha256:" + config.weights_sha256
 
 
@@ -93,14 +113,20 @@ class GridExtractor:
             h, w, n = a.shape[0], a.shape[1], self.cells
             cells = [(x * w // n, y * h // n, (x + 1) * w // n, (y + 1) * h // n) for y in range(n) for x in range(n)]
             features = np.stack([a[y1:y2, x1:x2].mean((0, 1)) for x1, y1, x2, y2 in cells])
-            out.append(Regions(image_id, h, w, np.array(cells, np.float32), features, np.ones(len(cells)),
-                               detector=self.name))
+            out.append(
+                Regions(image_id, h, w, np.array(cells, np.float32), features, np.ones(len(cells)), detector=self.name)
+            )
         return out
 
 
 def test_a_new_backend_is_one_module_and_one_table_line(tmp_path, photos, monkeypatch, capsys):
-    monkeypatch.setitem(DETECTOR_BACKENDS, "grid", DetectorBackend(
-        GridOptions, lambda options, weights, device: GridExtractor(options), ("cells",), "a grid of boxes"))
+    monkeypatch.setitem(
+        DETECTOR_BACKENDS,
+        "grid",
+        DetectorBackend(
+            GridOptions, lambda options, weights, device: GridExtractor(options), ("cells",), "a grid of boxes"
+        ),
+    )
     with pytest.raises(SystemExit):
         tool("extract_regions")(["--help"])
     text = capsys.readouterr().out
@@ -110,8 +136,9 @@ def test_a_new_backend_is_one_module_and_one_table_line(tmp_path, photos, monkey
     assert run_tool(tool("extract_regions"), argv) == 0
     regions = {r.image_id: r for r in read_shards(shard_paths(out))}
     photo = np.asarray(Image.open(photos / "coffee.png"), dtype=np.float32) / 255  # 96 x 72: cells of 32 x 24
-    np.testing.assert_allclose(regions["coffee"].features[4].astype(np.float32), photo[24:48, 32:64].mean((0, 1)),
-                               atol=1e-3)
+    np.testing.assert_allclose(
+        regions["coffee"].features[4].astype(np.float32), photo[24:48, 32:64].mean((0, 1)), atol=1e-3
+    )
     info = json.loads((out / "detector.json").read_text())
     assert info["config"] == {"backend": "grid", "weights": "", "weights_sha256": "", "options": {"cells": 3}}
     assert info["fingerprint"] == DetectorConfig.from_record(info["config"]).fingerprint()
@@ -121,14 +148,30 @@ def test_bad_backend_flags_are_refused_in_one_line(tmp_path, photos, mobilenet_w
     base = ["--images", str(photos), "--input-size", "64", "--max-proposals", "4"]
     cases = {
         "'mobilenetv3_small050' is no timm architecture \\(close: mobilenetv3_small_050": [
-            "--architecture", "mobilenetv3_small050", "--weights", str(mobilenet_weights)],
+            "--architecture",
+            "mobilenetv3_small050",
+            "--weights",
+            str(mobilenet_weights),
+        ],
         "the timm architecture resnet18 has no packaged weights: pass its weights file": ["--architecture", "resnet18"],
         "does not fit timm's mobilenetv3_small_075: .* in the file, .* in the model; pass the weights of mobilenetv3": [
-            "--architecture", "mobilenetv3_small_075", "--weights", str(mobilenet_weights)],
+            "--architecture",
+            "mobilenetv3_small_075",
+            "--weights",
+            str(mobilenet_weights),
+        ],
         "--min-boxes is an option of the torchvision and detectron2 backend, not of timm; drop it": [
-            "--min-boxes", "5"],
+            "--min-boxes",
+            "5",
+        ],
         "low_level_stage 7 is no feature level of mobilenetv3_small_050 \\(levels: channels 0: 16,": [
-            "--architecture", ARCHITECTURE, "--weights", str(mobilenet_weights), "--low-level-stage", "7"],
+            "--architecture",
+            ARCHITECTURE,
+            "--weights",
+            str(mobilenet_weights),
+            "--low-level-stage",
+            "7",
+        ],
     }
     for message, argv in cases.items():
         capsys.readouterr()

@@ -16,15 +16,20 @@ import torch
 
 pytest.importorskip("detectron2", reason="detectron2 is not installed (see docs/regions.md: the detectron2 backend)")
 
+from conftest import tool  # noqa: E402
+
 from detectors.config import DetectorConfig  # noqa: E402
 from detectors.detectron2_detector import Detectron2RegionDetector, load_config  # noqa: E402
 from vlbert.command_line import run_tool  # noqa: E402
-from conftest import tool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # Small inputs and few proposals keep a CPU forward of a ResNet-50 detector well under a second.
-SMALL = {"INPUT.MIN_SIZE_TEST": 96, "INPUT.MAX_SIZE_TEST": 160, "MODEL.RPN.PRE_NMS_TOPK_TEST": 200,
-         "MODEL.RPN.POST_NMS_TOPK_TEST": 24}
+SMALL = {
+    "INPUT.MIN_SIZE_TEST": 96,
+    "INPUT.MAX_SIZE_TEST": 160,
+    "MODEL.RPN.PRE_NMS_TOPK_TEST": 200,
+    "MODEL.RPN.POST_NMS_TOPK_TEST": 24,
+}
 FPN = "COCO-Detection/faster_rcnn_R_50_FPN_1x.yaml"
 C4 = "COCO-Detection/faster_rcnn_R_50_C4_1x.yaml"
 
@@ -47,8 +52,9 @@ def random_weights(config_file, overrides, path, layout="d2-pkl", seed=0, edit=N
     if layout in ("d2-pkl", "butd-pkl"):
         arrays = {k: v.numpy() for k, v in state.items()}
         if layout == "butd-pkl":
-            arrays = {k.replace("roi_heads.attribute_predictor.", "roi_heads.box_predictor."): v
-                      for k, v in arrays.items()}
+            arrays = {
+                k.replace("roi_heads.attribute_predictor.", "roi_heads.box_predictor."): v for k, v in arrays.items()
+            }
         path.write_bytes(pickle.dumps({"model": arrays, "__author__": "test"}))
     elif layout == "pth":
         torch.save(state, path)
@@ -68,8 +74,9 @@ def assert_same_regions(together, alone):
     error = np.linalg.norm(a - b, axis=1) / np.maximum(np.linalg.norm(b, axis=1), 1e-6)
     assert error.max() < 1e-2, error
     if alone.class_probs is not None:
-        np.testing.assert_allclose(together.class_probs.astype(np.float32), alone.class_probs.astype(np.float32),
-                                   atol=1e-3)
+        np.testing.assert_allclose(
+            together.class_probs.astype(np.float32), alone.class_probs.astype(np.float32), atol=1e-3
+        )
 
 
 def sample_images():
@@ -80,8 +87,9 @@ def sample_images():
 
     paths = list(image_paths("train").items())[:6]
     sizes = [(64, 64), (96, 64), (64, 64), (50, 120), (96, 64), (200, 150)]
-    return [(image_id, np.asarray(Image.open(p).convert("RGB").resize(size))) for (image_id, p), size in
-            zip(paths, sizes)]
+    return [
+        (image_id, np.asarray(Image.open(p).convert("RGB").resize(size))) for (image_id, p), size in zip(paths, sizes)
+    ]
 
 
 @pytest.mark.parametrize("config_file,layout", [(FPN, "d2-pkl"), (C4, "pth")])
@@ -115,8 +123,9 @@ def test_torchvision_batched_extraction_equals_one_image_at_a_time():
     for (image_id, array), together in zip(images, batched):
         alone = detector(array, image_id)
         np.testing.assert_allclose(together.boxes, alone.boxes, atol=1e-2)  # pixels; float rounding
-        np.testing.assert_allclose(together.features.astype(np.float32), alone.features.astype(np.float32),
-                                   rtol=1e-2, atol=1e-3)
+        np.testing.assert_allclose(
+            together.features.astype(np.float32), alone.features.astype(np.float32), rtol=1e-2, atol=1e-3
+        )
 
 
 def test_butd_attribute_model_extracts_shards_with_names_and_vl_pretraining_runs_on_them(tmp_path):
@@ -125,13 +134,15 @@ def test_butd_attribute_model_extracts_shards_with_names_and_vl_pretraining_runs
     from vlbert.recipes import RECIPES, run
 
     overrides = {**SMALL, "MODEL.RESNETS.DEPTH": 50}
+
     def none_half(state):  # attribute scores: "no attribute" (last) as likely as all 400 attributes together
         state["roi_heads.attribute_predictor.attr_linear2.weight"].zero_()
         state["roi_heads.attribute_predictor.attr_linear2.bias"].zero_()
         state["roi_heads.attribute_predictor.attr_linear2.bias"][-1] = np.log(400.0)
 
-    weights = random_weights("butd-vg", overrides, tmp_path / "faster_rcnn_from_caffe_attr.pkl", "butd-pkl",
-                             edit=none_half)
+    weights = random_weights(
+        "butd-vg", overrides, tmp_path / "faster_rcnn_from_caffe_attr.pkl", "butd-pkl", edit=none_half
+    )
     (tmp_path / "objects_vocab.txt").write_text("".join(f"object{i},synonym\n" for i in range(1600)))
     (tmp_path / "attributes_vocab.txt").write_text("".join(f"attribute{i}\n" for i in range(400)))
     images = tmp_path / "images"
@@ -145,10 +156,30 @@ def test_butd_attribute_model_extracts_shards_with_names_and_vl_pretraining_runs
         (images / image_id).parent.mkdir(exist_ok=True)
         Image.open(paths[image_id]).save(images / f"{image_id}.png")
     opts = [w for k, v in overrides.items() for w in (k, str(v))]
-    args = ["--images", str(images), "--backend", "detectron2", "--config-file", str(BUTD_VG_CONFIG),
-            "--weights", str(weights), "--class-names", str(tmp_path / "objects_vocab.txt"),
-            "--attribute-names", str(tmp_path / "attributes_vocab.txt"), "--min-boxes", "6", "--max-boxes", "6",
-            "--batch-size", "4", "--output-dir", str(tmp_path / "shards"), "--opts", *opts]
+    args = [
+        "--images",
+        str(images),
+        "--backend",
+        "detectron2",
+        "--config-file",
+        str(BUTD_VG_CONFIG),
+        "--weights",
+        str(weights),
+        "--class-names",
+        str(tmp_path / "objects_vocab.txt"),
+        "--attribute-names",
+        str(tmp_path / "attributes_vocab.txt"),
+        "--min-boxes",
+        "6",
+        "--max-boxes",
+        "6",
+        "--batch-size",
+        "4",
+        "--output-dir",
+        str(tmp_path / "shards"),
+        "--opts",
+        *opts,
+    ]
     assert run_tool(tool("extract_regions"), args) == 0
     regions = list(read_shards(shard_paths(tmp_path / "shards")))
     assert len(regions) == 12 and all(r.num_regions == 6 for r in regions)
@@ -162,12 +193,32 @@ def test_butd_attribute_model_extracts_shards_with_names_and_vl_pretraining_runs
     assert info["feature_dim"] == 2048
 
     # The shards' image ids are the paths under --images ("train/<n>"): pretrain on them with easy-VQA captions.
-    config = {"modality": "vl", "tokenizer": "minilm",
-              "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
-                        "region_feature_dim": 2048},
-              "data": {"shards": str(tmp_path / "shards"), "max_images": 12, "eval_fraction": 0.0, "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "itm": 1}},
-              "training": {"output_dir": str(tmp_path / "run"), "max_steps": 4, "batch_size": 4,
-                           "learning_rate": 1e-3, "warmup_steps": 1, "log_every": 1, "progress_bar": False}}
+    config = {
+        "modality": "vl",
+        "tokenizer": "minilm",
+        "model": {
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "region_feature_dim": 2048,
+        },
+        "data": {
+            "shards": str(tmp_path / "shards"),
+            "max_images": 12,
+            "eval_fraction": 0.0,
+            "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "itm": 1},
+        },
+        "training": {
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": 4,
+            "batch_size": 4,
+            "learning_rate": 1e-3,
+            "warmup_steps": 1,
+            "log_every": 1,
+            "progress_bar": False,
+        },
+    }
     run(RECIPES["vl-pretraining"], config)
     steps = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if s["split"] == "train"] == [1, 2, 3, 4]

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import like_a_worker
 
 HERE = Path(__file__).resolve().parent
@@ -27,18 +26,43 @@ def free_port() -> int:
 
 
 def config(corpus, out, batch_size, steps=6, **training):
-    return {"modality": "text", "tokenizer": "minilm",
-            "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-                      "max_position_embeddings": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
-            "data": {"corpus": str(corpus), "max_seq_length": 64, "eval_fraction": 0.0,
-                     "corpus_cache_dir": str(Path(out).parent / "corpora")},
-            "training": {"output_dir": str(out), "max_steps": steps, "batch_size": batch_size, "learning_rate": 1e-3,
-                         "warmup_steps": 1, "log_every": 1, "progress_bar": False, **training}}
+    return {
+        "modality": "text",
+        "tokenizer": "minilm",
+        "model": {
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+        },
+        "data": {
+            "corpus": str(corpus),
+            "max_seq_length": 64,
+            "eval_fraction": 0.0,
+            "corpus_cache_dir": str(Path(out).parent / "corpora"),
+        },
+        "training": {
+            "output_dir": str(out),
+            "max_steps": steps,
+            "batch_size": batch_size,
+            "learning_rate": 1e-3,
+            "warmup_steps": 1,
+            "log_every": 1,
+            "progress_bar": False,
+            **training,
+        },
+    }
 
 
 def losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())
-            if r["split"] == "train"}
+    return {
+        r["step"]: r["loss"]
+        for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())
+        if r["split"] == "train"
+    }
 
 
 def reference_run(run_config: dict, recipe: str = "text-pretraining", resume: bool = False) -> None:
@@ -53,16 +77,35 @@ def reference_run(run_config: dict, recipe: str = "text-pretraining", resume: bo
 def env():
     # PYTHONPATH extended, not replaced: a machine may need what it holds. CUDA_VISIBLE_DEVICES empty: these
     # compare CPU float32 runs (gloo), whatever GPUs the machine has.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-            "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p),
+    }
 
 
 def torchrun(run_config: dict, *extra: str, **popen) -> subprocess.Popen:
     """ddp_worker.py under torchrun on 2 processes (stderr kept for the failure message)."""
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                             str(free_port()), str(HERE / "ddp_worker.py"), json.dumps(run_config), *extra],
-                            env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, **popen)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(HERE / "ddp_worker.py"),
+            json.dumps(run_config),
+            *extra,
+        ],
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 @pytest.mark.slow
@@ -120,31 +163,69 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
     graph with weight zero, so DDP runs without find_unused_parameters and 2 x b = 1 x 2b, step by step. ITM draws
     hard negatives from the global batch (both ranks' captions), with word-region alignment on its batches. The
     same launch trains a VQA model with a trainable visual backbone on the images: :func:`check_backbone_vqa`."""
+
     def vl_config(out, batch_size):
-        return {"modality": "vl", "tokenizer": "minilm",
-                "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-                          "intermediate_size": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
-                "data": {"shards": str(easy_vqa_shards), "max_images": 32, "eval_fraction": 0.0,
-                         "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "mrc_kl": 1, "itm": 4, "wra": 0.1},
-                         "itm_negatives": "hard"},
-                "training": {"output_dir": str(out), "max_steps": 8, "batch_size": batch_size, "learning_rate": 1e-3,
-                             "warmup_steps": 1, "log_every": 1, "progress_bar": False}}
+        return {
+            "modality": "vl",
+            "tokenizer": "minilm",
+            "model": {
+                "hidden_size": 32,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "intermediate_size": 64,
+                "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.0,
+            },
+            "data": {
+                "shards": str(easy_vqa_shards),
+                "max_images": 32,
+                "eval_fraction": 0.0,
+                "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "mrc_kl": 1, "itm": 4, "wra": 0.1},
+                "itm_negatives": "hard",
+            },
+            "training": {
+                "output_dir": str(out),
+                "max_steps": 8,
+                "batch_size": batch_size,
+                "learning_rate": 1e-3,
+                "warmup_steps": 1,
+                "log_every": 1,
+                "progress_bar": False,
+            },
+        }
 
     one, two = tmp_path / "one", tmp_path / "two"
     reference_run(vl_config(one, 8), "vl-pretraining")
     vqa = backbone_vqa_config(easy_vqa_shards, tmp_path)  # the same launch also trains a visual backbone
     reference_run(vqa(tmp_path / "vqa-one", 8), "vqa")
     runs = [["vl-pretraining", vl_config(two, 4)], ["vqa", vqa(tmp_path / "vqa-two", 4)]]
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", str(free_port()), str(HERE / "ddp_worker.py"), json.dumps(runs)],
-                            env=env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(HERE / "ddp_worker.py"),
+            json.dumps(runs),
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     check_backbone_vqa(vqa, tmp_path)
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, 9))
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
-    objectives = [next(k for k in ("mlm", "mrfr", "mrc", "mrc_kl", "itm") if k in r)
-                  for r in map(json.loads, (two / "log.jsonl").read_text().splitlines()) if r["split"] == "train"]
+    objectives = [
+        next(k for k in ("mlm", "mrfr", "mrc", "mrc_kl", "itm") if k in r)
+        for r in map(json.loads, (two / "log.jsonl").read_text().splitlines())
+        if r["split"] == "train"
+    ]
     assert len(set(objectives)) >= 3 and "itm" in objectives  # the steps did mix objectives
     itm_rows = [r for r in map(json.loads, (two / "log.jsonl").read_text().splitlines()) if "itm" in r]
     assert all("wra" in r and "wra_mismatched_distance" in r for r in itm_rows)
@@ -159,33 +240,78 @@ def backbone_vqa_config(shards: Path, root: Path):
     from vlbert.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer("minilm")
-    tiny = vlbert.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                             intermediate_size=64, max_position_embeddings=64)
+    tiny = vlbert.BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     vlbert.BertModel(tiny).save_pretrained(root / "tiny", tokenizer=tokenizer)
     ids = set(_shard_ids(shards))
     questions = [q for q in load_questions("train") if q.image_id in ids][:48]
     (root / "images" / "train").mkdir(parents=True)
     for image_id in {q.image_id for q in questions}:
         shutil.copy(image_paths("train")[image_id], root / "images" / f"{image_id}.png")
-    records = [{"question_id": n, "image_id": int(q.image_id.split("/")[1]), "question": q.question}
-               for n, q in enumerate(questions)]
+    records = [
+        {"question_id": n, "image_id": int(q.image_id.split("/")[1]), "question": q.question}
+        for n, q in enumerate(questions)
+    ]
     (root / "q.json").write_text(json.dumps({"questions": records}))
-    (root / "a.json").write_text(json.dumps({"annotations": [{"question_id": n, "answers": [{"answer": q.answer}] * 10}
-                                                             for n, q in enumerate(questions)]}))
-    files = {"train_questions": str(root / "q.json"), "train_annotations": str(root / "a.json"),
-             "eval_questions": str(root / "q.json"), "eval_annotations": str(root / "a.json")}
+    (root / "a.json").write_text(
+        json.dumps(
+            {
+                "annotations": [
+                    {"question_id": n, "answers": [{"answer": q.answer}] * 10} for n, q in enumerate(questions)
+                ]
+            }
+        )
+    )
+    files = {
+        "train_questions": str(root / "q.json"),
+        "train_annotations": str(root / "a.json"),
+        "eval_questions": str(root / "q.json"),
+        "eval_annotations": str(root / "a.json"),
+    }
 
     def config(out, batch_size):
-        return {"task": "vqa", "init_from": str(root / "tiny"),
-                "model": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
-                          "visual_backbone": {"kind": "timm", "model": "mobilenetv3_small_050", "roi_size": 2,
-                                              "learning_rate": 3e-3}},
-                "data": {"dataset": "vqa-v2", "shards": str(shards), "image_dir": str(root / "images"),
-                         "image_id_format": "train/{image_id}", "image_short_side": 48, "max_regions": 4,
-                         "max_eval_examples": 8, **files},
-                "training": {"output_dir": str(out), "max_steps": 6, "batch_size": batch_size, "learning_rate": 1e-3,
-                             "warmup_steps": 1, "log_every": 1, "save_every": 3, "save_total_limit": 0,
-                             "progress_bar": False}}
+        return {
+            "task": "vqa",
+            "init_from": str(root / "tiny"),
+            "model": {
+                "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.0,
+                "visual_backbone": {
+                    "kind": "timm",
+                    "model": "mobilenetv3_small_050",
+                    "roi_size": 2,
+                    "learning_rate": 3e-3,
+                },
+            },
+            "data": {
+                "dataset": "vqa-v2",
+                "shards": str(shards),
+                "image_dir": str(root / "images"),
+                "image_id_format": "train/{image_id}",
+                "image_short_side": 48,
+                "max_regions": 4,
+                "max_eval_examples": 8,
+                **files,
+            },
+            "training": {
+                "output_dir": str(out),
+                "max_steps": 6,
+                "batch_size": batch_size,
+                "learning_rate": 1e-3,
+                "warmup_steps": 1,
+                "log_every": 1,
+                "save_every": 3,
+                "save_total_limit": 0,
+                "progress_bar": False,
+            },
+        }
+
     return config
 
 
@@ -238,22 +364,60 @@ def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_sha
     from vlbert.data.easy_vqa import color_and_shape
 
     truth = color_and_shape("train")
-    records = [{"img_id": i, "sentf": {"mscoco": [f"a {c} {s}"], "vqa": [f"what color is the {s}?"]},
-                "labelf": {"vqa": [{c: 1.0}]}} for i, (c, s) in list(truth.items())[:16]]
+    records = [
+        {
+            "img_id": i,
+            "sentf": {"mscoco": [f"a {c} {s}"], "vqa": [f"what color is the {s}?"]},
+            "labelf": {"vqa": [{c: 1.0}]},
+        }
+        for i, (c, s) in list(truth.items())[:16]
+    ]
     (tmp_path / "lxmert.json").write_text(json.dumps(records))
 
     def two_stream_config(out, batch_size):
-        return {"modality": "vl", "tokenizer": "minilm",
-                "model": {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1,
-                          "region_embedding": "lxmert", "region_location_dim": 4, "hidden_size": 32,
-                          "num_attention_heads": 2, "intermediate_size": 64, "hidden_dropout_prob": 0.0,
-                          "attention_probs_dropout_prob": 0.0},
-                "data": {"sources": [{"name": "lxmert", "format": "lxmert", "path": str(tmp_path / "lxmert.json"),
-                                      "shards": str(easy_vqa_shards)}], "eval_fraction": 0.0,
-                         "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "itm": 1, "qa": 4}, "itm_negatives": "hard"},
-                "training": {"output_dir": str(out), "max_steps": 6, "batch_size": batch_size, "learning_rate": 1e-3,
-                             "warmup_steps": 1, "log_every": 1, "save_every": 3, "save_total_limit": 0,
-                             "mixed_precision": "bf16-params", "grad_accum_steps": 2, "progress_bar": False}}
+        return {
+            "modality": "vl",
+            "tokenizer": "minilm",
+            "model": {
+                "encoder": "two-stream",
+                "l_layers": 1,
+                "r_layers": 1,
+                "x_layers": 1,
+                "region_embedding": "lxmert",
+                "region_location_dim": 4,
+                "hidden_size": 32,
+                "num_attention_heads": 2,
+                "intermediate_size": 64,
+                "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.0,
+            },
+            "data": {
+                "sources": [
+                    {
+                        "name": "lxmert",
+                        "format": "lxmert",
+                        "path": str(tmp_path / "lxmert.json"),
+                        "shards": str(easy_vqa_shards),
+                    }
+                ],
+                "eval_fraction": 0.0,
+                "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "itm": 1, "qa": 4},
+                "itm_negatives": "hard",
+            },
+            "training": {
+                "output_dir": str(out),
+                "max_steps": 6,
+                "batch_size": batch_size,
+                "learning_rate": 1e-3,
+                "warmup_steps": 1,
+                "log_every": 1,
+                "save_every": 3,
+                "save_total_limit": 0,
+                "mixed_precision": "bf16-params",
+                "grad_accum_steps": 2,
+                "progress_bar": False,
+            },
+        }
 
     one, two, stopped = tmp_path / "one", tmp_path / "two", tmp_path / "stopped"
     reference_run(two_stream_config(one, 8), "vl-pretraining")
@@ -262,8 +426,11 @@ def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_sha
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, 7))
     assert a[1] == b[1] and max(abs(a[s] - b[s]) for s in a) <= 2e-4, (a, b)
-    objectives = {next(k for k in ("mlm", "mrfr", "mrc", "itm", "qa") if k in r)
-                  for r in map(json.loads, (two / "log.jsonl").read_text().splitlines()) if r["split"] == "train"}
+    objectives = {
+        next(k for k in ("mlm", "mrfr", "mrc", "itm", "qa") if k in r)
+        for r in map(json.loads, (two / "log.jsonl").read_text().splitlines())
+        if r["split"] == "train"
+    }
     assert len(objectives) >= 3 and {"qa", "itm"} <= objectives, objectives  # the steps did mix the units
     (stopped / "checkpoints").mkdir(parents=True)
     shutil.copytree(one / "checkpoints" / "step-3", stopped / "checkpoints" / "step-3")
@@ -285,23 +452,53 @@ def test_text_fine_tuning_on_three_processes_with_a_short_last_batch(tmp_path):
     from vlbert.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer("minilm")
-    tiny = vlbert.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                             intermediate_size=64, max_position_embeddings=64)
+    tiny = vlbert.BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     vlbert.BertModel(tiny).save_pretrained(tmp_path / "tiny", tokenizer=tokenizer)
 
     def text_config(out, batch_size):
-        return {"task": "text", "init_from": str(tmp_path / "tiny"),
-                "model": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
-                "data": {"task": "bbc-news", "max_seq_length": 24, "max_train_examples": 28, "eval_fraction": 0.01},
-                "training": {"output_dir": str(out), "max_steps": 4, "batch_size": batch_size, "learning_rate": 1e-3,
-                             "warmup_steps": 1, "log_every": 1, "progress_bar": False}}
+        return {
+            "task": "text",
+            "init_from": str(tmp_path / "tiny"),
+            "model": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+            "data": {"task": "bbc-news", "max_seq_length": 24, "max_train_examples": 28, "eval_fraction": 0.01},
+            "training": {
+                "output_dir": str(out),
+                "max_steps": 4,
+                "batch_size": batch_size,
+                "learning_rate": 1e-3,
+                "warmup_steps": 1,
+                "log_every": 1,
+                "progress_bar": False,
+            },
+        }
 
     one, three = tmp_path / "one", tmp_path / "three"
     reference_run(text_config(one, 24), "text")
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3",
-                             "--master_port", str(free_port()), str(HERE / "ddp_worker.py"),
-                             json.dumps(text_config(three, 8)), "text"],
-                            env=env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "3",
+            "--master_port",
+            str(free_port()),
+            str(HERE / "ddp_worker.py"),
+            json.dumps(text_config(three, 8)),
+            "text",
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     a, b = losses(one), losses(three)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]

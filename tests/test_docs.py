@@ -14,12 +14,12 @@ import shlex
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, tool
+
 from vlbert.commands import command_main
 from vlbert.commands import main as vlbert_main
-from vlbert.recipes.report import results_table
 from vlbert.inference.run import RunInputs
+from vlbert.recipes.report import results_table
 from vlbert.training.run_config import config_dir, load_run_config
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -27,19 +27,35 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 INLINE = re.compile(r"`((?:python |vlbert |torchrun )[^`]*)`")
 
 #: Placeholders the docs use for a user's files -> a fixture (a `doc_runs` run name, or an image of `easy`).
-PATHS = {"runs/vqa-easy-vqa": "vqa-easy-vqa", "runs/mine": "vqa-easy-vqa", "runs/vl-default": "vl-default",
-         "models/uniter-base": "vl-default", "runs/snli-ve-easy-vqa": "snli-ve-easy-vqa",
-         "runs/nlvr2-easy-vqa": "nlvr2-easy-vqa", "runs/refcoco-easy-vqa": "refcoco-easy-vqa",
-         "runs/retrieval-easy-vqa": "retrieval-easy-vqa", "runs/bbc-news": "bbc-news",
-         "runs/text-default": "text-default",
-         "photo.png": "image:0", "photo.jpg": "image:0", "a.png": "image:1", "b.png": "image:2",
-         "left.png": "image:3", "right.png": "image:4", "photos/": "images"}
+PATHS = {
+    "runs/vqa-easy-vqa": "vqa-easy-vqa",
+    "runs/mine": "vqa-easy-vqa",
+    "runs/vl-default": "vl-default",
+    "models/uniter-base": "vl-default",
+    "runs/snli-ve-easy-vqa": "snli-ve-easy-vqa",
+    "runs/nlvr2-easy-vqa": "nlvr2-easy-vqa",
+    "runs/refcoco-easy-vqa": "refcoco-easy-vqa",
+    "runs/retrieval-easy-vqa": "retrieval-easy-vqa",
+    "runs/bbc-news": "bbc-news",
+    "runs/text-default": "text-default",
+    "photo.png": "image:0",
+    "photo.jpg": "image:0",
+    "a.png": "image:1",
+    "b.png": "image:2",
+    "left.png": "image:3",
+    "right.png": "image:4",
+    "photos/": "images",
+}
 
 
 def python_blocks() -> list[tuple[str, str]]:
     """(page, source) of every ```python block."""
-    return [(page.relative_to(ROOT).as_posix(), m.group(2)) for page in PAGES
-            for m in FENCE.finditer(page.read_text(encoding="utf-8")) if m.group(1) == "python"]
+    return [
+        (page.relative_to(ROOT).as_posix(), m.group(2))
+        for page in PAGES
+        for m in FENCE.finditer(page.read_text(encoding="utf-8"))
+        if m.group(1) == "python"
+    ]
 
 
 def command_lines() -> list[tuple[str, str]]:
@@ -51,11 +67,15 @@ def command_lines() -> list[tuple[str, str]]:
         text = page.read_text(encoding="utf-8")
         blocks = [m.group(2) for m in FENCE.finditer(text) if m.group(1) != "python"]
         prose = FENCE.sub("", text)
-        blocks += ["\n".join(line[4:] for line in chunk.splitlines())
-                   for chunk in re.findall(r"(?:^    .*\n?)+", prose, re.M)]
+        blocks += [
+            "\n".join(line[4:] for line in chunk.splitlines()) for chunk in re.findall(r"(?:^    .*\n?)+", prose, re.M)
+        ]
         lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
-        lines += [m.group(1) for m in INLINE.finditer(prose)  # whole commands, not names of one (`vlbert predict`)
-                  if not re.search(r"\\\||\[|\.\.\.|<|tools/X\.py", m.group(1)) and len(m.group(1).split()) > 2]
+        lines += [
+            m.group(1)
+            for m in INLINE.finditer(prose)  # whole commands, not names of one (`vlbert predict`)
+            if not re.search(r"\\\||\[|\.\.\.|<|tools/X\.py", m.group(1)) and len(m.group(1).split()) > 2
+        ]
         for line in lines:
             for part in line.split("&&"):
                 if not part.strip().startswith(("python ", "vlbert ", "torchrun ", "accelerate ", "taskset ")):
@@ -74,9 +94,9 @@ def _tool_words(words: list[str]):
         scripts = [i for i, w in enumerate(words) if w.endswith(".py")]
         if not scripts:
             return None  # torchrun's own flags only (`torchrun --nnodes N`)
-        words = ["python", *words[scripts[0]:]]
+        words = ["python", *words[scripts[0] :]]
     if words[:1] == ["python"] and len(words) > 1 and words[1].startswith("tools/"):
-        return "tools", words[1][len("tools/"):-len(".py")], words[2:]
+        return "tools", words[1][len("tools/") : -len(".py")], words[2:]
     if words[:1] == ["vlbert"] and len(words) > 1:
         return ("vlbert", words[1], words[2:]) if not words[1].startswith("-") else ("vlbert", "", words[1:])
     if words[:3] == ["python", "-m", "vlbert"] and len(words) > 3:
@@ -112,6 +132,7 @@ def parse_only(monkeypatch):
         with pytest.raises(Parsed) as parsed:
             main(argv)
         return parsed.value.namespace
+
     return parse
 
 
@@ -121,8 +142,12 @@ def _check_config(namespace) -> None:
     if config is None or not isinstance(config, str) or "<" in config:
         return
     shipped = config.removeprefix("configs/").removesuffix(".yaml")
-    if Path(config).is_file() or (config_dir() / f"{shipped}.yaml").is_file() or "/" in config and \
-            config.split("/")[0] in ("configs", "text", "vl", "finetune", "detectors"):
+    if (
+        Path(config).is_file()
+        or (config_dir() / f"{shipped}.yaml").is_file()
+        or "/" in config
+        and config.split("/")[0] in ("configs", "text", "vl", "finetune", "detectors")
+    ):
         load_run_config(config, list(getattr(namespace, "set", None) or []))
 
 
@@ -174,8 +199,9 @@ def test_every_python_block_runs(page, doc_runs, easy, tmp_path, monkeypatch):
     extract = RunInputs.regions
 
     def stored_regions(self, images, boxes=None, batch_size=16):
-        return extract(self, [known.get(str(i), i) if isinstance(i, (str, os.PathLike)) else i for i in images],
-                       boxes, batch_size)
+        return extract(
+            self, [known.get(str(i), i) if isinstance(i, (str, os.PathLike)) else i for i in images], boxes, batch_size
+        )
 
     monkeypatch.setattr(RunInputs, "regions", stored_regions)
     monkeypatch.chdir(tmp_path)
@@ -204,12 +230,16 @@ def test_the_sample_tables_are_the_measured_quick_start_runs_as_the_tools_print_
     vl = json.loads((QUICKSTART_RUN / "vl-default.metrics.json").read_text())
     assert _indented(results_table(vqa)) in readme and _indented(results_table(vqa)) in performance
     assert _indented(results_table(vl)) in performance
-    assert vqa["eval_questions"] == 9673 and vqa["step"] == load_run_config("finetune/vqa-easy-vqa")["training"][
-        "max_steps"] and vl["step"] == load_run_config("vl/default")["training"]["max_steps"]
+    assert (
+        vqa["eval_questions"] == 9673
+        and vqa["step"] == load_run_config("finetune/vqa-easy-vqa")["training"]["max_steps"]
+        and vl["step"] == load_run_config("vl/default")["training"]["max_steps"]
+    )
 
 
-def test_the_sample_answer_is_the_measured_runs_in_the_shape_predict_prints(doc_runs, easy, tmp_path, monkeypatch,
-                                                                           capsys):
+def test_the_sample_answer_is_the_measured_runs_in_the_shape_predict_prints(
+    doc_runs, easy, tmp_path, monkeypatch, capsys
+):
     """The README's answer about photo.png is the recorded one (its JSON line, the image's folder elided, and the
     pipeline comment's rounded scores), and `vlbert example-image photo.png` then the README's predict line print
     it in that shape: one JSON object with the same keys in the same order, three answers, the first the answer
@@ -218,8 +248,10 @@ def test_the_sample_answer_is_the_measured_runs_in_the_shape_predict_prints(doc_
     recorded = json.loads((QUICKSTART_RUN / "predict.jsonl").read_text())
     assert _indented(json.dumps({**recorded, "image": ".../photo.png"})) in readme.splitlines()
     top = recorded["answers"][:2]
-    assert (f'[{{"answer": "{top[0]["answer"]}", "score": {top[0]["score"]:.3f}}}, {{"answer": "{top[1]["answer"]}", '
-            f'"score": {top[1]["score"]:.3f}}}, ...]') in readme
+    assert (
+        f'[{{"answer": "{top[0]["answer"]}", "score": {top[0]["score"]:.3f}}}, {{"answer": "{top[1]["answer"]}", '
+        f'"score": {top[1]["score"]:.3f}}}, ...]'
+    ) in readme
 
     monkeypatch.chdir(tmp_path)
     assert command_main("example-image")(["photo.png"]) == 0
@@ -227,10 +259,19 @@ def test_the_sample_answer_is_the_measured_runs_in_the_shape_predict_prints(doc_
     photo = str(tmp_path / "photo.png")
     assert Path(photo).read_bytes() == Path(easy.files["0"]).read_bytes()
     extract = RunInputs.regions
-    monkeypatch.setattr(RunInputs, "regions", lambda self, images, boxes=None, batch_size=16: extract(
-        self, [easy.store["0"] if str(i) in ("photo.png", photo) else i for i in images], boxes, batch_size))
-    assert tool("predict")([str(doc_runs["vqa-easy-vqa"]), "--image", "photo.png", "--text",
-                            recorded["text"], "--top-k", "3"]) == 0
+    monkeypatch.setattr(
+        RunInputs,
+        "regions",
+        lambda self, images, boxes=None, batch_size=16: extract(
+            self, [easy.store["0"] if str(i) in ("photo.png", photo) else i for i in images], boxes, batch_size
+        ),
+    )
+    assert (
+        tool("predict")(
+            [str(doc_runs["vqa-easy-vqa"]), "--image", "photo.png", "--text", recorded["text"], "--top-k", "3"]
+        )
+        == 0
+    )
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(printed) == 1 and list(printed[0]) == list(recorded)
     assert len(printed[0]["answers"]) == 3 and printed[0]["answer"] == printed[0]["answers"][0]["answer"]

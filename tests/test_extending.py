@@ -10,10 +10,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 import yaml
+from conftest import EASY_DETECTOR, tool, write_jsonl
 from safetensors.torch import load_file
 from torch import nn
 
-from conftest import EASY_DETECTOR, tool, write_jsonl
 from vlbert.data.easy_vqa import COLORS
 from vlbert.data.grounded_text import GroundedTextDataset
 from vlbert.inference import PIPELINES, Pipeline
@@ -44,18 +44,33 @@ class CaptionLength(Objective):
 
 
 def test_a_new_objective_trains_through_the_vl_tool_with_a_unit_a_registry_line_and_a_config_entry(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     monkeypatch.setitem(OBJECTIVES, "caption_length", CaptionLength())  # the registry line
-    config = {"model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64},
-              "detector": {"input_size": 96, "max_proposals": 16},
-              "data": {"max_images": 48, "cache_dir": str(tmp_path / "regions"), "eval_fraction": 0.25,
-                       "objectives": {"mlm": 1, "caption_length": 1}},  # the config entry
-              "training": {"max_steps": 8, "batch_size": 8, "learning_rate": 1e-3, "warmup_steps": 1,
-                           "log_every": 1, "progress_bar": False}}
+    config = {
+        "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64},
+        "detector": {"input_size": 96, "max_proposals": 16},
+        "data": {
+            "max_images": 48,
+            "cache_dir": str(tmp_path / "regions"),
+            "eval_fraction": 0.25,
+            "objectives": {"mlm": 1, "caption_length": 1},
+        },  # the config entry
+        "training": {
+            "max_steps": 8,
+            "batch_size": 8,
+            "learning_rate": 1e-3,
+            "warmup_steps": 1,
+            "log_every": 1,
+            "progress_bar": False,
+        },
+    }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "out"
-    assert tool("pretrain")(["--modality", "vl", "--config", str(tmp_path / "run.yaml"), "--output-dir",
-                             str(out)]) in (0, None)
+    assert tool("pretrain")(["--modality", "vl", "--config", str(tmp_path / "run.yaml"), "--output-dir", str(out)]) in (
+        0,
+        None,
+    )
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     drawn = {k for r in log if r["split"] == "train" for k in ("mlm", "caption_length") if k in r}
     assert drawn == {"mlm", "caption_length"}  # both drawn as steps' objectives, each logged with its metric
@@ -68,22 +83,42 @@ def test_a_new_objective_trains_through_the_vl_tool_with_a_unit_a_registry_line_
 # Text units added the documented way (one module and one OBJECTIVES line each, vlbert/objectives/): ALBERT's
 # sentence-order prediction and whole-word masking, trained through the text tool and checked for what they promise.
 def test_sop_and_wwm_train_through_the_text_tool_as_units(small_corpus, tmp_path):
-    config = {"tokenizer": "minilm",
-              "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
-                        "max_position_embeddings": 64},
-              "data": {"corpus": str(small_corpus), "max_seq_length": 64, "eval_fraction": 0.1,
-                       "corpus_cache_dir": str(tmp_path / "corpora"), "max_eval_batches": 2,
-                       "objectives": {"wwm": 1, "sop": 1}},
-              "training": {"max_steps": 8, "batch_size": 8, "learning_rate": 2e-3, "warmup_steps": 1,
-                           "log_every": 1, "progress_bar": False}}
+    config = {
+        "tokenizer": "minilm",
+        "model": {
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+        },
+        "data": {
+            "corpus": str(small_corpus),
+            "max_seq_length": 64,
+            "eval_fraction": 0.1,
+            "corpus_cache_dir": str(tmp_path / "corpora"),
+            "max_eval_batches": 2,
+            "objectives": {"wwm": 1, "sop": 1},
+        },
+        "training": {
+            "max_steps": 8,
+            "batch_size": 8,
+            "learning_rate": 2e-3,
+            "warmup_steps": 1,
+            "log_every": 1,
+            "progress_bar": False,
+        },
+    }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "out"
-    assert tool("pretrain")(["--modality", "text", "--config", str(tmp_path / "run.yaml"), "--output-dir",
-                             str(out)]) in (0, None)
+    assert tool("pretrain")(
+        ["--modality", "text", "--config", str(tmp_path / "run.yaml"), "--output-dir", str(out)]
+    ) in (0, None)
     train = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     train = [r for r in train if r["split"] == "train"]
-    assert all({"wwm", "sop", "wwm_accuracy", "sop_accuracy"} <= set(r) and "mlm" not in r and "nsp" not in r
-               for r in train)  # every batch trains exactly the two configured units
+    assert all(
+        {"wwm", "sop", "wwm_accuracy", "sop_accuracy"} <= set(r) and "mlm" not in r and "nsp" not in r for r in train
+    )  # every batch trains exactly the two configured units
     assert train[-1]["wwm"] < train[0]["wwm"]  # the (whole-word) masked LM learns
     metrics = json.loads((out / "metrics.json").read_text())
     assert 0 < metrics["eval_wwm_accuracy_majority_baseline"] < 1 and "eval_sop_accuracy" in metrics
@@ -96,8 +131,15 @@ def test_wwm_masks_whole_words_and_sop_swaps_the_same_two_segments(small_token_c
     from vlbert.data.pretraining import MaskingCollator
     from vlbert.objectives.sentence_order import swap_segments
 
-    data = CorpusPairsDataset(small_token_corpus, torch.arange(small_token_corpus.num_documents).numpy(), tokenizer,
-                              64, seed=3, cache_name="extending", random_next=False)
+    data = CorpusPairsDataset(
+        small_token_corpus,
+        torch.arange(small_token_corpus.num_documents).numpy(),
+        tokenizer,
+        64,
+        seed=3,
+        cache_name="extending",
+        random_next=False,
+    )
     items = [data[i] for i in range(0, min(len(data), 400), 2)]
     batch = MaskingCollator.from_tokenizer(tokenizer, objectives=("sop", "wwm"))(items)
     labels, ids = batch["wwm_labels"], batch["input_ids"]
@@ -138,8 +180,10 @@ class ColourDataset(GroundedTextDataset):  # the data module: what an example is
 
 
 def colour_questions(easy) -> list[ColourQuestion]:
-    return [ColourQuestion(f"q{k}", k, "which colour is the shape?", COLORS.index(colour))
-            for k, (colour, _) in easy.truth.items()]
+    return [
+        ColourQuestion(f"q{k}", k, "which colour is the shape?", COLORS.index(colour))
+        for k, (colour, _) in easy.truth.items()
+    ]
 
 
 class ColourData(RegionTaskData):  # the recipe: data, model, evaluation, what inference needs
@@ -147,20 +191,29 @@ class ColourData(RegionTaskData):  # the recipe: data, model, evaluation, what i
 
     def predict(self, model) -> tuple[list[dict], dict[str, float]]:
         index, gold, predicted = self.predict_labels(model)
-        rows = [{"question_id": self.eval.examples[i].question_id, "prediction": COLORS[p]}
-                for i, p in zip(index, predicted)]
+        rows = [
+            {"question_id": self.eval.examples[i].question_id, "prediction": COLORS[p]}
+            for i, p in zip(index, predicted)
+        ]
         return rows, {"accuracy": sum(g == p for g, p in zip(gold, predicted)) / len(gold)}
 
 
 def colour_recipe(easy) -> Recipe:
-    ColourData.datasets = {"easy-colours": DatasetBuilder(lambda data, seed: (colour_questions(easy),) * 2,
-                                                          needs=("shards",))}
-    return Recipe("shape-colour", RegionTaskDataConfig, ColourData,
-                  lambda ctx, data: load_model(VLBertForSequenceClassification, ctx, num_labels=len(COLORS),
-                                               region_feature_dim=data.feature_dim),
-                  evaluate=evaluate, uses_regions=True,
-                  inference_info=lambda ctx, data: region_task_info(ctx, data, labels=list(COLORS)),
-                  pipeline="shape-colour")
+    ColourData.datasets = {
+        "easy-colours": DatasetBuilder(lambda data, seed: (colour_questions(easy),) * 2, needs=("shards",))
+    }
+    return Recipe(
+        "shape-colour",
+        RegionTaskDataConfig,
+        ColourData,
+        lambda ctx, data: load_model(
+            VLBertForSequenceClassification, ctx, num_labels=len(COLORS), region_feature_dim=data.feature_dim
+        ),
+        evaluate=evaluate,
+        uses_regions=True,
+        inference_info=lambda ctx, data: region_task_info(ctx, data, labels=list(COLORS)),
+        pipeline="shape-colour",
+    )
 
 
 class ColourPipeline(Pipeline):  # the pipeline: its inputs, id, output and results format
@@ -176,26 +229,58 @@ class ColourPipeline(Pipeline):  # the pipeline: its inputs, id, output and resu
 
 
 def test_a_new_region_task_trains_and_predicts_through_the_tools_with_a_data_module_recipe_and_pipeline(
-        easy, tmp_path, monkeypatch):
+    easy, tmp_path, monkeypatch
+):
     monkeypatch.setitem(RECIPES, "shape-colour", colour_recipe(easy))  # the recipe's table line
     monkeypatch.setitem(PIPELINES, "shape-colour", ColourPipeline)  # the pipeline's table line
-    config = {"task": "shape-colour", "init_from": "minilm", "detector": asdict(EASY_DETECTOR),
-              "data": {"dataset": "easy-colours", "shards": str(easy.shards), "max_text_length": 12},
-              "training": {"max_steps": 30, "batch_size": 6, "learning_rate": 5e-4, "warmup_steps": 2,
-                           "log_every": 10, "progress_bar": False}}
+    config = {
+        "task": "shape-colour",
+        "init_from": "minilm",
+        "detector": asdict(EASY_DETECTOR),
+        "data": {"dataset": "easy-colours", "shards": str(easy.shards), "max_text_length": 12},
+        "training": {
+            "max_steps": 30,
+            "batch_size": 6,
+            "learning_rate": 5e-4,
+            "warmup_steps": 2,
+            "log_every": 10,
+            "progress_bar": False,
+        },
+    }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "out"
-    assert tool("finetune")(["--task", "shape-colour", "--config", str(tmp_path / "run.yaml"),
-                             "--output-dir", str(out)]) in (0, None)
-    evaluated = {r["question_id"]: r["prediction"] for r in map(json.loads, (out / "predictions.jsonl")
-                                                                         .read_text().splitlines())}
+    assert tool("finetune")(
+        ["--task", "shape-colour", "--config", str(tmp_path / "run.yaml"), "--output-dir", str(out)]
+    ) in (0, None)
+    evaluated = {
+        r["question_id"]: r["prediction"] for r in map(json.loads, (out / "predictions.jsonl").read_text().splitlines())
+    }
     assert json.loads((out / "metrics.json").read_text())["accuracy"] > 0.5  # 3 colours: chance is 1/3
 
     questions = colour_questions(easy)
-    write_jsonl(tmp_path / "questions.jsonl", [{"question_id": q.question_id, "image": str(easy.files[q.image_id]),
-                                                "question": q.question} for q in questions])
-    assert tool("predict")([str(out), "--input", str(tmp_path / "questions.jsonl"), "--format", "colours-csv",
-                            "--output", str(tmp_path / "answers.csv"), "--device", "cpu"]) == 0
+    write_jsonl(
+        tmp_path / "questions.jsonl",
+        [
+            {"question_id": q.question_id, "image": str(easy.files[q.image_id]), "question": q.question}
+            for q in questions
+        ],
+    )
+    assert (
+        tool("predict")(
+            [
+                str(out),
+                "--input",
+                str(tmp_path / "questions.jsonl"),
+                "--format",
+                "colours-csv",
+                "--output",
+                str(tmp_path / "answers.csv"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     # Image files through the run's own detector give the evaluation's predictions on the stored regions.
     answers = dict(csv.reader((tmp_path / "answers.csv").read_text().splitlines()))
     assert answers == evaluated

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tool
 from PIL import Image
 
-from conftest import tool
 from detectors.images import ImageDecodeError, load_image, shape_groups, to_rgb_array
 from detectors.shards import read_shards, shard_paths
 from vlbert.command_line import run_tool
@@ -31,7 +31,7 @@ def test_image_modes_become_8_bit_rgb(tmp_path):
     Image.fromarray(grey, "L").save(tmp_path / "grey.png")
     assert (load_image(tmp_path / "grey.png") == grey[:, :, None]).all()
     # 16-bit greyscale (scans, medical and astronomy PNGs): scaled by 65535, not clipped at 255.
-    deep = (grey.astype(np.uint16) * 257)
+    deep = grey.astype(np.uint16) * 257
     Image.fromarray(deep).save(tmp_path / "deep.png")
     assert Image.open(tmp_path / "deep.png").mode.startswith("I")
     assert (load_image(tmp_path / "deep.png") == grey[:, :, None]).all()
@@ -85,8 +85,9 @@ def assert_same_store(a, b):
     assert sorted(a) == sorted(b)
     for image_id in a:
         np.testing.assert_array_equal(a[image_id].boxes, b[image_id].boxes)
-        np.testing.assert_allclose(a[image_id].features.astype(np.float32), b[image_id].features.astype(np.float32),
-                                   rtol=1e-2, atol=1e-3)
+        np.testing.assert_allclose(
+            a[image_id].features.astype(np.float32), b[image_id].features.astype(np.float32), rtol=1e-2, atol=1e-3
+        )
 
 
 @pytest.mark.slow
@@ -96,8 +97,9 @@ def test_a_killed_extraction_resumes_to_the_same_shards(tmp_path):
     args = ["--images", str(folder), *FAST, "--batch-size", "4", "--samples-per-shard", "8"]
     assert run_tool(tool("extract_regions"), [*args, "--output-dir", str(tmp_path / "whole")]) == 0
     killed = tmp_path / "killed"
-    process = subprocess.Popen([*TOOL, *args, "--output-dir", str(killed)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [*TOOL, *args, "--output-dir", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 300
     while time.time() < deadline and len(list(killed.glob("*.tar"))) < 2:
         time.sleep(0.02)
@@ -121,9 +123,24 @@ def test_two_processes_split_the_images_into_one_store(tmp_path, capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          str(port), str(ROOT / "tools" / "extract_regions.py"), *args, "--output-dir",
-                          str(tmp_path / "two")], capture_output=True, text=True, timeout=600)
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port),
+            str(ROOT / "tools" / "extract_regions.py"),
+            *args,
+            "--output-dir",
+            str(tmp_path / "two"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert two.returncode == 0, two.stderr[-2000:]
     assert {p.name.split("-")[1] for p in shard_paths(tmp_path / "two")} == {"rank0000", "rank0001"}
     assert_same_store(regions_by_id(tmp_path / "two"), regions_by_id(tmp_path / "one"))
@@ -162,14 +179,16 @@ def test_butd_selection_equals_one_nms_per_class():
 
 
 def test_a_damaged_shard_is_repaired_by_rerunning_the_command_and_another_picture_under_an_id_is_refused(
-        tmp_path, capsys):  # rows 110, 111
+    tmp_path, capsys
+):  # rows 110, 111
     """A store with one shard cut off (a copy interrupted): reading it says to rerun the command that wrote it, and
     that command (the one that used to refuse) sets the shard aside and extracts only its images again, to the
     store an uninterrupted run wrote. A second --images folder whose ``b.png`` is another picture is refused in one
     line naming both files; the same pictures under another folder are recognised by their sha256 and skipped."""
+    from test_tool_errors import one_line_error
+
     from detectors.shards import ShardError
     from detectors.store import RegionStore
-    from test_tool_errors import one_line_error
 
     rng = np.random.default_rng(0)
     folder, other = tmp_path / "images", tmp_path / "more"

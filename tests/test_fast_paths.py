@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import vlbert
-from vlbert.layers.kernels import cross_entropy_with_accuracy, dropout
 from vlbert.layers.attention import Packing, _explicit
+from vlbert.layers.kernels import cross_entropy_with_accuracy, dropout
 from vlbert.models.bert import SelfAttention
 
 
@@ -71,8 +71,9 @@ def test_cpu_attention_path_equals_sdpa():
     """With a dropout probability so small that nothing is dropped, the CPU training path (explicit softmax and
     :func:`dropout`) gives what scaled_dot_product_attention gives, padding mask included."""
     torch.manual_seed(0)
-    config = vlbert.BertConfig(vocab_size=10, hidden_size=32, num_attention_heads=4, intermediate_size=64,
-                               attention_probs_dropout_prob=1e-12)
+    config = vlbert.BertConfig(
+        vocab_size=10, hidden_size=32, num_attention_heads=4, intermediate_size=64, attention_probs_dropout_prob=1e-12
+    )
     attention = SelfAttention(config).double()
     mask = torch.ones(3, 7, dtype=torch.bool)
     mask[1, 5:] = False
@@ -96,7 +97,7 @@ def test_cpu_attention_dropout_drops_half_and_rescales():
     mask = torch.ones(b, 1, 1, s, dtype=torch.bool)
     mask[1, ..., 20:] = False
     dropped = _explicit(q, k, v, mask, 0.5, True, False)[0]
-    probs = torch.softmax((q @ k.transpose(-1, -2) / s ** 0.5).masked_fill(~mask, float("-inf")), -1)
+    probs = torch.softmax((q @ k.transpose(-1, -2) / s**0.5).masked_fill(~mask, float("-inf")), -1)
     real = mask.expand(b, h, s, s)
     kept = dropped != 0
     assert not (kept & ~real).any()
@@ -109,8 +110,9 @@ def test_cpu_attention_dropout_drops_half_and_rescales():
 def test_little_padding_runs_padded_with_the_same_values():
     """Below 5% padding the encoder skips unpadding; real positions get the same values either way."""
     torch.manual_seed(0)
-    config = vlbert.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                               intermediate_size=64)
+    config = vlbert.BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
     model = vlbert.BertModel(config).double().eval()
     ids = torch.randint(1, 50, (4, 16))
     mask = torch.ones(4, 16, dtype=torch.long)

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_text_trainer
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import vlbert
-from conftest import tiny_text_trainer
 from vlbert.layers.attention import ATTENTION_FUNCTIONS, Packing, packing_fields, register_attention
-from vlbert.layers.packing import stream_packing_fields
 from vlbert.layers.losses import masked_lm_loss, masked_positions
+from vlbert.layers.packing import stream_packing_fields
 from vlbert.models.vl import VLBertForPreTraining
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,21 +52,44 @@ def ragged_regions(b=4, r=5, d=16, seed=1):
 
 
 def text_config(**kw):
-    return vlbert.BertConfig(**{"vocab_size": 90, "hidden_size": 32, "num_hidden_layers": 2,
-                                "num_attention_heads": 4, "intermediate_size": 64, **kw})
+    return vlbert.BertConfig(
+        **{
+            "vocab_size": 90,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            **kw,
+        }
+    )
 
 
 def vl_config(**kw):
-    return vlbert.VLBertConfig(**{"vocab_size": 90, "hidden_size": 32, "num_hidden_layers": 2,
-                                  "num_attention_heads": 4, "intermediate_size": 64, "region_feature_dim": 16,
-                                  "num_region_classes": 0, **kw})
+    return vlbert.VLBertConfig(
+        **{
+            "vocab_size": 90,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "region_feature_dim": 16,
+            "num_region_classes": 0,
+            **kw,
+        }
+    )
 
 
 #: VL-BERT's region pathway: [text ; regions ; END], the visual embedding added to every token.
 VL_BERT = {"region_embedding": "vl-bert"}
 #: LXMERT's encoder (issue 42), one layer per stream.
-TWO_STREAM = {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1, "region_embedding": "lxmert",
-              "region_location_dim": 4}
+TWO_STREAM = {
+    "encoder": "two-stream",
+    "l_layers": 1,
+    "r_layers": 1,
+    "x_layers": 1,
+    "region_embedding": "lxmert",
+    "region_location_dim": 4,
+}
 
 
 def run(model, batch):
@@ -74,8 +97,11 @@ def run(model, batch):
     model.zero_grad()
     out = model(**batch)
     out.loss.backward()
-    return out.last_hidden_state, out.loss, {n.removeprefix("_orig_mod."): p.grad.clone()
-                                             for n, p in model.named_parameters() if p.grad is not None}
+    return (
+        out.last_hidden_state,
+        out.loss,
+        {n.removeprefix("_orig_mod."): p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+    )
 
 
 @pytest.mark.parametrize("modality", ["text", "vl", "two-stream", "vl-bert"])
@@ -89,8 +115,9 @@ def test_every_attention_kernel_equals_eager_on_ragged_batches(modality):
     masks = [mask]
     if modality != "text":
         feats, boxes, region_mask = ragged_regions()
-        batch.update(region_features=feats, region_boxes=boxes, region_mask=region_mask,
-                     itm_label=torch.tensor([1, 0, 1, 1]))
+        batch.update(
+            region_features=feats, region_boxes=boxes, region_mask=region_mask, itm_label=torch.tensor([1, 0, 1, 1])
+        )
         masks.append(region_mask)
         if modality == "two-stream":  # the last cross layer's region sub-layer is read by region objectives only
             batch.update(masked_regions=region_mask.bool() & (torch.arange(5) == 0), region_targets=feats)
@@ -128,8 +155,14 @@ def test_two_stream_layouts_agree_where_a_row_has_no_region():
     ids, mask, labels = ragged_text()
     feats, boxes, region_mask = ragged_regions()
     region_mask[3] = 0
-    batch = dict(input_ids=ids, attention_mask=mask, labels=labels, region_features=feats, region_boxes=boxes,
-                 region_mask=region_mask)
+    batch = dict(
+        input_ids=ids,
+        attention_mask=mask,
+        labels=labels,
+        region_features=feats,
+        region_boxes=boxes,
+        region_mask=region_mask,
+    )
     results = {}
     for kernel in KERNELS:
         torch.manual_seed(0)
@@ -179,8 +212,11 @@ def test_attn_implementation_config_json_and_registration(tmp_path):
     assert text_config(attn_implementation="flash_attention_2").attn_implementation == "varlen"
 
     ids, mask, _ = ragged_text()
-    with pytest.raises(ValueError, match=r"attn_implementation='flash' is not a registered attention kernel; use "
-                                         r"one of \['eager', 'sdpa', 'varlen'"):
+    with pytest.raises(
+        ValueError,
+        match=r"attn_implementation='flash' is not a registered attention kernel; use "
+        r"one of \['eager', 'sdpa', 'varlen'",
+    ):
         vlbert.BertModel(text_config(attn_implementation="flash"))(ids, attention_mask=mask)
     calls = []
 
@@ -217,8 +253,9 @@ def test_collator_packing_equals_the_mask_and_regions_follow_their_text():
     assert streams["region_packed_indices"].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15]
     feats, boxes, _ = ragged_regions()
     with pytest.raises(ValueError, match="single-stream: collate with VLCollator"):
-        vlbert.VLBertModel(vl_config())(ids, attention_mask=mask, region_features=feats, region_boxes=boxes,
-                                        region_mask=region_mask, **streams)
+        vlbert.VLBertModel(vl_config())(
+            ids, attention_mask=mask, region_features=feats, region_boxes=boxes, region_mask=region_mask, **streams
+        )
 
 
 def test_padded_vocabulary_mlm_loss_is_the_cross_entropy(monkeypatch):
@@ -241,8 +278,8 @@ def test_padded_vocabulary_mlm_loss_is_the_cross_entropy(monkeypatch):
     reference = head(hidden[labels != -100], embeddings)
     torch.testing.assert_close(logits, reference)
     torch.testing.assert_close(loss, F.cross_entropy(reference, labels[labels != -100]))
-    grad, = torch.autograd.grad(loss, hidden)
-    ref_grad, = torch.autograd.grad(F.cross_entropy(reference, labels[labels != -100]), hidden)
+    (grad,) = torch.autograd.grad(loss, hidden)
+    (ref_grad,) = torch.autograd.grad(F.cross_entropy(reference, labels[labels != -100]), hidden)
     torch.testing.assert_close(grad, ref_grad)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         low, _, _, _ = masked_lm_loss(head, embeddings, hidden, labels)
@@ -262,8 +299,9 @@ class DeviceReads(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         packet = func._overloadpacket
         sync = packet in (torch.ops.aten._local_scalar_dense, torch.ops.aten.nonzero) or (
-            packet is torch.ops.aten.index and any(isinstance(t, torch.Tensor) and t.dtype == torch.bool
-                                                   for t in args[1] if t is not None))
+            packet is torch.ops.aten.index
+            and any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in args[1] if t is not None)
+        )
         if sync:
             stack = traceback.extract_stack()[:-1]
             ours = [f for f in stack if f.filename.startswith(str(ROOT / "vlbert"))]
@@ -286,8 +324,7 @@ def test_a_training_step_reads_nothing_back_from_the_device(modality):
         batch.update(region_features=feats, region_boxes=boxes, region_mask=region_mask)
         masks.append(region_mask)
         streams = TWO_STREAM if modality == "two-stream" else VL_BERT if modality == "vl-bert" else {}
-        model = VLBertForPreTraining(vl_config(attn_implementation="sdpa", attention_probs_dropout_prob=0.0,
-                                               **streams))
+        model = VLBertForPreTraining(vl_config(attn_implementation="sdpa", attention_probs_dropout_prob=0.0, **streams))
     else:
         batch["next_sentence_label"] = torch.tensor([0, 1, 0, 1])
         model = vlbert.BertForPreTraining(text_config(attn_implementation="sdpa", attention_probs_dropout_prob=0.0))
@@ -312,12 +349,19 @@ def test_the_whole_model_compiles_in_one_graph_and_equals_eager():
     """``torch.compile(model, fullgraph=True)`` of the training forward: one graph, no break (dynamo's explain),
     and the compiled forward + backward equal eager's (dropout 0 so both draw nothing)."""
     ids, mask, labels = ragged_text()
-    batch = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), labels=labels,
-                 next_sentence_label=torch.tensor([0, 1, 0, 1]), **packing_fields(mask),
-                 masked_lm_positions=masked_positions(labels))
+    batch = dict(
+        input_ids=ids,
+        attention_mask=mask,
+        token_type_ids=torch.zeros_like(ids),
+        labels=labels,
+        next_sentence_label=torch.tensor([0, 1, 0, 1]),
+        **packing_fields(mask),
+        masked_lm_positions=masked_positions(labels),
+    )
     torch.manual_seed(0)
-    model = vlbert.BertForPreTraining(text_config(num_hidden_layers=1, hidden_dropout_prob=0.0,
-                                                  attention_probs_dropout_prob=0.0)).train()
+    model = vlbert.BertForPreTraining(
+        text_config(num_hidden_layers=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ).train()
     explained = torch._dynamo.explain(model)(**batch)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
     hidden, loss, grads = run(model, batch)
@@ -330,11 +374,22 @@ def test_the_whole_model_compiles_in_one_graph_and_equals_eager():
 
 
 def tiny_trainer(tmp_path, corpus, tokenizer, precision, **training):
-    return tiny_text_trainer(tmp_path, corpus, tokenizer, max_length=32,
-                             model=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                        intermediate_size=64),
-                             **{"max_steps": 60, "batch_size": 8, "warmup_steps": 5, "learning_rate": 3e-3,
-                                "log_every": 15, "mixed_precision": precision, **training})
+    return tiny_text_trainer(
+        tmp_path,
+        corpus,
+        tokenizer,
+        max_length=32,
+        model=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+        **{
+            "max_steps": 60,
+            "batch_size": 8,
+            "warmup_steps": 5,
+            "learning_rate": 3e-3,
+            "log_every": 15,
+            "mixed_precision": precision,
+            **training,
+        },
+    )
 
 
 def test_bf16_weights_with_float32_masters_train_as_float32(tmp_path, small_token_corpus, tokenizer):
@@ -347,8 +402,11 @@ def test_bf16_weights_with_float32_masters_train_as_float32(tmp_path, small_toke
     for precision in ("no", "bf16-params"):
         trainer = tiny_trainer(tmp_path / precision, small_token_corpus, tokenizer, precision)
         trainer.train()
-        runs[precision] = [json.loads(line) for line in (tmp_path / precision / "log.jsonl").read_text().splitlines()
-                           if json.loads(line)["split"] == "train"]
+        runs[precision] = [
+            json.loads(line)
+            for line in (tmp_path / precision / "log.jsonl").read_text().splitlines()
+            if json.loads(line)["split"] == "train"
+        ]
         if precision == "bf16-params":
             assert {p.dtype for p in trainer.unwrapped.parameters()} == {torch.bfloat16}
             assert {m.dtype for m in trainer.master.masters} == {torch.float32}
@@ -386,8 +444,10 @@ def test_a_kernel_registered_as_packed_always_gets_the_packed_layout():
     def per_sequence(q, k, v, packing, dropout_p, training, output_attentions=False):
         assert packing.num_tokens == q.shape[0]
         bounds = packing.cu_seqlens.tolist()
-        rows = [_explicit(*(t[a:b].transpose(0, 1)[None] for t in (q, k, v)), None, 0.0, False, False)[0]
-                for a, b in zip(bounds[:-1], bounds[1:])]
+        rows = [
+            _explicit(*(t[a:b].transpose(0, 1)[None] for t in (q, k, v)), None, 0.0, False, False)[0]
+            for a, b in zip(bounds[:-1], bounds[1:])
+        ]
         return torch.cat([r[0].transpose(0, 1) for r in rows]), None
 
     g = torch.Generator().manual_seed(3)
@@ -438,8 +498,10 @@ def test_flash_is_chosen_only_where_it_runs(monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="vlbert.layers.attention"):
         assert chosen() == "sdpa" and chosen() == "sdpa" and chosen("varlen") == "sdpa"
     said = [r.getMessage() for r in caplog.records]
-    assert said == ["attention: varlen cannot run here (flash attention needs compute capability 8.0 or newer, "
-                    "this GPU has 7.5); using sdpa"], said
+    assert said == [
+        "attention: varlen cannot run here (flash attention needs compute capability 8.0 or newer, "
+        "this GPU has 7.5); using sdpa"
+    ], said
     capability[0] = (8, 0)
     monkeypatch.setattr(attention, "flash_attention_impl", lambda: "FA3")
     assert chosen(dropout=0.1) == "sdpa" and chosen(dropout=0.0) == "varlen"
@@ -455,8 +517,9 @@ def test_gradient_checkpointing_gives_the_plain_step(modality):
     batch = dict(input_ids=ids, attention_mask=mask, labels=labels)
     if modality == "vl":
         feats, boxes, region_mask = ragged_regions()
-        batch.update(region_features=feats, region_boxes=boxes, region_mask=region_mask,
-                     itm_label=torch.tensor([1, 0, 1, 1]))
+        batch.update(
+            region_features=feats, region_boxes=boxes, region_mask=region_mask, itm_label=torch.tensor([1, 0, 1, 1])
+        )
     else:
         batch["next_sentence_label"] = torch.tensor([0, 1, 0, 1])
     results = []
@@ -478,11 +541,26 @@ def test_bf16_params_accumulate_micro_batches_in_float32(tmp_path, small_token_c
     micro-batch gradients (each the bf16 model's, of loss / 4) within float32 rounding, not bf16's: summing the
     same gradients in bf16, as bf16 .grad accumulation did, is off by orders of magnitude more."""
     trainer = tiny_text_trainer(
-        tmp_path / "run", small_token_corpus, tokenizer, max_length=32,
-        model=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
-        max_steps=1, batch_size=8, warmup_steps=0, learning_rate=1e-3, mixed_precision="bf16-params",
-        grad_accum_steps=4, group_by_length=False)
+        tmp_path / "run",
+        small_token_corpus,
+        tokenizer,
+        max_length=32,
+        model=dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        ),
+        max_steps=1,
+        batch_size=8,
+        warmup_steps=0,
+        learning_rate=1e-3,
+        mixed_precision="bf16-params",
+        grad_accum_steps=4,
+        group_by_length=False,
+    )
     model = trainer.unwrapped
     batches = [trainer._to_device(b) for _, b in zip(range(4), trainer.train_batches(0, 0, 0, 1))]
     grads = []
@@ -506,7 +584,7 @@ def test_bf16_params_accumulate_micro_batches_in_float32(tmp_path, small_token_c
     scale = max(float(e.abs().max()) for e in exact)
     ours = max(float((m.double() - e).abs().max()) for m, e in zip(seen["masters"], exact))
     bf16 = max(float((b.double() - e).abs().max()) for b, e in zip(in_bf16, exact))
-    assert ours <= 4 * 2.0 ** -24 * scale, (ours, scale)  # float32 rounding of a sum of 4
+    assert ours <= 4 * 2.0**-24 * scale, (ours, scale)  # float32 rounding of a sum of 4
     assert bf16 > 100 * ours, (bf16, ours)
 
 
@@ -560,8 +638,10 @@ def test_a_compiled_encoder_layer_traces_in_one_graph_and_falls_back_to_eager(ca
         again = model(ids, attention_mask=mask, **fields).last_hidden_state
     assert torch.equal(got, expected) and torch.equal(again, expected)
     said = [r.getMessage() for r in caplog.records if r.name == "vlbert.training.device"]
-    assert said == ["training.compile: compiling the encoder layers failed (RuntimeError: no compiler on this "
-                    "machine); training eager"], said
+    assert said == [
+        "training.compile: compiling the encoder layers failed (RuntimeError: no compiler on this "
+        "machine); training eager"
+    ], said
     assert all(m._compiled_call_impl is None for m in layers)
 
 
@@ -579,14 +659,17 @@ def test_the_pair_collators_layout_is_what_the_pair_model_encodes():
     def image(r):
         return {"region_features": torch.randn(r, 16, generator=g), "region_boxes": torch.rand(r, 4, generator=g)}
 
-    items = [{"input_ids": list(range(2, 2 + t)), "images": [image(a), image(b)], "labels": label, "index": i}
-             for i, (t, a, b, label) in enumerate([(5, 3, 1, 0), (3, 2, 4, 1), (6, 4, 4, 1)])]
+    items = [
+        {"input_ids": list(range(2, 2 + t)), "images": [image(a), image(b)], "labels": label, "index": i}
+        for i, (t, a, b, label) in enumerate([(5, 3, 1, 0), (3, 2, 4, 1), (6, 4, 4, 1)])
+    ]
     batch = GroundedCollator(SimpleNamespace(pad_token_id=0), images_per_text=2)(items)
     batch.pop("index")
     layout = {k: batch.pop(k) for k in ("packed_indices", "cu_seqlens")}
     torch.manual_seed(0)
-    model = VLBertForImagePairClassification(vl_config(attn_implementation="sdpa", num_labels=2,
-                                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    model = VLBertForImagePairClassification(
+        vl_config(attn_implementation="sdpa", num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    )
     reference = model(**batch)
     with DeviceReads() as mode:
         out = model(**batch, **layout)
@@ -609,11 +692,19 @@ def test_masked_region_targets_travel_as_the_masked_rows_only():
     masked[:, 0] = True
     probs = torch.rand(*region_mask.shape, 6, generator=g).softmax(-1).double()
     torch.manual_seed(0)
-    model = VLBertForPreTraining(vl_config(num_region_classes=6, hidden_dropout_prob=0.0,
-                                           attention_probs_dropout_prob=0.0)).double()
-    batch = dict(input_ids=ids, attention_mask=mask, region_features=feats.masked_fill(masked[..., None], 0).double(),
-                 region_boxes=boxes.double(), region_mask=region_mask, masked_regions=masked,
-                 masked_region_positions=masked.reshape(-1).nonzero().squeeze(1), **fields_of(mask, region_mask))
+    model = VLBertForPreTraining(
+        vl_config(num_region_classes=6, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ).double()
+    batch = dict(
+        input_ids=ids,
+        attention_mask=mask,
+        region_features=feats.masked_fill(masked[..., None], 0).double(),
+        region_boxes=boxes.double(),
+        region_mask=region_mask,
+        masked_regions=masked,
+        masked_region_positions=masked.reshape(-1).nonzero().squeeze(1),
+        **fields_of(mask, region_mask),
+    )
     for key, padded in (("region_targets", feats.double()), ("region_labels", probs)):
         full = model(**batch, **{key: padded})
         rows = model(**batch, **{key: padded[masked]})

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from fake_cuda import FLASH, FakeCuda, placement_errors
+
 from vlbert.recipes import RECIPES, run
 from vlbert.training.hooks import TrainerHook
 
@@ -50,32 +50,77 @@ class Probe(TrainerHook):
 
 def text_config(output_dir, corpus, accumulation: int, **model) -> dict:
     return {
-        "modality": "text", "tokenizer": "minilm",
-        "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-                  "max_position_embeddings": 64, **model},
-        "data": {"corpus": str(corpus), "max_seq_length": 64, "eval_fraction": 0.0,
-                 "corpus_cache_dir": str(Path(corpus).parent / "gpu-trainer-corpora")},  # tokenised once
-        "training": {"output_dir": str(output_dir), "max_steps": 10, "batch_size": 4, "learning_rate": 1e-3,
-                     "warmup_steps": 2, "log_every": 1000, "eval_every": 0, "progress_bar": False,
-                     "grad_accum_steps": accumulation, "num_workers": 0},  # pinned memory needs a driver
+        "modality": "text",
+        "tokenizer": "minilm",
+        "model": {
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+            **model,
+        },
+        "data": {
+            "corpus": str(corpus),
+            "max_seq_length": 64,
+            "eval_fraction": 0.0,
+            "corpus_cache_dir": str(Path(corpus).parent / "gpu-trainer-corpora"),
+        },  # tokenised once
+        "training": {
+            "output_dir": str(output_dir),
+            "max_steps": 10,
+            "batch_size": 4,
+            "learning_rate": 1e-3,
+            "warmup_steps": 2,
+            "log_every": 1000,
+            "eval_every": 0,
+            "progress_bar": False,
+            "grad_accum_steps": accumulation,
+            "num_workers": 0,
+        },  # pinned memory needs a driver
     }
 
 
 #: LXMERT's two-stream encoder (issue 42), one layer per stream.
-TWO_STREAM = {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1, "region_embedding": "lxmert",
-              "region_location_dim": 4}
+TWO_STREAM = {
+    "encoder": "two-stream",
+    "l_layers": 1,
+    "r_layers": 1,
+    "x_layers": 1,
+    "region_embedding": "lxmert",
+    "region_location_dim": 4,
+}
 
 
 def vl_config(output_dir, shards, accumulation: int, **model) -> dict:
     return {
-        "modality": "vl", "tokenizer": "minilm",
-        "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-                  **model},
-        "data": {"shards": str(shards), "max_images": N_IMAGES, "eval_fraction": 0.0,
-                 "objectives": {"mlm": 1, "mrfr": 1, "mrc_kl": 1, "itm": 1}},
-        "training": {"output_dir": str(output_dir), "max_steps": 10, "batch_size": 4, "learning_rate": 1e-3,
-                     "warmup_steps": 2, "log_every": 1000, "eval_every": 0, "progress_bar": False,
-                     "grad_accum_steps": accumulation, "num_workers": 0},
+        "modality": "vl",
+        "tokenizer": "minilm",
+        "model": {
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            **model,
+        },
+        "data": {
+            "shards": str(shards),
+            "max_images": N_IMAGES,
+            "eval_fraction": 0.0,
+            "objectives": {"mlm": 1, "mrfr": 1, "mrc_kl": 1, "itm": 1},
+        },
+        "training": {
+            "output_dir": str(output_dir),
+            "max_steps": 10,
+            "batch_size": 4,
+            "learning_rate": 1e-3,
+            "warmup_steps": 2,
+            "log_every": 1000,
+            "eval_every": 0,
+            "progress_bar": False,
+            "grad_accum_steps": accumulation,
+            "num_workers": 0,
+        },
     }
 
 
@@ -151,8 +196,12 @@ def test_an_older_gpu_runs_sdpa_instead_of_flash(small_corpus, tmp_path):
     """A T4 (compute capability 7.5): flash attention cannot run there; the step runs SDPA."""
     probe, gpu = run_on_fake_gpu("text-pretraining", text_config(tmp_path / "run", small_corpus, 1), (7, 5))
     assert_gpu_step(probe, gpu, flash=False)
-    assert gpu.ops["aten._scaled_dot_product_efficient_attention"] + gpu.ops["aten._efficient_attention_forward"] \
-        + gpu.ops["aten.bmm"] > 0
+    assert (
+        gpu.ops["aten._scaled_dot_product_efficient_attention"]
+        + gpu.ops["aten._efficient_attention_forward"]
+        + gpu.ops["aten.bmm"]
+        > 0
+    )
 
 
 def test_a_head_size_flash_cannot_take_runs_sdpa(small_corpus, tmp_path):
@@ -169,8 +218,14 @@ def tiny_bert(tmp_path_factory, tokenizer):
 
     path = tmp_path_factory.mktemp("tiny-bert")
     torch.manual_seed(0)
-    config = vlbert.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                               intermediate_size=64, max_position_embeddings=64)
+    config = vlbert.BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     vlbert.BertModel(config).save_pretrained(path, tokenizer=tokenizer)
     return path
 
@@ -178,17 +233,33 @@ def tiny_bert(tmp_path_factory, tokenizer):
 def finetuning_config(task: str, output_dir, init, shards, tmp_path) -> dict:
     """A fine-tuning run of ``task`` from ``init`` at its defaults (bf16-params on the GPU, the recipe's collator
     and model); region tasks on easy-VQA with the module's shards, text classification on 16 rows."""
-    training = {"output_dir": str(output_dir), "max_steps": 10, "batch_size": 4, "learning_rate": 1e-3,
-                "warmup_steps": 2, "log_every": 1000, "eval_every": 0, "progress_bar": False, "num_workers": 0}
+    training = {
+        "output_dir": str(output_dir),
+        "max_steps": 10,
+        "batch_size": 4,
+        "learning_rate": 1e-3,
+        "warmup_steps": 2,
+        "log_every": 1000,
+        "eval_every": 0,
+        "progress_bar": False,
+        "num_workers": 0,
+    }
     if task == "text":
         rows = [{"text": f"row {i} is about {'sport' if i % 2 else 'money'}", "label": "ab"[i % 2]} for i in range(16)]
         path = tmp_path / "rows.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         data = {"task": "custom", "type": "classification", "train": str(path), "eval": str(path), "max_seq_length": 32}
     else:
-        data = {"dataset": "easy-vqa", "shards": str(shards), "max_regions": 6,
-                **({"max_train_images": 8, "max_eval_images": 4, "shortlist": 2} if task == "retrieval"
-                   else {"max_train_examples": 16, "max_eval_examples": 4})}
+        data = {
+            "dataset": "easy-vqa",
+            "shards": str(shards),
+            "max_regions": 6,
+            **(
+                {"max_train_images": 8, "max_eval_images": 4, "shortlist": 2}
+                if task == "retrieval"
+                else {"max_train_examples": 16, "max_eval_examples": 4}
+            ),
+        }
     return {"task": task, "init_from": str(init), "data": data, "training": training}
 
 
@@ -223,8 +294,13 @@ def test_several_processes_weight_their_losses_without_a_host_wait():
     def output(device):
         out = ObjectiveOutput()
         out.add("mlm", torch.tensor(2.0, device=device, requires_grad=True), "mlm_accuracy", torch.tensor(0.5), 7)
-        out.add("qa", torch.tensor(4.0, device=device, requires_grad=True), "qa_accuracy", torch.tensor(0.5),
-                torch.tensor(3, device=device))  # counted on the device
+        out.add(
+            "qa",
+            torch.tensor(4.0, device=device, requires_grad=True),
+            "qa_accuracy",
+            torch.tensor(0.5),
+            torch.tensor(3, device=device),
+        )  # counted on the device
         return out
 
     backward, global_loss = global_batch_loss(output("cpu"), names, acc)
@@ -250,8 +326,9 @@ class _Precision(TrainerHook):
         self.handle.remove()
 
 
-def test_runs_of_any_precision_and_device_follow_each_other_in_one_process(small_corpus, small_token_corpus,
-                                                                            tokenizer, tmp_path):
+def test_runs_of_any_precision_and_device_follow_each_other_in_one_process(
+    small_corpus, small_token_corpus, tokenizer, tmp_path
+):
     """accelerate keeps one state per process and refuses a second precision (``AcceleratorState has already been
     initialized``); each Trainer owns its precision and device, so one interpreter (a notebook calling run() again,
     the GPU suite in one process) runs ``bf16`` (autocast: the encoder computes in bf16 over float32 weights), then
@@ -261,9 +338,18 @@ def test_runs_of_any_precision_and_device_follow_each_other_in_one_process(small
     from conftest import tiny_text_trainer
 
     def trainer(name, precision, **training):
-        return tiny_text_trainer(tmp_path / name, small_token_corpus, tokenizer, max_length=32, hooks=training.pop(
-            "hooks", ()), model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
-            max_steps=1, batch_size=2, mixed_precision=precision, **training)
+        return tiny_text_trainer(
+            tmp_path / name,
+            small_token_corpus,
+            tokenizer,
+            max_length=32,
+            hooks=training.pop("hooks", ()),
+            model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
+            max_steps=1,
+            batch_size=2,
+            mixed_precision=precision,
+            **training,
+        )
 
     seen = {name: _Precision() for name in ("bf16", "no", "bf16-params")}
     trainer("bf16", "bf16", hooks=[seen["bf16"]]).train()
@@ -293,11 +379,18 @@ def test_a_float32_cuda_run_uses_tf32_and_gpu_runs_compile_their_layers(small_to
     compilation), nothing on the CPU, and ``false`` nothing anywhere; another value is refused (bad-input row
     102)."""
     from conftest import tiny_text_trainer
+
     from vlbert.models.bert import BertLayer
 
     def build(name, **training):
-        return tiny_text_trainer(tmp_path / name, small_token_corpus, tokenizer, max_length=32, model=dict(
-            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64), **training)
+        return tiny_text_trainer(
+            tmp_path / name,
+            small_token_corpus,
+            tokenizer,
+            max_length=32,
+            model=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64),
+            **training,
+        )
 
     def compiled(trainer):
         return [m._compiled_call_impl is not None for m in trainer.unwrapped.modules() if isinstance(m, BertLayer)]
@@ -305,16 +398,26 @@ def test_a_float32_cuda_run_uses_tf32_and_gpu_runs_compile_their_layers(small_to
     before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     try:
         seen = {}
-        for name, training in {"bf16-params": {}, "tf32-off": {"mixed_precision": "no", "tf32": False},
-                               "eager": {"compile": False}, "float32": {"mixed_precision": "no"}}.items():
+        for name, training in {
+            "bf16-params": {},
+            "tf32-off": {"mixed_precision": "no", "tf32": False},
+            "eager": {"compile": False},
+            "float32": {"mixed_precision": "no"},
+        }.items():
             with FakeCuda():
                 trainer = build(name, **training)
             seen[name] = torch.get_float32_matmul_precision(), compiled(trainer)
         cpu = build("cpu", mixed_precision="no")
-        assert seen == {"bf16-params": ("highest", [True, True]), "tf32-off": ("highest", [True, True]),
-                        "eager": ("highest", [False, False]), "float32": ("high", [True, True])}, seen
+        assert seen == {
+            "bf16-params": ("highest", [True, True]),
+            "tf32-off": ("highest", [True, True]),
+            "eager": ("highest", [False, False]),
+            "float32": ("high", [True, True]),
+        }, seen
         assert torch.backends.cudnn.allow_tf32 and compiled(cpu) == [False, False]
-        with pytest.raises(ValueError, match=r"training.compile must be a bool .*'auto', 'model', 'layers', got 'fast'"):
+        with pytest.raises(
+            ValueError, match=r"training.compile must be a bool .*'auto', 'model', 'layers', got 'fast'"
+        ):
             build("bad", compile="fast")
     finally:
         torch.set_float32_matmul_precision(before[0])

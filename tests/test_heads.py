@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from conftest import padded_batch, random_hf_config
 
 import vlbert
 from vlbert import checkpoint as ckpt
 from vlbert.models import heads
-from conftest import padded_batch, random_hf_config
 
 ATOL = 1e-5
 
@@ -26,13 +26,16 @@ def pair(hf_cls, ours_cls, seed, **config):
 
 @pytest.mark.parametrize("num_labels, kind", [(3, "single"), (1, "regression"), (4, "multi")])
 def test_sequence_classification(num_labels, kind):
-    hf, ours = pair(transformers.BertForSequenceClassification, heads.BertForSequenceClassification, 1,
-                    num_labels=num_labels)
+    hf, ours = pair(
+        transformers.BertForSequenceClassification, heads.BertForSequenceClassification, 1, num_labels=num_labels
+    )
     ids, types, mask = padded_batch(hf.config.vocab_size, seed=2)
     g = torch.Generator().manual_seed(0)
-    labels = {"single": torch.randint(0, num_labels, (4,), generator=g),
-              "regression": torch.rand(4, generator=g),
-              "multi": (torch.rand(4, num_labels, generator=g) > 0.5).float()}[kind]
+    labels = {
+        "single": torch.randint(0, num_labels, (4,), generator=g),
+        "regression": torch.rand(4, generator=g),
+        "multi": (torch.rand(4, num_labels, generator=g) > 0.5).float(),
+    }[kind]
     a = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
     b = ours(ids, types, mask, labels=labels)
     torch.testing.assert_close(b.logits, a.logits, atol=ATOL, rtol=0)
@@ -73,15 +76,20 @@ def test_multiple_choice():
 
 
 def test_head_checkpoint_loads_in_transformers(tmp_path):
-    model = heads.BertForSequenceClassification(vlbert.BertConfig.from_dict(random_hf_config(6, num_labels=5).to_dict()))
+    model = heads.BertForSequenceClassification(
+        vlbert.BertConfig.from_dict(random_hf_config(6, num_labels=5).to_dict())
+    )
     model.eval().save_pretrained(tmp_path)
     hf, info = transformers.BertForSequenceClassification.from_pretrained(tmp_path, output_loading_info=True)
     assert hf.config.num_labels == 5 and not info["missing_keys"] and not info["unexpected_keys"]
     ids, types, mask = padded_batch(model.config.vocab_size, seed=6)
     with torch.no_grad():
-        torch.testing.assert_close(model(ids, types, mask).logits,
-                                   hf.eval()(input_ids=ids, token_type_ids=types, attention_mask=mask).logits,
-                                   atol=ATOL, rtol=0)
+        torch.testing.assert_close(
+            model(ids, types, mask).logits,
+            hf.eval()(input_ids=ids, token_type_ids=types, attention_mask=mask).logits,
+            atol=ATOL,
+            rtol=0,
+        )
 
 
 def test_best_span_hand_worked():
@@ -110,7 +118,9 @@ def test_scalar_mix_and_layer_features():
 
 
 def test_label_outside_num_labels():
-    model = heads.BertForSequenceClassification(vlbert.BertConfig.from_dict(random_hf_config(7, num_labels=3).to_dict()))
+    model = heads.BertForSequenceClassification(
+        vlbert.BertConfig.from_dict(random_hf_config(7, num_labels=3).to_dict())
+    )
     ids, types, mask = padded_batch(model.config.vocab_size)
     with pytest.raises(ValueError, match="outside \\[0, num_labels=3\\)"):
         model(ids, types, mask, labels=torch.tensor([0, 1, 3, 2]))

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
 from conftest import tool
-from detectors.regions import Regions
 from published_references import uniter_state
 from test_published_checkpoints import UNITER_CONFIG, write_tokenizer
+
+from detectors.regions import Regions
 from vlbert.command_line import run_tool
 from vlbert.inference import pipeline
 from vlbert.models.uniter_heads import VLBertForVisualEntailment
@@ -50,8 +50,19 @@ def converted(tmp_path_factory):
     RecordingApi.calls = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(huggingface_hub, "HfApi", RecordingApi)
-        argv = ["--from", "uniter", str(tmp / "ve.pt"), "--config", str(tmp / "cfg.json"), "--tokenizer", str(tok),
-                "--output-dir", str(tmp / "out"), "--push-to-hub", "org/uniter-ve"]
+        argv = [
+            "--from",
+            "uniter",
+            str(tmp / "ve.pt"),
+            "--config",
+            str(tmp / "cfg.json"),
+            "--tokenizer",
+            str(tok),
+            "--output-dir",
+            str(tmp / "out"),
+            "--push-to-hub",
+            "org/uniter-ve",
+        ]
         assert run_tool(tool("convert_checkpoint"), argv) == 0
     return tmp / "out", list(RecordingApi.calls)
 
@@ -64,9 +75,15 @@ def test_the_model_card_says_what_the_model_is(converted):
     assert {"vlbert", "snli-ve", "uniter"} <= set(meta["tags"])
     assert meta["base_model_family"] == "uniter" and meta["source_code"] == "ChenRocks/UNITER@1dbfa62"
     info = json.loads((out / "inference.json").read_text())
-    for expected in ("VLBertForVisualEntailment", str(out.parent / "tok"),  # the tokenizer it was converted with
-                     "bottom-up-attention Faster R-CNN", info["detector"]["fingerprint"], "24-d features",
-                     "up to 100 regions", "within 1e-5"):
+    for expected in (
+        "VLBertForVisualEntailment",
+        str(out.parent / "tok"),  # the tokenizer it was converted with
+        "bottom-up-attention Faster R-CNN",
+        info["detector"]["fingerprint"],
+        "24-d features",
+        "up to 100 regions",
+        "within 1e-5",
+    ):
         assert expected in text, expected
 
 
@@ -82,10 +99,27 @@ def test_the_upload_sends_the_model_directory(converted, tmp_path):
     with pytest.MonkeyPatch.context() as mp:  # model.push_to_hub: save_pretrained + inference.json + card
         mp.setattr(huggingface_hub, "HfApi", RecordingApi)
         files = model.push_to_hub("org/ve-copy", inference_info={"task": "snli-ve"})
-    assert files == RecordingApi.calls[1][2] and {"config.json", "model.safetensors", "inference.json",
-                                                   "README.md"} == set(files)
-    assert run_tool(tool("convert_checkpoint"), ["--from", "uniter", str(out.parent / "ve.pt"), "--output-dir",
-                                                 str(tmp_path / "x"), "--push-to-hub", "no-org-name"]) == 2
+    assert files == RecordingApi.calls[1][2] and {
+        "config.json",
+        "model.safetensors",
+        "inference.json",
+        "README.md",
+    } == set(files)
+    assert (
+        run_tool(
+            tool("convert_checkpoint"),
+            [
+                "--from",
+                "uniter",
+                str(out.parent / "ve.pt"),
+                "--output-dir",
+                str(tmp_path / "x"),
+                "--push-to-hub",
+                "no-org-name",
+            ],
+        )
+        == 2
+    )
     assert not (tmp_path / "x").exists()
 
 
@@ -105,8 +139,14 @@ def test_a_hub_name_loads_from_the_cache_offline(converted, tmp_path, monkeypatc
     assert all(torch.equal(a, b) for a, b in zip(from_hub.state_dict().values(), local.state_dict().values()))
     assert resolve_model_path("org/uniter-ve") == str(repo / "snapshots" / sha)  # what --init-from reads
     g = np.random.default_rng(0)
-    regions = Regions("x", 60, 80, np.array([[0, 0, 40, 30], [10, 10, 80, 60]], np.float32),
-                      g.standard_normal((2, 24)).astype(np.float16), np.ones(2, np.float32))
+    regions = Regions(
+        "x",
+        60,
+        80,
+        np.array([[0, 0, 40, 30], [10, 10, 80, 60]], np.float32),
+        g.standard_normal((2, 24)).astype(np.float16),
+        np.ones(2, np.float32),
+    )
     answer = pipeline("org/uniter-ve", device="cpu")(regions, "a dog runs")
     assert answer == pipeline(out, device="cpu")(regions, "a dog runs")
     assert answer["label"] in ("contradiction", "entailment", "neutral")

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms.functional as TF
-from PIL import Image
-
 from conftest import EASY_DETECTOR
+from PIL import Image
 from test_tool_errors import one_line_error
+
 from vlbert.data.easy_vqa import load_questions
 from vlbert.data.images import PREPROCESSING, image_preprocessing, pad_images
 from vlbert.inference import VQAPipeline, pipeline
@@ -76,23 +76,46 @@ def e2e_run(easy, tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     wanted = {v: k for k, v in easy.easy_ids.items()}
     questions = [q for q in load_questions("test") if q.image_id in wanted][:40]
-    records = [{"question_id": 1000 + n, "image_id": int(wanted[q.image_id]), "question": q.question}
-               for n, q in enumerate(questions)]
+    records = [
+        {"question_id": 1000 + n, "image_id": int(wanted[q.image_id]), "question": q.question}
+        for n, q in enumerate(questions)
+    ]
     (root / "questions.json").write_text(json.dumps({"questions": records}))
-    annotations = [{"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10}
-                   for r, q in zip(records, questions)]
+    annotations = [
+        {"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10} for r, q in zip(records, questions)
+    ]
     (root / "annotations.json").write_text(json.dumps({"annotations": annotations}))
     (root / "images").mkdir()
     for k, path in easy.files.items():
         shutil.copy(path, root / "images" / f"{k}.png")
-    files = {f"{split}_{kind}": str(root / f"{kind}.json") for split in ("train", "eval")
-             for kind in ("questions", "annotations")}
-    data = {"dataset": "vqa-v2", "shards": str(easy.shards), "image_dir": str(root / "images"),
-            "image_short_side": 80, "max_regions": 6, **files}
-    config = {"task": "vqa", "init_from": "minilm", "detector": asdict(EASY_DETECTOR), "data": data,
-              "model": {"visual_backbone": TIMM},
-              "training": {"output_dir": str(root / "run"), "max_steps": 2, "batch_size": 8, "warmup_steps": 1,
-                           "progress_bar": False, "log_every": 1}}
+    files = {
+        f"{split}_{kind}": str(root / f"{kind}.json")
+        for split in ("train", "eval")
+        for kind in ("questions", "annotations")
+    }
+    data = {
+        "dataset": "vqa-v2",
+        "shards": str(easy.shards),
+        "image_dir": str(root / "images"),
+        "image_short_side": 80,
+        "max_regions": 6,
+        **files,
+    }
+    config = {
+        "task": "vqa",
+        "init_from": "minilm",
+        "detector": asdict(EASY_DETECTOR),
+        "data": data,
+        "model": {"visual_backbone": TIMM},
+        "training": {
+            "output_dir": str(root / "run"),
+            "max_steps": 2,
+            "batch_size": 8,
+            "warmup_steps": 1,
+            "progress_bar": False,
+            "log_every": 1,
+        },
+    }
     run(RECIPES["vqa"], config)
     return SimpleNamespace(root=root, dir=root / "run", questions=records, config=config)
 
@@ -112,14 +135,18 @@ def test_a_backbone_run_reads_images_and_its_pipeline_answers_as_the_forward(eas
     files = [str(easy.files[str(q["image_id"])]) for q in qs]
     answers = vqa(files, [q["question"] for q in qs], top_k=1)
     # The run's evaluation went through the loader (image files under image_dir, collated images): the same answers.
-    evaluated = {r["question_id"]: r["answer"] for r in map(json.loads, (e2e_run.dir / "predictions.jsonl")
-                                                                 .read_text().splitlines())}
+    evaluated = {
+        r["question_id"]: r["answer"]
+        for r in map(json.loads, (e2e_run.dir / "predictions.jsonl").read_text().splitlines())
+    }
     assert {str(q["question_id"]): a[0]["answer"] for q, a in zip(qs, answers)} == evaluated
     # The model's forward on pixels made here (PIL bilinear to 80 x 80, ImageNet mean/std) and the stored boxes.
     mean, std = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
     rows = qs[:4]
-    pixels = [(TF.to_tensor(Image.open(files[i]).convert("RGB").resize((80, 80), Image.BILINEAR)) - mean) / std
-              for i in range(len(rows))]
+    pixels = [
+        (TF.to_tensor(Image.open(files[i]).convert("RGB").resize((80, 80), Image.BILINEAR)) - mean) / std
+        for i in range(len(rows))
+    ]
     regions = [easy.store[str(q["image_id"])] for q in rows]
     r = min(max(x.num_regions for x in regions), 6)
     boxes, mask = torch.zeros(len(rows), r, 4), torch.zeros(len(rows), r, dtype=torch.long)
@@ -128,8 +155,13 @@ def test_a_backbone_run_reads_images_and_its_pipeline_answers_as_the_forward(eas
         boxes[i, :n], mask[i, :n] = torch.from_numpy(x.normalised_boxes()[:n]), 1
     text = vqa.tokenizer([q["question"] for q in rows], padding=True, return_tensors="pt")
     with torch.no_grad():
-        logits = vqa.model(input_ids=text["input_ids"], attention_mask=text["attention_mask"],
-                           images=torch.stack(pixels), region_boxes=boxes, region_mask=mask).logits
+        logits = vqa.model(
+            input_ids=text["input_ids"],
+            attention_mask=text["attention_mask"],
+            images=torch.stack(pixels),
+            region_boxes=boxes,
+            region_mask=mask,
+        ).logits
     top = torch.sigmoid(logits).max(-1)
     for i, a in enumerate(answers[:4]):
         assert a[0]["answer"] == vqa.labels[int(top.indices[i])]
@@ -153,8 +185,9 @@ def test_a_backbone_run_without_an_image_is_refused_in_one_line(capsys, e2e_run,
     assert not (tmp_path / "out").exists()
     # Fine-tuning from this run without a preprocessing of its own sees images as it did (its inference.json's).
     trained = json.loads((e2e_run.dir / "inference.json").read_text())["image_preprocessing"]
-    data = SimpleNamespace(**{**e2e_run.config["data"], "image_preprocessing": "", "image_short_side": 0,
-                              "image_max_side": 0})
+    data = SimpleNamespace(
+        **{**e2e_run.config["data"], "image_preprocessing": "", "image_short_side": 0, "image_max_side": 0}
+    )
     assert task_images(data, TIMM, ["0"], trained).preprocessing.short_side == 80
     assert task_images(data, TIMM, ["0"]).preprocessing.short_side == 224
     data = {k: v for k, v in e2e_run.config["data"].items() if k != "image_dir"}
@@ -167,17 +200,45 @@ def test_vl_pretraining_reads_images_and_refuses_feature_regression(capsys, easy
     """VL pretraining (MLM, MRC-KL: masked regions' pixels hidden in the model, ITM) of a tiny model with a timm
     backbone, on the `easy` shards' boxes and the image directory: it trains, and records its preprocessing; MRFR
     (regressing the detector's features, which the backbone replaces) is refused in one line."""
-    config = {"modality": "vl", "tokenizer": "minilm", "detector": asdict(EASY_DETECTOR),
-              "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
-                        "region_embedding": "vl-bert", "region_location_dim": 4, "visual_backbone": TIMM},
-              "data": {"sources": [{"name": "easy", "format": "jsonl", "path": str(tmp_path / "captions.jsonl"),
-                                    "shards": str(easy.shards)}],
-                       "image_dir": str(e2e_run.root / "images"), "image_short_side": 64, "eval_fraction": 0.0,
-                       "objectives": {"mlm": 1, "mrc_kl": 1, "itm": 1}},
-              "training": {"output_dir": str(tmp_path / "vl"), "max_steps": 3, "batch_size": 4, "warmup_steps": 1,
-                           "log_every": 1, "progress_bar": False}}
-    (tmp_path / "captions.jsonl").write_text("".join(
-        json.dumps({"image_id": k, "caption": f"a {c} {s}"}) + "\n" for k, (c, s) in easy.truth.items()))
+    config = {
+        "modality": "vl",
+        "tokenizer": "minilm",
+        "detector": asdict(EASY_DETECTOR),
+        "model": {
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "region_embedding": "vl-bert",
+            "region_location_dim": 4,
+            "visual_backbone": TIMM,
+        },
+        "data": {
+            "sources": [
+                {
+                    "name": "easy",
+                    "format": "jsonl",
+                    "path": str(tmp_path / "captions.jsonl"),
+                    "shards": str(easy.shards),
+                }
+            ],
+            "image_dir": str(e2e_run.root / "images"),
+            "image_short_side": 64,
+            "eval_fraction": 0.0,
+            "objectives": {"mlm": 1, "mrc_kl": 1, "itm": 1},
+        },
+        "training": {
+            "output_dir": str(tmp_path / "vl"),
+            "max_steps": 3,
+            "batch_size": 4,
+            "warmup_steps": 1,
+            "log_every": 1,
+            "progress_bar": False,
+        },
+    }
+    (tmp_path / "captions.jsonl").write_text(
+        "".join(json.dumps({"image_id": k, "caption": f"a {c} {s}"}) + "\n" for k, (c, s) in easy.truth.items())
+    )
     run(RECIPES["vl-pretraining"], config)
     info = json.loads((tmp_path / "vl" / "inference.json").read_text())
     assert info["image_preprocessing"]["short_side"] == 64 and info["region_feature_dim"] == 288
@@ -186,8 +247,11 @@ def test_vl_pretraining_reads_images_and_refuses_feature_regression(capsys, easy
     assert len(steps) == 3 and all(np.isfinite(r["loss"]) for r in steps)
     config["data"]["objectives"] = {"mlm": 1, "mrfr": 1}
     (tmp_path / "config.yaml").write_text(json.dumps(config))
-    line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--config", str(tmp_path / "config.yaml"),
-                                               "--output-dir", str(tmp_path / "refused")])
+    line = one_line_error(
+        capsys,
+        "pretrain",
+        ["--modality", "vl", "--config", str(tmp_path / "config.yaml"), "--output-dir", str(tmp_path / "refused")],
+    )
     assert "data.objectives has mrfr, which regresses the detector's features" in line
 
 
@@ -198,23 +262,40 @@ def test_image_pairs_go_through_the_backbone_one_image_at_a_time():
     from vlbert.models.vl_classification import VLBertForImagePairClassification
 
     torch.manual_seed(0)
-    config = VLBertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                          intermediate_size=32, region_feature_dim=288, num_labels=2, visual_backbone=TIMM)
+    config = VLBertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        region_feature_dim=288,
+        num_labels=2,
+        visual_backbone=TIMM,
+    )
     model = VLBertForImagePairClassification(config).eval()
     ids, images = torch.randint(1, 50, (2, 5)), torch.randn(2, 2, 3, 48, 64)
     sizes = torch.tensor([[[48, 64], [40, 64]], [[48, 56], [48, 64]]])
     for i, j in ((0, 1), (1, 0)):
-        images[i, j, :, sizes[i, j, 0]:], images[i, j, :, :, sizes[i, j, 1]:] = 0.0, 0.0
+        images[i, j, :, sizes[i, j, 0] :], images[i, j, :, :, sizes[i, j, 1] :] = 0.0, 0.0
     boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.1, 0.2, 0.6, 0.7], [0.4, 0.3, 0.9, 0.8]]).expand(2, 2, 3, 4)
     mask = torch.tensor([[[1, 1, 1], [1, 1, 0]], [[1, 0, 0], [1, 1, 1]]])
     with torch.no_grad():
         logits = model(ids, images=images, region_boxes=boxes, region_mask=mask, image_sizes=sizes).logits
-        alone = torch.stack([torch.stack([model.bert.visual_backbone(
-            images[i, j, None], boxes[i, j, None], mask[i, j, None], sizes[i, j, None])[0]
-            for j in range(2)]) for i in range(2)])
+        alone = torch.stack(
+            [
+                torch.stack(
+                    [
+                        model.bert.visual_backbone(
+                            images[i, j, None], boxes[i, j, None], mask[i, j, None], sizes[i, j, None]
+                        )[0]
+                        for j in range(2)
+                    ]
+                )
+                for i in range(2)
+            ]
+        )
         expected = model(ids, region_features=alone, region_boxes=boxes, region_mask=mask).logits
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
-
 
 
 def test_retrieval_trains_the_backbone_and_evaluates_on_the_pixels(easy, e2e_run, tmp_path):
@@ -228,29 +309,51 @@ def test_retrieval_trains_the_backbone_and_evaluates_on_the_pixels(easy, e2e_run
     from vlbert.evaluation.retrieval import evaluate_retrieval
     from vlbert.inference import RetrievalPipeline
 
-    records = [{"filename": k, "split": "train" if int(k) < 8 else "test", "sentences": [{"raw": f"a {c} {s}"}]}
-               for k, (c, s) in easy.truth.items()]
+    records = [
+        {"filename": k, "split": "train" if int(k) < 8 else "test", "sentences": [{"raw": f"a {c} {s}"}]}
+        for k, (c, s) in easy.truth.items()
+    ]
     (tmp_path / "captions.json").write_text(json.dumps({"images": records}))
-    data = {"dataset": "karpathy", "captions_file": str(tmp_path / "captions.json"), "shards": str(easy.shards),
-            "image_dir": str(e2e_run.root / "images"), "image_short_side": 32, "max_regions": 6, "shortlist": 2}
-    config = {"task": "retrieval", "init_from": str(e2e_run.dir), "detector": asdict(EASY_DETECTOR), "data": data,
-              "training": {"output_dir": str(tmp_path / "run"), "max_steps": 1, "batch_size": 4, "warmup_steps": 1,
-                           "progress_bar": False}}
+    data = {
+        "dataset": "karpathy",
+        "captions_file": str(tmp_path / "captions.json"),
+        "shards": str(easy.shards),
+        "image_dir": str(e2e_run.root / "images"),
+        "image_short_side": 32,
+        "max_regions": 6,
+        "shortlist": 2,
+    }
+    config = {
+        "task": "retrieval",
+        "init_from": str(e2e_run.dir),
+        "detector": asdict(EASY_DETECTOR),
+        "data": data,
+        "training": {
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": 1,
+            "batch_size": 4,
+            "warmup_steps": 1,
+            "progress_bar": False,
+        },
+    }
     metrics = run(RECIPES["retrieval"], config)
     retrieval = RetrievalPipeline(tmp_path / "run", device="cpu", batch_size=4)
     model, tokenizer = retrieval.model, retrieval.tokenizer
     assert retrieval.inputs.preprocessing.short_side == 32  # the run's, recorded in its inference.json
     before = load_file(str(e2e_run.dir / "model.safetensors"))
-    trainable = [(n, p) for n, p in model.bert.visual_backbone.named_parameters(prefix="bert.visual_backbone")
-                 if p.requires_grad]
+    trainable = [
+        (n, p) for n, p in model.bert.visual_backbone.named_parameters(prefix="bert.visual_backbone") if p.requires_grad
+    ]
     # One AdamW step of the backbone's learning rate (1e-3) from init_from's weights: each moves, by about that much.
     steps = [float((p.detach() - before[n]).abs().max()) for n, p in trainable]
     assert trainable and 0 < min(steps) and max(steps) < 1e-2
     test = load_karpathy_split(tmp_path / "captions.json", "test")
-    reader = task_images(SimpleNamespace(**{**data, "image_preprocessing": "", "image_max_side": 0}), TIMM,
-                         [im.image_id for im in test])
-    again, i2t, t2i = evaluate_retrieval(model, test, easy.store, tokenizer, shortlist=2, max_regions=6,
-                                       return_scores=True, image_reader=reader)
+    reader = task_images(
+        SimpleNamespace(**{**data, "image_preprocessing": "", "image_max_side": 0}), TIMM, [im.image_id for im in test]
+    )
+    again, i2t, t2i = evaluate_retrieval(
+        model, test, easy.store, tokenizer, shortlist=2, max_regions=6, return_scores=True, image_reader=reader
+    )
     assert again == {k: v for k, v in metrics.items() if k in again}
     mean, std = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
     image = Image.open(easy.files[test[0].image_id]).convert("RGB").resize((32, 32), Image.BILINEAR)
@@ -261,19 +364,26 @@ def test_retrieval_trains_the_backbone_and_evaluates_on_the_pixels(easy, e2e_run
     shortlisted = i2t[0].topk(2).indices.sort().values  # the re-ranked ones rank above every other candidate
     text = tokenizer([captions[i] for i in shortlisted], padding=True, return_tensors="pt")
     with torch.no_grad():
-        scores = model.match_scores(text["input_ids"], text["token_type_ids"], text["attention_mask"],
-                                    images=pixels.expand(2, -1, -1, -1), region_boxes=boxes.expand(2, -1, -1))
+        scores = model.match_scores(
+            text["input_ids"],
+            text["token_type_ids"],
+            text["attention_mask"],
+            images=pixels.expand(2, -1, -1, -1),
+            region_boxes=boxes.expand(2, -1, -1),
+        )
     torch.testing.assert_close(i2t[0, shortlisted], scores, atol=1e-4, rtol=0)
     ranked = retrieval.captions(str(easy.files[test[0].image_id]), captions, top_k=2)
-    torch.testing.assert_close(torch.tensor([h["score"] for h in ranked]), i2t[0, [h["index"] for h in ranked]],
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor([h["score"] for h in ranked]), i2t[0, [h["index"] for h in ranked]], atol=1e-4, rtol=0
+    )
     # An index of the image files holds the backbone's features (float16): a search scores as the evaluation.
     ids = [im.image_id for im in test]
     index = retrieval.index_images([str(easy.files[i]) for i in ids], image_ids=ids)
     assert index.regions[ids[0]].feature_dim == 288
     found = retrieval.search(captions[:1], index, top_k=2)[0]
-    torch.testing.assert_close(torch.tensor([h["score"] for h in found]),
-                               t2i[0, [ids.index(h["image_id"]) for h in found]], atol=1e-2, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor([h["score"] for h in found]), t2i[0, [ids.index(h["image_id"]) for h in found]], atol=1e-2, rtol=0
+    )
 
 
 def test_explain_reads_a_backbone_runs_pixels_and_refuses_what_feeds_features(e2e_run, tmp_path, capsys):
@@ -281,13 +391,27 @@ def test_explain_reads_a_backbone_runs_pixels_and_refuses_what_feeds_features(e2
     model's own attention on pixels made here (PIL bilinear to the run's 80 x 80, ImageNet mean/std) under the
     printed boxes; ``generate`` (many images' detector features) is refused in one line."""
     from conftest import tool
+
     from vlbert.data.easy_vqa import image_paths
     from vlbert.models.vl import VLBertForPreTraining
     from vlbert.tokenization import load_tokenizer
 
     text = "what color is the shape?"
-    argv = ["regions", "--model", str(e2e_run.dir), "--easy-vqa-image", "test/3", "--text", text, "--word", "color",
-            "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache")]
+    argv = [
+        "regions",
+        "--model",
+        str(e2e_run.dir),
+        "--easy-vqa-image",
+        "test/3",
+        "--text",
+        text,
+        "--word",
+        "color",
+        "--out",
+        str(tmp_path),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     assert tool("explain")(argv) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-2])
     boxes = torch.tensor(printed["boxes"]) / 64.0
@@ -297,14 +421,21 @@ def test_explain_reads_a_backbone_runs_pixels_and_refuses_what_feeds_features(e2
     model, tok = VLBertForPreTraining.from_pretrained(e2e_run.dir).eval(), load_tokenizer(e2e_run.dir)
     enc = tok(text, return_tensors="pt")
     with torch.no_grad():
-        attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"],
-                                region_boxes=boxes[None], images=pixels, output_attentions=True).attentions
+        attentions = model.bert(
+            enc["input_ids"],
+            enc["token_type_ids"],
+            enc["attention_mask"],
+            region_boxes=boxes[None],
+            images=pixels,
+            output_attentions=True,
+        ).attentions
     t = enc["input_ids"].shape[1]
     word = tok.convert_ids_to_tokens(enc["input_ids"][0]).index("color")
     row = attentions[-1][0].mean(0)[word, t:]
     np.testing.assert_allclose(printed["attention_to_regions"], (row / row.sum()).numpy(), atol=2e-3)
-    assert "computes them from the pixels" in one_line_error(capsys, "explain", ["generate", "--model",
-                                                                                 str(e2e_run.dir), "--images", "4"])
+    assert "computes them from the pixels" in one_line_error(
+        capsys, "explain", ["generate", "--model", str(e2e_run.dir), "--images", "4"]
+    )
 
 
 def test_boxes_and_pixels_come_from_one_reader(e2e_vqa, tmp_path):  # row 106
@@ -324,8 +455,9 @@ def test_boxes_and_pixels_come_from_one_reader(e2e_vqa, tmp_path):  # row 106
     upright = np.random.default_rng(0).integers(0, 256, (80, 128, 3), dtype=np.uint8)
     exif = Image.Exif()
     exif[0x0112] = 8  # "rotate 90 clockwise to view": stored 80 wide, 128 high
-    Image.fromarray(upright).transpose(Image.Transpose.ROTATE_270).save(folder / "phone.jpg", exif=exif.tobytes(),
-                                                                         quality=95)
+    Image.fromarray(upright).transpose(Image.Transpose.ROTATE_270).save(
+        folder / "phone.jpg", exif=exif.tobytes(), quality=95
+    )
     Image.fromarray(upright).save(folder / "other.webp", lossless=True)
     Image.fromarray(upright[:, ::-1].copy()).save(folder / "flipped.bmp")
     files = dict(image_sources([str(folder)]))
@@ -344,8 +476,9 @@ def test_boxes_and_pixels_come_from_one_reader(e2e_vqa, tmp_path):  # row 106
         same_under_boxes(regions.pixels, regions, load_image(files[image_id]))
     np.testing.assert_array_equal(load_image(files["deep"])[:, :, 0], np.round(ramp / 65535 * 255))  # not all 255
     assert vqa(str(files["phone"]), "what color is the shape?", top_k=1)[0]["answer"] in vqa.labels
-    data = SimpleNamespace(dataset="vqa-v2", image_dir=str(folder), image_preprocessing="", image_short_side=80,
-                           image_max_side=0)
+    data = SimpleNamespace(
+        dataset="vqa-v2", image_dir=str(folder), image_preprocessing="", image_short_side=80, image_max_side=0
+    )
     reader = task_images(data, TIMM, list(files))
     for image_id, regions in found.items():
         same_under_boxes(reader(image_id), regions, load_image(files[image_id]))
@@ -354,18 +487,41 @@ def test_boxes_and_pixels_come_from_one_reader(e2e_vqa, tmp_path):  # row 106
 def test_a_missing_backbone_weights_file_is_named_under_the_backbones_key(capsys, easy, e2e_run, tmp_path):  # row 113
     """``model.visual_backbone.weights`` naming no file: one line under that key (it named the detector's
     ``detector.weights / --weights``), nothing written."""
-    config = {"modality": "vl", "tokenizer": "minilm", "detector": asdict(EASY_DETECTOR),
-              "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
-                        "visual_backbone": {**TIMM, "weights": str(tmp_path / "mobilenet.safetensors")}},
-              "data": {"sources": [{"name": "easy", "format": "jsonl", "path": str(tmp_path / "captions.jsonl"),
-                                    "shards": str(easy.shards)}],
-                       "image_dir": str(e2e_run.root / "images"), "image_short_side": 64, "eval_fraction": 0.0,
-                       "objectives": {"mlm": 1}},
-              "training": {"max_steps": 1, "batch_size": 4, "progress_bar": False}}
-    (tmp_path / "captions.jsonl").write_text("".join(
-        json.dumps({"image_id": k, "caption": f"a {c} {s}"}) + "\n" for k, (c, s) in easy.truth.items()))
+    config = {
+        "modality": "vl",
+        "tokenizer": "minilm",
+        "detector": asdict(EASY_DETECTOR),
+        "model": {
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "visual_backbone": {**TIMM, "weights": str(tmp_path / "mobilenet.safetensors")},
+        },
+        "data": {
+            "sources": [
+                {
+                    "name": "easy",
+                    "format": "jsonl",
+                    "path": str(tmp_path / "captions.jsonl"),
+                    "shards": str(easy.shards),
+                }
+            ],
+            "image_dir": str(e2e_run.root / "images"),
+            "image_short_side": 64,
+            "eval_fraction": 0.0,
+            "objectives": {"mlm": 1},
+        },
+        "training": {"max_steps": 1, "batch_size": 4, "progress_bar": False},
+    }
+    (tmp_path / "captions.jsonl").write_text(
+        "".join(json.dumps({"image_id": k, "caption": f"a {c} {s}"}) + "\n" for k, (c, s) in easy.truth.items())
+    )
     (tmp_path / "config.yaml").write_text(json.dumps(config))
-    line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--config", str(tmp_path / "config.yaml"),
-                                               "--output-dir", str(tmp_path / "run")])
+    line = one_line_error(
+        capsys,
+        "pretrain",
+        ["--modality", "vl", "--config", str(tmp_path / "config.yaml"), "--output-dir", str(tmp_path / "run")],
+    )
     assert f"{tmp_path / 'mobilenet.safetensors'} does not exist (model.visual_backbone.weights)" in line, line
     assert not (tmp_path / "run").exists()

@@ -13,24 +13,38 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
+from conftest import EASY_DETECTOR as DETECTOR  # the session's `easy` fixture
+from conftest import N_EASY_IMAGES as N_IMAGES
 from conftest import tool, write_jsonl
+
 from detectors.config import DetectorConfig
 from detectors.extract import extract_regions
 from detectors.shards import load_regions, shard_paths, write_detector_info, write_shards
 from vlbert.command_line import run_tool
 from vlbert.data.easy_vqa import load_questions
-from vlbert.inference import (PIPELINES, EntailmentPipeline, ImageIndex, ImagePairPipeline, ReferringPipeline,
-                              RetrievalPipeline, VQAPipeline, pipeline)
+from vlbert.inference import (
+    PIPELINES,
+    EntailmentPipeline,
+    ImageIndex,
+    ImagePairPipeline,
+    ReferringPipeline,
+    RetrievalPipeline,
+    VQAPipeline,
+    pipeline,
+)
 from vlbert.recipes import RECIPES, run
 
-from conftest import EASY_DETECTOR as DETECTOR, N_EASY_IMAGES as N_IMAGES  # the session's `easy` fixture
 TRAINING = {"max_steps": 2, "batch_size": 4, "warmup_steps": 1, "progress_bar": False, "log_every": 1}
 
 
 def finetune(task: str, data: dict, out) -> dict:
-    config = {"task": task, "init_from": "minilm", "detector": asdict(DETECTOR), "data": data,
-              "training": {**TRAINING, "output_dir": str(out)}}
+    config = {
+        "task": task,
+        "init_from": "minilm",
+        "detector": asdict(DETECTOR),
+        "data": data,
+        "training": {**TRAINING, "output_dir": str(out)},
+    }
     return run(RECIPES[task], config)
 
 
@@ -39,15 +53,22 @@ def vqa_run(easy):
     """A VQA run on the VQA v2 files of the 12 images' easy-VQA questions (train = eval)."""
     wanted = {v: k for k, v in easy.easy_ids.items()}
     questions = [q for q in load_questions("test") if q.image_id in wanted]
-    records = [{"question_id": 1000 + n, "image_id": int(wanted[q.image_id]), "question": q.question}
-               for n, q in enumerate(questions)]
+    records = [
+        {"question_id": 1000 + n, "image_id": int(wanted[q.image_id]), "question": q.question}
+        for n, q in enumerate(questions)
+    ]
     (easy.root / "questions.json").write_text(json.dumps({"questions": records}))
-    annotations = [{"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10}
-                   for r, q in zip(records, questions)]
+    annotations = [
+        {"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10} for r, q in zip(records, questions)
+    ]
     (easy.root / "annotations.json").write_text(json.dumps({"annotations": annotations}))
     out = easy.root / "vqa"
-    files = {"train_questions": easy.root / "questions.json", "train_annotations": easy.root / "annotations.json",
-             "eval_questions": easy.root / "questions.json", "eval_annotations": easy.root / "annotations.json"}
+    files = {
+        "train_questions": easy.root / "questions.json",
+        "train_annotations": easy.root / "annotations.json",
+        "eval_questions": easy.root / "questions.json",
+        "eval_annotations": easy.root / "annotations.json",
+    }
     finetune("vqa", {"dataset": "vqa-v2", "shards": str(easy.shards), **{k: str(v) for k, v in files.items()}}, out)
     return SimpleNamespace(dir=out, questions=records)
 
@@ -58,13 +79,16 @@ def test_a_run_saves_what_inference_needs(easy, vqa_run):
     assert info["detector"]["fingerprint"] == DETECTOR.fingerprint()
     assert DetectorConfig(**info["detector"]["config"]) == DETECTOR
     assert info["detector"]["extractor"] == easy.store["0"].detector
-    assert sorted(info["labels"]) == sorted({a["answers"][0]["answer"] for a in json.loads(
-        (easy.root / "annotations.json").read_text())["annotations"]})
+    assert sorted(info["labels"]) == sorted(
+        {a["answers"][0]["answer"] for a in json.loads((easy.root / "annotations.json").read_text())["annotations"]}
+    )
 
 
 def test_vqa_pipeline_answers_as_the_evaluation(easy, vqa_run):
-    evaluated = {r["question_id"]: r["answer"] for r in map(json.loads, (vqa_run.dir / "predictions.jsonl")
-                                                                 .read_text().splitlines())}
+    evaluated = {
+        r["question_id"]: r["answer"]
+        for r in map(json.loads, (vqa_run.dir / "predictions.jsonl").read_text().splitlines())
+    }
     vqa = VQAPipeline(vqa_run.dir, device="cpu", batch_size=5)
     qs = vqa_run.questions
     answers = vqa([easy.store[str(q["image_id"])] for q in qs], [q["question"] for q in qs], top_k=3)
@@ -85,17 +109,29 @@ def test_a_vqa_model_in_memory_answers_as_its_run(easy, vqa_run):
     """pipeline(model=VLBertForVQA, tokenizer=..., detector=...) answers from image files as the run directory's
     pipeline; without labels its answers are the answer indices; the task follows from the model's class."""
     from_run = pipeline(vqa_run.dir, device="cpu")
-    in_memory = pipeline(model=from_run.model, tokenizer=from_run.tokenizer, detector=DETECTOR, labels=from_run.labels,
-                         max_text_length=from_run.inputs.max_text_length, max_regions=from_run.inputs.max_regions)
+    in_memory = pipeline(
+        model=from_run.model,
+        tokenizer=from_run.tokenizer,
+        detector=DETECTOR,
+        labels=from_run.labels,
+        max_text_length=from_run.inputs.max_text_length,
+        max_regions=from_run.inputs.max_regions,
+    )
     assert isinstance(in_memory, VQAPipeline)
     images = [str(easy.files[k]) for k in ("0", "1", "2")]
     questions = ["what color is the shape?", "what shape is this?", "is it a circle?"]
     expected = from_run(images, questions, top_k=2)
     assert in_memory(images, questions, top_k=2) == expected
-    unnamed = pipeline(model=from_run.model, tokenizer=from_run.tokenizer, detector=DETECTOR,
-                       max_regions=from_run.inputs.max_regions, max_text_length=from_run.inputs.max_text_length)
+    unnamed = pipeline(
+        model=from_run.model,
+        tokenizer=from_run.tokenizer,
+        detector=DETECTOR,
+        max_regions=from_run.inputs.max_regions,
+        max_text_length=from_run.inputs.max_text_length,
+    )
     assert [[from_run.labels[int(a["answer"])] for a in row] for row in unnamed(images, questions, top_k=2)] == [
-        [a["answer"] for a in row] for row in expected]
+        [a["answer"] for a in row] for row in expected
+    ]
     with pytest.raises(ValueError, match="runs VLBertForSequenceClassification"):
         pipeline("snli-ve", from_run.model, tokenizer=from_run.tokenizer)
 
@@ -121,8 +157,7 @@ def test_image_files_are_extracted_with_the_runs_own_detector(easy, vqa_run):
         assert regions.detector == stored.detector
         np.testing.assert_array_equal(regions.boxes, stored.boxes)
         # One image per detector call against 12: float16 rounding of the pooled features only.
-        np.testing.assert_allclose(regions.features.astype(np.float32), stored.features.astype(np.float32),
-                                   atol=1e-2)
+        np.testing.assert_allclose(regions.features.astype(np.float32), stored.features.astype(np.float32), atol=1e-2)
 
 
 def test_another_detector_is_refused_naming_both(easy, vqa_run):
@@ -135,17 +170,37 @@ def test_another_detector_is_refused_naming_both(easy, vqa_run):
 
     vqa = VQAPipeline(vqa_run.dir, device="cpu")
     foreign = replace(easy.store["0"], detector="butd:resnet101-vg")
-    with pytest.raises(ValueError, match=r"regions of butd:resnet101-vg, but the run was trained on regions of "
-                                         + easy.store["0"].detector.replace("+", r"\+")):
+    with pytest.raises(
+        ValueError,
+        match=r"regions of butd:resnet101-vg, but the run was trained on regions of "
+        + easy.store["0"].detector.replace("+", r"\+"),
+    ):
         vqa(foreign, "what color is the shape?")
 
 
 def test_predict_tool_writes_the_vqa_v2_results_file(easy, vqa_run, tmp_path):
-    lines = [{"question_id": q["question_id"], "image": str(easy.files[str(q["image_id"])]),
-              "question": q["question"]} for q in vqa_run.questions]
+    lines = [
+        {"question_id": q["question_id"], "image": str(easy.files[str(q["image_id"])]), "question": q["question"]}
+        for q in vqa_run.questions
+    ]
     write_jsonl(tmp_path / "questions.jsonl", lines)
-    assert run_tool(tool("predict"), [str(vqa_run.dir), "--input", str(tmp_path / "questions.jsonl"), "--format",
-                                      "vqa-v2", "--output", str(tmp_path / "results.json"), "--device", "cpu"]) == 0
+    assert (
+        run_tool(
+            tool("predict"),
+            [
+                str(vqa_run.dir),
+                "--input",
+                str(tmp_path / "questions.jsonl"),
+                "--format",
+                "vqa-v2",
+                "--output",
+                str(tmp_path / "results.json"),
+                "--device",
+                "cpu",
+            ],
+        )
+        == 0
+    )
     results = json.loads((tmp_path / "results.json").read_text())
     # The evaluation server's loader (VQA.loadRes) takes a list of {"question_id", "answer"} covering every question.
     assert isinstance(results, list) and all(set(r) == {"question_id", "answer"} for r in results)
@@ -175,29 +230,66 @@ def test_nlvr2_pipeline_and_results_file_as_the_evaluation(easy, tmp_path):
     records = []
     for p in range(N_IMAGES // 2):
         shapes = [easy.truth[str(2 * p + j)][1] for j in (0, 1)]
-        records += [{"identifier": f"dev-{p}-0-0", "sentence": "both images show a circle",
-                     "label": str(shapes == ["circle", "circle"])},
-                    {"identifier": f"dev-{p}-0-1", "sentence": f"the left image shows a {shapes[0]}", "label": "True"}]
+        records += [
+            {
+                "identifier": f"dev-{p}-0-0",
+                "sentence": "both images show a circle",
+                "label": str(shapes == ["circle", "circle"]),
+            },
+            {"identifier": f"dev-{p}-0-1", "sentence": f"the left image shows a {shapes[0]}", "label": "True"},
+        ]
     write_jsonl(tmp_path / "dev.json", records)
     out = tmp_path / "nlvr2"
-    finetune("nlvr2", {"dataset": "nlvr2", "train_file": str(tmp_path / "dev.json"),
-                       "eval_file": str(tmp_path / "dev.json"), "shards": str(easy.shards)}, out)
+    finetune(
+        "nlvr2",
+        {
+            "dataset": "nlvr2",
+            "train_file": str(tmp_path / "dev.json"),
+            "eval_file": str(tmp_path / "dev.json"),
+            "shards": str(easy.shards),
+        },
+        out,
+    )
     evaluated = dict(csv.reader((out / "predictions.csv").read_text().splitlines()))
     assert set(evaluated) == {r["identifier"] for r in records}
 
     nlvr2 = ImagePairPipeline(out, device="cpu", batch_size=3)
     stem = [r["identifier"].rsplit("-", 1)[0] for r in records]
-    results = nlvr2([easy.store[f"{s}-img0"] for s in stem], [easy.store[f"{s}-img1"] for s in stem],
-                    [r["sentence"] for r in records])
+    results = nlvr2(
+        [easy.store[f"{s}-img0"] for s in stem],
+        [easy.store[f"{s}-img1"] for s in stem],
+        [r["sentence"] for r in records],
+    )
     assert {r["identifier"]: x["label"] for r, x in zip(records, results)} == evaluated
     assert all(x["scores"][x["label"]] == x["score"] >= 0.5 for x in results)
 
-    lines = [{"identifier": r["identifier"], "left": str(easy.files[str(2 * int(s.split("-")[1]))]),
-              "right": str(easy.files[str(2 * int(s.split("-")[1]) + 1)]), "sentence": r["sentence"]}
-             for r, s in zip(records, stem)]
+    lines = [
+        {
+            "identifier": r["identifier"],
+            "left": str(easy.files[str(2 * int(s.split("-")[1]))]),
+            "right": str(easy.files[str(2 * int(s.split("-")[1]) + 1)]),
+            "sentence": r["sentence"],
+        }
+        for r, s in zip(records, stem)
+    ]
     write_jsonl(tmp_path / "input.jsonl", lines)
-    assert run_tool(tool("predict"), [str(out), "--input", str(tmp_path / "input.jsonl"), "--format", "nlvr2",
-                                      "--output", str(tmp_path / "predictions.csv"), "--device", "cpu"]) == 0
+    assert (
+        run_tool(
+            tool("predict"),
+            [
+                str(out),
+                "--input",
+                str(tmp_path / "input.jsonl"),
+                "--format",
+                "nlvr2",
+                "--output",
+                str(tmp_path / "predictions.csv"),
+                "--device",
+                "cpu",
+            ],
+        )
+        == 0
+    )
     written = list(csv.reader((tmp_path / "predictions.csv").read_text().splitlines()))
     assert [k for k, _ in written] == [r["identifier"] for r in records]
     assert {v for _, v in written} <= {"True", "False"}
@@ -207,18 +299,41 @@ def test_entailment_pipeline_labels_as_the_evaluation(easy, tmp_path):
     records = []
     for k, (color, shape) in easy.truth.items():
         other = "circle" if shape != "circle" else "triangle"
-        records += [{"Flickr30K_ID": k, "sentence2": f"there is a {color} {shape}", "gold_label": "entailment",
-                     "pairID": f"{k}e"},
-                    {"Flickr30K_ID": k, "sentence2": f"there is a {color} {other}", "gold_label": "contradiction",
-                     "pairID": f"{k}c"},
-                    {"Flickr30K_ID": k, "sentence2": f"the {shape} is made of wood", "gold_label": "neutral",
-                     "pairID": f"{k}n"}]
+        records += [
+            {
+                "Flickr30K_ID": k,
+                "sentence2": f"there is a {color} {shape}",
+                "gold_label": "entailment",
+                "pairID": f"{k}e",
+            },
+            {
+                "Flickr30K_ID": k,
+                "sentence2": f"there is a {color} {other}",
+                "gold_label": "contradiction",
+                "pairID": f"{k}c",
+            },
+            {
+                "Flickr30K_ID": k,
+                "sentence2": f"the {shape} is made of wood",
+                "gold_label": "neutral",
+                "pairID": f"{k}n",
+            },
+        ]
     write_jsonl(tmp_path / "ve.jsonl", records)
     out = tmp_path / "ve"
-    finetune("snli-ve", {"dataset": "snli-ve", "train_file": str(tmp_path / "ve.jsonl"),
-                         "eval_file": str(tmp_path / "ve.jsonl"), "shards": str(easy.shards)}, out)
-    evaluated = {r["pairID"]: r["prediction"] for r in map(json.loads, (out / "predictions.jsonl").read_text()
-                                                           .splitlines())}
+    finetune(
+        "snli-ve",
+        {
+            "dataset": "snli-ve",
+            "train_file": str(tmp_path / "ve.jsonl"),
+            "eval_file": str(tmp_path / "ve.jsonl"),
+            "shards": str(easy.shards),
+        },
+        out,
+    )
+    evaluated = {
+        r["pairID"]: r["prediction"] for r in map(json.loads, (out / "predictions.jsonl").read_text().splitlines())
+    }
     assert len(evaluated) == len(records)
     entailment = pipeline(out, device="cpu")
     assert isinstance(entailment, EntailmentPipeline)
@@ -231,18 +346,32 @@ def test_retrieval_pipeline_ranks_as_the_evaluation_and_its_index_reloads(easy, 
     from vlbert.data.retrieval import load_karpathy_split
     from vlbert.evaluation.retrieval import evaluate_retrieval
 
-    images = [{"filename": k, "split": "train" if int(k) < 6 else "test",
-               "sentences": [{"raw": f"a {c} {s}"}, {"raw": f"the shape is a {s} colored {c}"}]}
-              for k, (c, s) in easy.truth.items()]
+    images = [
+        {
+            "filename": k,
+            "split": "train" if int(k) < 6 else "test",
+            "sentences": [{"raw": f"a {c} {s}"}, {"raw": f"the shape is a {s} colored {c}"}],
+        }
+        for k, (c, s) in easy.truth.items()
+    ]
     (tmp_path / "captions.json").write_text(json.dumps({"images": images}))
     out = tmp_path / "retrieval"
-    finetune("retrieval", {"dataset": "karpathy", "captions_file": str(tmp_path / "captions.json"),
-                           "shards": str(easy.shards), "shortlist": 3}, out)
+    finetune(
+        "retrieval",
+        {
+            "dataset": "karpathy",
+            "captions_file": str(tmp_path / "captions.json"),
+            "shards": str(easy.shards),
+            "shortlist": 3,
+        },
+        out,
+    )
     retrieval = RetrievalPipeline(out, device="cpu", batch_size=4)
     assert retrieval.shortlist == 3
     test = load_karpathy_split(tmp_path / "captions.json", "test")
-    _, i2t, t2i = evaluate_retrieval(retrieval.model, test, easy.store, retrieval.tokenizer, shortlist=3,
-                                     max_regions=16, return_scores=True)
+    _, i2t, t2i = evaluate_retrieval(
+        retrieval.model, test, easy.store, retrieval.tokenizer, shortlist=3, max_regions=16, return_scores=True
+    )
     captions = [c for im in test for c in im.captions]
     ids = [im.image_id for im in test]
 
@@ -254,8 +383,9 @@ def test_retrieval_pipeline_ranks_as_the_evaluation_and_its_index_reloads(easy, 
     for matrix, results, key in ((t2i, found, lambda h: ids.index(h["image_id"])), (i2t, ranked, lambda h: h["index"])):
         for row, hits in zip(matrix, results):
             assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
-            torch.testing.assert_close(torch.tensor([h["score"] for h in hits]), row[[key(h) for h in hits]],
-                                       atol=1e-4, rtol=0)
+            torch.testing.assert_close(
+                torch.tensor([h["score"] for h in hits]), row[[key(h) for h in hits]], atol=1e-4, rtol=0
+            )
             assert sorted(key(h) for h in hits) == list(range(len(row)))
 
     # The ITM pipeline on a retrieval run scores with its re-ranker: P(match) = sigmoid(the cross-encoder's margin).
@@ -276,9 +406,13 @@ def test_referring_pipeline_boxes_as_the_evaluation(easy, tmp_path):
     from vlbert.data.refcoco import easy_vqa_composites
 
     cache = tmp_path / "cache"
-    config = {"task": "refcoco", "init_from": "minilm", "detector": asdict(DETECTOR),
-              "data": {"cache_dir": str(cache), "train_images": 8, "eval_images": 6},
-              "training": {**TRAINING, "output_dir": str(tmp_path / "out")}}
+    config = {
+        "task": "refcoco",
+        "init_from": "minilm",
+        "detector": asdict(DETECTOR),
+        "data": {"cache_dir": str(cache), "train_images": 8, "eval_images": 6},
+        "training": {**TRAINING, "output_dir": str(tmp_path / "out")},
+    }
     run(RECIPES["refcoco"], config)
     evaluated = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
     stores = {p.parent for p in cache.rglob("*.tar")}
@@ -301,8 +435,9 @@ def test_referring_pipeline_boxes_as_the_evaluation(easy, tmp_path):
 
 
 def test_smoke_inference_benchmark_prints_its_figures(vqa_run, capsys):
-    assert run_tool(tool("benchmark_inference"), [str(vqa_run.dir), "--images", "4", "--batch-size", "2",
-                                                  "--json"]) == 0
+    assert (
+        run_tool(tool("benchmark_inference"), [str(vqa_run.dir), "--images", "4", "--batch-size", "2", "--json"]) == 0
+    )
     figures = json.loads(capsys.readouterr().out)
     assert figures["images"] == 4 and figures["end_to_end_images_per_s"] > 0
 
@@ -315,13 +450,20 @@ def test_fine_tuning_from_a_run_refuses_another_detectors_regions(easy, vqa_run,
     regions = list(extract_regions(extractor, list(easy.files.items()), batch_size=N_IMAGES, progress=False))
     assert regions[0].feature_dim == easy.store["0"].feature_dim
     write_shards(regions, tmp_path / "shards")
-    write_detector_info(tmp_path / "shards", {"detector": extractor.name, "fingerprint": other.fingerprint(),
-                                              "config": asdict(other)})
-    files = {k: str(easy.root / f"{k.split('_')[1]}.json")
-             for k in ("train_questions", "train_annotations", "eval_questions", "eval_annotations")}
-    config = {"task": "vqa", "init_from": str(vqa_run.dir), "detector": asdict(other),
-              "data": {"dataset": "vqa-v2", "shards": str(tmp_path / "shards"), **files},
-              "training": {**TRAINING, "max_steps": 1, "output_dir": str(tmp_path / "run")}}
+    write_detector_info(
+        tmp_path / "shards", {"detector": extractor.name, "fingerprint": other.fingerprint(), "config": asdict(other)}
+    )
+    files = {
+        k: str(easy.root / f"{k.split('_')[1]}.json")
+        for k in ("train_questions", "train_annotations", "eval_questions", "eval_annotations")
+    }
+    config = {
+        "task": "vqa",
+        "init_from": str(vqa_run.dir),
+        "detector": asdict(other),
+        "data": {"dataset": "vqa-v2", "shards": str(tmp_path / "shards"), **files},
+        "training": {**TRAINING, "max_steps": 1, "output_dir": str(tmp_path / "run")},
+    }
     with pytest.raises(ValueError) as refused:
         run(RECIPES["vqa"], config)
     assert DETECTOR.fingerprint() in str(refused.value) and other.fingerprint() in str(refused.value)
@@ -361,9 +503,20 @@ def _bad_input_cases(tmp):
     }
 
 
-BAD_INPUTS = ["missing-image", "directory-image", "not-an-image", "truncated-image", "huge-image", "broken-jsonl",
-              "jsonl-without-text", "jsonl-missing-image", "missing-input", "format-without-ids", "top-k-zero",
-              "batch-size-zero"]
+BAD_INPUTS = [
+    "missing-image",
+    "directory-image",
+    "not-an-image",
+    "truncated-image",
+    "huge-image",
+    "broken-jsonl",
+    "jsonl-without-text",
+    "jsonl-missing-image",
+    "missing-input",
+    "format-without-ids",
+    "top-k-zero",
+    "batch-size-zero",
+]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
@@ -385,8 +538,14 @@ def test_images_in_other_modes_are_answered(vqa_run, tmp_path):
     from PIL import Image
 
     base = Image.new("RGB", (64, 64), (30, 30, 200))
-    files = {"L": base.convert("L"), "RGBA": base.convert("RGBA"), "P": base.convert("P"),
-             "I;16": Image.new("I;16", (64, 64), 3000), "LA": base.convert("LA"), "CMYK": base.convert("CMYK")}
+    files = {
+        "L": base.convert("L"),
+        "RGBA": base.convert("RGBA"),
+        "P": base.convert("P"),
+        "I;16": Image.new("I;16", (64, 64), 3000),
+        "LA": base.convert("LA"),
+        "CMYK": base.convert("CMYK"),
+    }
     vqa = VQAPipeline(vqa_run.dir, device="cpu")
     for mode, image in files.items():
         path = tmp_path / f"{mode.replace(';', '')}.{'jpg' if mode == 'CMYK' else 'png'}"
@@ -408,16 +567,33 @@ def pretraining_run(easy, tmp_path_factory):
     out = tmp_path_factory.mktemp("vl-pretraining")
     tokenizer = load_tokenizer()
     torch.manual_seed(0)
-    config = VLBertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                          intermediate_size=48, region_feature_dim=easy.store["0"].feature_dim, num_region_classes=0)
+    config = VLBertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=48,
+        region_feature_dim=easy.store["0"].feature_dim,
+        num_region_classes=0,
+    )
     model = VLBertForPreTraining(config)
     with torch.no_grad():  # an ITM head that tells pairs apart (a fresh one scores every pair near 0.5)
         model.itm.weight.normal_(0, 2.0)
     model.save_pretrained(out, tokenizer=tokenizer)
-    write_inference_info(out, {"task": "vl-pretraining", "max_text_length": 32, "max_regions": 16,
-                               "region_feature_dim": config.region_feature_dim,
-                               "detector": {"fingerprint": DETECTOR.fingerprint(), "config": asdict(DETECTOR),
-                                            "extractor": easy.store["0"].detector}})
+    write_inference_info(
+        out,
+        {
+            "task": "vl-pretraining",
+            "max_text_length": 32,
+            "max_regions": 16,
+            "region_feature_dim": config.region_feature_dim,
+            "detector": {
+                "fingerprint": DETECTOR.fingerprint(),
+                "config": asdict(DETECTOR),
+                "extractor": easy.store["0"].detector,
+            },
+        },
+    )
     return out
 
 
@@ -451,25 +627,39 @@ def test_image_text_matching_pipeline_scores_as_the_model(easy, pretraining_run)
 
 def test_predict_tool_takes_the_image_text_matching_task(easy, pretraining_run, vqa_run, tmp_path, capsys):
     (tmp_path / "captions.txt").write_text("a red circle\n\na blue square\na green triangle\n")
-    write_jsonl(tmp_path / "in.jsonl", [{"id": "pair", "image": str(easy.files["0"]), "caption": "a blue square"},
-                                        {"id": "rank", "image": str(easy.files["0"])}])
+    write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            {"id": "pair", "image": str(easy.files["0"]), "caption": "a blue square"},
+            {"id": "rank", "image": str(easy.files["0"])},
+        ],
+    )
     argv = [str(pretraining_run), "--task", "image-text-matching", "--device", "cpu"]
-    assert run_tool(tool("predict"), argv + ["--input", str(tmp_path / "in.jsonl"), "--captions",
-                                             str(tmp_path / "captions.txt"), "--top-k", "2"]) == 0
+    assert (
+        run_tool(
+            tool("predict"),
+            argv
+            + ["--input", str(tmp_path / "in.jsonl"), "--captions", str(tmp_path / "captions.txt"), "--top-k", "2"],
+        )
+        == 0
+    )
     pair, ranked = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     expected = pipeline("image-text-matching", pretraining_run, device="cpu")(
-        easy.store["0"], ["a red circle", "a blue square", "a green triangle"])
+        easy.store["0"], ["a red circle", "a blue square", "a green triangle"]
+    )
     assert pair["id"] == "pair" and pair["score"] == pytest.approx(expected[1]["score"], abs=1e-5)
     assert pair["match"] == expected[1]["match"]
     best = sorted(expected, key=lambda r: -r["score"])[:2]
     assert [(r["caption"], r["index"]) for r in ranked["captions"]] == [(e["text"], e["index"]) for e in best]
-    for bad, message in (([str(vqa_run.dir), "--task", "image-text-matching", "--image", "x.png", "--text", "a"],
-                          "is a 'vqa' run, but image-text-matching takes vl-pretraining or retrieval runs"),
-                         (argv + ["--image", "x.png", "--text", "a", "--top-k", "2"],
-                          "--top-k ranks the --captions FILE's captions"),
-                         (argv + ["--image", "x.png"], "needs a caption"),
-                         ([str(pretraining_run), "--task", "captioning", "--text", "a"],
-                          "no pipeline for task 'captioning'")):
+    for bad, message in (
+        (
+            [str(vqa_run.dir), "--task", "image-text-matching", "--image", "x.png", "--text", "a"],
+            "is a 'vqa' run, but image-text-matching takes vl-pretraining or retrieval runs",
+        ),
+        (argv + ["--image", "x.png", "--text", "a", "--top-k", "2"], "--top-k ranks the --captions FILE's captions"),
+        (argv + ["--image", "x.png"], "needs a caption"),
+        ([str(pretraining_run), "--task", "captioning", "--text", "a"], "no pipeline for task 'captioning'"),
+    ):
         assert run_tool(tool("predict"), bad) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err

@@ -30,8 +30,12 @@ def _imports() -> list[tuple[str, str, int, bool]]:
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             tree = ast.parse(path.read_text(encoding="utf-8"))
-            type_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                         and "TYPE_CHECKING" in ast.unparse(block.test) for n in ast.walk(block)}
+            type_only = {
+                id(n)
+                for block in ast.walk(tree)
+                if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+                for n in ast.walk(block)
+            }
             for node in ast.walk(tree):
                 if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in type_only:
                     continue
@@ -39,9 +43,13 @@ def _imports() -> list[tuple[str, str, int, bool]]:
                     names = [a.name for a in node.names]
                 else:
                     base = node.module or ""
-                    names = [f"{base}.{a.name}" if (ROOT / Path(*f"{base}.{a.name}".split("."))).with_suffix(".py")
-                             .exists() or (ROOT / Path(*f"{base}.{a.name}".split("."))).is_dir() else base
-                             for a in node.names]
+                    names = [
+                        f"{base}.{a.name}"
+                        if (ROOT / Path(*f"{base}.{a.name}".split("."))).with_suffix(".py").exists()
+                        or (ROOT / Path(*f"{base}.{a.name}".split("."))).is_dir()
+                        else base
+                        for a in node.names
+                    ]
                 for name in names:
                     if name.split(".")[0] in PACKAGES:
                         found.append((rel, name, node.lineno, node.col_offset > 0))
@@ -68,7 +76,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         state[node] = 2
@@ -98,15 +106,18 @@ def test_lower_layers_do_not_import_vlbert():
 def test_inference_stands_on_its_own():
     """``import vlbert.inference`` in a fresh interpreter loads neither the trainer nor the recipes (nor analysis,
     which calls inference's core, not the reverse)."""
-    probe = ("import sys, vlbert.inference; print(sorted({m.split('.')[1] for m in sys.modules "
-             "if m.startswith('vlbert.') and m.split('.')[1] in ('training', 'recipes', 'analysis', 'commands')}))")
+    probe = (
+        "import sys, vlbert.inference; print(sorted({m.split('.')[1] for m in sys.modules "
+        "if m.startswith('vlbert.') and m.split('.')[1] in ('training', 'recipes', 'analysis', 'commands')}))"
+    )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", f"import vlbert.inference loads vlbert.{loaded}"
 
 
 def test_no_function_level_import_of_the_project():
-    hidden = [f"{rel}:{line} imports {name}" for rel, name, line, nested in _imports()
-              if nested and rel not in LAZY_ALLOWED]
+    hidden = [
+        f"{rel}:{line} imports {name}" for rel, name, line, nested in _imports() if nested and rel not in LAZY_ALLOWED
+    ]
     assert hidden == []
 
 
@@ -118,8 +129,13 @@ def test_cycle_finder_sees_a_cycle():
 def test_files_and_functions_stay_small():
     """The house rule: no module over 400 lines, no function over 80 (vlbert, detectors, tools)."""
     long_files, long_functions = [], []
-    for path in sorted([*ROOT.joinpath("vlbert").rglob("*.py"), *ROOT.joinpath("detectors").rglob("*.py"),
-                        *ROOT.joinpath("tools").glob("*.py")]):
+    for path in sorted(
+        [
+            *ROOT.joinpath("vlbert").rglob("*.py"),
+            *ROOT.joinpath("detectors").rglob("*.py"),
+            *ROOT.joinpath("tools").glob("*.py"),
+        ]
+    ):
         text = path.read_text(encoding="utf-8")
         if len(text.splitlines()) > 400:
             long_files.append(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines")

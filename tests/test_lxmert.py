@@ -10,20 +10,41 @@ import json
 import pytest
 import torch
 import transformers
-
 from conftest import tool
 from test_published_checkpoints import perturb_, ragged_regions, ragged_text, write_tokenizer
+
 from vlbert.config import VLBertConfig
 from vlbert.models.vl import VLBertForPreTraining, VLBertModel
 from vlbert.models.vqa import VLBertForVQA
 
 SIZES = {
-    "small": dict(vocab_size=90, hidden_size=32, num_attention_heads=4, intermediate_size=40, l_layers=2,
-                  r_layers=1, x_layers=2, visual_feat_dim=24, num_qa_labels=7, num_object_labels=6,
-                  num_attr_labels=5, max_position_embeddings=64),
-    "base": dict(vocab_size=300, hidden_size=768, num_attention_heads=12, intermediate_size=3072, l_layers=1,
-                 r_layers=1, x_layers=1, visual_feat_dim=2048, num_qa_labels=11, num_object_labels=1600,
-                 num_attr_labels=400),
+    "small": dict(
+        vocab_size=90,
+        hidden_size=32,
+        num_attention_heads=4,
+        intermediate_size=40,
+        l_layers=2,
+        r_layers=1,
+        x_layers=2,
+        visual_feat_dim=24,
+        num_qa_labels=7,
+        num_object_labels=6,
+        num_attr_labels=5,
+        max_position_embeddings=64,
+    ),
+    "base": dict(
+        vocab_size=300,
+        hidden_size=768,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        l_layers=1,
+        r_layers=1,
+        x_layers=1,
+        visual_feat_dim=2048,
+        num_qa_labels=11,
+        num_object_labels=1600,
+        num_attr_labels=400,
+    ),
 }
 ANSWERS = [f"answer-{i}" for i in range(7)]
 
@@ -31,8 +52,9 @@ ANSWERS = [f"answer-{i}" for i in range(7)]
 def lxmert(cls, size, tmp, **extra):
     """A transformers Lxmert model of ``cls`` with random weights (every parameter perturbed), saved with
     save_pretrained, and a tokenizer of its vocabulary size."""
-    config = transformers.LxmertConfig(**SIZES[size], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                       **extra)
+    config = transformers.LxmertConfig(
+        **SIZES[size], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **extra
+    )
     torch.manual_seed(0)
     hf = cls(config).eval()
     perturb_(hf)
@@ -44,14 +66,20 @@ def inputs(cfg, seed=0):
     """Ragged text (9, 6, 3 real of 9) and regions (5, 2, 4 real of 5), boxes normalised xyxy."""
     ids, tm = ragged_text(3, 9, cfg.vocab_size, [9, 6, 3], seed=seed + 1)
     feats, boxes, rm = ragged_regions(3, 5, cfg.visual_feat_dim, [5, 2, 4], seed=seed)
-    return ids, torch.randint(0, 2, ids.shape, generator=torch.Generator().manual_seed(seed)) * tm, tm, feats, \
-        boxes, rm
+    return ids, torch.randint(0, 2, ids.shape, generator=torch.Generator().manual_seed(seed)) * tm, tm, feats, boxes, rm
 
 
 def reference(hf, ids, tt, tm, feats, boxes, rm, **kwargs):
     with torch.no_grad():
-        return hf(input_ids=ids, token_type_ids=tt, attention_mask=tm, visual_feats=feats, visual_pos=boxes,
-                  visual_attention_mask=rm, **kwargs)
+        return hf(
+            input_ids=ids,
+            token_type_ids=tt,
+            attention_mask=tm,
+            visual_feats=feats,
+            visual_pos=boxes,
+            visual_attention_mask=rm,
+            **kwargs,
+        )
 
 
 def close(ours, theirs, mask):
@@ -63,8 +91,12 @@ def pretraining(tmp_path_factory):
     """transformers LxmertForPreTraining (small) and its conversion by the tool."""
     tmp = tmp_path_factory.mktemp("lxmert-pt")
     hf, source, tok = lxmert(transformers.LxmertForPreTraining, "small", tmp)
-    assert tool("convert_checkpoint")([str(source), "--from", "lxmert", "--output-dir", str(tmp / "out"),
-                                            "--tokenizer", str(tok)]) == 0
+    assert (
+        tool("convert_checkpoint")(
+            [str(source), "--from", "lxmert", "--output-dir", str(tmp / "out"), "--tokenizer", str(tok)]
+        )
+        == 0
+    )
     return hf, tmp / "out"
 
 
@@ -77,14 +109,14 @@ def test_pretraining_heads_and_streams_equal_transformers(pretraining):
     ref = reference(hf, ids, tt, tm, feats, boxes, rm, output_hidden_states=True)
     with torch.no_grad():
         out = ours(ids, tt, tm, feats, boxes, rm, output_hidden_states=True)
-        regions = out.last_hidden_state[:, ids.shape[1]:]
+        regions = out.last_hidden_state[:, ids.shape[1] :]
         heads = {"obj": ours.mrc(regions), "attr": ours.attr(regions), "feat": ours.mrfr(regions)}
         answers = ours.qa(out.pooler_output)
     # transformers' LxmertForPreTrainingOutput carries the head outputs; its hidden states the streams
     close(out.prediction_logits, ref.prediction_logits, tm)
     torch.testing.assert_close(out.seq_relationship_logits, ref.cross_relationship_score, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(answers, ref.question_answering_score, atol=1e-5, rtol=1e-5)
-    close(out.last_hidden_state[:, :ids.shape[1]], ref.language_hidden_states[-1], tm)
+    close(out.last_hidden_state[:, : ids.shape[1]], ref.language_hidden_states[-1], tm)
     close(regions, ref.vision_hidden_states[-1], rm)
     visual = hf.obj_predict_head(ref.vision_hidden_states[-1])
     for name, logits in heads.items():
@@ -105,8 +137,12 @@ def test_base_sized_lxmert_model_equals_transformers(tmp_path):
     """BERT-base widths (768 hidden, 12 heads, 2048-d features; one layer per stack: the widths are what a small
     config could hide). The small config's streams are checked through LxmertForPreTraining above."""
     hf, source, tok = lxmert(transformers.LxmertModel, "base", tmp_path)
-    assert tool("convert_checkpoint")([str(source), "--from", "lxmert", "--output-dir", str(tmp_path / "out"),
-                                            "--tokenizer", str(tok)]) == 0
+    assert (
+        tool("convert_checkpoint")(
+            [str(source), "--from", "lxmert", "--output-dir", str(tmp_path / "out"), "--tokenizer", str(tok)]
+        )
+        == 0
+    )
     ours = VLBertModel.from_pretrained(tmp_path / "out").eval()
     ids, tt, tm, feats, boxes, rm = inputs(hf.config, seed=3)
     ref = reference(hf, ids, tt, tm, feats, boxes, rm)
@@ -126,8 +162,22 @@ def write_answers(directory):
 
 def test_question_answering_head_equals_transformers_and_names_answers(tmp_path):
     hf, source, tok = lxmert(transformers.LxmertForQuestionAnswering, "small", tmp_path)
-    assert tool("convert_checkpoint")([str(source), "--from", "lxmert", "--output-dir", str(tmp_path / "out"),
-                                       "--tokenizer", str(tok), "--labels", str(write_answers(tmp_path))]) == 0
+    assert (
+        tool("convert_checkpoint")(
+            [
+                str(source),
+                "--from",
+                "lxmert",
+                "--output-dir",
+                str(tmp_path / "out"),
+                "--tokenizer",
+                str(tok),
+                "--labels",
+                str(write_answers(tmp_path)),
+            ]
+        )
+        == 0
+    )
     ours = VLBertForVQA.from_pretrained(tmp_path / "out").eval()
     ids, tt, tm, feats, boxes, rm = inputs(hf.config, seed=5)
     ref = reference(hf, ids, tt, tm, feats, boxes, rm).question_answering_score
@@ -149,12 +199,13 @@ def airsplay_keys(l_layers, r_layers, x_layers, heads=True) -> set[str]:
         return {f"{prefix}{n}.{p}" for n in names for p in linear}
 
     def bert_layer(prefix, attention="attention.", inter="intermediate.", out="output."):
-        return params(prefix + attention, ("self.query", "self.key", "self.value", "output.dense",
-                                           "output.LayerNorm")) | params(prefix + inter, ("dense",)) | \
-            params(prefix + out, ("dense", "LayerNorm"))
+        return (
+            params(prefix + attention, ("self.query", "self.key", "self.value", "output.dense", "output.LayerNorm"))
+            | params(prefix + inter, ("dense",))
+            | params(prefix + out, ("dense", "LayerNorm"))
+        )
 
-    keys = {f"bert.embeddings.{n}.weight" for n in ("word_embeddings", "position_embeddings",
-                                                    "token_type_embeddings")}
+    keys = {f"bert.embeddings.{n}.weight" for n in ("word_embeddings", "position_embeddings", "token_type_embeddings")}
     keys |= params("bert.embeddings.", ("LayerNorm",)) | params("bert.pooler.", ("dense",))
     keys |= params("bert.encoder.visn_fc.", ("visn_fc", "visn_layer_norm", "box_fc", "box_layer_norm"))
     for i in range(l_layers):
@@ -163,15 +214,18 @@ def airsplay_keys(l_layers, r_layers, x_layers, heads=True) -> set[str]:
         keys |= bert_layer(f"bert.encoder.r_layers.{i}.")
     for i in range(x_layers):  # LXRTXLayer: one BertCrossattLayer (att + output), then per stream
         x = f"bert.encoder.x_layers.{i}."
-        keys |= params(x + "visual_attention.", ("att.query", "att.key", "att.value", "output.dense",
-                                                 "output.LayerNorm"))
+        keys |= params(
+            x + "visual_attention.", ("att.query", "att.key", "att.value", "output.dense", "output.LayerNorm")
+        )
         for stream in ("lang", "visn"):
             keys |= bert_layer(x, f"{stream}_self_att.", f"{stream}_inter.", f"{stream}_output.")
     if heads:
         keys |= params("cls.predictions.transform.", ("dense", "LayerNorm")) | params("cls.", ("seq_relationship",))
         keys |= {"cls.predictions.bias", "cls.predictions.decoder.weight"}  # the decoder: the tied word embeddings
-        keys |= params("obj_predict_head.", ("transform.dense", "transform.LayerNorm", "decoder_dict.obj",
-                                             "decoder_dict.attr", "decoder_dict.feat"))
+        keys |= params(
+            "obj_predict_head.",
+            ("transform.dense", "transform.LayerNorm", "decoder_dict.obj", "decoder_dict.attr", "decoder_dict.feat"),
+        )
         keys |= params("answer_head.logit_fc.", ("0", "2", "3"))
     return keys
 
@@ -181,16 +235,21 @@ def test_airsplay_pth_with_module_prefixes_converts_to_the_same_model(pretrainin
     the transformers weights under airsplay's names are exactly the keys its code writes, and the tool converts the
     file into the model the transformers directory gives (the forward: transformers', which ports airsplay's)."""
     hf, out_dir = pretraining
-    state = {("module.bert." + k[len("lxmert."):] if k.startswith("lxmert.") else "module." + k): v
-             for k, v in hf.state_dict().items() if not k.endswith("position_ids")}
+    state = {
+        ("module.bert." + k[len("lxmert.") :] if k.startswith("lxmert.") else "module." + k): v
+        for k, v in hf.state_dict().items()
+        if not k.endswith("position_ids")
+    }
     cfg = hf.config
-    assert {k[len("module."):] for k in state} == airsplay_keys(cfg.l_layers, cfg.r_layers, cfg.x_layers)
+    assert {k[len("module.") :] for k in state} == airsplay_keys(cfg.l_layers, cfg.r_layers, cfg.x_layers)
     torch.save(state, tmp_path / "Epoch20_LXRT.pth")
     tok = write_tokenizer(tmp_path / "tok", cfg.vocab_size, cased=False)
     (tmp_path / "heads.json").write_text('{"num_attention_heads": 4}')  # a .pth has no config: 64 per head else
     flags = ["--from", "lxmert", "--tokenizer", str(tok), "--config", str(tmp_path / "heads.json")]
-    assert tool("convert_checkpoint")([str(tmp_path / "Epoch20_LXRT.pth"), *flags, "--output-dir",
-                                       str(tmp_path / "out")]) == 0
+    assert (
+        tool("convert_checkpoint")([str(tmp_path / "Epoch20_LXRT.pth"), *flags, "--output-dir", str(tmp_path / "out")])
+        == 0
+    )
     models = [VLBertForPreTraining.from_pretrained(d) for d in (tmp_path / "out", out_dir)]
     assert models[0].config == models[1].config
     ours, expected = (m.state_dict() for m in models)
@@ -198,18 +257,38 @@ def test_airsplay_pth_with_module_prefixes_converts_to_the_same_model(pretrainin
     for key, value in expected.items():
         torch.testing.assert_close(ours[key], value, rtol=0, atol=0, msg=key)
     # a fine-tuned BEST.pth of src/tasks/vqa_model.py: lxrt_encoder.model.bert.* and logit_fc.*
-    finetuned = {("lxrt_encoder.model.module.bert." + k[len("module.bert."):] if k.startswith("module.bert.") else
-                  "logit_fc." + k[len("module.answer_head.logit_fc."):]): v for k, v in state.items()
-                 if k.startswith(("module.bert.", "module.answer_head."))}
+    finetuned = {
+        (
+            "lxrt_encoder.model.module.bert." + k[len("module.bert.") :]
+            if k.startswith("module.bert.")
+            else "logit_fc." + k[len("module.answer_head.logit_fc.") :]
+        ): v
+        for k, v in state.items()
+        if k.startswith(("module.bert.", "module.answer_head."))
+    }
     torch.save(finetuned, tmp_path / "BEST.pth")
-    assert tool("convert_checkpoint")([str(tmp_path / "BEST.pth"), *flags, "--output-dir", str(tmp_path / "vqa"),
-                                       "--labels", str(write_answers(tmp_path))]) == 0
+    assert (
+        tool("convert_checkpoint")(
+            [
+                str(tmp_path / "BEST.pth"),
+                *flags,
+                "--output-dir",
+                str(tmp_path / "vqa"),
+                "--labels",
+                str(write_answers(tmp_path)),
+            ]
+        )
+        == 0
+    )
     vqa = VLBertForVQA.from_pretrained(tmp_path / "vqa").eval()
     ids, tt, tm, feats, boxes, rm = inputs(cfg, seed=7)
     with torch.no_grad():
-        torch.testing.assert_close(vqa(ids, tt, tm, feats, boxes, rm).logits,
-                                   reference(hf, ids, tt, tm, feats, boxes, rm).question_answering_score,
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            vqa(ids, tt, tm, feats, boxes, rm).logits,
+            reference(hf, ids, tt, tm, feats, boxes, rm).question_answering_score,
+            atol=1e-5,
+            rtol=1e-5,
+        )
 
 
 def test_two_stream_refusals_name_the_fix(pretraining, tmp_path, capsys):
@@ -227,9 +306,20 @@ def test_two_stream_refusals_name_the_fix(pretraining, tmp_path, capsys):
     (tmp_path / "l.json").write_text(json.dumps([{"img_id": "1", "sent": "what?"}]))
     with pytest.raises(ValueError, match="record 0 lacks img_id/question_id/sent"):
         load_gqa(tmp_path / "l.json")
-    argv = ["--config", "configs/finetune/lxmert-gqa.yaml", "--init-from", str(pretraining[1]), "--output-dir",
-            str(tmp_path / "run"), "--set", f"data.train_questions={tmp_path / 'q.json'}", "--set",
-            f"data.eval_questions={tmp_path / 'q.json'}", "--set", f"data.shards={tmp_path}"]
+    argv = [
+        "--config",
+        "configs/finetune/lxmert-gqa.yaml",
+        "--init-from",
+        str(pretraining[1]),
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--set",
+        f"data.train_questions={tmp_path / 'q.json'}",
+        "--set",
+        f"data.eval_questions={tmp_path / 'q.json'}",
+        "--set",
+        f"data.shards={tmp_path}",
+    ]
     from vlbert.command_line import run_tool
 
     assert run_tool(tool("finetune_vqa"), argv) == 2
@@ -244,10 +334,15 @@ def test_attribute_and_question_answering_units():
     from vlbert.objectives import OBJECTIVES, PrepareContext
 
     g = torch.Generator().manual_seed(0)
-    items = [{"region_features": torch.randn(n, 6, generator=g).half().numpy(),
-              "region_boxes": torch.tensor([[0.1, 0.1, 0.6, 0.7]] * n).numpy(),
-              "attribute_probs": torch.eye(3)[torch.arange(n) % 3].half().numpy(), "sample_seed": k}
-             for k, n in enumerate((4, 3))]
+    items = [
+        {
+            "region_features": torch.randn(n, 6, generator=g).half().numpy(),
+            "region_boxes": torch.tensor([[0.1, 0.1, 0.6, 0.7]] * n).numpy(),
+            "attribute_probs": torch.eye(3)[torch.arange(n) % 3].half().numpy(),
+            "sample_seed": k,
+        }
+        for k, n in enumerate((4, 3))
+    ]
     batch = pad_regions(items)
     features = batch["region_features"].clone()
     OBJECTIVES["attr"].prepare(batch, items, PrepareContext(text=None, region_mask_probability=0.5))
@@ -255,13 +350,26 @@ def test_attribute_and_question_answering_units():
     assert masked.sum(1).tolist() == [2, 2] and not masked[1, 3]  # half of the real regions, never padding
     expected = torch.arange(4).remainder(3).expand(2, 4)
     assert torch.equal(labels, expected.masked_fill(~masked, -100))
-    assert (batch["region_features"][masked] == 0).all() and torch.equal(batch["region_features"][~masked],
-                                                                         features[~masked])
+    assert (batch["region_features"][masked] == 0).all() and torch.equal(
+        batch["region_features"][~masked], features[~masked]
+    )
 
-    config = VLBertConfig(vocab_size=30, hidden_size=16, num_attention_heads=2, intermediate_size=16, l_layers=1,
-                          r_layers=1, x_layers=1, encoder="two-stream", region_embedding="lxmert",
-                          region_location_dim=4, region_feature_dim=6, num_region_classes=5,
-                          num_attribute_classes=3, num_qa_labels=4)
+    config = VLBertConfig(
+        vocab_size=30,
+        hidden_size=16,
+        num_attention_heads=2,
+        intermediate_size=16,
+        l_layers=1,
+        r_layers=1,
+        x_layers=1,
+        encoder="two-stream",
+        region_embedding="lxmert",
+        region_location_dim=4,
+        region_feature_dim=6,
+        num_region_classes=5,
+        num_attribute_classes=3,
+        num_qa_labels=4,
+    )
     torch.manual_seed(0)
     model = VLBertForPreTraining(config).eval()
     ids, mask = ragged_text(3, 5, 30, [5, 4, 3])
@@ -296,17 +404,30 @@ def test_pretraining_config_resolves_to_lxmert():
 def test_text_with_every_region_masked_reads_nothing_of_them(kernel):
     """The "without regions" baseline of VL pretraining masks every region: the text stream then attends to no
     region (its outputs do not depend on the features) and a row's text equals that of an image-less row."""
-    config = VLBertConfig(vocab_size=30, hidden_size=16, num_attention_heads=2, intermediate_size=16, l_layers=1,
-                          r_layers=1, x_layers=2, encoder="two-stream", region_embedding="lxmert",
-                          region_location_dim=4, region_feature_dim=6, attn_implementation=kernel)
+    config = VLBertConfig(
+        vocab_size=30,
+        hidden_size=16,
+        num_attention_heads=2,
+        intermediate_size=16,
+        l_layers=1,
+        r_layers=1,
+        x_layers=2,
+        encoder="two-stream",
+        region_embedding="lxmert",
+        region_location_dim=4,
+        region_feature_dim=6,
+        attn_implementation=kernel,
+    )
     torch.manual_seed(0)
     model = VLBertModel(config).eval()
     ids, mask = ragged_text(2, 5, 30, [5, 3])
     feats, boxes, _ = ragged_regions(2, 3, 6, [3, 3])
     none, some = torch.zeros(2, 3, dtype=torch.long), torch.tensor([[1, 1, 0], [0, 0, 0]])
     with torch.no_grad():
-        a, b, c = (model(ids, None, mask, f, boxes, m).last_hidden_state[:, :5]
-                   for f, m in ((feats, none), (torch.randn(2, 3, 6), none), (feats, some)))
+        a, b, c = (
+            model(ids, None, mask, f, boxes, m).last_hidden_state[:, :5]
+            for f, m in ((feats, none), (torch.randn(2, 3, 6), none), (feats, some))
+        )
     assert torch.isfinite(a).all()
     torch.testing.assert_close(a, b)
     torch.testing.assert_close(c[1], a[1])

@@ -11,18 +11,39 @@ import vlbert
 from vlbert.data.padding import pad_text
 from vlbert.data.regions import pad_regions
 from vlbert.layers.attention import packing_fields
-from vlbert.training.mfu import (DATASHEET_PEAK_FLOPS, count_positions, datasheet_key, device_peak_flops,
-                                 estimate_flops_per_token, estimate_step_flops)
+from vlbert.training.mfu import (
+    DATASHEET_PEAK_FLOPS,
+    count_positions,
+    datasheet_key,
+    device_peak_flops,
+    estimate_flops_per_token,
+    estimate_step_flops,
+)
 
 # (torch.cuda.get_device_name as NVIDIA's drivers report it, the table entry it must take)
-DEVICE_NAMES = [("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
-                ("NVIDIA H200", "H200"), ("NVIDIA H200 NVL", "H200 NVL"), ("NVIDIA A100-SXM4-80GB", "A100"),
-                ("NVIDIA A100-PCIE-40GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"), ("NVIDIA L40S", "L40S"),
-                ("NVIDIA L40", "L40"), ("NVIDIA L4", "L4"), ("NVIDIA A10", "A10"), ("Tesla V100-SXM2-32GB", "V100"),
-                ("Tesla V100-PCIE-16GB", "V100 PCIe"), ("Tesla T4", "T4"),
-                # not in the table: measured, never a near name's datasheet
-                ("NVIDIA A10G", None), ("NVIDIA A40", None), ("NVIDIA GeForce RTX 4090", None),
-                ("NVIDIA RTX A6000", None), ("NVIDIA H800", None)]
+DEVICE_NAMES = [
+    ("NVIDIA H100 80GB HBM3", "H100"),
+    ("NVIDIA H100 PCIe", "H100 PCIe"),
+    ("NVIDIA H100 NVL", "H100 NVL"),
+    ("NVIDIA H200", "H200"),
+    ("NVIDIA H200 NVL", "H200 NVL"),
+    ("NVIDIA A100-SXM4-80GB", "A100"),
+    ("NVIDIA A100-PCIE-40GB", "A100"),
+    ("NVIDIA A100 80GB PCIe", "A100"),
+    ("NVIDIA L40S", "L40S"),
+    ("NVIDIA L40", "L40"),
+    ("NVIDIA L4", "L4"),
+    ("NVIDIA A10", "A10"),
+    ("Tesla V100-SXM2-32GB", "V100"),
+    ("Tesla V100-PCIE-16GB", "V100 PCIe"),
+    ("Tesla T4", "T4"),
+    # not in the table: measured, never a near name's datasheet
+    ("NVIDIA A10G", None),
+    ("NVIDIA A40", None),
+    ("NVIDIA GeForce RTX 4090", None),
+    ("NVIDIA RTX A6000", None),
+    ("NVIDIA H800", None),
+]
 
 
 @pytest.mark.parametrize("name, key", DEVICE_NAMES)
@@ -46,12 +67,20 @@ def vl_batch(texts=(9, 6, 11, 8), regions=(12, 5, 9, 16), masked=(1, 1, 2, 1), f
     labels on ``masked`` text positions of each pair (15% of the text tokens)."""
     g = torch.Generator().manual_seed(0)
     batch = pad_text([{"input_ids": torch.randint(5, 250, (t,), generator=g).tolist()} for t in texts], 0)
-    batch.update(pad_regions([{"region_features": torch.randn(r, feature_dim, generator=g).half().numpy(),
-                               "region_boxes": torch.tensor([[0.1, 0.1, 0.6, 0.7]]).repeat(r, 1).numpy()}
-                              for r in regions]))
+    batch.update(
+        pad_regions(
+            [
+                {
+                    "region_features": torch.randn(r, feature_dim, generator=g).half().numpy(),
+                    "region_boxes": torch.tensor([[0.1, 0.1, 0.6, 0.7]]).repeat(r, 1).numpy(),
+                }
+                for r in regions
+            ]
+        )
+    )
     labels = torch.full_like(batch["input_ids"], -100)
     for row, m in enumerate(masked):
-        labels[row, 1:1 + m] = batch["input_ids"][row, 1:1 + m]
+        labels[row, 1 : 1 + m] = batch["input_ids"][row, 1 : 1 + m]
     batch.update(packing_fields(batch["attention_mask"], batch["region_mask"]), labels=labels)
     return batch
 
@@ -61,9 +90,16 @@ def test_vl_flops_count_every_position_the_encoder_runs():
     count of a real VL training forward + backward: the regions are most of the work, and they are counted."""
     # Eager attention (sdpa's fused CPU kernel is not counted) runs over the padded [T + R] x [T + R] scores, where
     # a GPU's varlen kernel runs each pair's own length: at a hidden size of 256 that padding is ~2% of the step.
-    config = vlbert.VLBertConfig(vocab_size=512, hidden_size=256, num_hidden_layers=1, num_attention_heads=4,
-                                 intermediate_size=1024, region_feature_dim=96, num_region_classes=0,
-                                 attn_implementation="eager")
+    config = vlbert.VLBertConfig(
+        vocab_size=512,
+        hidden_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        region_feature_dim=96,
+        num_region_classes=0,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     model = vlbert.VLBertForPreTraining(config).train()
     batch = vl_batch()
@@ -74,26 +110,40 @@ def test_vl_flops_count_every_position_the_encoder_runs():
     counted = counter.get_total_flops()
     estimated = estimate_step_flops(config, tokens, sequences, regions, masked_fraction=5 / 34)
     text_only = estimate_flops_per_token(config, tokens / sequences, masked_fraction=5 / 34) * tokens
-    print(f"counted {counted:.4g}, estimated {estimated:.4g} ({estimated / counted - 1:+.1%}), "
-          f"text tokens only {text_only / counted:.0%}")
+    print(
+        f"counted {counted:.4g}, estimated {estimated:.4g} ({estimated / counted - 1:+.1%}), "
+        f"text tokens only {text_only / counted:.0%}"
+    )
     assert abs(estimated / counted - 1) < 0.03
     assert text_only < 0.5 * counted  # the figure logged before: regions left out
 
 
 def test_the_step_estimate_of_a_text_batch_is_the_per_token_estimate():
     config = vlbert.BertConfig()
-    assert estimate_step_flops(config, 1000, 8) == pytest.approx(estimate_flops_per_token(config, 125) * 1000,
-                                                                 rel=1e-12)
+    assert estimate_step_flops(config, 1000, 8) == pytest.approx(
+        estimate_flops_per_token(config, 125) * 1000, rel=1e-12
+    )
 
 
 def test_two_stream_flops_count_each_stream_and_the_cross_attention():
     """LXMERT's two streams (issue 42): the estimate against FlopCounterMode's count of a two-stream training
     forward + backward on the same batch (text through l + x layers, regions through r + x, cross-attention both
     ways), where a single-stream count of its layers would be far off."""
-    config = vlbert.VLBertConfig(vocab_size=512, hidden_size=256, num_attention_heads=4, intermediate_size=1024,
-                                 region_feature_dim=96, num_region_classes=0, attn_implementation="eager",
-                                 encoder="two-stream", l_layers=2, r_layers=1, x_layers=1,
-                                 region_embedding="lxmert", region_location_dim=4)
+    config = vlbert.VLBertConfig(
+        vocab_size=512,
+        hidden_size=256,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        region_feature_dim=96,
+        num_region_classes=0,
+        attn_implementation="eager",
+        encoder="two-stream",
+        l_layers=2,
+        r_layers=1,
+        x_layers=1,
+        region_embedding="lxmert",
+        region_location_dim=4,
+    )
     torch.manual_seed(0)
     model = vlbert.VLBertForPreTraining(config).train()
     # without the collator's joint packing each stream is packed by its mask, so the counter sees the real positions

@@ -30,8 +30,11 @@ def regions(pairs: bool = False):
     xy = torch.rand(*shape, 2, generator=g) * 0.5
     mask = torch.ones(*shape, dtype=torch.long)
     mask[1, ..., 3:] = 0
-    return {"region_features": torch.randn(*shape, D, generator=g),
-            "region_boxes": torch.cat([xy, xy + 0.4], -1), "region_mask": mask}
+    return {
+        "region_features": torch.randn(*shape, D, generator=g),
+        "region_boxes": torch.cat([xy, xy + 0.4], -1),
+        "region_mask": mask,
+    }
 
 
 def mlm_labels(batch):
@@ -42,37 +45,100 @@ def mlm_labels(batch):
 
 # class name -> (config extras, batch builder, the logits field and its shape)
 CASES = {
-    "BertForPreTraining": ({}, lambda: {**(t := text()), "labels": mlm_labels(t),
-                                        "next_sentence_label": torch.tensor([0, 1, 0])},
-                           "seq_relationship_logits", (B, 2)),
-    "BertForSequenceClassification": ({"num_labels": 3}, lambda: {**text(), "labels": torch.tensor([0, 2, 1])},
-                                      "logits", (B, 3)),
-    "BertForTokenClassification": ({"num_labels": 4}, lambda: {**(t := text()), "labels": torch.randint(
-        4, (B, T), generator=torch.Generator().manual_seed(2)).masked_fill(t["attention_mask"] == 0, -100)},
-        "logits", (B, T, 4)),
-    "BertForQuestionAnswering": ({}, lambda: {**text(), "start_positions": torch.tensor([1, 2, 1]),
-                                              "end_positions": torch.tensor([3, 4, 2])}, "start_logits", (B, T)),
-    "BertForMultipleChoice": ({}, lambda: {**{k: v[:, None].expand(B, 2, T).contiguous() for k, v in text().items()},
-                                           "labels": torch.tensor([0, 1, 1])}, "logits", (B, 2)),
-    "VLBertForPreTraining": ({}, lambda: {**(t := text()), **regions(), "labels": mlm_labels(t)},
-                             "prediction_logits", None),
-    "VLBertForVQA": ({"num_labels": 6}, lambda: {**text(), **regions(), "answer_targets": torch.rand(
-        B, 6, generator=torch.Generator().manual_seed(3)).round()}, "logits", (B, 6)),
-    "VLBertForMaskedTokenVQA": ({"num_labels": 6}, lambda: {**text(), **regions(), "answer_targets": torch.rand(
-        B, 6, generator=torch.Generator().manual_seed(3)).round()}, "logits", (B, 6)),
-    "VLBertForImageTextRetrieval": ({"projection_dim": 8}, lambda: {**text(), **regions(),
-                                                                    "group_ids": torch.tensor([0, 1, 2]),
-                                                                    "cls_sep_ids": torch.tensor([2, 3])},
-                                    None, None),
-    "VLBertForSequenceClassification": ({"num_labels": 3}, lambda: {**text(), **regions(),
-                                                                    "labels": torch.tensor([0, 2, 1])},
-                                        "logits", (B, 3)),
-    "VLBertForImagePairClassification": ({}, lambda: {**text(), **regions(pairs=True),
-                                                      "labels": torch.tensor([0, 1, 1])}, "logits", (B, 2)),
-    "VLBertForVisualReasoning": ({}, lambda: {**text(), **regions(pairs=True), "labels": torch.tensor([0, 1, 1])},
-                                 "logits", (B, 2)),
-    "VLBertForReferringExpressions": ({}, lambda: {**text(), **regions(), "target_region": torch.tensor([0, 2, 4])},
-                                      "logits", (B, R)),
+    "BertForPreTraining": (
+        {},
+        lambda: {**(t := text()), "labels": mlm_labels(t), "next_sentence_label": torch.tensor([0, 1, 0])},
+        "seq_relationship_logits",
+        (B, 2),
+    ),
+    "BertForSequenceClassification": (
+        {"num_labels": 3},
+        lambda: {**text(), "labels": torch.tensor([0, 2, 1])},
+        "logits",
+        (B, 3),
+    ),
+    "BertForTokenClassification": (
+        {"num_labels": 4},
+        lambda: {
+            **(t := text()),
+            "labels": torch.randint(4, (B, T), generator=torch.Generator().manual_seed(2)).masked_fill(
+                t["attention_mask"] == 0, -100
+            ),
+        },
+        "logits",
+        (B, T, 4),
+    ),
+    "BertForQuestionAnswering": (
+        {},
+        lambda: {**text(), "start_positions": torch.tensor([1, 2, 1]), "end_positions": torch.tensor([3, 4, 2])},
+        "start_logits",
+        (B, T),
+    ),
+    "BertForMultipleChoice": (
+        {},
+        lambda: {
+            **{k: v[:, None].expand(B, 2, T).contiguous() for k, v in text().items()},
+            "labels": torch.tensor([0, 1, 1]),
+        },
+        "logits",
+        (B, 2),
+    ),
+    "VLBertForPreTraining": (
+        {},
+        lambda: {**(t := text()), **regions(), "labels": mlm_labels(t)},
+        "prediction_logits",
+        None,
+    ),
+    "VLBertForVQA": (
+        {"num_labels": 6},
+        lambda: {
+            **text(),
+            **regions(),
+            "answer_targets": torch.rand(B, 6, generator=torch.Generator().manual_seed(3)).round(),
+        },
+        "logits",
+        (B, 6),
+    ),
+    "VLBertForMaskedTokenVQA": (
+        {"num_labels": 6},
+        lambda: {
+            **text(),
+            **regions(),
+            "answer_targets": torch.rand(B, 6, generator=torch.Generator().manual_seed(3)).round(),
+        },
+        "logits",
+        (B, 6),
+    ),
+    "VLBertForImageTextRetrieval": (
+        {"projection_dim": 8},
+        lambda: {**text(), **regions(), "group_ids": torch.tensor([0, 1, 2]), "cls_sep_ids": torch.tensor([2, 3])},
+        None,
+        None,
+    ),
+    "VLBertForSequenceClassification": (
+        {"num_labels": 3},
+        lambda: {**text(), **regions(), "labels": torch.tensor([0, 2, 1])},
+        "logits",
+        (B, 3),
+    ),
+    "VLBertForImagePairClassification": (
+        {},
+        lambda: {**text(), **regions(pairs=True), "labels": torch.tensor([0, 1, 1])},
+        "logits",
+        (B, 2),
+    ),
+    "VLBertForVisualReasoning": (
+        {},
+        lambda: {**text(), **regions(pairs=True), "labels": torch.tensor([0, 1, 1])},
+        "logits",
+        (B, 2),
+    ),
+    "VLBertForReferringExpressions": (
+        {},
+        lambda: {**text(), **regions(), "target_region": torch.tensor([0, 2, 4])},
+        "logits",
+        (B, R),
+    ),
 }
 
 
@@ -82,8 +148,16 @@ def test_every_exported_model_class_is_covered():
 
 
 #: LXMERT's two-stream encoder (issue 42) under every VL head (retrieval's text embedding: its language layers).
-TWO_STREAM = {"encoder": "two-stream", "l_layers": 1, "r_layers": 1, "x_layers": 1, "region_embedding": "lxmert",
-              "region_location_dim": 4, "num_attribute_classes": 3, "num_qa_labels": 4}
+TWO_STREAM = {
+    "encoder": "two-stream",
+    "l_layers": 1,
+    "r_layers": 1,
+    "x_layers": 1,
+    "region_embedding": "lxmert",
+    "region_location_dim": 4,
+    "num_attribute_classes": 3,
+    "num_qa_labels": 4,
+}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -109,8 +183,12 @@ def test_every_region_pathway_keeps_the_pretraining_contract(pathway, tmp_path):
     masked[:, 0] = True
     extra = {"masked_regions": masked, "region_labels": torch.full((B, R, 4), 0.25)}
     for batch in ({}, extra):
-        check_contract("VLBertForPreTraining", tmp_path / str(len(batch)), {"region_embedding": pathway,
-                                                                             **PATHWAY_CONFIG.get(pathway, {})}, batch)
+        check_contract(
+            "VLBertForPreTraining",
+            tmp_path / str(len(batch)),
+            {"region_embedding": pathway, **PATHWAY_CONFIG.get(pathway, {})},
+            batch,
+        )
     model = vlbert.VLBertForPreTraining.from_pretrained(tmp_path / "2" / "VLBertForPreTraining")
     assert model.config.region_location_dim == REGION_EMBEDDINGS[pathway].location_dim  # the declared box size
     if pathway == "uniter":  # its mask embedding is idle without masked regions, used with them
@@ -121,10 +199,19 @@ def test_every_region_pathway_keeps_the_pretraining_contract(pathway, tmp_path):
 def check_contract(name, tmp_path, encoder: dict, more: dict | None = None):
     extras, build, field, shape = CASES[name]
     cls = getattr(vlbert, name)
-    base = {"vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "intermediate_size": 32, "max_position_embeddings": 16}
-    config = (vlbert.VLBertConfig(**base, region_feature_dim=D, num_region_classes=4, **extras, **encoder)
-              if name.startswith("VL") else vlbert.BertConfig(**base, **extras))
+    base = {
+        "vocab_size": 50,
+        "hidden_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "max_position_embeddings": 16,
+    }
+    config = (
+        vlbert.VLBertConfig(**base, region_feature_dim=D, num_region_classes=4, **extras, **encoder)
+        if name.startswith("VL")
+        else vlbert.BertConfig(**base, **extras)
+    )
     torch.manual_seed(0)
     model = cls(config).train()
     out = model(**build(), **(more or {}))

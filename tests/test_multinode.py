@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import wait_for_log_lines
 from test_distributed import config, env, free_port, losses, reference_run
 
@@ -25,11 +24,35 @@ def two_nodes(run_configs: list[dict], *extra: str, step_seconds: float = 0.0) -
     """Two torchrun launches (``--nnodes 2``, one process each, c10d rendezvous on 127.0.0.1), node k running
     ``run_configs[k]``."""
     endpoint = f"127.0.0.1:{free_port()}"
-    return [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
-                              "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", "vlbert-test",
-                              "--max_restarts", "0", str(HERE / "multinode_worker.py"), json.dumps(c), *extra],
-                             env={**env(), "VLBERT_TEST_STEP_SECONDS": str(step_seconds)},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in run_configs]
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc_per_node",
+                "1",
+                "--rdzv_backend",
+                "c10d",
+                "--rdzv_endpoint",
+                endpoint,
+                "--rdzv_id",
+                "vlbert-test",
+                "--max_restarts",
+                "0",
+                str(HERE / "multinode_worker.py"),
+                json.dumps(c),
+                *extra,
+            ],
+            env={**env(), "VLBERT_TEST_STEP_SECONDS": str(step_seconds)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in run_configs
+    ]
 
 
 def finish(procs: list[subprocess.Popen], timeout: float = 180) -> list[tuple[int, str]]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from conftest import padded_batch, random_hf_config
 
 import vlbert
 from vlbert import checkpoint as ckpt
-from conftest import padded_batch, random_hf_config
 
 ATOL = 1e-5
 
@@ -27,8 +27,12 @@ def test_pretraining_outputs_match_transformers(seed):
     hf_config = random_hf_config(seed)
     hf = transformers.BertForPreTraining(hf_config).eval()
     ours = pair_from_hf(hf, vlbert.BertForPreTraining)
-    ids, types, mask = padded_batch(hf_config.vocab_size, seq_len=hf_config.max_position_embeddings // 2,
-                                    seed=seed, type_vocab_size=hf_config.type_vocab_size)
+    ids, types, mask = padded_batch(
+        hf_config.vocab_size,
+        seq_len=hf_config.max_position_embeddings // 2,
+        seed=seed,
+        type_vocab_size=hf_config.type_vocab_size,
+    )
     with torch.no_grad():
         a = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, output_hidden_states=True)
         b = ours(ids, types, mask, output_hidden_states=True)
@@ -70,8 +74,12 @@ def test_packaged_minilm_matches_transformers(minilm_dir, tokenizer):
     hf = transformers.BertModel.from_pretrained(minilm_dir).eval()
     ours = vlbert.BertModel.from_pretrained(minilm_dir).eval()
     assert ours.loading_info.missing_keys == [] and ours.loading_info.unexpected_keys == []
-    enc = tokenizer(["A blue rectangle sits on a red background.", "Markets fell sharply in London today."],
-                    ["Is the shape blue?", "Shares closed lower."], padding=True, return_tensors="pt")
+    enc = tokenizer(
+        ["A blue rectangle sits on a red background.", "Markets fell sharply in London today."],
+        ["Is the shape blue?", "Shares closed lower."],
+        padding=True,
+        return_tensors="pt",
+    )
     enc["attention_mask"][1, -2:] = 0  # extra padding inside the batch
     with torch.no_grad():
         a = hf(**enc, output_hidden_states=True)
@@ -103,8 +111,9 @@ def test_attentions_match_transformers_eager(seed):
     hf_config = random_hf_config(seed, attn_implementation="eager")
     hf = transformers.BertForPreTraining(hf_config).eval()
     ours = pair_from_hf(hf, vlbert.BertForPreTraining)
-    ids, types, mask = padded_batch(hf_config.vocab_size, seq_len=16, seed=seed,
-                                    type_vocab_size=hf_config.type_vocab_size)
+    ids, types, mask = padded_batch(
+        hf_config.vocab_size, seq_len=16, seed=seed, type_vocab_size=hf_config.type_vocab_size
+    )
     with torch.no_grad():
         a = hf(input_ids=ids, token_type_ids=types, attention_mask=mask, output_attentions=True)
         b = ours(ids, types, mask, output_attentions=True)
@@ -134,8 +143,12 @@ def test_vl_attentions_cover_text_and_regions():
     keys = torch.cat([mask, region_mask], 1).bool()
     for p in out.attentions:
         assert p.shape == (4, config.num_attention_heads, 13, 13)
-        torch.testing.assert_close(p.sum(-1)[keys[:, None].expand_as(p.sum(-1))], torch.ones(int(keys.sum()) * p.shape[1]))
+        torch.testing.assert_close(
+            p.sum(-1)[keys[:, None].expand_as(p.sum(-1))], torch.ones(int(keys.sum()) * p.shape[1])
+        )
         assert (p.transpose(1, 3)[~keys] == 0).all()  # padded text and regions receive nothing
     real = mask.bool()
     for pv, pt in zip(text_only.attentions, plain.attentions):  # regions masked out: BERT's attention on the text
-        torch.testing.assert_close(pv[:, :, :10, :10].transpose(1, 2)[real], pt.transpose(1, 2)[real], atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            pv[:, :, :10, :10].transpose(1, 2)[real], pt.transpose(1, 2)[real], atol=1e-6, rtol=0
+        )

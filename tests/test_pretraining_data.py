@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
-
-import numpy as np
 
 from vlbert.data.corpus import load_documents, split_sentences, train_eval_split
 from vlbert.data.corpus_pairs import CorpusPairsDataset
@@ -23,8 +22,9 @@ def within(observed: float, expected: float, n: int, sigmas: float = 4.0) -> boo
 
 @pytest.fixture(scope="module")
 def dataset(small_token_corpus, tokenizer):
-    return CorpusPairsDataset(small_token_corpus, np.arange(small_token_corpus.num_documents), tokenizer,
-                              max_seq_length=64, seed=0)
+    return CorpusPairsDataset(
+        small_token_corpus, np.arange(small_token_corpus.num_documents), tokenizer, max_seq_length=64, seed=0
+    )
 
 
 def test_masking_statistics(dataset, tokenizer):
@@ -63,13 +63,19 @@ def test_masking_is_dynamic_and_reproducible(dataset, tokenizer):
         c = collator([dataset[i] for i in range(16)])
     finally:
         dataset.set_epoch(0)
-    assert not torch.equal(a["labels"][:, :c["labels"].shape[1]], c["labels"][:, :a["labels"].shape[1]])
+    assert not torch.equal(a["labels"][:, : c["labels"].shape[1]], c["labels"][:, : a["labels"].shape[1]])
 
 
 def test_split_sentences():
-    doc = "A Title Line\n\nFirst sentence here. Second one? Yes! \"Quoted start.\" 3 items remain.\n"
-    assert split_sentences(doc) == ["A Title Line", "First sentence here.", "Second one?", "Yes!",
-                                    "\"Quoted start.\"", "3 items remain."]
+    doc = 'A Title Line\n\nFirst sentence here. Second one? Yes! "Quoted start." 3 items remain.\n'
+    assert split_sentences(doc) == [
+        "A Title Line",
+        "First sentence here.",
+        "Second one?",
+        "Yes!",
+        '"Quoted start."',
+        "3 items remain.",
+    ]
 
 
 def test_corpus_formats_and_errors(tmp_path):
@@ -101,8 +107,10 @@ def test_bbc_news_default_corpus():
 def test_length_grouped_sampler_partitions_items(world_size):
     rng = random.Random(0)
     lengths = [rng.randint(5, 128) for _ in range(1000)]
-    per_rank = [LengthGroupedBatchSampler(lengths, 8, seed=1, group_size=20, rank=r, world_size=world_size).batches()
-                for r in range(world_size)]
+    per_rank = [
+        LengthGroupedBatchSampler(lengths, 8, seed=1, group_size=20, rank=r, world_size=world_size).batches()
+        for r in range(world_size)
+    ]
     assert len({len(b) for b in per_rank}) == 1, "every rank takes the same number of steps"
     seen = [i for batches in per_rank for b in batches for i in b]
     assert len(seen) == len(set(seen)), "no item on two ranks or twice"
@@ -118,8 +126,10 @@ def test_every_rank_gets_items_in_every_batch(world_size):
     """The last, short global batch is split as evenly as possible: no rank gets an empty batch (an empty rank
     failed in collation while the others waited in the all-reduce), and the ranks' slices are the global batch."""
     for n in (world_size, world_size + 1, 28, 29, 8 * world_size + 1, 8 * world_size - 1, 100):
-        samplers = [LengthGroupedBatchSampler([5] * n, 8, seed=2, rank=r, world_size=world_size, drop_last=False)
-                    for r in range(world_size)]
+        samplers = [
+            LengthGroupedBatchSampler([5] * n, 8, seed=2, rank=r, world_size=world_size, drop_last=False)
+            for r in range(world_size)
+        ]
         per_rank = [s.batches() for s in samplers]
         global_batches = samplers[0].global_batches()
         assert all(len(b) == len(global_batches) for b in per_rank)

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 import transformers
-
 from published_references import oscar_forward, uniter_forward, uniter_heads, uniter_nlvr2_paired_attn, uniter_state
+
 from vlbert.families import convert_checkpoint
 from vlbert.inference import ImagePairPipeline
 from vlbert.models.region_embeddings import region_location_features
@@ -62,16 +62,31 @@ def perturb_(model, seed=0):
 
 # ------------------------------------------------------------------------------------------------------ VisualBERT
 VB_SIZES = {
-    "small": dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
-                  visual_embedding_dim=24, max_position_embeddings=64),
-    "base": dict(vocab_size=300, hidden_size=768, num_hidden_layers=2, num_attention_heads=12,
-                 intermediate_size=3072, visual_embedding_dim=2048, max_position_embeddings=512),
+    "small": dict(
+        vocab_size=90,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=40,
+        visual_embedding_dim=24,
+        max_position_embeddings=64,
+    ),
+    "base": dict(
+        vocab_size=300,
+        hidden_size=768,
+        num_hidden_layers=2,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        visual_embedding_dim=2048,
+        max_position_embeddings=512,
+    ),
 }
 
 
 def visualbert(cls, size, tmp_path, **extra):
-    config = transformers.VisualBertConfig(**VB_SIZES[size], hidden_dropout_prob=0.0,
-                                           attention_probs_dropout_prob=0.0, **extra)
+    config = transformers.VisualBertConfig(
+        **VB_SIZES[size], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **extra
+    )
     torch.manual_seed(0)
     hf = cls(config).eval()
     perturb_(hf)
@@ -104,11 +119,18 @@ def test_visualbert_model_equals_transformers(tmp_path, size):
     for visual_types in ("zeros", "random"):
         ids, tt, tm, feats, boxes, rm, types = visualbert_inputs(hf, visual_types)
         with torch.no_grad():
-            ref = hf(input_ids=ids, token_type_ids=tt, attention_mask=tm, visual_embeds=feats,
-                     visual_attention_mask=rm, visual_token_type_ids=types)
+            ref = hf(
+                input_ids=ids,
+                token_type_ids=tt,
+                attention_mask=tm,
+                visual_embeds=feats,
+                visual_attention_mask=rm,
+                visual_token_type_ids=types,
+            )
             out = ours(ids, tt, tm, feats, None, rm, region_token_type_ids=types)
-        torch.testing.assert_close(valid_rows(out.last_hidden_state, tm, rm), valid_rows(ref.last_hidden_state, tm, rm),
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            valid_rows(out.last_hidden_state, tm, rm), valid_rows(ref.last_hidden_state, tm, rm), atol=1e-5, rtol=1e-5
+        )
         torch.testing.assert_close(out.pooler_output, ref.pooler_output, atol=1e-5, rtol=1e-5)
 
 
@@ -118,13 +140,20 @@ def test_visualbert_pretraining_heads_equal_transformers(tmp_path):
     ours = VLBertForPreTraining.from_pretrained(tmp_path / "out").eval()
     ids, tt, tm, feats, boxes, rm, types = visualbert_inputs(hf, "zeros")
     with torch.no_grad():
-        ref = hf(input_ids=ids, token_type_ids=tt, attention_mask=tm, visual_embeds=feats,
-                 visual_attention_mask=rm, visual_token_type_ids=types)
+        ref = hf(
+            input_ids=ids,
+            token_type_ids=tt,
+            attention_mask=tm,
+            visual_embeds=feats,
+            visual_attention_mask=rm,
+            visual_token_type_ids=types,
+        )
         out = ours(ids, tt, tm, feats, boxes, rm)  # the converted config's default region type is 0
         itm = ours.itm(out.pooler_output)
     t = ids.shape[1]
-    torch.testing.assert_close(out.prediction_logits[tm.bool()], ref.prediction_logits[:, :t][tm.bool()],
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out.prediction_logits[tm.bool()], ref.prediction_logits[:, :t][tm.bool()], atol=1e-5, rtol=1e-5
+    )
     # VisualBERT's sentence-image head says 0 = the caption matches; our ITM head says 1 = match.
     torch.testing.assert_close(itm, ref.seq_relationship_logits.flip(-1), atol=1e-5, rtol=1e-5)
 
@@ -136,8 +165,14 @@ def test_visualbert_vqa_head_reads_the_mask_position(tmp_path):
     ours = VLBertForMaskedTokenVQA.from_pretrained(tmp_path / "out").eval()
     ids, tt, tm, feats, boxes, rm, types = visualbert_inputs(hf, "zeros")
     with torch.no_grad():
-        ref = hf(input_ids=ids, token_type_ids=tt, attention_mask=tm, visual_embeds=feats,
-                 visual_attention_mask=rm, visual_token_type_ids=types).logits
+        ref = hf(
+            input_ids=ids,
+            token_type_ids=tt,
+            attention_mask=tm,
+            visual_embeds=feats,
+            visual_attention_mask=rm,
+            visual_token_type_ids=types,
+        ).logits
         out = ours(ids, tt, tm, feats, boxes, rm, region_token_type_ids=types).logits
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     info = json.loads((tmp_path / "out" / "inference.json").read_text())
@@ -152,9 +187,14 @@ def test_visualbert_nlvr2_head_types_the_two_images(tmp_path):
     feats, boxes, rm = ragged_regions(3, 4, hf.config.visual_embedding_dim, [4, 2, 3], seed=5)
     pair = (torch.stack([feats, feats.flip(1)], 1), torch.stack([boxes, boxes], 1), torch.stack([rm, rm], 1))
     with torch.no_grad():  # transformers: both images' regions in one sequence, typed 0 (left) and 1 (right)
-        ref = hf(input_ids=ids, token_type_ids=tt, attention_mask=tm, visual_embeds=pair[0].flatten(1, 2),
-                 visual_attention_mask=pair[2].flatten(1, 2),
-                 visual_token_type_ids=torch.tensor([0] * 4 + [1] * 4).expand(3, -1)).logits
+        ref = hf(
+            input_ids=ids,
+            token_type_ids=tt,
+            attention_mask=tm,
+            visual_embeds=pair[0].flatten(1, 2),
+            visual_attention_mask=pair[2].flatten(1, 2),
+            visual_token_type_ids=torch.tensor([0] * 4 + [1] * 4).expand(3, -1),
+        ).logits
         out = ours(ids, tt, tm, *pair).logits
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
@@ -196,12 +236,12 @@ def test_uniter_equals_its_reference_forward(uniter_converted, counts):
     t = ids.shape[1]
     for row, (tl, nb) in enumerate(zip(lengths, counts)):
         torch.testing.assert_close(hidden[row, :tl], seq[row, :tl], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(hidden[row, t:t + nb], seq[row, tl:tl + nb], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(hidden[row, t : t + nb], seq[row, tl : tl + nb], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.pooler_output, pooled, atol=1e-5, rtol=1e-5)
-    ref = uniter_heads(state, seq[0, :lengths[0]], seq[1, lengths[1]:lengths[1] + counts[1]], pooled)
+    ref = uniter_heads(state, seq[0, : lengths[0]], seq[1, lengths[1] : lengths[1] + counts[1]], pooled)
     with torch.no_grad():
-        torch.testing.assert_close(out.prediction_logits[0, :lengths[0]], ref["mlm"], atol=1e-5, rtol=1e-5)
-        regions = hidden[1, t:t + counts[1]]
+        torch.testing.assert_close(out.prediction_logits[0, : lengths[0]], ref["mlm"], atol=1e-5, rtol=1e-5)
+        regions = hidden[1, t : t + counts[1]]
         torch.testing.assert_close(ours.mrfr(regions), ref["mrfr"], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ours.mrc(regions), ref["mrc"], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ours.itm(out.pooler_output), ref["itm"], atol=1e-5, rtol=1e-5)
@@ -227,15 +267,25 @@ def test_uniter_vqa_checkpoint_answers_with_its_labels(tmp_path):
     state, path = write_uniter(tmp_path, "vqa.pt", answers=9)
     tok = write_tokenizer(tmp_path / "tok", 60, cased=True)
     (tmp_path / "ans2label.json").write_text(json.dumps({f"ans{i}": i for i in range(9)}))
-    convert_checkpoint("uniter", path, tmp_path / "out", tokenizer=tok, labels=tmp_path / "ans2label.json",
-                       config=tmp_path / "uniter-tiny.json")
+    convert_checkpoint(
+        "uniter",
+        path,
+        tmp_path / "out",
+        tokenizer=tok,
+        labels=tmp_path / "ans2label.json",
+        config=tmp_path / "uniter-tiny.json",
+    )
     ours = VLBertForVQA.from_pretrained(tmp_path / "out").eval()
     ids, tm = ragged_text(2, 7, 60, [7, 5])
     feats, boxes, rm = ragged_regions(2, 12, 24, [12, 10])
     with torch.no_grad():
         _, pooled = uniter_forward(state, ids, [7, 5], feats, region_location_features(boxes), [12, 10], 2, 4)
-        torch.testing.assert_close(ours(ids, None, tm, feats, boxes, rm).logits,
-                                   uniter_heads(state, None, None, pooled)["vqa"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            ours(ids, None, tm, feats, boxes, rm).logits,
+            uniter_heads(state, None, None, pooled)["vqa"],
+            atol=1e-5,
+            rtol=1e-5,
+        )
     info = json.loads((tmp_path / "out" / "inference.json").read_text())
     assert info["labels"] == [f"ans{i}" for i in range(9)]
     assert info["detector"]["extractor"].startswith("detectron2:butd-vg") and info["max_regions"] == 100
@@ -248,8 +298,12 @@ def uniter_fine_tuned(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("uniter-heads")
     tok = write_tokenizer(tmp / "tok", 60, cased=True)
     out = {}
-    for name, kwargs in {"ve": {"answers": 3}, "itm": {"head": "itm"}, "paired": {"head": "paired"},
-                         "paired-attn": {"head": "paired-attn"}}.items():
+    for name, kwargs in {
+        "ve": {"answers": 3},
+        "itm": {"head": "itm"},
+        "paired": {"head": "paired"},
+        "paired-attn": {"head": "paired-attn"},
+    }.items():
         state, path = write_uniter(tmp, f"{name}.pt", seed=len(out) + 1, **kwargs)
         report = convert_checkpoint("uniter", path, tmp / name, tokenizer=tok, config=tmp / "uniter-tiny.json")
         out[name] = state, tmp / name, report
@@ -269,8 +323,12 @@ def test_uniter_entailment_and_retrieval_heads_equal_their_reference(uniter_fine
     ve = VLBertForVisualEntailment.from_pretrained(out_dir).eval()
     with torch.no_grad():
         _, pooled = uniter_forward(state, ids, [9, 6, 3], feats, pos7, counts, 2, 4)
-        torch.testing.assert_close(ve(ids, None, tm, feats, boxes, rm).logits,
-                                   uniter_heads(state, None, None, pooled)["vqa"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            ve(ids, None, tm, feats, boxes, rm).logits,
+            uniter_heads(state, None, None, pooled)["vqa"],
+            atol=1e-5,
+            rtol=1e-5,
+        )
 
     state, out_dir, report = uniter_fine_tuned["itm"]
     assert (report["model_class"], report["task"]) == ("VLBertForImageTextRetrieval", "retrieval")
@@ -279,8 +337,12 @@ def test_uniter_entailment_and_retrieval_heads_equal_their_reference(uniter_fine
     retrieval = VLBertForImageTextRetrieval.from_pretrained(out_dir).eval()
     with torch.no_grad():
         _, pooled = uniter_forward(state, ids, [9, 6, 3], feats, pos7, counts, 2, 4)
-        torch.testing.assert_close(retrieval(ids, None, tm, feats, boxes, rm).scores,
-                                   uniter_heads(state, None, None, pooled)["rank"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            retrieval(ids, None, tm, feats, boxes, rm).scores,
+            uniter_heads(state, None, None, pooled)["rank"],
+            atol=1e-5,
+            rtol=1e-5,
+        )
 
 
 @pytest.mark.parametrize("regions", [10, 100])
@@ -301,20 +363,39 @@ def test_uniter_nlvr2_heads_equal_their_reference(uniter_fine_tuned, head, regio
 
     lengths = [8, 8, 5, 5]
     with torch.no_grad():  # UNITER's batch: rows (pair 0 left, pair 0 right, pair 1 left, ...), images typed 1, 2
-        seq, pooled, attn = uniter_forward(state, ids.repeat_interleave(2, 0), lengths, feats,
-                                           region_location_features(boxes), [c for p in counts for c in p], 2, 4,
-                                           img_types=[1, 2, 1, 2], return_mask=True)
-        ref = (uniter_nlvr2_paired_attn(state, seq, attn, 4) if head == "paired-attn"
-               else uniter_heads(state, None, None, pooled)["nlvr2"])
-        torch.testing.assert_close(ours(ids, None, tm, pairs(feats), pairs(boxes), pairs(rm)).logits, ref,
-                                   atol=1e-5, rtol=1e-5)
+        seq, pooled, attn = uniter_forward(
+            state,
+            ids.repeat_interleave(2, 0),
+            lengths,
+            feats,
+            region_location_features(boxes),
+            [c for p in counts for c in p],
+            2,
+            4,
+            img_types=[1, 2, 1, 2],
+            return_mask=True,
+        )
+        ref = (
+            uniter_nlvr2_paired_attn(state, seq, attn, 4)
+            if head == "paired-attn"
+            else uniter_heads(state, None, None, pooled)["nlvr2"]
+        )
+        torch.testing.assert_close(
+            ours(ids, None, tm, pairs(feats), pairs(boxes), pairs(rm)).logits, ref, atol=1e-5, rtol=1e-5
+        )
 
 
 # ----------------------------------------------------------------------------------------------------- Oscar/VinVL
 @pytest.mark.parametrize("vinvl", [False, True])
 def test_oscar_and_vinvl_equal_their_reference(tmp_path, vinvl):
-    hf_config = transformers.BertConfig(vocab_size=80, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                        intermediate_size=40, max_position_embeddings=64)
+    hf_config = transformers.BertConfig(
+        vocab_size=80,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=40,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     bert = transformers.BertForPreTraining(hf_config)
     perturb_(bert)
@@ -322,8 +403,12 @@ def test_oscar_and_vinvl_equal_their_reference(tmp_path, vinvl):
     g = torch.Generator().manual_seed(3)
     state["bert.img_embedding.weight"] = torch.randn(32, 30, generator=g) * 0.2
     state["bert.img_embedding.bias"] = torch.randn(32, generator=g) * 0.1
-    config = {**hf_config.to_dict(), "img_feature_dim": 30, "use_img_layernorm": int(vinvl),
-              "img_layer_norm_eps": 1e-12}
+    config = {
+        **hf_config.to_dict(),
+        "img_feature_dim": 30,
+        "use_img_layernorm": int(vinvl),
+        "img_layer_norm_eps": 1e-12,
+    }
     if vinvl:
         state["bert.LayerNorm.weight"] = 1 + torch.randn(32, generator=g) * 0.1
         state["bert.LayerNorm.bias"] = torch.randn(32, generator=g) * 0.1
@@ -338,11 +423,11 @@ def test_oscar_and_vinvl_equal_their_reference(tmp_path, vinvl):
     tt = torch.zeros_like(ids)
     feats, boxes, rm = ragged_regions(3, 6, 24, [6, 4, 1])
     with torch.no_grad():
-        seq, pooled = oscar_forward(state, config, ids, tt, tm, torch.cat([feats, region_location_features(boxes, 6)],
-                                                                           -1), rm)
+        seq, pooled = oscar_forward(
+            state, config, ids, tt, tm, torch.cat([feats, region_location_features(boxes, 6)], -1), rm
+        )
         out = ours(ids, tt, tm, feats, boxes, rm)
-    torch.testing.assert_close(valid_rows(out.last_hidden_state, tm, rm), valid_rows(seq, tm, rm), atol=1e-5,
-                               rtol=1e-5)
+    torch.testing.assert_close(valid_rows(out.last_hidden_state, tm, rm), valid_rows(seq, tm, rm), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.pooler_output, pooled, atol=1e-5, rtol=1e-5)
 
 
@@ -389,11 +474,16 @@ def test_bad_checkpoints_are_refused_in_one_line_and_write_nothing(tmp_path):
 def test_uniter_2020_itm_names_load(tmp_path):
     """The first uniter-base.pt (before 2020-08-06) named its ITM head ``ITM.*`` (ChenRocks/UNITER issue #5)."""
     state = uniter_state()
-    old = {("ITM." + k[len("itm_output."):] if k.startswith("itm_output.") else k): v for k, v in state.items()}
+    old = {("ITM." + k[len("itm_output.") :] if k.startswith("itm_output.") else k): v for k, v in state.items()}
     torch.save(old, tmp_path / "old.pt")
     (tmp_path / "cfg.json").write_text(json.dumps(UNITER_CONFIG))
-    convert_checkpoint("uniter", tmp_path / "old.pt", tmp_path / "out", config=tmp_path / "cfg.json",
-                       tokenizer=write_tokenizer(tmp_path / "tok", 60, cased=True))
+    convert_checkpoint(
+        "uniter",
+        tmp_path / "old.pt",
+        tmp_path / "out",
+        config=tmp_path / "cfg.json",
+        tokenizer=write_tokenizer(tmp_path / "tok", 60, cased=True),
+    )
     model = VLBertForPreTraining.from_pretrained(tmp_path / "out")
     torch.testing.assert_close(model.itm.weight, state["itm_output.weight"].float(), rtol=0, atol=0)
 
@@ -401,7 +491,15 @@ def test_uniter_2020_itm_names_load(tmp_path):
 def test_uniter_paired_head_needs_a_token_type_for_the_right_image():
     from vlbert.config import VLBertConfig
 
-    config = VLBertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                          intermediate_size=48, region_feature_dim=24, type_vocab_size=2, num_labels=2)
+    config = VLBertConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=48,
+        region_feature_dim=24,
+        type_vocab_size=2,
+        num_labels=2,
+    )
     with pytest.raises(ValueError, match="set type_vocab_size to 3"):
         VLBertForNLVR2Paired(config)

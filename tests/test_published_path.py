@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 import transformers
-
 from conftest import EASY_DETECTOR, tool
-from detectors.regions import Regions
 from published_references import uniter_state
+
+from detectors.regions import Regions
 from vlbert.command_line import run_tool
 from vlbert.data.easy_vqa import image_paths, load_questions
 from vlbert.inference import pipeline
@@ -47,9 +47,19 @@ def convert_uniter_vqa(directory, feature_dim: int):
     torch.save(uniter_state(vocab=30522, feature_dim=feature_dim, answers=len(ANSWERS)), directory / "vqa.pt")
     (directory / "uniter-tiny.json").write_text(json.dumps({"num_attention_heads": 4}))
     (directory / "ans2label.json").write_text(json.dumps({a: i for i, a in enumerate(ANSWERS)}))
-    argv = ["--from", "uniter", str(directory / "vqa.pt"), "--labels", str(directory / "ans2label.json"),
-            "--config", str(directory / "uniter-tiny.json"), "--tokenizer", str(cased_minilm(directory / "cased")),
-            "--output-dir", str(directory / "uniter-vqa")]
+    argv = [
+        "--from",
+        "uniter",
+        str(directory / "vqa.pt"),
+        "--labels",
+        str(directory / "ans2label.json"),
+        "--config",
+        str(directory / "uniter-tiny.json"),
+        "--tokenizer",
+        str(cased_minilm(directory / "cased")),
+        "--output-dir",
+        str(directory / "uniter-vqa"),
+    ]
     assert run_tool(tool("convert_checkpoint"), argv) == 0
     return directory / "uniter-vqa"
 
@@ -68,29 +78,67 @@ def user(tmp_path_factory):
         shutil.copy(image_paths("test")[image_id], root / "images" / f"{k}.png")
     number = {image_id: k for k, image_id in enumerate(chosen)}
     asked = [q for q in questions if q.image_id in number][:12]
-    records = [{"question_id": 100 + n, "image_id": number[q.image_id], "question": q.question}
-               for n, q in enumerate(asked)]
+    records = [
+        {"question_id": 100 + n, "image_id": number[q.image_id], "question": q.question} for n, q in enumerate(asked)
+    ]
     (root / "q.json").write_text(json.dumps({"questions": records}))
-    (root / "a.json").write_text(json.dumps({"annotations": [
-        {"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10} for r, q in zip(records, asked)]}))
+    (root / "a.json").write_text(
+        json.dumps(
+            {
+                "annotations": [
+                    {"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10}
+                    for r, q in zip(records, asked)
+                ]
+            }
+        )
+    )
     rng = np.random.default_rng(0)
     regions = []
     for k in range(N_IMAGES):
         xy = rng.uniform(0, 40, (TSV_REGIONS, 2))
         boxes = np.concatenate([xy, xy + rng.uniform(4, 24, (TSV_REGIONS, 2))], 1).clip(0, 63).astype(np.float32)
-        regions.append(Regions(str(k), 64, 64, boxes, rng.random((TSV_REGIONS, 2048), np.float32).astype(np.float16),
-                               rng.random(TSV_REGIONS, np.float32), None, "butd-tsv"))
+        regions.append(
+            Regions(
+                str(k),
+                64,
+                64,
+                boxes,
+                rng.random((TSV_REGIONS, 2048), np.float32).astype(np.float16),
+                rng.random(TSV_REGIONS, np.float32),
+                None,
+                "butd-tsv",
+            )
+        )
     write_butd_tsv(regions, root / "obj.tsv")
     return root, convert_uniter_vqa(root / "published", feature_dim=2048)
 
 
 def finetune_argv(root, init_from, shards, out) -> list[str]:
     """The README's fine-tuning command on VQA v2 files (nothing switched off)."""
-    return ["--dataset", "vqa-v2", "--init-from", str(init_from), "--output-dir", str(out), "--max-steps", "2",
-            "--set", f"data.shards={shards}", "--set", f"data.train_questions={root / 'q.json'}",
-            "--set", f"data.train_annotations={root / 'a.json'}", "--set", f"data.eval_questions={root / 'q.json'}",
-            "--set", f"data.eval_annotations={root / 'a.json'}", "--set", "training.batch_size=4",
-            "--set", "training.progress_bar=false"]
+    return [
+        "--dataset",
+        "vqa-v2",
+        "--init-from",
+        str(init_from),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "2",
+        "--set",
+        f"data.shards={shards}",
+        "--set",
+        f"data.train_questions={root / 'q.json'}",
+        "--set",
+        f"data.train_annotations={root / 'a.json'}",
+        "--set",
+        f"data.eval_questions={root / 'q.json'}",
+        "--set",
+        f"data.eval_annotations={root / 'a.json'}",
+        "--set",
+        "training.batch_size=4",
+        "--set",
+        "training.progress_bar=false",
+    ]
 
 
 def import_tsv(root, out, *extracted_with) -> None:
@@ -121,8 +169,10 @@ def test_imported_butd_features_fine_tune_a_converted_uniter_and_answer(tmp_path
     assert run_tool(tool("finetune_vqa"), finetune_argv(root, published, tmp_path / "shards", tmp_path / "run")) == 0
     assert_trained_on_the_checkpoints_settings(tmp_path / "run", caplog)
     # The pipeline's answers on the imported regions (all 30 of each image) are the run's own evaluation.
-    evaluated = {r["question_id"]: r["answer"] for r in map(json.loads, (tmp_path / "run" / "predictions.jsonl")
-                                                             .read_text().splitlines())}
+    evaluated = {
+        r["question_id"]: r["answer"]
+        for r in map(json.loads, (tmp_path / "run" / "predictions.jsonl").read_text().splitlines())
+    }
     store = RegionStore(tmp_path / "shards")
     questions = json.loads((root / "q.json").read_text())["questions"]
     vqa = pipeline(tmp_path / "run", device="cpu")
@@ -184,15 +234,32 @@ def test_import_and_extraction_refusals_are_one_line(tmp_path, user, capsys):
     (tmp_path / "fields.yaml").write_text("backend: detectron2\nconfig_file: butd-vg\nweight: x.pkl\n")
     (tmp_path / "weights.pth").write_bytes(b"not the weights you think")
     cases = {
-        r"'butd' is neither a known detector \(butd-vg\) nor a file": ["--from-tsv", str(root / "obj.tsv"),
-                                                                   "--extracted-with", "butd"],
-        "unknown detector fields weight": ["--from-tsv", str(root / "obj.tsv"),
-                                           "--extracted-with", str(tmp_path / "fields.yaml")],
-        "--extracted-with says what made imported features": ["--images", str(root / "images"),
-                                                              "--extracted-with", "butd-vg"],
-        "has sha256 .* but the detector records 000000000000": ["--images", str(root / "images"), "--weights",
-                                                               str(tmp_path / "weights.pth"), "--weights-sha256",
-                                                               "0" * 64],
+        r"'butd' is neither a known detector \(butd-vg\) nor a file": [
+            "--from-tsv",
+            str(root / "obj.tsv"),
+            "--extracted-with",
+            "butd",
+        ],
+        "unknown detector fields weight": [
+            "--from-tsv",
+            str(root / "obj.tsv"),
+            "--extracted-with",
+            str(tmp_path / "fields.yaml"),
+        ],
+        "--extracted-with says what made imported features": [
+            "--images",
+            str(root / "images"),
+            "--extracted-with",
+            "butd-vg",
+        ],
+        "has sha256 .* but the detector records 000000000000": [
+            "--images",
+            str(root / "images"),
+            "--weights",
+            str(tmp_path / "weights.pth"),
+            "--weights-sha256",
+            "0" * 64,
+        ],
     }
     for message, argv in cases.items():
         capsys.readouterr()
@@ -210,8 +277,16 @@ def test_import_and_extraction_refusals_are_one_line(tmp_path, user, capsys):
 def test_region_cuts_are_said_once(quiet_cuts, caplog):
     from vlbert.data.regions import region_item
 
-    regions = Regions("a", 10, 10, np.tile([[0, 0, 5, 5]], (6, 1)).astype(np.float32),
-                      np.zeros((6, 3), np.float16), np.ones(6, np.float32), None, "x")
+    regions = Regions(
+        "a",
+        10,
+        10,
+        np.tile([[0, 0, 5, 5]], (6, 1)).astype(np.float32),
+        np.zeros((6, 3), np.float16),
+        np.ones(6, np.float32),
+        None,
+        "x",
+    )
     caplog.set_level(logging.WARNING)
     assert len(region_item(regions, 4)["region_features"]) == 4
     assert len(region_item(regions, 6)["region_features"]) == 6  # nothing cut: nothing said
@@ -222,21 +297,31 @@ def test_region_cuts_are_said_once(quiet_cuts, caplog):
 
 # ------------------------------------------------------------------------------------------- with detectron2
 def test_the_readme_path_with_detectron2(tmp_path, user, monkeypatch, quiet_cuts, caplog, capsys):
-    pytest.importorskip("detectron2", reason="detectron2 is not installed (see docs/regions.md: the detectron2 backend)")
-    import detectors.detectron2_detector as d2
+    pytest.importorskip(
+        "detectron2", reason="detectron2 is not installed (see docs/regions.md: the detectron2 backend)"
+    )
     from test_detectron2 import SMALL, random_weights
+
+    import detectors.detectron2_detector as d2
 
     root, _ = user
     published = convert_uniter_vqa(tmp_path / "published", feature_dim=512)
     # A CPU-sized BUTD model: a quarter-width R50 at 96-160 pixels with 24 proposals (512-d features), 16 classes
     # and 8 attributes. The shrink lives in the model's build, not in the command's --opts, so the command and
     # detector.json are the README's (butd-vg, no overrides).
-    shrink = {**SMALL, "MODEL.RESNETS.DEPTH": 50, "MODEL.RESNETS.STEM_OUT_CHANNELS": 16,
-              "MODEL.RESNETS.WIDTH_PER_GROUP": 16, "MODEL.RESNETS.RES2_OUT_CHANNELS": 64,
-              "MODEL.ROI_HEADS.NUM_CLASSES": 16, "MODEL.ROI_ATTRIBUTE_HEAD.NUM_ATTRIBUTES": 8}
+    shrink = {
+        **SMALL,
+        "MODEL.RESNETS.DEPTH": 50,
+        "MODEL.RESNETS.STEM_OUT_CHANNELS": 16,
+        "MODEL.RESNETS.WIDTH_PER_GROUP": 16,
+        "MODEL.RESNETS.RES2_OUT_CHANNELS": 64,
+        "MODEL.ROI_HEADS.NUM_CLASSES": 16,
+        "MODEL.ROI_ATTRIBUTE_HEAD.NUM_ATTRIBUTES": 8,
+    }
     load_config = d2.load_config
-    monkeypatch.setattr(d2, "load_config",
-                        lambda name, overrides=None: load_config(name, {**shrink, **(overrides or {})}))
+    monkeypatch.setattr(
+        d2, "load_config", lambda name, overrides=None: load_config(name, {**shrink, **(overrides or {})})
+    )
     models, work = tmp_path / "models", tmp_path / "work"
     models.mkdir()
     work.mkdir()
@@ -244,10 +329,26 @@ def test_the_readme_path_with_detectron2(tmp_path, user, monkeypatch, quiet_cuts
     weights = random_weights("butd-vg", shrink, models / "faster_rcnn_from_caffe_attr.pkl", "butd-pkl")
     (models / "objects_vocab.txt").write_text("".join(f"object{i}\n" for i in range(16)))
     (models / "attributes_vocab.txt").write_text("".join(f"attribute{i}\n" for i in range(8)))
-    args = ["--images", str(root / "images"), "--backend", "detectron2", "--config-file", "butd-vg",
-            "--weights", str(weights), "--class-names", str(models / "objects_vocab.txt"),
-            "--attribute-names", str(models / "attributes_vocab.txt"), "--output-dir", str(tmp_path / "shards"),
-            "--batch-size", "8", "--device", "cpu"]
+    args = [
+        "--images",
+        str(root / "images"),
+        "--backend",
+        "detectron2",
+        "--config-file",
+        "butd-vg",
+        "--weights",
+        str(weights),
+        "--class-names",
+        str(models / "objects_vocab.txt"),
+        "--attribute-names",
+        str(models / "attributes_vocab.txt"),
+        "--output-dir",
+        str(tmp_path / "shards"),
+        "--batch-size",
+        "8",
+        "--device",
+        "cpu",
+    ]
     assert run_tool(tool("extract_regions"), args) == 0
     caplog.set_level(logging.WARNING)
     assert run_tool(tool("finetune_vqa"), finetune_argv(root, published, tmp_path / "shards", tmp_path / "run")) == 0
@@ -271,8 +372,15 @@ def test_the_readme_path_with_detectron2(tmp_path, user, monkeypatch, quiet_cuts
     for r in from_file:
         assert abs(r["score"] - scores[r["answer"]]) < 1e-2
     capsys.readouterr()
-    argv = [str(tmp_path / "run"), "--image", str(root / "images" / "0.png"), "--text", question,
-            "--detector-weights", str(kept)]
+    argv = [
+        str(tmp_path / "run"),
+        "--image",
+        str(root / "images" / "0.png"),
+        "--text",
+        question,
+        "--detector-weights",
+        str(kept),
+    ]
     assert run_tool(tool("predict"), argv) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["answer"] == from_file[0]["answer"]
     # Other weights under the same name: their sha256 is not the one detector.json recorded.

@@ -17,8 +17,10 @@ from detectors.store import MergedRegions, RegionStore
 from vlbert.training.run_config import load_run_config
 
 TINY_DETECTOR = DetectorConfig(options={"input_size": 64, "max_proposals": 4})
-COST = re.compile(r"extracting regions of (\d+) images, (under a minute|about a minute|about \d+ minutes), once "
-                  r"\(cached in (\S+)\)")
+COST = re.compile(
+    r"extracting regions of (\d+) images, (under a minute|about a minute|about \d+ minutes), once "
+    r"\(cached in (\S+)\)"
+)
 
 
 class CountingExtractor:
@@ -32,9 +34,19 @@ class CountingExtractor:
 
     def extract_batch(self, arrays, ids):
         self.seen += ids
-        return [Regions(i, a.shape[0], a.shape[1], np.array([[0, 0, a.shape[1], a.shape[0]]], np.float32),
-                        np.full((1, 4), len(self.seen), np.float16), np.ones(1, np.float32), None, self.name)
-                for a, i in zip(arrays, ids)]
+        return [
+            Regions(
+                i,
+                a.shape[0],
+                a.shape[1],
+                np.array([[0, 0, a.shape[1], a.shape[0]]], np.float32),
+                np.full((1, 4), len(self.seen), np.float16),
+                np.ones(1, np.float32),
+                None,
+                self.name,
+            )
+            for a, i in zip(arrays, ids)
+        ]
 
 
 @pytest.fixture
@@ -54,8 +66,9 @@ def _cost_lines(caplog) -> list[re.Match]:
     return [m for r in caplog.records if (m := COST.fullmatch(r.getMessage()))]
 
 
-def test_vqa_reuses_the_vl_runs_regions_and_extraction_says_its_cost_once(three_images_a_split, tmp_path, caplog,
-                                                                            tokenizer):
+def test_vqa_reuses_the_vl_runs_regions_and_extraction_says_its_cost_once(
+    three_images_a_split, tmp_path, caplog, tokenizer
+):
     """VL pretraining with data.max_images N and VQA with data.max_train_images N (the recipes' own region
     lookups): VQA extracts only the test split, the training images' cache is the VL run's; each extraction logs
     one cost line naming its image count and cache directory, and a cached lookup logs none."""
@@ -64,8 +77,9 @@ def test_vqa_reuses_the_vl_runs_regions_and_extraction_says_its_cost_once(three_
 
     vl = VLPretrainingData.__new__(VLPretrainingData)
     vl.seed, vl.skipped = 0, {}
-    vl_ctx = SimpleNamespace(data=VLDataConfig(max_images=2, cache_dir=str(tmp_path)), tokenizer=tokenizer,
-                             detector=TINY_DETECTOR)
+    vl_ctx = SimpleNamespace(
+        data=VLDataConfig(max_images=2, cache_dir=str(tmp_path)), tokenizer=tokenizer, detector=TINY_DETECTOR
+    )
     with caplog.at_level("INFO", logger="detectors.cache"):
         pairs, vl_store = vl._load_source(vl_ctx, CaptionSource("easy-vqa", "easy-vqa"))
     assert isinstance(vl_store, RegionStore) and sorted(vl_store) == ["train/0", "train/1"]
@@ -133,14 +147,29 @@ def test_the_quickstart_benchmark_runs_each_repeat_clean_and_reports_min_median_
         return subprocess.CompletedProcess(argv, 0, stdout=f"ran {argv[3]}\n")
 
     monkeypatch.setattr(quickstart.subprocess, "run", fake_run)
-    assert benchmark_main(["quickstart", "--commands", "vqa", "--repeats", "2", "--workdir", str(tmp_path),
-                           "--show-output"]) == 0
+    assert (
+        benchmark_main(
+            ["quickstart", "--commands", "vqa", "--repeats", "2", "--workdir", str(tmp_path), "--show-output"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert [argv[:2] for _, argv in calls] == [["pretrain", "--modality"], ["finetune", "--task"]] * 2
     first, second = calls[0][0], calls[2][0]
     assert first != second and calls[1][0] == first and not first.exists()  # a clean directory each, removed
-    assert calls[1][1] == ["finetune", "--task", "vqa", "--dataset", "easy-vqa", "--init-from", "runs/vl-default",
-                           "--set", f"data.cache_dir={first / 'cache'}/regions"]
+    assert calls[1][1] == [
+        "finetune",
+        "--task",
+        "vqa",
+        "--dataset",
+        "easy-vqa",
+        "--init-from",
+        "runs/vl-default",
+        "--set",
+        f"data.cache_dir={first / 'cache'}/regions",
+    ]
     [header, rule, row, *rest] = out.splitlines()
     assert header.split()[:5] == ["command", "runs", "min", "median", "max"] and set(rule) <= {"-", " "}
-    assert row.split()[:5] == ["vqa", "2", "0:00", "0:00", "0:00"] and "ran finetune" in out and "ran pretrain" not in out
+    assert (
+        row.split()[:5] == ["vqa", "2", "0:00", "0:00", "0:00"] and "ran finetune" in out and "ran pretrain" not in out
+    )

@@ -34,11 +34,20 @@ def test_the_unpickler_reads_plain_data_and_refuses_code(tmp_path):
 
 
 def test_refs_and_instances(tmp_path):
-    refs = [{"ref_id": 1, "ann_id": 10, "image_id": 5, "split": "train",
-             "sentences": [{"sent": "left dog"}, {"sent": "the dog on the left"}]},
-            {"ref_id": 2, "ann_id": 11, "image_id": 5, "split": "val", "sentences": [{"sent": "cat"}]}]
-    instances = {"images": [{"id": 5, "width": 100, "height": 80}],
-                 "annotations": [{"id": 10, "bbox": [10, 20, 30, 40]}, {"id": 11, "bbox": [0, 0, 5, 5]}]}
+    refs = [
+        {
+            "ref_id": 1,
+            "ann_id": 10,
+            "image_id": 5,
+            "split": "train",
+            "sentences": [{"sent": "left dog"}, {"sent": "the dog on the left"}],
+        },
+        {"ref_id": 2, "ann_id": 11, "image_id": 5, "split": "val", "sentences": [{"sent": "cat"}]},
+    ]
+    instances = {
+        "images": [{"id": 5, "width": 100, "height": 80}],
+        "annotations": [{"id": 10, "bbox": [10, 20, 30, 40]}, {"id": 11, "bbox": [0, 0, 5, 5]}],
+    }
     (tmp_path / "refs.p").write_bytes(pickle.dumps(refs, protocol=2))
     (tmp_path / "refs.json").write_text(json.dumps(refs))
     (tmp_path / "instances.json").write_text(json.dumps(instances))
@@ -46,7 +55,8 @@ def test_refs_and_instances(tmp_path):
         train = load_refcoco(tmp_path / name, tmp_path / "instances.json", "train", "COCO_{image_id:012d}")
         assert [(e.expression, e.image_id, e.box) for e in train] == [
             ("left dog", "COCO_000000000005", (10.0, 20.0, 40.0, 60.0)),
-            ("the dog on the left", "COCO_000000000005", (10.0, 20.0, 40.0, 60.0))]
+            ("the dog on the left", "COCO_000000000005", (10.0, 20.0, 40.0, 60.0)),
+        ]
     instances["annotations"] = instances["annotations"][1:]
     (tmp_path / "instances.json").write_text(json.dumps(instances))
     with pytest.raises(ValueError, match="names ann_id 10, which"):
@@ -73,8 +83,14 @@ def test_region_scores_ignore_padding_and_train_towards_the_target():
     from vlbert.models.referring import VLBertForReferringExpressions
 
     torch.manual_seed(0)
-    config = vlbert.VLBertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                 intermediate_size=32, region_feature_dim=6)
+    config = vlbert.VLBertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        region_feature_dim=6,
+    )
     model = VLBertForReferringExpressions(config)
     ids, feats = torch.randint(1, 50, (4, 5)), torch.randn(4, 3, 6)
     boxes = torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.5, 0.5, 1.0, 1.0], [0.0, 0.5, 0.5, 1.0]]).expand(4, 3, 4)
@@ -93,10 +109,19 @@ def test_region_scores_ignore_padding_and_train_towards_the_target():
 def test_refcoco_demo_runs_with_ground_truth_boxes(tmp_path):
     from vlbert.recipes import RECIPES, run
 
-    config = {"task": "refcoco", "init_from": "minilm", "detector": {"input_size": 96, "max_proposals": 8},
-              "data": {"cache_dir": str(tmp_path / "cache"), "train_images": 24, "eval_images": 12},
-              "training": {"output_dir": str(tmp_path / "out"), "max_steps": 2, "batch_size": 8,
-                           "warmup_steps": 1, "progress_bar": False}}
+    config = {
+        "task": "refcoco",
+        "init_from": "minilm",
+        "detector": {"input_size": 96, "max_proposals": 8},
+        "data": {"cache_dir": str(tmp_path / "cache"), "train_images": 24, "eval_images": 12},
+        "training": {
+            "output_dir": str(tmp_path / "out"),
+            "max_steps": 2,
+            "batch_size": 8,
+            "warmup_steps": 1,
+            "progress_bar": False,
+        },
+    }
     metrics = run(RECIPES["refcoco"], config)
     assert metrics["accuracy_upper_bound"] == 1.0  # with the tiles as regions, the answer is always there
     assert "accuracy_majority_position_baseline" in metrics and metrics["step"] == 2

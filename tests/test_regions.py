@@ -22,11 +22,14 @@ def make_regions(image_id="img-0", n=3, dim=8, classes=4, seed=0):
     return Regions(image_id, 60, 80, boxes, feats, rng.random(n), probs, "test")
 
 
-@pytest.mark.parametrize("boxes, message", [
-    ([[0, 0, 90, 60]], "outside"),
-    ([[30, 10, 20, 40]], "x2 < x1"),
-    (np.zeros((0, 4)), "zero regions"),
-])
+@pytest.mark.parametrize(
+    "boxes, message",
+    [
+        ([[0, 0, 90, 60]], "outside"),
+        ([[30, 10, 20, 40]], "x2 < x1"),
+        (np.zeros((0, 4)), "zero regions"),
+    ],
+)
 def test_bad_boxes(boxes, message):
     n = len(boxes)
     with pytest.raises(RegionError, match=message):
@@ -107,10 +110,18 @@ def test_lxmert_tsv_layout(tmp_path):
 
     r = make_regions()
     enc = lambda a: base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()  # noqa: E731
-    row = {"img_id": "COCO_1", "img_h": 60, "img_w": 80, "objects_id": enc(np.arange(3, dtype=np.int64)),
-           "objects_conf": enc(np.array([0.9, 0.5, 0.25], dtype=np.float32)), "attrs_id": enc(np.zeros(3, np.int64)),
-           "attrs_conf": enc(np.zeros(3, np.float32)), "num_boxes": 3, "boxes": enc(r.boxes),
-           "features": enc(r.features.astype(np.float32))}
+    row = {
+        "img_id": "COCO_1",
+        "img_h": 60,
+        "img_w": 80,
+        "objects_id": enc(np.arange(3, dtype=np.int64)),
+        "objects_conf": enc(np.array([0.9, 0.5, 0.25], dtype=np.float32)),
+        "attrs_id": enc(np.zeros(3, np.int64)),
+        "attrs_conf": enc(np.zeros(3, np.float32)),
+        "num_boxes": 3,
+        "boxes": enc(r.boxes),
+        "features": enc(r.features.astype(np.float32)),
+    }
     (tmp_path / "obj36.tsv").write_text("\t".join(str(row[k]) for k in LXMERT_FIELDS) + "\n")
     (b,) = list(read_butd_tsv(tmp_path / "obj36.tsv"))
     assert b.image_id == "COCO_1" and np.array_equal(b.boxes, r.boxes) and np.array_equal(b.features, r.features)
@@ -122,22 +133,22 @@ def test_lxmert_tsv_layout(tmp_path):
 
 def test_npz_reader(tmp_path):
     r = make_regions()
-    np.savez(tmp_path / "42.npz", x=r.features.T, bbox=r.boxes, image_h=60, image_w=80, num_bbox=3,
-             cls_prob=r.class_probs)
+    np.savez(
+        tmp_path / "42.npz", x=r.features.T, bbox=r.boxes, image_h=60, image_w=80, num_bbox=3, cls_prob=r.class_probs
+    )
     back = read_npz(tmp_path / "42.npz")
     assert back.image_id == "42" and np.array_equal(back.features, r.features)
     assert np.array_equal(back.boxes, r.boxes)
     # BUTD's cls_prob has the background class in column 0: dropped, the object classes renormalised.
     objects = r.class_probs[:, 1:].astype(np.float32)
-    np.testing.assert_allclose(back.class_probs.astype(np.float32), objects / objects.sum(1, keepdims=True),
-                               atol=1e-3)
+    np.testing.assert_allclose(back.class_probs.astype(np.float32), objects / objects.sum(1, keepdims=True), atol=1e-3)
     assert read_npz(tmp_path / "42.npz", background_column=False).class_probs.shape == r.class_probs.shape
 
 
 def test_proposals_find_the_easy_vqa_shape():
+    import torch
     from PIL import Image
     from torchvision.ops import box_iou
-    import torch
 
     from detectors.proposals import felzenszwalb_proposals
     from vlbert.data.easy_vqa import image_paths
@@ -239,13 +250,40 @@ def test_features_are_identified_by_what_changes_them(tmp_path):
 #: detector.json's ``config`` as the flat layout wrote it (every backend's fields side by side), before the options
 #: sections, with the fingerprints recorded beside them then: butd-vg's (UNITER's record), the tests' easy timm.
 FLAT_RECORDS = {
-    "5cb19239ea": {"backend": "detectron2", "input_size": 224, "roi_output_size": 3, "max_proposals": 36,
-                   "low_level_stage": 2, "weights": "faster_rcnn_from_caffe_attr.pkl", "config_file": "butd-vg",
-                   "min_boxes": 10, "max_boxes": 100, "score_threshold": 0.2, "nms_iou": 0.3, "overrides": {},
-                   "class_names": "", "attribute_names": "", "weights_sha256": ""},
-    "3fa4ad0779": {"backend": "timm", "input_size": 96, "roi_output_size": 3, "max_proposals": 8, "low_level_stage": 2,
-                   "weights": "", "config_file": "", "min_boxes": 10, "max_boxes": 100, "score_threshold": 0.2,
-                   "nms_iou": 0.3, "overrides": {}, "class_names": "", "attribute_names": "", "weights_sha256": ""},
+    "5cb19239ea": {
+        "backend": "detectron2",
+        "input_size": 224,
+        "roi_output_size": 3,
+        "max_proposals": 36,
+        "low_level_stage": 2,
+        "weights": "faster_rcnn_from_caffe_attr.pkl",
+        "config_file": "butd-vg",
+        "min_boxes": 10,
+        "max_boxes": 100,
+        "score_threshold": 0.2,
+        "nms_iou": 0.3,
+        "overrides": {},
+        "class_names": "",
+        "attribute_names": "",
+        "weights_sha256": "",
+    },
+    "3fa4ad0779": {
+        "backend": "timm",
+        "input_size": 96,
+        "roi_output_size": 3,
+        "max_proposals": 8,
+        "low_level_stage": 2,
+        "weights": "",
+        "config_file": "",
+        "min_boxes": 10,
+        "max_boxes": 100,
+        "score_threshold": 0.2,
+        "nms_iou": 0.3,
+        "overrides": {},
+        "class_names": "",
+        "attribute_names": "",
+        "weights_sha256": "",
+    },
 }
 
 
@@ -264,13 +302,19 @@ def test_the_flat_layout_reads_with_its_fingerprint_and_sections_are_checked(tmp
     assert DetectorConfig.from_record(FLAT_RECORDS["3fa4ad0779"]).options.input_size == 96
     (tmp_path / "flat.yaml").write_text("detector: {backend: timm, input_size: '96', max_proposals: 8}\n")
     assert named_detector(str(tmp_path / "flat.yaml")).fingerprint() == "3fa4ad0779"
-    refusals = {"min_boxes is an option of the torchvision and detectron2 backend, not of timm":
-                {"backend": "timm", "min_boxes": 5},
-                "unknown detector fields input_sise": {"input_sise": 96},
-                "detector.input_size and detector.options.input_size differ":
-                {"input_size": 96, "options": {"input_size": 128}},
-                "detector.options.max_proposals must be an int, got 8.5": {"options": {"max_proposals": 8.5}},
-                "detector.backend must be one of timm, torchvision, detectron2": {"backend": "yolo"}}
+    refusals = {
+        "min_boxes is an option of the torchvision and detectron2 backend, not of timm": {
+            "backend": "timm",
+            "min_boxes": 5,
+        },
+        "unknown detector fields input_sise": {"input_sise": 96},
+        "detector.input_size and detector.options.input_size differ": {
+            "input_size": 96,
+            "options": {"input_size": 128},
+        },
+        "detector.options.max_proposals must be an int, got 8.5": {"options": {"max_proposals": 8.5}},
+        "detector.backend must be one of timm, torchvision, detectron2": {"backend": "yolo"},
+    }
     for message, section in refusals.items():
         with pytest.raises(ValueError, match=message):
             DetectorConfig.from_section(section)

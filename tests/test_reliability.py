@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 import transformers
-
 from conftest import tool
 from test_published_checkpoints import VB_SIZES, write_tokenizer, write_uniter
 from test_tool_errors import one_line_error
+
 from vlbert.families.base import load_torch_file
 from vlbert_base.user_files import UserFileError
 
@@ -48,8 +48,13 @@ def test_random_bytes_are_refused_as_checkpoints_whatever_the_unpickler_raises(t
     g = torch.Generator().manual_seed(0)
     for i in range(40):
         path = tmp_path / f"random-{i}.pt"
-        path.write_bytes(bytes(torch.randint(0, 256, (int(torch.randint(1, 400, (1,), generator=g)),),
-                                             generator=g, dtype=torch.uint8).tolist()))
+        path.write_bytes(
+            bytes(
+                torch.randint(
+                    0, 256, (int(torch.randint(1, 400, (1,), generator=g)),), generator=g, dtype=torch.uint8
+                ).tolist()
+            )
+        )
         with pytest.raises(ValueError, match="is not a plain state dict of tensors"):
             load_torch_file(path)
 
@@ -93,8 +98,17 @@ def test_non_finite_tensors_are_named_and_need_allow_nonfinite(capsys, tmp_path)
     state[key][0, 0] = float("nan")
     torch.save(state, path)
     tok = write_tokenizer(tmp_path / "tok", 60, cased=True)
-    argv = ["--from", "uniter", str(path), "--tokenizer", str(tok), "--config", str(tmp_path / "uniter-tiny.json"),
-            "--output-dir", str(tmp_path / "out")]
+    argv = [
+        "--from",
+        "uniter",
+        str(path),
+        "--tokenizer",
+        str(tok),
+        "--config",
+        str(tmp_path / "uniter-tiny.json"),
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     line = one_line_error(capsys, "convert_checkpoint", argv)
     assert key in line and "NaN or inf" in line and "--allow-nonfinite" in line, line
     assert not (tmp_path / "out").exists()
@@ -120,8 +134,10 @@ def test_a_collective_that_cannot_complete_is_one_line(monkeypatch):  # row 81
     from vlbert.command_line import is_user_error, one_line
     from vlbert.training.processes import ProcessGroupError, collective_failure
 
-    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
-                        "3000ms for recv operation to complete")
+    gloo = RuntimeError(
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+        "3000ms for recv operation to complete"
+    )
     assert collective_failure(gloo) is None  # one process: not a collective's failure
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
@@ -159,8 +175,11 @@ def test_lxmert_and_vl_bert_files_are_refused_naming_the_tensor_and_the_family(c
     out = tmp_path / "out"
 
     def refused(path, family, *more):
-        return one_line_error(capsys, "convert_checkpoint", [str(path), "--from", family, "--tokenizer", str(tok),
-                                                             "--output-dir", str(out), *more])
+        return one_line_error(
+            capsys,
+            "convert_checkpoint",
+            [str(path), "--from", family, "--tokenizer", str(tok), "--output-dir", str(out), *more],
+        )
 
     bare = tmp_path / "no-config"
     shutil.copytree(source, bare)
@@ -168,23 +187,31 @@ def test_lxmert_and_vl_bert_files_are_refused_naming_the_tensor_and_the_family(c
     line = refused(bare, "lxmert")
     assert "has no config.json with num_attention_heads" in line and "--config" in line, line
     key = "lxmert.encoder.x_layers.0.visual_attention.att.query.weight"
-    for layout, expected in (({k: v for k, v in state.items() if k != key}, f"lacks the tensor '{key}'"),
-                             ({**state, "lxmert.encoder.extra.weight": torch.zeros(2)},
-                              "'lxmert.encoder.extra.weight' is not part of LXMERT's layout")):
+    for layout, expected in (
+        ({k: v for k, v in state.items() if k != key}, f"lacks the tensor '{key}'"),
+        (
+            {**state, "lxmert.encoder.extra.weight": torch.zeros(2)},
+            "'lxmert.encoder.extra.weight' is not part of LXMERT's layout",
+        ),
+    ):
         damaged = tmp_path / "damaged"
         shutil.copytree(source, damaged, dirs_exist_ok=True)
         save_file(layout, damaged / "model.safetensors")
         line = refused(damaged, "lxmert")
         assert expected in line and "lxmert" in line.replace("LXMERT", "lxmert"), line
-    airsplay = {("module.bert." + k[len("lxmert."):] if k.startswith("lxmert.") else "module." + k): v
-                for k, v in state.items()}
+    airsplay = {
+        ("module.bert." + k[len("lxmert.") :] if k.startswith("lxmert.") else "module." + k): v
+        for k, v in state.items()
+    }
     torch.save(airsplay, tmp_path / "Epoch20_LXRT.pth")
     for path in (tmp_path / "Epoch20_LXRT.pth", source):
         line = refused(path, "vl-bert")
         assert "it is a lxmert checkpoint: pass --from lxmert" in line, line
     vl_bert = vl_bert_state(layers=1)
-    write_model_file(tmp_path / "partial.model", {k: v for k, v in vl_bert.items()
-                                                  if k != "module.image_feature_extractor.obj_downsample.1.weight"})
+    write_model_file(
+        tmp_path / "partial.model",
+        {k: v for k, v in vl_bert.items() if k != "module.image_feature_extractor.obj_downsample.1.weight"},
+    )
     line = refused(tmp_path / "partial.model", "vl-bert")
     assert "vl-bert checkpoint lacks the tensor 'module.image_feature_extractor.obj_downsample.1.weight'" in line
     assert not out.exists()
@@ -204,7 +231,7 @@ def test_damaged_vl_bert_files_are_one_line_whatever_the_unpickler_raises(capsys
     seen = set()
     for i in range(40):
         cut = data[: int(torch.randint(1, len(data), (1,), generator=g))]
-        flipped = bytearray(data[:len(cut)])
+        flipped = bytearray(data[: len(cut)])
         for k in torch.randint(0, len(cut), (3,), generator=g).tolist():
             flipped[k] = int(torch.randint(0, 256, (1,), generator=g))
         path.write_bytes(bytes(flipped))
@@ -212,7 +239,8 @@ def test_damaged_vl_bert_files_are_one_line_whatever_the_unpickler_raises(capsys
             torch.load(path, weights_only=True)
         except Exception as e:  # noqa: BLE001 - what the unpickler raises, to check the cases cover several types
             seen.add(type(e).__name__)
-        line = one_line_error(capsys, "convert_checkpoint", [str(path), "--from", "vl-bert", "--output-dir",
-                                                             str(tmp_path / "out")])
+        line = one_line_error(
+            capsys, "convert_checkpoint", [str(path), "--from", "vl-bert", "--output-dir", str(tmp_path / "out")]
+        )
         assert "is not a plain VL-BERT checkpoint" in line and "fetch it again" in line, line
     assert {"IndexError", "KeyError"} & seen, seen  # what escaped the reader's own torch.load before

@@ -9,8 +9,16 @@ from vlbert.training.log_hook import eval_line
 
 # What `tools/pretrain.py --modality text` returns after the quick start's 600 steps (figures of a real run:
 # MLM well above its majority baseline, NSP at chance).
-TEXT_RUN = {"step": 600, "train_loss": 5.61, "train_seconds": 231.0, "eval_mlm_loss": 5.42, "eval_nsp_loss": 0.6931,
-            "eval_mlm_accuracy": 0.1843, "eval_nsp_accuracy": 0.504, "eval_mlm_accuracy_majority_baseline": 0.061}
+TEXT_RUN = {
+    "step": 600,
+    "train_loss": 5.61,
+    "train_seconds": 231.0,
+    "eval_mlm_loss": 5.42,
+    "eval_nsp_loss": 0.6931,
+    "eval_mlm_accuracy": 0.1843,
+    "eval_nsp_accuracy": 0.504,
+    "eval_mlm_accuracy_majority_baseline": 0.061,
+}
 
 
 def rows(table: str) -> dict[str, list[str]]:
@@ -31,10 +39,18 @@ def test_a_result_that_beats_its_baseline_says_by_how_much_and_one_at_chance_is_
 
 
 def test_task_baselines_and_the_untrained_model_are_baselines_too():
-    got = rows(results_table({"vqa_accuracy": 0.40, "vqa_accuracy_majority_baseline": 0.41,
-                              "accuracy": 0.30, "accuracy_majority_position_baseline": 0.5,
-                              "eval_color_shape_mlm_accuracy_with_regions": 0.8,
-                              "eval_color_shape_mlm_accuracy_with_regions_before": 0.0}))
+    got = rows(
+        results_table(
+            {
+                "vqa_accuracy": 0.40,
+                "vqa_accuracy_majority_baseline": 0.41,
+                "accuracy": 0.30,
+                "accuracy_majority_position_baseline": 0.5,
+                "eval_color_shape_mlm_accuracy_with_regions": 0.8,
+                "eval_color_shape_mlm_accuracy_with_regions_before": 0.0,
+            }
+        )
+    )
     assert got["vqa_accuracy"][-2:] == ["at", "baseline"]
     assert got["accuracy"][-3:-1] == ["below", "baseline"] and "position" in got["accuracy"]
     assert got["eval_color_shape_mlm_accuracy_with_regions"][-3:] == ["training", "yes", "(+0.800)"]
@@ -49,6 +65,7 @@ def test_the_margin_decides_and_an_undefined_metric_is_not_read_as_chance():
 
 
 def test_a_held_out_evaluation_prints_as_one_line():
-    line = eval_line({"split": "eval", "step": 200, "eval_mlm_loss": 4.10331, "eval_mlm_accuracy": 0.312,
-                      "eval_nsp_accuracy": 0.504})
+    line = eval_line(
+        {"split": "eval", "step": 200, "eval_mlm_loss": 4.10331, "eval_mlm_accuracy": 0.312, "eval_nsp_accuracy": 0.504}
+    )
     assert line == "held-out at step 200: mlm_accuracy 0.3120, nsp_accuracy 0.5040, mlm_loss 4.1033"

@@ -15,14 +15,16 @@ from detectors.regions import Regions
 from vlbert.data.retrieval import CaptionedImage, RetrievalCollator, RetrievalPairs, load_karpathy_split
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
-from vlbert.tokenization import load_tokenizer
 
 
 def test_karpathy_reader(tmp_path):
-    data = {"images": [
-        {"filename": "a.jpg", "cocoid": 1, "split": "train", "sentences": [{"raw": "A dog."}, {"raw": "A puppy."}]},
-        {"filename": "b.jpg", "cocoid": 2, "split": "restval", "sentences": [{"raw": "A cat."}]},
-        {"filename": "c.jpg", "cocoid": 3, "split": "test", "sentences": [{"raw": "A bus."}]}]}
+    data = {
+        "images": [
+            {"filename": "a.jpg", "cocoid": 1, "split": "train", "sentences": [{"raw": "A dog."}, {"raw": "A puppy."}]},
+            {"filename": "b.jpg", "cocoid": 2, "split": "restval", "sentences": [{"raw": "A cat."}]},
+            {"filename": "c.jpg", "cocoid": 3, "split": "test", "sentences": [{"raw": "A bus."}]},
+        ]
+    }
     (tmp_path / "d.json").write_text(json.dumps(data))
     train = load_karpathy_split(tmp_path / "d.json", "train", "{cocoid}")
     assert [(x.image_id, x.captions) for x in train] == [("1", ("A dog.", "A puppy.")), ("2", ("A cat.",))]
@@ -35,13 +37,25 @@ def test_karpathy_reader(tmp_path):
 def setup(tokenizer):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    regions = {f"img{i}": Regions(f"img{i}", 32, 32, [[0, 0, 32, 32], [4, 4, 20, 20]],
-                                  rng.standard_normal((2, 12)), [1.0, 0.5]) for i in range(6)}
-    images = [CaptionedImage(f"img{i}", (f"a {c} thing", f"the {c} object"), group=c)
-              for i, c in enumerate(["red", "blue", "red", "green", "teal", "black"])]
-    config = vlbert.VLBertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
-                                 num_attention_heads=2, intermediate_size=64, region_feature_dim=12,
-                                 num_region_classes=0)
+    regions = {
+        f"img{i}": Regions(
+            f"img{i}", 32, 32, [[0, 0, 32, 32], [4, 4, 20, 20]], rng.standard_normal((2, 12)), [1.0, 0.5]
+        )
+        for i in range(6)
+    }
+    images = [
+        CaptionedImage(f"img{i}", (f"a {c} thing", f"the {c} object"), group=c)
+        for i, c in enumerate(["red", "blue", "red", "green", "teal", "black"])
+    ]
+    config = vlbert.VLBertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        region_feature_dim=12,
+        num_region_classes=0,
+    )
     return VLBertForImageTextRetrieval(config).eval(), images, regions
 
 
@@ -58,8 +72,7 @@ def test_training_losses(setup, tokenizer):
 
 def test_shortlist_matches_full_scoring(setup, tokenizer):
     model, images, regions = setup
-    full, i2t, t2i = evaluate_retrieval(model, images, regions, tokenizer, shortlist=100, ks=(1, 5),
-                                        return_scores=True)
+    full, i2t, t2i = evaluate_retrieval(model, images, regions, tokenizer, shortlist=100, ks=(1, 5), return_scores=True)
     assert full["cross_encoder_pairs"] == 2 * full["all_pairs"]  # shortlist covers everything: both directions
     # Brute force: cross-encoder on every pair.
     from vlbert.data.pretraining import MaskingCollator
@@ -73,7 +86,9 @@ def test_shortlist_matches_full_scoring(setup, tokenizer):
         for i, im in enumerate(images):
             r = regions[im.image_id]
             batch = text.pad([{"input_ids": x} for x in ids])
-            batch.update(pad_regions([{"region_features": r.features, "region_boxes": r.normalised_boxes()}] * len(ids)))
+            batch.update(
+                pad_regions([{"region_features": r.features, "region_boxes": r.normalised_boxes()}] * len(ids))
+            )
             scores[i] = model.match_scores(**batch)
     torch.testing.assert_close(i2t, scores, atol=1e-5, rtol=0)
     torch.testing.assert_close(t2i, scores.T, atol=1e-5, rtol=0)
@@ -94,9 +109,13 @@ def test_hard_negative_texts_follow_each_images_softmax_over_texts():
     not from each text's softmax over the images (which would favour text 2)."""
     from vlbert.models.retrieval import hard_negatives
 
-    logits = torch.tensor([[0.0, 0.0, 0.0],      # text 0 (image 0's own)
-                           [10.0, 20.0, 0.0],    # text 1: very similar to image 0, more to image 1
-                           [0.0, -5.0, -5.0]])   # text 2: weakly similar to image 0, to nothing else
+    logits = torch.tensor(
+        [
+            [0.0, 0.0, 0.0],  # text 0 (image 0's own)
+            [10.0, 20.0, 0.0],  # text 1: very similar to image 0, more to image 1
+            [0.0, -5.0, -5.0],
+        ]
+    )  # text 2: weakly similar to image 0, to nothing else
     same = torch.eye(3, dtype=torch.bool)
     g = torch.Generator().manual_seed(0)
     picks = [int(hard_negatives(logits, same, g)[0][0]) for _ in range(200)]
@@ -126,9 +145,10 @@ def test_recalls_and_r_mean_against_uniters_itm_eval(easy, doc_runs, tmp_path, m
     5,000 test captions). vlbert reports the recall without it; the test checks that this is the only difference."""
     from dataclasses import asdict
 
-    import vlbert.recipes.retrieval as recipe
     from conftest import EASY_DETECTOR
     from official.uniter_itm_eval import itm_eval
+
+    import vlbert.recipes.retrieval as recipe
     from vlbert.recipes import RECIPES, run
 
     kept = {}
@@ -138,17 +158,36 @@ def test_recalls_and_r_mean_against_uniters_itm_eval(easy, doc_runs, tmp_path, m
         return out
 
     monkeypatch.setattr(recipe, "evaluate_retrieval", keeping_scores)
-    images = [{"filename": k, "split": "test", "sentences": [{"raw": f"image {k}: a {c} {s}"},
-                                                           {"raw": f"picture {k} shows a {s} colored {c}"}]}
-              for k, (c, s) in easy.truth.items()]
+    images = [
+        {
+            "filename": k,
+            "split": "test",
+            "sentences": [{"raw": f"image {k}: a {c} {s}"}, {"raw": f"picture {k} shows a {s} colored {c}"}],
+        }
+        for k, (c, s) in easy.truth.items()
+    ]
     images += [{**images[k], "split": "train"} for k in (0, 1)]
     (tmp_path / "captions.json").write_text(json.dumps({"images": images}))
-    metrics = run(RECIPES["retrieval"], {
-        "init_from": str(doc_runs["vl-default"]), "detector": asdict(EASY_DETECTOR),
-        "data": {"dataset": "karpathy", "captions_file": str(tmp_path / "captions.json"), "shards": str(easy.shards),
-                 "shortlist": 4},
-        "training": {"output_dir": str(tmp_path / "run"), "max_steps": 1, "batch_size": 4, "warmup_steps": 1,
-                     "progress_bar": False}})
+    metrics = run(
+        RECIPES["retrieval"],
+        {
+            "init_from": str(doc_runs["vl-default"]),
+            "detector": asdict(EASY_DETECTOR),
+            "data": {
+                "dataset": "karpathy",
+                "captions_file": str(tmp_path / "captions.json"),
+                "shards": str(easy.shards),
+                "shortlist": 4,
+            },
+            "training": {
+                "output_dir": str(tmp_path / "run"),
+                "max_steps": 1,
+                "batch_size": 4,
+                "warmup_steps": 1,
+                "progress_bar": False,
+            },
+        },
+    )
 
     test = load_karpathy_split(tmp_path / "captions.json", "test")
     captions = [(k, c) for k, im in enumerate(test) for c in im.captions]
@@ -161,8 +200,9 @@ def test_recalls_and_r_mean_against_uniters_itm_eval(easy, doc_runs, tmp_path, m
     in_top10 = (kept["t2i"].topk(10, dim=1).indices == gold[:, None]).any(1)  # the rows of UNITER's image `rank`
     for k in (1, 5, 10):
         assert metrics[f"i2t_r{k}"] == texts[f"txt_r{k}"]
-        assert metrics[f"t2i_r{k}"] == pytest.approx(images_[f"img_r{k}"] - int(in_top10[:k].sum()) / len(txt_ids),
-                                                     abs=1e-12)
+        assert metrics[f"t2i_r{k}"] == pytest.approx(
+            images_[f"img_r{k}"] - int(in_top10[:k].sum()) / len(txt_ids), abs=1e-12
+        )
     extra = sum(int(in_top10[:k].sum()) for k in (1, 5, 10)) / len(txt_ids) / 6
     assert metrics["r_mean"] == pytest.approx((texts["txt_r_mean"] + images_["img_r_mean"]) / 2 - extra, abs=1e-12)
 
@@ -174,7 +214,8 @@ def test_rerank_keeps_the_contrastive_order_outside_the_shortlist():
     from vlbert.evaluation.retrieval import rerank_shortlist
 
     scores = torch.tensor([[0.5, 0.0301, 0.0302, 0.0303, 0.9]])
-    final, pairs = rerank_shortlist(scores, 2, lambda q, n: (q, n), lambda images, captions: torch.full(
-        (len(images),), -50.0))
+    final, pairs = rerank_shortlist(
+        scores, 2, lambda q, n: (q, n), lambda images, captions: torch.full((len(images),), -50.0)
+    )
     assert pairs == 2 and final[0, [0, 4]].tolist() == [-50.0, -50.0]
     assert final[0].argsort(descending=True).tolist()[2:] == [3, 2, 1] and final[0, 3] < -50

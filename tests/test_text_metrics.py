@@ -20,9 +20,9 @@ import warnings
 import numpy as np
 import pytest
 import torch
-
 from conftest import write_jsonl
 from text_references import conlleval, glue, squad_dataset, squad_v1, squad_v2
+
 from vlbert.data.finetuning import TextTaskConfig, max_context_window, window_spans
 from vlbert.evaluation import text as m
 from vlbert.recipes.runner import RunContext
@@ -53,6 +53,7 @@ class RuleModel(torch.nn.Module):
 
 # --- windows ------------------------------------------------------------------------------------------------------
 
+
 def test_windows_and_max_context_as_run_squad():
     # run_squad.py's _check_is_max_context example: "the man went to the store and bought a gallon of milk",
     # span B = "to the store and bought" (tokens 3-7), C = "and bought a gallon of" (6-10): 'bought' (7) is
@@ -68,6 +69,7 @@ def test_windows_and_max_context_as_run_squad():
 
 
 # --- token tagging ------------------------------------------------------------------------------------------------
+
 
 def single_piece_words(tokenizer, n: int) -> list[str]:
     """``n`` distinct lowercase words of one wordpiece each."""
@@ -90,8 +92,10 @@ def tagging_fixture(tokenizer):
         tags[p], tags[p + 1] = f"B-{kind}", f"I-{kind}"
         if j == 10:  # word 63 B-LOC, 64 the soft hyphen (I-LOC), 65 I-LOC
             tokens[p + 1], tags[p + 2] = "\u00ad", f"I-{kind}"
-    short = {"tokens": [*words[92:95], "\u200b", *words[95:99]],
-             "tags": ["O", "O", "B-PER", "O", "O", "B-LOC", "O", "O"]}
+    short = {
+        "tokens": [*words[92:95], "\u200b", *words[95:99]],
+        "tags": ["O", "O", "B-PER", "O", "O", "B-LOC", "O", "O"],
+    }
     return [{"tokens": tokens, "tags": tags}, short]
 
 
@@ -106,11 +110,18 @@ def test_tagging_scores_every_word_of_long_sentences_as_conlleval(tmp_path, toke
     records = tagging_fixture(tokenizer)
     write_jsonl(tmp_path / "t.jsonl", records)
     path = str(tmp_path / "t.jsonl")
-    ctx, data = recipe_data(tmp_path, tokenizer, {"task": "custom", "type": "tagging", "train": path, "eval": path,
-                                                  "max_seq_length": 32, "doc_stride": 8})
+    ctx, data = recipe_data(
+        tmp_path,
+        tokenizer,
+        {"task": "custom", "type": "tagging", "train": path, "eval": path, "max_seq_length": 32, "doc_stride": 8},
+    )
     names = data.labels
-    truth = {tokenizer.convert_tokens_to_ids(w): names.index(t) for r in records for w, t in zip(r["tokens"], r["tags"])
-             if w not in ("\u00ad", "\u200b")}
+    truth = {
+        tokenizer.convert_tokens_to_ids(w): names.index(t)
+        for r in records
+        for w, t in zip(r["tokens"], r["tags"])
+        if w not in ("\u00ad", "\u200b")
+    }
 
     def rule(input_ids, attention_mask):
         b, t = input_ids.shape
@@ -127,7 +138,8 @@ def test_tagging_scores_every_word_of_long_sentences_as_conlleval(tmp_path, toke
     rows = [json.loads(line) for line in (tmp_path / "run" / "predictions.jsonl").read_text().splitlines()]
     assert [len(r["predicted_tags"]) for r in rows] == [92, 8]
     assert [r["tokens"] for r in rows] == [r["tokens"] for r in records] and [r["tags"] for r in rows] == [
-        r["tags"] for r in records]
+        r["tags"] for r in records
+    ]
     assert rows[0]["predicted_tags"][64] == "O" and rows[1]["predicted_tags"][3] == "O"  # no wordpiece: O
     official = conlleval([(r["tags"], r["predicted_tags"]) for r in rows])
     assert (official["found_correct"], official["found_guessed"], official["correct_chunks"]) == (17, 18, 16)
@@ -160,8 +172,12 @@ FILLER = "people walk along quiet streets near old houses every morning and even
 
 
 def qa_record(qid, question, context, answers):
-    return {"id": qid, "question": question, "context": context,
-            "answers": {"text": [a for a in answers], "answer_start": [context.index(a) for a in answers]}}
+    return {
+        "id": qid,
+        "question": question,
+        "context": context,
+        "answers": {"text": [a for a in answers], "answer_start": [context.index(a) for a in answers]},
+    }
 
 
 def span_rule(tokenizer, spans: dict[str, float], null: dict[str, float]):
@@ -186,13 +202,24 @@ def test_squad_v1_official_semantics_through_the_recipe(tmp_path, tokenizer):
     into a context (past the first 24-wordpiece window, which used to be all the recipe read) is found; an answer
     and a gold answer that both normalise to nothing ("The" / "the") get exact match 1 but F1 0 (it was 1: v2.0's
     rule); a partial answer gets its token F1."""
-    records = [qa_record("far", "where is it ?", f"{FILLER} " * 5 + "it stands in Paris today", ["Paris"]),
-               qa_record("article", "which word ?", "The cat sleeps", ["The"]),
-               qa_record("partial", "when was it built ?", "It was built in 1889 by workers", ["in 1889"])]
+    records = [
+        qa_record("far", "where is it ?", f"{FILLER} " * 5 + "it stands in Paris today", ["Paris"]),
+        qa_record("article", "which word ?", "The cat sleeps", ["The"]),
+        qa_record("partial", "when was it built ?", "It was built in 1889 by workers", ["in 1889"]),
+    ]
     write_jsonl(tmp_path / "q.jsonl", records)
-    ctx, data = recipe_data(tmp_path, tokenizer, {"task": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"),
-                                                  "eval": str(tmp_path / "q.jsonl"), "max_seq_length": 24,
-                                                  "doc_stride": 6})
+    ctx, data = recipe_data(
+        tmp_path,
+        tokenizer,
+        {
+            "task": "custom",
+            "type": "qa",
+            "train": str(tmp_path / "q.jsonl"),
+            "eval": str(tmp_path / "q.jsonl"),
+            "max_seq_length": 24,
+            "doc_stride": 6,
+        },
+    )
     assert len(data.eval.items) > len(records)  # the long context is read in several windows
     metrics = evaluate(ctx, data, RuleModel(span_rule(tokenizer, {"paris": 10, "the": 6, "1889": 4}, {})))
     predictions = json.loads((tmp_path / "run" / "predictions.json").read_text())
@@ -204,19 +231,23 @@ def test_squad_v1_official_semantics_through_the_recipe(tmp_path, tokenizer):
 
 
 def squad_v2_fixture():
-    return [qa_record("a1", "where is it ?", f"{FILLER} " * 3 + "it stands in Paris", ["Paris"]),
-            qa_record("a2", "when was it built ?", "It was built in 1889", ["1889"]),
-            qa_record("n1", "who built it ?", "Nobody knows about Berlin", []),
-            qa_record("n2", "which city ?", "The city of Rome is old", []),
-            # A gold answer that normalises to nothing: dropped, the empty string is the right answer; but the
-            # question still counts as answerable (make_qid_to_has_ans reads the raw answers).
-            qa_record("e1", "what is it ?", "the cat", ["the"])]
+    return [
+        qa_record("a1", "where is it ?", f"{FILLER} " * 3 + "it stands in Paris", ["Paris"]),
+        qa_record("a2", "when was it built ?", "It was built in 1889", ["1889"]),
+        qa_record("n1", "who built it ?", "Nobody knows about Berlin", []),
+        qa_record("n2", "which city ?", "The city of Rome is old", []),
+        # A gold answer that normalises to nothing: dropped, the empty string is the right answer; but the
+        # question still counts as answerable (make_qid_to_has_ans reads the raw answers).
+        qa_record("e1", "what is it ?", "the cat", ["the"]),
+    ]
 
 
 #: Null scores (s_null) per question (keyed by its first word) and span scores: s_null - s_best = a1 -10,
 #: a2 +2, n1 +3, n2 -8, e1 -1.
-V2_SPANS, V2_NULL = {"paris": 10, "1889": 2, "berlin": 3, "rome": 8, "cat": 2}, {
-    "where": 0, "when": 4, "who": 6, "which": 0, "what": 1}
+V2_SPANS, V2_NULL = (
+    {"paris": 10, "1889": 2, "berlin": 3, "rome": 8, "cat": 2},
+    {"where": 0, "when": 4, "who": 6, "which": 0, "what": 1},
+)
 
 
 def test_squad_v2_null_score_rule_and_official_threshold_through_the_recipe(tmp_path, tokenizer):
@@ -227,14 +258,23 @@ def test_squad_v2_null_score_rule_and_official_threshold_through_the_recipe(tmp_
     script's own rules: its "" answer scores 1 in f1 (80) but counts as answerable in the search (best_f1 60)."""
     records = squad_v2_fixture()
     write_jsonl(tmp_path / "q.jsonl", records)
-    section = {"task": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl"),
-               "max_seq_length": 24, "doc_stride": 6, "version_2_with_negative": True}
+    section = {
+        "task": "custom",
+        "type": "qa",
+        "train": str(tmp_path / "q.jsonl"),
+        "eval": str(tmp_path / "q.jsonl"),
+        "max_seq_length": 24,
+        "doc_stride": 6,
+        "version_2_with_negative": True,
+    }
     ctx, data = recipe_data(tmp_path, tokenizer, section)
     model = RuleModel(span_rule(tokenizer, V2_SPANS, V2_NULL))
     metrics = evaluate(ctx, data, model)
     run = tmp_path / "run"
-    predictions, odds, best = (json.loads((run / name).read_text()) for name in (
-        "predictions.json", "null_odds.json", "best_non_null_predictions.json"))
+    predictions, odds, best = (
+        json.loads((run / name).read_text())
+        for name in ("predictions.json", "null_odds.json", "best_non_null_predictions.json")
+    )
     assert best == {"a1": "Paris", "a2": "1889", "n1": "Berlin", "n2": "Rome", "e1": "cat"}
     assert odds == pytest.approx({"a1": -10, "a2": 2, "n1": 3, "n2": -8, "e1": -1})
     assert predictions == {"a1": "Paris", "a2": "", "n1": "", "n2": "", "e1": ""}
@@ -243,7 +283,8 @@ def test_squad_v2_null_score_rule_and_official_threshold_through_the_recipe(tmp_
     search = squad_v2(dataset, best, na_probs=odds)
     assert {k: metrics[k] for k in official} == pytest.approx(official, abs=1e-9)
     assert {k: metrics[k] for k in search if k.startswith("best_")} == pytest.approx(
-        {k: v for k, v in search.items() if k.startswith("best_")}, abs=1e-9)
+        {k: v for k, v in search.items() if k.startswith("best_")}, abs=1e-9
+    )
     assert (metrics["best_f1"], metrics["best_f1_thresh"], metrics["null_score_diff_threshold"]) == (60.0, -10, -10)
     assert (metrics["f1"], metrics["HasAns_f1"], metrics["NoAns_f1"]) == pytest.approx((80.0, 200 / 3, 100.0))
     assert (metrics["HasAns_total"], metrics["NoAns_total"], metrics["total"]) == (3, 2, 5)
@@ -267,8 +308,10 @@ def test_squad_scores_edge_cases_against_the_official_scripts():
         golds = [" ".join(rng.choice(pieces) for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(1, 3))]
         dataset = [{"paragraphs": [{"qas": [{"id": "q", "answers": [{"text": g} for g in golds]}]}]}]
         v1 = squad_v1(dataset, {"q": pred})
-        assert tuple(100 * x for x in m.squad_v1_scores(pred, golds)) == pytest.approx(
-            (v1["exact_match"], v1["f1"])), (pred, golds)
+        assert tuple(100 * x for x in m.squad_v1_scores(pred, golds)) == pytest.approx((v1["exact_match"], v1["f1"])), (
+            pred,
+            golds,
+        )
         v2 = squad_v2(dataset, {"q": pred})
         assert tuple(100 * x for x in m.squad_v2_scores(pred, golds)) == pytest.approx((v2["exact"], v2["f1"]))
     # The rules that differ: both empty after normalisation.
@@ -281,11 +324,15 @@ def test_squad_scores_edge_cases_against_the_official_scripts():
 def test_a_squad_v1_evaluation_question_without_an_answer_is_refused(tmp_path, tokenizer):
     write_jsonl(tmp_path / "q.jsonl", squad_v2_fixture())
     with pytest.raises(ValueError, match="id 'n1'.*version_2_with_negative: true"):
-        recipe_data(tmp_path, tokenizer, {"task": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"),
-                                          "eval": str(tmp_path / "q.jsonl")})
+        recipe_data(
+            tmp_path,
+            tokenizer,
+            {"task": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl")},
+        )
 
 
 # --- classification and regression --------------------------------------------------------------------------------
+
 
 def test_classification_metrics_are_the_libraries():
     """macro-F1 over the label set (sklearn: 0.4 where averaging over the classes present gave 0.8), binary F1,
@@ -327,7 +374,8 @@ def test_an_undefined_correlation_is_nan_with_one_warning(tmp_path, tokenizer, c
     assert math.isnan(official["pearson"]) and math.isnan(official["spearmanr"])
     with caplog.at_level(logging.WARNING):
         assert m.pearson_and_spearman([1.0, 2.0, 4.0], [1.0, 3.0, 2.0]) == pytest.approx(
-            glue("stsb", [1.0, 2.0, 4.0], [1.0, 3.0, 2.0]))
+            glue("stsb", [1.0, 2.0, 4.0], [1.0, 3.0, 2.0])
+        )
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
 
 
@@ -348,8 +396,10 @@ def test_text_data_refusals(tmp_path, tokenizer):
         recipe_data(tmp_path, tokenizer, {**qa, "doc_stride": 0})
     with pytest.raises(ValueError, match="question has 4 wordpieces, which leaves no room.*max_seq_length=7"):
         recipe_data(tmp_path, tokenizer, {**qa, "max_seq_length": 7})
-    write_jsonl(tmp_path / "empty.jsonl", [{"id": "e", "question": "why ?", "context": "\u00ad",
-                                            "answers": {"text": [], "answer_start": []}}])
+    write_jsonl(
+        tmp_path / "empty.jsonl",
+        [{"id": "e", "question": "why ?", "context": "\u00ad", "answers": {"text": [], "answer_start": []}}],
+    )
     with pytest.raises(ValueError, match="record 0: the context has no wordpiece"):
         recipe_data(tmp_path, tokenizer, {**qa, "eval": str(tmp_path / "empty.jsonl"), "version_2_with_negative": True})
     with pytest.raises(ValueError, match="data.glue_task must name a GLUE task, one of .*'mrpc'"):

@@ -27,11 +27,24 @@ def tiny_run_config(corpus, output_dir, **training):
     return {
         "modality": "text",
         "tokenizer": "minilm",
-        "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-                  "max_position_embeddings": 64},
+        "model": {
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+        },
         "data": {"corpus": str(corpus), "max_seq_length": 64, "eval_fraction": 0.1},
-        "training": {"output_dir": str(output_dir), "max_steps": 8, "batch_size": 8, "learning_rate": 1e-3,
-                     "warmup_steps": 2, "log_every": 1, "progress_bar": False, **training},
+        "training": {
+            "output_dir": str(output_dir),
+            "max_steps": 8,
+            "batch_size": 8,
+            "learning_rate": 1e-3,
+            "warmup_steps": 2,
+            "log_every": 1,
+            "progress_bar": False,
+            **training,
+        },
     }
 
 
@@ -61,8 +74,12 @@ def test_run_writes_outputs_and_a_transformers_checkpoint(small_corpus, tmp_path
     assert not info["missing_keys"] and not info["unexpected_keys"]
     ours = vlbert.BertForPreTraining.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
-    enc = tok(["The markets rose today.", "A new phone was launched."], ["Shares gained.", "It sold out."],
-              padding=True, return_tensors="pt")
+    enc = tok(
+        ["The markets rose today.", "A new phone was launched."],
+        ["Shares gained.", "It sold out."],
+        padding=True,
+        return_tensors="pt",
+    )
     with torch.no_grad():
         a = hf.eval()(**enc)
         b = ours(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"])
@@ -74,7 +91,8 @@ def test_run_writes_outputs_and_a_transformers_checkpoint(small_corpus, tmp_path
 
     ours_fill = pipeline(out, device="cpu")("the markets [MASK] today.", top_k=3)  # one mask: a list, as theirs
     theirs = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out), device="cpu")(
-        "the markets [MASK] today.", top_k=3)
+        "the markets [MASK] today.", top_k=3
+    )
     assert [x["token_str"] for x in ours_fill] == [x["token_str"] for x in theirs]
     assert [x["score"] for x in ours_fill] == pytest.approx([x["score"] for x in theirs], abs=1e-5)
 
@@ -107,14 +125,17 @@ def test_resume_after_crash_reproduces_losses(small_corpus, tmp_path, monkeypatc
     assert max(abs(got[s] - expected[s]) for s in expected) <= 1e-6
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"data": {"corpus": "/no/such/corpus.txt"}}, "does not exist"),
-    ({"training": {"learning_rate": -1.0}}, "learning_rate must be a float > 0"),
-    ({"training": {"max_stepz": 3}}, "unknown training config key"),
-    ({"model": {"vocab_size": 100}}, "vocab_size"),
-    ({"data": {"max_seq_length": 128}}, "max_position_embeddings"),
-    ({"modell": {}}, "unknown run config key"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"data": {"corpus": "/no/such/corpus.txt"}}, "does not exist"),
+        ({"training": {"learning_rate": -1.0}}, "learning_rate must be a float > 0"),
+        ({"training": {"max_stepz": 3}}, "unknown training config key"),
+        ({"model": {"vocab_size": 100}}, "vocab_size"),
+        ({"data": {"max_seq_length": 128}}, "max_position_embeddings"),
+        ({"modell": {}}, "unknown run config key"),
+    ],
+)
 def test_bad_configuration_fails_before_writing(small_corpus, tmp_path, change, message):
     config = tiny_run_config(small_corpus, tmp_path / "out")
     for section, values in change.items():
@@ -138,12 +159,36 @@ def test_empty_corpus_is_refused(tmp_path):
 @pytest.mark.integration
 def test_cli_runs_with_flags(small_corpus, tmp_path):
     out = tmp_path / "cli"
-    cmd = [sys.executable, str(ROOT / "tools" / "pretrain.py"), "--modality", "text", "--output-dir", str(out),
-           "--max-steps", "2", "--log-every", "1", "--seed", "3",
-           "--set", f"data.corpus={small_corpus}", "--set", "model.num_hidden_layers=1",
-           "--set", "model.hidden_size=32", "--set", "model.num_attention_heads=2",
-           "--set", "model.intermediate_size=64", "--set", "training.batch_size=4",
-           "--set", "data.max_eval_batches=2", "--set", "training.progress_bar=false"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "tools" / "pretrain.py"),
+        "--modality",
+        "text",
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "2",
+        "--log-every",
+        "1",
+        "--seed",
+        "3",
+        "--set",
+        f"data.corpus={small_corpus}",
+        "--set",
+        "model.num_hidden_layers=1",
+        "--set",
+        "model.hidden_size=32",
+        "--set",
+        "model.num_attention_heads=2",
+        "--set",
+        "model.intermediate_size=64",
+        "--set",
+        "training.batch_size=4",
+        "--set",
+        "data.max_eval_batches=2",
+        "--set",
+        "training.progress_bar=false",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "final metrics" in result.stdout
@@ -158,9 +203,21 @@ def test_a_run_directory_is_never_overwritten_silently(small_corpus, tmp_path):
     with pytest.raises(FileExistsError, match="--resume .* --overwrite"):
         run_text_pretraining(tiny_run_config(small_corpus, out, max_steps=2))
     assert (out / "log.jsonl").read_text() == before
-    cli = subprocess.run([sys.executable, str(ROOT / "tools" / "pretrain.py"), "--modality", "text",
-                          "--output-dir", str(out), "--set", f"data.corpus={small_corpus}"],
-                         capture_output=True, text=True, timeout=300)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "pretrain.py"),
+            "--modality",
+            "text",
+            "--output-dir",
+            str(out),
+            "--set",
+            f"data.corpus={small_corpus}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert cli.returncode != 0 and "already holds a run" in cli.stderr and "Traceback" not in cli.stderr
     run_text_pretraining(tiny_run_config(small_corpus, out, max_steps=3), overwrite=True)
     assert [r["step"] for r in read_log(out) if r["split"] == "train"] == [1, 2, 3]
@@ -185,21 +242,56 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_losses(small_corpus, 
     from conftest import like_a_worker, tool, wait_for_log_lines
 
     steps = 40
-    env = {**os.environ, "OMP_NUM_THREADS": "1",  # extend PYTHONPATH: a GPU machine may need what it holds
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",  # extend PYTHONPATH: a GPU machine may need what it holds
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    }
 
     empty = tmp_path / "empty.yaml"
     empty.write_text("modality: text\n")
 
     def cmd(out):
-        return [sys.executable, str(ROOT / "tools" / "pretrain.py"), "--modality", "text", "--config", str(empty),
-                "--output-dir", str(out), "--max-steps", str(steps), "--log-every", "1",
-                "--set", f"data.corpus={small_corpus}", "--set", "tokenizer=minilm", "--set", "model.hidden_size=32",
-                "--set", "model.num_hidden_layers=2", "--set", "model.num_attention_heads=2",
-                "--set", "model.intermediate_size=64", "--set", "model.max_position_embeddings=64",
-                "--set", "data.max_seq_length=64", "--set", "data.eval_fraction=0.0",
-                "--set", "training.batch_size=4", "--set", "training.learning_rate=1e-3",
-                "--set", "training.warmup_steps=1", "--set", "training.progress_bar=false"]
+        return [
+            sys.executable,
+            str(ROOT / "tools" / "pretrain.py"),
+            "--modality",
+            "text",
+            "--config",
+            str(empty),
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            str(steps),
+            "--log-every",
+            "1",
+            "--set",
+            f"data.corpus={small_corpus}",
+            "--set",
+            "tokenizer=minilm",
+            "--set",
+            "model.hidden_size=32",
+            "--set",
+            "model.num_hidden_layers=2",
+            "--set",
+            "model.num_attention_heads=2",
+            "--set",
+            "model.intermediate_size=64",
+            "--set",
+            "model.max_position_embeddings=64",
+            "--set",
+            "data.max_seq_length=64",
+            "--set",
+            "data.eval_fraction=0.0",
+            "--set",
+            "training.batch_size=4",
+            "--set",
+            "training.learning_rate=1e-3",
+            "--set",
+            "training.warmup_steps=1",
+            "--set",
+            "training.progress_bar=false",
+        ]
 
     reference, stopped = tmp_path / "reference", tmp_path / "stopped"
     with like_a_worker():  # the reference and the resume run in this process (theirs is not under test)
@@ -228,8 +320,18 @@ def test_overwrite_leaves_nothing_of_the_old_run(tmp_path, monkeypatch):
 
     out = tmp_path / "run"
     out.mkdir()
-    old = ["log.jsonl", "metrics.json", "config.yaml", "model.safetensors", "config.json", "vocab.txt",
-           "tokenizer.json", "inference.json", "predictions.csv", "predictions.jsonl"]
+    old = [
+        "log.jsonl",
+        "metrics.json",
+        "config.yaml",
+        "model.safetensors",
+        "config.json",
+        "vocab.txt",
+        "tokenizer.json",
+        "inference.json",
+        "predictions.csv",
+        "predictions.jsonl",
+    ]
     for name in old:
         (out / name).write_text("old")
     (out / "checkpoints" / "step-2").mkdir(parents=True)

@@ -14,13 +14,18 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
 from conftest import tool
+
 from vlbert.command_line import USAGE_ERROR, is_user_error, run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
-              "max_position_embeddings": 64}
+TINY_MODEL = {
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+}
 
 
 def one_line_error(capsys, name: str, argv: list[str], status: int = USAGE_ERROR) -> str:
@@ -39,10 +44,18 @@ def one_line_error(capsys, name: str, argv: list[str], status: int = USAGE_ERROR
 def text_config(tmp_path_factory, small_corpus):
     """A tiny text-pretraining config file on the small corpus (its preparation cached for the module)."""
     root = tmp_path_factory.mktemp("tool-errors")
-    config = {"modality": "text", "tokenizer": "minilm", "model": TINY_MODEL,
-              "data": {"corpus": str(small_corpus), "max_seq_length": 64, "max_eval_batches": 1,
-                       "corpus_cache_dir": str(root / "corpora")},
-              "training": {"max_steps": 1, "batch_size": 4, "progress_bar": False}}
+    config = {
+        "modality": "text",
+        "tokenizer": "minilm",
+        "model": TINY_MODEL,
+        "data": {
+            "corpus": str(small_corpus),
+            "max_seq_length": 64,
+            "max_eval_batches": 1,
+            "corpus_cache_dir": str(root / "corpora"),
+        },
+        "training": {"max_steps": 1, "batch_size": 4, "progress_bar": False},
+    }
     path = root / "tiny.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -63,8 +76,9 @@ def _text_cases(tmp: Path, small_corpus: Path) -> dict[str, tuple[list[str], str
     pickled = tmp / "pickled"
     pickled.mkdir()
     (pickled / "config.json").write_text(json.dumps({"model_type": "bert", **TINY_MODEL, "vocab_size": 30522}))
-    torch.save({"bert.embeddings.word_embeddings.weight": torch.zeros(2, 2), "x": object()},
-               pickled / "pytorch_model.bin")
+    torch.save(
+        {"bert.embeddings.word_embeddings.weight": torch.zeros(2, 2), "x": object()}, pickled / "pytorch_model.bin"
+    )
     gpt2 = tmp / "gpt2"
     gpt2.mkdir()
     (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
@@ -81,8 +95,10 @@ def _text_cases(tmp: Path, small_corpus: Path) -> dict[str, tuple[list[str], str
     damaged.mkdir()
     (damaged / "inference.json").write_text('{"format_version": 1, "task": "vqa", "max_regi')
     return {
-        "78-attention-kernel": (["--set", "model.attn_implementation=flash_attention_9"],
-                                "'flash_attention_9' is not a registered attention kernel"),
+        "78-attention-kernel": (
+            ["--set", "model.attn_implementation=flash_attention_9"],
+            "'flash_attention_9' is not a registered attention kernel",
+        ),
         "79-empty-base": (["--config", str(tmp / "empty-base.yaml")], "_base_ must be a config file's path"),
         "79-base-directory": (["--config", str(tmp / "dir-base.yaml")], "is a directory; name a YAML file in it"),
         "72-damaged-init-from": (["--init-from", str(damaged)], f"{damaged / 'inference.json'}:1:"),
@@ -98,29 +114,60 @@ def _text_cases(tmp: Path, small_corpus: Path) -> dict[str, tuple[list[str], str
         "28-no-weights": (["--init-from", str(empty_dir)], "has no weights"),
         "28-no-directory": (["--init-from", str(tmp / "nowhere")], "nowhere"),
         "29-unknown-key": (["--set", "training.max_stepz=3"], "unknown training config key(s) ['max_stepz']"),
-        "30-negative-learning-rate": (["--set", "training.learning_rate=-1"],
-                                      "training.learning_rate must be a float > 0, got -1"),
+        "30-negative-learning-rate": (
+            ["--set", "training.learning_rate=-1"],
+            "training.learning_rate must be a float > 0, got -1",
+        ),
         "31-wrong-type": (["--set", "training.max_steps=ten"], "training.max_steps must be an int >= 1, got 'ten'"),
-        "new-fractional-int": (["--set", "training.grad_accum_steps=1.5"],
-                               "training.grad_accum_steps must be an int >= 1, got 1.5"),
+        "new-fractional-int": (
+            ["--set", "training.grad_accum_steps=1.5"],
+            "training.grad_accum_steps must be an int >= 1, got 1.5",
+        ),
         "32-set-without-equals": (["--set", "training.max_steps"], "--set expects key=value"),
         "40-fp16": (["--set", "training.mixed_precision=fp16"], "mixed_precision must be"),
         "new-modality-mismatch": (["--modality", "vl"], "is a text config"),
-        "new-init-from-conflict": (["--init-from", "minilm", "--set", "model.hidden_size=32"],
-                                   "--set model.hidden_size=32 conflicts with the architecture"),
-        "96-text-objective-pair": (["--set", "data.objectives={mlm: 1, wwm: 1}"],
-                                   "data.objectives has both mlm and wwm, which choose the same wordpieces to mask"),
-        "96-vl-objective-for-text": (["--set", "data.objectives={itm: 1}"],
-                                     "['itm'] are not text pretraining objectives"),
+        "new-init-from-conflict": (
+            ["--init-from", "minilm", "--set", "model.hidden_size=32"],
+            "--set model.hidden_size=32 conflicts with the architecture",
+        ),
+        "96-text-objective-pair": (
+            ["--set", "data.objectives={mlm: 1, wwm: 1}"],
+            "data.objectives has both mlm and wwm, which choose the same wordpieces to mask",
+        ),
+        "96-vl-objective-for-text": (
+            ["--set", "data.objectives={itm: 1}"],
+            "['itm'] are not text pretraining objectives",
+        ),
     }
 
 
-CASES = ["1-empty-corpus", "2-missing-corpus", "3-not-utf8", "4-no-text-field", "6-longer-than-positions",
-         "7-tokenizer-vocabulary", "24-pickled-checkpoint", "25-other-architecture", "27-corrupt-safetensors",
-         "28-no-weights", "28-no-directory", "29-unknown-key", "30-negative-learning-rate", "31-wrong-type",
-         "32-set-without-equals", "40-fp16", "new-modality-mismatch", "new-init-from-conflict", "new-fractional-int",
-         "78-attention-kernel", "79-empty-base", "79-base-directory", "72-damaged-init-from", "96-text-objective-pair",
-         "96-vl-objective-for-text"]
+CASES = [
+    "1-empty-corpus",
+    "2-missing-corpus",
+    "3-not-utf8",
+    "4-no-text-field",
+    "6-longer-than-positions",
+    "7-tokenizer-vocabulary",
+    "24-pickled-checkpoint",
+    "25-other-architecture",
+    "27-corrupt-safetensors",
+    "28-no-weights",
+    "28-no-directory",
+    "29-unknown-key",
+    "30-negative-learning-rate",
+    "31-wrong-type",
+    "32-set-without-equals",
+    "40-fp16",
+    "new-modality-mismatch",
+    "new-init-from-conflict",
+    "new-fractional-int",
+    "78-attention-kernel",
+    "79-empty-base",
+    "79-base-directory",
+    "72-damaged-init-from",
+    "96-text-objective-pair",
+    "96-vl-objective-for-text",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -145,8 +192,14 @@ def test_region_tool_refusals_are_one_line(capsys, tmp_path):  # rows 12, 13, 50
     def npz(name, boxes):
         path = tmp_path / "npz" / f"{name}.npz"
         path.parent.mkdir(exist_ok=True)
-        np.savez(path, boxes=np.asarray(boxes, dtype=np.float32), features=np.zeros((len(boxes), 4), np.float32),
-                 image_h=60, image_w=80, scores=np.ones(len(boxes), np.float32))
+        np.savez(
+            path,
+            boxes=np.asarray(boxes, dtype=np.float32),
+            features=np.zeros((len(boxes), 4), np.float32),
+            image_h=60,
+            image_w=80,
+            scores=np.ones(len(boxes), np.float32),
+        )
         return path
 
     outside = npz("outside", [[0, 0, 500, 50]])
@@ -155,26 +208,58 @@ def test_region_tool_refusals_are_one_line(capsys, tmp_path):  # rows 12, 13, 50
     flipped = npz("flipped", [[50, 10, 20, 40]])
     line = one_line_error(capsys, "extract_regions", ["--from-npz", str(flipped), "--output-dir", str(tmp_path / "t")])
     assert "x2 < x1" in line
-    line = one_line_error(capsys, "extract_regions", ["--images", str(tmp_path / "none"), "--output-dir",
-                                                      str(tmp_path / "u")])
+    line = one_line_error(
+        capsys, "extract_regions", ["--images", str(tmp_path / "none"), "--output-dir", str(tmp_path / "u")]
+    )
     assert "no such file or directory" in line
-    line = one_line_error(capsys, "extract_regions", ["--images", "skimage", "--output-dir", str(tmp_path / "v"),
-                                                      "--backend", "detectron2", "--opts", "MODEL.DEVICE"])
+    line = one_line_error(
+        capsys,
+        "extract_regions",
+        [
+            "--images",
+            "skimage",
+            "--output-dir",
+            str(tmp_path / "v"),
+            "--backend",
+            "detectron2",
+            "--opts",
+            "MODEL.DEVICE",
+        ],
+    )
     assert "KEY VALUE pairs" in line
 
 
 def test_vl_config_refusals_are_one_line(capsys, tmp_path):  # rows 38, 52
-    line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--output-dir", str(tmp_path / "a"),
-                                               "--set", "data.objectives={mim: 1}"])
+    line = one_line_error(
+        capsys,
+        "pretrain",
+        ["--modality", "vl", "--output-dir", str(tmp_path / "a"), "--set", "data.objectives={mim: 1}"],
+    )
     assert "unknown objective(s) ['mim']" in line
-    line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--output-dir", str(tmp_path / "a"),
-                                               "--set", "data.objectives={mlm: 1, nsp: 1}"])
+    line = one_line_error(
+        capsys,
+        "pretrain",
+        ["--modality", "vl", "--output-dir", str(tmp_path / "a"), "--set", "data.objectives={mlm: 1, nsp: 1}"],
+    )
     assert "data.objectives has ['nsp'], which a vision-language pretraining model cannot run" in line
-    line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--output-dir", str(tmp_path / "b"),
-                                               "--set", "data.sources=[{name: x, format: parquet, path: p, shards: s}]"])
+    line = one_line_error(
+        capsys,
+        "pretrain",
+        [
+            "--modality",
+            "vl",
+            "--output-dir",
+            str(tmp_path / "b"),
+            "--set",
+            "data.sources=[{name: x, format: parquet, path: p, shards: s}]",
+        ],
+    )
     assert "format must be one of" in line
-    line = one_line_error(capsys, "pretrain", ["--modality", "vl", "--output-dir", str(tmp_path / "a"),
-                                               "--set", "data.objectives={wra: 1}"])  # row 80
+    line = one_line_error(
+        capsys,
+        "pretrain",
+        ["--modality", "vl", "--output-dir", str(tmp_path / "a"), "--set", "data.objectives={wra: 1}"],
+    )  # row 80
     assert "wra runs on itm batches" in line and "add itm, e.g. {itm: 1, wra: 1}" in line, line
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
@@ -237,8 +322,9 @@ def test_flags_are_values_not_yaml(tmp_path, monkeypatch):
 
     monkeypatch.setattr(vlbert.cli, "run", fake_run)
     for name in ("runs/a #b", "runs/x: y", "runs/[1, 2]", "007"):
-        tool("pretrain")(["--modality", "text", "--output-dir", name, "--seed", "3",
-                          "--set", "training.learning_rate=5e-4"])
+        tool("pretrain")(
+            ["--modality", "text", "--output-dir", name, "--seed", "3", "--set", "training.learning_rate=5e-4"]
+        )
         assert seen["config"]["training"]["output_dir"] == name
         assert seen["config"]["training"]["seed"] == 3 and seen["config"]["training"]["learning_rate"] == 5e-4
         assert "training.output_dir" in seen["keys"]
@@ -257,17 +343,43 @@ def test_explain_reads_images_with_the_runs_detector(capsys, tmp_path):
     from vlbert.tokenization import load_tokenizer
 
     detector = DetectorConfig(options={"input_size": 64, "max_proposals": 5})
-    dim = detector.build().extract_batch([Image.open(image_paths("test")["test/3"]).convert("RGB")],
-                                         ["test/3"])[0].feature_dim
+    dim = (
+        detector.build()
+        .extract_batch([Image.open(image_paths("test")["test/3"]).convert("RGB")], ["test/3"])[0]
+        .feature_dim
+    )
     run_dir = tmp_path / "run"
-    config = vlbert.VLBertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                 intermediate_size=64, region_feature_dim=dim, num_region_classes=0)
+    config = vlbert.VLBertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        region_feature_dim=dim,
+        num_region_classes=0,
+    )
     vlbert.VLBertForPreTraining(config).save_pretrained(run_dir, tokenizer=load_tokenizer("minilm"))
-    (run_dir / "inference.json").write_text(json.dumps({
-        "task": "vl-pretraining", "max_regions": 4, "max_text_length": 16,
-        "detector": {"fingerprint": detector.fingerprint(), "config": asdict(detector), "extractor": "x"}}))
-    base = ["regions", "--model", str(run_dir), "--text", "a blue circle", "--out", str(tmp_path / "png"),
-            "--cache-dir", str(tmp_path / "cache")]
+    (run_dir / "inference.json").write_text(
+        json.dumps(
+            {
+                "task": "vl-pretraining",
+                "max_regions": 4,
+                "max_text_length": 16,
+                "detector": {"fingerprint": detector.fingerprint(), "config": asdict(detector), "extractor": "x"},
+            }
+        )
+    )
+    base = [
+        "regions",
+        "--model",
+        str(run_dir),
+        "--text",
+        "a blue circle",
+        "--out",
+        str(tmp_path / "png"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     assert "needs --easy-vqa-image" in one_line_error(capsys, "explain", base + ["--word", "blue"])
     line = one_line_error(capsys, "explain", base + ["--easy-vqa-image", "test/3", "--word", "red"])
     assert "--word 'red' is not a wordpiece of --text" in line and "'blue'" in line
@@ -279,12 +391,21 @@ def test_explain_reads_images_with_the_runs_detector(capsys, tmp_path):
     assert len(cached) == 1 and detector.fingerprint() in cached[0].name  # extracted with the run's detector
     # a two-stream (LXMERT) model: the picture is its last cross-modality layer's text-over-regions map
     two = tmp_path / "two-stream"
-    vlbert.VLBertForPreTraining(replace(config, encoder="two-stream", l_layers=1, r_layers=1, x_layers=1,
-                                        region_embedding="lxmert", region_location_dim=4)).save_pretrained(
-        two, tokenizer=load_tokenizer("minilm"))
+    vlbert.VLBertForPreTraining(
+        replace(
+            config,
+            encoder="two-stream",
+            l_layers=1,
+            r_layers=1,
+            x_layers=1,
+            region_embedding="lxmert",
+            region_location_dim=4,
+        )
+    ).save_pretrained(two, tokenizer=load_tokenizer("minilm"))
     (two / "inference.json").write_text((run_dir / "inference.json").read_text())
-    assert run_tool(tool("explain"), [*base[:2], str(two), *base[3:], "--easy-vqa-image", "test/3", "--word",
-                                      "blue"]) == 0
+    assert (
+        run_tool(tool("explain"), [*base[:2], str(two), *base[3:], "--easy-vqa-image", "test/3", "--word", "blue"]) == 0
+    )
     out = capsys.readouterr().out.splitlines()
     shares = json.loads(out[0])["attention_to_regions"]
     assert len(shares) == 4 and abs(sum(shares) - 1) < 0.01
@@ -307,8 +428,9 @@ def test_every_detector_field_has_its_extract_regions_flag(capsys):
         assert flag in text, flag
 
 
-def test_a_mistyped_init_from_says_the_directory_does_not_exist_before_any_hub_lookup(capsys, tmp_path, monkeypatch,
-                                                                                      text_config):  # row 112
+def test_a_mistyped_init_from_says_the_directory_does_not_exist_before_any_hub_lookup(
+    capsys, tmp_path, monkeypatch, text_config
+):  # row 112
     """``--init-from runs/vqa-ezy`` beside ``runs/vqa-easy``: one line saying the directory does not exist and
     naming the near one, before the hub is asked for it (it was blamed on the network: the tokenizer was tried as
     a hub id first); with ``--overwrite``, the run in --output-dir is kept (it was deleted before the refusal)."""
@@ -330,7 +452,10 @@ def test_a_mistyped_init_from_says_the_directory_does_not_exist_before_any_hub_l
     out = tmp_path / "runs" / "old"
     out.mkdir()
     (out / "metrics.json").write_text('{"kept": 1}')
-    line = one_line_error(capsys, "pretrain", ["--config", "config.yaml", "--init-from", "runs/vqa-ezy",
-                                               "--output-dir", str(out), "--overwrite"])
+    line = one_line_error(
+        capsys,
+        "pretrain",
+        ["--config", "config.yaml", "--init-from", "runs/vqa-ezy", "--output-dir", str(out), "--overwrite"],
+    )
     assert line.startswith("error: runs/vqa-ezy does not exist") and "did you mean runs/vqa-easy?" in line, line
     assert not asked and (out / "metrics.json").read_text() == '{"kept": 1}'

@@ -47,12 +47,21 @@ def batches_with_nan_at(bad_batch: int):
                 x[0, 0] = float("nan")
             out.append({"x": x, "y": x.sum(-1)})
         return out[start:]
+
     return factory
 
 
 def config(tmp_path, **kw):
-    values = dict(output_dir=str(tmp_path), max_steps=6, batch_size=8, learning_rate=0.05, warmup_steps=0,
-                  log_every=1, save_every=2, progress_bar=False)
+    values = dict(
+        output_dir=str(tmp_path),
+        max_steps=6,
+        batch_size=8,
+        learning_rate=0.05,
+        warmup_steps=0,
+        log_every=1,
+        save_every=2,
+        progress_bar=False,
+    )
     return TrainingConfig(**{**values, **kw})
 
 
@@ -94,8 +103,9 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 
 
 def test_fp16_is_refused():
-    with pytest.raises(ValueError, match="training.mixed_precision must be one of 'auto', 'no', 'bf16', 'bf16-params', "
-                                         "got 'fp16'"):
+    with pytest.raises(
+        ValueError, match="training.mixed_precision must be one of 'auto', 'no', 'bf16', 'bf16-params', got 'fp16'"
+    ):
         TrainingConfig(mixed_precision="fp16").validate()
 
 
@@ -151,17 +161,22 @@ def test_a_skipped_step_is_a_step_on_both_paths(tmp_path, device_skip):
 
     hook = Count()
     hook.steps = []
-    trainer = Trainer(Toy(), config(tmp_path, on_nonfinite="skip", warmup_steps=3, save_every=0),
-                      batches_with_nan_at(2), hooks=[hook])
+    trainer = Trainer(
+        Toy(), config(tmp_path, on_nonfinite="skip", warmup_steps=3, save_every=0), batches_with_nan_at(2), hooks=[hook]
+    )
     trainer._device_skip = device_skip
     metrics = trainer.train()
     reference = Trainer(Toy(), config(tmp_path / "ref", warmup_steps=3, save_every=0), batches_with_nan_at(-1))
     reference.train()
     assert metrics["skipped_steps"] == 1
     assert [s for s, _ in hook.steps] == [1, 2, 3, 4, 5, 6]
+
     # the same learning rate at every step as a run without the bad batch
     def lrs(directory):
-        return {r["step"]: r["lr"] for r in map(json.loads, (directory / "log.jsonl").read_text().splitlines())
-                if r["split"] == "train"}
+        return {
+            r["step"]: r["lr"]
+            for r in map(json.loads, (directory / "log.jsonl").read_text().splitlines())
+            if r["split"] == "train"
+        }
 
     assert lrs(tmp_path) == lrs(tmp_path / "ref") and sorted(lrs(tmp_path)) == [1, 2, 3, 4, 5, 6]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_text_trainer
+
 from vlbert.training.ema import EMAHook
 from vlbert.training.hooks import TrainerHook
 
@@ -35,16 +35,34 @@ class Recorder(TrainerHook):
 
     def after_step(self, trainer):
         s = trainer.stats
-        self.calls.append(("after", trainer.step, s.step, s.tokens > 0, s.seconds >= s.data_wait >= 0,
-                           bool(torch.isfinite(s.loss)), s.lr > 0))
+        self.calls.append(
+            (
+                "after",
+                trainer.step,
+                s.step,
+                s.tokens > 0,
+                s.seconds >= s.data_wait >= 0,
+                bool(torch.isfinite(s.loss)),
+                s.lr > 0,
+            )
+        )
 
 
 def trainer(tmp_path, corpus, tokenizer, hooks, max_steps=6, save_every=3):
-    return tiny_text_trainer(tmp_path, corpus, tokenizer, max_length=32, hooks=hooks,
-                             model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                        intermediate_size=64),
-                             max_steps=max_steps, batch_size=4, warmup_steps=1, learning_rate=1e-3, log_every=2,
-                             save_every=save_every)
+    return tiny_text_trainer(
+        tmp_path,
+        corpus,
+        tokenizer,
+        max_length=32,
+        hooks=hooks,
+        model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
+        max_steps=max_steps,
+        batch_size=4,
+        warmup_steps=1,
+        learning_rate=1e-3,
+        log_every=2,
+        save_every=save_every,
+    )
 
 
 def test_hooks_see_each_step_and_its_statistics(tmp_path, small_token_corpus, tokenizer):

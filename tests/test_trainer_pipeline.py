@@ -10,9 +10,9 @@ import traceback
 from pathlib import Path
 
 import torch
+from conftest import tiny_text_trainer
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import tiny_text_trainer
 from vlbert.training.trainer import Trainer, TrainingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ class ScalarReads(TorchDispatchMode):
             stack = traceback.extract_stack()[:-1]
             ours = [k for k, f in enumerate(stack) if f.filename.startswith(OWN)]
             # Reads inside torch's DataLoader (its CPU seed generator) are the loader's host work, not the step's.
-            loader = ours and any("torch/utils/data" in f.filename for f in stack[ours[-1]:])
+            loader = ours and any("torch/utils/data" in f.filename for f in stack[ours[-1] :])
             if ours and not loader:
                 frame = stack[ours[-1]]
                 self.reads.append((self.trainer.step, Path(frame.filename).name, frame.lineno))
@@ -41,10 +41,15 @@ class ScalarReads(TorchDispatchMode):
 
 
 def tiny_text_run(tmp_path, small_token_corpus, tokenizer, **training):
-    return tiny_text_trainer(tmp_path, small_token_corpus, tokenizer, max_length=64, packed=False,
-                             model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                        intermediate_size=64),
-                             **{"max_steps": 6, "batch_size": 8, "warmup_steps": 1, "log_every": 0, **training})
+    return tiny_text_trainer(
+        tmp_path,
+        small_token_corpus,
+        tokenizer,
+        max_length=64,
+        packed=False,
+        model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
+        **{"max_steps": 6, "batch_size": 8, "warmup_steps": 1, "log_every": 0, **training},
+    )
 
 
 def test_no_host_synchronisation_between_log_steps(tmp_path, small_token_corpus, tokenizer):
@@ -80,8 +85,9 @@ def test_an_input_bound_run_shows_its_data_wait(tmp_path):
             x = torch.randn(8, 4)
             yield {"x": x, "y": x.sum(-1), "attention_mask": torch.ones(8, 5, dtype=torch.long)}
 
-    config = TrainingConfig(output_dir=str(tmp_path), max_steps=10, batch_size=8, warmup_steps=0, log_every=5,
-                            progress_bar=False)
+    config = TrainingConfig(
+        output_dir=str(tmp_path), max_steps=10, batch_size=8, warmup_steps=0, log_every=5, progress_bar=False
+    )
     Trainer(Linear(), config, slow).train()
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     train = [r for r in records if r["split"] == "train"]
@@ -131,6 +137,7 @@ def test_a_hook_meters_the_run_without_editing_train(tmp_path, small_token_corpu
     metrics = trainer.train()
     assert meter.started == 0 and meter.steps == [1, 2, 3, 4] and metrics["meter_steps"] == 4
     assert json.loads((tmp_path / "metrics.json").read_text())["meter_steps"] == 4
-    evals = [r["step"] for r in map(json.loads, (tmp_path / "log.jsonl").read_text().splitlines())
-             if r["split"] == "eval"]
+    evals = [
+        r["step"] for r in map(json.loads, (tmp_path / "log.jsonl").read_text().splitlines()) if r["split"] == "eval"
+    ]
     assert evals == [2, 4]  # the hook at step 2, the trainer's final evaluation at 4

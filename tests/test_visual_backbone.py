@@ -21,8 +21,12 @@ def batch(seed=0):
     """Two 64x64 images (the second's real content 48x64, padded), boxes normalised by each image's size."""
     g = torch.Generator().manual_seed(seed)
     images = torch.randn(2, 3, 64, 64, generator=g)
-    boxes = torch.tensor([[[0.0, 0.0, 1.0, 1.0], [0.1, 0.2, 0.5, 0.6], [0.5, 0.5, 0.9, 0.95]],
-                          [[0.0, 0.0, 1.0, 1.0], [0.3, 0.1, 0.8, 0.7], [0.0, 0.0, 0.0, 0.0]]])
+    boxes = torch.tensor(
+        [
+            [[0.0, 0.0, 1.0, 1.0], [0.1, 0.2, 0.5, 0.6], [0.5, 0.5, 0.9, 0.95]],
+            [[0.0, 0.0, 1.0, 1.0], [0.3, 0.1, 0.8, 0.7], [0.0, 0.0, 0.0, 0.0]],
+        ]
+    )
     return images, boxes, torch.tensor([[1, 1, 1], [1, 1, 0]]), torch.tensor([[64, 64], [48, 64]])
 
 
@@ -81,7 +85,7 @@ def test_pixel_masking_zeroes_the_pixels_vl_bert_zeroes():
         for box, hide in zip(boxes[i], masked[i]):
             if hide:
                 x1, y1, x2, y2 = (int(v) for v in box)
-                expected[i, :, y1:y2 + 1, x1:x2 + 1] = 0
+                expected[i, :, y1 : y2 + 1, x1 : x2 + 1] = 0
     torch.testing.assert_close(mask_pixels(images, boxes, masked), expected, rtol=0, atol=0)
 
 
@@ -101,9 +105,16 @@ def test_activation_checkpointing_gives_the_same_gradients(extractor):
 
 
 def test_the_backbone_trains_in_its_own_parameter_group_and_the_model_runs_on_images(tmp_path):
-    config = VLBertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                          intermediate_size=24, region_feature_dim=512, num_labels=3,
-                          visual_backbone={**TORCHVISION, "learning_rate": 1e-5})
+    config = VLBertConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=24,
+        region_feature_dim=512,
+        num_labels=3,
+        visual_backbone={**TORCHVISION, "learning_rate": 1e-5},
+    )
     model = VLBertForVQA(config)
     groups = parameter_groups(model, 0.01)
     backbone = {id(p) for p in model.bert.visual_backbone.parameters() if p.requires_grad}
@@ -112,25 +123,36 @@ def test_the_backbone_trains_in_its_own_parameter_group_and_the_model_runs_on_im
     assert all("lr" not in g and not backbone & {id(p) for p in g["params"]} for g in groups if g not in own)
     images, boxes, mask, sizes = batch()
     ids = torch.tensor([[2, 7, 8, 3], [2, 9, 3, 0]])
-    out = model(ids, None, (ids > 0).long(), None, boxes, mask, images=images, image_sizes=sizes,
-                answer_targets=torch.tensor([[1.0, 0, 0], [0, 0, 1.0]]))
+    out = model(
+        ids,
+        None,
+        (ids > 0).long(),
+        None,
+        boxes,
+        mask,
+        images=images,
+        image_sizes=sizes,
+        answer_targets=torch.tensor([[1.0, 0, 0], [0, 0, 1.0]]),
+    )
     out.loss.backward()
     assert model.bert.visual_backbone.body.layer3[0].conv1.weight.grad.abs().sum() > 0
     model.save_pretrained(tmp_path / "m")  # the backbone travels in the model directory, its config in config.json
     loaded = VLBertForVQA.from_pretrained(tmp_path / "m").eval()
     assert not loaded.loading_info.missing_keys and loaded.config.visual_backbone == config.visual_backbone
     with torch.no_grad():
-        torch.testing.assert_close(loaded(ids, None, (ids > 0).long(), None, boxes, mask, images=images,
-                                          image_sizes=sizes).logits,
-                                   model.eval()(ids, None, (ids > 0).long(), None, boxes, mask, images=images,
-                                                image_sizes=sizes).logits)
+        torch.testing.assert_close(
+            loaded(ids, None, (ids > 0).long(), None, boxes, mask, images=images, image_sizes=sizes).logits,
+            model.eval()(ids, None, (ids > 0).long(), None, boxes, mask, images=images, image_sizes=sizes).logits,
+        )
 
 
 def test_bad_visual_backbone_configs_are_refused():
     base = dict(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
-    for options, message in (({"kind": "resnet"}, "kind must be one of"),
-                             ({"lr": 1e-5}, r"unknown config.visual_backbone key\(s\) \['lr'\]"),
-                             ({**TORCHVISION, "frozen_stages": [7]}, "is not a stage")):
+    for options, message in (
+        ({"kind": "resnet"}, "kind must be one of"),
+        ({"lr": 1e-5}, r"unknown config.visual_backbone key\(s\) \['lr'\]"),
+        ({**TORCHVISION, "frozen_stages": [7]}, "is not a stage"),
+    ):
         with pytest.raises(ValueError, match=message):
             RegionFeatureExtractor(options)
     with pytest.raises(ValueError, match="gives 512-d region features but config.region_feature_dim is 2048"):

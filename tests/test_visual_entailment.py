@@ -7,17 +7,20 @@ import json
 from collections import Counter
 
 import pytest
-
 from conftest import tool, write_jsonl
+
 from vlbert.command_line import run_tool
 from vlbert.data.visual_entailment import LABELS, easy_vqa_entailment, load_snli_ve
 
 
-
 def test_reader_public_format_and_bad_inputs(tmp_path):
-    good = write_jsonl(tmp_path / "ve.jsonl", [
-        {"Flickr30K_ID": "3416050480", "sentence2": "A dog runs.", "gold_label": "entailment", "pairID": "a"},
-        {"Flikr30kID": "1000092795", "sentence2": "Two men sleep.", "gold_label": "contradiction"}])
+    good = write_jsonl(
+        tmp_path / "ve.jsonl",
+        [
+            {"Flickr30K_ID": "3416050480", "sentence2": "A dog runs.", "gold_label": "entailment", "pairID": "a"},
+            {"Flikr30kID": "1000092795", "sentence2": "Two men sleep.", "gold_label": "contradiction"},
+        ],
+    )
     examples = load_snli_ve(good, "{image_id}.jpg")
     assert [(e.image_id, e.label) for e in examples] == [("3416050480.jpg", 0), ("1000092795.jpg", 2)]
     assert examples[0].pair_id == "a" and examples[1].hypothesis == "Two men sleep."
@@ -66,15 +69,19 @@ def test_smoke_snli_ve_fixture_runs_through_the_generic_tool(tmp_path):
     write_shards(extractor.extract_batch(images, ids), tmp_path / "shards")
     records = []
     for image, (_, (color, shape)) in zip(ids, truth):
-        records += [{"Flickr30K_ID": image, "sentence2": f"there is a {color} {shape}", "gold_label": "entailment"},
-                    {"Flickr30K_ID": image, "sentence2": f"the {shape} is made of wood", "gold_label": "neutral"}]
+        records += [
+            {"Flickr30K_ID": image, "sentence2": f"there is a {color} {shape}", "gold_label": "entailment"},
+            {"Flickr30K_ID": image, "sentence2": f"the {shape} is made of wood", "gold_label": "neutral"},
+        ]
     write_jsonl(tmp_path / "train.jsonl", records)
     write_jsonl(tmp_path / "dev.jsonl", records[:16])
     config = tmp_path / "ve.yaml"
-    config.write_text(f"task: snli-ve\ninit_from: minilm\ndata:\n  dataset: snli-ve\n  train_file: {tmp_path}/train.jsonl\n"
-                      f"  eval_file: {tmp_path}/dev.jsonl\n  shards: {tmp_path}/shards\n"
-                      f"training:\n  output_dir: {tmp_path}/out\n  max_steps: 3\n  batch_size: 8\n"
-                      "  warmup_steps: 1\n  progress_bar: false\n")
+    config.write_text(
+        f"task: snli-ve\ninit_from: minilm\ndata:\n  dataset: snli-ve\n  train_file: {tmp_path}/train.jsonl\n"
+        f"  eval_file: {tmp_path}/dev.jsonl\n  shards: {tmp_path}/shards\n"
+        f"training:\n  output_dir: {tmp_path}/out\n  max_steps: 3\n  batch_size: 8\n"
+        "  warmup_steps: 1\n  progress_bar: false\n"
+    )
     assert run_tool(tool("finetune"), ["--config", str(config)]) == 0
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["accuracy_majority_baseline"] == 0.5 and metrics["step"] == 3

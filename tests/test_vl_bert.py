@@ -9,16 +9,20 @@ import json
 import pytest
 import torch
 import yaml
-
 from test_published_checkpoints import ragged_text, write_tokenizer
 from vl_bert_reference import vl_bert_forward, vl_bert_state
+
 from vlbert.config import VLBertConfig
 from vlbert.data.images import PREPROCESSING, ImagePreprocessing
 from vlbert.families import convert_checkpoint
 from vlbert.models.vl import VLBertForPreTraining
 
-SIZES = {"tiny": dict(hidden=32, layers=2, intermediate=48, vocab=60, feature_dim=24), "heads_tiny": 4,
-         "base": dict(hidden=768, layers=1, intermediate=3072, vocab=120, feature_dim=2048), "heads_base": 12}
+SIZES = {
+    "tiny": dict(hidden=32, layers=2, intermediate=48, vocab=60, feature_dim=24),
+    "heads_tiny": 4,
+    "base": dict(hidden=768, layers=1, intermediate=3072, vocab=120, feature_dim=2048),
+    "heads_base": 12,
+}
 OPTIMIZER = {"state": {0: {"step": 3, "exp_avg": torch.zeros(2)}}, "param_groups": [{"lr": 1e-4, "params": [0]}]}
 
 
@@ -30,8 +34,9 @@ def write_model_file(path, state, optimizer=True):
 
 def write_config(path, precomputed: bool, heads: int):
     """The NETWORK section of a VL-BERT YAML config (cfgs/pretrain/*.yaml)."""
-    path.write_text(yaml.safe_dump({"NETWORK": {"IMAGE_FEAT_PRECOMPUTED": precomputed,
-                                                "VLBERT": {"num_attention_heads": heads}}}))
+    path.write_text(
+        yaml.safe_dump({"NETWORK": {"IMAGE_FEAT_PRECOMPUTED": precomputed, "VLBERT": {"num_attention_heads": heads}}})
+    )
     return path
 
 
@@ -51,8 +56,13 @@ def prec(request, tmp_path_factory):
     state = vl_bert_state(**SIZES[size], positions=64)
     source = write_model_file(tmp / "vl-bert-prec.model", state)
     heads = SIZES["heads_" + size]
-    report = convert_checkpoint("vl-bert", source, tmp / "out", config=write_config(tmp / "c.yaml", True, heads),
-                                tokenizer=write_tokenizer(tmp / "tok", SIZES[size]["vocab"], cased=False))
+    report = convert_checkpoint(
+        "vl-bert",
+        source,
+        tmp / "out",
+        config=write_config(tmp / "c.yaml", True, heads),
+        tokenizer=write_tokenizer(tmp / "tok", SIZES[size]["vocab"], cased=False),
+    )
     return state, VLBertForPreTraining.from_pretrained(tmp / "out").eval(), report, heads
 
 
@@ -60,19 +70,25 @@ def assert_rows_equal(ours, last_hidden, ref, text_length):
     """Per row: text states, object states, MLM and region-class logits against the reference's (real rows)."""
     for i, r in enumerate(ref):
         nt, no = r["text"].shape[0], r["objects"].shape[0]
-        objects = last_hidden[i, text_length:text_length + no]
+        objects = last_hidden[i, text_length : text_length + no]
         torch.testing.assert_close(last_hidden[i, :nt], r["text"], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(objects, r["objects"], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(ours.masked_lm(last_hidden[i, :nt], ours.bert.embeddings.word_embeddings.weight),
-                                   r["mlm"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            ours.masked_lm(last_hidden[i, :nt], ours.bert.embeddings.word_embeddings.weight),
+            r["mlm"],
+            atol=1e-5,
+            rtol=1e-5,
+        )
         torch.testing.assert_close(ours.mrc(objects), r["mvrc"], atol=1e-5, rtol=1e-5)
 
 
 def test_prec_checkpoint_equals_its_reference_forward(prec):
     state, ours, report, heads = prec
     assert report["model_class"] == "VLBertForPreTraining" and report["dropped"] == {}
-    assert sorted(k for k in report["missing"] if k.startswith("bert.")) == ["bert.pooler.dense.bias",
-                                                                              "bert.pooler.dense.weight"]
+    assert sorted(k for k in report["missing"] if k.startswith("bert.")) == [
+        "bert.pooler.dense.bias",
+        "bert.pooler.dense.weight",
+    ]
     assert ours.config.type_vocab_size == 3 and ours.config.num_region_classes == 1601
     b, r, d = 3, 6, ours.config.region_feature_dim
     ids, tm = ragged_text(b, 9, ours.config.vocab_size, [9, 6, 4])
@@ -84,8 +100,15 @@ def test_prec_checkpoint_equals_its_reference_forward(prec):
     masked[0, 2] = masked[1, 1] = True  # MVRC: VL-BERT's mask embeddings replace the feature and [IMG]
     with torch.no_grad():
         ref = vl_bert_forward(state, ids, tm, boxes, wh, region_mask, masked.long(), heads, features=feats)
-        out = ours(ids, None, tm, feats.masked_fill(masked[..., None], 0.0), boxes / wh.repeat(1, 2)[:, None],
-                   region_mask, masked_regions=masked)
+        out = ours(
+            ids,
+            None,
+            tm,
+            feats.masked_fill(masked[..., None], 0.0),
+            boxes / wh.repeat(1, 2)[:, None],
+            region_mask,
+            masked_regions=masked,
+        )
     assert out.last_hidden_state.shape == (b, 9 + r, ours.config.hidden_size)  # [END] is not an output row
     assert_rows_equal(ours, out.last_hidden_state, ref, 9)
 
@@ -108,8 +131,13 @@ def test_regions_share_one_position_so_their_order_does_not_matter(prec):
 def test_e2e_checkpoint_runs_its_backbone_and_equals_its_reference(tmp_path):
     state = vl_bert_state(backbone_layers=[1, 1, 1], positions=64)
     source = write_model_file(tmp_path / "vl-bert-e2e.model", state)
-    report = convert_checkpoint("vl-bert", source, tmp_path / "out", config=write_config(tmp_path / "c.yaml", False, 4),
-                                tokenizer=write_tokenizer(tmp_path / "tok", 60, cased=False))
+    report = convert_checkpoint(
+        "vl-bert",
+        source,
+        tmp_path / "out",
+        config=write_config(tmp_path / "c.yaml", False, 4),
+        tokenizer=write_tokenizer(tmp_path / "tok", 60, cased=False),
+    )
     ours = VLBertForPreTraining.from_pretrained(tmp_path / "out").eval()
     assert ours.config.visual_backbone["layers"] == [1, 1, 1] and report["dropped"] == {}
     info = json.loads((tmp_path / "out" / "inference.json").read_text())  # pipelines and fine-tuning read its pixels
@@ -123,13 +151,15 @@ def test_e2e_checkpoint_runs_its_backbone_and_equals_its_reference(tmp_path):
     boxes = torch.tensor([[[0, 0, 79, 63], [5, 6, 40, 30]], [[0, 0, 63, 55], [10, 3, 50, 40]]], dtype=torch.float)
     with torch.no_grad():
         ref = vl_bert_forward(state, ids, tm, boxes, wh, torch.ones(2, 2), torch.zeros(2, 2), 4, images=images)
-        out = ours(ids, None, tm, None, boxes / wh.repeat(1, 2)[:, None], None, images=images,
-                   image_sizes=wh.flip(-1).long())
+        out = ours(
+            ids, None, tm, None, boxes / wh.repeat(1, 2)[:, None], None, images=images, image_sizes=wh.flip(-1).long()
+        )
     assert_rows_equal(ours, out.last_hidden_state, ref, 7)
 
 
 def test_bad_vl_bert_files_are_refused_in_one_line_and_write_nothing(tmp_path):
     from conftest import tool
+
     from vlbert.command_line import run_tool
 
     convert = tool("convert_checkpoint")
@@ -164,10 +194,21 @@ def test_vl_bert_pathway_keeps_the_model_contract(tmp_path):
     reaches every parameter (DDP needs each in every graph), save / load is exact."""
     from test_model_contract import B, D, R, mlm_labels, regions, text
 
-    config = VLBertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                          intermediate_size=32, max_position_embeddings=40, type_vocab_size=3, region_feature_dim=D,
-                          num_region_classes=4, region_embedding="vl-bert", region_location_dim=4,
-                          region_token_type=2, region_head_norm=False)
+    config = VLBertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=40,
+        type_vocab_size=3,
+        region_feature_dim=D,
+        num_region_classes=4,
+        region_embedding="vl-bert",
+        region_location_dim=4,
+        region_token_type=2,
+        region_head_norm=False,
+    )
     torch.manual_seed(0)
     model = VLBertForPreTraining(config).train()
     batch = {**(t := text()), **regions(), "labels": mlm_labels(t)}

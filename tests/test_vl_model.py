@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import padded_batch, random_hf_config
 
 import vlbert
 from vlbert.models.vl import VLBertForPreTraining, VLBertModel, region_location_features
-from conftest import padded_batch, random_hf_config
 
 
 def vl_config(seed=0, **kw):
@@ -31,8 +31,9 @@ def region_inputs(batch=4, regions=5, dim=12, seed=0):
 
 def test_location_features_hand_worked():
     boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.25, 0.5, 0.75, 0.75], [0.1, 0.2, 0.1, 0.2]])
-    expected = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [0.25, 0.5, 0.75, 0.75, 0.5, 0.25, 0.125],
-                             [0.1, 0.2, 0.1, 0.2, 0, 0, 0]])
+    expected = torch.tensor(
+        [[0, 0, 1, 1, 1, 1, 1], [0.25, 0.5, 0.75, 0.75, 0.5, 0.25, 0.125], [0.1, 0.2, 0.1, 0.2, 0, 0, 0]]
+    )
     torch.testing.assert_close(region_location_features(boxes), expected)
 
 
@@ -64,8 +65,9 @@ def test_all_regions_masked_equals_text_bert():
         joint = vl(ids, types, mask, feats, boxes, torch.zeros(4, 5, dtype=torch.long))
         text = bert(ids, types, mask)
     real = mask.bool()
-    torch.testing.assert_close(joint.last_hidden_state[:, : ids.shape[1]][real], text.last_hidden_state[real],
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        joint.last_hidden_state[:, : ids.shape[1]][real], text.last_hidden_state[real], atol=1e-5, rtol=0
+    )
     torch.testing.assert_close(joint.pooler_output, text.pooler_output, atol=1e-5, rtol=0)
 
 
@@ -78,10 +80,20 @@ def test_objectives_match_their_definitions():
     masked[0, 1] = masked[2, 0] = masked[3, 4] = True
     targets = torch.randn(4, 5, 12).half()
     probs = torch.softmax(torch.randn(4, 5, 5), -1)
-    out = model(ids, types, mask, feats, boxes, rmask, masked_regions=masked, region_targets=targets,
-                region_labels=probs, itm_label=torch.tensor([1, 0, 1, 0]))
+    out = model(
+        ids,
+        types,
+        mask,
+        feats,
+        boxes,
+        rmask,
+        masked_regions=masked,
+        region_targets=targets,
+        region_labels=probs,
+        itm_label=torch.tensor([1, 0, 1, 0]),
+    )
     assert set(out.losses) == {"mrfr", "mrc_kl", "itm"} and out.counts["mrfr"] == 3
-    hidden = out.last_hidden_state[:, ids.shape[1]:][masked]
+    hidden = out.last_hidden_state[:, ids.shape[1] :][masked]
     torch.testing.assert_close(out.losses["mrfr"], F.mse_loss(model.mrfr(hidden), targets[masked].float()))
     kl = (probs[masked] * (probs[masked].log() - F.log_softmax(model.mrc(hidden), -1))).sum(-1).mean()
     torch.testing.assert_close(out.losses["mrc_kl"], kl, atol=1e-6, rtol=1e-5)
@@ -143,8 +155,15 @@ def test_shard_feature_size_must_match_the_config(tokenizer):
     from vlbert.recipes.runner import RunContext
     from vlbert.recipes.vl_pretraining import build_model
 
-    run = {"model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
-                     "region_feature_dim": 2048}}
+    run = {
+        "model": {
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "region_feature_dim": 2048,
+        }
+    }
     ctx = RunContext(run, None, None, None, tokenizer, None)
     with pytest.raises(ValueError, match="1280-d region features but model.region_feature_dim is 2048"):
         build_model(ctx, SimpleNamespace(feature_dim=1280, num_classes=1000, qa_answers=[]))
@@ -161,6 +180,6 @@ def test_mrc_cross_entropy_variant():
     top = probs.argmax(-1).masked_fill(~masked, -100)
     out = model(ids, types, mask, feats, boxes, rmask, masked_regions=masked, region_class_labels=top)
     assert set(out.losses) == {"mrc"}
-    hidden = out.last_hidden_state[:, ids.shape[1]:][masked]
+    hidden = out.last_hidden_state[:, ids.shape[1] :][masked]
     expected = F.cross_entropy(model.mrc(hidden), probs[masked].argmax(-1))
     torch.testing.assert_close(out.losses["mrc"], expected)

@@ -51,8 +51,12 @@ def data(cache_dir, tokenizer):
     from vlbert.recipes.runner import RunContext
     from vlbert.training.trainer import TrainingConfig
 
-    config = VLDataConfig(max_images=N_IMAGES, cache_dir=str(cache_dir), eval_fraction=0.25,
-                          objectives={"mlm": 1, "mrfr": 1, "mrc": 1, "mrc_kl": 1, "itm": 1})
+    config = VLDataConfig(
+        max_images=N_IMAGES,
+        cache_dir=str(cache_dir),
+        eval_fraction=0.25,
+        objectives={"mlm": 1, "mrfr": 1, "mrc": 1, "mrc_kl": 1, "itm": 1},
+    )
     detector = DetectorConfig(options={"input_size": 96, "max_proposals": 16})
     ctx = RunContext({}, TrainingConfig(batch_size=8), config, detector, tokenizer, None)
     return VLPretrainingData(ctx)
@@ -77,8 +81,9 @@ def test_conditional_masking_per_objective(data, tokenizer):
     mrc_kl = collate(data, items, "mrc_kl")
     probs = pad_class_probs(items, plain["region_mask"].shape[1])
     assert torch.equal(mrc_kl["region_labels"], probs[mrc_kl["masked_regions"]])  # the masked rows only
-    torch.testing.assert_close(mrc_kl["region_labels"].float().sum(-1),
-                               torch.ones(int(mrc_kl["masked_regions"].sum())), atol=1e-2, rtol=0)
+    torch.testing.assert_close(
+        mrc_kl["region_labels"].float().sum(-1), torch.ones(int(mrc_kl["masked_regions"].sum())), atol=1e-2, rtol=0
+    )
     mrc = collate(data, items, "mrc")
     top = mrc["region_class_labels"]
     assert ((top != -100) == mrc["masked_regions"]).all()
@@ -122,7 +127,7 @@ def test_masking_of_a_sample_does_not_depend_on_its_batch(data):
 
 
 def test_itm_negatives_never_share_the_content():
-    """"a blue circle" and "there is a blue circle" say the same: never each other's ITM negative."""
+    """ "a blue circle" and "there is a blue circle" say the same: never each other's ITM negative."""
     from vlbert.data.vl_pretraining import caption_content
 
     assert caption_content("a blue circle") == caption_content("There is a blue circle.") == "blue circle"
@@ -154,10 +159,21 @@ def test_smoke_vl_run_draws_one_objective_per_step(cache_dir, tmp_path):
         "tokenizer": "minilm",
         "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
         "detector": {"input_size": 96, "max_proposals": 16},
-        "data": {"max_images": N_IMAGES, "cache_dir": str(cache_dir), "eval_fraction": 0.25,
-                 "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "mrc_kl": 1, "itm": 1}},
-        "training": {"output_dir": str(out), "max_steps": 24, "batch_size": 8, "learning_rate": 1e-3,
-                     "warmup_steps": 2, "log_every": 1, "progress_bar": False},
+        "data": {
+            "max_images": N_IMAGES,
+            "cache_dir": str(cache_dir),
+            "eval_fraction": 0.25,
+            "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "mrc_kl": 1, "itm": 1},
+        },
+        "training": {
+            "output_dir": str(out),
+            "max_steps": 24,
+            "batch_size": 8,
+            "learning_rate": 1e-3,
+            "warmup_steps": 2,
+            "log_every": 1,
+            "progress_bar": False,
+        },
     }
     metrics = run(RECIPES["vl-pretraining"], config)
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -180,8 +196,10 @@ def test_smoke_vl_run_draws_one_objective_per_step(cache_dir, tmp_path):
     assert isinstance(fill, FillMaskPipeline) and fill.inputs.detector.options.input_size == 96
     image = image_paths("test")["test/0"]
     regions = fill.regions([image])[0]
-    assert fill(image, "a [MASK] circle", top_k=3) == fill_mask(fill.model, fill.tokenizer, "a [MASK] circle", 3,
-                                                                region_item(regions, 16))[0]  # one mask: its list
+    assert (
+        fill(image, "a [MASK] circle", top_k=3)
+        == fill_mask(fill.model, fill.tokenizer, "a [MASK] circle", 3, region_item(regions, 16))[0]
+    )  # one mask: its list
 
 
 @pytest.mark.slow
@@ -190,11 +208,19 @@ def test_grounding_with_regions_beats_without(cache_dir, tmp_path):
     shape word of a held-out caption is predicted far better with the image's regions than with them masked out."""
     out = tmp_path / "grounding"
     config = {
-        "modality": "vl", "init_from": "minilm",
+        "modality": "vl",
+        "init_from": "minilm",
         "detector": {"input_size": 96, "max_proposals": 16},
         "data": {"max_images": 528, "cache_dir": str(cache_dir), "eval_fraction": 0.2, "objectives": {"mlm": 1}},
-        "training": {"output_dir": str(out), "max_steps": 90, "batch_size": 16, "learning_rate": 2e-4,
-                     "warmup_steps": 10, "log_every": 10, "progress_bar": False},
+        "training": {
+            "output_dir": str(out),
+            "max_steps": 90,
+            "batch_size": 16,
+            "learning_rate": 2e-4,
+            "warmup_steps": 10,
+            "log_every": 10,
+            "progress_bar": False,
+        },
     }
     metrics = run(RECIPES["vl-pretraining"], config)
     with_regions = metrics["eval_color_shape_mlm_accuracy_with_regions"]
@@ -216,13 +242,14 @@ def test_imported_shards_are_not_credited_to_the_detector_section(tmp_path):
     paths = image_paths("train")
     extractor = DetectorConfig(options={"input_size": 64, "max_proposals": 6}).build()
     write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), tmp_path / "shards")
-    config = {"modality": "vl", "tokenizer": "minilm",
-              "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64},
-              "detector": {"input_size": 96, "max_proposals": 16},
-              "data": {"shards": str(tmp_path / "shards"), "max_images": 16, "eval_fraction": 0.0,
-                       "objectives": {"mlm": 1}},
-              "training": {"output_dir": str(tmp_path / "run"), "max_steps": 1, "batch_size": 4,
-                           "progress_bar": False}}
+    config = {
+        "modality": "vl",
+        "tokenizer": "minilm",
+        "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64},
+        "detector": {"input_size": 96, "max_proposals": 16},
+        "data": {"shards": str(tmp_path / "shards"), "max_images": 16, "eval_fraction": 0.0, "objectives": {"mlm": 1}},
+        "training": {"output_dir": str(tmp_path / "run"), "max_steps": 1, "batch_size": 4, "progress_bar": False},
+    }
     run(RECIPES["vl-pretraining"], config)
     detector = json.loads((tmp_path / "run" / "inference.json").read_text())["detector"]
     assert detector["fingerprint"] is None and detector["config"] is None
@@ -236,12 +263,25 @@ def test_word_region_alignment_separates_matched_from_mismatched_pairs(cache_dir
     0.031 at step 30, 0.153 at step 60)."""
     out = tmp_path / "wra"
     config = {
-        "modality": "vl", "init_from": "minilm",
+        "modality": "vl",
+        "init_from": "minilm",
         "detector": {"input_size": 96, "max_proposals": 16},
-        "data": {"max_images": 528, "cache_dir": str(cache_dir), "eval_fraction": 0.2,
-                 "objectives": {"itm": 1, "wra": 0.1}},
-        "training": {"output_dir": str(out), "max_steps": 60, "batch_size": 16, "learning_rate": 2e-4,
-                     "warmup_steps": 10, "log_every": 10, "eval_every": 30, "progress_bar": False},
+        "data": {
+            "max_images": 528,
+            "cache_dir": str(cache_dir),
+            "eval_fraction": 0.2,
+            "objectives": {"itm": 1, "wra": 0.1},
+        },
+        "training": {
+            "output_dir": str(out),
+            "max_steps": 60,
+            "batch_size": 16,
+            "learning_rate": 2e-4,
+            "warmup_steps": 10,
+            "log_every": 10,
+            "eval_every": 30,
+            "progress_bar": False,
+        },
     }
     run(RECIPES["vl-pretraining"], config)
     evals = [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if r["split"] == "eval"]

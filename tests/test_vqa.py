@@ -16,26 +16,53 @@ from vlbert.evaluation.vqa import vqa_accuracy
 
 
 # Hand-worked from vqaEval.py at GT-Vision-Lab/VQA master (commit a013f00), one rule per group.
-@pytest.mark.parametrize("raw, normal", [
-    # processDigitArticle: lower-case, number words "none"/"zero".."ten", articles dropped, single spaces.
-    ("Two", "2"), ("ten", "10"), ("none", "0"), ("eleven", "eleven"), ("The Dog", "dog"), ("an  apple", "apple"),
-    ("a", ""),
-    # punct list: "-", "!", "{", "}" are marks; ":" and "'" are not (kept), nor are "%", "#", "&".
-    ("T-Shirt", "t shirt"), ("yes!", "yes"), ("{x}", "x"), ("10:30", "10:30"), ("who's", "who's"),
-    ("50%", "50%"), ("#1", "#1"), ("r&b", "r&b"),
-    # a mark touching a space anywhere is deleted everywhere; otherwise replaced by a space.
-    ("red,white", "red white"), ("a  red, white   car", "red white car"), ("x/y z/ w", "xy z w"),
-    ("t - shirt", "t shirt"),
-    # commaStrip: a digit,digit comma anywhere deletes every mark, with or without a space.
-    ("1,000", "1000"), ("2,5 (about)", "25 about"), ("1,2-3", "123"),
-    # periodStrip: a period not followed by a digit is removed, after a digit too (the look-behind slip).
-    ("Dog.", "dog"), ("3.", "3"), ("3.5", "3.5"), ("3.5.", "3.5"), ("e.g.", "eg"), (".5", ".5"),
-    # contractions, straight apostrophes, after the article/number step; upper-case keys never match.
-    ("dont know", "don't know"), ("whos", "who's"), ("Wheres", "where's"), ("somebody'd", "somebodyd"),
-    ("Im", "im"), ("Ive", "ive"),
-    # tabs and newlines are spaces; the answer is stripped.
-    ("yes\tno\n", "yes no"),
-])
+@pytest.mark.parametrize(
+    "raw, normal",
+    [
+        # processDigitArticle: lower-case, number words "none"/"zero".."ten", articles dropped, single spaces.
+        ("Two", "2"),
+        ("ten", "10"),
+        ("none", "0"),
+        ("eleven", "eleven"),
+        ("The Dog", "dog"),
+        ("an  apple", "apple"),
+        ("a", ""),
+        # punct list: "-", "!", "{", "}" are marks; ":" and "'" are not (kept), nor are "%", "#", "&".
+        ("T-Shirt", "t shirt"),
+        ("yes!", "yes"),
+        ("{x}", "x"),
+        ("10:30", "10:30"),
+        ("who's", "who's"),
+        ("50%", "50%"),
+        ("#1", "#1"),
+        ("r&b", "r&b"),
+        # a mark touching a space anywhere is deleted everywhere; otherwise replaced by a space.
+        ("red,white", "red white"),
+        ("a  red, white   car", "red white car"),
+        ("x/y z/ w", "xy z w"),
+        ("t - shirt", "t shirt"),
+        # commaStrip: a digit,digit comma anywhere deletes every mark, with or without a space.
+        ("1,000", "1000"),
+        ("2,5 (about)", "25 about"),
+        ("1,2-3", "123"),
+        # periodStrip: a period not followed by a digit is removed, after a digit too (the look-behind slip).
+        ("Dog.", "dog"),
+        ("3.", "3"),
+        ("3.5", "3.5"),
+        ("3.5.", "3.5"),
+        ("e.g.", "eg"),
+        (".5", ".5"),
+        # contractions, straight apostrophes, after the article/number step; upper-case keys never match.
+        ("dont know", "don't know"),
+        ("whos", "who's"),
+        ("Wheres", "where's"),
+        ("somebody'd", "somebodyd"),
+        ("Im", "im"),
+        ("Ive", "ive"),
+        # tabs and newlines are spaces; the answer is stripped.
+        ("yes\tno\n", "yes no"),
+    ],
+)
 def test_official_answer_processing(raw, normal):
     assert normalize_answer(raw) == normal
 
@@ -58,7 +85,7 @@ def test_unanimous_answers_and_the_prediction_are_compared_as_they_are():
 def test_differing_answers_and_the_prediction_are_both_processed():
     # As soon as one answer differs, every answer and the prediction go through both steps.
     assert vqa_accuracy("Yes!", ["yes"] * 9 + ["no"]) == 1.0
-    assert vqa_accuracy("two", ["2"] * 9 + ["Two."]) == 1.0      # "two" -> "2", "Two." -> "2": ten matches
+    assert vqa_accuracy("two", ["2"] * 9 + ["Two."]) == 1.0  # "two" -> "2", "Two." -> "2": ten matches
     assert vqa_accuracy("T-Shirt", ["t shirt"] * 2 + ["shirt"] * 8) == pytest.approx((2 * (1 / 3) + 8 * (2 / 3)) / 10)
     assert vqa_accuracy("dont know", ["don't know"] * 3 + ["no"] * 7) == pytest.approx((3 * (2 / 3) + 7) / 10)
     assert vqa_accuracy("who's", ["whos"] * 5 + ["who"] * 5) == 1.0  # "whos" -> "who's" by the table
@@ -93,15 +120,30 @@ def test_soft_targets_and_vocabulary_follow_the_official_forms():
 
 
 def test_vqa_v2_reader(tmp_path):
-    (tmp_path / "q.json").write_text(json.dumps({"questions": [
-        {"question_id": 11, "image_id": 42, "question": "What color is the bus?"},
-        {"question_id": 12, "image_id": 43, "question": "How many dogs?"}]}))
-    (tmp_path / "a.json").write_text(json.dumps({"annotations": [
-        {"question_id": 11, "image_id": 42, "answers": [{"answer": "red"}] * 8 + [{"answer": "Red."}] * 2},
-        {"question_id": 12, "image_id": 43, "answers": [{"answer": "two"}] * 10}]}))
+    (tmp_path / "q.json").write_text(
+        json.dumps(
+            {
+                "questions": [
+                    {"question_id": 11, "image_id": 42, "question": "What color is the bus?"},
+                    {"question_id": 12, "image_id": 43, "question": "How many dogs?"},
+                ]
+            }
+        )
+    )
+    (tmp_path / "a.json").write_text(
+        json.dumps(
+            {
+                "annotations": [
+                    {"question_id": 11, "image_id": 42, "answers": [{"answer": "red"}] * 8 + [{"answer": "Red."}] * 2},
+                    {"question_id": 12, "image_id": 43, "answers": [{"answer": "two"}] * 10},
+                ]
+            }
+        )
+    )
     examples = load_vqa_v2(tmp_path / "q.json", tmp_path / "a.json", "COCO_val2014_{image_id:012d}")
-    assert examples[0] == VQAExample("11", "COCO_val2014_000000000042", "What color is the bus?",
-                                     tuple(["red"] * 8 + ["Red."] * 2))
+    assert examples[0] == VQAExample(
+        "11", "COCO_val2014_000000000042", "What color is the bus?", tuple(["red"] * 8 + ["Red."] * 2)
+    )
     # "Red." is processed (the answers differ); ten identical "two" are kept as given. 10 votes each: by text.
     assert build_answer_vocab(examples) == ["red", "two"]
     (tmp_path / "bad.json").write_text(json.dumps({"annotations": [{"question_id": 99, "answers": []}]}))
@@ -136,8 +178,15 @@ def test_vqa_finetuning_end_to_end(tmp_path):
     config = {
         "init_from": "minilm",
         "data": {"dataset": "easy-vqa", "shards": str(shards), "max_train_examples": 400, "max_eval_examples": 200},
-        "training": {"output_dir": str(out), "max_steps": 40, "batch_size": 16, "learning_rate": 1e-4,
-                     "warmup_steps": 6, "log_every": 10, "progress_bar": False},
+        "training": {
+            "output_dir": str(out),
+            "max_steps": 40,
+            "batch_size": 16,
+            "learning_rate": 1e-4,
+            "warmup_steps": 6,
+            "log_every": 10,
+            "progress_bar": False,
+        },
     }
     metrics = run(RECIPES["vqa"], config)
     rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
@@ -180,19 +229,27 @@ def test_recall_at_k_hand_worked():
 
 # --- The recipe's figures against the benchmarks' own evaluation code, over every evaluation question -----------
 
+
 def _finetune(dataset: str, files: dict, easy, doc_runs, out) -> dict:
     """One step of VQA fine-tuning from the tiny VL run of `doc_runs` on the `easy` regions, then the recipe's own
     evaluation (the figures and files under test)."""
     from dataclasses import asdict
 
     from conftest import EASY_DETECTOR
+
     from vlbert.recipes import RECIPES, run
 
-    config = {"init_from": str(doc_runs["vl-default"]), "detector": asdict(EASY_DETECTOR),
-              "data": {"dataset": dataset, "shards": str(easy.shards), "min_answer_count": 1,
-                       **{k: str(v) for k, v in files.items()}},
-              "training": {"output_dir": str(out), "max_steps": 1, "batch_size": 4, "warmup_steps": 1,
-                           "progress_bar": False}}
+    config = {
+        "init_from": str(doc_runs["vl-default"]),
+        "detector": asdict(EASY_DETECTOR),
+        "data": {
+            "dataset": dataset,
+            "shards": str(easy.shards),
+            "min_answer_count": 1,
+            **{k: str(v) for k, v in files.items()},
+        },
+        "training": {"output_dir": str(out), "max_steps": 1, "batch_size": 4, "warmup_steps": 1, "progress_bar": False},
+    }
     return run(RECIPES["vqa"], config)
 
 
@@ -201,10 +258,17 @@ def _vqa_v2_files(root, name: str, questions: list[tuple[int, str, list[str]]]) 
     ``questions``: (question id, image id in `easy`, the ten annotators' answers)."""
     meta = {"info": {}, "task_type": "Open-Ended", "data_type": "mscoco", "data_subtype": name, "license": {}}
     qs = [{"question_id": qid, "image_id": int(image), "question": f"question {qid}?"} for qid, image, _ in questions]
-    anns = [{"question_id": qid, "image_id": int(image), "question_type": "what", "answer_type": "other",
-             "multiple_choice_answer": answers[0],
-             "answers": [{"answer": a, "answer_confidence": "yes", "answer_id": k + 1} for k, a in enumerate(answers)]}
-            for qid, image, answers in questions]
+    anns = [
+        {
+            "question_id": qid,
+            "image_id": int(image),
+            "question_type": "what",
+            "answer_type": "other",
+            "multiple_choice_answer": answers[0],
+            "answers": [{"answer": a, "answer_confidence": "yes", "answer_id": k + 1} for k, a in enumerate(answers)],
+        }
+        for qid, image, answers in questions
+    ]
     (root / f"{name}_questions.json").write_text(json.dumps({**meta, "questions": qs}))
     (root / f"{name}_annotations.json").write_text(json.dumps({**meta, "annotations": anns}))
     return root / f"{name}_questions.json", root / f"{name}_annotations.json"
@@ -220,15 +284,33 @@ def test_vqa_v2_accuracy_is_the_official_evaluation_over_every_question(easy, do
     from official.vqaEval import VQAEval
 
     train = [(1, "0", ["Yes"] * 10), (2, "1", ["no"] * 10), (3, "2", ["Yes"] * 10), (4, "3", ["no"] * 10)]
-    held_out = [(11, "4", ["Yes"] * 10), (12, "5", ["no"] * 6 + ["yes"] * 4), (13, "6", ["yes"] * 3 + ["maybe"] * 7),
-                (14, "7", ["red"] * 10), (15, "8", ["No"] * 5 + ["nope"] * 5), (16, "9", ["two"] * 9 + ["2"])]
+    held_out = [
+        (11, "4", ["Yes"] * 10),
+        (12, "5", ["no"] * 6 + ["yes"] * 4),
+        (13, "6", ["yes"] * 3 + ["maybe"] * 7),
+        (14, "7", ["red"] * 10),
+        (15, "8", ["No"] * 5 + ["nope"] * 5),
+        (16, "9", ["two"] * 9 + ["2"]),
+    ]
     q_train, a_train = _vqa_v2_files(tmp_path, "train", train)
     q_eval, a_eval = _vqa_v2_files(tmp_path, "val", held_out)
     out = tmp_path / "run"
-    metrics = _finetune("vqa-v2", {"train_questions": q_train, "train_annotations": a_train,
-                                   "eval_questions": q_eval, "eval_annotations": a_eval}, easy, doc_runs, out)
+    metrics = _finetune(
+        "vqa-v2",
+        {
+            "train_questions": q_train,
+            "train_annotations": a_train,
+            "eval_questions": q_eval,
+            "eval_annotations": a_eval,
+        },
+        easy,
+        doc_runs,
+        out,
+    )
     assert json.loads((out / "inference.json").read_text())["labels"] == ["Yes", "no"]
-    assert metrics["eval_questions"] == 6 and metrics["eval_unanswerable"] == 3  # 0886c57: 3 questions, unanswerable ones dropped
+    assert (
+        metrics["eval_questions"] == 6 and metrics["eval_unanswerable"] == 3
+    )  # 0886c57: 3 questions, unanswerable ones dropped
 
     vqa = VQA(str(a_eval), str(q_eval))
     official = VQAEval(vqa, vqa.loadRes(str(out / "vqa_results.json"), str(q_eval)), n=2)
@@ -262,17 +344,28 @@ def test_gqa_accuracy_is_gqa_evaluation_over_every_question(easy, doc_runs, tmp_
     """The recipe's gqa_accuracy (times 100) equals GQA's eval.py accuracy (:func:`gqa_eval_accuracy`) on the
     recipe's own gqa_predictions.json, over all 8 balanced evaluation questions, 3 of them with an answer no
     training question has ("green", "teal", "Red": exact match, so not "red")."""
+
     def questions(answers, first):
-        return {str(first + k): {"imageId": str(k % 12), "question": f"what is {k}?", "answer": a, "isBalanced": True}
-                for k, a in enumerate(answers)}
+        return {
+            str(first + k): {"imageId": str(k % 12), "question": f"what is {k}?", "answer": a, "isBalanced": True}
+            for k, a in enumerate(answers)
+        }
 
     train = questions(["red", "blue", "circle", "red", "yes"], 100)
     held_out = questions(["red", "blue", "green", "circle", "teal", "yes", "Red", "blue"], 200)
     (tmp_path / "train_balanced_questions.json").write_text(json.dumps(train))
     (tmp_path / "val_balanced_questions.json").write_text(json.dumps(held_out))
     out = tmp_path / "run"
-    metrics = _finetune("gqa", {"train_questions": tmp_path / "train_balanced_questions.json",
-                                "eval_questions": tmp_path / "val_balanced_questions.json"}, easy, doc_runs, out)
+    metrics = _finetune(
+        "gqa",
+        {
+            "train_questions": tmp_path / "train_balanced_questions.json",
+            "eval_questions": tmp_path / "val_balanced_questions.json",
+        },
+        easy,
+        doc_runs,
+        out,
+    )
     assert metrics["eval_questions"] == 8 and metrics["eval_unanswerable"] == 3  # 0886c57: 5, the 3 dropped
     predictions = json.loads((out / "gqa_predictions.json").read_text())
     assert 100 * metrics["gqa_accuracy"] == pytest.approx(gqa_eval_accuracy(held_out, predictions), abs=1e-9)

@@ -38,8 +38,10 @@ def test_ipot_converges_to_the_exact_transport_distance():
         torch.testing.assert_close(plan.sum(1), ones_y / y.shape[1], atol=1e-4, rtol=0)
         unites, _ = wasserstein_distance(x, y, ones_x, ones_y)  # UNITER's beta 0.5, 50 iterations
         gaps_at_50.append(abs(float(unites) - exact(x, y)))
-    print(f"IPOT gap to the exact distance at UNITER's 50 iterations, beta 0.5: max {max(gaps_at_50):.2e}, "
-          f"mean {np.mean(gaps_at_50):.2e}")
+    print(
+        f"IPOT gap to the exact distance at UNITER's 50 iterations, beta 0.5: max {max(gaps_at_50):.2e}, "
+        f"mean {np.mean(gaps_at_50):.2e}"
+    )
     assert max(gaps_at_50) < 5e-3
 
 
@@ -108,9 +110,18 @@ def test_ipot_equals_its_previous_form_in_7_launches_an_iteration(k):
 
 def tiny_vl_model(**config_fields):
     torch.manual_seed(0)
-    config = vlbert.VLBertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                 intermediate_size=48, region_feature_dim=12, num_region_classes=0,
-                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **config_fields)
+    config = vlbert.VLBertConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=48,
+        region_feature_dim=12,
+        num_region_classes=0,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **config_fields,
+    )
     return vlbert.VLBertForPreTraining(config)
 
 
@@ -121,10 +132,15 @@ def wra_batch():
     mask[2, 5:] = 0
     region_mask = torch.ones(4, 6, dtype=torch.long)
     region_mask[1, 3:] = 0
-    return dict(input_ids=ids, attention_mask=mask, region_features=torch.randn(4, 6, 12, generator=g),
-                region_boxes=torch.rand(4, 6, 2, generator=g).repeat(1, 1, 2).clamp(max=0.9) + torch.tensor(
-                    [0, 0, 0.1, 0.1]), region_mask=region_mask, itm_label=torch.tensor([1, 0, 1, 0]),
-                wra_weight=torch.tensor(0.1))
+    return dict(
+        input_ids=ids,
+        attention_mask=mask,
+        region_features=torch.randn(4, 6, 12, generator=g),
+        region_boxes=torch.rand(4, 6, 2, generator=g).repeat(1, 1, 2).clamp(max=0.9) + torch.tensor([0, 0, 0.1, 0.1]),
+        region_mask=region_mask,
+        itm_label=torch.tensor([1, 0, 1, 0]),
+        wra_weight=torch.tensor(0.1),
+    )
 
 
 def test_wra_runs_with_itm_and_its_gradient_reaches_both_modalities():
@@ -133,8 +149,8 @@ def test_wra_runs_with_itm_and_its_gradient_reaches_both_modalities():
     assert set(out.losses) == {"itm", "wra"} and out.counts["wra"] == 4
     assert out.counts["wra_matched_distance"] == 2 and out.counts["wra_mismatched_distance"] == 2
     out.losses["wra"].backward()
-    assert model.bert.embeddings.word_embeddings.weight.grad.abs().sum() > 0          # the words' side
-    assert model.bert.region_embeddings.feature_proj.weight.grad.abs().sum() > 0     # the regions' side
+    assert model.bert.embeddings.word_embeddings.weight.grad.abs().sum() > 0  # the words' side
+    assert model.bert.region_embeddings.feature_proj.weight.grad.abs().sum() > 0  # the regions' side
     assert model.itm.weight.grad is None  # WRA has no parameters of its own: the ITM head gets nothing from it
 
 
@@ -146,8 +162,9 @@ def test_wra_at_the_embeddings_transports_between_the_first_layers_inputs():
     assert out.hidden_states is None  # kept for the unit, not returned unasked
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "region_features", "region_boxes", "region_mask")}
     embeddings = model.bert(**inputs, output_hidden_states=True).hidden_states[0]
-    distance, _ = wasserstein_distance(embeddings[:, :7], embeddings[:, 7:], batch["attention_mask"],
-                                       batch["region_mask"])
+    distance, _ = wasserstein_distance(
+        embeddings[:, :7], embeddings[:, 7:], batch["attention_mask"], batch["region_mask"]
+    )
     torch.testing.assert_close(out.metrics["wra_matched_distance"], distance[[0, 2]].mean())
     torch.testing.assert_close(out.metrics["wra_mismatched_distance"], distance[[1, 3]].mean())
     out.losses["wra"].backward()
@@ -185,10 +202,16 @@ def test_hard_negatives_replace_only_the_negative_rows_with_other_content():
     ids[5, 4:] = 0
     ids[5, 3] = 3
     mask = (ids != 0).long()
-    labels = {"itm_label": torch.tensor([1, 0, 1, 0, 0, 1, 0, 1]), "itm_content": torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]),
-              "itm_draw": torch.linspace(0.05, 0.95, b)}
-    regions = {"region_features": torch.randn(b, 5, 12), "region_boxes": torch.rand(b, 5, 4),
-               "region_mask": torch.ones(b, 5, dtype=torch.long)}
+    labels = {
+        "itm_label": torch.tensor([1, 0, 1, 0, 0, 1, 0, 1]),
+        "itm_content": torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]),
+        "itm_draw": torch.linspace(0.05, 0.95, b),
+    }
+    regions = {
+        "region_features": torch.randn(b, 5, 12),
+        "region_boxes": torch.rand(b, 5, 4),
+        "region_mask": torch.ones(b, 5, dtype=torch.long),
+    }
     draws = []
     for _ in range(2):
         inputs = {"input_ids": ids.clone(), "token_type_ids": None, "attention_mask": mask.clone(), **regions}
@@ -200,8 +223,12 @@ def test_hard_negatives_replace_only_the_negative_rows_with_other_content():
         if labels["itm_label"][i] == 1:
             assert torch.equal(new[i, : mask[i].sum()], ids[i, : mask[i].sum()])
         else:
-            source = next(j for j in range(b) if torch.equal(new[i, : mask[j].sum()], ids[j, : mask[j].sum()])
-                          and int((new[i] != 0).sum()) == int(mask[j].sum()))
+            source = next(
+                j
+                for j in range(b)
+                if torch.equal(new[i, : mask[j].sum()], ids[j, : mask[j].sum()])
+                and int((new[i] != 0).sum()) == int(mask[j].sum())
+            )
             assert labels["itm_content"][source] != labels["itm_content"][i]
 
 
@@ -218,8 +245,9 @@ def test_alignment_share_counts_the_mass_on_the_named_objects_regions(monkeypatc
     box = measure.object_box(image)
     assert box.tolist() == [20, 10, 44, 30]
     assert measure.object_box(np.full((64, 64, 3), 255, dtype=np.uint8)) is None  # nothing drawn
-    boxes = np.array([[20, 10, 44, 30], [0, 40, 20, 64], [21, 11, 43, 29], [0, 0, 64, 64], [20, 10, 64, 64]],
-                     dtype=np.float32)  # the object, background, the object again, the whole image, a partial overlap
+    boxes = np.array(
+        [[20, 10, 44, 30], [0, 40, 20, 64], [21, 11, 43, 29], [0, 0, 64, 64], [20, 10, 64, 64]], dtype=np.float32
+    )  # the object, background, the object again, the whole image, a partial overlap
     regions = Regions("x", 64, 64, boxes, np.zeros((5, 4), np.float16), np.ones(5, np.float32))
     on_object, background = measure.region_roles(regions, box, 5)
     assert on_object.tolist() == [True, False, True, False, False]
@@ -231,8 +259,13 @@ def test_alignment_share_counts_the_mass_on_the_named_objects_regions(monkeypatc
     aligned[:, [0, 2]], aligned[:, 1] = 0.45, 0.0  # every word: all its object + background mass on the object
     monkeypatch.setattr(measure, "word_region_transport", lambda model, ids, padded: (aligned, 0.0))
     result = measure.alignment_share(None, tokenizer, [(caption, regions, box, ("red", "rectangle", "purple"))], 5)
-    assert result == {"words": 2, "share": 1.0, "uniform": pytest.approx(2 / 3), "images": 1,
-                      "by_word": [1.0, 1.0, None]}  # "purple": absent
+    assert result == {
+        "words": 2,
+        "share": 1.0,
+        "uniform": pytest.approx(2 / 3),
+        "images": 1,
+        "by_word": [1.0, 1.0, None],
+    }  # "purple": absent
     blind = np.full((n_tokens, 5), 0.2)
     monkeypatch.setattr(measure, "word_region_transport", lambda model, ids, padded: (blind, 0.0))
     result = measure.alignment_share(None, tokenizer, [(caption, regions, box, ("red",))], 5)
@@ -257,7 +290,7 @@ def test_captured_ipot_replays_the_eager_loop_on_cuda():
         g = torch.Generator().manual_seed(seed)
         cost = cosine_cost(torch.randn(4, m, 16, generator=g), torch.randn(4, n, 16, generator=g)).cuda()
         x_mask, y_mask = torch.ones(4, m, device="cuda"), torch.ones(4, n, device="cuda")
-        x_mask[1, m // 2:], y_mask[2, n // 2:] = 0, 0
+        x_mask[1, m // 2 :], y_mask[2, n // 2 :] = 0, 0
         eager = ipot(cost, x_mask, y_mask, graph=False)
         torch.testing.assert_close(captured(cost, x_mask, y_mask, 0.5, 50, 1), eager, rtol=0, atol=0)
         if seed == 0:

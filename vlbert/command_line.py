@@ -29,8 +29,9 @@ from vlbert.training.processes import ProcessGroupError
 from vlbert.training.trainer import NonFiniteLossError, TrainingPreempted
 
 #: The directories whose code raises checked-input errors on purpose.
-_OWN_CODE = tuple(str(Path(__file__).resolve().parents[1] / name) + os.sep
-                  for name in ("vlbert", "vlbert_base", "detectors", "tools"))
+_OWN_CODE = tuple(
+    str(Path(__file__).resolve().parents[1] / name) + os.sep for name in ("vlbert", "vlbert_base", "detectors", "tools")
+)
 USAGE_ERROR = 2
 FAILED_RUN = 1
 PREEMPTED = 143

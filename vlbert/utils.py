@@ -60,8 +60,7 @@ def all_gather_padded(tensors: list) -> list:
     if world == 1:
         return list(tensors)
     device = tensors[0].device
-    sizes = torch.tensor([[tensors[0].shape[0]] + [x.shape[1] if x.dim() > 1 else 0 for x in tensors]],
-                         device=device)
+    sizes = torch.tensor([[tensors[0].shape[0]] + [x.shape[1] if x.dim() > 1 else 0 for x in tensors]], device=device)
     all_sizes = [torch.zeros_like(sizes) for _ in range(world)]
     dist.all_gather(all_sizes, sizes)
     all_sizes = torch.cat(all_sizes).tolist()

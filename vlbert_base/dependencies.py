@@ -37,8 +37,9 @@ def require(module: str, purpose: str, install: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
-        raise ModuleNotFoundError(f"{purpose} needs the package {module!r}, which is not installed; "
-                                  f"install it with: {install}") from e
+        raise ModuleNotFoundError(
+            f"{purpose} needs the package {module!r}, which is not installed; install it with: {install}"
+        ) from e
 
 
 __all__ = ["require", "extra_install", "checkout_root"]

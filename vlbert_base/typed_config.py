@@ -56,13 +56,17 @@ class Range:
         """Whether ``x`` lies in the range."""
         if isinstance(x, float) and math.isnan(x):
             return False
-        return ((self.ge is None or x >= self.ge) and (self.gt is None or x > self.gt)
-                and (self.le is None or x <= self.le) and (self.lt is None or x < self.lt))
+        return (
+            (self.ge is None or x >= self.ge)
+            and (self.gt is None or x > self.gt)
+            and (self.le is None or x <= self.le)
+            and (self.lt is None or x < self.lt)
+        )
 
     def text(self) -> str:
         """``>= 1``, ``> 0``, ``in [0, 1)``, ..."""
-        low = (f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else None)
-        high = (f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})" if self.lt is not None else None)
+        low = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else None
+        high = f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})" if self.lt is not None else None
         if low and high:
             return f"in {low}, {high}"
         if low:
@@ -104,8 +108,11 @@ def field_types(cls: type) -> dict[str, Any]:
 
 
 def _required(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
-            and f.default_factory is dataclasses.MISSING]
+    return [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
 
 
 def _article(text: str) -> str:
@@ -136,8 +143,16 @@ def describe(tp: Any) -> str:
         return f"a mapping of {describe(args[0])} to {describe(args[1])}" if args else "a mapping"
     if dataclasses.is_dataclass(tp):
         return f"a mapping of {', '.join(field_types(tp))}"
-    names = {int: "an int", float: "a float", bool: "a bool (true or false)", str: "a string", dict: "a mapping",
-             list: "a list", type(None): "null", Any: "any value"}
+    names = {
+        int: "an int",
+        float: "a float",
+        bool: "a bool (true or false)",
+        str: "a string",
+        dict: "a mapping",
+        list: "a list",
+        type(None): "null",
+        Any: "any value",
+    }
     return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
@@ -216,8 +231,9 @@ def check_value(value: Any, tp: Any, key: str) -> Any:
             raise ConfigValueError(key, value, describe(tp))
         if not args:
             return dict(value)
-        return {check_value(k, args[0], f"{key} (a key)"): check_value(v, args[1], f"{key}.{k}")
-                for k, v in value.items()}
+        return {
+            check_value(k, args[0], f"{key} (a key)"): check_value(v, args[1], f"{key}.{k}") for k, v in value.items()
+        }
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
@@ -307,5 +323,15 @@ def check_fields(obj: Any, section: str) -> None:
             object.__setattr__(obj, name, converted)
 
 
-__all__ = ["Range", "Takes", "AsMapping", "ConfigValueError", "field_types", "describe", "check_value",
-           "check_mapping", "from_section", "check_fields"]
+__all__ = [
+    "Range",
+    "Takes",
+    "AsMapping",
+    "ConfigValueError",
+    "field_types",
+    "describe",
+    "check_value",
+    "check_mapping",
+    "from_section",
+    "check_fields",
+]

@@ -37,8 +37,11 @@ def _text(path: Path, what: str) -> str:
 
 
 def _cut_off(text: str, position: int) -> str:
-    return " (the file ends there: it may be cut off, e.g. by an interrupted copy)" if position >= len(
-        text.rstrip()) else ""
+    return (
+        " (the file ends there: it may be cut off, e.g. by an interrupted copy)"
+        if position >= len(text.rstrip())
+        else ""
+    )
 
 
 def parse_json(text: str, source: str, what: str = "JSON file", fix: str = _DEFAULT_FIX) -> Any:
@@ -51,8 +54,7 @@ def parse_json(text: str, source: str, what: str = "JSON file", fix: str = _DEFA
         return json.loads(text)
     except json.JSONDecodeError as e:
         where = f"{source}:{e.lineno}:{e.colno}" if ":" not in source else f"{source}, column {e.colno}"
-        raise UserFileError(f"{where}: not valid JSON for the {what} ({e.msg}{_cut_off(text, e.pos)}); {fix}") \
-            from None
+        raise UserFileError(f"{where}: not valid JSON for the {what} ({e.msg}{_cut_off(text, e.pos)}); {fix}") from None
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON file", fix: str = _DEFAULT_FIX) -> Any:
@@ -66,8 +68,9 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", fix: str = _DEFA
     return parse_json(_text(path, what), str(path), what, fix)
 
 
-def read_jsonl(path: str | os.PathLike, what: str = "JSON lines file",
-               fix: str = _DEFAULT_FIX) -> Iterator[tuple[str, Any]]:
+def read_jsonl(
+    path: str | os.PathLike, what: str = "JSON lines file", fix: str = _DEFAULT_FIX
+) -> Iterator[tuple[str, Any]]:
     """``(where, record)`` for each non-blank line of a JSON lines file, ``where`` = ``"path:line"``.
 
     Raises:
@@ -96,8 +99,9 @@ def read_yaml(path: str | os.PathLike, what: str = "YAML file", fix: str = _DEFA
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
         problem = e.problem or "syntax error"
         if e.context and e.context_mark is not None:
-            problem = f"{e.context} started at line {e.context_mark.line + 1}, column {e.context_mark.column + 1}: " \
-                      f"{problem}"
+            problem = (
+                f"{e.context} started at line {e.context_mark.line + 1}, column {e.context_mark.column + 1}: {problem}"
+            )
         raise UserFileError(f"{where}: not valid YAML for the {what} ({problem}); {fix}") from None
     except yaml.YAMLError as e:
         raise UserFileError(f"{path}: not valid YAML for the {what} ({e}); {fix}") from None
@@ -109,10 +113,13 @@ def expect(value: Any, kind: type | tuple[type, ...], where: str, description: s
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds):
         return value
-    names = " or ".join({dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number"}
-                        .get(k, k.__name__) for k in kinds)
-    raise UserFileError(f"{where}: {description} must be {names}, got {type(value).__name__} {str(value)[:60]!r}; "
-                        f"{fix}")
+    names = " or ".join(
+        {dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number"}.get(k, k.__name__)
+        for k in kinds
+    )
+    raise UserFileError(
+        f"{where}: {description} must be {names}, got {type(value).__name__} {str(value)[:60]!r}; {fix}"
+    )
 
 
 __all__ = ["UserFileError", "parse_json", "read_json", "read_jsonl", "read_yaml", "expect"]

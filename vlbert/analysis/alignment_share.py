@@ -45,8 +45,9 @@ def region_roles(regions: Regions, box: np.ndarray, max_regions: int) -> tuple[n
     return ((iou >= 0.5) & ~whole).numpy(), ((iou < 0.1) & ~whole).numpy()
 
 
-def alignment_share(model, tokenizer, examples: Iterable[tuple[str, Regions, np.ndarray, tuple[str, ...]]],
-                    max_regions: int = 36) -> dict[str, float]:
+def alignment_share(
+    model, tokenizer, examples: Iterable[tuple[str, Regions, np.ndarray, tuple[str, ...]]], max_regions: int = 36
+) -> dict[str, float]:
     """The mean share of each named word's transported mass on its object's regions.
 
     Args:
@@ -80,15 +81,19 @@ def alignment_share(model, tokenizer, examples: Iterable[tuple[str, Regions, np.
             shares.append(float(row[on_object].sum() / max(counted, 1e-12)))
             by_word[k].append(shares[-1])
             uniform.append(on_object.sum() / (on_object | background).sum())
-    return {"words": len(shares), "share": float(np.mean(shares)) if shares else float("nan"),
-            "uniform": float(np.mean(uniform)) if uniform else float("nan"), "images": images,
-            "by_word": [float(np.mean(by_word[k])) if by_word[k] else None for k in sorted(by_word)]}
+    return {
+        "words": len(shares),
+        "share": float(np.mean(shares)) if shares else float("nan"),
+        "uniform": float(np.mean(uniform)) if uniform else float("nan"),
+        "images": images,
+        "by_word": [float(np.mean(by_word[k])) if by_word[k] else None for k in sorted(by_word)],
+    }
 
 
 def _pieces(tokens: list[str], word: list[str]) -> slice | None:
     """The positions of the wordpieces ``word`` in ``tokens`` (first occurrence), or None."""
     for start in range(len(tokens) - len(word) + 1):
-        if tokens[start:start + len(word)] == word:
+        if tokens[start : start + len(word)] == word:
             return slice(start, start + len(word))
     return None
 

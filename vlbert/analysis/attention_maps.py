@@ -22,8 +22,13 @@ def _pyplot():
     return plt
 
 
-def head_statistics(attentions: tuple[torch.Tensor, ...], input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    cls_id: int, sep_id: int) -> dict[str, np.ndarray]:
+def head_statistics(
+    attentions: tuple[torch.Tensor, ...],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    cls_id: int,
+    sep_id: int,
+) -> dict[str, np.ndarray]:
     """Each head's average attention (over real query tokens) to [CLS], to [SEP], to the previous and to the next
     token (Clark et al. 2019, figure 2).
 
@@ -96,8 +101,9 @@ def plot_text_attention(attentions: tuple[torch.Tensor, ...], tokens: list[str],
     plt.close(fig)
 
 
-def word_region_attention(attentions: tuple[torch.Tensor, ...], num_text: int, layer: int, head: int | None = None,
-                          cross: bool = False) -> np.ndarray:
+def word_region_attention(
+    attentions: tuple[torch.Tensor, ...], num_text: int, layer: int, head: int | None = None, cross: bool = False
+) -> np.ndarray:
     """float [T, R]: the attention each text position gives each region in ``layer`` (averaged over heads, or
     one ``head``), renormalised over the regions so rows compare across words. Sequence order: text then regions
     (as :class:`vlbert.VLBertModel`). ``cross``: ``attentions`` are a two-stream model's ``cross_attentions``
@@ -108,8 +114,9 @@ def word_region_attention(attentions: tuple[torch.Tensor, ...], num_text: int, l
     return (to_regions / to_regions.sum(-1, keepdim=True).clamp(min=1e-12)).numpy()
 
 
-def word_region_transport(model, input_ids: torch.Tensor, regions: dict[str, torch.Tensor],
-                          beta: float = 0.5, iterations: int = 50) -> tuple[np.ndarray, float]:
+def word_region_transport(
+    model, input_ids: torch.Tensor, regions: dict[str, torch.Tensor], beta: float = 0.5, iterations: int = 50
+) -> tuple[np.ndarray, float]:
     """UNITER's word-region alignment of one pair: the optimal transport plan between its words and its regions
     (:func:`vlbert.layers.optimal_transport.wasserstein_distance` between the word and region states of the
     model's ``config.wra_layer``, the last layer's by default, as the ``wra`` objective computes it), each word's
@@ -125,19 +132,31 @@ def word_region_transport(model, input_ids: torch.Tensor, regions: dict[str, tor
     """
     config = model.bert.config
     with torch.no_grad():
-        out = model.bert(input_ids, None, torch.ones_like(input_ids), **regions,
-                         output_hidden_states=below_last_layer(config))
+        out = model.bert(
+            input_ids, None, torch.ones_like(input_ids), **regions, output_hidden_states=below_last_layer(config)
+        )
         t = input_ids.shape[1]
-        words, region_states = alignment_states(config, out.last_hidden_state[:, :t], out.last_hidden_state[:, t:],
-                                                out.hidden_states)
-        distance, plan = wasserstein_distance(words, region_states, torch.ones_like(input_ids),
-                                              regions["region_mask"], beta, iterations)
+        words, region_states = alignment_states(
+            config, out.last_hidden_state[:, :t], out.last_hidden_state[:, t:], out.hidden_states
+        )
+        distance, plan = wasserstein_distance(
+            words, region_states, torch.ones_like(input_ids), regions["region_mask"], beta, iterations
+        )
     rows = plan[0]
     return (rows / rows.sum(-1, keepdim=True).clamp(min=1e-12)).numpy(), float(distance[0])
 
 
-def plot_word_regions(image, boxes: np.ndarray, tokens: list[str], word_region: np.ndarray, word: int,
-                      region_labels: list[str], path, title: str = "", quantity: str = "attention") -> None:
+def plot_word_regions(
+    image,
+    boxes: np.ndarray,
+    tokens: list[str],
+    word_region: np.ndarray,
+    word: int,
+    region_labels: list[str],
+    path,
+    title: str = "",
+    quantity: str = "attention",
+) -> None:
     """Left: the image with each region's box drawn with opacity and width by the attention (or transported mass)
     ``tokens[word]`` gives it; right: the text-to-region heat map (words x regions).
 
@@ -155,8 +174,11 @@ def plot_word_regions(image, boxes: np.ndarray, tokens: list[str], word_region: 
     for box, w in sorted(zip(boxes, weights), key=lambda bw: bw[1]):
         x1, y1, x2, y2 = box
         left.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=True, alpha=0.35 * w, color="red"))
-        left.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, linewidth=0.5 + 2.5 * w,
-                                 edgecolor=(1, 0, 0, 0.2 + 0.8 * w)))
+        left.add_patch(
+            Rectangle(
+                (x1, y1), x2 - x1, y2 - y1, fill=False, linewidth=0.5 + 2.5 * w, edgecolor=(1, 0, 0, 0.2 + 0.8 * w)
+            )
+        )
     left.set_title(f"regions shaded by {quantity} from {tokens[word]!r}", fontsize=9)
     left.axis("off")
     right.imshow(word_region, cmap="Reds", aspect="auto")
@@ -172,5 +194,11 @@ def plot_word_regions(image, boxes: np.ndarray, tokens: list[str], word_region: 
     plt.close(fig)
 
 
-__all__ = ["head_statistics", "plot_head_statistics", "plot_text_attention", "word_region_attention",
-           "word_region_transport", "plot_word_regions"]
+__all__ = [
+    "head_statistics",
+    "plot_head_statistics",
+    "plot_text_attention",
+    "word_region_attention",
+    "word_region_transport",
+    "plot_word_regions",
+]

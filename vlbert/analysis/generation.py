@@ -37,8 +37,15 @@ def _inputs(model, regions: list[dict] | None, region_mask_off: bool) -> dict:
 
 
 @torch.no_grad()
-def mask_predict(model, tokenizer, length: int, iterations: int = 4, regions: list[dict] | None = None,
-                 batch: int = 1, mask_regions: bool = False) -> list[str]:
+def mask_predict(
+    model,
+    tokenizer,
+    length: int,
+    iterations: int = 4,
+    regions: list[dict] | None = None,
+    batch: int = 1,
+    mask_regions: bool = False,
+) -> list[str]:
     """Texts of ``length`` wordpieces by mask-predict (see module docstring).
 
     Args:
@@ -80,9 +87,17 @@ def mask_predict(model, tokenizer, length: int, iterations: int = 4, regions: li
 
 
 @torch.no_grad()
-def gibbs_sample(model, tokenizer, length: int, sweeps: int = 4, temperature: float = 1.0,
-                 regions: list[dict] | None = None, batch: int = 1, mask_regions: bool = False,
-                 seed: int = 0) -> list[str]:
+def gibbs_sample(
+    model,
+    tokenizer,
+    length: int,
+    sweeps: int = 4,
+    temperature: float = 1.0,
+    regions: list[dict] | None = None,
+    batch: int = 1,
+    mask_regions: bool = False,
+    seed: int = 0,
+) -> list[str]:
     """Texts of ``length`` wordpieces by Gibbs sampling from the masked LM (see module docstring): ``sweeps``
     passes over the positions in random order, each position masked and re-drawn from softmax(logits /
     ``temperature``) given the rest; deterministic in ``seed``. Other arguments as :func:`mask_predict`."""
@@ -103,7 +118,7 @@ def gibbs_sample(model, tokenizer, length: int, sweeps: int = 4, temperature: fl
                 ids[:, position] = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(device)
     finally:
         model.train(was_training)
-    return [tokenizer.decode(row[1:length + 1]) for row in ids]
+    return [tokenizer.decode(row[1 : length + 1]) for row in ids]
 
 
 __all__ = ["mask_predict", "gibbs_sample"]

@@ -40,18 +40,37 @@ def bbc_news(model_path: str, max_length: int = 128, batch_size: int = 32):
     model, tok = vlbert.BertModel.from_pretrained(path), load_tokenizer(path)
     out = []
     for records in bbc_news_split()[:2]:
+
         def batches():
             for s in range(0, len(records), batch_size):
-                enc = tok([r["text"] for r in records[s:s + batch_size]], truncation=True, max_length=max_length,
-                          padding=True, return_tensors="pt")
-                yield {"input_ids": enc["input_ids"], "token_type_ids": enc["token_type_ids"],
-                       "attention_mask": enc["attention_mask"], "pool": "mean"}
+                enc = tok(
+                    [r["text"] for r in records[s : s + batch_size]],
+                    truncation=True,
+                    max_length=max_length,
+                    padding=True,
+                    return_tensors="pt",
+                )
+                yield {
+                    "input_ids": enc["input_ids"],
+                    "token_type_ids": enc["token_type_ids"],
+                    "attention_mask": enc["attention_mask"],
+                    "pool": "mean",
+                }
+
         out += [layer_features(model, batches()), torch.tensor([r["label"] for r in records])]
     return (*out, "BBC News topic, MiniLM layers" if model_path == "minilm" else f"BBC News topic, {model_path}")
 
 
-def easy_vqa(model_path: str, cache_dir: str, colour_only: bool, detector: DetectorConfig, max_regions: int = 16,
-             max_train: int = 3000, max_eval: int = 1000, batch_size: int = 64):
+def easy_vqa(
+    model_path: str,
+    cache_dir: str,
+    colour_only: bool,
+    detector: DetectorConfig,
+    max_regions: int = 16,
+    max_train: int = 3000,
+    max_eval: int = 1000,
+    batch_size: int = 64,
+):
     """Features of easy-VQA questions (train / test) with their image's first ``max_regions`` regions, extracted
     with ``detector`` (the model's own: tools/explain.py reads it from the run's inference.json), labels = the
     answer (colour questions only with ``colour_only``)."""
@@ -65,18 +84,25 @@ def easy_vqa(model_path: str, cache_dir: str, colour_only: bool, detector: Detec
 
         def batches():
             for s in range(0, len(questions), batch_size):
-                chunk = questions[s:s + batch_size]
-                batch = pad_text([{"input_ids": ids} for ids in tok([q.question for q in chunk])["input_ids"]],
-                                 tok.pad_token_id)
+                chunk = questions[s : s + batch_size]
+                batch = pad_text(
+                    [{"input_ids": ids} for ids in tok([q.question for q in chunk])["input_ids"]], tok.pad_token_id
+                )
                 batch.update(pad_regions([region_item(regions[q.image_id], max_regions) for q in chunk]))
                 yield {**batch, "pool": "cls"}
+
         out += [layer_features(model, batches()), torch.tensor([names.index(q.answer) for q in questions])]
     what = "the colour" if colour_only else "the answer"
     return (*out, f"easy-VQA: which layer knows {what}? ({model_path})")
 
 
-def probe_features(task: str, model_path: str, cache_dir: str = "~/.cache/vlbert/regions",
-                   detector: DetectorConfig | None = None, max_regions: int = 16):
+def probe_features(
+    task: str,
+    model_path: str,
+    cache_dir: str = "~/.cache/vlbert/regions",
+    detector: DetectorConfig | None = None,
+    max_regions: int = 16,
+):
     """(train_x, train_y, eval_x, eval_y, title) for ``task`` in "bbc-news", "easy-vqa-color", "easy-vqa-answer";
     the easy-VQA tasks read regions made by ``detector`` (the model's own), ``max_regions`` per image.
 

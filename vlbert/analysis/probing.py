@@ -16,11 +16,11 @@ from vlbert.models.heads import ScalarMix
 @dataclass
 class ProbeResult:
     """Attributes:
-        mix_weights: float [L + 1], the scalar mix's softmax weights (layer 0 = embeddings).
-        expected_layer: sum_l l * mix_weights[l].
-        mix_accuracy: held-out accuracy of the probe over the mix.
-        layer_accuracy: float [L + 1], held-out accuracy of a probe on each layer alone.
-        majority_accuracy: held-out accuracy of always answering the most frequent training label.
+    mix_weights: float [L + 1], the scalar mix's softmax weights (layer 0 = embeddings).
+    expected_layer: sum_l l * mix_weights[l].
+    mix_accuracy: held-out accuracy of the probe over the mix.
+    layer_accuracy: float [L + 1], held-out accuracy of a probe on each layer alone.
+    majority_accuracy: held-out accuracy of always answering the most frequent training label.
     """
 
     mix_weights: list[float]
@@ -30,8 +30,9 @@ class ProbeResult:
     majority_accuracy: float
 
 
-def _train(features: torch.Tensor, labels: torch.Tensor, num_classes: int, mix: ScalarMix | None,
-           steps: int, seed: int) -> torch.nn.Module:
+def _train(
+    features: torch.Tensor, labels: torch.Tensor, num_classes: int, mix: ScalarMix | None, steps: int, seed: int
+) -> torch.nn.Module:
     torch.manual_seed(seed)
     classifier = torch.nn.Linear(features.shape[-1], num_classes)
     params = list(classifier.parameters()) + (list(mix.parameters()) if mix is not None else [])
@@ -45,8 +46,14 @@ def _train(features: torch.Tensor, labels: torch.Tensor, num_classes: int, mix: 
     return classifier
 
 
-def probe_layers(train_features: torch.Tensor, train_labels: torch.Tensor, eval_features: torch.Tensor,
-                 eval_labels: torch.Tensor, steps: int = 300, seed: int = 0) -> ProbeResult:
+def probe_layers(
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    eval_features: torch.Tensor,
+    eval_labels: torch.Tensor,
+    steps: int = 300,
+    seed: int = 0,
+) -> ProbeResult:
     """Train the scalar-mix probe and the per-layer probes (full-batch Adam, lr 1e-2, ``steps`` steps).
 
     Args:
@@ -72,8 +79,13 @@ def probe_layers(train_features: torch.Tensor, train_labels: torch.Tensor, eval_
         with torch.no_grad():
             layer_accuracy.append((single(eval_x[:, layer]).argmax(-1) == eval_labels).float().mean().item())
     majority = torch.bincount(train_labels).argmax()
-    return ProbeResult(weights.tolist(), float((weights * torch.arange(len(weights))).sum()), mix_accuracy,
-                       layer_accuracy, float((eval_labels == majority).float().mean()))
+    return ProbeResult(
+        weights.tolist(),
+        float((weights * torch.arange(len(weights))).sum()),
+        mix_accuracy,
+        layer_accuracy,
+        float((eval_labels == majority).float().mean()),
+    )
 
 
 def plot_probe(result: ProbeResult, title: str, path) -> None:
@@ -87,8 +99,9 @@ def plot_probe(result: ProbeResult, title: str, path) -> None:
     layers = range(len(result.mix_weights))
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
     ax.bar(layers, result.mix_weights, color="#9ecae1", label="scalar-mix weight")
-    ax.axvline(result.expected_layer, color="#3182bd", linestyle="--",
-               label=f"expected layer {result.expected_layer:.2f}")
+    ax.axvline(
+        result.expected_layer, color="#3182bd", linestyle="--", label=f"expected layer {result.expected_layer:.2f}"
+    )
     ax.set_xlabel("layer (0 = embeddings)")
     ax.set_ylabel("mix weight")
     ax.set_xticks(list(layers))

@@ -27,8 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("vlbert.commands.extract_regions", "images -> region shards (or import TSV / npz features)"),
     "convert": ("vlbert.commands.convert_checkpoint", "a published UNITER / VisualBERT / Oscar checkpoint -> a model"),
     "explain": ("vlbert.commands.explain", "fill-mask, attention, word-region pictures, generation, probes"),
-    "benchmark": ("vlbert.commands.benchmark",
-                  "speed: train | inference | extraction | region-store | text-corpus | quickstart"),
+    "benchmark": (
+        "vlbert.commands.benchmark",
+        "speed: train | inference | extraction | region-store | text-corpus | quickstart",
+    ),
     "demo": ("vlbert.commands.demo", "a web page over a run: VQA, caption matching, fill-mask, attention"),
     "prepare-corpus": ("vlbert.commands.prepare_corpus", "tokenise a text corpus once into on-disk token arrays"),
     "train-tokenizer": ("vlbert.commands.train_tokenizer", "train a WordPiece (or BPE) vocabulary"),
@@ -41,8 +43,11 @@ def usage() -> str:
     """The text of ``vlbert --help``: the subcommands and their one-line help."""
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
-    return ("usage: vlbert <command> [flags]    (vlbert <command> --help for its flags)\n\ncommands:\n"
-            + "\n".join(lines) + "\n")
+    return (
+        "usage: vlbert <command> [flags]    (vlbert <command> --help for its flags)\n\ncommands:\n"
+        + "\n".join(lines)
+        + "\n"
+    )
 
 
 def command_main(name: str):
@@ -62,8 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(usage() + f"vlbert: error: unknown command {name!r}; choose one of {', '.join(COMMANDS)}",
-              file=sys.stderr)
+        print(
+            usage() + f"vlbert: error: unknown command {name!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr
+        )
         return 2
     sys.argv[0] = f"vlbert {name}"  # argparse names the program after sys.argv[0] in usage lines
     return run_tool(command_main(name), rest)

@@ -1,7 +1,7 @@
 """List the shipped run configs: each name works as ``--config NAME`` from any directory.
 
-    vlbert configs              # text/default, vl/uniter-base, finetune/vqa-easy-vqa, ...
-    vlbert configs --path       # with the file each name resolves to
+vlbert configs              # text/default, vl/uniter-base, finetune/vqa-easy-vqa, ...
+vlbert configs --path       # with the file each name resolves to
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import argparse
 import json
 import logging
 
-from vlbert.families import convert_checkpoint, FAMILIES
+from vlbert.families import FAMILIES, convert_checkpoint
 from vlbert.hub import is_repo_id, push_model_directory
 
 
@@ -39,18 +39,31 @@ def main(argv=None) -> int:
     p.add_argument("--labels", help="answer/label names of a fine-tuned head, in output order")
     p.add_argument("--config", help="the family's own config JSON (UNITER: config/uniter-base.json)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
-    p.add_argument("--allow-nonfinite", action="store_true",
-                   help="convert tensors that hold NaN or inf (refused otherwise: the checkpoint diverged or is "
-                        "damaged)")
-    p.add_argument("--push-to-hub", metavar="REPO", help="then upload --output-dir, with a model card, to the hub "
-                                                         "repository REPO (org/name; needs a token: hf auth login)")
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="convert tensors that hold NaN or inf (refused otherwise: the checkpoint diverged or is damaged)",
+    )
+    p.add_argument(
+        "--push-to-hub",
+        metavar="REPO",
+        help="then upload --output-dir, with a model card, to the hub "
+        "repository REPO (org/name; needs a token: hf auth login)",
+    )
     args = p.parse_args(argv)
     if args.push_to_hub and not is_repo_id(args.push_to_hub):
         raise ValueError(f"--push-to-hub {args.push_to_hub!r} is not a hub repository id; write it as org/name")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    report = convert_checkpoint(args.family, args.source, args.output_dir, tokenizer=args.tokenizer,
-                                labels=args.labels, config=args.config, overwrite=args.overwrite,
-                                allow_nonfinite=args.allow_nonfinite)
+    report = convert_checkpoint(
+        args.family,
+        args.source,
+        args.output_dir,
+        tokenizer=args.tokenizer,
+        labels=args.labels,
+        config=args.config,
+        overwrite=args.overwrite,
+        allow_nonfinite=args.allow_nonfinite,
+    )
     if args.push_to_hub:
         report["pushed"] = {"repo": args.push_to_hub, "files": push_model_directory(args.output_dir, args.push_to_hub)}
     print(json.dumps({"output_dir": args.output_dir, **report}))

@@ -23,7 +23,6 @@ import torch
 from PIL import Image, ImageDraw
 
 from detectors.images import read_pil_image
-
 from vlbert.analysis.attention_maps import word_region_attention
 from vlbert.inference import PIPELINES, pipeline
 from vlbert.inference.run import read_inference_info
@@ -45,14 +44,16 @@ class DemoSession:
 
     def __init__(self, run_dir, device: str | None = None, detector_weights=None, allow_other_detector=False):
         self.task = read_inference_info(run_dir)["task"]
-        options = {"device": device, "detector_weights": detector_weights,
-                   "allow_other_detector": allow_other_detector}
-        self.pipelines = {task: pipeline(task, run_dir, **options) for task in TABS
-                          if self.task in PIPELINES[task].accepted_runs()}
+        options = {"device": device, "detector_weights": detector_weights, "allow_other_detector": allow_other_detector}
+        self.pipelines = {
+            task: pipeline(task, run_dir, **options) for task in TABS if self.task in PIPELINES[task].accepted_runs()
+        }
         if not self.pipelines:
             accepted = sorted({t for task in TABS for t in PIPELINES[task].accepted_runs()})
-            raise ValueError(f"{run_dir} is a {self.task!r} run; the demo shows runs of {', '.join(accepted)} "
-                             "(use vlbert predict for the others)")
+            raise ValueError(
+                f"{run_dir} is a {self.task!r} run; the demo shows runs of {', '.join(accepted)} "
+                "(use vlbert predict for the others)"
+            )
         self._regions: dict[str, Any] = {}
 
     def _regions_of(self, image):
@@ -68,8 +69,7 @@ class DemoSession:
 
     def answer(self, image, question: str, top_k: int = 5) -> dict[str, float]:
         """VQA: answer -> score (sigmoid) of the ``top_k`` best answers."""
-        return {r["answer"]: r["score"] for r in self.pipelines["vqa"](self._regions_of(image), question,
-                                                                          top_k=top_k)}
+        return {r["answer"]: r["score"] for r in self.pipelines["vqa"](self._regions_of(image), question, top_k=top_k)}
 
     def match(self, image, captions: str) -> dict[str, float]:
         """Image-text matching: each line of ``captions`` -> P(match)."""
@@ -103,13 +103,18 @@ class DemoSession:
         if not 0 <= word < num_text:
             raise ValueError(f"word {word} is not a position of the text (0..{num_text - 1})")
         with torch.no_grad():
-            attentions = pipe.model.bert(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                                         region_features=batch["region_features"], region_boxes=batch["region_boxes"],
-                                         region_mask=batch["region_mask"], output_attentions=True).attentions
-        weights = word_region_attention(tuple(a.cpu() for a in attentions), num_text,
-                                        layer % len(attentions))[word]
+            attentions = pipe.model.bert(
+                batch["input_ids"],
+                batch["token_type_ids"],
+                batch["attention_mask"],
+                region_features=batch["region_features"],
+                region_boxes=batch["region_boxes"],
+                region_mask=batch["region_mask"],
+                output_attentions=True,
+            ).attentions
+        weights = word_region_attention(tuple(a.cpu() for a in attentions), num_text, layer % len(attentions))[word]
         picture = read_pil_image(image)  # the pixels the regions were found on (EXIF orientation applied)
-        return weights, draw_region_weights(picture, regions.boxes[:len(weights)], weights)
+        return weights, draw_region_weights(picture, regions.boxes[: len(weights)], weights)
 
 
 def draw_region_weights(image: Image.Image, boxes: np.ndarray, weights: np.ndarray) -> Image.Image:
@@ -123,8 +128,12 @@ def draw_region_weights(image: Image.Image, boxes: np.ndarray, weights: np.ndarr
     for box, w in sorted(zip(boxes, weights), key=lambda bw: bw[1]):
         share = float(w) / top
         x1, y1, x2, y2 = (float(v) * scale for v in box)
-        draw.rectangle((x1, y1, x2, y2), fill=(255, 0, 0, int(90 * share)),
-                       outline=(255, 0, 0, int(60 + 195 * share)), width=max(1, round(1 + 3 * share)))
+        draw.rectangle(
+            (x1, y1, x2, y2),
+            fill=(255, 0, 0, int(90 * share)),
+            outline=(255, 0, 0, int(60 + 195 * share)),
+            width=max(1, round(1 + 3 * share)),
+        )
     return Image.alpha_composite(base, layer).convert("RGB")
 
 
@@ -138,8 +147,9 @@ def build_app(session: DemoSession):
     try:
         import gradio as gr
     except ModuleNotFoundError as e:
-        raise ModuleNotFoundError("vlbert demo needs gradio: pip install 'vlbert[demo-web]' (or pip install gradio)"
-                                  ) from e
+        raise ModuleNotFoundError(
+            "vlbert demo needs gradio: pip install 'vlbert[demo-web]' (or pip install gradio)"
+        ) from e
     with gr.Blocks(title=f"vlbert demo: {session.task} run") as app:
         gr.Markdown(f"## vlbert: a {session.task} run\nUpload an image; regions come from the run's own detector.")
         image = gr.Image(type="pil", label="image", height=260)
@@ -158,14 +168,21 @@ def build_app(session: DemoSession):
                 masked = gr.Textbox(label="text with [MASK]", value="a [MASK] circle")
                 fillers = gr.Label(label="fillers")
                 gr.Button("Fill").click(session.fill, [image, masked], fillers, api_name="fill")
-        gr.Markdown("### Attention over regions\nShow the words, then click one: the regions drawn on the image are "
-                    "shaded by the attention it gives them (last layer, heads averaged).")
+        gr.Markdown(
+            "### Attention over regions\nShow the words, then click one: the regions drawn on the image are "
+            "shaded by the attention it gives them (last layer, heads averaged)."
+        )
         with gr.Row():
             with gr.Column():
                 text = gr.Textbox(label="text", value="what color is the shape?")
                 show = gr.Button("Show words")
-                words = gr.HighlightedText(label="click a word", combine_adjacent=False, show_legend=False,
-                                           show_inline_category=False, color_map={"word": "#dbeafe"})
+                words = gr.HighlightedText(
+                    label="click a word",
+                    combine_adjacent=False,
+                    show_legend=False,
+                    show_inline_category=False,
+                    color_map={"word": "#dbeafe"},
+                )
             picture = gr.Image(label="the word's attention over the regions", type="pil", height=320, format="png")
         show.click(lambda t: [(w, "word") for w in session.words(t)], text, words, api_name="words")
 
@@ -175,8 +192,12 @@ def build_app(session: DemoSession):
         on_select.__annotations__["selected"] = gr.SelectData  # how Gradio knows to pass the click
         words.select(on_select, [image, text], picture)
         position = gr.Number(value=1, precision=0, visible=False)
-        position.change(lambda img, t, k: session.attention(img, t, int(k))[1], [image, text, position], picture,
-                        api_name="attention")
+        position.change(
+            lambda img, t, k: session.attention(img, t, int(k))[1],
+            [image, text, position],
+            picture,
+            api_name="attention",
+        )
     return app
 
 
@@ -188,8 +209,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--device", help="cpu, cuda, ... (default: CUDA when available)")
     p.add_argument("--detector-weights", help="the run's detector weights where you keep them (checked by sha256)")
-    p.add_argument("--allow-other-detector", action="store_true",
-                   help="accept regions of another detector than the run's (silently worse answers)")
+    p.add_argument(
+        "--allow-other-detector",
+        action="store_true",
+        help="accept regions of another detector than the run's (silently worse answers)",
+    )
     p.add_argument("--share", action="store_true", help="also serve through a public Gradio link")
     return p.parse_args(argv)
 

@@ -40,10 +40,16 @@ def add_detector_arguments(parser: argparse.ArgumentParser, default_backend: str
     group = parser.add_argument_group("detector (the run configs' detector section; docs/regions.md)")
     backends = "; ".join(f"{name}: {entry.summary}" for name, entry in DETECTOR_BACKENDS.items())
     group.add_argument("--backend", choices=list(DETECTOR_BACKENDS), help=f"{backends} (default {default_backend})")
-    group.add_argument("--weights", help="weights file (default: the backend's own: packaged ImageNet weights for "
-                                         "timm's efficientnet_lite0, torchvision's COCO weights when online)")
-    group.add_argument("--weights-sha256", help="the weights file's expected sha256 (sha256sum): refused when the "
-                                                "file has another; detector.json records it either way")
+    group.add_argument(
+        "--weights",
+        help="weights file (default: the backend's own: packaged ImageNet weights for "
+        "timm's efficientnet_lite0, torchvision's COCO weights when online)",
+    )
+    group.add_argument(
+        "--weights-sha256",
+        help="the weights file's expected sha256 (sha256sum): refused when the "
+        "file has another; detector.json records it either way",
+    )
     for name, (f, owners) in option_fields().items():
         default = f.default if f.default is not MISSING else f.default_factory()
         said = f" (default {default})" if default not in ("", {}) else ""
@@ -69,8 +75,10 @@ def detector_options(args: argparse.Namespace, default_backend: str = DEFAULT_BA
     for name, value in given.items():
         owners = option_fields()[name][1]
         if backend not in owners:
-            raise ValueError(f"{option_flag(name)} is an option of the {' and '.join(owners)} backend, not of "
-                             f"{backend}; drop it, or pass --backend {owners[0]}")
+            raise ValueError(
+                f"{option_flag(name)} is an option of the {' and '.join(owners)} backend, not of "
+                f"{backend}; drop it, or pass --backend {owners[0]}"
+            )
         if option_fields()[name][0].type == "dict":
             if len(value) % 2:
                 raise ValueError(f"{option_flag(name)} takes KEY VALUE pairs, got {len(value)} words")
@@ -85,8 +93,9 @@ def detector_from_arguments(args: argparse.Namespace, default_backend: str = DEF
         ValueError: from :func:`detector_options` and the config's validation.
     """
     backend, options = detector_options(args, default_backend)
-    return DetectorConfig(backend=backend, weights=args.weights or "", weights_sha256=args.weights_sha256 or "",
-                          options=options)
+    return DetectorConfig(
+        backend=backend, weights=args.weights or "", weights_sha256=args.weights_sha256 or "", options=options
+    )
 
 
 __all__ = ["add_detector_arguments", "detector_options", "detector_from_arguments", "option_fields", "option_flag"]

@@ -41,8 +41,9 @@ def main(argv=None) -> int:
     else:
         fits = [i for i, (c, s) in known.items() if args.color in (None, c) and args.shape in (None, s)]
         if not fits:
-            raise ValueError(f"no easy-VQA test image is a {args.color or ''} {args.shape or 'shape'}; "
-                             "drop --color or --shape")
+            raise ValueError(
+                f"no easy-VQA test image is a {args.color or ''} {args.shape or 'shape'}; drop --color or --shape"
+            )
         image_id = min(fits, key=lambda i: int(i.split("/")[1]))
     shutil.copyfile(paths[image_id], output)
     color, shape = known.get(image_id, ("?", "?"))

@@ -27,8 +27,14 @@ from detectors.config import DetectorConfig
 from detectors.images import load_image, read_pil_image
 from detectors.shards import load_regions
 from vlbert.analysis.alignment_share import alignment_share, object_box
-from vlbert.analysis.attention_maps import (head_statistics, plot_head_statistics, plot_text_attention,
-                                            plot_word_regions, word_region_attention, word_region_transport)
+from vlbert.analysis.attention_maps import (
+    head_statistics,
+    plot_head_statistics,
+    plot_text_attention,
+    plot_word_regions,
+    word_region_attention,
+    word_region_transport,
+)
 from vlbert.analysis.fill_mask import fill_mask
 from vlbert.analysis.generation import gibbs_sample, mask_predict
 from vlbert.analysis.probe_data import probe_features
@@ -50,9 +56,11 @@ def load(model_path: str, vl: bool):
     path = resolve_model_path(model_path)
     config = read_json(Path(path) / "config.json", "model config")
     if vl and config.get("model_type") != "vlbert":
-        raise ValueError(f"{model_path} is a text model (model_type {config.get('model_type')!r}); this command reads "
-                         "an image's regions: give a vision-language run (tools/pretrain.py --modality vl, a VL "
-                         "fine-tuning run) or a converted UNITER / VisualBERT / Oscar model")
+        raise ValueError(
+            f"{model_path} is a text model (model_type {config.get('model_type')!r}); this command reads "
+            "an image's regions: give a vision-language run (tools/pretrain.py --modality vl, a VL "
+            "fine-tuning run) or a converted UNITER / VisualBERT / Oscar model"
+        )
     cls = vlbert.VLBertForPreTraining if vl or config.get("model_type") == "vlbert" else vlbert.BertForPreTraining
     return cls.from_pretrained(path).eval(), load_tokenizer(path)
 
@@ -75,12 +83,16 @@ def run_detector(model_path: str):
         return easy_vqa_detector(), EASY_VQA_MAX_REGIONS
     info = read_inference_info(path)
     if "detector" not in info:
-        raise ValueError(f"{model_path} is a {info.get('task')} run without regions; this command reads an image's "
-                         "regions: give a vision-language run (tools/pretrain.py --modality vl, a VL fine-tuning run)")
+        raise ValueError(
+            f"{model_path} is a {info.get('task')} run without regions; this command reads an image's "
+            "regions: give a vision-language run (tools/pretrain.py --modality vl, a VL fine-tuning run)"
+        )
     detector = detector_for_run(info.get("detector") or {})
     if detector is None:
-        raise ValueError(f"{model_path} was trained on imported regions ({(info.get('detector') or {}).get('extractor')})"
-                         ": no detector can be rebuilt to read easy-VQA images for it")
+        raise ValueError(
+            f"{model_path} was trained on imported regions ({(info.get('detector') or {}).get('extractor')})"
+            ": no detector can be rebuilt to read easy-VQA images for it"
+        )
     return detector, int(info.get("max_regions", EASY_VQA_MAX_REGIONS))
 
 
@@ -96,9 +108,11 @@ def refuse_visual_backbone(args) -> None:
     """Raise ValueError, naming the commands that do run, for a run whose model computes its region features from
     the pixels (``model.visual_backbone``): this command feeds many images' detector features."""
     if run_preprocessing(args.model) is not None:
-        raise ValueError(f"{args.what} feeds the detector's region features of many images, but {args.model}'s model "
-                         "computes them from the pixels (model.visual_backbone); fill-mask, regions and alignment "
-                         "read one image's pixels and do run on it")
+        raise ValueError(
+            f"{args.what} feeds the detector's region features of many images, but {args.model}'s model "
+            "computes them from the pixels (model.visual_backbone); fill-mask, regions and alignment "
+            "read one image's pixels and do run on it"
+        )
 
 
 def easy_vqa_regions(split: str, cache_dir: str, detector=None, image_ids: list[str] | None = None):
@@ -124,8 +138,10 @@ def image_regions(args):
     split = args.easy_vqa_image.split("/")[0]
     known = image_paths(split) if split in ("train", "test") else {}
     if args.easy_vqa_image not in known:
-        raise ValueError(f"--easy-vqa-image {args.easy_vqa_image}: no such easy-VQA image (ids are train/N or test/N, "
-                         f"N < {len(known) or 'the split size'})")
+        raise ValueError(
+            f"--easy-vqa-image {args.easy_vqa_image}: no such easy-VQA image (ids are train/N or test/N, "
+            f"N < {len(known) or 'the split size'})"
+        )
     found = easy_vqa_regions(split, args.cache_dir, detector, [args.easy_vqa_image])[args.easy_vqa_image]
     preprocessing = run_preprocessing(args.model)  # a visual backbone: the boxes, and the pixels under them
     if preprocessing is not None:
@@ -156,12 +172,12 @@ def attention_command(args, out: Path) -> None:
     model, tok = load(args.model, vl=False)
     enc = tok(enc_text, return_tensors="pt")
     with torch.no_grad():
-        attentions = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"],
-                                output_attentions=True).attentions
+        attentions = model.bert(
+            enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], output_attentions=True
+        ).attentions
     tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
     plot_text_attention(attentions, tokens, out / "attention-heads.png")
-    stats = head_statistics(attentions, enc["input_ids"], enc["attention_mask"], tok.cls_token_id,
-                            tok.sep_token_id)
+    stats = head_statistics(attentions, enc["input_ids"], enc["attention_mask"], tok.cls_token_id, tok.sep_token_id)
     plot_head_statistics(stats, out / "attention-head-statistics.png")
     print(json.dumps({k: v.round(3).tolist() for k, v in stats.items()}))
     print(f"wrote {out / 'attention-heads.png'} and {out / 'attention-head-statistics.png'}")
@@ -178,8 +194,10 @@ def regions_command(args, out: Path) -> None:
     enc = tok(text, return_tensors="pt")
     tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
     if args.word not in tokens:
-        raise ValueError(f"--word {args.word!r} is not a wordpiece of --text; choose one of "
-                         f"{[t for t in tokens if t not in (tok.cls_token, tok.sep_token)]}")
+        raise ValueError(
+            f"--word {args.word!r} is not a wordpiece of --text; choose one of "
+            f"{[t for t in tokens if t not in (tok.cls_token, tok.sep_token)]}"
+        )
     word = tokens.index(args.word)
     padded = pad_regions([region_item(r, max_regions)])
     if args.what == "alignment":  # the optimal transport plan of word-region alignment, row-normalised
@@ -187,8 +205,9 @@ def regions_command(args, out: Path) -> None:
         title = f"{args.text!r}, word-region transport plan (distance {distance:.3f})"
     else:
         with torch.no_grad():
-            output = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], **padded,
-                                output_attentions=True)
+            output = model.bert(
+                enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], **padded, output_attentions=True
+            )
         cross = output.cross_attentions is not None  # a two-stream model: its cross-modality layers' maps
         attentions = output.cross_attentions if cross else output.attentions
         layer = args.layer if args.layer >= 0 else len(attentions) - 1
@@ -198,11 +217,21 @@ def regions_command(args, out: Path) -> None:
     labels = [f"{k}:{int(b[2] - b[0])}x{int(b[3] - b[1])}" for k, b in enumerate(r.boxes[:n])]
     image = read_pil_image(image_paths(split)[args.easy_vqa_image])
     path = out / f"{args.what}-{args.easy_vqa_image.replace('/', '-')}-{tokens[word]}.png"
-    plot_word_regions(image, r.boxes[:n], tokens, matrix, word, labels, path, title=title,
-                      quantity="attention" if args.what == "regions" else "transport")
+    plot_word_regions(
+        image,
+        r.boxes[:n],
+        tokens,
+        matrix,
+        word,
+        labels,
+        path,
+        title=title,
+        quantity="attention" if args.what == "regions" else "transport",
+    )
     key = "attention_to_regions" if args.what == "regions" else "transport_to_regions"
-    print(json.dumps({"word": tokens[word], key: matrix[word].round(3).tolist(),
-                      "boxes": r.boxes[:n].round(1).tolist()}))
+    print(
+        json.dumps({"word": tokens[word], key: matrix[word].round(3).tolist(), "boxes": r.boxes[:n].round(1).tolist()})
+    )
     print(f"wrote {path}")
 
 
@@ -242,19 +271,19 @@ def generate_command(args, out: Path) -> None:
         for masked in (False, True):
             texts = []
             for start in range(0, len(ids), 64):
-                chunk = [region_item(regions[i], max_regions) for i in ids[start:start + 64]]
+                chunk = [region_item(regions[i], max_regions) for i in ids[start : start + 64]]
                 if method == "mask_predict":
                     texts += mask_predict(model, tok, args.length, args.iterations, chunk, mask_regions=masked)
                 else:
-                    texts += gibbs_sample(model, tok, args.length, 2, 1.0, chunk, mask_regions=masked,
-                                          seed=start)
+                    texts += gibbs_sample(model, tok, args.length, 2, 1.0, chunk, mask_regions=masked, seed=start)
             words = [set(t.split()) for t in texts]
             key = f"{method}_{'without' if masked else 'with'}_regions"
             report[key] = {
                 "color": sum(truth[i][0] in w for i, w in zip(ids, words)) / len(ids),
                 "shape": sum(truth[i][1] in w for i, w in zip(ids, words)) / len(ids),
                 "both": sum(truth[i][0] in w and truth[i][1] in w for i, w in zip(ids, words)) / len(ids),
-                "examples": [f"{truth[i][0]} {truth[i][1]}: {t}" for i, t in zip(ids[:5], texts[:5])]}
+                "examples": [f"{truth[i][0]} {truth[i][1]}: {t}" for i, t in zip(ids[:5], texts[:5])],
+            }
     print(json.dumps(report, indent=2))
 
 
@@ -263,8 +292,9 @@ def probe_command(args, out: Path) -> None:
     if args.task.startswith("easy-vqa"):
         refuse_visual_backbone(args)
     detector, max_regions = run_detector(args.model) if args.task.startswith("easy-vqa") else (None, 16)
-    train_x, train_y, eval_x, eval_y, title = probe_features(args.task, args.model, args.cache_dir, detector,
-                                                             max_regions)
+    train_x, train_y, eval_x, eval_y, title = probe_features(
+        args.task, args.model, args.cache_dir, detector, max_regions
+    )
     result = probe_layers(train_x, train_y, eval_x, eval_y)
     path = out / f"probe-{args.task}.png"
     plot_probe(result, title, path)
@@ -276,8 +306,9 @@ def main(argv=None) -> int:
     """Run the tool with ``argv`` (default: ``sys.argv[1:]``; see the module docstring); returns the exit
     status (0). Errors propagate for :func:`vlbert.command_line.run_tool` to report."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("fill-mask", "attention", "regions", "alignment", "alignment-share", "generate",
-                                    "probe"))
+    p.add_argument(
+        "what", choices=("fill-mask", "attention", "regions", "alignment", "alignment-share", "generate", "probe")
+    )
     p.add_argument("--model", default="minilm")
     p.add_argument("--text")
     p.add_argument("--word", help="regions / alignment: the word whose attention / transport is drawn")
@@ -298,6 +329,12 @@ def main(argv=None) -> int:
     return 0
 
 
-COMMANDS = {"fill-mask": fill_mask_command, "attention": attention_command, "regions": regions_command,
-            "alignment": regions_command, "alignment-share": alignment_share_command, "generate": generate_command,
-            "probe": probe_command}
+COMMANDS = {
+    "fill-mask": fill_mask_command,
+    "attention": attention_command,
+    "regions": regions_command,
+    "alignment": regions_command,
+    "alignment-share": alignment_share_command,
+    "generate": generate_command,
+    "probe": probe_command,
+}

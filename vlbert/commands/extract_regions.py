@@ -51,18 +51,22 @@ def image_sources(spec: list[str]) -> list[tuple[str, object]]:
             folder = Path(skimage.data.__file__).parent
             out += [(Path(name).stem, folder / name) for name in SKIMAGE_PHOTOS]
         elif item == "easy-vqa":
-
             out += [(i, p) for split in ("train", "test") for i, p in image_paths(split).items()]
         else:
             path = Path(item)
             if path.is_dir():
                 # image id = the path under the directory without suffix ("000000391895", or "train/17" nested)
-                out += [(p.relative_to(path).with_suffix("").as_posix(), p) for p in sorted(path.rglob("*"))
-                        if is_image_file(p) and p.is_file()]
+                out += [
+                    (p.relative_to(path).with_suffix("").as_posix(), p)
+                    for p in sorted(path.rglob("*"))
+                    if is_image_file(p) and p.is_file()
+                ]
             elif path.is_file():
                 out.append((path.stem, path))
             else:
-                raise FileNotFoundError(f"--images {item}: no such file or directory; pass image files, directories or 'skimage'/'easy-vqa'")
+                raise FileNotFoundError(
+                    f"--images {item}: no such file or directory; pass image files, directories or 'skimage'/'easy-vqa'"
+                )
     if not out:
         raise ValueError("--images: no images found (endings " + ", ".join(IMAGE_SUFFIXES) + ")")
     return out
@@ -76,8 +80,11 @@ def draw(regions_and_images, path: Path, max_boxes: int = 8, label_fn=None) -> N
     for regions, image in regions_and_images:
         tile = image.convert("RGB").copy()
         pen = ImageDraw.Draw(tile)
-        order = [i for i in regions.scores.argsort()[::-1]
-                 if not (regions.boxes[i] == [0, 0, regions.width, regions.height]).all()][:max_boxes]
+        order = [
+            i
+            for i in regions.scores.argsort()[::-1]
+            if not (regions.boxes[i] == [0, 0, regions.width, regions.height]).all()
+        ][:max_boxes]
         for rank, i in enumerate(order):
             color = ("red", "lime", "blue", "yellow", "magenta", "cyan", "orange", "white")[rank % 8]
             x1, y1, x2, y2 = regions.boxes[i].tolist()
@@ -119,17 +126,16 @@ def import_regions(args):
         FileNotFoundError: no .npz file there. ValueError: an unknown ``--extracted-with``.
     """
     if args.extracted_with:
-
         named_detector(args.extracted_with)
     if args.from_tsv:
-
         return read_butd_tsv(args.from_tsv)
 
     source = Path(args.from_npz)
     files = [source] if source.is_file() else sorted(source.glob("*.npz"))
     if not files:
-        raise FileNotFoundError(f"--from-npz {source}: no .npz file there; pass a directory of per-image .npz "
-                                "files or one .npz file")
+        raise FileNotFoundError(
+            f"--from-npz {source}: no .npz file there; pass a directory of per-image .npz files or one .npz file"
+        )
     return (read_npz(f) for f in files)
 
 
@@ -137,16 +143,24 @@ def record_import(args) -> None:
     """Write detector.json for imported features that ``--extracted-with`` names (the named detector's config
     and fingerprint); without it nothing is written: the features' origin stays unknown."""
     if not args.extracted_with:
-        print("the features' origin is unknown (no --extracted-with): fine-tuning a published model that records "
-              "its features refuses them")
+        print(
+            "the features' origin is unknown (no --extracted-with): fine-tuning a published model that records "
+            "its features refuses them"
+        )
         return
     from dataclasses import asdict
 
     detector = named_detector(args.extracted_with)
-    write_detector_info(args.output_dir, {"detector": f"imported:{args.extracted_with}",
-                                          "fingerprint": detector.fingerprint(), "config": asdict(detector),
-                                          "extracted_with": args.extracted_with,
-                                          "imported_from": str(args.from_tsv or args.from_npz)})
+    write_detector_info(
+        args.output_dir,
+        {
+            "detector": f"imported:{args.extracted_with}",
+            "fingerprint": detector.fingerprint(),
+            "config": asdict(detector),
+            "extracted_with": args.extracted_with,
+            "imported_from": str(args.from_tsv or args.from_npz),
+        },
+    )
 
 
 def main(argv=None) -> int:
@@ -157,8 +171,11 @@ def main(argv=None) -> int:
     source.add_argument("--images", nargs="+", help="files, directories, 'skimage' or 'easy-vqa'")
     source.add_argument("--from-tsv", help="a bottom-up-attention TSV file (BUTD or LXMERT columns)")
     source.add_argument("--from-npz", help="a directory of per-image .npz files")
-    p.add_argument("--extracted-with", help="--from-tsv/--from-npz: the detector that made the features, a name "
-                                            "(butd-vg) or a YAML file of detector fields; recorded in detector.json")
+    p.add_argument(
+        "--extracted-with",
+        help="--from-tsv/--from-npz: the detector that made the features, a name "
+        "(butd-vg) or a YAML file of detector fields; recorded in detector.json",
+    )
     p.add_argument("--output-dir", required=True, help="where the shards go")
     add_detector_arguments(p)
     p.add_argument("--batch-size", type=int, default=8, help="images per forward pass (equal sizes only)")
@@ -171,11 +188,14 @@ def main(argv=None) -> int:
     from tqdm.auto import tqdm
 
     if args.extracted_with and not (args.from_tsv or args.from_npz):
-        raise ValueError("--extracted-with says what made imported features (--from-tsv / --from-npz); extraction "
-                         "from --images records its own detector")
+        raise ValueError(
+            "--extracted-with says what made imported features (--from-tsv / --from-npz); extraction "
+            "from --images records its own detector"
+        )
     if args.from_tsv or args.from_npz:
-        shards = write_shards(tqdm(import_regions(args), desc="import"), args.output_dir,
-                              max_samples_per_shard=args.samples_per_shard)
+        shards = write_shards(
+            tqdm(import_regions(args), desc="import"), args.output_dir, max_samples_per_shard=args.samples_per_shard
+        )
         record_import(args)
     else:
         from dataclasses import asdict
@@ -190,14 +210,22 @@ def main(argv=None) -> int:
         extractor, shards = None, []
         # the store's checks first (another detector, another picture under an id, a damaged shard set aside):
         # a refusal, or a rerun with nothing left to extract, loads no weights
-        if read_detector_info(args.output_dir) is None or pending_sources(sources, args.output_dir, record, rank,
-                                                                          world):
+        if read_detector_info(args.output_dir) is None or pending_sources(
+            sources, args.output_dir, record, rank, world
+        ):
             extractor = detector.build(device)
-            info = {"detector": extractor.name, **record,
-                    **({k: v for k, v in extractor.metadata().items() if k != "detector"}
-                       if hasattr(extractor, "metadata") else {})}
-            shards = extract_to_shards(extractor, sources, args.output_dir, info, rank, world, args.batch_size,
-                                       args.samples_per_shard)
+            info = {
+                "detector": extractor.name,
+                **record,
+                **(
+                    {k: v for k, v in extractor.metadata().items() if k != "detector"}
+                    if hasattr(extractor, "metadata")
+                    else {}
+                ),
+            }
+            shards = extract_to_shards(
+                extractor, sources, args.output_dir, info, rank, world, args.batch_size, args.samples_per_shard
+            )
         if args.draw and rank == 0:
             draw_first(args, extractor, read_detector_info(args.output_dir) or {}, dict(sources))
     print(f"wrote {len(shards)} shard(s) to {args.output_dir}")

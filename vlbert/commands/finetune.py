@@ -18,16 +18,25 @@ from vlbert.recipes import RECIPES
 from vlbert.training.run_config import load_run_config
 
 #: The shipped config each task runs without --config (names under configs/, see vlbert.training.run_config).
-DEFAULT_CONFIGS = {"vqa": "finetune/vqa-easy-vqa", "retrieval": "finetune/retrieval-easy-vqa",
-                   "nlvr2": "finetune/nlvr2-easy-vqa", "snli-ve": "finetune/snli-ve-easy-vqa",
-                   "refcoco": "finetune/refcoco-easy-vqa", "text": "finetune/bbc-news"}
+DEFAULT_CONFIGS = {
+    "vqa": "finetune/vqa-easy-vqa",
+    "retrieval": "finetune/retrieval-easy-vqa",
+    "nlvr2": "finetune/nlvr2-easy-vqa",
+    "snli-ve": "finetune/snli-ve-easy-vqa",
+    "refcoco": "finetune/refcoco-easy-vqa",
+    "text": "finetune/bbc-news",
+}
 
 
 def parser(doc: str = __doc__, task: str | None = None):
     """The finetune command line; with ``task`` (an alias tool) --task defaults to it."""
     p = training_parser(doc, DEFAULT_CONFIGS.get(task) if task else None)
-    p.add_argument("--task", choices=sorted(RECIPES), default=task,
-                   help=f"the recipe (default: {task or 'the config file' + chr(39) + 's task key'})")
+    p.add_argument(
+        "--task",
+        choices=sorted(RECIPES),
+        default=task,
+        help=f"the recipe (default: {task or 'the config file' + chr(39) + 's task key'})",
+    )
     p.add_argument("--dataset", help="data.dataset: the task's data reader (e.g. easy-vqa, vqa-v2, nlvr2, karpathy)")
     return p
 
@@ -53,8 +62,10 @@ def main(argv: Sequence[str] | None = None, task: str | None = None, doc: str = 
 
 def task_main(task: str, doc: str):
     """The ``main(argv)`` of an alias tool (tools/finetune_vqa.py ...): this tool with --task ``task``."""
+
     def alias(argv: Sequence[str] | None = None) -> int:
         return main(argv, task=task, doc=doc)
+
     return alias
 
 

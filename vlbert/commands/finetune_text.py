@@ -26,10 +26,22 @@ def main(argv=None) -> int:
     files = ".csv/.json/.jsonl/.parquet, a save_to_disk directory or a datasets name"
     p.add_argument("--train", help=f"training data: {files}")
     p.add_argument("--eval", help=f"evaluation data: {files}")
-    p.add_argument("--implementation", choices=("vlbert", "transformers"),
-                   help="train transformers' model with the same recipe, for comparison")
+    p.add_argument(
+        "--implementation",
+        choices=("vlbert", "transformers"),
+        help="train transformers' model with the same recipe, for comparison",
+    )
     args = p.parse_args(argv)
-    run_from_args(args, "text", extra=(
-        ("data.task", args.task), ("data.glue_task", args.glue_task), ("data.type", args.type),
-        ("data.train", args.train), ("data.eval", args.eval), ("implementation", args.implementation)))
+    run_from_args(
+        args,
+        "text",
+        extra=(
+            ("data.task", args.task),
+            ("data.glue_task", args.glue_task),
+            ("data.type", args.type),
+            ("data.train", args.train),
+            ("data.eval", args.eval),
+            ("implementation", args.implementation),
+        ),
+    )
     return 0

@@ -41,7 +41,7 @@ import sys
 from pathlib import Path
 
 from vlbert.data.grounded_text import jsonl_records
-from vlbert.inference import pipeline_class, PIPELINES
+from vlbert.inference import PIPELINES, pipeline_class
 from vlbert_base.files import write_text_atomically
 
 #: the flags passed to a pipeline's predict_records (its parameters and tool_options say which it reads).
@@ -51,31 +51,44 @@ OPTIONS = ("top_k", "draw", "images", "index", "captions")
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", help="a run's output directory (config.json, model.safetensors, inference.json)")
-    p.add_argument("--task", help="a pipeline task other than the run's own (image-text-matching for VL "
-                                  "pretraining and retrieval runs); default: the run's task")
+    p.add_argument(
+        "--task",
+        help="a pipeline task other than the run's own (image-text-matching for VL "
+        "pretraining and retrieval runs); default: the run's task",
+    )
     p.add_argument("--image", help="an image file (NLVR2: the left image)")
     p.add_argument("--image2", help="NLVR2: the right image file")
     p.add_argument("--text", "--question", dest="text", help="the question / hypothesis / statement / expression")
     p.add_argument("--input", help="a JSONL file of examples (see above) instead of --image/--text")
-    p.add_argument("--output", help="where to write the predictions (default: standard output); an existing file "
-                                    "is replaced only when the whole output is ready")
-    p.add_argument("--format", default="jsonl", help="jsonl, or a format of the run's pipeline (vqa-v2, gqa, "
-                                                              "nlvr2)")
-    p.add_argument("--top-k", type=int, help="answers (VQA), images / captions (retrieval), fillers (default: the "
-                                             "pipeline's)")
+    p.add_argument(
+        "--output",
+        help="where to write the predictions (default: standard output); an existing file "
+        "is replaced only when the whole output is ready",
+    )
+    p.add_argument("--format", default="jsonl", help="jsonl, or a format of the run's pipeline (vqa-v2, gqa, nlvr2)")
+    p.add_argument(
+        "--top-k", type=int, help="answers (VQA), images / captions (retrieval), fillers (default: the pipeline's)"
+    )
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--device", help="cpu, cuda, ... (default: CUDA when available)")
-    p.add_argument("--allow-other-detector", action="store_true",
-                   help="accept regions of another detector than the run's (predictions silently degrade)")
-    p.add_argument("--detector-weights", help="where the run's detector's weights file is on this machine (e.g. a "
-                                              "converted UNITER's faster_rcnn_from_caffe_attr.pkl), checked against "
-                                              "the sha256 the run records")
-    p.add_argument("--draw", help="referring expressions: save the image with the chosen box drawn here (one "
-                                  "example)")
+    p.add_argument(
+        "--allow-other-detector",
+        action="store_true",
+        help="accept regions of another detector than the run's (predictions silently degrade)",
+    )
+    p.add_argument(
+        "--detector-weights",
+        help="where the run's detector's weights file is on this machine (e.g. a "
+        "converted UNITER's faster_rcnn_from_caffe_attr.pkl), checked against "
+        "the sha256 the run records",
+    )
+    p.add_argument("--draw", help="referring expressions: save the image with the chosen box drawn here (one example)")
     p.add_argument("--images", help="retrieval: a folder of images to index (with --index: built once, then reused)")
     p.add_argument("--index", help="retrieval: an index directory (written from --images if absent)")
-    p.add_argument("--captions", help="retrieval, image-text-matching: a text file of candidate captions, one per "
-                                      "line (image -> text)")
+    p.add_argument(
+        "--captions",
+        help="retrieval, image-text-matching: a text file of candidate captions, one per line (image -> text)",
+    )
     return p
 
 
@@ -87,7 +100,6 @@ def read_examples(args, pipeline_class) -> list[dict]:
         ValueError: no example given, a line that is not a JSON object or lacks an input the task needs.
     """
     if args.input:
-
         examples = []
         for where, record in jsonl_records(args.input, "--input"):
             if not isinstance(record, dict):
@@ -151,7 +163,6 @@ def render(rows: list[dict], pipeline_class, fmt: str) -> str:
     if fmt == "jsonl":
         return "".join(json.dumps(r) + "\n" for r in rows)
     if fmt not in pipeline_class.formats:
-
         owners = sorted(t for t, cls in PIPELINES.items() if fmt in cls.formats)
         known = ", ".join(["jsonl", *pipeline_class.formats])
         where = f"is for {' and '.join(owners)} runs" if owners else "is not a known format"
@@ -172,9 +183,13 @@ def main(argv=None) -> int:
     refuse_unread_images(args, cls)
     examples = read_examples(args, cls)
     options = tool_options(args, cls)
-    pipe = cls(args.run, device=args.device, allow_other_detector=args.allow_other_detector,
-               batch_size=args.batch_size, **({"detector_weights": args.detector_weights}
-                                              if args.detector_weights else {}))
+    pipe = cls(
+        args.run,
+        device=args.device,
+        allow_other_detector=args.allow_other_detector,
+        batch_size=args.batch_size,
+        **({"detector_weights": args.detector_weights} if args.detector_weights else {}),
+    )
     text = render(rows(examples, pipe.predict_records(examples, **options), cls), cls, args.format)
     if args.output:
         write_text_atomically(args.output, text)

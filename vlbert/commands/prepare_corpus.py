@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from vlbert.data.token_corpus import prepare_corpus, TokenCorpus
+from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
 from vlbert.tokenization import load_tokenizer, resolve_model_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -47,7 +47,15 @@ def main(argv=None) -> int:
     seconds = time.perf_counter() - start
     meta = TokenCorpus(directory).meta
     size = corpus_bytes(args.corpus)
-    print(json.dumps({"directory": str(directory), **{k: meta[k] for k in ("documents", "sentences", "tokens")},
-                      "seconds": round(seconds, 1), "num_proc": args.num_proc,
-                      "mb_per_s": round(size / 1e6 / seconds, 2) if size else None}))
+    print(
+        json.dumps(
+            {
+                "directory": str(directory),
+                **{k: meta[k] for k in ("documents", "sentences", "tokens")},
+                "seconds": round(seconds, 1),
+                "num_proc": args.num_proc,
+                "mb_per_s": round(size / 1e6 / seconds, 2) if size else None,
+            }
+        )
+    )
     return 0

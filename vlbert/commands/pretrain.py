@@ -28,7 +28,9 @@ def main(argv=None) -> int:
 
     written_for = load_run_config(args.config).get("modality", args.modality)
     if written_for != args.modality:
-        raise ValueError(f"--modality {args.modality}, but {args.config} is a {written_for} config; "
-                         f"pass --modality {written_for} or a {args.modality} config")
+        raise ValueError(
+            f"--modality {args.modality}, but {args.config} is a {written_for} config; "
+            f"pass --modality {written_for} or a {args.modality} config"
+        )
     run_from_args(args, f"{args.modality}-pretraining")
     return 0

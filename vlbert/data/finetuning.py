@@ -123,8 +123,9 @@ def load_records(source: str, split: str = "train", name: str = "") -> list[dict
         ds = datasets.load_from_disk(str(path))
         if isinstance(ds, datasets.DatasetDict):
             if split not in ds:
-                raise ValueError(f"{source} holds splits {sorted(ds)}, not {split!r}; set data.train_split / "
-                                 "data.eval_split")
+                raise ValueError(
+                    f"{source} holds splits {sorted(ds)}, not {split!r}; set data.train_split / data.eval_split"
+                )
             ds = ds[split]
     elif path.suffix in (".csv", ".json", ".jsonl", ".parquet"):
         if not path.is_file():
@@ -135,8 +136,10 @@ def load_records(source: str, split: str = "train", name: str = "") -> list[dict
         try:
             ds = datasets.load_dataset(source, name or None, split=split)
         except Exception as e:
-            raise FileNotFoundError(f"{source!r} is neither a .csv/.json/.jsonl/.parquet file, a save_to_disk "
-                                    f"directory nor a loadable datasets name ({type(e).__name__}: {e})") from e
+            raise FileNotFoundError(
+                f"{source!r} is neither a .csv/.json/.jsonl/.parquet file, a save_to_disk "
+                f"directory nor a loadable datasets name ({type(e).__name__}: {e})"
+            ) from e
     records = list(ds)
     if not records:
         raise ValueError(f"{source} holds no records")
@@ -241,15 +244,20 @@ class TextTaskDataset(torch.utils.data.Dataset):
         if not texts:
             return []
         enc = tokenizer(texts, pairs or None, truncation=True, max_length=c.max_seq_length)
-        return [{"input_ids": i, "token_type_ids": t, "labels": y, "record": k}
-                for k, (i, t, y) in enumerate(zip(enc["input_ids"], enc["token_type_ids"], labels))]
+        return [
+            {"input_ids": i, "token_type_ids": t, "labels": y, "record": k}
+            for k, (i, t, y) in enumerate(zip(enc["input_ids"], enc["token_type_ids"], labels))
+        ]
 
     def _label(self, value, where: str):
         if self.type == "regression":
             return float(value)
         if value not in self.labels:
-            hint = " (-1 marks an unlabelled example, as in GLUE's test splits: evaluate on validation)" \
-                if value == -1 else ""
+            hint = (
+                " (-1 marks an unlabelled example, as in GLUE's test splits: evaluate on validation)"
+                if value == -1
+                else ""
+            )
             raise ValueError(f"{where}: label {value!r} is not one of the task's labels {self.labels[:10]}{hint}")
         return self.labels.index(value)
 
@@ -273,13 +281,22 @@ class TextTaskDataset(torch.utils.data.Dataset):
         starts = {p: w for w, p in first.items()}
         items = []
         for n, (start, size) in enumerate(spans):
-            labels = [IGNORE_INDEX] + [tag_ids[starts[p]] if p in starts else IGNORE_INDEX
-                                       for p in range(start, start + size)] + [IGNORE_INDEX]
+            labels = (
+                [IGNORE_INDEX]
+                + [tag_ids[starts[p]] if p in starts else IGNORE_INDEX for p in range(start, start + size)]
+                + [IGNORE_INDEX]
+            )
             if all(y == IGNORE_INDEX for y in labels):
                 continue  # no word starts here: nothing to learn or predict
-            items.append({"input_ids": [self.cls, *ids[start:start + size], self.sep],
-                          "token_type_ids": [0] * (size + 2), "labels": labels, "record": k,
-                          "words": [(w, 1 + first[w] - start) for w in sorted(first) if home[w] == n]})
+            items.append(
+                {
+                    "input_ids": [self.cls, *ids[start : start + size], self.sep],
+                    "token_type_ids": [0] * (size + 2),
+                    "labels": labels,
+                    "record": k,
+                    "words": [(w, 1 + first[w] - start) for w in sorted(first) if home[w] == n],
+                }
+            )
         return items
 
     def _qa(self, record, tokenizer, k: int) -> list[dict]:
@@ -290,12 +307,16 @@ class TextTaskDataset(torch.utils.data.Dataset):
         enc = tokenizer(context, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         doc, offsets = enc["input_ids"], [tuple(o) for o in enc["offset_mapping"]]
         if not doc:
-            raise ValueError(f"{where}: the context has no wordpiece (empty, or only characters the tokenizer "
-                             "removes); a question needs a context to answer from")
+            raise ValueError(
+                f"{where}: the context has no wordpiece (empty, or only characters the tokenizer "
+                "removes); a question needs a context to answer from"
+            )
         room = c.max_seq_length - len(q) - 3  # [CLS] question [SEP] context [SEP]
         if room < 1:
-            raise ValueError(f"{where}: the question has {len(q)} wordpieces, which leaves no room for the context "
-                             f"in data.max_seq_length={c.max_seq_length}; raise it")
+            raise ValueError(
+                f"{where}: the question has {len(q)} wordpieces, which leaves no room for the context "
+                f"in data.max_seq_length={c.max_seq_length}; raise it"
+            )
         self.doc_offsets.append(offsets)
         answer = None  # first and last context wordpiece of the (first) answer
         if answers["text"]:
@@ -313,12 +334,19 @@ class TextTaskDataset(torch.utils.data.Dataset):
         for n, (start, size) in enumerate(spans):
             # A window without the whole answer points at [CLS] (run_squad.py; SQuAD 2.0's "no answer").
             inside = answer is not None and start <= answer[0] and answer[1] < start + size
-            items.append({"input_ids": [self.cls, *q, self.sep, *doc[start:start + size], self.sep],
-                          "token_type_ids": [0] * offset + [1] * (size + 1),
-                          "start_positions": offset + answer[0] - start if inside else 0,
-                          "end_positions": offset + answer[1] - start if inside else 0,
-                          "record": k, "doc_start": start, "doc_offset": offset, "length": size,
-                          "home": [home[p] == n for p in range(start, start + size)]})
+            items.append(
+                {
+                    "input_ids": [self.cls, *q, self.sep, *doc[start : start + size], self.sep],
+                    "token_type_ids": [0] * offset + [1] * (size + 1),
+                    "start_positions": offset + answer[0] - start if inside else 0,
+                    "end_positions": offset + answer[1] - start if inside else 0,
+                    "record": k,
+                    "doc_start": start,
+                    "doc_offset": offset,
+                    "length": size,
+                    "home": [home[p] == n for p in range(start, start + size)],
+                }
+            )
         return items
 
     def __len__(self) -> int:
@@ -358,10 +386,12 @@ class TextTaskCollator:
 
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
         b, t = len(items), max(len(x["input_ids"]) for x in items)
-        batch = {"input_ids": torch.full((b, t), self.pad_id, dtype=torch.long),
-                 "token_type_ids": torch.zeros(b, t, dtype=torch.long),
-                 "attention_mask": torch.zeros(b, t, dtype=torch.long),
-                 "index": torch.tensor([x["index"] for x in items])}
+        batch = {
+            "input_ids": torch.full((b, t), self.pad_id, dtype=torch.long),
+            "token_type_ids": torch.zeros(b, t, dtype=torch.long),
+            "attention_mask": torch.zeros(b, t, dtype=torch.long),
+            "index": torch.tensor([x["index"] for x in items]),
+        }
         for i, x in enumerate(items):
             n = len(x["input_ids"])
             batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
@@ -383,6 +413,18 @@ class TextTaskCollator:
         return batch
 
 
-__all__ = ["TextTaskConfig", "TextTaskDataset", "TextTaskCollator", "align_word_labels", "load_records",
-           "bbc_news_split", "label_space", "window_spans", "max_context_window", "GlueTask", "GLUE_TASKS",
-           "OUTSIDE_TAG", "TASK_TYPES"]
+__all__ = [
+    "TextTaskConfig",
+    "TextTaskDataset",
+    "TextTaskCollator",
+    "align_word_labels",
+    "load_records",
+    "bbc_news_split",
+    "label_space",
+    "window_spans",
+    "max_context_window",
+    "GlueTask",
+    "GLUE_TASKS",
+    "OUTSIDE_TAG",
+    "TASK_TYPES",
+]

@@ -25,11 +25,14 @@ def _official(values: dict, path) -> list[VQAExample]:
     examples = []
     for qid, record in values.items():
         if not isinstance(record, dict) or "imageId" not in record or "question" not in record:
-            raise ValueError(f"{path}: question {qid!r} lacks imageId/question; is this a GQA questions file "
-                             "(balanced split) or LXMERT's gqa/<split>.json?")
+            raise ValueError(
+                f"{path}: question {qid!r} lacks imageId/question; is this a GQA questions file "
+                "(balanced split) or LXMERT's gqa/<split>.json?"
+            )
         answer = record.get("answer")
-        examples.append(VQAExample(str(qid), str(record["imageId"]), record["question"],
-                                   (answer,) if answer is not None else ()))
+        examples.append(
+            VQAExample(str(qid), str(record["imageId"]), record["question"], (answer,) if answer is not None else ())
+        )
     return examples
 
 
@@ -62,8 +65,10 @@ def load_gqa(questions_file: str | os.PathLike, image_id_format: str = "{image_i
         examples = _lxmert(values, path)
     else:
         raise ValueError(f"{path} holds neither a GQA questions object nor LXMERT's list of questions")
-    return [VQAExample(ex.question_id, image_id_format.format(image_id=ex.image_id), ex.question, ex.answers)
-            for ex in examples]
+    return [
+        VQAExample(ex.question_id, image_id_format.format(image_id=ex.image_id), ex.question, ex.answers)
+        for ex in examples
+    ]
 
 
 __all__ = ["load_gqa"]

@@ -56,14 +56,22 @@ class GroundedTextDataset(Dataset):
     #: every region item then carries (``pixels``) and the collator pads into ``images`` / ``image_sizes``.
     image_reader = None
 
-    def __init__(self, examples: Sequence, regions: dict[str, Regions], tokenizer, max_text_length: int = 40,
-                 max_regions: int = 36):
+    def __init__(
+        self,
+        examples: Sequence,
+        regions: dict[str, Regions],
+        tokenizer,
+        max_text_length: int = 40,
+        max_regions: int = 36,
+    ):
         for ex in examples:
             for image in self.images(ex):
                 if image not in regions:
-                    raise ValueError(f"{self.kind} {getattr(ex, self.id_field)} is about image {image!r}, which has no "
-                                     "regions; extract its regions (tools/extract_regions.py) or check "
-                                     "data.image_id_format")
+                    raise ValueError(
+                        f"{self.kind} {getattr(ex, self.id_field)} is about image {image!r}, which has no "
+                        "regions; extract its regions (tools/extract_regions.py) or check "
+                        "data.image_id_format"
+                    )
         self.examples, self.regions, self.max_regions = list(examples), regions, max_regions
         texts = [self.text(ex) for ex in self.examples]
         self.input_ids = tokenizer(texts, truncation=True, max_length=max_text_length)["input_ids"] if texts else []
@@ -88,15 +96,19 @@ class GroundedTextDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         ex = self.examples[index]
         regions = [self.regions[i] for i in self.images(ex)]  # a store reads each from disk: once per item
-        items = [with_pixels(region_item(r, self.max_regions), i, self.image_reader)
-                 for r, i in zip(regions, self.images(ex))]
+        items = [
+            with_pixels(region_item(r, self.max_regions), i, self.image_reader)
+            for r, i in zip(regions, self.images(ex))
+        ]
         padded = items[0] if self.images_per_text == 1 else {"images": items}
         return {"input_ids": self.input_ids[index], **padded, **self.targets(ex, regions), "index": index}
 
     def lengths(self) -> list[int]:
         """Positions of every example (wordpieces + regions kept, for length-grouped batching)."""
-        return [len(ids) + sum(min(region_count(self.regions, i), self.max_regions) for i in self.images(ex))
-                for ids, ex in zip(self.input_ids, self.examples)]
+        return [
+            len(ids) + sum(min(region_count(self.regions, i), self.max_regions) for i in self.images(ex))
+            for ids, ex in zip(self.input_ids, self.examples)
+        ]
 
 
 class GroundedCollator:
@@ -134,8 +146,11 @@ class GroundedCollator:
             regions = pad_regions([image for x in items for image in x["images"]])
             batch.update({k: v.view(len(items), self.images_per_text, *v.shape[1:]) for k, v in regions.items()})
             # the model encodes each text once with each image: rows (text i ; its image j), i-major
-            batch.update(packing_fields(batch["attention_mask"].repeat_interleave(self.images_per_text, 0),
-                                        regions["region_mask"]))
+            batch.update(
+                packing_fields(
+                    batch["attention_mask"].repeat_interleave(self.images_per_text, 0), regions["region_mask"]
+                )
+            )
         for key in self.target_keys:
             batch[key] = torch.stack([torch.as_tensor(x[key]) for x in items])
         batch["index"] = torch.tensor([x["index"] for x in items])

@@ -103,8 +103,10 @@ class ImagePreprocessing:
         try:
             return cls(**{**record, "mean": tuple(record["mean"]), "std": tuple(record["std"])})
         except (TypeError, KeyError) as e:
-            raise ValueError(f"an image_preprocessing record must have the fields {list(cls.__dataclass_fields__)}, "
-                             f"got {sorted(record)}") from e
+            raise ValueError(
+                f"an image_preprocessing record must have the fields {list(cls.__dataclass_fields__)}, "
+                f"got {sorted(record)}"
+            ) from e
 
 
 #: name -> how its backbones were trained: "imagenet" (torchvision / timm ImageNet models: RGB in [0, 1], ImageNet
@@ -126,8 +128,9 @@ def image_preprocessing(name: str, short_side: int = 0, max_side: int = 0) -> Im
         ValueError: an unknown name (the known ones named).
     """
     if name not in PREPROCESSING:
-        raise ValueError(f"data.image_preprocessing must be one of {', '.join(repr(k) for k in PREPROCESSING)}, "
-                         f"got {name!r}")
+        raise ValueError(
+            f"data.image_preprocessing must be one of {', '.join(repr(k) for k in PREPROCESSING)}, got {name!r}"
+        )
     chosen = PREPROCESSING[name]
     changes = {k: max(v, 0) for k, v in (("short_side", short_side), ("max_side", max_side)) if v}
     return replace(chosen, **changes)
@@ -160,8 +163,10 @@ def image_files(image_ids: Sequence[str], directory: str | os.PathLike) -> dict[
     """
     root = Path(directory).expanduser()
     if not root.is_dir():
-        raise FileNotFoundError(f"data.image_dir {root} is not a directory; set it to the directory of the images "
-                                "whose regions the shards hold")
+        raise FileNotFoundError(
+            f"data.image_dir {root} is not a directory; set it to the directory of the images "
+            "whose regions the shards hold"
+        )
     found, missing, listed = {}, [], {}
     for image_id in dict.fromkeys(image_ids):
         path = root / image_id
@@ -174,9 +179,11 @@ def image_files(image_ids: Sequence[str], directory: str | os.PathLike) -> dict[
         else:
             found[image_id] = path
     if missing:
-        raise FileNotFoundError(f"{len(missing)} image(s) have regions but no file under data.image_dir {root}, e.g. "
-                                f"{missing[0]!r} (looked for {missing[0]}{{,{','.join(IMAGE_SUFFIXES)}}} in any "
-                                "case); copy them there or point data.image_dir at them")
+        raise FileNotFoundError(
+            f"{len(missing)} image(s) have regions but no file under data.image_dir {root}, e.g. "
+            f"{missing[0]!r} (looked for {missing[0]}{{,{','.join(IMAGE_SUFFIXES)}}} in any "
+            "case); copy them there or point data.image_dir at them"
+        )
     return found
 
 
@@ -238,5 +245,15 @@ def pad_images(pixels: Sequence[torch.Tensor], multiple: int = 1) -> dict[str, t
     return {"images": images, "image_sizes": sizes}
 
 
-__all__ = ["ImagePreprocessing", "PREPROCESSING", "DEFAULT_PREPROCESSING", "image_preprocessing", "image_files",
-           "ImageReader", "pad_images", "IMAGE_SUFFIXES", "ImageRegions", "with_image"]
+__all__ = [
+    "ImagePreprocessing",
+    "PREPROCESSING",
+    "DEFAULT_PREPROCESSING",
+    "image_preprocessing",
+    "image_files",
+    "ImageReader",
+    "pad_images",
+    "IMAGE_SUFFIXES",
+    "ImageRegions",
+    "with_image",
+]

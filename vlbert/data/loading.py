@@ -23,9 +23,21 @@ class _Tagged(Dataset):
         return {**self.dataset[index], "objective": objective}
 
 
-def train_loader(dataset, collate_fn, batch_size: int, seed: int, epoch: int, start: int = 0, rank: int = 0,
-                 world_size: int = 1, drop_last: bool = True, group_size: int = 50, num_workers: int = 0,
-                 objectives=None, batches_per_step: int = 1) -> DataLoader:
+def train_loader(
+    dataset,
+    collate_fn,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    start: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    drop_last: bool = True,
+    group_size: int = 50,
+    num_workers: int = 0,
+    objectives=None,
+    batches_per_step: int = 1,
+) -> DataLoader:
     """Length-grouped batches of ``epoch`` for one data-parallel rank, from batch ``start`` on.
 
     Args:
@@ -38,19 +50,42 @@ def train_loader(dataset, collate_fn, batch_size: int, seed: int, epoch: int, st
     """
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)
-    sampler = LengthGroupedBatchSampler(dataset.lengths(), batch_size, seed=seed, epoch=epoch, group_size=group_size,
-                                        drop_last=drop_last, rank=rank, world_size=world_size)
+    sampler = LengthGroupedBatchSampler(
+        dataset.lengths(),
+        batch_size,
+        seed=seed,
+        epoch=epoch,
+        group_size=group_size,
+        drop_last=drop_last,
+        rank=rank,
+        world_size=world_size,
+    )
     batches = sampler.batches()[start:]
     if objectives is not None:
-        batches = [[(i, objectives.draw(seed, epoch, (start + k) // batches_per_step)) for i in batch]
-                   for k, batch in enumerate(batches)]
+        batches = [
+            [(i, objectives.draw(seed, epoch, (start + k) // batches_per_step)) for i in batch]
+            for k, batch in enumerate(batches)
+        ]
         dataset = _Tagged(dataset)
-    return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn, num_workers=num_workers,
-                      pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(seed + epoch))
+    return DataLoader(
+        dataset,
+        batch_sampler=batches,
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        pin_memory=torch.cuda.is_available(),
+        generator=torch.Generator().manual_seed(seed + epoch),
+    )
 
 
-def eval_loader(dataset, collate_fn, batch_size: int, max_batches: int = 0, objective: str | None = None,
-                rank: int = 0, world_size: int = 1) -> DataLoader:
+def eval_loader(
+    dataset,
+    collate_fn,
+    batch_size: int,
+    max_batches: int = 0,
+    objective: str | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> DataLoader:
     """Every item once, in length-sorted batches (fixed: the same at every evaluation); with ``objective``, every
     item tagged with it. With ``world_size`` > 1 only this ``rank``'s share: batches rank, rank + world_size, ...
     (each process evaluates 1/N of the items; the results are then gathered or summed across ranks)."""
@@ -61,8 +96,7 @@ def eval_loader(dataset, collate_fn, batch_size: int, max_batches: int = 0, obje
     if objective is not None:
         batches = [[(i, objective) for i in batch] for batch in batches]
         dataset = _Tagged(dataset)
-    return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn,
-                      generator=torch.Generator().manual_seed(0))
+    return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn, generator=torch.Generator().manual_seed(0))
 
 
 __all__ = ["train_loader", "eval_loader"]

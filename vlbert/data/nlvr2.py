@@ -50,14 +50,22 @@ def load_nlvr2(path: str | os.PathLike, image_id_format: str = "{stem}-img{k}") 
             raise ValueError(f"{where}: an NLVR2 line needs identifier, sentence and label; {missing} missing")
         match = _IDENTIFIER.match(str(record["identifier"]))
         if match is None:
-            raise ValueError(f"{where}: identifier {record['identifier']!r} is not <split>-<set>-<pair>-<sentence> "
-                             "(e.g. dev-850-0-0)")
+            raise ValueError(
+                f"{where}: identifier {record['identifier']!r} is not <split>-<set>-<pair>-<sentence> "
+                "(e.g. dev-850-0-0)"
+            )
         if record["label"] not in _LABELS:
             raise ValueError(f"{where}: label {record['label']!r} is not 'True' or 'False'")
         stem = f"{match['split']}-{match['set']}-{match['pair']}"
-        out.append(ImagePairExample(record["identifier"], record["sentence"],
-                                    image_id_format.format(stem=stem, k=0), image_id_format.format(stem=stem, k=1),
-                                    _LABELS[record["label"]]))
+        out.append(
+            ImagePairExample(
+                record["identifier"],
+                record["sentence"],
+                image_id_format.format(stem=stem, k=0),
+                image_id_format.format(stem=stem, k=1),
+                _LABELS[record["label"]],
+            )
+        )
     if not out:
         raise ValueError(f"{path} holds no statements")
     return out

@@ -20,6 +20,7 @@ import torch
 from vlbert.data.padding import pad_text
 from vlbert.layers.attention import packing_fields
 from vlbert.layers.losses import IGNORE_INDEX, masked_positions  # noqa: F401 (masked_positions: read here by
+
 # ../shared/gpu/roofline.py, as before the MLM unit computed the positions itself)
 from vlbert.objectives import PrepareContext, units_for
 
@@ -79,9 +80,14 @@ class MaskingCollator:
         continuation = torch.zeros(len(tokenizer), dtype=torch.bool)
         pieces = [i for token, i in tokenizer.get_vocab().items() if token.startswith("##") and i < len(tokenizer)]
         continuation[pieces] = True
-        return cls(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
-                   pad_token_id=tokenizer.pad_token_id, special_token_ids=tuple(tokenizer.all_special_ids),
-                   word_continuation=continuation, **kwargs)
+        return cls(
+            vocab_size=len(tokenizer),
+            mask_token_id=tokenizer.mask_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            special_token_ids=tuple(tokenizer.all_special_ids),
+            word_continuation=continuation,
+            **kwargs,
+        )
 
     def __post_init__(self) -> None:
         if not 0.0 < self.mlm_probability < 1.0:
@@ -103,43 +109,53 @@ class MaskingCollator:
         (at least one), chosen uniformly (BERT appendix A.1)."""
         maskable = self.maskable(input_ids)
         n_maskable = maskable.sum(1)
-        n_chosen = torch.where(n_maskable > 0,
-                               (n_maskable.double() * self.mlm_probability).round().clamp(min=1).long(), 0)
+        n_chosen = torch.where(
+            n_maskable > 0, (n_maskable.double() * self.mlm_probability).round().clamp(min=1).long(), 0
+        )
         scores = torch.rand(input_ids.shape, generator=generator).masked_fill(~maskable, 2.0)
         ranks = scores.argsort(dim=1).argsort(dim=1)
         return ranks < n_chosen[:, None]
 
-    def corrupt(self, input_ids: torch.Tensor, chosen: torch.Tensor,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def corrupt(
+        self, input_ids: torch.Tensor, chosen: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """BERT's 80/10/10 at the ``chosen`` positions (bool, the shape of ``input_ids``), each drawn on its own:
         [MASK], a uniformly random id, or kept. Returns (masked input_ids, labels: the original id where chosen,
         -100 elsewhere)."""
         labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
         action = torch.rand(input_ids.shape, generator=generator)
         to_mask = chosen & (action < self.mask_replace_prob)
-        to_random = chosen & (action >= self.mask_replace_prob) & (
-            action < self.mask_replace_prob + self.random_replace_prob)
+        to_random = (
+            chosen & (action >= self.mask_replace_prob) & (action < self.mask_replace_prob + self.random_replace_prob)
+        )
         random_ids = torch.randint(self.vocab_size, input_ids.shape, generator=generator)
         masked = torch.where(to_mask, torch.full_like(input_ids, self.mask_token_id), input_ids)
         masked = torch.where(to_random, random_ids, masked)
         return masked, labels
 
-    def mask(self, input_ids: torch.Tensor, generator: torch.Generator,
-             choose: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def mask(
+        self, input_ids: torch.Tensor, generator: torch.Generator, choose: Callable | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Apply masking to int64 [B, T] ids: ``choose(input_ids, generator)`` (default :meth:`choose`), then
         :meth:`corrupt`. Returns (masked input_ids, labels)."""
         return self.corrupt(input_ids, (choose or self.choose)(input_ids, generator), generator)
 
-    def mask_rows(self, input_ids: torch.Tensor, generators: list[torch.Generator], lengths: list[int],
-                  choose: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def mask_rows(
+        self,
+        input_ids: torch.Tensor,
+        generators: list[torch.Generator],
+        lengths: list[int],
+        choose: Callable | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mask each row of a padded int64 [B, T] batch with its own generator over its first ``lengths[i]``
         positions, so a sample's masking does not depend on which other samples share its batch (or rank).
         ``choose``: as :meth:`mask`. Returns (masked input_ids, labels), both int64 [B, T]."""
         input_ids = input_ids.clone()
         labels = torch.full_like(input_ids, IGNORE_INDEX)
         for row, (generator, n) in enumerate(zip(generators, lengths)):
-            input_ids[row:row + 1, :n], labels[row:row + 1, :n] = self.mask(input_ids[row:row + 1, :n], generator,
-                                                                            choose)
+            input_ids[row : row + 1, :n], labels[row : row + 1, :n] = self.mask(
+                input_ids[row : row + 1, :n], generator, choose
+            )
         return input_ids, labels
 
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
@@ -153,8 +169,11 @@ class MaskingCollator:
         """
         batch = self.pad(items)
         context = PrepareContext(self)
-        names = self.objectives if self.objectives is not None else (
-            "mlm", *(("nsp",) if "next_sentence_label" in items[0] else ()))
+        names = (
+            self.objectives
+            if self.objectives is not None
+            else ("mlm", *(("nsp",) if "next_sentence_label" in items[0] else ()))
+        )
         for unit in text_units(names):
             unit.prepare(batch, items, context)
         if self.packed:
@@ -170,8 +189,9 @@ def text_units(names) -> list:
     units = units_for("text")
     unknown = sorted(set(names) - {unit.name for unit in units})
     if unknown:
-        raise ValueError(f"{unknown} are not text pretraining objectives; the text objectives are "
-                         f"{[unit.name for unit in units]}")
+        raise ValueError(
+            f"{unknown} are not text pretraining objectives; the text objectives are {[unit.name for unit in units]}"
+        )
     return [unit for unit in units if unit.name in names]
 
 
@@ -193,9 +213,18 @@ class LengthGroupedBatchSampler:
         rank, world_size: data-parallel position.
     """
 
-    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int = 0, epoch: int = 0,
-                 group_size: int = 50, drop_last: bool = False, shuffle: bool = True, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        batch_size: int,
+        seed: int = 0,
+        epoch: int = 0,
+        group_size: int = 50,
+        drop_last: bool = False,
+        shuffle: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world_size:
@@ -214,9 +243,9 @@ class LengthGroupedBatchSampler:
         group = size * max(1, self.group_size)
         if self.group_size > 1:
             for start in range(0, n, group):
-                block = order[start:start + group]
-                order[start:start + group] = block[np.argsort(self.lengths[block], kind="stable")]
-        batches = [order[j:j + size] for j in range(0, n, size)]
+                block = order[start : start + group]
+                order[start : start + group] = block[np.argsort(self.lengths[block], kind="stable")]
+        batches = [order[j : j + size] for j in range(0, n, size)]
         if batches and (len(batches[-1]) < self.world_size or self.drop_last and len(batches[-1]) < size):
             batches.pop()
         if self.shuffle:

@@ -35,8 +35,9 @@ class ReferringExample:
     box: tuple[float, float, float, float]
 
 
-def load_refcoco(refs_file: str | os.PathLike, instances_file: str | os.PathLike, split: str,
-                 image_id_format: str = "{image_id}") -> list[ReferringExample]:
+def load_refcoco(
+    refs_file: str | os.PathLike, instances_file: str | os.PathLike, split: str, image_id_format: str = "{image_id}"
+) -> list[ReferringExample]:
     """The expressions of ``split`` ("train", "val", "testA", ...) with their objects' boxes.
 
     Args:
@@ -49,26 +50,37 @@ def load_refcoco(refs_file: str | os.PathLike, instances_file: str | os.PathLike
     """
     refs_path = Path(refs_file)
     refs = read_json(refs_path, "RefCOCO refs file") if refs_path.suffix == ".json" else load_plain_pickle(refs_path)
-    if not isinstance(refs, list) or not all(isinstance(r, dict) and {"ann_id", "image_id", "split", "sentences"} <= set(r)
-                                             for r in refs):
+    if not isinstance(refs, list) or not all(
+        isinstance(r, dict) and {"ann_id", "image_id", "split", "sentences"} <= set(r) for r in refs
+    ):
         raise ValueError(f"{refs_file} must hold a list of refs with ann_id, image_id, split and sentences")
-    instances = expect(read_json(instances_file, "COCO instances file"), dict, str(instances_file),
-                       "a COCO instances file")
+    instances = expect(
+        read_json(instances_file, "COCO instances file"), dict, str(instances_file), "a COCO instances file"
+    )
     boxes = {a["id"]: a["bbox"] for a in instances.get("annotations", [])}
     out = []
     for ref in refs:
         if ref["split"] != split:
             continue
         if ref["ann_id"] not in boxes:
-            raise ValueError(f"ref {ref.get('ref_id')} names ann_id {ref['ann_id']}, which {instances_file} does not "
-                             "hold; pair the refs with the instances file of the same dataset")
+            raise ValueError(
+                f"ref {ref.get('ref_id')} names ann_id {ref['ann_id']}, which {instances_file} does not "
+                "hold; pair the refs with the instances file of the same dataset"
+            )
         x, y, w, h = boxes[ref["ann_id"]]
         if w < 0 or h < 0:
-            raise ValueError(f"annotation {ref['ann_id']} has bbox {[x, y, w, h]}; COCO boxes are [x, y, width, height]")
+            raise ValueError(
+                f"annotation {ref['ann_id']} has bbox {[x, y, w, h]}; COCO boxes are [x, y, width, height]"
+            )
         for k, sentence in enumerate(ref["sentences"]):
-            out.append(ReferringExample(f"{ref.get('ref_id', ref['ann_id'])}-{k}",
-                                        image_id_format.format(image_id=ref["image_id"]), sentence["sent"],
-                                        (float(x), float(y), float(x + w), float(y + h))))
+            out.append(
+                ReferringExample(
+                    f"{ref.get('ref_id', ref['ann_id'])}-{k}",
+                    image_id_format.format(image_id=ref["image_id"]),
+                    sentence["sent"],
+                    (float(x), float(y), float(x + w), float(y + h)),
+                )
+            )
     if not out:
         raise ValueError(f"{refs_file} has no expression in split {split!r}")
     return out
@@ -77,8 +89,9 @@ def load_refcoco(refs_file: str | os.PathLike, instances_file: str | os.PathLike
 TILE = 64  # easy-VQA images are 64 x 64 pixels
 
 
-def easy_vqa_composites(split: str, count: int, directory: str | os.PathLike, seed: int = 0
-                        ) -> tuple[list[ReferringExample], dict[str, Path], dict[str, np.ndarray]]:
+def easy_vqa_composites(
+    split: str, count: int, directory: str | os.PathLike, seed: int = 0
+) -> tuple[list[ReferringExample], dict[str, Path], dict[str, np.ndarray]]:
     """``count`` composite images of 2 to 4 easy-VQA images of ``split`` tiled in a 2 x 2 grid (128 x 128 pixels,
     empty cells white), written as PNG under ``directory`` (once), with one expression per tile whose colour and
     shape no other tile shares ("the blue triangle"), its box the tile.
@@ -87,7 +100,6 @@ def easy_vqa_composites(split: str, count: int, directory: str | os.PathLike, se
         (examples, image id -> PNG path, image id -> float32 [n_tiles, 4] the tiles' boxes in pixels).
     """
     from PIL import Image
-
 
     truth, paths = color_and_shape(split), image_paths(split)
     ids = list(truth)
@@ -113,8 +125,14 @@ def easy_vqa_composites(split: str, count: int, directory: str | os.PathLike, se
         names = [truth[s] for s in chosen]
         for (color, shape), (x, y) in zip(names, places):
             if names.count((color, shape)) == 1:
-                examples.append(ReferringExample(f"{image_id}-{x}-{y}", image_id, f"the {color} {shape}",
-                                                 (float(x), float(y), float(x + TILE), float(y + TILE))))
+                examples.append(
+                    ReferringExample(
+                        f"{image_id}-{x}-{y}",
+                        image_id,
+                        f"the {color} {shape}",
+                        (float(x), float(y), float(x + TILE), float(y + TILE)),
+                    )
+                )
     return examples, files, tiles
 
 
@@ -143,5 +161,4 @@ class ReferringDataset(GroundedTextDataset):
         return {"target_region": target, "target_box": np.array(example.box, dtype=np.float32) / scale}
 
 
-__all__ = ["ReferringExample", "load_refcoco", "easy_vqa_composites", "box_iou",
-           "ReferringDataset"]
+__all__ = ["ReferringExample", "load_refcoco", "easy_vqa_composites", "box_iou", "ReferringDataset"]

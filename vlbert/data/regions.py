@@ -44,12 +44,20 @@ def region_item(regions: Regions, max_regions: int) -> dict:
     n = min(regions.num_regions, max_regions)
     if regions.num_regions > max_regions and max_regions not in _CUTS_REPORTED:
         _CUTS_REPORTED.add(max_regions)
-        logger.warning("max_regions=%d keeps the first %d of image %r's %d regions; images with more are cut the same "
-                       "way (said once): raise data.max_regions to keep them", max_regions, max_regions,
-                       regions.image_id, regions.num_regions)
-    item = {"region_features": regions.features[:n], "region_boxes": regions.normalised_boxes()[:n],
-            "class_probs": regions.class_probs[:n] if regions.class_probs is not None else None,
-            "attribute_probs": regions.attribute_probs[:n] if regions.attribute_probs is not None else None}
+        logger.warning(
+            "max_regions=%d keeps the first %d of image %r's %d regions; images with more are cut the same "
+            "way (said once): raise data.max_regions to keep them",
+            max_regions,
+            max_regions,
+            regions.image_id,
+            regions.num_regions,
+        )
+    item = {
+        "region_features": regions.features[:n],
+        "region_boxes": regions.normalised_boxes()[:n],
+        "class_probs": regions.class_probs[:n] if regions.class_probs is not None else None,
+        "attribute_probs": regions.attribute_probs[:n] if regions.attribute_probs is not None else None,
+    }
     pixels = getattr(regions, "pixels", None)  # an ImageRegions (a pipeline over a visual-backbone model)
     return item if pixels is None else {**item, "pixels": pixels}
 
@@ -78,8 +86,10 @@ def pad_regions(items: list[dict], feature_dtype: torch.dtype = torch.float16) -
         return {**padded, **pad_images([x["pixels"] for x in items])}
     dims = {np.shape(x["region_features"])[1] for x in items}
     if len(dims) != 1:
-        raise ValueError(f"region features of one batch must share a size, got sizes {sorted(dims)}; extract "
-                         "every image with the same detector")
+        raise ValueError(
+            f"region features of one batch must share a size, got sizes {sorted(dims)}; extract "
+            "every image with the same detector"
+        )
     b, r, d = len(items), max(len(x["region_features"]) for x in items), dims.pop()
     feats = torch.zeros(b, r, d, dtype=feature_dtype)
     boxes = torch.zeros(b, r, 4, dtype=torch.float32)
@@ -100,4 +110,3 @@ def with_pixels(item: dict, image_id: str, images: ImageReader | None) -> dict:
 
 
 __all__ = ["region_item", "pad_regions", "with_pixels"]
-

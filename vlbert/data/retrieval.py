@@ -19,10 +19,11 @@ def easy_vqa_captioned(split: str, seed: int = 0) -> list[CaptionedImage]:
     """easy-VQA images of ``split`` with one templated caption each, grouped by (colour, shape)."""
     import random
 
-
     rng = random.Random(f"retrieval-{seed}-{split}")
-    return [CaptionedImage(i, (rng.choice(CAPTION_TEMPLATES).format(color=c, shape=s),), f"{c} {s}")
-            for i, (c, s) in color_and_shape(split).items()]
+    return [
+        CaptionedImage(i, (rng.choice(CAPTION_TEMPLATES).format(color=c, shape=s),), f"{c} {s}")
+        for i, (c, s) in color_and_shape(split).items()
+    ]
 
 
 class RetrievalPairs(torch.utils.data.Dataset):
@@ -34,14 +35,22 @@ class RetrievalPairs(torch.utils.data.Dataset):
         ValueError: an image has no regions.
     """
 
-    def __init__(self, images: Sequence[CaptionedImage], regions: dict[str, Regions], tokenizer,
-                 max_text_length: int = 32, max_regions: int = 36):
+    def __init__(
+        self,
+        images: Sequence[CaptionedImage],
+        regions: dict[str, Regions],
+        tokenizer,
+        max_text_length: int = 32,
+        max_regions: int = 36,
+    ):
         missing = [im.image_id for im in images if im.image_id not in regions]
         if missing:
             raise ValueError(f"{len(missing)} images have no regions (e.g. {missing[:3]}); extract them first")
         groups = {g: k for k, g in enumerate(sorted({im.group or im.image_id for im in images}))}
         self.pairs = [(im, c, groups[im.group or im.image_id]) for im in images for c in im.captions]
-        self.input_ids = tokenizer([c for _, c, _ in self.pairs], truncation=True, max_length=max_text_length)["input_ids"]
+        self.input_ids = tokenizer([c for _, c, _ in self.pairs], truncation=True, max_length=max_text_length)[
+            "input_ids"
+        ]
         self.regions, self.max_regions = regions, max_regions
 
     def __len__(self) -> int:
@@ -54,8 +63,9 @@ class RetrievalPairs(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict:
         image, _, group = self.pairs[index]
-        regions = with_pixels(region_item(self.regions[image.image_id], self.max_regions), image.image_id,
-                              self.image_reader)
+        regions = with_pixels(
+            region_item(self.regions[image.image_id], self.max_regions), image.image_id, self.image_reader
+        )
         return {"input_ids": self.input_ids[index], **regions, "group": group}
 
 

@@ -51,7 +51,6 @@ def corpus_dataset(source: str | os.PathLike, text_field: str = "text", split: s
     """
     import datasets
 
-
     source_str = str(source)
     if source_str == BBC_NEWS:
         return datasets.Dataset.from_dict({"text": [r["text"] for r in load_bbc_news()]})
@@ -64,8 +63,10 @@ def corpus_dataset(source: str | os.PathLike, text_field: str = "text", split: s
             cause = e.__cause__ or e.__context__
             if isinstance(cause, UnicodeDecodeError):
                 bad, where = _first_undecodable([files] if isinstance(files, str) else files)
-                raise ValueError(f"corpus file {bad} is not valid UTF-8 text (byte {where}); re-encode it, e.g. "
-                                 f"iconv -f latin1 -t utf-8") from None
+                raise ValueError(
+                    f"corpus file {bad} is not valid UTF-8 text (byte {where}); re-encode it, e.g. "
+                    f"iconv -f latin1 -t utf-8"
+                ) from None
             raise ValueError(f"could not read corpus {source_str!r} ({type(cause or e).__name__}: {cause or e})") from e
         except ValueError as e:
             if "corresponds to no data" in str(e):
@@ -84,15 +85,20 @@ def corpus_dataset(source: str | os.PathLike, text_field: str = "text", split: s
             ds = local("text", str(path), sample_by="paragraph")
             text_field = "text"
     elif path.suffix in (".txt", ".json", ".jsonl") or os.sep in source_str:
-        raise FileNotFoundError(f"corpus {source_str!r} does not exist; pass a .txt/.jsonl file, a directory of .txt "
-                                "files, or 'bbc-news'")
+        raise FileNotFoundError(
+            f"corpus {source_str!r} does not exist; pass a .txt/.jsonl file, a directory of .txt files, or 'bbc-news'"
+        )
     else:
         ds = hub_corpus(source_str, split)
     if text_field not in ds.column_names:
-        raise ValueError(f"corpus {source_str!r} has no field {text_field!r} (fields: {ds.column_names}); set "
-                         "data.text_field")
-    return ds.select_columns([text_field]).rename_column(text_field, "text") if text_field != "text" else \
-        ds.select_columns(["text"])
+        raise ValueError(
+            f"corpus {source_str!r} has no field {text_field!r} (fields: {ds.column_names}); set data.text_field"
+        )
+    return (
+        ds.select_columns([text_field]).rename_column(text_field, "text")
+        if text_field != "text"
+        else ds.select_columns(["text"])
+    )
 
 
 def _first_undecodable(files, chunk: int = 1 << 22) -> tuple[str, int]:
@@ -163,19 +169,26 @@ def _tokenize_batch(batch: dict, tokenizer) -> dict:
     elif backend is not None and hasattr(backend, "encode_batch_fast"):  # the same ids, without offsets: ~2x faster
         ids = [e.ids for e in backend.encode_batch_fast(sentences, add_special_tokens=False)]
     else:
-        ids = tokenizer(sentences, add_special_tokens=False, return_attention_mask=False,
-                        return_token_type_ids=False)["input_ids"]
+        ids = tokenizer(sentences, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)[
+            "input_ids"
+        ]
     out_ids, out_lengths, pos = [], [], 0
     for n in lengths:
-        doc = [s for s in ids[pos:pos + n] if s]
+        doc = [s for s in ids[pos : pos + n] if s]
         pos += n
         out_ids.append(list(chain.from_iterable(doc)))
         out_lengths.append(list(map(len, doc)))
     return {"input_ids": out_ids, "sentence_lengths": out_lengths}
 
 
-def prepare_corpus(source: str | os.PathLike, tokenizer, cache_dir: str | os.PathLike = "~/.cache/vlbert/corpora",
-                   text_field: str = "text", split: str = "train", num_proc: int = 1) -> Path:
+def prepare_corpus(
+    source: str | os.PathLike,
+    tokenizer,
+    cache_dir: str | os.PathLike = "~/.cache/vlbert/corpora",
+    text_field: str = "text",
+    split: str = "train",
+    num_proc: int = 1,
+) -> Path:
     """Tokenise ``source`` into the memory-mapped files (module docstring), once; returns their directory
     ``cache_dir/<name>-<corpus key>-<tokenizer fingerprint>``. An interrupted preparation is redone, never used
     (``complete.json`` is written last).
@@ -207,14 +220,23 @@ def _prepare(source, tokenizer, directory: Path, name: str, text_field: str, spl
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     ds = corpus_dataset(source, text_field, split)
-    tokenized = ds.map(_tokenize_batch, batched=True, batch_size=256, num_proc=num_proc if num_proc > 1 else None,
-                       remove_columns=ds.column_names, fn_kwargs={"tokenizer": tokenizer},
-                       desc=f"tokenising {name}")
+    tokenized = ds.map(
+        _tokenize_batch,
+        batched=True,
+        batch_size=256,
+        num_proc=num_proc if num_proc > 1 else None,
+        remove_columns=ds.column_names,
+        fn_kwargs={"tokenizer": tokenizer},
+        desc=f"tokenising {name}",
+    )
     dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.uint32
     tokens_written = sentences_written = documents = 0
     counts = np.zeros(len(tokenizer), dtype=np.int64)
-    with open(directory / "tokens.bin", "wb") as tokens, open(directory / "sentence_offsets.bin", "wb") as sents, \
-            open(directory / "document_offsets.bin", "wb") as docs:
+    with (
+        open(directory / "tokens.bin", "wb") as tokens,
+        open(directory / "sentence_offsets.bin", "wb") as sents,
+        open(directory / "document_offsets.bin", "wb") as docs,
+    ):
         sents.write(np.zeros(1, np.int64).tobytes())
         docs.write(np.zeros(1, np.int64).tobytes())
         for batch in tokenized.iter(batch_size=1000):
@@ -231,19 +253,34 @@ def _prepare(source, tokenizer, directory: Path, name: str, text_field: str, spl
                 documents += 1
                 docs.write(np.array([sentences_written], np.int64).tobytes())
             if arrays:  # one count per batch of documents, not one vocabulary-sized array per document
-                counts += np.bincount(np.concatenate(arrays), minlength=len(counts))[:len(counts)]
+                counts += np.bincount(np.concatenate(arrays), minlength=len(counts))[: len(counts)]
     if sentences_written == 0:
         shutil.rmtree(directory, ignore_errors=True)
         raise ValueError(f"corpus {source!s} is empty: it holds no sentence with text")
-    meta = {"corpus": str(source), "text_field": text_field, "tokenizer": tokenizer_fingerprint(tokenizer),
-            "vocab_size": len(tokenizer), "dtype": np.dtype(dtype).name, "tokens": tokens_written,
-            "sentences": sentences_written, "documents": documents,
-            "seconds": round(time.perf_counter() - start, 1), "num_proc": num_proc}
+    meta = {
+        "corpus": str(source),
+        "text_field": text_field,
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "vocab_size": len(tokenizer),
+        "dtype": np.dtype(dtype).name,
+        "tokens": tokens_written,
+        "sentences": sentences_written,
+        "documents": documents,
+        "seconds": round(time.perf_counter() - start, 1),
+        "num_proc": num_proc,
+    }
     np.save(directory / "token_counts.npy", counts)
     (directory / "meta.json").write_text(json.dumps(meta, indent=1))
     (directory / MARKER).write_text("{}")
-    logger.info("prepared %s: %d documents, %d sentences, %d tokens in %.0f s -> %s", source, documents,
-                sentences_written, tokens_written, meta["seconds"], directory)
+    logger.info(
+        "prepared %s: %d documents, %d sentences, %d tokens in %.0f s -> %s",
+        source,
+        documents,
+        sentences_written,
+        tokens_written,
+        meta["seconds"],
+        directory,
+    )
 
 
 class TokenCorpus:
@@ -262,8 +299,10 @@ class TokenCorpus:
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
         if not (self.directory / MARKER).is_file():
-            raise FileNotFoundError(f"{self.directory} is not a complete prepared corpus (no {MARKER}); prepare it "
-                                    "with tools/prepare_corpus.py or let the run do it")
+            raise FileNotFoundError(
+                f"{self.directory} is not a complete prepared corpus (no {MARKER}); prepare it "
+                "with tools/prepare_corpus.py or let the run do it"
+            )
         self.meta = json.loads((self.directory / "meta.json").read_text())
         self.dtype = np.dtype(self.meta["dtype"])
         self.num_documents = int(self.meta["documents"])
@@ -272,8 +311,9 @@ class TokenCorpus:
 
     def _read(self, name: str, dtype, start: int, end: int) -> np.ndarray:
         size = np.dtype(dtype).itemsize
-        return np.frombuffer(self._files.read(self.directory / f"{name}.bin", start * size, (end - start) * size),
-                             dtype=dtype)
+        return np.frombuffer(
+            self._files.read(self.directory / f"{name}.bin", start * size, (end - start) * size), dtype=dtype
+        )
 
     def sentences(self, document: int) -> tuple[int, int]:
         """The sentence range [first, end) of ``document``."""
@@ -290,7 +330,7 @@ class TokenCorpus:
         first, end = self.sentences(index)
         offsets = self._read("sentence_offsets", np.int64, first, end + 1)
         tokens = self._read("tokens", self.dtype, int(offsets[0]), int(offsets[-1])).tolist()
-        return [tokens[a - offsets[0]:b - offsets[0]] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+        return [tokens[a - offsets[0] : b - offsets[0]] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
 
     def token_counts(self, vocab_size: int, chunk: int = 1 << 22) -> np.ndarray:
         """int64 [vocab_size]: how often each id occurs (counted during preparation; else read in chunks)."""

@@ -43,22 +43,33 @@ def load_snli_ve(path: str | os.PathLike, image_id_format: str = "{image_id}") -
     for where, record in jsonl_records(path, "SNLI-VE"):
         image = record.get("Flickr30K_ID", record.get("Flikr30kID"))
         if image is None or "sentence2" not in record:
-            raise ValueError(f"{where}: an SNLI-VE line needs Flickr30K_ID (or Flikr30kID) and sentence2; it has "
-                             f"{sorted(record)}")
+            raise ValueError(
+                f"{where}: an SNLI-VE line needs Flickr30K_ID (or Flikr30kID) and sentence2; it has {sorted(record)}"
+            )
         label = record.get("gold_label")
         if label not in LABELS:
             raise ValueError(f"{where}: gold_label {label!r} is not one of {LABELS}")
-        out.append(EntailmentExample(str(record.get("pairID", where)),
-                                     image_id_format.format(image_id=image), record["sentence2"],
-                                     LABELS.index(label)))
+        out.append(
+            EntailmentExample(
+                str(record.get("pairID", where)),
+                image_id_format.format(image_id=image),
+                record["sentence2"],
+                LABELS.index(label),
+            )
+        )
     if not out:
         raise ValueError(f"{path} holds no pairs")
     return out
 
 
 #: Statements about what easy-VQA never varies or never shows: not decided by any image.
-_UNDECIDED = ("the {shape} is made of wood", "the {shape} is made of metal", "the {color} {shape} was drawn by a child",
-              "the picture was taken at night", "the {shape} belongs to a teacher")
+_UNDECIDED = (
+    "the {shape} is made of wood",
+    "the {shape} is made of metal",
+    "the {color} {shape} was drawn by a child",
+    "the picture was taken at night",
+    "the {shape} belongs to a teacher",
+)
 
 
 def easy_vqa_entailment(split: str, seed: int = 0) -> list[EntailmentExample]:
@@ -70,8 +81,14 @@ def easy_vqa_entailment(split: str, seed: int = 0) -> list[EntailmentExample]:
     for k, (image_id, (color, shape)) in enumerate(color_and_shape(split).items()):
         label = k % 3  # index into LABELS
         if label == 0:
-            text = rng.choice(("there is a {color} {shape}", "the image shows a {color} {shape}",
-                               "the shape is {color}", "the shape is a {shape}"))
+            text = rng.choice(
+                (
+                    "there is a {color} {shape}",
+                    "the image shows a {color} {shape}",
+                    "the shape is {color}",
+                    "the shape is a {shape}",
+                )
+            )
         elif label == 2:
             if rng.random() < 0.5:
                 color = rng.choice([c for c in COLORS if c != color])

@@ -24,8 +24,9 @@ from vlbert.objectives import OBJECTIVES, PrepareContext
 from vlbert.objectives.image_text_matching import content_id
 
 #: Words that carry no content when comparing captions (articles, copulas, "image"-type framing).
-_FRAMING_WORDS = frozenset("a an the there is are this that of in on with it its image picture photo shows showing "
-                           "here".split())
+_FRAMING_WORDS = frozenset(
+    "a an the there is are this that of in on with it its image picture photo shows showing here".split()
+)
 
 
 def caption_content(text: str) -> str:
@@ -71,14 +72,24 @@ class VLPretrainingDataset(Dataset):
     #: carry ``pixels`` and the collator pads them into ``images`` / ``image_sizes`` in place of region_features.
     image_reader = None
 
-    def __init__(self, captions: Sequence[Caption], regions: dict[str, Regions], tokenizer, max_text_length: int = 40,
-                 max_regions: int = 36, seed: int = 0, qa_answers: Sequence[str] = ()):
+    def __init__(
+        self,
+        captions: Sequence[Caption],
+        regions: dict[str, Regions],
+        tokenizer,
+        max_text_length: int = 40,
+        max_regions: int = 36,
+        seed: int = 0,
+        qa_answers: Sequence[str] = (),
+    ):
         if not captions:
             raise ValueError("no image-text pairs to pretrain on")
         missing = sorted(i for i in {c.image_id for c in captions} if i not in regions)  # one lookup per image
         if missing:
-            raise ValueError(f"{len(missing)} captioned images have no regions (e.g. {missing[:3]}); extract regions "
-                             "for them (tools/extract_regions.py) or drop their captions")
+            raise ValueError(
+                f"{len(missing)} captioned images have no regions (e.g. {missing[:3]}); extract regions "
+                "for them (tools/extract_regions.py) or drop their captions"
+            )
         if len({c.content for c in captions}) < 2:
             raise ValueError("every caption has the same content; image-text matching needs captions that differ")
         self.captions = list(captions)
@@ -99,8 +110,9 @@ class VLPretrainingDataset(Dataset):
 
     def lengths(self) -> list[int]:
         """Text + region positions of every item (for length-grouped batching)."""
-        return [len(self.text_ids(c)) + min(region_count(self.regions, c.image_id), self.max_regions)
-                for c in self.captions]
+        return [
+            len(self.text_ids(c)) + min(region_count(self.regions, c.image_id), self.max_regions) for c in self.captions
+        ]
 
     def negative_for(self, index: int, rng: random.Random) -> Caption:
         """A caption of another image whose content differs from this one's (UNITER's ITM negatives, without
@@ -124,11 +136,15 @@ class VLPretrainingDataset(Dataset):
         caption = self.captions[index]
         seed = hash((self.seed, self.epoch, index)) & 0x7FFFFFFF
         rng = random.Random(seed)
-        item = {"input_ids": self.text_ids(caption),
-                "negative_input_ids": self.text_ids(self.negative_for(index, rng)),
-                **with_pixels(region_item(self.regions[caption.image_id], self.max_regions), caption.image_id,
-                              self.image_reader), "sample_seed": seed,
-                "content_id": content_id(caption.content)}
+        item = {
+            "input_ids": self.text_ids(caption),
+            "negative_input_ids": self.text_ids(self.negative_for(index, rng)),
+            **with_pixels(
+                region_item(self.regions[caption.image_id], self.max_regions), caption.image_id, self.image_reader
+            ),
+            "sample_seed": seed,
+            "content_id": content_id(caption.content),
+        }
         label = self.answer_label(caption, rng) if caption.answers else None
         if label is not None:
             item["answer_label"] = label
@@ -151,17 +167,26 @@ class VLCollator:
         ValueError: items without an ``objective``, or one of different objectives.
     """
 
-    def __init__(self, text: MaskingCollator, region_mask_probability: float = 0.15, objectives=None,
-                 itm_negatives: str = "random", two_stream: bool = False):
+    def __init__(
+        self,
+        text: MaskingCollator,
+        region_mask_probability: float = 0.15,
+        objectives=None,
+        itm_negatives: str = "random",
+        two_stream: bool = False,
+    ):
         self.two_stream = two_stream
-        self.context = PrepareContext(text, region_mask_probability, dict(objectives.weights) if objectives else {},
-                                      itm_negatives)
+        self.context = PrepareContext(
+            text, region_mask_probability, dict(objectives.weights) if objectives else {}, itm_negatives
+        )
         self.objectives = objectives
 
     def __call__(self, items: list[dict]) -> dict:
         names = {x.get("objective") for x in items}
         if len(names) != 1 or None in names:
-            raise ValueError(f"a VL pretraining batch needs one objective for all its items, got {sorted(map(str, names))}")
+            raise ValueError(
+                f"a VL pretraining batch needs one objective for all its items, got {sorted(map(str, names))}"
+            )
         name = names.pop()
         batch = self.context.text.pad([{"input_ids": x["input_ids"]} for x in items])
         batch.update(pad_regions(items))

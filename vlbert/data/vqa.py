@@ -30,12 +30,16 @@ class VQAExample:
 
 def easy_vqa_examples(split: str) -> list[VQAExample]:
     """easy-VQA questions of ``split`` as :class:`VQAExample` (image ids "<split>/<n>", one answer each)."""
-    return [VQAExample(f"{split}-{k}", q.image_id, q.question, (q.answer,))
-            for k, q in enumerate(load_questions(split))]
+    return [
+        VQAExample(f"{split}-{k}", q.image_id, q.question, (q.answer,)) for k, q in enumerate(load_questions(split))
+    ]
 
 
-def load_vqa_v2(questions_file: str | os.PathLike, annotations_file: str | os.PathLike | None = None,
-                image_id_format: str = "{image_id}") -> list[VQAExample]:
+def load_vqa_v2(
+    questions_file: str | os.PathLike,
+    annotations_file: str | os.PathLike | None = None,
+    image_id_format: str = "{image_id}",
+) -> list[VQAExample]:
     """Read the official VQA v2 files (``v2_OpenEnded_mscoco_<split>_questions.json`` and, for train/val,
     ``v2_mscoco_<split>_annotations.json``).
 
@@ -58,10 +62,19 @@ def load_vqa_v2(questions_file: str | os.PathLike, annotations_file: str | os.Pa
         known = {q["question_id"] for q in questions["questions"]}
         stray = [qid for qid in answers if qid not in known]
         if stray:
-            raise ValueError(f"{annotations_file} annotates {len(stray)} questions not in {questions_file}, "
-                             f"e.g. {stray[:3]}; pair files of the same split")
-    return [VQAExample(str(q["question_id"]), image_id_format.format(image_id=q["image_id"]), q["question"],
-                       answers.get(q["question_id"], ())) for q in questions["questions"]]
+            raise ValueError(
+                f"{annotations_file} annotates {len(stray)} questions not in {questions_file}, "
+                f"e.g. {stray[:3]}; pair files of the same split"
+            )
+    return [
+        VQAExample(
+            str(q["question_id"]),
+            image_id_format.format(image_id=q["image_id"]),
+            q["question"],
+            answers.get(q["question_id"], ()),
+        )
+        for q in questions["questions"]
+    ]
 
 
 def build_answer_vocab(examples: Sequence[VQAExample], min_count: int = 1) -> list[str]:
@@ -103,9 +116,16 @@ class VQADataset(GroundedTextDataset):
 
     kind, id_field, text_field = "question", "question_id", "question"
 
-    def __init__(self, examples: Sequence[VQAExample], regions: dict[str, Regions], tokenizer,
-                 answer_vocab: Sequence[str], max_question_length: int = 32, max_regions: int = 36,
-                 unknown: str = "error"):
+    def __init__(
+        self,
+        examples: Sequence[VQAExample],
+        regions: dict[str, Regions],
+        tokenizer,
+        answer_vocab: Sequence[str],
+        max_question_length: int = 32,
+        max_regions: int = 36,
+        unknown: str = "error",
+    ):
         if unknown not in UNKNOWN_QUESTIONS:
             raise ValueError(f"unknown must be one of {', '.join(map(repr, UNKNOWN_QUESTIONS))}, got {unknown!r}")
         self.answer_to_index = {a: i for i, a in enumerate(answer_vocab)}
@@ -114,10 +134,12 @@ class VQADataset(GroundedTextDataset):
         for ex in examples:
             if ex.answers and not answer_targets(ex.answers, self.answer_to_index):
                 if unknown == "error":
-                    raise ValueError(f"question {ex.question_id} ({ex.question!r}) has answers "
-                                     f"{list(ex.answers)[:3]} none of which is in the {len(answer_vocab)}-answer "
-                                     "vocabulary; extend the vocabulary, or pass unknown='drop' (training) or "
-                                     "unknown='keep' (evaluation)")
+                    raise ValueError(
+                        f"question {ex.question_id} ({ex.question!r}) has answers "
+                        f"{list(ex.answers)[:3]} none of which is in the {len(answer_vocab)}-answer "
+                        "vocabulary; extend the vocabulary, or pass unknown='drop' (training) or "
+                        "unknown='keep' (evaluation)"
+                    )
                 self.unanswerable += 1
                 if unknown == "drop":
                     continue

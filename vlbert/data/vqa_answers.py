@@ -37,17 +37,52 @@ import re
 from collections import Counter
 from typing import Sequence
 
-_NUMBER_WORDS = {"none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5",
-                 "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
+_NUMBER_WORDS = {
+    "none": "0",
+    "zero": "0",
+    "one": "1",
+    "two": "2",
+    "three": "3",
+    "four": "4",
+    "five": "5",
+    "six": "6",
+    "seven": "7",
+    "eight": "8",
+    "nine": "9",
+    "ten": "10",
+}
 _ARTICLES = {"a", "an", "the"}
-_PUNCTUATION = (";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",",
-                "?", "!")
+_PUNCTUATION = (
+    ";",
+    "/",
+    "[",
+    "]",
+    '"',
+    "{",
+    "}",
+    "(",
+    ")",
+    "=",
+    "+",
+    "\\",
+    "_",
+    "-",
+    ">",
+    "<",
+    "@",
+    "`",
+    ",",
+    "?",
+    "!",
+)
 _PERIOD = re.compile(r"(?!<=\d)(\.)(?!\d)")  # sic: see the module docstring
 _DIGIT_COMMA = re.compile(r"(\d)(,)(\d)")
 _OFFICIAL_PERIOD_COUNT = int(re.UNICODE)  # sic: the official code passes the flag (32) where re.sub takes a count
 
 # The official contraction table (120 entries): "key value" pairs separated by " | ".
-_CONTRACTIONS = dict(pair.split(" ") for line in """
+_CONTRACTIONS = dict(
+    pair.split(" ")
+    for line in """
 aint ain't | arent aren't | cant can't | couldve could've | couldnt couldn't | couldn'tve couldn't've
 couldnt've couldn't've | didnt didn't | doesnt doesn't | dont don't | hadnt hadn't | hadnt've hadn't've
 hadn'tve hadn't've | hasnt hasn't | havent haven't | hed he'd | hed've he'd've | he'dve he'd've | hes he's
@@ -69,7 +104,9 @@ wholl who'll | whos who's | whove who've | whyll why'll | whyre why're | whys wh
 wouldve would've | wouldnt wouldn't | wouldnt've wouldn't've | wouldn'tve wouldn't've | yall y'all
 yall'll y'all'll | y'allll y'all'll | yall'd've y'all'd've | y'alld've y'all'd've | y'all'dve y'all'd've
 youd you'd | youd've you'd've | you'dve you'd've | youll you'll | youre you're | youve you've
-""".strip().splitlines() for pair in line.split(" | "))
+""".strip().splitlines()
+    for pair in line.split(" | ")
+)
 
 
 def process_punctuation(text: str) -> str:
@@ -129,8 +166,6 @@ def soft_score(count: int) -> float:
     return min(count / 3.0, 1.0)
 
 
-
-
 def answer_targets(references: Sequence[str], answer_to_index: dict[str, int]) -> dict[int, float]:
     """Soft target per answer-vocabulary index: :func:`soft_score` of how many annotators gave each answer, the
     answers taken in their :func:`reference_forms` (the official processing); answers outside the vocabulary are
@@ -145,5 +180,12 @@ def answer_targets(references: Sequence[str], answer_to_index: dict[str, int]) -
     return {answer_to_index[a]: soft_score(c) for a, c in counts.items() if a in answer_to_index}
 
 
-__all__ = ["normalize_answer", "process_punctuation", "process_digit_article", "reference_forms",
-           "prediction_form", "soft_score", "answer_targets"]
+__all__ = [
+    "normalize_answer",
+    "process_punctuation",
+    "process_digit_article",
+    "reference_forms",
+    "prediction_form",
+    "soft_score",
+    "answer_targets",
+]

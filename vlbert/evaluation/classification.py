@@ -8,8 +8,9 @@ from vlbert.utils import evaluation
 
 
 @evaluation
-def predict_labels(model, batches: Iterable[dict], target_keys: Sequence[str] = ("labels",)
-                   ) -> tuple[list[int], list[int], list[int]]:
+def predict_labels(
+    model, batches: Iterable[dict], target_keys: Sequence[str] = ("labels",)
+) -> tuple[list[int], list[int], list[int]]:
     """(dataset indices, gold labels, predicted labels) over ``batches`` (dicts of model inputs plus the task's
     ``target_keys`` and ``index`` int64 [B], the items' dataset indices): the argmax of the model's ``logits``
     [B, C] for every example, in batch order. The gold labels are the first target key's values where it holds one

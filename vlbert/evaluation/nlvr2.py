@@ -40,9 +40,11 @@ def nlvr2_scores(identifiers: Sequence[str], correct: Sequence[bool]) -> dict[st
         key = sentence_key(identifier)
         consistent[key] = consistent.get(key, True) and bool(ok)
     n = len(identifiers)
-    return {"accuracy": sum(map(bool, correct)) / n if n else float("nan"),
-            "consistency": sum(consistent.values()) / len(consistent) if consistent else float("nan"),
-            "eval_sentences": len(consistent)}
+    return {
+        "accuracy": sum(map(bool, correct)) / n if n else float("nan"),
+        "consistency": sum(consistent.values()) / len(consistent) if consistent else float("nan"),
+        "eval_sentences": len(consistent),
+    }
 
 
 __all__ = ["nlvr2_scores", "sentence_key"]

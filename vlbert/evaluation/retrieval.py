@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from vlbert.data.images import ImageReader
 
 
-def recall_at_k(scores: torch.Tensor, positives: Sequence[set[int]] | torch.Tensor,
-                ks: Sequence[int] = (1, 5, 10)) -> dict[int, float]:
+def recall_at_k(
+    scores: torch.Tensor, positives: Sequence[set[int]] | torch.Tensor, ks: Sequence[int] = (1, 5, 10)
+) -> dict[int, float]:
     """Share of queries with at least one correct item among their top K.
 
     Args:
@@ -50,9 +51,13 @@ def recall_at_k(scores: torch.Tensor, positives: Sequence[set[int]] | torch.Tens
     return {k: int((hit_rank < k).sum()) / q for k in ks}  # exact count / Q (float32's mean rounds)
 
 
-def rerank_shortlist(scores: torch.Tensor, shortlist: int, image_and_caption: Callable[[int, int], tuple[int, int]],
-                     cross_scores: Callable[[list[int], list[int]], torch.Tensor],
-                     batch_size: int = 128) -> tuple[torch.Tensor, int]:
+def rerank_shortlist(
+    scores: torch.Tensor,
+    shortlist: int,
+    image_and_caption: Callable[[int, int], tuple[int, int]],
+    cross_scores: Callable[[list[int], list[int]], torch.Tensor],
+    batch_size: int = 128,
+) -> tuple[torch.Tensor, int]:
     """The second stage of retrieval (UNITER/ViLT evaluation): each query's ``shortlist`` best candidates by the
     contrastive ``scores`` are re-scored by the cross-encoder; the rest rank after them in contrastive order.
 
@@ -74,7 +79,7 @@ def rerank_shortlist(scores: torch.Tensor, shortlist: int, image_and_caption: Ca
     pairs = [(q, n) for q in range(scores.shape[0]) for n in top[q].tolist()]
     final = scores.clone()
     for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start:start + batch_size]
+        chunk = pairs[start : start + batch_size]
         image_rows, caption_rows = zip(*(image_and_caption(q, n) for q, n in chunk))
         for (q, n), value in zip(chunk, cross_scores(list(image_rows), list(caption_rows)).tolist()):
             final[q, n] = value
@@ -108,8 +113,9 @@ def positive_pairs(image_groups: Sequence[str], caption_images: Sequence[int]) -
     return own, group
 
 
-def backbone_regions(model, items: list[dict], image_ids: Sequence[str], image_reader: ImageReader,
-                     batch_size: int = 128) -> list[dict]:
+def backbone_regions(
+    model, items: list[dict], image_ids: Sequence[str], image_reader: ImageReader, batch_size: int = 128
+) -> list[dict]:
     """Each image's region features computed once by the model's visual backbone, for an evaluation that pairs
     every image with many captions (the backbone's features of an image do not depend on its caption).
 
@@ -130,19 +136,33 @@ def backbone_regions(model, items: list[dict], image_ids: Sequence[str], image_r
         rows = range(start, min(start + batch_size, len(items)))
         batch = pad_regions([with_pixels(items[i], image_ids[i], image_reader) for i in rows])
         batch = {k: v.to(device) for k, v in batch.items()}
-        features = model.bert.extract_regions(batch["images"], batch["region_boxes"], batch["region_mask"],
-                                              batch["image_sizes"]).float().cpu()
+        features = (
+            model.bert.extract_regions(
+                batch["images"], batch["region_boxes"], batch["region_mask"], batch["image_sizes"]
+            )
+            .float()
+            .cpu()
+        )
         for j, i in enumerate(rows):
             boxes = torch.as_tensor(items[i]["region_boxes"], dtype=torch.float32)
-            out.append({"region_features": features[j, :len(boxes)], "region_boxes": boxes})
+            out.append({"region_features": features[j, : len(boxes)], "region_boxes": boxes})
     return out
 
 
 @evaluation
-def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[str, Regions], tokenizer,
-                       shortlist: int = 16, batch_size: int = 128, max_regions: int = 36,
-                       ks: Sequence[int] = (1, 5, 10), return_scores: bool = False, max_text_length: int = 32,
-                       image_reader: ImageReader | None = None):
+def evaluate_retrieval(
+    model,
+    images: Sequence[CaptionedImage],
+    regions: dict[str, Regions],
+    tokenizer,
+    shortlist: int = 16,
+    batch_size: int = 128,
+    max_regions: int = 36,
+    ks: Sequence[int] = (1, 5, 10),
+    return_scores: bool = False,
+    max_text_length: int = 32,
+    image_reader: ImageReader | None = None,
+):
     """Recall@K for image->text and text->image: contrastive scores over all pairs pick a ``shortlist`` per
     query, which the cross-encoder re-ranks; items outside the shortlist rank after it in contrastive order.
 
@@ -168,17 +188,26 @@ def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[st
         feature_dtype = torch.float32  # the backbone's features, kept as computed
 
     def text_batch(rows):
-        return {k: v.to(device) for k, v in pad_text([{"input_ids": ids[i]} for i in rows],
-                                                     tokenizer.pad_token_id).items()}
+        return {
+            k: v.to(device) for k, v in pad_text([{"input_ids": ids[i]} for i in rows], tokenizer.pad_token_id).items()
+        }
 
     def image_batch(rows):
         return {k: v.to(device) for k, v in pad_regions([items[i] for i in rows], feature_dtype).items()}
 
-    t_emb = torch.cat([model.embed_text(**text_batch(range(s, min(s + batch_size, len(ids)))))
-                       for s in range(0, len(ids), batch_size)])
+    t_emb = torch.cat(
+        [
+            model.embed_text(**text_batch(range(s, min(s + batch_size, len(ids)))))
+            for s in range(0, len(ids), batch_size)
+        ]
+    )
     cls_sep = (tokenizer.cls_token_id, tokenizer.sep_token_id)
-    v_emb = torch.cat([model.embed_image(**image_batch(range(s, min(s + batch_size, len(items)))), cls_sep=cls_sep)
-                       for s in range(0, len(items), batch_size)])
+    v_emb = torch.cat(
+        [
+            model.embed_image(**image_batch(range(s, min(s + batch_size, len(items)))), cls_sep=cls_sep)
+            for s in range(0, len(items), batch_size)
+        ]
+    )
     sim = (v_emb @ t_emb.T).cpu()  # [images, captions]
 
     def cross_scores(image_rows, caption_rows) -> torch.Tensor:
@@ -188,8 +217,12 @@ def evaluate_retrieval(model, images: Sequence[CaptionedImage], regions: dict[st
     t2i, n2 = rerank_shortlist(sim.T.contiguous(), shortlist, lambda q, n: (n, q), cross_scores, batch_size)
     own, group = positive_pairs([im.group for im in images], [img for img, _ in captions])
     out = {"cross_encoder_pairs": n1 + n2, "all_pairs": len(images) * len(captions)}
-    for name, scores, positives in (("i2t", i2t, own), ("i2t_group", i2t, group),
-                                    ("t2i", t2i, own.T), ("t2i_group", t2i, group.T)):
+    for name, scores, positives in (
+        ("i2t", i2t, own),
+        ("i2t_group", i2t, group),
+        ("t2i", t2i, own.T),
+        ("t2i_group", t2i, group.T),
+    ):
         for kk, value in recall_at_k(scores, positives, ks).items():
             base, _, suffix = name.partition("_")
             out[f"{base}_r{kk}" + (f"_{suffix}" if suffix else "")] = value
@@ -215,5 +248,4 @@ def mean_recall(recalls: dict[str, float], ks: Sequence[int] = (1, 5, 10)) -> di
     return out
 
 
-__all__ = ["recall_at_k", "mean_recall", "evaluate_retrieval", "rerank_shortlist", "positive_pairs",
-           "backbone_regions"]
+__all__ = ["recall_at_k", "mean_recall", "evaluate_retrieval", "rerank_shortlist", "positive_pairs", "backbone_regions"]

@@ -34,16 +34,26 @@ logger = logging.getLogger(__name__)
 
 #: GLUE's metric names per task (huggingface/evaluate ``metrics/glue/glue.py``; the GLUE paper's table 1).
 GLUE_METRICS: dict[str, tuple[str, ...]] = {
-    "cola": ("matthews_correlation",), "sst2": ("accuracy",), "mrpc": ("accuracy", "f1"), "qqp": ("accuracy", "f1"),
-    "stsb": ("pearson", "spearmanr"), "mnli": ("accuracy",), "mnli_matched": ("accuracy",),
-    "mnli_mismatched": ("accuracy",), "qnli": ("accuracy",), "rte": ("accuracy",), "wnli": ("accuracy",),
+    "cola": ("matthews_correlation",),
+    "sst2": ("accuracy",),
+    "mrpc": ("accuracy", "f1"),
+    "qqp": ("accuracy", "f1"),
+    "stsb": ("pearson", "spearmanr"),
+    "mnli": ("accuracy",),
+    "mnli_matched": ("accuracy",),
+    "mnli_mismatched": ("accuracy",),
+    "qnli": ("accuracy",),
+    "rte": ("accuracy",),
+    "wnli": ("accuracy",),
 }
 
 
 def _pair(predictions: Sequence, references: Sequence, what: str) -> None:
     if len(predictions) != len(references) or not references:
-        raise ValueError(f"{what} needs equally many predictions and references, at least one "
-                         f"(got {len(predictions)} and {len(references)})")
+        raise ValueError(
+            f"{what} needs equally many predictions and references, at least one "
+            f"(got {len(predictions)} and {len(references)})"
+        )
 
 
 def accuracy(predictions: Sequence, references: Sequence) -> float:
@@ -74,8 +84,11 @@ def macro_f1(predictions: Sequence, references: Sequence, labels: Sequence) -> f
         value = float(f1_score(list(references), list(predictions), labels=list(labels), average="macro"))
     absent = sorted({str(c) for c in labels} - {str(c) for c in (*predictions, *references)})
     if any(issubclass(w.category, UndefinedMetricWarning) for w in caught):
-        logger.warning("macro_f1: class(es) %s occur in neither predictions nor references; their F1 is undefined "
-                       "and counts as 0 (scikit-learn's zero_division)", absent or "(some)")
+        logger.warning(
+            "macro_f1: class(es) %s occur in neither predictions nor references; their F1 is undefined "
+            "and counts as 0 (scikit-learn's zero_division)",
+            absent or "(some)",
+        )
     return value
 
 
@@ -93,8 +106,11 @@ def binary_f1(predictions: Sequence[int], references: Sequence[int], positive: i
         warnings.simplefilter("ignore")  # the one line below instead of scikit-learn's
         value = float(f1_score(list(references), list(predictions), pos_label=positive, zero_division=0.0))
     if positive not in predictions and positive not in references:
-        logger.warning("f1 is undefined: no prediction and no reference is the positive class %r; reported as 0.0, "
-                       "scikit-learn's value, which GLUE's evaluation reports", positive)
+        logger.warning(
+            "f1 is undefined: no prediction and no reference is the positive class %r; reported as 0.0, "
+            "scikit-learn's value, which GLUE's evaluation reports",
+            positive,
+        )
     return value
 
 
@@ -113,8 +129,11 @@ def matthews_correlation(predictions: Sequence, references: Sequence) -> float:
         value = float(matthews_corrcoef(list(references), list(predictions)))
     constant = [name for name, x in (("predictions", predictions), ("references", references)) if len(set(x)) < 2]
     if constant:
-        logger.warning("matthews_correlation is undefined: the %s are constant; reported as 0.0, scikit-learn's "
-                       "value, which GLUE's evaluation reports", " and the ".join(constant))
+        logger.warning(
+            "matthews_correlation is undefined: the %s are constant; reported as 0.0, scikit-learn's "
+            "value, which GLUE's evaluation reports",
+            " and the ".join(constant),
+        )
     return value
 
 
@@ -129,8 +148,11 @@ def pearson_and_spearman(predictions: Sequence[float], references: Sequence[floa
 
     _pair(predictions, references, "pearson")
     x, y = np.asarray(predictions, dtype=np.float64), np.asarray(references, dtype=np.float64)
-    constant = [f"the {name} are constant (every one {v[0]:g})" for name, v in (("predictions", x), ("references", y))
-                if len(v) >= 2 and np.all(v == v[0])]
+    constant = [
+        f"the {name} are constant (every one {v[0]:g})"
+        for name, v in (("predictions", x), ("references", y))
+        if len(v) >= 2 and np.all(v == v[0])
+    ]
     if len(x) < 2 or constant:
         why = " and ".join(constant) if constant else f"{len(x)} pair: a correlation needs at least 2"
         logger.warning("pearson and spearmanr are undefined (nan): %s", why)
@@ -151,8 +173,9 @@ def glue_metrics(task: str, predictions: Sequence, references: Sequence) -> dict
         return pearson_and_spearman(predictions, references)
     out = {}
     for name in names:
-        out[name] = {"accuracy": accuracy, "f1": binary_f1,
-                     "matthews_correlation": matthews_correlation}[name](predictions, references)
+        out[name] = {"accuracy": accuracy, "f1": binary_f1, "matthews_correlation": matthews_correlation}[name](
+            predictions, references
+        )
     return out
 
 
@@ -216,8 +239,10 @@ def squad_v1_scores(prediction: str, ground_truths: Sequence[str]) -> tuple[floa
     Raises: ValueError: no gold answer (the official script fails on one: SQuAD v1.1 has none).
     """
     if not ground_truths:
-        raise ValueError("a SQuAD v1.1 question needs at least one gold answer (unanswerable questions are "
-                         "SQuAD 2.0: data.version_2_with_negative: true)")
+        raise ValueError(
+            "a SQuAD v1.1 question needs at least one gold answer (unanswerable questions are "
+            "SQuAD 2.0: data.version_2_with_negative: true)"
+        )
     pred = normalize_squad_answer(prediction)
     em = max(float(pred == normalize_squad_answer(g)) for g in ground_truths)
     f1 = max(_token_f1(pred.split(), normalize_squad_answer(g).split()) for g in ground_truths)
@@ -254,8 +279,12 @@ def squad_v2_scores(prediction: str, ground_truths: Sequence[str]) -> tuple[floa
     return exact, f1
 
 
-def best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float], na_probs: Mapping[str, float],
-                   has_answer: Mapping[str, bool]) -> tuple[float, float]:
+def best_threshold(
+    predictions: Mapping[str, str],
+    scores: Mapping[str, float],
+    na_probs: Mapping[str, float],
+    has_answer: Mapping[str, bool],
+) -> tuple[float, float]:
     """(best score in percent, its threshold) over no-answer thresholds, as ``evaluate-v2.0.py``'s
     ``find_best_thresh``: start from answering nothing (every unanswerable question right), then answer questions in
     increasing ``na_probs`` order, each answerable one adding its raw score and each unanswerable one with a
@@ -273,8 +302,12 @@ def best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float], 
     return 100.0 * best / len(scores), threshold
 
 
-def squad_v2_evaluate(predictions: Mapping[str, str], references: Mapping[str, Sequence[str]],
-                      na_probs: Mapping[str, float] | None = None, na_prob_thresh: float = 1.0) -> dict[str, Any]:
+def squad_v2_evaluate(
+    predictions: Mapping[str, str],
+    references: Mapping[str, Sequence[str]],
+    na_probs: Mapping[str, float] | None = None,
+    na_prob_thresh: float = 1.0,
+) -> dict[str, Any]:
     """``evaluate-v2.0.py``'s output for ``predictions`` (question id -> answer text, "" for no answer) over
     ``references`` (question id -> gold answer texts, empty for an unanswerable question), in percent:
     ``exact``, ``f1``, ``total``; ``HasAns_exact/f1/total`` and ``NoAns_exact/f1/total`` where there are such
@@ -287,8 +320,11 @@ def squad_v2_evaluate(predictions: Mapping[str, str], references: Mapping[str, S
     """
     missing = [qid for qid in references if qid not in predictions]
     if not references or missing:
-        raise ValueError(f"every question needs a prediction; {len(missing)} of {len(references)} have none "
-                         f"(first: {missing[:3]})" if missing else "no question to evaluate")
+        raise ValueError(
+            f"every question needs a prediction; {len(missing)} of {len(references)} have none (first: {missing[:3]})"
+            if missing
+            else "no question to evaluate"
+        )
     has_answer = {qid: bool(golds) for qid, golds in references.items()}
     exact_raw, f1_raw = {}, {}
     for qid, golds in references.items():
@@ -301,8 +337,11 @@ def squad_v2_evaluate(predictions: Mapping[str, str], references: Mapping[str, S
     exact, f1 = thresholded(exact_raw), thresholded(f1_raw)
 
     def figures(qids, prefix=""):
-        return {f"{prefix}exact": 100.0 * sum(exact[q] for q in qids) / len(qids),
-                f"{prefix}f1": 100.0 * sum(f1[q] for q in qids) / len(qids), f"{prefix}total": len(qids)}
+        return {
+            f"{prefix}exact": 100.0 * sum(exact[q] for q in qids) / len(qids),
+            f"{prefix}f1": 100.0 * sum(f1[q] for q in qids) / len(qids),
+            f"{prefix}total": len(qids),
+        }
 
     out = figures(list(exact))
     # The official script's qid lists are over every reference question (make_eval_dict with qid_list).
@@ -316,6 +355,20 @@ def squad_v2_evaluate(predictions: Mapping[str, str], references: Mapping[str, S
     return out
 
 
-__all__ = ["GLUE_METRICS", "accuracy", "macro_f1", "binary_f1", "matthews_correlation", "pearson_and_spearman",
-           "glue_metrics", "entity_f1", "tag_accuracy", "normalize_squad_answer", "squad_v1_scores",
-           "squad_v1_evaluate", "squad_v2_scores", "best_threshold", "squad_v2_evaluate"]
+__all__ = [
+    "GLUE_METRICS",
+    "accuracy",
+    "macro_f1",
+    "binary_f1",
+    "matthews_correlation",
+    "pearson_and_spearman",
+    "glue_metrics",
+    "entity_f1",
+    "tag_accuracy",
+    "normalize_squad_answer",
+    "squad_v1_scores",
+    "squad_v1_evaluate",
+    "squad_v2_scores",
+    "best_threshold",
+    "squad_v2_evaluate",
+]

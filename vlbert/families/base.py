@@ -113,8 +113,13 @@ def detector_features(detector, max_regions: int, description: str) -> dict[str,
     """A family's ``features`` for regions of one of our detectron2 detectors (a
     :class:`~detectors.config.DetectorConfig`): the name that backend writes into its regions, the fingerprint, the
     configuration record, ``max_regions`` and ``description``, all derived from the one config."""
-    return {"extractor": detector.options.extractor_name(detector.weights), "fingerprint": detector.fingerprint(),
-            "config": asdict(detector), "max_regions": max_regions, "description": description}
+    return {
+        "extractor": detector.options.extractor_name(detector.weights),
+        "fingerprint": detector.fingerprint(),
+        "config": asdict(detector),
+        "max_regions": max_regions,
+        "description": description,
+    }
 
 
 class WrongForm(ValueError):
@@ -139,10 +144,12 @@ def load_torch_object(path: Path, what: str = "state dict of tensors"):
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - the unpickler raises many types (IndexError, KeyError, ...) on bad bytes
         first = str(e).splitlines()[0] if str(e) else ""
-        raise ValueError(f"{path} is not a plain {what} ({type(e).__name__}: {first[:200]}): either the file is "
-                         "damaged (cut off by a copy or download: fetch it again), or it holds code or objects, and "
-                         "vlbert never unpickles code or objects: re-save it as tensors "
-                         "(torch.save(model.state_dict())) with code you trust") from e
+        raise ValueError(
+            f"{path} is not a plain {what} ({type(e).__name__}: {first[:200]}): either the file is "
+            "damaged (cut off by a copy or download: fetch it again), or it holds code or objects, and "
+            "vlbert never unpickles code or objects: re-save it as tensors "
+            "(torch.save(model.state_dict())) with code you trust"
+        ) from e
 
 
 def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
@@ -176,8 +183,11 @@ def read_directory(source: Path, what: str) -> tuple[dict[str, torch.Tensor], di
     config_file = source / "config.json"
     config = read_json(config_file, f"{what}'s config.json") if config_file.is_file() else {}
     only_bin = not any((source / name).is_file() for name in (WEIGHTS_NAME, SHARDED_INDEX_NAME))
-    state = load_torch_file(source / PYTORCH_WEIGHTS_NAME) if only_bin and (source / PYTORCH_WEIGHTS_NAME).is_file() \
+    state = (
+        load_torch_file(source / PYTORCH_WEIGHTS_NAME)
+        if only_bin and (source / PYTORCH_WEIGHTS_NAME).is_file()
         else read_state_dict(source)
+    )
     return state, expect(config, dict, str(config_file), "config.json")
 
 
@@ -199,8 +209,10 @@ def take_tied(state: dict[str, torch.Tensor], duplicate: str, original: str, tra
     copy = state.pop(duplicate)
     expected = state[original].t() if transpose else state[original]
     if copy.shape != expected.shape or not torch.equal(copy, expected):
-        raise ValueError(f"{duplicate} should be tied to {original} but holds other values; this checkpoint was "
-                         "not written by the family's own code")
+        raise ValueError(
+            f"{duplicate} should be tied to {original} but holds other values; this checkpoint was "
+            "not written by the family's own code"
+        )
 
 
 def source_prefix(key: str, table: dict[str, str]) -> str:
@@ -208,7 +220,7 @@ def source_prefix(key: str, table: dict[str, str]) -> str:
     renamed key; unchanged where no rename produced it."""
     for old, new in reversed(table.items()):
         if key.startswith(new):
-            key = old + key[len(new):]
+            key = old + key[len(new) :]
     return key
 
 
@@ -219,7 +231,7 @@ def rename_prefix(state: dict[str, torch.Tensor], table: dict[str, str]) -> dict
     for key, value in state.items():
         for old, new in table.items():
             if key.startswith(old):
-                key = new + key[len(old):]
+                key = new + key[len(old) :]
         out[key] = value
     return out
 
@@ -232,7 +244,9 @@ def architecture(state: dict[str, torch.Tensor], source_config: dict) -> dict:
     hidden = words.shape[1]
     layers = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"bert\.encoder\.layers\.(\d+)\.", k)))
     values = {
-        "vocab_size": words.shape[0], "hidden_size": hidden, "num_hidden_layers": layers,
+        "vocab_size": words.shape[0],
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
         "num_attention_heads": int(source_config.get("num_attention_heads", max(1, hidden // 64))),
         "intermediate_size": state["bert.encoder.layers.0.ffn_in.weight"].shape[0],
         "max_position_embeddings": state["bert.embeddings.position_embeddings.weight"].shape[0],
@@ -243,6 +257,17 @@ def architecture(state: dict[str, torch.Tensor], source_config: dict) -> dict:
     return values
 
 
-__all__ = ["CheckpointFamily", "Converted", "WrongForm", "detector_features", "load_torch_object", "load_torch_file",
-           "read_directory", "to_float32",
-           "take_tied", "rename_prefix", "source_prefix", "architecture"]
+__all__ = [
+    "CheckpointFamily",
+    "Converted",
+    "WrongForm",
+    "detector_features",
+    "load_torch_object",
+    "load_torch_file",
+    "read_directory",
+    "to_float32",
+    "take_tied",
+    "rename_prefix",
+    "source_prefix",
+    "architecture",
+]

@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-
 from vlbert import models
 from vlbert.config import VLBertConfig
 from vlbert.families.base import CheckpointFamily, WrongForm, load_torch_file, read_directory
@@ -37,14 +36,20 @@ def check_tokenizer_casing(tokenizer, family: CheckpointFamily, vocab_size: int)
     checkpoint read through a lower-casing tokenizer never sees a capital) and ``vocab_size`` pieces."""
     lowercases = lower_cases(tokenizer)
     if family.cased and lowercases:
-        raise ValueError(f"the tokenizer lower-cases text, but {family.name} checkpoints are cased "
-                         f"({family.tokenizer}); pass --tokenizer with {family.tokenizer}'s files")
+        raise ValueError(
+            f"the tokenizer lower-cases text, but {family.name} checkpoints are cased "
+            f"({family.tokenizer}); pass --tokenizer with {family.tokenizer}'s files"
+        )
     if not family.cased and not lowercases:
-        raise ValueError(f"the tokenizer keeps case, but {family.name} checkpoints are uncased "
-                         f"({family.tokenizer}); pass --tokenizer with {family.tokenizer}'s files")
+        raise ValueError(
+            f"the tokenizer keeps case, but {family.name} checkpoints are uncased "
+            f"({family.tokenizer}); pass --tokenizer with {family.tokenizer}'s files"
+        )
     if len(tokenizer) != vocab_size:
-        raise ValueError(f"the tokenizer has {len(tokenizer)} pieces but the checkpoint's vocabulary has {vocab_size}; "
-                         f"pass --tokenizer with {family.tokenizer}'s files")
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} pieces but the checkpoint's vocabulary has {vocab_size}; "
+            f"pass --tokenizer with {family.tokenizer}'s files"
+        )
 
 
 def read_labels(path: str | os.PathLike) -> list[str]:
@@ -57,8 +62,10 @@ def read_labels(path: str | os.PathLike) -> list[str]:
     path = Path(path)
     if path.suffix != ".json":
         return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    fix = ('write {"name": index, ...} with the indices as numbers (UNITER\'s ans2label.json), {"index": "name"} '
-           '(label2ans) or a list of names')
+    fix = (
+        'write {"name": index, ...} with the indices as numbers (UNITER\'s ans2label.json), {"index": "name"} '
+        "(label2ans) or a list of names"
+    )
     values = expect(read_json(path, "label map", fix), (list, dict), str(path), "a label map", fix)
     if isinstance(values, list):
         return [str(v) for v in values]
@@ -79,9 +86,11 @@ def check_finite(state: dict[str, Any], source) -> None:
     checkpoint: converted, it would look finished and fail in fine-tuning as if the learning rate were wrong)."""
     bad = [k for k, v in state.items() if v.is_floating_point() and not bool(v.isfinite().all())]
     if bad:
-        raise ValueError(f"{source}: {len(bad)} tensor(s) hold NaN or inf ({', '.join(bad[:4])}"
-                         f"{', ...' if len(bad) > 4 else ''}): the checkpoint diverged or is damaged; convert another "
-                         "one, or pass --allow-nonfinite if you know why")
+        raise ValueError(
+            f"{source}: {len(bad)} tensor(s) hold NaN or inf ({', '.join(bad[:4])}"
+            f"{', ...' if len(bad) > 4 else ''}): the checkpoint diverged or is damaged; convert another "
+            "one, or pass --allow-nonfinite if you know why"
+        )
 
 
 def read_source_config(path: str | os.PathLike, family: str) -> dict[str, Any]:
@@ -93,8 +102,11 @@ def read_source_config(path: str | os.PathLike, family: str) -> dict[str, Any]:
     """
     path = Path(path)
     fix = f"give {family}'s own config (e.g. UNITER's config/uniter-base.json, VL-BERT's cfgs/*.yaml) as published"
-    values = (read_yaml(path, f"{family} config", fix) if path.suffix in (".yaml", ".yml")
-              else read_json(path, f"{family} config", fix))
+    values = (
+        read_yaml(path, f"{family} config", fix)
+        if path.suffix in (".yaml", ".yml")
+        else read_json(path, f"{family} config", fix)
+    )
     return expect(values, dict, str(path), f"a {family} config", fix)
 
 
@@ -120,10 +132,16 @@ def sniff_family(source: Path) -> str | None:
     return detect_family(state)
 
 
-def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str | os.PathLike,
-                       tokenizer: str | os.PathLike | None = None, labels: str | Sequence[str] | None = None,
-                       config: str | os.PathLike | None = None, overwrite: bool = False,
-                       allow_nonfinite: bool = False) -> dict[str, Any]:
+def convert_checkpoint(
+    family: str,
+    source: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    tokenizer: str | os.PathLike | None = None,
+    labels: str | Sequence[str] | None = None,
+    config: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    allow_nonfinite: bool = False,
+) -> dict[str, Any]:
     """Convert a published checkpoint of ``family`` into a vlbert model directory ``output_dir``.
 
     Args:
@@ -179,13 +197,23 @@ def convert_checkpoint(family: str, source: str | os.PathLike, output_dir: str |
     model = getattr(models, converted.model_class)(model_config)
     report = _load(model, converted.state, source, family)
     report.update(family=family, model_class=converted.model_class, task=converted.task, dropped=converted.dropped)
-    info = {"format_version": 1, "task": converted.task, "max_text_length": fam.max_text_length,
-            "max_regions": fam.features["max_regions"], "region_feature_dim": model_config.region_feature_dim,
-            "detector": {k: fam.features[k] for k in ("fingerprint", "config", "extractor")},
-            "converted_from": {"family": family, "source": str(source), "features": fam.features["description"],
-                               "reference": fam.reference, "tokenizer": str(tokenizer or fam.tokenizer),
-                               "parity": fam.parity},
-            **converted.info}
+    info = {
+        "format_version": 1,
+        "task": converted.task,
+        "max_text_length": fam.max_text_length,
+        "max_regions": fam.features["max_regions"],
+        "region_feature_dim": model_config.region_feature_dim,
+        "detector": {k: fam.features[k] for k in ("fingerprint", "config", "extractor")},
+        "converted_from": {
+            "family": family,
+            "source": str(source),
+            "features": fam.features["description"],
+            "reference": fam.reference,
+            "tokenizer": str(tokenizer or fam.tokenizer),
+            "parity": fam.parity,
+        },
+        **converted.info,
+    }
     if names is not None:
         info["labels"] = names
     output_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -214,8 +242,10 @@ def _convert(fam: CheckpointFamily, source: Path, state, source_config: dict):
         key = str(e.args[0]) if e.args else "?"
         theirs = fam.source_key(key)
         named = repr(theirs) + (f" (vlbert's {key!r})" if theirs != key else "")
-        raise ValueError(f"{source}: this {fam.name} checkpoint lacks the tensor {named}, which its layout has: the "
-                         f"file is incomplete or was altered; convert the checkpoint as {fam.name} published it") from e
+        raise ValueError(
+            f"{source}: this {fam.name} checkpoint lacks the tensor {named}, which its layout has: the "
+            f"file is incomplete or was altered; convert the checkpoint as {fam.name} published it"
+        ) from e
     except ValueError as e:
         if str(source) in str(e):
             raise
@@ -228,13 +258,18 @@ def _check_source(fam: CheckpointFamily, source: Path, state, source_config: dic
     Raises)."""
     if not fam.matches(state):
         other = detect_family(state)
-        hint = f"it is a {other} checkpoint: pass --from {other}" if other else \
-            f"its keys ({', '.join(sorted(state)[:3])}, ...) are no published family's"
+        hint = (
+            f"it is a {other} checkpoint: pass --from {other}"
+            if other
+            else f"its keys ({', '.join(sorted(state)[:3])}, ...) are no published family's"
+        )
         raise ValueError(f"{source} is not a {fam.name} checkpoint; {hint}")
     if fam.config_fields and source.is_dir() and not all(k in source_config for k in fam.config_fields):
-        raise ValueError(f"{source} has no config.json with {', '.join(fam.config_fields)}: its tensors do not say "
-                         "the head count (nor always the head); put the checkpoint's own config.json beside its "
-                         "weights (as save_pretrained writes it) or pass --config FILE")
+        raise ValueError(
+            f"{source} has no config.json with {', '.join(fam.config_fields)}: its tensors do not say "
+            "the head count (nor always the head); put the checkpoint's own config.json beside its "
+            "weights (as save_pretrained writes it) or pass --config FILE"
+        )
     if not allow_nonfinite:
         check_finite(state, source)
 
@@ -245,8 +280,11 @@ def _label_names(task: str, labels, num_labels: int) -> list[str] | None:
     if task not in ("vqa", "snli-ve"):
         return None
     if labels is None:
-        logger.warning("no --labels: answers are named answer_0..answer_%d; pass the checkpoint's answer list "
-                       "(UNITER: utils/ans2label.json)", num_labels - 1)
+        logger.warning(
+            "no --labels: answers are named answer_0..answer_%d; pass the checkpoint's answer list "
+            "(UNITER: utils/ans2label.json)",
+            num_labels - 1,
+        )
         return [f"answer_{i}" for i in range(num_labels)]
     names = read_labels(labels) if isinstance(labels, (str, os.PathLike)) else [str(x) for x in labels]
     if len(names) != num_labels:
@@ -261,15 +299,19 @@ def _load(model, state, source, family: str) -> dict[str, Any]:
     own = model.state_dict()
     unexpected = sorted(k for k in state if k not in own)
     if unexpected:
-        raise ValueError(f"{source}: {family} tensors with no place in {type(model).__name__}: {unexpected[:8]}"
-                         f"{' ...' if len(unexpected) > 8 else ''} (vlbert's names); the file is not as {family} "
-                         "publishes it")
+        raise ValueError(
+            f"{source}: {family} tensors with no place in {type(model).__name__}: {unexpected[:8]}"
+            f"{' ...' if len(unexpected) > 8 else ''} (vlbert's names); the file is not as {family} "
+            "publishes it"
+        )
     missing = sorted(k for k in own if k not in state)
     encoder_missing = [k for k in missing if k.startswith("bert.") and not k.startswith("bert.pooler.")]
     if encoder_missing:
-        raise ValueError(f"{source}: encoder tensors missing: {encoder_missing[:8]}"
-                         f"{' ...' if len(encoder_missing) > 8 else ''} (vlbert's names); this {family} checkpoint is "
-                         "incomplete or was altered")
+        raise ValueError(
+            f"{source}: encoder tensors missing: {encoder_missing[:8]}"
+            f"{' ...' if len(encoder_missing) > 8 else ''} (vlbert's names); this {family} checkpoint is "
+            "incomplete or was altered"
+        )
     model.load_converted_state_dict(state, source=str(source))
     if missing:
         logger.warning("newly initialised (not in %s): %s", source, ", ".join(missing))

@@ -46,26 +46,44 @@ class OscarFamily(CheckpointFamily):
         if relation[0] is not None and relation[0].shape[0] == 2:
             state["itm.weight"], state["itm.bias"] = relation[0].flip(0), relation[1].flip(0)
         elif relation[0] is not None:
-            dropped["cls.seq_relationship"] = (f"{relation[0].shape[0]}-way contrastive head (VinVL), not image-text "
-                                               "matching")
+            dropped["cls.seq_relationship"] = (
+                f"{relation[0].shape[0]}-way contrastive head (VinVL), not image-text matching"
+            )
         for key in [k for k in state if k.startswith("classifier.")]:
             state.pop(key)
             dropped["classifier"] = "Oscar's fine-tuned classifier: fine-tune a vlbert head from the backbone"
         state = hf_to_vlbert(rename_prefix(state, RENAMES))
         config = architecture(state, source_config)
         vinvl = "bert.region_embeddings.norm.weight" in state
-        config.update(region_embedding="vinvl" if vinvl else "oscar", region_location_dim=6, num_region_classes=0,
-                      region_feature_dim=state["bert.region_embeddings.proj.weight"].shape[1] - 6)
+        config.update(
+            region_embedding="vinvl" if vinvl else "oscar",
+            region_location_dim=6,
+            num_region_classes=0,
+            region_feature_dim=state["bert.region_embeddings.proj.weight"].shape[1] - 6,
+        )
         return Converted(config, state, "VLBertForPreTraining", "vl-pretraining", dropped)
 
 
 OSCAR = OscarFamily(
-    name="oscar", region_embedding="oscar", tokenizer="bert-base-uncased", cased=False,
-    features={"extractor": "oscar-vinvl-features", "fingerprint": None, "config": None, "max_regions": 50,
-              "description": "Oscar: bottom-up-attention Faster R-CNN (Visual Genome) 2048-d + 6-d box; VinVL: the "
-                             "VinVL X152-C4 detector (vinvl_vg_x152c4) 2048-d + 6-d box; import its TSV features"},
-    max_text_length=70, config_fields=("num_attention_heads",), reference="microsoft/Oscar@266075f",
-    parity=("hidden states and pooled output equal a reference forward written from BertImgModel within 1e-5 "
-            "(vlbert tests/test_published_checkpoints.py)"))
+    name="oscar",
+    region_embedding="oscar",
+    tokenizer="bert-base-uncased",
+    cased=False,
+    features={
+        "extractor": "oscar-vinvl-features",
+        "fingerprint": None,
+        "config": None,
+        "max_regions": 50,
+        "description": "Oscar: bottom-up-attention Faster R-CNN (Visual Genome) 2048-d + 6-d box; VinVL: the "
+        "VinVL X152-C4 detector (vinvl_vg_x152c4) 2048-d + 6-d box; import its TSV features",
+    },
+    max_text_length=70,
+    config_fields=("num_attention_heads",),
+    reference="microsoft/Oscar@266075f",
+    parity=(
+        "hidden states and pooled output equal a reference forward written from BertImgModel within 1e-5 "
+        "(vlbert tests/test_published_checkpoints.py)"
+    ),
+)
 
 __all__ = ["OSCAR", "OscarFamily"]

@@ -33,8 +33,18 @@ import torch
 
 from detectors.config import NAMED_DETECTORS
 from vlbert.checkpoint import hf_to_vlbert
-from vlbert.families.base import (CheckpointFamily, Converted, WrongForm, architecture, detector_features,
-                                  load_torch_file, rename_prefix, source_prefix, take_tied, to_float32)
+from vlbert.families.base import (
+    CheckpointFamily,
+    Converted,
+    WrongForm,
+    architecture,
+    detector_features,
+    load_torch_file,
+    rename_prefix,
+    source_prefix,
+    take_tied,
+    to_float32,
+)
 
 #: The features' detector as far as it is published: the weights file's name (no sha256 is published for it), so
 #: regions match on that name (detectors/config.py, docs/regions.md).
@@ -88,8 +98,12 @@ class UniterFamily(CheckpointFamily):
             state["bert.region_embeddings.mask_embedding.weight"][0] = 0.0
         state = hf_to_vlbert(state)
         config = architecture(state, source_config)
-        config.update(region_embedding="uniter", region_location_dim=7, region_token_type=1,
-                      region_feature_dim=state["bert.region_embeddings.feature_proj.weight"].shape[1])
+        config.update(
+            region_embedding="uniter",
+            region_location_dim=7,
+            region_token_type=1,
+            region_feature_dim=state["bert.region_embeddings.feature_proj.weight"].shape[1],
+        )
         if "mrc.decoder.weight" in state:
             config["num_region_classes"] = state["mrc.decoder.weight"].shape[0]
         head = _fine_tuned_head(state, config)
@@ -119,30 +133,48 @@ def _fine_tuned_head(state: dict, config: dict) -> Converted | None:
         return Converted(config, state, "VLBertForVQA", "vqa")
     if "rank_output.weight" in state:  # model/itm.py: the score is rank_output(pooled); itm_output is unused
         rank_w, rank_b = state.pop("rank_output.weight"), state.pop("rank_output.bias")
-        dropped = {f"itm_output.{k}": "UNITER's retrieval model scores with rank_output only (its itm_output is "
-                                      "left from pretraining)" for k in ("weight", "bias")
-                   if state.pop(f"itm.{k}", None) is not None}
+        dropped = {
+            f"itm_output.{k}": "UNITER's retrieval model scores with rank_output only (its itm_output is "
+            "left from pretraining)"
+            for k in ("weight", "bias")
+            if state.pop(f"itm.{k}", None) is not None
+        }
         state["itm.weight"] = torch.cat([torch.zeros_like(rank_w), rank_w])
         state["itm.bias"] = torch.cat([torch.zeros_like(rank_b), rank_b])
-        return Converted(config, state, "VLBertForImageTextRetrieval", "retrieval", dropped=dropped,
-                         info={"shortlist": RANK_ALL})
+        return Converted(
+            config, state, "VLBertForImageTextRetrieval", "retrieval", dropped=dropped, info={"shortlist": RANK_ALL}
+        )
     if "nlvr2_output.weight" in state:
         if state["nlvr2_output.weight"].shape[1] != 2 * config["hidden_size"]:
-            raise ValueError("this is UNITER's NLVR2 'triplet' head (both images in one sequence); vlbert converts "
-                             "its 'paired' and 'paired-attn' heads (model/nlvr2.py): use one of those checkpoints")
+            raise ValueError(
+                "this is UNITER's NLVR2 'triplet' head (both images in one sequence); vlbert converts "
+                "its 'paired' and 'paired-attn' heads (model/nlvr2.py): use one of those checkpoints"
+            )
         config["num_labels"] = state["nlvr2_output.weight"].shape[0]
         attention = "attn1.in_proj_weight" in state
-        return Converted(config, state, "VLBertForNLVR2PairedAttention" if attention else "VLBertForNLVR2Paired",
-                         "nlvr2")
+        return Converted(
+            config, state, "VLBertForNLVR2PairedAttention" if attention else "VLBertForNLVR2Paired", "nlvr2"
+        )
     return None
 
 
 UNITER = UniterFamily(
-    name="uniter", region_embedding="uniter", tokenizer="bert-base-cased", cased=True,
-    features=detector_features(BUTD_VG, 100, "bottom-up-attention Faster R-CNN ResNet-101 (Visual Genome, Caffe), "
-                                             "10-100 boxes at confidence >= 0.2, 2048-d pool5 + 7-d box"),
-    max_text_length=60, reference="ChenRocks/UNITER@1dbfa62",
-    parity=("hidden states and every head's logits equal a reference forward written from UNITER's code "
-            "within 1e-5 (float32, 10 and 100 regions; vlbert tests/test_published_checkpoints.py)"))
+    name="uniter",
+    region_embedding="uniter",
+    tokenizer="bert-base-cased",
+    cased=True,
+    features=detector_features(
+        BUTD_VG,
+        100,
+        "bottom-up-attention Faster R-CNN ResNet-101 (Visual Genome, Caffe), "
+        "10-100 boxes at confidence >= 0.2, 2048-d pool5 + 7-d box",
+    ),
+    max_text_length=60,
+    reference="ChenRocks/UNITER@1dbfa62",
+    parity=(
+        "hidden states and every head's logits equal a reference forward written from UNITER's code "
+        "within 1e-5 (float32, 10 and 100 regions; vlbert tests/test_published_checkpoints.py)"
+    ),
+)
 
 __all__ = ["UNITER", "UniterFamily", "BUTD_VG", "VE_LABELS"]

@@ -70,9 +70,13 @@ class VisualBertFamily(CheckpointFamily):
             state["itm.bias"] = state.pop("cls.seq_relationship.bias").flip(0)
         state = hf_to_vlbert(rename_prefix(state, RENAMES))
         config = architecture(state, source_config)
-        config.update(region_embedding="visualbert", region_location_dim=0, region_token_type=0,
-                      region_feature_dim=state["bert.region_embeddings.feature_proj.weight"].shape[1],
-                      num_region_classes=0)
+        config.update(
+            region_embedding="visualbert",
+            region_location_dim=0,
+            region_token_type=0,
+            region_feature_dim=state["bert.region_embeddings.feature_proj.weight"].shape[1],
+            num_region_classes=0,
+        )
         if "classifier.weight" in state:
             config["num_labels"] = state["classifier.weight"].shape[0]
         return Converted(config, state, model_class, task)
@@ -84,21 +88,35 @@ def _head_from_keys(state, architectures: list) -> str:
     if any(k.startswith("cls.predictions.") for k in state):
         return "VisualBertForPreTraining"
     if "cls.weight" in state:
-        raise ValueError(f"config.json's architectures ({architectures or 'none'}) name no VisualBERT head, and the "
-                         "keys (a cls classifier) fit VisualBertForQuestionAnswering and VisualBertForVisualReasoning: "
-                         "add \"architectures\": [\"VisualBertForQuestionAnswering\"] (or ...ForVisualReasoning) to "
-                         "config.json, as transformers writes it")
+        raise ValueError(
+            f"config.json's architectures ({architectures or 'none'}) name no VisualBERT head, and the "
+            "keys (a cls classifier) fit VisualBertForQuestionAnswering and VisualBertForVisualReasoning: "
+            'add "architectures": ["VisualBertForQuestionAnswering"] (or ...ForVisualReasoning) to '
+            "config.json, as transformers writes it"
+        )
     return "VisualBertModel"
 
 
 VISUALBERT = VisualBertFamily(
-    name="visualbert", region_embedding="visualbert", tokenizer="bert-base-uncased", cased=False,
-    features={"extractor": "detectron-fc6", "fingerprint": None, "config": None, "max_regions": 100,
-              "description": "Detectron (v1) Faster R-CNN fc6 features: 2048-d, 100 boxes (VQA / COCO checkpoints, "
-                             "Pythia detectron_fix_100); 1024-d (NLVR2); import them as region shards"},
-    max_text_length=128, config_fields=("num_attention_heads",),
+    name="visualbert",
+    region_embedding="visualbert",
+    tokenizer="bert-base-uncased",
+    cased=False,
+    features={
+        "extractor": "detectron-fc6",
+        "fingerprint": None,
+        "config": None,
+        "max_regions": 100,
+        "description": "Detectron (v1) Faster R-CNN fc6 features: 2048-d, 100 boxes (VQA / COCO checkpoints, "
+        "Pythia detectron_fix_100); 1024-d (NLVR2); import them as region shards",
+    },
+    max_text_length=128,
+    config_fields=("num_attention_heads",),
     reference="huggingface/transformers modeling_visual_bert.py@00e12e7",
-    parity=("hidden states and every head's logits equal transformers' VisualBert models within 1e-5 (vlbert "
-            "tests/test_published_checkpoints.py)"))
+    parity=(
+        "hidden states and every head's logits equal transformers' VisualBert models within 1e-5 (vlbert "
+        "tests/test_published_checkpoints.py)"
+    ),
+)
 
 __all__ = ["VISUALBERT", "VisualBertFamily"]

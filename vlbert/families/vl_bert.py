@@ -34,8 +34,18 @@ from pathlib import Path
 import torch
 
 from vlbert.checkpoint import hf_to_vlbert
-from vlbert.families.base import (CheckpointFamily, Converted, WrongForm, architecture, detector_features,
-                                  load_torch_object, rename_prefix, source_prefix, take_tied, to_float32)
+from vlbert.families.base import (
+    CheckpointFamily,
+    Converted,
+    WrongForm,
+    architecture,
+    detector_features,
+    load_torch_object,
+    rename_prefix,
+    source_prefix,
+    take_tied,
+    to_float32,
+)
 from vlbert.families.uniter import BUTD_VG
 
 RENAMES = {
@@ -75,18 +85,21 @@ def read_vl_bert_file(source: Path) -> dict[str, torch.Tensor]:
         raise WrongForm(f"{source} is a directory; a VL-BERT checkpoint is one .model file (vl-bert-base-prec.model)")
     saved = load_torch_object(source, "VL-BERT checkpoint ({'state_dict': ..., 'optimizer': ...} of tensors)")
     if isinstance(saved, dict) and "state_dict" not in saved and "optimizer" in saved:
-        raise ValueError(f"{source} holds only an optimizer state, no 'state_dict'; pass the .model file that "
-                         "VL-BERT's trainer saved with both")
+        raise ValueError(
+            f"{source} holds only an optimizer state, no 'state_dict'; pass the .model file that "
+            "VL-BERT's trainer saved with both"
+        )
     state = saved.get("state_dict", saved) if isinstance(saved, dict) else None
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{source} holds no state dict of tensors; a VL-BERT .model file is "
-                         "{'state_dict': ..., 'optimizer': ...}")
+        raise ValueError(
+            f"{source} holds no state dict of tensors; a VL-BERT .model file is {{'state_dict': ..., 'optimizer': ...}}"
+        )
     return without_module_prefix(state)
 
 
 def without_module_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` with DistributedDataParallel's ``module.`` prefixes removed."""
-    return {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
+    return {k[len("module.") :] if k.startswith("module.") else k: v for k, v in state.items()}
 
 
 def network_section(source_config: dict) -> dict:
@@ -124,9 +137,11 @@ class VLBertFamily(CheckpointFamily):
         e2e = any(k.startswith(BACKBONE) for k in state)
         if "IMAGE_FEAT_PRECOMPUTED" in network and bool(network["IMAGE_FEAT_PRECOMPUTED"]) == e2e:
             have, said = ("an e2e", "precomputed") if e2e else ("a prec", "e2e")
-            raise ValueError(f"this is {have} checkpoint ({'with' if e2e else 'without'} backbone tensors) but the "
-                             f"config says {said} (IMAGE_FEAT_PRECOMPUTED: {network['IMAGE_FEAT_PRECOMPUTED']}); "
-                             "pass the config the checkpoint was trained with")
+            raise ValueError(
+                f"this is {have} checkpoint ({'with' if e2e else 'without'} backbone tensors) but the "
+                f"config says {said} (IMAGE_FEAT_PRECOMPUTED: {network['IMAGE_FEAT_PRECOMPUTED']}); "
+                "pass the config the checkpoint was trained with"
+            )
         state = to_float32(state)
         take_tied(state, "vlbert.mlm_head.predictions.decoder.weight", "vlbert.word_embeddings.weight")
         if e2e:
@@ -139,15 +154,22 @@ class VLBertFamily(CheckpointFamily):
         heads = network.get("VLBERT", {}).get("num_attention_heads") or source_config.get("num_attention_heads")
         config = architecture(state, {"num_attention_heads": heads} if heads else {})
         visual = state["bert.region_embeddings.visual_proj.weight"]
-        config.update(region_embedding="vl-bert", region_location_dim=4, region_token_type=2,
-                      region_feature_dim=visual.shape[1] - 2048, region_head_norm=False,
-                      num_region_classes=state["mrc.decoder.weight"].shape[0] if "mrc.decoder.weight" in state else 0)
+        config.update(
+            region_embedding="vl-bert",
+            region_location_dim=4,
+            region_token_type=2,
+            region_feature_dim=visual.shape[1] - 2048,
+            region_head_norm=False,
+            num_region_classes=state["mrc.decoder.weight"].shape[0] if "mrc.decoder.weight" in state else 0,
+        )
         if e2e:
             config["visual_backbone"] = {
-                "kind": "caffe-resnet", "layers": layers,
+                "kind": "caffe-resnet",
+                "layers": layers,
                 "frozen_stages": list(network.get("IMAGE_FROZEN_BACKBONE_STAGES", [1, 2])),
                 "frozen_bn": bool(network.get("IMAGE_FROZEN_BN", True)),
-                "mask_pixels": mask_visual is None and bool(network.get("MASK_RAW_PIXELS", True))}
+                "mask_pixels": mask_visual is None and bool(network.get("MASK_RAW_PIXELS", True)),
+            }
         info = {"image_preprocessing": "vl-bert"} if e2e else {}  # vlbert.data.images.PREPROCESSING's entry
         return Converted(config, state, "VLBertForPreTraining", "vl-pretraining", info=info)
 
@@ -160,25 +182,40 @@ def _drop_head_copy(state: dict[str, torch.Tensor]) -> None:
         ValueError: a copy that differs, or is missing: the file was not written by VL-BERT's code.
     """
     first, second = "image_feature_extractor.roi_head_feature_extractor.", "image_feature_extractor.head.0."
-    copies = {k[len(second):]: state.pop(k) for k in [k for k in state if k.startswith(second)]}
-    originals = {k[len(first):]: v for k, v in state.items() if k.startswith(first)}
+    copies = {k[len(second) :]: state.pop(k) for k in [k for k in state if k.startswith(second)]}
+    originals = {k[len(first) :]: v for k, v in state.items() if k.startswith(first)}
     if set(copies) != set(originals):
-        raise ValueError(f"the res5 head's two copies ({first}* and {second}*) hold different tensors; this file "
-                         "was not written by VL-BERT's code")
+        raise ValueError(
+            f"the res5 head's two copies ({first}* and {second}*) hold different tensors; this file "
+            "was not written by VL-BERT's code"
+        )
     differ = sorted(k for k, v in copies.items() if v.shape != originals[k].shape or not torch.equal(v, originals[k]))
     if differ:
-        raise ValueError(f"the res5 head's two copies differ at {second}{differ[0]} (and {len(differ) - 1} more); "
-                         "VL-BERT's code writes one module under both names, so this file was altered")
+        raise ValueError(
+            f"the res5 head's two copies differ at {second}{differ[0]} (and {len(differ) - 1} more); "
+            "VL-BERT's code writes one module under both names, so this file was altered"
+        )
 
 
 VL_BERT = VLBertFamily(
-    name="vl-bert", region_embedding="vl-bert", tokenizer="bert-base-uncased", cased=False,
-    features=detector_features(BUTD_VG, 100, "prec: bottom-up-attention Faster R-CNN ResNet-101 (Visual Genome, "
-                               "Caffe), 10-100 boxes at confidence >= 0.2, 2048-d pool5, the whole-image box first "
-                               "(the mean feature); e2e: the images under those boxes through the model's own "
-                               "ResNet-101 C4 + res5"),
-    max_text_length=64, reference="jackroos/VL-BERT@4373674",
-    parity=("hidden states, MLM and region-class logits equal a reference forward written from VL-BERT's code "
-            "within 1e-5 (float32, prec and e2e; vlbert tests/test_vl_bert.py)"))
+    name="vl-bert",
+    region_embedding="vl-bert",
+    tokenizer="bert-base-uncased",
+    cased=False,
+    features=detector_features(
+        BUTD_VG,
+        100,
+        "prec: bottom-up-attention Faster R-CNN ResNet-101 (Visual Genome, "
+        "Caffe), 10-100 boxes at confidence >= 0.2, 2048-d pool5, the whole-image box first "
+        "(the mean feature); e2e: the images under those boxes through the model's own "
+        "ResNet-101 C4 + res5",
+    ),
+    max_text_length=64,
+    reference="jackroos/VL-BERT@4373674",
+    parity=(
+        "hidden states, MLM and region-class logits equal a reference forward written from VL-BERT's code "
+        "within 1e-5 (float32, prec and e2e; vlbert tests/test_vl_bert.py)"
+    ),
+)
 
 __all__ = ["VL_BERT", "VLBertFamily", "read_vl_bert_file", "backbone_layers"]

@@ -10,15 +10,43 @@ saves for it and the detector check (:mod:`vlbert.inference.run`). Imports neith
     vqa = pipeline(model=model, tokenizer=tokenizer, detector=detector_config)   # a VLBertForVQA in memory
 """
 
-from vlbert.inference.pipelines import (PIPELINES, EntailmentPipeline, FillMaskPipeline, ImageIndex, ImagePairPipeline,
-                                        ImageTextMatchingPipeline, Pipeline, ReferringPipeline, RetrievalPipeline,
-                                        TextClassificationPipeline, TextFillMaskPipeline, VQAPipeline, pipeline,
-                                        pipeline_class)
 from vlbert.inference.fill_mask import fill_masks
+from vlbert.inference.pipelines import (
+    PIPELINES,
+    EntailmentPipeline,
+    FillMaskPipeline,
+    ImageIndex,
+    ImagePairPipeline,
+    ImageTextMatchingPipeline,
+    Pipeline,
+    ReferringPipeline,
+    RetrievalPipeline,
+    TextClassificationPipeline,
+    TextFillMaskPipeline,
+    VQAPipeline,
+    pipeline,
+    pipeline_class,
+)
 from vlbert.inference.run import RunInputs, detector_for_run, read_inference_info, run_pipeline
 
-__all__ = ["pipeline", "PIPELINES", "Pipeline", "VQAPipeline", "RetrievalPipeline", "ImageIndex",
-           "ImagePairPipeline", "ImageTextMatchingPipeline", "EntailmentPipeline", "ReferringPipeline",
-           "FillMaskPipeline", "TextClassificationPipeline", "TextFillMaskPipeline", "pipeline_class", "RunInputs",
-           "fill_masks", "run_pipeline",
-           "read_inference_info", "detector_for_run"]
+__all__ = [
+    "pipeline",
+    "PIPELINES",
+    "Pipeline",
+    "VQAPipeline",
+    "RetrievalPipeline",
+    "ImageIndex",
+    "ImagePairPipeline",
+    "ImageTextMatchingPipeline",
+    "EntailmentPipeline",
+    "ReferringPipeline",
+    "FillMaskPipeline",
+    "TextClassificationPipeline",
+    "TextFillMaskPipeline",
+    "pipeline_class",
+    "RunInputs",
+    "fill_masks",
+    "run_pipeline",
+    "read_inference_info",
+    "detector_for_run",
+]

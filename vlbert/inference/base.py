@@ -96,10 +96,19 @@ class Pipeline:
     #: tools/predict.py flags besides the parameters that this task reads in :meth:`predict_records` (e.g. ``draw``).
     tool_options: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, model: str | os.PathLike | torch.nn.Module, device: str | None = None, detector=None,
-                 allow_other_detector: bool = False, batch_size: int = 16, detector_weights=None, tokenizer=None,
-                 labels: Sequence[str] | None = None, max_text_length: int | None = None,
-                 max_regions: int | None = None):
+    def __init__(
+        self,
+        model: str | os.PathLike | torch.nn.Module,
+        device: str | None = None,
+        detector=None,
+        allow_other_detector: bool = False,
+        batch_size: int = 16,
+        detector_weights=None,
+        tokenizer=None,
+        labels: Sequence[str] | None = None,
+        max_text_length: int | None = None,
+        max_regions: int | None = None,
+    ):
         self.batch_size = batch_size
         if isinstance(model, torch.nn.Module):
             self._from_model(model, device, detector, tokenizer, labels, max_text_length, max_regions)
@@ -107,9 +116,11 @@ class Pipeline:
         self.device = torch.device(device or _default_device())
         self.inputs = RunInputs(model, detector, allow_other_detector, str(self.device), detector_weights)
         if run_pipeline(self.inputs.info) != self.name and self.inputs.info["task"] not in self.run_tasks:
-            raise ValueError(f"{model} is a {self.inputs.info['task']!r} run; {type(self).__name__} takes "
-                             f"{' or '.join(self.accepted_runs())} runs: use vlbert.inference.pipeline("
-                             f"{str(model)!r}), which picks the task's own")
+            raise ValueError(
+                f"{model} is a {self.inputs.info['task']!r} run; {type(self).__name__} takes "
+                f"{' or '.join(self.accepted_runs())} runs: use vlbert.inference.pipeline("
+                f"{str(model)!r}), which picks the task's own"
+            )
         self.inputs.max_text_length = max_text_length or self.inputs.max_text_length
         self.inputs.max_regions = max_regions or self.inputs.max_regions
         self.model = self.architecture().from_pretrained(self.inputs.run_dir).to(self.device).eval()
@@ -119,18 +130,24 @@ class Pipeline:
         """Set up over a model in memory (see the class docstring)."""
         classes = (self.model_class, *self.model_classes)
         if not isinstance(model, classes):
-            raise ValueError(f"{type(self).__name__} runs {' or '.join(c.__name__ for c in classes)}, not "
-                             f"{type(model).__name__}: pass the task that fits the model (vlbert.inference.PIPELINES)")
+            raise ValueError(
+                f"{type(self).__name__} runs {' or '.join(c.__name__ for c in classes)}, not "
+                f"{type(model).__name__}: pass the task that fits the model (vlbert.inference.PIPELINES)"
+            )
         if tokenizer is None:
             raise ValueError("a model in memory needs its tokenizer: pipeline(model=model, tokenizer=tokenizer)")
         config = model.config
         id2label = getattr(config, "id2label", None)
         labels = list(labels) if labels is not None else [id2label[k] for k in sorted(id2label)] if id2label else None
         positions = int(getattr(config, "max_position_embeddings", 512))
-        info = {"task": self.name, "labels": labels, "max_regions": max_regions or 36,
-                "max_text_length": max_text_length or min(int(getattr(tokenizer, "model_max_length", positions)),
-                                                          positions),
-                "region_feature_dim": getattr(config, "region_feature_dim", None)}
+        info = {
+            "task": self.name,
+            "labels": labels,
+            "max_regions": max_regions or 36,
+            "max_text_length": max_text_length
+            or min(int(getattr(tokenizer, "model_max_length", positions)), positions),
+            "region_feature_dim": getattr(config, "region_feature_dim", None),
+        }
         backbone = getattr(config, "visual_backbone", None)
         if backbone:  # nothing records its images' preprocessing: its backbone kind's (vlbert.data.images)
             info["image_preprocessing"] = DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet")
@@ -190,8 +207,10 @@ class Pipeline:
         single = {k: self._single(k, v) for k, v in values.items()}
         lengths = {len(v) for k, v in values.items() if not single[k]}
         if len(lengths) > 1:
-            raise ValueError(f"{' and '.join(f'{len(v)} {k}s' for k, v in values.items() if not single[k])}: pass "
-                             "one of each per example, or one for all")
+            raise ValueError(
+                f"{' and '.join(f'{len(v)} {k}s' for k, v in values.items() if not single[k])}: pass "
+                "one of each per example, or one for all"
+            )
         n = lengths.pop() if lengths else 1
         examples = [{k: (v if single[k] else v[i]) for k, v in values.items()} for i in range(n)]
         return [{k: ex.get(k) for k in names} for ex in examples], all(single.values())
@@ -209,13 +228,15 @@ class Pipeline:
         """
         unknown = sorted(set(parameters) - set(self.parameters))
         if unknown:
-            raise TypeError(f"{type(self).__name__} got unknown parameter(s) {unknown}; it takes "
-                            f"{sorted(self.parameters) or 'none'}")
+            raise TypeError(
+                f"{type(self).__name__} got unknown parameter(s) {unknown}; it takes "
+                f"{sorted(self.parameters) or 'none'}"
+            )
         params = {**self.parameters, **parameters}
         self.check_parameters(**params)
         out: list = []
         for start in range(0, len(examples), self.batch_size):
-            chunk = examples[start:start + self.batch_size]
+            chunk = examples[start : start + self.batch_size]
             model_inputs = self.preprocess(chunk, **params)
             with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"):
                 outputs = self._forward(model_inputs)
@@ -233,8 +254,10 @@ class Pipeline:
         boxes = [ex.get("boxes") for ex in examples]
         regions = self.regions([ex["image"] for ex in examples], boxes if any(b is not None for b in boxes) else None)
         suffix = getattr(self.model, "question_suffix", "")  # VisualBERT's VQA reads a [MASK] at the end
-        return {"batch": self.inputs.batch([ex["text"] + suffix for ex in examples], regions, self.device),
-                "regions": regions}
+        return {
+            "batch": self.inputs.batch([ex["text"] + suffix for ex in examples], regions, self.device),
+            "regions": regions,
+        }
 
     def _forward(self, model_inputs: dict[str, Any]) -> dict[str, Any]:
         """The model on ``model_inputs["batch"]``: adds ``logits`` (float32, CPU)."""
@@ -263,13 +286,17 @@ class Pipeline:
         Raises:
             ValueError: a required input missing (named, with the flag that gives it, and ``where``).
         """
-        example = {name: next((record[a] for a in aliases if record.get(a) is not None), None)
-                   for name, aliases in cls.input_fields.items()}
+        example = {
+            name: next((record[a] for a in aliases if record.get(a) is not None), None)
+            for name, aliases in cls.input_fields.items()
+        }
         missing = [n for n, v in example.items() if v is None and n not in cls.optional_fields]
         if missing:
             task = cls.name or cls.__name__
-            raise ValueError(f"{where}: a {task} example needs {', '.join(missing)} (flags: "
-                             f"{', '.join(_flag(cls, m) for m in missing)})")
+            raise ValueError(
+                f"{where}: a {task} example needs {', '.join(missing)} (flags: "
+                f"{', '.join(_flag(cls, m) for m in missing)})"
+            )
         for name in cls.image_fields:
             if isinstance(example.get(name), str):
                 path = Path(example[name]).expanduser()
@@ -302,8 +329,11 @@ def read_captions(path: str) -> list[str]:
 def label_result(probabilities: torch.Tensor, labels: Sequence[str]) -> dict[str, Any]:
     """``{"label", "score", "scores"}`` of one example's class probabilities float [C]."""
     k = int(probabilities.argmax())
-    return {"label": labels[k], "score": float(probabilities[k]),
-            "scores": {name: float(p) for name, p in zip(labels, probabilities)}}
+    return {
+        "label": labels[k],
+        "score": float(probabilities[k]),
+        "scores": {name: float(p) for name, p in zip(labels, probabilities)},
+    }
 
 
 def label_row(result: dict) -> dict:

@@ -16,8 +16,14 @@ from vlbert.models.vl import VLBertForPreTraining
 
 
 @torch.no_grad()
-def fill_masks(model, tokenizer, texts: Sequence[str], top_k: int = 5, regions: Sequence[dict] | None = None,
-               max_length: int | None = None) -> list[list[list[dict]]]:
+def fill_masks(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    top_k: int = 5,
+    regions: Sequence[dict] | None = None,
+    max_length: int | None = None,
+) -> list[list[list[dict]]]:
     """The ``top_k`` fillers of every [MASK] of every text, in one forward pass over the padded batch.
 
     Args:
@@ -39,8 +45,9 @@ def fill_masks(model, tokenizer, texts: Sequence[str], top_k: int = 5, regions: 
         ValueError: a text without [MASK] (named, with the fix); regions given to a text-only model, or a number
             of region items other than the number of texts.
     """
-    enc = tokenizer(list(texts), padding=True, truncation=max_length is not None, max_length=max_length,
-                    return_tensors="pt")
+    enc = tokenizer(
+        list(texts), padding=True, truncation=max_length is not None, max_length=max_length, return_tensors="pt"
+    )
     is_mask = enc["input_ids"] == tokenizer.mask_token_id
     for text, row in zip(texts, is_mask):
         if not row.any():
@@ -69,8 +76,14 @@ def fill_masks(model, tokenizer, texts: Sequence[str], top_k: int = 5, regions: 
         for score, token in zip(row_scores, row_ids):
             filled = enc["input_ids"][row, :length].clone()
             filled[position] = token
-            fillers.append({"score": score, "token": token, "token_str": tokenizer.decode([token]),
-                            "sequence": tokenizer.decode(filled, skip_special_tokens=single)})
+            fillers.append(
+                {
+                    "score": score,
+                    "token": token,
+                    "token_str": tokenizer.decode([token]),
+                    "sequence": tokenizer.decode(filled, skip_special_tokens=single),
+                }
+            )
         results[row].append(fillers)
     return results
 
@@ -91,8 +104,11 @@ class FillMaskPipeline(Pipeline):
         """Each example's text and region item (None without an image), and ``top_k``."""
         images = [k for k, ex in enumerate(examples) if ex.get("image") is not None]
         items = dict(zip(images, self.inputs.region_items(self.regions([examples[k]["image"] for k in images]))))
-        return {"texts": [ex["text"] for ex in examples], "items": [items.get(k) for k in range(len(examples))],
-                "top_k": parameters.get("top_k", 5)}
+        return {
+            "texts": [ex["text"] for ex in examples],
+            "items": [items.get(k) for k in range(len(examples))],
+            "top_k": parameters.get("top_k", 5),
+        }
 
     def _forward(self, model_inputs: dict[str, Any]) -> dict[str, Any]:
         """:func:`fill_masks` over the chunk: one pass for the examples with regions, one for those without."""
@@ -101,8 +117,14 @@ class FillMaskPipeline(Pipeline):
         for with_image in (True, False):
             group = [k for k, item in enumerate(items) if (item is not None) == with_image]
             if group:
-                found = fill_masks(self.model, self.tokenizer, [texts[k] for k in group], top_k,
-                                   [items[k] for k in group] if with_image else None, self.inputs.max_text_length)
+                found = fill_masks(
+                    self.model,
+                    self.tokenizer,
+                    [texts[k] for k in group],
+                    top_k,
+                    [items[k] for k in group] if with_image else None,
+                    self.inputs.max_text_length,
+                )
                 for k, result in zip(group, found):
                     fillers[k] = result
         return {"fillers": fillers}

@@ -49,8 +49,10 @@ class ImageTextMatchingPipeline(Pipeline):
         """
         missing = next((k for k, ex in enumerate(examples) if ex.get("text") is None), None)
         if missing is not None:
-            raise ValueError(f"image-text matching scores (image, text) pairs; example {missing + 1} has no text "
-                             "(pass a caption, or a list of them)")
+            raise ValueError(
+                f"image-text matching scores (image, text) pairs; example {missing + 1} has no text "
+                "(pass a caption, or a list of them)"
+            )
         results = super().run(examples, **parameters)
         for k, result in enumerate(results):
             result["index"] = k
@@ -73,8 +75,9 @@ class ImageTextMatchingPipeline(Pipeline):
             out.append(result)
         return out
 
-    def predict_records(self, records: list[dict], top_k: int | None = None, captions: str | None = None,
-                        **options) -> list[dict]:
+    def predict_records(
+        self, records: list[dict], top_k: int | None = None, captions: str | None = None, **options
+    ) -> list[dict]:
         """tools/predict.py's call: a record with ``text`` -> its pair's ``score`` and ``match``; a record without,
         given ``captions`` (a file of candidate captions, one per line) -> ``{"captions": [...]}``, the ``top_k``
         best of them (default all), best first.
@@ -83,11 +86,14 @@ class ImageTextMatchingPipeline(Pipeline):
             ValueError: a record without text and no ``captions``; ``top_k`` without ``captions`` (it ranks them).
         """
         if top_k is not None and not captions:
-            raise ValueError("--top-k ranks the --captions FILE's captions for an image; leave it out to score "
-                             "(image, text) pairs")
+            raise ValueError(
+                "--top-k ranks the --captions FILE's captions for an image; leave it out to score (image, text) pairs"
+            )
         if captions is None and any(r.get("text") is None for r in records):
-            raise ValueError("an image-text-matching example needs a caption: --text, a \"text\" field, or "
-                             "--captions FILE (candidate captions, one per line)")
+            raise ValueError(
+                'an image-text-matching example needs a caption: --text, a "text" field, or '
+                "--captions FILE (candidate captions, one per line)"
+            )
         candidates = read_captions(captions) if captions else []
         pairs = iter(self.run([r for r in records if r.get("text") is not None]))  # one batched pass
         rows = []
@@ -96,8 +102,9 @@ class ImageTextMatchingPipeline(Pipeline):
                 rows.append({k: v for k, v in next(pairs).items() if k in ("score", "match")})
                 continue
             ranked = self.run([{"image": record["image"], "text": c} for c in candidates], top_k=top_k)
-            rows.append({"captions": [{"caption": r["text"], "index": r["index"], "score": r["score"]}
-                                      for r in ranked]})
+            rows.append(
+                {"captions": [{"caption": r["text"], "index": r["index"], "score": r["score"]} for r in ranked]}
+            )
         return rows
 
 

@@ -24,15 +24,18 @@ from detectors.images import read_pil_image
 from detectors.regions import Regions
 from vlbert.evaluation.vqa import gqa_predictions_json, vqa_results_json
 from vlbert.inference.base import Pipeline, label_result, label_row
-from vlbert.inference.retrieval import ImageIndex, RetrievalPipeline
-from vlbert.inference.run import read_inference_info, run_pipeline
 from vlbert.inference.fill_mask import FillMaskPipeline, TextFillMaskPipeline
 from vlbert.inference.matching import ImageTextMatchingPipeline
+from vlbert.inference.retrieval import ImageIndex, RetrievalPipeline
+from vlbert.inference.run import read_inference_info, run_pipeline
 from vlbert.inference.text import TextClassificationPipeline
 from vlbert.models.referring import VLBertForReferringExpressions
 from vlbert.models.uniter_heads import VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention, VLBertForVisualEntailment
-from vlbert.models.vl_classification import (VLBertForImagePairClassification, VLBertForSequenceClassification,
-                                             VLBertForVisualReasoning)
+from vlbert.models.vl_classification import (
+    VLBertForImagePairClassification,
+    VLBertForSequenceClassification,
+    VLBertForVisualReasoning,
+)
 from vlbert.models.vqa import VLBertForMaskedTokenVQA, VLBertForVQA
 
 
@@ -77,8 +80,10 @@ class VQAPipeline(Pipeline):
         logits = outputs["logits"]
         scores, ids = logits.sigmoid().topk(min(top_k, logits.shape[1]), dim=-1)
         names = self.label_names(logits.shape[1])
-        return [[{"answer": names[i], "score": s} for s, i in zip(row_s, row_i)]
-                for row_s, row_i in zip(scores.tolist(), ids.tolist())]
+        return [
+            [{"answer": names[i], "score": s} for s, i in zip(row_s, row_i)]
+            for row_s, row_i in zip(scores.tolist(), ids.tolist())
+        ]
 
     def row(self, result: list[dict]) -> dict:
         return {"answer": result[0]["answer"], "score": result[0]["score"], "answers": result}
@@ -116,16 +121,16 @@ class ImagePairPipeline(Pipeline):
     name = "nlvr2"
     model_class = VLBertForImagePairClassification
     model_classes = (VLBertForVisualReasoning, VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention)
-    input_fields = {"left": ("left", "image"), "right": ("right", "image2"),
-                    "text": ("text", "sentence", "statement")}
+    input_fields = {"left": ("left", "image"), "right": ("right", "image2"), "text": ("text", "sentence", "statement")}
     image_fields = ("left", "right")
     id_field = "identifier"
     formats = {"nlvr2": _nlvr2_results}
 
     def preprocess(self, examples, **parameters) -> dict[str, Any]:
         regions = self.regions([ex[side] for ex in examples for side in ("left", "right")])
-        pairs = {k: v.view(len(examples), 2, *v.shape[1:])
-                 for k, v in self.inputs.region_batch(regions, self.device).items()}
+        pairs = {
+            k: v.view(len(examples), 2, *v.shape[1:]) for k, v in self.inputs.region_batch(regions, self.device).items()
+        }
         return {"batch": {**self.inputs.text_batch([ex["text"] for ex in examples], self.device), **pairs}}
 
     def postprocess(self, outputs, examples) -> list[dict]:
@@ -170,9 +175,12 @@ class ReferringPipeline(Pipeline):
 
     def preprocess(self, examples, **parameters) -> dict[str, Any]:
         if self.inputs.info.get("boxes") == "given" and any(
-                ex["boxes"] is None and not isinstance(ex["image"], Regions) for ex in examples):
-            raise ValueError("this run was trained on given candidate boxes, not the detector's: pass boxes=[[x1, y1, "
-                             "x2, y2], ...] (pixels) for each image (tools/predict.py: a \"boxes\" field per line)")
+            ex["boxes"] is None and not isinstance(ex["image"], Regions) for ex in examples
+        ):
+            raise ValueError(
+                "this run was trained on given candidate boxes, not the detector's: pass boxes=[[x1, y1, "
+                'x2, y2], ...] (pixels) for each image (tools/predict.py: a "boxes" field per line)'
+            )
         return super().preprocess(examples, **parameters)
 
     def postprocess(self, outputs, examples) -> list[dict]:
@@ -207,9 +215,20 @@ class ReferringPipeline(Pipeline):
 
 #: pipeline name -> its class. A recipe names its pipeline (:attr:`vlbert.recipes.Recipe.pipeline`), which the run's
 #: inference.json records; a new pipeline is a :class:`Pipeline` subclass and one line here.
-PIPELINES: dict[str, type[Pipeline]] = {cls.name: cls for cls in (
-    VQAPipeline, RetrievalPipeline, ImagePairPipeline, EntailmentPipeline, ReferringPipeline, FillMaskPipeline,
-    TextClassificationPipeline, TextFillMaskPipeline, ImageTextMatchingPipeline)}
+PIPELINES: dict[str, type[Pipeline]] = {
+    cls.name: cls
+    for cls in (
+        VQAPipeline,
+        RetrievalPipeline,
+        ImagePairPipeline,
+        EntailmentPipeline,
+        ReferringPipeline,
+        FillMaskPipeline,
+        TextClassificationPipeline,
+        TextFillMaskPipeline,
+        ImageTextMatchingPipeline,
+    )
+}
 
 
 def _known() -> str:
@@ -240,8 +259,10 @@ def pipeline_class(run_dir: str | os.PathLike, task: str | None = None) -> type[
         return PIPELINES[own]
     cls = _named(task)
     if own != cls.name and run_task not in cls.run_tasks:
-        raise ValueError(f"{run_dir} is a {run_task!r} run, but {task} takes {' or '.join(cls.accepted_runs())} "
-                         f"runs; leave the task out to use the run's own ({own})")
+        raise ValueError(
+            f"{run_dir} is a {run_task!r} run, but {task} takes {' or '.join(cls.accepted_runs())} "
+            f"runs; leave the task out to use the run's own ({own})"
+        )
     return cls
 
 
@@ -255,14 +276,21 @@ def _class_for_model(model: torch.nn.Module, task: str | None) -> type[Pipeline]
         return _named(task)
     fits = [cls for cls in PIPELINES.values() if type(model) in (cls.model_class, *cls.model_classes)]
     if len(fits) != 1:
-        raise ValueError(f"{len(fits) or 'no'} pipelines run a {type(model).__name__}"
-                         f"{' (' + ', '.join(c.name for c in fits) + ')' if fits else ''}: name the task, "
-                         f"pipeline(task, model=model, tokenizer=tokenizer); pipelines exist for {_known()}")
+        raise ValueError(
+            f"{len(fits) or 'no'} pipelines run a {type(model).__name__}"
+            f"{' (' + ', '.join(c.name for c in fits) + ')' if fits else ''}: name the task, "
+            f"pipeline(task, model=model, tokenizer=tokenizer); pipelines exist for {_known()}"
+        )
     return fits[0]
 
 
-def pipeline(task: str | None = None, model: str | os.PathLike | torch.nn.Module | None = None, tokenizer=None,
-             detector=None, **kwargs) -> Pipeline:
+def pipeline(
+    task: str | None = None,
+    model: str | os.PathLike | torch.nn.Module | None = None,
+    tokenizer=None,
+    detector=None,
+    **kwargs,
+) -> Pipeline:
     """The pipeline of ``task`` over ``model``, transformers' ``pipeline(task, model=..., tokenizer=...)``.
 
     ``model`` is a run directory or hub id (its task's pipeline by default, from inference.json; ``task``
@@ -280,8 +308,10 @@ def pipeline(task: str | None = None, model: str | os.PathLike | torch.nn.Module
     if model is None and task is not None and task not in PIPELINES:
         task, model = None, task
     if model is None:
-        raise TypeError("pipeline() needs a model: a run directory, a hub id or a model in memory "
-                        "(pipeline(\"runs/vqa\") or pipeline(task, model=model, tokenizer=tokenizer))")
+        raise TypeError(
+            "pipeline() needs a model: a run directory, a hub id or a model in memory "
+            '(pipeline("runs/vqa") or pipeline(task, model=model, tokenizer=tokenizer))'
+        )
     if isinstance(model, torch.nn.Module):
         return _class_for_model(model, task)(model, tokenizer=tokenizer, detector=detector, **kwargs)
     if tokenizer is not None:
@@ -289,6 +319,21 @@ def pipeline(task: str | None = None, model: str | os.PathLike | torch.nn.Module
     return pipeline_class(model, task)(model, detector=detector, **kwargs)
 
 
-__all__ = ["Pipeline", "VQAPipeline", "EntailmentPipeline", "ImagePairPipeline", "ReferringPipeline",
-           "FillMaskPipeline", "RetrievalPipeline", "TextClassificationPipeline", "TextFillMaskPipeline", "ImageIndex",
-           "ImageTextMatchingPipeline", "PIPELINES", "pipeline", "pipeline_class", "label_result", "label_row"]
+__all__ = [
+    "Pipeline",
+    "VQAPipeline",
+    "EntailmentPipeline",
+    "ImagePairPipeline",
+    "ReferringPipeline",
+    "FillMaskPipeline",
+    "RetrievalPipeline",
+    "TextClassificationPipeline",
+    "TextFillMaskPipeline",
+    "ImageIndex",
+    "ImageTextMatchingPipeline",
+    "PIPELINES",
+    "pipeline",
+    "pipeline_class",
+    "label_result",
+    "label_row",
+]

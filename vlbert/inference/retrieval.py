@@ -19,12 +19,11 @@ from detectors.shards import write_shards
 from detectors.store import RegionStore
 from vlbert.checkpoint import write_safetensors
 from vlbert.evaluation.retrieval import rerank_shortlist
+from vlbert.inference.base import Pipeline, _as_list, _is_single, read_captions
 from vlbert.inference.run import ImageInput
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
 from vlbert_base.files import write_text_atomically
-from vlbert.inference.base import Pipeline, _as_list, _is_single, read_captions
 from vlbert_base.user_files import expect, read_json
-
 
 INDEX_FILE = "index.json"
 EMBEDDINGS_FILE = "embeddings.safetensors"
@@ -51,8 +50,10 @@ class ImageIndex:
         directory = Path(directory).expanduser()
         if directory.exists() and any(directory.iterdir()):
             if not overwrite:
-                raise FileExistsError(f"{directory} is not empty: choose a new directory for the index, or pass "
-                                      "overwrite=True to replace it")
+                raise FileExistsError(
+                    f"{directory} is not empty: choose a new directory for the index, or pass "
+                    "overwrite=True to replace it"
+                )
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
         write_shards((self.regions[i] for i in self.image_ids), directory / "regions")
@@ -66,15 +67,16 @@ class ImageIndex:
         directory without ``index.json`` (not an index, or an unfinished one: build it again)."""
         directory = Path(directory).expanduser()
         if not (directory / INDEX_FILE).is_file():
-            raise FileNotFoundError(f"{directory / INDEX_FILE} does not exist: {directory} is not a finished image "
-                                    "index; build it again with RetrievalPipeline.index_images(...).save(...)")
+            raise FileNotFoundError(
+                f"{directory / INDEX_FILE} does not exist: {directory} is not a finished image "
+                "index; build it again with RetrievalPipeline.index_images(...).save(...)"
+            )
         fix = "build the index again with RetrievalPipeline.index_images(...).save(...)"
-        index = expect(read_json(directory / INDEX_FILE, "image index", fix), dict, str(directory / INDEX_FILE),
-                       "the index", fix)
+        index = expect(
+            read_json(directory / INDEX_FILE, "image index", fix), dict, str(directory / INDEX_FILE), "the index", fix
+        )
         ids = expect(index.get("image_ids"), list, str(directory / INDEX_FILE), "image_ids", fix)
         return cls(ids, RegionStore(directory / "regions"), load_file(str(directory / EMBEDDINGS_FILE))["embeddings"])
-
-
 
 
 class RetrievalPipeline(Pipeline):
@@ -97,11 +99,20 @@ class RetrievalPipeline(Pipeline):
 
     def __call__(self, *inputs, **parameters):
         """Refused: retrieval ranks a gallery. Raises TypeError naming :meth:`search` and :meth:`captions`."""
-        raise TypeError("RetrievalPipeline ranks a gallery: use .search(text, index, top_k=5) for text -> images "
-                        "or .captions(image, captions, top_k=5) for image -> text")
+        raise TypeError(
+            "RetrievalPipeline ranks a gallery: use .search(text, index, top_k=5) for text -> images "
+            "or .captions(image, captions, top_k=5) for image -> text"
+        )
 
-    def predict_records(self, records: list[dict], top_k: int = 5, images: str | None = None,
-                        index: str | None = None, captions: str | None = None, **options) -> list[dict]:
+    def predict_records(
+        self,
+        records: list[dict],
+        top_k: int = 5,
+        images: str | None = None,
+        index: str | None = None,
+        captions: str | None = None,
+        **options,
+    ) -> list[dict]:
         """tools/predict.py's call: a record with ``text`` (and no image) -> ``{"images": [...]}`` from the index
         (``index``: a saved index directory, else built from the ``images`` folder and saved there when
         ``index`` is given); a record with ``image`` -> ``{"captions": [...]}`` ranked among the lines of the
@@ -133,8 +144,10 @@ class RetrievalPipeline(Pipeline):
                 if index:
                     built["index"].save(index)
             else:
-                raise ValueError("text -> images needs --images FOLDER (indexed on the fly) or --index DIR (an "
-                                 "index saved before, or where to save the one built from --images)")
+                raise ValueError(
+                    "text -> images needs --images FOLDER (indexed on the fly) or --index DIR (an "
+                    "index saved before, or where to save the one built from --images)"
+                )
         return built["index"]
 
     @property
@@ -142,8 +155,9 @@ class RetrievalPipeline(Pipeline):
         return int(self.inputs.info.get("shortlist", 16))
 
     @torch.no_grad()
-    def index_images(self, images: str | os.PathLike | Sequence[ImageInput],
-                     image_ids: Sequence[str] | None = None) -> ImageIndex:
+    def index_images(
+        self, images: str | os.PathLike | Sequence[ImageInput], image_ids: Sequence[str] | None = None
+    ) -> ImageIndex:
         """Regions and embeddings of ``images``: a folder (its image files, recursively, sorted) or a list. For a
         run whose model has a visual backbone, the index holds the backbone's region features of each image
         (:meth:`_backbone_regions`), so a search reads no image again.
@@ -158,20 +172,36 @@ class RetrievalPipeline(Pipeline):
         images = list(images)
         if not images:
             raise ValueError("no images to index: pass a folder with image files or a non-empty list")
-        ids = list(image_ids) if image_ids is not None else [
-            x.image_id if isinstance(x, Regions) else str(x) if isinstance(x, (str, os.PathLike)) else f"image-{k}"
-            for k, x in enumerate(images)]
+        ids = (
+            list(image_ids)
+            if image_ids is not None
+            else [
+                x.image_id if isinstance(x, Regions) else str(x) if isinstance(x, (str, os.PathLike)) else f"image-{k}"
+                for k, x in enumerate(images)
+            ]
+        )
         if len(ids) != len(images) or len(set(ids)) != len(ids):
-            raise ValueError(f"{len(ids)} image ids ({len(set(ids))} distinct) for {len(images)} images: pass one "
-                             "distinct id per image")
+            raise ValueError(
+                f"{len(ids)} image ids ({len(set(ids))} distinct) for {len(images)} images: pass one "
+                "distinct id per image"
+            )
         regions, embeddings = {}, []
         for start in range(0, len(images), self.batch_size):
-            chunk = self.regions(images[start:start + self.batch_size])
+            chunk = self.regions(images[start : start + self.batch_size])
             if self.inputs.preprocessing is not None:  # a visual backbone: the index keeps its features
                 chunk = self._backbone_regions(chunk)
-            for image_id, r in zip(ids[start:start + self.batch_size], chunk):
-                regions[image_id] = Regions(image_id, r.height, r.width, r.boxes, r.features, r.scores,
-                                            r.class_probs, r.detector, r.attribute_probs)
+            for image_id, r in zip(ids[start : start + self.batch_size], chunk):
+                regions[image_id] = Regions(
+                    image_id,
+                    r.height,
+                    r.width,
+                    r.boxes,
+                    r.features,
+                    r.scores,
+                    r.class_probs,
+                    r.detector,
+                    r.attribute_probs,
+                )
             embeddings.append(self._embed_images(chunk))
         return ImageIndex(ids, regions, torch.cat(embeddings))
 
@@ -181,14 +211,21 @@ class RetrievalPipeline(Pipeline):
         :func:`vlbert.evaluation.retrieval.backbone_regions`, up to that rounding), from its pixels
         (:class:`~vlbert.data.images.ImageRegions`)."""
         batch = self.inputs.region_batch(regions, self.device)
-        features = self.model.bert.extract_regions(batch["images"], batch["region_boxes"], batch["region_mask"],
-                                                   batch["image_sizes"]).float().cpu().numpy()
+        features = (
+            self.model.bert.extract_regions(
+                batch["images"], batch["region_boxes"], batch["region_mask"], batch["image_sizes"]
+            )
+            .float()
+            .cpu()
+            .numpy()
+        )
         out = []
         for r, f in zip(regions, features):
             n = min(r.num_regions, self.inputs.max_regions)
             cut = [None if x is None else x[:n] for x in (r.class_probs, r.attribute_probs)]
-            out.append(Regions(r.image_id, r.height, r.width, r.boxes[:n], f[:n], r.scores[:n], cut[0], r.detector,
-                               cut[1]))
+            out.append(
+                Regions(r.image_id, r.height, r.width, r.boxes[:n], f[:n], r.scores[:n], cut[0], r.detector, cut[1])
+            )
         return out
 
     def _embed_images(self, regions: Sequence[Regions]) -> torch.Tensor:
@@ -197,14 +234,16 @@ class RetrievalPipeline(Pipeline):
 
     @torch.no_grad()
     def _embed_texts(self, texts: Sequence[str]) -> torch.Tensor:
-        chunks = (texts[s:s + self.batch_size] for s in range(0, len(texts), self.batch_size))
-        return torch.cat([self.model.embed_text(**self.inputs.text_batch(chunk, self.device)).float().cpu()
-                          for chunk in chunks])
+        chunks = (texts[s : s + self.batch_size] for s in range(0, len(texts), self.batch_size))
+        return torch.cat(
+            [self.model.embed_text(**self.inputs.text_batch(chunk, self.device)).float().cpu() for chunk in chunks]
+        )
 
     def _cross_scores(self, regions: Sequence[Regions], texts: Sequence[str]):
         def scores(image_rows: list[int], text_rows: list[int]) -> torch.Tensor:
             batch = self.inputs.batch([texts[i] for i in text_rows], [regions[i] for i in image_rows], self.device)
             return self.model.match_scores(**batch).float().cpu()
+
         return scores
 
     @torch.no_grad()
@@ -215,8 +254,9 @@ class RetrievalPipeline(Pipeline):
         texts = _as_list(text, single)
         scores = self._embed_texts(texts) @ index.embeddings.T  # [texts, images]
         lazy = _LazyRegions(index)
-        final, _ = rerank_shortlist(scores, self.shortlist, lambda q, n: (n, q), self._cross_scores(lazy, texts),
-                                    self.batch_size)
+        final, _ = rerank_shortlist(
+            scores, self.shortlist, lambda q, n: (n, q), self._cross_scores(lazy, texts), self.batch_size
+        )
         out = [_top(row, top_k, lambda n, s: {"image_id": index.image_ids[n], "score": s}) for row in final]
         return out[0] if single else out
 
@@ -227,10 +267,15 @@ class RetrievalPipeline(Pipeline):
         single = _is_single(image)
         regions = self.regions(_as_list(image, single))
         captions = list(captions)
-        scores = torch.cat([self._embed_images(regions[s:s + self.batch_size])
-                            for s in range(0, len(regions), self.batch_size)]) @ self._embed_texts(captions).T
-        final, _ = rerank_shortlist(scores, self.shortlist, lambda q, n: (q, n),
-                                    self._cross_scores(regions, captions), self.batch_size)
+        scores = (
+            torch.cat(
+                [self._embed_images(regions[s : s + self.batch_size]) for s in range(0, len(regions), self.batch_size)]
+            )
+            @ self._embed_texts(captions).T
+        )
+        final, _ = rerank_shortlist(
+            scores, self.shortlist, lambda q, n: (q, n), self._cross_scores(regions, captions), self.batch_size
+        )
         out = [_top(row, top_k, lambda n, s: {"caption": captions[n], "index": n, "score": s}) for row in final]
         return out[0] if single else out
 

@@ -54,8 +54,10 @@ def read_inference_info(run_dir: str | os.PathLike) -> dict[str, Any]:
     """
     path = local_run_dir(run_dir) / INFERENCE_INFO
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {run_dir} is not the output directory of a finished run "
-                                "with regions (tools/finetune*.py and tools/pretrain.py --modality vl write it)")
+        raise FileNotFoundError(
+            f"{path} does not exist: {run_dir} is not the output directory of a finished run "
+            "with regions (tools/finetune*.py and tools/pretrain.py --modality vl write it)"
+        )
     fix = "train the run (or convert the checkpoint) again to rewrite it"
     info = expect(read_json(path, "inference.json", fix), dict, str(path), "inference.json", fix)
     if "task" not in info:
@@ -70,9 +72,12 @@ def run_pipeline(info: dict[str, Any]) -> str:
     return info.get("pipeline") or info["task"]
 
 
-def detector_for_run(saved: dict[str, Any], detector: DetectorConfig | None = None,
-                     allow_other_detector: bool = False,
-                     detector_weights: str | os.PathLike | None = None) -> DetectorConfig | None:
+def detector_for_run(
+    saved: dict[str, Any],
+    detector: DetectorConfig | None = None,
+    allow_other_detector: bool = False,
+    detector_weights: str | os.PathLike | None = None,
+) -> DetectorConfig | None:
     """The detector configuration a pipeline extracts with: the run's own (``saved``, the ``detector`` entry of
     inference.json), reading its weights from ``detector_weights`` where given (the file where the user keeps it,
     checked against the recorded sha256, or where none is recorded the file name:
@@ -90,12 +95,16 @@ def detector_for_run(saved: dict[str, Any], detector: DetectorConfig | None = No
     own = DetectorConfig.from_record(saved["config"]) if saved.get("config") else None
     if detector_weights is not None:
         if detector is not None:
-            raise ValueError("detector_weights locates the run's own detector's weights; a detector of your own "
-                             "names its weights itself (its weights field): pass one of the two")
+            raise ValueError(
+                "detector_weights locates the run's own detector's weights; a detector of your own "
+                "names its weights itself (its weights field): pass one of the two"
+            )
         if own is None:
-            raise ValueError(f"the run's regions were imported from precomputed features "
-                             f"({saved.get('extractor')}) and name no detector, so detector_weights has nothing to "
-                             "apply to: pass the images' Regions")
+            raise ValueError(
+                f"the run's regions were imported from precomputed features "
+                f"({saved.get('extractor')}) and name no detector, so detector_weights has nothing to "
+                "apply to: pass the images' Regions"
+            )
         return own.with_weights(detector_weights)
     if detector is None:
         return own
@@ -105,7 +114,8 @@ def detector_for_run(saved: dict[str, Any], detector: DetectorConfig | None = No
             f"the run was trained on regions of detector {saved.get('fingerprint')} ({saved.get('extractor')}), "
             f"but the given detector is {detector.fingerprint()} ({detector.backend}): {why}; features of another "
             "extractor silently degrade every prediction: leave detector unset to use the run's own, or pass "
-            "allow_other_detector=True (--allow-other-detector) to override")
+            "allow_other_detector=True (--allow-other-detector) to override"
+        )
     return detector
 
 
@@ -127,9 +137,14 @@ class RunInputs:
         FileNotFoundError, ValueError: from :func:`read_inference_info` and :func:`detector_for_run`.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, detector: DetectorConfig | None = None,
-                 allow_other_detector: bool = False, device: str = "cpu",
-                 detector_weights: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        detector: DetectorConfig | None = None,
+        allow_other_detector: bool = False,
+        device: str = "cpu",
+        detector_weights: str | os.PathLike | None = None,
+    ):
         self.run_dir: Path | None = local_run_dir(run_dir)
         info = read_inference_info(self.run_dir)
         detector = detector_for_run(info.get("detector") or {}, detector, allow_other_detector, detector_weights)
@@ -137,8 +152,9 @@ class RunInputs:
         self._weights_checked = detector_weights is not None
 
     @classmethod
-    def for_model(cls, info: dict[str, Any], tokenizer, detector: DetectorConfig | None = None,
-                  device: str = "cpu") -> "RunInputs":
+    def for_model(
+        cls, info: dict[str, Any], tokenizer, detector: DetectorConfig | None = None, device: str = "cpu"
+    ) -> "RunInputs":
         """Inputs of a model in memory, which has no run directory: ``info`` stands in for its inference.json
         (``task``, ``labels``, ``max_text_length``, ``max_regions``, ``region_feature_dim``), ``tokenizer`` for its
         saved tokenizer, and ``detector`` (None: the pipeline takes :class:`Regions` only) is taken as the one its
@@ -149,8 +165,9 @@ class RunInputs:
         inputs._weights_checked = False
         return inputs
 
-    def _setup(self, info: dict[str, Any], tokenizer, detector: DetectorConfig | None, allow_other_detector: bool,
-               device: str) -> None:
+    def _setup(
+        self, info: dict[str, Any], tokenizer, detector: DetectorConfig | None, allow_other_detector: bool, device: str
+    ) -> None:
         self.info = info
         self.tokenizer = tokenizer
         self.saved_detector = info.get("detector") or {}
@@ -168,22 +185,26 @@ class RunInputs:
         """The detector backend, built on first use (loading weights is the slow part)."""
         if self._extractor is None:
             if self.detector is None:
-                raise ValueError(f"the run's regions were imported from precomputed features "
-                                 f"({self.saved_detector.get('extractor')}), so no detector can be rebuilt from it: "
-                                 "pass the images' Regions, or a detector with allow_other_detector=True")
+                raise ValueError(
+                    f"the run's regions were imported from precomputed features "
+                    f"({self.saved_detector.get('extractor')}), so no detector can be rebuilt from it: "
+                    "pass the images' Regions, or a detector with allow_other_detector=True"
+                )
             weights = Path(self.detector.weights).expanduser()
             if self.detector.weights not in ("", "DEFAULT") and not weights.is_file():
                 raise FileNotFoundError(
                     f"the run's detector reads weights {self.detector.weights}, which are not on this machine: pass "
                     f"where you keep {weights.name}: pipeline(run, detector_weights=PATH) (tools/predict.py "
-                    "--detector-weights PATH)")
+                    "--detector-weights PATH)"
+                )
             # the recorded sha256 checked (detector_weights were checked when given)
             detector = self.detector if self._weights_checked else self.detector.identified()
             self._extractor = detector.build(self.device)
         return self._extractor
 
-    def regions(self, images: Sequence[ImageInput], boxes: Sequence[np.ndarray | None] | None = None,
-                batch_size: int = 16) -> list[Regions]:
+    def regions(
+        self, images: Sequence[ImageInput], boxes: Sequence[np.ndarray | None] | None = None, batch_size: int = 16
+    ) -> list[Regions]:
         """Regions of each image, in order: extracted with the run's detector, or checked when given.
 
         Args:
@@ -202,9 +223,11 @@ class RunInputs:
         for k, image in enumerate(images):
             if isinstance(image, Regions):
                 if self.preprocessing is not None and getattr(image, "pixels", None) is None:
-                    raise ValueError(f"image {image.image_id!r} was given as Regions, but this run's model computes "
-                                     "its region features from the pixels (model.visual_backbone): pass the image "
-                                     "itself (a path, PIL image or array)")
+                    raise ValueError(
+                        f"image {image.image_id!r} was given as Regions, but this run's model computes "
+                        "its region features from the pixels (model.visual_backbone): pass the image "
+                        "itself (a path, PIL image or array)"
+                    )
                 self._check_regions(image)
                 out[k] = image
                 continue
@@ -219,8 +242,13 @@ class RunInputs:
             group = [p for p in pending.values() if (p[2] is not None) == with_boxes]
             if group:
                 given = {name: b for name, _, b, _ in group} if with_boxes else None
-                extracted = extract_regions(self.extractor, [(name, source) for name, source, _, _ in group],
-                                            batch_size, boxes=given, progress=False)
+                extracted = extract_regions(
+                    self.extractor,
+                    [(name, source) for name, source, _, _ in group],
+                    batch_size,
+                    boxes=given,
+                    progress=False,
+                )
                 for (_, _, _, positions), regions in zip(group, extracted):
                     for k in positions:
                         out[k] = regions
@@ -230,19 +258,25 @@ class RunInputs:
         """Each image's regions with its pixels through the run's preprocessing
         (:class:`~vlbert.data.images.ImageRegions`; given ones already carry theirs), for a run whose model has a
         visual backbone."""
-        return [found if isinstance(image, Regions) else with_image(found, self.preprocessing.read(image))
-                for image, found in zip(images, regions)]
+        return [
+            found if isinstance(image, Regions) else with_image(found, self.preprocessing.read(image))
+            for image, found in zip(images, regions)
+        ]
 
     def _check_regions(self, regions: Regions) -> None:
         expected = self.saved_detector.get("extractor")
         if expected and regions.detector and regions.detector != expected and not self.allow_other_detector:
-            raise ValueError(f"image {regions.image_id!r} has regions of {regions.detector}, but the run was trained "
-                             f"on regions of {expected} (detector {self.saved_detector.get('fingerprint')}); extract "
-                             "them with the run's detector (pass the image itself), or pass allow_other_detector=True")
+            raise ValueError(
+                f"image {regions.image_id!r} has regions of {regions.detector}, but the run was trained "
+                f"on regions of {expected} (detector {self.saved_detector.get('fingerprint')}); extract "
+                "them with the run's detector (pass the image itself), or pass allow_other_detector=True"
+            )
         dim = self.info.get("region_feature_dim")
         if dim and regions.feature_dim != dim:
-            raise ValueError(f"image {regions.image_id!r} has {regions.feature_dim}-dimensional region features; the "
-                             f"model reads {dim}: extract them with the run's detector")
+            raise ValueError(
+                f"image {regions.image_id!r} has {regions.feature_dim}-dimensional region features; the "
+                f"model reads {dim}: extract them with the run's detector"
+            )
 
     def region_items(self, regions: Sequence[Regions]) -> list[dict]:
         """Each image's first ``max_regions`` regions as dataset items (:func:`vlbert.data.regions.region_item`)."""

@@ -28,16 +28,24 @@ class TextClassificationPipeline(Pipeline):
         super().__init__(model, **kwargs)
         self.type = self.inputs.info.get("type", "classification")
         if self.type not in ("classification", "regression"):
-            raise ValueError(f"{model} is a {self.type} run; pipelines answer classification and regression runs "
-                             "(load its head with from_pretrained)")
+            raise ValueError(
+                f"{model} is a {self.type} run; pipelines answer classification and regression runs "
+                "(load its head with from_pretrained)"
+            )
 
     def preprocess(self, examples: list[dict], **parameters) -> dict[str, Any]:
         texts = [ex["text"] for ex in examples]
         pairs = [ex.get("text_pair") for ex in examples]
         if any(p is not None for p in pairs) and not all(p is not None for p in pairs):
             raise ValueError("give a text_pair with every text or with none")
-        enc = self.tokenizer(texts, pairs if pairs[0] is not None else None, truncation=True, padding=True,
-                             max_length=self.inputs.max_text_length, return_tensors="pt")
+        enc = self.tokenizer(
+            texts,
+            pairs if pairs[0] is not None else None,
+            truncation=True,
+            padding=True,
+            max_length=self.inputs.max_text_length,
+            return_tensors="pt",
+        )
         return {"batch": {k: enc[k].to(self.device) for k in ("input_ids", "token_type_ids", "attention_mask")}}
 
     def postprocess(self, outputs, examples) -> list[dict]:

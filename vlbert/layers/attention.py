@@ -37,8 +37,14 @@ import torch
 import torch.nn.functional as F
 
 from vlbert.layers.kernels import dropout
-from vlbert.layers.packing import (LAYOUT_KEYS, PACKING_FIELDS, STREAM_PACKING_FIELDS, Packing, packing_fields,
-                                    stream_packing_fields)
+from vlbert.layers.packing import (
+    LAYOUT_KEYS,
+    PACKING_FIELDS,
+    STREAM_PACKING_FIELDS,
+    Packing,
+    packing_fields,
+    stream_packing_fields,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,28 +79,55 @@ def _key_mask(packing: Packing, kv_packing: Packing | None) -> torch.Tensor | No
     return None if mask is None else mask | ~mask.any(-1, keepdim=True)
 
 
-def eager_attention(q, k, v, packing: Packing, dropout_p: float, training: bool, output_attentions: bool = False,
-                    kv_packing: Packing | None = None):
+def eager_attention(
+    q,
+    k,
+    v,
+    packing: Packing,
+    dropout_p: float,
+    training: bool,
+    output_attentions: bool = False,
+    kv_packing: Packing | None = None,
+):
     """The reference: scores, softmax, :func:`~vlbert.layers.kernels.dropout`, times v, on the padded batch
     (transformers' eager attention). Returns the probabilities [B, heads, S, S] (after dropout, the weights that
     multiply v, rows of padded queries included) when ``output_attentions``; [B, heads, S, S_kv] for
     cross-attention (``kv_packing``)."""
     kv = packing if kv_packing is None else kv_packing
-    y, probs = _explicit(_padded(q, packing), _padded(k, kv), _padded(v, kv), _key_mask(packing, kv_packing),
-                         dropout_p, training, output_attentions)
+    y, probs = _explicit(
+        _padded(q, packing),
+        _padded(k, kv),
+        _padded(v, kv),
+        _key_mask(packing, kv_packing),
+        dropout_p,
+        training,
+        output_attentions,
+    )
     return _unpadded(y, packing), probs
 
 
-def sdpa_attention(q, k, v, packing: Packing, dropout_p: float, training: bool, output_attentions: bool = False,
-                   kv_packing: Packing | None = None):
+def sdpa_attention(
+    q,
+    k,
+    v,
+    packing: Packing,
+    dropout_p: float,
+    training: bool,
+    output_attentions: bool = False,
+    kv_packing: Packing | None = None,
+):
     """``scaled_dot_product_attention`` on the padded batch with a boolean key mask. CPU training with dropout runs
     :func:`eager_attention` instead (SDPA's CPU dropout path, the math kernel with ``bernoulli_``, is slower)."""
     if output_attentions or (training and dropout_p > 0 and q.device.type == "cpu"):
         return eager_attention(q, k, v, packing, dropout_p, training, output_attentions, kv_packing)
     kv = packing if kv_packing is None else kv_packing
-    y = F.scaled_dot_product_attention(_padded(q, packing), _padded(k, kv), _padded(v, kv),
-                                       attn_mask=_key_mask(packing, kv_packing),
-                                       dropout_p=dropout_p if training else 0.0)
+    y = F.scaled_dot_product_attention(
+        _padded(q, packing),
+        _padded(k, kv),
+        _padded(v, kv),
+        attn_mask=_key_mask(packing, kv_packing),
+        dropout_p=dropout_p if training else 0.0,
+    )
     return _unpadded(y, packing), None
 
 
@@ -111,7 +144,8 @@ class _FlashVarlen(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, dropout_p):
         out, lse, seed, offset, _ = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, False, False)
+            q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, False, False
+        )
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seed, offset)
         ctx.max_q, ctx.max_k, ctx.dropout_p = max_q, max_k, dropout_p
         return out
@@ -121,13 +155,21 @@ class _FlashVarlen(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v, out, lse, cu_q, cu_k, seed, offset = ctx.saved_tensors
         dq, dk, dv = torch.ops.aten._flash_attention_backward(
-            grad.contiguous(), q, k, v, out, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.dropout_p, False,
-            seed, offset)
+            grad.contiguous(), q, k, v, out, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.dropout_p, False, seed, offset
+        )
         return dq, dk, dv, None, None, None, None, None
 
 
-def varlen_attention(q, k, v, packing: Packing, dropout_p: float, training: bool, output_attentions: bool = False,
-                     kv_packing: Packing | None = None):
+def varlen_attention(
+    q,
+    k,
+    v,
+    packing: Packing,
+    dropout_p: float,
+    training: bool,
+    output_attentions: bool = False,
+    kv_packing: Packing | None = None,
+):
     """Attention within each packed sequence (``packing.cu_seqlens``), never touching padding; with ``kv_packing``
     (cross-attention) sequence b's queries attend to the keys ``kv_packing.cu_seqlens`` gives sequence b. CUDA:
     flash attention (:class:`_FlashVarlen`, q/k/v in the autocast dtype). Elsewhere: each sequence's
@@ -141,14 +183,16 @@ def varlen_attention(q, k, v, packing: Packing, dropout_p: float, training: bool
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else q.dtype
         if dtype in (torch.float16, torch.bfloat16):
             q, k, v = (t.to(dtype) for t in (q, k, v))
-            return _FlashVarlen.apply(q, k, v, packing.cu_seqlens, kv.cu_seqlens, packing.max_seqlen,
-                                      kv.max_seqlen, p), None
+            return _FlashVarlen.apply(
+                q, k, v, packing.cu_seqlens, kv.cu_seqlens, packing.max_seqlen, kv.max_seqlen, p
+            ), None
     queries, keys = packing.cu_seqlens.tolist(), kv.cu_seqlens.tolist()
     outs = []
     for (q0, q1), (k0, k1) in zip(zip(queries[:-1], queries[1:]), zip(keys[:-1], keys[1:])):
         seq = lambda t, a, b: t[a:b].transpose(0, 1)[None]  # [1, heads, L, d]
-        outs.append(_explicit(seq(q, q0, q1), seq(k, k0, k1), seq(v, k0, k1), None, p, training, False)[0][0]
-                    .transpose(0, 1))
+        outs.append(
+            _explicit(seq(q, q0, q1), seq(k, k0, k1), seq(v, k0, k1), None, p, training, False)[0][0].transpose(0, 1)
+        )
     return torch.cat(outs), None
 
 
@@ -244,25 +288,35 @@ def flash_varlen_unsupported(request: AttentionRequest) -> str | None:
         return f"flash attention needs a head size that is a multiple of 8 and at most 256, not {request.head_dim}"
     impl = flash_attention_impl()
     if request.dropout > 0 and impl not in (None, "FA2"):
-        return (f"{impl} is active for PyTorch's flash kernels and has no dropout (attention_probs_dropout_prob "
-                f"{request.dropout})")
+        return (
+            f"{impl} is active for PyTorch's flash kernels and has no dropout (attention_probs_dropout_prob "
+            f"{request.dropout})"
+        )
     return None
 
 
 #: name -> :class:`AttentionKernel` (the config's ``attn_implementation``); see the module docstring.
 ATTENTION_FUNCTIONS: dict[str, AttentionKernel] = {
-    "eager": AttentionKernel(eager_attention, "padded", returns_probabilities=True, fallback=None,
-                             cross_attention=True),
+    "eager": AttentionKernel(
+        eager_attention, "padded", returns_probabilities=True, fallback=None, cross_attention=True
+    ),
     "sdpa": AttentionKernel(sdpa_attention, "padded", fallback="eager", cross_attention=True),
-    "varlen": AttentionKernel(varlen_attention, "packed", unsupported=flash_varlen_unsupported, fallback="sdpa",
-                              cross_attention=True),
+    "varlen": AttentionKernel(
+        varlen_attention, "packed", unsupported=flash_varlen_unsupported, fallback="sdpa", cross_attention=True
+    ),
 }
 
 
-def register_attention(name: str, function: AttentionFunction, *, layout: str = "padded",
-                       returns_probabilities: bool = False,
-                       unsupported: Callable[[AttentionRequest], str | None] = _always,
-                       fallback: str | None = "sdpa", cross_attention: bool = False) -> AttentionKernel:
+def register_attention(
+    name: str,
+    function: AttentionFunction,
+    *,
+    layout: str = "padded",
+    returns_probabilities: bool = False,
+    unsupported: Callable[[AttentionRequest], str | None] = _always,
+    fallback: str | None = "sdpa",
+    cross_attention: bool = False,
+) -> AttentionKernel:
     """Add an attention kernel under ``name`` (usable as ``attn_implementation``), declaring its ``layout``
     (``"packed"`` if it reads ``cu_seqlens``), whether it ``returns_probabilities``, when it cannot run
     (``unsupported``), what runs instead (``fallback``) and whether it takes ``kv_packing``
@@ -282,8 +336,10 @@ def check_attention_name(name: str | None) -> None:
     """Raise ``ValueError`` naming the registered kernels unless ``name`` is one of :data:`ATTENTION_FUNCTIONS`
     or None (the default choice). Models call it when built, so a run refuses a misspelt kernel before it writes."""
     if name is not None and name not in ATTENTION_FUNCTIONS:
-        raise ValueError(f"attn_implementation={name!r} is not a registered attention kernel; use one of "
-                         f"{sorted(ATTENTION_FUNCTIONS)} (or None: varlen on CUDA in bf16/fp16, sdpa elsewhere)")
+        raise ValueError(
+            f"attn_implementation={name!r} is not a registered attention kernel; use one of "
+            f"{sorted(ATTENTION_FUNCTIONS)} (or None: varlen on CUDA in bf16/fp16, sdpa elsewhere)"
+        )
 
 
 def select_attention(name: str | None, request: AttentionRequest) -> str:
@@ -312,7 +368,21 @@ def select_attention(name: str | None, request: AttentionRequest) -> str:
     return chosen
 
 
-__all__ = ["Packing", "packing_fields", "stream_packing_fields", "PACKING_FIELDS", "LAYOUT_KEYS",
-           "STREAM_PACKING_FIELDS", "ATTENTION_FUNCTIONS", "AttentionKernel", "AttentionRequest",
-           "register_attention", "select_attention", "check_attention_name", "flash_varlen_unsupported",
-           "eager_attention", "sdpa_attention", "varlen_attention"]
+__all__ = [
+    "Packing",
+    "packing_fields",
+    "stream_packing_fields",
+    "PACKING_FIELDS",
+    "LAYOUT_KEYS",
+    "STREAM_PACKING_FIELDS",
+    "ATTENTION_FUNCTIONS",
+    "AttentionKernel",
+    "AttentionRequest",
+    "register_attention",
+    "select_attention",
+    "check_attention_name",
+    "flash_varlen_unsupported",
+    "eager_attention",
+    "sdpa_attention",
+    "varlen_attention",
+]

@@ -20,7 +20,7 @@ class _CpuDropout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float):
-        keep = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_() >= round(p * 2 ** 31)
+        keep = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_() >= round(p * 2**31)
         mask = keep.to(x.dtype)
         scale = 1.0 / (1.0 - p)
         if x.dtype in (torch.float32, torch.float64):
@@ -111,8 +111,10 @@ def cross_entropy_with_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> 
         ValueError: if ``logits`` is not 2-d with one row per target.
     """
     if logits.dim() != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(f"cross_entropy_with_accuracy needs logits [N, C] and targets [N]; got "
-                         f"{tuple(logits.shape)} and {tuple(targets.shape)}")
+        raise ValueError(
+            f"cross_entropy_with_accuracy needs logits [N, C] and targets [N]; got "
+            f"{tuple(logits.shape)} and {tuple(targets.shape)}"
+        )
     loss, argmax = _CrossEntropyWithArgmax.apply(logits, targets)
     return loss, (argmax == targets).float().mean()
 

@@ -26,9 +26,13 @@ def masked_positions(labels: torch.Tensor) -> torch.Tensor:
     return (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
 
 
-def masked_lm_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidden: torch.Tensor,
-                   labels: torch.Tensor, positions: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+def masked_lm_loss(
+    head: MaskedLMHead,
+    word_embeddings: torch.Tensor,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    positions: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Sparse masked-LM loss: the vocabulary projection runs on masked positions only.
 
     Args:
@@ -46,7 +50,7 @@ def masked_lm_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidden: to
         positions = masked_positions(labels)
     targets = labels.reshape(-1).index_select(0, positions)
     padded = head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions), word_embeddings, padded=True)
-    logits = padded[:, :word_embeddings.shape[0]]  # the padded vocabulary's extra logits are -inf: the loss is equal
+    logits = padded[:, : word_embeddings.shape[0]]  # the padded vocabulary's extra logits are -inf: the loss is equal
     count = targets.numel()
     if count == 0:
         zero = logits.sum() * 0.0

@@ -17,8 +17,12 @@ def mlp_head(in_dim: int, hidden_dim: int, out_dim: int, layer_norm_eps: float =
     Maps float [..., in_dim] to float [..., out_dim] (logits or scores). Keys: ``0`` (first Linear), ``2``
     (LayerNorm), ``3`` (output Linear).
     """
-    return nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.GELU(), nn.LayerNorm(hidden_dim, eps=layer_norm_eps),
-                         nn.Linear(hidden_dim, out_dim))
+    return nn.Sequential(
+        nn.Linear(in_dim, hidden_dim),
+        nn.GELU(),
+        nn.LayerNorm(hidden_dim, eps=layer_norm_eps),
+        nn.Linear(hidden_dim, out_dim),
+    )
 
 
 __all__ = ["mlp_head"]

@@ -28,8 +28,15 @@ def cosine_cost(x: torch.Tensor, y: torch.Tensor, eps: float = 1e-5) -> torch.Te
 
 
 @torch.no_grad()
-def ipot(cost: torch.Tensor, x_mask: torch.Tensor, y_mask: torch.Tensor, beta: float = 0.5,
-         iterations: int = 50, k: int = 1, graph: bool | None = None) -> torch.Tensor:
+def ipot(
+    cost: torch.Tensor,
+    x_mask: torch.Tensor,
+    y_mask: torch.Tensor,
+    beta: float = 0.5,
+    iterations: int = 50,
+    k: int = 1,
+    graph: bool | None = None,
+) -> torch.Tensor:
     """The IPOT transport plan between uniform masses on the real x (rows) and the real y (columns).
 
     Args:
@@ -49,8 +56,11 @@ def ipot(cost: torch.Tensor, x_mask: torch.Tensor, y_mask: torch.Tensor, beta: f
     b, m, n = cost.shape
     if x_mask.shape != (b, m) or y_mask.shape != (b, n):
         raise ValueError(f"masks {tuple(x_mask.shape)}, {tuple(y_mask.shape)} do not fit the cost {tuple(cost.shape)}")
-    if x_mask.device.type == "cpu" and y_mask.device.type == "cpu" and not (
-            x_mask.bool().any(1).all() and y_mask.bool().any(1).all()):
+    if (
+        x_mask.device.type == "cpu"
+        and y_mask.device.type == "cpu"
+        and not (x_mask.bool().any(1).all() and y_mask.bool().any(1).all())
+    ):
         raise ValueError("every pair needs at least one real word and one real region")
     with torch.autocast(cost.device.type, enabled=False):  # float32 whatever the caller's autocast
         if graph is None:
@@ -60,8 +70,9 @@ def ipot(cost: torch.Tensor, x_mask: torch.Tensor, y_mask: torch.Tensor, beta: f
         return ipot_loop(cost, x_mask, y_mask, beta, iterations, k)
 
 
-def ipot_loop(cost: torch.Tensor, x_mask: torch.Tensor, y_mask: torch.Tensor, beta: float, iterations: int,
-              k: int) -> torch.Tensor:
+def ipot_loop(
+    cost: torch.Tensor, x_mask: torch.Tensor, y_mask: torch.Tensor, beta: float, iterations: int, k: int
+) -> torch.Tensor:
     """The eager IPOT loop of :func:`ipot` (no checks), in as few ATen ops as the recurrence allows: 7 kernels per
     iteration at ``k`` = 1 (two matrix-vector products that add the 1e-30 floor in the same kernel, two
     divisions, three in-place products), the scaling vectors kept as [B, M, 1] / [B, N, 1] columns so that no
@@ -71,12 +82,12 @@ def ipot_loop(cost: torch.Tensor, x_mask: torch.Tensor, y_mask: torch.Tensor, be
     rounding (tests/test_word_region_alignment.py)."""
     cost = cost.float()
     xf, yf = x_mask.float(), y_mask.float()
-    mu = (xf / xf.sum(1, keepdim=True).clamp_min(1))[:, :, None]     # [B, M, 1]
-    nu = (yf / yf.sum(1, keepdim=True).clamp_min(1))[:, :, None]     # [B, N, 1]
+    mu = (xf / xf.sum(1, keepdim=True).clamp_min(1))[:, :, None]  # [B, M, 1]
+    nu = (yf / yf.sum(1, keepdim=True).clamp_min(1))[:, :, None]  # [B, N, 1]
     joint = xf[:, :, None] * yf[:, None, :]
-    kernel = torch.exp(cost / -beta).mul_(joint)                      # exp(-C / beta), zero on padding
-    floor = cost.new_full((1, 1, 1), 1e-30)                           # a padded row's sum: 0 -> 1e-30, no 0 / 0
-    plan, q, sigma = joint, kernel.clone(), nu                        # q = K * T_0 with T_0 = joint
+    kernel = torch.exp(cost / -beta).mul_(joint)  # exp(-C / beta), zero on padding
+    floor = cost.new_full((1, 1, 1), 1e-30)  # a padded row's sum: 0 -> 1e-30, no 0 / 0
+    plan, q, sigma = joint, kernel.clone(), nu  # q = K * T_0 with T_0 = joint
     for step in range(iterations):
         if step:
             q = plan.mul_(kernel)
@@ -109,15 +120,27 @@ class CapturedIPOT:
     def usable(cost: torch.Tensor) -> bool:
         """Whether ``cost`` is a plain tensor on a real CUDA device with nothing tracing it (no dispatch mode such
         as a fake-tensor trace, not inside torch.compile or another capture)."""
-        return (type(cost) is torch.Tensor and cost.is_cuda and not _CAPTURED.failed
-                and torch._C._len_torch_dispatch_stack() == 0 and not torch.compiler.is_compiling()
-                and not torch.cuda.is_current_stream_capturing())
+        return (
+            type(cost) is torch.Tensor
+            and cost.is_cuda
+            and not _CAPTURED.failed
+            and torch._C._len_torch_dispatch_stack() == 0
+            and not torch.compiler.is_compiling()
+            and not torch.cuda.is_current_stream_capturing()
+        )
 
     @torch.compiler.disable
     def __call__(self, cost, x_mask, y_mask, beta: float, iterations: int, k: int) -> torch.Tensor:
         b, m, n = cost.shape
-        key = (cost.device, b, -(-m // self.multiple) * self.multiple, -(-n // self.multiple) * self.multiple,
-               beta, iterations, k)
+        key = (
+            cost.device,
+            b,
+            -(-m // self.multiple) * self.multiple,
+            -(-n // self.multiple) * self.multiple,
+            beta,
+            iterations,
+            k,
+        )
         entry = self.graphs.get(key)
         if entry is None:
             try:
@@ -159,8 +182,15 @@ class CapturedIPOT:
 _CAPTURED = CapturedIPOT()
 
 
-def wasserstein_distance(x: torch.Tensor, y: torch.Tensor, x_mask: torch.Tensor, y_mask: torch.Tensor,
-                         beta: float = 0.5, iterations: int = 50, k: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def wasserstein_distance(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    x_mask: torch.Tensor,
+    y_mask: torch.Tensor,
+    beta: float = 0.5,
+    iterations: int = 50,
+    k: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The optimal-transport distance <C, T*> between the words x and the regions y of each pair, under the cosine
     cost, with the IPOT plan T* held constant (UNITER's WRA: gradients reach both x and y through C only).
 

@@ -135,5 +135,11 @@ def stream_packing_fields(text_mask: torch.Tensor, region_mask: torch.Tensor) ->
     return {**packing_fields(text_mask, prefix="text_"), **packing_fields(region_mask, prefix="region_")}
 
 
-__all__ = ["Packing", "packing_fields", "stream_packing_fields", "PACKING_FIELDS", "LAYOUT_KEYS",
-           "STREAM_PACKING_FIELDS"]
+__all__ = [
+    "Packing",
+    "packing_fields",
+    "stream_packing_fields",
+    "PACKING_FIELDS",
+    "LAYOUT_KEYS",
+    "STREAM_PACKING_FIELDS",
+]

@@ -59,8 +59,11 @@ class RegionHead(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = activation(config.hidden_act)
-        self.norm = (nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-                     if getattr(config, "region_head_norm", True) else nn.Identity())
+        self.norm = (
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            if getattr(config, "region_head_norm", True)
+            else nn.Identity()
+        )
         self.decoder = nn.Linear(config.hidden_size, out_dim)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

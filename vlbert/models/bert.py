@@ -27,8 +27,13 @@ from torch import nn
 
 from vlbert.config import BertConfig
 from vlbert.layers.activations import activation
-from vlbert.layers.attention import (ATTENTION_FUNCTIONS, AttentionRequest, Packing, check_attention_name,
-                                    select_attention)
+from vlbert.layers.attention import (
+    ATTENTION_FUNCTIONS,
+    AttentionRequest,
+    Packing,
+    check_attention_name,
+    select_attention,
+)
 from vlbert.layers.kernels import Dropout
 from vlbert.models.inputs import check_text_inputs, packing_from_batch, take_packing
 from vlbert.models.objective_units import UnitPreTrainingModel
@@ -76,8 +81,7 @@ class LayerNorm(nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype in (torch.bfloat16, torch.float16) and torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
-                return F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype),
-                                    self.eps)
+                return F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps)
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
@@ -97,16 +101,18 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, packing: Packing, attention: str = "sdpa",
-                attentions: list | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, packing: Packing, attention: str = "sdpa", attentions: list | None = None
+    ) -> torch.Tensor:
         """Args: x float [N, H], the packed tokens that ``packing`` describes; attention: a key of
         ``ATTENTION_FUNCTIONS``; attentions: a list to append this layer's attention probabilities to (float
         [B, heads, S, S], after dropout, rows of padded queries included; computed by the ``eager`` kernel).
         Returns float [N, H] (after the output projection, before dropout and residual)."""
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
-        y, probs = ATTENTION_FUNCTIONS[attention](q, k, v, packing, self.dropout_p, self.training,
-                                                  attentions is not None)
+        y, probs = ATTENTION_FUNCTIONS[attention](
+            q, k, v, packing, self.dropout_p, self.training, attentions is not None
+        )
         if attentions is not None:
             attentions.append(probs)
         return self.out(y.reshape(n, self.num_heads * self.head_dim))  # (n may be 0: a stream with no token)
@@ -125,8 +131,9 @@ class BertLayer(nn.Module):
         self.act = activation(config.hidden_act)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, packing: Packing, attention: str = "sdpa",
-                attentions: list | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, packing: Packing, attention: str = "sdpa", attentions: list | None = None
+    ) -> torch.Tensor:
         """Args: x float [N, H] packed; packing, attention, attentions as :class:`SelfAttention`.
         Returns float [N, H]."""
         x = self.attention_norm(x + self.dropout(self.attention(x, packing, attention, attentions)))
@@ -164,14 +171,25 @@ class BertEncoder(nn.Module):
         ``attn_implementation`` where it can run hidden states ``x`` (its device, its compute dtype under
         autocast, this model's head size and attention dropout), else its fallback, said once in the log."""
         device = x.device
-        dtype = torch.get_autocast_dtype(device.type) if (
-            torch.is_autocast_enabled(device.type) and x.dtype == torch.float32) else x.dtype
-        request = AttentionRequest(device, dtype, self.head_dim, self.attention_dropout if self.training else 0.0,
-                                   output_attentions)
+        dtype = (
+            torch.get_autocast_dtype(device.type)
+            if (torch.is_autocast_enabled(device.type) and x.dtype == torch.float32)
+            else x.dtype
+        )
+        request = AttentionRequest(
+            device, dtype, self.head_dim, self.attention_dropout if self.training else 0.0, output_attentions
+        )
         return select_attention(self.attn_implementation, request)
 
-    def packing(self, mask: torch.Tensor | None, batch: int, seq: int, attention: str,
-                packing: Packing | None = None, device=None) -> tuple[Packing, str]:
+    def packing(
+        self,
+        mask: torch.Tensor | None,
+        batch: int,
+        seq: int,
+        attention: str,
+        packing: Packing | None = None,
+        device=None,
+    ) -> tuple[Packing, str]:
         """The layout the layers run on and the kernel that runs it (see the class docstring): a kernel
         declared ``packed`` (:class:`~vlbert.layers.attention.AttentionKernel`) always gets the packed tokens;
         a ``padded`` one gets a dense batch when padding is under :attr:`min_padding_to_unpad`."""
@@ -180,13 +198,22 @@ class BertEncoder(nn.Module):
             return Packing.dense(batch, seq, device, mask), "sdpa" if packed else attention
         if packing is None:
             packing = Packing.from_mask(mask, batch, seq, device)
-        if not packed and packing.mask is not None and \
-                packing.num_tokens > (1 - self.min_padding_to_unpad) * batch * seq:
+        if (
+            not packed
+            and packing.mask is not None
+            and packing.num_tokens > (1 - self.min_padding_to_unpad) * batch * seq
+        ):
             packing = Packing.dense(batch, seq, device, packing.mask)
         return packing, attention
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_hidden_states: bool = False,
-                output_attentions: bool = False, packing: Packing | None = None) -> EncoderOutput:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        packing: Packing | None = None,
+    ) -> EncoderOutput:
         """Args: x float [B, S, H] embeddings; mask [B, S] (1 = real) or None; packing: where the real positions
         are, when the collator computed it (else read from ``mask``).
         Returns: :class:`EncoderOutput` with last_hidden_state [B, S, H] (in the autocast dtype under autocast),
@@ -211,9 +238,11 @@ class BertEncoder(nn.Module):
                 x = layer(x, packing, attention, attentions)
             if hidden_states is not None:
                 hidden_states.append(packing.pad(x))
-        return EncoderOutput(last_hidden_state=packing.pad(x),
-                             hidden_states=tuple(hidden_states) if hidden_states else None,
-                             attentions=tuple(attentions) if attentions is not None else None)
+        return EncoderOutput(
+            last_hidden_state=packing.pad(x),
+            hidden_states=tuple(hidden_states) if hidden_states else None,
+            attentions=tuple(attentions) if attentions is not None else None,
+        )
 
 
 @contextlib.contextmanager
@@ -281,21 +310,38 @@ class BertModel(PreTrainedModel):
         """The encoder: a :class:`BertEncoder` (a vision-language model picks its own from its config)."""
         return BertEncoder(config)
 
-    def encode_text(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                    attention_mask: torch.Tensor | None, output_hidden_states: bool, output_attentions: bool,
-                    packing: dict, encoder: nn.Module | None = None) -> EncoderOutput:
+    def encode_text(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        output_hidden_states: bool,
+        output_attentions: bool,
+        packing: dict,
+        encoder: nn.Module | None = None,
+    ) -> EncoderOutput:
         """The text path every model shares: embeddings, encoder (packed by the collator's layout where given),
         pooler. Arguments as :meth:`forward` (inputs already checked); ``encoder``: the layers to run (default
         ``self.encoder``; a two-stream model's language layers for text alone). Returns :class:`EncoderOutput`."""
-        out = (encoder or self.encoder)(self.embeddings(input_ids, token_type_ids), attention_mask,
-                                        output_hidden_states, output_attentions,
-                                        packing_from_batch(attention_mask, **packing))
+        out = (encoder or self.encoder)(
+            self.embeddings(input_ids, token_type_ids),
+            attention_mask,
+            output_hidden_states,
+            output_attentions,
+            packing_from_batch(attention_mask, **packing),
+        )
         out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
         return out
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False, **packing) -> EncoderOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        **packing,
+    ) -> EncoderOutput:
         """Encode a batch of wordpiece sequences.
 
         Args:
@@ -315,8 +361,9 @@ class BertModel(PreTrainedModel):
             TypeError: a keyword that is neither an input nor a layout field.
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
-        return self.encode_text(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
-                                packing)
+        return self.encode_text(
+            input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, packing
+        )
 
 
 class BertForPreTraining(UnitPreTrainingModel):
@@ -341,9 +388,15 @@ class BertForPreTraining(UnitPreTrainingModel):
         self.build_units(config)
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False, **labels) -> PreTrainingOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        **labels,
+    ) -> PreTrainingOutput:
         """Run BERT and the units whose labels are given.
 
         Args:
@@ -365,12 +418,33 @@ class BertForPreTraining(UnitPreTrainingModel):
         packing = take_packing(labels)
         given = self.given_labels(labels)
         enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, **packing)
-        out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
-                                hidden_states=enc.hidden_states, attentions=enc.attentions)
-        encoded = Encoded(self, enc.last_hidden_state, None, enc.pooler_output, attention_mask,
-                          word_embeddings=self.bert.embeddings.word_embeddings.weight)
+        out = PreTrainingOutput(
+            last_hidden_state=enc.last_hidden_state,
+            pooler_output=enc.pooler_output,
+            hidden_states=enc.hidden_states,
+            attentions=enc.attentions,
+        )
+        encoded = Encoded(
+            self,
+            enc.last_hidden_state,
+            None,
+            enc.pooler_output,
+            attention_mask,
+            word_embeddings=self.bert.embeddings.word_embeddings.weight,
+        )
         return self.run_units(out, encoded, given)
 
 
-__all__ = ["BertModel", "BertForPreTraining", "BertEmbeddings", "BertEncoder", "BertLayer", "SelfAttention",
-           "BertPooler", "LayerNorm", "check_text_inputs", "packing_from_batch", "compile_model"]
+__all__ = [
+    "BertModel",
+    "BertForPreTraining",
+    "BertEmbeddings",
+    "BertEncoder",
+    "BertLayer",
+    "SelfAttention",
+    "BertPooler",
+    "LayerNorm",
+    "check_text_inputs",
+    "packing_from_batch",
+    "compile_model",
+]

@@ -65,9 +65,16 @@ class BertForSequenceClassification(PreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_hidden_states: bool = False, output_attentions: bool = False,
-                **packing) -> ClassificationOutput:
+    def forward(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        labels=None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        **packing,
+    ) -> ClassificationOutput:
         """Args: text [B, T]; labels int64 [B] (classification) or float [B] (regression); ``packing``: the
         collator's packed layout (:meth:`BertModel.forward`: no host sync). Returns logits [B, num_labels]; with
         labels, ``losses["cls"]`` and ``metrics["cls_accuracy"]`` (classification)."""
@@ -104,13 +111,16 @@ def check_labels(labels: torch.Tensor, num_labels: int) -> None:
     if labels.device.type != "cpu":
         if not torch.compiler.is_compiling():
             ok = (labels == IGNORE_INDEX) | ((labels >= 0) & (labels < num_labels))
-            torch._assert_async(ok.all(), f"a label is outside [0, num_labels={num_labels}); set num_labels to the "
-                                          "number of classes")
+            torch._assert_async(
+                ok.all(), f"a label is outside [0, num_labels={num_labels}); set num_labels to the number of classes"
+            )
         return
     valid = labels[labels != IGNORE_INDEX]
     if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= num_labels):
-        raise ValueError(f"label {int(valid.max()) if int(valid.max()) >= num_labels else int(valid.min())} is "
-                         f"outside [0, num_labels={num_labels}); set num_labels to the number of classes")
+        raise ValueError(
+            f"label {int(valid.max()) if int(valid.max()) >= num_labels else int(valid.min())} is "
+            f"outside [0, num_labels={num_labels}); set num_labels to the number of classes"
+        )
 
 
 class BertForTokenClassification(PreTrainedModel):
@@ -130,9 +140,16 @@ class BertForTokenClassification(PreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_hidden_states: bool = False, output_attentions: bool = False,
-                **packing) -> ClassificationOutput:
+    def forward(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        labels=None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        **packing,
+    ) -> ClassificationOutput:
         """Returns logits [B, T, num_labels]; with labels, ``losses["tag"]`` and ``metrics["tag_accuracy"]``
         (counted over the scored pieces: a 0-d tensor on an accelerator, read on the CPU). ``packing``: the
         collator's packed layout (:meth:`BertModel.forward`)."""
@@ -169,29 +186,44 @@ class BertForQuestionAnswering(PreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.init_weights()
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
-                end_positions=None, output_hidden_states: bool = False,
-                output_attentions: bool = False, **packing) -> QuestionAnsweringOutput:
+    def forward(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        start_positions=None,
+        end_positions=None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        **packing,
+    ) -> QuestionAnsweringOutput:
         """Args: text [B, T]; start_positions/end_positions int64 [B] (wordpiece indices); ``packing``: the
         collator's layout, taken and unused (this head computes every position). Returns start/end logits [B, T];
         with positions, ``losses["qa"]`` and ``metrics["qa_exact"]`` (both boundaries right)."""
         enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, **packing)
         start_logits, end_logits = self.qa_outputs(enc.last_hidden_state).unbind(-1)
-        out = QuestionAnsweringOutput(start_logits=start_logits, end_logits=end_logits,
-                                      hidden_states=enc.hidden_states, attentions=enc.attentions)
+        out = QuestionAnsweringOutput(
+            start_logits=start_logits, end_logits=end_logits, hidden_states=enc.hidden_states, attentions=enc.attentions
+        )
         if start_positions is not None and end_positions is not None:
             t = start_logits.shape[1]
             start, end = start_positions.clamp(0, t), end_positions.clamp(0, t)
-            loss = (F.cross_entropy(upcast(start_logits), start, ignore_index=t)
-                    + F.cross_entropy(upcast(end_logits), end, ignore_index=t)) / 2
+            loss = (
+                F.cross_entropy(upcast(start_logits), start, ignore_index=t)
+                + F.cross_entropy(upcast(end_logits), end, ignore_index=t)
+            ) / 2
             with torch.no_grad():
                 exact = ((start_logits.argmax(-1) == start) & (end_logits.argmax(-1) == end)).float().mean()
             out.add("qa", loss, "qa_exact", exact, start.numel())
         return out
 
 
-def best_span(start_logits: torch.Tensor, end_logits: torch.Tensor, max_answer_length: int = 30,
-              allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def best_span(
+    start_logits: torch.Tensor,
+    end_logits: torch.Tensor,
+    max_answer_length: int = 30,
+    allowed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The highest-scoring span with start <= end < start + max_answer_length (BERT section 4.2).
 
     Args:
@@ -227,14 +259,22 @@ class BertForMultipleChoice(PreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.init_weights()
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> ClassificationOutput:
+    def forward(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        labels=None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> ClassificationOutput:
         """Args: int64 [B, C, T] each; labels int64 [B] (the right choice). Returns logits [B, C]; with labels,
         ``losses["choice"]`` and ``metrics["choice_accuracy"]``."""
         b, c, t = input_ids.shape
         flat = lambda x: None if x is None else x.reshape(b * c, t)  # noqa: E731
-        enc = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask), output_hidden_states,
-                        output_attentions)
+        enc = self.bert(
+            flat(input_ids), flat(token_type_ids), flat(attention_mask), output_hidden_states, output_attentions
+        )
         logits = self.classifier(self.dropout(enc.pooler_output)).view(b, c)
         out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
         if labels is not None:
@@ -288,10 +328,21 @@ def layer_features(hidden_states: tuple[torch.Tensor, ...], strategy: str) -> to
         return torch.stack(layers).sum(0)
     if strategy == "embeddings":
         return hidden_states[0]
-    raise ValueError(f"unknown strategy {strategy!r}; use last, second_to_last, sum_last_four, concat_last_four, "
-                     "sum_all or embeddings")
+    raise ValueError(
+        f"unknown strategy {strategy!r}; use last, second_to_last, sum_last_four, concat_last_four, "
+        "sum_all or embeddings"
+    )
 
 
-__all__ = ["BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
-           "BertForMultipleChoice", "ScalarMix", "layer_features", "best_span", "ClassificationOutput",
-           "QuestionAnsweringOutput", "check_labels"]
+__all__ = [
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertForQuestionAnswering",
+    "BertForMultipleChoice",
+    "ScalarMix",
+    "layer_features",
+    "best_span",
+    "ClassificationOutput",
+    "QuestionAnsweringOutput",
+    "check_labels",
+]

@@ -15,8 +15,12 @@ from vlbert.config import BertConfig
 from vlbert.layers.packing import LAYOUT_KEYS, PACKING_FIELDS, STREAM_PACKING_FIELDS, Packing
 
 
-def check_text_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                      attention_mask: torch.Tensor | None) -> None:
+def check_text_inputs(
+    config: BertConfig,
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+) -> None:
     """Raise ``ValueError`` for text inputs a model of ``config`` cannot embed, naming the input and the fix:
     not [B, T] integer ids, T beyond ``max_position_embeddings``, token_type_ids/attention_mask of another shape,
     ids outside the embedding tables (``vocab_size``, ``type_vocab_size``), or a row with no real token.
@@ -31,7 +35,8 @@ def check_text_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_id
     if input_ids.shape[1] > config.max_position_embeddings:
         raise ValueError(
             f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings="
-            f"{config.max_position_embeddings}; truncate inputs (e.g. max_seq_length) to at most that")
+            f"{config.max_position_embeddings}; truncate inputs (e.g. max_seq_length) to at most that"
+        )
     for name, t in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
         if t is not None and t.shape != input_ids.shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has {tuple(input_ids.shape)}")
@@ -46,8 +51,9 @@ def check_text_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_id
             continue
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= size:
-            raise ValueError(f"{name} holds {low if low < 0 else high}, outside the model's table of {size} "
-                             f"entries; use {fix}")
+            raise ValueError(
+                f"{name} holds {low if low < 0 else high}, outside the model's table of {size} entries; use {fix}"
+            )
     if attention_mask is not None and attention_mask.device.type == "cpu" and not attention_mask.any(1).all():
         row = int((~attention_mask.bool().any(1)).nonzero()[0])
         raise ValueError(f"attention_mask row {row} has no real token (all 0); every sequence needs at least [CLS]")
@@ -60,8 +66,12 @@ def take_packing(kwargs: dict) -> dict:
     return {name: kwargs.pop(name) for name in PACKING_FIELDS if name in kwargs}
 
 
-def packing_from_batch(mask: torch.Tensor | None, packed_indices: torch.Tensor | None = None,
-                       cu_seqlens: torch.Tensor | None = None, **unknown) -> Packing | None:
+def packing_from_batch(
+    mask: torch.Tensor | None,
+    packed_indices: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    **unknown,
+) -> Packing | None:
     """The collator's packed layout (:func:`~vlbert.layers.packing.packing_fields`) of ``mask`` [B, S], or None
     when the batch has none.
 
@@ -70,27 +80,35 @@ def packing_from_batch(mask: torch.Tensor | None, packed_indices: torch.Tensor |
         ValueError: only one of the two fields is given, or they do not fit the mask's shape (shapes only: the
             values are the collator's)."""
     if unknown:
-        raise TypeError(f"forward got unexpected keyword(s) {sorted(unknown)}; besides its named inputs it takes "
-                        f"only the packed layout {list(LAYOUT_KEYS)}")
+        raise TypeError(
+            f"forward got unexpected keyword(s) {sorted(unknown)}; besides its named inputs it takes "
+            f"only the packed layout {list(LAYOUT_KEYS)}"
+        )
     if packed_indices is None and cu_seqlens is None:
         return None
     if packed_indices is None or cu_seqlens is None or mask is None:
-        raise ValueError("packed_indices, cu_seqlens and the attention mask come together (the collator's "
-                         "packing_fields); pass all three or none")
+        raise ValueError(
+            "packed_indices, cu_seqlens and the attention mask come together (the collator's "
+            "packing_fields); pass all three or none"
+        )
     if cu_seqlens.shape != (mask.shape[0] + 1,) or packed_indices.dim() != 1:
-        raise ValueError(f"cu_seqlens {tuple(cu_seqlens.shape)} / packed_indices {tuple(packed_indices.shape)} do "
-                         f"not describe a mask of {tuple(mask.shape)}; recompute them with packing_fields")
+        raise ValueError(
+            f"cu_seqlens {tuple(cu_seqlens.shape)} / packed_indices {tuple(packed_indices.shape)} do "
+            f"not describe a mask of {tuple(mask.shape)}; recompute them with packing_fields"
+        )
     return Packing.from_indices(packed_indices, cu_seqlens, mask)
 
 
-
-def stream_layouts(text_mask: torch.Tensor | None, region_mask: torch.Tensor | None,
-                   packing: dict) -> tuple[Packing | None, Packing | None]:
+def stream_layouts(
+    text_mask: torch.Tensor | None, region_mask: torch.Tensor | None, packing: dict
+) -> tuple[Packing | None, Packing | None]:
     """A two-stream model's layouts from the collator's fields (:func:`~vlbert.layers.packing.stream_packing_fields`
     in ``packing``): (text layout of ``text_mask`` [B, T], region layout of ``region_mask`` [B, R]), None for a
     stream whose fields the batch lacks. Raises ValueError as :func:`packing_from_batch` for each stream."""
-    fields = [{key: packing[prefix + key] for key in LAYOUT_KEYS if prefix + key in packing}
-              for prefix in ("text_", "region_")]
+    fields = [
+        {key: packing[prefix + key] for key in LAYOUT_KEYS if prefix + key in packing}
+        for prefix in ("text_", "region_")
+    ]
     return packing_from_batch(text_mask, **fields[0]), packing_from_batch(region_mask, **fields[1])
 
 
@@ -100,9 +118,11 @@ def refuse_stream_layouts(packing: dict) -> None:
     as one sequence."""
     given = sorted(set(packing) & set(STREAM_PACKING_FIELDS))
     if given:
-        raise ValueError(f"the batch carries a two-stream model's per-stream layout {given}, but this model is "
-                         "single-stream: collate with VLCollator(two_stream=False) (packing_fields of "
-                         "[text ; regions]) or drop those fields")
+        raise ValueError(
+            f"the batch carries a two-stream model's per-stream layout {given}, but this model is "
+            "single-stream: collate with VLCollator(two_stream=False) (packing_fields of "
+            "[text ; regions]) or drop those fields"
+        )
 
 
 __all__ = ["check_text_inputs", "packing_from_batch", "take_packing", "stream_layouts", "refuse_stream_layouts"]

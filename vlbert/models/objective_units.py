@@ -54,8 +54,10 @@ class UnitPreTrainingModel(PreTrainedModel):
             TypeError: a key no unit reads (a misspelt label would otherwise train nothing)."""
         unknown = sorted(set(labels) - set(self.label_names))
         if unknown:
-            raise TypeError(f"{type(self).__name__}.forward got {unknown}, which no objective unit reads; the units "
-                            f"read {list(self.label_names)}")
+            raise TypeError(
+                f"{type(self).__name__}.forward got {unknown}, which no objective unit reads; the units "
+                f"read {list(self.label_names)}"
+            )
         return {**dict.fromkeys(self.label_names), **labels, **extra}
 
     def running(self, given: dict) -> list[Objective]:
@@ -82,8 +84,9 @@ class UnitPreTrainingModel(PreTrainedModel):
                     setattr(out, unit.output, unit.predict(encoded))
         else:
             footprints = dict.fromkeys(name for u in self.units for name in u.footprint())
-            out.add_unused(*(self.get_submodule(name) for name in footprints
-                             if name not in used and _has_submodule(self, name)))
+            out.add_unused(
+                *(self.get_submodule(name) for name in footprints if name not in used and _has_submodule(self, name))
+            )
         return out
 
 

@@ -37,7 +37,7 @@ def _bert_layers_to_text_stream(state: dict[str, torch.Tensor], base: str) -> di
     if any(k.startswith(base + "encoder.text.") for k in state):
         return state
     old, new = base + "encoder.layers.", base + "encoder.text.layers."
-    return {new + k[len(old):] if k.startswith(old) else k: v for k, v in state.items()}
+    return {new + k[len(old) :] if k.startswith(old) else k: v for k, v in state.items()}
 
 
 def _new_region_pathway(own: dict, state: dict, missing: list[str], base: str) -> list[str]:
@@ -52,7 +52,7 @@ def _new_region_pathway(own: dict, state: dict, missing: list[str], base: str) -
 
 def _parts(keys: list[str], base: str) -> str:
     """``keys`` (under ``base``) named by module, e.g. "region_embeddings (11), encoder.cross (40)"."""
-    names = [k[len(base):].split(".") for k in keys]
+    names = [k[len(base) :].split(".") for k in keys]
     counts = Counter(".".join(n[:2] if n[0] == "encoder" else n[:1]) for n in names)
     return ", ".join(f"{name} ({count})" for name, count in sorted(counts.items()))
 
@@ -114,14 +114,14 @@ class PreTrainedModel(nn.Module):
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """Number of parameters (each tied tensor counted once); optionally without embedding tables."""
-        params = {id(p): p for n, p in self.named_parameters()
-                  if not (exclude_embeddings and "embeddings" in n)}
+        params = {id(p): p for n, p in self.named_parameters() if not (exclude_embeddings and "embeddings" in n)}
         return sum(p.numel() for p in params.values())
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike, config: BertConfig | None = None,
-                        strict: bool = False, **config_overrides):
+    def from_pretrained(
+        cls, name_or_path: str | os.PathLike, config: BertConfig | None = None, strict: bool = False, **config_overrides
+    ):
         """Build the model from a Hugging Face BERT checkpoint directory (or a hub name when online).
 
         Any BERT checkpoint loads: a bare ``BertModel`` (as the packaged MiniLM), ``BertForPreTraining``, or one
@@ -150,8 +150,11 @@ class PreTrainedModel(nn.Module):
             unknown = sorted(set(config_overrides) - known)
             if unknown:
                 raise ValueError(f"unknown model config key(s) {unknown}; valid keys are {sorted(known)}")
-            if "num_labels" in config_overrides and "id2label" not in config_overrides \
-                    and config_overrides["num_labels"] != config.num_labels:
+            if (
+                "num_labels" in config_overrides
+                and "id2label" not in config_overrides
+                and config_overrides["num_labels"] != config.num_labels
+            ):
                 config_overrides["id2label"] = None  # another head: the checkpoint's label names do not apply
             config = dataclasses.replace(config, **config_overrides)
         model = cls(config)
@@ -159,15 +162,16 @@ class PreTrainedModel(nn.Module):
         model.loading_info = model.load_converted_state_dict(state, source=str(directory), strict=strict)
         return model
 
-    def load_converted_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint",
-                                  strict: bool = False) -> ckpt.LoadingInfo:
+    def load_converted_state_dict(
+        self, state: dict[str, torch.Tensor], source: str = "checkpoint", strict: bool = False
+    ) -> ckpt.LoadingInfo:
         """Load a state dict already in our names (encoder under ``bert.``) into this model.
 
         Returns the :class:`~vlbert.checkpoint.LoadingInfo`; raises ``ValueError`` as :meth:`from_pretrained`.
         """
         prefix = self.base_model_prefix
         if not prefix:  # bare encoder: take what is under "bert.", everything else is unexpected
-            state = {k[len("bert."):] if k.startswith("bert.") else "<head>." + k: v for k, v in state.items()}
+            state = {k[len("bert.") :] if k.startswith("bert.") else "<head>." + k: v for k, v in state.items()}
         own = self.state_dict()
         base = prefix + "." if prefix else ""
         if getattr(self.config, "encoder", None) == "two-stream":
@@ -177,22 +181,33 @@ class PreTrainedModel(nn.Module):
             sample = ", ".join(sorted(state)[:5])
             raise ValueError(
                 f"{source} is not a BERT checkpoint: none of its {len(state)} tensors ({sample}, ...) maps onto "
-                f"the BERT encoder. Use a checkpoint of a BERT model (config model_type 'bert').")
-        mismatched = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
-                      for k, v in own.items() if k in state and state[k].shape != v.shape]
-        resized_heads = [k for k, v in own.items() if k in state and state[k].shape != v.shape
-                         and base and not k.startswith(base)]
+                f"the BERT encoder. Use a checkpoint of a BERT model (config model_type 'bert')."
+            )
+        mismatched = [
+            f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+            for k, v in own.items()
+            if k in state and state[k].shape != v.shape
+        ]
+        resized_heads = [
+            k for k, v in own.items() if k in state and state[k].shape != v.shape and base and not k.startswith(base)
+        ]
         if resized_heads and len(resized_heads) == len(mismatched) and not strict:
             # A task head of another size (another answer vocabulary, another label count): start it afresh, as
             # transformers' ignore_mismatched_sizes; the encoder must always fit.
-            logger.warning("%s: %s of %s has other shapes than this model's; newly initialised: %s",
-                           type(self).__name__, "head", source, mismatched)
+            logger.warning(
+                "%s: %s of %s has other shapes than this model's; newly initialised: %s",
+                type(self).__name__,
+                "head",
+                source,
+                mismatched,
+            )
             state = {k: v for k, v in state.items() if k not in resized_heads}
             mismatched = []
         if mismatched:
             raise ValueError(
                 f"{source} does not fit this config; shape mismatches: {mismatched[:5]}. The config must be the "
-                "checkpoint's own config.json (vocab_size, hidden_size, max_position_embeddings, ...)")
+                "checkpoint's own config.json (vocab_size, hidden_size, max_position_embeddings, ...)"
+            )
         missing = sorted(k for k in own if k not in state)
         unexpected = sorted(k.removeprefix("<head>.") for k in state if k not in own)
         if strict and (missing or unexpected):
@@ -200,9 +215,14 @@ class PreTrainedModel(nn.Module):
         self.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
         pathway = _new_region_pathway(own, state, missing, base)
         if pathway:
-            logger.info("%s: %s is a text BERT: its BERT weights (%d tensors) loaded; newly initialised, as a text "
-                        "BERT has no region pathway: %s", type(self).__name__, source,
-                        sum(k in state for k in own if k.startswith(base)), _parts(pathway, base))
+            logger.info(
+                "%s: %s is a text BERT: its BERT weights (%d tensors) loaded; newly initialised, as a text "
+                "BERT has no region pathway: %s",
+                type(self).__name__,
+                source,
+                sum(k in state for k in own if k.startswith(base)),
+                _parts(pathway, base),
+            )
             missing_heads = [k for k in missing if k not in pathway]
         else:
             missing_heads = missing
@@ -242,8 +262,15 @@ class PreTrainedModel(nn.Module):
             save_tokenizer(tokenizer, directory)
         return directory
 
-    def push_to_hub(self, repo_id: str, tokenizer=None, inference_info: dict | None = None, private: bool = False,
-                    token: str | None = None, license: str = "other") -> list[str]:
+    def push_to_hub(
+        self,
+        repo_id: str,
+        tokenizer=None,
+        inference_info: dict | None = None,
+        private: bool = False,
+        token: str | None = None,
+        license: str = "other",
+    ) -> list[str]:
         """Upload this model to the hub repository ``repo_id`` (``org/name``, created if needed), as transformers'
         ``push_to_hub``: :meth:`save_pretrained` (with ``tokenizer``) into a temporary directory, plus
         ``inference.json`` from ``inference_info`` where given (what :func:`vlbert.inference.pipeline` needs) and a
@@ -259,6 +286,7 @@ class PreTrainedModel(nn.Module):
             directory = Path(tmp) / repo_id.split("/")[-1]
             self.save_pretrained(directory, tokenizer=tokenizer)
             if inference_info is not None:
-                (directory / "inference.json").write_text(json.dumps({"format_version": 1, **inference_info},
-                                                                     indent=1), encoding="utf-8")
+                (directory / "inference.json").write_text(
+                    json.dumps({"format_version": 1, **inference_info}, indent=1), encoding="utf-8"
+                )
             return push_model_directory(directory, repo_id, private=private, token=token, license=license)

@@ -31,7 +31,7 @@ class VLBertForReferringExpressions(VLBertForTask):
         self.region_scorer = mlp_head(h, h, 1, config.layer_norm_eps)
 
     def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
-        scores = upcast(self.region_scorer(encoding.last_hidden_state[:, input_ids.shape[1]:]).squeeze(-1))
+        scores = upcast(self.region_scorer(encoding.last_hidden_state[:, input_ids.shape[1] :]).squeeze(-1))
         if region_mask is not None:
             scores = scores.masked_fill(region_mask == 0, torch.finfo(scores.dtype).min)
         return scores

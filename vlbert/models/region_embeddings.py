@@ -96,19 +96,34 @@ class RegionEmbedding(nn.Module):
     def check_config(cls, config: VLBertConfig) -> None:
         """Raise ``ValueError`` when ``config`` does not fit this pathway (location size)."""
         if config.region_location_dim != cls.location_dim:
-            raise ValueError(f"region_embedding={config.region_embedding!r} reads a {cls.location_dim}-d location "
-                             f"feature, but config.region_location_dim is {config.region_location_dim}; set it "
-                             f"to {cls.location_dim}")
+            raise ValueError(
+                f"region_embedding={config.region_embedding!r} reads a {cls.location_dim}-d location "
+                f"feature, but config.region_location_dim is {config.region_location_dim}; set it "
+                f"to {cls.location_dim}"
+            )
 
-    def forward(self, region_features: torch.Tensor, region_boxes: torch.Tensor,
-                region_token_type_ids: torch.Tensor | None, text: BertEmbeddings,
-                masked_regions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        region_features: torch.Tensor,
+        region_boxes: torch.Tensor,
+        region_token_type_ids: torch.Tensor | None,
+        text: BertEmbeddings,
+        masked_regions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         raise NotImplementedError
 
-    def join(self, text: BertEmbeddings, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-             attention_mask: torch.Tensor | None, region_features: torch.Tensor, region_boxes: torch.Tensor | None,
-             region_mask: torch.Tensor | None, region_token_type_ids: torch.Tensor | None = None,
-             masked_regions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def join(
+        self,
+        text: BertEmbeddings,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        region_features: torch.Tensor,
+        region_boxes: torch.Tensor | None,
+        region_mask: torch.Tensor | None,
+        region_token_type_ids: torch.Tensor | None = None,
+        masked_regions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The encoder's input: (embeddings float [B, T + R + extra_tokens, H], mask int64 [B, T + R +
         extra_tokens]), text rows first. Default: the text embeddings, then :meth:`forward`'s region rows."""
         x = text(input_ids, token_type_ids)
@@ -116,8 +131,10 @@ class RegionEmbedding(nn.Module):
         b, t, r = input_ids.shape[0], input_ids.shape[1], region_features.shape[1]
         text_mask = attention_mask if attention_mask is not None else input_ids.new_ones(b, t)
         reg_mask = region_mask if region_mask is not None else input_ids.new_ones(b, r)
-        return (torch.cat([x, regions.to(x.dtype)], dim=1),
-                torch.cat([text_mask.to(torch.long), reg_mask.to(torch.long)], dim=1))
+        return (
+            torch.cat([x, regions.to(x.dtype)], dim=1),
+            torch.cat([text_mask.to(torch.long), reg_mask.to(torch.long)], dim=1),
+        )
 
 
 class UniterRegionEmbeddings(RegionEmbedding):
@@ -255,8 +272,9 @@ class VLBertRegionEmbeddings(RegionEmbedding):
         #: precomputed features, or a backbone that does not hide masked pixels: a masked region's feature becomes
         #: ``mask_visual_embedding`` (with pixel masking VL-BERT has no such parameter)
         self.replace_masked_features = not backbone or backbone.get("mask_pixels", True) is False
-        self.mask_visual_embedding = (nn.Parameter(torch.zeros(config.region_feature_dim))
-                                      if self.replace_masked_features else None)
+        self.mask_visual_embedding = (
+            nn.Parameter(torch.zeros(config.region_feature_dim)) if self.replace_masked_features else None
+        )
 
     def _init_own_weights(self, std: float) -> None:
         """After the generic init (children first): LN_text / LN_object gamma 0 (VL-BERT ``visual_scale_*_init``
@@ -284,16 +302,29 @@ class VLBertRegionEmbeddings(RegionEmbedding):
         pooled = self.visual(mean, whole)
         return torch.where(is_whole_image(boxes[:, 0]).unsqueeze(-1), first, pooled)
 
-    def join(self, text: BertEmbeddings, input_ids, token_type_ids, attention_mask, region_features, region_boxes,
-             region_mask, region_token_type_ids=None, masked_regions=None):
+    def join(
+        self,
+        text: BertEmbeddings,
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        region_features,
+        region_boxes,
+        region_mask,
+        region_token_type_ids=None,
+        masked_regions=None,
+    ):
         """The whole sequence [text T ; regions R ; END 1] -> (embeddings float [B, T + R + 1, H], mask int64
         [B, T + R + 1]). ``region_features`` None: text alone (R = 0), as VL-BERT's text-only corpus."""
         b, t = input_ids.shape
         device = input_ids.device
         text_mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         n_text = text_mask.sum(1)
-        region_type = (torch.full((b, 1), self.default_token_type, device=device) if region_token_type_ids is None
-                       else region_token_type_ids)
+        region_type = (
+            torch.full((b, 1), self.default_token_type, device=device)
+            if region_token_type_ids is None
+            else region_token_type_ids
+        )
         if region_features is None:
             image = self.aux_text_visual_embedding.weight.expand(b, -1)
             objects = text.word_embeddings.weight.new_zeros(b, 0, text.word_embeddings.weight.shape[1])
@@ -307,17 +338,31 @@ class VLBertRegionEmbeddings(RegionEmbedding):
                 features = torch.where(masked.unsqueeze(-1), self.mask_visual_embedding.to(features.dtype), features)
             visual = self.visual(features, region_boxes)
             # the text-only embedding enters with weight zero: every parameter is in every graph (DDP)
-            image = self.image_visual(features, region_boxes, region_mask, masked) \
+            image = (
+                self.image_visual(features, region_boxes, region_mask, masked)
                 + 0.0 * self.aux_text_visual_embedding.weight
-            word = torch.where(masked.unsqueeze(-1), self.object_mask_embedding.weight[0], self.object_embedding.weight[0])
-            objects = (word + self.visual_ln_object(visual) + text.position_embeddings(n_text)[:, None]
-                       + text.token_type_embeddings(region_type.expand(b, r)))
+            )
+            word = torch.where(
+                masked.unsqueeze(-1), self.object_mask_embedding.weight[0], self.object_embedding.weight[0]
+            )
+            objects = (
+                word
+                + self.visual_ln_object(visual)
+                + text.position_embeddings(n_text)[:, None]
+                + text.token_type_embeddings(region_type.expand(b, r))
+            )
         words = text.word_embeddings(input_ids) + self.visual_ln_text(image)[:, None]
         words = words + text.position_embeddings(torch.arange(t, device=device))
-        words = words + (text.token_type_embeddings(token_type_ids) if token_type_ids is not None
-                         else text.token_type_embeddings.weight[0])
-        end = (self.end_embedding.weight[0] + text.position_embeddings(n_text + 1)
-               + text.token_type_embeddings(region_type[:, -1]))[:, None]
+        words = words + (
+            text.token_type_embeddings(token_type_ids)
+            if token_type_ids is not None
+            else text.token_type_embeddings.weight[0]
+        )
+        end = (
+            self.end_embedding.weight[0]
+            + text.position_embeddings(n_text + 1)
+            + text.token_type_embeddings(region_type[:, -1])
+        )[:, None]
         x = torch.cat([words, objects.to(words.dtype), end.to(words.dtype)], 1)
         mask = torch.cat([text_mask.long(), region_mask.long(), text_mask.new_ones(b, 1).long()], 1)
         return text.dropout(text.norm(x)), mask
@@ -372,14 +417,26 @@ def build_region_embedding(config: VLBertConfig) -> RegionEmbedding:
     """
     cls = REGION_EMBEDDINGS.get(config.region_embedding)
     if cls is None:
-        raise ValueError(f"config.region_embedding={config.region_embedding!r} is not one of "
-                         f"{sorted(REGION_EMBEDDINGS)}")
+        raise ValueError(
+            f"config.region_embedding={config.region_embedding!r} is not one of {sorted(REGION_EMBEDDINGS)}"
+        )
     if config.region_location_dim is None:
         config.region_location_dim = cls.location_dim
     cls.check_config(config)
     return cls(config)
 
 
-__all__ = ["REGION_EMBEDDINGS", "RegionEmbedding", "UniterRegionEmbeddings", "VisualBertRegionEmbeddings",
-           "OscarRegionEmbeddings", "VinVLRegionEmbeddings", "VLBertRegionEmbeddings", "LxmertRegionEmbeddings",
-           "build_region_embedding", "region_location_features", "box_geometry_embedding", "is_whole_image"]
+__all__ = [
+    "REGION_EMBEDDINGS",
+    "RegionEmbedding",
+    "UniterRegionEmbeddings",
+    "VisualBertRegionEmbeddings",
+    "OscarRegionEmbeddings",
+    "VinVLRegionEmbeddings",
+    "VLBertRegionEmbeddings",
+    "LxmertRegionEmbeddings",
+    "build_region_embedding",
+    "region_location_features",
+    "box_geometry_embedding",
+    "is_whole_image",
+]

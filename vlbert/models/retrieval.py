@@ -11,9 +11,9 @@ from torch import nn
 from vlbert.config import VLBertConfig
 from vlbert.layers.losses import classification_loss
 from vlbert.layers.sampling import draw_by_similarity
+from vlbert.models.bert import run_padded
 from vlbert.models.outputs import ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
-from vlbert.models.bert import run_padded
 from vlbert.models.vl import VLBertModel
 
 
@@ -24,8 +24,9 @@ class RetrievalOutput(ObjectiveOutput):
     scores: torch.Tensor | None = None
 
 
-def hard_negatives(logits: torch.Tensor, same: torch.Tensor,
-                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def hard_negatives(
+    logits: torch.Tensor, same: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One hard negative text per image and one hard negative image per text, drawn in proportion to the
     contrastive similarity (ALBEF ``model_retrieval.py``: ``weights_i2t`` = each image's softmax over the texts,
     ``weights_t2i`` = each text's softmax over the images), never from the same group.
@@ -76,9 +77,17 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         enc = self.bert(input_ids, token_type_ids, attention_mask, **packing)
         return F.normalize(self.text_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
 
-    def embed_image(self, region_features=None, region_boxes=None, region_mask=None, *,
-                    cls_sep: tuple[int, int] | torch.Tensor, images=None, image_sizes=None,
-                    **packing) -> torch.Tensor:
+    def embed_image(
+        self,
+        region_features=None,
+        region_boxes=None,
+        region_mask=None,
+        *,
+        cls_sep: tuple[int, int] | torch.Tensor,
+        images=None,
+        image_sizes=None,
+        **packing,
+    ) -> torch.Tensor:
         """Args: regions as :class:`VLBertModel` (``region_features``, or for a model with a visual backbone
         ``images`` float [B, 3, H, W] and ``image_sizes`` int64 [B, 2] under ``region_boxes``); cls_sep: the
         tokenizer's ([CLS], [SEP]) ids, two ints or an int64 [2] tensor on the model's device (the collator's
@@ -90,22 +99,63 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         else:  # made on the device (a host tensor would be a copy the host waits for)
             ids = torch.full((b, 2), cls_sep[1], dtype=torch.long, device=device)
             ids[:, 0] = cls_sep[0]
-        enc = self.bert(ids, None, None, region_features, region_boxes, region_mask, images=images,
-                        image_sizes=image_sizes, **packing)
+        enc = self.bert(
+            ids,
+            None,
+            None,
+            region_features,
+            region_boxes,
+            region_mask,
+            images=images,
+            image_sizes=image_sizes,
+            **packing,
+        )
         return F.normalize(self.image_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
 
-    def match_scores(self, input_ids, token_type_ids, attention_mask, region_features=None, region_boxes=None,
-                     region_mask=None, images=None, image_sizes=None) -> torch.Tensor:
+    def match_scores(
+        self,
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        region_features=None,
+        region_boxes=None,
+        region_mask=None,
+        images=None,
+        image_sizes=None,
+    ) -> torch.Tensor:
         """Cross-encoder score of each (text, image) pair: ITM logit margin, float [B]. Regions as
         :meth:`embed_image`."""
-        logits = self.itm(self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes,
-                                    region_mask, images=images, image_sizes=image_sizes).pooler_output).float()
+        logits = self.itm(
+            self.bert(
+                input_ids,
+                token_type_ids,
+                attention_mask,
+                region_features,
+                region_boxes,
+                region_mask,
+                images=images,
+                image_sizes=image_sizes,
+            ).pooler_output
+        ).float()
         return logits[:, 1] - logits[:, 0]
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
-                region_mask=None, group_ids=None, cls_sep_ids=None, images=None, image_sizes=None,
-                text_packed_indices=None, text_cu_seqlens=None, image_packed_indices=None,
-                image_cu_seqlens=None) -> RetrievalOutput:
+    def forward(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        region_features=None,
+        region_boxes=None,
+        region_mask=None,
+        group_ids=None,
+        cls_sep_ids=None,
+        images=None,
+        image_sizes=None,
+        text_packed_indices=None,
+        text_cu_seqlens=None,
+        image_packed_indices=None,
+        image_cu_seqlens=None,
+    ) -> RetrievalOutput:
         """Without ``group_ids``: the cross-encoder scores of the given pairs. With ``group_ids`` (int64 [B]; equal
         ids = interchangeable texts/images, never each other's negatives) and ``cls_sep_ids`` (int64 [2]): the
         training losses ``itc`` and ``itm`` (with ``itc_accuracy``/``itm_accuracy``).
@@ -122,20 +172,29 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         if images is not None:
             region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes)
         if group_ids is None:
-            return RetrievalOutput(scores=self.match_scores(input_ids, token_type_ids, attention_mask,
-                                                            region_features, region_boxes, region_mask))
+            return RetrievalOutput(
+                scores=self.match_scores(
+                    input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask
+                )
+            )
         b = input_ids.shape[0]
         if b < 2:
             raise ValueError("retrieval training needs at least 2 pairs per batch (negatives come from the batch)")
-        t = self.embed_text(input_ids, token_type_ids, attention_mask,
-                            **_layout(text_packed_indices, text_cu_seqlens))
-        v = self.embed_image(region_features, region_boxes, region_mask, cls_sep=cls_sep_ids,
-                             **_layout(image_packed_indices, image_cu_seqlens))
+        t = self.embed_text(input_ids, token_type_ids, attention_mask, **_layout(text_packed_indices, text_cu_seqlens))
+        v = self.embed_image(
+            region_features,
+            region_boxes,
+            region_mask,
+            cls_sep=cls_sep_ids,
+            **_layout(image_packed_indices, image_cu_seqlens),
+        )
         same = group_ids[:, None] == group_ids[None, :]
         logits = t @ v.T / self.log_temperature.exp()
         target = same.float() / same.float().sum(1, keepdim=True)
-        itc = (torch.sum(-target * F.log_softmax(logits, 1), 1).mean()
-               + torch.sum(-target * F.log_softmax(logits.T, 1), 1).mean()) / 2
+        itc = (
+            torch.sum(-target * F.log_softmax(logits, 1), 1).mean()
+            + torch.sum(-target * F.log_softmax(logits.T, 1), 1).mean()
+        ) / 2
         out = RetrievalOutput()
         with torch.no_grad():
             itc_acc = same.gather(1, logits.argmax(1, keepdim=True)).float().mean()
@@ -147,9 +206,16 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         tt = None if token_type_ids is None else token_type_ids[text_rows]
         am = None if attention_mask is None else attention_mask[text_rows]
         with run_padded(self.bert.encoder):
-            logits_itm = self.itm(self.bert(input_ids[text_rows], tt, am, region_features[image_rows],
-                                            region_boxes[image_rows], None if region_mask is None
-                                            else region_mask[image_rows]).pooler_output).float()
+            logits_itm = self.itm(
+                self.bert(
+                    input_ids[text_rows],
+                    tt,
+                    am,
+                    region_features[image_rows],
+                    region_boxes[image_rows],
+                    None if region_mask is None else region_mask[image_rows],
+                ).pooler_output
+            ).float()
         labels = (torch.arange(3 * b, device=logits_itm.device) < b).long()  # b matches, then 2b non-matches
         loss, acc, n = classification_loss(logits_itm, labels)
         out.add("itm", loss, "itm_accuracy", acc, n)

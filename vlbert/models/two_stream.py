@@ -53,8 +53,15 @@ class CrossAttention(nn.Module):
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, x_packing: Packing, context: torch.Tensor, context_packing: Packing,
-                attention: str = "sdpa", attentions: list | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        x_packing: Packing,
+        context: torch.Tensor,
+        context_packing: Packing,
+        attention: str = "sdpa",
+        attentions: list | None = None,
+    ) -> torch.Tensor:
         """Args: x float [N_q, H] packed queries of one stream (``x_packing``); context float [N_k, H] packed
         positions of the other stream (``context_packing``, whose mask is the key mask); attention: the kernel
         (a key of :data:`~vlbert.layers.attention.ATTENTION_FUNCTIONS`; one not declared ``cross_attention``
@@ -64,8 +71,9 @@ class CrossAttention(nn.Module):
         q = self.query(x).view(-1, self.num_heads, self.head_dim)
         k, v = self.kv(context).view(-1, 2, self.num_heads, self.head_dim).unbind(1)
         kernel = attention if ATTENTION_FUNCTIONS[attention].cross_attention else "sdpa"
-        y, probs = ATTENTION_FUNCTIONS[kernel](q, k, v, x_packing, self.dropout_p, self.training,
-                                               attentions is not None, kv_packing=context_packing)
+        y, probs = ATTENTION_FUNCTIONS[kernel](
+            q, k, v, x_packing, self.dropout_p, self.training, attentions is not None, kv_packing=context_packing
+        )
         if attentions is not None:
             attentions.append(probs)
         return self.norm(x + self.dropout(self.out(y.reshape(x.shape[0], self.num_heads * self.head_dim))))
@@ -83,8 +91,15 @@ class CrossModalityLayer(nn.Module):
         self.text_layer = BertLayer(config)
         self.region_layer = BertLayer(config)
 
-    def forward(self, text: torch.Tensor, regions: torch.Tensor, text_packing: Packing, region_packing: Packing,
-                attention: str = "sdpa", attentions: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        text: torch.Tensor,
+        regions: torch.Tensor,
+        text_packing: Packing,
+        region_packing: Packing,
+        attention: str = "sdpa",
+        attentions: dict | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Args: text [N_t, H], regions [N_r, H] packed by their packings; attention: the kernel of the self-
         and cross-attention;
         attentions: lists by name (``text``, ``regions``, ``cross``, ``region_cross``) to append probabilities to.
@@ -92,8 +107,10 @@ class CrossModalityLayer(nn.Module):
         a = attentions or {}
         text2 = self.cross_attention(text, text_packing, regions, region_packing, attention, a.get("cross"))
         regions2 = self.cross_attention(regions, region_packing, text, text_packing, attention, a.get("region_cross"))
-        return (self.text_layer(text2, text_packing, attention, a.get("text")),
-                self.region_layer(regions2, region_packing, attention, a.get("regions")))
+        return (
+            self.text_layer(text2, text_packing, attention, a.get("text")),
+            self.region_layer(regions2, region_packing, attention, a.get("regions")),
+        )
 
 
 def _pad(packing: Packing, x: torch.Tensor) -> torch.Tensor:
@@ -126,21 +143,38 @@ class TwoStreamEncoder(nn.Module):
             return torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
         return layer(*args)
 
-    def _packing(self, stream: BertEncoder, mask, batch: int, seq: int, attention: str, device, dense: bool,
-                 given: Packing | None) -> tuple[Packing, str]:
+    def _packing(
+        self,
+        stream: BertEncoder,
+        mask,
+        batch: int,
+        seq: int,
+        attention: str,
+        device,
+        dense: bool,
+        given: Packing | None,
+    ) -> tuple[Packing, str]:
         """A stream's layout and kernel: :meth:`BertEncoder.packing` of the collator's layout ``given`` (no host
         sync), else ``dense`` (every position computed, padding masked: no host sync; a kernel declared
         ``packed`` gives way to ``sdpa``, as ``BertEncoder.unpad = False`` does), else read from the mask (one
         ``nonzero``)."""
         if dense and given is None:
             return Packing.dense(batch, seq, device, mask), (
-                "sdpa" if ATTENTION_FUNCTIONS[attention].layout == "packed" else attention)
+                "sdpa" if ATTENTION_FUNCTIONS[attention].layout == "packed" else attention
+            )
         return stream.packing(mask, batch, seq, attention, given, device)
 
-    def forward(self, text: torch.Tensor, regions: torch.Tensor, text_mask: torch.Tensor | None,
-                region_mask: torch.Tensor | None, output_hidden_states: bool = False,
-                output_attentions: bool = False, dense: bool = False,
-                layouts: tuple[Packing | None, Packing | None] = (None, None)) -> EncoderOutput:
+    def forward(
+        self,
+        text: torch.Tensor,
+        regions: torch.Tensor,
+        text_mask: torch.Tensor | None,
+        region_mask: torch.Tensor | None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        dense: bool = False,
+        layouts: tuple[Packing | None, Packing | None] = (None, None),
+    ) -> EncoderOutput:
         """Args: text float [B, T, H] and regions float [B, R, H] (their embeddings); text_mask [B, T], region_mask
         [B, R] (1 = real; None = all real).
         Returns :class:`EncoderOutput`: last_hidden_state [B, T + R, H] (text rows, then region rows; padding
@@ -159,8 +193,9 @@ class TwoStreamEncoder(nn.Module):
         (b, t), r = text.shape[:2], regions.shape[1]
         attention = self.text.select_attention(text, output_attentions)
         text_packing, attention = self._packing(self.text, text_mask, b, t, attention, text.device, dense, layouts[0])
-        region_packing, attention = self._packing(self.regions, region_mask, b, r, attention, text.device, dense,
-                                                  layouts[1])
+        region_packing, attention = self._packing(
+            self.regions, region_mask, b, r, attention, text.device, dense, layouts[1]
+        )
         lists = {k: [] for k in ("text", "regions", "cross", "region_cross")} if output_attentions else None
         states = {"text": [text], "regions": [regions]} if output_hidden_states else None
         x, y = text_packing.unpad(text), region_packing.unpad(regions)
@@ -185,7 +220,8 @@ class TwoStreamEncoder(nn.Module):
             m = 1 + len(self.regions.layers)
             out.text_hidden_states, out.region_hidden_states = tuple(states["text"]), tuple(states["regions"])
             out.hidden_states = (torch.cat([text, regions], 1),) + tuple(
-                torch.cat(pair, 1) for pair in zip(states["text"][k:], states["regions"][m:]))
+                torch.cat(pair, 1) for pair in zip(states["text"][k:], states["regions"][m:])
+            )
         if lists:
             out.text_attentions, out.region_attentions = tuple(lists["text"]), tuple(lists["regions"])
             out.cross_attentions, out.region_cross_attentions = tuple(lists["cross"]), tuple(lists["region_cross"])

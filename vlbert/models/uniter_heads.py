@@ -55,19 +55,30 @@ class VLBertForNLVR2Paired(VLBertForImagePairClassification):
 
     def build_head(self, config: VLBertConfig) -> None:
         if config.type_vocab_size < config.region_token_type + 2:
-            raise ValueError(f"{type(self).__name__} types the right image's regions {config.region_token_type + 1}, "
-                             f"but config.type_vocab_size is {config.type_vocab_size}; set type_vocab_size to "
-                             f"{config.region_token_type + 2} (UNITER's NLVR2 checkpoints have 3 token types)")
+            raise ValueError(
+                f"{type(self).__name__} types the right image's regions {config.region_token_type + 1}, "
+                f"but config.type_vocab_size is {config.type_vocab_size}; set type_vocab_size to "
+                f"{config.region_token_type + 2} (UNITER's NLVR2 checkpoints have 3 token types)"
+            )
         self.nlvr2_output = nn.Linear(2 * config.hidden_size, config.num_labels)
 
-    def encode(self, input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-               region_token_type_ids):
+    def encode(
+        self,
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        region_features,
+        region_boxes,
+        region_mask,
+        region_token_type_ids,
+    ):
         if region_token_type_ids is None and region_features is not None and region_features.dim() == 4:
             b, two, r = region_features.shape[:3]
             types = torch.arange(two, device=region_features.device) + self.config.region_token_type
             region_token_type_ids = types.repeat_interleave(r).view(1, two, r).expand(b, -1, -1)
-        return super().encode(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                              region_token_type_ids)
+        return super().encode(
+            input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask, region_token_type_ids
+        )
 
     def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
         return self.nlvr2_output(encoding.pooler_output.reshape(input_ids.shape[0], -1))
@@ -102,10 +113,12 @@ class VLBertForNLVR2PairedAttention(VLBertForNLVR2Paired):
     def build_head(self, config: VLBertConfig) -> None:
         super().build_head(config)
         h = config.hidden_size
-        self.attn1 = nn.MultiheadAttention(h, config.num_attention_heads, config.attention_probs_dropout_prob,
-                                           batch_first=True)
-        self.attn2 = nn.MultiheadAttention(h, config.num_attention_heads, config.attention_probs_dropout_prob,
-                                           batch_first=True)
+        self.attn1 = nn.MultiheadAttention(
+            h, config.num_attention_heads, config.attention_probs_dropout_prob, batch_first=True
+        )
+        self.attn2 = nn.MultiheadAttention(
+            h, config.num_attention_heads, config.attention_probs_dropout_prob, batch_first=True
+        )
         self.fc = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), Dropout(config.hidden_dropout_prob))
         self.attn_pool = AttentionPool(h, config.attention_probs_dropout_prob)
 

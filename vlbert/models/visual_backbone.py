@@ -64,8 +64,9 @@ class CaffeBottleneck(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.downsample = None
         if stride != 1 or inplanes != planes * 4:
-            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes * 4, 1, stride=stride, bias=False),
-                                            nn.BatchNorm2d(planes * 4))
+            self.downsample = nn.Sequential(
+                nn.Conv2d(inplanes, planes * 4, 1, stride=stride, bias=False), nn.BatchNorm2d(planes * 4)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """float [N, inplanes, h, w] -> [N, 4 * planes, h / stride, w / stride]."""
@@ -103,8 +104,9 @@ class CaffeResNetC4(nn.Module):
 
     def stages(self) -> list[list[nn.Parameter]]:
         """Parameters per stage in order (VL-BERT's numbering: 1 = the stem, 2 = res2, ...)."""
-        return [[*self.conv1.parameters(), *self.bn1.parameters()]] + [list(m.parameters()) for m in
-                                                                         (self.layer1, self.layer2, self.layer3)]
+        return [[*self.conv1.parameters(), *self.bn1.parameters()]] + [
+            list(m.parameters()) for m in (self.layer1, self.layer2, self.layer3)
+        ]
 
 
 class TimmLevels(nn.Module):
@@ -132,15 +134,22 @@ class TimmLevels(nn.Module):
         if next(self.net.parameters()).is_meta:
             return
         if weights == "packaged" and name != "efficientnet_lite0":
-            raise ValueError(f"config.visual_backbone.weights='packaged' is the ImageNet efficientnet_lite0; model is "
-                             f"{name!r}: pass a weights file of {name}")
-        source = load_efficientnet_lite0().state_dict() if weights == "packaged" else \
-            read_state_dict(weights, "model.visual_backbone.weights")
+            raise ValueError(
+                f"config.visual_backbone.weights='packaged' is the ImageNet efficientnet_lite0; model is "
+                f"{name!r}: pass a weights file of {name}"
+            )
+        source = (
+            load_efficientnet_lite0().state_dict()
+            if weights == "packaged"
+            else read_state_dict(weights, "model.visual_backbone.weights")
+        )
         target = self.net.state_dict()
         wrong = [k for k in target if k not in source or source[k].shape != target[k].shape]
         if wrong:
-            raise ValueError(f"config.visual_backbone.weights {weights} does not fit timm's {name}: {wrong[0]} is "
-                             f"missing or of another shape ({len(wrong)} such tensors); pass weights of {name}")
+            raise ValueError(
+                f"config.visual_backbone.weights {weights} does not fit timm's {name}: {wrong[0]} is "
+                f"missing or of another shape ({len(wrong)} such tensors); pass weights of {name}"
+            )
         self.net.load_state_dict({k: source[k] for k in target})
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -197,8 +206,13 @@ class RegionFeatureExtractor(OwnLearningRate, nn.Module):
         elif kind == "torchvision-resnet":
             self.body, self.head = _torchvision_c4(self.options["depth"], self.options["pretrained"])
             self.stride, self.feature_dim = 16, _out_channels(self.head)
-            stages = [[*self.body.conv1.parameters(), *self.body.bn1.parameters()], self.body.layer1, self.body.layer2,
-                      self.body.layer3, self.head]
+            stages = [
+                [*self.body.conv1.parameters(), *self.body.bn1.parameters()],
+                self.body.layer1,
+                self.body.layer2,
+                self.body.layer3,
+                self.head,
+            ]
         elif kind == "timm":
             self.body = TimmLevels(self.options["model"], self.options["pretrained"], self.options["weights"])
             self.head = None
@@ -213,8 +227,9 @@ class RegionFeatureExtractor(OwnLearningRate, nn.Module):
         BatchNorm (whose running statistics :meth:`train` then keeps fixed too)."""
         for stage in stages:
             if not 1 <= stage <= len(self._stage_params):
-                raise ValueError(f"config.visual_backbone.frozen_stages: {stage} is not a stage in "
-                                 f"1..{len(self._stage_params)}")
+                raise ValueError(
+                    f"config.visual_backbone.frozen_stages: {stage} is not a stage in 1..{len(self._stage_params)}"
+                )
             for p in self._stage_params[stage - 1]:
                 p.requires_grad_(False)
         self.frozen_bn = frozen_bn
@@ -255,14 +270,21 @@ class RegionFeatureExtractor(OwnLearningRate, nn.Module):
         pixels = region_boxes * scale
         if self.options["mask_pixels"] and masked_regions is not None:
             images = mask_pixels(images, pixels, masked_regions)
-        real = (region_mask.bool() if region_mask is not None else torch.ones(b, r, dtype=torch.bool,
-                                                                              device=images.device)).flatten()
+        real = (
+            region_mask.bool() if region_mask is not None else torch.ones(b, r, dtype=torch.bool, device=images.device)
+        ).flatten()
         index = real.nonzero().squeeze(1)
         rois = torch.cat([(index // r).to(pixels.dtype)[:, None], pixels.flatten(0, 1)[index]], 1)
         fmap = self.feature_map(images)
         size = self.options["roi_size"]
-        pooled = roi_align(fmap.float(), rois.float(), (size, size), 1.0 / self.stride,
-                           self.options["sampling_ratio"], self.options["aligned"])
+        pooled = roi_align(
+            fmap.float(),
+            rois.float(),
+            (size, size),
+            1.0 / self.stride,
+            self.options["sampling_ratio"],
+            self.options["aligned"],
+        )
         if self.head is not None:
             pooled = self.head(pooled.to(fmap.dtype))
         features = pooled.mean((2, 3))

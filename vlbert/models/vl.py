@@ -52,9 +52,11 @@ class VLBertModel(BertModel):
         self.region_embeddings = build_region_embedding(config)
         self.visual_backbone = RegionFeatureExtractor(config.visual_backbone) if config.visual_backbone else None
         if self.visual_backbone is not None and self.visual_backbone.feature_dim != config.region_feature_dim:
-            raise ValueError(f"config.visual_backbone gives {self.visual_backbone.feature_dim}-d region features but "
-                             f"config.region_feature_dim is {config.region_feature_dim}; set it to "
-                             f"{self.visual_backbone.feature_dim}")
+            raise ValueError(
+                f"config.visual_backbone gives {self.visual_backbone.feature_dim}-d region features but "
+                f"config.region_feature_dim is {config.region_feature_dim}; set it to "
+                f"{self.visual_backbone.feature_dim}"
+            )
 
     def build_encoder(self, config: VLBertConfig) -> nn.Module:
         """``ENCODERS[config.encoder]``: one encoder over [text ; regions], or LXMERT's two streams."""
@@ -68,9 +70,14 @@ class VLBertModel(BertModel):
             return []
         return [self.region_embeddings.get_submodule(name) for name in self.region_embeddings.masked_region_modules]
 
-    def extract_regions(self, images: torch.Tensor, region_boxes: torch.Tensor, region_mask: torch.Tensor | None,
-                        image_sizes: torch.Tensor | None = None,
-                        masked_regions: torch.Tensor | None = None) -> torch.Tensor:
+    def extract_regions(
+        self,
+        images: torch.Tensor,
+        region_boxes: torch.Tensor,
+        region_mask: torch.Tensor | None,
+        image_sizes: torch.Tensor | None = None,
+        masked_regions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Region features [B, R, region_feature_dim] computed from ``images`` under ``region_boxes`` by the
         model's visual backbone (:class:`~vlbert.models.visual_backbone.RegionFeatureExtractor`; arguments there);
         with n images per text (images [B, n, 3, H, W], region_boxes [B, n, R, 4], region_mask [B, n, R],
@@ -80,46 +87,73 @@ class VLBertModel(BertModel):
             ValueError: the config has no ``visual_backbone``, or no boxes are given.
         """
         if self.visual_backbone is None:
-            raise ValueError("images were given but config.visual_backbone is None; give region_features, or build "
-                             "the model with a visual_backbone section")
+            raise ValueError(
+                "images were given but config.visual_backbone is None; give region_features, or build "
+                "the model with a visual_backbone section"
+            )
         if region_boxes is None:
             raise ValueError("images need region_boxes: the boxes whose features the backbone pools")
         images = images.to(self.embeddings.word_embeddings.weight.dtype)  # the collator's float32, as the model
         if images.dim() == 5:  # n images per text (NLVR2's pairs): [B, n, 3, H, W], boxes [B, n, R, 4]
+
             def flat(t):
                 return None if t is None else t.flatten(0, 1)
 
-            features = self.visual_backbone(flat(images), flat(region_boxes), flat(region_mask), flat(image_sizes),
-                                            flat(masked_regions))
+            features = self.visual_backbone(
+                flat(images), flat(region_boxes), flat(region_mask), flat(image_sizes), flat(masked_regions)
+            )
             return features.unflatten(0, tuple(images.shape[:2]))
         return self.visual_backbone(images, region_boxes, region_mask, image_sizes, masked_regions)
 
-    def check_region_inputs(self, input_ids: torch.Tensor, region_features: torch.Tensor,
-                            region_boxes: torch.Tensor, region_mask: torch.Tensor | None,
-                            region_token_type_ids: torch.Tensor | None = None,
-                            masked_regions: torch.Tensor | None = None) -> None:
+    def check_region_inputs(
+        self,
+        input_ids: torch.Tensor,
+        region_features: torch.Tensor,
+        region_boxes: torch.Tensor,
+        region_mask: torch.Tensor | None,
+        region_token_type_ids: torch.Tensor | None = None,
+        masked_regions: torch.Tensor | None = None,
+    ) -> None:
         """Raise ``ValueError`` for region inputs of the wrong shape (shape checks only: no device sync)."""
         b = input_ids.shape[0]
         d = self.config.region_feature_dim
         if region_features.dim() != 3 or region_features.shape[0] != b or region_features.shape[2] != d:
             raise ValueError(
                 f"region_features must be [batch={b}, regions, region_feature_dim={d}], got "
-                f"{tuple(region_features.shape)}; the detector's feature size must equal config.region_feature_dim")
+                f"{tuple(region_features.shape)}; the detector's feature size must equal config.region_feature_dim"
+            )
         r = region_features.shape[1]
         if r == 0:
-            raise ValueError("region_features has zero regions; every image needs at least one region "
-                             "(the whole-image box is always a valid region)")
+            raise ValueError(
+                "region_features has zero regions; every image needs at least one region "
+                "(the whole-image box is always a valid region)"
+            )
         if region_boxes is not None and region_boxes.shape != (b, r, 4):
-            raise ValueError(f"region_boxes must be [{b}, {r}, 4] normalised (x1, y1, x2, y2), got "
-                             f"{tuple(region_boxes.shape)}")
-        for name, t in (("region_mask", region_mask), ("region_token_type_ids", region_token_type_ids),
-                        ("masked_regions", masked_regions)):
+            raise ValueError(
+                f"region_boxes must be [{b}, {r}, 4] normalised (x1, y1, x2, y2), got {tuple(region_boxes.shape)}"
+            )
+        for name, t in (
+            ("region_mask", region_mask),
+            ("region_token_type_ids", region_token_type_ids),
+            ("masked_regions", masked_regions),
+        ):
             if t is not None and t.shape != (b, r):
                 raise ValueError(f"{name} must be [{b}, {r}], got {tuple(t.shape)}")
 
-    def encode_streams(self, input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                       region_token_type_ids, masked_regions, output_hidden_states: bool, output_attentions: bool,
-                       packing: dict) -> EncoderOutput:
+    def encode_streams(
+        self,
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        region_features,
+        region_boxes,
+        region_mask,
+        region_token_type_ids,
+        masked_regions,
+        output_hidden_states: bool,
+        output_attentions: bool,
+        packing: dict,
+    ) -> EncoderOutput:
         """A two-stream model's path (:class:`~vlbert.models.two_stream.TwoStreamEncoder`; arguments as
         :meth:`forward`, inputs already checked): the text and region embeddings, each stream on the collator's
         layout of its own mask (``text_*`` / ``region_*`` fields, :func:`~vlbert.layers.packing.stream_packing_fields`:
@@ -128,21 +162,38 @@ class VLBertModel(BertModel):
         masks (no host sync, ``sdpa``); given neither, each is packed by its own mask (one ``nonzero`` each).
         Returns :meth:`forward`'s :class:`EncoderOutput` plus each stream's states and attention maps."""
         text = self.embeddings(input_ids, token_type_ids)
-        regions = self.region_embeddings(region_features, region_boxes, region_token_type_ids, self.embeddings,
-                                         masked_regions)
-        out = self.encoder(text, regions.to(text.dtype), attention_mask, region_mask, output_hidden_states,
-                           output_attentions, dense=any(k in packing for k in LAYOUT_KEYS),
-                           layouts=stream_layouts(attention_mask, region_mask, packing))
+        regions = self.region_embeddings(
+            region_features, region_boxes, region_token_type_ids, self.embeddings, masked_regions
+        )
+        out = self.encoder(
+            text,
+            regions.to(text.dtype),
+            attention_mask,
+            region_mask,
+            output_hidden_states,
+            output_attentions,
+            dense=any(k in packing for k in LAYOUT_KEYS),
+            layouts=stream_layouts(attention_mask, region_mask, packing),
+        )
         out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
         return out
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, region_features: torch.Tensor | None = None,
-                region_boxes: torch.Tensor | None = None, region_mask: torch.Tensor | None = None,
-                output_hidden_states: bool = False, output_attentions: bool = False,
-                region_token_type_ids: torch.Tensor | None = None,
-                masked_regions: torch.Tensor | None = None, images: torch.Tensor | None = None,
-                image_sizes: torch.Tensor | None = None, **packing) -> EncoderOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        region_features: torch.Tensor | None = None,
+        region_boxes: torch.Tensor | None = None,
+        region_mask: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        region_token_type_ids: torch.Tensor | None = None,
+        masked_regions: torch.Tensor | None = None,
+        images: torch.Tensor | None = None,
+        image_sizes: torch.Tensor | None = None,
+        **packing,
+    ) -> EncoderOutput:
         """Encode text and regions jointly.
 
         Args:
@@ -182,25 +233,56 @@ class VLBertModel(BertModel):
         if region_features is None and not extra:  # text alone: BertModel's text path (two-stream: language layers)
             if two_stream:  # the text stream's layout is the text mask's
                 packing = {k: packing[f"text_{k}"] for k in LAYOUT_KEYS if f"text_{k}" in packing} or packing
-            return self.encode_text(input_ids, token_type_ids, attention_mask, output_hidden_states,
-                                    output_attentions, packing, self.encoder.text if two_stream else None)
+            return self.encode_text(
+                input_ids,
+                token_type_ids,
+                attention_mask,
+                output_hidden_states,
+                output_attentions,
+                packing,
+                self.encoder.text if two_stream else None,
+            )
         if region_features is not None:
             if region_boxes is None and self.region_embeddings.location_dim:
                 raise ValueError("region_boxes are required with region_features")
-            self.check_region_inputs(input_ids, region_features, region_boxes, region_mask, region_token_type_ids,
-                                     masked_regions)
+            self.check_region_inputs(
+                input_ids, region_features, region_boxes, region_mask, region_token_type_ids, masked_regions
+            )
         if two_stream:
-            return self.encode_streams(input_ids, token_type_ids, attention_mask, region_features, region_boxes,
-                                       region_mask, region_token_type_ids, masked_regions, output_hidden_states,
-                                       output_attentions, packing)
+            return self.encode_streams(
+                input_ids,
+                token_type_ids,
+                attention_mask,
+                region_features,
+                region_boxes,
+                region_mask,
+                region_token_type_ids,
+                masked_regions,
+                output_hidden_states,
+                output_attentions,
+                packing,
+            )
         refuse_stream_layouts(packing)
-        x, mask = self.region_embeddings.join(self.embeddings, input_ids, token_type_ids, attention_mask,
-                                              region_features, region_boxes, region_mask, region_token_type_ids,
-                                              masked_regions)
+        x, mask = self.region_embeddings.join(
+            self.embeddings,
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            region_features,
+            region_boxes,
+            region_mask,
+            region_token_type_ids,
+            masked_regions,
+        )
         # a pathway that adds tokens after the regions (VL-BERT's [END]) extends the collator's layout on the device
-        layout = packing_from_batch(mask[:, :mask.shape[1] - extra] if extra else mask, **packing)
-        out = self.encoder(x, mask, output_hidden_states, output_attentions,
-                           layout.append(extra) if extra and layout is not None else layout)
+        layout = packing_from_batch(mask[:, : mask.shape[1] - extra] if extra else mask, **packing)
+        out = self.encoder(
+            x,
+            mask,
+            output_hidden_states,
+            output_attentions,
+            layout.append(extra) if extra and layout is not None else layout,
+        )
         if extra:
             keep = x.shape[1] - extra
             out.last_hidden_state = out.last_hidden_state[:, :keep]
@@ -243,9 +325,21 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         self.build_units(config)  # every registered vision-language unit (vlbert.objectives.OBJECTIVES)
         self.init_weights()
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None,
-                region_boxes=None, region_mask=None, masked_regions=None, output_hidden_states: bool = False,
-                output_attentions: bool = False, images=None, image_sizes=None, **labels) -> PreTrainingOutput:
+    def forward(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        region_features=None,
+        region_boxes=None,
+        region_mask=None,
+        masked_regions=None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        images=None,
+        image_sizes=None,
+        **labels,
+    ) -> PreTrainingOutput:
         """Run the encoder and every objective whose labels are given (``labels``: the keys of
         :attr:`label_names`, e.g. ``labels`` for MLM, ``itm_label``). Shapes as the class docstring; returns a
         :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives' losses and per-objective
@@ -263,28 +357,60 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         given = self.given_labels(labels, masked_regions=masked_regions)
         if images is not None:
             region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
-        inputs = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
-                  "region_features": region_features, "region_boxes": region_boxes, "region_mask": region_mask}
+        inputs = {
+            "input_ids": input_ids,
+            "token_type_ids": token_type_ids,
+            "attention_mask": attention_mask,
+            "region_features": region_features,
+            "region_boxes": region_boxes,
+            "region_mask": region_mask,
+        }
         for unit in self.units:  # units that build their examples from the model (ITM's hard negatives)
             if all(given[k] is not None for k in unit.inputs):
                 unit.before_encoder(self, inputs, given)
         if inputs["input_ids"] is not input_ids and packing:
-            raise ValueError("a unit rewrote the text before the encoder (ITM's hard negatives), so the batch's packed "
-                             "layout does not describe it; such batches carry no packed_indices / cu_seqlens")
-        input_ids, token_type_ids, attention_mask = inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"]
+            raise ValueError(
+                "a unit rewrote the text before the encoder (ITM's hard negatives), so the batch's packed "
+                "layout does not describe it; such batches carry no packed_indices / cu_seqlens"
+            )
+        input_ids, token_type_ids, attention_mask = (
+            inputs["input_ids"],
+            inputs["token_type_ids"],
+            inputs["attention_mask"],
+        )
         running = self.running(given)
         keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in running)
-        enc = self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                        keep_hidden, output_attentions, masked_regions=masked_regions, **packing)
-        out = PreTrainingOutput(last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
-                                hidden_states=enc.hidden_states if output_hidden_states else None,
-                                attentions=enc.attentions)
+        enc = self.bert(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            region_features,
+            region_boxes,
+            region_mask,
+            keep_hidden,
+            output_attentions,
+            masked_regions=masked_regions,
+            **packing,
+        )
+        out = PreTrainingOutput(
+            last_hidden_state=enc.last_hidden_state,
+            pooler_output=enc.pooler_output,
+            hidden_states=enc.hidden_states if output_hidden_states else None,
+            attentions=enc.attentions,
+        )
         t = input_ids.shape[1]
-        encoded = Encoded(self, enc.last_hidden_state[:, :t], enc.last_hidden_state[:, t:], enc.pooler_output,
-                          attention_mask if attention_mask is not None else torch.ones_like(input_ids),
-                          region_mask if region_mask is not None or region_features is None
-                          else torch.ones_like(region_features[..., 0]), enc.hidden_states,
-                          self.bert.embeddings.word_embeddings.weight)
+        encoded = Encoded(
+            self,
+            enc.last_hidden_state[:, :t],
+            enc.last_hidden_state[:, t:],
+            enc.pooler_output,
+            attention_mask if attention_mask is not None else torch.ones_like(input_ids),
+            region_mask
+            if region_mask is not None or region_features is None
+            else torch.ones_like(region_features[..., 0]),
+            enc.hidden_states,
+            self.bert.embeddings.word_embeddings.weight,
+        )
         out = self.run_units(out, encoded, given)
         out.add_unused(*self.bert.idle_modules(masked_regions))  # the pathway's masked-region-only modules
         return out

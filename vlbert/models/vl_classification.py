@@ -55,23 +55,41 @@ class VLBertForImagePairClassification(VLBertForTask):
         h = config.hidden_size
         self.classifier = mlp_head(2 * h, 2 * h, config.num_labels, config.layer_norm_eps)
 
-    def encode(self, input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-               region_token_type_ids, packing: dict | None = None):
+    def encode(
+        self,
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        region_features,
+        region_boxes,
+        region_mask,
+        region_token_type_ids,
+        packing: dict | None = None,
+    ):
         """Each statement encoded once with each image: [2B, T + R, H] (rows 2i, 2i + 1: statement i with its
         left, right image); ``packing``: the collator's layout of those 2B rows (:class:`~vlbert.data.grounded_text.
         GroundedCollator` with two images per text)."""
-        if region_features is None or region_features.dim() != 4 or region_features.shape[:2] != (input_ids.shape[0], 2):
+        if (
+            region_features is None
+            or region_features.dim() != 4
+            or region_features.shape[:2] != (input_ids.shape[0], 2)
+        ):
             shape = None if region_features is None else tuple(region_features.shape)
             raise ValueError(f"region_features must be [batch, 2, regions, dim] (left and right image), got {shape}")
 
         def twice(t):  # [B, ...] -> [2B, ...]: each statement once per image
             return None if t is None else t.repeat_interleave(2, dim=0)
 
-        return self.bert(twice(input_ids), twice(token_type_ids), twice(attention_mask),
-                         region_features.flatten(0, 1), region_boxes.flatten(0, 1),
-                         None if region_mask is None else region_mask.flatten(0, 1),
-                         region_token_type_ids=None if region_token_type_ids is None
-                         else region_token_type_ids.flatten(0, 1), **(packing or {}))
+        return self.bert(
+            twice(input_ids),
+            twice(token_type_ids),
+            twice(attention_mask),
+            region_features.flatten(0, 1),
+            region_boxes.flatten(0, 1),
+            None if region_mask is None else region_mask.flatten(0, 1),
+            region_token_type_ids=None if region_token_type_ids is None else region_token_type_ids.flatten(0, 1),
+            **(packing or {}),
+        )
 
     def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
         return self.classifier(encoding.pooler_output.reshape(input_ids.shape[0], -1))
@@ -85,8 +103,17 @@ class VLBertForVisualReasoning(VLBertForSequenceClassification):
     [B, 2, R, D], ...), or regions already joined [B, R', ...] with ``region_token_type_ids`` [B, R'].
     """
 
-    def encode(self, input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-               region_token_type_ids, packing: dict | None = None):
+    def encode(
+        self,
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        region_features,
+        region_boxes,
+        region_mask,
+        region_token_type_ids,
+        packing: dict | None = None,
+    ):
         if region_features is not None and region_features.dim() == 4:
             packing = None  # the pair collator's layout is of the 2B rows, not of this one joined sequence
             b, two, r = region_features.shape[:3]
@@ -94,8 +121,16 @@ class VLBertForVisualReasoning(VLBertForSequenceClassification):
             region_features = region_features.flatten(1, 2)
             region_boxes = None if region_boxes is None else region_boxes.flatten(1, 2)
             region_mask = None if region_mask is None else region_mask.flatten(1, 2)
-        return super().encode(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                              region_token_type_ids, packing)
+        return super().encode(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            region_features,
+            region_boxes,
+            region_mask,
+            region_token_type_ids,
+            packing,
+        )
 
 
 __all__ = ["VLBertForSequenceClassification", "VLBertForImagePairClassification", "VLBertForVisualReasoning"]

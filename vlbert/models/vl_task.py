@@ -45,16 +45,38 @@ class VLBertForTask(PreTrainedModel):
         """Add the head's modules (their names are the checkpoint names)."""
         raise NotImplementedError
 
-    def encode(self, input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-               region_token_type_ids, packing: dict | None = None) -> EncoderOutput:
+    def encode(
+        self,
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        region_features,
+        region_boxes,
+        region_mask,
+        region_token_type_ids,
+        packing: dict | None = None,
+    ) -> EncoderOutput:
         """The joint encoding [B, T + R, H] of text and regions (:meth:`VLBertModel.forward`); ``packing``: the
         collator's layout of [text ; regions] (given only where the batch has one: a subclass whose regions come in
         another layout, whose collator gives none, need not take it)."""
-        return self.bert(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                         region_token_type_ids=region_token_type_ids, **(packing or {}))
+        return self.bert(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            region_features,
+            region_boxes,
+            region_mask,
+            region_token_type_ids=region_token_type_ids,
+            **(packing or {}),
+        )
 
-    def head(self, encoding: EncoderOutput, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-             region_mask: torch.Tensor | None) -> torch.Tensor:
+    def head(
+        self,
+        encoding: EncoderOutput,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        region_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         """The task's logits from the encoding (the text inputs and region mask as given to :meth:`forward`)."""
         raise NotImplementedError
 
@@ -62,9 +84,19 @@ class VLBertForTask(PreTrainedModel):
         """Add the task's loss and metric to ``out`` (``out.add``), from ``out.logits`` and the given targets."""
         raise NotImplementedError
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, region_features=None, region_boxes=None,
-                region_mask=None, region_token_type_ids=None, images=None, image_sizes=None,
-                **targets) -> ObjectiveOutput:
+    def forward(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        region_features=None,
+        region_boxes=None,
+        region_mask=None,
+        region_token_type_ids=None,
+        images=None,
+        image_sizes=None,
+        **targets,
+    ) -> ObjectiveOutput:
         """Args: text int64 [B, T] and regions as :meth:`VLBertModel.forward` (region_features [B, R, D],
         region_boxes float [B, R, 4] normalised xyxy, region_mask [B, R]; the class docstring says where a head
         takes another layout); ``targets``: the keys of :attr:`label_names` (shapes in the class docstring), and
@@ -78,12 +110,21 @@ class VLBertForTask(PreTrainedModel):
         packing = take_packing(targets)  # the collator's layout (no host sync), not a target
         unknown = sorted(set(targets) - set(self.label_names))
         if unknown:
-            raise TypeError(f"{type(self).__name__}.forward got unknown target(s) {unknown}; it reads "
-                            f"{list(self.label_names)}")
+            raise TypeError(
+                f"{type(self).__name__}.forward got unknown target(s) {unknown}; it reads {list(self.label_names)}"
+            )
         if images is not None:
             region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes)
-        enc = self.encode(input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask,
-                          region_token_type_ids, **({"packing": packing} if packing else {}))
+        enc = self.encode(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            region_features,
+            region_boxes,
+            region_mask,
+            region_token_type_ids,
+            **({"packing": packing} if packing else {}),
+        )
         out = self.output_class(logits=self.head(enc, input_ids, attention_mask, region_mask))
         given = {k: v for k, v in targets.items() if v is not None}
         if given:

@@ -54,8 +54,7 @@ def add_vqa_loss(out: VQAOutput, logits: torch.Tensor, answer_targets: torch.Ten
     ``out`` as ``losses["vqa"]`` / ``metrics["vqa_score"]``. logits, answer_targets: float [B, A].
     Raises: ValueError when the shapes differ."""
     if answer_targets.shape != logits.shape:
-        raise ValueError(f"answer_targets {tuple(answer_targets.shape)} must be [batch, num_labels="
-                         f"{logits.shape[-1]}]")
+        raise ValueError(f"answer_targets {tuple(answer_targets.shape)} must be [batch, num_labels={logits.shape[-1]}]")
     scores = upcast(logits)
     targets = answer_targets.to(scores.dtype)
     loss = F.binary_cross_entropy_with_logits(scores, targets, reduction="sum") / logits.shape[0]
@@ -80,8 +79,11 @@ class VLBertForMaskedTokenVQA(VLBertForVQA):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
     def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
-        lengths = attention_mask.sum(1) if attention_mask is not None else input_ids.new_full(
-            (input_ids.shape[0],), input_ids.shape[1])
+        lengths = (
+            attention_mask.sum(1)
+            if attention_mask is not None
+            else input_ids.new_full((input_ids.shape[0],), input_ids.shape[1])
+        )
         at_mask = encoding.last_hidden_state[torch.arange(input_ids.shape[0], device=input_ids.device), lengths - 2]
         return self.classifier(self.dropout(at_mask))
 

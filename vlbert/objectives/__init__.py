@@ -7,13 +7,29 @@ up here. The units build their heads from :mod:`vlbert.layers` and import no mod
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
 from vlbert.objectives.image_text_matching import ImageTextMatching
 from vlbert.objectives.masked_lm import MaskedLanguageModeling
-from vlbert.objectives.masked_regions import (MaskedRegionClassification, MaskedRegionClassificationKL,
-                                              MaskedRegionFeatureRegression)
+from vlbert.objectives.masked_regions import (
+    MaskedRegionClassification,
+    MaskedRegionClassificationKL,
+    MaskedRegionFeatureRegression,
+)
 from vlbert.objectives.mix import ObjectiveMix
 from vlbert.objectives.next_sentence import NextSentencePrediction
 from vlbert.objectives.registry import OBJECTIVES, units_for
 from vlbert.objectives.word_region_alignment import WordRegionAlignment
 
-__all__ = ["OBJECTIVES", "units_for", "Objective", "ObjectiveResult", "Encoded", "PrepareContext", "ObjectiveMix",
-           "MaskedLanguageModeling", "NextSentencePrediction", "ImageTextMatching", "MaskedRegionFeatureRegression",
-           "MaskedRegionClassification", "MaskedRegionClassificationKL", "WordRegionAlignment"]
+__all__ = [
+    "OBJECTIVES",
+    "units_for",
+    "Objective",
+    "ObjectiveResult",
+    "Encoded",
+    "PrepareContext",
+    "ObjectiveMix",
+    "MaskedLanguageModeling",
+    "NextSentencePrediction",
+    "ImageTextMatching",
+    "MaskedRegionFeatureRegression",
+    "MaskedRegionClassification",
+    "MaskedRegionClassificationKL",
+    "WordRegionAlignment",
+]

@@ -51,8 +51,14 @@ class ImageTextMatching(Objective):
         generators = [ctx.generator(x, self.name) for x in items]
         is_match = [bool(torch.rand(1, generator=g) < 0.5) for g in generators]
         hard = ctx.itm_negatives == "hard"
-        batch.update(ctx.text.pad([{"input_ids": x["input_ids"] if m or hard else x["negative_input_ids"]}
-                                   for x, m in zip(items, is_match)]))
+        batch.update(
+            ctx.text.pad(
+                [
+                    {"input_ids": x["input_ids"] if m or hard else x["negative_input_ids"]}
+                    for x, m in zip(items, is_match)
+                ]
+            )
+        )
         batch["itm_label"] = torch.tensor(is_match, dtype=torch.long)
         if hard:
             batch["itm_content"] = torch.tensor([x["content_id"] for x in items], dtype=torch.long)
@@ -72,16 +78,23 @@ class ImageTextMatching(Objective):
         with torch.no_grad():
             text = F.normalize(model.bert(ids, None, mask).last_hidden_state[:, 0].float(), dim=-1)
             cls_sep = torch.stack([ids[:, 0], ids[rows, mask.sum(1) - 1]], 1)
-            image = F.normalize(model.bert(cls_sep, None, None, inputs["region_features"], inputs["region_boxes"],
-                                           inputs["region_mask"]).last_hidden_state[:, 0].float(), dim=-1)
+            image = F.normalize(
+                model.bert(
+                    cls_sep, None, None, inputs["region_features"], inputs["region_boxes"], inputs["region_mask"]
+                )
+                .last_hidden_state[:, 0]
+                .float(),
+                dim=-1,
+            )
             all_text, all_ids, all_mask, all_content = all_gather_padded([text, ids, mask, labels["itm_content"]])
             same = labels["itm_content"][:, None] == all_content[None, :]
             chosen = draw_by_similarity(image @ all_text.T / self.temperature, same, labels["itm_draw"])
         negative = labels["itm_label"] == 0
         width = all_ids.shape[1]  # the global batch's longest text (no host read of the new lengths)
         inputs["input_ids"] = torch.where(negative[:, None], all_ids[chosen], F.pad(ids, (0, width - ids.shape[1])))
-        inputs["attention_mask"] = torch.where(negative[:, None], all_mask[chosen],
-                                               F.pad(mask, (0, width - ids.shape[1])))
+        inputs["attention_mask"] = torch.where(
+            negative[:, None], all_mask[chosen], F.pad(mask, (0, width - ids.shape[1]))
+        )
         inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
 
     def predict(self, encoded: Encoded) -> torch.Tensor:

@@ -43,8 +43,7 @@ class PretrainingQuestionAnswering(Objective):
 
     def build_head(self, config):
         answers = getattr(config, "num_qa_labels", 0)
-        return mlp_head(config.hidden_size, 2 * config.hidden_size, answers, config.layer_norm_eps) if answers \
-            else None
+        return mlp_head(config.hidden_size, 2 * config.hidden_size, answers, config.layer_norm_eps) if answers else None
 
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
         batch["qa_label"] = torch.tensor([int(x.get("answer_label", IGNORE_INDEX)) for x in items], dtype=torch.long)

@@ -32,8 +32,11 @@ class MaskedLanguageModeling(Objective):
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
         labels_key, positions_key = self.inputs[0], self.optional_inputs[0]
         batch["input_ids"], batch[labels_key] = ctx.text.mask_rows(
-            batch["input_ids"], [ctx.masking_generator(x) for x in items], [len(x["input_ids"]) for x in items],
-            lambda ids, g: self.choose(ids, ctx, g))
+            batch["input_ids"],
+            [ctx.masking_generator(x) for x in items],
+            [len(x["input_ids"]) for x in items],
+            lambda ids, g: self.choose(ids, ctx, g),
+        )
         if ctx.text.packed:  # found here, on the host: selecting the rows in the step needs no host sync
             batch[positions_key] = masked_positions(batch[labels_key])
 
@@ -42,9 +45,13 @@ class MaskedLanguageModeling(Objective):
         return getattr(encoded.model, self.head)(encoded.text, encoded.word_embeddings)
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
-        loss, logits, accuracy, n = masked_lm_loss(getattr(encoded.model, self.head), encoded.word_embeddings,
-                                                   encoded.text, labels[self.inputs[0]],
-                                                   labels.get(self.optional_inputs[0]))
+        loss, logits, accuracy, n = masked_lm_loss(
+            getattr(encoded.model, self.head),
+            encoded.word_embeddings,
+            encoded.text,
+            labels[self.inputs[0]],
+            labels.get(self.optional_inputs[0]),
+        )
         return ObjectiveResult(loss, accuracy, n, logits)
 
 

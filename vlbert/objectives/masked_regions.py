@@ -22,8 +22,9 @@ from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareC
 from vlbert.objectives.region_targets import masked_class_probs, pad_class_probs
 
 
-def choose_masked_regions(num_real: int, num_regions: int, probability: float,
-                          generator: torch.Generator) -> torch.Tensor:
+def choose_masked_regions(
+    num_real: int, num_regions: int, probability: float, generator: torch.Generator
+) -> torch.Tensor:
     """bool [num_regions]: round(probability x num_real) of the first ``num_real`` (real) regions, at least one,
     chosen uniformly (UNITER section 3.2: 15% of regions, features zeroed)."""
     n_chosen = max(1, round(num_real * probability))
@@ -43,9 +44,17 @@ class _MaskedRegions(Objective):
 
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
         region_mask = batch["region_mask"]
-        masked = torch.stack([choose_masked_regions(int(region_mask[i].sum()), region_mask.shape[1],
-                                                    ctx.region_mask_probability, ctx.generator(x, self.name))
-                              for i, x in enumerate(items)])
+        masked = torch.stack(
+            [
+                choose_masked_regions(
+                    int(region_mask[i].sum()),
+                    region_mask.shape[1],
+                    ctx.region_mask_probability,
+                    ctx.generator(x, self.name),
+                )
+                for i, x in enumerate(items)
+            ]
+        )
         batch["masked_regions"] = masked
         # their flat positions, found here on the host: selecting them in the step needs no host sync
         batch["masked_region_positions"] = masked.reshape(-1).nonzero().squeeze(1)
@@ -150,5 +159,10 @@ class MaskedRegionClassificationKL(_MaskedRegions):
         return ObjectiveResult(loss, accuracy, len(target), logits)
 
 
-__all__ = ["choose_masked_regions", "masked_rows", "MaskedRegionFeatureRegression", "MaskedRegionClassification",
-           "MaskedRegionClassificationKL"]
+__all__ = [
+    "choose_masked_regions",
+    "masked_rows",
+    "MaskedRegionFeatureRegression",
+    "MaskedRegionClassification",
+    "MaskedRegionClassificationKL",
+]

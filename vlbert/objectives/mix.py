@@ -26,19 +26,25 @@ class ObjectiveMix:
         unknown = sorted(set(self.weights) - set(OBJECTIVES))
         if unknown or not self.weights:
             raise ValueError(f"unknown objective(s) {unknown}; the objectives are {sorted(OBJECTIVES)}")
-        bad = {n: w for n, w in self.weights.items()
-               if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0}
+        bad = {
+            n: w
+            for n, w in self.weights.items()
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0
+        }
         if bad:
             raise ValueError(f"data.objectives weights must be numbers >= 0, got {bad}; e.g. {{mlm: 2, itm: 1}}")
         for name in self.paired:
             partner = OBJECTIVES[name].paired_with
             if self.weights.get(partner, 0) <= 0:
-                raise ValueError(f"data.objectives.{name} runs on {partner} batches (its weight is a loss weight "
-                                 f"there), and {partner} has no positive weight: add {partner}, e.g. "
-                                 f"{{{partner}: 1, {name}: {self.weights[name]}}}")
+                raise ValueError(
+                    f"data.objectives.{name} runs on {partner} batches (its weight is a loss weight "
+                    f"there), and {partner} has no positive weight: add {partner}, e.g. "
+                    f"{{{partner}: 1, {name}: {self.weights[name]}}}"
+                )
         if sum(self.weights[n] for n in self.active) <= 0:
-            raise ValueError(f"data.objectives gives no objective a positive weight ({self.weights}); e.g. "
-                             "{mlm: 2, itm: 1}")
+            raise ValueError(
+                f"data.objectives gives no objective a positive weight ({self.weights}); e.g. {{mlm: 2, itm: 1}}"
+            )
 
     @property
     def active(self) -> list[str]:
@@ -59,7 +65,8 @@ class ObjectiveMix:
         rank, and a resumed run, draws the same."""
         names = self.active
         return random.Random(f"objective-{seed}-{epoch}-{step}").choices(
-            names, weights=[self.weights[n] for n in names])[0]
+            names, weights=[self.weights[n] for n in names]
+        )[0]
 
 
 __all__ = ["ObjectiveMix"]

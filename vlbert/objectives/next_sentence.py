@@ -24,8 +24,10 @@ class NextSentencePrediction(Objective):
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
         """Raises ValueError when the items carry no ``next_sentence_label`` (a corpus of single texts)."""
         if any("next_sentence_label" not in x for x in items):
-            raise ValueError("nsp needs sentence pairs with next_sentence_label (CorpusPairsDataset's items); "
-                             "drop nsp from data.objectives for single texts")
+            raise ValueError(
+                "nsp needs sentence pairs with next_sentence_label (CorpusPairsDataset's items); "
+                "drop nsp from data.objectives for single texts"
+            )
         batch["next_sentence_label"] = torch.tensor([x["next_sentence_label"] for x in items], dtype=torch.long)
 
     def predict(self, encoded: Encoded) -> torch.Tensor:

@@ -15,8 +15,10 @@ def pad_class_probs(items: list[dict], num_regions: int, key: str = "class_probs
         ValueError: an item has no such distribution (the detector did not write one).
     """
     if any(x.get(key) is None for x in items):
-        raise ValueError(f"masked region classification needs the detector's {key} in the shards; extract with a "
-                         f"backend that writes them (butd-vg writes classes and attributes) or drop the objective")
+        raise ValueError(
+            f"masked region classification needs the detector's {key} in the shards; extract with a "
+            f"backend that writes them (butd-vg writes classes and attributes) or drop the objective"
+        )
     probs = torch.zeros(len(items), num_regions, items[0][key].shape[1], dtype=torch.float16)
     for i, x in enumerate(items):
         probs[i, : len(x[key])] = torch.from_numpy(np.asarray(x[key]))

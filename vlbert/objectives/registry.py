@@ -7,8 +7,11 @@ from vlbert.objectives.base import Objective
 from vlbert.objectives.image_text_matching import ImageTextMatching
 from vlbert.objectives.lxmert_units import AttributeClassification, PretrainingQuestionAnswering
 from vlbert.objectives.masked_lm import MaskedLanguageModeling
-from vlbert.objectives.masked_regions import (MaskedRegionClassification, MaskedRegionClassificationKL,
-                                              MaskedRegionFeatureRegression)
+from vlbert.objectives.masked_regions import (
+    MaskedRegionClassification,
+    MaskedRegionClassificationKL,
+    MaskedRegionFeatureRegression,
+)
 from vlbert.objectives.next_sentence import NextSentencePrediction
 from vlbert.objectives.sentence_order import SentenceOrderPrediction
 from vlbert.objectives.whole_word_masking import WholeWordMasking
@@ -16,12 +19,22 @@ from vlbert.objectives.word_region_alignment import WordRegionAlignment
 
 #: In this order collators prepare the units of a batch (a unit that rearranges the text, ``sop``, before the ones
 #: that mask it) and models sum their losses.
-OBJECTIVES: dict[str, Objective] = {unit.name: unit for unit in (
-    SentenceOrderPrediction(),
-    MaskedLanguageModeling(), NextSentencePrediction(), ImageTextMatching(), MaskedRegionFeatureRegression(),
-    MaskedRegionClassification(), MaskedRegionClassificationKL(), WordRegionAlignment(), AttributeClassification(),
-    PretrainingQuestionAnswering(),
-    WholeWordMasking())}
+OBJECTIVES: dict[str, Objective] = {
+    unit.name: unit
+    for unit in (
+        SentenceOrderPrediction(),
+        MaskedLanguageModeling(),
+        NextSentencePrediction(),
+        ImageTextMatching(),
+        MaskedRegionFeatureRegression(),
+        MaskedRegionClassification(),
+        MaskedRegionClassificationKL(),
+        WordRegionAlignment(),
+        AttributeClassification(),
+        PretrainingQuestionAnswering(),
+        WholeWordMasking(),
+    )
+}
 
 
 def units_for(modality: str) -> list[Objective]:

@@ -25,9 +25,11 @@ def swap_segments(item: dict) -> dict:
     0 over [CLS] B [SEP], 1 over A [SEP] (lists of int, the same length as the item's)."""
     ids, types = item["input_ids"], item["token_type_ids"]
     a_end = types.index(1) if 1 in types else len(ids)  # [CLS] A [SEP] are ids[:a_end]
-    a, b = ids[1:a_end - 1], ids[a_end:-1]
-    return {"input_ids": [ids[0], *b, ids[a_end - 1], *a, ids[-1]],
-            "token_type_ids": [0] * (len(b) + 2) + [1] * (len(a) + 1)}
+    a, b = ids[1 : a_end - 1], ids[a_end:-1]
+    return {
+        "input_ids": [ids[0], *b, ids[a_end - 1], *a, ids[-1]],
+        "token_type_ids": [0] * (len(b) + 2) + [1] * (len(a) + 1),
+    }
 
 
 class SentenceOrderPrediction(NextSentencePrediction):
@@ -47,8 +49,10 @@ class SentenceOrderPrediction(NextSentencePrediction):
         Raises:
             ValueError: an item whose B does not follow its A (a random next segment: drop ``nsp``)."""
         if any(x.get("next_sentence_label", 0) != 0 for x in items):
-            raise ValueError("sop needs pairs whose segment B follows A; drop nsp from data.objectives (the two "
-                             "objectives choose segment B differently)")
+            raise ValueError(
+                "sop needs pairs whose segment B follows A; drop nsp from data.objectives (the two "
+                "objectives choose segment B differently)"
+            )
         swapped = [bool(torch.rand(1, generator=ctx.generator(x, self.name)) < 0.5) for x in items]
         batch.update(ctx.text.pad([swap_segments(x) if s else x for x, s in zip(items, swapped)]))
         batch["sentence_order_label"] = torch.tensor([SWAPPED if s else IN_ORDER for s in swapped], dtype=torch.long)

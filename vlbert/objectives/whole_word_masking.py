@@ -33,8 +33,10 @@ class WholeWordMasking(MaskedLanguageModeling):
             ValueError: the collator has no ``word_continuation`` table."""
         table = ctx.text.word_continuation
         if table is None:
-            raise ValueError("wwm needs the collator's word_continuation table; build the collator with "
-                             "MaskingCollator.from_tokenizer(tokenizer)")
+            raise ValueError(
+                "wwm needs the collator's word_continuation table; build the collator with "
+                "MaskingCollator.from_tokenizer(tokenizer)"
+            )
         maskable = ctx.text.maskable(input_ids)[0]
         after_special = torch.cat([maskable.new_ones(1), ~maskable[:-1]])  # a segment cut mid-word starts one
         starts = maskable & (~table[input_ids[0]] | after_special)

@@ -26,8 +26,9 @@ def below_last_layer(config) -> bool:
     return getattr(config, "wra_layer", -1) not in (-1, config.num_hidden_layers)
 
 
-def alignment_states(config, text: torch.Tensor, regions: torch.Tensor,
-                     hidden_states: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, torch.Tensor]:
+def alignment_states(
+    config, text: torch.Tensor, regions: torch.Tensor, hidden_states: tuple[torch.Tensor, ...] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The word and region states WRA transports between: ``config.wra_layer``'s.
 
     Args:
@@ -45,8 +46,9 @@ def alignment_states(config, text: torch.Tensor, regions: torch.Tensor,
         return text, regions
     layer = config.wra_layer
     if hidden_states is None:
-        raise ValueError(f"config.wra_layer={layer} needs the encoder's hidden states: run it with "
-                         "output_hidden_states=True")
+        raise ValueError(
+            f"config.wra_layer={layer} needs the encoder's hidden states: run it with output_hidden_states=True"
+        )
     t = text.shape[1]
     return hidden_states[layer][:, :t], hidden_states[layer][:, t:]
 
@@ -69,10 +71,10 @@ class WordRegionAlignment(Objective):
         batch["wra_weight"] = torch.tensor(float(ctx.weights.get(self.name, 0.0)))
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
-        words, regions = alignment_states(encoded.model.config, encoded.text, encoded.regions,
-                                          encoded.hidden_states)
-        distance, plan = wasserstein_distance(words, regions, encoded.text_mask, encoded.region_mask, self.beta,
-                                              self.iterations)
+        words, regions = alignment_states(encoded.model.config, encoded.text, encoded.regions, encoded.hidden_states)
+        distance, plan = wasserstein_distance(
+            words, regions, encoded.text_mask, encoded.region_mask, self.beta, self.iterations
+        )
         matched = labels["itm_label"].bool()
         b = len(distance)
         # masked sums, not boolean indexing (each index is a host synchronisation)
@@ -81,8 +83,10 @@ class WordRegionAlignment(Objective):
             n_matched = int(matched.sum())  # the one host read: the metrics' counts are host ints
             n_mismatched = b - n_matched
             metric = (distance * matched).sum() / max(n_matched, 1)
-            extra = {self.metric: (metric, n_matched),
-                     "wra_mismatched_distance": ((distance * ~matched).sum() / max(n_mismatched, 1), n_mismatched)}
+            extra = {
+                self.metric: (metric, n_matched),
+                "wra_mismatched_distance": ((distance * ~matched).sum() / max(n_mismatched, 1), n_mismatched),
+            }
         return ObjectiveResult(loss, metric, b, plan, extra)
 
 

@@ -11,7 +11,8 @@ from vlbert.recipes.visual_entailment import RECIPE as VISUAL_ENTAILMENT
 from vlbert.recipes.vl_pretraining import RECIPE as VL_PRETRAINING
 from vlbert.recipes.vqa import RECIPE as VQA
 
-RECIPES: dict[str, Recipe] = {r.name: r for r in (TEXT_PRETRAINING, VL_PRETRAINING, TEXT, VQA, RETRIEVAL,
-                                                  VISUAL_ENTAILMENT, NLVR2, REFCOCO)}
+RECIPES: dict[str, Recipe] = {
+    r.name: r for r in (TEXT_PRETRAINING, VL_PRETRAINING, TEXT, VQA, RETRIEVAL, VISUAL_ENTAILMENT, NLVR2, REFCOCO)
+}
 
 __all__ = ["RECIPES", "Recipe", "RunContext", "TaskData", "RunExistsError", "run", "load_model"]

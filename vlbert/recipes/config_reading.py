@@ -34,10 +34,21 @@ RUN_CONFIG_FILE = "config.yaml"
 #: The keys a resumed run may change: how long it runs, where and how often it writes, how it loads its data; not
 #: what it trains. The change is recorded in log.jsonl (a ``"split": "config"`` line); any other difference from
 #: the run's config.yaml is refused (:func:`resume_changes`).
-RESUMABLE_CHANGES = ("training.output_dir", "training.max_steps", "training.log_every", "training.eval_every",
-                     "training.save_every", "training.save_total_limit", "training.progress_bar",
-                     "training.num_workers", "training.collective_timeout", "data.max_eval_batches", "data.num_proc",
-                     "data.corpus_cache_dir", "data.cache_dir")
+RESUMABLE_CHANGES = (
+    "training.output_dir",
+    "training.max_steps",
+    "training.log_every",
+    "training.eval_every",
+    "training.save_every",
+    "training.save_total_limit",
+    "training.progress_bar",
+    "training.num_workers",
+    "training.collective_timeout",
+    "data.max_eval_batches",
+    "data.num_proc",
+    "data.corpus_cache_dir",
+    "data.cache_dir",
+)
 
 
 @dataclass
@@ -101,9 +112,11 @@ def _effective(recipe: Recipe, config: dict[str, Any]) -> dict[str, Any]:
     """``config`` flattened to ``section.key`` -> value, the typed sections with their defaults filled (an entry
     spelled out at its default equals one left out; ``1e-4`` equals ``0.0001``). A section this version cannot
     read (a config.yaml of another version) is compared as written."""
-    readers = {"training": lambda v: dataclasses.asdict(TrainingConfig.from_dict(v)),
-               "data": lambda v: dataclasses.asdict(dataclass_from_section(recipe.data_config, v, "data")),
-               "model": lambda v: check_mapping(model_config_class(recipe), v, "model")}
+    readers = {
+        "training": lambda v: dataclasses.asdict(TrainingConfig.from_dict(v)),
+        "data": lambda v: dataclasses.asdict(dataclass_from_section(recipe.data_config, v, "data")),
+        "model": lambda v: check_mapping(model_config_class(recipe), v, "model"),
+    }
     if recipe.uses_regions:
         readers["detector"] = lambda v: dataclasses.asdict(DetectorConfig.from_section(v))
     out: dict[str, Any] = {}
@@ -136,15 +149,24 @@ def resume_changes(recipe: Recipe, config: dict[str, Any], output_dir: str | Pat
     path = directory / RUN_CONFIG_FILE
     if not path.is_file() or not latest_checkpoints(directory):
         return {}
-    recorded = read_yaml(path, "run's config", "it is the record the trainer wrote; restore it from a checkpoint's "
-                         "config.yaml") or {}
+    recorded = (
+        read_yaml(
+            path, "run's config", "it is the record the trainer wrote; restore it from a checkpoint's config.yaml"
+        )
+        or {}
+    )
     if not isinstance(recorded, dict):
-        raise ValueError(f"{path} must hold a YAML mapping (the run's config), got {type(recorded).__name__}; "
-                         "restore it from a checkpoint's config.yaml")
+        raise ValueError(
+            f"{path} must hold a YAML mapping (the run's config), got {type(recorded).__name__}; "
+            "restore it from a checkpoint's config.yaml"
+        )
     before, now = _effective(recipe, recorded), _effective(recipe, config)
     missing = "(not set)"
-    changed = {k: (before.get(k, missing), now.get(k, missing)) for k in sorted(set(before) | set(now))
-               if not same_value(before.get(k, missing), now.get(k, missing))}
+    changed = {
+        k: (before.get(k, missing), now.get(k, missing))
+        for k in sorted(set(before) | set(now))
+        if not same_value(before.get(k, missing), now.get(k, missing))
+    }
     refused = [k for k in changed if k not in RESUMABLE_CHANGES]
     if refused:
         differences = "; ".join(f"{k}: {changed[k][0]!r} -> {changed[k][1]!r}" for k in refused)
@@ -152,7 +174,8 @@ def resume_changes(recipe: Recipe, config: dict[str, Any], output_dir: str | Pat
             f"--resume: this config differs from the one the run in {directory} started with ({path}): {differences}; "
             "a run continues with its own config: undo these changes (--set them back), or train a new run in "
             f"another --output-dir (--init-from one of its checkpoints); only {', '.join(RESUMABLE_CHANGES)} may "
-            "change on --resume")
+            "change on --resume"
+        )
     return changed
 
 
@@ -161,9 +184,12 @@ def record_resume_changes(output_dir: str | Path, step: int, changes: dict[str, 
     ``{"split": "config", "step": <resumed step>, "changed": {key: [recorded, now]}}``, and one log line."""
     if not changes:
         return
-    logger.warning("--resume at step %d with config changes %s (recorded in log.jsonl; %s keeps the run's first "
-                   "config)", step, ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()),
-                   RUN_CONFIG_FILE)
+    logger.warning(
+        "--resume at step %d with config changes %s (recorded in log.jsonl; %s keeps the run's first config)",
+        step,
+        ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()),
+        RUN_CONFIG_FILE,
+    )
     if process_position()[0] != 0:
         return
     record = {"split": "config", "step": step, "changed": {k: [a, b] for k, (a, b) in changes.items()}}
@@ -171,5 +197,14 @@ def record_resume_changes(output_dir: str | Path, step: int, changes: dict[str, 
         f.write(json.dumps(record, default=str) + "\n")
 
 
-__all__ = ["COMMON_SECTIONS", "RUN_CONFIG_FILE", "RESUMABLE_CHANGES", "RunKeys", "model_config_class", "same_value",
-           "read_run_config", "resume_changes", "record_resume_changes"]
+__all__ = [
+    "COMMON_SECTIONS",
+    "RUN_CONFIG_FILE",
+    "RESUMABLE_CHANGES",
+    "RunKeys",
+    "model_config_class",
+    "same_value",
+    "read_run_config",
+    "resume_changes",
+    "record_resume_changes",
+]

@@ -14,8 +14,15 @@ from dataclasses import dataclass
 from vlbert.data.nlvr2 import ImagePairDataset, easy_vqa_image_pairs, load_nlvr2
 from vlbert.evaluation.nlvr2 import nlvr2_scores
 from vlbert.models.vl_classification import VLBertForImagePairClassification
-from vlbert.recipes.regions import (Count, DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate,
-                                    majority_baseline, region_task_info)
+from vlbert.recipes.regions import (
+    Count,
+    DatasetBuilder,
+    RegionTaskData,
+    RegionTaskDataConfig,
+    evaluate,
+    majority_baseline,
+    region_task_info,
+)
 from vlbert.recipes.runner import Recipe, RunContext, load_model
 
 
@@ -33,11 +40,20 @@ class NLVR2DataConfig(RegionTaskDataConfig):
 
 #: dataset name -> (train, eval) statements.
 DATASETS = {
-    "easy-vqa": DatasetBuilder(lambda data, seed: (easy_vqa_image_pairs("train", data.train_pairs, seed),
-                                                   easy_vqa_image_pairs("test", data.eval_pairs, seed))),
-    "nlvr2": DatasetBuilder(lambda data, seed: (load_nlvr2(data.train_file, data.image_id_format),
-                                                load_nlvr2(data.eval_file, data.image_id_format)),
-                            needs=("train_file", "eval_file", "shards"), image_id_format="{stem}-img{k}"),
+    "easy-vqa": DatasetBuilder(
+        lambda data, seed: (
+            easy_vqa_image_pairs("train", data.train_pairs, seed),
+            easy_vqa_image_pairs("test", data.eval_pairs, seed),
+        )
+    ),
+    "nlvr2": DatasetBuilder(
+        lambda data, seed: (
+            load_nlvr2(data.train_file, data.image_id_format),
+            load_nlvr2(data.eval_file, data.image_id_format),
+        ),
+        needs=("train_file", "eval_file", "shards"),
+        image_id_format="{stem}-img{k}",
+    ),
 }
 
 
@@ -59,8 +75,9 @@ class NLVR2Data(RegionTaskData):
         ``eval_sentences``: :func:`~vlbert.evaluation.nlvr2.nlvr2_scores`, lil-lab/nlvr@e6a286a
         ``nlvr2/eval/metrics.py``)."""
         index, gold, predicted = self.predict_labels(model)
-        rows = [{"identifier": self.eval.examples[i].identifier, "prediction": bool(p)}
-                for i, p in zip(index, predicted)]
+        rows = [
+            {"identifier": self.eval.examples[i].identifier, "prediction": bool(p)} for i, p in zip(index, predicted)
+        ]
         scores = nlvr2_scores([r["identifier"] for r in rows], [g == p for g, p in zip(gold, predicted)])
         return rows, {**scores, "eval_statements": len(rows)}
 
@@ -79,7 +96,16 @@ def inference_info(ctx: RunContext, data: NLVR2Data) -> dict:
     return region_task_info(ctx, data, labels=["False", "True"])
 
 
-RECIPE = Recipe("nlvr2", NLVR2DataConfig, NLVR2Data, build_model, evaluate=evaluate,
-                baselines=majority_baseline, uses_regions=True, inference_info=inference_info, pipeline="nlvr2")
+RECIPE = Recipe(
+    "nlvr2",
+    NLVR2DataConfig,
+    NLVR2Data,
+    build_model,
+    evaluate=evaluate,
+    baselines=majority_baseline,
+    uses_regions=True,
+    inference_info=inference_info,
+    pipeline="nlvr2",
+)
 
 __all__ = ["RECIPE", "NLVR2DataConfig", "NLVR2Data"]

@@ -19,8 +19,17 @@ from detectors.cache import cached_shards
 from detectors.store import RegionStore, region_count
 from vlbert.data.refcoco import ReferringDataset, box_iou, easy_vqa_composites, load_refcoco
 from vlbert.models.referring import VLBertForReferringExpressions
-from vlbert.recipes.regions import (DatasetBuilder, Positive, RegionTaskData, RegionTaskDataConfig, TextLength,
-                                    evaluate, region_task_info, regions_provenance, task_regions)
+from vlbert.recipes.regions import (
+    DatasetBuilder,
+    Positive,
+    RegionTaskData,
+    RegionTaskDataConfig,
+    TextLength,
+    evaluate,
+    region_task_info,
+    regions_provenance,
+    task_regions,
+)
 from vlbert.recipes.runner import Recipe, RunContext, load_model
 
 
@@ -49,13 +58,18 @@ def _easy_vqa(data: ReferringDataConfig, seed: int):
 
 
 def _refcoco(data: ReferringDataConfig, seed: int):
-    return (load_refcoco(data.refs_file, data.instances_file, data.train_split, data.image_id_format),
-            load_refcoco(data.refs_file, data.instances_file, data.eval_split, data.image_id_format), None)
+    return (
+        load_refcoco(data.refs_file, data.instances_file, data.train_split, data.image_id_format),
+        load_refcoco(data.refs_file, data.instances_file, data.eval_split, data.image_id_format),
+        None,
+    )
 
 
 #: dataset name -> (train, eval expressions, the composites' (image files, tile boxes) or None: regions in shards).
-DATASETS = {"easy-vqa": DatasetBuilder(_easy_vqa),
-            "refcoco": DatasetBuilder(_refcoco, needs=("refs_file", "instances_file", "shards"))}
+DATASETS = {
+    "easy-vqa": DatasetBuilder(_easy_vqa),
+    "refcoco": DatasetBuilder(_refcoco, needs=("refs_file", "instances_file", "shards")),
+}
 
 
 def _easy_vqa_regions(ctx: RunContext, files: dict, tiles: dict):
@@ -63,8 +77,9 @@ def _easy_vqa_regions(ctx: RunContext, files: dict, tiles: dict):
     if ctx.data.boxes not in ("gt", "detector"):
         raise ValueError(f"data.boxes must be 'gt' or 'detector', got {ctx.data.boxes!r}")
     given = tiles if ctx.data.boxes == "gt" else None
-    return RegionStore(cached_shards(ctx.detector, files, ctx.data.cache_dir, "refcoco-composites",
-                                     boxes=given)[0].parent)
+    return RegionStore(
+        cached_shards(ctx.detector, files, ctx.data.cache_dir, "refcoco-composites", boxes=given)[0].parent
+    )
 
 
 class ReferringData(RegionTaskData):
@@ -95,14 +110,24 @@ class ReferringData(RegionTaskData):
         for i, choice in zip(*self.predict_labels(model)[::2]):
             ex = self.eval.examples[i]
             box = self.regions[ex.image_id].boxes[choice]  # one read of the image's regions per expression
-            rows.append({"ref_id": ex.ref_id, "image_id": ex.image_id, "expression": ex.expression, "region": choice,
-                         "box": [float(v) for v in box], "hit": self.hit(ex, box)})
+            rows.append(
+                {
+                    "ref_id": ex.ref_id,
+                    "image_id": ex.image_id,
+                    "expression": ex.expression,
+                    "region": choice,
+                    "box": [float(v) for v in box],
+                    "hit": self.hit(ex, box),
+                }
+            )
         reachable = 0
         for example in self.eval.examples:
             n = min(region_count(self.regions, example.image_id), self.eval.max_regions)
             reachable += bool((box_iou(np.array([example.box]), self.regions[example.image_id].boxes[:n]) >= 0.5).any())
-        return rows, {"accuracy": sum(r["hit"] for r in rows) / len(self.eval),
-                      "accuracy_upper_bound": reachable / len(self.eval)}
+        return rows, {
+            "accuracy": sum(r["hit"] for r in rows) / len(self.eval),
+            "accuracy_upper_bound": reachable / len(self.eval),
+        }
 
 
 def build_model(ctx: RunContext, data: ReferringData) -> VLBertForReferringExpressions:
@@ -112,8 +137,10 @@ def build_model(ctx: RunContext, data: ReferringData) -> VLBertForReferringExpre
 def baselines(ctx: RunContext, data: ReferringData, model) -> dict:
     """Accuracy of always choosing the region at the most frequent training target position."""
     position = Counter(data.train[i]["target_region"] for i in range(len(data.train))).most_common(1)[0][0]
-    hits = sum(data.hit(ex, data.regions[ex.image_id].boxes[min(position, region_count(data.regions, ex.image_id) - 1)])
-               for ex in data.eval.examples)
+    hits = sum(
+        data.hit(ex, data.regions[ex.image_id].boxes[min(position, region_count(data.regions, ex.image_id) - 1)])
+        for ex in data.eval.examples
+    )
     return {"accuracy_majority_position_baseline": hits / len(data.eval)}
 
 
@@ -123,12 +150,24 @@ def inference_info(ctx: RunContext, data: ReferringData) -> dict:
     if ctx.data.dataset != "easy-vqa":
         return region_task_info(ctx, data, boxes="detector")
     # The composites' regions are always extracted with the run's detector, whatever data.shards says.
-    return region_task_info(ctx, data, boxes="given" if ctx.data.boxes == "gt" else "detector",
-                            detector=regions_provenance(data.regions, ctx.detector))
+    return region_task_info(
+        ctx,
+        data,
+        boxes="given" if ctx.data.boxes == "gt" else "detector",
+        detector=regions_provenance(data.regions, ctx.detector),
+    )
 
 
-RECIPE = Recipe("refcoco", ReferringDataConfig, ReferringData, build_model,
-                evaluate=evaluate, baselines=baselines, uses_regions=True,
-                inference_info=inference_info, pipeline="refcoco")
+RECIPE = Recipe(
+    "refcoco",
+    ReferringDataConfig,
+    ReferringData,
+    build_model,
+    evaluate=evaluate,
+    baselines=baselines,
+    uses_regions=True,
+    inference_info=inference_info,
+    pipeline="refcoco",
+)
 
 __all__ = ["RECIPE", "ReferringDataConfig", "ReferringData"]

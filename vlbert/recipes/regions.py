@@ -19,15 +19,14 @@ from detectors.shards import read_detector_info
 from detectors.store import MergedRegions, RegionStore
 from vlbert import checkpoint as ckpt
 from vlbert.data.easy_vqa import easy_vqa_shards, image_paths
-from vlbert.data.images import DEFAULT_PREPROCESSING, ImagePreprocessing, ImageReader, image_files, image_preprocessing
 from vlbert.data.grounded_text import GroundedCollator, GroundedTextDataset
+from vlbert.data.images import DEFAULT_PREPROCESSING, ImagePreprocessing, ImageReader, image_files, image_preprocessing
 from vlbert.evaluation.classification import predict_labels
 from vlbert.models.visual_backbone import RegionFeatureExtractor
-from vlbert.run_files import INFERENCE_INFO, read_run_file
 from vlbert.recipes.runner import TaskData, write_output_file
+from vlbert.run_files import INFERENCE_INFO, read_run_file
 from vlbert.utils import gathered_columns
 from vlbert_base.typed_config import Range
-
 
 #: The field types the region tasks' data configs share (the typed reading: :mod:`vlbert_base.typed_config`).
 #: wordpieces per text, [CLS] and [SEP] included
@@ -100,14 +99,17 @@ def load_examples(datasets: dict[str, DatasetBuilder], data, seed: int):
         raise ValueError(f"data.dataset must be one of {', '.join(repr(k) for k in datasets)}, got {data.dataset!r}")
     missing = [f"data.{name}" for name in builder.needs if not getattr(data, name)]
     if missing:
-        raise ValueError(f"dataset {data.dataset} needs {', '.join(missing)}; set them in the config's data "
-                         "section or with --set (regions: tools/extract_regions.py writes shards)")
+        raise ValueError(
+            f"dataset {data.dataset} needs {', '.join(missing)}; set them in the config's data "
+            "section or with --set (regions: tools/extract_regions.py writes shards)"
+        )
     data.image_id_format = data.image_id_format or builder.image_id_format
     return builder.load(data, seed)
 
 
-def region_store(shards: str, dataset: str, cache_dir: str, detector,
-                 image_ids: list[str] | None = None) -> RegionStore | MergedRegions:
+def region_store(
+    shards: str, dataset: str, cache_dir: str, detector, image_ids: list[str] | None = None
+) -> RegionStore | MergedRegions:
     """The region store of ``shards``, or for easy-VQA without shards the images extracted with ``detector``
     (a :class:`detectors.config.DetectorConfig`; cached under ``cache_dir``, each split apart:
     :func:`~vlbert.data.easy_vqa.easy_vqa_shards`; only ``image_ids`` when given): one split's
@@ -120,8 +122,10 @@ def region_store(shards: str, dataset: str, cache_dir: str, detector,
     if shards:
         return RegionStore(shards)
     if dataset != "easy-vqa":
-        raise ValueError(f"data.dataset={dataset!r} needs data.shards: a directory of region shards "
-                         "(tools/extract_regions.py writes them from images or imports BUTD TSV / npz features)")
+        raise ValueError(
+            f"data.dataset={dataset!r} needs data.shards: a directory of region shards "
+            "(tools/extract_regions.py writes them from images or imports BUTD TSV / npz features)"
+        )
 
     directories = dict.fromkeys(path.parent for path in easy_vqa_shards(detector, cache_dir, image_ids))
     stores = {d.name: RegionStore(d) for d in directories}  # one cache per split (train's, test's)
@@ -148,9 +152,14 @@ def region_task_info(ctx, data, **extra) -> dict:
     ``extra`` key replaces a common one)."""
     images = getattr(data, "images", None)
     preprocessing = {"image_preprocessing": images.preprocessing.record()} if images is not None else {}
-    return {"max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
-            "region_feature_dim": data.feature_dim, "detector": task_provenance(ctx, data.regions),
-            **preprocessing, **extra}
+    return {
+        "max_text_length": ctx.data.max_text_length,
+        "max_regions": ctx.data.max_regions,
+        "region_feature_dim": data.feature_dim,
+        "detector": task_provenance(ctx, data.regions),
+        **preprocessing,
+        **extra,
+    }
 
 
 def run_visual_backbone(ctx) -> dict | None:
@@ -187,23 +196,28 @@ def task_images(data, backbone: dict, image_ids, trained=None) -> ImageReader:
     """
     if trained and not data.image_preprocessing:  # init_from's own, its sizes overridable
         base = ImagePreprocessing.from_record(trained)
-        preprocessing = image_preprocessing(base.name, data.image_short_side or base.short_side or -1,
-                                            data.image_max_side or base.max_side or -1)
+        preprocessing = image_preprocessing(
+            base.name, data.image_short_side or base.short_side or -1, data.image_max_side or base.max_side or -1
+        )
     else:
         name = data.image_preprocessing or DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet")
         preprocessing = image_preprocessing(name, data.image_short_side, data.image_max_side)
     if data.image_dir:
         return ImageReader(image_files(image_ids, data.image_dir), preprocessing)
     if data.dataset != "easy-vqa":
-        raise ValueError(f"model.visual_backbone computes the region features from the images, but data.image_dir "
-                         f"is not set for data.dataset={data.dataset!r}; set it to the directory of the images whose "
-                         "regions the shards hold")
+        raise ValueError(
+            f"model.visual_backbone computes the region features from the images, but data.image_dir "
+            f"is not set for data.dataset={data.dataset!r}; set it to the directory of the images whose "
+            "regions the shards hold"
+        )
     files = {**image_paths("train"), **image_paths("test")}
     others = [i for i in dict.fromkeys(image_ids) if i not in files]
     if others:
-        raise ValueError(f"{len(others)} images of this task are not the easy-VQA package's (e.g. {others[0]!r}: the "
-                         "task composes its own), so model.visual_backbone has no pixels for them; set data.image_dir "
-                         "to a directory holding them")
+        raise ValueError(
+            f"{len(others)} images of this task are not the easy-VQA package's (e.g. {others[0]!r}: the "
+            "task composes its own), so model.visual_backbone has no pixels for them; set data.image_dir "
+            "to a directory holding them"
+        )
     return ImageReader({i: files[i] for i in dict.fromkeys(image_ids)}, preprocessing)
 
 
@@ -267,8 +281,9 @@ class RegionTaskData(TaskData):
         self.collator = GroundedCollator(ctx.tokenizer, self.target_keys, self.dataset_class.images_per_text)
         self.feature_dim = next(iter(self.regions.values())).feature_dim
         # a model with a visual backbone computes the region features from the images under the shards' boxes
-        self.images = attach_images(ctx, (self.train, self.eval), lambda d: [i for ex in d.examples
-                                                                             for i in d.images(ex)])
+        self.images = attach_images(
+            ctx, (self.train, self.eval), lambda d: [i for ex in d.examples for i in d.images(ex)]
+        )
         if self.images is not None:
             self.feature_dim = backbone_feature_dim(run_visual_backbone(ctx))
 
@@ -278,8 +293,9 @@ class RegionTaskData(TaskData):
 
     def dataset(self, examples: list, training: bool):
         """:attr:`dataset_class` over ``examples`` with the run's regions, tokenizer and limits."""
-        return self.dataset_class(examples, self.regions, self.tokenizer, self.data.max_text_length,
-                                  self.data.max_regions)
+        return self.dataset_class(
+            examples, self.regions, self.tokenizer, self.data.max_text_length, self.data.max_regions
+        )
 
     def predict(self, model) -> tuple[list[dict], dict[str, float]]:
         """(one row per evaluation example: its benchmark id and the prediction, the task's metrics): every task's
@@ -334,6 +350,20 @@ def regions_provenance(store, detector=None) -> dict:
     return {"fingerprint": None, "config": None, "extractor": extractor}
 
 
-__all__ = ["RegionTaskDataConfig", "RegionTaskData", "run_visual_backbone", "task_images", "backbone_feature_dim",
-           "attach_images", "evaluate", "majority_baseline", "DatasetBuilder", "load_examples",
-           "task_regions", "region_store", "region_task_info", "regions_provenance", "task_provenance"]
+__all__ = [
+    "RegionTaskDataConfig",
+    "RegionTaskData",
+    "run_visual_backbone",
+    "task_images",
+    "backbone_feature_dim",
+    "attach_images",
+    "evaluate",
+    "majority_baseline",
+    "DatasetBuilder",
+    "load_examples",
+    "task_regions",
+    "region_store",
+    "region_task_info",
+    "regions_provenance",
+    "task_provenance",
+]

@@ -21,8 +21,11 @@ from vlbert.objectives.registry import OBJECTIVES
 MARGIN = 0.02
 
 #: Baseline key suffixes and how the table names them, in order of preference for one result.
-BASELINE_SUFFIXES = (("_majority_baseline", "majority class"), ("_majority_position_baseline", "majority position"),
-                     ("_before", "before training"))
+BASELINE_SUFFIXES = (
+    ("_majority_baseline", "majority class"),
+    ("_majority_position_baseline", "majority position"),
+    ("_before", "before training"),
+)
 
 #: Bookkeeping entries that are no result (left out of the table; still in metrics.json).
 BOOKKEEPING = frozenset({"step", "train_seconds", "train_tokens_per_s", "steps_this_run", "skipped_steps"})
@@ -30,20 +33,23 @@ BOOKKEEPING = frozenset({"step", "train_seconds", "train_tokens_per_s", "steps_t
 #: What a unit at its chance level means at the quick start's scale, by unit name; others get the general line.
 AT_CHANCE = {
     "nsp": "next-sentence prediction usually stays at chance for the first few thousand steps of a small BERT on a "
-           "small corpus (transformers' BERT on the same batches is at chance after 200 NSP steps too); MLM is the "
-           "signal to read here, NSP needs a longer run (--max-steps)",
+    "small corpus (transformers' BERT on the same batches is at chance after 200 NSP steps too); MLM is the "
+    "signal to read here, NSP needs a longer run (--max-steps)",
     "sop": "sentence-order prediction usually stays at chance for the first few thousand steps at this size; MLM "
-           "is the signal to read here, SOP needs a longer run (--max-steps)",
+    "is the signal to read here, SOP needs a longer run (--max-steps)",
     "itm": "image-text matching usually stays at chance until the masked objectives have shaped the regions' "
-           "embeddings (thousands of steps at the default size); MLM and the region objectives are the signal "
-           "to read here, ITM needs a longer run (--max-steps)",
+    "embeddings (thousands of steps at the default size); MLM and the region objectives are the signal "
+    "to read here, ITM needs a longer run (--max-steps)",
 }
 
 
 def _chance_levels() -> dict[str, tuple[str, float]]:
     """``eval_<metric>`` -> (unit name, chance level) of every unit that declares one."""
-    return {f"eval_{unit.metric}": (unit.name, unit.chance) for unit in OBJECTIVES.values()
-            if getattr(unit, "chance", None) is not None}
+    return {
+        f"eval_{unit.metric}": (unit.name, unit.chance)
+        for unit in OBJECTIVES.values()
+        if getattr(unit, "chance", None) is not None
+    }
 
 
 def baseline_of(key: str, metrics: Mapping[str, Any]) -> tuple[float, str] | None:
@@ -77,8 +83,12 @@ def results_table(metrics: Mapping[str, Any]) -> str:
     ``result | value | baseline | beats it by > MARGIN?``; then :func:`chance_notes`. Plain text, 4 columns."""
     rows, rest = [], []
     for key, value in metrics.items():
-        if key in BOOKKEEPING or not isinstance(value, (int, float)) or isinstance(value, bool) \
-                or _is_baseline_key(key, metrics):
+        if (
+            key in BOOKKEEPING
+            or not isinstance(value, (int, float))
+            or isinstance(value, bool)
+            or _is_baseline_key(key, metrics)
+        ):
             continue
         base = baseline_of(key, metrics)
         if base is None:
@@ -104,8 +114,10 @@ def chance_notes(metrics: Mapping[str, Any]) -> list[str]:
         if base is None or math.isnan(float(value)) or float(value) > base[0] + MARGIN:
             continue
         unit = units.get(key, (None,))[0]
-        why = AT_CHANCE.get(unit) or ("the model has not learned this beyond the baseline at this budget: train "
-                                      "longer (--max-steps), or check the data and labels")
+        why = AT_CHANCE.get(unit) or (
+            "the model has not learned this beyond the baseline at this budget: train "
+            "longer (--max-steps), or check the data and labels"
+        )
         notes.append(f"note: {key} is {float(value):.4f}, at its {base[1]} baseline {base[0]:.4f}: {why}.")
     return notes
 

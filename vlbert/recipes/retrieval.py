@@ -15,9 +15,19 @@ from dataclasses import dataclass
 from vlbert.data.retrieval import RetrievalCollator, RetrievalPairs, easy_vqa_captioned, load_karpathy_split
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
-from vlbert.recipes.regions import (Count, DatasetBuilder, Positive, RegionTaskDataConfig, TextLength, attach_images,
-                                    backbone_feature_dim, load_examples, region_task_info, run_visual_backbone,
-                                    task_regions)
+from vlbert.recipes.regions import (
+    Count,
+    DatasetBuilder,
+    Positive,
+    RegionTaskDataConfig,
+    TextLength,
+    attach_images,
+    backbone_feature_dim,
+    load_examples,
+    region_task_info,
+    run_visual_backbone,
+    task_regions,
+)
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 
 
@@ -38,8 +48,10 @@ class RetrievalDataConfig(RegionTaskDataConfig):
 
 #: dataset name -> (training images, evaluation images), each with its captions.
 def _karpathy(data: RetrievalDataConfig, seed: int):
-    return (load_karpathy_split(data.captions_file, "train", data.image_id_format),
-            load_karpathy_split(data.captions_file, data.eval_split, data.image_id_format))
+    return (
+        load_karpathy_split(data.captions_file, "train", data.image_id_format),
+        load_karpathy_split(data.captions_file, data.eval_split, data.image_id_format),
+    )
 
 
 DATASETS = {
@@ -66,8 +78,9 @@ class RetrievalData(TaskData):
         self.train_images = train_images[: data.max_train_images] if data.max_train_images else train_images
         self.eval_images = eval_images[: data.max_eval_images] if data.max_eval_images else eval_images
         self.regions = task_regions(ctx)
-        self.train = RetrievalPairs(self.train_images, self.regions, ctx.tokenizer, data.max_text_length,
-                                    data.max_regions)
+        self.train = RetrievalPairs(
+            self.train_images, self.regions, ctx.tokenizer, data.max_text_length, data.max_regions
+        )
         self.collator = RetrievalCollator(ctx.tokenizer)
         self.feature_dim = next(iter(self.regions.values())).feature_dim
         eval_ids = [im.image_id for im in self.eval_images]
@@ -81,9 +94,16 @@ def build_model(ctx: RunContext, data: RetrievalData) -> VLBertForImageTextRetri
 
 
 def evaluate(ctx: RunContext, data: RetrievalData, model) -> dict:
-    return evaluate_retrieval(model, data.eval_images, data.regions, ctx.tokenizer, shortlist=ctx.data.shortlist,
-                              max_regions=ctx.data.max_regions, max_text_length=ctx.data.max_text_length,
-                              image_reader=data.images)
+    return evaluate_retrieval(
+        model,
+        data.eval_images,
+        data.regions,
+        ctx.tokenizer,
+        shortlist=ctx.data.shortlist,
+        max_regions=ctx.data.max_regions,
+        max_text_length=ctx.data.max_text_length,
+        image_reader=data.images,
+    )
 
 
 def inference_info(ctx: RunContext, data: RetrievalData) -> dict:
@@ -91,7 +111,15 @@ def inference_info(ctx: RunContext, data: RetrievalData) -> dict:
     return region_task_info(ctx, data, shortlist=ctx.data.shortlist)
 
 
-RECIPE = Recipe("retrieval", RetrievalDataConfig, RetrievalData, build_model, evaluate=evaluate, uses_regions=True,
-                inference_info=inference_info, pipeline="retrieval")
+RECIPE = Recipe(
+    "retrieval",
+    RetrievalDataConfig,
+    RetrievalData,
+    build_model,
+    evaluate=evaluate,
+    uses_regions=True,
+    inference_info=inference_info,
+    pipeline="retrieval",
+)
 
 __all__ = ["RECIPE", "RetrievalDataConfig", "RetrievalData"]

@@ -24,8 +24,15 @@ from detectors.config import DetectorConfig
 from vlbert import checkpoint as ckpt
 from vlbert.config import BertConfig
 from vlbert.data.loading import eval_loader, train_loader
-from vlbert.recipes.config_reading import (COMMON_SECTIONS, RESUMABLE_CHANGES, RunKeys, read_run_config,
-                                           record_resume_changes, resume_changes, same_value)
+from vlbert.recipes.config_reading import (
+    COMMON_SECTIONS,
+    RESUMABLE_CHANGES,
+    RunKeys,
+    read_run_config,
+    record_resume_changes,
+    resume_changes,
+    same_value,
+)
 from vlbert.run_files import INFERENCE_INFO, read_run_file, write_inference_info
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
 from vlbert.training.processes import check_shared_output_dir, collective_failure, control_plane, start_processes
@@ -122,8 +129,19 @@ class TaskData:
 
     def train_batches(self, epoch: int, start: int, rank: int, world_size: int):
         """Batches of ``epoch`` from batch index ``start`` on, for one data-parallel rank."""
-        return train_loader(self.train, self.collator, self.batch_size, self.seed, epoch, start, rank, world_size,
-                            drop_last=self.train_drop_last, objectives=self.objectives, **self.loader_options)
+        return train_loader(
+            self.train,
+            self.collator,
+            self.batch_size,
+            self.seed,
+            epoch,
+            start,
+            rank,
+            world_size,
+            drop_last=self.train_drop_last,
+            objectives=self.objectives,
+            **self.loader_options,
+        )
 
     def eval_batches(self, rank: int = 0, world_size: int = 1):
         """Every held-out item once in fixed batches (once per objective where batches carry one); with
@@ -168,8 +186,10 @@ def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) ->
     if not found or resume:
         return
     if not overwrite:
-        raise RunExistsError(f"{directory} already holds a run ({', '.join(found)}); pass --resume to continue it, "
-                             "--overwrite to replace it, or choose another --output-dir")
+        raise RunExistsError(
+            f"{directory} already holds a run ({', '.join(found)}); pass --resume to continue it, "
+            "--overwrite to replace it, or choose another --output-dir"
+        )
     from accelerate import PartialState
 
     if PartialState().is_main_process:
@@ -198,17 +218,24 @@ def checkpoint_architecture_decides(ctx: RunContext) -> dict[str, Any]:
     if not section or not config_file.is_file():
         return section
     saved = read_run_file(config_file)
-    conflicts = {k: (section[k], saved[k]) for k in BertConfig.ARCHITECTURE_FIELDS
-                 if k in section and k in saved and not same_value(section[k], saved[k])}
+    conflicts = {
+        k: (section[k], saved[k])
+        for k in BertConfig.ARCHITECTURE_FIELDS
+        if k in section and k in saved and not same_value(section[k], saved[k])
+    }
     given = [k for k in conflicts if f"model.{k}" in ctx.command_line_keys]
     if given:
         raise ValueError(
             f"--set {', '.join(f'model.{k}={conflicts[k][0]}' for k in given)} conflicts with the architecture of "
             f"init_from {ctx.init_from} ({', '.join(f'{k}={conflicts[k][1]}' for k in given)}); a checkpoint "
-            "decides its own architecture: drop those --set flags, or train a fresh model without --init-from")
+            "decides its own architecture: drop those --set flags, or train a fresh model without --init-from"
+        )
     if conflicts:
-        logger.warning("init_from %s decides the architecture: ignoring the config's model entries %s",
-                       ctx.init_from, ", ".join(f"{k}={v} (checkpoint: {c})" for k, (v, c) in conflicts.items()))
+        logger.warning(
+            "init_from %s decides the architecture: ignoring the config's model entries %s",
+            ctx.init_from,
+            ", ".join(f"{k}={v} (checkpoint: {c})" for k, (v, c) in conflicts.items()),
+        )
     return {k: v for k, v in section.items() if k not in conflicts}
 
 
@@ -228,7 +255,8 @@ def load_model(cls, ctx: RunContext, **defaults):
             raise ValueError(
                 f"this run's regions have {dim}-d features, but init_from {ctx.init_from} reads "
                 f"{saved['region_feature_dim']}-d region features: extract the regions with the detector it was trained "
-                "on (its inference.json names it), or start from a text BERT")
+                "on (its inference.json names it), or start from a text BERT"
+            )
         return cls.from_pretrained(ctx.init_from, **{**defaults, **checkpoint_architecture_decides(ctx)})
     values = {**defaults, **ctx.model_section}
     values.setdefault("vocab_size", len(ctx.tokenizer))
@@ -288,7 +316,8 @@ def check_init_regions(ctx: RunContext, info: dict[str, Any]) -> None:
             f"init_from {ctx.init_from} was trained on regions of {trained.get('extractor')}, but this run's regions "
             f"({here.get('extractor')}) were imported without saying what extracted them: re-import them with "
             "tools/extract_regions.py --from-tsv/--from-npz F --extracted-with NAME (e.g. butd-vg) if that "
-            "detector made them, or set allow_other_detector: true (--set allow_other_detector=true)")
+            "detector made them, or set allow_other_detector: true (--set allow_other_detector=true)"
+        )
     why = regions_difference(trained, here)
     if why is not None:
         raise ValueError(
@@ -296,7 +325,8 @@ def check_init_regions(ctx: RunContext, info: dict[str, Any]) -> None:
             f"({trained.get('extractor')}), but this run's regions come from {here.get('fingerprint')} "
             f"({here.get('extractor')}): {why}; features of another extractor silently degrade the model: extract the "
             "regions with init_from's detector (its inference.json names it), or set allow_other_detector: true "
-            "(--set allow_other_detector=true)")
+            "(--set allow_other_detector=true)"
+        )
 
 
 #: The data limits a vision-language checkpoint was trained with, read from its inference.json.
@@ -324,12 +354,21 @@ def checkpoint_limits_decide(ctx: RunContext) -> None:
             elif getattr(ctx.data, name) < int(trained[name]):
                 cuts.append(f"data.{name}={getattr(ctx.data, name)} (init_from: {trained[name]})")
     if cuts:
-        logger.warning("the config cuts below what init_from %s was trained on: %s; leave them unset to use the "
-                       "checkpoint's", ctx.init_from, ", ".join(cuts))
+        logger.warning(
+            "the config cuts below what init_from %s was trained on: %s; leave them unset to use the checkpoint's",
+            ctx.init_from,
+            ", ".join(cuts),
+        )
 
 
-def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite: bool = False,
-        command_line_keys: tuple[str, ...] = (), hooks: Sequence = ()) -> dict[str, Any]:
+def run(
+    recipe: Recipe,
+    config: dict[str, Any],
+    resume: bool = False,
+    overwrite: bool = False,
+    command_line_keys: tuple[str, ...] = (),
+    hooks: Sequence = (),
+) -> dict[str, Any]:
     """Train and evaluate ``recipe`` as ``config`` says; returns the final metrics (also in metrics.json).
     ``command_line_keys``: the dotted keys the user set on the command line (see :class:`RunContext`).
     ``hooks``: :class:`~vlbert.training.hooks.TrainerHook` s for the trainer (a throughput meter, an EMA, ...).
@@ -360,16 +399,28 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
     model = recipe.build_model(ctx, data)
     if getattr(model, "config", None) is not None:  # vlbert models (not the transformers comparison adapter)
         check_tokenizer_matches(tokenizer, model.config)
-    logger.info("%s: %.1fM parameters; %d training items, %d held-out", recipe.name,
-                sum(p.numel() for p in model.parameters()) / 1e6, len(data.train),
-                len(data.eval) if data.eval is not None else 0)
+    logger.info(
+        "%s: %.1fM parameters; %d training items, %d held-out",
+        recipe.name,
+        sum(p.numel() for p in model.parameters()) / 1e6,
+        len(data.train),
+        len(data.eval) if data.eval is not None else 0,
+    )
     trainer = None
     try:
-        trainer = Trainer(model, training, data.train_batches, data.eval_batches if data.eval is not None else None,
-                          run_config=config, tokenizer=tokenizer, hooks=hooks)
+        trainer = Trainer(
+            model,
+            training,
+            data.train_batches,
+            data.eval_batches if data.eval is not None else None,
+            run_config=config,
+            tokenizer=tokenizer,
+            hooks=hooks,
+        )
         if resume and not trainer.resume():
-            logger.warning("--resume: no checkpoint under %s/%s; starting from step 0", training.output_dir,
-                           CHECKPOINTS_DIR)
+            logger.warning(
+                "--resume: no checkpoint under %s/%s; starting from step 0", training.output_dir, CHECKPOINTS_DIR
+            )
         elif resume:
             record_resume_changes(training.output_dir, trainer.step, changes)
         if info is not None:
@@ -390,7 +441,21 @@ def run(recipe: Recipe, config: dict[str, Any], resume: bool = False, overwrite:
         raise failure from e
 
 
-__all__ = ["Recipe", "RunContext", "TaskData", "run", "load_model", "prepare_output_dir", "RunExistsError",
-           "COMMON_SECTIONS", "RESUMABLE_CHANGES", "RunKeys",
-           "check_init_regions", "regions_difference",
-           "write_inference_info", "INFERENCE_INFO", "write_output_file", "read_run_file"]
+__all__ = [
+    "Recipe",
+    "RunContext",
+    "TaskData",
+    "run",
+    "load_model",
+    "prepare_output_dir",
+    "RunExistsError",
+    "COMMON_SECTIONS",
+    "RESUMABLE_CHANGES",
+    "RunKeys",
+    "check_init_regions",
+    "regions_difference",
+    "write_inference_info",
+    "INFERENCE_INFO",
+    "write_output_file",
+    "read_run_file",
+]

@@ -30,9 +30,17 @@ from typing import Any
 
 import torch
 
-from vlbert.data.finetuning import (GLUE_TASKS, OUTSIDE_TAG, TextTaskCollator, TextTaskConfig, TextTaskDataset,
-                                    bbc_news_split, label_space, load_records)
 from vlbert import checkpoint as ckpt
+from vlbert.data.finetuning import (
+    GLUE_TASKS,
+    OUTSIDE_TAG,
+    TextTaskCollator,
+    TextTaskConfig,
+    TextTaskDataset,
+    bbc_news_split,
+    label_space,
+    load_records,
+)
 from vlbert.evaluation import text as text_metrics
 from vlbert.models import heads
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
@@ -40,8 +48,12 @@ from vlbert.utils import evaluation, gather_objects
 
 logger = logging.getLogger(__name__)
 
-HEADS = {"classification": heads.BertForSequenceClassification, "regression": heads.BertForSequenceClassification,
-         "tagging": heads.BertForTokenClassification, "qa": heads.BertForQuestionAnswering}
+HEADS = {
+    "classification": heads.BertForSequenceClassification,
+    "regression": heads.BertForSequenceClassification,
+    "tagging": heads.BertForTokenClassification,
+    "qa": heads.BertForQuestionAnswering,
+}
 
 #: The hub's copy of GLUE, in ``datasets``' glue layout (``data.task: glue`` reads it unless train/eval are given).
 GLUE_HUB_NAME = "nyu-mll/glue"
@@ -59,8 +71,9 @@ class TransformersAdapter(torch.nn.Module):
         self.model = model
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
-        out = self.model(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                         labels=labels)
+        out = self.model(
+            input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, labels=labels
+        )
         result = heads.ClassificationOutput(logits=out.logits)
         if labels is not None:
             with torch.no_grad():
@@ -106,8 +119,9 @@ class TextTaskData(TaskData):
             self.label_names = names
         elif config.task == "glue":
             if config.glue_task not in GLUE_TASKS:
-                raise ValueError(f"data.glue_task must name a GLUE task, one of {sorted(GLUE_TASKS)}; got "
-                                 f"{config.glue_task!r}")
+                raise ValueError(
+                    f"data.glue_task must name a GLUE task, one of {sorted(GLUE_TASKS)}; got {config.glue_task!r}"
+                )
             glue = GLUE_TASKS[config.glue_task]
             self.glue_task = config.glue_task
             # GLUE's columns, label and id in datasets' glue layout.
@@ -136,8 +150,10 @@ class TextTaskData(TaskData):
             raise ValueError(f"data.task must be 'bbc-news', 'glue' or 'custom', got {config.task!r}")
         # (doc_stride, max_answer_length and the threshold's type: the typed reading of the data section)
         if config.null_score_diff_threshold is not None and not config.version_2_with_negative:
-            raise ValueError("data.null_score_diff_threshold decides SQuAD 2.0's 'no answer': it needs "
-                             "data.version_2_with_negative: true")
+            raise ValueError(
+                "data.null_score_diff_threshold decides SQuAD 2.0's 'no answer': it needs "
+                "data.version_2_with_negative: true"
+            )
         if config.max_train_examples:
             train = train[: config.max_train_examples]
         self.config, self.labels = config, labels
@@ -148,9 +164,11 @@ class TextTaskData(TaskData):
         if config.type == "qa" and not config.version_2_with_negative:
             for k, record in enumerate(evaluation):
                 if not record[config.answers_field]["text"]:
-                    raise ValueError(f"evaluation record {k} (id {self.ids[k]!r}) has no answer: SQuAD v1.1 scores "
-                                     "every question against its answers; for unanswerable questions set "
-                                     "data.version_2_with_negative: true")
+                    raise ValueError(
+                        f"evaluation record {k} (id {self.ids[k]!r}) has no answer: SQuAD v1.1 scores "
+                        "every question against its answers; for unanswerable questions set "
+                        "data.version_2_with_negative: true"
+                    )
 
     def _ids(self, records) -> list:
         """Each evaluation record's id (``data.id_field``; its position where it has none), checked unique."""
@@ -160,8 +178,10 @@ class TextTaskData(TaskData):
         seen: dict = {}
         for k, i in enumerate(ids):
             if i in seen:
-                raise ValueError(f"evaluation records {seen[i]} and {k} share the id {i!r} (data.id_field="
-                                 f"{self.config.id_field!r}); the predictions files name each record by its id")
+                raise ValueError(
+                    f"evaluation records {seen[i]} and {k} share the id {i!r} (data.id_field="
+                    f"{self.config.id_field!r}); the predictions files name each record by its id"
+                )
             seen[i] = k
         return ids
 
@@ -182,8 +202,9 @@ class TextTaskData(TaskData):
             out = model(**inputs)
             if kind == "qa":
                 for row, i in enumerate(index):
-                    outputs[i] = self._window_spans(out.start_logits[row].float().cpu(),
-                                                    out.end_logits[row].float().cpu(), self.eval.items[i])
+                    outputs[i] = self._window_spans(
+                        out.start_logits[row].float().cpu(), out.end_logits[row].float().cpu(), self.eval.items[i]
+                    )
             elif kind == "tagging":
                 best = out.logits.argmax(-1).cpu()
                 for row, i in enumerate(index):
@@ -209,10 +230,14 @@ class TextTaskData(TaskData):
         elif self.config.type == "regression":
             metrics = text_metrics.pearson_and_spearman(pred, gold)
         else:
-            metrics = {"accuracy": text_metrics.accuracy(pred, gold),
-                       "macro_f1": text_metrics.macro_f1(pred, gold, labels=range(len(self.labels)))}
-        rows = [{"id": self.ids[items[i]["record"]], "label": shown_gold[i], "prediction": shown_pred[i]}
-                for i in range(len(items))]
+            metrics = {
+                "accuracy": text_metrics.accuracy(pred, gold),
+                "macro_f1": text_metrics.macro_f1(pred, gold, labels=range(len(self.labels))),
+            }
+        rows = [
+            {"id": self.ids[items[i]["record"]], "label": shown_gold[i], "prediction": shown_pred[i]}
+            for i in range(len(items))
+        ]
         return {"predictions.jsonl": _jsonl(rows)}, metrics
 
     def _tagging(self, outputs: dict[int, Any]) -> tuple[dict[str, str], dict[str, Any]]:
@@ -224,15 +249,25 @@ class TextTaskData(TaskData):
             for w, label in words:
                 predicted[record][w] = names[label]
         gold = [list(r[c.tags_field]) for r in records]
-        metrics = {"entity_f1": text_metrics.entity_f1(predicted, gold),
-                   "token_accuracy": text_metrics.tag_accuracy(predicted, gold),
-                   "eval_sentences": len(records), "eval_words": sum(len(g) for g in gold),
-                   "eval_words_without_wordpieces": sum(len(w) for w in self.eval.words_without_wordpieces)}
-        logger.info("tagging evaluated on %d sentences, %d words (%d without a wordpiece, tagged %s) from %d "
-                    "windows", len(records), metrics["eval_words"], metrics["eval_words_without_wordpieces"],
-                    OUTSIDE_TAG, len(self.eval.items))
-        rows = [{"id": self.ids[k], "tokens": list(r[c.tokens_field]), "tags": gold[k], "predicted_tags": predicted[k]}
-                for k, r in enumerate(records)]
+        metrics = {
+            "entity_f1": text_metrics.entity_f1(predicted, gold),
+            "token_accuracy": text_metrics.tag_accuracy(predicted, gold),
+            "eval_sentences": len(records),
+            "eval_words": sum(len(g) for g in gold),
+            "eval_words_without_wordpieces": sum(len(w) for w in self.eval.words_without_wordpieces),
+        }
+        logger.info(
+            "tagging evaluated on %d sentences, %d words (%d without a wordpiece, tagged %s) from %d windows",
+            len(records),
+            metrics["eval_words"],
+            metrics["eval_words_without_wordpieces"],
+            OUTSIDE_TAG,
+            len(self.eval.items),
+        )
+        rows = [
+            {"id": self.ids[k], "tokens": list(r[c.tokens_field]), "tags": gold[k], "predicted_tags": predicted[k]}
+            for k, r in enumerate(records)
+        ]
         return {"predictions.jsonl": _jsonl(rows)}, metrics
 
     def _window_spans(self, start_logits: torch.Tensor, end_logits: torch.Tensor, item: dict) -> tuple:
@@ -242,7 +277,7 @@ class TextTaskData(TaskData):
         ``write_predictions``, without its n-best shortlist: the exact maximum of BERT section 4.2's
         S.T_i + E.T_j); s_null = S.C + E.C, the [CLS] scores (section 4.3)."""
         o, n = item["doc_offset"], item["length"]
-        s, e = start_logits[o:o + n], end_logits[o:o + n]
+        s, e = start_logits[o : o + n], end_logits[o : o + n]
         i = torch.arange(n)
         valid = (i[None, :] >= i[:, None]) & (i[None, :] - i[:, None] < self.config.max_answer_length)
         valid &= torch.tensor(item["home"], dtype=torch.bool)[:, None]
@@ -267,12 +302,14 @@ class TextTaskData(TaskData):
         for k, record in enumerate(records):
             offsets = self.eval.doc_offsets[k]
             _, a, b = best[k]
-            answers[self.ids[k]] = record[c.context_field][offsets[a][0]:offsets[b][1]]
+            answers[self.ids[k]] = record[c.context_field][offsets[a][0] : offsets[b][1]]
             references[self.ids[k]] = list(record[c.answers_field]["text"])
         counts = {"eval_questions": len(records), "eval_windows": len(self.eval.items)}
         if not c.version_2_with_negative:
-            return ({"predictions.json": json.dumps(answers, indent=2) + "\n"},
-                    {**text_metrics.squad_v1_evaluate(answers, references), **counts})
+            return (
+                {"predictions.json": json.dumps(answers, indent=2) + "\n"},
+                {**text_metrics.squad_v1_evaluate(answers, references), **counts},
+            )
         odds = {self.ids[k]: null[k] - best[k][0] for k in range(len(records))}  # s_null - s_best (section 4.3)
         search = text_metrics.squad_v2_evaluate(answers, references, na_probs=odds)
         threshold = c.null_score_diff_threshold
@@ -283,14 +320,26 @@ class TextTaskData(TaskData):
                 # Answering nothing is best; the script then reports 0.0, which would answer some: stay below all.
                 threshold = min(odds.values()) - 1.0
         predictions = {qid: "" if odds[qid] > threshold else text for qid, text in answers.items()}
-        metrics = {**text_metrics.squad_v2_evaluate(predictions, references),
-                   **{k: search[k] for k in ("best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh")},
-                   "null_score_diff_threshold": threshold, **counts}
-        logger.info("SQuAD 2.0: 'no answer' where s_null - s_best > %g: %d of %d questions", threshold,
-                    sum(not p for p in predictions.values()), len(predictions))
-        return ({"predictions.json": json.dumps(predictions, indent=2) + "\n",
-                 "null_odds.json": json.dumps(odds, indent=2) + "\n",
-                 "best_non_null_predictions.json": json.dumps(answers, indent=2) + "\n"}, metrics)
+        metrics = {
+            **text_metrics.squad_v2_evaluate(predictions, references),
+            **{k: search[k] for k in ("best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh")},
+            "null_score_diff_threshold": threshold,
+            **counts,
+        }
+        logger.info(
+            "SQuAD 2.0: 'no answer' where s_null - s_best > %g: %d of %d questions",
+            threshold,
+            sum(not p for p in predictions.values()),
+            len(predictions),
+        )
+        return (
+            {
+                "predictions.json": json.dumps(predictions, indent=2) + "\n",
+                "null_odds.json": json.dumps(odds, indent=2) + "\n",
+                "best_non_null_predictions.json": json.dumps(answers, indent=2) + "\n",
+            },
+            metrics,
+        )
 
 
 def _jsonl(rows: list[dict]) -> str:
@@ -331,9 +380,15 @@ def build_model(ctx: RunContext, data: TextTaskData):
             raise ValueError("implementation: transformers is offered for classification comparisons only")
         import transformers
 
-        return TransformersAdapter(transformers.BertForSequenceClassification.from_pretrained(
-            ctx.init_from, num_labels=data.num_labels, id2label=names, label2id=names and {
-                v: k for k, v in names.items()}, **ctx.model_section))
+        return TransformersAdapter(
+            transformers.BertForSequenceClassification.from_pretrained(
+                ctx.init_from,
+                num_labels=data.num_labels,
+                id2label=names,
+                label2id=names and {v: k for k, v in names.items()},
+                **ctx.model_section,
+            )
+        )
     if implementation != "vlbert":
         raise ValueError(f"implementation must be 'vlbert' or 'transformers', got {implementation!r}")
     return load_model(HEADS[data.config.type], ctx, num_labels=data.num_labels, id2label=names)
@@ -344,8 +399,16 @@ def inference_info(ctx: RunContext, data: TextTaskData) -> dict:
     return {"type": data.config.type, "labels": data.label_names, "max_text_length": data.config.max_seq_length}
 
 
-RECIPE = Recipe("text", TextTaskConfig, TextTaskData, build_model, evaluate=evaluate,
-                baselines=majority_baseline, sections=("implementation",), inference_info=inference_info,
-                pipeline="text")
+RECIPE = Recipe(
+    "text",
+    TextTaskConfig,
+    TextTaskData,
+    build_model,
+    evaluate=evaluate,
+    baselines=majority_baseline,
+    sections=("implementation",),
+    inference_info=inference_info,
+    pipeline="text",
+)
 
 __all__ = ["RECIPE", "TextTaskData", "TransformersAdapter", "evaluate", "GLUE_HUB_NAME"]

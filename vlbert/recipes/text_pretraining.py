@@ -56,23 +56,27 @@ class TextDataConfig:
     max_eval_batches: Annotated[int, Range(ge=0)] = 0
     num_proc: Annotated[int, Range(ge=1)] = 1
     corpus_cache_dir: str = "~/.cache/vlbert/corpora"
-    objectives: Annotated[dict[str, float], Takes(
-        "a mapping of objective name to weight, 1 (on) or 0 (off), e.g. {mlm: 1, nsp: 1}")] = field(
-        default_factory=lambda: {"mlm": 1, "nsp": 1})
+    objectives: Annotated[
+        dict[str, float], Takes("a mapping of objective name to weight, 1 (on) or 0 (off), e.g. {mlm: 1, nsp: 1}")
+    ] = field(default_factory=lambda: {"mlm": 1, "nsp": 1})
 
     def __post_init__(self) -> None:
         check_fields(self, "data")  # types and ranges (built in Python; a config section was read through them)
         text_units(self.objectives)  # unknown names: ValueError naming the text objectives
         bad = {n: w for n, w in self.objectives.items() if isinstance(w, bool) or w not in (0, 1)}
         if bad:
-            raise ValueError(f"data.objectives weights of text pretraining are 1 (on) or 0 (off), got {bad}: every "
-                             "batch trains every objective (BERT sums their losses); e.g. {mlm: 1, nsp: 1}")
+            raise ValueError(
+                f"data.objectives weights of text pretraining are 1 (on) or 0 (off), got {bad}: every "
+                "batch trains every objective (BERT sums their losses); e.g. {mlm: 1, nsp: 1}"
+            )
         if not self.running:
             raise ValueError("data.objectives turns no objective on; e.g. {mlm: 1} (RoBERTa) or {mlm: 1, nsp: 1}")
         for pair in (("mlm", "wwm"), ("nsp", "sop")):
             if set(pair) <= set(self.running):
-                raise ValueError(f"data.objectives has both {pair[0]} and {pair[1]}, which choose the same "
-                                 f"{'wordpieces to mask' if pair[0] == 'mlm' else 'segment B'}; keep one")
+                raise ValueError(
+                    f"data.objectives has both {pair[0]} and {pair[1]}, which choose the same "
+                    f"{'wordpieces to mask' if pair[0] == 'mlm' else 'segment B'}; keep one"
+                )
 
     @property
     def running(self) -> tuple[str, ...]:
@@ -93,18 +97,29 @@ class TextPretrainingData(TaskData):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         data, tokenizer = ctx.data, ctx.tokenizer
-        self.collator = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability, packed=True,
-                                                       objectives=data.running)
+        self.collator = MaskingCollator.from_tokenizer(
+            tokenizer, mlm_probability=data.mlm_probability, packed=True, objectives=data.running
+        )
         self.max_eval_batches = data.max_eval_batches
-        corpus = TokenCorpus(prepare_corpus(data.corpus, tokenizer, data.corpus_cache_dir, data.text_field,
-                                            num_proc=data.num_proc))
+        corpus = TokenCorpus(
+            prepare_corpus(data.corpus, tokenizer, data.corpus_cache_dir, data.text_field, num_proc=data.num_proc)
+        )
         train_docs, eval_docs = split_documents(corpus.num_documents, data.eval_fraction, self.seed)
         random_next = "nsp" in data.running  # NSP's negatives; SOP and MLM alone keep B the true continuation
-        self.train = CorpusPairsDataset(corpus, train_docs, tokenizer, data.max_seq_length, data.short_seq_prob,
-                                        self.seed, "train", random_next)
+        self.train = CorpusPairsDataset(
+            corpus, train_docs, tokenizer, data.max_seq_length, data.short_seq_prob, self.seed, "train", random_next
+        )
         if len(eval_docs) >= 2:
-            self.eval = CorpusPairsDataset(corpus, eval_docs, tokenizer, data.max_seq_length, data.short_seq_prob,
-                                           self.seed + 1, "eval", random_next)
+            self.eval = CorpusPairsDataset(
+                corpus,
+                eval_docs,
+                tokenizer,
+                data.max_seq_length,
+                data.short_seq_prob,
+                self.seed + 1,
+                "eval",
+                random_next,
+            )
         counts = corpus.token_counts(len(tokenizer))  # counted at preparation: the whole corpus
         counts[list(tokenizer.all_special_ids)] = -1
         self.majority_token = int(counts.argmax())
@@ -131,8 +146,10 @@ def build_model(ctx: RunContext, data) -> BertForPreTraining:
     """
     model = load_model(BertForPreTraining, ctx)
     if ctx.data.max_seq_length > model.config.max_position_embeddings:
-        raise ValueError(f"data.max_seq_length={ctx.data.max_seq_length} exceeds the model's "
-                         f"max_position_embeddings={model.config.max_position_embeddings}; lower max_seq_length")
+        raise ValueError(
+            f"data.max_seq_length={ctx.data.max_seq_length} exceeds the model's "
+            f"max_position_embeddings={model.config.max_position_embeddings}; lower max_seq_length"
+        )
     return model
 
 
@@ -150,8 +167,15 @@ def inference_info(ctx: RunContext, data: TextPretrainingData) -> dict:
     return {"max_text_length": ctx.data.max_seq_length}
 
 
-RECIPE = Recipe("text-pretraining", TextDataConfig, TextPretrainingData, build_model, baselines=baselines,
-                default_init=None, inference_info=inference_info,
-                pipeline="text-pretraining")
+RECIPE = Recipe(
+    "text-pretraining",
+    TextDataConfig,
+    TextPretrainingData,
+    build_model,
+    baselines=baselines,
+    default_init=None,
+    inference_info=inference_info,
+    pipeline="text-pretraining",
+)
 
 __all__ = ["RECIPE", "TextDataConfig", "TextPretrainingData"]

@@ -12,8 +12,14 @@ from dataclasses import dataclass
 
 from vlbert.data.visual_entailment import LABELS, EntailmentDataset, easy_vqa_entailment, load_snli_ve
 from vlbert.models.vl_classification import VLBertForSequenceClassification
-from vlbert.recipes.regions import (DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate,
-                                    majority_baseline, region_task_info)
+from vlbert.recipes.regions import (
+    DatasetBuilder,
+    RegionTaskData,
+    RegionTaskDataConfig,
+    evaluate,
+    majority_baseline,
+    region_task_info,
+)
 from vlbert.recipes.runner import Recipe, RunContext, load_model
 
 
@@ -28,11 +34,16 @@ class EntailmentDataConfig(RegionTaskDataConfig):
 
 #: dataset name -> (train, eval) pairs.
 DATASETS = {
-    "easy-vqa": DatasetBuilder(lambda data, seed: (easy_vqa_entailment("train", seed),
-                                                   easy_vqa_entailment("test", seed))),
-    "snli-ve": DatasetBuilder(lambda data, seed: (load_snli_ve(data.train_file, data.image_id_format),
-                                                  load_snli_ve(data.eval_file, data.image_id_format)),
-                              needs=("train_file", "eval_file", "shards")),
+    "easy-vqa": DatasetBuilder(
+        lambda data, seed: (easy_vqa_entailment("train", seed), easy_vqa_entailment("test", seed))
+    ),
+    "snli-ve": DatasetBuilder(
+        lambda data, seed: (
+            load_snli_ve(data.train_file, data.image_id_format),
+            load_snli_ve(data.eval_file, data.image_id_format),
+        ),
+        needs=("train_file", "eval_file", "shards"),
+    ),
 }
 
 
@@ -50,9 +61,16 @@ class EntailmentData(RegionTaskData):
         accuracy overall and per gold label). SNLI-VE defines no results format: ``predictions.jsonl`` holds the
         rows."""
         index, gold, predicted = self.predict_labels(model)
-        rows = [{"pairID": self.eval.examples[i].pair_id, "image_id": self.eval.examples[i].image_id,
-                 "hypothesis": self.eval.examples[i].hypothesis, "prediction": LABELS[p], "gold_label": LABELS[g]}
-                for i, g, p in zip(index, gold, predicted)]
+        rows = [
+            {
+                "pairID": self.eval.examples[i].pair_id,
+                "image_id": self.eval.examples[i].image_id,
+                "hypothesis": self.eval.examples[i].hypothesis,
+                "prediction": LABELS[p],
+                "gold_label": LABELS[g],
+            }
+            for i, g, p in zip(index, gold, predicted)
+        ]
         hits, totals = Counter(g for g, p in zip(gold, predicted) if g == p), Counter(gold)
         out = {"accuracy": sum(hits.values()) / max(len(gold), 1)}
         out.update({f"accuracy_{LABELS[k]}": hits[k] / totals[k] for k in sorted(totals)})
@@ -68,8 +86,16 @@ def inference_info(ctx: RunContext, data: EntailmentData) -> dict:
     return region_task_info(ctx, data, labels=list(LABELS))
 
 
-RECIPE = Recipe("snli-ve", EntailmentDataConfig, EntailmentData, build_model,
-                evaluate=evaluate, baselines=majority_baseline, uses_regions=True,
-                inference_info=inference_info, pipeline="snli-ve")
+RECIPE = Recipe(
+    "snli-ve",
+    EntailmentDataConfig,
+    EntailmentData,
+    build_model,
+    evaluate=evaluate,
+    baselines=majority_baseline,
+    uses_regions=True,
+    inference_info=inference_info,
+    pipeline="snli-ve",
+)
 
 __all__ = ["RECIPE", "EntailmentDataConfig", "EntailmentData"]

@@ -30,8 +30,17 @@ from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives import ObjectiveMix, units_for
 from vlbert.objectives.image_text_matching import NEGATIVES
-from vlbert.recipes.regions import (Count, ImageSide, Positive, TextLength, attach_images, backbone_feature_dim,
-                                    region_store, regions_provenance, run_visual_backbone)
+from vlbert.recipes.regions import (
+    Count,
+    ImageSide,
+    Positive,
+    TextLength,
+    attach_images,
+    backbone_feature_dim,
+    region_store,
+    regions_provenance,
+    run_visual_backbone,
+)
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 from vlbert.utils import evaluation
 from vlbert_base.typed_config import Range, Takes, check_fields, from_section
@@ -40,8 +49,15 @@ logger = logging.getLogger(__name__)
 
 
 SOURCE_FORMATS = ("easy-vqa",) + caption_files.CAPTION_FORMATS
-_DEFAULT_ID_FORMAT = {"coco": "{image_id}", "karpathy": "{filename}", "tsv": "{key}", "jsonl": "{image_id}",
-                      "hf": "{image_id}", "lxmert": "{img_id}", "easy-vqa": ""}
+_DEFAULT_ID_FORMAT = {
+    "coco": "{image_id}",
+    "karpathy": "{filename}",
+    "tsv": "{key}",
+    "jsonl": "{image_id}",
+    "hf": "{image_id}",
+    "lxmert": "{img_id}",
+    "easy-vqa": "",
+}
 
 
 @dataclass
@@ -78,8 +94,10 @@ class CaptionSource:
         if self.format not in SOURCE_FORMATS:
             raise ValueError(f"{where}.format must be one of {SOURCE_FORMATS}, got {self.format!r}")
         if self.format != "easy-vqa" and not (self.path and self.shards):
-            raise ValueError(f"{where} needs path (the caption file) and shards (its images' region shards, from "
-                             "tools/extract_regions.py)")
+            raise ValueError(
+                f"{where} needs path (the caption file) and shards (its images' region shards, from "
+                "tools/extract_regions.py)"
+            )
         if not self.weight > 0:
             raise ValueError(f"{where}.weight must be > 0, got {self.weight}")
         if "/" in self.name or not self.name:
@@ -138,9 +156,9 @@ class VLDataConfig:
     max_regions: Positive = 16
     mlm_probability: Annotated[float, Range(ge=0, le=1)] = 0.15
     region_mask_probability: Annotated[float, Range(ge=0, le=1)] = 0.15
-    objectives: Annotated[dict[str, float], Takes(
-        "a mapping of objective name to weight (relative frequency), e.g. {mlm: 2, itm: 1}")] = field(
-        default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc_kl": 1.0, "itm": 1.0})
+    objectives: Annotated[
+        dict[str, float], Takes("a mapping of objective name to weight (relative frequency), e.g. {mlm: 2, itm: 1}")
+    ] = field(default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc_kl": 1.0, "itm": 1.0})
     itm_negatives: str = "random"
     image_dir: str = ""
     image_preprocessing: str = ""
@@ -148,8 +166,10 @@ class VLDataConfig:
     image_max_side: ImageSide = 0
 
     def __post_init__(self) -> None:
-        self.sources = [from_section(CaptionSource, s, f"data.sources[{i}]") if isinstance(s, dict) else s
-                        for i, s in enumerate(self.sources)]  # (entries given as mappings in Python)
+        self.sources = [
+            from_section(CaptionSource, s, f"data.sources[{i}]") if isinstance(s, dict) else s
+            for i, s in enumerate(self.sources)
+        ]  # (entries given as mappings in Python)
         check_fields(self, "data")
         if self.itm_negatives not in NEGATIVES:
             raise ValueError(f"data.itm_negatives must be one of {NEGATIVES}, got {self.itm_negatives!r}")
@@ -158,8 +178,9 @@ class VLDataConfig:
             raise ValueError(f"data.sources names must differ, got {names}")
 
 
-def easy_vqa_captions(tokenizer, split: str = "train", seed: int = 0, questions: int = 0,
-                      max_images: int = 0) -> list[Caption]:
+def easy_vqa_captions(
+    tokenizer, split: str = "train", seed: int = 0, questions: int = 0, max_images: int = 0
+) -> list[Caption]:
     """One caption per easy-VQA image of ``split``, from its colour and shape, with a template chosen per image;
     the content key is "<colour> <shape>". With ``questions`` > 0, each image also brings up to that many of its
     own questions (drawn with the seed) with their answer at score 1: the ``qa`` unit's data, as LXMERT's corpus
@@ -178,15 +199,16 @@ def easy_vqa_captions(tokenizer, split: str = "train", seed: int = 0, questions:
             asked.setdefault(q.image_id, []).append(q)
     texts = []
     for image_id, (color, shape) in images:
-        texts.append((image_id, rng.choice(CAPTION_TEMPLATES).format(color=color, shape=shape), f"{color} {shape}",
-                      ()))
+        texts.append((image_id, rng.choice(CAPTION_TEMPLATES).format(color=color, shape=shape), f"{color} {shape}", ()))
         own = asked.get(image_id, [])
         for q in ask.sample(own, min(questions, len(own))):
             texts.append((image_id, q.question, caption_content(q.question), ((q.answer, 1.0),)))
-    ids = tokenizer([t for _, t, _, _ in texts], add_special_tokens=False, return_attention_mask=False,
-                    return_token_type_ids=False)["input_ids"]
-    return [Caption(image_id, token_ids, content, answers)
-            for (image_id, _, content, answers), token_ids in zip(texts, ids)]
+    ids = tokenizer(
+        [t for _, t, _, _ in texts], add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False
+    )["input_ids"]
+    return [
+        Caption(image_id, token_ids, content, answers) for (image_id, _, content, answers), token_ids in zip(texts, ids)
+    ]
 
 
 class VLPretrainingData(TaskData):
@@ -203,14 +225,18 @@ class VLPretrainingData(TaskData):
         super().__init__(ctx)
         data, tokenizer = ctx.data, ctx.tokenizer
         if not data.sources and data.dataset != "easy-vqa":
-            raise ValueError(f"data.dataset={data.dataset!r}: the built-in image-text data is 'easy-vqa'; give other "
-                             "data as data.sources (caption files + region shards)")
+            raise ValueError(
+                f"data.dataset={data.dataset!r}: the built-in image-text data is 'easy-vqa'; give other "
+                "data as data.sources (caption files + region shards)"
+            )
         self.objectives = ObjectiveMix(dict(data.objectives))
         runnable = [unit.name for unit in units_for("vl")]
         cannot = [name for name in self.objectives.active + self.objectives.paired if name not in runnable]
         if cannot:
-            raise ValueError(f"data.objectives has {cannot}, which a vision-language pretraining model cannot run; "
-                             f"choose among {runnable}")
+            raise ValueError(
+                f"data.objectives has {cannot}, which a vision-language pretraining model cannot run; "
+                f"choose among {runnable}"
+            )
         sources = data.sources or [CaptionSource("easy-vqa", "easy-vqa", shards=data.shards)]
         self.easy_vqa_only = all(s.format == "easy-vqa" for s in sources)
         # The run's detector made the regions only where it extracted them itself (no shards given).
@@ -227,16 +253,21 @@ class VLPretrainingData(TaskData):
         self.feature_dim = any_regions.feature_dim
         self.num_classes = any_regions.class_probs.shape[1] if any_regions.class_probs is not None else 0
         if not self.num_classes and {"mrc", "mrc_kl"} & set(self.objectives.active):
-            raise ValueError("data.objectives has mrc/mrc_kl but the regions have no class distributions; extract "
-                             "with a detector that writes them or set their weight to 0")
+            raise ValueError(
+                "data.objectives has mrc/mrc_kl but the regions have no class distributions; extract "
+                "with a detector that writes them or set their weight to 0"
+            )
         self.tokenizer = tokenizer
-        self.qa_answers = qa_vocabulary(pairs, ctx.model_section.get("num_qa_labels") or 0) \
-            if "qa" in self.objectives.active else []
+        self.qa_answers = (
+            qa_vocabulary(pairs, ctx.model_section.get("num_qa_labels") or 0) if "qa" in self.objectives.active else []
+        )
         if "qa" in self.objectives.active and not self.qa_answers:
-            raise ValueError("data.objectives has qa (image question answering) but no source holds questions with "
-                             "answers: add a source of format lxmert whose records have 'labelf' (LXMERT's "
-                             "data/lxmert/*.json; on the embedded easy-VQA data set "
-                             "data.easy_vqa_questions: 1), or set qa's weight to 0")
+            raise ValueError(
+                "data.objectives has qa (image question answering) but no source holds questions with "
+                "answers: add a source of format lxmert whose records have 'labelf' (LXMERT's "
+                "data/lxmert/*.json; on the embedded easy-VQA data set "
+                "data.easy_vqa_questions: 1), or set qa's weight to 0"
+            )
         # Held out by image (all captions of an image on one side), images in order of first appearance.
         _, eval_images = train_eval_split(list(dict.fromkeys(p.image_id for p in pairs)), data.eval_fraction, self.seed)
         held = set(eval_images)
@@ -244,18 +275,28 @@ class VLPretrainingData(TaskData):
         self.eval_pairs = [p for p in pairs if p.image_id in held]
         self.text = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability, packed=True)
         self.collator = VLCollator(self.text, data.region_mask_probability, self.objectives, data.itm_negatives)
-        self.train = VLPretrainingDataset(train_pairs, self.regions, tokenizer, data.max_text_length,
-                                          data.max_regions, self.seed, self.qa_answers)
+        self.train = VLPretrainingDataset(
+            train_pairs, self.regions, tokenizer, data.max_text_length, data.max_regions, self.seed, self.qa_answers
+        )
         if len(self.eval_pairs) >= 2:
-            self.eval = VLPretrainingDataset(self.eval_pairs, self.regions, tokenizer, data.max_text_length,
-                                             data.max_regions, self.seed + 1, self.qa_answers)
+            self.eval = VLPretrainingDataset(
+                self.eval_pairs,
+                self.regions,
+                tokenizer,
+                data.max_text_length,
+                data.max_regions,
+                self.seed + 1,
+                self.qa_answers,
+            )
         self.images = attach_images(ctx, (self.train, self.eval), lambda d: [c.image_id for c in d.captions])
         if self.images is not None:
             self.feature_dim = backbone_feature_dim(run_visual_backbone(ctx))
             if "mrfr" in self.objectives.active:
-                raise ValueError("data.objectives has mrfr, which regresses the detector's features, but "
-                                 "model.visual_backbone computes its own from the images; set mrfr's weight to 0 "
-                                 "(VL-BERT pretrains its e2e model with mlm and mrc_kl)")
+                raise ValueError(
+                    "data.objectives has mrfr, which regresses the detector's features, but "
+                    "model.visual_backbone computes its own from the images; set mrfr's weight to 0 "
+                    "(VL-BERT pretrains its e2e model with mlm and mrc_kl)"
+                )
 
     def _load_source(self, ctx: RunContext, source: CaptionSource) -> tuple[list[Caption], object]:
         """A source's captions (tokenized; its first ``max_images`` images) and its region store; captions whose
@@ -264,30 +305,48 @@ class VLPretrainingData(TaskData):
         if source.format == "easy-vqa":
             pairs = easy_vqa_captions(tokenizer, source.split, self.seed, data.easy_vqa_questions, data.max_images)
             # every one of the first max_images images, captioned or not: the set a VQA run on them reads too
-            store = region_store(source.shards, "easy-vqa", data.cache_dir, ctx.detector,
-                                 first_images(source.split, data.max_images))
+            store = region_store(
+                source.shards, "easy-vqa", data.cache_dir, ctx.detector, first_images(source.split, data.max_images)
+            )
         else:
             images = source.captioned_images()
             if data.max_images:
                 images = images[: data.max_images]
             store = RegionStore(source.shards)
-            texts = [(img.image_id, text, img.answers[k] if img.answers else ())
-                     for img in images for k, text in enumerate(img.captions)]
-            ids = tokenizer([t for _, t, _ in texts], add_special_tokens=False, return_attention_mask=False,
-                            return_token_type_ids=False)["input_ids"]
-            pairs = [Caption(image_id, token_ids, caption_content(text), answers)
-                     for (image_id, text, answers), token_ids in zip(texts, ids) if token_ids]
+            texts = [
+                (img.image_id, text, img.answers[k] if img.answers else ())
+                for img in images
+                for k, text in enumerate(img.captions)
+            ]
+            ids = tokenizer(
+                [t for _, t, _ in texts],
+                add_special_tokens=False,
+                return_attention_mask=False,
+                return_token_type_ids=False,
+            )["input_ids"]
+            pairs = [
+                Caption(image_id, token_ids, caption_content(text), answers)
+                for (image_id, text, answers), token_ids in zip(texts, ids)
+                if token_ids
+            ]
         absent = {i for i in {p.image_id for p in pairs} if i not in store}  # one lookup per image
         if absent:
             missing = sorted(absent)
             count = sum(1 for p in pairs if p.image_id in absent)
             if data.missing_regions == "error":
-                raise ValueError(f"source {source.name!r}: {count} captions of {len(missing)} images have no regions "
-                                 f"in {source.shards or 'the extracted shards'} (e.g. {missing[:3]}; the shards hold ids "
-                                 f"like {next(iter(store), '?')!r}); fix image_id_format, extract those images, or set "
-                                 "data.missing_regions: skip")
-            logger.warning("source %s: skipping %d captions whose %d images have no regions (e.g. %s)", source.name,
-                           count, len(missing), missing[:3])
+                raise ValueError(
+                    f"source {source.name!r}: {count} captions of {len(missing)} images have no regions "
+                    f"in {source.shards or 'the extracted shards'} (e.g. {missing[:3]}; the shards hold ids "
+                    f"like {next(iter(store), '?')!r}); fix image_id_format, extract those images, or set "
+                    "data.missing_regions: skip"
+                )
+            logger.warning(
+                "source %s: skipping %d captions whose %d images have no regions (e.g. %s)",
+                source.name,
+                count,
+                len(missing),
+                missing[:3],
+            )
             self.skipped[source.name] = count
             pairs = [p for p in pairs if p.image_id not in absent]
         if not pairs:
@@ -319,8 +378,10 @@ class VLPretrainingData(TaskData):
                 batch["input_ids"][i, pos] = self.tokenizer.mask_token_id
                 labels[i, pos] = tid
             batch = {k: v.to(device) for k, v in batch.items()}
-            for name, region_mask in (("with_regions", batch["region_mask"]),
-                                      ("without_regions", torch.zeros_like(batch["region_mask"]))):
+            for name, region_mask in (
+                ("with_regions", batch["region_mask"]),
+                ("without_regions", torch.zeros_like(batch["region_mask"])),
+            ):
                 out = model(**{**batch, "region_mask": region_mask}, labels=labels.to(device))
                 hits[name] += int(round(float(out.metrics["mlm_accuracy"]) * out.counts["mlm"]))
             total += len(rows)
@@ -335,11 +396,14 @@ def build_model(ctx: RunContext, data: VLPretrainingData) -> VLBertForPreTrainin
         ValueError: ``model.region_feature_dim`` differs from the shards' feature size.
     """
     answers = {"num_qa_labels": len(data.qa_answers)} if data.qa_answers else {}
-    model = load_model(VLBertForPreTraining, ctx, region_feature_dim=data.feature_dim,
-                       num_region_classes=data.num_classes, **answers)
+    model = load_model(
+        VLBertForPreTraining, ctx, region_feature_dim=data.feature_dim, num_region_classes=data.num_classes, **answers
+    )
     if model.config.region_feature_dim != data.feature_dim:
-        raise ValueError(f"the shards hold {data.feature_dim}-d region features but model.region_feature_dim is "
-                         f"{model.config.region_feature_dim}; make them equal")
+        raise ValueError(
+            f"the shards hold {data.feature_dim}-d region features but model.region_feature_dim is "
+            f"{model.config.region_feature_dim}; make them equal"
+        )
     data.collator.two_stream = model.config.encoder == "two-stream"  # the packed layout per stream (VLCollator)
     return model
 
@@ -377,14 +441,27 @@ def inference_info(ctx: RunContext, data: VLPretrainingData) -> dict:
     the ``qa`` unit, its answers in label order (``qa_answers``); for a model with a visual backbone its images'
     ``image_preprocessing``."""
     images = {"image_preprocessing": data.images.preprocessing.record()} if data.images is not None else {}
-    return {"max_text_length": ctx.data.max_text_length, "max_regions": ctx.data.max_regions,
-            "region_feature_dim": data.feature_dim,
-            "detector": regions_provenance(data.regions, ctx.detector if data.extracted_by_detector else None),
-            **images, **({"qa_answers": data.qa_answers} if data.qa_answers else {})}
+    return {
+        "max_text_length": ctx.data.max_text_length,
+        "max_regions": ctx.data.max_regions,
+        "region_feature_dim": data.feature_dim,
+        "detector": regions_provenance(data.regions, ctx.detector if data.extracted_by_detector else None),
+        **images,
+        **({"qa_answers": data.qa_answers} if data.qa_answers else {}),
+    }
 
 
-RECIPE = Recipe("vl-pretraining", VLDataConfig, VLPretrainingData, build_model, evaluate=evaluate,
-                baselines=baselines, uses_regions=True, default_init=None,
-                inference_info=inference_info, pipeline="vl-pretraining")
+RECIPE = Recipe(
+    "vl-pretraining",
+    VLDataConfig,
+    VLPretrainingData,
+    build_model,
+    evaluate=evaluate,
+    baselines=baselines,
+    uses_regions=True,
+    default_init=None,
+    inference_info=inference_info,
+    pipeline="vl-pretraining",
+)
 
 __all__ = ["RECIPE", "VLDataConfig", "CaptionSource", "VLPretrainingData", "easy_vqa_captions", "qa_vocabulary"]

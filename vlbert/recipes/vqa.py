@@ -19,14 +19,22 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 
-from vlbert.data.easy_vqa import answers as easy_vqa_answers, first_images
+from vlbert.data.easy_vqa import answers as easy_vqa_answers
+from vlbert.data.easy_vqa import first_images
 from vlbert.data.gqa import load_gqa
 from vlbert.data.vqa import VQADataset, build_answer_vocab, easy_vqa_examples, load_vqa_v2
 from vlbert.data.vqa_answers import reference_forms
 from vlbert.evaluation.vqa import gqa_accuracy, gqa_predictions_json, vqa_accuracy, vqa_results_json
 from vlbert.models.vqa import VLBertForVQA
-from vlbert.recipes.regions import (Count, DatasetBuilder, RegionTaskData, RegionTaskDataConfig, TextLength,
-                                    region_task_info, task_regions)
+from vlbert.recipes.regions import (
+    Count,
+    DatasetBuilder,
+    RegionTaskData,
+    RegionTaskDataConfig,
+    TextLength,
+    region_task_info,
+    task_regions,
+)
 from vlbert.recipes.runner import Recipe, RunContext, load_model, write_output_file
 
 logger = logging.getLogger(__name__)
@@ -78,15 +86,19 @@ def _gqa(data: VQADataConfig, seed: int):
 
 
 #: dataset name -> (train, eval, answer vocabulary, drop training questions without an answer in the vocabulary).
-DATASETS = {"easy-vqa": DatasetBuilder(_easy_vqa),
-            "vqa-v2": DatasetBuilder(_vqa_v2, needs=("train_questions", "eval_questions", "shards")),
-            "gqa": DatasetBuilder(_gqa, needs=("train_questions", "eval_questions", "shards"))}
+DATASETS = {
+    "easy-vqa": DatasetBuilder(_easy_vqa),
+    "vqa-v2": DatasetBuilder(_vqa_v2, needs=("train_questions", "eval_questions", "shards")),
+    "gqa": DatasetBuilder(_gqa, needs=("train_questions", "eval_questions", "shards")),
+}
 #: how a dataset scores one answer: (metric name, fn(prediction, reference answers)); default VQA accuracy.
 SCORES = {"gqa": ("gqa_accuracy", lambda answer, references: gqa_accuracy(answer, references[0]))}
 #: dataset -> (file name, rows -> text): the benchmark's results file, written beside predictions.jsonl for its
 #: official evaluation code (VQA v2: ``VQA.loadRes`` + ``VQAEval``; GQA: ``eval.py --predictions``).
-RESULTS_FILES = {"vqa-v2": ("vqa_results.json", vqa_results_json),
-                 "gqa": ("gqa_predictions.json", gqa_predictions_json)}
+RESULTS_FILES = {
+    "vqa-v2": ("vqa_results.json", vqa_results_json),
+    "gqa": ("gqa_predictions.json", gqa_predictions_json),
+}
 
 
 class VQAData(RegionTaskData):
@@ -116,8 +128,15 @@ class VQAData(RegionTaskData):
         """Training: questions without an answer in the vocabulary are dropped (vqa-v2, gqa) or refused (easy-VQA,
         whose vocabulary is every answer); evaluation: every question is kept (``VQADataset(unknown="keep")``)."""
         unknown = "keep" if not training else "drop" if self.extra[1] else "error"
-        return VQADataset(examples, self.regions, self.tokenizer, self.answer_vocab, self.data.max_text_length,
-                          self.data.max_regions, unknown=unknown)
+        return VQADataset(
+            examples,
+            self.regions,
+            self.tokenizer,
+            self.answer_vocab,
+            self.data.max_text_length,
+            self.data.max_regions,
+            unknown=unknown,
+        )
 
     def predict(self, model) -> tuple[list[dict], dict[str, float]]:
         """(the top answer for every evaluation question, with its accuracy when answers are known; the metrics).
@@ -136,9 +155,15 @@ class VQAData(RegionTaskData):
             rows.append(row)
         scored = [r["accuracy"] for r in rows if "accuracy" in r]
         value = sum(scored) / len(scored) if scored else float("nan")
-        logger.info("%s %.4f over %d questions (%d of them with no answer in the %d-answer vocabulary, scored as the "
-                    "official evaluation scores them)", metric, value, len(scored), self.eval.unanswerable,
-                    len(self.answer_vocab))
+        logger.info(
+            "%s %.4f over %d questions (%d of them with no answer in the %d-answer vocabulary, scored as the "
+            "official evaluation scores them)",
+            metric,
+            value,
+            len(scored),
+            self.eval.unanswerable,
+            len(self.answer_vocab),
+        )
         return rows, {metric: value, "eval_questions": len(rows), "eval_unanswerable": self.eval.unanswerable}
 
 
@@ -172,7 +197,16 @@ def inference_info(ctx: RunContext, data: VQAData) -> dict:
     return region_task_info(ctx, data, labels=list(data.answer_vocab))
 
 
-RECIPE = Recipe("vqa", VQADataConfig, VQAData, build_model, evaluate=evaluate, baselines=majority_baseline,
-                uses_regions=True, inference_info=inference_info, pipeline="vqa")
+RECIPE = Recipe(
+    "vqa",
+    VQADataConfig,
+    VQAData,
+    build_model,
+    evaluate=evaluate,
+    baselines=majority_baseline,
+    uses_regions=True,
+    inference_info=inference_info,
+    pipeline="vqa",
+)
 
 __all__ = ["RECIPE", "VQADataConfig", "VQAData", "RESULTS_FILES", "evaluate"]

@@ -29,15 +29,20 @@ def _numpy_rng_state() -> dict:
     import numpy as np
 
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos), "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached)}
+    return {
+        "keys": torch.from_numpy(keys.astype("int64")),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
 
 
 def _set_numpy_rng_state(state: dict) -> None:
     import numpy as np
 
-    np.random.set_state(("MT19937", state["keys"].numpy().astype("uint32"), state["pos"], state["has_gauss"],
-                         state["cached_gaussian"]))
+    np.random.set_state(
+        ("MT19937", state["keys"].numpy().astype("uint32"), state["pos"], state["has_gauss"], state["cached_gaussian"])
+    )
 
 
 def process_rng_state(device: torch.device | None = None) -> dict:
@@ -64,9 +69,12 @@ def training_state(trainer, rng_states: list[dict] | None = None) -> dict:
     :func:`save_checkpoint`; this process's alone when not given), position, and each hook's ``state_dict``
     (keyed by position and class name)."""
     return {
-        "step": trainer.step, "epoch": trainer.epoch, "batch_in_epoch": trainer.batch_in_epoch,
+        "step": trainer.step,
+        "epoch": trainer.epoch,
+        "batch_in_epoch": trainer.batch_in_epoch,
         "skipped_steps": trainer.skipped_steps,
-        "optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict(),
+        "optimizer": trainer.optimizer.state_dict(),
+        "scheduler": trainer.scheduler.state_dict(),
         "rng": rng_states if rng_states is not None else [process_rng_state(trainer.device)],
         "hooks": {_hook_key(i, hook): hook.state_dict() for i, hook in enumerate(trainer.hooks)},
     }
@@ -96,7 +104,7 @@ def save_checkpoint(trainer) -> Path | None:
         shutil.rmtree(final)
     os.replace(tmp, final)
     checkpoints = sorted(latest_checkpoints(trainer.output_dir), key=lambda p: int(p.name.split("-")[1]))
-    for old in checkpoints[:-trainer.config.save_total_limit] if trainer.config.save_total_limit else []:
+    for old in checkpoints[: -trainer.config.save_total_limit] if trainer.config.save_total_limit else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -144,8 +152,9 @@ def _load(trainer, checkpoint: Path) -> None:
             hook.load_state_dict(hooks[_hook_key(i, hook)])
     log = trainer.output_dir / "log.jsonl"
     if trainer.is_main and log.exists():
-        kept = [line for line in log.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= trainer.step]
+        kept = [
+            line for line in log.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= trainer.step
+        ]
         log.write_text("".join(line + "\n" for line in kept))
 
 
@@ -155,13 +164,22 @@ def _restore_rng(trainer, state: dict) -> None:
     acc = trainer.accelerator
     ranks = state.get("rng")
     if ranks is None:  # written before the per-rank streams
-        ranks = [{"python": state["rng_python"], "numpy": state.get("rng_numpy", _numpy_rng_state()),
-                  "torch": state["rng_torch"]}]
+        ranks = [
+            {
+                "python": state["rng_python"],
+                "numpy": state.get("rng_numpy", _numpy_rng_state()),
+                "torch": state["rng_torch"],
+            }
+        ]
     if len(ranks) == acc.num_processes:
         set_process_rng_state(ranks[acc.process_index], trainer.device)
         return
-    logger.warning("the checkpoint holds the random streams of %d process(es), this run has %d: the run continues "
-                   "with fresh per-rank streams (not bit-for-bit the run it resumes)", len(ranks), acc.num_processes)
+    logger.warning(
+        "the checkpoint holds the random streams of %d process(es), this run has %d: the run continues "
+        "with fresh per-rank streams (not bit-for-bit the run it resumes)",
+        len(ranks),
+        acc.num_processes,
+    )
     set_process_rng_state(ranks[0], trainer.device)
     seed_process_streams(trainer.config.seed + trainer.step, acc.process_index, acc.num_processes)
 

@@ -25,8 +25,11 @@ def resolve_precision(mixed_precision: str) -> tuple[str, bool]:
         mixed = "bf16-params" if torch.cuda.is_available() else "no"
     use_cpu = use_cpu_processes()
     if use_cpu and torch.cuda.is_available():
-        logger.warning("%s processes on this machine but %d GPU(s): training on CPU (gloo)",
-                       os.environ.get("LOCAL_WORLD_SIZE"), torch.cuda.device_count())
+        logger.warning(
+            "%s processes on this machine but %d GPU(s): training on CPU (gloo)",
+            os.environ.get("LOCAL_WORLD_SIZE"),
+            torch.cuda.device_count(),
+        )
         mixed = "no" if mixed_precision == "auto" else mixed
     return mixed, use_cpu
 
@@ -121,6 +124,7 @@ def compile_layers(model: nn.Module, **options) -> list[nn.Module]:
 def _falling_back(compiled, layer: nn.Module, layers: list[nn.Module], state: dict):
     """``compiled`` (a layer's compiled call), which on a compilation error turns every layer of ``layers`` back
     to eager (once, with one log line) and runs ``layer`` eagerly."""
+
     def call(*args, **kwargs):
         if state["failed"]:
             return layer._call_impl(*args, **kwargs)
@@ -132,11 +136,22 @@ def _falling_back(compiled, layer: nn.Module, layers: list[nn.Module], state: di
                 other._compiled_call_impl = None
             cause = getattr(error, "inner_exception", None) or error.__cause__ or error  # the backend's own
             text = str(cause).strip()
-            logger.warning("training.compile: compiling the encoder layers failed (%s: %s); training eager",
-                           type(cause).__name__, text.splitlines()[0][:200] if text else "")
+            logger.warning(
+                "training.compile: compiling the encoder layers failed (%s: %s); training eager",
+                type(cause).__name__,
+                text.splitlines()[0][:200] if text else "",
+            )
             return layer._call_impl(*args, **kwargs)
 
     return call
 
 
-__all__ = ["own_accelerator", "resolve_precision", "prepare_compute", "use_tf32", "compile_layers", "compiled_layer_classes", "COMPILE_ERRORS"]
+__all__ = [
+    "own_accelerator",
+    "resolve_precision",
+    "prepare_compute",
+    "use_tf32",
+    "compile_layers",
+    "compiled_layer_classes",
+    "COMPILE_ERRORS",
+]

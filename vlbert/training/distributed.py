@@ -21,8 +21,14 @@ def global_batch_loss(out, names, acc) -> tuple[torch.Tensor, torch.Tensor]:
         return out.loss + _idle_term(out), out.loss
     device = out.loss.device
     counts = device_counts([out.counts.get(n, 0) for n in names], device)
-    sums = torch.stack([out.losses[n].detach().double() * out.counts[n] if n in out.losses
-                        else torch.zeros((), device=device, dtype=torch.float64) for n in names])
+    sums = torch.stack(
+        [
+            out.losses[n].detach().double() * out.counts[n]
+            if n in out.losses
+            else torch.zeros((), device=device, dtype=torch.float64)
+            for n in names
+        ]
+    )
     totals = acc.reduce(torch.stack([counts, sums]), reduction="sum")
     # Objectives absent from the whole global batch weigh 0 (on the device: no host synchronisation).
     present = totals[0] > 0
@@ -44,8 +50,12 @@ def device_counts(counts: list, device: torch.device) -> torch.Tensor:
     values = host.to(device, non_blocking=True)
     if not any(torch.is_tensor(c) for c in counts):
         return values
-    return torch.stack([c.to(device, torch.float64, non_blocking=True) if torch.is_tensor(c) else values[i]
-                        for i, c in enumerate(counts)])
+    return torch.stack(
+        [
+            c.to(device, torch.float64, non_blocking=True) if torch.is_tensor(c) else values[i]
+            for i, c in enumerate(counts)
+        ]
+    )
 
 
 def _idle_term(out) -> torch.Tensor | float:

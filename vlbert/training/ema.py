@@ -45,8 +45,7 @@ class EMAHook(TrainerHook):
         self.updates += 1
 
     def state_dict(self) -> dict:
-        return {"shadow": [t.cpu() for t in self.shadow] if self.shadow is not None else None,
-                "updates": self.updates}
+        return {"shadow": [t.cpu() for t in self.shadow] if self.shadow is not None else None, "updates": self.updates}
 
     def load_state_dict(self, state: dict) -> None:
         self.updates = state["updates"]

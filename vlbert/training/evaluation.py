@@ -24,8 +24,9 @@ def evaluate_objectives(model: torch.nn.Module, batches: Iterable[dict], autocas
     for batch in batches:
         with autocast():
             out = model(**batch)
-        for key, value, n in [(f"eval_{name}_loss", loss, out.counts.get(name, 1)) for name, loss in out.losses.items()]\
-                + [(f"eval_{name}", v, out.counts.get(name, 1)) for name, v in out.metrics.items()]:
+        for key, value, n in [
+            (f"eval_{name}_loss", loss, out.counts.get(name, 1)) for name, loss in out.losses.items()
+        ] + [(f"eval_{name}", v, out.counts.get(name, 1)) for name, v in out.metrics.items()]:
             n = float(n)  # an int, or a 0-d tensor (qa's question rows)
             sums[key] = sums.get(key, 0.0) + float(value) * n
             weights[key] = weights.get(key, 0.0) + n

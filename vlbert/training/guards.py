@@ -20,8 +20,10 @@ class TrainingPreempted(RuntimeError):
     finished and a checkpoint written (``checkpoint``); ``--resume`` continues with the same per-step losses."""
 
     def __init__(self, step: int, checkpoint):
-        super().__init__(f"stopped by SIGTERM after step {step}; checkpoint written to {checkpoint}. Run the same "
-                         "command with --resume to continue")
+        super().__init__(
+            f"stopped by SIGTERM after step {step}; checkpoint written to {checkpoint}. Run the same "
+            "command with --resume to continue"
+        )
         self.step, self.checkpoint = step, checkpoint
 
 
@@ -49,9 +51,13 @@ class NonFiniteChecks:
         self.count += bad
         take = bad & (self.first[0] == 0)
         # Python scalars in torch.where are no host-to-device copies (a copy from pageable memory would wait).
-        values = torch.stack([torch.where(take, float(step), self.first[0]),
-                              torch.where(take, loss.double(), self.first[1]),
-                              torch.where(take, grad_norm.double(), self.first[2])])
+        values = torch.stack(
+            [
+                torch.where(take, float(step), self.first[0]),
+                torch.where(take, loss.double(), self.first[1]),
+                torch.where(take, grad_norm.double(), self.first[2]),
+            ]
+        )
         self.first = values
         return bad
 
@@ -69,8 +75,9 @@ class NonFiniteChecks:
         step, loss, grad_norm = int(first[0]), first[1], first[2]
         epoch, batch = positions.get(step, (-1, -1))
         what = "loss" if not math.isfinite(loss) else "gradient norm"
-        return count, (f"non-finite {what} at step {step} (epoch {epoch}, batch {batch}): loss={loss}, "
-                       f"grad_norm={grad_norm}")
+        return count, (
+            f"non-finite {what} at step {step} (epoch {epoch}, batch {batch}): loss={loss}, grad_norm={grad_norm}"
+        )
 
 
 class SigtermFlag:

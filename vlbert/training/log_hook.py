@@ -48,8 +48,9 @@ class LogHook(TrainerHook):
         if trainer.config.progress_bar:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=trainer.config.max_steps, initial=trainer.step, desc="train", unit="step",
-                            dynamic_ncols=True)
+            self.bar = tqdm(
+                total=trainer.config.max_steps, initial=trainer.step, desc="train", unit="step", dynamic_ncols=True
+            )
 
     def after_step(self, trainer) -> None:
         stats, cfg = trainer.stats, trainer.config
@@ -62,12 +63,17 @@ class LogHook(TrainerHook):
         window, self.window = self.window, _Window()
         elapsed = max(window.seconds, 1e-9)
         tokens = trainer._global_sum(window.tokens)
-        record = {"step": trainer.step, "epoch": stats.epoch, **{k: float(v) for k, v in stats.sums.items()},
-                  "lr": stats.lr, "grad_norm": float(stats.grad_norm), "tokens_per_s": tokens / elapsed,
-                  "step_time_s": elapsed / max(1, window.steps),
-                  "data_wait_fraction": min(1.0, window.data_wait / elapsed)}
-        mfu = trainer.mfu(tokens, trainer._global_sum(window.sequences), elapsed,
-                          trainer._global_sum(window.regions))
+        record = {
+            "step": trainer.step,
+            "epoch": stats.epoch,
+            **{k: float(v) for k, v in stats.sums.items()},
+            "lr": stats.lr,
+            "grad_norm": float(stats.grad_norm),
+            "tokens_per_s": tokens / elapsed,
+            "step_time_s": elapsed / max(1, window.steps),
+            "data_wait_fraction": min(1.0, window.data_wait / elapsed),
+        }
+        mfu = trainer.mfu(tokens, trainer._global_sum(window.sequences), elapsed, trainer._global_sum(window.regions))
         if mfu is not None:
             record["mfu"] = mfu
         trainer.log(record, "train")  # (Trainer.log: the one way lines are written, which writes through write)
@@ -116,8 +122,11 @@ class LogHook(TrainerHook):
 def eval_line(record: dict) -> str:
     """``"held-out at step 200: mlm_accuracy 0.3120, nsp_accuracy 0.5040, loss 4.1033"``: a held-out ``eval``
     record's metrics (``eval_`` dropped), then its losses, 4 decimals."""
-    values = {k.removeprefix("eval_"): v for k, v in record.items()
-              if k not in ("split", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    values = {
+        k.removeprefix("eval_"): v
+        for k, v in record.items()
+        if k not in ("split", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
     ordered = sorted(values, key=lambda k: (k.endswith("loss"), k))
     return f"held-out at step {record.get('step')}: " + ", ".join(f"{k} {values[k]:.4f}" for k in ordered)
 

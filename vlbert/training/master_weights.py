@@ -63,12 +63,14 @@ class MasterWeights:
     def _allocate(self) -> None:
         devices = {m.device for m in self.masters}
         if len(devices) != 1:
-            raise ValueError(f"the model's parameters are on several devices ({sorted(map(str, devices))}); "
-                             "bf16-params trains a model on one device")
-        self.grad_buffer = torch.zeros(sum(m.numel() for m in self.masters), dtype=torch.float32,
-                                       device=devices.pop())
-        self._views = [v.view_as(m) for v, m in zip(self.grad_buffer.split([m.numel() for m in self.masters]),
-                                                    self.masters)]
+            raise ValueError(
+                f"the model's parameters are on several devices ({sorted(map(str, devices))}); "
+                "bf16-params trains a model on one device"
+            )
+        self.grad_buffer = torch.zeros(sum(m.numel() for m in self.masters), dtype=torch.float32, device=devices.pop())
+        self._views = [
+            v.view_as(m) for v, m in zip(self.grad_buffer.split([m.numel() for m in self.masters]), self.masters)
+        ]
 
     @torch.no_grad()
     def accumulate_gradients(self) -> None:
@@ -127,13 +129,20 @@ class MasterWeights:
         each; empty when all is in place). Reads devices only: no synchronisation."""
         errors = []
         for i, (p, m) in enumerate(zip(self.params, self.masters)):
-            for what, t in (("master", m), ("master gradient", m.grad), *(
-                    (f"optimizer state {k}", v) for k, v in optimizer.state.get(m, {}).items())):
+            for what, t in (
+                ("master", m),
+                ("master gradient", m.grad),
+                *((f"optimizer state {k}", v) for k, v in optimizer.state.get(m, {}).items()),
+            ):
                 # fused AdamW keeps its step counter on the parameter's device too; a CPU scalar is no copy
-                if torch.is_tensor(t) and t.device != p.device and not (t.dim() == 0 and t.device.type == "cpu"
-                                                                         and what.endswith("step")):
-                    errors.append(f"{what} of parameter {i} {tuple(p.shape)} on {t.device}, the parameter on "
-                                  f"{p.device}")
+                if (
+                    torch.is_tensor(t)
+                    and t.device != p.device
+                    and not (t.dim() == 0 and t.device.type == "cpu" and what.endswith("step"))
+                ):
+                    errors.append(
+                        f"{what} of parameter {i} {tuple(p.shape)} on {t.device}, the parameter on {p.device}"
+                    )
         return errors
 
     @contextlib.contextmanager
@@ -151,17 +160,21 @@ class MasterWeights:
             self.masters_to_model()
 
 
-def check_placement(model: nn.Module, device: torch.device, master: MasterWeights | None,
-                    optimizer: torch.optim.Optimizer) -> None:
+def check_placement(
+    model: nn.Module, device: torch.device, master: MasterWeights | None, optimizer: torch.optim.Optimizer
+) -> None:
     """Raise RuntimeError if a parameter of ``model``, a float32 master, a gradient or an optimizer state is not
     on the training ``device`` (the trainer calls it after its first step; devices are read, nothing copied)."""
     errors = [f"parameter {n} on {p.device}" for n, p in model.named_parameters() if p.device.type != device.type]
     if master is not None:
         errors += master.misplaced(optimizer)
     if errors:
-        raise RuntimeError(f"training on {device}, but: " + "; ".join(errors[:5]) +
-                           (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "") +
-                           ": a bug in the trainer's placement, please report it")
+        raise RuntimeError(
+            f"training on {device}, but: "
+            + "; ".join(errors[:5])
+            + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "")
+            + ": a bug in the trainer's placement, please report it"
+        )
 
 
 __all__ = ["MasterWeights", "check_placement"]

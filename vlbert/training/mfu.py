@@ -50,8 +50,7 @@ def datasheet_key(device_name: str) -> str | None:
     return next((key for key in forms + [model] if key in DATASHEET_PEAK_FLOPS), None)
 
 
-def estimate_flops_per_token(config, seq_len: float, masked_fraction: float = 0.15,
-                             with_heads: bool = True) -> float:
+def estimate_flops_per_token(config, seq_len: float, masked_fraction: float = 0.15, with_heads: bool = True) -> float:
     """Model FLOPs of one training step (forward + backward = 3 x forward) per real token of a sequence of
     ``seq_len`` positions.
 
@@ -69,8 +68,9 @@ def estimate_flops_per_token(config, seq_len: float, masked_fraction: float = 0.
     return 3.0 * forward
 
 
-def estimate_step_flops(config, tokens: float, sequences: float, regions: float = 0.0,
-                        masked_fraction: float = 0.15) -> float:
+def estimate_step_flops(
+    config, tokens: float, sequences: float, regions: float = 0.0, masked_fraction: float = 0.15
+) -> float:
     """Model FLOPs of one training step over ``sequences`` sequences holding ``tokens`` real text tokens and
     ``regions`` real regions: every position the encoder runs, text and regions alike (a single-stream model
     runs both through every layer).
@@ -125,8 +125,9 @@ def count_positions(batch: dict) -> tuple[int, int, int]:
     return int(mask.sum()), int(regions.sum()) if counted else 0, mask.shape[0]
 
 
-def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 1024, repeats: int = 4,
-                        trials: int = 3) -> float:
+def measure_matmul_peak(
+    device: torch.device, dtype: torch.dtype, size: int = 1024, repeats: int = 4, trials: int = 3
+) -> float:
     """Dense matmul FLOP/s of this device in this process and dtype: the best of ``trials`` timings of
     ``repeats`` square matmuls, so a moment of load on a shared machine does not lower the peak. Draws nothing
     from the global random generator (a training run measures it mid-run: its dropout masks must not move)."""
@@ -146,7 +147,7 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 10
         if device.type == "cuda":
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 * repeats / best
+    return 2 * size**3 * repeats / best
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,5 +165,12 @@ def device_peak_flops(device: torch.device, low_precision: bool) -> tuple[float,
     return measure_matmul_peak(device, dtype), f"measured matmul ({device.type}, {str(dtype).removeprefix('torch.')})"
 
 
-__all__ = ["estimate_flops_per_token", "estimate_step_flops", "count_positions", "device_peak_flops",
-           "measure_matmul_peak", "datasheet_key", "DATASHEET_PEAK_FLOPS"]
+__all__ = [
+    "estimate_flops_per_token",
+    "estimate_step_flops",
+    "count_positions",
+    "device_peak_flops",
+    "measure_matmul_peak",
+    "datasheet_key",
+    "DATASHEET_PEAK_FLOPS",
+]

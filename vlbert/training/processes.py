@@ -66,9 +66,11 @@ class ControlPlane:
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) if self.world > 1 else None
 
     def _failed(self, what: str, error: Exception) -> ProcessGroupError:
-        return ProcessGroupError(f"rank {self.rank}: the ranks could not {what} within {self.timeout_s:g} s "
-                                 f"({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}); "
-                                 "another rank stopped or hangs: see its output, then run again (with --resume)")
+        return ProcessGroupError(
+            f"rank {self.rank}: the ranks could not {what} within {self.timeout_s:g} s "
+            f"({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}); "
+            "another rank stopped or hangs: see its output, then run again (with --resume)"
+        )
 
     def any(self, flag: bool, what: str = "agree") -> bool:
         """True if ``flag`` is set on any rank (one all-reduce of one CPU integer)."""
@@ -94,21 +96,31 @@ class ControlPlane:
 
 
 #: What gloo and NCCL say when a collective cannot complete (a peer died, hangs, or is in another collective).
-_COLLECTIVE_FAILURES = ("Timed out waiting", "Connection closed by peer", "Connection reset by peer",
-                        "NCCL communicator was aborted", "Watchdog caught collective operation timeout")
+_COLLECTIVE_FAILURES = (
+    "Timed out waiting",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "NCCL communicator was aborted",
+    "Watchdog caught collective operation timeout",
+)
 
 
 def collective_failure(error: BaseException) -> ProcessGroupError | None:
     """``error`` as a :class:`ProcessGroupError` (one line, the fix) where it is a collective of several processes
     that could not complete (torch raises a plain ``RuntimeError`` / ``DistError`` from gloo and NCCL), else None."""
     text = str(error)
-    if isinstance(error, ProcessGroupError) or launched_processes() == 1 or not (isinstance(error, dist.DistError) or any(m in text for m in
-                                                                                   _COLLECTIVE_FAILURES)):
+    if (
+        isinstance(error, ProcessGroupError)
+        or launched_processes() == 1
+        or not (isinstance(error, dist.DistError) or any(m in text for m in _COLLECTIVE_FAILURES))
+    ):
         return None
     rank = os.environ.get("RANK", "?")
-    return ProcessGroupError(f"rank {rank}: a collective between the processes could not complete "
-                             f"({text.splitlines()[0][:160] if text else type(error).__name__}): another rank stopped "
-                             "or hangs (see its output); after fixing it, run again with --resume")
+    return ProcessGroupError(
+        f"rank {rank}: a collective between the processes could not complete "
+        f"({text.splitlines()[0][:160] if text else type(error).__name__}): another rank stopped "
+        "or hangs (see its output); after fixing it, run again with --resume"
+    )
 
 
 _CONTROL: dict[int, ControlPlane] = {}
@@ -152,7 +164,8 @@ def check_shared_output_dir(output_dir: str | os.PathLike, control: ControlPlane
         raise ProcessGroupError(
             f"rank(s) {blind} do not see the output directory {directory} that rank 0 writes: the output directory "
             "must be on storage that every node sees (a shared file system), so that every rank writes and resumes "
-            "the same checkpoints; pass an --output-dir on shared storage")
+            "the same checkpoints; pass an --output-dir on shared storage"
+        )
 
 
 def agree_on_checkpoint(step: int | None, control: ControlPlane) -> None:
@@ -165,8 +178,10 @@ def agree_on_checkpoint(step: int | None, control: ControlPlane) -> None:
     steps = control.gather(step, "agree on the checkpoint to resume")
     if len(set(steps)) > 1:
         found = ", ".join(f"rank {r}: {'none' if s is None else f'step {s}'}" for r, s in enumerate(steps))
-        raise ProcessGroupError(f"--resume: the ranks found different checkpoints ({found}); the output directory "
-                                "must be on storage that every node sees, with the same files on every node")
+        raise ProcessGroupError(
+            f"--resume: the ranks found different checkpoints ({found}); the output directory "
+            "must be on storage that every node sees, with the same files on every node"
+        )
 
 
 def agree_loaded(error: BaseException | None, control: ControlPlane) -> None:
@@ -180,9 +195,21 @@ def agree_loaded(error: BaseException | None, control: ControlPlane) -> None:
     if error is not None:
         raise error
     if failed:
-        raise ProcessGroupError(f"--resume: rank(s) {failed} could not load the checkpoint (see their error); every "
-                                "rank stops")
+        raise ProcessGroupError(
+            f"--resume: rank(s) {failed} could not load the checkpoint (see their error); every rank stops"
+        )
 
 
-__all__ = ["ProcessGroupError", "ControlPlane", "control_plane", "collective_failure", "start_processes", "use_cpu_processes", "launched_processes",
-           "check_shared_output_dir", "agree_on_checkpoint", "agree_loaded", "SHARED_TOKEN"]
+__all__ = [
+    "ProcessGroupError",
+    "ControlPlane",
+    "control_plane",
+    "collective_failure",
+    "start_processes",
+    "use_cpu_processes",
+    "launched_processes",
+    "check_shared_output_dir",
+    "agree_on_checkpoint",
+    "agree_loaded",
+    "SHARED_TOKEN",
+]

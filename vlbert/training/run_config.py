@@ -31,8 +31,11 @@ def config_names() -> list[str]:
     return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
 
 
-def resolve_config_path(config: str | os.PathLike, relative_to: str | os.PathLike | None = None,
-                        included_by: str | os.PathLike | None = None) -> Path:
+def resolve_config_path(
+    config: str | os.PathLike,
+    relative_to: str | os.PathLike | None = None,
+    included_by: str | os.PathLike | None = None,
+) -> Path:
     """The file a config name names, by one rule for ``--config`` and ``_base_`` (docs/configuration.md, "Configs
     by name"):
 
@@ -59,16 +62,21 @@ def resolve_config_path(config: str | os.PathLike, relative_to: str | os.PathLik
         if shipped.is_file():
             return shipped
     if included_by is not None:
-        raise FileNotFoundError(f"config file {local} does not exist (included by {included_by}) and {config} is not "
-                                f"the name of a shipped config (`vlbert configs` lists them); write the base's path "
-                                f"relative to the including file, or a shipped name such as text/default")
+        raise FileNotFoundError(
+            f"config file {local} does not exist (included by {included_by}) and {config} is not "
+            f"the name of a shipped config (`vlbert configs` lists them); write the base's path "
+            f"relative to the including file, or a shipped name such as text/default"
+        )
     examples = ", ".join(n for n in config_names() if n.split("/")[0] in ("text", "vl"))
-    raise FileNotFoundError(f"config file {config} does not exist and is not the name of a shipped config "
-                            f"({examples}, finetune/...: `vlbert configs` lists them; directory {config_dir()})")
+    raise FileNotFoundError(
+        f"config file {config} does not exist and is not the name of a shipped config "
+        f"({examples}, finetune/...: `vlbert configs` lists them; directory {config_dir()})"
+    )
 
 
-def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None = None,
-                    values: list[tuple[str, Any]] | tuple = ()) -> dict[str, Any]:
+def load_run_config(
+    path: str | os.PathLike | None, overrides: list[str] | None = None, values: list[tuple[str, Any]] | tuple = ()
+) -> dict[str, Any]:
     """Read a YAML run config (a file, or a shipped config by name: ``vl/uniter-base``), set the typed ``values``
     (a tool's flags: ``("training.output_dir", "runs/a #b")``, taken as they are) and then apply the
     ``key.sub=value`` overrides of ``--set`` (values parsed as YAML scalars).
@@ -109,8 +117,9 @@ def _load_with_bases(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     directory)."""
     where = f" (included by {seen[-1]})" if seen else ""
     if path.is_dir():
-        raise IsADirectoryError(f"config {path}{where} is a directory; name a YAML file in it, e.g. "
-                                f"{path / 'default.yaml'}")
+        raise IsADirectoryError(
+            f"config {path}{where} is a directory; name a YAML file in it, e.g. {path / 'default.yaml'}"
+        )
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist{where}; `vlbert configs` lists the shipped ones")
     if path.resolve() in seen:
@@ -123,9 +132,11 @@ def _load_with_bases(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     bases = loaded.pop("_base_", [])
     bases = [bases] if isinstance(bases, str) else bases
     if not isinstance(bases, list) or not all(isinstance(b, str) and b for b in bases):
-        raise ValueError(f"{path}: _base_ must be a config file's path relative to this file or a shipped config's "
-                         f"name, or a list of them, got {bases!r}; write the path (e.g. _base_: ../bases/vl.yaml) or "
-                         "delete the _base_ line")
+        raise ValueError(
+            f"{path}: _base_ must be a config file's path relative to this file or a shipped config's "
+            f"name, or a list of them, got {bases!r}; write the path (e.g. _base_: ../bases/vl.yaml) or "
+            "delete the _base_ line"
+        )
     merged: dict[str, Any] = {}
     for base in bases:
         base_path = resolve_config_path(base, relative_to=path.parent, included_by=path)

@@ -24,16 +24,21 @@ from vlbert.training import checkpointing
 from vlbert.training.checkpointing import CHECKPOINTS_DIR, STATE_NAME, latest_checkpoints
 from vlbert.training.device import own_accelerator, prepare_compute, resolve_precision
 from vlbert.training.distributed import global_batch_loss
-from vlbert.training.feed import device_batches
 from vlbert.training.evaluation import evaluate_objectives
+from vlbert.training.feed import device_batches
 from vlbert.training.guards import NonFiniteChecks, NonFiniteLossError, SigtermFlag, TrainingPreempted
 from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, StepStats, TrainerHook
 from vlbert.training.log_hook import LogHook
 from vlbert.training.master_weights import MasterWeights, check_placement
 from vlbert.training.mfu import device_peak_flops, estimate_step_flops
 from vlbert.training.processes import control_plane, start_processes
-from vlbert.training.training_config import (TrainingConfig, linear_schedule, parameter_groups,
-                                             seed_process_streams, set_seed)
+from vlbert.training.training_config import (
+    TrainingConfig,
+    linear_schedule,
+    parameter_groups,
+    seed_process_streams,
+    set_seed,
+)
 from vlbert.utils import keep_freed_memory_in_process
 
 logger = logging.getLogger(__name__)
@@ -68,9 +73,16 @@ class Trainer:
     (``config.json`` + ``model.safetensors`` + tokenizer) and ``checkpoints/step-N/`` with training state.
     """
 
-    def __init__(self, model, config: TrainingConfig, train_batches: BatchFactory,
-                 eval_batches: Callable[..., Iterable[dict]] | None = None, run_config: dict | None = None,
-                 tokenizer=None, hooks: Sequence[TrainerHook] = ()):
+    def __init__(
+        self,
+        model,
+        config: TrainingConfig,
+        train_batches: BatchFactory,
+        eval_batches: Callable[..., Iterable[dict]] | None = None,
+        run_config: dict | None = None,
+        tokenizer=None,
+        hooks: Sequence[TrainerHook] = (),
+    ):
         config.validate()
         self.config = config
         self.precision, use_cpu = resolve_precision(config.mixed_precision)
@@ -101,11 +113,16 @@ class Trainer:
         groups = parameter_groups(model, config.weight_decay)
         self.master = MasterWeights(model) if mixed == "bf16-params" else None
         optimizer = torch.optim.AdamW(
-            self.master.groups(groups) if self.master else groups, lr=config.learning_rate,
-            betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon, fused=fused or None)
+            self.master.groups(groups) if self.master else groups,
+            lr=config.learning_rate,
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_epsilon,
+            fused=fused or None,
+        )
         # The schedule counts optimizer steps; accelerate's prepared scheduler would advance once per process.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, linear_schedule(config.warmup_steps, config.max_steps))
+            optimizer, linear_schedule(config.warmup_steps, config.max_steps)
+        )
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         seed_process_streams(config.seed, self.accelerator.process_index, self.accelerator.num_processes)
         # The fused AdamW skips a step on the device when ``found_inf`` is non-zero (as under AMP's grad scaler),
@@ -138,8 +155,9 @@ class Trainer:
     def _to_device(self, batch: dict) -> dict:
         """Move tensors to the device, keeping only what the model's ``forward`` takes (batches may carry
         bookkeeping such as the objective's name or example indices)."""
-        return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v
-                for k, v in self._inputs(batch).items()}
+        return {
+            k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in self._inputs(batch).items()
+        }
 
     def _inputs(self, batch: dict) -> dict:
         """The entries of ``batch`` the model's ``forward`` takes."""
@@ -151,8 +169,11 @@ class Trainer:
         return device_batches(self)
 
     # ------------------------------------------------------------------ training
-    def train(self, extra_metrics: dict[str, Any] | None = None,
-              final_metrics: Callable[[torch.nn.Module], dict[str, Any]] | None = None) -> dict[str, Any]:
+    def train(
+        self,
+        extra_metrics: dict[str, Any] | None = None,
+        final_metrics: Callable[[torch.nn.Module], dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
         """Run until ``max_steps``; returns the final metrics, also written to metrics.json together with
         ``extra_metrics`` (e.g. a baseline the task computed) and ``final_metrics(model)`` (task-specific
         evaluations of the trained model). Each step: hooks' ``before_step``, :meth:`run_step` (which sets
@@ -259,11 +280,16 @@ class Trainer:
             self.log({"step": self.step, **last_eval}, "eval")
         recent = torch.stack(self._recent_losses).cpu() if self._recent_losses else torch.zeros(0)
         recent = recent[torch.isfinite(recent)]  # skipped steps (training.on_nonfinite=skip) left out
-        metrics = {"step": self.step, "train_loss": float(recent.mean()) if len(recent) else float("nan"),
-                   "train_seconds": elapsed,
-                   "train_tokens_per_s": self._global_sum(self._tokens_this_run) / max(elapsed, 1e-9),
-                   "steps_this_run": self.step - start_step, "skipped_steps": self.skipped_steps, **last_eval,
-                   **(extra_metrics or {})}
+        metrics = {
+            "step": self.step,
+            "train_loss": float(recent.mean()) if len(recent) else float("nan"),
+            "train_seconds": elapsed,
+            "train_tokens_per_s": self._global_sum(self._tokens_this_run) / max(elapsed, 1e-9),
+            "steps_this_run": self.step - start_step,
+            "skipped_steps": self.skipped_steps,
+            **last_eval,
+            **(extra_metrics or {}),
+        }
         if final_metrics is not None:
             metrics.update(final_metrics(self.unwrapped))
         for hook in self.hooks:
@@ -297,8 +323,10 @@ class Trainer:
             return
         count, message = found
         if self.config.on_nonfinite == "stop":
-            raise NonFiniteLossError(message + ". The last good checkpoint is kept; lower the learning rate or set "
-                                     "training.on_nonfinite=skip")
+            raise NonFiniteLossError(
+                message + ". The last good checkpoint is kept; lower the learning rate or set "
+                "training.on_nonfinite=skip"
+            )
         logger.warning("%s; %d step(s) skipped", message, count)
         self.skipped_steps += count
 
@@ -385,5 +413,16 @@ class Trainer:
         return checkpointing.resume(self, checkpoint)
 
 
-__all__ = ["Trainer", "TrainingConfig", "NonFiniteLossError", "TrainingPreempted", "parameter_groups", "linear_schedule",
-           "latest_checkpoints", "set_seed", "STATE_NAME", "CHECKPOINTS_DIR", "StepStats"]
+__all__ = [
+    "Trainer",
+    "TrainingConfig",
+    "NonFiniteLossError",
+    "TrainingPreempted",
+    "parameter_groups",
+    "linear_schedule",
+    "latest_checkpoints",
+    "set_seed",
+    "STATE_NAME",
+    "CHECKPOINTS_DIR",
+    "StepStats",
+]

@@ -40,7 +40,7 @@ class TrainingConfig:
     eval_every: Annotated[int, Range(ge=0)] = 0  # 0: evaluate at the end only
     save_every: Annotated[int, Range(ge=0)] = 0  # 0: save the final model only
     save_total_limit: Annotated[int, Range(ge=0)] = 2  # 0: keep every checkpoint
-    seed: Annotated[int, Range(ge=0, le=2 ** 32 - 1)] = 0  # numpy's seeds are 32-bit
+    seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = 0  # numpy's seeds are 32-bit
     # auto = bf16-params on CUDA, fp32 on CPU. fp16 would need loss scaling, whose routine overflow steps the
     # non-finite guard would stop on; bf16 has float32's range and needs none. bf16: autocast over float32 weights;
     # bf16-params: bf16 weights with float32 masters in the optimizer (vlbert.training.master_weights).
@@ -93,8 +93,11 @@ class TrainingConfig:
         """Keyword arguments for :func:`vlbert.data.loading.train_loader` from ``group_by_length``,
         ``num_workers`` (resolved: :meth:`resolved_num_workers`) and ``grad_accum_steps``, so every task honours
         them the same way."""
-        return {"group_size": 50 if self.group_by_length else 1, "num_workers": self.resolved_num_workers(),
-                "batches_per_step": self.grad_accum_steps}
+        return {
+            "group_size": 50 if self.group_by_length else 1,
+            "num_workers": self.resolved_num_workers(),
+            "batches_per_step": self.grad_accum_steps,
+        }
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainingConfig":
@@ -121,10 +124,12 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def linear_schedule(warmup_steps: int, max_steps: int) -> Callable[[int], float]:
     """Learning-rate multiplier: linear warmup from 0 over ``warmup_steps``, then linear decay to 0."""
+
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / max(1, warmup_steps)
         return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
+
     return factor
 
 
@@ -153,5 +158,4 @@ def seed_process_streams(seed: int, rank: int, world_size: int) -> None:
     torch.manual_seed(stream)  # seeds the CUDA generators too (lazily where CUDA is not yet initialised)
 
 
-__all__ = ["TrainingConfig", "parameter_groups", "linear_schedule", "set_seed", "process_seed",
-           "seed_process_streams"]
+__all__ = ["TrainingConfig", "parameter_groups", "linear_schedule", "set_seed", "process_seed", "seed_process_streams"]

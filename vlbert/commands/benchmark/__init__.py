@@ -17,20 +17,36 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from vlbert.commands.benchmark import (extraction, inference, quickstart, region_store, text_corpus, train,
-                                      visual_backbone)
+from vlbert.commands.benchmark import (
+    extraction,
+    inference,
+    quickstart,
+    region_store,
+    text_corpus,
+    train,
+    visual_backbone,
+)
 
 #: subcommand -> its module (each has ``main(argv)`` and a module docstring).
-BENCHMARKS = {"train": train, "inference": inference, "extraction": extraction, "region-store": region_store,
-              "text-corpus": text_corpus, "visual-backbone": visual_backbone, "quickstart": quickstart}
+BENCHMARKS = {
+    "train": train,
+    "inference": inference,
+    "extraction": extraction,
+    "region-store": region_store,
+    "text-corpus": text_corpus,
+    "visual-backbone": visual_backbone,
+    "quickstart": quickstart,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``vlbert benchmark [<what>] [flags]``: ``<what>`` one of :data:`BENCHMARKS`, default ``train``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv in (["-h"], ["--help"]):
-        print(f"usage: vlbert benchmark [{'|'.join(BENCHMARKS)}] [flags]   (--help after one for its flags)\n\n"
-              + __doc__.strip())
+        print(
+            f"usage: vlbert benchmark [{'|'.join(BENCHMARKS)}] [flags]   (--help after one for its flags)\n\n"
+            + __doc__.strip()
+        )
         return 0
     if argv and argv[0] in BENCHMARKS:
         return BENCHMARKS[argv[0]].main(argv[1:])

@@ -39,8 +39,10 @@ def coco_like_images(count: int) -> list[tuple[str, np.ndarray]]:
 
     sizes = [COCO_SIZES[i] for i in (0, 0, 0, 0, 1, 1, 2, 3)]
     paths = list(image_paths("train").items())
-    return [(image_id, np.asarray(Image.open(p).convert("RGB").resize(sizes[k % len(sizes)])))
-            for k, (image_id, p) in enumerate(paths[:count])]
+    return [
+        (image_id, np.asarray(Image.open(p).convert("RGB").resize(sizes[k % len(sizes)])))
+        for k, (image_id, p) in enumerate(paths[:count])
+    ]
 
 
 def build(args, tmp: Path):
@@ -61,8 +63,11 @@ def build(args, tmp: Path):
         weights = str(tmp / "random.pth")
         entry.random_weights(options, weights)
     sha256 = (args.weights_sha256 or "") if args.weights else ""  # --weights-sha256 checks a given file
-    return DetectorConfig(backend=backend, weights=weights, weights_sha256=sha256, options=options).identified().build(
-        args.device)
+    return (
+        DetectorConfig(backend=backend, weights=weights, weights_sha256=sha256, options=options)
+        .identified()
+        .build(args.device)
+    )
 
 
 def main(argv=None) -> int:
@@ -85,14 +90,24 @@ def main(argv=None) -> int:
             start = time.perf_counter()
             regions = 0
             for s in range(0, len(images), batch_size):
-                chunk = images[s:s + batch_size]
+                chunk = images[s : s + batch_size]
                 out = detector.extract_batch([a for _, a in chunk], [i for i, _ in chunk])
                 regions += sum(r.num_regions for r in out)
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - start
-            print(json.dumps({"detector": detector.name if hasattr(detector, "name") else args.backend,
-                              "device": args.device, "threads": torch.get_num_threads(), "batch_size": batch_size,
-                              "images": len(images), "images_per_s": round(len(images) / elapsed, 3),
-                              "regions_per_image": round(regions / len(images), 1)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "detector": detector.name if hasattr(detector, "name") else args.backend,
+                        "device": args.device,
+                        "threads": torch.get_num_threads(),
+                        "batch_size": batch_size,
+                        "images": len(images),
+                        "images_per_s": round(len(images) / elapsed, 3),
+                        "regions_per_image": round(regions / len(images), 1),
+                    }
+                ),
+                flush=True,
+            )
     return 0

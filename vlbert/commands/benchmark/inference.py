@@ -48,10 +48,16 @@ def main(argv=None) -> int:
     regions, t_detector = timed(lambda: vqa.regions(files))
     _, t_model = timed(lambda: vqa(regions, questions))
     _, t_total = timed(lambda: vqa(files, questions))
-    figures = {"images": len(files), "batch_size": args.batch_size, "device": args.device,
-               "threads": torch.get_num_threads(), "detector": vqa.inputs.saved_detector.get("extractor"),
-               "detector_images_per_s": len(files) / t_detector, "model_images_per_s": len(files) / t_model,
-               "end_to_end_images_per_s": len(files) / t_total}
+    figures = {
+        "images": len(files),
+        "batch_size": args.batch_size,
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "detector": vqa.inputs.saved_detector.get("extractor"),
+        "detector_images_per_s": len(files) / t_detector,
+        "model_images_per_s": len(files) / t_model,
+        "end_to_end_images_per_s": len(files) / t_total,
+    }
     if args.json:
         print(json.dumps(figures))
     else:

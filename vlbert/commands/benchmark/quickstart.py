@@ -39,11 +39,38 @@ from pathlib import Path
 COMMANDS = {
     "text": ([["pretrain", "--modality", "text", "--set", "data.corpus_cache_dir={cache}/corpora"]], ()),
     "vl": ([["pretrain", "--modality", "vl", "--set", "data.cache_dir={cache}/regions"]], ()),
-    "vqa": ([["finetune", "--task", "vqa", "--dataset", "easy-vqa", "--init-from", "runs/vl-default",
-              "--set", "data.cache_dir={cache}/regions"]], ("vl",)),
-    "predict": ([["example-image", "photo.png"],
-                 ["predict", "runs/vqa-easy-vqa", "--image", "photo.png", "--text", "what color is the shape?",
-                  "--top-k", "3"]], ("vl", "vqa")),
+    "vqa": (
+        [
+            [
+                "finetune",
+                "--task",
+                "vqa",
+                "--dataset",
+                "easy-vqa",
+                "--init-from",
+                "runs/vl-default",
+                "--set",
+                "data.cache_dir={cache}/regions",
+            ]
+        ],
+        ("vl",),
+    ),
+    "predict": (
+        [
+            ["example-image", "photo.png"],
+            [
+                "predict",
+                "runs/vqa-easy-vqa",
+                "--image",
+                "photo.png",
+                "--text",
+                "what color is the shape?",
+                "--top-k",
+                "3",
+            ],
+        ],
+        ("vl", "vqa"),
+    ),
 }
 
 
@@ -91,14 +118,22 @@ def run_command(name: str, workdir: Path, cache: Path) -> tuple[float, float, fl
     with LoadMonitor() as load, open(workdir / f"{name}.log", "w") as log:
         for argv in COMMANDS[name][0]:
             argv = [w.format(cache=cache) for w in argv]
-            proc = subprocess.run([sys.executable, "-m", "vlbert", *argv], cwd=workdir, stdout=subprocess.PIPE,
-                                  stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            proc = subprocess.run(
+                [sys.executable, "-m", "vlbert", *argv],
+                cwd=workdir,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
             printed.append(proc.stdout)
             if proc.returncode != 0:
                 log.flush()
                 tail = (workdir / f"{name}.log").read_text(errors="replace").replace("\r", "\n").splitlines()[-30:]
-                raise RuntimeError(f"quick-start command {name} ({' '.join(argv)}) exited {proc.returncode}:\n"
-                                   + "\n".join([proc.stdout[-2000:], *tail]))
+                raise RuntimeError(
+                    f"quick-start command {name} ({' '.join(argv)}) exited {proc.returncode}:\n"
+                    + "\n".join([proc.stdout[-2000:], *tail])
+                )
     return time.perf_counter() - start, load.mean, load.max, "".join(printed)
 
 
@@ -115,8 +150,13 @@ def main(argv=None) -> int:
         RuntimeError: a quick-start command failed.
     """
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--commands", nargs="+", choices=list(COMMANDS), default=list(COMMANDS),
-                   help="which quick-start commands to time (default: all, in the README's order)")
+    p.add_argument(
+        "--commands",
+        nargs="+",
+        choices=list(COMMANDS),
+        default=list(COMMANDS),
+        help="which quick-start commands to time (default: all, in the README's order)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="clean runs of each command (default 3)")
     p.add_argument("--workdir", help="make the repeats' directories here (default: the system's temporary one)")
     p.add_argument("--keep", action="store_true", help="keep each repeat's directory (runs, caches, outputs)")
@@ -137,8 +177,12 @@ def main(argv=None) -> int:
                 if name in results:
                     results[name].append((seconds, mean_load, max_load))
                     outputs[name] = output
-                    print(f"repeat {repeat + 1}/{args.repeats}: {name} {seconds:.0f} s (load {mean_load:.1f} mean, "
-                          f"{max_load:.1f} max)", file=sys.stderr, flush=True)
+                    print(
+                        f"repeat {repeat + 1}/{args.repeats}: {name} {seconds:.0f} s (load {mean_load:.1f} mean, "
+                        f"{max_load:.1f} max)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         finally:
             if args.keep:
                 print(f"kept {workdir}", file=sys.stderr)
@@ -148,19 +192,36 @@ def main(argv=None) -> int:
     rows = []
     for name in timed:
         seconds = [s for s, _, _ in results[name]]
-        rows.append({"command": name, "runs": len(seconds), "min_s": round(min(seconds), 1),
-                     "median_s": round(statistics.median(seconds), 1), "max_s": round(max(seconds), 1),
-                     "load_mean": round(statistics.fmean(m for _, m, _ in results[name]), 1),
-                     "load_max": round(max(x for _, _, x in results[name]), 1), "cpus": cpus,
-                     "seconds": [round(s, 1) for s in seconds]})
+        rows.append(
+            {
+                "command": name,
+                "runs": len(seconds),
+                "min_s": round(min(seconds), 1),
+                "median_s": round(statistics.median(seconds), 1),
+                "max_s": round(max(seconds), 1),
+                "load_mean": round(statistics.fmean(m for _, m, _ in results[name]), 1),
+                "load_max": round(max(x for _, _, x in results[name]), 1),
+                "cpus": cpus,
+                "seconds": [round(s, 1) for s in seconds],
+            }
+        )
     if args.json:
         for row in rows:
             print(json.dumps(row))
     else:
         head = ("command", "runs", "min", "median", "max", "load (1 min) mean / max", "CPUs")
-        table = [head] + [(r["command"], str(r["runs"]), minutes(r["min_s"]), minutes(r["median_s"]),
-                           minutes(r["max_s"]), f"{r['load_mean']:.1f} / {r['load_max']:.1f}", str(cpus))
-                          for r in rows]
+        table = [head] + [
+            (
+                r["command"],
+                str(r["runs"]),
+                minutes(r["min_s"]),
+                minutes(r["median_s"]),
+                minutes(r["max_s"]),
+                f"{r['load_mean']:.1f} / {r['load_max']:.1f}",
+                str(cpus),
+            )
+            for r in rows
+        ]
         widths = [max(len(row[i]) for row in table) for i in range(len(head))]
         for k, row in enumerate(table):
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

@@ -34,7 +34,6 @@ from vlbert.training.run_config import dataclass_from_section
 from vlbert.training.trainer import TrainingConfig
 
 
-
 def synthetic_store(directory: Path, count: int, regions: int = 36, dim: int = 2048, classes: int = 1600) -> None:
     rng = np.random.default_rng(0)
     boxes = np.array([[i, i, 100 + i, 80 + i] for i in range(regions)], dtype=np.float32)
@@ -42,8 +41,16 @@ def synthetic_store(directory: Path, count: int, regions: int = 36, dim: int = 2
 
     def images():
         for i in range(count):
-            yield Regions(f"img{i}", 480, 640, boxes, rng.standard_normal((regions, dim), dtype=np.float32),
-                          np.ones(regions), probs, "synthetic")
+            yield Regions(
+                f"img{i}",
+                480,
+                640,
+                boxes,
+                rng.standard_normal((regions, dim), dtype=np.float32),
+                np.ones(regions),
+                probs,
+                "synthetic",
+            )
 
     write_shards(images(), directory, max_samples_per_shard=1000)
     with open(directory.parent / "captions.jsonl", "w") as f:
@@ -52,12 +59,33 @@ def synthetic_store(directory: Path, count: int, regions: int = 36, dim: int = 2
 
 
 def run_config(root: Path, steps: int) -> dict:
-    return {"modality": "vl", "init_from": "minilm", "model": {"region_feature_dim": 2048},
-            "data": {"sources": [{"name": "synthetic", "format": "jsonl", "path": str(root / "captions.jsonl"),
-                                  "shards": str(root / "shards")}],
-                     "eval_fraction": 0.0, "max_regions": 36, "max_text_length": 24},
-            "training": {"output_dir": str(root / "run"), "max_steps": steps, "batch_size": 32, "warmup_steps": 2,
-                         "log_every": 5, "progress_bar": False, "num_workers": 2}}
+    return {
+        "modality": "vl",
+        "init_from": "minilm",
+        "model": {"region_feature_dim": 2048},
+        "data": {
+            "sources": [
+                {
+                    "name": "synthetic",
+                    "format": "jsonl",
+                    "path": str(root / "captions.jsonl"),
+                    "shards": str(root / "shards"),
+                }
+            ],
+            "eval_fraction": 0.0,
+            "max_regions": 36,
+            "max_text_length": 24,
+        },
+        "training": {
+            "output_dir": str(root / "run"),
+            "max_steps": steps,
+            "batch_size": 32,
+            "warmup_steps": 2,
+            "log_every": 5,
+            "progress_bar": False,
+            "num_workers": 2,
+        },
+    }
 
 
 def loader_rate(root: Path, batches: int = 30) -> dict:
@@ -68,9 +96,14 @@ def loader_rate(root: Path, batches: int = 30) -> dict:
 
     config = run_config(root, 1)
     init = resolve_model_path("minilm")
-    ctx = RunContext(config, TrainingConfig.from_dict(config["training"]),
-                     dataclass_from_section(VLDataConfig, config["data"], "data"), DetectorConfig(),
-                     load_tokenizer(init), init)
+    ctx = RunContext(
+        config,
+        TrainingConfig.from_dict(config["training"]),
+        dataclass_from_section(VLDataConfig, config["data"], "data"),
+        DetectorConfig(),
+        load_tokenizer(init),
+        init,
+    )
     recipe = RECIPES["vl-pretraining"]
     data = recipe.build_data(ctx)
     start = time.perf_counter()
@@ -92,8 +125,11 @@ def loader_rate(root: Path, batches: int = 30) -> dict:
         model(**batch).loss.backward()
         optimizer.step()
     model_rate = 3 * 32 / (time.perf_counter() - start)
-    return {"loader_samples_per_s_per_worker": round(item_rate, 1), "model_samples_per_s": round(model_rate, 1),
-            "ratio": round(item_rate / model_rate, 1)}
+    return {
+        "loader_samples_per_s_per_worker": round(item_rate, 1),
+        "model_samples_per_s": round(model_rate, 1),
+        "ratio": round(item_rate / model_rate, 1),
+    }
 
 
 def main(argv=None) -> int:
@@ -115,17 +151,25 @@ def main(argv=None) -> int:
             config.write_text(json.dumps(run_config(root, args.steps)))
             before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
             start = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "vlbert", "pretrain", "--modality", "vl",
-                                   "--config", str(config)], capture_output=True, text=True,
-                                  env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+            done = subprocess.run(
+                [sys.executable, "-m", "vlbert", "pretrain", "--modality", "vl", "--config", str(config)],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+            )
             wall = time.perf_counter() - start
             if done.returncode != 0:
                 print(done.stderr[-3000:], file=sys.stderr)
                 return 1
             peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            record = {"images": count, "store_gib": round(size / 2 ** 30, 2), "write_s": round(written, 1),
-                      "steps": args.steps, "run_s": round(wall, 1),
-                      "peak_rss_gib_largest_process": round(max(peak, before) / 2 ** 20, 3)}
+            record = {
+                "images": count,
+                "store_gib": round(size / 2**30, 2),
+                "write_s": round(written, 1),
+                "steps": args.steps,
+                "run_s": round(wall, 1),
+                "peak_rss_gib_largest_process": round(max(peak, before) / 2**20, 3),
+            }
             record.update(loader_rate(root))
             print(json.dumps(record), flush=True)
     return 0

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from vlbert.data.corpus import load_bbc_news
-
 
 
 def write_corpus(path: Path, copies: int) -> int:
@@ -38,10 +37,29 @@ def write_corpus(path: Path, copies: int) -> int:
 
 
 def pretrain(corpus: Path, out: Path, cache: Path, steps: int) -> dict:
-    cmd = [sys.executable, "-m", "vlbert", "pretrain", "--modality", "text", "--output-dir", str(out),
-           *[w for kv in (f"data.corpus={corpus}", f"data.corpus_cache_dir={cache}", f"training.max_steps={steps}", "training.log_every=1",
-                          "training.eval_every=0", "data.max_eval_batches=2", "training.progress_bar=false")
-             for w in ("--set", kv)]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vlbert",
+        "pretrain",
+        "--modality",
+        "text",
+        "--output-dir",
+        str(out),
+        *[
+            w
+            for kv in (
+                f"data.corpus={corpus}",
+                f"data.corpus_cache_dir={cache}",
+                f"training.max_steps={steps}",
+                "training.log_every=1",
+                "training.eval_every=0",
+                "data.max_eval_batches=2",
+                "training.progress_bar=false",
+            )
+            for w in ("--set", kv)
+        ],
+    ]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     first_step, peak_kib = None, 0
@@ -59,10 +77,13 @@ def pretrain(corpus: Path, out: Path, cache: Path, steps: int) -> dict:
     metrics = json.loads((out / "metrics.json").read_text())
     steps = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     steady = [r["tokens_per_s"] for r in steps if r["split"] == "train"][4:]
-    return {"run_s": round(time.perf_counter() - start, 1), "launch_to_first_step_s": round(first_step or 0, 1),
-            "tokens_per_s": round(metrics["train_tokens_per_s"], 1),
-            "tokens_per_s_median_after_step_4": round(statistics.median(steady), 1) if steady else None,
-            "peak_rss_gib": round(peak_kib / 2 ** 20, 3)}
+    return {
+        "run_s": round(time.perf_counter() - start, 1),
+        "launch_to_first_step_s": round(first_step or 0, 1),
+        "tokens_per_s": round(metrics["train_tokens_per_s"], 1),
+        "tokens_per_s_median_after_step_4": round(statistics.median(steady), 1) if steady else None,
+        "peak_rss_gib": round(peak_kib / 2**20, 3),
+    }
 
 
 def main(argv=None) -> int:
@@ -73,8 +94,11 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--num-proc", type=int, default=2)
     p.add_argument("--prepare-in-run", action="store_true", help="let the run prepare the corpus (no separate step)")
-    p.add_argument("--workdir", help="keep corpora, prepared arrays and runs here (a second call reuses the "
-                                     "preparation); default: a temporary directory")
+    p.add_argument(
+        "--workdir",
+        help="keep corpora, prepared arrays and runs here (a second call reuses the "
+        "preparation); default: a temporary directory",
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(args.workdir or scratch)
@@ -89,12 +113,30 @@ def main(argv=None) -> int:
                 record["prepared_in_run"] = True
             else:
                 start = time.perf_counter()
-                subprocess.run([sys.executable, "-m", "vlbert", "prepare-corpus", "--corpus", str(corpus),
-                                "--num-proc", str(args.num_proc), "--cache-dir", str(tmp / "cache")], check=True,
-                               capture_output=True)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "vlbert",
+                        "prepare-corpus",
+                        "--corpus",
+                        str(corpus),
+                        "--num-proc",
+                        str(args.num_proc),
+                        "--cache-dir",
+                        str(tmp / "cache"),
+                    ],
+                    check=True,
+                    capture_output=True,
+                )
                 prepare_s = time.perf_counter() - start
-                record.update({"prepare_s": round(prepare_s, 1), "prepare_mb_per_s": round(size / 1e6 / prepare_s, 2),
-                               "num_proc": args.num_proc})
+                record.update(
+                    {
+                        "prepare_s": round(prepare_s, 1),
+                        "prepare_mb_per_s": round(size / 1e6 / prepare_s, 2),
+                        "num_proc": args.num_proc,
+                    }
+                )
             record.update(pretrain(corpus, tmp / f"run-{copies}", tmp / "cache", args.steps))
             print(json.dumps(record), flush=True)
     return 0

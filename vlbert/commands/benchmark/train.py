@@ -45,16 +45,20 @@ from vlbert.data.corpus_pairs import CorpusPairsDataset
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.regions import pad_regions
-from vlbert.data.token_corpus import prepare_corpus, TokenCorpus
+from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
 from vlbert.models.bert import compile_model
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.recipes import RECIPES, run
 from vlbert.tokenization import load_tokenizer
-from vlbert.training.mfu import (count_positions, device_peak_flops, estimate_flops_per_token, estimate_step_flops,
-                                 measure_matmul_peak)
+from vlbert.training.mfu import (
+    count_positions,
+    device_peak_flops,
+    estimate_flops_per_token,
+    estimate_step_flops,
+    measure_matmul_peak,
+)
 from vlbert.training.run_config import load_run_config
 from vlbert.utils import glibc, keep_freed_memory_in_process
-
 
 
 def sync(device: torch.device) -> None:
@@ -63,9 +67,21 @@ def sync(device: torch.device) -> None:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _heap_in_use() -> Callable[[], int]:
@@ -83,6 +99,7 @@ def _heap_in_use() -> Callable[[], int]:
     def in_use() -> int:
         info = mallinfo2()
         return info.uordblks + info.hblkhd
+
     return in_use
 
 
@@ -105,17 +122,18 @@ class PeakMemory:
             while not self._stop:
                 self._max = max(self._max, self._in_use())
                 time.sleep(0.002)
+
         self._thread = threading.Thread(target=sample, daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc):
         if self.device.type == "cuda":
-            self.peak = torch.cuda.max_memory_allocated() / 2 ** 20
+            self.peak = torch.cuda.max_memory_allocated() / 2**20
         else:
             self._stop = True
             self._thread.join()
-            self.peak = (self._max - self._base) / 2 ** 20
+            self.peak = (self._max - self._base) / 2**20
 
 
 def make_train_step(model, batch: dict, device: torch.device, bf16: bool) -> Callable[[], None]:
@@ -130,11 +148,13 @@ def make_train_step(model, batch: dict, device: torch.device, bf16: bool) -> Cal
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
     return step
 
 
-def time_train_steps(steps_by_name: dict[str, Callable[[], None]], device: torch.device, steps: int, warmup: int,
-                     block: int = 5) -> dict[str, dict]:
+def time_train_steps(
+    steps_by_name: dict[str, Callable[[], None]], device: torch.device, steps: int, warmup: int, block: int = 5
+) -> dict[str, dict]:
     """Median ms per training step of each implementation, and the peak memory of a step above what the weights
     and optimizer state hold (MiB).
 
@@ -167,8 +187,9 @@ def time_train_steps(steps_by_name: dict[str, Callable[[], None]], device: torch
 def bbc_news_pairs(tokenizer, max_seq_length: int):
     """BERT pairs from the embedded BBC News corpus, prepared once into the default corpus cache."""
     corpus = TokenCorpus(prepare_corpus("bbc-news", tokenizer))
-    return CorpusPairsDataset(corpus, np.arange(corpus.num_documents), tokenizer, max_seq_length, seed=0,
-                              cache_name="benchmark")
+    return CorpusPairsDataset(
+        corpus, np.arange(corpus.num_documents), tokenizer, max_seq_length, seed=0, cache_name="benchmark"
+    )
 
 
 def text_pair(run: dict, tokenizer, batch_size: int):
@@ -189,36 +210,61 @@ def vl_pair(tokenizer, batch_size: int, feature_dim: int = 1320, max_regions: in
     """The VL pair at the size of configs/vl/default.yaml (the packaged MiniLM: L=6, H=384, A=12)."""
     import transformers
 
-    config = VLBertConfig(vocab_size=len(tokenizer), hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-                          intermediate_size=1536, region_feature_dim=feature_dim, num_region_classes=1000)
+    config = VLBertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        intermediate_size=1536,
+        region_feature_dim=feature_dim,
+        num_region_classes=1000,
+    )
     rng = np.random.default_rng(0)
-    texts = [{"input_ids": tokenizer(CAPTION_TEMPLATES[i % 5].format(color=COLORS[i % 8], shape=SHAPES[i % 3]))
-              ["input_ids"], "mask_seed": i} for i in range(batch_size)]
+    texts = [
+        {
+            "input_ids": tokenizer(CAPTION_TEMPLATES[i % 5].format(color=COLORS[i % 8], shape=SHAPES[i % 3]))[
+                "input_ids"
+            ],
+            "mask_seed": i,
+        }
+        for i in range(batch_size)
+    ]
     collator = MaskingCollator.from_tokenizer(tokenizer, objectives=("mlm",))  # captions: no sentence pairs
     batch = collator(texts)
     counts = rng.integers(4, max_regions + 1, batch_size)
     items = []
     for n in counts:
         xy = rng.random((n, 2)) * 0.5
-        items.append({"region_features": rng.standard_normal((n, feature_dim)).astype(np.float16),
-                      "region_boxes": np.concatenate([xy, xy + rng.random((n, 2)) * 0.5], 1).astype(np.float32)})
+        items.append(
+            {
+                "region_features": rng.standard_normal((n, feature_dim)).astype(np.float16),
+                "region_boxes": np.concatenate([xy, xy + rng.random((n, 2)) * 0.5], 1).astype(np.float32),
+            }
+        )
     regions = pad_regions(items)
     itm = torch.tensor(rng.integers(0, 2, batch_size))
     ours_batch = {**batch, **regions, "itm_label": itm}
     t, r = batch["input_ids"].shape[1], regions["region_mask"].shape[1]
-    hf_batch = {"input_ids": batch["input_ids"], "token_type_ids": batch["token_type_ids"],
-                "attention_mask": batch["attention_mask"], "visual_embeds": regions["region_features"].float(),
-                "visual_attention_mask": regions["region_mask"],
-                "labels": torch.cat([batch["labels"], torch.full((batch_size, r), -100)], 1),
-                "sentence_image_labels": itm}
+    hf_batch = {
+        "input_ids": batch["input_ids"],
+        "token_type_ids": batch["token_type_ids"],
+        "attention_mask": batch["attention_mask"],
+        "visual_embeds": regions["region_features"].float(),
+        "visual_attention_mask": regions["region_mask"],
+        "labels": torch.cat([batch["labels"], torch.full((batch_size, r), -100)], 1),
+        "sentence_image_labels": itm,
+    }
     torch.manual_seed(0)
     ours = VLBertForPreTraining(config)
-    hf_config = transformers.VisualBertConfig(**{k: v for k, v in config.to_dict().items()
-                                                 if k not in ("model_type", "region_feature_dim")},
-                                              visual_embedding_dim=feature_dim)
+    hf_config = transformers.VisualBertConfig(
+        **{k: v for k, v in config.to_dict().items() if k not in ("model_type", "region_feature_dim")},
+        visual_embedding_dim=feature_dim,
+    )
     hf = transformers.VisualBertForPreTraining(hf_config)
-    mapped = {("visual_bert." + k[len("bert."):] if k.startswith("bert.") else k): v
-              for k, v in vlbert_to_hf(ours.state_dict()).items()}
+    mapped = {
+        ("visual_bert." + k[len("bert.") :] if k.startswith("bert.") else k): v
+        for k, v in vlbert_to_hf(ours.state_dict()).items()
+    }
     hf.load_state_dict(mapped, strict=False)  # encoder, text embeddings, MLM head; region parts differ
     real = int(batch["attention_mask"].sum() + regions["region_mask"].sum())
     config.seq_len = t + r
@@ -236,15 +282,32 @@ def data_pipeline(tokenizer) -> dict:
     text_rate = n / (time.perf_counter() - start)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
-        regions = [Regions(str(i), 480, 640, np.tile([[0, 0, 640, 480]], (36, 1)),
-                           rng.standard_normal((36, 2048)), np.ones(36), None, "bench") for i in range(300)]
+        regions = [
+            Regions(
+                str(i),
+                480,
+                640,
+                np.tile([[0, 0, 640, 480]], (36, 1)),
+                rng.standard_normal((36, 2048)),
+                np.ones(36),
+                None,
+                "bench",
+            )
+            for i in range(300)
+        ]
         paths = write_shards(regions, tmp, max_samples_per_shard=100)
         size = sum(p.stat().st_size for p in paths)
         start = time.perf_counter()
         n = sum(1 for _ in read_shards(paths))
         elapsed = time.perf_counter() - start
-    return {"model": "data", "text_pairs_per_s": text_rate, "shard_images_per_s": n / elapsed,
-            "shard_mib_per_s": size / 2 ** 20 / elapsed, "shard_regions_per_image": 36, "shard_feature_dim": 2048}
+    return {
+        "model": "data",
+        "text_pairs_per_s": text_rate,
+        "shard_images_per_s": n / elapsed,
+        "shard_mib_per_s": size / 2**20 / elapsed,
+        "shard_regions_per_image": 36,
+        "shard_feature_dim": 2048,
+    }
 
 
 def trainer_throughput(config_path: str, batch_size: int, warmup: int, steps: int, precision: str) -> dict:
@@ -255,40 +318,58 @@ def trainer_throughput(config_path: str, batch_size: int, warmup: int, steps: in
     warmup = max(1, warmup)
     total = warmup * (1 + max(1, round(steps / warmup)))
     with tempfile.TemporaryDirectory() as out:
-        config = load_run_config(config_path, [
-            f"training.output_dir={out}", f"training.batch_size={batch_size}", f"training.max_steps={total}",
-            f"training.log_every={warmup}", "training.eval_every=0", "training.save_every=0",
-            "training.progress_bar=false", f"training.mixed_precision={precision}",
-            "data.max_eval_batches=1"])
+        config = load_run_config(
+            config_path,
+            [
+                f"training.output_dir={out}",
+                f"training.batch_size={batch_size}",
+                f"training.max_steps={total}",
+                f"training.log_every={warmup}",
+                "training.eval_every=0",
+                "training.save_every=0",
+                "training.progress_bar=false",
+                f"training.mixed_precision={precision}",
+                "data.max_eval_batches=1",
+            ],
+        )
         run(RECIPES["text-pretraining"], config)
         records = [json.loads(line) for line in (Path(out) / "log.jsonl").read_text().splitlines()]
     timed = [r for r in records if r["split"] == "train"][1:]
-    return {"trainer_precision": precision,
-            "trainer_real_tokens_per_s": statistics.mean(r["tokens_per_s"] for r in timed),
-            "trainer_data_wait_fraction": statistics.mean(r["data_wait_fraction"] for r in timed),
-            "trainer_mfu": statistics.mean(r.get("mfu", 0.0) for r in timed), "trainer_steps_timed": total - warmup}
+    return {
+        "trainer_precision": precision,
+        "trainer_real_tokens_per_s": statistics.mean(r["tokens_per_s"] for r in timed),
+        "trainer_data_wait_fraction": statistics.mean(r["data_wait_fraction"] for r in timed),
+        "trainer_mfu": statistics.mean(r.get("mfu", 0.0) for r in timed),
+        "trainer_steps_timed": total - warmup,
+    }
 
 
 def print_pair(name: str, record: dict, results: dict, config) -> None:
     """The human-readable table of one pair's record."""
     batch, seq_len = record["batch"]
-    print(f"\n{name} pretraining step on {record['device']} ({record['dtype']}): batch {batch} x "
-          f"{seq_len} positions, {record['real_tokens']} real ({100 * record['real_fraction']:.0f}%), "
-          f"L={config.num_hidden_layers} H={config.hidden_size}; matmul peak {record['peak_tflops']:.2f} TFLOP/s"
-          + ("; malloc keeps freed memory (both sides)" if record["malloc_keeps_freed_memory"] else ""))
+    print(
+        f"\n{name} pretraining step on {record['device']} ({record['dtype']}): batch {batch} x "
+        f"{seq_len} positions, {record['real_tokens']} real ({100 * record['real_fraction']:.0f}%), "
+        f"L={config.num_hidden_layers} H={config.hidden_size}; matmul peak {record['peak_tflops']:.2f} TFLOP/s"
+        + ("; malloc keeps freed memory (both sides)" if record["malloc_keeps_freed_memory"] else "")
+    )
     datasheet = record.get("datasheet")
     print(f"{'':<14}{'ms/step':>10}{'tokens/s':>12}{'peak MiB':>10}{'MFU':>8}" + "  datasheet MFU" * bool(datasheet))
     for impl, r in results.items():
-        print(f"{impl:<14}{r['ms_per_step']:>10.1f}{r['real_tokens_per_s']:>12.0f}"
-              f"{r['peak_memory_mib']:>10.0f}{100 * r['mfu']:>7.1f}%"
-              + (f"{100 * r['mfu_datasheet']:>14.1f}%" if datasheet else ""))
+        print(
+            f"{impl:<14}{r['ms_per_step']:>10.1f}{r['real_tokens_per_s']:>12.0f}"
+            f"{r['peak_memory_mib']:>10.0f}{100 * r['mfu']:>7.1f}%"
+            + (f"{100 * r['mfu_datasheet']:>14.1f}%" if datasheet else "")
+        )
     print(f"speedup of vlbert over transformers: {record['speedup']:.2f}x" + f"; {datasheet}" * bool(datasheet))
     if "trainer_real_tokens_per_s" in record:
-        print(f"through the trainer (mixed_precision {record['trainer_precision']}): "
-              f"{record['trainer_real_tokens_per_s']:.0f} tokens/s = "
-              f"{100 * record['trainer_over_bare_step']:.0f}% of the bare step "
-              f"(data wait {100 * record['trainer_data_wait_fraction']:.1f}% of the step time), logged MFU "
-              f"{100 * record['trainer_mfu']:.1f}%")
+        print(
+            f"through the trainer (mixed_precision {record['trainer_precision']}): "
+            f"{record['trainer_real_tokens_per_s']:.0f} tokens/s = "
+            f"{100 * record['trainer_over_bare_step']:.0f}% of the bare step "
+            f"(data wait {100 * record['trainer_data_wait_fraction']:.1f}% of the step time), logged MFU "
+            f"{100 * record['trainer_mfu']:.1f}%"
+        )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -300,17 +381,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=16, help="timed steps per implementation (in alternating blocks)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (default on CUDA)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the whole vlbert model (training.compile; the warmup steps compile)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the whole vlbert model (training.compile; the warmup steps compile)",
+    )
     p.add_argument("--pairs", default="text,vl,data", help="comma-separated subset of text, vl, data")
     p.add_argument("--json", action="store_true", help="one JSON line per pair")
-    p.add_argument("--trainer", action="store_true",
-                   help="also run the text pair's config through the real trainer and compare tokens/s")
-    p.add_argument("--trainer-precision", default="auto", choices=("auto", "no", "bf16", "bf16-params"),
-                   help="of the --trainer run (auto, as the tools: bf16 parameters + float32 masters on CUDA)")
-    p.add_argument("--default-malloc", action="store_true",
-                   help="leave glibc's malloc as it is (by default freed memory is kept in the process, as the "
-                        "trainer does on CPU; this applies to both sides of each pair)")
+    p.add_argument(
+        "--trainer",
+        action="store_true",
+        help="also run the text pair's config through the real trainer and compare tokens/s",
+    )
+    p.add_argument(
+        "--trainer-precision",
+        default="auto",
+        choices=("auto", "no", "bf16", "bf16-params"),
+        help="of the --trainer run (auto, as the tools: bf16 parameters + float32 masters on CUDA)",
+    )
+    p.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="leave glibc's malloc as it is (by default freed memory is kept in the process, as the "
+        "trainer does on CPU; this applies to both sides of each pair)",
+    )
     return p.parse_args(argv)
 
 
@@ -332,22 +426,31 @@ def main(argv=None) -> int:
         if name not in wanted:
             continue
         if name == "text":
-            ours, hf, ours_batch, hf_batch, config, real = text_pair(load_run_config(args.config), tokenizer,
-                                                                     args.batch_size)
+            ours, hf, ours_batch, hf_batch, config, real = text_pair(
+                load_run_config(args.config), tokenizer, args.batch_size
+            )
             seq_len = ours_batch["input_ids"].shape[1]
         else:
             ours, hf, ours_batch, hf_batch, config, real = vl_pair(tokenizer, args.batch_size)
             seq_len = config.seq_len
         padded = ours_batch["input_ids"].shape[0] * seq_len
         tokens, regions, sequences = count_positions(ours_batch)  # VL: every position, as the trainer's MFU
-        flops = estimate_flops_per_token(config, seq_len) * real if name == "text" else \
-            estimate_step_flops(config, tokens, sequences, regions)
+        flops = (
+            estimate_flops_per_token(config, seq_len) * real
+            if name == "text"
+            else estimate_step_flops(config, tokens, sequences, regions)
+        )
         if args.compile:
-
             compile_model(ours)
-        results = time_train_steps({"transformers": make_train_step(hf, hf_batch, device, bf16),
-                                    "vlbert": make_train_step(ours, ours_batch, device, bf16)},
-                                   device, args.steps, args.warmup)
+        results = time_train_steps(
+            {
+                "transformers": make_train_step(hf, hf_batch, device, bf16),
+                "vlbert": make_train_step(ours, ours_batch, device, bf16),
+            },
+            device,
+            args.steps,
+            args.warmup,
+        )
         for r in results.values():
             r["real_tokens_per_s"] = real / (r["ms_per_step"] / 1e3)
             r["mfu"] = flops / (r["ms_per_step"] / 1e3) / peak
@@ -355,17 +458,28 @@ def main(argv=None) -> int:
                 r["mfu_datasheet"] = flops / (r["ms_per_step"] / 1e3) / datasheet_peak
         hf.cpu()
         ours.cpu()
-        record = {"model": name, "device": str(device), "dtype": "bf16" if bf16 else "fp32",
-                  "malloc_keeps_freed_memory": kept,
-                  "vlbert_compiled": args.compile,
-                  "batch": [ours_batch["input_ids"].shape[0], seq_len], "real_tokens": real,
-                  "real_fraction": real / padded, "peak_tflops": peak / 1e12, "datasheet": datasheet,
-                  "speedup": results["transformers"]["ms_per_step"] / results["vlbert"]["ms_per_step"],
-                  **{f"{impl}_{k}": v for impl, r in results.items() for k, v in r.items()}}
-        if args.trainer and name == "text" and str(device) == str(torch.device("cuda" if torch.cuda.is_available()
-                                                                                    else "cpu")):
-            record.update(trainer_throughput(args.config, args.batch_size, args.warmup, args.steps,
-                                             args.trainer_precision))
+        record = {
+            "model": name,
+            "device": str(device),
+            "dtype": "bf16" if bf16 else "fp32",
+            "malloc_keeps_freed_memory": kept,
+            "vlbert_compiled": args.compile,
+            "batch": [ours_batch["input_ids"].shape[0], seq_len],
+            "real_tokens": real,
+            "real_fraction": real / padded,
+            "peak_tflops": peak / 1e12,
+            "datasheet": datasheet,
+            "speedup": results["transformers"]["ms_per_step"] / results["vlbert"]["ms_per_step"],
+            **{f"{impl}_{k}": v for impl, r in results.items() for k, v in r.items()},
+        }
+        if (
+            args.trainer
+            and name == "text"
+            and str(device) == str(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        ):
+            record.update(
+                trainer_throughput(args.config, args.batch_size, args.warmup, args.steps, args.trainer_precision)
+            )
             record["trainer_over_bare_step"] = record["trainer_real_tokens_per_s"] / record["vlbert_real_tokens_per_s"]
         records.append(record)
         if not args.json:
@@ -374,9 +488,11 @@ def main(argv=None) -> int:
         record = data_pipeline(tokenizer)
         records.append(record)
         if not args.json:
-            print(f"\ndata: {record['text_pairs_per_s']:.0f} text pairs/s (tokenise + pair + mask); region shards "
-                  f"{record['shard_images_per_s']:.0f} images/s = {record['shard_mib_per_s']:.0f} MiB/s "
-                  f"(36 regions x 2048 float16 each)")
+            print(
+                f"\ndata: {record['text_pairs_per_s']:.0f} text pairs/s (tokenise + pair + mask); region shards "
+                f"{record['shard_images_per_s']:.0f} images/s = {record['shard_mib_per_s']:.0f} MiB/s "
+                f"(36 regions x 2048 float16 each)"
+            )
     if args.json:
         for record in records:
             print(json.dumps(record))

@@ -21,7 +21,6 @@ import logging
 import statistics
 import sys
 import time
-
 from pathlib import Path
 
 import numpy as np
@@ -52,20 +51,31 @@ def proposals(paths, max_regions):
         image = np.asarray(Image.open(p).convert("RGB"))
         found = felzenszwalb_proposals(image, max_proposals=max_regions)
         h, w = image.shape[:2]
-        boxes[i, :len(found)] = torch.from_numpy(found) / torch.tensor([w, h, w, h], dtype=torch.float32)
-        mask[i, :len(found)] = 1
+        boxes[i, : len(found)] = torch.from_numpy(found) / torch.tensor([w, h, w, h], dtype=torch.float32)
+        mask[i, : len(found)] = 1
     return boxes, mask
 
 
 def build_model(trainable: bool, answers: int, backbone_lr: float, pathway: str):
-    backbone = {"kind": "timm", "model": "efficientnet_lite0", "roi_size": 3,
-                "frozen_stages": [1, 2] if trainable else [1, 2, 3, 4, 5], "frozen_bn": True,
-                "learning_rate": backbone_lr}
+    backbone = {
+        "kind": "timm",
+        "model": "efficientnet_lite0",
+        "roi_size": 3,
+        "frozen_stages": [1, 2] if trainable else [1, 2, 3, 4, 5],
+        "frozen_bn": True,
+        "learning_rate": backbone_lr,
+    }
     torch.manual_seed(0)
     location = {"vl-bert": 4, "uniter": 7}[pathway]
-    model = VLBertForVQA.from_pretrained(minilm_dir(), num_labels=answers, region_feature_dim=320,
-                                         region_embedding=pathway, region_location_dim=location, region_token_type=1,
-                                         visual_backbone=backbone)
+    model = VLBertForVQA.from_pretrained(
+        minilm_dir(),
+        num_labels=answers,
+        region_feature_dim=320,
+        region_embedding=pathway,
+        region_location_dim=location,
+        region_token_type=1,
+        visual_backbone=backbone,
+    )
     source = load_efficientnet_lite0().state_dict()
     net = model.bert.visual_backbone.body.net
     missing = net.load_state_dict({k: v for k, v in source.items() if k in net.state_dict()}, strict=False).missing_keys
@@ -89,8 +99,12 @@ def main(argv=None) -> int:
     p.add_argument("--max-regions", type=int, default=8)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--backbone-lr", type=float, default=2e-4)
-    p.add_argument("--region-embedding", choices=("vl-bert", "uniter"), default="vl-bert",
-                   help="the pathway over the backbone's features (vl-bert's visual LayerNorms start at gamma 0)")
+    p.add_argument(
+        "--region-embedding",
+        choices=("vl-bert", "uniter"),
+        default="vl-bert",
+        help="the pathway over the backbone's features (vl-bert's visual LayerNorms start at gamma 0)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     logging.getLogger("vlbert").setLevel(logging.ERROR)  # the new pathway's "newly initialised" list
@@ -107,8 +121,10 @@ def main(argv=None) -> int:
         index = {i: n for n, i in enumerate(ids)}
         files = [paths[i] for i in ids]
         data[split] = (qs, index, load_images(files, args.image_size), *proposals(files, args.max_regions))
-    models = {name: build_model(name == "trainable", len(answers), args.backbone_lr, args.region_embedding)
-              for name in ("trainable", "frozen")}
+    models = {
+        name: build_model(name == "trainable", len(answers), args.backbone_lr, args.region_embedding)
+        for name in ("trainable", "frozen")
+    }
     optimizers = {n: torch.optim.AdamW(parameter_groups(m, 0.01), lr=args.lr) for n, m in models.items()}
     times = {n: [] for n in models}
 
@@ -118,8 +134,13 @@ def main(argv=None) -> int:
         rows = torch.tensor([index[q.image_id] for q in questions])
         targets = torch.zeros(len(questions), len(answers))
         targets[torch.arange(len(questions)), torch.tensor([answers.index(q.answer) for q in questions])] = 1.0
-        return dict(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], images=images[rows],
-                    region_boxes=boxes[rows], region_mask=mask[rows]), targets
+        return dict(
+            input_ids=enc["input_ids"],
+            attention_mask=enc["attention_mask"],
+            images=images[rows],
+            region_boxes=boxes[rows],
+            region_mask=mask[rows],
+        ), targets
 
     g = torch.Generator().manual_seed(0)
     train = data["train"][0]
@@ -136,17 +157,27 @@ def main(argv=None) -> int:
             times[name].append(time.perf_counter() - start)
         if step % 50 == 0:
             print(f"step {step}: loss {loss.item():.3f}", file=sys.stderr)
-    report = {"steps": args.steps, "batch_size": args.batch_size, "image_size": args.image_size,
-              "region_embedding": args.region_embedding, "lr": args.lr, "backbone_lr": args.backbone_lr}
+    report = {
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "image_size": args.image_size,
+        "region_embedding": args.region_embedding,
+        "lr": args.lr,
+        "backbone_lr": args.backbone_lr,
+    }
     for name, model in models.items():
         model.eval()
         correct, qs = 0, data["test"][0]
         with torch.no_grad():
             for i in range(0, len(qs), 100):
-                inputs, targets = batch("test", qs[i:i + 100])
+                inputs, targets = batch("test", qs[i : i + 100])
                 correct += int((model(**inputs).logits.argmax(-1) == targets.argmax(-1)).sum())
-        report[name] = {"test_accuracy": correct / len(qs), "median_step_s": statistics.median(times[name][5:]),
-                        "trainable_backbone_parameters": sum(p.numel() for p in model.bert.visual_backbone.parameters()
-                                                             if p.requires_grad)}
+        report[name] = {
+            "test_accuracy": correct / len(qs),
+            "median_step_s": statistics.median(times[name][5:]),
+            "trainable_backbone_parameters": sum(
+                p.numel() for p in model.bert.visual_backbone.parameters() if p.requires_grad
+            ),
+        }
     print(json.dumps(report) if args.json else json.dumps(report, indent=1))
     return 0
