@@ -2,133 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import os
-import random
-from pathlib import Path
 
 import pytest
 import torch
-from doc_runs import write_tiny_runs
+from helpers.builders import (
+    EASY_DETECTOR,
+    N_EASY_IMAGES,
+)
+from helpers.doc_runs import write_tiny_runs
 
-from detectors.config import DetectorConfig
 from vlbert.data.corpus import load_bbc_news
 from vlbert.tokenization import load_tokenizer, packaged_minilm_dir
 
 # Two threads per test process; under pytest-xdist (-n N) the machine's cores are shared between the N workers.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, (os.cpu_count() or 2) // _WORKERS) if _WORKERS > 1 else 2)
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def tool(name: str):
-    """The ``main(argv)`` of ``tools/<name>.py``, for running a tool in-process (through
-    :func:`vlbert.command_line.run_tool`, as its ``__main__`` does) instead of starting an interpreter."""
-    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
-
-
-def tiny_text_trainer(
-    output_dir, corpus, tokenizer, *, max_length: int, model: dict, packed: bool = True, hooks=(), **training
-):
-    """A :class:`vlbert.training.trainer.Trainer` of a tiny BertForPreTraining (``model``: the BertConfig sizes) on
-    the pairs of every document of ``corpus`` (``max_length`` wordpieces), batched by the training loader with the
-    masking collator (``packed``: the packed layout); ``training``: TrainingConfig fields over quiet defaults."""
-    from vlbert.config import BertConfig
-    from vlbert.data.corpus_pairs import CorpusPairsDataset
-    from vlbert.data.loading import train_loader
-    from vlbert.data.pretraining import MaskingCollator
-    from vlbert.models.bert import BertForPreTraining
-    from vlbert.training.trainer import Trainer, TrainingConfig
-
-    data = CorpusPairsDataset(corpus, torch.arange(corpus.num_documents).numpy(), tokenizer, max_length, seed=0)
-    collator = MaskingCollator.from_tokenizer(tokenizer, packed=packed)
-    config = TrainingConfig(**{"output_dir": str(output_dir), "progress_bar": False, **training})
-    torch.manual_seed(0)
-    net = BertForPreTraining(BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64, **model))
-
-    def batches(epoch, start, rank, world):
-        return train_loader(data, collator, config.batch_size, 0, epoch, start, rank, world, **config.loader_options())
-
-    return Trainer(net, config, batches, hooks=hooks)
-
-
-def random_hf_config(seed: int, **overrides):
-    """A small random transformers.BertConfig with dropout off (eval-mode parity)."""
-    import transformers
-
-    rng = random.Random(seed)
-    heads = rng.choice([1, 2, 4])
-    values = dict(
-        vocab_size=rng.randint(50, 300),
-        hidden_size=heads * rng.choice([8, 16]),
-        num_hidden_layers=rng.randint(1, 3),
-        num_attention_heads=heads,
-        intermediate_size=rng.randint(16, 80),
-        hidden_act=rng.choice(["gelu", "gelu_new", "relu"]),
-        max_position_embeddings=rng.choice([32, 64]),
-        type_vocab_size=rng.choice([2, 3]),
-        layer_norm_eps=rng.choice([1e-12, 1e-5]),
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    values.update(overrides)
-    return transformers.BertConfig(**values)
-
-
-def padded_batch(vocab_size: int, batch: int = 4, seq_len: int = 12, seed: int = 0, type_vocab_size: int = 2):
-    """input_ids/token_type_ids/attention_mask with rows of different real lengths (padding on the right)."""
-    g = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(1, vocab_size, (batch, seq_len), generator=g)
-    lengths = torch.randint(2, seq_len + 1, (batch,), generator=g)
-    lengths[0] = seq_len
-    attention_mask = (torch.arange(seq_len)[None, :] < lengths[:, None]).long()
-    input_ids = input_ids.masked_fill(attention_mask == 0, 0)
-    split = lengths // 2
-    token_type_ids = ((torch.arange(seq_len)[None, :] >= split[:, None]) & (attention_mask == 1)).long()
-    token_type_ids = token_type_ids.clamp(max=type_vocab_size - 1)
-    return input_ids, token_type_ids, attention_mask
-
-
-def write_jsonl(path, records: list[dict]):
-    """Write ``records`` as a JSON-lines file; returns ``path``."""
-    import json
-
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
-@contextlib.contextmanager
-def like_a_worker(float64: bool = False):
-    """Run in-process as a test's worker subprocess runs (one thread, as ``OMP_NUM_THREADS=1``; float64 as
-    ddp_worker.py), both restored after: the reference runs of the distributed and preemption tests, whose own
-    process is not under test, need no interpreter of their own."""
-    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
-    torch.set_num_threads(1)
-    if float64:
-        torch.set_default_dtype(torch.float64)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        torch.set_default_dtype(dtype)
-
-
-def wait_for_log_lines(proc, log, lines: int, timeout: float = 240.0) -> None:
-    """Wait until the running ``proc`` has written ``lines`` lines to ``log`` (to interrupt it mid-run); fails
-    if it ends first."""
-    import time
-
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if log.exists() and len(log.read_text().splitlines()) >= lines:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be interrupted"
 
 
 @pytest.fixture(autouse=True)
@@ -165,20 +54,6 @@ def small_corpus(tmp_path_factory):
     return root
 
 
-def reference_tokenization(texts, tokenizer) -> list[list[list[int]]]:
-    """The reference for corpus preparation, written plainly: each document split into sentences, each sentence
-    tokenised alone without special tokens; empty sentences and documents dropped."""
-    from vlbert.data.corpus import split_sentences
-
-    documents = []
-    for text in texts:
-        sentences = [tokenizer(s, add_special_tokens=False)["input_ids"] for s in split_sentences(text)]
-        sentences = [s for s in sentences if s]
-        if sentences:
-            documents.append(sentences)
-    return documents
-
-
 @pytest.fixture(scope="session")
 def small_token_corpus(small_corpus, tokenizer, tmp_path_factory):
     """``small_corpus`` prepared once (:class:`vlbert.data.token_corpus.TokenCorpus`)."""
@@ -188,8 +63,6 @@ def small_token_corpus(small_corpus, tokenizer, tmp_path_factory):
 
 
 #: The easy-VQA regions that the inference and extension tests share (the `easy` fixture).
-N_EASY_IMAGES = 12
-EASY_DETECTOR = DetectorConfig(options={"input_size": 96, "max_proposals": 8})
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """Fill-mask for one text: the masked LM's top-k fillers of each [MASK], for text and conditioned on an image's
-regions, as transformers' ``pipeline("fill-mask")`` returns them (for text models: tests/test_analysis.py).
+regions, as transformers' ``pipeline("fill-mask")`` returns them (for text models: tests/inference/test_analysis.py).
 
 The computation is inference's (:func:`vlbert.inference.fill_mask.fill_masks`, batched); this is the one-text form
 that ``tools/explain.py fill-mask`` and notebooks call with a model in memory.

@@ -273,7 +273,7 @@ LXMERT = LxmertFamily(
     reference="airsplay/lxmert@827087b; huggingface/transformers modeling_lxmert.py (5.23)",
     parity=(
         "language, vision and pooled outputs and every head's logits equal transformers' Lxmert models within "
-        "1e-5 (float32, ragged text and regions; vlbert tests/test_lxmert.py)"
+        "1e-5 (float32, ragged text and regions; vlbert tests/published/test_lxmert.py)"
     ),
 )
 

@@ -82,7 +82,7 @@ OSCAR = OscarFamily(
     reference="microsoft/Oscar@266075f",
     parity=(
         "hidden states and pooled output equal a reference forward written from BertImgModel within 1e-5 "
-        "(vlbert tests/test_published_checkpoints.py)"
+        "(vlbert tests/published/test_published_checkpoints.py)"
     ),
 )
 

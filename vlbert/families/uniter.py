@@ -173,7 +173,7 @@ UNITER = UniterFamily(
     reference="ChenRocks/UNITER@1dbfa62",
     parity=(
         "hidden states and every head's logits equal a reference forward written from UNITER's code "
-        "within 1e-5 (float32, 10 and 100 regions; vlbert tests/test_published_checkpoints.py)"
+        "within 1e-5 (float32, 10 and 100 regions; vlbert tests/published/test_published_checkpoints.py)"
     ),
 )
 

@@ -115,7 +115,7 @@ VISUALBERT = VisualBertFamily(
     reference="huggingface/transformers modeling_visual_bert.py@00e12e7",
     parity=(
         "hidden states and every head's logits equal transformers' VisualBert models within 1e-5 (vlbert "
-        "tests/test_published_checkpoints.py)"
+        "tests/published/test_published_checkpoints.py)"
     ),
 )
 

@@ -214,7 +214,7 @@ VL_BERT = VLBertFamily(
     reference="jackroos/VL-BERT@4373674",
     parity=(
         "hidden states, MLM and region-class logits equal a reference forward written from VL-BERT's code "
-        "within 1e-5 (float32, prec and e2e; vlbert tests/test_vl_bert.py)"
+        "within 1e-5 (float32, prec and e2e; vlbert tests/published/test_vl_bert.py)"
     ),
 )
 

@@ -40,7 +40,7 @@ def fill_masks(
         per text, one list per [MASK] in order, of ``top_k`` dicts ``{"score": probability, "token": id,
         "token_str": wordpiece, "sequence": the text with this filler (special tokens kept where the text has other
         masks, which stay visible)}``, best first (transformers' fill-mask fields and values, ``FillMaskPipeline``
-        at v5.23: tests/test_analysis.py compares them).
+        at v5.23: tests/inference/test_analysis.py compares them).
     Raises:
         ValueError: a text without [MASK] (named, with the fix); regions given to a text-only model, or a number
             of region items other than the number of texts.

@@ -7,7 +7,7 @@ inputs and implements ``postprocess`` (and ``preprocess`` / ``_forward`` where i
 one text). A region-based model also needs the detector that made its training regions: each pipeline rebuilds it
 from the run's ``inference.json`` and refuses another one (:mod:`vlbert.inference.run`). Inputs are prepared exactly
 as the task's dataset prepares them (same tokenizer, truncation, ``region_item`` and padding), so on the same
-regions a pipeline gives the recipe's evaluation outputs (tests/test_inference.py checks every task).
+regions a pipeline gives the recipe's evaluation outputs (tests/inference/test_inference.py checks every task).
 
 Images: a file path, a PIL image, a uint8 array [H, W, 3] (RGB) or the image's :class:`~detectors.regions.Regions`.
 A new task is a Pipeline subclass and one line in :data:`PIPELINES` (docs/extending.md).

@@ -1,5 +1,5 @@
 """Custom autograd kernels the models use for speed, each equal in value and gradient to what it replaces
-(tests/test_fast_paths.py): CPU dropout with integer masks and a fused cross-entropy that also yields accuracy."""
+(tests/layers/test_fast_paths.py): CPU dropout with integer masks and a fused cross-entropy that also yields accuracy."""
 
 from __future__ import annotations
 

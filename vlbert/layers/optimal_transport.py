@@ -5,7 +5,7 @@
 IPOT minimises <C, T> over transport plans T with marginals mu (uniform over the real words) and nu (uniform over
 the real regions) by proximal steps T <- argmin <C, T> + beta * KL(T || T_prev), each solved inexactly by ``k``
 Sinkhorn iterations on the kernel exp(-C / beta) * T_prev. Unlike entropic Sinkhorn it converges to the exact
-optimal-transport distance as the iterations grow, for any beta (tests/test_word_region_alignment.py checks it
+optimal-transport distance as the iterations grow, for any beta (tests/objectives/test_word_region_alignment.py checks it
 against the exact linear program of the POT package). UNITER (``model/ot.py`` at 1dbfa62) runs beta = 0.5,
 50 iterations, k = 1, on the cosine distance, in float32, the plan held constant for the gradient.
 """
@@ -79,7 +79,7 @@ def ipot_loop(
     reshape sits between them. The same recurrence as Xie et al. 2019 algorithm 1 and UNITER's ``ipot``
     (``model/ot.py`` at 1dbfa62): q = K * T; delta = mu / (q sigma); sigma = nu / (q^T delta); T = delta q sigma^T;
     equal to the previous form of this function (clamp_min(1e-30) where this adds 1e-30) within float32
-    rounding (tests/test_word_region_alignment.py)."""
+    rounding (tests/objectives/test_word_region_alignment.py)."""
     cost = cost.float()
     xf, yf = x_mask.float(), y_mask.float()
     mu = (xf / xf.sum(1, keepdim=True).clamp_min(1))[:, :, None]  # [B, M, 1]

@@ -4,7 +4,7 @@ Architecture: Devlin et al. 2019 ("BERT"), section 3 and appendix A: token + lea
 a post-LayerNorm Transformer encoder (Vaswani et al. 2017), a tanh pooler on [CLS], a masked-LM head whose output
 projection is tied to the word embeddings, and a 2-way next-sentence head on the pooled output. Numerically it is
 transformers' ``BertModel`` / ``BertForPreTraining`` (same weights give the same outputs; see
-tests/test_parity_transformers.py); the parameter names are our own and map onto Hugging Face's in
+tests/published/test_parity_transformers.py); the parameter names are our own and map onto Hugging Face's in
 :mod:`vlbert.checkpoint`.
 
 Differences from transformers, all for speed and none visible in the numbers:
@@ -264,7 +264,7 @@ def run_padded(encoder: nn.Module):
 def compile_model(model: nn.Module, **options) -> nn.Module:
     """``torch.compile`` the whole model in place (``nn.Module.compile``: parameter names and checkpoints are
     unchanged), with dynamic shapes since packed batches vary in length. With the collator's packed layout and
-    masked positions the training forward is one graph (tests/test_gpu_step.py): inductor then fuses bias + GELU
+    masked positions the training forward is one graph (tests/gpu/test_gpu_step.py): inductor then fuses bias + GELU
     and dropout + residual + LayerNorm, which the eager step cannot. Off by default (``training.compile``): on a
     2-core CPU compiled layers were slower than eager (text default: 352-379 ms vs 325 ms per step).
     ``options`` go to ``torch.compile`` (default ``dynamic=True``). Returns ``model``.

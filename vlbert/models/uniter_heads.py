@@ -1,6 +1,6 @@
 """UNITER's fine-tuned heads where they differ from ours (ChenRocks/UNITER at 1dbfa62, ``model/ve.py`` and
 ``model/nlvr2.py``), so that its published SNLI-VE and NLVR2 checkpoints convert and compute what its code computes
-(tests/test_published_checkpoints.py checks each against a reference forward written from those files).
+(tests/published/test_published_checkpoints.py checks each against a reference forward written from those files).
 
 * SNLI-VE (``UniterForVisualEntailment``): the VQA answer MLP over the 3 labels (:class:`VLBertForVisualEntailment`).
 * NLVR2 ``paired`` (``UniterForNlvr2Paired``): the statement encoded with each image, the left image's regions of

@@ -82,7 +82,7 @@ def estimate_step_flops(
     forward and weight gradient only (the detector's features need no gradient): 1.2% of a UNITER-base region
     position. With ``regions`` 0 this equals ``estimate_flops_per_token(config, tokens / sequences) * tokens``.
     Checked against ``torch.utils.flop_counter.FlopCounterMode`` on a VL forward + backward
-    (tests/test_mfu.py). ``config``: a :class:`~vlbert.config.BertConfig` (or ``VLBertConfig`` where ``regions``).
+    (tests/training/test_mfu.py). ``config``: a :class:`~vlbert.config.BertConfig` (or ``VLBertConfig`` where ``regions``).
     """
     positions = tokens + regions
     if not positions or not sequences:

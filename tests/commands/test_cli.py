@@ -1,0 +1,194 @@
+"""The ``vlbert`` console command (issue 44): its subcommands are the tools, the old script paths still run the
+same code, the three task tools are ``finetune --task`` with their default configs, the benchmarks are one tool,
+configs resolve by name from the package, and an installed wheel runs outside the checkout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+from helpers.builders import ROOT, tool
+
+from vlbert.command_line import run_tool
+from vlbert.commands import COMMANDS, command_main, main
+from vlbert.commands.benchmark import BENCHMARKS
+from vlbert.training.run_config import config_dir, config_names, load_run_config, resolve_config_path
+
+
+def test_help_lists_every_subcommand(capsys):
+    assert main(["--help"]) == 0
+    shown = capsys.readouterr().out
+    for name in ("pretrain", "finetune", "predict", "extract", "convert", "explain", "benchmark", "demo"):
+        assert f"\n  {name} " in shown
+    assert main(["pretrian"]) == 2 and "unknown command 'pretrian'" in capsys.readouterr().err
+
+
+def test_every_subcommand_and_script_has_a_parser(capsys):
+    """Each subcommand prints its own help; each tools/*.py script runs the same main as its subcommand."""
+    for name in COMMANDS:
+        try:
+            status = command_main(name)(["--help"])
+        except SystemExit as done:  # argparse's --help
+            status = done.code
+        assert status == 0 and capsys.readouterr().out.startswith("usage: "), name
+    scripts = {
+        "pretrain": "pretrain",
+        "predict": "predict",
+        "extract_regions": "extract",
+        "explain": "explain",
+        "convert_checkpoint": "convert",
+        "benchmark": "benchmark",
+        "finetune": "finetune",
+    }
+    for script, name in scripts.items():
+        assert tool(script) is command_main(name)
+    assert tool("benchmark_inference") is BENCHMARKS["inference"].main
+    capsys.readouterr()
+
+
+def test_task_tools_are_finetune_with_their_task_and_config(monkeypatch):
+    """finetune_vqa.py = finetune --task vqa with finetune/vqa-easy-vqa; finetune --task nlvr2 without --config
+    takes nlvr2's default; flags reach the config as before."""
+    import vlbert.commands.finetune as finetune
+
+    seen = {}
+    monkeypatch.setattr(
+        finetune,
+        "run_from_args",
+        lambda args, task, extra=(): seen.update(task=task, config=str(args.config), extra=dict(extra)),
+    )
+    assert tool("finetune_vqa")(["--dataset", "vqa-v2", "--max-steps", "3"]) == 0
+    assert seen == {"task": "vqa", "config": "finetune/vqa-easy-vqa", "extra": {"data.dataset": "vqa-v2"}}
+    assert command_main("finetune")(["--task", "nlvr2"]) == 0 and seen["config"] == "finetune/nlvr2-easy-vqa"
+    assert tool("finetune_retrieval")([]) == 0 and seen["task"] == "retrieval"
+    config = str(ROOT / "configs" / "finetune" / "snli-ve-easy-vqa.yaml")
+    assert command_main("finetune")(["--config", config]) == 0 and seen["task"] == "snli-ve"
+
+
+def test_configs_resolve_by_name_from_the_package(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no configs/ here: names and repository paths resolve from the package
+    assert resolve_config_path("vl/uniter-base") == config_dir() / "vl" / "uniter-base.yaml"
+    assert resolve_config_path("configs/text/default.yaml") == config_dir() / "text" / "default.yaml"
+    with_base = load_run_config("finetune/uniter-base-vqa-v2")  # its _base_ resolves beside it
+    assert with_base["task"] == "vqa" and with_base["init_from"] == "models/uniter-base"
+    own = tmp_path / "vl" / "uniter-base.yaml"  # a file of the user's wins over a shipped name
+    own.parent.mkdir()
+    own.write_text("modality: vl\n")
+    assert load_run_config("vl/uniter-base.yaml") == {"modality": "vl"}
+    assert {"text/default", "vl/default", "finetune/vqa-easy-vqa", "detectors/easy-vqa"} <= set(config_names())
+    assert run_tool(command_main("pretrain"), ["--config", "vl/no-such"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: config file vl/no-such does not exist and is not the name of a shipped config")
+    assert len(err.splitlines()) == 1 and "vlbert configs" in err
+    assert command_main("configs")([]) == 0 and "vl/uniter-base\n" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_the_wheel_runs_outside_the_checkout(tmp_path):
+    """Build the wheel, install it into a fresh virtual environment that reuses the installed dependencies (a
+    .pth line naming this interpreter's site-packages), and run ``vlbert pretrain --modality text --max-steps 2``
+    from an empty directory, without PYTHONPATH: the code, the configs and the defaults come from the wheel."""
+    source = tmp_path / "src"
+    for name in ("vlbert", "vlbert_base", "detectors", "configs"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", source], check=True)
+    wheel = next((tmp_path / "dist").glob("vlbert-*.whl"))
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    dependencies = [p for p in sys.path if p.endswith("site-packages")]
+    Path(site, "installed-dependencies.pth").write_text("\n".join(dependencies) + "\n")
+    subprocess.run(
+        [*pip, "--python", python, "install", "--no-deps", "--no-index", "--ignore-installed", wheel], check=True
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [
+            env_dir / "bin" / "vlbert",
+            "pretrain",
+            "--modality",
+            "text",
+            "--max-steps",
+            "2",
+            "--set",
+            "training.batch_size=4",
+            "--set",
+            "data.max_eval_batches=1",
+            "--set",
+            "training.progress_bar=false",
+        ],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    where = subprocess.run(
+        [python, "-c", "import importlib.util; print(importlib.util.find_spec('vlbert').origin)"],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert where.startswith(str(env_dir))  # the wheel's code ran, not the checkout's
+    advice = subprocess.run(
+        [python, "-c", "from vlbert_base.dependencies import extra_install as e; print(e('demo', 'easy-vqa'))"],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert advice.startswith("pip install 'vlbert[demo]'")  # a wheel is not told to `pip install -e .`
+    assert (empty / "runs" / "text-default" / "model.safetensors").is_file() and "final metrics" in done.stdout
+    # the end-of-run table (NSP beside its chance level) and the held-out evaluation printed as it happens
+    nsp = [line for line in done.stdout.splitlines() if line.startswith("eval_nsp_accuracy ")]
+    assert len(nsp) == 1 and "0.5000 chance" in nsp[0], done.stdout
+    assert "held-out at step 2: mlm_accuracy" in done.stderr
+
+
+def test_demo_refusals_are_one_line(doc_runs, monkeypatch, capsys):
+    """A run whose task the page does not show, and a missing gradio: one line each, status 2."""
+    assert run_tool(command_main("demo"), [str(doc_runs["nlvr2-easy-vqa"])]) == 2
+    assert "is a 'nlvr2' run; the demo shows runs of retrieval, vl-pretraining, vqa" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "gradio", None)  # as if not installed
+    assert run_tool(command_main("demo"), [str(doc_runs["vqa-easy-vqa"])]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: vlbert demo needs gradio: pip install 'vlbert[demo-web]' (or pip install gradio)"
+    )
+
+
+def test_example_image_writes_a_test_picture_with_its_answers_and_never_overwrites(tmp_path, capsys):
+    """`vlbert example-image` copies an easy-VQA test image of the asked colour and shape and prints the dataset's
+    own questions about it; an existing file is refused in one line and kept."""
+    from vlbert.command_line import run_tool
+    from vlbert.data.easy_vqa import color_and_shape, image_paths
+
+    out = tmp_path / "photo.png"
+    assert main(["example-image", str(out), "--color", "red", "--shape", "circle"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    image_id = printed[0].split("easy-VQA ")[1].split(",")[0]
+    assert color_and_shape("test")[image_id] == ("red", "circle")
+    assert out.read_bytes() == image_paths("test")[image_id].read_bytes()
+    assert any(line.strip().endswith("->  circle") for line in printed[1:])
+    assert run_tool(command_main("example-image"), [str(out), "--id", "test/1"]) == 2
+    assert "exists" in capsys.readouterr().err and out.read_bytes() == image_paths("test")[image_id].read_bytes()

@@ -1,0 +1,185 @@
+"""The single-stream VL model: location features, region permutation equivariance, agreement with BertModel when
+regions are masked out, objectives, checkpoints and input errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers.builders import padded_batch, random_hf_config
+
+import vlbert
+from vlbert.models.vl import VLBertForPreTraining, VLBertModel, region_location_features
+
+
+def vl_config(seed=0, **kw):
+    values = random_hf_config(seed).to_dict()
+    values.update(region_feature_dim=12, num_region_classes=5, **kw)
+    return vlbert.VLBertConfig.from_dict(values)
+
+
+def region_inputs(batch=4, regions=5, dim=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.randn(batch, regions, dim, generator=g).half()
+    xy = torch.rand(batch, regions, 2, generator=g) * 0.5
+    wh = torch.rand(batch, regions, 2, generator=g) * 0.5
+    boxes = torch.cat([xy, xy + wh], -1)
+    mask = torch.ones(batch, regions, dtype=torch.long)
+    mask[1, 3:] = 0
+    return feats, boxes, mask
+
+
+def test_location_features_hand_worked():
+    boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.25, 0.5, 0.75, 0.75], [0.1, 0.2, 0.1, 0.2]])
+    expected = torch.tensor(
+        [[0, 0, 1, 1, 1, 1, 1], [0.25, 0.5, 0.75, 0.75, 0.5, 0.25, 0.125], [0.1, 0.2, 0.1, 0.2, 0, 0, 0]]
+    )
+    torch.testing.assert_close(region_location_features(boxes), expected)
+
+
+def test_permuting_regions_permutes_outputs_and_keeps_text():
+    torch.manual_seed(0)
+    model = VLBertModel(vl_config()).eval()
+    ids, types, mask = padded_batch(model.config.vocab_size)
+    feats, boxes, rmask = region_inputs()
+    perm = torch.tensor([3, 0, 4, 1, 2])
+    with torch.no_grad():
+        a = model(ids, types, mask, feats, boxes, rmask).last_hidden_state
+        b = model(ids, types, mask, feats[:, perm], boxes[:, perm], rmask[:, perm]).last_hidden_state
+    t = ids.shape[1]
+    real_text = mask.bool()
+    torch.testing.assert_close(b[:, :t][real_text], a[:, :t][real_text], atol=1e-5, rtol=0)
+    real_regions = rmask[:, perm].bool()
+    torch.testing.assert_close(b[:, t:][real_regions], a[:, t:][:, perm][real_regions], atol=1e-5, rtol=0)
+
+
+def test_all_regions_masked_equals_text_bert():
+    torch.manual_seed(1)
+    vl = VLBertModel(vl_config(1)).eval()
+    bert = vlbert.BertModel(vlbert.BertConfig.from_dict(random_hf_config(1).to_dict())).eval()
+    info = bert.load_converted_state_dict({"bert." + k: v for k, v in vl.state_dict().items()})
+    assert info.missing_keys == [] and all(k.startswith("region_embeddings") for k in info.unexpected_keys)
+    ids, types, mask = padded_batch(vl.config.vocab_size, seed=2)
+    feats, boxes, _ = region_inputs(seed=3)
+    with torch.no_grad():
+        joint = vl(ids, types, mask, feats, boxes, torch.zeros(4, 5, dtype=torch.long))
+        text = bert(ids, types, mask)
+    real = mask.bool()
+    torch.testing.assert_close(
+        joint.last_hidden_state[:, : ids.shape[1]][real], text.last_hidden_state[real], atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(joint.pooler_output, text.pooler_output, atol=1e-5, rtol=0)
+
+
+def test_objectives_match_their_definitions():
+    torch.manual_seed(2)
+    model = VLBertForPreTraining(vl_config(2)).eval()
+    ids, types, mask = padded_batch(model.config.vocab_size, seed=4)
+    feats, boxes, rmask = region_inputs(seed=5)
+    masked = torch.zeros(4, 5, dtype=torch.bool)
+    masked[0, 1] = masked[2, 0] = masked[3, 4] = True
+    targets = torch.randn(4, 5, 12).half()
+    probs = torch.softmax(torch.randn(4, 5, 5), -1)
+    out = model(
+        ids,
+        types,
+        mask,
+        feats,
+        boxes,
+        rmask,
+        masked_regions=masked,
+        region_targets=targets,
+        region_labels=probs,
+        itm_label=torch.tensor([1, 0, 1, 0]),
+    )
+    assert set(out.losses) == {"mrfr", "mrc_kl", "itm"} and out.counts["mrfr"] == 3
+    hidden = out.last_hidden_state[:, ids.shape[1] :][masked]
+    torch.testing.assert_close(out.losses["mrfr"], F.mse_loss(model.mrfr(hidden), targets[masked].float()))
+    kl = (probs[masked] * (probs[masked].log() - F.log_softmax(model.mrc(hidden), -1))).sum(-1).mean()
+    torch.testing.assert_close(out.losses["mrc_kl"], kl, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out.loss, out.losses["mrfr"] + out.losses["mrc_kl"] + out.losses["itm"])
+    assert out.unused_parameters == list(model.masked_lm.parameters())  # the one head no objective used
+    out.loss.backward()
+    assert model.bert.region_embeddings.feature_proj.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in out.unused_parameters)  # declared, not in the loss: the trainer adds them
+    # under DDP (vlbert.training.distributed.global_batch_loss)
+
+
+def test_heads_answer_without_labels_as_with_them():
+    """As transformers' *ForPreTraining: without labels every head's logits come back; the ITM logits are those of a
+    forward given itm_label, and the MLM logits at the masked positions those of a forward given labels."""
+    torch.manual_seed(3)
+    model = VLBertForPreTraining(vl_config(3)).eval()
+    ids, types, mask = padded_batch(model.config.vocab_size, seed=6)
+    feats, boxes, rmask = region_inputs(seed=7)
+    labels = torch.full_like(ids, -100)
+    labels[0, 1] = labels[2, 2] = 7
+    with torch.no_grad():
+        bare = model(ids, types, mask, feats, boxes, rmask)
+        itm = model(ids, types, mask, feats, boxes, rmask, itm_label=torch.tensor([1, 0, 1, 0]))
+        mlm = model(ids, types, mask, feats, boxes, rmask, labels=labels)
+    assert bare.loss is None and bare.seq_relationship_logits.shape == (4, 2)
+    torch.testing.assert_close(bare.seq_relationship_logits, itm.seq_relationship_logits, rtol=0, atol=0)
+    torch.testing.assert_close(bare.prediction_logits[labels != -100], mlm.prediction_logits, atol=1e-5, rtol=0)
+    assert itm.prediction_logits is None  # a training batch computes no head it has no labels for
+
+
+def test_vl_checkpoint_round_trip_and_init_from_bert(tmp_path, minilm_dir):
+    model = VLBertForPreTraining.from_pretrained(minilm_dir, region_feature_dim=12, num_region_classes=5)
+    missing = model.loading_info.missing_keys
+    assert any(k.startswith("bert.region_embeddings") for k in missing)
+    assert not any(k.startswith("bert.encoder") or k.startswith("bert.embeddings") for k in missing)
+    model.save_pretrained(tmp_path)
+    again = VLBertForPreTraining.from_pretrained(tmp_path)
+    assert again.loading_info.missing_keys == [] and again.loading_info.unexpected_keys == []
+    assert again.config == model.config
+    for (n, p), (m, q) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert n == m and torch.equal(p, q)
+
+
+def test_region_input_errors():
+    model = VLBertModel(vl_config()).eval()
+    ids, types, mask = padded_batch(model.config.vocab_size)
+    feats, boxes, rmask = region_inputs()
+    with pytest.raises(ValueError, match="region_feature_dim=12"):
+        model(ids, types, mask, torch.zeros(4, 5, 7), boxes, rmask)
+    with pytest.raises(ValueError, match="zero regions"):
+        model(ids, types, mask, feats[:, :0], boxes[:, :0], rmask[:, :0])
+    with pytest.raises(ValueError, match="region_boxes"):
+        model(ids, types, mask, feats, boxes[..., :2], rmask)
+
+
+def test_shard_feature_size_must_match_the_config(tokenizer):
+    from types import SimpleNamespace
+
+    from vlbert.recipes.runner import RunContext
+    from vlbert.recipes.vl_pretraining import build_model
+
+    run = {
+        "model": {
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "region_feature_dim": 2048,
+        }
+    }
+    ctx = RunContext(run, None, None, None, tokenizer, None)
+    with pytest.raises(ValueError, match="1280-d region features but model.region_feature_dim is 2048"):
+        build_model(ctx, SimpleNamespace(feature_dim=1280, num_classes=1000, qa_answers=[]))
+
+
+def test_mrc_cross_entropy_variant():
+    torch.manual_seed(3)
+    model = VLBertForPreTraining(vl_config(3)).eval()
+    ids, types, mask = padded_batch(model.config.vocab_size, seed=4)
+    feats, boxes, rmask = region_inputs(seed=5)
+    masked = torch.zeros(4, 5, dtype=torch.bool)
+    masked[0, 1] = masked[3, 2] = True
+    probs = torch.softmax(torch.randn(4, 5, 5), -1)
+    top = probs.argmax(-1).masked_fill(~masked, -100)
+    out = model(ids, types, mask, feats, boxes, rmask, masked_regions=masked, region_class_labels=top)
+    assert set(out.losses) == {"mrc"}
+    hidden = out.last_hidden_state[:, ids.shape[1] :][masked]
+    expected = F.cross_entropy(model.mrc(hidden), probs[masked].argmax(-1))
+    torch.testing.assert_close(out.losses["mrc"], expected)
