@@ -138,13 +138,17 @@ def test_a_vqa_model_in_memory_answers_as_its_run(easy, vqa_run):
 
 def test_the_recipe_names_its_pipeline_and_older_runs_keep_theirs(vqa_run, tmp_path):
     info = json.loads((vqa_run.dir / "inference.json").read_text())
-    assert info["pipeline"] == RECIPES["vqa"].pipeline == "vqa"
+    assert info["pipeline"] == RECIPES["vqa"].pipeline == "visual-question-answering"
     named = {name: r.pipeline for name, r in RECIPES.items()}
     assert all(p in PIPELINES for p in named.values()), named  # every recipe's pipeline exists
     old = tmp_path / "old"  # a run written before inference.json named the pipeline: its task did
     shutil.copytree(vqa_run.dir, old, ignore=shutil.ignore_patterns("checkpoints", "tensorboard"))
     (old / "inference.json").write_text(json.dumps({k: v for k, v in info.items() if k != "pipeline"}))
     assert type(pipeline(old, device="cpu")) is VQAPipeline
+    renamed = tmp_path / "renamed"  # a run written before the pipelines were renamed: "pipeline": "vqa"
+    shutil.copytree(old, renamed)
+    (renamed / "inference.json").write_text(json.dumps({**info, "pipeline": "vqa"}))
+    assert type(pipeline(renamed, device="cpu")) is type(pipeline("vqa", renamed, device="cpu")) is VQAPipeline
 
 
 def test_image_files_are_extracted_with_the_runs_own_detector(easy, vqa_run):
