@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import random
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch
 from doc_runs import write_tiny_runs
 
 from detectors.config import DetectorConfig
+from vlbert.commands.scripts import script_main
 from vlbert.data.corpus import load_bbc_news
 from vlbert.tokenization import load_tokenizer, packaged_minilm_dir
 
@@ -24,12 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def tool(name: str):
-    """The ``main(argv)`` of ``tools/<name>.py``, for running a tool in-process (through
-    :func:`vlbert.command_line.run_tool`, as its ``__main__`` does) instead of starting an interpreter."""
-    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    """The ``main(argv)`` of ``tools/<name>.py``: its ``vlbert`` command with the script's fixed flags
+    (:func:`vlbert.commands.scripts.script_main`), for running a command in-process without the error rule
+    (exceptions keep their types; wrap it in :func:`vlbert.commands.errors.run_tool` for the exit status)."""
+    return script_main(name)
 
 
 def tiny_text_trainer(

@@ -6,8 +6,10 @@
     vlbert finetune --task vqa --init-from runs/vl-default
     vlbert benchmark inference runs/vqa-easy-vqa
 
-Each subcommand's module is imported when it is run (``vlbert --help`` imports no model code); every subcommand
-runs under :func:`vlbert.command_line.run_tool`: a user error is one ``error: ...`` line with exit status 2.
+This is the one implementation of vlbert's command line: ``python -m vlbert`` is this ``main``, and every script in
+``tools/`` is a command here with some flags fixed (:data:`vlbert.commands.scripts.SCRIPTS`). Each subcommand's
+module is imported when it is run; every subcommand runs under :func:`vlbert.commands.errors.run_tool`: a user error
+is one ``error: ...`` line with exit status 2.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import importlib
 import sys
 from typing import Sequence
 
-from vlbert.command_line import run_tool
+from vlbert.commands.errors import run_tool
 
-#: subcommand -> (module with ``main(argv)``, one line of help). A new tool is one module and one line here.
+#: subcommand -> (module with ``main(argv)``, or ``module:function`` for another function, one line of help). A new
+#: command is one module and one line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "pretrain": ("vlbert.commands.pretrain", "pretrain BERT on text (MLM + NSP) or a VL BERT on image-text pairs"),
     "finetune": ("vlbert.commands.finetune", "fine-tune a task: --task vqa|retrieval|nlvr2|snli-ve|refcoco|text"),
-    "finetune-text": ("vlbert.commands.finetune_text", "fine-tune on BBC News or your CSV/JSON text data"),
+    "finetune-text": ("vlbert.commands.finetune:text_main", "= finetune --task text (BBC News, GLUE, your text data)"),
     "predict": ("vlbert.commands.predict", "answers, labels, boxes or matches from a trained run about images"),
     "extract": ("vlbert.commands.extract_regions", "images -> region shards (or import TSV / npz features)"),
     "convert": ("vlbert.commands.convert_checkpoint", "a published UNITER / VisualBERT / Oscar checkpoint -> a model"),
@@ -56,7 +59,8 @@ def command_main(name: str):
     Raises:
         KeyError: no such subcommand.
     """
-    return importlib.import_module(COMMANDS[name][0]).main
+    module, _, function = COMMANDS[name][0].partition(":")
+    return getattr(importlib.import_module(module), function or "main")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The one rule every tool in ``tools/`` follows for errors, as argparse does for its flags: an error in what the
+"""The one rule every ``vlbert`` command (and so every script in ``tools/``) follows for errors, as argparse does for its flags: an error in what the
 user supplied (config files and values, flags, data files and their records, checkpoints, shards, images) is
 printed as one line, ``error: <what is wrong and the fix>``, with exit status 2; a traceback means a bug in vlbert.
 
@@ -30,7 +30,7 @@ from vlbert.training.trainer import NonFiniteLossError, TrainingPreempted
 
 #: The directories whose code raises checked-input errors on purpose.
 _OWN_CODE = tuple(
-    str(Path(__file__).resolve().parents[1] / name) + os.sep for name in ("vlbert", "vlbert_base", "detectors", "tools")
+    str(Path(__file__).resolve().parents[2] / name) + os.sep for name in ("vlbert", "vlbert_base", "detectors", "tools")
 )
 USAGE_ERROR = 2
 FAILED_RUN = 1
@@ -76,7 +76,7 @@ def _report(kind: str, error: BaseException) -> None:
 
 
 def run_tool(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:
-    """Run a tool's ``main(argv)`` under the error rule; returns the exit status (0, 1, 2 or 143).
+    """Run a command's ``main(argv)`` under the error rule (:func:`vlbert.commands.main` runs every command so); returns the exit status (0, 1, 2 or 143).
 
     Prints ``error: ...`` on standard error for a user error (status 2) or a diverged run (status 1). Any other
     exception propagates with its traceback. ``SystemExit`` (argparse, ``--help``) passes through.

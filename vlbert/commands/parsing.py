@@ -1,6 +1,6 @@
-"""The command-line shape every training tool shares: common flags, config loading with overrides, the run
-through :func:`vlbert.recipes.run`, and the final report. It sits above the recipes (tools -> cli -> recipes ->
-trainer), so nothing below imports it."""
+"""The command-line shape every training command (``vlbert pretrain``, ``vlbert finetune``) shares: common flags,
+config loading with overrides, the run through :func:`vlbert.recipes.run`, and the final report. It sits above the
+recipes (tools -> commands -> recipes -> trainer), so nothing below imports it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ COMMON_FLAGS = (
 
 
 def training_parser(doc: str, default_config: str | None) -> argparse.ArgumentParser:
-    """An argument parser with the flags of every training tool; tools add their own."""
+    """An argument parser with the flags of every training command; commands add their own."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--config",
@@ -55,7 +55,7 @@ def run_from_args(args: argparse.Namespace, task: str, extra: tuple[tuple[str, A
     overrides, run the recipe ``task`` and print the final metrics as a table beside their baselines
     (:func:`vlbert.recipes.report.results_table`).
 
-    Errors propagate with their types; the tools' :func:`vlbert.command_line.run_tool` turns the user's into one
+    Errors propagate with their types; :func:`vlbert.commands.errors.run_tool` turns the user's into one
     line (a run directory that holds a run, bad config values, missing data, ...) and a SIGTERM into status 143.
     Flags given on the command line (``--init-from`` aside) are passed to the recipe as ``command_line_keys``.
     """
