@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def tool(name: str):
     """The ``main(argv)`` of ``tools/<name>.py``: its ``vlbert`` command with the script's fixed flags
     (:func:`vlbert.commands.scripts.script_main`), for running a command in-process without the error rule
-    (exceptions keep their types; wrap it in :func:`vlbert.commands.errors.run_tool` for the exit status)."""
+    (exceptions keep their types; wrap it in :func:`vlbert.commands.run_tool` for the exit status)."""
     return script_main(name)
 
 

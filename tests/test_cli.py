@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, tool
 
-from vlbert.commands import COMMANDS, command_main, main
-from vlbert.commands.errors import run_tool
+from vlbert.commands import COMMANDS, command_main, main, run_tool
 from vlbert.commands.scripts import SCRIPTS
 from vlbert.training.run_config import config_dir, config_names, load_run_config, resolve_config_path
 
@@ -229,7 +228,7 @@ def test_demo_refusals_are_one_line(doc_runs, monkeypatch, capsys):
 def test_example_image_writes_a_test_picture_with_its_answers_and_never_overwrites(tmp_path, capsys):
     """`vlbert example-image` copies an easy-VQA test image of the asked colour and shape and prints the dataset's
     own questions about it; an existing file is refused in one line and kept."""
-    from vlbert.commands.errors import run_tool
+    from vlbert.commands import run_tool
     from vlbert.data.easy_vqa import color_and_shape, image_paths
 
     out = tmp_path / "photo.png"

@@ -16,7 +16,7 @@ import yaml
 from conftest import tool
 from test_tool_errors import TINY_MODEL, one_line_error
 
-from vlbert.commands.errors import run_tool
+from vlbert.commands import run_tool
 from vlbert.training.run_config import config_dir, load_run_config
 from vlbert_base.typed_config import Range, check_value
 

@@ -17,7 +17,7 @@ from published_references import uniter_state
 from test_published_checkpoints import UNITER_CONFIG, write_tokenizer
 
 from detectors.regions import Regions
-from vlbert.commands.errors import run_tool
+from vlbert.commands import run_tool
 from vlbert.inference import pipeline
 from vlbert.models.uniter_heads import VLBertForVisualEntailment
 from vlbert.tokenization import resolve_model_path

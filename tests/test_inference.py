@@ -20,7 +20,7 @@ from conftest import tool, write_jsonl
 from detectors.config import DetectorConfig
 from detectors.extract import extract_regions
 from detectors.shards import load_regions, shard_paths, write_detector_info, write_shards
-from vlbert.commands.errors import run_tool
+from vlbert.commands import run_tool
 from vlbert.data.easy_vqa import load_questions
 from vlbert.inference import (
     PIPELINES,

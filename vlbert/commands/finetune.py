@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from vlbert.commands.parsing import run_from_args, training_parser
+from vlbert.commands import run_from_args, training_parser
 from vlbert.data.finetuning import GLUE_TASKS
 from vlbert.recipes import TASKS, TaskView
 from vlbert.training.run_config import load_run_config

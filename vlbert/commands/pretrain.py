@@ -10,7 +10,7 @@ Every flag overrides the config file; --set section.key=value overrides any othe
 
 from __future__ import annotations
 
-from vlbert.commands.parsing import run_from_args, training_parser
+from vlbert.commands import run_from_args, training_parser
 from vlbert.recipes import TASKS
 from vlbert.training.run_config import load_run_config
 
