@@ -18,7 +18,8 @@ nothing below imports it.
 
 Errors: the one rule every ``vlbert`` command (and so every script in ``tools/``) follows, as argparse does for its
 flags: an error in what the user supplied (config files and values, flags, data files and their records,
-checkpoints, shards, images) is printed as one line, ``error: <what is wrong and the fix>``, with exit status 2; a traceback means a bug in vlbert.
+checkpoints, shards, images) is printed as one line, ``error: <what is wrong and the fix>``, with exit status 2; a
+traceback means a bug in vlbert.
 
 Library callers keep the exception types (``ValueError``, ``FileNotFoundError``, ``RegionError``, ...): only
 :func:`run_tool` turns them into lines. Which exceptions are the user's:
