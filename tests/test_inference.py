@@ -216,18 +216,21 @@ def test_predict_tool_writes_the_vqa_v2_results_file(easy, vqa_run, tmp_path):
 
 def test_predict_tool_errors_are_one_line(vqa_run, tmp_path, capsys):
     assert run_tool(tool("predict"), [str(vqa_run.dir), "--text", "what color?"]) == 2
-    assert "a vqa example needs image (flags: --image)" in capsys.readouterr().err
+    assert "a visual-question-answering example needs image (flags: --image)" in capsys.readouterr().err
     assert run_tool(tool("predict"), [str(vqa_run.dir), "--image", "x.png", "--text", "?", "--format", "nlvr2"]) == 2
-    assert "--format nlvr2 is for nlvr2 runs" in capsys.readouterr().err
+    assert "--format nlvr2 is for visual-reasoning runs" in capsys.readouterr().err
     assert run_tool(tool("predict"), [str(tmp_path), "--image", "x.png", "--text", "?"]) == 2
     assert "inference.json does not exist" in capsys.readouterr().err
     # An image the run would not read: refused, not silently dropped.
     assert run_tool(tool("predict"), [str(vqa_run.dir), "--image", "x.png", "--image2", "y.png", "--text", "?"]) == 2
-    assert "error: --image2 is not used: this vqa run reads one image (--image)" in capsys.readouterr().err
+    assert (
+        "error: --image2 is not used: this visual-question-answering run reads one image (--image)"
+        in capsys.readouterr().err
+    )
     (tmp_path / "text").mkdir()
     (tmp_path / "text" / "inference.json").write_text(json.dumps({"task": "text-pretraining", "max_text_length": 16}))
     assert run_tool(tool("predict"), [str(tmp_path / "text"), "--image", "x.png", "--text", "a [MASK] circle"]) == 2
-    assert "error: --image is not used: this text-pretraining run reads no images" in capsys.readouterr().err
+    assert "error: --image is not used: this text-fill-mask run reads no images" in capsys.readouterr().err
 
 
 def test_nlvr2_pipeline_and_results_file_as_the_evaluation(easy, tmp_path):
