@@ -3,9 +3,8 @@
 
 import sys
 
-from vlbert.command_line import run_tool
-from vlbert.commands.benchmark import main as main
 from vlbert.commands.benchmark.train import bbc_news_pairs  # noqa: F401  (../shared/gpu/roofline.py reads it here)
+from vlbert.commands.scripts import run_script
 
 if __name__ == "__main__":
-    sys.exit(run_tool(main))
+    sys.exit(run_script(__file__))

@@ -3,8 +3,7 @@
 
 import sys
 
-from vlbert.command_line import run_tool
-from vlbert.commands.benchmark.text_corpus import main as main
+from vlbert.commands.scripts import run_script
 
 if __name__ == "__main__":
-    sys.exit(run_tool(main))
+    sys.exit(run_script(__file__))

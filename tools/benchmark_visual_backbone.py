@@ -4,8 +4,7 @@
 
 import sys
 
-from vlbert.command_line import run_tool
-from vlbert.commands.benchmark.visual_backbone import main as main
+from vlbert.commands.scripts import run_script
 
 if __name__ == "__main__":
-    sys.exit(run_tool(main))
+    sys.exit(run_script(__file__))

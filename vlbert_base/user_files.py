@@ -4,7 +4,7 @@
 A file that cannot be read as what it should be (cut off, hand-edited, another format, not UTF-8) raises
 :class:`UserFileError`, a ``ValueError`` whose one-line message names the file, the line and column where the
 parser gives them, what the file should be, and the fix; the tools print it as ``error: ...`` (see
-:mod:`vlbert.command_line`). A missing file raises ``FileNotFoundError`` naming what it should have been, and a
+:mod:`vlbert.commands`). A missing file raises ``FileNotFoundError`` naming what it should have been, and a
 directory given for a file ``IsADirectoryError``. The parsers are the standard library's :mod:`json` and PyYAML's
 ``safe_load`` (plain data only, never code).
 """

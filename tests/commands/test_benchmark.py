@@ -3,22 +3,10 @@ the matmul FLOPs of a real forward pass."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vlbert import BertConfig, BertForPreTraining
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("benchmark", ROOT / "tools" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_flops_estimate_equals_counted_forward_flops():

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 from helpers.builders import ROOT, tool
 
-from vlbert.command_line import run_tool
-from vlbert.commands import COMMANDS, command_main, main
-from vlbert.commands.benchmark import BENCHMARKS
+from vlbert.commands import COMMANDS, command_main, main, run_tool
+from vlbert.commands.scripts import SCRIPTS
 from vlbert.training.run_config import config_dir, config_names, load_run_config, resolve_config_path
 
 
@@ -36,19 +35,68 @@ def test_every_subcommand_and_script_has_a_parser(capsys):
         except SystemExit as done:  # argparse's --help
             status = done.code
         assert status == 0 and capsys.readouterr().out.startswith("usage: "), name
-    scripts = {
-        "pretrain": "pretrain",
-        "predict": "predict",
-        "extract_regions": "extract",
-        "explain": "explain",
-        "convert_checkpoint": "convert",
-        "benchmark": "benchmark",
-        "finetune": "finetune",
-    }
-    for script, name in scripts.items():
-        assert tool(script) is command_main(name)
-    assert tool("benchmark_inference") is BENCHMARKS["inference"].main
+    for script in ROOT.joinpath("tools").glob("*.py"):  # every script is a command line of vlbert.commands
+        assert SCRIPTS[script.stem][0] in COMMANDS, script
+        assert "run_script(__file__)" in script.read_text(), f"{script} is not a thin script over vlbert.commands"
+    assert SCRIPTS["benchmark_inference"] == ("benchmark", "inference")
+    assert SCRIPTS["finetune_vqa"] == ("finetune", "--task", "vqa") and SCRIPTS["pretrain"] == ("pretrain",)
     capsys.readouterr()
+
+
+def test_a_script_in_tools_runs_its_command_as_a_process():
+    """The shim itself: ``python tools/finetune_vqa.py`` is ``vlbert finetune --task vqa`` (its --help, and a text
+    flag refused under the error rule: one line, status 2); ``python -m vlbert`` is the same command line."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    shown = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "finetune_vqa.py"), "--help"], capture_output=True, text=True, env=env
+    )
+    assert shown.returncode == 0 and "--task" in shown.stdout and "--dataset" in shown.stdout
+    refused = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "finetune_vqa.py"), "--type", "qa"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert (
+        refused.stderr.strip() == "error: --type is a flag of text tasks, not of vqa; leave it out or pass --task text"
+    )
+    listed = subprocess.run([sys.executable, "-m", "vlbert", "--help"], capture_output=True, text=True, env=env)
+    assert listed.returncode == 0 and "\n  finetune " in listed.stdout
+
+
+def test_text_fine_tuning_is_finetune_task_text_and_the_old_spelling_still_runs(monkeypatch):
+    """--task names a task everywhere and --dataset the task's data reader; finetune-text (tools/finetune_text.py)
+    is finetune --task text, where --task bbc-news|glue|custom still means the text dataset."""
+    import vlbert.commands.finetune as finetune
+
+    seen = {}
+    monkeypatch.setattr(
+        finetune,
+        "run_from_args",
+        lambda args, task, extra=(): seen.update(task=task, config=str(args.config), extra=dict(extra)),
+    )
+    new = ["--task", "text", "--dataset", "glue", "--glue-task", "mrpc", "--type", "classification"]
+    for argv, runs in (
+        (new, command_main("finetune")),
+        (["--task", "glue", "--glue-task", "mrpc", "--type", "classification"], command_main("finetune-text")),
+        (["--task", "glue", "--glue-task", "mrpc", "--type", "classification"], tool("finetune_text")),
+        (["--dataset", "glue", "--glue-task", "mrpc", "--type", "classification"], tool("finetune_text")),
+    ):
+        seen.clear()
+        assert runs(argv) == 0
+        assert seen["task"] == "text" and seen["config"] == "finetune/bbc-news", argv
+        assert {k: v for k, v in seen["extra"].items() if v is not None} == {
+            "data.task": "glue",
+            "data.glue_task": "mrpc",
+            "data.type": "classification",
+        }, argv
+    with pytest.raises(ValueError, match="--train is a flag of text tasks, not of vqa"):
+        command_main("finetune")(["--task", "vqa", "--train", "train.csv"])
+    with pytest.raises(SystemExit):  # not a task, not a text dataset: argparse's usage error
+        command_main("finetune")(["--task", "bbc"])
+    with pytest.raises(SystemExit):  # two meanings at once
+        command_main("finetune")(["--task", "glue", "--dataset", "custom"])
 
 
 def test_task_tools_are_finetune_with_their_task_and_config(monkeypatch):
@@ -180,7 +228,7 @@ def test_demo_refusals_are_one_line(doc_runs, monkeypatch, capsys):
 def test_example_image_writes_a_test_picture_with_its_answers_and_never_overwrites(tmp_path, capsys):
     """`vlbert example-image` copies an easy-VQA test image of the asked colour and shape and prints the dataset's
     own questions about it; an existing file is refused in one line and kept."""
-    from vlbert.command_line import run_tool
+    from vlbert.commands import run_tool
     from vlbert.data.easy_vqa import color_and_shape, image_paths
 
     out = tmp_path / "photo.png"

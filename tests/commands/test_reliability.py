@@ -131,7 +131,7 @@ def test_explain_on_a_text_model_says_it_needs_regions(capsys, minilm_dir):  # r
 
 def test_a_collective_that_cannot_complete_is_one_line(monkeypatch):  # row 81
     """What gloo raises when a peer never joins (measured: 2 processes, timeout 3 s) becomes one line with the fix."""
-    from vlbert.command_line import is_user_error, one_line
+    from vlbert.commands import is_user_error, one_line
     from vlbert.training.processes import ProcessGroupError, collective_failure
 
     gloo = RuntimeError(

@@ -1,4 +1,4 @@
-"""The tools' error rule (vlbert/command_line.py): every refusal of what the user supplied reaches the user as one
+"""The tools' error rule (vlbert/commands/__init__.py): every refusal of what the user supplied reaches the user as one
 line, ``error: ...``, with exit status 2 and no traceback, and nothing is written; a bug keeps its traceback. Each
 case is a row of docs/bad-input.md that a tool reaches (row numbers in the ids), run in-process through the same
 ``run_tool`` the tools' ``__main__`` uses. Also: ``--init-from`` with a config whose ``model`` section describes
@@ -17,7 +17,7 @@ import yaml
 from helpers.builders import tool
 from helpers.tool_errors import TINY_MODEL, one_line_error
 
-from vlbert.command_line import is_user_error, run_tool
+from vlbert.commands import is_user_error, run_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -294,7 +294,7 @@ def test_init_from_a_checkpoint_with_the_default_config(tmp_path, caplog):
 def test_flags_are_values_not_yaml(tmp_path, monkeypatch):
     """--output-dir and the other flags are taken as given (only --set is YAML): '#' used to start a YAML comment
     and 'x: y' to make a mapping."""
-    import vlbert.cli
+    import vlbert.commands
 
     seen = {}
 
@@ -302,7 +302,7 @@ def test_flags_are_values_not_yaml(tmp_path, monkeypatch):
         seen.update(config=config, keys=command_line_keys)
         return {}
 
-    monkeypatch.setattr(vlbert.cli, "run", fake_run)
+    monkeypatch.setattr(vlbert.commands, "run", fake_run)
     for name in ("runs/a #b", "runs/x: y", "runs/[1, 2]", "007"):
         tool("pretrain")(
             ["--modality", "text", "--output-dir", name, "--seed", "3", "--set", "training.learning_rate=5e-4"]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers.builders import tool
 
-from vlbert.command_line import run_tool
+from vlbert.commands import run_tool
 from vlbert.data.captions import load_caption_jsonl, load_caption_tsv, load_coco_captions, load_karpathy_split
 
 ROOT = Path(__file__).resolve().parents[2]

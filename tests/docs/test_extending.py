@@ -21,7 +21,7 @@ from vlbert.inference.base import label_result, label_row
 from vlbert.layers.losses import classification_loss
 from vlbert.models.vl_classification import VLBertForSequenceClassification
 from vlbert.objectives import OBJECTIVES, Objective, ObjectiveResult
-from vlbert.recipes import RECIPES, Recipe, load_model
+from vlbert.recipes import TASKS, Recipe, Task, load_model
 from vlbert.recipes.regions import DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate, region_task_info
 
 
@@ -231,7 +231,7 @@ class ColourPipeline(Pipeline):  # the pipeline: its inputs, id, output and resu
 def test_a_new_region_task_trains_and_predicts_through_the_tools_with_a_data_module_recipe_and_pipeline(
     easy, tmp_path, monkeypatch
 ):
-    monkeypatch.setitem(RECIPES, "shape-colour", colour_recipe(easy))  # the recipe's table line
+    monkeypatch.setitem(TASKS, "shape-colour", Task(colour_recipe(easy), "finetune/vqa-easy-vqa"))  # its task line
     monkeypatch.setitem(PIPELINES, "shape-colour", ColourPipeline)  # the pipeline's table line
     config = {
         "task": "shape-colour",

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import random
 from pathlib import Path
 
 import torch
 
 from detectors.config import DetectorConfig
+from vlbert.commands.scripts import script_main
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def tool(name: str):
-    """The ``main(argv)`` of ``tools/<name>.py``, for running a tool in-process (through
-    :func:`vlbert.command_line.run_tool`, as its ``__main__`` does) instead of starting an interpreter."""
-    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    """The ``main(argv)`` of ``tools/<name>.py``: its ``vlbert`` command with the script's fixed flags
+    (:func:`vlbert.commands.scripts.script_main`), for running a command in-process without the error rule
+    (exceptions keep their types; wrap it in :func:`vlbert.commands.run_tool` for the exit status)."""
+    return script_main(name)
 
 
 def tiny_text_trainer(

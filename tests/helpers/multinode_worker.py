@@ -12,7 +12,7 @@ import torch
 
 if __name__ == "__main__":
     torch.set_default_dtype(torch.float64)
-    from vlbert.command_line import run_tool
+    from vlbert.commands import run_tool
     from vlbert.recipes import RECIPES, run
     from vlbert.training.hooks import TrainerHook
 

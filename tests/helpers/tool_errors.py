@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from helpers.builders import tool
-from vlbert.command_line import USAGE_ERROR, run_tool
+from vlbert.commands import USAGE_ERROR, run_tool
 
 TINY_MODEL = {
     "hidden_size": 32,

@@ -17,7 +17,7 @@ from helpers.published import UNITER_CONFIG, write_tokenizer
 from helpers.published_references import uniter_state
 
 from detectors.regions import Regions
-from vlbert.command_line import run_tool
+from vlbert.commands import run_tool
 from vlbert.inference import pipeline
 from vlbert.models.uniter_heads import VLBertForVisualEntailment
 from vlbert.tokenization import resolve_model_path

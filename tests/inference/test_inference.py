@@ -20,7 +20,7 @@ from helpers.builders import tool, write_jsonl
 from detectors.config import DetectorConfig
 from detectors.extract import extract_regions
 from detectors.shards import load_regions, shard_paths, write_detector_info, write_shards
-from vlbert.command_line import run_tool
+from vlbert.commands import run_tool
 from vlbert.data.easy_vqa import load_questions
 from vlbert.inference import (
     PIPELINES,
@@ -138,13 +138,17 @@ def test_a_vqa_model_in_memory_answers_as_its_run(easy, vqa_run):
 
 def test_the_recipe_names_its_pipeline_and_older_runs_keep_theirs(vqa_run, tmp_path):
     info = json.loads((vqa_run.dir / "inference.json").read_text())
-    assert info["pipeline"] == RECIPES["vqa"].pipeline == "vqa"
+    assert info["pipeline"] == RECIPES["vqa"].pipeline == "visual-question-answering"
     named = {name: r.pipeline for name, r in RECIPES.items()}
     assert all(p in PIPELINES for p in named.values()), named  # every recipe's pipeline exists
     old = tmp_path / "old"  # a run written before inference.json named the pipeline: its task did
     shutil.copytree(vqa_run.dir, old, ignore=shutil.ignore_patterns("checkpoints", "tensorboard"))
     (old / "inference.json").write_text(json.dumps({k: v for k, v in info.items() if k != "pipeline"}))
     assert type(pipeline(old, device="cpu")) is VQAPipeline
+    renamed = tmp_path / "renamed"  # a run written before the pipelines were renamed: "pipeline": "vqa"
+    shutil.copytree(old, renamed)
+    (renamed / "inference.json").write_text(json.dumps({**info, "pipeline": "vqa"}))
+    assert type(pipeline(renamed, device="cpu")) is type(pipeline("vqa", renamed, device="cpu")) is VQAPipeline
 
 
 def test_image_files_are_extracted_with_the_runs_own_detector(easy, vqa_run):
@@ -212,18 +216,21 @@ def test_predict_tool_writes_the_vqa_v2_results_file(easy, vqa_run, tmp_path):
 
 def test_predict_tool_errors_are_one_line(vqa_run, tmp_path, capsys):
     assert run_tool(tool("predict"), [str(vqa_run.dir), "--text", "what color?"]) == 2
-    assert "a vqa example needs image (flags: --image)" in capsys.readouterr().err
+    assert "a visual-question-answering example needs image (flags: --image)" in capsys.readouterr().err
     assert run_tool(tool("predict"), [str(vqa_run.dir), "--image", "x.png", "--text", "?", "--format", "nlvr2"]) == 2
-    assert "--format nlvr2 is for nlvr2 runs" in capsys.readouterr().err
+    assert "--format nlvr2 is for visual-reasoning runs" in capsys.readouterr().err
     assert run_tool(tool("predict"), [str(tmp_path), "--image", "x.png", "--text", "?"]) == 2
     assert "inference.json does not exist" in capsys.readouterr().err
     # An image the run would not read: refused, not silently dropped.
     assert run_tool(tool("predict"), [str(vqa_run.dir), "--image", "x.png", "--image2", "y.png", "--text", "?"]) == 2
-    assert "error: --image2 is not used: this vqa run reads one image (--image)" in capsys.readouterr().err
+    assert (
+        "error: --image2 is not used: this visual-question-answering run reads one image (--image)"
+        in capsys.readouterr().err
+    )
     (tmp_path / "text").mkdir()
     (tmp_path / "text" / "inference.json").write_text(json.dumps({"task": "text-pretraining", "max_text_length": 16}))
     assert run_tool(tool("predict"), [str(tmp_path / "text"), "--image", "x.png", "--text", "a [MASK] circle"]) == 2
-    assert "error: --image is not used: this text-pretraining run reads no images" in capsys.readouterr().err
+    assert "error: --image is not used: this text-fill-mask run reads no images" in capsys.readouterr().err
 
 
 def test_nlvr2_pipeline_and_results_file_as_the_evaluation(easy, tmp_path):

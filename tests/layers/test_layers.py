@@ -100,7 +100,7 @@ def test_lower_layers_do_not_import_vlbert():
     assert graph.get("vlbert_base", set()) == set()
     assert graph.get("detectors", set()) <= {"vlbert_base"}
     assert "vlbert.models" not in graph.get("vlbert.objectives", set())
-    assert not {"vlbert.recipes", "vlbert.cli"} & graph.get("vlbert.training", set())
+    assert not {"vlbert.recipes", "vlbert.commands"} & graph.get("vlbert.training", set())
 
 
 def test_inference_stands_on_its_own():

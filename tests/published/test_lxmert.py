@@ -292,7 +292,7 @@ def test_two_stream_refusals_name_the_fix(pretraining, tmp_path, capsys):
         "--set",
         f"data.shards={tmp_path}",
     ]
-    from vlbert.command_line import run_tool
+    from vlbert.commands import run_tool
 
     assert run_tool(tool("finetune_vqa"), argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

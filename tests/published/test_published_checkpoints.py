@@ -407,7 +407,7 @@ def test_bad_checkpoints_are_refused_in_one_line_and_write_nothing(tmp_path):
         "never unpickles code": [str(tmp_path / "code.pt"), "--tokenizer", str(cased)],
         "NLVR2 'triplet' head": [str(tmp_path / "triplet.pt"), "--tokenizer", str(cased)],
     }
-    from vlbert.command_line import run_tool
+    from vlbert.commands import run_tool
 
     for message, argv in cases.items():
         out = tmp_path / "never"

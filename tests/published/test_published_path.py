@@ -22,7 +22,7 @@ from helpers.builders import EASY_DETECTOR, tool
 from helpers.published_references import uniter_state
 
 from detectors.regions import Regions
-from vlbert.command_line import run_tool
+from vlbert.commands import run_tool
 from vlbert.data.easy_vqa import image_paths, load_questions
 from vlbert.inference import pipeline
 from vlbert.models.vqa import VLBertForVQA

@@ -154,7 +154,7 @@ def test_e2e_checkpoint_runs_its_backbone_and_equals_its_reference(tmp_path):
 def test_bad_vl_bert_files_are_refused_in_one_line_and_write_nothing(tmp_path):
     from helpers.builders import tool
 
-    from vlbert.command_line import run_tool
+    from vlbert.commands import run_tool
 
     convert = tool("convert_checkpoint")
     tok = str(write_tokenizer(tmp_path / "tok", 60, cased=False))

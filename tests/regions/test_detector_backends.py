@@ -18,7 +18,7 @@ from detectors.backends import DETECTOR_BACKENDS, DetectorBackend
 from detectors.config import DetectorConfig
 from detectors.regions import Regions
 from detectors.shards import read_shards, shard_paths
-from vlbert.command_line import run_tool
+from vlbert.commands import run_tool
 
 ARCHITECTURE = "mobilenetv3_small_050"  # 1.6 M parameters: timm builds it in milliseconds
 

@@ -20,7 +20,7 @@ from helpers.builders import tool  # noqa: E402
 
 from detectors.config import DetectorConfig  # noqa: E402
 from detectors.detectron2_detector import Detectron2RegionDetector, load_config  # noqa: E402
-from vlbert.command_line import run_tool  # noqa: E402
+from vlbert.commands import run_tool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small inputs and few proposals keep a CPU forward of a ResNet-50 detector well under a second.

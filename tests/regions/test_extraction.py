@@ -18,7 +18,7 @@ from PIL import Image
 
 from detectors.images import ImageDecodeError, load_image, shape_groups, to_rgb_array
 from detectors.shards import read_shards, shard_paths
-from vlbert.command_line import run_tool
+from vlbert.commands import run_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = [sys.executable, str(ROOT / "tools" / "extract_regions.py")]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers.builders import tool, write_jsonl
 
-from vlbert.command_line import run_tool
+from vlbert.commands import run_tool
 from vlbert.data.nlvr2 import easy_vqa_image_pairs, load_nlvr2
 
 

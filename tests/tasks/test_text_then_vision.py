@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers.builders import EASY_DETECTOR, tool
 
-from vlbert.command_line import run_tool
+from vlbert.commands import run_tool
 from vlbert.models import pretrained
 
 TINY_TEXT = [

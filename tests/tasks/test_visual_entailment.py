@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from helpers.builders import tool, write_jsonl
 
-from vlbert.command_line import run_tool
+from vlbert.commands import run_tool
 from vlbert.data.visual_entailment import LABELS, easy_vqa_entailment, load_snli_ve
 
 

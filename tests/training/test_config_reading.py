@@ -16,7 +16,7 @@ import yaml
 from helpers.builders import tool
 from helpers.tool_errors import TINY_MODEL, one_line_error
 
-from vlbert.command_line import run_tool
+from vlbert.commands import run_tool
 from vlbert.training.run_config import config_dir, load_run_config
 from vlbert_base.typed_config import Range, check_value
 

@@ -30,7 +30,7 @@ from vlbert.hub import is_repo_id, push_model_directory
 
 def main(argv=None) -> int:
     """Run the tool with ``argv`` (default: ``sys.argv[1:]``; see the module docstring); returns the exit
-    status (0). Errors propagate for :func:`vlbert.command_line.run_tool` to report."""
+    status (0). Errors propagate for :func:`vlbert.commands.run_tool` to report."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", metavar="SRC", help="the published checkpoint (file or directory)")
     p.add_argument("--from", dest="family", required=True, choices=sorted(FAMILIES), help="its family")

@@ -172,7 +172,7 @@ def render(rows: list[dict], pipeline_class, fmt: str) -> str:
 
 def main(argv=None) -> int:
     """Run the tool with ``argv`` (default: ``sys.argv[1:]``; see the module docstring); returns the exit
-    status (0). Errors propagate for :func:`vlbert.command_line.run_tool` to report."""
+    status (0). Errors propagate for :func:`vlbert.commands.run_tool` to report."""
     args = parser().parse_args(argv)
     for flag, value in (("--top-k", args.top_k), ("--batch-size", args.batch_size)):
         if value is not None and value < 1:

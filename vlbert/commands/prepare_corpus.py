@@ -31,7 +31,7 @@ def corpus_bytes(source: str) -> int:
 
 def main(argv=None) -> int:
     """Run the tool with ``argv`` (default: ``sys.argv[1:]``; see the module docstring); returns the exit
-    status (0). Errors propagate for :func:`vlbert.command_line.run_tool` to report."""
+    status (0). Errors propagate for :func:`vlbert.commands.run_tool` to report."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", required=True, help="bbc-news, a .txt/.jsonl file, a directory of .txt, or a hub name")
     p.add_argument("--tokenizer", default="minilm", help="a directory, hub name or alias (default: minilm)")

@@ -10,7 +10,8 @@ Every flag overrides the config file; --set section.key=value overrides any othe
 
 from __future__ import annotations
 
-from vlbert.cli import run_from_args, training_parser
+from vlbert.commands import run_from_args, training_parser
+from vlbert.recipes import TASKS
 from vlbert.training.run_config import load_run_config
 
 
@@ -23,8 +24,9 @@ def main(argv=None) -> int:
     p = training_parser(__doc__, "configs/<modality>/default.yaml")
     p.add_argument("--modality", choices=("text", "vl"), default="text")
     args = p.parse_args(argv)
+    task = TASKS[f"{args.modality}-pretraining"]
     if args.config == "configs/<modality>/default.yaml":
-        args.config = f"{args.modality}/default"  # a shipped config, by name
+        args.config = task.default_config  # a shipped config, by name
 
     written_for = load_run_config(args.config).get("modality", args.modality)
     if written_for != args.modality:
@@ -32,5 +34,5 @@ def main(argv=None) -> int:
             f"--modality {args.modality}, but {args.config} is a {written_for} config; "
             f"pass --modality {written_for} or a {args.modality} config"
         )
-    run_from_args(args, f"{args.modality}-pretraining")
+    run_from_args(args, task.name)
     return 0

@@ -16,7 +16,7 @@ from vlbert.tokenizer_training import train_tokenizer
 
 def main(argv=None) -> int:
     """Run the tool with ``argv`` (default: ``sys.argv[1:]``; see the module docstring); returns the exit
-    status (0). Errors propagate for :func:`vlbert.command_line.run_tool` to report."""
+    status (0). Errors propagate for :func:`vlbert.commands.run_tool` to report."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", default="bbc-news", help="bbc-news, a .txt/.jsonl file, a directory or a hub name")
     p.add_argument("--output-dir", required=True)

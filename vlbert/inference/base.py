@@ -74,6 +74,8 @@ class Pipeline:
     #: the pipeline's name: its key in :data:`~vlbert.inference.pipelines.PIPELINES`, what a recipe's ``pipeline``
     #: and a run's inference.json name.
     name: ClassVar[str] = ""
+    #: earlier names of the pipeline (runs written under them, ``pipeline("vqa", ...)``), which still select it.
+    aliases: ClassVar[tuple[str, ...]] = ()
     #: the run tasks (inference.json's ``task``) the pipeline loads besides those whose recipe names it (a task
     #: that every run of some kinds answers, e.g. image-text matching from pretraining and retrieval runs).
     run_tasks: ClassVar[tuple[str, ...]] = ()
@@ -115,7 +117,10 @@ class Pipeline:
             return
         self.device = torch.device(device or _default_device())
         self.inputs = RunInputs(model, detector, allow_other_detector, str(self.device), detector_weights)
-        if run_pipeline(self.inputs.info) != self.name and self.inputs.info["task"] not in self.run_tasks:
+        if (
+            run_pipeline(self.inputs.info) not in (self.name, *self.aliases)
+            and self.inputs.info["task"] not in self.run_tasks
+        ):
             raise ValueError(
                 f"{model} is a {self.inputs.info['task']!r} run; {type(self).__name__} takes "
                 f"{' or '.join(self.accepted_runs())} runs: use vlbert.inference.pipeline("
@@ -158,9 +163,10 @@ class Pipeline:
 
     @classmethod
     def accepted_runs(cls) -> tuple[str, ...]:
-        """The kinds of run this pipeline loads, for messages: :attr:`run_tasks`, else its own :attr:`name` (the
-        runs whose recipe names it)."""
-        return cls.run_tasks or (cls.name,)
+        """The kinds of run (inference.json's ``task``) this pipeline loads: :attr:`run_tasks`, else the runs whose
+        recipe names it: the task a renamed pipeline was named after (its first alias: ``vqa`` for
+        ``visual-question-answering``), else the task of its own :attr:`name`."""
+        return cls.run_tasks or cls.aliases[:1] or (cls.name,)
 
     def architecture(self) -> type:
         """The model class to load: the one config.json names when it is among :attr:`model_classes` (a converted

@@ -95,7 +95,8 @@ class FillMaskPipeline(Pipeline):
     ``image=None`` reads the text alone. Lists -> a list of results. Each ``batch_size`` chunk is one forward pass (two where it mixes examples
     with and without an image)."""
 
-    name = "vl-pretraining"
+    name = "fill-mask"
+    aliases = ("vl-pretraining",)
     model_class = VLBertForPreTraining
     optional_fields = ("image",)
     parameters = {"top_k": 5}
@@ -142,7 +143,8 @@ class TextFillMaskPipeline(FillMaskPipeline):
     """A text pretraining run's fill-mask: (text with [MASK]) -> per [MASK], the top-k fillers, as
     :class:`FillMaskPipeline` without an image (BERT's masked LM, section 3.1)."""
 
-    name = "text-pretraining"
+    name = "text-fill-mask"
+    aliases = ("text-pretraining",)
     model_class = BertForPreTraining
     input_fields = {"text": ("text",)}
     image_fields = ()

@@ -68,7 +68,8 @@ class VQAPipeline(Pipeline):
     images and questions -> one such list per question.
     """
 
-    name = "vqa"
+    name = "visual-question-answering"
+    aliases = ("vqa",)
     model_class = VLBertForVQA
     model_classes = (VLBertForMaskedTokenVQA,)
     input_fields = {"image": ("image",), "text": ("text", "question")}
@@ -94,7 +95,8 @@ class EntailmentPipeline(Pipeline):
     probabilities of the three SNLI-VE labels); lists -> a list of them. SNLI-VE defines no results format: jsonl
     rows carry the ``pairID`` and ``prediction``."""
 
-    name = "snli-ve"
+    name = "visual-entailment"
+    aliases = ("snli-ve",)
     model_class = VLBertForSequenceClassification
     model_classes = (VLBertForVisualEntailment,)
     input_fields = {"image": ("image",), "text": ("text", "hypothesis", "sentence2")}
@@ -118,7 +120,8 @@ class ImagePairPipeline(Pipeline):
     "scores"}``; lists -> a list of them. The pair is encoded as the task's collator does (regions [B, 2, R, ...],
     left first)."""
 
-    name = "nlvr2"
+    name = "visual-reasoning"
+    aliases = ("nlvr2",)
     model_class = VLBertForImagePairClassification
     model_classes = (VLBertForVisualReasoning, VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention)
     input_fields = {"left": ("left", "image"), "right": ("right", "image2"), "text": ("text", "sentence", "statement")}
@@ -150,7 +153,8 @@ class ReferringPipeline(Pipeline):
     ``--draw FILE`` saves it.
     """
 
-    name = "refcoco"
+    name = "referring-expression-comprehension"
+    aliases = ("refcoco",)
     model_class = VLBertForReferringExpressions
     input_fields = {"image": ("image",), "text": ("text", "expression"), "boxes": ("boxes",)}
     optional_fields = ("boxes",)
@@ -213,10 +217,38 @@ class ReferringPipeline(Pipeline):
         return picture
 
 
-#: pipeline name -> its class. A recipe names its pipeline (:attr:`vlbert.recipes.Recipe.pipeline`), which the run's
-#: inference.json records; a new pipeline is a :class:`Pipeline` subclass and one line here.
-PIPELINES: dict[str, type[Pipeline]] = {
-    cls.name: cls
+class PipelineRegistry(dict):
+    """pipeline name -> its :class:`Pipeline` class, a dict whose lookups also take each class's
+    :attr:`~Pipeline.aliases` (the names runs and code written before the pipelines were renamed use:
+    ``PIPELINES["vqa"]`` is ``PIPELINES["visual-question-answering"]``). Iteration, ``keys()`` and ``len`` give the
+    names only."""
+
+    def canonical(self, name: str) -> str | None:
+        """``name`` itself where it is a key, the name it is an alias of, or None."""
+        if dict.__contains__(self, name):
+            return name
+        return next((key for key, cls in self.items() if name in cls.aliases), None)
+
+    def __missing__(self, name: str) -> type[Pipeline]:
+        key = self.canonical(name)
+        if key is None:
+            raise KeyError(name)
+        return dict.__getitem__(self, key)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.canonical(name) is not None
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
+
+
+#: pipeline name -> its class, named by what it does as transformers names its pipelines (``fill-mask``,
+#: ``visual-question-answering``, ``text-classification``; an earlier name, such as ``vqa`` or ``vl-pretraining``,
+#: still selects it). A recipe names its pipeline (:attr:`vlbert.recipes.Recipe.pipeline`, the task table
+#: :data:`vlbert.recipes.TASKS`), which the run's inference.json records; a new pipeline is a :class:`Pipeline`
+#: subclass and one line here.
+PIPELINES: PipelineRegistry = PipelineRegistry(
+    (cls.name, cls)
     for cls in (
         VQAPipeline,
         RetrievalPipeline,
@@ -228,7 +260,7 @@ PIPELINES: dict[str, type[Pipeline]] = {
         TextFillMaskPipeline,
         ImageTextMatchingPipeline,
     )
-}
+)
 
 
 def _known() -> str:
@@ -236,7 +268,7 @@ def _known() -> str:
 
 
 def _named(task: str) -> type[Pipeline]:
-    """``PIPELINES[task]``; raises ValueError naming the pipelines that exist."""
+    """``PIPELINES[task]`` (a name or an alias); raises ValueError naming the pipelines that exist."""
     if task not in PIPELINES:
         raise ValueError(f"no pipeline for task {task!r}; pipelines exist for {_known()}")
     return PIPELINES[task]
@@ -258,7 +290,7 @@ def pipeline_class(run_dir: str | os.PathLike, task: str | None = None) -> type[
             raise ValueError(f"{run_dir} is a {run_task!r} run, which has no pipeline; pipelines exist for {_known()}")
         return PIPELINES[own]
     cls = _named(task)
-    if own != cls.name and run_task not in cls.run_tasks:
+    if own not in (cls.name, *cls.aliases) and run_task not in cls.run_tasks:
         raise ValueError(
             f"{run_dir} is a {run_task!r} run, but {task} takes {' or '.join(cls.accepted_runs())} "
             f"runs; leave the task out to use the run's own ({own})"
@@ -332,6 +364,7 @@ __all__ = [
     "ImageIndex",
     "ImageTextMatchingPipeline",
     "PIPELINES",
+    "PipelineRegistry",
     "pipeline",
     "pipeline_class",
     "label_result",

@@ -90,7 +90,8 @@ class RetrievalPipeline(Pipeline):
     embedding-similarity order (:func:`~vlbert.evaluation.retrieval.rerank_shortlist`).
     """
 
-    name = "retrieval"
+    name = "image-text-retrieval"
+    aliases = ("retrieval",)
     model_class = VLBertForImageTextRetrieval
     input_fields = {"image": ("image",), "text": ("text", "query", "caption")}
     optional_fields = ("image", "text")

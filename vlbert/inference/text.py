@@ -18,7 +18,8 @@ class TextClassificationPipeline(Pipeline):
         ValueError: a run of another text task type (tagging, qa): their heads load with ``from_pretrained``.
     """
 
-    name = "text"
+    name = "text-classification"
+    aliases = ("text",)
     model_class = BertForSequenceClassification
     input_fields = {"text": ("text", "sentence", "sentence1"), "text_pair": ("text_pair", "sentence2")}
     image_fields = ()

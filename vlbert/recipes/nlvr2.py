@@ -105,7 +105,7 @@ RECIPE = Recipe(
     baselines=majority_baseline,
     uses_regions=True,
     inference_info=inference_info,
-    pipeline="nlvr2",
+    pipeline="visual-reasoning",
 )
 
 __all__ = ["RECIPE", "NLVR2DataConfig", "NLVR2Data"]

@@ -167,7 +167,7 @@ RECIPE = Recipe(
     baselines=baselines,
     uses_regions=True,
     inference_info=inference_info,
-    pipeline="refcoco",
+    pipeline="referring-expression-comprehension",
 )
 
 __all__ = ["RECIPE", "ReferringDataConfig", "ReferringData"]

@@ -119,7 +119,7 @@ RECIPE = Recipe(
     evaluate=evaluate,
     uses_regions=True,
     inference_info=inference_info,
-    pipeline="retrieval",
+    pipeline="image-text-retrieval",
 )
 
 __all__ = ["RECIPE", "RetrievalDataConfig", "RetrievalData"]

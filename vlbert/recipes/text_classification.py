@@ -408,7 +408,7 @@ RECIPE = Recipe(
     baselines=majority_baseline,
     sections=("implementation",),
     inference_info=inference_info,
-    pipeline="text",
+    pipeline="text-classification",
 )
 
 __all__ = ["RECIPE", "TextTaskData", "TransformersAdapter", "evaluate", "GLUE_HUB_NAME"]

@@ -175,7 +175,7 @@ RECIPE = Recipe(
     baselines=baselines,
     default_init=None,
     inference_info=inference_info,
-    pipeline="text-pretraining",
+    pipeline="text-fill-mask",
 )
 
 __all__ = ["RECIPE", "TextDataConfig", "TextPretrainingData"]

@@ -95,7 +95,7 @@ RECIPE = Recipe(
     baselines=majority_baseline,
     uses_regions=True,
     inference_info=inference_info,
-    pipeline="snli-ve",
+    pipeline="visual-entailment",
 )
 
 __all__ = ["RECIPE", "EntailmentDataConfig", "EntailmentData"]

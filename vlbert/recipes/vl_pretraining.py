@@ -461,7 +461,7 @@ RECIPE = Recipe(
     uses_regions=True,
     default_init=None,
     inference_info=inference_info,
-    pipeline="vl-pretraining",
+    pipeline="fill-mask",
 )
 
 __all__ = ["RECIPE", "VLDataConfig", "CaptionSource", "VLPretrainingData", "easy_vqa_captions", "qa_vocabulary"]

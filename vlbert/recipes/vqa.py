@@ -206,7 +206,7 @@ RECIPE = Recipe(
     baselines=majority_baseline,
     uses_regions=True,
     inference_info=inference_info,
-    pipeline="vqa",
+    pipeline="visual-question-answering",
 )
 
 __all__ = ["RECIPE", "VQADataConfig", "VQAData", "RESULTS_FILES", "evaluate"]

@@ -88,7 +88,7 @@ def pretrain(corpus: Path, out: Path, cache: Path, steps: int) -> dict:
 
 def main(argv=None) -> int:
     """Run the tool with ``argv`` (default: ``sys.argv[1:]``; see the module docstring); returns the exit
-    status (0). Errors propagate for :func:`vlbert.command_line.run_tool` to report."""
+    status (0). Errors propagate for :func:`vlbert.commands.run_tool` to report."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--copies", type=int, nargs="+", default=[2, 200])
     p.add_argument("--steps", type=int, default=30)
