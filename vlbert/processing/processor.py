@@ -137,7 +137,8 @@ class VLProcessor:
         self.image_preprocessing = image_preprocessing
         self.extra = dict(extra or {})
         self.name_or_path = name_or_path
-        self.use_detector()
+        self.allow_other_detector, self.device = False, "cpu"
+        self._detector, self._detector_chosen, self._weights_checked, self._extractor = None, False, False, None
 
     # ------------------------------------------------------------------------------------------------ the record
     @classmethod
@@ -306,6 +307,19 @@ class VLProcessor:
             )
 
     # ---------------------------------------------------------------------------------------------- detection
+    @property
+    def detector(self) -> DetectorConfig | None:
+        """The detector that extracts regions from images: the one :meth:`use_detector` chose, else the record's
+        own (read on first use), or None (imported features, a text-only processor)."""
+        if not self._detector_chosen:
+            self._detector = self.region_source.detector() if self.region_source is not None else None
+            self._detector_chosen = True
+        return self._detector
+
+    @detector.setter
+    def detector(self, value: DetectorConfig | None) -> None:
+        self._detector, self._detector_chosen, self._extractor = value, True, None
+
     def use_detector(
         self,
         detector: DetectorConfig | None = None,
