@@ -462,7 +462,7 @@ class VLProcessor:
 
     def check_regions(self, regions: Regions) -> None:
         """Refuse ``regions`` given ready-made that another extractor made than the record's (unless
-        ``allow_other_detector``), or whose feature size is not the model's.
+        ``allow_other_detector``), or whose feature size is not the model's (a model that reads detector features).
 
         Raises:
             ValueError: as said, both named, with the fix.
@@ -475,7 +475,8 @@ class VLProcessor:
                 f"on regions of {expected} (detector {source.fingerprint}); extract "
                 "them with the run's detector (pass the image itself), or pass allow_other_detector=True"
             )
-        if source.feature_dim and regions.feature_dim != source.feature_dim:
+        # a model with a visual backbone computes its features from the pixels: the detector's size does not matter
+        if source.feature_dim and self.image_preprocessing is None and regions.feature_dim != source.feature_dim:
             raise ValueError(
                 f"image {regions.image_id!r} has {regions.feature_dim}-dimensional region features; the "
                 f"model reads {source.feature_dim}: extract them with the run's detector"
