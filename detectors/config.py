@@ -168,7 +168,7 @@ class DetectorConfig:
 
     @classmethod
     def from_record(cls, record: dict) -> "DetectorConfig":
-        """The config of a saved record (``detector.json``'s or ``inference.json``'s ``config``) in either layout,
+        """The config of a saved record (``detector.json``'s, or a saved processor's ``detector`` entry's ``config``) in either layout,
         fields this version does not know dropped (records written by other versions stay readable).
 
         Raises:

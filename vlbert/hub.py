@@ -1,5 +1,5 @@
 """The Hugging Face Hub both ways, through ``huggingface_hub``: a vlbert model directory (``config.json``,
-``model.safetensors``, the tokenizer, ``inference.json``) uploaded with a model card, and a hub name (``org/name``)
+``model.safetensors``, the tokenizer, ``processor.json``) uploaded with a model card, and a hub name (``org/name``)
 read back as the local snapshot directory every loader takes (``snapshot_download``, which honours
 ``HF_HUB_OFFLINE`` and reads the local cache, ``HF_HUB_CACHE``, first).
 
@@ -14,9 +14,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from vlbert.run_files import LEGACY_PROCESSOR_FILE, PROCESSOR_FILE, read_processor_record
 from vlbert_base.user_files import expect, read_json
 
-#: what a snapshot of a vlbert model repository holds (weights, config, tokenizer, inference.json, the card).
+#: what a snapshot of a vlbert model repository holds (weights, config, tokenizer, the saved processor, the card).
 MODEL_FILES = [
     "config.json",
     "*.safetensors",
@@ -26,7 +27,8 @@ MODEL_FILES = [
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
-    "inference.json",
+    PROCESSOR_FILE,
+    LEGACY_PROCESSOR_FILE,
     "README.md",
 ]
 CARD_NAME = "README.md"
@@ -66,7 +68,7 @@ def hub_snapshot(repo_id: str) -> Path:
 
 def model_card(directory: str | os.PathLike, license: str = "other") -> str:
     """A model card (``README.md``: YAML metadata, then text) for a vlbert model directory, from its config.json
-    and inference.json: ``library_name: vlbert``, ``license``, tags (the task, the family), the family and the
+    and saved processor (:func:`vlbert.run_files.read_processor_record`): ``library_name: vlbert``, ``license``, tags (the task, the family), the family and the
     reference code's commit it was converted from, the tokenizer, the region features' provenance and format
     (detector, fingerprint, feature size, regions per image) and the parity figure of the conversion.
 
@@ -77,12 +79,7 @@ def model_card(directory: str | os.PathLike, license: str = "other") -> str:
     config = expect(
         read_json(directory / "config.json", "model config"), dict, str(directory / "config.json"), "a config.json"
     )
-    info_file = directory / "inference.json"
-    info: dict[str, Any] = (
-        expect(read_json(info_file, "inference.json"), dict, str(info_file), "inference.json")
-        if info_file.is_file()
-        else {}
-    )
+    info: dict[str, Any] = read_processor_record(directory) or {}
     source = info.get("converted_from") or {}
     detector = info.get("detector") or {}
     task = info.get("task", "")

@@ -1,6 +1,7 @@
 """The run-directory format below both the recipes (which write it) and inference (which reads it): the name of
-``inference.json``, its writer, and the reader of a run or model directory's JSON files (``config.json``,
-``inference.json``) that refuses a damaged file in one line."""
+the processor's file (``processor.json``, beside ``config.json``) and of its older form (``inference.json``, what
+runs and conversions wrote before the processor existed), the one reader that falls back to the older file, its
+writer, and the reader of a run or model directory's JSON files that refuses a damaged file in one line."""
 
 from __future__ import annotations
 
@@ -11,18 +12,45 @@ from typing import Any
 from vlbert_base.files import write_text_atomically
 from vlbert_base.user_files import expect, read_json
 
-#: What inference needs to rebuild a run's inputs: task, labels, lengths, the regions' detector provenance.
-INFERENCE_INFO = "inference.json"
+#: The processor's record (:class:`vlbert.processing.VLProcessor`): task, labels, lengths, the region source.
+PROCESSOR_FILE = "processor.json"
+#: The same record as runs and conversions wrote it before ``processor.json``: read when no processor.json exists.
+LEGACY_PROCESSOR_FILE = "inference.json"
+#: The version of the record's fields (1: inference.json; 2: processor.json, the same fields plus processor_class).
+PROCESSOR_FORMAT_VERSION = 2
 
 
-def write_inference_info(output_dir: str | Path, info: dict[str, Any]) -> Path:
-    """Write ``output_dir/inference.json`` (``info`` plus ``format_version``) atomically: a reader never sees half
-    a file. Returns its path."""
-    return write_text_atomically(Path(output_dir) / INFERENCE_INFO, json.dumps({"format_version": 1, **info}, indent=1))
+def write_processor_record(output_dir: str | Path, record: dict[str, Any]) -> Path:
+    """Write ``output_dir/processor.json`` (``record`` plus ``processor_class`` and ``format_version``)
+    atomically: a reader never sees half a file. Returns its path."""
+    header = {"processor_class": "VLProcessor", "format_version": PROCESSOR_FORMAT_VERSION}
+    text = json.dumps({**header, **{k: v for k, v in record.items() if k not in header}}, indent=1)
+    return write_text_atomically(Path(output_dir) / PROCESSOR_FILE, text)
+
+
+def processor_record_file(directory: str | Path) -> Path | None:
+    """The file holding ``directory``'s processor record: ``processor.json``, else (a run or conversion written
+    before it) ``inference.json``, else None (a directory without one: the packaged MiniLM, a converted text BERT).
+    The one place that knows the older file."""
+    for name in (PROCESSOR_FILE, LEGACY_PROCESSOR_FILE):
+        path = Path(directory) / name
+        if path.is_file():
+            return path
+    return None
+
+
+def read_processor_record(directory: str | Path) -> dict[str, Any] | None:
+    """``directory``'s processor record as a dict (:func:`processor_record_file`; None where it has none).
+
+    Raises:
+        UserFileError (a ``ValueError``): a damaged file (see :func:`read_run_file`).
+    """
+    path = processor_record_file(directory)
+    return None if path is None else read_run_file(path)
 
 
 def read_run_file(path: str | Path) -> dict[str, Any]:
-    """A run or model directory's JSON mapping (``config.json``, ``inference.json``) as a dict.
+    """A run or model directory's JSON mapping (``config.json``, ``processor.json``) as a dict.
 
     Raises:
         FileNotFoundError: no such file. UserFileError (a ``ValueError``): cut off or not JSON, or not a mapping
@@ -34,4 +62,12 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
     return expect(read_json(path, path.name, fix), dict, str(path), "the file's content", fix)
 
 
-__all__ = ["INFERENCE_INFO", "write_inference_info", "read_run_file"]
+__all__ = [
+    "PROCESSOR_FILE",
+    "LEGACY_PROCESSOR_FILE",
+    "PROCESSOR_FORMAT_VERSION",
+    "write_processor_record",
+    "processor_record_file",
+    "read_processor_record",
+    "read_run_file",
+]

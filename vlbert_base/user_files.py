@@ -1,5 +1,5 @@
 """Users' JSON, JSONL and YAML files read through one door: run configs, label maps, published configs,
-``inference.json``, the benchmarks' question and annotation files, caption sources.
+saved processors (``processor.json``), the benchmarks' question and annotation files, caption sources.
 
 A file that cannot be read as what it should be (cut off, hand-edited, another format, not UTF-8) raises
 :class:`UserFileError`, a ``ValueError`` whose one-line message names the file, the line and column where the

@@ -127,7 +127,7 @@ def e2e_vqa(e2e_run):
 
 
 def test_a_backbone_run_reads_images_and_its_pipeline_answers_as_the_forward(easy, e2e_run, e2e_vqa):
-    info = json.loads((e2e_run.dir / "inference.json").read_text())
+    info = json.loads((e2e_run.dir / "processor.json").read_text())
     assert info["image_preprocessing"] == {**PREPROCESSING["imagenet"].record(), "short_side": 80}
     vqa = e2e_vqa
     assert vqa.model.bert.visual_backbone is not None and info["region_feature_dim"] == 288
@@ -170,7 +170,7 @@ def test_a_backbone_run_reads_images_and_its_pipeline_answers_as_the_forward(eas
         vqa(easy.store["0"], "what color is the shape?")
     # The model in memory has no run files: its backbone kind's preprocessing (ImageNet, short side 224).
     in_memory = pipeline(model=vqa.model, tokenizer=vqa.tokenizer, detector=EASY_DETECTOR, labels=vqa.labels)
-    assert in_memory.inputs.preprocessing == PREPROCESSING["imagenet"]
+    assert in_memory.processor.preprocessing == PREPROCESSING["imagenet"]
     assert type(in_memory.regions([files[0]])[0]).__name__ == "ImageRegions"
 
 
@@ -183,8 +183,8 @@ def test_a_backbone_run_without_an_image_is_refused_in_one_line(capsys, e2e_run,
     line = one_line_error(capsys, "finetune_vqa", ["--config", str(config), "--output-dir", str(tmp_path / "out")])
     assert "have regions but no file under data.image_dir" in line and "'3'" in line
     assert not (tmp_path / "out").exists()
-    # Fine-tuning from this run without a preprocessing of its own sees images as it did (its inference.json's).
-    trained = json.loads((e2e_run.dir / "inference.json").read_text())["image_preprocessing"]
+    # Fine-tuning from this run without a preprocessing of its own sees images as it did (its processor.json's).
+    trained = json.loads((e2e_run.dir / "processor.json").read_text())["image_preprocessing"]
     data = SimpleNamespace(
         **{**e2e_run.config["data"], "image_preprocessing": "", "image_short_side": 0, "image_max_side": 0}
     )
@@ -240,7 +240,7 @@ def test_vl_pretraining_reads_images_and_refuses_feature_regression(capsys, easy
         "".join(json.dumps({"image_id": k, "caption": f"a {c} {s}"}) + "\n" for k, (c, s) in easy.truth.items())
     )
     run(RECIPES["vl-pretraining"], config)
-    info = json.loads((tmp_path / "vl" / "inference.json").read_text())
+    info = json.loads((tmp_path / "vl" / "processor.json").read_text())
     assert info["image_preprocessing"]["short_side"] == 64 and info["region_feature_dim"] == 288
     log = (tmp_path / "vl" / "log.jsonl").read_text().splitlines()
     steps = [r for r in map(json.loads, log) if r["split"] == "train"]
@@ -339,7 +339,7 @@ def test_retrieval_trains_the_backbone_and_evaluates_on_the_pixels(easy, e2e_run
     metrics = run(RECIPES["retrieval"], config)
     retrieval = RetrievalPipeline(tmp_path / "run", device="cpu", batch_size=4)
     model, tokenizer = retrieval.model, retrieval.tokenizer
-    assert retrieval.inputs.preprocessing.short_side == 32  # the run's, recorded in its inference.json
+    assert retrieval.processor.preprocessing.short_side == 32  # the run's, recorded in its processor.json
     before = load_file(str(e2e_run.dir / "model.safetensors"))
     trainable = [
         (n, p) for n, p in model.bert.visual_backbone.named_parameters(prefix="bert.visual_backbone") if p.requires_grad
@@ -471,7 +471,7 @@ def test_boxes_and_pixels_come_from_one_reader(e2e_vqa, tmp_path):  # row 106
             np.testing.assert_allclose(values[y1:y2, x1:x2], seen[y1:y2, x1:x2], atol=1e-3)
 
     vqa = e2e_vqa
-    found = dict(zip(files, vqa.inputs.regions([str(p) for p in files.values()])))
+    found = dict(zip(files, vqa.processor.regions([str(p) for p in files.values()])))
     for image_id, regions in found.items():
         same_under_boxes(regions.pixels, regions, load_image(files[image_id]))
     np.testing.assert_array_equal(load_image(files["deep"])[:, :, 0], np.round(ramp / 65535 * 255))  # not all 255

@@ -370,7 +370,7 @@ def test_lxmert_json_questions_train_the_qa_unit(easy, tokenizer, tmp_path):
         )
     run(RECIPES["vl-pretraining"], config)
     rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
-    answers = json.loads((tmp_path / "run" / "inference.json").read_text())["qa_answers"]
+    answers = json.loads((tmp_path / "run" / "processor.json").read_text())["qa_answers"]
     assert sorted(answers) == sorted({a for c, s in easy.truth.values() for a in (c, s)})
     qa = [r for r in rows if "qa" in r]
     assert qa and abs(qa[0]["qa"] - np.log(len(answers))) < 0.5, qa  # a fresh head: near uniform

@@ -18,7 +18,7 @@ from helpers.builders import ROOT, tool
 
 from vlbert.commands import command_main
 from vlbert.commands import main as vlbert_main
-from vlbert.inference.run import RunInputs
+from vlbert.processing import VLProcessor
 from vlbert.recipes.report import results_table
 from vlbert.training.run_config import config_dir, load_run_config
 
@@ -196,14 +196,14 @@ def test_every_python_block_runs(page, doc_runs, easy, tmp_path, monkeypatch):
     for k in ("5", "6", "7"):
         (images / f"{k}.png").write_bytes(Path(easy.files[k]).read_bytes())
         known[str(images / f"{k}.png")] = easy.store[k]
-    extract = RunInputs.regions
+    extract = VLProcessor.regions
 
     def stored_regions(self, images, boxes=None, batch_size=16):
         return extract(
             self, [known.get(str(i), i) if isinstance(i, (str, os.PathLike)) else i for i in images], boxes, batch_size
         )
 
-    monkeypatch.setattr(RunInputs, "regions", stored_regions)
+    monkeypatch.setattr(VLProcessor, "regions", stored_regions)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__doc__"}
     for block_page, source in python_blocks():
@@ -258,9 +258,9 @@ def test_the_sample_answer_is_the_measured_runs_in_the_shape_predict_prints(
     assert "easy-VQA test/0, a red triangle" in capsys.readouterr().out
     photo = str(tmp_path / "photo.png")
     assert Path(photo).read_bytes() == Path(easy.files["0"]).read_bytes()
-    extract = RunInputs.regions
+    extract = VLProcessor.regions
     monkeypatch.setattr(
-        RunInputs,
+        VLProcessor,
         "regions",
         lambda self, images, boxes=None, batch_size=16: extract(
             self, [easy.store["0"] if str(i) in ("photo.png", photo) else i for i in images], boxes, batch_size

@@ -1,5 +1,5 @@
 """Tiny run directories of every task with a pipeline, written as the recipes leave them (a model directory in
-Hugging Face layout, the MiniLM tokenizer, ``inference.json`` naming the `easy` fixture's detector) but with
+Hugging Face layout, the MiniLM tokenizer, ``processor.json`` naming the `easy` fixture's detector) but with
 freshly initialised weights: no training, so that the documentation's examples and the demo run in seconds. The
 answers are meaningless; what they test is that every example the docs show runs as written."""
 
@@ -18,11 +18,11 @@ from vlbert.models.retrieval import VLBertForImageTextRetrieval
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.models.vl_classification import VLBertForImagePairClassification, VLBertForSequenceClassification
 from vlbert.models.vqa import VLBertForVQA
-from vlbert.recipes.runner import write_inference_info
+from vlbert.run_files import write_processor_record
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48)
 
-#: run name -> (model class, inference.json task, config and inference.json extras)
+#: run name -> (model class, processor record task, config and processor record extras)
 REGION_RUNS = {
     "vqa-easy-vqa": (VLBertForVQA, "vqa", {"num_labels": 4}, {"labels": ["red", "blue", "circle", "yes"]}),
     "vl-default": (VLBertForPreTraining, "vl-pretraining", {"num_region_classes": 0}, {}),
@@ -82,5 +82,5 @@ def write_tiny_runs(root: Path, easy, detector, tokenizer) -> dict[str, Path]:
 
 def _save(directory: Path, model, tokenizer, info: dict) -> Path:
     model.save_pretrained(directory, tokenizer=tokenizer)
-    write_inference_info(directory, info)
+    write_processor_record(directory, info)
     return directory

@@ -74,7 +74,7 @@ def test_the_model_card_says_what_the_model_is(converted):
     assert meta["library_name"] == "vlbert" and meta["license"] == "other"
     assert {"vlbert", "snli-ve", "uniter"} <= set(meta["tags"])
     assert meta["base_model_family"] == "uniter" and meta["source_code"] == "ChenRocks/UNITER@1dbfa62"
-    info = json.loads((out / "inference.json").read_text())
+    info = json.loads((out / "processor.json").read_text())
     for expected in (
         "VLBertForVisualEntailment",
         str(out.parent / "tok"),  # the tokenizer it was converted with
@@ -91,18 +91,18 @@ def test_the_upload_sends_the_model_directory(converted, tmp_path):
     out, calls = converted
     assert calls[0] == ("create_repo", "org/uniter-ve", False)
     assert calls[1][:2] == ("upload_folder", "org/uniter-ve")
-    assert {"config.json", "model.safetensors", "inference.json", "README.md", "vocab.txt"} <= set(calls[1][2])
+    assert {"config.json", "model.safetensors", "processor.json", "README.md", "vocab.txt"} <= set(calls[1][2])
     assert sorted(p.name for p in out.iterdir()) == calls[1][2]  # the whole directory, nothing else
 
     model = VLBertForVisualEntailment.from_pretrained(out)
     RecordingApi.calls = []
-    with pytest.MonkeyPatch.context() as mp:  # model.push_to_hub: save_pretrained + inference.json + card
+    with pytest.MonkeyPatch.context() as mp:  # model.push_to_hub: save_pretrained + processor.json + card
         mp.setattr(huggingface_hub, "HfApi", RecordingApi)
         files = model.push_to_hub("org/ve-copy", inference_info={"task": "snli-ve"})
     assert files == RecordingApi.calls[1][2] and {
         "config.json",
         "model.safetensors",
-        "inference.json",
+        "processor.json",
         "README.md",
     } == set(files)
     assert (

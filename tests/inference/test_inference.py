@@ -74,7 +74,7 @@ def vqa_run(easy):
 
 
 def test_a_run_saves_what_inference_needs(easy, vqa_run):
-    info = json.loads((vqa_run.dir / "inference.json").read_text())
+    info = json.loads((vqa_run.dir / "processor.json").read_text())
     assert info["task"] == "vqa" and info["max_text_length"] == 32 and info["max_regions"] == 16
     assert info["detector"]["fingerprint"] == DETECTOR.fingerprint()
     assert DetectorConfig(**info["detector"]["config"]) == DETECTOR
@@ -114,8 +114,8 @@ def test_a_vqa_model_in_memory_answers_as_its_run(easy, vqa_run):
         tokenizer=from_run.tokenizer,
         detector=DETECTOR,
         labels=from_run.labels,
-        max_text_length=from_run.inputs.max_text_length,
-        max_regions=from_run.inputs.max_regions,
+        max_text_length=from_run.processor.max_text_length,
+        max_regions=from_run.processor.max_regions,
     )
     assert isinstance(in_memory, VQAPipeline)
     images = [str(easy.files[k]) for k in ("0", "1", "2")]
@@ -126,8 +126,8 @@ def test_a_vqa_model_in_memory_answers_as_its_run(easy, vqa_run):
         model=from_run.model,
         tokenizer=from_run.tokenizer,
         detector=DETECTOR,
-        max_regions=from_run.inputs.max_regions,
-        max_text_length=from_run.inputs.max_text_length,
+        max_regions=from_run.processor.max_regions,
+        max_text_length=from_run.processor.max_text_length,
     )
     assert [[from_run.labels[int(a["answer"])] for a in row] for row in unnamed(images, questions, top_k=2)] == [
         [a["answer"] for a in row] for row in expected
@@ -137,12 +137,12 @@ def test_a_vqa_model_in_memory_answers_as_its_run(easy, vqa_run):
 
 
 def test_the_recipe_names_its_pipeline_and_older_runs_keep_theirs(vqa_run, tmp_path):
-    info = json.loads((vqa_run.dir / "inference.json").read_text())
+    info = json.loads((vqa_run.dir / "processor.json").read_text())
     assert info["pipeline"] == RECIPES["vqa"].pipeline == "visual-question-answering"
     named = {name: r.pipeline for name, r in RECIPES.items()}
     assert all(p in PIPELINES for p in named.values()), named  # every recipe's pipeline exists
     old = tmp_path / "old"  # a run written before inference.json named the pipeline: its task did
-    shutil.copytree(vqa_run.dir, old, ignore=shutil.ignore_patterns("checkpoints", "tensorboard"))
+    shutil.copytree(vqa_run.dir, old, ignore=shutil.ignore_patterns("checkpoints", "tensorboard", "processor.json"))
     (old / "inference.json").write_text(json.dumps({k: v for k, v in info.items() if k != "pipeline"}))
     assert type(pipeline(old, device="cpu")) is VQAPipeline
     renamed = tmp_path / "renamed"  # a run written before the pipelines were renamed: "pipeline": "vqa"
@@ -397,7 +397,7 @@ def test_retrieval_pipeline_ranks_as_the_evaluation_and_its_index_reloads(easy, 
 
     # The ITM pipeline on a retrieval run scores with its re-ranker: P(match) = sigmoid(the cross-encoder's margin).
     itm = pipeline("image-text-matching", out, device="cpu")(easy.store[ids[0]], captions[:3])
-    margins = retrieval.model.match_scores(**retrieval.inputs.batch(captions[:3], [easy.store[ids[0]]] * 3, "cpu"))
+    margins = retrieval.model.match_scores(**retrieval.processor.batch(captions[:3], [easy.store[ids[0]]] * 3, "cpu"))
     torch.testing.assert_close(torch.tensor([r["score"] for r in itm]), margins.detach().sigmoid(), atol=1e-5, rtol=0)
 
     index.save(tmp_path / "index")
@@ -425,7 +425,7 @@ def test_referring_pipeline_boxes_as_the_evaluation(easy, tmp_path):
     stores = {p.parent for p in cache.rglob("*.tar")}
     regions = load_regions([p for d in stores for p in shard_paths(d)])
     referring = ReferringPipeline(tmp_path / "out", device="cpu")
-    assert referring.inputs.info["boxes"] == "given"
+    assert referring.processor.info["boxes"] == "given"
     results = referring([regions[r["image_id"]] for r in evaluated], [r["expression"] for r in evaluated])
     assert [x["box"] for x in results] == [r["box"] for r in evaluated]
     assert [x["region"] for x in results] == [r["region"] for r in evaluated]
@@ -476,7 +476,7 @@ def test_fine_tuning_from_a_run_refuses_another_detectors_regions(easy, vqa_run,
     assert DETECTOR.fingerprint() in str(refused.value) and other.fingerprint() in str(refused.value)
     assert not (tmp_path / "run").exists()
     run(RECIPES["vqa"], {**config, "allow_other_detector": True})
-    info = json.loads((tmp_path / "run" / "inference.json").read_text())
+    info = json.loads((tmp_path / "run" / "processor.json").read_text())
     assert info["detector"]["fingerprint"] == other.fingerprint()  # the new run records its own regions
 
 
@@ -558,17 +558,17 @@ def test_images_in_other_modes_are_answered(vqa_run, tmp_path):
         path = tmp_path / f"{mode.replace(';', '')}.{'jpg' if mode == 'CMYK' else 'png'}"
         image.save(path)
         answer = vqa(str(path), "what color is the shape?")
-        assert answer[0]["answer"] in json.loads((vqa_run.dir / "inference.json").read_text())["labels"], mode
+        assert answer[0]["answer"] in json.loads((vqa_run.dir / "processor.json").read_text())["labels"], mode
 
 
 # ------------------------------------------------------------------------------------------- image-text matching
 @pytest.fixture(scope="module")
 def pretraining_run(easy, tmp_path_factory):
     """A VL pretraining run directory as tools/pretrain.py leaves it (a tiny VLBertForPreTraining, the MiniLM
-    tokenizer, inference.json naming the run's detector), over the `easy` regions."""
+    tokenizer, processor.json naming the run's detector), over the `easy` regions."""
     from vlbert.config import VLBertConfig
     from vlbert.models.vl import VLBertForPreTraining
-    from vlbert.recipes.runner import write_inference_info
+    from vlbert.run_files import write_processor_record
     from vlbert.tokenization import load_tokenizer
 
     out = tmp_path_factory.mktemp("vl-pretraining")
@@ -587,7 +587,7 @@ def pretraining_run(easy, tmp_path_factory):
     with torch.no_grad():  # an ITM head that tells pairs apart (a fresh one scores every pair near 0.5)
         model.itm.weight.normal_(0, 2.0)
     model.save_pretrained(out, tokenizer=tokenizer)
-    write_inference_info(
+    write_processor_record(
         out,
         {
             "task": "vl-pretraining",
@@ -612,7 +612,7 @@ def test_image_text_matching_pipeline_scores_as_the_model(easy, pretraining_run)
     one = itm(easy.store["0"], captions)  # one image, several captions: one result per caption, in order
     assert [r["text"] for r in one] == captions and [r["index"] for r in one] == [0, 1, 2]
     model = VLBertForPreTraining.from_pretrained(pretraining_run).eval()
-    batch = itm.inputs.batch(captions, [easy.store["0"]] * 3, "cpu")
+    batch = itm.processor.batch(captions, [easy.store["0"]] * 3, "cpu")
     with torch.no_grad():  # the model's forward given ITM labels: the logits the trained head computes
         logits = model(**batch, itm_label=torch.ones(3, dtype=torch.long)).seq_relationship_logits
     torch.testing.assert_close(torch.tensor([r["score"] for r in one]), logits.softmax(-1)[:, 1], atol=1e-5, rtol=0)

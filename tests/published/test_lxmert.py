@@ -156,7 +156,7 @@ def test_question_answering_head_equals_transformers_and_names_answers(tmp_path)
     with torch.no_grad():
         out = ours(ids, tt, tm, feats, boxes, rm).logits
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    info = json.loads((tmp_path / "out" / "inference.json").read_text())
+    info = json.loads((tmp_path / "out" / "processor.json").read_text())
     assert info["task"] == "vqa" and info["labels"] == ANSWERS and info["max_regions"] == 36
 
 

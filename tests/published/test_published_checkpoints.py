@@ -130,7 +130,7 @@ def test_visualbert_vqa_head_reads_the_mask_position(tmp_path):
         ).logits
         out = ours(ids, tt, tm, feats, boxes, rm, region_token_type_ids=types).logits
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    info = json.loads((tmp_path / "out" / "inference.json").read_text())
+    info = json.loads((tmp_path / "out" / "processor.json").read_text())
     assert info["task"] == "vqa" and info["labels"] == answers and info["detector"]["fingerprint"] is None
 
 
@@ -233,7 +233,7 @@ def test_uniter_vqa_checkpoint_answers_with_its_labels(tmp_path):
             atol=1e-5,
             rtol=1e-5,
         )
-    info = json.loads((tmp_path / "out" / "inference.json").read_text())
+    info = json.loads((tmp_path / "out" / "processor.json").read_text())
     assert info["labels"] == [f"ans{i}" for i in range(9)]
     assert info["detector"]["extractor"].startswith("detectron2:butd-vg") and info["max_regions"] == 100
 
@@ -265,7 +265,7 @@ def test_uniter_entailment_and_retrieval_heads_equal_their_reference(uniter_fine
     pos7 = region_location_features(boxes)
     state, out_dir, report = uniter_fine_tuned["ve"]
     assert (report["model_class"], report["task"], report["missing"]) == ("VLBertForVisualEntailment", "snli-ve", [])
-    info = json.loads((out_dir / "inference.json").read_text())
+    info = json.loads((out_dir / "processor.json").read_text())
     assert info["labels"] == ["contradiction", "entailment", "neutral"]  # UNITER's VE_IDX2ENT
     ve = VLBertForVisualEntailment.from_pretrained(out_dir).eval()
     with torch.no_grad():
@@ -280,7 +280,7 @@ def test_uniter_entailment_and_retrieval_heads_equal_their_reference(uniter_fine
     state, out_dir, report = uniter_fine_tuned["itm"]
     assert (report["model_class"], report["task"]) == ("VLBertForImageTextRetrieval", "retrieval")
     assert sorted(report["dropped"]) == ["itm_output.bias", "itm_output.weight"]
-    assert json.loads((out_dir / "inference.json").read_text())["shortlist"] >= 10**9  # re-rank every candidate
+    assert json.loads((out_dir / "processor.json").read_text())["shortlist"] >= 10**9  # re-rank every candidate
     retrieval = VLBertForImageTextRetrieval.from_pretrained(out_dir).eval()
     with torch.no_grad():
         _, pooled = uniter_forward(state, ids, [9, 6, 3], feats, pos7, counts, 2, 4)

@@ -147,7 +147,7 @@ def import_tsv(root, out, *extracted_with) -> None:
 
 
 def assert_trained_on_the_checkpoints_settings(run_dir, caplog):
-    info = json.loads((run_dir / "inference.json").read_text())
+    info = json.loads((run_dir / "processor.json").read_text())
     assert info["max_regions"] == 100 and info["max_text_length"] == 60  # UNITER's, not the config's 16 and 32
     assert not [r for r in caplog.records if "keeps the first" in r.getMessage()]  # no image was cut
 

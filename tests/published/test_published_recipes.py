@@ -291,7 +291,7 @@ def test_recipe_runs_two_steps_through_its_tool(fixtures, name, tmp_path):
     assert tool(tool_name)(argv) == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["step"] == 2
-    info = json.loads((tmp_path / "run" / "inference.json").read_text())
+    info = json.loads((tmp_path / "run" / "processor.json").read_text())
     assert info["task"] == task and info["max_regions"] == load_run_config(ROOT / f"{name}.yaml")["data"]["max_regions"]
     if name == "lxmert-gqa":
         check_gqa_answers(tmp_path / "run", fixtures, tmp_path)

@@ -134,7 +134,7 @@ def test_e2e_checkpoint_runs_its_backbone_and_equals_its_reference(tmp_path):
     )
     ours = VLBertForPreTraining.from_pretrained(tmp_path / "out").eval()
     assert ours.config.visual_backbone["layers"] == [1, 1, 1] and report["dropped"] == {}
-    info = json.loads((tmp_path / "out" / "inference.json").read_text())  # pipelines and fine-tuning read its pixels
+    info = json.loads((tmp_path / "out" / "processor.json").read_text())  # pipelines and fine-tuning read its pixels
     assert ImagePreprocessing.from_record(info["image_preprocessing"]) == PREPROCESSING["vl-bert"]
     res5 = [k for k in state if k.startswith("module.image_feature_extractor.roi_head_feature_extractor.")]
     assert sum(k.startswith("bert.visual_backbone.head.") for k in ours.state_dict()) == len(res5)  # one copy kept

@@ -114,7 +114,7 @@ def test_text_run_then_vl_pretraining_then_vqa_then_predict(small_corpus, shards
         )
         == 0
     )
-    assert "detector" not in json.loads((text / "inference.json").read_text())  # a text run: no regions
+    assert "detector" not in json.loads((text / "processor.json").read_text())  # a text run: no regions
 
     seen = loaded_states(monkeypatch)
     caplog.set_level(logging.INFO, logger="vlbert.models.pretrained")
@@ -180,7 +180,7 @@ def test_text_run_then_vl_pretraining_then_vqa_then_predict(small_corpus, shards
     for k, v in vl_state.items():
         if k.startswith("bert."):
             assert torch.equal(start[k], v), k
-    info = {run: json.loads((run / "inference.json").read_text()) for run in (vl, vqa)}
+    info = {run: json.loads((run / "processor.json").read_text()) for run in (vl, vqa)}
     assert info[vl]["detector"]["fingerprint"] == info[vqa]["detector"]["fingerprint"] == EASY_DETECTOR.fingerprint()
 
     # predict reads the image files through the run's detector and answers as the run's own evaluation did.

@@ -193,7 +193,7 @@ def test_smoke_vl_run_draws_one_objective_per_step(cache_dir, tmp_path):
     from vlbert.inference import FillMaskPipeline, pipeline
 
     fill = pipeline(out, device="cpu")
-    assert isinstance(fill, FillMaskPipeline) and fill.inputs.detector.options.input_size == 96
+    assert isinstance(fill, FillMaskPipeline) and fill.processor.detector.options.input_size == 96
     image = image_paths("test")["test/0"]
     regions = fill.regions([image])[0]
     assert (
@@ -251,7 +251,7 @@ def test_imported_shards_are_not_credited_to_the_detector_section(tmp_path):
         "training": {"output_dir": str(tmp_path / "run"), "max_steps": 1, "batch_size": 4, "progress_bar": False},
     }
     run(RECIPES["vl-pretraining"], config)
-    detector = json.loads((tmp_path / "run" / "inference.json").read_text())["detector"]
+    detector = json.loads((tmp_path / "run" / "processor.json").read_text())["detector"]
     assert detector["fingerprint"] is None and detector["config"] is None
     assert detector["extractor"] == extractor.name  # what the regions themselves say made them
 

@@ -307,7 +307,7 @@ def test_vqa_v2_accuracy_is_the_official_evaluation_over_every_question(easy, do
         doc_runs,
         out,
     )
-    assert json.loads((out / "inference.json").read_text())["labels"] == ["Yes", "no"]
+    assert json.loads((out / "processor.json").read_text())["labels"] == ["Yes", "no"]
     assert (
         metrics["eval_questions"] == 6 and metrics["eval_unanswerable"] == 3
     )  # 0886c57: 3 questions, unanswerable ones dropped

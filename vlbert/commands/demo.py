@@ -25,7 +25,7 @@ from PIL import Image, ImageDraw
 from detectors.images import read_pil_image
 from vlbert.analysis.attention_maps import word_region_attention
 from vlbert.inference import PIPELINES, pipeline
-from vlbert.inference.run import read_inference_info
+from vlbert.processing import load_processor_record
 
 #: The demo's tabs: pipeline task -> the tab's title. A run gets the tabs whose pipeline accepts it.
 TABS = {"vqa": "Ask a question", "image-text-matching": "Match captions", "vl-pretraining": "Fill [MASK]"}
@@ -36,14 +36,14 @@ class DemoSession:
     attention picture. Inputs are PIL images (RGB) or image paths; outputs are what Gradio shows.
 
     Args:
-        run_dir: a run or converted checkpoint directory (inference.json, model, tokenizer) or hub id.
+        run_dir: a run or converted checkpoint directory (processor.json, model, tokenizer) or hub id.
         device, detector_weights, allow_other_detector: as :func:`vlbert.inference.pipeline`.
     Raises:
         ValueError: the run's task has none of the demo's pipelines (text runs, NLVR2, SNLI-VE, RefCOCO).
     """
 
     def __init__(self, run_dir, device: str | None = None, detector_weights=None, allow_other_detector=False):
-        self.task = read_inference_info(run_dir)["task"]
+        self.task = load_processor_record(run_dir)["task"]
         options = {"device": device, "detector_weights": detector_weights, "allow_other_detector": allow_other_detector}
         self.pipelines = {
             task: pipeline(task, run_dir, **options) for task in TABS if self.task in PIPELINES[task].accepted_runs()
@@ -85,8 +85,8 @@ class DemoSession:
 
     def words(self, text: str) -> list[str]:
         """The wordpieces the model reads for ``text`` ([CLS] ... [SEP])."""
-        inputs = next(iter(self.pipelines.values())).inputs
-        return inputs.tokenizer.convert_ids_to_tokens(inputs.text_ids([text])[0])
+        processor = next(iter(self.pipelines.values())).processor
+        return processor.tokenizer.convert_ids_to_tokens(processor.text_ids([text])[0])
 
     def attention(self, image, text: str, word: int, layer: int = -1) -> tuple[np.ndarray, Image.Image]:
         """Word ``word`` of :meth:`words`'s attention over the regions in ``layer`` (heads averaged, renormalised
@@ -98,7 +98,7 @@ class DemoSession:
         """
         pipe = next(iter(self.pipelines.values()))
         regions = self._regions_of(image)
-        batch = pipe.inputs.batch([text], [regions], pipe.device)
+        batch = pipe.processor.batch([text], [regions], pipe.device)
         num_text = batch["input_ids"].shape[1]
         if not 0 <= word < num_text:
             raise ValueError(f"word {word} is not a position of the text (0..{num_text - 1})")

@@ -12,7 +12,7 @@
     python tools/explain.py probe --task easy-vqa-color --model runs/vl-default --out docs/
 
 --model takes a checkpoint directory or "minilm". Images with --easy-vqa-image are read with the run's own detector
-(its inference.json; the VL default run's settings for a checkpoint without one), extracted and cached on first
+(its saved processor; the VL default run's settings for a checkpoint without one), extracted and cached on first
 use, and as many regions as the run was trained with.
 """
 
@@ -42,7 +42,7 @@ from vlbert.analysis.probing import plot_probe, probe_layers
 from vlbert.data.easy_vqa import color_and_shape, easy_vqa_shards, image_paths
 from vlbert.data.images import ImagePreprocessing, with_image
 from vlbert.data.regions import pad_regions, region_item
-from vlbert.inference.run import detector_for_run, read_inference_info
+from vlbert.processing import VLProcessor
 from vlbert.tokenization import load_tokenizer, resolve_model_path
 from vlbert.training.run_config import load_run_config
 from vlbert_base.user_files import read_json
@@ -71,37 +71,35 @@ def easy_vqa_detector():
 
 
 def run_detector(model_path: str):
-    """(detector configuration, maximum regions) the run at ``model_path`` was trained with: its inference.json's,
-    or the VL default run's settings for a checkpoint without one.
+    """(detector configuration, maximum regions) the run at ``model_path`` was trained with: its saved
+    processor's (:class:`~vlbert.processing.VLProcessor`), or the VL default run's settings for a checkpoint
+    without one.
 
     Raises:
-        ValueError: the run's regions were imported (no detector to rebuild): explain cannot extract images for it.
+        ValueError: a text-only run, or one whose regions were imported (no detector to rebuild): explain cannot
+            extract images for it.
     """
-
-    path = Path(resolve_model_path(model_path))
-    if not (path / "inference.json").is_file():
+    processor = VLProcessor.saved(resolve_model_path(model_path))
+    if processor is None:
         return easy_vqa_detector(), EASY_VQA_MAX_REGIONS
-    info = read_inference_info(path)
-    if "detector" not in info:
+    if not processor.uses_regions:
         raise ValueError(
-            f"{model_path} is a {info.get('task')} run without regions; this command reads an image's "
+            f"{model_path} is a {processor.task} run without regions; this command reads an image's "
             "regions: give a vision-language run (tools/pretrain.py --modality vl, a VL fine-tuning run)"
         )
-    detector = detector_for_run(info.get("detector") or {})
-    if detector is None:
+    if processor.detector is None:
         raise ValueError(
-            f"{model_path} was trained on imported regions ({(info.get('detector') or {}).get('extractor')})"
+            f"{model_path} was trained on imported regions ({processor.region_source.extractor})"
             ": no detector can be rebuilt to read easy-VQA images for it"
         )
-    return detector, int(info.get("max_regions", EASY_VQA_MAX_REGIONS))
+    return processor.detector, processor.max_regions
 
 
 def run_preprocessing(model_path: str) -> ImagePreprocessing | None:
-    """How the run at ``model_path`` turns an image into its visual backbone's pixels (its inference.json's
-    ``image_preprocessing``), or None for a run that reads detector features only."""
-    path = Path(resolve_model_path(model_path))
-    record = read_inference_info(path).get("image_preprocessing") if (path / "inference.json").is_file() else None
-    return ImagePreprocessing.from_record(record) if record else None
+    """How the run at ``model_path`` turns an image into its visual backbone's pixels (its saved processor's
+    image preprocessing), or None for a run that reads detector features only."""
+    processor = VLProcessor.saved(resolve_model_path(model_path))
+    return processor.image_preprocessing if processor is not None else None
 
 
 def refuse_visual_backbone(args) -> None:

@@ -16,7 +16,7 @@
     python tools/predict.py runs/bbc-news --text "Shares rose sharply after the results"
     python tools/predict.py runs/text-default --text "the capital of france is [MASK]."
 
-The run directory's task (its inference.json) picks the pipeline (vlbert.inference.PIPELINES), or --task names
+The run directory's task (its saved processor, processor.json) picks the pipeline (vlbert.inference.PIPELINES), or --task names
 another one the run answers (image-text-matching: a VL pretraining or retrieval run scores (image, caption)
 pairs, or ranks --captions for an image); the pipeline says what is read and written: this tool knows no task by
 name. --text is the question (VQA), hypothesis
@@ -50,7 +50,7 @@ OPTIONS = ("top_k", "draw", "images", "index", "captions")
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", help="a run's output directory (config.json, model.safetensors, inference.json)")
+    p.add_argument("run", help="a run's output directory (config.json, model.safetensors, processor.json)")
     p.add_argument(
         "--task",
         help="a pipeline task other than the run's own (image-text-matching for VL "

@@ -91,7 +91,7 @@ class ImagePreprocessing:
         return self(image)
 
     def record(self) -> dict:
-        """The fields, JSON-ready: what a run writes to ``inference.json`` (``image_preprocessing``)."""
+        """The fields, JSON-ready: what a run's processor saves (``processor.json``'s ``image_preprocessing``)."""
         return {**asdict(self), "mean": list(self.mean), "std": list(self.std)}
 
     @classmethod

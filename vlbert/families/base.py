@@ -31,11 +31,11 @@ class Converted:
         config: VLBertConfig field values (the architecture read from the checkpoint).
         state: tensors under our parameter names (float32).
         model_class: the name of the :mod:`vlbert.models` class whose parameters ``state`` fills.
-        task: the ``inference.json`` task of the result ("vl-pretraining", "vqa", "snli-ve", "retrieval", "nlvr2").
+        task: the processor record's task of the result ("vl-pretraining", "vqa", "snli-ve", "retrieval", "nlvr2").
         dropped: source keys deliberately not carried over (and why), reported by the converter.
         labels: the head's label names in output order where the family fixes them (UNITER's SNLI-VE order), else
             None (``--labels`` names them).
-        info: further ``inference.json`` fields for the task (a retrieval checkpoint's ``shortlist``).
+        info: further processor record fields for the task (a retrieval checkpoint's ``shortlist``).
     """
 
     config: dict[str, Any]

@@ -1,11 +1,10 @@
 """Write a published checkpoint as a vlbert model directory: ``config.json`` + ``model.safetensors`` (our layout,
-what ``from_pretrained`` and every tool's ``--init-from`` read), the family's tokenizer, and ``inference.json``
-(the task, labels, lengths and the features the weights were trained on, which the pipelines and fine-tuning
+what ``from_pretrained`` and every tool's ``--init-from`` read), the family's tokenizer, and its processor
+(``processor.json``: the task, labels, lengths and the features the weights were trained on, which the pipelines and fine-tuning
 check regions against)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -17,6 +16,7 @@ from vlbert import models
 from vlbert.config import VLBertConfig
 from vlbert.families.base import CheckpointFamily, WrongForm, load_torch_file, read_directory
 from vlbert.families.registry import FAMILIES
+from vlbert.processing import VLProcessor
 from vlbert.tokenization import load_tokenizer
 from vlbert_base.user_files import expect, read_json, read_yaml
 
@@ -198,7 +198,6 @@ def convert_checkpoint(
     report = _load(model, converted.state, source, family)
     report.update(family=family, model_class=converted.model_class, task=converted.task, dropped=converted.dropped)
     info = {
-        "format_version": 1,
         "task": converted.task,
         "max_text_length": fam.max_text_length,
         "max_regions": fam.features["max_regions"],
@@ -220,7 +219,7 @@ def convert_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
     try:
         model.save_pretrained(tmp, tokenizer=tok)
-        (tmp / "inference.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
+        VLProcessor.from_record(info, tok).save_pretrained(tmp, save_tokenizer_files=False)  # beside the tokenizer
         if output_dir.exists():
             shutil.rmtree(output_dir)
         os.replace(tmp, output_dir)

@@ -1,6 +1,7 @@
 """Use a trained model: one pipeline per task, loaded from a run directory or over a model in memory, taking image
 files, PIL images or arrays and text (or text alone, for text runs) (:mod:`vlbert.inference.pipelines`); what a run
-saves for it and the detector check (:mod:`vlbert.inference.run`). Imports neither the trainer nor the recipes.
+saves for it, the detector check and the inputs are its processor's (:class:`vlbert.processing.VLProcessor`).
+Imports neither the trainer nor the recipes.
 
     from vlbert.inference import pipeline
     vqa = pipeline("runs/vqa")
@@ -27,7 +28,7 @@ from vlbert.inference.pipelines import (
     pipeline,
     pipeline_class,
 )
-from vlbert.inference.run import RunInputs, detector_for_run, read_inference_info, run_pipeline
+from vlbert.processing import VLProcessor, load_processor_record, record_pipeline
 
 __all__ = [
     "pipeline",
@@ -44,9 +45,8 @@ __all__ = [
     "TextClassificationPipeline",
     "TextFillMaskPipeline",
     "pipeline_class",
-    "RunInputs",
+    "VLProcessor",
     "fill_masks",
-    "run_pipeline",
-    "read_inference_info",
-    "detector_for_run",
+    "record_pipeline",
+    "load_processor_record",
 ]

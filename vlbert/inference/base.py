@@ -1,4 +1,4 @@
-"""The base of the inference pipelines: a run's model, tokenizer and detector; how a call's images and texts pair
+"""The base of the inference pipelines: a run's model and processor (tokenizer, detector, limits); how a call's images and texts pair
 up (one image broadcast over several texts, as transformers' VQA pipeline does); batching."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import numpy as np
 import torch
 
 from detectors.regions import Regions
-from vlbert.data.images import DEFAULT_PREPROCESSING
-from vlbert.inference.run import ImageInput, RunInputs, run_pipeline
 from vlbert.models.vqa import VLBertForVQA
+from vlbert.processing import ImageInput, VLProcessor, record_pipeline
 from vlbert_base.user_files import read_json
 
 
@@ -31,7 +30,7 @@ def _is_single(image) -> bool:
 
 
 class Pipeline:
-    """Base class: a run's model (eval mode, on ``device``) and :class:`~vlbert.inference.run.RunInputs`, and the
+    """Base class: a run's model (eval mode, on ``device``) and :class:`~vlbert.processing.VLProcessor`, and the
     call every task shares, in transformers' pipeline shape: ``pipe(*inputs, **parameters)`` turns the inputs into
     examples (one per row; one image, or one text, broadcast over a list of the other, as transformers' VQA
     pipeline does), cuts them into ``batch_size`` chunks and runs :meth:`preprocess` -> :meth:`_forward` (no
@@ -47,7 +46,7 @@ class Pipeline:
     fit). ``tools/predict.py`` reads only these: it knows no task by name.
 
     Args:
-        model: a run's output directory (``config.json``, ``model.safetensors``, tokenizer, ``inference.json``) or a
+        model: a run's output directory (``config.json``, ``model.safetensors``, tokenizer, ``processor.json``) or a
             hub id, or a model in memory (an instance of :attr:`model_class` or :attr:`model_classes`; then
             ``tokenizer`` is required, and ``detector`` is the detector its regions came from; a model with a
             ``visual_backbone`` reads each image's pixels through its backbone kind's preprocessing,
@@ -66,17 +65,17 @@ class Pipeline:
         max_text_length, max_regions: a model in memory's limits (default: the tokenizer's ``model_max_length``
             within the model's positions; 36 regions, the BUTD features' count).
     Raises:
-        FileNotFoundError: ``model`` is a path without inference.json or without a model.
+        FileNotFoundError: ``model`` is a path without a saved processor or without a model.
         ValueError: the run is of another task than the pipeline's, or another detector (both named); a model in
             memory of another class than the pipeline's, or without a tokenizer.
     """
 
     #: the pipeline's name: its key in :data:`~vlbert.inference.pipelines.PIPELINES`, what a recipe's ``pipeline``
-    #: and a run's inference.json name.
+    #: and a run's processor record name.
     name: ClassVar[str] = ""
     #: earlier names of the pipeline (runs written under them, ``pipeline("vqa", ...)``), which still select it.
     aliases: ClassVar[tuple[str, ...]] = ()
-    #: the run tasks (inference.json's ``task``) the pipeline loads besides those whose recipe names it (a task
+    #: the run tasks (the processor record's ``task``) the pipeline loads besides those whose recipe names it (a task
     #: that every run of some kinds answers, e.g. image-text matching from pretraining and retrieval runs).
     run_tasks: ClassVar[tuple[str, ...]] = ()
     model_class: ClassVar[type] = VLBertForVQA
@@ -116,20 +115,20 @@ class Pipeline:
             self._from_model(model, device, detector, tokenizer, labels, max_text_length, max_regions)
             return
         self.device = torch.device(device or _default_device())
-        self.inputs = RunInputs(model, detector, allow_other_detector, str(self.device), detector_weights)
-        if (
-            run_pipeline(self.inputs.info) not in (self.name, *self.aliases)
-            and self.inputs.info["task"] not in self.run_tasks
-        ):
+        self.processor = VLProcessor.from_pretrained(model)
+        self.processor.use_detector(detector, allow_other_detector, detector_weights, str(self.device))
+        task = self.processor.task
+        if record_pipeline(self.processor.info) not in (self.name, *self.aliases) and task not in self.run_tasks:
             raise ValueError(
-                f"{model} is a {self.inputs.info['task']!r} run; {type(self).__name__} takes "
+                f"{model} is a {task!r} run; {type(self).__name__} takes "
                 f"{' or '.join(self.accepted_runs())} runs: use vlbert.inference.pipeline("
                 f"{str(model)!r}), which picks the task's own"
             )
-        self.inputs.max_text_length = max_text_length or self.inputs.max_text_length
-        self.inputs.max_regions = max_regions or self.inputs.max_regions
-        self.model = self.architecture().from_pretrained(self.inputs.run_dir).to(self.device).eval()
-        self.labels: list[str] | None = labels or self.inputs.info.get("labels")
+        self.processor.max_text_length = max_text_length or self.processor.max_text_length
+        self.processor.max_regions = max_regions or self.processor.max_regions
+        self.run_dir = self.processor.name_or_path
+        self.model = self.architecture().from_pretrained(self.run_dir).to(self.device).eval()
+        self.labels: list[str] | None = labels or self.processor.labels
 
     def _from_model(self, model, device, detector, tokenizer, labels, max_text_length, max_regions) -> None:
         """Set up over a model in memory (see the class docstring)."""
@@ -141,29 +140,18 @@ class Pipeline:
             )
         if tokenizer is None:
             raise ValueError("a model in memory needs its tokenizer: pipeline(model=model, tokenizer=tokenizer)")
-        config = model.config
-        id2label = getattr(config, "id2label", None)
-        labels = list(labels) if labels is not None else [id2label[k] for k in sorted(id2label)] if id2label else None
-        positions = int(getattr(config, "max_position_embeddings", 512))
-        info = {
-            "task": self.name,
-            "labels": labels,
-            "max_regions": max_regions or 36,
-            "max_text_length": max_text_length
-            or min(int(getattr(tokenizer, "model_max_length", positions)), positions),
-            "region_feature_dim": getattr(config, "region_feature_dim", None),
-        }
-        backbone = getattr(config, "visual_backbone", None)
-        if backbone:  # nothing records its images' preprocessing: its backbone kind's (vlbert.data.images)
-            info["image_preprocessing"] = DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet")
         self.device = torch.device(device) if device else next(model.parameters()).device
-        self.inputs = RunInputs.for_model(info, tokenizer, detector, str(self.device))
+        self.processor = VLProcessor.for_model(
+            model.config, tokenizer, self.name, labels, max_text_length, max_regions, detector
+        )
+        self.processor.device = str(self.device)
+        self.run_dir = None
         self.model = model.to(self.device).eval()
-        self.labels = labels
+        self.labels = self.processor.labels
 
     @classmethod
     def accepted_runs(cls) -> tuple[str, ...]:
-        """The kinds of run (inference.json's ``task``) this pipeline loads: :attr:`run_tasks`, else the runs whose
+        """The kinds of run (processor.json's ``task``) this pipeline loads: :attr:`run_tasks`, else the runs whose
         recipe names it: the task a renamed pipeline was named after (its first alias: ``vqa`` for
         ``visual-question-answering``), else the task of its own :attr:`name`."""
         return cls.run_tasks or cls.aliases[:1] or (cls.name,)
@@ -171,7 +159,7 @@ class Pipeline:
     def architecture(self) -> type:
         """The model class to load: the one config.json names when it is among :attr:`model_classes` (a converted
         VisualBERT's VQA or NLVR2 head), else :attr:`model_class`."""
-        path = self.inputs.run_dir / "config.json"
+        path = self.run_dir / "config.json"
         saved = (read_json(path, "model config").get("architectures") or []) if path.is_file() else []
         return next((c for c in self.model_classes if c.__name__ in saved), self.model_class)
 
@@ -181,11 +169,12 @@ class Pipeline:
 
     @property
     def tokenizer(self):
-        return self.inputs.tokenizer
+        """The processor's tokenizer."""
+        return self.processor.tokenizer
 
     def regions(self, images: Sequence[ImageInput], boxes=None) -> list[Regions]:
-        """Each image's regions (extracted with the run's detector, or checked): :meth:`RunInputs.regions`."""
-        return self.inputs.regions(images, boxes, self.batch_size)
+        """Each image's regions (extracted with the run's detector, or checked): :meth:`VLProcessor.regions`."""
+        return self.processor.regions(images, boxes, self.batch_size)
 
     def __call__(self, *inputs, **parameters):
         """Results for ``inputs`` (in :attr:`input_fields` order): one result for single inputs, else a list.
@@ -261,7 +250,7 @@ class Pipeline:
         regions = self.regions([ex["image"] for ex in examples], boxes if any(b is not None for b in boxes) else None)
         suffix = getattr(self.model, "question_suffix", "")  # VisualBERT's VQA reads a [MASK] at the end
         return {
-            "batch": self.inputs.batch([ex["text"] + suffix for ex in examples], regions, self.device),
+            "batch": self.processor(text=[ex["text"] + suffix for ex in examples], regions=regions, device=self.device),
             "regions": regions,
         }
 

@@ -104,7 +104,7 @@ class FillMaskPipeline(Pipeline):
     def preprocess(self, examples: list[dict], **parameters) -> dict[str, Any]:
         """Each example's text and region item (None without an image), and ``top_k``."""
         images = [k for k, ex in enumerate(examples) if ex.get("image") is not None]
-        items = dict(zip(images, self.inputs.region_items(self.regions([examples[k]["image"] for k in images]))))
+        items = dict(zip(images, self.processor.region_items(self.regions([examples[k]["image"] for k in images]))))
         return {
             "texts": [ex["text"] for ex in examples],
             "items": [items.get(k) for k in range(len(examples))],
@@ -124,7 +124,7 @@ class FillMaskPipeline(Pipeline):
                     [texts[k] for k in group],
                     top_k,
                     [items[k] for k in group] if with_image else None,
-                    self.inputs.max_text_length,
+                    self.processor.max_text_length,
                 )
                 for k, result in zip(group, found):
                     fillers[k] = result

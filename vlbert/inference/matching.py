@@ -23,7 +23,7 @@ class ImageTextMatchingPipeline(Pipeline):
     lists of both pair up by position. ``top_k=k`` returns the k best pairs, best first (default: every pair, in
     input order). Takes VL pretraining runs and converted pretraining checkpoints (``task`` "vl-pretraining") and
     retrieval runs (their ITM re-ranker); a run's own task stays :func:`~vlbert.inference.pipeline`'s default, so
-    ask for this one by name. Inputs are prepared as :class:`~vlbert.inference.run.RunInputs` prepares every task's.
+    ask for this one by name. Inputs are prepared as :class:`~vlbert.processing.VLProcessor` prepares every task's.
     """
 
     name = "image-text-matching"

@@ -5,7 +5,7 @@ The shape is transformers' ``pipeline(...)``: built from a directory, called on 
 internally, returning plain dicts; each task is a :class:`~vlbert.inference.base.Pipeline` that declares its
 inputs and implements ``postprocess`` (and ``preprocess`` / ``_forward`` where it reads more than one image and
 one text). A region-based model also needs the detector that made its training regions: each pipeline rebuilds it
-from the run's ``inference.json`` and refuses another one (:mod:`vlbert.inference.run`). Inputs are prepared exactly
+from the run's saved processor and refuses another one (:class:`vlbert.processing.VLProcessor`). Inputs are prepared exactly
 as the task's dataset prepares them (same tokenizer, truncation, ``region_item`` and padding), so on the same
 regions a pipeline gives the recipe's evaluation outputs (tests/inference/test_inference.py checks every task).
 
@@ -27,7 +27,6 @@ from vlbert.inference.base import Pipeline, label_result, label_row
 from vlbert.inference.fill_mask import FillMaskPipeline, TextFillMaskPipeline
 from vlbert.inference.matching import ImageTextMatchingPipeline
 from vlbert.inference.retrieval import ImageIndex, RetrievalPipeline
-from vlbert.inference.run import read_inference_info, run_pipeline
 from vlbert.inference.text import TextClassificationPipeline
 from vlbert.models.referring import VLBertForReferringExpressions
 from vlbert.models.uniter_heads import VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention, VLBertForVisualEntailment
@@ -37,6 +36,7 @@ from vlbert.models.vl_classification import (
     VLBertForVisualReasoning,
 )
 from vlbert.models.vqa import VLBertForMaskedTokenVQA, VLBertForVQA
+from vlbert.processing import load_processor_record, record_pipeline
 
 
 def _require_ids(rows: list[dict], key: str, fmt: str) -> None:
@@ -132,9 +132,10 @@ class ImagePairPipeline(Pipeline):
     def preprocess(self, examples, **parameters) -> dict[str, Any]:
         regions = self.regions([ex[side] for ex in examples for side in ("left", "right")])
         pairs = {
-            k: v.view(len(examples), 2, *v.shape[1:]) for k, v in self.inputs.region_batch(regions, self.device).items()
+            k: v.view(len(examples), 2, *v.shape[1:])
+            for k, v in self.processor.region_batch(regions, self.device).items()
         }
-        return {"batch": {**self.inputs.text_batch([ex["text"] for ex in examples], self.device), **pairs}}
+        return {"batch": {**self.processor.text_batch([ex["text"] for ex in examples], self.device), **pairs}}
 
     def postprocess(self, outputs, examples) -> list[dict]:
         logits = outputs["logits"]
@@ -147,7 +148,7 @@ class ReferringPipeline(Pipeline):
     """(image, expression) -> ``{"box": [x1, y1, x2, y2] in pixels, "score": the region's softmax probability,
     "region": its index}``: the region the expression refers to, among the image's regions.
 
-    Runs trained on given candidate boxes (``inference.json``: ``"boxes": "given"``, e.g. the easy-VQA composites'
+    Runs trained on given candidate boxes (its processor record: ``"boxes": "given"``, e.g. the easy-VQA composites'
     tiles) need them at inference too: ``boxes=`` float [N, 4] pixel boxes per image (a list of them for a list of
     images; a JSONL record's ``boxes`` field). :meth:`draw` returns the image with the box drawn; tools/predict.py's
     ``--draw FILE`` saves it.
@@ -178,7 +179,7 @@ class ReferringPipeline(Pipeline):
         return examples, single
 
     def preprocess(self, examples, **parameters) -> dict[str, Any]:
-        if self.inputs.info.get("boxes") == "given" and any(
+        if self.processor.info.get("boxes") == "given" and any(
             ex["boxes"] is None and not isinstance(ex["image"], Regions) for ex in examples
         ):
             raise ValueError(
@@ -245,7 +246,7 @@ class PipelineRegistry(dict):
 #: pipeline name -> its class, named by what it does as transformers names its pipelines (``fill-mask``,
 #: ``visual-question-answering``, ``text-classification``; an earlier name, such as ``vqa`` or ``vl-pretraining``,
 #: still selects it). A recipe names its pipeline (:attr:`vlbert.recipes.Recipe.pipeline`, the task table
-#: :data:`vlbert.recipes.TASKS`), which the run's inference.json records; a new pipeline is a :class:`Pipeline`
+#: :data:`vlbert.recipes.TASKS`), which the run's saved processor records; a new pipeline is a :class:`Pipeline`
 #: subclass and one line here.
 PIPELINES: PipelineRegistry = PipelineRegistry(
     (cls.name, cls)
@@ -276,15 +277,15 @@ def _named(task: str) -> type[Pipeline]:
 
 def pipeline_class(run_dir: str | os.PathLike, task: str | None = None) -> type[Pipeline]:
     """The pipeline class of ``task`` (a key of :data:`PIPELINES`), by default the one the run names
-    (inference.json: :func:`~vlbert.inference.run.run_pipeline`), without loading the model.
+    (its saved processor: :func:`~vlbert.processing.record_pipeline`), without loading the model.
 
     Raises:
-        FileNotFoundError, ValueError: as :func:`~vlbert.inference.run.read_inference_info`; a run whose task has
+        FileNotFoundError, ValueError: as :func:`~vlbert.processing.load_processor_record`; a run whose task has
             no pipeline (the pipelines named); a ``task`` whose pipeline does not take the run's kind (the kinds it
             takes named).
     """
-    info = read_inference_info(run_dir)
-    run_task, own = info["task"], run_pipeline(info)
+    info = load_processor_record(run_dir)
+    run_task, own = info["task"], record_pipeline(info)
     if task is None:
         if own not in PIPELINES:
             raise ValueError(f"{run_dir} is a {run_task!r} run, which has no pipeline; pipelines exist for {_known()}")
@@ -325,7 +326,7 @@ def pipeline(
 ) -> Pipeline:
     """The pipeline of ``task`` over ``model``, transformers' ``pipeline(task, model=..., tokenizer=...)``.
 
-    ``model`` is a run directory or hub id (its task's pipeline by default, from inference.json; ``task``
+    ``model`` is a run directory or hub id (its task's pipeline by default, from its saved processor; ``task``
     ``"image-text-matching"`` scores (image, caption) pairs with a VL pretraining or retrieval run), or a model in
     memory (then ``tokenizer`` is required; ``detector`` is the :class:`~detectors.config.DetectorConfig` its
     regions came from, else the pipeline takes :class:`~detectors.regions.Regions` only; by default the one pipeline

@@ -20,8 +20,8 @@ from detectors.store import RegionStore
 from vlbert.checkpoint import write_safetensors
 from vlbert.evaluation.retrieval import rerank_shortlist
 from vlbert.inference.base import Pipeline, _as_list, _is_single, read_captions
-from vlbert.inference.run import ImageInput
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
+from vlbert.processing import ImageInput
 from vlbert_base.files import write_text_atomically
 from vlbert_base.user_files import expect, read_json
 
@@ -81,7 +81,7 @@ class ImageIndex:
 
 class RetrievalPipeline(Pipeline):
     """Image-text retrieval with the evaluation's two stages (:func:`vlbert.evaluation.retrieval.rerank_shortlist`):
-    unit-length embeddings pick a shortlist (``inference.json``'s ``shortlist``), the cross-encoder re-ranks it.
+    unit-length embeddings pick a shortlist (the processor record's ``shortlist``), the cross-encoder re-ranks it.
 
     ``index = retrieval.index_images("photos/")`` (once; ``index.save(dir)``, ``ImageIndex.load(dir)``), then
     ``retrieval.search("a red circle", index, top_k=5)`` -> ``[{"image_id", "score"}, ...]`` and
@@ -153,7 +153,7 @@ class RetrievalPipeline(Pipeline):
 
     @property
     def shortlist(self) -> int:
-        return int(self.inputs.info.get("shortlist", 16))
+        return int(self.processor.info.get("shortlist", 16))
 
     @torch.no_grad()
     def index_images(
@@ -189,7 +189,7 @@ class RetrievalPipeline(Pipeline):
         regions, embeddings = {}, []
         for start in range(0, len(images), self.batch_size):
             chunk = self.regions(images[start : start + self.batch_size])
-            if self.inputs.preprocessing is not None:  # a visual backbone: the index keeps its features
+            if self.processor.preprocessing is not None:  # a visual backbone: the index keeps its features
                 chunk = self._backbone_regions(chunk)
             for image_id, r in zip(ids[start : start + self.batch_size], chunk):
                 regions[image_id] = Regions(
@@ -211,7 +211,7 @@ class RetrievalPipeline(Pipeline):
         detector's (float16, as shards store features: a search scores them as the evaluation's cached features,
         :func:`vlbert.evaluation.retrieval.backbone_regions`, up to that rounding), from its pixels
         (:class:`~vlbert.data.images.ImageRegions`)."""
-        batch = self.inputs.region_batch(regions, self.device)
+        batch = self.processor.region_batch(regions, self.device)
         features = (
             self.model.bert.extract_regions(
                 batch["images"], batch["region_boxes"], batch["region_mask"], batch["image_sizes"]
@@ -222,7 +222,7 @@ class RetrievalPipeline(Pipeline):
         )
         out = []
         for r, f in zip(regions, features):
-            n = min(r.num_regions, self.inputs.max_regions)
+            n = min(r.num_regions, self.processor.max_regions)
             cut = [None if x is None else x[:n] for x in (r.class_probs, r.attribute_probs)]
             out.append(
                 Regions(r.image_id, r.height, r.width, r.boxes[:n], f[:n], r.scores[:n], cut[0], r.detector, cut[1])
@@ -231,18 +231,20 @@ class RetrievalPipeline(Pipeline):
 
     def _embed_images(self, regions: Sequence[Regions]) -> torch.Tensor:
         cls_sep = (self.tokenizer.cls_token_id, self.tokenizer.sep_token_id)
-        return self.model.embed_image(**self.inputs.region_batch(regions, self.device), cls_sep=cls_sep).float().cpu()
+        return (
+            self.model.embed_image(**self.processor.region_batch(regions, self.device), cls_sep=cls_sep).float().cpu()
+        )
 
     @torch.no_grad()
     def _embed_texts(self, texts: Sequence[str]) -> torch.Tensor:
         chunks = (texts[s : s + self.batch_size] for s in range(0, len(texts), self.batch_size))
         return torch.cat(
-            [self.model.embed_text(**self.inputs.text_batch(chunk, self.device)).float().cpu() for chunk in chunks]
+            [self.model.embed_text(**self.processor.text_batch(chunk, self.device)).float().cpu() for chunk in chunks]
         )
 
     def _cross_scores(self, regions: Sequence[Regions], texts: Sequence[str]):
         def scores(image_rows: list[int], text_rows: list[int]) -> torch.Tensor:
-            batch = self.inputs.batch([texts[i] for i in text_rows], [regions[i] for i in image_rows], self.device)
+            batch = self.processor.batch([texts[i] for i in text_rows], [regions[i] for i in image_rows], self.device)
             return self.model.match_scores(**batch).float().cpu()
 
         return scores

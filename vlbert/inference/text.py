@@ -27,7 +27,7 @@ class TextClassificationPipeline(Pipeline):
 
     def __init__(self, model, **kwargs):
         super().__init__(model, **kwargs)
-        self.type = self.inputs.info.get("type", "classification")
+        self.type = self.processor.info.get("type", "classification")
         if self.type not in ("classification", "regression"):
             raise ValueError(
                 f"{model} is a {self.type} run; pipelines answer classification and regression runs "
@@ -44,7 +44,7 @@ class TextClassificationPipeline(Pipeline):
             pairs if pairs[0] is not None else None,
             truncation=True,
             padding=True,
-            max_length=self.inputs.max_text_length,
+            max_length=self.processor.max_text_length,
             return_tensors="pt",
         )
         return {"batch": {k: enc[k].to(self.device) for k in ("input_ids", "token_type_ids", "attention_mask")}}

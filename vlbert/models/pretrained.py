@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import tempfile
@@ -16,6 +15,7 @@ from torch import nn
 from vlbert import checkpoint as ckpt
 from vlbert.config import BertConfig
 from vlbert.hub import push_model_directory
+from vlbert.run_files import write_processor_record
 from vlbert.tokenization import save_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -273,7 +273,7 @@ class PreTrainedModel(nn.Module):
     ) -> list[str]:
         """Upload this model to the hub repository ``repo_id`` (``org/name``, created if needed), as transformers'
         ``push_to_hub``: :meth:`save_pretrained` (with ``tokenizer``) into a temporary directory, plus
-        ``inference.json`` from ``inference_info`` where given (what :func:`vlbert.inference.pipeline` needs) and a
+        its processor record (``processor.json``) from ``inference_info`` where given (what :func:`vlbert.inference.pipeline` needs) and a
         model card (:func:`vlbert.hub.model_card`). ``from_pretrained(repo_id)`` reads it back. To upload a run or
         converted directory as it is, use :func:`vlbert.hub.push_model_directory`.
 
@@ -286,7 +286,5 @@ class PreTrainedModel(nn.Module):
             directory = Path(tmp) / repo_id.split("/")[-1]
             self.save_pretrained(directory, tokenizer=tokenizer)
             if inference_info is not None:
-                (directory / "inference.json").write_text(
-                    json.dumps({"format_version": 1, **inference_info}, indent=1), encoding="utf-8"
-                )
+                write_processor_record(directory, inference_info)
             return push_model_directory(directory, repo_id, private=private, token=token, license=license)

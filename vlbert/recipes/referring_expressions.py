@@ -19,6 +19,7 @@ from detectors.cache import cached_shards
 from detectors.store import RegionStore, region_count
 from vlbert.data.refcoco import ReferringDataset, box_iou, easy_vqa_composites, load_refcoco
 from vlbert.models.referring import VLBertForReferringExpressions
+from vlbert.processing import RegionSource
 from vlbert.recipes.regions import (
     DatasetBuilder,
     Positive,
@@ -27,7 +28,6 @@ from vlbert.recipes.regions import (
     TextLength,
     evaluate,
     region_task_info,
-    regions_provenance,
     task_regions,
 )
 from vlbert.recipes.runner import Recipe, RunContext, load_model
@@ -154,7 +154,7 @@ def inference_info(ctx: RunContext, data: ReferringData) -> dict:
         ctx,
         data,
         boxes="given" if ctx.data.boxes == "gt" else "detector",
-        detector=regions_provenance(data.regions, ctx.detector),
+        detector=RegionSource.from_store(data.regions, ctx.detector).record(),
     )
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Annotated, Any, Callable, ClassVar
 
 import torch
 
-from detectors.shards import read_detector_info
 from detectors.store import MergedRegions, RegionStore
 from vlbert import checkpoint as ckpt
 from vlbert.data.easy_vqa import easy_vqa_shards, image_paths
@@ -23,8 +22,9 @@ from vlbert.data.grounded_text import GroundedCollator, GroundedTextDataset
 from vlbert.data.images import DEFAULT_PREPROCESSING, ImagePreprocessing, ImageReader, image_files, image_preprocessing
 from vlbert.evaluation.classification import predict_labels
 from vlbert.models.visual_backbone import RegionFeatureExtractor
+from vlbert.processing import RegionSource, VLProcessor
 from vlbert.recipes.runner import TaskData, write_output_file
-from vlbert.run_files import INFERENCE_INFO, read_run_file
+from vlbert.run_files import read_run_file
 from vlbert.utils import gathered_columns
 from vlbert_base.typed_config import Range
 
@@ -132,10 +132,10 @@ def region_store(
     return next(iter(stores.values())) if len(stores) == 1 else MergedRegions(stores)
 
 
-def task_provenance(ctx, store) -> dict:
-    """:func:`regions_provenance` of a store built by :func:`task_regions` (the ``detector`` section extracted
-    the regions unless ``data.shards`` names them)."""
-    return regions_provenance(store, None if ctx.data.shards else ctx.detector)
+def task_region_source(ctx, store) -> RegionSource:
+    """The :class:`~vlbert.processing.RegionSource` of a store built by :func:`task_regions` (the ``detector``
+    section extracted the regions unless ``data.shards`` names them)."""
+    return RegionSource.from_store(store, None if ctx.data.shards else ctx.detector)
 
 
 def task_regions(ctx, image_ids: list[str] | None = None) -> RegionStore:
@@ -145,9 +145,9 @@ def task_regions(ctx, image_ids: list[str] | None = None) -> RegionStore:
 
 
 def region_task_info(ctx, data, **extra) -> dict:
-    """What a region task's run saves for inference (``inference.json``, :mod:`vlbert.inference`): the maximum
-    lengths, the region feature size (``data.feature_dim``), the regions' detector (:func:`task_provenance` of
-    ``data.regions``), for a model with a visual backbone its images' ``image_preprocessing``
+    """A region task's processor record (what :class:`~vlbert.processing.VLProcessor` saves as processor.json): the
+    maximum lengths, the region feature size (``data.feature_dim``), the regions' source (:func:`task_region_source`
+    of ``data.regions``), for a model with a visual backbone its images' ``image_preprocessing``
     (:meth:`~vlbert.data.images.ImagePreprocessing.record`), and the task's ``extra`` fields (label names, ...; an
     ``extra`` key replaces a common one)."""
     images = getattr(data, "images", None)
@@ -156,7 +156,7 @@ def region_task_info(ctx, data, **extra) -> dict:
         "max_text_length": ctx.data.max_text_length,
         "max_regions": ctx.data.max_regions,
         "region_feature_dim": data.feature_dim,
-        "detector": task_provenance(ctx, data.regions),
+        "detector": task_region_source(ctx, data.regions).record(),
         **preprocessing,
         **extra,
     }
@@ -173,20 +173,18 @@ def run_visual_backbone(ctx) -> dict | None:
     return ctx.model_section.get("visual_backbone")
 
 
-def trained_preprocessing(ctx):
-    """The ``image_preprocessing`` that ``init_from``'s inference.json records (a run or conversion whose model has
-    a visual backbone: how its backbone saw images), or None."""
-    if not ctx.init_from:
-        return None
-    path = ckpt.resolve_checkpoint_dir(ctx.init_from) / INFERENCE_INFO
-    return (read_run_file(path) if path.is_file() else {}).get("image_preprocessing")
+def trained_preprocessing(ctx) -> ImagePreprocessing | None:
+    """The image preprocessing ``init_from``'s saved processor records (a run or conversion whose model has a
+    visual backbone: how its backbone saw images), or None."""
+    trained = VLProcessor.saved(ckpt.resolve_checkpoint_dir(ctx.init_from)) if ctx.init_from else None
+    return trained.image_preprocessing if trained is not None else None
 
 
 def task_images(data, backbone: dict, image_ids, trained=None) -> ImageReader:
     """The image reader of a run whose model has a visual ``backbone`` (its config section): the files of
     ``image_ids`` (easy-VQA without ``data.image_dir``: the package's images; else :func:`image_files` under
     ``data.image_dir``), preprocessed by ``data.image_preprocessing`` (default: ``trained``, the preprocessing
-    ``init_from`` recorded (:func:`trained_preprocessing`), else the backbone kind's,
+    ``init_from`` recorded (:func:`trained_preprocessing`; an :class:`ImagePreprocessing` or its record), else the backbone kind's,
     :data:`~vlbert.data.images.DEFAULT_PREPROCESSING`) with ``data.image_short_side`` / ``image_max_side``.
 
     Raises:
@@ -195,7 +193,7 @@ def task_images(data, backbone: dict, image_ids, trained=None) -> ImageReader:
         FileNotFoundError: an image without a file (from :func:`image_files`).
     """
     if trained and not data.image_preprocessing:  # init_from's own, its sizes overridable
-        base = ImagePreprocessing.from_record(trained)
+        base = trained if isinstance(trained, ImagePreprocessing) else ImagePreprocessing.from_record(trained)
         preprocessing = image_preprocessing(
             base.name, data.image_short_side or base.short_side or -1, data.image_max_side or base.max_side or -1
         )
@@ -327,29 +325,6 @@ def majority_baseline(ctx, data: RegionTaskData, model) -> dict:
     return {"accuracy_majority_baseline": sum(ex.label == majority for ex in data.eval.examples) / len(data.eval)}
 
 
-def regions_provenance(store, detector=None) -> dict:
-    """What made the regions of ``store`` (a :class:`~detectors.store.RegionStore`, or a mapping of them by
-    name), as saved with a run for inference (``inference.json``, :mod:`vlbert.inference`):
-
-    ``{"fingerprint": 10 hex digits or None, "config": the DetectorConfig fields or None, "extractor": the
-    extractor's name as its regions carry it}``. The shard directory's ``detector.json`` decides when it has one
-    (``tools/extract_regions.py`` writes it, with the weights' sha256; for imported features, the detector its
-    ``--extracted-with`` named); else ``detector`` (pass the run's ``detector`` section where it extracted the
-    regions: the cached easy-VQA images; its weights file is hashed); imported features that named no detector
-    have neither: fingerprint and config are None (unknown).
-    """
-    stores = list(store.stores.values()) if hasattr(store, "stores") else [store]
-    info = read_detector_info(stores[0].directory) if hasattr(stores[0], "directory") else None
-    first = next(iter(stores[0].values()), None)
-    extractor = first.detector if first is not None else ""
-    if info and info.get("fingerprint"):
-        return {"fingerprint": info["fingerprint"], "config": info.get("config"), "extractor": extractor}
-    if detector is not None:
-        detector = detector.identified()
-        return {"fingerprint": detector.fingerprint(), "config": asdict(detector), "extractor": extractor}
-    return {"fingerprint": None, "config": None, "extractor": extractor}
-
-
 __all__ = [
     "RegionTaskDataConfig",
     "RegionTaskData",
@@ -364,6 +339,6 @@ __all__ = [
     "task_regions",
     "region_store",
     "region_task_info",
-    "regions_provenance",
-    "task_provenance",
+    "task_region_source",
+    "trained_preprocessing",
 ]

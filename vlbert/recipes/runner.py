@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from detectors.config import DetectorConfig
 from vlbert import checkpoint as ckpt
 from vlbert.config import BertConfig
 from vlbert.data.loading import eval_loader, train_loader
+from vlbert.processing import VLProcessor
 from vlbert.recipes.config_reading import (
     COMMON_SECTIONS,
     RESUMABLE_CHANGES,
@@ -33,7 +33,7 @@ from vlbert.recipes.config_reading import (
     resume_changes,
     same_value,
 )
-from vlbert.run_files import INFERENCE_INFO, read_run_file, write_inference_info
+from vlbert.run_files import LEGACY_PROCESSOR_FILE, PROCESSOR_FILE, read_run_file
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
 from vlbert.training.processes import check_shared_output_dir, collective_failure, control_plane, start_processes
 from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig, set_seed
@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 #: Files and folders whose presence means a directory holds a run.
 RUN_MARKERS = ("log.jsonl", "metrics.json", CHECKPOINTS_DIR, "model.safetensors")
 #: What a finished run leaves last: an overwrite deletes these before anything else.
-FINISHED_MARKERS = ("metrics.json", "model.safetensors", "inference.json")
+FINISHED_MARKERS = ("metrics.json", "model.safetensors", PROCESSOR_FILE, LEGACY_PROCESSOR_FILE)
 
 
 class RunExistsError(FileExistsError):
@@ -92,11 +92,11 @@ class Recipe:
         uses_regions: the run config has a ``detector`` section.
         default_init: ``init_from`` when the config names none (None: a fresh model from the ``model`` section).
         sections: top-level keys the recipe reads besides :data:`COMMON_SECTIONS`.
-        inference_info: ``(RunContext, TaskData) -> dict``, what inference needs to rebuild the inputs (the
-            regions' detector provenance, label names, maximum lengths), written to ``inference.json`` in the output
-            directory (:mod:`vlbert.inference` reads it), or None.
+        inference_info: ``(RunContext, TaskData) -> dict``, the fields of the run's processor record (the regions'
+            source, label names, maximum lengths: :meth:`vlbert.processing.VLProcessor.from_record`), whose
+            processor is saved as ``processor.json`` in the output directory (the pipelines read it), or None.
         pipeline: the name of the task's inference pipeline (a key of :data:`vlbert.inference.PIPELINES`),
-            recorded in ``inference.json``; None where the task has none.
+            recorded in ``processor.json``; None where the task has none.
     """
 
     name: str
@@ -255,7 +255,7 @@ def load_model(cls, ctx: RunContext, **defaults):
             raise ValueError(
                 f"this run's regions have {dim}-d features, but init_from {ctx.init_from} reads "
                 f"{saved['region_feature_dim']}-d region features: extract the regions with the detector it was trained "
-                "on (its inference.json names it), or start from a text BERT"
+                "on (its processor.json names it), or start from a text BERT"
             )
         return cls.from_pretrained(ctx.init_from, **{**defaults, **checkpoint_architecture_decides(ctx)})
     values = {**defaults, **ctx.model_section}
@@ -269,82 +269,37 @@ def _saved_config(init_from: str) -> dict[str, Any]:
     return read_run_file(path) if path.is_file() else {}
 
 
-def regions_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
-    """None where two region provenances (the ``detector`` entries of inference.json: fingerprint, config,
-    extractor) describe the same features, else what differs in words: by
-    :meth:`~detectors.config.DetectorConfig.difference` where both record a detector config (the weights by sha256
-    where both know it, else by file name), else the same fingerprint where either has one, else the same
-    extractor name where both have one; unknown provenance on both sides matches."""
-    if a.get("config") and b.get("config"):
-        return DetectorConfig.from_record(a["config"]).difference(DetectorConfig.from_record(b["config"]))
-    if a.get("fingerprint") or b.get("fingerprint"):
-        same = a.get("fingerprint") == b.get("fingerprint")
-        return None if same else f"detector {a.get('fingerprint')} vs {b.get('fingerprint')}"
-    if a.get("extractor") and b.get("extractor") and a["extractor"] != b["extractor"]:
-        return f"extractor {a['extractor']} vs {b['extractor']}"
-    return None
-
-
-def check_init_regions(ctx: RunContext, info: dict[str, Any]) -> None:
+def check_init_regions(ctx: RunContext, processor: VLProcessor) -> None:
     """Refuse to fine-tune a vision-language ``init_from`` (one of our runs, or a converted published checkpoint)
-    on regions of another detector than its own, the mistake the pipelines refuse at inference, unless the config
-    says ``allow_other_detector: true``. ``info``: this run's inference info (its ``detector`` entry). Regions
-    imported without saying what made them (no ``--extracted-with``) are refused where ``init_from`` records its
-    detector: nothing shows they are its features.
-
-    Detectors are compared only where both sides were trained on regions: an ``init_from`` whose inference.json
-    has no ``detector`` entry (a text run of ``tools/pretrain.py --modality text``, a text classifier) or has no
-    inference.json (the packaged MiniLM, a converted text BERT) never saw a region, so any detector's regions may
-    start its region pathway (the design card's text-then-vision path).
+    on regions of another detector than its own, unless the config says ``allow_other_detector: true``: its saved
+    processor's :meth:`~vlbert.processing.VLProcessor.check_compatible` with this run's ``processor``. An
+    ``init_from`` without a saved processor (the packaged MiniLM, a converted text BERT) or with a text-only one
+    never saw a region, so any detector's regions may start its region pathway.
 
     Raises:
-        ValueError: the two provenances differ (both named, and what differs) or this run's are unknown, and
-            ``allow_other_detector`` is not set.
+        ValueError: from :meth:`~vlbert.processing.VLProcessor.check_compatible`.
     """
-    if not ctx.init_from or ctx.config.get("allow_other_detector") or "detector" not in info:
+    if not ctx.init_from or ctx.config.get("allow_other_detector"):
         return
-    path = Path(ctx.init_from) / INFERENCE_INFO
-    if not path.is_file():
-        return
-    saved = read_run_file(path)
-    if "detector" not in saved:  # a text checkpoint: no regions to compare with
-        return
-    trained = saved["detector"] or {}
-    here = info["detector"] or {}
-    if trained.get("config") and not (here.get("config") or here.get("fingerprint")):
-        raise ValueError(
-            f"init_from {ctx.init_from} was trained on regions of {trained.get('extractor')}, but this run's regions "
-            f"({here.get('extractor')}) were imported without saying what extracted them: re-import them with "
-            "tools/extract_regions.py --from-tsv/--from-npz F --extracted-with NAME (e.g. butd-vg) if that "
-            "detector made them, or set allow_other_detector: true (--set allow_other_detector=true)"
-        )
-    why = regions_difference(trained, here)
-    if why is not None:
-        raise ValueError(
-            f"init_from {ctx.init_from} was trained on regions of detector {trained.get('fingerprint')} "
-            f"({trained.get('extractor')}), but this run's regions come from {here.get('fingerprint')} "
-            f"({here.get('extractor')}): {why}; features of another extractor silently degrade the model: extract the "
-            "regions with init_from's detector (its inference.json names it), or set allow_other_detector: true "
-            "(--set allow_other_detector=true)"
-        )
+    trained = VLProcessor.saved(ctx.init_from)
+    if trained is not None:
+        trained.check_compatible(processor)
 
 
-#: The data limits a vision-language checkpoint was trained with, read from its inference.json.
+#: The data limits a vision-language checkpoint was trained with, read from its saved processor.
 CHECKPOINT_LIMITS = ("max_regions", "max_text_length")
 
 
 def checkpoint_limits_decide(ctx: RunContext) -> None:
-    """Set ``ctx.data``'s :data:`CHECKPOINT_LIMITS` to those of a vision-language ``init_from`` (its inference.json
-    records ``max_regions``: one of our VL runs or a converted published model, e.g. UNITER's 100 regions and 60
+    """Set ``ctx.data``'s :data:`CHECKPOINT_LIMITS` to those of a vision-language ``init_from`` (its saved
+    processor reads regions: one of our VL runs or a converted published model, e.g. UNITER's 100 regions and 60
     wordpieces) where the run config does not set them (the ``data`` section, from a file or ``--set``); where it
     sets one below the checkpoint's, one warning line says so. A text checkpoint's lengths are another task's and
     are not taken."""
-    path = Path(ctx.init_from or "") / INFERENCE_INFO
-    if not ctx.init_from or not path.is_file():
+    processor = VLProcessor.saved(ctx.init_from)
+    if processor is None or not processor.uses_regions:
         return
-    trained = read_run_file(path)
-    if "max_regions" not in trained:
-        return
+    trained = {name: getattr(processor, name) for name in CHECKPOINT_LIMITS}
     given = ctx.config.get("data") or {}
     cuts = []
     for name in CHECKPOINT_LIMITS:
@@ -393,8 +348,10 @@ def run(
     checkpoint_limits_decide(ctx)
     data = recipe.build_data(ctx)
     info = recipe.inference_info(ctx, data) if recipe.inference_info is not None else None
+    processor = None
     if info is not None:
-        check_init_regions(ctx, info)
+        processor = VLProcessor.from_record({"task": recipe.name, "pipeline": recipe.pipeline, **info}, tokenizer)
+        check_init_regions(ctx, processor)
     set_seed(training.seed)  # initial weights depend on the seed alone
     model = recipe.build_model(ctx, data)
     if getattr(model, "config", None) is not None:  # vlbert models (not the transformers comparison adapter)
@@ -423,8 +380,8 @@ def run(
             )
         elif resume:
             record_resume_changes(training.output_dir, trainer.step, changes)
-        if info is not None:
-            write_inference_info(training.output_dir, {"task": recipe.name, "pipeline": recipe.pipeline, **info})
+        if processor is not None:  # the trainer saves the tokenizer with the weights
+            processor.save_pretrained(training.output_dir, save_tokenizer_files=False)
         extra = recipe.baselines(ctx, data, trainer.unwrapped) if recipe.baselines else {}
         final = (lambda model: recipe.evaluate(ctx, data, model)) if recipe.evaluate else None
         return trainer.train(extra_metrics=extra, final_metrics=final)
@@ -453,9 +410,7 @@ __all__ = [
     "RESUMABLE_CHANGES",
     "RunKeys",
     "check_init_regions",
-    "regions_difference",
-    "write_inference_info",
-    "INFERENCE_INFO",
+    "checkpoint_limits_decide",
     "write_output_file",
     "read_run_file",
 ]

@@ -35,7 +35,7 @@ class Task:
 
     Attributes:
         recipe: the task's :class:`Recipe` (its ``name`` is the task's name: the ``task:`` key of a run config,
-            ``--task`` of ``vlbert finetune``, the ``task`` of the run's inference.json).
+            ``--task`` of ``vlbert finetune``, the ``task`` of the run's processor.json).
         default_config: the shipped config (a name under ``configs/``, see :mod:`vlbert.training.run_config`) the
             task runs without ``--config``.
         command: the ``vlbert`` command that trains it (``finetune`` or ``pretrain``).
@@ -59,7 +59,7 @@ class Task:
     @property
     def pipeline(self) -> str | None:
         """The name of the inference pipeline its runs answer with (a key of :data:`vlbert.inference.PIPELINES`,
-        recorded in the run's inference.json), or None where it has none."""
+        recorded in the run's processor.json), or None where it has none."""
         return self.recipe.pipeline
 
     @property

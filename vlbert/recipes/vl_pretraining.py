@@ -30,6 +30,7 @@ from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives import ObjectiveMix, units_for
 from vlbert.objectives.image_text_matching import NEGATIVES
+from vlbert.processing import RegionSource
 from vlbert.recipes.regions import (
     Count,
     ImageSide,
@@ -38,7 +39,6 @@ from vlbert.recipes.regions import (
     attach_images,
     backbone_feature_dim,
     region_store,
-    regions_provenance,
     run_visual_backbone,
 )
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
@@ -445,7 +445,9 @@ def inference_info(ctx: RunContext, data: VLPretrainingData) -> dict:
         "max_text_length": ctx.data.max_text_length,
         "max_regions": ctx.data.max_regions,
         "region_feature_dim": data.feature_dim,
-        "detector": regions_provenance(data.regions, ctx.detector if data.extracted_by_detector else None),
+        "detector": RegionSource.from_store(
+            data.regions, ctx.detector if data.extracted_by_detector else None
+        ).record(),
         **images,
         **({"qa_answers": data.qa_answers} if data.qa_answers else {}),
     }

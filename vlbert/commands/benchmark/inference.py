@@ -53,7 +53,7 @@ def main(argv=None) -> int:
         "batch_size": args.batch_size,
         "device": args.device,
         "threads": torch.get_num_threads(),
-        "detector": vqa.inputs.saved_detector.get("extractor"),
+        "detector": vqa.processor.region_source.extractor,
         "detector_images_per_s": len(files) / t_detector,
         "model_images_per_s": len(files) / t_model,
         "end_to_end_images_per_s": len(files) / t_total,

@@ -1,0 +1,109 @@
+"""The processor saved with every model (vlbert.processing.VLProcessor): its save / load round trip, its batch equal
+to the training collator's on the same sample, the fine-tuning compatibility check between two region sources, and
+run directories written before it (inference.json only) still loading."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, replace
+
+import pytest
+import torch
+from helpers.builders import EASY_DETECTOR
+
+from vlbert.data.grounded_text import GroundedCollator
+from vlbert.data.vqa import VQADataset, VQAExample
+from vlbert.inference import VQAPipeline, pipeline
+from vlbert.processing import RegionSource, VLProcessor
+
+QUESTIONS = ["what color is the shape?", "is there a circle in the image of this long question about shapes?"]
+
+
+def assert_same_batch(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert a[key].dtype == b[key].dtype, key
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+
+
+def test_save_and_load_give_the_same_processor_and_batches(doc_runs, easy, tmp_path):
+    processor = VLProcessor.from_pretrained(doc_runs["vqa-easy-vqa"])
+    assert processor.task == "vqa" and processor.max_regions == 16 and processor.max_text_length == 32
+    assert processor.region_source.fingerprint == EASY_DETECTOR.fingerprint()
+    assert processor.region_source.feature_dim == easy.store["0"].feature_dim
+    processor.save_pretrained(tmp_path / "copy")
+    assert (tmp_path / "copy" / "processor.json").is_file() and (tmp_path / "copy" / "tokenizer.json").is_file()
+    loaded = VLProcessor.from_pretrained(tmp_path / "copy")
+    assert loaded.to_dict() == processor.to_dict()
+    regions = [easy.store["0"], easy.store["1"]]
+    assert_same_batch(loaded(text=QUESTIONS, regions=regions), processor(text=QUESTIONS, regions=regions))
+    # a text-only processor round-trips as one: no region source, and no regions taken
+    text = VLProcessor.from_pretrained(doc_runs["bbc-news"])
+    text.save_pretrained(tmp_path / "text")
+    again = VLProcessor.from_pretrained(tmp_path / "text")
+    assert again.region_source is None and again.to_dict() == text.to_dict() and again.labels[0] == "business"
+    assert_same_batch(again(text=QUESTIONS), text(text=QUESTIONS))
+    with pytest.raises(ValueError, match="text-only"):
+        again(text=QUESTIONS, regions=regions)
+
+
+def test_the_processors_batch_is_the_training_collators(doc_runs, easy):
+    """The same (question, image) pairs through the VQA training dataset + collator and through the processor give
+    the same input tensors, the unpadded layout included."""
+    processor = VLProcessor.from_pretrained(doc_runs["vqa-easy-vqa"])
+    examples = [VQAExample(str(k), str(k), q, ("red",)) for k, q in enumerate(QUESTIONS)]
+    dataset = VQADataset(
+        examples, easy.store, processor.tokenizer, ["red", "blue"], processor.max_text_length, processor.max_regions
+    )
+    training = GroundedCollator(processor.tokenizer, ("answer_targets",))([dataset[0], dataset[1]])
+    inputs = {k: v for k, v in training.items() if k not in ("answer_targets", "index")}
+    served = processor(text=QUESTIONS, regions=[easy.store["0"], easy.store["1"]])
+    assert_same_batch(served, inputs)
+    assert served["region_mask"].sum(1).tolist() == [min(easy.store[k].num_regions, 16) for k in ("0", "1")]
+
+
+def test_check_compatible_refuses_another_detector_and_accepts_text_only(easy):
+    def processor(source):
+        return VLProcessor(object(), task="vqa", region_source=source, name_or_path="runs/vqa")
+
+    ours = RegionSource(EASY_DETECTOR.fingerprint(), asdict(EASY_DETECTOR), "timm", 24)
+    other_detector = replace(EASY_DETECTOR, options=replace(EASY_DETECTOR.options, input_size=128))
+    theirs = RegionSource(other_detector.fingerprint(), asdict(other_detector), "timm", 24)
+    with pytest.raises(ValueError, match="input_size") as refused:
+        processor(ours).check_compatible(processor(theirs))
+    message = str(refused.value)
+    assert "\n" not in message and "init_from runs/vqa" in message and EASY_DETECTOR.fingerprint() in message
+    assert other_detector.fingerprint() in message and "allow_other_detector" in message
+    with pytest.raises(ValueError, match="imported without saying what extracted them"):
+        processor(ours).check_compatible(processor(RegionSource(extractor="butd")))
+    processor(ours).check_compatible(processor(replace(ours)))  # the same features
+    processor(ours).check_compatible(processor(None))  # a text run from a VL checkpoint
+    processor(None).check_compatible(processor(theirs))  # a text checkpoint starts on any detector's regions
+
+
+def test_a_run_written_before_processor_json_still_loads(doc_runs, easy, tmp_path):
+    """A run directory with only inference.json (format_version 1, as runs and conversions wrote it before the
+    processor) loads as the same processor, and its pipeline answers as the new run's."""
+    new = doc_runs["vqa-easy-vqa"]
+    old = tmp_path / "old"
+    shutil.copytree(new, old, ignore=shutil.ignore_patterns("processor.json"))
+    record = json.loads((new / "processor.json").read_text())
+    legacy = {
+        "format_version": 1,
+        **{k: v for k, v in record.items() if k not in ("processor_class", "format_version")},
+    }
+    (old / "inference.json").write_text(json.dumps(legacy))
+    assert not (old / "processor.json").exists()
+    loaded, fresh = VLProcessor.from_pretrained(old), VLProcessor.from_pretrained(new)
+    assert loaded.to_dict() == fresh.to_dict()
+    regions = [easy.store["2"]]
+    assert_same_batch(loaded(text=QUESTIONS[:1], regions=regions), fresh(text=QUESTIONS[:1], regions=regions))
+    from_old = pipeline(old, device="cpu")
+    assert isinstance(from_old, VQAPipeline)
+    assert from_old(easy.store["2"], QUESTIONS[0]) == pipeline(new, device="cpu")(easy.store["2"], QUESTIONS[0])
+    # saving it again writes the new file, read in preference to the old one
+    loaded.save_pretrained(old, save_tokenizer_files=False)
+    assert json.loads((old / "processor.json").read_text())["processor_class"] == "VLProcessor"
+    with pytest.raises(FileNotFoundError, match="processor.json does not exist"):
+        VLProcessor.from_pretrained(tmp_path / "nothing-here")

@@ -1,0 +1,25 @@
+"""The processor saved with every model: raw texts and images -> the model's batch, and the input rules it was
+trained with (tokenizer, region source, limits, image preprocessing, labels): :class:`VLProcessor`, and the record
+of what made the region features: :class:`RegionSource`."""
+
+from vlbert.processing.processor import (
+    DEFAULT_MAX_REGIONS,
+    DEFAULT_MAX_TEXT_LENGTH,
+    ImageInput,
+    VLProcessor,
+    load_processor_record,
+    local_run_dir,
+    record_pipeline,
+)
+from vlbert.processing.region_source import RegionSource
+
+__all__ = [
+    "VLProcessor",
+    "RegionSource",
+    "ImageInput",
+    "local_run_dir",
+    "load_processor_record",
+    "record_pipeline",
+    "DEFAULT_MAX_REGIONS",
+    "DEFAULT_MAX_TEXT_LENGTH",
+]

@@ -1,0 +1,586 @@
+"""The processor saved with every model (transformers' ``ProcessorMixin`` shape): raw texts and images (or their
+regions) -> one batch, exactly as the model's forward takes it and as the training collator gives it.
+
+It owns the input rules a model was trained with, so that training, fine-tuning, the pipelines, the demo and
+predict read them from one place:
+
+- the tokenizer and ``max_text_length`` (wordpieces per text, [CLS]/[SEP] included);
+- the region source record (:class:`~vlbert.processing.region_source.RegionSource`: the detector's configuration
+  with its weights' sha256, its fingerprint, the extractor's name, the feature size) and ``max_regions``;
+- for a model with a visual backbone, the image preprocessing (:class:`~vlbert.data.images.ImagePreprocessing`,
+  over :func:`detectors.images.read_image`, the one image reader: EXIF orientation, bit depth, modes);
+- the task, its pipeline and its label names (VQA's answer vocabulary, ...), and the task's further fields
+  (retrieval's ``shortlist``, referring expressions' ``boxes``, ...);
+- the compatibility check between two records (:meth:`VLProcessor.check_compatible`).
+
+``save_pretrained(dir)`` writes ``processor.json`` beside ``config.json`` (and the tokenizer);
+``from_pretrained(dir)`` reads it back, or for a run or conversion written before the processor existed its
+``inference.json`` (:func:`vlbert.run_files.processor_record_file`, the one place that knows the older file).
+
+    processor = VLProcessor.from_pretrained("runs/vqa")
+    batch = processor(text=["what color is the shape?"], images=["shape.png"])   # input_ids, region_features, ...
+    logits = VLBertForVQA.from_pretrained("runs/vqa")(**batch).logits
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from detectors.config import DetectorConfig
+from detectors.extract import extract_regions
+from detectors.images import read_image
+from detectors.regions import Regions
+from vlbert.data.grounded_text import GroundedCollator
+from vlbert.data.images import DEFAULT_PREPROCESSING, ImagePreprocessing, image_preprocessing, with_image
+from vlbert.data.padding import pad_text
+from vlbert.data.regions import pad_regions, region_item
+from vlbert.hub import hub_snapshot, is_hub_name
+from vlbert.processing.region_source import RegionSource
+from vlbert.run_files import PROCESSOR_FILE, processor_record_file, read_processor_record, write_processor_record
+from vlbert.tokenization import load_tokenizer, save_tokenizer
+
+#: What a processor takes as an image: a file path, a PIL image, a uint8 array [H, W, 3] (RGB), or the image's
+#: :class:`~detectors.regions.Regions` already extracted (checked against the processor's region source).
+ImageInput = Any
+
+#: The limits of a record that names none (the VL runs' defaults; BUTD's 36 regions per image).
+DEFAULT_MAX_TEXT_LENGTH = 40
+DEFAULT_MAX_REGIONS = 36
+
+#: The record's fields the processor reads into attributes; every other field is kept in ``extra`` as it is.
+_FIELDS = ("task", "pipeline", "labels", "max_text_length", "max_regions", "region_feature_dim", "detector",
+           "image_preprocessing", "processor_class", "format_version")  # fmt: skip
+
+
+def local_run_dir(run_dir: str | os.PathLike) -> Path:
+    """The directory a run (or model) is read from: ``run_dir`` itself, or for a hub repository id (``org/name``)
+    its snapshot in the hub cache (:func:`vlbert.hub.hub_snapshot`; ``HF_HUB_OFFLINE=1``: the cache only).
+
+    Raises:
+        FileNotFoundError: a hub id that is neither cached nor reachable.
+    """
+    return hub_snapshot(str(run_dir)) if is_hub_name(run_dir) else Path(run_dir).expanduser()
+
+
+def load_processor_record(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The processor record of ``run_dir`` (a directory or hub id, :func:`local_run_dir`) as a dict.
+
+    Raises:
+        FileNotFoundError: neither processor.json nor (a run written before it) inference.json exists: not the
+            output directory of a finished run.
+        ValueError: the file is damaged, or names no ``task``.
+    """
+    directory = local_run_dir(run_dir)
+    record = read_processor_record(directory)
+    if record is None:
+        raise FileNotFoundError(
+            f"{directory / PROCESSOR_FILE} does not exist, and its older form inference.json does not exist either: "
+            f"{run_dir} is not the output directory of a finished run or conversion (vlbert finetune, vlbert "
+            "pretrain and vlbert convert-checkpoint write it)"
+        )
+    if "task" not in record:
+        raise ValueError(f"{processor_record_file(directory)} names no task; train the run again to rewrite it")
+    return record
+
+
+def record_pipeline(record: dict[str, Any]) -> str:
+    """The pipeline (a :data:`~vlbert.inference.pipelines.PIPELINES` key) a processor record names: its
+    ``pipeline`` (the recipe's, :attr:`vlbert.recipes.Recipe.pipeline`), else its ``task``: runs and conversions
+    written before recipes named their pipeline, when every pipeline was named after its task."""
+    return record.get("pipeline") or record["task"]
+
+
+class VLProcessor:
+    """A model's input rules, saved beside it, turning texts and images into the model's batch.
+
+    Args:
+        tokenizer: the fast WordPiece tokenizer (None: loaded from ``name_or_path`` on first use).
+        task: the run's task (a recipe name, e.g. "vqa"); pipeline: its pipeline's name (None: the task's).
+        labels: the label names in logit order (VQA's answers, ...), or None.
+        max_text_length: wordpieces per text, [CLS]/[SEP] included.
+        max_regions: regions kept per image.
+        region_source: what made the region features; None: a text-only processor (its model never saw a region).
+        image_preprocessing: how an image becomes a visual backbone's pixels; None: the model reads detector
+            features only.
+        extra: the task's further record fields (``shortlist``, ``boxes``, ``qa_answers``, ``converted_from``, ...).
+        name_or_path: where it was read from (messages, and the tokenizer when none is given).
+
+    Detection (images given as files or pixels) uses the record's detector, or the one :meth:`use_detector` sets.
+    """
+
+    def __init__(
+        self,
+        tokenizer=None,
+        *,
+        task: str | None = None,
+        pipeline: str | None = None,
+        labels: Sequence[str] | None = None,
+        max_text_length: int = DEFAULT_MAX_TEXT_LENGTH,
+        max_regions: int = DEFAULT_MAX_REGIONS,
+        region_source: RegionSource | None = None,
+        image_preprocessing: ImagePreprocessing | None = None,
+        extra: dict[str, Any] | None = None,
+        name_or_path: str | os.PathLike | None = None,
+    ):
+        if tokenizer is None and name_or_path is None:
+            raise ValueError("a VLProcessor needs its tokenizer (or the directory to load it from: name_or_path)")
+        self._tokenizer = tokenizer
+        self.task, self.pipeline = task, pipeline
+        self.labels = list(labels) if labels is not None else None
+        self.max_text_length, self.max_regions = int(max_text_length), int(max_regions)
+        self.region_source = region_source
+        self.image_preprocessing = image_preprocessing
+        self.extra = dict(extra or {})
+        self.name_or_path = name_or_path
+        self.allow_other_detector, self.device = False, "cpu"
+        self._detector, self._detector_chosen, self._weights_checked, self._extractor = None, False, False, None
+
+    # ------------------------------------------------------------------------------------------------ the record
+    @classmethod
+    def from_record(cls, record: dict[str, Any], tokenizer=None, name_or_path=None) -> "VLProcessor":
+        """The processor a record describes (a saved ``processor.json``, an older ``inference.json``, or what a
+        recipe's ``inference_info`` returns): a record without a ``detector`` entry is text-only.
+
+        Raises:
+            ValueError: a bad ``image_preprocessing`` entry.
+        """
+        preprocessing = record.get("image_preprocessing")
+        source = (
+            RegionSource.from_record(record["detector"], record.get("region_feature_dim"))
+            if "detector" in record
+            else None
+        )
+        return cls(
+            tokenizer,
+            task=record.get("task"),
+            pipeline=record.get("pipeline"),
+            labels=record.get("labels"),
+            max_text_length=int(record.get("max_text_length") or DEFAULT_MAX_TEXT_LENGTH),
+            max_regions=int(record.get("max_regions") or DEFAULT_MAX_REGIONS),
+            region_source=source,
+            image_preprocessing=ImagePreprocessing.from_record(preprocessing) if preprocessing else None,
+            extra={k: v for k, v in record.items() if k not in _FIELDS},
+            name_or_path=name_or_path,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record, JSON-ready (what :meth:`save_pretrained` writes): task, pipeline, labels, max_text_length;
+        with a region source also max_regions, region_feature_dim and ``detector`` (:meth:`RegionSource.record`);
+        image_preprocessing where set; the task's extra fields."""
+        out: dict[str, Any] = {}
+        if self.task is not None:
+            out["task"] = self.task
+        if self.pipeline is not None:
+            out["pipeline"] = self.pipeline
+        if self.labels is not None:
+            out["labels"] = list(self.labels)
+        out["max_text_length"] = self.max_text_length
+        if self.region_source is not None:
+            out["max_regions"] = self.max_regions
+            out["region_feature_dim"] = self.region_source.feature_dim
+            out["detector"] = self.region_source.record()
+        if self.image_preprocessing is not None:
+            out["image_preprocessing"] = self.image_preprocessing.record()
+        return {**out, **self.extra}
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """:meth:`to_dict` (the record's fields by name: ``info["boxes"]``, ``info.get("shortlist")``)."""
+        return self.to_dict()
+
+    def save_pretrained(self, directory: str | os.PathLike, save_tokenizer_files: bool = True) -> Path:
+        """Write ``directory/processor.json`` (atomically) and, unless ``save_tokenizer_files`` is False (a run,
+        whose trainer saves the tokenizer with the weights), the tokenizer's files. Returns processor.json's path."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if save_tokenizer_files:
+            save_tokenizer(self.tokenizer, directory)
+        return write_processor_record(directory, self.to_dict())
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike, tokenizer=None) -> "VLProcessor":
+        """The processor saved in ``name_or_path`` (a run or model directory, or hub id): its processor.json, or
+        the inference.json of a run or conversion written before it; the tokenizer saved beside it (read on first
+        use) unless ``tokenizer`` is given.
+
+        Raises:
+            FileNotFoundError, ValueError: from :func:`load_processor_record`.
+        """
+        directory = local_run_dir(name_or_path)
+        return cls.from_record(load_processor_record(directory), tokenizer, directory)
+
+    @classmethod
+    def saved(cls, directory: str | os.PathLike | None) -> "VLProcessor | None":
+        """The processor saved in the local ``directory`` (an ``init_from``), or None where it holds none (the
+        packaged MiniLM, a converted text BERT) or ``directory`` is None.
+
+        Raises:
+            ValueError: a damaged record (the file named).
+        """
+        if directory is None:
+            return None
+        record = read_processor_record(Path(directory))
+        return None if record is None else cls.from_record(record, name_or_path=Path(directory))
+
+    @classmethod
+    def for_model(
+        cls,
+        config,
+        tokenizer,
+        task: str | None = None,
+        labels: Sequence[str] | None = None,
+        max_text_length: int | None = None,
+        max_regions: int | None = None,
+        detector: DetectorConfig | None = None,
+    ) -> "VLProcessor":
+        """The processor of a model in memory (``config``: its config), which has no saved one: ``labels`` default
+        to ``config.id2label``, ``max_text_length`` to the tokenizer's ``model_max_length`` within the model's
+        positions, ``max_regions`` to 36; a model with regions takes ``detector`` as the one they came from (None:
+        images must be given as :class:`Regions`); a model with a ``visual_backbone`` reads pixels through its
+        backbone kind's preprocessing (:data:`~vlbert.data.images.DEFAULT_PREPROCESSING`)."""
+        id2label = getattr(config, "id2label", None)
+        if labels is None and id2label:
+            labels = [id2label[k] for k in sorted(id2label)]
+        positions = int(getattr(config, "max_position_embeddings", 512))
+        dim = getattr(config, "region_feature_dim", None)
+        backbone = getattr(config, "visual_backbone", None)
+        name = DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet") if backbone else None
+        processor = cls(
+            tokenizer,
+            task=task,
+            labels=labels,
+            max_text_length=max_text_length or min(int(getattr(tokenizer, "model_max_length", positions)), positions),
+            max_regions=max_regions or DEFAULT_MAX_REGIONS,
+            region_source=RegionSource.of_detector(detector, dim) if dim else None,
+            image_preprocessing=image_preprocessing(name) if name else None,
+        )
+        processor.detector = detector
+        return processor
+
+    @property
+    def tokenizer(self):
+        """The tokenizer (loaded from ``name_or_path`` on first use where none was given)."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.name_or_path)
+        return self._tokenizer
+
+    @property
+    def uses_regions(self) -> bool:
+        """Whether the model reads regions (a region source is recorded); False: a text-only processor."""
+        return self.region_source is not None
+
+    # ----------------------------------------------------------------------------------------- compatibility
+    def check_compatible(self, other: "VLProcessor") -> None:
+        """Refuse to start from this processor's model with ``other``'s regions (fine-tuning a checkpoint on
+        regions of another detector than its own: the mistake the pipelines refuse at inference). A text-only
+        processor on either side is compatible with any (a text checkpoint's region pathway may start on any
+        detector's regions: the design card's text-then-vision path). Regions imported without saying what made
+        them are refused where this processor records its detector: nothing shows they are its features.
+
+        Raises:
+            ValueError (one line): the two region sources differ (both named, and what differs), or ``other``'s
+                is unknown while this one's is known; the fix named.
+        """
+        if self.region_source is None or other.region_source is None:
+            return
+        trained, here = self.region_source, other.region_source
+        where = f"init_from {self.name_or_path}" if self.name_or_path is not None else "the checkpoint"
+        if trained.config and not here.known:
+            raise ValueError(
+                f"{where} was trained on regions of {trained.extractor}, but this run's regions "
+                f"({here.extractor}) were imported without saying what extracted them: re-import them with "
+                "tools/extract_regions.py --from-tsv/--from-npz F --extracted-with NAME (e.g. butd-vg) if that "
+                "detector made them, or set allow_other_detector: true (--set allow_other_detector=true)"
+            )
+        why = trained.difference(here)
+        if why is not None:
+            raise ValueError(
+                f"{where} was trained on regions of detector {trained.fingerprint} ({trained.extractor}), but this "
+                f"run's regions come from {here.fingerprint} ({here.extractor}): {why}; features of another "
+                "extractor silently degrade the model: extract the regions with its detector (its processor.json "
+                "names it), or set allow_other_detector: true (--set allow_other_detector=true)"
+            )
+
+    # ---------------------------------------------------------------------------------------------- detection
+    @property
+    def detector(self) -> DetectorConfig | None:
+        """The detector that extracts regions from images: the one :meth:`use_detector` chose, else the record's
+        own (read on first use), or None (imported features, a text-only processor)."""
+        if not self._detector_chosen:
+            self._detector = self.region_source.detector() if self.region_source is not None else None
+            self._detector_chosen = True
+        return self._detector
+
+    @detector.setter
+    def detector(self, value: DetectorConfig | None) -> None:
+        self._detector, self._detector_chosen, self._extractor = value, True, None
+
+    def use_detector(
+        self,
+        detector: DetectorConfig | None = None,
+        allow_other_detector: bool = False,
+        detector_weights: str | os.PathLike | None = None,
+        device: str = "cpu",
+    ) -> "VLProcessor":
+        """Choose the detector that extracts regions from images: the record's own, reading its weights from
+        ``detector_weights`` where given (the file where the user keeps it, checked against the recorded sha256,
+        or where none is recorded the file name: :meth:`~detectors.config.DetectorConfig.with_weights`); or
+        ``detector`` when it extracts the same features (:meth:`~detectors.config.DetectorConfig.difference`) or
+        ``allow_other_detector`` is set. None where neither exists (regions imported from precomputed features,
+        no ``detector`` given): then images must be given as :class:`Regions`. Returns self.
+
+        Raises:
+            ValueError: ``detector`` differs from the record's (both fingerprints named, and what differs) and
+                ``allow_other_detector`` is False; ``detector_weights`` are other weights, or come with
+                ``detector`` or with a record that names no detector.
+            FileNotFoundError: ``detector_weights`` does not exist.
+        """
+        source = self.region_source or RegionSource()
+        own = source.detector()
+        self.allow_other_detector, self.device, self._extractor = allow_other_detector, device, None
+        self._weights_checked = detector_weights is not None
+        if detector_weights is not None:
+            if detector is not None:
+                raise ValueError(
+                    "detector_weights locates the run's own detector's weights; a detector of your own "
+                    "names its weights itself (its weights field): pass one of the two"
+                )
+            if own is None:
+                raise ValueError(
+                    f"the run's regions were imported from precomputed features ({source.extractor}) and name no "
+                    "detector, so detector_weights has nothing to apply to: pass the images' Regions"
+                )
+            self.detector = own.with_weights(detector_weights)
+            return self
+        if detector is None:
+            self.detector = own
+            return self
+        why = own.difference(detector) if own is not None else "the run records no detector"
+        if why is not None and not allow_other_detector:
+            raise ValueError(
+                f"the run was trained on regions of detector {source.fingerprint} ({source.extractor}), but the "
+                f"given detector is {detector.fingerprint()} ({detector.backend}): {why}; features of another "
+                "extractor silently degrade every prediction: leave detector unset to use the run's own, or pass "
+                "allow_other_detector=True (--allow-other-detector) to override"
+            )
+        self.detector = detector
+        return self
+
+    @property
+    def extractor(self):
+        """The detector backend, built on first use (loading weights is the slow part).
+
+        Raises:
+            ValueError: no detector (imported features). FileNotFoundError: its weights are not on this machine.
+        """
+        if self._extractor is None:
+            if self.detector is None:
+                raise ValueError(
+                    f"the run's regions were imported from precomputed features "
+                    f"({(self.region_source or RegionSource()).extractor}), so no detector can be rebuilt from it: "
+                    "pass the images' Regions, or a detector with allow_other_detector=True"
+                )
+            weights = Path(self.detector.weights).expanduser()
+            if self.detector.weights not in ("", "DEFAULT") and not weights.is_file():
+                raise FileNotFoundError(
+                    f"the run's detector reads weights {self.detector.weights}, which are not on this machine: pass "
+                    f"where you keep {weights.name}: pipeline(run, detector_weights=PATH) (tools/predict.py "
+                    "--detector-weights PATH)"
+                )
+            # the recorded sha256 checked (detector_weights were checked when given)
+            detector = self.detector if self._weights_checked else self.detector.identified()
+            self._extractor = detector.build(self.device)
+        return self._extractor
+
+    def regions(
+        self, images: Sequence[ImageInput], boxes: Sequence[np.ndarray | None] | None = None, batch_size: int = 16
+    ) -> list[Regions]:
+        """Each image's regions, in order: extracted with the detector (:meth:`use_detector`), or checked when
+        given as :class:`Regions` (:meth:`check_regions`).
+
+        Args:
+            images: see :data:`ImageInput`.
+            boxes: per image, float32 [N, 4] pixel (x1, y1, x2, y2) boxes to pool instead of detecting (timm backend;
+                a run trained on given boxes, e.g. referring expressions over known objects), or None.
+        Raises:
+            ValueError: a :class:`Regions` from another extractor than the record's (both named), an unreadable
+                image; a :class:`Regions` without pixels for a model with a visual backbone.
+        Returns:
+            one :class:`Regions` per image; with an image preprocessing (a model with a visual backbone),
+            :class:`~vlbert.data.images.ImageRegions` carrying the image's pixels too.
+        """
+        out: list[Regions | None] = [None] * len(images)
+        pending: dict = {}  # key -> (name, source, boxes or None, positions): a file asked about twice is read once
+        for k, image in enumerate(images):
+            if isinstance(image, Regions):
+                if self.image_preprocessing is not None and getattr(image, "pixels", None) is None:
+                    raise ValueError(
+                        f"image {image.image_id!r} was given as Regions, but this run's model computes "
+                        "its region features from the pixels (model.visual_backbone): pass the image "
+                        "itself (a path, PIL image or array)"
+                    )
+                self.check_regions(image)
+                out[k] = image
+                continue
+            given = None if boxes is None or boxes[k] is None else np.asarray(boxes[k], dtype=np.float32)
+            if isinstance(image, (str, os.PathLike)):
+                name, source = str(image), image
+            else:  # an array, or a PIL image
+                name, source = f"image-{k}", read_image(image)  # upright, 8-bit RGB: as the pixels
+            key = name if given is None and isinstance(source, (str, os.PathLike)) else k
+            pending.setdefault(key, (name, source, given, []))[3].append(k)
+        for with_boxes in (False, True):
+            group = [p for p in pending.values() if (p[2] is not None) == with_boxes]
+            if group:
+                given = {name: b for name, _, b, _ in group} if with_boxes else None
+                extracted = extract_regions(
+                    self.extractor,
+                    [(name, source) for name, source, _, _ in group],
+                    batch_size,
+                    boxes=given,
+                    progress=False,
+                )
+                for (_, _, _, positions), regions in zip(group, extracted):
+                    for k in positions:
+                        out[k] = regions
+        if self.image_preprocessing is None:
+            return out
+        return [  # each image's pixels through the preprocessing (given Regions already carry theirs)
+            found if isinstance(image, Regions) else with_image(found, self.image_preprocessing.read(image))
+            for image, found in zip(images, out)
+        ]
+
+    @property
+    def preprocessing(self) -> ImagePreprocessing | None:
+        """:attr:`image_preprocessing` (the name the pipelines used)."""
+        return self.image_preprocessing
+
+    def check_regions(self, regions: Regions) -> None:
+        """Refuse ``regions`` given ready-made that another extractor made than the record's (unless
+        ``allow_other_detector``), or whose feature size is not the model's (a model that reads detector features).
+
+        Raises:
+            ValueError: as said, both named, with the fix.
+        """
+        source = self.region_source or RegionSource()
+        expected = source.extractor
+        if expected and regions.detector and regions.detector != expected and not self.allow_other_detector:
+            raise ValueError(
+                f"image {regions.image_id!r} has regions of {regions.detector}, but the run was trained "
+                f"on regions of {expected} (detector {source.fingerprint}); extract "
+                "them with the run's detector (pass the image itself), or pass allow_other_detector=True"
+            )
+        # a model with a visual backbone computes its features from the pixels: the detector's size does not matter
+        if source.feature_dim and self.image_preprocessing is None and regions.feature_dim != source.feature_dim:
+            raise ValueError(
+                f"image {regions.image_id!r} has {regions.feature_dim}-dimensional region features; the "
+                f"model reads {source.feature_dim}: extract them with the run's detector"
+            )
+
+    # ------------------------------------------------------------------------------------------------ batches
+    def region_items(self, regions: Sequence[Regions]) -> list[dict]:
+        """Each image's first ``max_regions`` regions as dataset items (:func:`vlbert.data.regions.region_item`)."""
+        return [region_item(r, self.max_regions) for r in regions]
+
+    def text_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Wordpiece ids of each text with [CLS]/[SEP], truncated to ``max_text_length`` (as the datasets do)."""
+        return self.tokenizer(list(texts), truncation=True, max_length=self.max_text_length)["input_ids"]
+
+    def text_batch(self, texts: Sequence[str], device=None) -> dict[str, torch.Tensor]:
+        """``texts`` tokenised (:meth:`text_ids`) and padded (:func:`pad_text`): input_ids, token_type_ids,
+        attention_mask int64 [B, T], on ``device`` (None: the CPU)."""
+        batch = pad_text([{"input_ids": x} for x in self.text_ids(texts)], self.tokenizer.pad_token_id)
+        return _to(batch, device)
+
+    def region_batch(self, regions: Sequence[Regions], device=None) -> dict[str, torch.Tensor]:
+        """Each image's first ``max_regions`` regions, padded (:func:`pad_regions`): region_features float16
+        [B, R, D], region_boxes float32 [B, R, 4] normalised, region_mask int64 [B, R]; for regions with pixels
+        (:class:`~vlbert.data.images.ImageRegions`) images float32 [B, 3, H, W] and image_sizes int64 [B, 2] in
+        place of region_features; on ``device`` (None: the CPU)."""
+        return _to(pad_regions(self.region_items(regions)), device)
+
+    def batch(self, texts: Sequence[str], regions: Sequence[Regions], device=None) -> dict[str, torch.Tensor]:
+        """One (text, image) pair per row: :meth:`text_batch` and :meth:`region_batch` together (no layout)."""
+        return {**self.text_batch(texts, device), **self.region_batch(regions, device)}
+
+    def collator(self, target_keys: Sequence[str] = (), images_per_text: int = 1) -> GroundedCollator:
+        """The training collator of this processor's items (:class:`~vlbert.data.grounded_text.GroundedCollator`),
+        told the task's ``target_keys``: what :meth:`__call__` pads with, so that a batch is the same in training
+        and inference, the unpadded layout included."""
+        return GroundedCollator(self.tokenizer, target_keys, images_per_text)
+
+    def __call__(
+        self,
+        text: str | Sequence[str] | None = None,
+        images: ImageInput | Sequence[ImageInput] | None = None,
+        regions: Regions | Sequence[Regions] | None = None,
+        boxes: Sequence[np.ndarray | None] | None = None,
+        device=None,
+    ) -> dict[str, torch.Tensor]:
+        """The model's batch of one (text, image) pair per row, as the training collator gives it.
+
+        Args:
+            text: one text or a list (one per row).
+            images: one image or a list (:data:`ImageInput`), whose regions are extracted with the detector
+                (:meth:`regions`); or ``regions``: the images' :class:`Regions` (checked against the record).
+            boxes: per image, given pixel boxes to pool instead of detecting (see :meth:`regions`).
+            device: where the tensors go (None: the CPU).
+        Returns:
+            text only: input_ids, token_type_ids, attention_mask int64 [B, T]; with images or regions also
+            region_features float16 [B, R, D] (or images / image_sizes for a visual backbone), region_boxes
+            float32 [B, R, 4], region_mask int64 [B, R] and the unpadded layout of [text ; regions]
+            (:class:`~vlbert.data.grounded_text.GroundedCollator`'s).
+        Raises:
+            ValueError: nothing given, both ``images`` and ``regions``, different numbers of texts and images,
+                images for a text-only processor; errors of :meth:`regions`.
+        """
+        if images is not None and regions is not None:
+            raise ValueError("pass images (extracted with the processor's detector) or their regions, not both")
+        given = images if images is not None else regions
+        if text is None and given is None:
+            raise ValueError("pass text=..., images=... or regions=...")
+        texts = [text] if isinstance(text, str) else None if text is None else list(text)
+        if given is None:
+            return self.text_batch(texts, device)
+        if not self.uses_regions:
+            raise ValueError(
+                f"this processor is text-only ({self.task or 'a text model'}): its model reads no images; pass text only"
+            )
+        if texts is None:
+            raise ValueError("a vision-language batch needs a text per image: pass text=... too")
+        single = isinstance(given, (str, os.PathLike, Regions, np.ndarray)) or hasattr(given, "mode")
+        found = self.regions([given] if single else list(given), boxes)
+        if len(found) == 1 and len(texts) > 1:
+            found = found * len(texts)
+        if len(found) != len(texts):
+            raise ValueError(f"{len(texts)} texts and {len(found)} images: pass one image per text, or one for all")
+        items = [
+            {"input_ids": ids, **item, "index": k}
+            for k, (ids, item) in enumerate(zip(self.text_ids(texts), self.region_items(found)))
+        ]
+        batch = self.collator()(items)
+        del batch["index"]
+        return _to(batch, device)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.to_dict()})"
+
+
+def _to(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    return batch if device is None else {k: v.to(device) for k, v in batch.items()}
+
+
+__all__ = [
+    "VLProcessor",
+    "ImageInput",
+    "local_run_dir",
+    "load_processor_record",
+    "record_pipeline",
+    "DEFAULT_MAX_REGIONS",
+    "DEFAULT_MAX_TEXT_LENGTH",
+]
