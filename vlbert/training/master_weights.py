@@ -27,11 +27,13 @@ never the rounded weights.
 from __future__ import annotations
 
 import contextlib
+from typing import Iterable
 
 import torch
 from torch import nn
 
-from vlbert.training.reduction import BUCKET_BYTES, BucketedAllReduce, gradient_buckets
+from vlbert.training import reduction
+from vlbert.training.reduction import BucketedAllReduce, gradient_buckets
 
 
 class MasterWeights:
@@ -49,20 +51,22 @@ class MasterWeights:
         buckets: ranges of parameter indices, the last parameters first, about ``bucket_bytes`` of float32 each:
             the units in which gradients are accumulated during the backward and all-reduced
             (:func:`~vlbert.training.reduction.gradient_buckets`).
-    ``bucket_bytes``: the float32 bytes of a bucket (default 25 MiB, as DDP).
+    ``bucket_bytes``: the float32 bytes of a bucket (default :data:`vlbert.training.reduction.BUCKET_BYTES`, 25 MiB
+    as DDP, read when the masters are made).
     """
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, bucket_bytes: int = BUCKET_BYTES):
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, bucket_bytes: int | None = None):
         self.params = list(model.parameters())
         self.masters = [p.detach().clone().float().requires_grad_(p.requires_grad) for p in self.params]
         self._by_id = {id(p): m for p, m in zip(self.params, self.masters)}
+        self._index = {id(p): i for i, p in enumerate(self.params)}
         self.grad_buffer: torch.Tensor | None = None  # float32 [sum of numels], allocated at the first gradient
         self._views: list[torch.Tensor] = []
         self._scratch: list[torch.Tensor] | None = None  # float32 copies of a later micro-batch's gradients
         self._seen: set[int] = set()  # parameters with a gradient in this step's micro-batches so far
         model.to(dtype)
         numels = [m.numel() for m in self.masters]
-        self.buckets = gradient_buckets(numels, max(1, bucket_bytes // 4))
+        self.buckets = gradient_buckets(numels, max(1, (bucket_bytes or reduction.BUCKET_BYTES) // 4))
         offsets = [0]
         for n in numels:
             offsets.append(offsets[-1] + n)
@@ -72,6 +76,7 @@ class MasterWeights:
         self._armed = False  # between begin_backward and accumulate_gradients: the hooks accumulate
         self._missing: list[int] = []  # per bucket, its parameters the running backward has not given yet
         self._given: set[int] = set()  # parameters the running backward has given
+        self._idle: set[int] = set()  # parameters the running backward's micro-batch does not use
         self.reduction: BucketedAllReduce | None = None  # the step's all-reduce, from its last micro-batch on
         for i, p in enumerate(self.params):
             if p.requires_grad:
@@ -97,12 +102,16 @@ class MasterWeights:
             v.view_as(m) for v, m in zip(self.grad_buffer.split([m.numel() for m in self.masters]), self.masters)
         ]
 
-    def begin_backward(self, reduce: bool = False) -> None:
+    @torch.no_grad()
+    def begin_backward(self, reduce: bool = False, idle: Iterable[torch.Tensor] = ()) -> None:
         """Arm the hooks for the next backward (call before each micro-batch's backward): as soon as the backward
         has given every gradient of a bucket, the bucket's bf16 gradients are added into the float32 buffer and
         released; with ``reduce`` (the step's last micro-batch, several processes) the bucket's all-reduce is then
-        launched, in bucket order (:class:`~vlbert.training.reduction.BucketedAllReduce`). A backward outside
-        ``begin_backward`` .. :meth:`accumulate_gradients` leaves ``.grad`` as autograd does.
+        launched, in bucket order (:class:`~vlbert.training.reduction.BucketedAllReduce`). ``idle``: the model's
+        parameters this micro-batch does not use (``ObjectiveOutput.unused_parameters``): their gradient is zero, so
+        their buckets do not wait for them, and a zero gradient the backward gives them anyway (the idle term that
+        keeps them in DDP's graph) is released, not added. A backward outside ``begin_backward`` ..
+        :meth:`accumulate_gradients` leaves ``.grad`` as autograd does.
 
         Raises RuntimeError if a reduction was started by an earlier micro-batch of the step (the all-reduced
         buffer must not receive more gradients: ``reduce`` belongs to the last micro-batch only)."""
@@ -113,8 +122,19 @@ class MasterWeights:
             )
         if self.grad_buffer is None:
             self._allocate()
+        indices = (self._index.get(id(p)) for p in idle)  # (a tensor not of this model is no parameter of it)
+        self._idle = {i for i in indices if i is not None and self.params[i].requires_grad}
         self._armed, self._given, self._missing = True, set(), list(self._hooked)
         self.reduction = BucketedAllReduce(self.grad_buffer, self._slices) if reduce else None
+        if reduce:  # an idle parameter without a gradient in the step so far: its slice is zero before it goes
+            unseen = [self._views[i] for i in self._idle if i not in self._seen]
+            if unseen:
+                torch._foreach_zero_(unseen)
+        for i in sorted(self._idle):
+            self._missing[self._bucket_of[i]] -= 1
+        for bucket, missing in enumerate(self._missing):
+            if missing == 0 and self._hooked[bucket]:
+                self._bucket_filled(bucket)
 
     def _gradient_hook(self, index: int):
         """The post-accumulate-grad hook of parameter ``index``."""
@@ -129,6 +149,9 @@ class MasterWeights:
     def _gradient_given(self, index: int) -> None:
         """The backward has given parameter ``index`` its gradient: when that completes its bucket, accumulate the
         bucket (and launch its all-reduce if the step's reduction has begun)."""
+        if index in self._idle:  # zero by the model's declaration; its bucket did not wait for it
+            self.params[index].grad = None
+            return
         if index in self._given:
             raise RuntimeError(
                 f"parameter {index} {tuple(self.params[index].shape)} received its gradient twice in one backward "
@@ -139,9 +162,14 @@ class MasterWeights:
         bucket = self._bucket_of[index]
         self._missing[bucket] -= 1
         if self._missing[bucket] == 0:
-            self._accumulate([i for i in self.buckets[bucket] if self.params[i].grad is not None])
-            if self.reduction is not None:
-                self.reduction.ready(bucket)
+            self._bucket_filled(bucket)
+
+    def _bucket_filled(self, bucket: int) -> None:
+        """Every parameter of ``bucket`` has its gradient of this backward (or is idle): accumulate, and launch the
+        bucket's all-reduce if the step's reduction has begun."""
+        self._accumulate([i for i in self.buckets[bucket] if self.params[i].grad is not None])
+        if self.reduction is not None:
+            self.reduction.ready(bucket)
 
     @torch.no_grad()
     def accumulate_gradients(self) -> None:
@@ -182,13 +210,16 @@ class MasterWeights:
         (collective: every process calls it). The sum is the one-shot :meth:`all_reduce_gradients`'s."""
         if self.grad_buffer is None:
             self._allocate()
-        absent = [i for i in range(len(self.masters)) if i not in self._seen]
-        if absent:  # before their buckets are launched (none of theirs can be: an absent parameter fills no bucket)
+        reduction, self.reduction = self.reduction, None
+        launched = {i for b in (reduction.launched if reduction else ()) for i in self.buckets[b]}
+        # zeroed before their buckets go (an absent parameter in a bucket launched already: an idle one, zeroed
+        # by begin_backward; writing it now would race the all-reduce)
+        absent = [i for i in range(len(self.masters)) if i not in self._seen and i not in launched]
+        if absent:
             torch._foreach_zero_([self._views[i] for i in absent])
         for i, m in enumerate(self.masters):
             m.grad = self._views[i] if i in self._seen else None
         self._seen = set()
-        reduction, self.reduction = self.reduction, None
         if world_size > 1 or reduction is not None:
             (reduction or BucketedAllReduce(self.grad_buffer, self._slices)).finish()
         if world_size > 1:

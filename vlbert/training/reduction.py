@@ -6,14 +6,17 @@ overlap does not apply. Here the flat float32 gradient buffer is cut into bucket
 parameters first (DDP's default cap and order: a backward gives the last layers' gradients first); during the
 backward of a step's last micro-batch each bucket's all-reduce is launched (asynchronously) as soon as the backward
 has filled it, and the step waits for all of them only before clipping and the optimizer step. On one 8-GPU node
-the 463 MB buffer of the UNITER-base-sized model takes about 2 ms to all-reduce, 8-16 ms across nodes: that much
-comes off the step when the backward is longer than the reduction (docs/distributed.md).
+the 463 MB buffer of the UNITER-base-sized model takes about 2 ms to all-reduce, 8-16 ms across nodes; all of it
+but the embeddings' buckets (20-26%, filled when the backward ends) now runs under the backward
+(docs/distributed.md).
 
 Buckets are launched in bucket order on every process, whatever order this process's backward filled them in (as
 DDP's reducer does): processes whose batches take different paths through the model (an objective one rank has and
-another has not, a parameter idle on one rank) still issue the same sequence of collectives. A bucket holding a
-parameter that got no gradient in the last micro-batch waits for the end of the backward, then goes (its slice is
-the sum of the earlier micro-batches, or zeros).
+another has not, a parameter idle on one rank) still issue the same sequence of collectives. The parameters a
+micro-batch does not use (``ObjectiveOutput.unused_parameters``: the other objectives' heads) hold no bucket back
+(:meth:`~vlbert.training.master_weights.MasterWeights.begin_backward`); a bucket holding any other parameter that
+got no gradient in the last micro-batch waits for the end of the backward, then goes (its slice is the sum of the
+earlier micro-batches, or zeros), and so does every bucket after it.
 
 Why our own hooks and not FSDP2 (``torch.distributed.fsdp.fully_shard`` with ``MixedPrecisionPolicy(param_dtype=
 bf16, reduce_dtype=float32)``), the well-kept engine that would own the masters and overlap a reduce-scatter:
