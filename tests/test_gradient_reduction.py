@@ -103,6 +103,7 @@ def _worker(rank: int, store: str, out: str) -> None:
     Path(out.format(rank=rank)).write_text(json.dumps(results))
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_buckets_are_all_reduced_during_the_backward_and_equal_the_one_shot_reduction(tmp_path):
     """2 gloo processes, a model of 8 layers + 2 heads in buckets of 2 layers, 2 micro-batches of different data
