@@ -229,6 +229,9 @@ class Trainer:
                 if out.loss is None:
                     raise ValueError("the model returned no loss: the batch carries no labels")
                 backward_loss, global_loss = self._global_loss(out)
+                if self.master:  # the last micro-batch's backward launches the float32 all-reduce bucket by bucket
+                    last = micro == cfg.grad_accum_steps - 1
+                    self.master.begin_backward(last and acc.num_processes > 1, getattr(out, "unused_parameters", ()))
                 acc.backward(backward_loss / cfg.grad_accum_steps)
             if self.master:  # into the float32 sum at once: micro-batches add up in float32, not in bf16
                 self.master.accumulate_gradients()
