@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from accelerate.utils import gather_object
+
 
 def evaluation(fn):
     """Decorator for functions taking a ``model`` argument: run under ``torch.no_grad()`` with the model in eval
@@ -36,19 +38,6 @@ def process_position() -> tuple[int, int]:
     return 0, 1
 
 
-def gather_objects(items: list) -> list:
-    """Every process's ``items`` (picklable), concatenated in rank order, on every process; ``items`` itself when
-    not distributed. For results that each rank computed on its share of the evaluation."""
-    import torch.distributed as dist
-
-    rank, world = process_position()
-    if world == 1:
-        return list(items)
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, list(items))
-    return [x for part in gathered for x in part]
-
-
 def all_gather_padded(tensors: list) -> list:
     """Every process's tensors, concatenated along dim 0 in rank order (ranks may hold different batch sizes,
     and 2-d tensors different lengths along dim 1: those are right-padded with 0 to the longest). The tensors
@@ -80,8 +69,8 @@ def all_gather_padded(tensors: list) -> list:
 
 
 def sorted_by_index(rows: list[tuple]) -> list[tuple]:
-    """``rows`` of ``(dataset index, ...)`` from every process (:func:`gather_objects`), ordered by the index."""
-    return sorted(gather_objects(rows), key=lambda row: row[0])
+    """``rows`` of ``(dataset index, ...)`` from every process (accelerate's ``gather_object``), ordered by the index."""
+    return sorted(gather_object(list(rows)), key=lambda row: row[0])
 
 
 def gathered_columns(*columns: list) -> tuple[list, ...]:

@@ -156,7 +156,7 @@ class TaskData:
 
     def rank_eval_batches(self):
         """This process's share of :meth:`eval_batches` (all of them in a single process): a task's evaluation
-        runs on 1/N of the items per rank and gathers the results (:func:`vlbert.utils.gather_objects`)."""
+        runs on 1/N of the items per rank and gathers the results (accelerate's ``gather_object``)."""
         rank, world_size = process_position()
         return self.eval_batches(rank, world_size)
 

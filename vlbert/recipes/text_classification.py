@@ -29,6 +29,7 @@ from collections import Counter
 from typing import Any
 
 import torch
+from accelerate.utils import gather_object
 
 from vlbert import checkpoint as ckpt
 from vlbert.data.finetuning import (
@@ -44,7 +45,7 @@ from vlbert.data.finetuning import (
 from vlbert.evaluation import text as text_metrics
 from vlbert.models import heads
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
-from vlbert.utils import evaluation, gather_objects
+from vlbert.utils import evaluation
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +214,7 @@ class TextTaskData(TaskData):
                 outputs.update(zip(index, out.logits.squeeze(-1).float().cpu().tolist()))
             else:
                 outputs.update(zip(index, out.logits.argmax(-1).cpu().tolist()))
-        outputs = dict(gather_objects(list(outputs.items())))  # each rank predicted its share
+        outputs = dict(gather_object(list(outputs.items())))  # each rank predicted its share
         return {"qa": self._qa, "tagging": self._tagging}.get(kind, self._sentences)(outputs)
 
     def _sentences(self, outputs: dict[int, Any]) -> tuple[dict[str, str], dict[str, Any]]:

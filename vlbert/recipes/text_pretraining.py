@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
+from accelerate.utils import gather_object
+
 from vlbert.data.corpus_pairs import CorpusPairsDataset, split_documents
 from vlbert.data.pretraining import MaskingCollator, text_units
 from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
 from vlbert.layers.losses import IGNORE_INDEX
 from vlbert.models.bert import BertForPreTraining
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
-from vlbert.utils import gather_objects
 from vlbert_base.typed_config import Range, Takes, check_fields
 
 
@@ -133,7 +134,7 @@ class TextPretrainingData(TaskData):
             labels = batch[key][batch[key] != IGNORE_INDEX]
             hits += int((labels == self.majority_token).sum())
             total += labels.numel()
-        parts = gather_objects([(hits, total)])
+        parts = gather_object([(hits, total)])
         return sum(h for h, _ in parts) / max(sum(t for _, t in parts), 1)
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 import torch
-
-from vlbert.utils import gather_objects
+from accelerate.utils import gather_object
 
 
 @torch.no_grad()
@@ -32,7 +31,7 @@ def evaluate_objectives(model: torch.nn.Module, batches: Iterable[dict], autocas
             weights[key] = weights.get(key, 0.0) + n
     model.train()
     totals: dict[str, list[float]] = {}
-    for part_sums, part_weights in gather_objects([(sums, weights)]):
+    for part_sums, part_weights in gather_object([(sums, weights)]):
         for k, v in part_sums.items():
             total = totals.setdefault(k, [0.0, 0.0])
             total[0] += v
