@@ -19,13 +19,12 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import yaml
 
-from vlbert.layers.attention import PACKING_FIELDS
 from vlbert.training import checkpointing
 from vlbert.training.checkpointing import CHECKPOINTS_DIR, STATE_NAME, latest_checkpoints
 from vlbert.training.device import own_accelerator, prepare_compute, resolve_precision
 from vlbert.training.distributed import global_batch_loss
 from vlbert.training.evaluation import evaluate_objectives
-from vlbert.training.feed import device_batches
+from vlbert.training.feed import device_batches, moves_to_device
 from vlbert.training.guards import NonFiniteChecks, NonFiniteLossError, SigtermFlag, TrainingPreempted
 from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, StepStats, TrainerHook
 from vlbert.training.log_hook import LogHook
@@ -62,7 +61,7 @@ class Trainer:
             and before the periodic evaluation and checkpoint (which therefore hold their state of that step).
 
     The model's side of the contract: ``forward(**batch)`` (batch keys its signature does not name, its
-    ``label_names`` and, for a forward taking ``**kwargs``, ``PACKING_FIELDS`` excepted, are dropped)
+    and its ``label_names`` excepted, are dropped; the collator's unpadded ``layout`` is one of its arguments)
     returns an :class:`~vlbert.models.outputs.ObjectiveOutput` with ``loss`` (minimised), ``losses`` and
     ``metrics`` (logged), ``counts`` (the predictions each averages over: weights across ranks and eval batches)
     and ``unused_parameters`` (kept in DDP's graph with weight zero); a model with several objectives names them in
@@ -104,10 +103,9 @@ class Trainer:
         # On its device before the float32 masters and the optimizer are made: they live where the parameters do.
         model.to(self.device)
         prepare_compute(model, self.device, self.precision, config)  # compile (regional on CUDA), TF32
-        # forward's named arguments, its label_names and, taking **kwargs, the packed layout (FlashAttention-style)
+        # forward's named arguments (the collator's ``layout`` among them) and its label_names
         parameters = inspect.signature(model.forward).parameters
-        kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-        self.forward_arguments = {*parameters, *getattr(model, "label_names", ()), *(PACKING_FIELDS if kwargs else ())}
+        self.forward_arguments = {*parameters, *getattr(model, "label_names", ())}
         # Fused AdamW (one kernel over all parameters) on CUDA and, since torch 2.4, on CPU.
         fused = self.device.type in ("cuda", "cpu")
         groups = parameter_groups(model, config.weight_decay)
@@ -156,7 +154,7 @@ class Trainer:
         """Move tensors to the device, keeping only what the model's ``forward`` takes (batches may carry
         bookkeeping such as the objective's name or example indices)."""
         return {
-            k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in self._inputs(batch).items()
+            k: v.to(self.device, non_blocking=True) if moves_to_device(v) else v for k, v in self._inputs(batch).items()
         }
 
     def _inputs(self, batch: dict) -> dict:
