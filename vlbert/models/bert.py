@@ -340,6 +340,11 @@ class BertModel(PreTrainedModel):
         out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
         return out
 
+    def idle_modules(self, masked_regions: torch.Tensor | None = None) -> list[nn.Module]:
+        """Submodules a forward leaves without gradient: none for text (a vision-language model's region pathway
+        declares its own, :meth:`~vlbert.models.vl.VLBertModel.idle_modules`)."""
+        return []
+
 
 class BertForPreTraining(UnitPreTrainingModel):
     """BERT with its pretraining objectives: the text units of :data:`~vlbert.objectives.OBJECTIVES`

@@ -197,8 +197,13 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         out.add("itc", itc, "itc_accuracy", itc_acc, b)
         pairs = (input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask)
         out.add("itm", *self.itm_on_hard_negatives(pairs, *negatives))
-        out.add_unused(*self.bert.idle_modules())
+        out.add_unused(*self.idle_modules())
         return out
+
+    def idle_modules(self) -> list[nn.Module]:
+        """The submodules a training forward leaves without gradient, declared here once (the trainer applies them
+        under DDP): the region pathway's masked-region modules (no region is masked in retrieval)."""
+        return self.bert.idle_modules()
 
     def itm_on_hard_negatives(self, pairs: tuple, neg_text: torch.Tensor, neg_image: torch.Tensor) -> tuple:
         """ITM over the B positive ``pairs`` (input_ids, token_type_ids, attention_mask, region_features,

@@ -127,8 +127,6 @@ class TwoStreamEncoder(nn.Module):
     The two :class:`BertEncoder` lend their layers, their kernel choice and their packing rule; this class runs
     them, each stream packed once before its first layer and padded once after the last."""
 
-    streams = 2
-
     def __init__(self, config: VLBertConfig):
         super().__init__()
         text, regions = copy.copy(config), copy.copy(config)
@@ -164,6 +162,22 @@ class TwoStreamEncoder(nn.Module):
             )
         return stream.packing(mask, batch, seq, attention, given, device)
 
+    def _unpaddings(self, text, regions, text_mask, region_mask, layout: Layout, output_attentions: bool):
+        """(text :class:`Unpadding`, region :class:`Unpadding`, kernel) of a forward (arguments as :meth:`forward`):
+        the kernel the config names where it can run, each stream on its :class:`StreamLayouts` entry, padded for a
+        joint :class:`UnpaddedLayout`, else read from its mask (:meth:`_packing`)."""
+        (b, t), r = text.shape[:2], regions.shape[1]
+        dense = isinstance(layout, UnpaddedLayout)
+        given = (None, None)
+        if isinstance(layout, StreamLayouts):
+            given = (layout.text.unpadding(text_mask), layout.regions.unpadding(region_mask))
+        attention = self.text.select_attention(text, output_attentions)
+        text_packing, attention = self._packing(self.text, text_mask, b, t, attention, text.device, dense, given[0])
+        region_packing, attention = self._packing(
+            self.regions, region_mask, b, r, attention, text.device, dense, given[1]
+        )
+        return text_packing, region_packing, attention
+
     def forward(
         self,
         text: torch.Tensor,
@@ -190,17 +204,8 @@ class TwoStreamEncoder(nn.Module):
         padded (no host sync, a ``packed`` kernel gives way to ``sdpa``); given None, each is unpadded by its mask
         (one ``nonzero``).
         Raises ValueError: a stream's layout does not describe its mask."""
-        (b, t), r = text.shape[:2], regions.shape[1]
-        dense = isinstance(layout, UnpaddedLayout)
-        layouts = (
-            (layout.text.unpadding(text_mask), layout.regions.unpadding(region_mask))
-            if isinstance(layout, StreamLayouts)
-            else (None, None)
-        )
-        attention = self.text.select_attention(text, output_attentions)
-        text_packing, attention = self._packing(self.text, text_mask, b, t, attention, text.device, dense, layouts[0])
-        region_packing, attention = self._packing(
-            self.regions, region_mask, b, r, attention, text.device, dense, layouts[1]
+        text_packing, region_packing, attention = self._unpaddings(
+            text, regions, text_mask, region_mask, layout, output_attentions
         )
         lists = {k: [] for k in ("text", "regions", "cross", "region_cross")} if output_attentions else None
         states = {"text": [text], "regions": [regions]} if output_hidden_states else None

@@ -57,7 +57,9 @@ class SingleStream:
         else:
             x, mask = model.region_embeddings.join(model.embeddings, *vars(inputs).values())  # join's order
         unpadded = unpadding(layout, mask[:, : mask.shape[1] - extra] if extra else mask)
-        out = model.encoder(x, mask, hidden, attentions, unpadded.append(extra) if extra and unpadded else unpadded)
+        if extra and unpadded is not None:  # VL-BERT's [END] after the regions, added on the device
+            unpadded = unpadded.append(extra)
+        out = model.encoder(x, mask, hidden, attentions, unpadded)
         if extra:
             keep = x.shape[1] - extra
             out.last_hidden_state = out.last_hidden_state[:, :keep]
@@ -102,8 +104,8 @@ ENCODERS = {"single-stream": SingleStream, "two-stream": TwoStream}
 
 
 class VLBertModel(BertModel):
-    """BERT over [text ; regions]: a :class:`~vlbert.models.bert.BertModel` (its embeddings, encoder, pooler and
-    text path, :meth:`~vlbert.models.bert.BertModel.encode_text`) plus a region pathway. The text embeddings and
+    """BERT over [text ; regions]: a :class:`~vlbert.models.bert.BertModel` (its embeddings, encoder and pooler)
+    plus a region pathway. The text embeddings and
     the region pathway ``config.region_embedding`` (an entry
     of :data:`~vlbert.models.region_embeddings.REGION_EMBEDDINGS`: UNITER, VisualBERT, Oscar or VinVL)
     concatenated along the sequence, one encoder, a joint attention mask. ``last_hidden_state`` is [B, T + R, H],
@@ -141,7 +143,8 @@ class VLBertModel(BertModel):
     def idle_modules(self, masked_regions: torch.Tensor | None = None) -> list[nn.Module]:
         """Submodules a forward without ``masked_regions`` never uses: those the region pathway declares
         (``RegionEmbedding.masked_region_modules``: UNITER's ``mask_embedding``). Models declare them unused
-        (``ObjectiveOutput.add_unused``) for DDP."""
+        (``ObjectiveOutput.add_unused``) for DDP: :meth:`UnitPreTrainingModel.idle_modules
+        <vlbert.models.objective_units.UnitPreTrainingModel.idle_modules>`, ``VLBertForTask.idle_modules``."""
         if masked_regions is not None:
             return []
         return [self.region_embeddings.get_submodule(name) for name in self.region_embeddings.masked_region_modules]
@@ -355,9 +358,7 @@ class VLBertForPreTraining(UnitPreTrainingModel):
             hidden_states=enc.hidden_states if output_hidden_states else None,
             attentions=enc.attentions,
         )
-        out = self.run_units(out, self.encoded(enc, inputs), given)
-        out.add_unused(*self.bert.idle_modules(masked_regions))  # the pathway's masked-region-only modules
-        return out
+        return self.run_units(out, self.encoded(enc, inputs), given)
 
     def before_encoder(self, inputs: VLInputs, given: dict, layout: Layout) -> None:
         """Let the units that build their examples from the model (ITM's hard negatives: unit.before_encoder)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+from torch import nn
 
 from vlbert.config import VLBertConfig
 from vlbert.layers.unpadded import UnpaddedLayout
@@ -129,8 +130,14 @@ class VLBertForTask(PreTrainedModel):
         given = {k: v for k, v in targets.items() if v is not None}
         if given:
             self.add_loss(out, **given)
-        out.add_unused(*self.bert.idle_modules(), *(() if self.reads_pooler else (self.bert.pooler,)))
+        out.add_unused(*self.idle_modules())
         return out
+
+    def idle_modules(self) -> list[nn.Module]:
+        """The submodules a task forward leaves without gradient, declared here once (the trainer applies them under
+        DDP): the region pathway's masked-region modules (no regions are masked in fine-tuning) and, for a head that
+        reads other positions than the pooled [CLS] (:attr:`reads_pooler` False), the pooler."""
+        return [*self.bert.idle_modules(), *(() if self.reads_pooler else (self.bert.pooler,))]
 
 
 __all__ = ["VLBertForTask"]

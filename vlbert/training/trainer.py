@@ -27,6 +27,7 @@ from vlbert.training.evaluation import evaluate_objectives
 from vlbert.training.feed import device_batches, moves_to_device
 from vlbert.training.guards import NonFiniteChecks, NonFiniteLossError, SigtermFlag, TrainingPreempted
 from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, StepStats, TrainerHook
+from vlbert.training.idle import IdleParameters
 from vlbert.training.log_hook import LogHook
 from vlbert.training.master_weights import MasterWeights, check_placement
 from vlbert.training.mfu import device_peak_flops, estimate_step_flops
@@ -60,12 +61,13 @@ class Trainer:
         hooks: :class:`~vlbert.training.hooks.TrainerHook` s run around every optimizer step, after the log line
             and before the periodic evaluation and checkpoint (which therefore hold their state of that step).
 
-    The model's side of the contract: ``forward(**batch)`` (batch keys its signature does not name, its
-    and its ``label_names`` excepted, are dropped; the collator's unpadded ``layout`` is one of its arguments)
-    returns an :class:`~vlbert.models.outputs.ObjectiveOutput` with ``loss`` (minimised), ``losses`` and
-    ``metrics`` (logged), ``counts`` (the predictions each averages over: weights across ranks and eval batches)
-    and ``unused_parameters`` (kept in DDP's graph with weight zero); a model with several objectives names them in
-    ``objectives`` (loss names) so that multi-process losses are weighted exactly.
+    The model's side of the contract: ``forward(**batch)`` (batch keys other than its signature's names and its
+    ``label_names`` are dropped; the collator's unpadded ``layout`` is one of its arguments) returns an
+    :class:`~vlbert.models.outputs.ObjectiveOutput` with ``loss`` (minimised), ``losses`` and ``metrics`` (logged),
+    ``counts`` (the predictions each averages over: weights across ranks and eval batches) and
+    ``unused_parameters`` (the modules its ``idle_modules`` declares: kept in DDP's graph with weight zero and
+    skipped by the optimizer, :class:`~vlbert.training.idle.IdleParameters`); a model with several objectives names
+    them in ``objectives`` (loss names) so that multi-process losses are weighted exactly.
 
     Output directory: ``log.jsonl`` (one JSON line per logged step: step, loss, each objective's loss and
     metric, lr, tokens/s), ``metrics.json`` (final figures), ``tensorboard/``, ``config.yaml``, the final model
@@ -209,7 +211,7 @@ class Trainer:
         cfg, acc, checks = self.config, self.accelerator, self._checks
         started = time.perf_counter()
         stats = StepStats(step=self.step + 1, epoch=self.epoch)
-        idle = None  # parameters idle in every micro-batch of this step
+        idle = IdleParameters()  # the model's declared idle parameters, applied under DDP here
         for micro in range(cfg.grad_accum_steps):
             waited = time.perf_counter()
             batch, tokens, sequences, regions = next(stream)
@@ -227,18 +229,17 @@ class Trainer:
                 if out.loss is None:
                     raise ValueError("the model returned no loss: the batch carries no labels")
                 backward_loss, global_loss = self._global_loss(out)
+                backward_loss = idle.add_to_loss(backward_loss, out, acc.num_processes)
                 acc.backward(backward_loss / cfg.grad_accum_steps)
             if self.master:  # into the float32 sum at once: micro-batches add up in float32, not in bf16
                 self.master.accumulate_gradients()
             for name, value in {"loss": global_loss, **out.losses, **out.metrics}.items():
                 value = value.detach().float() / cfg.grad_accum_steps
                 stats.sums[name] = stats.sums[name] + value if name in stats.sums else value
-            ids = {id(p): p for p in getattr(out, "unused_parameters", ())}
-            idle = ids if idle is None else {k: p for k, p in idle.items() if k in ids}
+            idle.record(out)
         if self.master:  # the float32 sums, averaged over the processes in float32
             self.master.finish_gradients(acc.num_processes)
-        for p in idle.values():  # zero gradients only there for DDP: the optimizer skips None
-            (self.master.master_of(p) if self.master else p).grad = None
+        idle.drop_gradients(self.master)  # zero gradients only there for DDP: the optimizer skips None
         stats.grad_norm = self._clip_gradients()
         stats.loss, stats.lr = stats.sums["loss"], self.scheduler.get_last_lr()[0]  # the rate this step uses
         # A non-finite step leaves the weights as they were and is otherwise a step like any other (the schedule
