@@ -197,12 +197,12 @@ def _model(kernel, head_dim, regions, dropout=0.0, **model):
 def test_flash_varlen_equals_eager_in_bf16(head_dim, regions, collator_packing):
     """Under bf16 autocast, varlen (flash) gives eager's real-position outputs, loss and every gradient within
     bf16's tolerance; with the layout from the collator or read from the mask."""
-    from vlbert.layers.attention import packing_fields
+    from vlbert.layers.unpadded import unpadded_layout
 
     batch = _ragged(r=regions)
     if collator_packing:
         masks = [batch["attention_mask"].cpu()] + ([batch["region_mask"].cpu()] if regions else [])
-        batch.update({k: v.cuda() for k, v in packing_fields(*masks).items()})
+        batch["layout"] = unpadded_layout(*masks).to("cuda")
     _assert_varlen_equals_eager_in_bf16(batch, head_dim, regions)
 
 
@@ -231,16 +231,15 @@ def _assert_varlen_equals_eager_in_bf16(batch, head_dim, regions, **model_config
 @pytest.mark.parametrize("collator_packing", [False, True])
 def test_two_stream_flash_varlen_equals_eager_in_bf16(collator_packing):
     """LXMERT's encoder (issue 42): flash varlen for the text and region self-attention and the cross-attention both
-    ways (cu_seqlens_q != cu_seqlens_k), each stream on the collator's layout (stream_packing_fields) or its own
+    ways (cu_seqlens_q != cu_seqlens_k), each stream on the collator's layout (stream_layouts) or its own
     mask, with a row whose regions are all masked out (its text attends to no region: flash's zero output for a
     sequence without keys, eager's attention to zero padding), equals eager in bf16: loss and every gradient."""
-    from vlbert.layers.packing import stream_packing_fields
+    from vlbert.layers.unpadded import stream_layouts
 
     batch = _ragged(r=6)
     batch["region_mask"][3] = 0
     if collator_packing:
-        fields = stream_packing_fields(batch["attention_mask"].cpu(), batch["region_mask"].cpu())
-        batch.update({k: v.cuda() for k, v in fields.items()})
+        batch["layout"] = stream_layouts(batch["attention_mask"].cpu(), batch["region_mask"].cpu()).to("cuda")
     _assert_varlen_equals_eager_in_bf16(
         batch,
         64,

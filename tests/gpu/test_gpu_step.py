@@ -19,9 +19,9 @@ from helpers.builders import tiny_text_trainer
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import vlbert
-from vlbert.layers.attention import ATTENTION_FUNCTIONS, Packing, packing_fields, register_attention
+from vlbert.layers.attention import ATTENTION_FUNCTIONS, register_attention
 from vlbert.layers.losses import masked_lm_loss, masked_positions
-from vlbert.layers.packing import stream_packing_fields
+from vlbert.layers.unpadded import Unpadding, stream_layouts, unpadded_layout
 from vlbert.models.vl import VLBertForPreTraining
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,10 +124,13 @@ def test_every_attention_kernel_equals_eager_on_ragged_batches(modality):
     else:
         batch["next_sentence_label"] = torch.tensor([0, 1, 0, 1])
     real = torch.cat(masks, 1).bool()
-    layouts = {"mask": {}, "joint": {**packing_fields(*masks), "masked_lm_positions": masked_positions(labels)}}
+    layouts = {
+        "mask": {},
+        "joint": {"layout": unpadded_layout(*masks), "masked_lm_positions": masked_positions(labels)},
+    }
     streams = TWO_STREAM if modality == "two-stream" else VL_BERT if modality == "vl-bert" else {}
     if modality == "two-stream":
-        layouts["streams"] = {**stream_packing_fields(*masks), "masked_lm_positions": masked_positions(labels)}
+        layouts["streams"] = {"layout": stream_layouts(*masks), "masked_lm_positions": masked_positions(labels)}
     results = {}
     for kernel in KERNELS:
         config = (text_config if modality == "text" else vl_config)(attn_implementation=kernel, **streams)
@@ -168,7 +171,7 @@ def test_two_stream_layouts_agree_where_a_row_has_no_region():
         torch.manual_seed(0)
         model = VLBertForPreTraining(vl_config(attn_implementation=kernel, **TWO_STREAM)).double().eval()
         for given in (False, True):
-            layout = stream_packing_fields(mask, region_mask) if given else {}
+            layout = {"layout": stream_layouts(mask, region_mask)} if given else {}
             results[kernel, given] = run(model, {**batch, **layout})
     real = torch.cat([mask, region_mask], 1).bool()
     hidden, loss, grads = results["eager", False]
@@ -190,7 +193,7 @@ def test_kernels_in_bf16_autocast_stay_within_bf16_and_keep_the_stream_in_bf16()
     for kernel in KERNELS:
         model.encoder.attn_implementation = kernel
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = model(ids, attention_mask=mask, **packing_fields(mask)).last_hidden_state
+            out = model(ids, attention_mask=mask, layout=unpadded_layout(mask)).last_hidden_state
         assert out.dtype == torch.bfloat16, kernel
         error = (out.float() - reference)[real].abs().max()
         assert error < 0.06, (kernel, error)  # LayerNorm outputs of O(1): a few bf16 ulps after 2 layers
@@ -237,24 +240,24 @@ def test_attn_implementation_config_json_and_registration(tmp_path):
 def test_collator_packing_equals_the_mask_and_regions_follow_their_text():
     ids, mask, _ = ragged_text()
     _, _, region_mask = ragged_regions()
-    fields = packing_fields(mask, region_mask)
+    layout = unpadded_layout(mask, region_mask)
     full = torch.cat([mask, region_mask], 1)
-    packing = Packing.from_mask(full, *full.shape)
-    assert torch.equal(fields["packed_indices"], packing.indices)
-    assert torch.equal(fields["cu_seqlens"], packing.cu_seqlens)
-    assert fields["cu_seqlens"].tolist() == [0, 11 + 5, 16 + 7 + 3, 26 + 3 + 5, 34 + 9 + 1]
+    packing = Unpadding.from_mask(full, *full.shape)
+    assert torch.equal(layout.indices, packing.indices)
+    assert torch.equal(layout.cu_seqlens, packing.cu_seqlens)
+    assert layout.cu_seqlens.tolist() == [0, 11 + 5, 16 + 7 + 3, 26 + 3 + 5, 34 + 9 + 1]
     x = torch.arange(full.numel(), dtype=torch.float64).view(*full.shape, 1)
     assert torch.equal(packing.pad(packing.unpad(x)), x * full[..., None])
-    with pytest.raises(ValueError, match="recompute them with packing_fields"):
-        vlbert.BertModel(text_config())(ids, attention_mask=mask, **packing_fields(mask[:2]))
-    streams = stream_packing_fields(mask, region_mask)  # a two-stream model's: each stream's own mask
-    assert streams["text_cu_seqlens"].tolist() == [0, 11, 18, 21, 30]
-    assert streams["region_cu_seqlens"].tolist() == [0, 5, 8, 13, 14]
-    assert streams["region_packed_indices"].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15]
+    with pytest.raises(ValueError, match="recompute it with unpadded_layout"):
+        vlbert.BertModel(text_config())(ids, attention_mask=mask, layout=unpadded_layout(mask[:2]))
+    streams = stream_layouts(mask, region_mask)  # a two-stream model's: each stream's own mask
+    assert streams.text.cu_seqlens.tolist() == [0, 11, 18, 21, 30]
+    assert streams.regions.cu_seqlens.tolist() == [0, 5, 8, 13, 14]
+    assert streams.regions.indices.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15]
     feats, boxes, _ = ragged_regions()
     with pytest.raises(ValueError, match="single-stream: collate with VLCollator"):
         vlbert.VLBertModel(vl_config())(
-            ids, attention_mask=mask, region_features=feats, region_boxes=boxes, region_mask=region_mask, **streams
+            ids, attention_mask=mask, region_features=feats, region_boxes=boxes, region_mask=region_mask, layout=streams
         )
 
 
@@ -329,12 +332,12 @@ def test_a_training_step_reads_nothing_back_from_the_device(modality):
         batch["next_sentence_label"] = torch.tensor([0, 1, 0, 1])
         model = vlbert.BertForPreTraining(text_config(attn_implementation="sdpa", attention_probs_dropout_prob=0.0))
     model.train()
-    packed = {**packing_fields(*masks), "masked_lm_positions": masked_positions(labels)}
+    packed = {"layout": unpadded_layout(*masks), "masked_lm_positions": masked_positions(labels)}
     with DeviceReads() as mode:
         model(**batch, **packed).loss.backward()
     assert mode.reads == []
     if modality == "two-stream":  # each stream's own layout (its collator's), cross-attention on the two
-        streams = {**stream_packing_fields(*masks), "masked_lm_positions": packed["masked_lm_positions"]}
+        streams = {"layout": stream_layouts(*masks), "masked_lm_positions": packed["masked_lm_positions"]}
         with DeviceReads() as mode:
             model(**batch, **streams).loss.backward()
         assert mode.reads == []
@@ -355,7 +358,7 @@ def test_the_whole_model_compiles_in_one_graph_and_equals_eager():
         token_type_ids=torch.zeros_like(ids),
         labels=labels,
         next_sentence_label=torch.tensor([0, 1, 0, 1]),
-        **packing_fields(mask),
+        layout=unpadded_layout(mask),
         masked_lm_positions=masked_positions(labels),
     )
     torch.manual_seed(0)
@@ -616,8 +619,8 @@ def test_a_compiled_encoder_layer_traces_in_one_graph_and_falls_back_to_eager(ca
     from vlbert.training.device import compile_layers
 
     ids, mask, _ = ragged_text()
-    fields = packing_fields(mask)
-    packing = Packing.from_indices(fields["packed_indices"], fields["cu_seqlens"], mask)
+    fields = {"layout": unpadded_layout(mask)}
+    packing = fields["layout"].unpadding(mask)
     torch.manual_seed(0)
     layer = BertLayer(text_config()).train()
     x = torch.randn(packing.num_tokens, 32)
@@ -665,7 +668,7 @@ def test_the_pair_collators_layout_is_what_the_pair_model_encodes():
     ]
     batch = GroundedCollator(SimpleNamespace(pad_token_id=0), images_per_text=2)(items)
     batch.pop("index")
-    layout = {k: batch.pop(k) for k in ("packed_indices", "cu_seqlens")}
+    layout = {"layout": batch.pop("layout")}
     torch.manual_seed(0)
     model = VLBertForImagePairClassification(
         vl_config(attn_implementation="sdpa", num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -683,8 +686,6 @@ def test_masked_region_targets_travel_as_the_masked_rows_only():
     """MRFR's features and MRC-kl's class distributions go to the GPU as the masked regions' rows [M, ...] (the
     collator's order, ``masked_region_positions``), not as [B, R, ...] copies of every region: the same losses and
     metrics as the padded targets (float64), at M / (B x R) of their bytes."""
-    from vlbert.layers.packing import packing_fields as fields_of
-
     ids, mask, _ = ragged_text()
     feats, boxes, region_mask = ragged_regions()
     g = torch.Generator().manual_seed(5)
@@ -703,7 +704,7 @@ def test_masked_region_targets_travel_as_the_masked_rows_only():
         region_mask=region_mask,
         masked_regions=masked,
         masked_region_positions=masked.reshape(-1).nonzero().squeeze(1),
-        **fields_of(mask, region_mask),
+        layout=unpadded_layout(mask, region_mask),
     )
     for key, padded in (("region_targets", feats.double()), ("region_labels", probs)):
         full = model(**batch, **{key: padded})

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import vlbert
-from vlbert.layers.attention import Packing, _explicit
+from vlbert.layers.attention import _explicit
 from vlbert.layers.kernels import cross_entropy_with_accuracy, dropout
+from vlbert.layers.unpadded import Unpadding
 from vlbert.models.bert import SelfAttention
 
 
@@ -77,7 +78,7 @@ def test_cpu_attention_path_equals_sdpa():
     attention = SelfAttention(config).double()
     mask = torch.ones(3, 7, dtype=torch.bool)
     mask[1, 5:] = False
-    packing = Packing.from_mask(mask, 3, 7)
+    packing = Unpadding.from_mask(mask, 3, 7)
     x = torch.randn(packing.num_tokens, 32, dtype=torch.float64)
     attention.train()
     trained = attention(x, packing, "sdpa")

@@ -98,10 +98,10 @@ def test_pretraining_heads_and_streams_equal_transformers(pretraining):
         alone = ours.bert(ids, tt, tm, output_hidden_states=True)
     assert alone.last_hidden_state.shape == (*ids.shape, hf.config.hidden_size) and len(alone.hidden_states) == 3
     close(alone.last_hidden_state, ref.language_hidden_states[hf.config.l_layers - 1], tm)  # no embeddings there
-    from vlbert.layers.packing import stream_packing_fields
+    from vlbert.layers.unpadded import stream_layouts
 
     with torch.no_grad():  # the collator's per-stream layout: the text stream's is the one text alone uses
-        packed = ours.bert(ids, tt, tm, **stream_packing_fields(tm, rm)).last_hidden_state
+        packed = ours.bert(ids, tt, tm, layout=stream_layouts(tm, rm)).last_hidden_state
     close(packed, alone.last_hidden_state, tm)
 
 

@@ -11,7 +11,7 @@ import torch
 from vlbert.data.easy_vqa import color_and_shape, image_attributes, load_questions
 from vlbert.data.regions import pad_regions
 from vlbert.data.vl_pretraining import VLCollator
-from vlbert.layers.packing import PACKING_FIELDS, STREAM_PACKING_FIELDS
+from vlbert.layers.unpadded import StreamLayouts
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives.region_targets import pad_class_probs
 from vlbert.recipes import RECIPES, run
@@ -106,14 +106,17 @@ def test_a_two_stream_collator_packs_each_stream_and_not_text_the_model_rewrites
     items = [data.train[i] for i in range(8)]
     collator = VLCollator(data.text, objectives=data.objectives, two_stream=True)
     batch = collator([{**x, "objective": "mlm"} for x in items])
-    assert set(PACKING_FIELDS) & set(batch) == set(STREAM_PACKING_FIELDS)
-    for stream, mask in (("text", batch["attention_mask"]), ("region", batch["region_mask"])):
-        assert batch[f"{stream}_packed_indices"].tolist() == [i for i, m in enumerate(mask.flatten().tolist()) if m]
-        assert batch[f"{stream}_cu_seqlens"].tolist() == [0, *torch.cumsum(mask.sum(1), 0).tolist()]
+    assert isinstance(batch["layout"], StreamLayouts)
+    for layout, mask in (
+        (batch["layout"].text, batch["attention_mask"]),
+        (batch["layout"].regions, batch["region_mask"]),
+    ):
+        assert layout.indices.tolist() == [i for i, m in enumerate(mask.flatten().tolist()) if m]
+        assert layout.cu_seqlens.tolist() == [0, *torch.cumsum(mask.sum(1), 0).tolist()]
     assert (batch["region_mask"] == 0).any()  # ragged regions
     hard = VLCollator(data.text, objectives=data.objectives, itm_negatives="hard", two_stream=True)
     itm = hard([{**x, "objective": "itm"} for x in items])
-    assert "itm_content" in itm and not set(PACKING_FIELDS) & set(itm)
+    assert "itm_content" in itm and "layout" not in itm
 
 
 def test_masking_of_a_sample_does_not_depend_on_its_batch(data):

@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import vlbert
 from vlbert.data.padding import pad_text
 from vlbert.data.regions import pad_regions
-from vlbert.layers.attention import packing_fields
+from vlbert.layers.unpadded import unpadded_layout
 from vlbert.training.mfu import (
     DATASHEET_PEAK_FLOPS,
     count_positions,
@@ -81,7 +81,7 @@ def vl_batch(texts=(9, 6, 11, 8), regions=(12, 5, 9, 16), masked=(1, 1, 2, 1), f
     labels = torch.full_like(batch["input_ids"], -100)
     for row, m in enumerate(masked):
         labels[row, 1 : 1 + m] = batch["input_ids"][row, 1 : 1 + m]
-    batch.update(packing_fields(batch["attention_mask"], batch["region_mask"]), labels=labels)
+    batch.update(layout=unpadded_layout(batch["attention_mask"], batch["region_mask"]), labels=labels)
     return batch
 
 
@@ -148,7 +148,7 @@ def test_two_stream_flops_count_each_stream_and_the_cross_attention():
     model = vlbert.VLBertForPreTraining(config).train()
     # without the collator's joint packing each stream is packed by its mask, so the counter sees the real positions
     # only (given it, the streams run padded: no host sync, the padding's FLOPs spent but not counted as the model's)
-    batch = {k: v for k, v in vl_batch().items() if k not in ("packed_indices", "cu_seqlens")}
+    batch = {k: v for k, v in vl_batch().items() if k != "layout"}
     tokens, regions, sequences = count_positions(batch)
     with FlopCounterMode(display=False) as counter:
         model(**batch).loss.backward()

@@ -25,7 +25,7 @@ import torch
 
 from vlbert.data.corpus import BBC_CLASSES, load_bbc_news, train_eval_split
 from vlbert.layers.losses import IGNORE_INDEX
-from vlbert.layers.packing import packing_fields
+from vlbert.layers.unpadded import unpadded_layout
 from vlbert_base.typed_config import Range
 
 TASK_TYPES = ("classification", "regression", "tagging", "qa")
@@ -375,8 +375,8 @@ def align_word_labels(word_ids: Sequence[int | None], word_labels: Sequence[int]
 
 
 class TextTaskCollator:
-    """Pad a list of :class:`TextTaskDataset` items into tensors for the task's head, with the packed layout of
-    the attention mask (``packed_indices``, ``cu_seqlens``: :func:`~vlbert.layers.packing.packing_fields`),
+    """Pad a list of :class:`TextTaskDataset` items into tensors for the task's head, with the unpadded layout of
+    the attention mask (``layout``: :func:`~vlbert.layers.unpadded.unpadded_layout`),
     computed here on the host so that the model never reads the mask on the device (the span head, which
     computes every position, takes and ignores it)."""
 
@@ -397,7 +397,7 @@ class TextTaskCollator:
             batch["input_ids"][i, :n] = torch.tensor(x["input_ids"])
             batch["token_type_ids"][i, :n] = torch.tensor(x["token_type_ids"])
             batch["attention_mask"][i, :n] = 1
-        batch.update(packing_fields(batch["attention_mask"]))
+        batch["layout"] = unpadded_layout(batch["attention_mask"])
         if self.type == "classification":
             batch["labels"] = torch.tensor([x["labels"] for x in items], dtype=torch.long)
         elif self.type == "regression":

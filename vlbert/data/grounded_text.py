@@ -14,7 +14,7 @@ from detectors.regions import Regions
 from detectors.store import region_count
 from vlbert.data.padding import pad_text
 from vlbert.data.regions import pad_regions, region_item, with_pixels
-from vlbert.layers.packing import packing_fields
+from vlbert.layers.unpadded import unpadded_layout
 from vlbert_base.user_files import read_jsonl
 
 
@@ -120,8 +120,8 @@ class GroundedCollator:
     (:func:`vlbert.data.regions.pad_regions`), or with ``images_per_text`` = n > 1 [B, n, R, ...] (image 0 first,
     every image padded to the batch's largest R); each of ``target_keys`` stacked over the items (ints -> int64
     [B], arrays -> [B, ...] of their dtype); ``index`` int64 [B] (the items' dataset indices); with one image
-    per text, the packed layout of [text ; regions] (``packed_indices``, ``cu_seqlens``:
-    :func:`~vlbert.layers.packing.packing_fields`, computed on the host so the model never reads the masks on the
+    per text, the unpadded layout of [text ; regions] (``layout``:
+    :func:`~vlbert.layers.unpadded.unpadded_layout`, computed on the host so the model never reads the masks on the
     device; a two-stream model runs it padded, VL-BERT's pathway extends it by its [END] on the device); with n
     images per text, the layout of the B * n rows (text i ; image j) in that order, as
     :class:`~vlbert.models.vl_classification.VLBertForImagePairClassification` encodes them.
@@ -141,16 +141,13 @@ class GroundedCollator:
         batch = pad_text([{"input_ids": x["input_ids"]} for x in items], self.pad_token_id)
         if self.images_per_text == 1:
             batch.update(pad_regions(items))
-            batch.update(packing_fields(batch["attention_mask"], batch["region_mask"]))
+            batch["layout"] = unpadded_layout(batch["attention_mask"], batch["region_mask"])
         else:
             regions = pad_regions([image for x in items for image in x["images"]])
             batch.update({k: v.view(len(items), self.images_per_text, *v.shape[1:]) for k, v in regions.items()})
             # the model encodes each text once with each image: rows (text i ; its image j), i-major
-            batch.update(
-                packing_fields(
-                    batch["attention_mask"].repeat_interleave(self.images_per_text, 0), regions["region_mask"]
-                )
-            )
+            text_mask = batch["attention_mask"].repeat_interleave(self.images_per_text, 0)
+            batch["layout"] = unpadded_layout(text_mask, regions["region_mask"])
         for key in self.target_keys:
             batch[key] = torch.stack([torch.as_tensor(x[key]) for x in items])
         batch["index"] = torch.tensor([x["index"] for x in items])

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from vlbert.data.padding import pad_text
-from vlbert.layers.attention import packing_fields
 from vlbert.layers.losses import IGNORE_INDEX, masked_positions  # noqa: F401 (masked_positions: read here by
+from vlbert.layers.unpadded import unpadded_layout
 
 # ../shared/gpu/roofline.py, as before the MLM unit computed the positions itself)
 from vlbert.objectives import PrepareContext, units_for
@@ -53,9 +53,8 @@ class MaskingCollator:
     above (:meth:`choose`, :meth:`corrupt`; other units may choose differently, e.g. whole words) and adds
     ``labels``, NSP adds ``next_sentence_label`` (int64 [B]) from the items. Returns a dict of tensors:
     input_ids, token_type_ids, attention_mask (int64 [B, T]) and the units' labels. T is the longest item rounded
-    up to ``pad_to_multiple_of``. With ``packed`` (what the training recipes use) also the packed layout the model
-    then reads instead of the mask (``packed_indices``, ``cu_seqlens``:
-    :func:`~vlbert.layers.attention.packing_fields`) and the masking unit's positions (``masked_lm_positions``,
+    up to ``pad_to_multiple_of``. With ``packed`` (what the training recipes use) also the unpadded layout the model
+    then reads instead of the mask (``layout``: :func:`~vlbert.layers.unpadded.unpadded_layout`) and the masking unit's positions (``masked_lm_positions``,
     :func:`~vlbert.layers.losses.masked_positions`): computed here, in the loader workers, so that a training step
     on an accelerator never waits on the host. ``word_continuation``: bool [vocab_size], True for the ids that
     continue a word (WordPiece's ``##`` pieces), read by whole-word masking (:meth:`from_tokenizer` fills it).
@@ -177,7 +176,7 @@ class MaskingCollator:
         for unit in text_units(names):
             unit.prepare(batch, items, context)
         if self.packed:
-            batch.update(packing_fields(batch["attention_mask"]))
+            batch["layout"] = unpadded_layout(batch["attention_mask"])
         return batch
 
 

@@ -12,7 +12,7 @@ from vlbert.data.captions import CaptionedImage, load_karpathy_split
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, color_and_shape
 from vlbert.data.padding import pad_text
 from vlbert.data.regions import pad_regions, region_item, with_pixels
-from vlbert.layers.packing import packing_fields
+from vlbert.layers.unpadded import unpadded_layout
 
 
 def easy_vqa_captioned(split: str, seed: int = 0) -> list[CaptionedImage]:
@@ -72,11 +72,10 @@ class RetrievalPairs(torch.utils.data.Dataset):
 class RetrievalCollator:
     """Batches of aligned pairs for :class:`~vlbert.models.vl.VLBertForImageTextRetrieval` training: text
     (:func:`pad_text`), regions (:func:`pad_regions`: ``images``/``image_sizes`` in place of ``region_features``
-    where the items carry pixels), ``group_ids`` int64 [B], ``cls_sep_ids`` int64 [2], and the packed layouts of
+    where the items carry pixels), ``group_ids`` int64 [B], ``cls_sep_ids`` int64 [2], and the unpadded layouts of
     the model's two single passes, computed on the host so that it never reads a mask on the device
-    (:func:`~vlbert.layers.packing.packing_fields`): ``text_packed_indices`` / ``text_cu_seqlens`` of the text
-    alone ([B, T] mask) and ``image_packed_indices`` / ``image_cu_seqlens`` of ``[CLS] [SEP]`` + regions
-    ([B, 2 + R])."""
+    (:func:`~vlbert.layers.unpadded.unpadded_layout`): ``text_layout`` of the text alone ([B, T] mask) and
+    ``image_layout`` of ``[CLS] [SEP]`` + regions ([B, 2 + R])."""
 
     def __init__(self, tokenizer):
         self.pad_token_id = tokenizer.pad_token_id
@@ -87,9 +86,9 @@ class RetrievalCollator:
         batch.update(pad_regions(items))
         batch["group_ids"] = torch.tensor([x["group"] for x in items])
         batch["cls_sep_ids"] = self.cls_sep
-        batch.update(packing_fields(batch["attention_mask"], prefix="text_"))
+        batch["text_layout"] = unpadded_layout(batch["attention_mask"])
         cls_sep = torch.ones(len(items), 2, dtype=batch["region_mask"].dtype)
-        batch.update(packing_fields(cls_sep, batch["region_mask"], prefix="image_"))
+        batch["image_layout"] = unpadded_layout(cls_sep, batch["region_mask"])
         return batch
 
 

@@ -19,7 +19,7 @@ from detectors.regions import Regions
 from detectors.store import region_count
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.regions import pad_regions, region_item, with_pixels
-from vlbert.layers.packing import packing_fields, stream_packing_fields
+from vlbert.layers.unpadded import stream_layouts, unpadded_layout
 from vlbert.objectives import OBJECTIVES, PrepareContext
 from vlbert.objectives.image_text_matching import content_id
 
@@ -157,11 +157,11 @@ class VLCollator:
 
     Output keys: input_ids, token_type_ids (0 for text), attention_mask [B, T]; region_features float16
     [B, R, D]; region_boxes float32 [B, R, 4]; region_mask [B, R] (1 = real); the objective's labels (see
-    :mod:`vlbert.objectives`), with a ``packed`` text collator the packed layout of [text ; regions] and the
+    :mod:`vlbert.objectives`), with a ``packed`` text collator the unpadded ``layout`` of [text ; regions] and the
     MLM positions (as :class:`~vlbert.data.pretraining.MaskingCollator`), and ``objective`` (str; the trainer
-    passes only what ``forward`` takes). ``two_stream``: the model packs each stream by its own mask (LXMERT,
+    passes only what ``forward`` takes). ``two_stream``: the model unpads each stream by its own mask (LXMERT,
     ``model.encoder: two-stream``; the recipe sets it from the model's config): the layout is then the text's and
-    the regions' (:func:`~vlbert.layers.packing.stream_packing_fields`) instead of the joint one.
+    the regions' (:func:`~vlbert.layers.unpadded.stream_layouts`) instead of the joint one.
 
     Raises:
         ValueError: items without an ``objective``, or one of different objectives.
@@ -196,8 +196,8 @@ class VLCollator:
         # see MaskingCollator: the layout of [text ; regions] (the MLM unit adds its rows); not where the model
         # rewrites the text itself (ITM's hard negatives, itm_content): that layout is unknown here
         if self.context.text.packed and "itm_content" not in batch:
-            layout = stream_packing_fields if self.two_stream else packing_fields
-            batch.update(layout(batch["attention_mask"], batch["region_mask"]))
+            layout = stream_layouts if self.two_stream else unpadded_layout
+            batch["layout"] = layout(batch["attention_mask"], batch["region_mask"])
         batch["objective"] = name
         return batch
 

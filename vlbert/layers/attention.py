@@ -1,8 +1,8 @@
-"""Attention kernels as a table, over the packed token layout of :mod:`vlbert.layers.packing`.
+"""Attention kernels as a table, over the packed token layout of :mod:`vlbert.layers.unpadded`.
 
 The encoder keeps its hidden states *packed*: the N real tokens (and regions) of a padded [B, S] batch as one
 [N, H] matrix (MosaicBERT / MLPerf BERT "unpadding"), built once before the first layer and padded back once after
-the last (:class:`~vlbert.layers.packing.Packing`). Position-wise layers never see padding; attention is the one
+the last (:class:`~vlbert.layers.unpadded.Unpadding`). Position-wise layers never see padding; attention is the one
 place that needs the sequence boundaries, and each entry of :data:`ATTENTION_FUNCTIONS` reads them its own way:
 
 * ``eager``: softmax(q k^T / sqrt(d) + mask) v written out (the reference; it alone returns the probabilities);
@@ -16,7 +16,7 @@ place that needs the sequence boundaries, and each entry of :data:`ATTENTION_FUN
   ``model.attention_probs_dropout_prob: 0``.
 
 Every function has one signature, ``fn(q, k, v, packing, dropout_p, training, output_attentions=False) -> (out,
-probs)``: q, k, v float [N, heads, head_dim] packed, ``packing`` the :class:`Packing`, ``dropout_p`` the
+probs)``: q, k, v float [N, heads, head_dim] packed, ``packing`` the :class:`~vlbert.layers.unpadded.Unpadding`, ``dropout_p`` the
 attention-probability dropout applied when ``training``, ``output_attentions`` whether to return the
 probabilities; ``out`` the same layout as q, ``probs`` [B, heads, S, S] or None. A kernel declared
 ``cross_attention`` (the three above) also takes ``kv_packing``, the layout of k and v when it is not q's: a
@@ -37,24 +37,17 @@ import torch
 import torch.nn.functional as F
 
 from vlbert.layers.kernels import dropout
-from vlbert.layers.packing import (
-    LAYOUT_KEYS,
-    PACKING_FIELDS,
-    STREAM_PACKING_FIELDS,
-    Packing,
-    packing_fields,
-    stream_packing_fields,
-)
+from vlbert.layers.unpadded import Unpadding
 
 logger = logging.getLogger(__name__)
 
 
-def _padded(q: torch.Tensor, packing: Packing) -> torch.Tensor:
+def _padded(q: torch.Tensor, packing: Unpadding) -> torch.Tensor:
     """[N, heads, d] -> [B, heads, S, d] (zeros at padding)."""
     return packing.pad(q).transpose(1, 2)
 
 
-def _unpadded(y: torch.Tensor, packing: Packing) -> torch.Tensor:
+def _unpadded(y: torch.Tensor, packing: Unpadding) -> torch.Tensor:
     """[B, heads, S, d] -> [N, heads, d]."""
     return packing.unpad(y.transpose(1, 2))
 
@@ -69,7 +62,7 @@ def _explicit(q, k, v, key_mask, dropout_p, training, keep_probs):
     return torch.matmul(probs, v), (probs if keep_probs else None)
 
 
-def _key_mask(packing: Packing, kv_packing: Packing | None) -> torch.Tensor | None:
+def _key_mask(packing: Unpadding, kv_packing: Unpadding | None) -> torch.Tensor | None:
     """The padded kernels' key mask: ``packing``'s, or for cross-attention the key stream's, where a row with no
     real key (its regions all masked out) attends to its padding instead: zeros where that stream is packed, so its
     output is 0, as the packed kernels give a row without keys."""
@@ -83,11 +76,11 @@ def eager_attention(
     q,
     k,
     v,
-    packing: Packing,
+    packing: Unpadding,
     dropout_p: float,
     training: bool,
     output_attentions: bool = False,
-    kv_packing: Packing | None = None,
+    kv_packing: Unpadding | None = None,
 ):
     """The reference: scores, softmax, :func:`~vlbert.layers.kernels.dropout`, times v, on the padded batch
     (transformers' eager attention). Returns the probabilities [B, heads, S, S] (after dropout, the weights that
@@ -110,11 +103,11 @@ def sdpa_attention(
     q,
     k,
     v,
-    packing: Packing,
+    packing: Unpadding,
     dropout_p: float,
     training: bool,
     output_attentions: bool = False,
-    kv_packing: Packing | None = None,
+    kv_packing: Unpadding | None = None,
 ):
     """``scaled_dot_product_attention`` on the padded batch with a boolean key mask. CPU training with dropout runs
     :func:`eager_attention` instead (SDPA's CPU dropout path, the math kernel with ``bernoulli_``, is slower)."""
@@ -164,11 +157,11 @@ def varlen_attention(
     q,
     k,
     v,
-    packing: Packing,
+    packing: Unpadding,
     dropout_p: float,
     training: bool,
     output_attentions: bool = False,
-    kv_packing: Packing | None = None,
+    kv_packing: Unpadding | None = None,
 ):
     """Attention within each packed sequence (``packing.cu_seqlens``), never touching padding; with ``kv_packing``
     (cross-attention) sequence b's queries attend to the keys ``kv_packing.cu_seqlens`` gives sequence b. CUDA:
@@ -369,12 +362,6 @@ def select_attention(name: str | None, request: AttentionRequest) -> str:
 
 
 __all__ = [
-    "Packing",
-    "packing_fields",
-    "stream_packing_fields",
-    "PACKING_FIELDS",
-    "LAYOUT_KEYS",
-    "STREAM_PACKING_FIELDS",
     "ATTENTION_FUNCTIONS",
     "AttentionKernel",
     "AttentionRequest",

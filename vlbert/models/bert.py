@@ -9,7 +9,7 @@ tests/published/test_parity_transformers.py); the parameter names are our own an
 
 Differences from transformers, all for speed and none visible in the numbers:
   * query/key/value are one fused ``qkv`` projection, read by the attention kernel as strided views (no copies);
-  * the layers run on the packed real tokens [N, H] (:class:`~vlbert.layers.attention.Packing`: unpadded once
+  * the layers run on the packed real tokens [N, H] (:class:`~vlbert.layers.unpadded.Unpadding`: unpadded once
     before the first layer, padded once after the last), and attention is an entry of
     :data:`~vlbert.layers.attention.ATTENTION_FUNCTIONS` (``config.attn_implementation``: eager, sdpa, varlen);
   * under bf16/fp16 autocast the residual stream and LayerNorm stay in that precision (:class:`LayerNorm`);
@@ -27,15 +27,10 @@ from torch import nn
 
 from vlbert.config import BertConfig
 from vlbert.layers.activations import activation
-from vlbert.layers.attention import (
-    ATTENTION_FUNCTIONS,
-    AttentionRequest,
-    Packing,
-    check_attention_name,
-    select_attention,
-)
+from vlbert.layers.attention import ATTENTION_FUNCTIONS, AttentionRequest, check_attention_name, select_attention
 from vlbert.layers.kernels import Dropout
-from vlbert.models.inputs import check_text_inputs, packing_from_batch, take_packing
+from vlbert.layers.unpadded import Layout, Unpadding, unpadding
+from vlbert.models.inputs import check_text_inputs
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
@@ -102,7 +97,7 @@ class SelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(
-        self, x: torch.Tensor, packing: Packing, attention: str = "sdpa", attentions: list | None = None
+        self, x: torch.Tensor, packing: Unpadding, attention: str = "sdpa", attentions: list | None = None
     ) -> torch.Tensor:
         """Args: x float [N, H], the packed tokens that ``packing`` describes; attention: a key of
         ``ATTENTION_FUNCTIONS``; attentions: a list to append this layer's attention probabilities to (float
@@ -132,7 +127,7 @@ class BertLayer(nn.Module):
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(
-        self, x: torch.Tensor, packing: Packing, attention: str = "sdpa", attentions: list | None = None
+        self, x: torch.Tensor, packing: Unpadding, attention: str = "sdpa", attentions: list | None = None
     ) -> torch.Tensor:
         """Args: x float [N, H] packed; packing, attention, attentions as :class:`SelfAttention`.
         Returns float [N, H]."""
@@ -143,11 +138,11 @@ class BertLayer(nn.Module):
 class BertEncoder(nn.Module):
     """A stack of ``num_hidden_layers`` :class:`BertLayer`; shared by the text and vision-language models.
 
-    The layers run on packed tokens (:class:`~vlbert.layers.attention.Packing`): the batch is unpadded once before
+    The layers run on packed tokens (:class:`~vlbert.layers.unpadded.Unpadding`): the batch is unpadded once before
     the first layer and padded once after the last, so projections, feed-forward and LayerNorm never compute a
     padded row; real positions get exactly the values of the padded computation and padded positions come out as
-    zeros. The packing comes from the collator (``packed_indices``, ``cu_seqlens``: no host sync) or is read from
-    the mask here (one ``nonzero``). With the padded kernels (``sdpa``, ``eager``) and less than
+    zeros. The layout comes from the collator (:class:`~vlbert.layers.unpadded.UnpaddedLayout`: no host sync) or is
+    read from the mask here (one ``nonzero``). With the padded kernels (``sdpa``, ``eager``) and less than
     ``min_padding_to_unpad`` (5%) padding the batch runs as is (the per-layer gathers would cost more than the
     padded rows they save: default text batch on a CPU, 310 ms vs 296 ms per step), padded positions then carry
     values nothing reads, as in transformers. ``unpad = False`` keeps every position computed (a head whose loss
@@ -187,23 +182,23 @@ class BertEncoder(nn.Module):
         batch: int,
         seq: int,
         attention: str,
-        packing: Packing | None = None,
+        packing: Unpadding | None = None,
         device=None,
-    ) -> tuple[Packing, str]:
+    ) -> tuple[Unpadding, str]:
         """The layout the layers run on and the kernel that runs it (see the class docstring): a kernel
         declared ``packed`` (:class:`~vlbert.layers.attention.AttentionKernel`) always gets the packed tokens;
         a ``padded`` one gets a dense batch when padding is under :attr:`min_padding_to_unpad`."""
         packed = ATTENTION_FUNCTIONS[attention].layout == "packed"
         if not self.unpad:
-            return Packing.dense(batch, seq, device, mask), "sdpa" if packed else attention
+            return Unpadding.dense(batch, seq, device, mask), "sdpa" if packed else attention
         if packing is None:
-            packing = Packing.from_mask(mask, batch, seq, device)
+            packing = Unpadding.from_mask(mask, batch, seq, device)
         if (
             not packed
             and packing.mask is not None
             and packing.num_tokens > (1 - self.min_padding_to_unpad) * batch * seq
         ):
-            packing = Packing.dense(batch, seq, device, packing.mask)
+            packing = Unpadding.dense(batch, seq, device, packing.mask)
         return packing, attention
 
     def forward(
@@ -212,7 +207,7 @@ class BertEncoder(nn.Module):
         mask: torch.Tensor | None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
-        packing: Packing | None = None,
+        packing: Unpadding | None = None,
     ) -> EncoderOutput:
         """Args: x float [B, S, H] embeddings; mask [B, S] (1 = real) or None; packing: where the real positions
         are, when the collator computed it (else read from ``mask``).
@@ -310,29 +305,6 @@ class BertModel(PreTrainedModel):
         """The encoder: a :class:`BertEncoder` (a vision-language model picks its own from its config)."""
         return BertEncoder(config)
 
-    def encode_text(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        output_hidden_states: bool,
-        output_attentions: bool,
-        packing: dict,
-        encoder: nn.Module | None = None,
-    ) -> EncoderOutput:
-        """The text path every model shares: embeddings, encoder (packed by the collator's layout where given),
-        pooler. Arguments as :meth:`forward` (inputs already checked); ``encoder``: the layers to run (default
-        ``self.encoder``; a two-stream model's language layers for text alone). Returns :class:`EncoderOutput`."""
-        out = (encoder or self.encoder)(
-            self.embeddings(input_ids, token_type_ids),
-            attention_mask,
-            output_hidden_states,
-            output_attentions,
-            packing_from_batch(attention_mask, **packing),
-        )
-        out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
-        return out
-
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -340,7 +312,7 @@ class BertModel(PreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
-        **packing,
+        layout: Layout = None,
     ) -> EncoderOutput:
         """Encode a batch of wordpiece sequences.
 
@@ -351,19 +323,27 @@ class BertModel(PreTrainedModel):
             output_hidden_states: also return the L + 1 per-layer hidden states.
             output_attentions: also return each layer's attention probabilities [B, heads, T, T] (as
                 transformers' eager attention; computed explicitly, so slower than the fused kernel).
-            packing: optionally the packed layout of ``attention_mask`` as the collator computed it
-                (``packed_indices``, ``cu_seqlens``: :func:`~vlbert.layers.attention.packing_fields`), so the model
-                never reads the mask on the device; as transformers passes FlashAttention's ``cu_seq_lens``.
+            layout: optionally the unpadded layout of ``attention_mask`` as the collator computed it
+                (:func:`~vlbert.layers.unpadded.unpadded_layout`), so the model never reads the mask on the device;
+                as transformers passes FlashAttention's ``cu_seq_lens``.
         Returns:
             :class:`EncoderOutput` with last_hidden_state [B, T, H] and pooler_output [B, H].
         Raises:
-            ValueError: wrong rank/dtype, mismatched shapes, or T > max_position_embeddings.
-            TypeError: a keyword that is neither an input nor a layout field.
+            ValueError: wrong rank/dtype, mismatched shapes, T > max_position_embeddings, or a layout that does not
+                describe ``attention_mask``.
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
-        return self.encode_text(
-            input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, packing
+        x = self.embeddings(input_ids, token_type_ids)
+        out = self.encoder(
+            x, attention_mask, output_hidden_states, output_attentions, unpadding(layout, attention_mask)
         )
+        out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
+        return out
+
+    def idle_modules(self, masked_regions: torch.Tensor | None = None) -> list[nn.Module]:
+        """Submodules a forward leaves without gradient: none for text (a vision-language model's region pathway
+        declares its own, :meth:`~vlbert.models.vl.VLBertModel.idle_modules`)."""
+        return []
 
 
 class BertForPreTraining(UnitPreTrainingModel):
@@ -395,6 +375,7 @@ class BertForPreTraining(UnitPreTrainingModel):
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        layout: Layout = None,
         **labels,
     ) -> PreTrainingOutput:
         """Run BERT and the units whose labels are given.
@@ -402,8 +383,8 @@ class BertForPreTraining(UnitPreTrainingModel):
         Args:
             input_ids, token_type_ids, attention_mask: as :meth:`BertModel.forward`, [B, T].
             output_hidden_states, output_attentions: also return per-layer hidden states / attention probabilities.
-            labels: the collator's packed layout (``packed_indices``, ``cu_seqlens``: :meth:`BertModel.forward`),
-                then the units' label keys (:attr:`label_names`): ``labels`` int64 [B, T] (the original id at
+            layout: the collator's unpadded layout (:meth:`BertModel.forward`).
+            labels: the units' label keys (:attr:`label_names`): ``labels`` int64 [B, T] (the original id at
                 masked positions, -100 elsewhere) with optionally ``masked_lm_positions`` int64 [N] (their flat
                 positions row * T + column, the collator's: no host sync); ``next_sentence_label`` int64 [B]
                 (0 = B follows A, 1 = B is random); ``sentence_order_label``, ``wwm_labels`` for those units.
@@ -415,9 +396,8 @@ class BertForPreTraining(UnitPreTrainingModel):
         Raises:
             TypeError: a keyword no unit reads. ValueError: as :meth:`BertModel.forward`.
         """
-        packing = take_packing(labels)
         given = self.given_labels(labels)
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, **packing)
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, layout)
         out = PreTrainingOutput(
             last_hidden_state=enc.last_hidden_state,
             pooler_output=enc.pooler_output,
@@ -445,6 +425,5 @@ __all__ = [
     "BertPooler",
     "LayerNorm",
     "check_text_inputs",
-    "packing_from_batch",
     "compile_model",
 ]

@@ -16,6 +16,7 @@ from torch import nn
 from vlbert.config import BertConfig
 from vlbert.layers.kernels import Dropout
 from vlbert.layers.losses import IGNORE_INDEX, upcast
+from vlbert.layers.unpadded import UnpaddedLayout
 from vlbert.models.bert import BertModel
 from vlbert.models.outputs import ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
@@ -73,12 +74,12 @@ class BertForSequenceClassification(PreTrainedModel):
         labels=None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
-        **packing,
+        layout: UnpaddedLayout | None = None,
     ) -> ClassificationOutput:
-        """Args: text [B, T]; labels int64 [B] (classification) or float [B] (regression); ``packing``: the
-        collator's packed layout (:meth:`BertModel.forward`: no host sync). Returns logits [B, num_labels]; with
+        """Args: text [B, T]; labels int64 [B] (classification) or float [B] (regression); ``layout``: the
+        collator's unpadded layout (:meth:`BertModel.forward`: no host sync). Returns logits [B, num_labels]; with
         labels, ``losses["cls"]`` and ``metrics["cls_accuracy"]`` (classification)."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, **packing)
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, layout)
         logits = self.classifier(self.dropout(enc.pooler_output))
         out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
         if labels is not None:
@@ -148,12 +149,12 @@ class BertForTokenClassification(PreTrainedModel):
         labels=None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
-        **packing,
+        layout: UnpaddedLayout | None = None,
     ) -> ClassificationOutput:
         """Returns logits [B, T, num_labels]; with labels, ``losses["tag"]`` and ``metrics["tag_accuracy"]``
-        (counted over the scored pieces: a 0-d tensor on an accelerator, read on the CPU). ``packing``: the
-        collator's packed layout (:meth:`BertModel.forward`)."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, **packing)
+        (counted over the scored pieces: a 0-d tensor on an accelerator, read on the CPU). ``layout``: the
+        collator's unpadded layout (:meth:`BertModel.forward`)."""
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, layout)
         logits = self.classifier(self.dropout(enc.last_hidden_state))
         out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
         if labels is not None:
@@ -195,12 +196,12 @@ class BertForQuestionAnswering(PreTrainedModel):
         end_positions=None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
-        **packing,
+        layout: UnpaddedLayout | None = None,
     ) -> QuestionAnsweringOutput:
-        """Args: text [B, T]; start_positions/end_positions int64 [B] (wordpiece indices); ``packing``: the
-        collator's layout, taken and unused (this head computes every position). Returns start/end logits [B, T];
+        """Args: text [B, T]; start_positions/end_positions int64 [B] (wordpiece indices); ``layout``: the
+        collator's unpadded layout (:meth:`BertModel.forward`). Returns start/end logits [B, T];
         with positions, ``losses["qa"]`` and ``metrics["qa_exact"]`` (both boundaries right)."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, **packing)
+        enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, layout)
         start_logits, end_logits = self.qa_outputs(enc.last_hidden_state).unbind(-1)
         out = QuestionAnsweringOutput(
             start_logits=start_logits, end_logits=end_logits, hidden_states=enc.hidden_states, attentions=enc.attentions

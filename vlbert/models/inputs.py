@@ -1,18 +1,13 @@
-"""What a BERT forward checks of its text inputs, and the packed layout a collator hands it.
-
-:func:`check_text_inputs` refuses inputs a model cannot embed with a message naming the fix (values checked on the
-host only: on an accelerator a check would stall every step); :func:`packing_from_batch` turns the collator's
-``packed_indices`` / ``cu_seqlens`` (:func:`~vlbert.layers.packing.packing_fields`), which a public forward takes in
-its ``**packing`` keywords, into the encoder's :class:`~vlbert.layers.packing.Packing`, and :func:`stream_layouts`
-a two-stream model's ``text_*`` / ``region_*`` fields into one per stream.
-"""
+"""What a BERT forward checks of its text inputs: :func:`check_text_inputs` refuses inputs a model cannot embed with a
+message naming the fix (values checked on the host only: on an accelerator a check would stall every step). The
+collator's unpadded layout is checked where the encoder reads it (:meth:`~vlbert.layers.unpadded.UnpaddedLayout.
+unpadding`)."""
 
 from __future__ import annotations
 
 import torch
 
 from vlbert.config import BertConfig
-from vlbert.layers.packing import LAYOUT_KEYS, PACKING_FIELDS, STREAM_PACKING_FIELDS, Packing
 
 
 def check_text_inputs(
@@ -59,70 +54,4 @@ def check_text_inputs(
         raise ValueError(f"attention_mask row {row} has no real token (all 0); every sequence needs at least [CLS]")
 
 
-def take_packing(kwargs: dict) -> dict:
-    """Pop the packed-layout fields (:data:`~vlbert.layers.packing.PACKING_FIELDS`: ``packed_indices``,
-    ``cu_seqlens`` and a two-stream model's ``text_*`` / ``region_*`` ones) out of a forward's ``**kwargs``;
-    returns them (absent ones left out)."""
-    return {name: kwargs.pop(name) for name in PACKING_FIELDS if name in kwargs}
-
-
-def packing_from_batch(
-    mask: torch.Tensor | None,
-    packed_indices: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    **unknown,
-) -> Packing | None:
-    """The collator's packed layout (:func:`~vlbert.layers.packing.packing_fields`) of ``mask`` [B, S], or None
-    when the batch has none.
-
-    Raises:
-        TypeError: a keyword other than the layout's (a misspelt input would otherwise be ignored).
-        ValueError: only one of the two fields is given, or they do not fit the mask's shape (shapes only: the
-            values are the collator's)."""
-    if unknown:
-        raise TypeError(
-            f"forward got unexpected keyword(s) {sorted(unknown)}; besides its named inputs it takes "
-            f"only the packed layout {list(LAYOUT_KEYS)}"
-        )
-    if packed_indices is None and cu_seqlens is None:
-        return None
-    if packed_indices is None or cu_seqlens is None or mask is None:
-        raise ValueError(
-            "packed_indices, cu_seqlens and the attention mask come together (the collator's "
-            "packing_fields); pass all three or none"
-        )
-    if cu_seqlens.shape != (mask.shape[0] + 1,) or packed_indices.dim() != 1:
-        raise ValueError(
-            f"cu_seqlens {tuple(cu_seqlens.shape)} / packed_indices {tuple(packed_indices.shape)} do "
-            f"not describe a mask of {tuple(mask.shape)}; recompute them with packing_fields"
-        )
-    return Packing.from_indices(packed_indices, cu_seqlens, mask)
-
-
-def stream_layouts(
-    text_mask: torch.Tensor | None, region_mask: torch.Tensor | None, packing: dict
-) -> tuple[Packing | None, Packing | None]:
-    """A two-stream model's layouts from the collator's fields (:func:`~vlbert.layers.packing.stream_packing_fields`
-    in ``packing``): (text layout of ``text_mask`` [B, T], region layout of ``region_mask`` [B, R]), None for a
-    stream whose fields the batch lacks. Raises ValueError as :func:`packing_from_batch` for each stream."""
-    fields = [
-        {key: packing[prefix + key] for key in LAYOUT_KEYS if prefix + key in packing}
-        for prefix in ("text_", "region_")
-    ]
-    return packing_from_batch(text_mask, **fields[0]), packing_from_batch(region_mask, **fields[1])
-
-
-def refuse_stream_layouts(packing: dict) -> None:
-    """Raise ``ValueError`` when ``packing`` holds a two-stream model's per-stream layout
-    (:data:`~vlbert.layers.packing.STREAM_PACKING_FIELDS`) for a single-stream model, which packs [text ; regions]
-    as one sequence."""
-    given = sorted(set(packing) & set(STREAM_PACKING_FIELDS))
-    if given:
-        raise ValueError(
-            f"the batch carries a two-stream model's per-stream layout {given}, but this model is "
-            "single-stream: collate with VLCollator(two_stream=False) (packing_fields of "
-            "[text ; regions]) or drop those fields"
-        )
-
-
-__all__ = ["check_text_inputs", "packing_from_batch", "take_packing", "stream_layouts", "refuse_stream_layouts"]
+__all__ = ["check_text_inputs"]

@@ -67,27 +67,30 @@ class UnitPreTrainingModel(PreTrainedModel):
     def run_units(self, out: PreTrainingOutput, encoded: Encoded, given: dict) -> PreTrainingOutput:
         """Add each running unit's loss, metric, count and logits (its :attr:`Objective.output` field) to
         ``out``. Without labels (inference) every head with an output field fills it (:meth:`Objective.predict`).
-        While gradients are on, the parameters of heads (and :attr:`Objective.reads`) that no running unit
-        reached are declared in ``unused_parameters`` (the trainer keeps them in DDP's graph)."""
-        used = set()
+        While gradients are on, :meth:`idle_modules` are declared in ``unused_parameters`` (the trainer applies them
+        under DDP: :class:`~vlbert.training.idle.IdleParameters`)."""
         for unit in self.running(given):
             result = unit.loss(encoded, given)
             out.add(unit.name, result.loss, unit.metric, result.metric, result.count)
             for metric, (value, count) in (result.extra_metrics or {}).items():
                 out.metrics[metric], out.counts[metric] = value, count
-            used.update(unit.footprint())
             if unit.output:
                 setattr(out, unit.output, result.logits)
         if out.loss is None:  # inference (no labels): every head's logits, as transformers' *ForPreTraining
             for unit in self.units:
                 if unit.output and getattr(out, unit.output) is None:
                     setattr(out, unit.output, unit.predict(encoded))
-        else:
-            footprints = dict.fromkeys(name for u in self.units for name in u.footprint())
-            out.add_unused(
-                *(self.get_submodule(name) for name in footprints if name not in used and _has_submodule(self, name))
-            )
+        out.add_unused(*self.idle_modules(given))  # nothing without a loss
         return out
+
+    def idle_modules(self, given: dict) -> list[nn.Module]:
+        """The submodules a forward on ``given`` (:meth:`given_labels`) leaves without gradient, declared here once:
+        the heads (and :attr:`Objective.reads`) of the units that do not run, then the encoder's own
+        (:meth:`~vlbert.models.vl.VLBertModel.idle_modules`: a region pathway's masked-region modules)."""
+        used = {name for unit in self.running(given) for name in unit.footprint()}
+        footprints = dict.fromkeys(name for u in self.units for name in u.footprint())
+        idle = [self.get_submodule(n) for n in footprints if n not in used and _has_submodule(self, n)]
+        return idle + self.bert.idle_modules(given.get("masked_regions"))
 
 
 def _has_submodule(model: nn.Module, name: str) -> bool:

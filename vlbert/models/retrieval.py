@@ -11,6 +11,7 @@ from torch import nn
 from vlbert.config import VLBertConfig
 from vlbert.layers.losses import classification_loss
 from vlbert.layers.sampling import draw_by_similarity
+from vlbert.layers.unpadded import UnpaddedLayout
 from vlbert.models.bert import run_padded
 from vlbert.models.outputs import ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
@@ -71,10 +72,12 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         self.init_weights()
         self.log_temperature = nn.Parameter(torch.tensor(0.07).log())
 
-    def embed_text(self, input_ids, token_type_ids=None, attention_mask=None, **packing) -> torch.Tensor:
-        """Args: text [B, T]; ``packing``: optionally the text mask's packed layout (``packed_indices``,
-        ``cu_seqlens``: :meth:`VLBertModel.forward`, no host sync). Returns float [B, P], unit length."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, **packing)
+    def embed_text(
+        self, input_ids, token_type_ids=None, attention_mask=None, layout: UnpaddedLayout | None = None
+    ) -> torch.Tensor:
+        """Args: text [B, T]; ``layout``: optionally the text mask's unpadded layout (:meth:`VLBertModel.forward`,
+        no host sync). Returns float [B, P], unit length."""
+        enc = self.bert(input_ids, token_type_ids, attention_mask, layout=layout)
         return F.normalize(self.text_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
 
     def embed_image(
@@ -86,12 +89,12 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         cls_sep: tuple[int, int] | torch.Tensor,
         images=None,
         image_sizes=None,
-        **packing,
+        layout: UnpaddedLayout | None = None,
     ) -> torch.Tensor:
         """Args: regions as :class:`VLBertModel` (``region_features``, or for a model with a visual backbone
         ``images`` float [B, 3, H, W] and ``image_sizes`` int64 [B, 2] under ``region_boxes``); cls_sep: the
         tokenizer's ([CLS], [SEP]) ids, two ints or an int64 [2] tensor on the model's device (the collator's
-        ``cls_sep_ids``: never read back); ``packing``: optionally the packed layout of ``[CLS] [SEP]`` + regions
+        ``cls_sep_ids``: never read back); ``layout``: optionally the unpadded layout of ``[CLS] [SEP]`` + regions
         ([B, 2 + R]). Returns float [B, P], unit length."""
         b, device = region_boxes.shape[0], region_boxes.device
         if torch.is_tensor(cls_sep):
@@ -108,7 +111,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
             region_mask,
             images=images,
             image_sizes=image_sizes,
-            **packing,
+            layout=layout,
         )
         return F.normalize(self.image_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
 
@@ -151,43 +154,35 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         cls_sep_ids=None,
         images=None,
         image_sizes=None,
-        text_packed_indices=None,
-        text_cu_seqlens=None,
-        image_packed_indices=None,
-        image_cu_seqlens=None,
+        text_layout: UnpaddedLayout | None = None,
+        image_layout: UnpaddedLayout | None = None,
     ) -> RetrievalOutput:
         """Without ``group_ids``: the cross-encoder scores of the given pairs. With ``group_ids`` (int64 [B]; equal
         ids = interchangeable texts/images, never each other's negatives) and ``cls_sep_ids`` (int64 [2]): the
         training losses ``itc`` and ``itm`` (with ``itc_accuracy``/``itm_accuracy``).
 
-        ``text_packed_indices`` / ``text_cu_seqlens`` and ``image_packed_indices`` / ``image_cu_seqlens``: the
-        collator's packed layouts of the text pass and of the image pass (:class:`~vlbert.data.retrieval.
-        RetrievalCollator`), so that neither reads a mask on the device. The ITM pass pairs texts and images drawn
-        on the device (the hard negatives), whose layout the host cannot know without waiting: it runs on the
-        padded batch with its masks (a padded attention kernel), so the step never waits on the host.
+        ``text_layout`` and ``image_layout``: the collator's unpadded layouts of the text pass and of the image pass
+        (:class:`~vlbert.data.retrieval.RetrievalCollator`), so that neither reads a mask on the device. The ITM
+        pass pairs texts and images drawn on the device (the hard negatives), whose layout the host cannot know
+        without waiting: it runs on the padded batch with its masks (a padded attention kernel), so the step never
+        waits on the host (:meth:`itm_on_hard_negatives`).
 
         ``images`` (float [B, 3, H, W]) and ``image_sizes`` (int64 [B, 2]), for a model with a visual backbone:
         the region features are computed from them once (:meth:`VLBertModel.extract_regions`, under
-        ``region_boxes``) and shared by the contrastive pass and the ITM pairs, so both losses train the backbone."""
+        ``region_boxes``) and shared by the contrastive pass and the ITM pairs, so both losses train the backbone.
+        Raises ValueError: training on fewer than 2 pairs."""
         if images is not None:
             region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes)
         if group_ids is None:
-            return RetrievalOutput(
-                scores=self.match_scores(
-                    input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask
-                )
+            scores = self.match_scores(
+                input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask
             )
+            return RetrievalOutput(scores=scores)
         b = input_ids.shape[0]
         if b < 2:
             raise ValueError("retrieval training needs at least 2 pairs per batch (negatives come from the batch)")
-        t = self.embed_text(input_ids, token_type_ids, attention_mask, **_layout(text_packed_indices, text_cu_seqlens))
-        v = self.embed_image(
-            region_features,
-            region_boxes,
-            region_mask,
-            cls_sep=cls_sep_ids,
-            **_layout(image_packed_indices, image_cu_seqlens),
-        )
+        t = self.embed_text(input_ids, token_type_ids, attention_mask, text_layout)
+        v = self.embed_image(region_features, region_boxes, region_mask, cls_sep=cls_sep_ids, layout=image_layout)
         same = group_ids[:, None] == group_ids[None, :]
         logits = t @ v.T / self.log_temperature.exp()
         target = same.float() / same.float().sum(1, keepdim=True)
@@ -198,8 +193,26 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         out = RetrievalOutput()
         with torch.no_grad():
             itc_acc = same.gather(1, logits.argmax(1, keepdim=True)).float().mean()
-            neg_text, neg_image = hard_negatives(logits, same)
+            negatives = hard_negatives(logits, same)
         out.add("itc", itc, "itc_accuracy", itc_acc, b)
+        pairs = (input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask)
+        out.add("itm", *self.itm_on_hard_negatives(pairs, *negatives))
+        out.add_unused(*self.idle_modules())
+        return out
+
+    def idle_modules(self) -> list[nn.Module]:
+        """The submodules a training forward leaves without gradient, declared here once (the trainer applies them
+        under DDP): the region pathway's masked-region modules (no region is masked in retrieval)."""
+        return self.bert.idle_modules()
+
+    def itm_on_hard_negatives(self, pairs: tuple, neg_text: torch.Tensor, neg_image: torch.Tensor) -> tuple:
+        """ITM over the B positive ``pairs`` (input_ids, token_type_ids, attention_mask, region_features,
+        region_boxes, region_mask, as :meth:`forward`), each image with its hard negative text ``neg_text`` [B] and
+        each text with its hard negative image ``neg_image`` [B] (:func:`hard_negatives`), on the padded batch
+        (:func:`~vlbert.models.bert.run_padded`). Returns (loss, "itm_accuracy", accuracy, count) for
+        ``ObjectiveOutput.add``."""
+        input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask = pairs
+        b = input_ids.shape[0]
         idx = torch.arange(b, device=input_ids.device)
         text_rows = torch.cat([idx, neg_text, idx])
         image_rows = torch.cat([idx, idx, neg_image])
@@ -218,14 +231,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
             ).float()
         labels = (torch.arange(3 * b, device=logits_itm.device) < b).long()  # b matches, then 2b non-matches
         loss, acc, n = classification_loss(logits_itm, labels)
-        out.add("itm", loss, "itm_accuracy", acc, n)
-        out.add_unused(*self.bert.idle_modules())
-        return out
-
-
-def _layout(packed_indices, cu_seqlens) -> dict:
-    """The layout keywords of one pass (:meth:`VLBertModel.forward`), or none where the batch has none."""
-    return {} if packed_indices is None else {"packed_indices": packed_indices, "cu_seqlens": cu_seqlens}
+        return loss, "itm_accuracy", acc, n
 
 
 __all__ = ["VLBertForImageTextRetrieval", "RetrievalOutput", "hard_negatives"]

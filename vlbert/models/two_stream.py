@@ -6,7 +6,7 @@ feed-forward network.
 Built from the single-stream encoder's blocks: every self-attention + FFN sub-layer is a
 :class:`~vlbert.models.bert.BertLayer` (the same packed layout, the same attention table
 ``config.attn_implementation``, the same gradient checkpointing), each stream packed by its own layout
-(:class:`~vlbert.layers.packing.Packing`: the collator's, :func:`~vlbert.layers.packing.stream_packing_fields`,
+(:class:`~vlbert.layers.unpadded.Unpadding`: the collator's, :class:`~vlbert.layers.unpadded.StreamLayouts`,
 else read from the stream's mask). The cross-attention core runs the same kernel on the two layouts (queries of
 one stream, keys and values of the other: the table's ``kv_packing``; flash varlen attention with
 ``cu_seqlens_q`` != ``cu_seqlens_k`` on CUDA in bf16).
@@ -27,7 +27,7 @@ from torch import nn
 from vlbert.config import VLBertConfig
 from vlbert.layers.attention import ATTENTION_FUNCTIONS
 from vlbert.layers.kernels import Dropout
-from vlbert.layers.packing import Packing
+from vlbert.layers.unpadded import Layout, StreamLayouts, UnpaddedLayout, Unpadding
 from vlbert.models.bert import BertEncoder, BertLayer, LayerNorm
 from vlbert.models.outputs import EncoderOutput
 
@@ -56,9 +56,9 @@ class CrossAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        x_packing: Packing,
+        x_packing: Unpadding,
         context: torch.Tensor,
-        context_packing: Packing,
+        context_packing: Unpadding,
         attention: str = "sdpa",
         attentions: list | None = None,
     ) -> torch.Tensor:
@@ -95,8 +95,8 @@ class CrossModalityLayer(nn.Module):
         self,
         text: torch.Tensor,
         regions: torch.Tensor,
-        text_packing: Packing,
-        region_packing: Packing,
+        text_packing: Unpadding,
+        region_packing: Unpadding,
         attention: str = "sdpa",
         attentions: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +113,7 @@ class CrossModalityLayer(nn.Module):
         )
 
 
-def _pad(packing: Packing, x: torch.Tensor) -> torch.Tensor:
+def _pad(packing: Unpadding, x: torch.Tensor) -> torch.Tensor:
     """[N, H] -> [B, S, H] with zeros at padding, also where the stream ran dense (its padded rows computed)."""
     out = packing.pad(x)
     if packing.indices is None and packing.mask is not None:
@@ -126,8 +126,6 @@ class TwoStreamEncoder(nn.Module):
     ``r_layers`` (``r_layers``), then ``cross_layers``: ``x_layers`` :class:`CrossModalityLayer` (``x_layers``).
     The two :class:`BertEncoder` lend their layers, their kernel choice and their packing rule; this class runs
     them, each stream packed once before its first layer and padded once after the last."""
-
-    streams = 2
 
     def __init__(self, config: VLBertConfig):
         super().__init__()
@@ -152,17 +150,33 @@ class TwoStreamEncoder(nn.Module):
         attention: str,
         device,
         dense: bool,
-        given: Packing | None,
-    ) -> tuple[Packing, str]:
+        given: Unpadding | None,
+    ) -> tuple[Unpadding, str]:
         """A stream's layout and kernel: :meth:`BertEncoder.packing` of the collator's layout ``given`` (no host
         sync), else ``dense`` (every position computed, padding masked: no host sync; a kernel declared
         ``packed`` gives way to ``sdpa``, as ``BertEncoder.unpad = False`` does), else read from the mask (one
         ``nonzero``)."""
         if dense and given is None:
-            return Packing.dense(batch, seq, device, mask), (
+            return Unpadding.dense(batch, seq, device, mask), (
                 "sdpa" if ATTENTION_FUNCTIONS[attention].layout == "packed" else attention
             )
         return stream.packing(mask, batch, seq, attention, given, device)
+
+    def _unpaddings(self, text, regions, text_mask, region_mask, layout: Layout, output_attentions: bool):
+        """(text :class:`Unpadding`, region :class:`Unpadding`, kernel) of a forward (arguments as :meth:`forward`):
+        the kernel the config names where it can run, each stream on its :class:`StreamLayouts` entry, padded for a
+        joint :class:`UnpaddedLayout`, else read from its mask (:meth:`_packing`)."""
+        (b, t), r = text.shape[:2], regions.shape[1]
+        dense = isinstance(layout, UnpaddedLayout)
+        given = (None, None)
+        if isinstance(layout, StreamLayouts):
+            given = (layout.text.unpadding(text_mask), layout.regions.unpadding(region_mask))
+        attention = self.text.select_attention(text, output_attentions)
+        text_packing, attention = self._packing(self.text, text_mask, b, t, attention, text.device, dense, given[0])
+        region_packing, attention = self._packing(
+            self.regions, region_mask, b, r, attention, text.device, dense, given[1]
+        )
+        return text_packing, region_packing, attention
 
     def forward(
         self,
@@ -172,8 +186,7 @@ class TwoStreamEncoder(nn.Module):
         region_mask: torch.Tensor | None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
-        dense: bool = False,
-        layouts: tuple[Packing | None, Packing | None] = (None, None),
+        layout: Layout = None,
     ) -> EncoderOutput:
         """Args: text float [B, T, H] and regions float [B, R, H] (their embeddings); text_mask [B, T], region_mask
         [B, R] (1 = real; None = all real).
@@ -184,17 +197,15 @@ class TwoStreamEncoder(nn.Module):
         ``output_attentions`` ``text_attentions`` [B, heads, T, T] (language then cross layers),
         ``region_attentions`` [B, heads, R, R], ``cross_attentions`` (text queries over regions, [B, heads, T, R],
         transformers' ``cross_encoder_attentions``) and ``region_cross_attentions`` ([B, heads, R, T]).
-        ``layouts``: the (text, region) packings the collator computed
-        (:func:`~vlbert.layers.packing.stream_packing_fields`; None for a stream without one): each stream runs on
-        its own with no host sync, on the config's kernel (flash varlen on CUDA in bf16), cross-attention included.
-        A stream without one runs padded with ``dense`` (the batch carries the single-stream layout of
-        [text ; regions], which the streams cannot use: no host sync, a ``packed`` kernel gives way to ``sdpa``),
-        else is packed by its mask (one ``nonzero``)."""
-        (b, t), r = text.shape[:2], regions.shape[1]
-        attention = self.text.select_attention(text, output_attentions)
-        text_packing, attention = self._packing(self.text, text_mask, b, t, attention, text.device, dense, layouts[0])
-        region_packing, attention = self._packing(
-            self.regions, region_mask, b, r, attention, text.device, dense, layouts[1]
+        ``layout``: the collator's :class:`~vlbert.layers.unpadded.StreamLayouts`
+        (:func:`~vlbert.layers.unpadded.stream_layouts`): each stream runs on its own with no host sync, on the
+        config's kernel (flash varlen on CUDA in bf16), cross-attention included. Given the single-stream
+        :class:`~vlbert.layers.unpadded.UnpaddedLayout` of [text ; regions], which the streams cannot use, both run
+        padded (no host sync, a ``packed`` kernel gives way to ``sdpa``); given None, each is unpadded by its mask
+        (one ``nonzero``).
+        Raises ValueError: a stream's layout does not describe its mask."""
+        text_packing, region_packing, attention = self._unpaddings(
+            text, regions, text_mask, region_mask, layout, output_attentions
         )
         lists = {k: [] for k in ("text", "regions", "cross", "region_cross")} if output_attentions else None
         states = {"text": [text], "regions": [regions]} if output_hidden_states else None

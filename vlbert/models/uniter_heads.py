@@ -71,13 +71,21 @@ class VLBertForNLVR2Paired(VLBertForImagePairClassification):
         region_boxes,
         region_mask,
         region_token_type_ids,
+        layout=None,
     ):
         if region_token_type_ids is None and region_features is not None and region_features.dim() == 4:
             b, two, r = region_features.shape[:3]
             types = torch.arange(two, device=region_features.device) + self.config.region_token_type
             region_token_type_ids = types.repeat_interleave(r).view(1, two, r).expand(b, -1, -1)
         return super().encode(
-            input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask, region_token_type_ids
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            region_features,
+            region_boxes,
+            region_mask,
+            region_token_type_ids,
+            layout,
         )
 
     def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:

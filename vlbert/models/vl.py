@@ -9,13 +9,14 @@ BERT. Regions carry no position ids, so the encoder treats them as an unordered 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from vlbert.config import VLBertConfig
-from vlbert.layers.packing import LAYOUT_KEYS, PACKING_FIELDS
-from vlbert.models.bert import BertEncoder, BertModel, check_text_inputs, packing_from_batch
-from vlbert.models.inputs import refuse_stream_layouts, stream_layouts, take_packing
+from vlbert.layers.unpadded import Layout, StreamLayouts, unpadding
+from vlbert.models.bert import BertEncoder, BertModel, check_text_inputs
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.region_embeddings import build_region_embedding, region_location_features
@@ -23,13 +24,88 @@ from vlbert.models.two_stream import TwoStreamEncoder
 from vlbert.models.visual_backbone import RegionFeatureExtractor
 from vlbert.objectives import Encoded
 
-#: config.encoder -> the encoder class: one over [text ; regions] (a stack of BERT layers) or LXMERT's two streams.
-ENCODERS = {"single-stream": BertEncoder, "two-stream": TwoStreamEncoder}
+
+@dataclass
+class VLInputs:
+    """One forward's text and region inputs, as :meth:`VLBertModel.forward` takes them (shapes there; region fields
+    None for text alone)."""
+
+    input_ids: torch.Tensor
+    token_type_ids: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    region_features: torch.Tensor | None = None
+    region_boxes: torch.Tensor | None = None
+    region_mask: torch.Tensor | None = None
+    region_token_type_ids: torch.Tensor | None = None
+    masked_regions: torch.Tensor | None = None
+
+
+class SingleStream:
+    """``config.encoder = "single-stream"``: one :class:`~vlbert.models.bert.BertEncoder` over [text ; regions],
+    embedded together by the region pathway (``RegionEmbedding.join``; text alone: the BERT embeddings), unpadded by
+    the collator's :class:`~vlbert.layers.unpadded.UnpaddedLayout` of the joint mask (else read from the mask)."""
+
+    encoder_class = BertEncoder
+
+    def encode(self, model: "VLBertModel", inputs: VLInputs, layout: Layout, hidden: bool, attentions: bool):
+        """Embeddings -> encoder -> :class:`EncoderOutput` (no pooler) of ``model``; ``hidden`` / ``attentions``:
+        output_hidden_states / output_attentions. Tokens a pathway adds after the regions (VL-BERT's [END]) take
+        part in attention, extend the layout on the device, and are dropped from the states."""
+        extra = model.region_embeddings.extra_tokens
+        if inputs.region_features is None and not extra:  # text alone: BERT's embeddings
+            x, mask = model.embeddings(inputs.input_ids, inputs.token_type_ids), inputs.attention_mask
+        else:
+            x, mask = model.region_embeddings.join(model.embeddings, *vars(inputs).values())  # join's order
+        unpadded = unpadding(layout, mask[:, : mask.shape[1] - extra] if extra else mask)
+        if extra and unpadded is not None:  # VL-BERT's [END] after the regions, added on the device
+            unpadded = unpadded.append(extra)
+        out = model.encoder(x, mask, hidden, attentions, unpadded)
+        if extra:
+            keep = x.shape[1] - extra
+            out.last_hidden_state = out.last_hidden_state[:, :keep]
+            if out.hidden_states is not None:
+                out.hidden_states = tuple(h[:, :keep] for h in out.hidden_states)
+        return out
+
+
+class TwoStream:
+    """``config.encoder = "two-stream"`` (LXMERT): the text and region embeddings each in their own stream of
+    :class:`~vlbert.models.two_stream.TwoStreamEncoder`, on the collator's per-stream
+    :class:`~vlbert.layers.unpadded.StreamLayouts` (no host sync); given the joint layout of [text ; regions],
+    which the streams cannot use, they run padded with their masks (no host sync, ``sdpa``); given none, each is
+    unpadded by its own mask (one ``nonzero`` each). Text alone runs the language layers (LXMERT's language
+    encoder, a BERT)."""
+
+    encoder_class = TwoStreamEncoder
+
+    def encode(self, model: "VLBertModel", inputs: VLInputs, layout: Layout, hidden: bool, attentions: bool):
+        """Embeddings -> encoder -> :class:`EncoderOutput` (no pooler; each stream's states and attention maps
+        besides the joint ones)."""
+        text = model.embeddings(inputs.input_ids, inputs.token_type_ids)
+        if inputs.region_features is None:  # the language layers alone, on the text stream's layout
+            text_layout = layout.text if isinstance(layout, StreamLayouts) else layout
+            mask = inputs.attention_mask
+            return model.encoder.text(text, mask, hidden, attentions, unpadding(text_layout, mask))
+        regions = model.region_embeddings(
+            inputs.region_features,
+            inputs.region_boxes,
+            inputs.region_token_type_ids,
+            model.embeddings,
+            inputs.masked_regions,
+        )
+        return model.encoder(
+            text, regions.to(text.dtype), inputs.attention_mask, inputs.region_mask, hidden, attentions, layout
+        )
+
+
+#: config.encoder -> how the model embeds and encodes (its encoder class and path): one encoder over
+#: [text ; regions] (a stack of BERT layers) or LXMERT's two streams. Chosen once, at construction.
+ENCODERS = {"single-stream": SingleStream, "two-stream": TwoStream}
 
 
 class VLBertModel(BertModel):
-    """BERT over [text ; regions]: a :class:`~vlbert.models.bert.BertModel` (its embeddings, encoder, pooler and
-    text path, :meth:`~vlbert.models.bert.BertModel.encode_text`) plus a region pathway. The text embeddings and
+    """BERT over [text ; regions]: a :class:`~vlbert.models.bert.BertModel` (its embeddings, encoder and pooler)
+    plus a region pathway. The text embeddings and
     the region pathway ``config.region_embedding`` (an entry
     of :data:`~vlbert.models.region_embeddings.REGION_EMBEDDINGS`: UNITER, VisualBERT, Oscar or VinVL)
     concatenated along the sequence, one encoder, a joint attention mask. ``last_hidden_state`` is [B, T + R, H],
@@ -59,13 +135,16 @@ class VLBertModel(BertModel):
             )
 
     def build_encoder(self, config: VLBertConfig) -> nn.Module:
-        """``ENCODERS[config.encoder]``: one encoder over [text ; regions], or LXMERT's two streams."""
-        return ENCODERS[config.encoder](config)
+        """``ENCODERS[config.encoder]``'s encoder (one over [text ; regions], or LXMERT's two streams); the path
+        that runs it is kept as ``self.path`` (:class:`SingleStream` or :class:`TwoStream`)."""
+        self.path = ENCODERS[config.encoder]()
+        return self.path.encoder_class(config)
 
     def idle_modules(self, masked_regions: torch.Tensor | None = None) -> list[nn.Module]:
         """Submodules a forward without ``masked_regions`` never uses: those the region pathway declares
         (``RegionEmbedding.masked_region_modules``: UNITER's ``mask_embedding``). Models declare them unused
-        (``ObjectiveOutput.add_unused``) for DDP."""
+        (``ObjectiveOutput.add_unused``) for DDP: :meth:`UnitPreTrainingModel.idle_modules
+        <vlbert.models.objective_units.UnitPreTrainingModel.idle_modules>`, ``VLBertForTask.idle_modules``."""
         if masked_regions is not None:
             return []
         return [self.region_embeddings.get_submodule(name) for name in self.region_embeddings.masked_region_modules]
@@ -105,17 +184,15 @@ class VLBertModel(BertModel):
             return features.unflatten(0, tuple(images.shape[:2]))
         return self.visual_backbone(images, region_boxes, region_mask, image_sizes, masked_regions)
 
-    def check_region_inputs(
-        self,
-        input_ids: torch.Tensor,
-        region_features: torch.Tensor,
-        region_boxes: torch.Tensor,
-        region_mask: torch.Tensor | None,
-        region_token_type_ids: torch.Tensor | None = None,
-        masked_regions: torch.Tensor | None = None,
-    ) -> None:
-        """Raise ``ValueError`` for region inputs of the wrong shape (shape checks only: no device sync)."""
-        b = input_ids.shape[0]
+    def check_region_inputs(self, inputs: VLInputs) -> None:
+        """Raise ``ValueError`` for region inputs of the wrong shape, or features without the boxes the pathway
+        reads (shape checks only: no device sync). Nothing to check for text alone."""
+        region_features, region_boxes = inputs.region_features, inputs.region_boxes
+        if region_features is None:
+            return
+        if region_boxes is None and self.region_embeddings.location_dim:
+            raise ValueError("region_boxes are required with region_features")
+        b = inputs.input_ids.shape[0]
         d = self.config.region_feature_dim
         if region_features.dim() != 3 or region_features.shape[0] != b or region_features.shape[2] != d:
             raise ValueError(
@@ -132,51 +209,10 @@ class VLBertModel(BertModel):
             raise ValueError(
                 f"region_boxes must be [{b}, {r}, 4] normalised (x1, y1, x2, y2), got {tuple(region_boxes.shape)}"
             )
-        for name, t in (
-            ("region_mask", region_mask),
-            ("region_token_type_ids", region_token_type_ids),
-            ("masked_regions", masked_regions),
-        ):
+        for name in ("region_mask", "region_token_type_ids", "masked_regions"):
+            t = getattr(inputs, name)
             if t is not None and t.shape != (b, r):
                 raise ValueError(f"{name} must be [{b}, {r}], got {tuple(t.shape)}")
-
-    def encode_streams(
-        self,
-        input_ids,
-        token_type_ids,
-        attention_mask,
-        region_features,
-        region_boxes,
-        region_mask,
-        region_token_type_ids,
-        masked_regions,
-        output_hidden_states: bool,
-        output_attentions: bool,
-        packing: dict,
-    ) -> EncoderOutput:
-        """A two-stream model's path (:class:`~vlbert.models.two_stream.TwoStreamEncoder`; arguments as
-        :meth:`forward`, inputs already checked): the text and region embeddings, each stream on the collator's
-        layout of its own mask (``text_*`` / ``region_*`` fields, :func:`~vlbert.layers.packing.stream_packing_fields`:
-        no host sync; the configured kernel, flash varlen on CUDA in bf16, in the self- and cross-attention); given
-        only the joint ``packed_indices`` / ``cu_seqlens``, which the streams cannot use, they run padded with their
-        masks (no host sync, ``sdpa``); given neither, each is packed by its own mask (one ``nonzero`` each).
-        Returns :meth:`forward`'s :class:`EncoderOutput` plus each stream's states and attention maps."""
-        text = self.embeddings(input_ids, token_type_ids)
-        regions = self.region_embeddings(
-            region_features, region_boxes, region_token_type_ids, self.embeddings, masked_regions
-        )
-        out = self.encoder(
-            text,
-            regions.to(text.dtype),
-            attention_mask,
-            region_mask,
-            output_hidden_states,
-            output_attentions,
-            dense=any(k in packing for k in LAYOUT_KEYS),
-            layouts=stream_layouts(attention_mask, region_mask, packing),
-        )
-        out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
-        return out
 
     def forward(
         self,
@@ -192,7 +228,7 @@ class VLBertModel(BertModel):
         masked_regions: torch.Tensor | None = None,
         images: torch.Tensor | None = None,
         image_sizes: torch.Tensor | None = None,
-        **packing,
+        layout: Layout = None,
     ) -> EncoderOutput:
         """Encode text and regions jointly.
 
@@ -208,9 +244,9 @@ class VLBertModel(BertModel):
                 VisualBERT's NLVR2 types the two images' regions 0 and 1).
             masked_regions: bool [B, R], regions masked for masked region modelling (UNITER adds its
                 ``mask_embedding`` there; the other pathways ignore it).
-            packing: optionally the collator's packed layout (no host sync): ``packed_indices``, ``cu_seqlens`` of
-                the [B, T + R] mask, text then regions (:func:`~vlbert.layers.packing.packing_fields`); for a
-                two-stream model each stream's (:func:`~vlbert.layers.packing.stream_packing_fields`).
+            layout: optionally the collator's unpadded layout (no host sync): of the [B, T + R] mask, text then regions
+                (:func:`~vlbert.layers.unpadded.unpadded_layout`); for a two-stream model each stream's
+                (:func:`~vlbert.layers.unpadded.stream_layouts`).
             images, image_sizes: instead of ``region_features``, float [B, 3, H, W] images (and int64 [B, 2] their
                 (height, width) in a padded batch) for the model's visual backbone (:meth:`extract_regions`).
         Returns:
@@ -222,49 +258,12 @@ class VLBertModel(BertModel):
         Raises:
             ValueError: text input errors (see BertModel), feature size other than config.region_feature_dim,
                 zero regions, or mismatched box/mask shapes; a per-stream layout for a single-stream model.
-        With ``config.encoder = "two-stream"`` and regions: :meth:`encode_streams`.
+        The path (:data:`ENCODERS`: :class:`SingleStream` or :class:`TwoStream`) was chosen at construction.
         """
         check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
-        packing_from_batch(None, **{k: v for k, v in packing.items() if k not in PACKING_FIELDS})  # unknown keys
         if images is not None:
             region_features = self.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
-        extra = self.region_embeddings.extra_tokens
-        two_stream = getattr(self.encoder, "streams", 1) == 2
-        if region_features is None and not extra:  # text alone: BertModel's text path (two-stream: language layers)
-            if two_stream:  # the text stream's layout is the text mask's
-                packing = {k: packing[f"text_{k}"] for k in LAYOUT_KEYS if f"text_{k}" in packing} or packing
-            return self.encode_text(
-                input_ids,
-                token_type_ids,
-                attention_mask,
-                output_hidden_states,
-                output_attentions,
-                packing,
-                self.encoder.text if two_stream else None,
-            )
-        if region_features is not None:
-            if region_boxes is None and self.region_embeddings.location_dim:
-                raise ValueError("region_boxes are required with region_features")
-            self.check_region_inputs(
-                input_ids, region_features, region_boxes, region_mask, region_token_type_ids, masked_regions
-            )
-        if two_stream:
-            return self.encode_streams(
-                input_ids,
-                token_type_ids,
-                attention_mask,
-                region_features,
-                region_boxes,
-                region_mask,
-                region_token_type_ids,
-                masked_regions,
-                output_hidden_states,
-                output_attentions,
-                packing,
-            )
-        refuse_stream_layouts(packing)
-        x, mask = self.region_embeddings.join(
-            self.embeddings,
+        inputs = VLInputs(
             input_ids,
             token_type_ids,
             attention_mask,
@@ -274,20 +273,8 @@ class VLBertModel(BertModel):
             region_token_type_ids,
             masked_regions,
         )
-        # a pathway that adds tokens after the regions (VL-BERT's [END]) extends the collator's layout on the device
-        layout = packing_from_batch(mask[:, : mask.shape[1] - extra] if extra else mask, **packing)
-        out = self.encoder(
-            x,
-            mask,
-            output_hidden_states,
-            output_attentions,
-            layout.append(extra) if extra and layout is not None else layout,
-        )
-        if extra:
-            keep = x.shape[1] - extra
-            out.last_hidden_state = out.last_hidden_state[:, :keep]
-            if out.hidden_states is not None:
-                out.hidden_states = tuple(h[:, :keep] for h in out.hidden_states)
+        self.check_region_inputs(inputs)
+        out = self.path.encode(self, inputs, layout, output_hidden_states, output_attentions)
         out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
         return out
 
@@ -338,6 +325,7 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         output_attentions: bool = False,
         images=None,
         image_sizes=None,
+        layout: Layout = None,
         **labels,
     ) -> PreTrainingOutput:
         """Run the encoder and every objective whose labels are given (``labels``: the keys of
@@ -348,49 +336,21 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size], and
         ``seq_relationship_logits`` the ITM logits [B, 2] (column 1 = the text matches the image), as
         transformers' ``*ForPreTraining`` return every head's logits.
-        ``labels`` also takes the collator's packed layout (``packed_indices``, ``cu_seqlens``, or a two-stream
-        model's ``text_*`` / ``region_*`` ones: :meth:`VLBertModel.forward`), and the MLM unit's ``masked_lm_positions`` (no host sync). A batch whose text a
-        unit rewrites before the encoder (ITM's hard negatives) carries no layout: the collator cannot know it.
+        ``layout``: the collator's unpadded layout (:meth:`VLBertModel.forward`); ``labels`` also takes the MLM
+        unit's ``masked_lm_positions`` (no host sync). A batch whose text a unit rewrites before the encoder (ITM's
+        hard negatives) carries no layout: the collator cannot know it.
         ``images``, ``image_sizes``: pixels for the model's visual backbone instead of ``region_features``
         (:meth:`VLBertModel.extract_regions`; masked regions' pixels are hidden there)."""
-        packing = take_packing(labels)
         given = self.given_labels(labels, masked_regions=masked_regions)
         if images is not None:
             region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
-        inputs = {
-            "input_ids": input_ids,
-            "token_type_ids": token_type_ids,
-            "attention_mask": attention_mask,
-            "region_features": region_features,
-            "region_boxes": region_boxes,
-            "region_mask": region_mask,
-        }
-        for unit in self.units:  # units that build their examples from the model (ITM's hard negatives)
-            if all(given[k] is not None for k in unit.inputs):
-                unit.before_encoder(self, inputs, given)
-        if inputs["input_ids"] is not input_ids and packing:
-            raise ValueError(
-                "a unit rewrote the text before the encoder (ITM's hard negatives), so the batch's packed "
-                "layout does not describe it; such batches carry no packed_indices / cu_seqlens"
-            )
-        input_ids, token_type_ids, attention_mask = (
-            inputs["input_ids"],
-            inputs["token_type_ids"],
-            inputs["attention_mask"],
+        inputs = VLInputs(
+            input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask, None, masked_regions
         )
-        running = self.running(given)
-        keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in running)
+        self.before_encoder(inputs, given, layout)
+        keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in self.running(given))
         enc = self.bert(
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            region_features,
-            region_boxes,
-            region_mask,
-            keep_hidden,
-            output_attentions,
-            masked_regions=masked_regions,
-            **packing,
+            **vars(inputs), output_hidden_states=keep_hidden, output_attentions=output_attentions, layout=layout
         )
         out = PreTrainingOutput(
             last_hidden_state=enc.last_hidden_state,
@@ -398,22 +358,52 @@ class VLBertForPreTraining(UnitPreTrainingModel):
             hidden_states=enc.hidden_states if output_hidden_states else None,
             attentions=enc.attentions,
         )
-        t = input_ids.shape[1]
-        encoded = Encoded(
+        return self.run_units(out, self.encoded(enc, inputs), given)
+
+    def before_encoder(self, inputs: VLInputs, given: dict, layout: Layout) -> None:
+        """Let the units that build their examples from the model (ITM's hard negatives: unit.before_encoder)
+        rewrite ``inputs`` in place. Raises ValueError when one rewrote the text of a batch that carries a layout
+        (which then no longer describes it)."""
+        names = ("input_ids", "token_type_ids", "attention_mask", "region_features", "region_boxes", "region_mask")
+        fields = {k: getattr(inputs, k) for k in names}
+        for unit in self.units:
+            if all(given[k] is not None for k in unit.inputs):
+                unit.before_encoder(self, fields, given)
+        if fields["input_ids"] is not inputs.input_ids and layout is not None:
+            raise ValueError(
+                "a unit rewrote the text before the encoder (ITM's hard negatives), so the batch's unpadded "
+                "layout does not describe it; such batches carry no layout"
+            )
+        inputs.input_ids, inputs.token_type_ids = fields["input_ids"], fields["token_type_ids"]
+        inputs.attention_mask = fields["attention_mask"]
+
+    def encoded(self, enc: EncoderOutput, inputs: VLInputs) -> Encoded:
+        """What the units' losses read of the encoder pass ``enc`` over ``inputs``: text and region states
+        split at T, the pooled [CLS], both masks (all real where not given), the hidden states, the tied MLM
+        decoder weight."""
+        t = inputs.input_ids.shape[1]
+        text_mask = inputs.attention_mask if inputs.attention_mask is not None else torch.ones_like(inputs.input_ids)
+        region_mask = inputs.region_mask
+        if region_mask is None and inputs.region_features is not None:
+            region_mask = torch.ones_like(inputs.region_features[..., 0])
+        return Encoded(
             self,
             enc.last_hidden_state[:, :t],
             enc.last_hidden_state[:, t:],
             enc.pooler_output,
-            attention_mask if attention_mask is not None else torch.ones_like(input_ids),
-            region_mask
-            if region_mask is not None or region_features is None
-            else torch.ones_like(region_features[..., 0]),
+            text_mask,
+            region_mask,
             enc.hidden_states,
             self.bert.embeddings.word_embeddings.weight,
         )
-        out = self.run_units(out, encoded, given)
-        out.add_unused(*self.bert.idle_modules(masked_regions))  # the pathway's masked-region-only modules
-        return out
 
 
-__all__ = ["VLBertModel", "VLBertForPreTraining", "ENCODERS", "region_location_features"]
+__all__ = [
+    "VLBertModel",
+    "VLBertForPreTraining",
+    "VLInputs",
+    "SingleStream",
+    "TwoStream",
+    "ENCODERS",
+    "region_location_features",
+]

@@ -10,6 +10,7 @@ from vlbert.config import VLBertConfig
 from vlbert.layers.kernels import Dropout
 from vlbert.layers.losses import classification_loss
 from vlbert.layers.mlp_head import mlp_head
+from vlbert.layers.unpadded import UnpaddedLayout
 from vlbert.models.heads import ClassificationOutput
 from vlbert.models.vl_task import VLBertForTask
 
@@ -64,10 +65,10 @@ class VLBertForImagePairClassification(VLBertForTask):
         region_boxes,
         region_mask,
         region_token_type_ids,
-        packing: dict | None = None,
+        layout: UnpaddedLayout | None = None,
     ):
         """Each statement encoded once with each image: [2B, T + R, H] (rows 2i, 2i + 1: statement i with its
-        left, right image); ``packing``: the collator's layout of those 2B rows (:class:`~vlbert.data.grounded_text.
+        left, right image); ``layout``: the collator's unpadded layout of those 2B rows (:class:`~vlbert.data.grounded_text.
         GroundedCollator` with two images per text)."""
         if (
             region_features is None
@@ -88,7 +89,7 @@ class VLBertForImagePairClassification(VLBertForTask):
             region_boxes.flatten(0, 1),
             None if region_mask is None else region_mask.flatten(0, 1),
             region_token_type_ids=None if region_token_type_ids is None else region_token_type_ids.flatten(0, 1),
-            **(packing or {}),
+            layout=layout,
         )
 
     def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
@@ -112,10 +113,10 @@ class VLBertForVisualReasoning(VLBertForSequenceClassification):
         region_boxes,
         region_mask,
         region_token_type_ids,
-        packing: dict | None = None,
+        layout: UnpaddedLayout | None = None,
     ):
         if region_features is not None and region_features.dim() == 4:
-            packing = None  # the pair collator's layout is of the 2B rows, not of this one joined sequence
+            layout = None  # the pair collator's layout is of the 2B rows, not of this one joined sequence
             b, two, r = region_features.shape[:3]
             region_token_type_ids = torch.arange(two, device=region_features.device).repeat_interleave(r).expand(b, -1)
             region_features = region_features.flatten(1, 2)
@@ -129,7 +130,7 @@ class VLBertForVisualReasoning(VLBertForSequenceClassification):
             region_boxes,
             region_mask,
             region_token_type_ids,
-            packing,
+            layout,
         )
 
 

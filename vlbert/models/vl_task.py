@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+from torch import nn
 
 from vlbert.config import VLBertConfig
+from vlbert.layers.unpadded import UnpaddedLayout
 from vlbert.models.heads import ClassificationOutput
-from vlbert.models.inputs import take_packing
 from vlbert.models.outputs import EncoderOutput, ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.vl import VLBertModel
@@ -54,11 +55,11 @@ class VLBertForTask(PreTrainedModel):
         region_boxes,
         region_mask,
         region_token_type_ids,
-        packing: dict | None = None,
+        layout: UnpaddedLayout | None = None,
     ) -> EncoderOutput:
-        """The joint encoding [B, T + R, H] of text and regions (:meth:`VLBertModel.forward`); ``packing``: the
-        collator's layout of [text ; regions] (given only where the batch has one: a subclass whose regions come in
-        another layout, whose collator gives none, need not take it)."""
+        """The joint encoding [B, T + R, H] of text and regions (:meth:`VLBertModel.forward`); ``layout``: the
+        collator's unpadded layout of [text ; regions] (a subclass whose regions come in another layout says what
+        its collator's layout describes)."""
         return self.bert(
             input_ids,
             token_type_ids,
@@ -67,7 +68,7 @@ class VLBertForTask(PreTrainedModel):
             region_boxes,
             region_mask,
             region_token_type_ids=region_token_type_ids,
-            **(packing or {}),
+            layout=layout,
         )
 
     def head(
@@ -95,19 +96,19 @@ class VLBertForTask(PreTrainedModel):
         region_token_type_ids=None,
         images=None,
         image_sizes=None,
+        layout: UnpaddedLayout | None = None,
         **targets,
     ) -> ObjectiveOutput:
         """Args: text int64 [B, T] and regions as :meth:`VLBertModel.forward` (region_features [B, R, D],
         region_boxes float [B, R, 4] normalised xyxy, region_mask [B, R]; the class docstring says where a head
-        takes another layout); ``targets``: the keys of :attr:`label_names` (shapes in the class docstring), and
-        the collator's packed layout (``packed_indices``, ``cu_seqlens``: :meth:`VLBertModel.forward`);
+        takes another layout); ``targets``: the keys of :attr:`label_names` (shapes in the class docstring);
+        ``layout``: the collator's unpadded layout (:meth:`VLBertModel.forward`);
         ``images``, ``image_sizes``: pixels instead of ``region_features`` for the model's visual backbone
         (:meth:`VLBertModel.extract_regions`).
         Returns :attr:`output_class` with ``logits``; with targets, the loss and metric of the task.
         Raises: TypeError for a target key the head does not read (its keys named); ValueError as
         :meth:`VLBertModel.forward`.
         """
-        packing = take_packing(targets)  # the collator's layout (no host sync), not a target
         unknown = sorted(set(targets) - set(self.label_names))
         if unknown:
             raise TypeError(
@@ -123,14 +124,20 @@ class VLBertForTask(PreTrainedModel):
             region_boxes,
             region_mask,
             region_token_type_ids,
-            **({"packing": packing} if packing else {}),
+            layout,
         )
         out = self.output_class(logits=self.head(enc, input_ids, attention_mask, region_mask))
         given = {k: v for k, v in targets.items() if v is not None}
         if given:
             self.add_loss(out, **given)
-        out.add_unused(*self.bert.idle_modules(), *(() if self.reads_pooler else (self.bert.pooler,)))
+        out.add_unused(*self.idle_modules())
         return out
+
+    def idle_modules(self) -> list[nn.Module]:
+        """The submodules a task forward leaves without gradient, declared here once (the trainer applies them under
+        DDP): the region pathway's masked-region modules (no regions are masked in fine-tuning) and, for a head that
+        reads other positions than the pooled [CLS] (:attr:`reads_pooler` False), the pooler."""
+        return [*self.bert.idle_modules(), *(() if self.reads_pooler else (self.bert.pooler,))]
 
 
 __all__ = ["VLBertForTask"]

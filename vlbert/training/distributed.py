@@ -18,7 +18,7 @@ def global_batch_loss(out, names, acc) -> tuple[torch.Tensor, torch.Tensor]:
     if acc.num_processes == 1:
         return out.loss, out.loss
     if not names:
-        return out.loss + _idle_term(out), out.loss
+        return out.loss, out.loss
     device = out.loss.device
     counts = device_counts([out.counts.get(n, 0) for n in names], device)
     sums = torch.stack(
@@ -34,7 +34,6 @@ def global_batch_loss(out, names, acc) -> tuple[torch.Tensor, torch.Tensor]:
     present = totals[0] > 0
     weights = torch.where(present, counts * acc.num_processes / totals[0].clamp(min=1), 0.0).float()
     backward = sum(out.losses[n] * weights[i] for i, n in enumerate(names) if n in out.losses)
-    backward = backward + _idle_term(out)
     global_loss = torch.where(present, totals[1] / totals[0].clamp(min=1), 0.0).sum().float()
     return backward, global_loss
 
@@ -56,14 +55,6 @@ def device_counts(counts: list, device: torch.device) -> torch.Tensor:
             for i, c in enumerate(counts)
         ]
     )
-
-
-def _idle_term(out) -> torch.Tensor | float:
-    """The parameters the model declared unused (``out.unused_parameters``) with weight zero, or 0.0 when there
-    are none: added to the backward loss so DDP sees every parameter in every backward (no
-    ``find_unused_parameters`` search); the trainer then drops their zero gradients."""
-    idle = getattr(out, "unused_parameters", ())
-    return sum(p.sum() for p in idle) * 0.0 if idle else 0.0
 
 
 __all__ = ["global_batch_loss", "device_counts"]

@@ -16,7 +16,14 @@ from typing import Any, Iterator
 
 import torch
 
+from vlbert.layers.unpadded import StreamLayouts, UnpaddedLayout
 from vlbert.training.mfu import count_positions
+
+
+def moves_to_device(value) -> bool:
+    """Whether a batch value travels to the device: a tensor, or the collator's unpadded layout (a container of
+    tensors with ``to`` / ``record_stream``: :class:`~vlbert.layers.unpadded.UnpaddedLayout`, ``StreamLayouts``)."""
+    return torch.is_tensor(value) or isinstance(value, (UnpaddedLayout, StreamLayouts))
 
 
 class DeviceFeed:
@@ -36,9 +43,9 @@ class DeviceFeed:
         """(the batch's tensors on the device, the event that marks their copy done, None off CUDA); the copies
         do not make the host wait (``non_blocking``: from the loader's pinned memory, asynchronous)."""
         if self.stream is None:
-            return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}, None
+            return {k: v.to(self.device) if moves_to_device(v) else v for k, v in batch.items()}, None
         with torch.cuda.stream(self.stream):
-            moved = {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+            moved = {k: v.to(self.device, non_blocking=True) if moves_to_device(v) else v for k, v in batch.items()}
             event = torch.cuda.Event()
             event.record(self.stream)
         return moved, event
@@ -51,7 +58,7 @@ class DeviceFeed:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(event)
             for value in moved.values():
-                if torch.is_tensor(value):
+                if moves_to_device(value):
                     value.record_stream(compute)
         return moved
 

@@ -19,15 +19,15 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import yaml
 
-from vlbert.layers.attention import PACKING_FIELDS
 from vlbert.training import checkpointing
 from vlbert.training.checkpointing import CHECKPOINTS_DIR, STATE_NAME, latest_checkpoints
 from vlbert.training.device import own_accelerator, prepare_compute, resolve_precision
 from vlbert.training.distributed import global_batch_loss
 from vlbert.training.evaluation import evaluate_objectives
-from vlbert.training.feed import device_batches
+from vlbert.training.feed import device_batches, moves_to_device
 from vlbert.training.guards import NonFiniteChecks, NonFiniteLossError, SigtermFlag, TrainingPreempted
 from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, StepStats, TrainerHook
+from vlbert.training.idle import IdleParameters
 from vlbert.training.log_hook import LogHook
 from vlbert.training.master_weights import MasterWeights, check_placement
 from vlbert.training.mfu import device_peak_flops, estimate_step_flops
@@ -61,12 +61,13 @@ class Trainer:
         hooks: :class:`~vlbert.training.hooks.TrainerHook` s run around every optimizer step, after the log line
             and before the periodic evaluation and checkpoint (which therefore hold their state of that step).
 
-    The model's side of the contract: ``forward(**batch)`` (batch keys its signature does not name, its
-    ``label_names`` and, for a forward taking ``**kwargs``, ``PACKING_FIELDS`` excepted, are dropped)
-    returns an :class:`~vlbert.models.outputs.ObjectiveOutput` with ``loss`` (minimised), ``losses`` and
-    ``metrics`` (logged), ``counts`` (the predictions each averages over: weights across ranks and eval batches)
-    and ``unused_parameters`` (kept in DDP's graph with weight zero); a model with several objectives names them in
-    ``objectives`` (loss names) so that multi-process losses are weighted exactly.
+    The model's side of the contract: ``forward(**batch)`` (batch keys other than its signature's names and its
+    ``label_names`` are dropped; the collator's unpadded ``layout`` is one of its arguments) returns an
+    :class:`~vlbert.models.outputs.ObjectiveOutput` with ``loss`` (minimised), ``losses`` and ``metrics`` (logged),
+    ``counts`` (the predictions each averages over: weights across ranks and eval batches) and
+    ``unused_parameters`` (the modules its ``idle_modules`` declares: kept in DDP's graph with weight zero and
+    skipped by the optimizer, :class:`~vlbert.training.idle.IdleParameters`); a model with several objectives names
+    them in ``objectives`` (loss names) so that multi-process losses are weighted exactly.
 
     Output directory: ``log.jsonl`` (one JSON line per logged step: step, loss, each objective's loss and
     metric, lr, tokens/s), ``metrics.json`` (final figures), ``tensorboard/``, ``config.yaml``, the final model
@@ -104,10 +105,9 @@ class Trainer:
         # On its device before the float32 masters and the optimizer are made: they live where the parameters do.
         model.to(self.device)
         prepare_compute(model, self.device, self.precision, config)  # compile (regional on CUDA), TF32
-        # forward's named arguments, its label_names and, taking **kwargs, the packed layout (FlashAttention-style)
+        # forward's named arguments (the collator's ``layout`` among them) and its label_names
         parameters = inspect.signature(model.forward).parameters
-        kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-        self.forward_arguments = {*parameters, *getattr(model, "label_names", ()), *(PACKING_FIELDS if kwargs else ())}
+        self.forward_arguments = {*parameters, *getattr(model, "label_names", ())}
         # Fused AdamW (one kernel over all parameters) on CUDA and, since torch 2.4, on CPU.
         fused = self.device.type in ("cuda", "cpu")
         groups = parameter_groups(model, config.weight_decay)
@@ -156,7 +156,7 @@ class Trainer:
         """Move tensors to the device, keeping only what the model's ``forward`` takes (batches may carry
         bookkeeping such as the objective's name or example indices)."""
         return {
-            k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in self._inputs(batch).items()
+            k: v.to(self.device, non_blocking=True) if moves_to_device(v) else v for k, v in self._inputs(batch).items()
         }
 
     def _inputs(self, batch: dict) -> dict:
@@ -211,7 +211,7 @@ class Trainer:
         cfg, acc, checks = self.config, self.accelerator, self._checks
         started = time.perf_counter()
         stats = StepStats(step=self.step + 1, epoch=self.epoch)
-        idle = None  # parameters idle in every micro-batch of this step
+        idle = IdleParameters()  # the model's declared idle parameters, applied under DDP here
         for micro in range(cfg.grad_accum_steps):
             waited = time.perf_counter()
             batch, tokens, sequences, regions = next(stream)
@@ -229,6 +229,7 @@ class Trainer:
                 if out.loss is None:
                     raise ValueError("the model returned no loss: the batch carries no labels")
                 backward_loss, global_loss = self._global_loss(out)
+                backward_loss = idle.add_to_loss(backward_loss, out, acc.num_processes)
                 if self.master:  # the last micro-batch's backward launches the float32 all-reduce bucket by bucket
                     last = micro == cfg.grad_accum_steps - 1
                     self.master.begin_backward(last and acc.num_processes > 1, getattr(out, "unused_parameters", ()))
@@ -238,12 +239,10 @@ class Trainer:
             for name, value in {"loss": global_loss, **out.losses, **out.metrics}.items():
                 value = value.detach().float() / cfg.grad_accum_steps
                 stats.sums[name] = stats.sums[name] + value if name in stats.sums else value
-            ids = {id(p): p for p in getattr(out, "unused_parameters", ())}
-            idle = ids if idle is None else {k: p for k, p in idle.items() if k in ids}
+            idle.record(out)
         if self.master:  # the float32 sums, averaged over the processes in float32
             self.master.finish_gradients(acc.num_processes)
-        for p in idle.values():  # zero gradients only there for DDP: the optimizer skips None
-            (self.master.master_of(p) if self.master else p).grad = None
+        idle.drop_gradients(self.master)  # zero gradients only there for DDP: the optimizer skips None
         stats.grad_norm = self._clip_gradients()
         stats.loss, stats.lr = stats.sums["loss"], self.scheduler.get_last_lr()[0]  # the rate this step uses
         # A non-finite step leaves the weights as they were and is otherwise a step like any other (the schedule
