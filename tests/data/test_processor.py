@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, replace
+from dataclasses import asdict, is_dataclass, replace
 
 import pytest
 import torch
@@ -20,7 +20,19 @@ from vlbert.processing import RegionSource, VLProcessor
 QUESTIONS = ["what color is the shape?", "is there a circle in the image of this long question about shapes?"]
 
 
-def assert_same_batch(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+def tensors(batch: dict) -> dict[str, torch.Tensor]:
+    """The batch's tensors by name, the layout's (a dataclass of tensors, or of layouts) included."""
+    out = {}
+    for key, value in batch.items():
+        if is_dataclass(value):
+            out.update({f"{key}.{k}": v for k, v in tensors(vars(value)).items()})
+        else:
+            out[key] = value
+    return out
+
+
+def assert_same_batch(a: dict, b: dict) -> None:
+    a, b = tensors(a), tensors(b)
     assert sorted(a) == sorted(b)
     for key in a:
         assert a[key].dtype == b[key].dtype, key

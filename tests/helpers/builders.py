@@ -22,7 +22,7 @@ def tool(name: str):
 
 
 def tiny_text_trainer(
-    output_dir, corpus, tokenizer, *, max_length: int, model: dict, packed: bool = True, hooks=(), **training
+    output_dir, corpus, tokenizer, *, max_length: int, model: dict, unpadded: bool = True, hooks=(), **training
 ):
     """A :class:`vlbert.training.trainer.Trainer` of a tiny BertForPreTraining (``model``: the BertConfig sizes) on
     the pairs of every document of ``corpus`` (``max_length`` wordpieces), batched by the training loader with the
@@ -35,7 +35,7 @@ def tiny_text_trainer(
     from vlbert.training.trainer import Trainer, TrainingConfig
 
     data = CorpusPairsDataset(corpus, torch.arange(corpus.num_documents).numpy(), tokenizer, max_length, seed=0)
-    collator = MaskingCollator.from_tokenizer(tokenizer, packed=packed)
+    collator = MaskingCollator.from_tokenizer(tokenizer, unpadded=unpadded)
     config = TrainingConfig(**{"output_dir": str(output_dir), "progress_bar": False, **training})
     torch.manual_seed(0)
     net = BertForPreTraining(BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64, **model))

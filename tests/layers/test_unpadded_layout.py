@@ -83,3 +83,25 @@ def test_a_model_given_the_layout_equals_the_model_reading_the_mask(encoder):
         reference = model(**inputs).last_hidden_state
         given = model(**inputs, layout=layout).last_hidden_state
     torch.testing.assert_close(given[real], reference[real], atol=1e-12, rtol=0)
+
+
+def test_the_keys_of_before_issue_51_still_give_the_same_step():
+    """../shared/gpu/roofline.py builds its batch with ``MaskingCollator(packed=True)`` and
+    ``vlbert.layers.attention.packing_fields`` (the two loose keys of before the layout was one argument): a
+    pretraining forward given those computes exactly what it computes given ``layout``; both at once is refused."""
+    from vlbert.layers.attention import packing_fields
+
+    torch.manual_seed(0)
+    config = vlbert.BertConfig(
+        vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    model = vlbert.BertForPreTraining(config).eval()
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    ids = torch.randint(5, 40, (2, 5)) * mask
+    labels = torch.full_like(ids, -100)
+    labels[:, 1] = ids[:, 1]
+    typed = model(ids, attention_mask=mask, labels=labels, layout=unpadded_layout(mask))
+    legacy = model(ids, attention_mask=mask, labels=labels, **packing_fields(mask))
+    assert torch.equal(typed.loss, legacy.loss) and torch.equal(typed.prediction_logits, legacy.prediction_logits)
+    with pytest.raises(ValueError, match="one argument"):
+        model(ids, attention_mask=mask, labels=labels, layout=unpadded_layout(mask), **packing_fields(mask))

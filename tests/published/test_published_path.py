@@ -300,7 +300,7 @@ def test_the_readme_path_with_detectron2(tmp_path, user, monkeypatch, quiet_cuts
     pytest.importorskip(
         "detectron2", reason="detectron2 is not installed (see docs/regions.md: the detectron2 backend)"
     )
-    from test_detectron2 import SMALL, random_weights
+    from helpers.detectron2 import SMALL, random_weights
 
     import detectors.detectron2_detector as d2
 

@@ -46,7 +46,7 @@ def tiny_text_run(tmp_path, small_token_corpus, tokenizer, **training):
         small_token_corpus,
         tokenizer,
         max_length=64,
-        packed=False,
+        unpadded=False,
         model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
         **{"max_steps": 6, "batch_size": 8, "warmup_steps": 1, "log_every": 0, **training},
     )

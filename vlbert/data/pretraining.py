@@ -19,7 +19,7 @@ import torch
 
 from vlbert.data.padding import pad_text
 from vlbert.layers.losses import IGNORE_INDEX, masked_positions  # noqa: F401 (masked_positions: read here by
-from vlbert.layers.unpadded import unpadded_layout
+from vlbert.layers.unpadded import legacy_fields, unpadded_layout
 
 # ../shared/gpu/roofline.py, as before the MLM unit computed the positions itself)
 from vlbert.objectives import PrepareContext, units_for
@@ -53,7 +53,7 @@ class MaskingCollator:
     above (:meth:`choose`, :meth:`corrupt`; other units may choose differently, e.g. whole words) and adds
     ``labels``, NSP adds ``next_sentence_label`` (int64 [B]) from the items. Returns a dict of tensors:
     input_ids, token_type_ids, attention_mask (int64 [B, T]) and the units' labels. T is the longest item rounded
-    up to ``pad_to_multiple_of``. With ``packed`` (what the training recipes use) also the unpadded layout the model
+    up to ``pad_to_multiple_of``. With ``unpadded`` (what the training recipes use) also the unpadded layout the model
     then reads instead of the mask (``layout``: :func:`~vlbert.layers.unpadded.unpadded_layout`) and the masking unit's positions (``masked_lm_positions``,
     :func:`~vlbert.layers.losses.masked_positions`): computed here, in the loader workers, so that a training step
     on an accelerator never waits on the host. ``word_continuation``: bool [vocab_size], True for the ids that
@@ -68,6 +68,9 @@ class MaskingCollator:
     mask_replace_prob: float = 0.8
     random_replace_prob: float = 0.1
     pad_to_multiple_of: int = 8
+    unpadded: bool = False
+    #: the layout under the batch keys of before issue 51 instead (:data:`~vlbert.layers.unpadded.LEGACY_KEYS`),
+    #: as ../shared/gpu/roofline.py asks for it (``packed=True``); the recipes use ``unpadded``.
     packed: bool = False
     objectives: tuple[str, ...] | None = None
     word_continuation: torch.Tensor | None = None
@@ -175,9 +178,17 @@ class MaskingCollator:
         )
         for unit in text_units(names):
             unit.prepare(batch, items, context)
-        if self.packed:
+        if self.unpadded:
             batch["layout"] = unpadded_layout(batch["attention_mask"])
+        elif self.packed:
+            batch.update(legacy_fields(batch["attention_mask"]))
         return batch
+
+    @property
+    def lays_out(self) -> bool:
+        """Whether the batch carries the unpadded layout (:attr:`unpadded` or the legacy :attr:`packed`), and with it
+        the masked positions (``masked_lm_positions``)."""
+        return self.unpadded or self.packed
 
 
 def text_units(names) -> list:

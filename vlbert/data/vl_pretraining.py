@@ -195,7 +195,7 @@ class VLCollator:
             OBJECTIVES[paired].prepare(batch, items, self.context)  # e.g. WRA on the ITM batch
         # see MaskingCollator: the layout of [text ; regions] (the MLM unit adds its rows); not where the model
         # rewrites the text itself (ITM's hard negatives, itm_content): that layout is unknown here
-        if self.context.text.packed and "itm_content" not in batch:
+        if self.context.text.lays_out and "itm_content" not in batch:
             layout = stream_layouts if self.two_stream else unpadded_layout
             batch["layout"] = layout(batch["attention_mask"], batch["region_mask"])
         batch["objective"] = name

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from vlbert.layers.kernels import dropout
 from vlbert.layers.unpadded import Unpadding
+from vlbert.layers.unpadded import legacy_fields as packing_fields  # noqa: F401  (LEGACY_KEYS' one caller)
 
 logger = logging.getLogger(__name__)
 

@@ -201,6 +201,37 @@ def stream_layouts(text_mask: torch.Tensor, region_mask: torch.Tensor) -> Stream
     return StreamLayouts(unpadded_layout(text_mask), unpadded_layout(region_mask))
 
 
+#: The batch keys the layout's two tensors had before it was one argument (issue 51): ``packed_indices`` (the
+#: ``indices``) and ``cu_seqlens``. Still read from a pretraining model's keywords and still written by
+#: ``MaskingCollator(packed=True)``, for one caller: ../shared/gpu/roofline.py (the H100 step proxy every
+#: performance figure in docs/performance.md quotes), which builds its batch that way and which this repository
+#: cannot change. Remove with that caller's update.
+LEGACY_KEYS = ("packed_indices", "cu_seqlens")
+
+
+def legacy_fields(*masks: torch.Tensor) -> dict[str, torch.Tensor]:
+    """:func:`unpadded_layout` under the batch keys of before issue 51 (:data:`LEGACY_KEYS`)."""
+    layout = unpadded_layout(*masks)
+    return dict(zip(LEGACY_KEYS, (layout.indices, layout.cu_seqlens)))
+
+
+def pop_legacy_layout(layout: Layout, keywords: dict) -> Layout:
+    """``layout``, or the :class:`UnpaddedLayout` of the :data:`LEGACY_KEYS` taken out of ``keywords`` (a
+    pretraining forward's label keywords) where a caller of before issue 51 passed those instead.
+
+    Raises:
+        ValueError: only one of the two keys, or both those and ``layout``."""
+    given = [k for k in LEGACY_KEYS if k in keywords]
+    if not given:
+        return layout
+    if len(given) != 2 or layout is not None:
+        raise ValueError(
+            f"the batch carries {given} and layout={type(layout).__name__}: pass the layout as one argument, "
+            "layout=unpadded_layout(mask) (vlbert.layers.unpadded)"
+        )
+    return UnpaddedLayout(keywords.pop(LEGACY_KEYS[0]), keywords.pop(LEGACY_KEYS[1]))
+
+
 def unpadding(layout: Layout, mask: torch.Tensor | None) -> Unpadding | None:
     """The encoder's :class:`Unpadding` of ``mask`` from a single-stream model's ``layout``, or None without one (the
     encoder then reads the mask).
@@ -226,4 +257,7 @@ __all__ = [
     "unpadded_layout",
     "stream_layouts",
     "unpadding",
+    "LEGACY_KEYS",
+    "legacy_fields",
+    "pop_legacy_layout",
 ]

@@ -29,7 +29,7 @@ from vlbert.config import BertConfig
 from vlbert.layers.activations import activation
 from vlbert.layers.attention import ATTENTION_FUNCTIONS, AttentionRequest, check_attention_name, select_attention
 from vlbert.layers.kernels import Dropout
-from vlbert.layers.unpadded import Layout, Unpadding, unpadding
+from vlbert.layers.unpadded import Layout, Unpadding, pop_legacy_layout, unpadding
 from vlbert.models.inputs import check_text_inputs
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
@@ -396,6 +396,7 @@ class BertForPreTraining(UnitPreTrainingModel):
         Raises:
             TypeError: a keyword no unit reads. ValueError: as :meth:`BertModel.forward`.
         """
+        layout = pop_legacy_layout(layout, labels)
         given = self.given_labels(labels)
         enc = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions, layout)
         out = PreTrainingOutput(

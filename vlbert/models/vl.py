@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from vlbert.config import VLBertConfig
-from vlbert.layers.unpadded import Layout, StreamLayouts, unpadding
+from vlbert.layers.unpadded import Layout, StreamLayouts, pop_legacy_layout, unpadding
 from vlbert.models.bert import BertEncoder, BertModel, check_text_inputs
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
@@ -341,6 +341,7 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         hard negatives) carries no layout: the collator cannot know it.
         ``images``, ``image_sizes``: pixels for the model's visual backbone instead of ``region_features``
         (:meth:`VLBertModel.extract_regions`; masked regions' pixels are hidden there)."""
+        layout = pop_legacy_layout(layout, labels)
         given = self.given_labels(labels, masked_regions=masked_regions)
         if images is not None:
             region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)

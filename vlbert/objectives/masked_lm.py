@@ -37,7 +37,7 @@ class MaskedLanguageModeling(Objective):
             [len(x["input_ids"]) for x in items],
             lambda ids, g: self.choose(ids, ctx, g),
         )
-        if ctx.text.packed:  # found here, on the host: selecting the rows in the step needs no host sync
+        if ctx.text.lays_out:  # found here, on the host: selecting the rows in the step needs no host sync
             batch[positions_key] = masked_positions(batch[labels_key])
 
     def predict(self, encoded: Encoded):

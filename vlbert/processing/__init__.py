@@ -7,10 +7,8 @@ from vlbert.processing.processor import (
     DEFAULT_MAX_TEXT_LENGTH,
     ImageInput,
     VLProcessor,
-    load_processor_record,
-    local_run_dir,
-    record_pipeline,
 )
+from vlbert.processing.record import load_processor_record, local_run_dir, record_pipeline
 from vlbert.processing.region_source import RegionSource
 
 __all__ = [

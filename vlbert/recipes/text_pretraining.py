@@ -99,7 +99,7 @@ class TextPretrainingData(TaskData):
         super().__init__(ctx)
         data, tokenizer = ctx.data, ctx.tokenizer
         self.collator = MaskingCollator.from_tokenizer(
-            tokenizer, mlm_probability=data.mlm_probability, packed=True, objectives=data.running
+            tokenizer, mlm_probability=data.mlm_probability, unpadded=True, objectives=data.running
         )
         self.max_eval_batches = data.max_eval_batches
         corpus = TokenCorpus(

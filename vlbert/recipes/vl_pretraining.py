@@ -273,7 +273,7 @@ class VLPretrainingData(TaskData):
         held = set(eval_images)
         train_pairs = [p for p in pairs if p.image_id not in held]
         self.eval_pairs = [p for p in pairs if p.image_id in held]
-        self.text = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability, packed=True)
+        self.text = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability, unpadded=True)
         self.collator = VLCollator(self.text, data.region_mask_probability, self.objectives, data.itm_negatives)
         self.train = VLPretrainingDataset(
             train_pairs, self.regions, tokenizer, data.max_text_length, data.max_regions, self.seed, self.qa_answers
