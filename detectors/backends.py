@@ -4,16 +4,16 @@ A backend is a module with its options (a dataclass: each field with a default a
 and ``validate(weights)``), a build function ``(options, weights, device) -> extractor`` (a callable
 ``(image, image_id) -> Regions`` with ``extract_batch(images, image_ids)``, ``name`` and ``feature_dim``), and its
 line in :data:`DETECTOR_BACKENDS` naming the options fields that change the features (the fingerprint's). The
-config (:class:`detectors.config.DetectorConfig`), the run configs' ``detector`` section and the flags of
+config (:class:`vlbert.detectors.config.DetectorConfig`), the run configs' ``detector`` section and the flags of
 ``tools/extract_regions.py`` and ``vlbert benchmark extraction`` all read this table; docs/extending.md
 "A detector backend" walks adding one.
 
 Backends:
   * ``timm``: Felzenszwalb proposals + the whole image, RoI-aligned on any timm ImageNet backbone
-    (:mod:`detectors.backbone`; offline with the packaged EfficientNet-Lite0 weights);
-  * ``torchvision``: Faster R-CNN R50-FPN with BUTD's box selection (:mod:`detectors.torchvision_detector`);
+    (:mod:`vlbert.detectors.backbone`; offline with the packaged EfficientNet-Lite0 weights);
+  * ``torchvision``: Faster R-CNN R50-FPN with BUTD's box selection (:mod:`vlbert.detectors.torchvision_detector`);
   * ``detectron2``: any detectron2 Faster R-CNN, the BUTD Visual Genome model included
-    (:mod:`detectors.detectron2_options`; needs detectron2).
+    (:mod:`vlbert.detectors.detectron2_options`; needs detectron2).
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
-from detectors.backbone import (
+from vlbert.detectors.backbone import (
     TimmOptions,
     build_timm_extractor,
     write_random_timm_weights,
 )
-from detectors.detectron2_options import (
+from vlbert.detectors.detectron2_options import (
     Detectron2Options,
     build_detectron2_detector,
     config_file_identity,
     write_random_detectron2_weights,
 )
-from detectors.torchvision_detector import (
+from vlbert.detectors.torchvision_detector import (
     TorchvisionOptions,
     build_torchvision_detector,
     write_random_torchvision_weights,

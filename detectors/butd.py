@@ -18,8 +18,7 @@ from detectron2.modeling import BACKBONE_REGISTRY, ROI_HEADS_REGISTRY
 from detectron2.modeling.backbone.resnet import BasicStem, build_resnet_backbone
 from detectron2.modeling.roi_heads import Res5ROIHeads
 from torch import nn
-
-from detectors.files import BUTD_VG_CONFIG_FILE
+from vlbert.detectors.files import BUTD_VG_CONFIG_FILE
 
 BUTD_VG_CONFIG = BUTD_VG_CONFIG_FILE
 

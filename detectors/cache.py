@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
-
-from detectors.backends import DETECTOR_BACKENDS
-from detectors.config import DetectorConfig
-from detectors.extract import extract_regions
-from detectors.regions import Regions
-from detectors.shards import write_shards
+from vlbert.detectors.backends import DETECTOR_BACKENDS
+from vlbert.detectors.config import DetectorConfig
+from vlbert.detectors.extract import extract_regions
+from vlbert.detectors.regions import Regions
+from vlbert.detectors.shards import write_shards
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """One detector configuration for every place that extracts regions: the ``detector`` section of the VL run
 configs, the region cache, and ``tools/extract_regions.py`` (whose flags map onto these fields).
 
-A config is the backend's name (a line of :data:`detectors.backends.DETECTOR_BACKENDS`), the weights file and its
+A config is the backend's name (a line of :data:`vlbert.detectors.backends.DETECTOR_BACKENDS`), the weights file and its
 sha256, and the backend's own options (its dataclass)::
 
     detector:
@@ -30,11 +30,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from detectors.backends import DEFAULT_BACKEND, DETECTOR_BACKENDS, detector_backend
-from detectors.detectron2_options import Detectron2Options
-from detectors.files import file_sha256
-from vlbert_base.typed_config import check_value, field_types
-from vlbert_base.user_files import read_yaml
+from vlbert.detectors.backends import DEFAULT_BACKEND, DETECTOR_BACKENDS, detector_backend
+from vlbert.detectors.detectron2_options import Detectron2Options
+from vlbert.detectors.files import file_sha256
+
+from vlbert.common.typed_config import check_value, field_types
+from vlbert.common.user_files import read_yaml
 
 #: The keys of a ``detector`` section besides the backend's options.
 COMMON_KEYS = ("backend", "weights", "weights_sha256", "options")
@@ -42,7 +43,7 @@ COMMON_KEYS = ("backend", "weights", "weights_sha256", "options")
 
 def typed_options(options_class: type, values: dict[str, Any], section: str = "detector.options") -> Any:
     """``options_class`` from a mapping of its fields, each value read as its field's annotation says through the
-    one typed reading of config values (:func:`vlbert_base.typed_config.check_value`: numbers written as strings
+    one typed reading of config values (:func:`vlbert.common.typed_config.check_value`: numbers written as strings
     converted, 1.5 refused for a count); the options' own ``validate`` checks the ranges.
 
     Raises:
@@ -62,7 +63,7 @@ class DetectorConfig:
     """How images become regions (YAML section ``detector``; ``tools/extract_regions.py`` flags).
 
     Attributes:
-        backend: a key of :data:`detectors.backends.DETECTOR_BACKENDS` (``timm``, ``torchvision``, ``detectron2``).
+        backend: a key of :data:`vlbert.detectors.backends.DETECTOR_BACKENDS` (``timm``, ``torchvision``, ``detectron2``).
         weights: a weights file; "" = the backend's default (timm: the packaged EfficientNet-Lite0 ImageNet
             weights; torchvision: its COCO weights, downloaded when online).
         weights_sha256: the sha256 (64 hex digits) of the weights file's content; "" = not known (a published

@@ -3,16 +3,16 @@
 Per image (Anderson et al. 2018, section 3.1; the authors' ``generate_tsv.py``): the config's test-time resize
 (shortest edge ``INPUT.MIN_SIZE_TEST``, longest at most ``MAX_SIZE_TEST``), the RPN's proposals, each proposal's box
 feature (C4: the res5 output mean-pooled, 2048-d; FPN: the box head's last fc, 1024-d) and class distribution,
-then :mod:`detectors.selection`: per-class NMS (0.3) over the proposals, confidence threshold (0.2), 10..100 boxes.
+then :mod:`vlbert.detectors.selection`: per-class NMS (0.3) over the proposals, confidence threshold (0.2), 10..100 boxes.
 The regions are the kept proposals themselves (as in ``generate_tsv.py``), so each feature is exactly its box's.
-With an attribute head (:mod:`detectors.butd`) each region also gets its attribute distribution.
+With an attribute head (:mod:`vlbert.detectors.butd`) each region also gets its attribute distribution.
 
-Batches hold only images of the same resized size (:func:`detectors.images.shape_groups`): padding one image to
+Batches hold only images of the same resized size (:func:`vlbert.detectors.images.shape_groups`): padding one image to
 another's size changes the convolutions near its border, and so the proposals and features. Batched extraction
 therefore gives what one image at a time gives.
 
 Weights are read without detectron2's checkpointer (which unpickles ``.pkl`` files): ``.pkl`` through
-:func:`detectors.safe_pickle.load_plain_pickle` (numpy arrays and plain containers only), ``.pth`` through
+:func:`vlbert.detectors.safe_pickle.load_plain_pickle` (numpy arrays and plain containers only), ``.pth`` through
 ``torch.load(weights_only=True)``, ``.safetensors`` through safetensors.
 """
 
@@ -24,10 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from detectors.images import boxes_to_pixels, run_in_shape_groups, to_rgb_array
-from detectors.regions import Regions
-from detectors.selection import per_class_nms_confidence, select_regions
+from vlbert.detectors.images import boxes_to_pixels, run_in_shape_groups, to_rgb_array
+from vlbert.detectors.regions import Regions
+from vlbert.detectors.selection import per_class_nms_confidence, select_regions
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ def _require_detectron2():
 
 
 def resolve_config_file(config_file: str | os.PathLike) -> Path:
-    """A config path: a file, ``butd-vg`` (:data:`detectors.butd.BUTD_VG_CONFIG`), or a model-zoo name such as
+    """A config path: a file, ``butd-vg`` (:data:`vlbert.detectors.butd.BUTD_VG_CONFIG`), or a model-zoo name such as
     ``COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml`` found among the configs installed with detectron2.
 
     Raises:
@@ -54,8 +53,7 @@ def resolve_config_file(config_file: str | os.PathLike) -> Path:
     """
     _require_detectron2()
     import detectron2
-
-    from detectors.butd import BUTD_VG_CONFIG
+    from vlbert.detectors.butd import BUTD_VG_CONFIG
 
     if str(config_file) == "butd-vg":
         return BUTD_VG_CONFIG
@@ -81,8 +79,7 @@ def load_config(config_file: str | os.PathLike, overrides: dict | None = None):
     """
     _require_detectron2()
     from detectron2.config import get_cfg
-
-    from detectors.butd import add_butd_config
+    from vlbert.detectors.butd import add_butd_config
 
     path = resolve_config_file(config_file)
     cfg = add_butd_config(get_cfg())
@@ -117,16 +114,16 @@ def read_checkpoint(weights: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
     ({"blobs": ...} or a flat dict; names converted with detectron2's ``align_and_update_state_dicts`` at load);
     ``.pth``/``.pt``: ``torch.load(weights_only=True)`` of a state dict or {"model": state dict};
     ``.safetensors``: a state dict. py-bottom-up-attention's attribute keys are renamed
-    (:data:`detectors.butd.ATTRIBUTE_KEY_RENAMES`).
+    (:data:`vlbert.detectors.butd.ATTRIBUTE_KEY_RENAMES`).
 
     Returns:
         (name -> tensor, whether the names are Caffe2/Detectron's and still need matching).
     Raises:
         FileNotFoundError: no such file. ValueError: another extension, a pickle that asks for code (see
-            :func:`detectors.safe_pickle.load_plain_pickle`), or a file that holds no state dict.
+            :func:`vlbert.detectors.safe_pickle.load_plain_pickle`), or a file that holds no state dict.
     """
-    from detectors.butd import ATTRIBUTE_KEY_RENAMES
-    from detectors.safe_pickle import load_plain_pickle
+    from vlbert.detectors.butd import ATTRIBUTE_KEY_RENAMES
+    from vlbert.detectors.safe_pickle import load_plain_pickle
 
     path = Path(weights).expanduser()
     if not path.is_file():
@@ -222,7 +219,7 @@ def extractor_name(
     score_threshold: float,
     nms_iou: float,
 ) -> str:
-    """The name this backend writes into every :class:`~detectors.regions.Regions` it extracts (and a store's
+    """The name this backend writes into every :class:`~vlbert.detectors.regions.Regions` it extracts (and a store's
     ``detector.json``): ``detectron2:<config file name>(weights=<file name>,thr=..,boxes=min-max,nms=..)``; the
     published families record their features under it (``vlbert.families``)."""
     return (
@@ -232,7 +229,7 @@ def extractor_name(
 
 
 class Detectron2RegionDetector:
-    """Image -> :class:`~detectors.regions.Regions` with a detectron2 Faster R-CNN, BUTD's way (module docstring).
+    """Image -> :class:`~vlbert.detectors.regions.Regions` with a detectron2 Faster R-CNN, BUTD's way (module docstring).
 
     Args:
         config_file: a config file, ``butd-vg``, or a model-zoo name (:func:`resolve_config_file`).
@@ -337,7 +334,7 @@ class Detectron2RegionDetector:
         return torch.as_tensor(np.ascontiguousarray(resized.transpose(2, 0, 1)), dtype=torch.float32)
 
     def __call__(self, image, image_id: str) -> Regions:
-        """One image (PIL image or uint8 array, any mode :func:`detectors.images.to_rgb_array` converts)."""
+        """One image (PIL image or uint8 array, any mode :func:`vlbert.detectors.images.to_rgb_array` converts)."""
         return self.extract_batch([image], [image_id])[0]
 
     @torch.no_grad()

@@ -1,6 +1,6 @@
 """The ``detectron2`` detector backend's options and build (its line of
-:data:`detectors.backends.DETECTOR_BACKENDS`): any detectron2 Faster R-CNN, BUTD's box selection, the BUTD
-Visual Genome model with attributes as ``config_file: butd-vg`` (:mod:`detectors.detectron2_detector`)."""
+:data:`vlbert.detectors.backends.DETECTOR_BACKENDS`): any detectron2 Faster R-CNN, BUTD's box selection, the BUTD
+Visual Genome model with attributes as ``config_file: butd-vg`` (:mod:`vlbert.detectors.detectron2_detector`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-
-from detectors.detectron2_detector import Detectron2RegionDetector, extractor_name, load_config
-from detectors.files import BUTD_VG_CONFIG_FILE, file_sha256
-from detectors.selection import check_box_selection
+from vlbert.detectors.detectron2_detector import Detectron2RegionDetector, extractor_name, load_config
+from vlbert.detectors.files import BUTD_VG_CONFIG_FILE, file_sha256
+from vlbert.detectors.selection import check_box_selection
 
 
 def config_file_identity(config_file: str) -> str:
@@ -58,7 +57,7 @@ class Detectron2Options:
 
     def extractor_name(self, weights: str) -> str:
         """The name the backend built from these options and ``weights`` writes into its regions
-        (:func:`~detectors.detectron2_detector.extractor_name`), known without building it."""
+        (:func:`~vlbert.detectors.detectron2_detector.extractor_name`), known without building it."""
         return extractor_name(
             self.config_file, weights, self.min_boxes, self.max_boxes, self.score_threshold, self.nms_iou
         )

@@ -3,7 +3,7 @@
 ``torchrun --nproc_per_node N tools/extract_regions.py ...`` (or one process per machine with ``--nnodes``) sets
 ``RANK`` and ``WORLD_SIZE``; process r takes images r, r + N, r + 2N, ... and writes its own shards
 (``regions-rank<r>-<k>.tar``) into the one output directory. Shards are written under a temporary name and renamed
-when complete (:func:`detectors.shards.write_shards`), so a killed extraction leaves no half shard that reads as
+when complete (:func:`vlbert.detectors.shards.write_shards`), so a killed extraction leaves no half shard that reads as
 complete; run the same command again and every image already in a complete shard is skipped. A shard damaged
 since (cut off by a copy, a full disk) is set aside as ``<name>.corrupt`` by that rerun and its images are extracted
 again. Each sample records its image file and the file's sha256 (``meta.json``), so an image id already in the store
@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
-
-from detectors.config import DetectorConfig
-from detectors.files import file_sha256
-from detectors.images import load_image, to_rgb_array
-from detectors.regions import Regions
-from detectors.shards import (
+from vlbert.detectors.config import DetectorConfig
+from vlbert.detectors.files import file_sha256
+from vlbert.detectors.images import load_image, to_rgb_array
+from vlbert.detectors.regions import Regions
+from vlbert.detectors.shards import (
     ShardError,
     read_detector_info,
     readable_image_keys,
@@ -53,10 +52,10 @@ def extract_regions(
     ``extractor.extract_batch`` call where the extractor has one.
 
     Args:
-        extractor: a backend from :meth:`detectors.config.DetectorConfig.build`.
+        extractor: a backend from :meth:`vlbert.detectors.config.DetectorConfig.build`.
         boxes: image id -> float32 [R, 4] pixel boxes to pool instead of detecting (timm backend only).
     Raises:
-        FileNotFoundError, detectors.images.ImageDecodeError: an image that cannot be read (the message names it).
+        FileNotFoundError, vlbert.detectors.images.ImageDecodeError: an image that cannot be read (the message names it).
     """
     from tqdm.auto import tqdm
 
@@ -169,7 +168,7 @@ def pending_sources(
     Raises:
         ValueError: duplicate image ids; ``output_dir`` holds shards of another detector; an image id the store
             holds from another picture (its recorded sha256 differs from the file's; both files named).
-        detectors.shards.ShardError: a damaged shard holding images ``sources`` lacks (a rerun would lose them).
+        vlbert.detectors.shards.ShardError: a damaged shard holding images ``sources`` lacks (a rerun would lose them).
     """
     repeated = [i for i, n in Counter(image_id for image_id, _ in sources).items() if n > 1]
     if repeated:
@@ -232,7 +231,7 @@ def extract_to_shards(
     Returns:
         the shards this call wrote.
     Raises:
-        ValueError, detectors.shards.ShardError: see :func:`pending_sources`.
+        ValueError, vlbert.detectors.shards.ShardError: see :func:`pending_sources`.
     """
     mine = pending_sources(sources, output_dir, info, rank, world_size)
     directory = Path(output_dir)

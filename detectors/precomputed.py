@@ -1,5 +1,5 @@
-"""Readers for the common precomputed region-feature formats, into :class:`~detectors.regions.Regions`
-(and from there into shards with :func:`detectors.shards.write_shards`).
+"""Readers for the common precomputed region-feature formats, into :class:`~vlbert.detectors.regions.Regions`
+(and from there into shards with :func:`vlbert.detectors.shards.write_shards`).
 
 * Bottom-up-attention TSV (Anderson et al. 2018's ``generate_tsv.py``; LXMERT's ``*_obj36.tsv`` adds object and
   attribute columns): one image per line, tab-separated; ``boxes`` and ``features`` are base64-encoded float32
@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-
-from detectors.regions import RegionError, Regions
+from vlbert.detectors.regions import RegionError, Regions
 
 BUTD_FIELDS = ["image_id", "image_w", "image_h", "num_boxes", "boxes", "features"]
 LXMERT_FIELDS = [
@@ -53,7 +52,7 @@ def read_butd_tsv(path: str | os.PathLike, detector: str = "butd-tsv") -> Iterat
 
     Raises:
         FileNotFoundError: no such file.
-        detectors.regions.RegionError: a line with the wrong column count, bad base64, or regions that break the
+        vlbert.detectors.regions.RegionError: a line with the wrong column count, bad base64, or regions that break the
             schema; the message names the file, line and image.
     """
     path = Path(path)
@@ -117,7 +116,7 @@ def read_npz(
     (the MRC target) holds object classes only, as UNITER's does. Pass False for files without that column.
 
     Raises:
-        FileNotFoundError: no such file. detectors.regions.RegionError: missing keys or a schema violation.
+        FileNotFoundError: no such file. vlbert.detectors.regions.RegionError: missing keys or a schema violation.
     """
     path = Path(path)
     if not path.is_file():

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from detectors.regions import whole_image_box
+from vlbert.detectors.regions import whole_image_box
 
 DEFAULT_SCALES = (100.0, 500.0)
 

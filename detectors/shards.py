@@ -12,7 +12,7 @@ Schema (version 1), per sample ``<key>.*`` where ``<key>`` is the image id with 
 A directory of shards may hold ``detector.json`` (:func:`write_detector_info`): the extractor, its configuration,
 and the names of the classes and attributes that the columns of ``class_probs`` / ``attribute_probs`` stand for.
 Fields are decoded explicitly (JSON, and ``.npy`` without pickle support): a shard from elsewhere can never run code,
-and every sample is validated (:meth:`detectors.regions.Regions.validate`) before use.
+and every sample is validated (:meth:`vlbert.detectors.regions.Regions.validate`) before use.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
+from vlbert.detectors.regions import RegionError, Regions
 
-from detectors.regions import RegionError, Regions
-from vlbert_base.files import write_text_atomically
+from vlbert.common.files import write_text_atomically
 
 SCHEMA_VERSION = 1
 REQUIRED_FIELDS = ("meta.json", "boxes.npy", "features.npy", "scores.npy")
@@ -102,7 +102,7 @@ def write_shards(
 
     Each shard is written under a temporary name and renamed when complete, so a crash never leaves a shard
     that looks finished. Returns the shard paths in order. ``provenance``: image id -> further ``meta.json`` fields
-    (the image file's ``source``, ``bytes`` and ``sha256``: :func:`detectors.extract.extract_to_shards`).
+    (the image file's ``source``, ``bytes`` and ``sha256``: :func:`vlbert.detectors.extract.extract_to_shards`).
 
     Raises:
         ShardError: two regions share an image id.
@@ -246,7 +246,7 @@ def read_shards(paths: Iterable[str | os.PathLike]) -> Iterator[Regions]:
     Raises:
         FileNotFoundError: a shard does not exist.
         ShardError: corrupt/truncated tar, missing or duplicate fields, wrong dtype, duplicate image id.
-        detectors.regions.RegionError: a sample breaks the schema (boxes outside the image, NaN, zero regions...).
+        vlbert.detectors.regions.RegionError: a sample breaks the schema (boxes outside the image, NaN, zero regions...).
     """
     seen: set[str] = set()
     for path in paths:

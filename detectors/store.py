@@ -3,7 +3,7 @@
 The shards stay on disk. A small index (image id -> shard, and each field's byte offset and size inside the
 uncompressed tar) is built once by reading the tar headers and each sample's ``meta.json``, and cached beside the
 shards as ``index.npz`` (rebuilt when the shard set changes: names, sizes, modification times). A lookup reads
-just that image's fields with ``os.pread`` and decodes and validates them as :func:`detectors.shards.read_shards`
+just that image's fields with ``os.pread`` and decodes and validates them as :func:`vlbert.detectors.shards.read_shards`
 does, so memory does not grow with the number of images. Worker processes (fork) and ranks open their own file
 handles on first use; nothing is copied between them but the index (a few numpy arrays, about 60 bytes per image).
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+from vlbert.detectors.regions import Regions
+from vlbert.detectors.shards import ShardError, check_tar_complete, decode_sample, shard_paths
 
-from detectors.regions import Regions
-from detectors.shards import ShardError, check_tar_complete, decode_sample, shard_paths
-from vlbert_base.files import PositionalFiles
+from vlbert.common.files import PositionalFiles
 
 FIELDS = ("meta.json", "boxes.npy", "features.npy", "scores.npy", "class_probs.npy", "attribute_probs.npy")
 INDEX = "index.npz"
@@ -82,17 +82,17 @@ def build_index(paths: list[Path]) -> dict[str, np.ndarray]:
 
 
 class RegionStore(Mapping):
-    """image id -> :class:`~detectors.regions.Regions`, read from shards on disk per lookup (module docstring).
+    """image id -> :class:`~vlbert.detectors.regions.Regions`, read from shards on disk per lookup (module docstring).
 
     A read-only ``Mapping``: ``store[image_id]``, ``image_id in store``, ``len(store)``, iteration over image ids
     (sorted). Every task that takes a dict of regions takes a store.
 
     Args:
-        directory: a directory of ``*.tar`` region shards (:func:`detectors.shards.shard_paths`).
+        directory: a directory of ``*.tar`` region shards (:func:`vlbert.detectors.shards.shard_paths`).
         cache_index: write ``index.npz`` beside the shards (skipped where the directory is read-only).
     Raises:
         FileNotFoundError: no shard in the directory. ShardError: see :func:`build_index`; on lookup, a sample
-            that fails validation (:func:`detectors.shards.decode_sample`).
+            that fails validation (:func:`vlbert.detectors.shards.decode_sample`).
     """
 
     def __init__(self, directory: str | os.PathLike, cache_index: bool = True):

@@ -13,10 +13,9 @@ import os
 from dataclasses import dataclass, field
 
 import torch
-
-from detectors.images import boxes_to_pixels, run_in_shape_groups, to_rgb_array
-from detectors.regions import Regions
-from detectors.selection import check_box_selection
+from vlbert.detectors.images import boxes_to_pixels, run_in_shape_groups, to_rgb_array
+from vlbert.detectors.regions import Regions
+from vlbert.detectors.selection import check_box_selection
 
 
 @dataclass
@@ -38,7 +37,7 @@ class TorchvisionOptions:
 
 
 class TorchvisionRegionDetector:
-    """Image -> :class:`~detectors.regions.Regions` with a torchvision Faster R-CNN.
+    """Image -> :class:`~vlbert.detectors.regions.Regions` with a torchvision Faster R-CNN.
 
     Args:
         weights: ``"DEFAULT"`` (torchvision's COCO weights, downloaded on first use), a path to a state dict
@@ -169,7 +168,7 @@ class TorchvisionRegionDetector:
 def build_torchvision_detector(
     options: TorchvisionOptions, weights: str, device: str = "cpu"
 ) -> TorchvisionRegionDetector:
-    """The ``torchvision`` backend's build (its line of :data:`detectors.backends.DETECTOR_BACKENDS`): Faster R-CNN
+    """The ``torchvision`` backend's build (its line of :data:`vlbert.detectors.backends.DETECTOR_BACKENDS`): Faster R-CNN
     R50-FPN with ``weights`` ("" = torchvision's COCO weights, downloaded when online) and BUTD's selection.
 
     Raises:

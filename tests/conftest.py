@@ -72,9 +72,10 @@ def easy(tmp_path_factory):
     from dataclasses import asdict, replace
     from types import SimpleNamespace
 
-    from detectors.extract import extract_regions
-    from detectors.shards import write_detector_info, write_shards
-    from detectors.store import RegionStore
+    from vlbert.detectors.extract import extract_regions
+    from vlbert.detectors.shards import write_detector_info, write_shards
+    from vlbert.detectors.store import RegionStore
+
     from vlbert.data.easy_vqa import color_and_shape, image_paths
 
     root = tmp_path_factory.mktemp("inference")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
+from vlbert.common.user_files import read_json
 from vlbert.hub import hub_snapshot
-from vlbert_base.user_files import read_json
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from vlbert_base.typed_config import AsMapping, ConfigValueError, Range, Takes, check_fields, from_section
-from vlbert_base.user_files import expect, read_json
+from vlbert.common.typed_config import AsMapping, ConfigValueError, Range, Takes, check_fields, from_section
+from vlbert.common.user_files import expect, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class BertConfig:
 
     def validate(self) -> None:
         """Check every field's type and range as its annotation says (the typed reading of config values,
-        :func:`vlbert_base.typed_config.check_fields`), then the fields' consistency; raise ``ValueError`` naming
+        :func:`vlbert.common.typed_config.check_fields`), then the fields' consistency; raise ``ValueError`` naming
         the field and the fix."""
         check_fields(self, "config")
         if self.hidden_size % self.num_attention_heads:

@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from vlbert.common.user_files import expect, read_json
 from vlbert.run_files import LEGACY_PROCESSOR_FILE, PROCESSOR_FILE, read_processor_record
-from vlbert_base.user_files import expect, read_json
 
 #: what a snapshot of a vlbert model repository holds (weights, config, tokenizer, the saved processor, the card).
 MODEL_FILES = [

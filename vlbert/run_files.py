@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vlbert_base.files import write_text_atomically
-from vlbert_base.user_files import expect, read_json
+from vlbert.common.files import write_text_atomically
+from vlbert.common.user_files import expect, read_json
 
 #: The processor's record (:class:`vlbert.processing.VLProcessor`): task, labels, lengths, the region source.
 PROCESSOR_FILE = "processor.json"

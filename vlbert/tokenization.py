@@ -9,9 +9,9 @@ import json
 import os
 from pathlib import Path
 
+from vlbert.common.dependencies import extra_install, require
 from vlbert.config import BertConfig, VLBertConfig
 from vlbert.hub import hub_snapshot, is_hub_name
-from vlbert_base.dependencies import extra_install, require
 
 REQUIRED_SPECIAL_TOKENS = ("cls_token", "sep_token", "mask_token", "pad_token")
 

@@ -143,7 +143,7 @@ def test_the_wheel_runs_outside_the_checkout(tmp_path):
     .pth line naming this interpreter's site-packages), and run ``vlbert pretrain --modality text --max-steps 2``
     from an empty directory, without PYTHONPATH: the code, the configs and the defaults come from the wheel."""
     source = tmp_path / "src"
-    for name in ("vlbert", "vlbert_base", "detectors", "configs"):
+    for name in ("vlbert", "detectors", "configs"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
@@ -199,7 +199,7 @@ def test_the_wheel_runs_outside_the_checkout(tmp_path):
     ).stdout
     assert where.startswith(str(env_dir))  # the wheel's code ran, not the checkout's
     advice = subprocess.run(
-        [python, "-c", "from vlbert_base.dependencies import extra_install as e; print(e('demo', 'easy-vqa'))"],
+        [python, "-c", "from vlbert.common.dependencies import extra_install as e; print(e('demo', 'easy-vqa'))"],
         cwd=empty,
         env=env,
         capture_output=True,

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from vlbert.detectors.config import DetectorConfig
+from vlbert.detectors.regions import Regions
+from vlbert.detectors.store import MergedRegions, RegionStore
 
-from detectors.config import DetectorConfig
-from detectors.regions import Regions
-from detectors.store import MergedRegions, RegionStore
 from vlbert.training.run_config import load_run_config
 
 TINY_DETECTOR = DetectorConfig(options={"input_size": 64, "max_proposals": 4})
@@ -80,7 +80,7 @@ def test_vqa_reuses_the_vl_runs_regions_and_extraction_says_its_cost_once(
     vl_ctx = SimpleNamespace(
         data=VLDataConfig(max_images=2, cache_dir=str(tmp_path)), tokenizer=tokenizer, detector=TINY_DETECTOR
     )
-    with caplog.at_level("INFO", logger="detectors.cache"):
+    with caplog.at_level("INFO", logger="vlbert.detectors.cache"):
         pairs, vl_store = vl._load_source(vl_ctx, CaptionSource("easy-vqa", "easy-vqa"))
     assert isinstance(vl_store, RegionStore) and sorted(vl_store) == ["train/0", "train/1"]
     assert three_images_a_split.seen == ["train/0", "train/1"]
@@ -90,7 +90,7 @@ def test_vqa_reuses_the_vl_runs_regions_and_extraction_says_its_cost_once(
 
     caplog.clear()
     vqa_ctx = SimpleNamespace(data=VQADataConfig(max_train_images=2, cache_dir=str(tmp_path)), detector=TINY_DETECTOR)
-    with caplog.at_level("INFO", logger="detectors.cache"):
+    with caplog.at_level("INFO", logger="vlbert.detectors.cache"):
         store = VQAData.load_regions(None, vqa_ctx)
     assert isinstance(store, MergedRegions)
     assert sorted(store) == ["test/0", "test/1", "test/2", "train/0", "train/1"]
@@ -103,13 +103,13 @@ def test_vqa_reuses_the_vl_runs_regions_and_extraction_says_its_cost_once(
     assert store.num_regions("test/0") == 1 and "train/2" not in store and len(store) == 5
 
     caplog.clear()
-    with caplog.at_level("INFO", logger="detectors.cache"):
+    with caplog.at_level("INFO", logger="vlbert.detectors.cache"):
         VQAData.load_regions(None, vqa_ctx)
     assert _cost_lines(caplog) == [] and len(three_images_a_split.seen) == 5  # cached: said once, extracted once
 
 
 def test_the_cost_line_rounds_to_whole_minutes():
-    from detectors.cache import cost_line
+    from vlbert.detectors.cache import cost_line
 
     assert cost_line(1000, 0.15, "/c") == "extracting regions of 1,000 images, about 2 minutes, once (cached in /c)"
     assert cost_line(400, 0.14, "/c").endswith("under a minute, once (cached in /c)")  # 56 s

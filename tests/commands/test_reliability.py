@@ -13,8 +13,8 @@ from helpers.builders import tool
 from helpers.published import VB_SIZES, write_tokenizer, write_uniter
 from helpers.tool_errors import one_line_error
 
+from vlbert.common.user_files import UserFileError
 from vlbert.families.base import load_torch_file
-from vlbert_base.user_files import UserFileError
 
 
 @pytest.fixture(scope="module")

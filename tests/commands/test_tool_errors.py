@@ -318,9 +318,9 @@ def test_explain_reads_images_with_the_runs_detector(capsys, tmp_path):
     from dataclasses import asdict, replace
 
     from PIL import Image
+    from vlbert.detectors.config import DetectorConfig
 
     import vlbert
-    from detectors.config import DetectorConfig
     from vlbert.data.easy_vqa import image_paths
     from vlbert.tokenization import load_tokenizer
 
@@ -398,7 +398,7 @@ def test_every_detector_field_has_its_extract_regions_flag(capsys):
     from the table (detectors/backends.py); ``overrides`` is ``--opts``."""
     from dataclasses import fields
 
-    from detectors.backends import DETECTOR_BACKENDS
+    from vlbert.detectors.backends import DETECTOR_BACKENDS
 
     with pytest.raises(SystemExit):
         tool("extract_regions")(["--help"])

@@ -445,7 +445,8 @@ def test_boxes_and_pixels_come_from_one_reader(e2e_vqa, tmp_path):  # row 106
     (the image ids tools/extract_regions.py --images gives it): the pixels under every box are the pixels the
     detector saw (the image upright, [3, 80, 128]; 16-bit scaled by 65535, not clipped to white), and every file
     is found."""
-    from detectors.images import load_image
+    from vlbert.detectors.images import load_image
+
     from vlbert.commands.extract_regions import image_sources
 
     folder = tmp_path / "photos"

@@ -67,9 +67,9 @@ def test_karpathy_tsv_and_jsonl(tmp_path):
 
 
 def test_region_store_equals_the_reader_and_stays_on_disk(tmp_path):
-    from detectors.regions import Regions
-    from detectors.shards import load_regions, shard_paths, write_shards
-    from detectors.store import NamespacedRegions, RegionStore
+    from vlbert.detectors.regions import Regions
+    from vlbert.detectors.shards import load_regions, shard_paths, write_shards
+    from vlbert.detectors.store import NamespacedRegions, RegionStore
 
     rng = np.random.default_rng(0)
     regions = [
@@ -107,9 +107,10 @@ def test_region_store_equals_the_reader_and_stays_on_disk(tmp_path):
 def write_easy_vqa_as_coco_and_butd_tsv(tmp_path, count=24, extra_caption=False):
     """The first easy-VQA training images: regions through the embedded extractor, written as a bottom-up-attention
     TSV under LXMERT-style ids; their captions as a COCO captions JSON under integer ids."""
-    from detectors.config import DetectorConfig
-    from detectors.extract import extract_regions
-    from detectors.precomputed import write_butd_tsv
+    from vlbert.detectors.config import DetectorConfig
+    from vlbert.detectors.extract import extract_regions
+    from vlbert.detectors.precomputed import write_butd_tsv
+
     from vlbert.data.easy_vqa import color_and_shape, image_paths
 
     truth = color_and_shape("train")

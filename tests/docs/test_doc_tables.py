@@ -20,7 +20,7 @@ TABLES = [
     ("vlbert.models.vl", "ENCODERS"),
     ("vlbert.families.registry", "FAMILIES"),
     ("vlbert.layers.attention", "ATTENTION_FUNCTIONS"),
-    ("detectors.backends", "DETECTOR_BACKENDS"),
+    ("vlbert.detectors.backends", "DETECTOR_BACKENDS"),
     ("vlbert.commands.benchmark", "BENCHMARKS"),
     ("vlbert.recipes.vqa", "DATASETS"),
     ("vlbert.recipes.retrieval", "DATASETS"),

@@ -137,9 +137,9 @@ def region_shards(tmp_path_factory):
     """Region shards of 16 easy-VQA training images and 4 test images (the fine-tuning recipes' held-out data),
     extracted on the CPU (outside the fake GPU)."""
     from PIL import Image
+    from vlbert.detectors.config import DetectorConfig
+    from vlbert.detectors.shards import write_shards
 
-    from detectors.config import DetectorConfig
-    from detectors.shards import write_shards
     from vlbert.data.easy_vqa import color_and_shape, image_paths
 
     ids = list(color_and_shape("train"))[:N_IMAGES] + list(color_and_shape("test"))[:4]

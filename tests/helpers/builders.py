@@ -7,8 +7,8 @@ import random
 from pathlib import Path
 
 import torch
+from vlbert.detectors.config import DetectorConfig
 
-from detectors.config import DetectorConfig
 from vlbert.commands.scripts import script_main
 
 ROOT = Path(__file__).resolve().parents[2]

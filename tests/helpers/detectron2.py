@@ -5,8 +5,7 @@ from __future__ import annotations
 import pickle
 
 import torch
-
-from detectors.detectron2_detector import load_config  # noqa: E402
+from vlbert.detectors.detectron2_detector import load_config  # noqa: E402
 
 SMALL = {
     "INPUT.MIN_SIZE_TEST": 96,

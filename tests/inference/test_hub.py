@@ -15,8 +15,8 @@ import yaml
 from helpers.builders import tool
 from helpers.published import UNITER_CONFIG, write_tokenizer
 from helpers.published_references import uniter_state
+from vlbert.detectors.regions import Regions
 
-from detectors.regions import Regions
 from vlbert.commands import run_tool
 from vlbert.inference import pipeline
 from vlbert.models.uniter_heads import VLBertForVisualEntailment

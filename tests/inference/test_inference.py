@@ -16,10 +16,10 @@ import torch
 from helpers.builders import EASY_DETECTOR as DETECTOR  # the session's `easy` fixture
 from helpers.builders import N_EASY_IMAGES as N_IMAGES
 from helpers.builders import tool, write_jsonl
+from vlbert.detectors.config import DetectorConfig
+from vlbert.detectors.extract import extract_regions
+from vlbert.detectors.shards import load_regions, shard_paths, write_detector_info, write_shards
 
-from detectors.config import DetectorConfig
-from detectors.extract import extract_regions
-from detectors.shards import load_regions, shard_paths, write_detector_info, write_shards
 from vlbert.commands import run_tool
 from vlbert.data.easy_vqa import load_questions
 from vlbert.inference import (

@@ -237,7 +237,8 @@ def test_alignment_share_counts_the_mass_on_the_named_objects_regions(monkeypatc
     are the object's (IoU >= 0.5), background (IoU < 0.1) or neither (the whole image, partial overlaps), and a
     plan that sends a word's mass to the object's regions scores 1 where a content-blind plan scores their count's
     share."""
-    from detectors.regions import Regions
+    from vlbert.detectors.regions import Regions
+
     from vlbert.analysis import alignment_share as measure
 
     image = np.full((64, 64, 3), 255, dtype=np.uint8)

@@ -20,8 +20,8 @@ import torch
 import transformers
 from helpers.builders import EASY_DETECTOR, tool
 from helpers.published_references import uniter_state
+from vlbert.detectors.regions import Regions
 
-from detectors.regions import Regions
 from vlbert.commands import run_tool
 from vlbert.data.easy_vqa import image_paths, load_questions
 from vlbert.inference import pipeline
@@ -68,7 +68,7 @@ def convert_uniter_vqa(directory, feature_dim: int):
 def user(tmp_path_factory):
     """The user's files: N_IMAGES easy-VQA images as PNG files named 0.png.., VQA v2 questions and annotations
     about them, a bottom-up-attention TSV of 2048-d regions for them, and the converted UNITER VQA model."""
-    from detectors.precomputed import write_butd_tsv
+    from vlbert.detectors.precomputed import write_butd_tsv
 
     root = tmp_path_factory.mktemp("user")
     questions = load_questions("test")
@@ -161,7 +161,7 @@ def quiet_cuts(monkeypatch):
 
 
 def test_imported_butd_features_fine_tune_a_converted_uniter_and_answer(tmp_path, user, quiet_cuts, caplog):
-    from detectors.store import RegionStore
+    from vlbert.detectors.store import RegionStore
 
     root, published = user
     import_tsv(root, tmp_path / "shards", "--extracted-with", "butd-vg")
@@ -300,9 +300,8 @@ def test_the_readme_path_with_detectron2(tmp_path, user, monkeypatch, quiet_cuts
     pytest.importorskip(
         "detectron2", reason="detectron2 is not installed (see docs/regions.md: the detectron2 backend)"
     )
+    import vlbert.detectors.detectron2_detector as d2
     from helpers.detectron2 import SMALL, random_weights
-
-    import detectors.detectron2_detector as d2
 
     root, _ = user
     published = convert_uniter_vqa(tmp_path / "published", feature_dim=512)
@@ -362,7 +361,7 @@ def test_the_readme_path_with_detectron2(tmp_path, user, monkeypatch, quiet_cuts
     with pytest.raises(FileNotFoundError, match="detector_weights=PATH"):
         pipeline(tmp_path / "run", device="cpu")(str(root / "images" / "0.png"), "what color is the shape?")
     vqa = pipeline(tmp_path / "run", device="cpu", detector_weights=kept)
-    from detectors.store import RegionStore
+    from vlbert.detectors.store import RegionStore
 
     question = "what color is the shape?"
     from_file = vqa(str(root / "images" / "0.png"), question, top_k=len(ANSWERS))

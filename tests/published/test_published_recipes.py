@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers.builders import tool, write_jsonl
+from vlbert.detectors.store import RegionStore
 
-from detectors.store import RegionStore
 from vlbert.inference import pipeline
 from vlbert.recipes import RECIPES
 from vlbert.training.run_config import dataclass_from_section, load_run_config
@@ -83,9 +83,9 @@ def fixtures(tmp_path_factory):
     file names, NLVR2 ``<stem>-img<k>``), a tiny VL model with the MiniLM tokenizer to start from, and each
     benchmark's files in its public format."""
     from PIL import Image
+    from vlbert.detectors.config import DetectorConfig
+    from vlbert.detectors.shards import write_detector_info, write_shards
 
-    from detectors.config import DetectorConfig
-    from detectors.shards import write_detector_info, write_shards
     from vlbert.config import VLBertConfig
     from vlbert.data.easy_vqa import color_and_shape, image_paths
     from vlbert.models.vl import VLBertModel

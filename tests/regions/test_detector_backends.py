@@ -13,11 +13,11 @@ import pytest
 import torch
 from helpers.builders import tool
 from PIL import Image
+from vlbert.detectors.backends import DETECTOR_BACKENDS, DetectorBackend
+from vlbert.detectors.config import DetectorConfig
+from vlbert.detectors.regions import Regions
+from vlbert.detectors.shards import read_shards, shard_paths
 
-from detectors.backends import DETECTOR_BACKENDS, DetectorBackend
-from detectors.config import DetectorConfig
-from detectors.regions import Regions
-from detectors.shards import read_shards, shard_paths
 from vlbert.commands import run_tool
 
 ARCHITECTURE = "mobilenetv3_small_050"  # 1.6 M parameters: timm builds it in milliseconds
@@ -185,8 +185,7 @@ def test_bad_backend_flags_are_refused_in_one_line(tmp_path, photos, mobilenet_w
 def test_a_transformer_backbone_is_refused_by_name():
     """A ViT gives tokens [N, L, C], not a feature map to RoI-align on."""
     import timm
-
-    from detectors.backbone import BackboneRegionExtractor
+    from vlbert.detectors.backbone import BackboneRegionExtractor
 
     extractor = BackboneRegionExtractor(timm.create_model("test_vit"), input_size=160, low_level_stage=None)
     with pytest.raises(ValueError, match="gives features of shape .* not a feature map .*pass a convolutional timm"):

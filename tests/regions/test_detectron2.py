@@ -18,9 +18,9 @@ pytest.importorskip("detectron2", reason="detectron2 is not installed (see docs/
 
 from helpers.builders import tool  # noqa: E402
 from helpers.detectron2 import SMALL, random_weights
+from vlbert.detectors.config import DetectorConfig  # noqa: E402
+from vlbert.detectors.detectron2_detector import Detectron2RegionDetector  # noqa: E402
 
-from detectors.config import DetectorConfig  # noqa: E402
-from detectors.detectron2_detector import Detectron2RegionDetector  # noqa: E402
 from vlbert.commands import run_tool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def test_batched_extraction_equals_one_image_at_a_time(tmp_path, config_file, la
 
 
 def test_torchvision_batched_extraction_equals_one_image_at_a_time():
-    from detectors.torchvision_detector import TorchvisionRegionDetector
+    from vlbert.detectors.torchvision_detector import TorchvisionRegionDetector
 
     torch.manual_seed(0)
     detector = TorchvisionRegionDetector(weights=None, min_boxes=3, max_boxes=8)
@@ -93,8 +93,9 @@ def test_torchvision_batched_extraction_equals_one_image_at_a_time():
 
 
 def test_butd_attribute_model_extracts_shards_with_names_and_vl_pretraining_runs_on_them(tmp_path):
-    from detectors.butd import BUTD_VG_CONFIG
-    from detectors.shards import read_detector_info, read_shards, shard_paths
+    from vlbert.detectors.butd import BUTD_VG_CONFIG
+    from vlbert.detectors.shards import read_detector_info, read_shards, shard_paths
+
     from vlbert.recipes import RECIPES, run
 
     overrides = {**SMALL, "MODEL.RESNETS.DEPTH": 50}

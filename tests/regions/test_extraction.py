@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from helpers.builders import tool
 from PIL import Image
+from vlbert.detectors.images import ImageDecodeError, load_image, shape_groups, to_rgb_array
+from vlbert.detectors.shards import read_shards, shard_paths
 
-from detectors.images import ImageDecodeError, load_image, shape_groups, to_rgb_array
-from detectors.shards import read_shards, shard_paths
 from vlbert.commands import run_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,8 +157,7 @@ def test_butd_selection_equals_one_nms_per_class():
     """The all-classes-at-once NMS equals torchvision's NMS run class by class (generate_tsv.py's loop)."""
     import torch
     from torchvision.ops import nms
-
-    from detectors.selection import per_class_nms_confidence, select_regions
+    from vlbert.detectors.selection import per_class_nms_confidence, select_regions
 
     g = torch.Generator().manual_seed(0)
     xy = torch.rand(120, 2, generator=g) * 100
@@ -186,9 +185,8 @@ def test_a_damaged_shard_is_repaired_by_rerunning_the_command_and_another_pictur
     store an uninterrupted run wrote. A second --images folder whose ``b.png`` is another picture is refused in one
     line naming both files; the same pictures under another folder are recognised by their sha256 and skipped."""
     from helpers.tool_errors import one_line_error
-
-    from detectors.shards import ShardError
-    from detectors.store import RegionStore
+    from vlbert.detectors.shards import ShardError
+    from vlbert.detectors.store import RegionStore
 
     rng = np.random.default_rng(0)
     folder, other = tmp_path / "images", tmp_path / "more"
@@ -222,7 +220,8 @@ def test_a_damaged_shard_is_repaired_by_rerunning_the_command_and_another_pictur
 def test_a_damaged_cache_is_extracted_again(tmp_path):  # row 110
     """easy-VQA regions cached under data.cache_dir (as the recipes read them), the shard then cut off: the next
     run's lookup sees the shard's size differ from the one recorded and extracts the cache again."""
-    from detectors.config import DetectorConfig
+    from vlbert.detectors.config import DetectorConfig
+
     from vlbert.data.easy_vqa import easy_vqa_shards
 
     detector = DetectorConfig(options={"input_size": 64, "max_proposals": 4})

@@ -8,10 +8,9 @@ import tarfile
 
 import numpy as np
 import pytest
-
-from detectors.precomputed import LXMERT_FIELDS, read_butd_tsv, read_npz, write_butd_tsv
-from detectors.regions import RegionError, Regions
-from detectors.shards import ShardError, read_shards, write_shards
+from vlbert.detectors.precomputed import LXMERT_FIELDS, read_butd_tsv, read_npz, write_butd_tsv
+from vlbert.detectors.regions import RegionError, Regions
+from vlbert.detectors.shards import ShardError, read_shards, write_shards
 
 
 def make_regions(image_id="img-0", n=3, dim=8, classes=4, seed=0):
@@ -149,8 +148,8 @@ def test_proposals_find_the_easy_vqa_shape():
     import torch
     from PIL import Image
     from torchvision.ops import box_iou
+    from vlbert.detectors.proposals import felzenszwalb_proposals
 
-    from detectors.proposals import felzenszwalb_proposals
     from vlbert.data.easy_vqa import image_paths
 
     hits = 0
@@ -168,8 +167,7 @@ def test_proposals_find_the_easy_vqa_shape():
 
 def test_imagenet_backbone_recognises_a_real_photo():
     from skimage import data
-
-    from detectors.backbone import BackboneRegionExtractor
+    from vlbert.detectors.backbone import BackboneRegionExtractor
 
     extractor = BackboneRegionExtractor(input_size=224)
     assert extractor.feature_dim == 1280 + 40  # final stage + the colour-keeping early stage
@@ -186,8 +184,7 @@ def test_imagenet_backbone_recognises_a_real_photo():
 
 def test_torchvision_detector_pipeline():
     import torch
-
-    from detectors.torchvision_detector import TorchvisionRegionDetector
+    from vlbert.detectors.torchvision_detector import TorchvisionRegionDetector
 
     torch.manual_seed(0)
     detector = TorchvisionRegionDetector(weights=None, min_boxes=10, max_boxes=20)
@@ -203,7 +200,7 @@ def test_torchvision_detector_pipeline():
 def test_detectron2_missing_names_the_install(monkeypatch):
     import sys
 
-    from detectors.detectron2_detector import Detectron2RegionDetector
+    from vlbert.detectors.detectron2_detector import Detectron2RegionDetector
 
     monkeypatch.setitem(sys.modules, "detectron2", None)  # as on a machine without it
     with pytest.raises(ModuleNotFoundError, match="detectron2"):
@@ -216,8 +213,8 @@ def test_features_are_identified_by_what_changes_them(tmp_path):
     records (no weights_sha256, fields of other versions) stay readable."""
     from dataclasses import asdict, replace
 
-    from detectors.config import NAMED_DETECTORS, DetectorConfig
-    from detectors.files import BUTD_VG_CONFIG_FILE
+    from vlbert.detectors.config import NAMED_DETECTORS, DetectorConfig
+    from vlbert.detectors.files import BUTD_VG_CONFIG_FILE
 
     for folder in ("a", "b", "c"):
         (tmp_path / folder).mkdir()
@@ -292,7 +289,7 @@ def test_the_flat_layout_reads_with_its_fingerprint_and_sections_are_checked(tmp
     section is refused where a key belongs to another backend, to none, or is given twice differently."""
     from dataclasses import asdict
 
-    from detectors.config import NAMED_DETECTORS, DetectorConfig, named_detector
+    from vlbert.detectors.config import NAMED_DETECTORS, DetectorConfig, named_detector
 
     for fingerprint, record in FLAT_RECORDS.items():
         config = DetectorConfig.from_record(record)

@@ -83,9 +83,9 @@ def test_pair_model_encodes_each_image_with_the_statement():
 
 def test_smoke_nlvr2_fixture_runs_through_its_tool(tmp_path):
     from PIL import Image
+    from vlbert.detectors.config import DetectorConfig
+    from vlbert.detectors.shards import write_shards
 
-    from detectors.config import DetectorConfig
-    from detectors.shards import write_shards
     from vlbert.data.easy_vqa import color_and_shape, image_paths
 
     truth = list(color_and_shape("train").items())[:16]
@@ -169,8 +169,8 @@ def test_accuracy_and_consistency_are_the_official_scripts_on_the_recipes_file(e
     from dataclasses import asdict, replace
 
     from helpers.builders import EASY_DETECTOR
+    from vlbert.detectors.shards import DETECTOR_INFO, write_shards
 
-    from detectors.shards import DETECTOR_INFO, write_shards
     from vlbert.recipes import RECIPES, run
 
     stems = ["dev-0-0", "dev-0-1", "dev-0-2", "dev-1-0", "dev-1-1"]

@@ -10,8 +10,8 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from vlbert.detectors.safe_pickle import load_plain_pickle
 
-from detectors.safe_pickle import load_plain_pickle
 from vlbert.data.refcoco import box_iou, easy_vqa_composites, load_refcoco
 
 
@@ -129,7 +129,8 @@ def test_refcoco_demo_runs_with_ground_truth_boxes(tmp_path):
 
 def test_images_without_regions_are_named(tokenizer):
     """Each VL task's dataset names the example and the image that has no regions."""
-    from detectors.regions import Regions
+    from vlbert.detectors.regions import Regions
+
     from vlbert.data.nlvr2 import ImagePairDataset, ImagePairExample
     from vlbert.data.refcoco import ReferringDataset, ReferringExample
     from vlbert.data.visual_entailment import EntailmentDataset, EntailmentExample

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from vlbert.detectors.regions import Regions
 
 import vlbert
-from detectors.regions import Regions
 from vlbert.data.retrieval import CaptionedImage, RetrievalCollator, RetrievalPairs, load_karpathy_split
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval

@@ -56,8 +56,8 @@ def shards(easy, tmp_path):
     """A shard directory as tools/extract_regions.py leaves it (detector.json naming EASY_DETECTOR): the `easy`
     regions of the test images under their easy-VQA ids, and the first training images extracted here."""
     from PIL import Image
+    from vlbert.detectors.shards import write_detector_info, write_shards
 
-    from detectors.shards import write_detector_info, write_shards
     from vlbert.data.easy_vqa import image_paths
 
     extractor = EASY_DETECTOR.build()

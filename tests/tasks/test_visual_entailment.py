@@ -55,9 +55,9 @@ def test_smoke_snli_ve_fixture_runs_through_the_generic_tool(tmp_path):
     """Regions and hypotheses in the public formats (numeric Flickr30K-style ids), a short run of
     tools/finetune.py, and a checkpoint that loads."""
     from PIL import Image
+    from vlbert.detectors.config import DetectorConfig
+    from vlbert.detectors.shards import write_shards
 
-    from detectors.config import DetectorConfig
-    from detectors.shards import write_shards
     from vlbert.data.easy_vqa import color_and_shape, image_paths
     from vlbert.models.vl_classification import VLBertForSequenceClassification
 

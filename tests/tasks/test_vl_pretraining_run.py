@@ -47,7 +47,8 @@ def test_captions_agree_with_the_open_questions():
 
 @pytest.fixture(scope="module")
 def data(cache_dir, tokenizer):
-    from detectors.config import DetectorConfig
+    from vlbert.detectors.config import DetectorConfig
+
     from vlbert.recipes.runner import RunContext
     from vlbert.training.trainer import TrainingConfig
 
@@ -236,9 +237,9 @@ def test_imported_shards_are_not_credited_to_the_detector_section(tmp_path):
     """Easy-VQA captions over imported shards (no detector.json): the run's ``detector`` section did not make those
     features, so inference.json records no fingerprint for them (it used to name the section's)."""
     from PIL import Image
+    from vlbert.detectors.config import DetectorConfig
+    from vlbert.detectors.shards import write_shards
 
-    from detectors.config import DetectorConfig
-    from detectors.shards import write_shards
     from vlbert.data.easy_vqa import image_paths
 
     ids = list(color_and_shape("train"))[:16]

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from vlbert.detectors.regions import Regions
 
-from detectors.regions import Regions
 from vlbert.data.vqa import VQADataset, VQAExample, build_answer_vocab, load_vqa_v2
 from vlbert.data.vqa_answers import answer_targets, normalize_answer, soft_score
 from vlbert.evaluation.vqa import vqa_accuracy
@@ -198,9 +198,9 @@ def test_vqa_finetuning_end_to_end(tmp_path):
 def _write_easy_vqa_shards(directory, n_train, n_test):
     """Real regions for the first easy-VQA images of each split that the first questions use."""
     from PIL import Image
+    from vlbert.detectors.config import DetectorConfig
+    from vlbert.detectors.shards import write_shards
 
-    from detectors.config import DetectorConfig
-    from detectors.shards import write_shards
     from vlbert.data.easy_vqa import image_paths, load_questions
 
     extractor = DetectorConfig(options={"input_size": 96, "max_proposals": 16}).build()

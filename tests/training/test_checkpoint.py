@@ -167,7 +167,7 @@ def test_config_json_compatible_with_transformers(tmp_path):
 
 
 def test_missing_optional_package_names_the_install():
-    from vlbert_base.dependencies import require
+    from vlbert.common.dependencies import require
 
     with pytest.raises(ModuleNotFoundError, match=r"pip install -e '\.\[demo\]'"):
         require("no_such_package_xyz", "the demo data", "pip install -e '.[demo]'")

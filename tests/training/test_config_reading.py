@@ -1,4 +1,4 @@
-"""Config values as users give them, through the one typed reading (vlbert_base/typed_config.py): a value of the
+"""Config values as users give them, through the one typed reading (vlbert.common/typed_config.py): a value of the
 wrong type, out of its range or under an unknown key is one line ``error: ...`` naming the key, what it got and
 what it takes, with exit status 2, before anything is built or written (docs/bad-input.md rows 114-116); config
 names resolve by one rule for ``--config`` and ``_base_``, the local file first, then the shipped config (row
@@ -17,8 +17,8 @@ from helpers.builders import tool
 from helpers.tool_errors import TINY_MODEL, one_line_error
 
 from vlbert.commands import run_tool
+from vlbert.common.typed_config import Range, check_value
 from vlbert.training.run_config import config_dir, load_run_config
-from vlbert_base.typed_config import Range, check_value
 
 
 def tiny_text_config(root: Path, corpus: Path, cache_dir: Path) -> Path:

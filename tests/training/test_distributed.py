@@ -73,9 +73,9 @@ def test_two_processes_stopped_and_resumed_equal_the_uninterrupted_run(small_cor
 def easy_vqa_shards(tmp_path_factory) -> Path:
     """Region shards of 32 easy-VQA training images (a tiny detector: 64-pixel input, 6 proposals)."""
     from PIL import Image
+    from vlbert.detectors.config import DetectorConfig
+    from vlbert.detectors.shards import write_shards
 
-    from detectors.config import DetectorConfig
-    from detectors.shards import write_shards
     from vlbert.data.easy_vqa import color_and_shape, image_paths
 
     ids = list(color_and_shape("train"))[:32]
@@ -246,7 +246,7 @@ def backbone_vqa_config(shards: Path, root: Path):
 
 
 def _shard_ids(shards: Path) -> list[str]:
-    from detectors.store import RegionStore
+    from vlbert.detectors.store import RegionStore
 
     return list(RegionStore(shards).keys())
 

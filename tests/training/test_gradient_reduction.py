@@ -168,9 +168,9 @@ def test_reducing_before_the_last_micro_batch_is_refused():
 def shards(tmp_path_factory) -> Path:
     """Region shards of 16 easy-VQA training images (a tiny detector: 64-pixel input, 6 proposals)."""
     from PIL import Image
+    from vlbert.detectors.config import DetectorConfig
+    from vlbert.detectors.shards import write_shards
 
-    from detectors.config import DetectorConfig
-    from detectors.shards import write_shards
     from vlbert.data.easy_vqa import color_and_shape, image_paths
 
     ids = list(color_and_shape("train"))[:16]

@@ -7,12 +7,12 @@ from __future__ import annotations
 import torch
 
 import vlbert
-from detectors.config import DetectorConfig
-from detectors.shards import load_regions
 from vlbert.data.easy_vqa import COLORS, answers, easy_vqa_shards, load_questions
 from vlbert.data.finetuning import bbc_news_split
 from vlbert.data.padding import pad_text
 from vlbert.data.regions import pad_regions, region_item
+from vlbert.detectors.config import DetectorConfig
+from vlbert.detectors.shards import load_regions
 from vlbert.tokenization import load_tokenizer, resolve_model_path
 
 

@@ -26,7 +26,7 @@ Library callers keep the exception types (``ValueError``, ``FileNotFoundError``,
 
 * ``ValueError`` and its subclasses (``RegionError``, ``ShardError``, ``ImageDecodeError``), ``OSError`` and its
   subclasses (``FileNotFoundError``, ``RunExistsError``) and ``ModuleNotFoundError`` raised by vlbert's own code
-  (``vlbert/``, ``vlbert_base/``, ``detectors/``, ``tools/``): vlbert raises these only after checking what it
+  (``vlbert/``, ``detectors/``, ``tools/``): vlbert raises these only after checking what it
   was given, with a message that names the input; the same types raised deep inside torch or numpy are not
   checked input, so they keep their traceback;
 * an ``OSError`` about a named file (``FileNotFoundError``, ``IsADirectoryError``, ``PermissionError``, ... with a
@@ -54,9 +54,7 @@ from vlbert.training.run_config import load_run_config
 from vlbert.training.trainer import NonFiniteLossError, TrainingPreempted
 
 #: The directories whose code raises checked-input errors on purpose.
-_OWN_CODE = tuple(
-    str(Path(__file__).resolve().parents[2] / name) + os.sep for name in ("vlbert", "vlbert_base", "detectors", "tools")
-)
+_OWN_CODE = tuple(str(Path(__file__).resolve().parents[2] / name) + os.sep for name in ("vlbert", "detectors", "tools"))
 USAGE_ERROR = 2
 FAILED_RUN = 1
 PREEMPTED = 143

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from detectors.images import read_pil_image
 from vlbert.analysis.attention_maps import word_region_attention
+from vlbert.detectors.images import read_pil_image
 from vlbert.inference import PIPELINES, pipeline
 from vlbert.processing import load_processor_record
 

@@ -1,5 +1,5 @@
 """The detector flags of the commands that build a detector (``vlbert extract`` / ``tools/extract_regions.py``,
-``vlbert benchmark extraction``), generated from :data:`detectors.backends.DETECTOR_BACKENDS`: ``--backend`` with
+``vlbert benchmark extraction``), generated from :data:`vlbert.detectors.backends.DETECTOR_BACKENDS`: ``--backend`` with
 the table's names as choices, ``--weights``, ``--weights-sha256``, and one flag per backend option (an option that
 several backends have is one flag; a field's metadata gives its ``help`` and may rename its ``flag``; a mapping
 field takes ``KEY VALUE`` pairs, the values read as YAML). A new backend's options show up here without an edit.
@@ -12,8 +12,8 @@ from dataclasses import MISSING, Field, fields
 
 import yaml
 
-from detectors.backends import DEFAULT_BACKEND, DETECTOR_BACKENDS
-from detectors.config import DetectorConfig, typed_options
+from vlbert.detectors.backends import DEFAULT_BACKEND, DETECTOR_BACKENDS
+from vlbert.detectors.config import DetectorConfig, typed_options
 
 _TYPES = {"int": int, "float": float, "str": str}
 

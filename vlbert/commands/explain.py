@@ -23,9 +23,6 @@ import json
 from pathlib import Path
 
 import vlbert
-from detectors.config import DetectorConfig
-from detectors.images import load_image, read_pil_image
-from detectors.shards import load_regions
 from vlbert.analysis.alignment_share import alignment_share, object_box
 from vlbert.analysis.attention_maps import (
     head_statistics,
@@ -39,13 +36,16 @@ from vlbert.analysis.fill_mask import fill_mask
 from vlbert.analysis.generation import gibbs_sample, mask_predict
 from vlbert.analysis.probe_data import probe_features
 from vlbert.analysis.probing import plot_probe, probe_layers
+from vlbert.common.user_files import read_json
 from vlbert.data.easy_vqa import color_and_shape, easy_vqa_shards, image_paths
 from vlbert.data.images import ImagePreprocessing, with_image
 from vlbert.data.regions import pad_regions, region_item
+from vlbert.detectors.config import DetectorConfig
+from vlbert.detectors.images import load_image, read_pil_image
+from vlbert.detectors.shards import load_regions
 from vlbert.processing import VLProcessor
 from vlbert.tokenization import load_tokenizer, resolve_model_path
 from vlbert.training.run_config import load_run_config
-from vlbert_base.user_files import read_json
 
 EASY_VQA_DETECTOR_CONFIG = "detectors/easy-vqa"  # the easy-VQA runs' detector
 EASY_VQA_MAX_REGIONS = 16
@@ -66,7 +66,7 @@ def load(model_path: str, vl: bool):
 
 
 def easy_vqa_detector():
-    """The :class:`detectors.config.DetectorConfig` of configs/detectors/easy-vqa.yaml (the VL default run's)."""
+    """The :class:`vlbert.detectors.config.DetectorConfig` of configs/detectors/easy-vqa.yaml (the VL default run's)."""
     return DetectorConfig.from_section(load_run_config(EASY_VQA_DETECTOR_CONFIG)["detector"])
 
 

@@ -9,7 +9,7 @@
     python tools/extract_regions.py --from-tsv trainval_obj36.tsv --extracted-with butd-vg --output-dir out/
     python tools/extract_regions.py --from-npz features_dir/ --extracted-with my-detector.yaml --output-dir out/
 
---images takes files, directories (the image files inside, of the endings detectors.images.IMAGE_SUFFIXES: .jpg,
+--images takes files, directories (the image files inside, of the endings vlbert.detectors.images.IMAGE_SUFFIXES: .jpg,
 .png, .webp, .bmp, ...), "skimage" (the real photos shipped with scikit-image) or "easy-vqa". The detector flags are
 made from the backends' table (detectors/backends.py): --backend chooses one, each backend option is a flag
 (--architecture resnet50 --weights resnet50.safetensors for another timm backbone). --draw writes the first images
@@ -30,13 +30,13 @@ import argparse
 import os
 from pathlib import Path
 
-from detectors.config import named_detector
-from detectors.extract import distributed_rank, extract_to_shards, pending_sources
-from detectors.images import IMAGE_SUFFIXES, is_image_file, read_pil_image
-from detectors.precomputed import read_butd_tsv, read_npz
-from detectors.shards import read_detector_info, read_shards, shard_paths, write_detector_info, write_shards
 from vlbert.commands.detector_flags import add_detector_arguments, detector_from_arguments
 from vlbert.data.easy_vqa import image_paths
+from vlbert.detectors.config import named_detector
+from vlbert.detectors.extract import distributed_rank, extract_to_shards, pending_sources
+from vlbert.detectors.images import IMAGE_SUFFIXES, is_image_file, read_pil_image
+from vlbert.detectors.precomputed import read_butd_tsv, read_npz
+from vlbert.detectors.shards import read_detector_info, read_shards, shard_paths, write_detector_info, write_shards
 
 SKIMAGE_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "horse.png")
 

@@ -40,9 +40,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from vlbert.common.files import write_text_atomically
 from vlbert.data.grounded_text import jsonl_records
 from vlbert.inference import PIPELINES, pipeline_class
-from vlbert_base.files import write_text_atomically
 
 #: the flags passed to a pipeline's predict_records (its parameters and tool_options say which it reads).
 OPTIONS = ("top_k", "draw", "images", "index", "captions")

@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlbert_base.user_files import read_json, read_jsonl
+from vlbert.common.user_files import read_json, read_jsonl
 
 CAPTION_FORMATS = ("coco", "karpathy", "tsv", "jsonl", "hf", "lxmert")
 

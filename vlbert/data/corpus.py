@@ -13,7 +13,7 @@ import random
 import re
 from pathlib import Path
 
-from vlbert_base.dependencies import extra_install, require
+from vlbert.common.dependencies import extra_install, require
 
 logger = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset
 
+from vlbert.common.files import PositionalFiles
 from vlbert.data.pretraining import IS_NEXT, IS_RANDOM, truncate_pair
 from vlbert.data.token_corpus import TokenCorpus
-from vlbert_base.files import PositionalFiles
 
 
 def split_documents(num_documents: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

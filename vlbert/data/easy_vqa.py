@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from detectors.cache import cached_shards
-from vlbert_base.dependencies import extra_install, require
+from vlbert.common.dependencies import extra_install, require
+from vlbert.detectors.cache import cached_shards
 
 COLORS = ("red", "green", "blue", "black", "gray", "teal", "brown", "yellow")
 SHAPES = ("circle", "rectangle", "triangle")
@@ -75,8 +75,8 @@ def first_images(split: str, count: int = 0) -> list[str]:
 
 def easy_vqa_shards(detector, cache_dir: str | Path, image_ids: list[str] | None = None) -> list[Path]:
     """Region shards of the easy-VQA images (default: all, train and test), extracted once with ``detector``
-    (a :class:`detectors.config.DetectorConfig`) and cached under ``cache_dir`` (see
-    :func:`detectors.cache.cached_shards`).
+    (a :class:`vlbert.detectors.config.DetectorConfig`) and cached under ``cache_dir`` (see
+    :func:`vlbert.detectors.cache.cached_shards`).
 
     Each split's images are cached on their own (one directory for the given ids of ``train``, one for those of
     ``test``), so a run that needs the test split beside its training images (VQA's evaluation) reuses the

@@ -23,10 +23,10 @@ from typing import Annotated, Sequence
 
 import torch
 
+from vlbert.common.typed_config import Range
 from vlbert.data.corpus import BBC_CLASSES, load_bbc_news, train_eval_split
 from vlbert.layers.losses import IGNORE_INDEX
 from vlbert.layers.unpadded import unpadded_layout
-from vlbert_base.typed_config import Range
 
 TASK_TYPES = ("classification", "regression", "tagging", "qa")
 

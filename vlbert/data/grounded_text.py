@@ -10,12 +10,12 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from detectors.regions import Regions
-from detectors.store import region_count
+from vlbert.common.user_files import read_jsonl
 from vlbert.data.padding import pad_text
 from vlbert.data.regions import pad_regions, region_item, with_pixels
+from vlbert.detectors.regions import Regions
+from vlbert.detectors.store import region_count
 from vlbert.layers.unpadded import unpadded_layout
-from vlbert_base.user_files import read_jsonl
 
 
 def jsonl_records(path: str | os.PathLike, what: str) -> Iterator[tuple[str, dict]]:
@@ -43,7 +43,7 @@ class GroundedTextDataset(Dataset):
 
     Args:
         examples: the task's examples (each with an id attribute named by ``id_field``).
-        regions: image id -> :class:`~detectors.regions.Regions`.
+        regions: image id -> :class:`~vlbert.detectors.regions.Regions`.
         tokenizer: WordPiece tokenizer; texts are truncated to ``max_text_length`` wordpieces ([CLS]/[SEP] incl.).
         max_regions: regions kept per image.
     Raises:

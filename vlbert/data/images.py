@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from detectors.images import IMAGE_SUFFIXES, is_image_file, read_pil_image
-from detectors.regions import Regions
+from vlbert.detectors.images import IMAGE_SUFFIXES, is_image_file, read_pil_image
+from vlbert.detectors.regions import Regions
 
 
 @dataclass(frozen=True)
@@ -62,11 +62,11 @@ class ImagePreprocessing:
 
     def __call__(self, image) -> torch.Tensor:
         """float32 [3, h, w]: ``image`` (a file path, PIL image or uint8 array, read by
-        :func:`detectors.images.read_image`, the reader extraction uses: EXIF orientation applied, 16-bit scaled)
+        :func:`vlbert.detectors.images.read_image`, the reader extraction uses: EXIF orientation applied, 16-bit scaled)
         resized (:meth:`size`), in the channel order, scaled and normalised.
 
         Raises:
-            FileNotFoundError, detectors.images.ImageDecodeError: a file that is missing or cannot be decoded.
+            FileNotFoundError, vlbert.detectors.images.ImageDecodeError: a file that is missing or cannot be decoded.
             ValueError: an array or image mode it cannot convert.
         """
         image = read_pil_image(image)
@@ -82,10 +82,10 @@ class ImagePreprocessing:
 
     def read(self, image) -> torch.Tensor:
         """:meth:`__call__` of an image given as a pipeline takes it: a file path, a PIL image, or a uint8 array
-        [H, W, 3] RGB (any mode :func:`detectors.images.to_rgb_array` converts).
+        [H, W, 3] RGB (any mode :func:`vlbert.detectors.images.to_rgb_array` converts).
 
         Raises:
-            FileNotFoundError, detectors.images.ImageDecodeError: a file that is missing or cannot be decoded.
+            FileNotFoundError, vlbert.detectors.images.ImageDecodeError: a file that is missing or cannot be decoded.
             ValueError: an array or image mode it cannot convert.
         """
         return self(image)
@@ -137,7 +137,7 @@ def image_preprocessing(name: str, short_side: int = 0, max_side: int = 0) -> Im
 
 
 def _image_files_in(folder: Path) -> dict[str, Path]:
-    """name without its ending -> file, for the image files directly in ``folder`` (:func:`detectors.images.
+    """name without its ending -> file, for the image files directly in ``folder`` (:func:`vlbert.detectors.images.
     is_image_file`; the first in sorted order where two share a name), {} for a folder that does not exist."""
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
@@ -153,7 +153,7 @@ def _image_files_in(folder: Path) -> dict[str, Path]:
 def image_files(image_ids: Sequence[str], directory: str | os.PathLike) -> dict[str, Path]:
     """image id -> its file under ``directory``, by extraction's rule (``tools/extract_regions.py --images
     DIRECTORY`` names each image by its path under the directory without its ending): ``<directory>/<id>`` itself
-    when that is a file, else ``<directory>/<id><ending>`` for an ending of :data:`detectors.images.IMAGE_SUFFIXES`
+    when that is a file, else ``<directory>/<id><ending>`` for an ending of :data:`vlbert.detectors.images.IMAGE_SUFFIXES`
     in any case (``.webp``, ``.JPG``, ...). So ``data.image_dir`` set to the folder the regions were extracted from
     finds every image. Each folder is listed once.
 
@@ -210,7 +210,7 @@ class ImageReader:
 
 @dataclass
 class ImageRegions(Regions):
-    """An image's :class:`~detectors.regions.Regions` with its preprocessed ``pixels`` (float32 [3, h, w]): what a
+    """An image's :class:`~vlbert.detectors.regions.Regions` with its preprocessed ``pixels`` (float32 [3, h, w]): what a
     pipeline over a model with a visual backbone builds per image, so the boxes (the run's detector's) and the pixels
     (the run's preprocessing) travel together into :func:`vlbert.data.regions.region_item`."""
 

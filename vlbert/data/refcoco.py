@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detectors.safe_pickle import load_plain_pickle
+from vlbert.common.user_files import expect, read_json
 from vlbert.data.easy_vqa import color_and_shape, image_paths
 from vlbert.data.grounded_text import GroundedTextDataset
-from vlbert_base.user_files import expect, read_json
+from vlbert.detectors.safe_pickle import load_plain_pickle
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Regions into model inputs: slicing one image's :class:`~detectors.regions.Regions` and padding a batch of them
+"""Regions into model inputs: slicing one image's :class:`~vlbert.detectors.regions.Regions` and padding a batch of them
 under the model's input names (``region_features``, ``region_boxes``, ``region_mask``). Every VL task (pretraining,
 VQA, retrieval, classification) builds its region tensors here; detectors/ below knows regions, never the model's
 batch. Which regions to mask is masked region modelling's decision, and the padding of its targets its own
@@ -15,8 +15,8 @@ import logging
 import numpy as np
 import torch
 
-from detectors.regions import Regions
 from vlbert.data.images import ImageReader, pad_images
+from vlbert.detectors.regions import Regions
 
 logger = logging.getLogger(__name__)
 #: the ``max_regions`` values whose cut was already reported in this process (one line each, not one per image).

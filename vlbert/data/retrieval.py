@@ -7,11 +7,11 @@ from typing import Sequence
 
 import torch
 
-from detectors.regions import Regions
 from vlbert.data.captions import CaptionedImage, load_karpathy_split
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, color_and_shape
 from vlbert.data.padding import pad_text
 from vlbert.data.regions import pad_regions, region_item, with_pixels
+from vlbert.detectors.regions import Regions
 from vlbert.layers.unpadded import unpadded_layout
 
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vlbert.common.files import PositionalFiles
 from vlbert.data.corpus import BBC_NEWS, hub_corpus, load_bbc_news, split_sentences
-from vlbert_base.files import PositionalFiles
 
 logger = logging.getLogger(__name__)
 

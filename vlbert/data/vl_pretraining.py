@@ -15,10 +15,10 @@ from typing import Sequence
 
 from torch.utils.data import Dataset
 
-from detectors.regions import Regions
-from detectors.store import region_count
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.regions import pad_regions, region_item, with_pixels
+from vlbert.detectors.regions import Regions
+from vlbert.detectors.store import region_count
 from vlbert.layers.unpadded import stream_layouts, unpadded_layout
 from vlbert.objectives import OBJECTIVES, PrepareContext
 from vlbert.objectives.image_text_matching import content_id
@@ -53,7 +53,7 @@ class VLPretrainingDataset(Dataset):
 
     Args:
         captions: the image-text pairs (one image may have several captions).
-        regions: image id -> :class:`~detectors.regions.Regions` (any mapping: a region store).
+        regions: image id -> :class:`~vlbert.detectors.regions.Regions` (any mapping: a region store).
         tokenizer: for [CLS]/[SEP].
         max_text_length: wordpieces including [CLS] and [SEP].
         max_regions: keep at most this many regions per image (the detector's order).

@@ -10,11 +10,11 @@ from typing import Sequence
 
 import torch
 
-from detectors.regions import Regions
+from vlbert.common.user_files import read_json
 from vlbert.data.easy_vqa import load_questions
 from vlbert.data.grounded_text import GroundedTextDataset
 from vlbert.data.vqa_answers import answer_targets, reference_forms
-from vlbert_base.user_files import read_json
+from vlbert.detectors.regions import Regions
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class VQADataset(GroundedTextDataset):
 
     Args:
         examples: the questions.
-        regions: image id -> :class:`~detectors.regions.Regions`.
+        regions: image id -> :class:`~vlbert.detectors.regions.Regions`.
         tokenizer: WordPiece tokenizer.
         answer_vocab: the answers the model can output.
         max_question_length: wordpieces incl. [CLS]/[SEP]; max_regions: regions per image.

@@ -13,9 +13,9 @@ from vlbert.data.regions import pad_regions, region_item, with_pixels
 from vlbert.utils import evaluation
 
 if TYPE_CHECKING:
-    from detectors.regions import Regions
     from vlbert.data.captions import CaptionedImage
     from vlbert.data.images import ImageReader
+    from vlbert.detectors.regions import Regions
 
 
 def recall_at_k(

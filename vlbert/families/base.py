@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from vlbert.checkpoint import PYTORCH_WEIGHTS_NAME, SHARDED_INDEX_NAME, WEIGHTS_NAME, read_state_dict
-from vlbert_base.user_files import expect, read_json
+from vlbert.common.user_files import expect, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class CheckpointFamily:
         tokenizer: the hub name of the tokenizer it was trained with.
         cased: whether that tokenizer keeps case (a tokenizer that lower-cases is refused for a cased family).
         features: what its regions were: ``extractor`` (a description, or the name our backend writes when one
-            reproduces them), ``fingerprint`` / ``config`` of our :class:`detectors.config.DetectorConfig` that
+            reproduces them), ``fingerprint`` / ``config`` of our :class:`vlbert.detectors.config.DetectorConfig` that
             reproduces them, with what is known of the published weights (their file name; ``weights_sha256``
             where published), so regions match on the hash where both records have one, else on the file name
             (None where no config reproduces them: then the regions must be imported), ``max_regions``.
@@ -111,7 +111,7 @@ class CheckpointFamily:
 
 def detector_features(detector, max_regions: int, description: str) -> dict[str, Any]:
     """A family's ``features`` for regions of one of our detectron2 detectors (a
-    :class:`~detectors.config.DetectorConfig`): the name that backend writes into its regions, the fingerprint, the
+    :class:`~vlbert.detectors.config.DetectorConfig`): the name that backend writes into its regions, the fingerprint, the
     configuration record, ``max_regions`` and ``description``, all derived from the one config."""
     return {
         "extractor": detector.options.extractor_name(detector.weights),

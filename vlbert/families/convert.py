@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vlbert import models
+from vlbert.common.user_files import expect, read_json, read_yaml
 from vlbert.config import VLBertConfig
 from vlbert.families.base import CheckpointFamily, WrongForm, load_torch_file, read_directory
 from vlbert.families.registry import FAMILIES
 from vlbert.processing import VLProcessor
 from vlbert.tokenization import load_tokenizer
-from vlbert_base.user_files import expect, read_json, read_yaml
 
 logger = logging.getLogger(__name__)
 

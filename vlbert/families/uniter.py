@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from detectors.config import NAMED_DETECTORS
 from vlbert.checkpoint import hf_to_vlbert
+from vlbert.detectors.config import NAMED_DETECTORS
 from vlbert.families.base import (
     CheckpointFamily,
     Converted,

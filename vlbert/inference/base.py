@@ -10,10 +10,10 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 import torch
 
-from detectors.regions import Regions
+from vlbert.common.user_files import read_json
+from vlbert.detectors.regions import Regions
 from vlbert.models.vqa import VLBertForVQA
 from vlbert.processing import ImageInput, VLProcessor, record_pipeline
-from vlbert_base.user_files import read_json
 
 
 def _default_device() -> str:
@@ -53,9 +53,9 @@ class Pipeline:
             :data:`vlbert.data.images.DEFAULT_PREPROCESSING`: a run directory records its own).
         device: "cpu", "cuda", ... (default: CUDA when available; a model in memory stays where it is unless
             ``device`` is given).
-        detector: a :class:`~detectors.config.DetectorConfig` to extract with instead of the run's own (refused
+        detector: a :class:`~vlbert.detectors.config.DetectorConfig` to extract with instead of the run's own (refused
             unless it has the run's fingerprint or ``allow_other_detector``); for a model in memory, its own (None:
-            the pipeline takes :class:`~detectors.regions.Regions` only).
+            the pipeline takes :class:`~vlbert.detectors.regions.Regions` only).
         allow_other_detector: accept another detector's regions, at the cost of silently worse predictions.
         batch_size: examples per forward pass (and images per detector call).
         detector_weights: the run's detector's weights file where you keep it (a converted UNITER's

@@ -9,7 +9,7 @@ from the run's saved processor and refuses another one (:class:`vlbert.processin
 as the task's dataset prepares them (same tokenizer, truncation, ``region_item`` and padding), so on the same
 regions a pipeline gives the recipe's evaluation outputs (tests/inference/test_inference.py checks every task).
 
-Images: a file path, a PIL image, a uint8 array [H, W, 3] (RGB) or the image's :class:`~detectors.regions.Regions`.
+Images: a file path, a PIL image, a uint8 array [H, W, 3] (RGB) or the image's :class:`~vlbert.detectors.regions.Regions`.
 A new task is a Pipeline subclass and one line in :data:`PIPELINES` (docs/extending.md).
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from detectors.images import read_pil_image
-from detectors.regions import Regions
+from vlbert.detectors.images import read_pil_image
+from vlbert.detectors.regions import Regions
 from vlbert.evaluation.vqa import gqa_predictions_json, vqa_results_json
 from vlbert.inference.base import Pipeline, label_result, label_row
 from vlbert.inference.fill_mask import FillMaskPipeline, TextFillMaskPipeline
@@ -328,8 +328,8 @@ def pipeline(
 
     ``model`` is a run directory or hub id (its task's pipeline by default, from its saved processor; ``task``
     ``"image-text-matching"`` scores (image, caption) pairs with a VL pretraining or retrieval run), or a model in
-    memory (then ``tokenizer`` is required; ``detector`` is the :class:`~detectors.config.DetectorConfig` its
-    regions came from, else the pipeline takes :class:`~detectors.regions.Regions` only; by default the one pipeline
+    memory (then ``tokenizer`` is required; ``detector`` is the :class:`~vlbert.detectors.config.DetectorConfig` its
+    regions came from, else the pipeline takes :class:`~vlbert.detectors.regions.Regions` only; by default the one pipeline
     that runs the model's class). As a shorthand, a first argument that names no pipeline is the model:
     ``pipeline("runs/vqa")``. ``kwargs`` as :class:`Pipeline` (device, batch_size, labels, ...).
 

@@ -13,17 +13,17 @@ from typing import Any, Sequence
 import torch
 from safetensors.torch import load_file
 
-from detectors.images import IMAGE_SUFFIXES, is_image_file
-from detectors.regions import Regions
-from detectors.shards import write_shards
-from detectors.store import RegionStore
 from vlbert.checkpoint import write_safetensors
+from vlbert.common.files import write_text_atomically
+from vlbert.common.user_files import expect, read_json
+from vlbert.detectors.images import IMAGE_SUFFIXES, is_image_file
+from vlbert.detectors.regions import Regions
+from vlbert.detectors.shards import write_shards
+from vlbert.detectors.store import RegionStore
 from vlbert.evaluation.retrieval import rerank_shortlist
 from vlbert.inference.base import Pipeline, _as_list, _is_single, read_captions
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
 from vlbert.processing import ImageInput
-from vlbert_base.files import write_text_atomically
-from vlbert_base.user_files import expect, read_json
 
 INDEX_FILE = "index.json"
 EMBEDDINGS_FILE = "embeddings.safetensors"

@@ -19,7 +19,7 @@ backbone (VL-BERT's "e2e"; Su et al., ICLR 2020, section 3.3; jackroos/VL-BERT a
   run's; else the backbone's own parameter group), ``pretrained`` (False: random weights, to be loaded from a
   checkpoint; True: torchvision's / timm's downloadable ImageNet weights, online only), ``weights`` (timm only, None:
   none; a timm state dict file (.safetensors or weights-only torch), or "packaged": the offline ImageNet
-  EfficientNet-Lite0 the easy-VQA detector uses (:func:`detectors.backbone.load_efficientnet_lite0`); read when the
+  EfficientNet-Lite0 the easy-VQA detector uses (:func:`vlbert.detectors.backbone.load_efficientnet_lite0`); read when the
   model is built, then replaced by a checkpoint's own weights where the model loads one).
 
 The torchvision head is its ``layer4`` as built (stride 2, not dilated: a 14x14 RoI becomes 7x7 before pooling).
@@ -37,10 +37,10 @@ from torch import nn
 from torchvision.models import resnet as torchvision_resnet
 from torchvision.ops import roi_align
 
-from detectors.backbone import load_efficientnet_lite0, read_state_dict
+from vlbert.common.dependencies import require
 from vlbert.config import VisualBackboneConfig
+from vlbert.detectors.backbone import load_efficientnet_lite0, read_state_dict
 from vlbert.models.pretrained import OwnLearningRate
-from vlbert_base.dependencies import require
 
 #: The fields' defaults (their types and ranges: :class:`vlbert.config.VisualBackboneConfig`).
 DEFAULTS = VisualBackboneConfig.options(None)

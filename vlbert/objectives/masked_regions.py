@@ -6,7 +6,7 @@ features zeroed while the caption stays intact, and the model recovers them from
 * MRC-kl: match the detector's whole class distribution (KL divergence).
 
 The class distribution never includes a background class: detectors and importers leave it out (see
-:mod:`detectors.torchvision_detector`), as UNITER's targets do.
+:mod:`vlbert.detectors.torchvision_detector`), as UNITER's targets do.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ predict read them from one place:
 - the region source record (:class:`~vlbert.processing.region_source.RegionSource`: the detector's configuration
   with its weights' sha256, its fingerprint, the extractor's name, the feature size) and ``max_regions``;
 - for a model with a visual backbone, the image preprocessing (:class:`~vlbert.data.images.ImagePreprocessing`,
-  over :func:`detectors.images.read_image`, the one image reader: EXIF orientation, bit depth, modes);
+  over :func:`vlbert.detectors.images.read_image`, the one image reader: EXIF orientation, bit depth, modes);
 - the task, its pipeline and its label names (VQA's answer vocabulary, ...), and the task's further fields
   (retrieval's ``shortlist``, referring expressions' ``boxes``, ...);
 - the compatibility check between two records (:meth:`VLProcessor.check_compatible`).
@@ -31,21 +31,21 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from detectors.config import DetectorConfig
-from detectors.extract import extract_regions
-from detectors.images import read_image
-from detectors.regions import Regions
 from vlbert.data.grounded_text import GroundedCollator
 from vlbert.data.images import DEFAULT_PREPROCESSING, ImagePreprocessing, image_preprocessing, with_image
 from vlbert.data.padding import pad_text
 from vlbert.data.regions import pad_regions, region_item
+from vlbert.detectors.config import DetectorConfig
+from vlbert.detectors.extract import extract_regions
+from vlbert.detectors.images import read_image
+from vlbert.detectors.regions import Regions
 from vlbert.processing.record import load_processor_record, local_run_dir, record_pipeline
 from vlbert.processing.region_source import RegionSource
 from vlbert.run_files import read_processor_record, write_processor_record
 from vlbert.tokenization import load_tokenizer, save_tokenizer
 
 #: What a processor takes as an image: a file path, a PIL image, a uint8 array [H, W, 3] (RGB), or the image's
-#: :class:`~detectors.regions.Regions` already extracted (checked against the processor's region source).
+#: :class:`~vlbert.detectors.regions.Regions` already extracted (checked against the processor's region source).
 ImageInput = Any
 
 #: The limits of a record that names none (the VL runs' defaults; BUTD's 36 regions per image).
@@ -291,8 +291,8 @@ class VLProcessor:
     ) -> "VLProcessor":
         """Choose the detector that extracts regions from images: the record's own, reading its weights from
         ``detector_weights`` where given (the file where the user keeps it, checked against the recorded sha256,
-        or where none is recorded the file name: :meth:`~detectors.config.DetectorConfig.with_weights`); or
-        ``detector`` when it extracts the same features (:meth:`~detectors.config.DetectorConfig.difference`) or
+        or where none is recorded the file name: :meth:`~vlbert.detectors.config.DetectorConfig.with_weights`); or
+        ``detector`` when it extracts the same features (:meth:`~vlbert.detectors.config.DetectorConfig.difference`) or
         ``allow_other_detector`` is set. None where neither exists (regions imported from precomputed features,
         no ``detector`` given): then images must be given as :class:`Regions`. Returns self.
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from detectors.config import DetectorConfig
-from detectors.shards import read_detector_info
+from vlbert.detectors.config import DetectorConfig
+from vlbert.detectors.shards import read_detector_info
 
 
 @dataclass(frozen=True)
@@ -18,9 +18,9 @@ class RegionSource:
     """What made a model's region features.
 
     Attributes:
-        fingerprint: the detector's fingerprint (10 hex digits, :meth:`~detectors.config.DetectorConfig.fingerprint`)
+        fingerprint: the detector's fingerprint (10 hex digits, :meth:`~vlbert.detectors.config.DetectorConfig.fingerprint`)
             or None where unknown (features imported without saying what extracted them).
-        config: the :class:`~detectors.config.DetectorConfig` fields (``weights_sha256`` included where the weights
+        config: the :class:`~vlbert.detectors.config.DetectorConfig` fields (``weights_sha256`` included where the weights
             file was hashed) as saved, or None where unknown.
         extractor: the extractor's name as its regions carry it (``Regions.detector``), "" where none.
         feature_dim: the region feature size D of ``region_features`` [B, R, D], or None where not recorded.
@@ -33,8 +33,8 @@ class RegionSource:
 
     @classmethod
     def from_store(cls, store, detector: DetectorConfig | None = None) -> "RegionSource":
-        """The source of the regions of ``store`` (a :class:`~detectors.store.RegionStore`, or a
-        :class:`~detectors.store.MergedRegions` of them): the shard directory's ``detector.json`` decides when it
+        """The source of the regions of ``store`` (a :class:`~vlbert.detectors.store.RegionStore`, or a
+        :class:`~vlbert.detectors.store.MergedRegions` of them): the shard directory's ``detector.json`` decides when it
         has one (``tools/extract_regions.py`` writes it, with the weights' sha256; for imported features, the
         detector its ``--extracted-with`` named); else ``detector`` (the run's ``detector`` section where it
         extracted the regions: the cached easy-VQA images; its weights file is hashed); imported features that
@@ -83,13 +83,13 @@ class RegionSource:
         return bool(self.config or self.fingerprint)
 
     def detector(self) -> DetectorConfig | None:
-        """The recorded :class:`~detectors.config.DetectorConfig`, or None where none is recorded (imported
+        """The recorded :class:`~vlbert.detectors.config.DetectorConfig`, or None where none is recorded (imported
         features). Raises ValueError for a record this version cannot read."""
         return DetectorConfig.from_record(self.config) if self.config else None
 
     def difference(self, other: "RegionSource") -> str | None:
         """None where ``other`` describes the same features, else what differs in words: by
-        :meth:`~detectors.config.DetectorConfig.difference` where both record a detector config (the weights by
+        :meth:`~vlbert.detectors.config.DetectorConfig.difference` where both record a detector config (the weights by
         sha256 where both know it, else by file name), else the same fingerprint where either has one, else the
         same extractor name where both have one; unknown provenance on both sides matches."""
         if self.config and other.config:

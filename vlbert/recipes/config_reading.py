@@ -1,5 +1,5 @@
 """Reading a run config before anything is built: every value through its type (the top-level keys, ``training``,
-``data``, ``detector``, ``model``; :mod:`vlbert_base.typed_config`), and, for ``--resume``, the comparison with the
+``data``, ``detector``, ``model``; :mod:`vlbert.common.typed_config`), and, for ``--resume``, the comparison with the
 config the run started with (its ``config.yaml``, which is never rewritten). Used by :func:`vlbert.recipes.run`
 (:mod:`vlbert.recipes.runner`), whose first two steps these are.
 """
@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from detectors.config import DetectorConfig
+from vlbert.common.typed_config import check_mapping
+from vlbert.common.user_files import read_yaml
 from vlbert.config import BertConfig, VLBertConfig
+from vlbert.detectors.config import DetectorConfig
 from vlbert.training.run_config import check_sections, dataclass_from_section
 from vlbert.training.trainer import TrainingConfig, latest_checkpoints
 from vlbert.utils import process_position
-from vlbert_base.typed_config import check_mapping
-from vlbert_base.user_files import read_yaml
 
 if TYPE_CHECKING:  # annotations only: the runner imports this module
     from vlbert.recipes.runner import Recipe
@@ -85,7 +85,7 @@ def model_config_class(recipe: Recipe) -> type:
 
 
 def read_run_config(recipe: Recipe, config: dict[str, Any]) -> tuple[TrainingConfig, Any, Any]:
-    """Read every value of ``config`` through its type (:mod:`vlbert_base.typed_config`), building nothing: the
+    """Read every value of ``config`` through its type (:mod:`vlbert.common.typed_config`), building nothing: the
     top-level keys (:class:`RunKeys`, and none unknown), ``training``, ``data`` (the recipe's data config),
     ``detector`` (recipes with regions) and the ``model`` section's given keys (the model config's fields, its
     ``visual_backbone`` included; the architecture's consistency is checked when the model is built). The

@@ -15,9 +15,9 @@ from typing import Literal
 
 import numpy as np
 
-from detectors.cache import cached_shards
-from detectors.store import RegionStore, region_count
 from vlbert.data.refcoco import ReferringDataset, box_iou, easy_vqa_composites, load_refcoco
+from vlbert.detectors.cache import cached_shards
+from vlbert.detectors.store import RegionStore, region_count
 from vlbert.models.referring import VLBertForReferringExpressions
 from vlbert.processing import RegionSource
 from vlbert.recipes.regions import (

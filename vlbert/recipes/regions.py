@@ -3,7 +3,7 @@ one data config (:class:`RegionTaskDataConfig`, extended per task), one data cla
 examples -> regions -> datasets -> collator -> feature size), a table of dataset builders per task (LAVIS's
 dataset builders, as plain typed entries: :class:`DatasetBuilder`, :func:`load_examples`), and the regions they
 read: the shards the config names, or the embedded easy-VQA images extracted with the run's ``detector`` section
-(cached); either way a :class:`detectors.store.RegionStore`, which reads each image's regions from disk when asked
+(cached); either way a :class:`vlbert.detectors.store.RegionStore`, which reads each image's regions from disk when asked
 (memory does not grow with the number of images)."""
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ from typing import Annotated, Any, Callable, ClassVar
 
 import torch
 
-from detectors.store import MergedRegions, RegionStore
 from vlbert import checkpoint as ckpt
+from vlbert.common.typed_config import Range
 from vlbert.data.easy_vqa import easy_vqa_shards, image_paths
 from vlbert.data.grounded_text import GroundedCollator, GroundedTextDataset
 from vlbert.data.images import DEFAULT_PREPROCESSING, ImagePreprocessing, ImageReader, image_files, image_preprocessing
+from vlbert.detectors.store import MergedRegions, RegionStore
 from vlbert.evaluation.classification import predict_labels
 from vlbert.models.visual_backbone import RegionFeatureExtractor
 from vlbert.processing import RegionSource, VLProcessor
 from vlbert.recipes.runner import TaskData, write_output_file
 from vlbert.run_files import read_run_file
 from vlbert.utils import gathered_columns
-from vlbert_base.typed_config import Range
 
-#: The field types the region tasks' data configs share (the typed reading: :mod:`vlbert_base.typed_config`).
+#: The field types the region tasks' data configs share (the typed reading: :mod:`vlbert.common.typed_config`).
 #: wordpieces per text, [CLS] and [SEP] included
 TextLength = Annotated[int, Range(ge=3)]
 #: a number of examples or images, 0 = all
@@ -111,9 +111,9 @@ def region_store(
     shards: str, dataset: str, cache_dir: str, detector, image_ids: list[str] | None = None
 ) -> RegionStore | MergedRegions:
     """The region store of ``shards``, or for easy-VQA without shards the images extracted with ``detector``
-    (a :class:`detectors.config.DetectorConfig`; cached under ``cache_dir``, each split apart:
+    (a :class:`vlbert.detectors.config.DetectorConfig`; cached under ``cache_dir``, each split apart:
     :func:`~vlbert.data.easy_vqa.easy_vqa_shards`; only ``image_ids`` when given): one split's
-    :class:`~detectors.store.RegionStore`, or both splits' as one :class:`~detectors.store.MergedRegions`.
+    :class:`~vlbert.detectors.store.RegionStore`, or both splits' as one :class:`~vlbert.detectors.store.MergedRegions`.
 
     Raises:
         ValueError: a dataset other than easy-VQA without shards.

@@ -2,7 +2,7 @@
 build its data, model and evaluation); :func:`run` does the wiring every task shares, in one order:
 
 1. check the run config (top-level keys, ``training``, ``data``, ``detector``, ``model``: every value through the
-   typed reading of :mod:`vlbert_base.typed_config`) before anything is built or written;
+   typed reading of :mod:`vlbert.common.typed_config`) before anything is built or written;
 2. refuse an output directory that holds a run unless ``resume`` or ``overwrite`` says what to do with it, and a
    ``resume`` whose config differs from the run's own ``config.yaml`` (:func:`resume_changes`);
 3. resolve ``init_from`` (``minilm`` = the packaged BERT) and load the tokenizer (``tokenizer``, else the one
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from vlbert import checkpoint as ckpt
+from vlbert.common.files import write_text_atomically
 from vlbert.config import BertConfig
 from vlbert.data.loading import eval_loader, train_loader
 from vlbert.processing import VLProcessor
@@ -38,7 +39,6 @@ from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve
 from vlbert.training.processes import check_shared_output_dir, collective_failure, control_plane, start_processes
 from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig, set_seed
 from vlbert.utils import process_position
-from vlbert_base.files import write_text_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class RunContext:
     Attributes:
         config: the whole run config (dict, as resolved from YAML and overrides).
         training: :class:`TrainingConfig`; data: the recipe's data config; detector: a
-            :class:`detectors.config.DetectorConfig` for recipes with regions, else None.
+            :class:`vlbert.detectors.config.DetectorConfig` for recipes with regions, else None.
         tokenizer: the fast WordPiece tokenizer; init_from: the resolved checkpoint path, or None (from scratch).
         command_line_keys: the dotted config keys the user set on the command line (flags and ``--set``).
     """

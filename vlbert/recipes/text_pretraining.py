@@ -14,13 +14,13 @@ from typing import Annotated
 
 from accelerate.utils import gather_object
 
+from vlbert.common.typed_config import Range, Takes, check_fields
 from vlbert.data.corpus_pairs import CorpusPairsDataset, split_documents
 from vlbert.data.pretraining import MaskingCollator, text_units
 from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
 from vlbert.layers.losses import IGNORE_INDEX
 from vlbert.models.bert import BertForPreTraining
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
-from vlbert_base.typed_config import Range, Takes, check_fields
 
 
 @dataclass

@@ -5,7 +5,7 @@ section 3), one objective per step drawn from ``data.objectives``.
 Data: ``data.sources``, a list of caption files each with its region shards (COCO captions JSON, Karpathy JSON,
 Conceptual-Captions TSV, JSONL, a ``datasets`` name, LXMERT's JSON with its questions and answers for the ``qa``
 unit; :mod:`vlbert.data.captions`), mixed with weights as UNITER
-mixes COCO, VG, CC and SBU. Regions are read from disk per sample (:class:`detectors.store.RegionStore`).
+mixes COCO, VG, CC and SBU. Regions are read from disk per sample (:class:`vlbert.detectors.store.RegionStore`).
 Embedded default (no ``sources``): the easy-VQA images with one caption per image derived from its own annotations
 ("a blue circle"); regions from the ``detector`` section, extracted on first use into a cache and reused.
 """
@@ -20,13 +20,14 @@ from typing import Annotated, Literal
 
 import torch
 
-from detectors.store import NamespacedRegions, RegionStore
+from vlbert.common.typed_config import Range, Takes, check_fields, from_section
 from vlbert.data import captions as caption_files
 from vlbert.data.corpus import train_eval_split
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES, color_and_shape, first_images, load_questions
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.regions import pad_regions
 from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset, caption_content
+from vlbert.detectors.store import NamespacedRegions, RegionStore
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives import ObjectiveMix, units_for
 from vlbert.objectives.image_text_matching import NEGATIVES
@@ -43,7 +44,6 @@ from vlbert.recipes.regions import (
 )
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 from vlbert.utils import evaluation
-from vlbert_base.typed_config import Range, Takes, check_fields, from_section
 
 logger = logging.getLogger(__name__)
 

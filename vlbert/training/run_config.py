@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from vlbert_base.typed_config import from_section
-from vlbert_base.user_files import read_yaml
+from vlbert.common.typed_config import from_section
+from vlbert.common.user_files import read_yaml
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -184,7 +184,7 @@ def check_sections(config: dict[str, Any], allowed: tuple[str, ...]) -> None:
 
 def dataclass_from_section(cls, values: dict[str, Any] | None, section: str):
     """Build the dataclass ``cls`` from a config section through the one typed reading of config values
-    (:func:`vlbert_base.typed_config.from_section`): an unknown key, a value of the wrong type (elements of lists
+    (:func:`vlbert.common.typed_config.from_section`): an unknown key, a value of the wrong type (elements of lists
     and mappings included) or out of the field's range is one line naming the key, what it got and what it takes;
     numbers written as strings (YAML 1.1 reads ``1e-4`` as one) are converted.
 

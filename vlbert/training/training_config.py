@@ -13,8 +13,8 @@ from typing import Annotated, Any, Callable, Literal
 import numpy as np
 import torch
 
+from vlbert.common.typed_config import Range, check_fields
 from vlbert.training.run_config import dataclass_from_section
-from vlbert_base.typed_config import Range, check_fields
 
 
 @dataclass
@@ -58,7 +58,7 @@ class TrainingConfig:
     collective_timeout: Annotated[float, Range(gt=0)] = 1800.0
 
     def validate(self) -> None:
-        """Check every field's type and range as its annotation says (:func:`vlbert_base.typed_config.check_fields`,
+        """Check every field's type and range as its annotation says (:func:`vlbert.common.typed_config.check_fields`,
         numbers given as text converted); raise ``ValueError`` naming the bad field, what it got and what it
         takes."""
         check_fields(self, "training")

@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detectors.backends import DETECTOR_BACKENDS
-from detectors.config import DetectorConfig
 from vlbert.commands.detector_flags import add_detector_arguments, detector_options
 from vlbert.data.easy_vqa import image_paths
+from vlbert.detectors.backends import DETECTOR_BACKENDS
+from vlbert.detectors.config import DetectorConfig
 
 COCO_SIZES = [(640, 480), (480, 640), (640, 427), (500, 375)]
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from detectors.config import DetectorConfig
-from detectors.regions import Regions
-from detectors.shards import write_shards
+from vlbert.detectors.config import DetectorConfig
+from vlbert.detectors.regions import Regions
+from vlbert.detectors.shards import write_shards
 from vlbert.recipes import RECIPES
 from vlbert.recipes.runner import RunContext
 from vlbert.recipes.vl_pretraining import VLDataConfig

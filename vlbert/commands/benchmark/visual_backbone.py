@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from detectors.backbone import load_efficientnet_lite0
-from detectors.proposals import felzenszwalb_proposals
 from vlbert.data.easy_vqa import image_paths, load_questions
+from vlbert.detectors.backbone import load_efficientnet_lite0
+from vlbert.detectors.proposals import felzenszwalb_proposals
 from vlbert.models.vqa import VLBertForVQA
 from vlbert.tokenization import load_tokenizer, packaged_minilm_dir
 from vlbert.training.training_config import parameter_groups
