@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accelerate.utils import gather_object
+from accelerate.utils import gather, gather_object, pad_across_processes
 
 
 def evaluation(fn):
@@ -41,30 +41,19 @@ def process_position() -> tuple[int, int]:
 def all_gather_padded(tensors: list) -> list:
     """Every process's tensors, concatenated along dim 0 in rank order (ranks may hold different batch sizes,
     and 2-d tensors different lengths along dim 1: those are right-padded with 0 to the longest). The tensors
-    themselves when not distributed. For choices over the global batch (hard negatives)."""
+    themselves when not distributed. For choices over the global batch (hard negatives). accelerate's
+    ``pad_across_processes`` and ``gather`` do the work (each reads the sizes on the host: a sync per call)."""
     import torch
-    import torch.distributed as dist
 
     rank, world = process_position()
     if world == 1:
         return list(tensors)
-    device = tensors[0].device
-    sizes = torch.tensor([[tensors[0].shape[0]] + [x.shape[1] if x.dim() > 1 else 0 for x in tensors]], device=device)
-    all_sizes = [torch.zeros_like(sizes) for _ in range(world)]
-    dist.all_gather(all_sizes, sizes)
-    all_sizes = torch.cat(all_sizes).tolist()
-    most_rows = max(s[0] for s in all_sizes)
+    rows = gather(torch.tensor([tensors[0].shape[0]], device=tensors[0].device)).tolist()
     out = []
-    for k, t in enumerate(tensors):
-        if t.dim() > 1:
-            padded = t.new_zeros((most_rows, max(s[k + 1] for s in all_sizes), *t.shape[2:]))
-            padded[: t.shape[0], : t.shape[1]] = t
-        else:
-            padded = t.new_zeros((most_rows,))
-            padded[: t.shape[0]] = t
-        parts = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(parts, padded.contiguous())
-        out.append(torch.cat([part[: s[0]] for part, s in zip(parts, all_sizes)]))
+    for t in tensors:
+        padded = pad_across_processes(pad_across_processes(t, dim=1) if t.dim() > 1 else t, dim=0)
+        parts = gather(padded).split(padded.shape[0])
+        out.append(torch.cat([part[:n] for part, n in zip(parts, rows)]))
     return out
 
 
