@@ -4,13 +4,17 @@ Text: :class:`BertModel`, :class:`BertForPreTraining` (MLM + NSP) and the fine-t
 BERT checkpoint with ``from_pretrained`` and saving in the Hugging Face layout with ``save_pretrained``.
 Vision-language: :class:`VLBertModel` (text + detector regions in one encoder), :class:`VLBertForPreTraining`
 (MLM, MRFR, MRC, MRC-kl, ITM as units of :mod:`vlbert.objectives`), :class:`VLBertForVQA`,
-:class:`VLBertForImageTextRetrieval`, :class:`VLBertForSequenceClassification`. Tasks are recipes
+:class:`VLBertForImageTextRetrieval`, :class:`VLBertForSequenceClassification` and the other task heads, UNITER's
+SNLI-VE and NLVR2 heads among them (:class:`VLBertForVisualEntailment`, :class:`VLBertForNLVR2Paired`,
+:class:`VLBertForNLVR2PairedAttention`: its published checkpoints convert to them). :class:`VLProcessor` turns raw
+texts and images into a model's batch and is saved with every model. Tasks are recipes
 (:mod:`vlbert.recipes`): ``vlbert.recipes.run(vlbert.recipes.RECIPES["vqa"], config)`` is what the tools do. A
-trained run answers about raw images through :func:`vlbert.inference.pipeline` (``pipeline("runs/vqa")(image,
+trained run answers about raw images through :func:`pipeline` (:mod:`vlbert.inference`: ``pipeline("runs/vqa")(image,
 question)``).
 """
 
 from vlbert.config import BertConfig, VLBertConfig
+from vlbert.inference import pipeline
 from vlbert.models import (
     BertForMultipleChoice,
     BertForPreTraining,
@@ -25,13 +29,17 @@ from vlbert.models import (
     VLBertForImagePairClassification,
     VLBertForImageTextRetrieval,
     VLBertForMaskedTokenVQA,
+    VLBertForNLVR2Paired,
+    VLBertForNLVR2PairedAttention,
     VLBertForPreTraining,
     VLBertForReferringExpressions,
     VLBertForSequenceClassification,
+    VLBertForVisualEntailment,
     VLBertForVisualReasoning,
     VLBertForVQA,
     VLBertModel,
 )
+from vlbert.processing import VLProcessor
 
 __version__ = "0.1.0"
 
@@ -53,6 +61,11 @@ __all__ = [
     "VLBertForReferringExpressions",
     "VLBertForVisualReasoning",
     "VLBertForMaskedTokenVQA",
+    "VLBertForVisualEntailment",
+    "VLBertForNLVR2Paired",
+    "VLBertForNLVR2PairedAttention",
+    "VLProcessor",
+    "pipeline",
     "EncoderOutput",
     "ObjectiveOutput",
     "PreTrainingOutput",

@@ -193,14 +193,14 @@ def _model(kernel, head_dim, regions, dropout=0.0, **model):
 @needs_flash
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
 @pytest.mark.parametrize("regions", [0, 6])
-@pytest.mark.parametrize("collator_packing", [False, True])
-def test_flash_varlen_equals_eager_in_bf16(head_dim, regions, collator_packing):
+@pytest.mark.parametrize("collator_layout", [False, True])
+def test_flash_varlen_equals_eager_in_bf16(head_dim, regions, collator_layout):
     """Under bf16 autocast, varlen (flash) gives eager's real-position outputs, loss and every gradient within
     bf16's tolerance; with the layout from the collator or read from the mask."""
     from vlbert.layers.unpadded import unpadded_layout
 
     batch = _ragged(r=regions)
-    if collator_packing:
+    if collator_layout:
         masks = [batch["attention_mask"].cpu()] + ([batch["region_mask"].cpu()] if regions else [])
         batch["layout"] = unpadded_layout(*masks).to("cuda")
     _assert_varlen_equals_eager_in_bf16(batch, head_dim, regions)
@@ -228,8 +228,8 @@ def _assert_varlen_equals_eager_in_bf16(batch, head_dim, regions, **model_config
 
 
 @needs_flash
-@pytest.mark.parametrize("collator_packing", [False, True])
-def test_two_stream_flash_varlen_equals_eager_in_bf16(collator_packing):
+@pytest.mark.parametrize("collator_layout", [False, True])
+def test_two_stream_flash_varlen_equals_eager_in_bf16(collator_layout):
     """LXMERT's encoder (issue 42): flash varlen for the text and region self-attention and the cross-attention both
     ways (cu_seqlens_q != cu_seqlens_k), each stream on the collator's layout (stream_layouts) or its own
     mask, with a row whose regions are all masked out (its text attends to no region: flash's zero output for a
@@ -238,7 +238,7 @@ def test_two_stream_flash_varlen_equals_eager_in_bf16(collator_packing):
 
     batch = _ragged(r=6)
     batch["region_mask"][3] = 0
-    if collator_packing:
+    if collator_layout:
         batch["layout"] = stream_layouts(batch["attention_mask"].cpu(), batch["region_mask"].cpu()).to("cuda")
     _assert_varlen_equals_eager_in_bf16(
         batch,

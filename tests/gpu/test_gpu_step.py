@@ -1,5 +1,5 @@
 """The GPU step, checked where the tests run (issue 31): every attention kernel equals ``eager`` on ragged text and
-text + regions, the collator's packed layout equals the one the model reads from the mask, a training step reads
+text + regions, the collator's unpadded layout equals the one the model reads from the mask, a training step reads
 nothing back from the device, the whole model compiles without a graph break, the padded-vocabulary MLM loss is
 the cross-entropy, and bf16 weights with float32 masters train as float32 does. The H100 figures are the proxy's
 (../shared/gpu/roofline.py), quoted in docs/performance.md."""
@@ -106,7 +106,7 @@ def run(model, batch):
 
 @pytest.mark.parametrize("modality", ["text", "vl", "two-stream", "vl-bert"])
 def test_every_attention_kernel_equals_eager_on_ragged_batches(modality):
-    """float64, eval mode: each kernel, with the packing read from the mask or given by the collator (for the
+    """float64, eval mode: each kernel, with the unpadding read from the mask or given by the collator (for the
     two-stream model also each stream's layout, the one its collator gives; for VL-BERT's pathway the collator's
     layout extended by its [END] on the device), gives eager's hidden states (1e-10 at real positions, zeros at
     padding), loss and gradients."""
@@ -154,7 +154,7 @@ def test_two_stream_layouts_agree_where_a_row_has_no_region():
     cu_seqlens; here its per-sequence CPU reference of the flash kernel), ``sdpa`` and ``eager``, given the
     collator's per-stream layout or reading the masks, agree (float64: hidden states, loss, gradients) on a batch
     where one row's regions are all masked out: its text attends to no region (cross-attention output 0 in the
-    packed kernel, attention to the zero padding in the padded ones)."""
+    unpadded kernel, attention to the zero padding in the padded ones)."""
     ids, mask, labels = ragged_text()
     feats, boxes, region_mask = ragged_regions()
     region_mask[3] = 0
@@ -223,9 +223,9 @@ def test_attn_implementation_config_json_and_registration(tmp_path):
         vlbert.BertModel(text_config(attn_implementation="flash"))(ids, attention_mask=mask)
     calls = []
 
-    def counting(q, k, v, packing, dropout_p, training, output_attentions=False):
-        calls.append(packing.num_tokens)
-        return ATTENTION_FUNCTIONS["eager"](q, k, v, packing, dropout_p, training, output_attentions)
+    def counting(q, k, v, unpadding, dropout_p, training, output_attentions=False):
+        calls.append(unpadding.num_tokens)
+        return ATTENTION_FUNCTIONS["eager"](q, k, v, unpadding, dropout_p, training, output_attentions)
 
     register_attention("test_counting", counting)
     try:
@@ -237,17 +237,17 @@ def test_attn_implementation_config_json_and_registration(tmp_path):
         del ATTENTION_FUNCTIONS["test_counting"]
 
 
-def test_collator_packing_equals_the_mask_and_regions_follow_their_text():
+def test_collator_layout_equals_the_mask_and_regions_follow_their_text():
     ids, mask, _ = ragged_text()
     _, _, region_mask = ragged_regions()
     layout = unpadded_layout(mask, region_mask)
     full = torch.cat([mask, region_mask], 1)
-    packing = Unpadding.from_mask(full, *full.shape)
-    assert torch.equal(layout.indices, packing.indices)
-    assert torch.equal(layout.cu_seqlens, packing.cu_seqlens)
+    unpadding = Unpadding.from_mask(full, *full.shape)
+    assert torch.equal(layout.indices, unpadding.indices)
+    assert torch.equal(layout.cu_seqlens, unpadding.cu_seqlens)
     assert layout.cu_seqlens.tolist() == [0, 11 + 5, 16 + 7 + 3, 26 + 3 + 5, 34 + 9 + 1]
     x = torch.arange(full.numel(), dtype=torch.float64).view(*full.shape, 1)
-    assert torch.equal(packing.pad(packing.unpad(x)), x * full[..., None])
+    assert torch.equal(unpadding.pad(unpadding.unpad(x)), x * full[..., None])
     with pytest.raises(ValueError, match="recompute it with unpadded_layout"):
         vlbert.BertModel(text_config())(ids, attention_mask=mask, layout=unpadded_layout(mask[:2]))
     streams = stream_layouts(mask, region_mask)  # a two-stream model's: each stream's own mask
@@ -315,7 +315,7 @@ class DeviceReads(TorchDispatchMode):
 
 @pytest.mark.parametrize("modality", ["text", "vl", "two-stream", "vl-bert"])
 def test_a_training_step_reads_nothing_back_from_the_device(modality):
-    """With the collator's packed layout and MLM positions, forward and backward of a training step (sdpa, the
+    """With the collator's unpadded layout and MLM positions, forward and backward of a training step (sdpa, the
     kernel of these machines) never wait on the device: zero host syncs; VL-BERT's pathway, which adds its [END]
     token after the regions, extends the collator's layout on the device (0886c57: it read the mask). Without them
     the model reads the mask: the check sees those reads."""
@@ -332,18 +332,18 @@ def test_a_training_step_reads_nothing_back_from_the_device(modality):
         batch["next_sentence_label"] = torch.tensor([0, 1, 0, 1])
         model = vlbert.BertForPreTraining(text_config(attn_implementation="sdpa", attention_probs_dropout_prob=0.0))
     model.train()
-    packed = {"layout": unpadded_layout(*masks), "masked_lm_positions": masked_positions(labels)}
+    given = {"layout": unpadded_layout(*masks), "masked_lm_positions": masked_positions(labels)}
     with DeviceReads() as mode:
-        model(**batch, **packed).loss.backward()
+        model(**batch, **given).loss.backward()
     assert mode.reads == []
     if modality == "two-stream":  # each stream's own layout (its collator's), cross-attention on the two
-        streams = {"layout": stream_layouts(*masks), "masked_lm_positions": packed["masked_lm_positions"]}
+        streams = {"layout": stream_layouts(*masks), "masked_lm_positions": given["masked_lm_positions"]}
         with DeviceReads() as mode:
             model(**batch, **streams).loss.backward()
         assert mode.reads == []
     with DeviceReads() as mode:
         model(**batch).loss.backward()
-    # the packing (one per stream for two streams) and the masked positions
+    # the unpadding (one per stream for two streams) and the masked positions
     assert len(mode.reads) == (3 if modality == "two-stream" else 2), mode.reads
 
 
@@ -438,15 +438,15 @@ def test_bf16_weights_with_float32_masters_train_as_float32(tmp_path, small_toke
         assert torch.equal(a, b)
 
 
-def test_a_kernel_registered_as_packed_always_gets_the_packed_layout():
-    """A kernel that reads cu_seqlens, registered with layout="packed", gets the packed tokens even when padding
+def test_a_kernel_registered_as_unpadded_always_gets_the_unpadded_tokens():
+    """A kernel that reads cu_seqlens, registered with layout="unpadded", gets the unpadded tokens even when padding
     is under the 5% below which padded kernels run the batch dense: one padded position in forty, float64, equal
     to eager (1e-6). Registered with the default layout (padded) the same function would see the dense batch."""
     from vlbert.layers.attention import _explicit
 
-    def per_sequence(q, k, v, packing, dropout_p, training, output_attentions=False):
-        assert packing.num_tokens == q.shape[0]
-        bounds = packing.cu_seqlens.tolist()
+    def per_sequence(q, k, v, unpadding, dropout_p, training, output_attentions=False):
+        assert unpadding.num_tokens == q.shape[0]
+        bounds = unpadding.cu_seqlens.tolist()
         rows = [
             _explicit(*(t[a:b].transpose(0, 1)[None] for t in (q, k, v)), None, 0.0, False, False)[0]
             for a, b in zip(bounds[:-1], bounds[1:])
@@ -457,19 +457,19 @@ def test_a_kernel_registered_as_packed_always_gets_the_packed_layout():
     ids = torch.randint(5, 90, (4, 10), generator=g)
     mask = torch.ones(4, 10, dtype=torch.long)
     mask[2, 9] = 0  # 1 of 40 positions is padding
-    register_attention("test_packed", per_sequence, layout="packed")
+    register_attention("test_unpadded", per_sequence, layout="unpadded")
     try:
         torch.manual_seed(0)
         model = vlbert.BertModel(text_config(attn_implementation="eager")).double().eval()
         reference = model(ids, attention_mask=mask).last_hidden_state
-        model.encoder.attn_implementation = "test_packed"
-        packing, kernel = model.encoder.packing(mask, 4, 10, "test_packed")
-        assert kernel == "test_packed" and packing.num_tokens == 39
+        model.encoder.attn_implementation = "test_unpadded"
+        unpadding, kernel = model.encoder.unpadding(mask, 4, 10, "test_unpadded")
+        assert kernel == "test_unpadded" and unpadding.num_tokens == 39
         out = model(ids, attention_mask=mask).last_hidden_state
         torch.testing.assert_close(out[mask.bool()], reference[mask.bool()], atol=1e-6, rtol=0)
-        assert model.encoder.packing(mask, 4, 10, "sdpa")[0].num_tokens == 40  # a padded kernel: dense
+        assert model.encoder.unpadding(mask, 4, 10, "sdpa")[0].num_tokens == 40  # a padded kernel: dense
     finally:
-        del ATTENTION_FUNCTIONS["test_packed"]
+        del ATTENTION_FUNCTIONS["test_unpadded"]
 
 
 def test_flash_is_chosen_only_where_it_runs(monkeypatch, caplog):
@@ -612,7 +612,7 @@ def test_the_shared_roofline_proxy_traces_this_checkout(monkeypatch, capsys):
 
 def test_a_compiled_encoder_layer_traces_in_one_graph_and_falls_back_to_eager(caplog):
     """training.compile's regional compilation (vlbert/training/device.py): one encoder layer on the collator's
-    packed layout (sdpa, training mode, dropout on) traces as one graph with no break (dynamo's explain), so every
+    unpadded layout (sdpa, training mode, dropout on) traces as one graph with no break (dynamo's explain), so every
     layer of a model reuses it; and when compilation fails (a backend that raises) every layer runs eagerly,
     giving eager's outputs, after one warning."""
     from vlbert.models.bert import BertLayer
@@ -620,11 +620,11 @@ def test_a_compiled_encoder_layer_traces_in_one_graph_and_falls_back_to_eager(ca
 
     ids, mask, _ = ragged_text()
     fields = {"layout": unpadded_layout(mask)}
-    packing = fields["layout"].unpadding(mask)
+    unpadding = fields["layout"].unpadding(mask)
     torch.manual_seed(0)
     layer = BertLayer(text_config()).train()
-    x = torch.randn(packing.num_tokens, 32)
-    explained = torch._dynamo.explain(layer)(x, packing, "sdpa")
+    x = torch.randn(unpadding.num_tokens, 32)
+    explained = torch._dynamo.explain(layer)(x, unpadding, "sdpa")
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
     def broken(graph, inputs):
@@ -649,7 +649,7 @@ def test_a_compiled_encoder_layer_traces_in_one_graph_and_falls_back_to_eager(ca
 
 
 def test_the_pair_collators_layout_is_what_the_pair_model_encodes():
-    """NLVR2's collator (two images per statement) gives the packed layout of the 2B rows (statement i ; image j)
+    """NLVR2's collator (two images per statement) gives the unpadded layout of the 2B rows (statement i ; image j)
     that :class:`VLBertForImagePairClassification` encodes: its training step with that layout reads nothing back
     from the device (0886c57: the layout read from the mask) and gives the logits and loss of the mask's layout."""
     from types import SimpleNamespace

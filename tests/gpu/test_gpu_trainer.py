@@ -270,7 +270,7 @@ def finetuning_config(task: str, output_dir, init, shards, tmp_path) -> dict:
 def test_a_finetuning_step_makes_the_host_wait_for_nothing(task, region_shards, tiny_bert, tmp_path):
     """Steps 2 and 3 of each fine-tuning recipe's default GPU run (bf16 weights, float32 masters, flash attention):
     every parameter, gradient and master on the GPU, no host synchronisation and no blocking host-to-device copy
-    (the collators give the packed layouts; text classification checks its labels on the device; retrieval's
+    (the collators give the unpadded layouts; text classification checks its labels on the device; retrieval's
     ITM pass over pairs drawn on the device runs padded), nothing read back."""
     probe, gpu = run_on_fake_gpu(task, finetuning_config(task, tmp_path / "run", tiny_bert, region_shards, tmp_path))
     assert_gpu_step(probe, gpu)

@@ -26,7 +26,7 @@ def tiny_text_trainer(
 ):
     """A :class:`vlbert.training.trainer.Trainer` of a tiny BertForPreTraining (``model``: the BertConfig sizes) on
     the pairs of every document of ``corpus`` (``max_length`` wordpieces), batched by the training loader with the
-    masking collator (``packed``: the packed layout); ``training``: TrainingConfig fields over quiet defaults."""
+    masking collator (``unpadded``: the unpadded layout); ``training``: TrainingConfig fields over quiet defaults."""
     from vlbert.config import BertConfig
     from vlbert.data.corpus_pairs import CorpusPairsDataset
     from vlbert.data.loading import train_loader

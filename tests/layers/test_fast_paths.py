@@ -78,12 +78,12 @@ def test_cpu_attention_path_equals_sdpa():
     attention = SelfAttention(config).double()
     mask = torch.ones(3, 7, dtype=torch.bool)
     mask[1, 5:] = False
-    packing = Unpadding.from_mask(mask, 3, 7)
-    x = torch.randn(packing.num_tokens, 32, dtype=torch.float64)
+    unpadding = Unpadding.from_mask(mask, 3, 7)
+    x = torch.randn(unpadding.num_tokens, 32, dtype=torch.float64)
     attention.train()
-    trained = attention(x, packing, "sdpa")
+    trained = attention(x, unpadding, "sdpa")
     attention.eval()
-    reference = attention(x, packing, "sdpa")
+    reference = attention(x, unpadding, "sdpa")
     assert torch.allclose(trained, reference, atol=1e-12)
 
 

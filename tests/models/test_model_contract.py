@@ -1,19 +1,66 @@
 """The contract every model class keeps (issue 30), checked over all of them in one place: a training forward on a
-ragged batch gives a finite loss and logits of the documented shape, its backward reaches every parameter not
-listed in ``unused_parameters``, and save_pretrained / from_pretrained is exact with nothing missing or unexpected.
-The transformers round trips of the text classes are in test_parity_transformers.py and test_heads.py."""
+ragged batch gives a finite loss and logits of the documented shape (an encoder, which has no loss: its hidden
+states and pooled output), its backward reaches every parameter not listed in ``unused_parameters`` (an encoder:
+not in its ``idle_modules``), and save_pretrained / from_pretrained is exact with nothing missing or unexpected.
+"Every model class" is every concrete subclass of vlbert's ``PreTrainedModel`` (:func:`model_classes`), exported or
+not. The transformers round trips of the text classes are in test_parity_transformers.py and test_heads.py."""
 
 from __future__ import annotations
+
+import importlib
+import pkgutil
 
 import pytest
 import torch
 from helpers.batches import B, D, R, T, mlm_labels, regions, text
 
 import vlbert
+import vlbert.models
+from vlbert.models.objective_units import UnitPreTrainingModel
+from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.region_embeddings import REGION_EMBEDDINGS
+from vlbert.models.vl_task import VLBertForTask
+
+H = 16  # the contract configs' hidden size
+
+
+def is_base(cls: type) -> bool:
+    """Whether ``cls`` is an abstract base, one that leaves part of the model to its subclasses, which vlbert's
+    bases say in one of two ways: :class:`VLBertForTask` has no head (its ``build_head`` raises
+    NotImplementedError: a task head implements it) and :class:`UnitPreTrainingModel` no modality (it builds no
+    objective unit and has no forward: the text and VL pretraining models set both). A class with a forward of its
+    own is not enough a rule: the task heads inherit VLBertForTask's forward and are concrete."""
+    if issubclass(cls, VLBertForTask):
+        return cls.build_head is VLBertForTask.build_head
+    return issubclass(cls, UnitPreTrainingModel) and not cls.modality
+
+
+def model_subclasses() -> list[type]:
+    """Every subclass of vlbert's ``PreTrainedModel`` defined in vlbert (every module of vlbert.models imported,
+    ``__subclasses__`` walked recursively; classes other test modules define in this process are left out)."""
+    for module in pkgutil.walk_packages(vlbert.models.__path__, "vlbert.models."):
+        importlib.import_module(module.name)
+    found, todo = [], [PreTrainedModel]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in found and sub.__module__.startswith("vlbert."):
+                found.append(sub)
+                todo.append(sub)
+    return found
+
+
+def model_classes() -> dict[str, type]:
+    """name -> class of every concrete model class (:func:`model_subclasses` less the bases, :func:`is_base`)."""
+    return {cls.__name__: cls for cls in model_subclasses() if not is_base(cls)}
+
+
+def _classification(num_labels: int, pairs: bool = False):
+    return lambda: {**text(), **regions(pairs=pairs), "labels": torch.tensor([0, 1, 1]) % num_labels}
+
 
 # class name -> (config extras, batch builder, the logits field and its shape)
 CASES = {
+    "BertModel": ({}, text, "last_hidden_state", (B, T, H)),
     "BertForPreTraining": (
         {},
         lambda: {**(t := text()), "labels": mlm_labels(t), "next_sentence_label": torch.tensor([0, 1, 0])},
@@ -52,6 +99,7 @@ CASES = {
         "logits",
         (B, 2),
     ),
+    "VLBertModel": ({}, lambda: {**text(), **regions()}, "last_hidden_state", (B, T + R, H)),
     "VLBertForPreTraining": (
         {},
         lambda: {**(t := text()), **regions(), "labels": mlm_labels(t)},
@@ -108,12 +156,30 @@ CASES = {
         "logits",
         (B, R),
     ),
+    # UNITER's heads (vlbert/models/uniter_heads.py): SNLI-VE's 3 labels; NLVR2's image pairs, the right image's
+    # regions of a third token type
+    "VLBertForVisualEntailment": ({"num_labels": 3}, _classification(3), "logits", (B, 3)),
+    "VLBertForNLVR2Paired": ({"type_vocab_size": 3}, _classification(2, pairs=True), "logits", (B, 2)),
+    "VLBertForNLVR2PairedAttention": ({"type_vocab_size": 3}, _classification(2, pairs=True), "logits", (B, 2)),
 }
 
 
-def test_every_exported_model_class_is_covered():
-    exported = {name for name in vlbert.__all__ if name.startswith(("BertFor", "VLBertFor"))}
-    assert exported == set(CASES)
+def test_every_model_class_is_covered_and_exported():
+    """Every concrete ``PreTrainedModel`` subclass of vlbert has a case here, and is public API (``vlbert.__all__``)."""
+    classes = model_classes()
+    assert "VLBertForVQA" in classes and "VLBertForNLVR2PairedAttention" in classes  # the tree was walked
+    assert set(classes) == set(CASES)
+    assert set(classes) <= set(vlbert.__all__)
+
+
+def test_the_bases_left_out_cannot_run_by_themselves():
+    """What :func:`is_base` leaves out is abstract: built with a config, each base fails to build or to run a forward
+    (VLBertForTask: no head; UnitPreTrainingModel: no forward), so no model class escapes the contract as a base."""
+    bases = [cls for cls in model_subclasses() if is_base(cls)]
+    assert {cls.__name__ for cls in bases} == {"VLBertForTask", "UnitPreTrainingModel"}
+    for cls in bases:
+        with pytest.raises(NotImplementedError):
+            cls(contract_config(issubclass(cls, VLBertForTask), {}))(*text().values())  # torch's stub takes no keys
 
 
 #: LXMERT's two-stream encoder (issue 42) under every VL head (retrieval's text embedding: its language layers).
@@ -165,31 +231,39 @@ def test_every_region_pathway_keeps_the_pretraining_contract(pathway, tmp_path):
     assert model.bert.idle_modules(masked) == []
 
 
-def check_contract(name, tmp_path, encoder: dict, more: dict | None = None):
-    extras, build, field, shape = CASES[name]
-    cls = getattr(vlbert, name)
+def contract_config(vision_language: bool, extras: dict):
+    """A one-layer config of hidden size :data:`H` (a VLBertConfig with regions of :data:`D` features) plus ``extras``."""
     base = {
         "vocab_size": 50,
-        "hidden_size": 16,
+        "hidden_size": H,
         "num_hidden_layers": 1,
         "num_attention_heads": 2,
         "intermediate_size": 32,
         "max_position_embeddings": 16,
     }
-    config = (
-        vlbert.VLBertConfig(**base, region_feature_dim=D, num_region_classes=4, **extras, **encoder)
-        if name.startswith("VL")
-        else vlbert.BertConfig(**base, **extras)
-    )
+    if vision_language:
+        return vlbert.VLBertConfig(**base, region_feature_dim=D, num_region_classes=4, **extras)
+    return vlbert.BertConfig(**base, **extras)
+
+
+def check_contract(name, tmp_path, encoder: dict, more: dict | None = None):
+    extras, build, field, shape = CASES[name]
+    cls = model_classes()[name]
+    config = contract_config(name.startswith("VL"), {**extras, **encoder})
     torch.manual_seed(0)
     model = cls(config).train()
     out = model(**build(), **(more or {}))
-    assert out.loss is not None and out.loss.dim() == 0 and torch.isfinite(out.loss), name
-    assert out.losses and set(out.losses) <= set(model.objectives), (name, out.losses, model.objectives)
     if field is not None and shape is not None:
         assert tuple(getattr(out, field).shape) == shape, name
-    out.loss.backward()
-    unused = {id(p) for p in getattr(out, "unused_parameters", None) or ()}
+    if model.objectives:
+        assert out.loss is not None and out.loss.dim() == 0 and torch.isfinite(out.loss), name
+        assert out.losses and set(out.losses) <= set(model.objectives), (name, out.losses, model.objectives)
+        out.loss.backward()
+        unused = {id(p) for p in getattr(out, "unused_parameters", None) or ()}
+    else:  # an encoder, no loss: every hidden state and the pooled output feed the backward
+        assert out.pooler_output.shape == (B, H) and torch.isfinite(out.last_hidden_state).all(), name
+        (out.last_hidden_state.sum() + out.pooler_output.sum()).backward()
+        unused = {id(p) for module in model.idle_modules() for p in module.parameters()}
     unreached = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None and id(p) not in unused]
     assert unreached == [], f"{name}: backward never reaches {unreached}"
 

@@ -1,7 +1,7 @@
 """LXMERT, the two-stream model (issue 42): converted from transformers' Lxmert checkpoints through
 ``tools/convert_checkpoint.py --from lxmert``, it computes what transformers computes (random weights, ragged
 text and region counts, float32, 1e-5); airsplay/lxmert's ``module.``-prefixed ``.pth`` layout loads to the same
-model; the two-stream encoder keeps the single-stream encoder's shape and packing contracts."""
+model; the two-stream encoder keeps the single-stream encoder's shape and unpadding contracts."""
 
 from __future__ import annotations
 
@@ -101,8 +101,8 @@ def test_pretraining_heads_and_streams_equal_transformers(pretraining):
     from vlbert.layers.unpadded import stream_layouts
 
     with torch.no_grad():  # the collator's per-stream layout: the text stream's is the one text alone uses
-        packed = ours.bert(ids, tt, tm, layout=stream_layouts(tm, rm)).last_hidden_state
-    close(packed, alone.last_hidden_state, tm)
+        unpadded = ours.bert(ids, tt, tm, layout=stream_layouts(tm, rm)).last_hidden_state
+    close(unpadded, alone.last_hidden_state, tm)
 
 
 def test_base_sized_lxmert_model_equals_transformers(tmp_path):

@@ -63,7 +63,7 @@ def test_an_l40_is_measured_against_the_l40s_datasheet_not_the_l4s(monkeypatch):
 
 
 def vl_batch(texts=(9, 6, 11, 8), regions=(12, 5, 9, 16), masked=(1, 1, 2, 1), feature_dim=96):
-    """A ragged VL batch as the packed VL collator lays it out (text and regions padded, packed layout), MLM
+    """A ragged VL batch as the VL collator lays it out (text and regions padded, unpadded layout), MLM
     labels on ``masked`` text positions of each pair (15% of the text tokens)."""
     g = torch.Generator().manual_seed(0)
     batch = pad_text([{"input_ids": torch.randint(5, 250, (t,), generator=g).tolist()} for t in texts], 0)
@@ -146,7 +146,7 @@ def test_two_stream_flops_count_each_stream_and_the_cross_attention():
     )
     torch.manual_seed(0)
     model = vlbert.VLBertForPreTraining(config).train()
-    # without the collator's joint packing each stream is packed by its mask, so the counter sees the real positions
+    # without the collator's joint layout each stream is unpadded by its mask, so the counter sees the real positions
     # only (given it, the streams run padded: no host sync, the padding's FLOPs spent but not counted as the model's)
     batch = {k: v for k, v in vl_batch().items() if k != "layout"}
     tokens, regions, sequences = count_positions(batch)

@@ -1,25 +1,25 @@
-"""Attention kernels as a table, over the packed token layout of :mod:`vlbert.layers.unpadded`.
+"""Attention kernels as a table, over the unpadded token layout of :mod:`vlbert.layers.unpadded`.
 
-The encoder keeps its hidden states *packed*: the N real tokens (and regions) of a padded [B, S] batch as one
+The encoder keeps its hidden states *unpadded*: the N real tokens (and regions) of a padded [B, S] batch as one
 [N, H] matrix (MosaicBERT / MLPerf BERT "unpadding"), built once before the first layer and padded back once after
 the last (:class:`~vlbert.layers.unpadded.Unpadding`). Position-wise layers never see padding; attention is the one
 place that needs the sequence boundaries, and each entry of :data:`ATTENTION_FUNCTIONS` reads them its own way:
 
 * ``eager``: softmax(q k^T / sqrt(d) + mask) v written out (the reference; it alone returns the probabilities);
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` on the padded [B, heads, S, d] batch;
-* ``varlen``: variable-length attention on the packed tokens and ``cu_seqlens`` (no padding anywhere). On CUDA the
+* ``varlen``: variable-length attention on the unpadded tokens and ``cu_seqlens`` (no padding anywhere). On CUDA the
   flash-attention kernel behind ``torch.nn.attention.varlen.varlen_attn``, called with the attention-probability
   dropout BERT trains with (``varlen_attn`` itself has none: see :class:`_FlashVarlen`); on other devices a
-  per-sequence reference over the same packed layout. Why keep the dropout: BERT (appendix A.2) and UNITER
+  per-sequence reference over the same unpadded layout. Why keep the dropout: BERT (appendix A.2) and UNITER
   (``attention_probs_dropout_prob`` 0.1 in its configs) train with it; MosaicBERT set it to 0 because its Triton
   flash kernel had none, a recipe change, not a kernel property. A run that wants MosaicBERT's recipe sets
   ``model.attention_probs_dropout_prob: 0``.
 
-Every function has one signature, ``fn(q, k, v, packing, dropout_p, training, output_attentions=False) -> (out,
-probs)``: q, k, v float [N, heads, head_dim] packed, ``packing`` the :class:`~vlbert.layers.unpadded.Unpadding`, ``dropout_p`` the
-attention-probability dropout applied when ``training``, ``output_attentions`` whether to return the
-probabilities; ``out`` the same layout as q, ``probs`` [B, heads, S, S] or None. A kernel declared
-``cross_attention`` (the three above) also takes ``kv_packing``, the layout of k and v when it is not q's: a
+Every function has one signature, ``fn(q, k, v, unpadding, dropout_p, training, output_attentions=False) -> (out,
+probs)``: q, k, v float [N, heads, head_dim] unpadded, ``unpadding`` the :class:`~vlbert.layers.unpadded.Unpadding`,
+``dropout_p`` the attention-probability dropout applied when ``training``, ``output_attentions`` whether to return
+the probabilities; ``out`` the same layout as q, ``probs`` [B, heads, S, S] or None. A kernel declared
+``cross_attention`` (the three above) also takes ``kv_unpadding``, the layout of k and v when it is not q's: a
 two-stream model's cross-attention, one stream's queries over the other's keys. A new kernel is one
 function and one line in the table (:func:`register_attention`), as transformers' ``AttentionInterface``, declaring
 its layout and when it can run (:class:`AttentionKernel`). The model config names it (``attn_implementation``,
@@ -43,14 +43,14 @@ from vlbert.layers.unpadded import legacy_fields as packing_fields  # noqa: F401
 logger = logging.getLogger(__name__)
 
 
-def _padded(q: torch.Tensor, packing: Unpadding) -> torch.Tensor:
+def _padded(q: torch.Tensor, unpadding: Unpadding) -> torch.Tensor:
     """[N, heads, d] -> [B, heads, S, d] (zeros at padding)."""
-    return packing.pad(q).transpose(1, 2)
+    return unpadding.pad(q).transpose(1, 2)
 
 
-def _unpadded(y: torch.Tensor, packing: Unpadding) -> torch.Tensor:
+def _unpadded(y: torch.Tensor, unpadding: Unpadding) -> torch.Tensor:
     """[B, heads, S, d] -> [N, heads, d]."""
-    return packing.unpad(y.transpose(1, 2))
+    return unpadding.unpad(y.transpose(1, 2))
 
 
 def _explicit(q, k, v, key_mask, dropout_p, training, keep_probs):
@@ -63,13 +63,13 @@ def _explicit(q, k, v, key_mask, dropout_p, training, keep_probs):
     return torch.matmul(probs, v), (probs if keep_probs else None)
 
 
-def _key_mask(packing: Unpadding, kv_packing: Unpadding | None) -> torch.Tensor | None:
-    """The padded kernels' key mask: ``packing``'s, or for cross-attention the key stream's, where a row with no
-    real key (its regions all masked out) attends to its padding instead: zeros where that stream is packed, so its
-    output is 0, as the packed kernels give a row without keys."""
-    if kv_packing is None:
-        return packing.key_mask()
-    mask = kv_packing.key_mask()
+def _key_mask(unpadding: Unpadding, kv_unpadding: Unpadding | None) -> torch.Tensor | None:
+    """The padded kernels' key mask: ``unpadding``'s, or for cross-attention the key stream's, where a row with no
+    real key (its regions all masked out) attends to its padding instead: zeros where that stream is unpadded, so its
+    output is 0, as the unpadded kernels give a row without keys."""
+    if kv_unpadding is None:
+        return unpadding.key_mask()
+    mask = kv_unpadding.key_mask()
     return None if mask is None else mask | ~mask.any(-1, keepdim=True)
 
 
@@ -77,56 +77,56 @@ def eager_attention(
     q,
     k,
     v,
-    packing: Unpadding,
+    unpadding: Unpadding,
     dropout_p: float,
     training: bool,
     output_attentions: bool = False,
-    kv_packing: Unpadding | None = None,
+    kv_unpadding: Unpadding | None = None,
 ):
     """The reference: scores, softmax, :func:`~vlbert.layers.kernels.dropout`, times v, on the padded batch
     (transformers' eager attention). Returns the probabilities [B, heads, S, S] (after dropout, the weights that
     multiply v, rows of padded queries included) when ``output_attentions``; [B, heads, S, S_kv] for
-    cross-attention (``kv_packing``)."""
-    kv = packing if kv_packing is None else kv_packing
+    cross-attention (``kv_unpadding``)."""
+    kv = unpadding if kv_unpadding is None else kv_unpadding
     y, probs = _explicit(
-        _padded(q, packing),
+        _padded(q, unpadding),
         _padded(k, kv),
         _padded(v, kv),
-        _key_mask(packing, kv_packing),
+        _key_mask(unpadding, kv_unpadding),
         dropout_p,
         training,
         output_attentions,
     )
-    return _unpadded(y, packing), probs
+    return _unpadded(y, unpadding), probs
 
 
 def sdpa_attention(
     q,
     k,
     v,
-    packing: Unpadding,
+    unpadding: Unpadding,
     dropout_p: float,
     training: bool,
     output_attentions: bool = False,
-    kv_packing: Unpadding | None = None,
+    kv_unpadding: Unpadding | None = None,
 ):
     """``scaled_dot_product_attention`` on the padded batch with a boolean key mask. CPU training with dropout runs
     :func:`eager_attention` instead (SDPA's CPU dropout path, the math kernel with ``bernoulli_``, is slower)."""
     if output_attentions or (training and dropout_p > 0 and q.device.type == "cpu"):
-        return eager_attention(q, k, v, packing, dropout_p, training, output_attentions, kv_packing)
-    kv = packing if kv_packing is None else kv_packing
+        return eager_attention(q, k, v, unpadding, dropout_p, training, output_attentions, kv_unpadding)
+    kv = unpadding if kv_unpadding is None else kv_unpadding
     y = F.scaled_dot_product_attention(
-        _padded(q, packing),
+        _padded(q, unpadding),
         _padded(k, kv),
         _padded(v, kv),
-        attn_mask=_key_mask(packing, kv_packing),
+        attn_mask=_key_mask(unpadding, kv_unpadding),
         dropout_p=dropout_p if training else 0.0,
     )
-    return _unpadded(y, packing), None
+    return _unpadded(y, unpadding), None
 
 
 class _FlashVarlen(torch.autograd.Function):
-    """Flash attention over packed sequences with attention-probability dropout: ATen's
+    """Flash attention over unpadded sequences with attention-probability dropout: ATen's
     ``_flash_attention_forward`` / ``_flash_attention_backward``, the kernels ``varlen_attn`` calls with dropout 0.
     The forward returns the Philox seed and offset of its dropout mask; the backward regenerates the same mask from
     them (FlashAttention-2, Dao 2023, section 3.1). Queries and keys have their own ``cu_seqlens`` and maximum
@@ -158,29 +158,29 @@ def varlen_attention(
     q,
     k,
     v,
-    packing: Unpadding,
+    unpadding: Unpadding,
     dropout_p: float,
     training: bool,
     output_attentions: bool = False,
-    kv_packing: Unpadding | None = None,
+    kv_unpadding: Unpadding | None = None,
 ):
-    """Attention within each packed sequence (``packing.cu_seqlens``), never touching padding; with ``kv_packing``
-    (cross-attention) sequence b's queries attend to the keys ``kv_packing.cu_seqlens`` gives sequence b. CUDA:
+    """Attention within each unpadded sequence (``unpadding.cu_seqlens``), never touching padding; with ``kv_unpadding``
+    (cross-attention) sequence b's queries attend to the keys ``kv_unpadding.cu_seqlens`` gives sequence b. CUDA:
     flash attention (:class:`_FlashVarlen`, q/k/v in the autocast dtype). Elsewhere: each sequence's
-    [1, heads, L, d] attention in turn (:func:`_explicit`, dropout included), the reference of the packed layout
+    [1, heads, L, d] attention in turn (:func:`_explicit`, dropout included), the reference of the unpadded layout
     that the tests compare with ``eager``. With ``output_attentions`` it is :func:`eager_attention`."""
     if output_attentions:  # the probabilities exist only in the explicit path, as in transformers
-        return eager_attention(q, k, v, packing, dropout_p, training, True, kv_packing)
+        return eager_attention(q, k, v, unpadding, dropout_p, training, True, kv_unpadding)
     p = dropout_p if training else 0.0
-    kv = packing if kv_packing is None else kv_packing
+    kv = unpadding if kv_unpadding is None else kv_unpadding
     if q.is_cuda:
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else q.dtype
         if dtype in (torch.float16, torch.bfloat16):
             q, k, v = (t.to(dtype) for t in (q, k, v))
             return _FlashVarlen.apply(
-                q, k, v, packing.cu_seqlens, kv.cu_seqlens, packing.max_seqlen, kv.max_seqlen, p
+                q, k, v, unpadding.cu_seqlens, kv.cu_seqlens, unpadding.max_seqlen, kv.max_seqlen, p
             ), None
-    queries, keys = packing.cu_seqlens.tolist(), kv.cu_seqlens.tolist()
+    queries, keys = unpadding.cu_seqlens.tolist(), kv.cu_seqlens.tolist()
     outs = []
     for (q0, q1), (k0, k1) in zip(zip(queries[:-1], queries[1:]), zip(keys[:-1], keys[1:])):
         seq = lambda t, a, b: t[a:b].transpose(0, 1)[None]  # [1, heads, L, d]
@@ -218,16 +218,16 @@ class AttentionKernel:
     """An entry of :data:`ATTENTION_FUNCTIONS`: the function and what it needs.
 
     Attributes:
-        function: ``fn(q, k, v, packing, dropout_p, training, output_attentions=False) -> (out, probs)`` (see
+        function: ``fn(q, k, v, unpadding, dropout_p, training, output_attentions=False) -> (out, probs)`` (see
             the module docstring).
-        layout: ``"packed"``: the kernel reads ``packing.cu_seqlens`` and must get the packed tokens, never a
-            padded batch (the encoder then always unpads); ``"padded"``: it pads per call with ``packing.pad``
-            and masks with ``packing.key_mask()``, so the encoder may keep a batch with little padding dense.
+        layout: ``"unpadded"``: the kernel reads ``unpadding.cu_seqlens`` and must get the unpadded tokens, never a
+            padded batch (the encoder then always unpads); ``"padded"``: it pads per call with ``unpadding.pad``
+            and masks with ``unpadding.key_mask()``, so the encoder may keep a batch with little padding dense.
         returns_probabilities: whether ``probs`` comes back with ``output_attentions`` (else ``eager`` runs).
         unsupported: ``(AttentionRequest) -> None`` if the kernel can run the request, else the reason in a few
             words (device, dtype, head size, compute capability, dropout).
         fallback: the kernel to try when this one cannot run (``varlen`` -> ``sdpa`` -> ``eager``).
-        cross_attention: whether ``function`` takes ``kv_packing`` (keys and values in another layout than the
+        cross_attention: whether ``function`` takes ``kv_unpadding`` (keys and values in another layout than the
             queries: :class:`~vlbert.models.two_stream.CrossAttention`); one that does not leaves the
             cross-attention to ``sdpa``.
     Calling the entry calls ``function``.
@@ -241,8 +241,9 @@ class AttentionKernel:
     cross_attention: bool = False
 
     def __post_init__(self):
-        if self.layout not in ("packed", "padded"):
-            raise ValueError(f"an attention kernel's layout is 'packed' or 'padded', not {self.layout!r}")
+        if self.layout not in ("unpadded", "padded"):
+            renamed = " ('packed' is now 'unpadded')" if self.layout == "packed" else ""
+            raise ValueError(f"an attention kernel's layout is 'unpadded' or 'padded', not {self.layout!r}{renamed}")
 
     def __call__(self, *args, **kwargs):
         return self.function(*args, **kwargs)
@@ -296,7 +297,7 @@ ATTENTION_FUNCTIONS: dict[str, AttentionKernel] = {
     ),
     "sdpa": AttentionKernel(sdpa_attention, "padded", fallback="eager", cross_attention=True),
     "varlen": AttentionKernel(
-        varlen_attention, "packed", unsupported=flash_varlen_unsupported, fallback="sdpa", cross_attention=True
+        varlen_attention, "unpadded", unsupported=flash_varlen_unsupported, fallback="sdpa", cross_attention=True
     ),
 }
 
@@ -312,8 +313,8 @@ def register_attention(
     cross_attention: bool = False,
 ) -> AttentionKernel:
     """Add an attention kernel under ``name`` (usable as ``attn_implementation``), declaring its ``layout``
-    (``"packed"`` if it reads ``cu_seqlens``), whether it ``returns_probabilities``, when it cannot run
-    (``unsupported``), what runs instead (``fallback``) and whether it takes ``kv_packing``
+    (``"unpadded"`` if it reads ``cu_seqlens``), whether it ``returns_probabilities``, when it cannot run
+    (``unsupported``), what runs instead (``fallback``) and whether it takes ``kv_unpadding``
     (``cross_attention``); see :class:`AttentionKernel`. Returns the entry.
     Raises ValueError if the name is taken or the layout unknown."""
     if name in ATTENTION_FUNCTIONS:
@@ -339,7 +340,7 @@ def check_attention_name(name: str | None) -> None:
 def select_attention(name: str | None, request: AttentionRequest) -> str:
     """The kernel that runs ``request`` for a config's ``attn_implementation`` ``name``.
 
-    None prefers ``varlen`` (flash on packed tokens) on CUDA in bf16/fp16 and ``sdpa`` elsewhere. A kernel that
+    None prefers ``varlen`` (flash on unpadded tokens) on CUDA in bf16/fp16 and ``sdpa`` elsewhere. A kernel that
     cannot run the request (:attr:`AttentionKernel.unsupported`) hands it to its fallback (varlen -> sdpa ->
     eager), with one log line (once per process and reason) saying why; ``output_attentions`` takes ``eager``
     unless the kernel returns probabilities. Raises ValueError naming the registered kernels for an unknown

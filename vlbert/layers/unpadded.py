@@ -5,7 +5,7 @@ for a two-stream model one per stream, :class:`StreamLayouts` from :func:`stream
 batch entry, ``layout``: it moves to the device with the batch like a tensor (``to``, ``pin_memory``,
 ``record_stream``), so the model never reads a mask on the device. :class:`Unpadding` is what the encoder runs on:
 the layout joined to the mask it describes (or read from the mask on the device, one ``nonzero``), with ``unpad`` /
-``pad`` between [B, S, ...] and the packed real positions [N, ...].
+``pad`` between [B, S, ...] and the unpadded real positions [N, ...].
 
 "Unpadded", not "packed": packing in the field means several sequences in one row; here each row stays one sequence
 and only its padding is dropped.
@@ -31,7 +31,7 @@ class Unpadding:
     Attributes:
         indices: int64 [N], the flat positions (row * S + column) of the real positions in row order, or None when
             every position is real (then N = B * S and unpadding is a reshape).
-        cu_seqlens: int32 [B + 1], cumulative real lengths: row b's tokens are packed rows
+        cu_seqlens: int32 [B + 1], cumulative real lengths: row b's tokens are the unpadded rows
             cu_seqlens[b]:cu_seqlens[b + 1].
         max_seqlen: int, an upper bound of the longest row (S: known on the host without reading the mask).
         batch, seq: B and S.
@@ -76,7 +76,7 @@ class Unpadding:
     def append(self, extra: int) -> "Unpadding":
         """The layout of the [B, S + ``extra``] batch whose every row gains ``extra`` real positions after its last
         column (VL-BERT's [END] after [text ; regions]), computed on the device from this one: N + B * extra
-        packed positions (host-known), each row's old tokens then its new ones, no host synchronisation."""
+        unpadded positions (host-known), each row's old tokens then its new ones, no host synchronisation."""
         b, s, wide = self.batch, self.seq, self.seq + extra
         device = self.cu_seqlens.device
         mask = None if self.mask is None else F.pad(self.mask, (0, extra), value=True)
@@ -96,7 +96,7 @@ class Unpadding:
 
     @property
     def num_tokens(self) -> int:
-        """N, the packed length (host-known: the shape of ``indices``)."""
+        """N, the unpadded length (host-known: the shape of ``indices``)."""
         return self.batch * self.seq if self.indices is None else self.indices.numel()
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
@@ -146,7 +146,7 @@ class UnpaddedLayout(_TensorFields):
 
     Attributes:
         indices: int64 [N], the flat positions (row * S + column) of the real positions, in row order.
-        cu_seqlens: int32 [B + 1], cumulative real lengths: row b's tokens are packed rows
+        cu_seqlens: int32 [B + 1], cumulative real lengths: row b's tokens are the unpadded rows
             cu_seqlens[b]:cu_seqlens[b + 1].
     It moves with the batch (``to``, ``pin_memory``, ``record_stream``) and pickles (loader workers).
     """

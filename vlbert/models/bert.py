@@ -9,7 +9,7 @@ tests/published/test_parity_transformers.py); the parameter names are our own an
 
 Differences from transformers, all for speed and none visible in the numbers:
   * query/key/value are one fused ``qkv`` projection, read by the attention kernel as strided views (no copies);
-  * the layers run on the packed real tokens [N, H] (:class:`~vlbert.layers.unpadded.Unpadding`: unpadded once
+  * the layers run on the unpadded real tokens [N, H] (:class:`~vlbert.layers.unpadded.Unpadding`: unpadded once
     before the first layer, padded once after the last), and attention is an entry of
     :data:`~vlbert.layers.attention.ATTENTION_FUNCTIONS` (``config.attn_implementation``: eager, sdpa, varlen);
   * under bf16/fp16 autocast the residual stream and LayerNorm stay in that precision (:class:`LayerNorm`);
@@ -97,16 +97,16 @@ class SelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(
-        self, x: torch.Tensor, packing: Unpadding, attention: str = "sdpa", attentions: list | None = None
+        self, x: torch.Tensor, unpadding: Unpadding, attention: str = "sdpa", attentions: list | None = None
     ) -> torch.Tensor:
-        """Args: x float [N, H], the packed tokens that ``packing`` describes; attention: a key of
+        """Args: x float [N, H], the unpadded tokens that ``unpadding`` describes; attention: a key of
         ``ATTENTION_FUNCTIONS``; attentions: a list to append this layer's attention probabilities to (float
         [B, heads, S, S], after dropout, rows of padded queries included; computed by the ``eager`` kernel).
         Returns float [N, H] (after the output projection, before dropout and residual)."""
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
         y, probs = ATTENTION_FUNCTIONS[attention](
-            q, k, v, packing, self.dropout_p, self.training, attentions is not None
+            q, k, v, unpadding, self.dropout_p, self.training, attentions is not None
         )
         if attentions is not None:
             attentions.append(probs)
@@ -127,18 +127,18 @@ class BertLayer(nn.Module):
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(
-        self, x: torch.Tensor, packing: Unpadding, attention: str = "sdpa", attentions: list | None = None
+        self, x: torch.Tensor, unpadding: Unpadding, attention: str = "sdpa", attentions: list | None = None
     ) -> torch.Tensor:
-        """Args: x float [N, H] packed; packing, attention, attentions as :class:`SelfAttention`.
+        """Args: x float [N, H] unpadded; unpadding, attention, attentions as :class:`SelfAttention`.
         Returns float [N, H]."""
-        x = self.attention_norm(x + self.dropout(self.attention(x, packing, attention, attentions)))
+        x = self.attention_norm(x + self.dropout(self.attention(x, unpadding, attention, attentions)))
         return self.ffn_norm(x + self.dropout(self.ffn_out(self.act(self.ffn_in(x)))))
 
 
 class BertEncoder(nn.Module):
     """A stack of ``num_hidden_layers`` :class:`BertLayer`; shared by the text and vision-language models.
 
-    The layers run on packed tokens (:class:`~vlbert.layers.unpadded.Unpadding`): the batch is unpadded once before
+    The layers run on unpadded tokens (:class:`~vlbert.layers.unpadded.Unpadding`): the batch is unpadded once before
     the first layer and padded once after the last, so projections, feed-forward and LayerNorm never compute a
     padded row; real positions get exactly the values of the padded computation and padded positions come out as
     zeros. The layout comes from the collator (:class:`~vlbert.layers.unpadded.UnpaddedLayout`: no host sync) or is
@@ -176,30 +176,30 @@ class BertEncoder(nn.Module):
         )
         return select_attention(self.attn_implementation, request)
 
-    def packing(
+    def unpadding(
         self,
         mask: torch.Tensor | None,
         batch: int,
         seq: int,
         attention: str,
-        packing: Unpadding | None = None,
+        unpadding: Unpadding | None = None,
         device=None,
     ) -> tuple[Unpadding, str]:
         """The layout the layers run on and the kernel that runs it (see the class docstring): a kernel
-        declared ``packed`` (:class:`~vlbert.layers.attention.AttentionKernel`) always gets the packed tokens;
+        declared ``unpadded`` (:class:`~vlbert.layers.attention.AttentionKernel`) always gets the unpadded tokens;
         a ``padded`` one gets a dense batch when padding is under :attr:`min_padding_to_unpad`."""
-        packed = ATTENTION_FUNCTIONS[attention].layout == "packed"
+        reads_cu_seqlens = ATTENTION_FUNCTIONS[attention].layout == "unpadded"
         if not self.unpad:
-            return Unpadding.dense(batch, seq, device, mask), "sdpa" if packed else attention
-        if packing is None:
-            packing = Unpadding.from_mask(mask, batch, seq, device)
+            return Unpadding.dense(batch, seq, device, mask), "sdpa" if reads_cu_seqlens else attention
+        if unpadding is None:
+            unpadding = Unpadding.from_mask(mask, batch, seq, device)
         if (
-            not packed
-            and packing.mask is not None
-            and packing.num_tokens > (1 - self.min_padding_to_unpad) * batch * seq
+            not reads_cu_seqlens
+            and unpadding.mask is not None
+            and unpadding.num_tokens > (1 - self.min_padding_to_unpad) * batch * seq
         ):
-            packing = Unpadding.dense(batch, seq, device, packing.mask)
-        return packing, attention
+            unpadding = Unpadding.dense(batch, seq, device, unpadding.mask)
+        return unpadding, attention
 
     def forward(
         self,
@@ -207,9 +207,9 @@ class BertEncoder(nn.Module):
         mask: torch.Tensor | None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
-        packing: Unpadding | None = None,
+        unpadding: Unpadding | None = None,
     ) -> EncoderOutput:
-        """Args: x float [B, S, H] embeddings; mask [B, S] (1 = real) or None; packing: where the real positions
+        """Args: x float [B, S, H] embeddings; mask [B, S] (1 = real) or None; unpadding: where the real positions
         are, when the collator computed it (else read from ``mask``).
         Returns: :class:`EncoderOutput` with last_hidden_state [B, S, H] (in the autocast dtype under autocast),
         and when asked the L + 1 hidden states (the input first) and the L attention probabilities
@@ -219,22 +219,22 @@ class BertEncoder(nn.Module):
         Raises: ValueError for an unknown ``attn_implementation``."""
         b, s = x.shape[:2]
         attention = self.select_attention(x, output_attentions)
-        packing, attention = self.packing(mask, b, s, attention, packing, x.device)
+        unpadding, attention = self.unpadding(mask, b, s, attention, unpadding, x.device)
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
-        x = packing.unpad(x)
+        x = unpadding.unpad(x)
         if torch.is_autocast_enabled(x.device.type):  # the residual stream in the autocast dtype (see LayerNorm)
             x = x.to(torch.get_autocast_dtype(x.device.type))
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled() and attentions is None
         for layer in self.layers:
             if recompute:
-                x = torch.utils.checkpoint.checkpoint(layer, x, packing, attention, None, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(layer, x, unpadding, attention, None, use_reentrant=False)
             else:
-                x = layer(x, packing, attention, attentions)
+                x = layer(x, unpadding, attention, attentions)
             if hidden_states is not None:
-                hidden_states.append(packing.pad(x))
+                hidden_states.append(unpadding.pad(x))
         return EncoderOutput(
-            last_hidden_state=packing.pad(x),
+            last_hidden_state=unpadding.pad(x),
             hidden_states=tuple(hidden_states) if hidden_states else None,
             attentions=tuple(attentions) if attentions is not None else None,
         )
@@ -243,7 +243,7 @@ class BertEncoder(nn.Module):
 @contextlib.contextmanager
 def run_padded(encoder: nn.Module):
     """Inside, ``encoder`` (a :class:`BertEncoder`) runs every forward on the padded batch with its mask
-    (``unpad = False``: a padded attention kernel, no packing read from the mask), for a batch whose layout the
+    (``unpad = False``: a padded attention kernel, no unpadding read from the mask), for a batch whose layout the
     host cannot know without waiting for the device (rows drawn on the device: hard negatives); an encoder of
     another kind (LXMERT's two streams) is left as it is."""
     if not hasattr(encoder, "unpad"):
@@ -258,7 +258,7 @@ def run_padded(encoder: nn.Module):
 
 def compile_model(model: nn.Module, **options) -> nn.Module:
     """``torch.compile`` the whole model in place (``nn.Module.compile``: parameter names and checkpoints are
-    unchanged), with dynamic shapes since packed batches vary in length. With the collator's packed layout and
+    unchanged), with dynamic shapes since unpadded batches vary in length. With the collator's unpadded layout and
     masked positions the training forward is one graph (tests/gpu/test_gpu_step.py): inductor then fuses bias + GELU
     and dropout + residual + LayerNorm, which the eager step cannot. Off by default (``training.compile``): on a
     2-core CPU compiled layers were slower than eager (text default: 352-379 ms vs 325 ms per step).

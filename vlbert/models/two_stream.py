@@ -4,11 +4,11 @@ stream first attends to the other through *one shared* cross-attention module, t
 feed-forward network.
 
 Built from the single-stream encoder's blocks: every self-attention + FFN sub-layer is a
-:class:`~vlbert.models.bert.BertLayer` (the same packed layout, the same attention table
-``config.attn_implementation``, the same gradient checkpointing), each stream packed by its own layout
+:class:`~vlbert.models.bert.BertLayer` (the same unpadded layout, the same attention table
+``config.attn_implementation``, the same gradient checkpointing), each stream unpadded by its own layout
 (:class:`~vlbert.layers.unpadded.Unpadding`: the collator's, :class:`~vlbert.layers.unpadded.StreamLayouts`,
 else read from the stream's mask). The cross-attention core runs the same kernel on the two layouts (queries of
-one stream, keys and values of the other: the table's ``kv_packing``; flash varlen attention with
+one stream, keys and values of the other: the table's ``kv_unpadding``; flash varlen attention with
 ``cu_seqlens_q`` != ``cu_seqlens_k`` on CUDA in bf16).
 
 Source: airsplay/lxmert@827087b ``src/lxrt/modeling.py`` (``LXRTEncoder``, ``LXRTXLayer``, ``BertCrossattLayer``);
@@ -56,14 +56,14 @@ class CrossAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        x_packing: Unpadding,
+        x_unpadding: Unpadding,
         context: torch.Tensor,
-        context_packing: Unpadding,
+        context_unpadding: Unpadding,
         attention: str = "sdpa",
         attentions: list | None = None,
     ) -> torch.Tensor:
-        """Args: x float [N_q, H] packed queries of one stream (``x_packing``); context float [N_k, H] packed
-        positions of the other stream (``context_packing``, whose mask is the key mask); attention: the kernel
+        """Args: x float [N_q, H] unpadded queries of one stream (``x_unpadding``); context float [N_k, H] unpadded
+        positions of the other stream (``context_unpadding``, whose mask is the key mask); attention: the kernel
         (a key of :data:`~vlbert.layers.attention.ATTENTION_FUNCTIONS`; one not declared ``cross_attention``
         gives way to ``sdpa``); attentions: a list to append the probabilities [B, heads, S_q, S_k] to (after
         dropout; padded keys get 0). Returns float [N_q, H]. A row whose context has no real position (every
@@ -72,7 +72,7 @@ class CrossAttention(nn.Module):
         k, v = self.kv(context).view(-1, 2, self.num_heads, self.head_dim).unbind(1)
         kernel = attention if ATTENTION_FUNCTIONS[attention].cross_attention else "sdpa"
         y, probs = ATTENTION_FUNCTIONS[kernel](
-            q, k, v, x_packing, self.dropout_p, self.training, attentions is not None, kv_packing=context_packing
+            q, k, v, x_unpadding, self.dropout_p, self.training, attentions is not None, kv_unpadding=context_unpadding
         )
         if attentions is not None:
             attentions.append(probs)
@@ -95,37 +95,39 @@ class CrossModalityLayer(nn.Module):
         self,
         text: torch.Tensor,
         regions: torch.Tensor,
-        text_packing: Unpadding,
-        region_packing: Unpadding,
+        text_unpadding: Unpadding,
+        region_unpadding: Unpadding,
         attention: str = "sdpa",
         attentions: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Args: text [N_t, H], regions [N_r, H] packed by their packings; attention: the kernel of the self-
+        """Args: text [N_t, H], regions [N_r, H] unpadded by their unpaddings; attention: the kernel of the self-
         and cross-attention;
         attentions: lists by name (``text``, ``regions``, ``cross``, ``region_cross``) to append probabilities to.
         Returns (text [N_t, H], regions [N_r, H])."""
         a = attentions or {}
-        text2 = self.cross_attention(text, text_packing, regions, region_packing, attention, a.get("cross"))
-        regions2 = self.cross_attention(regions, region_packing, text, text_packing, attention, a.get("region_cross"))
+        text2 = self.cross_attention(text, text_unpadding, regions, region_unpadding, attention, a.get("cross"))
+        regions2 = self.cross_attention(
+            regions, region_unpadding, text, text_unpadding, attention, a.get("region_cross")
+        )
         return (
-            self.text_layer(text2, text_packing, attention, a.get("text")),
-            self.region_layer(regions2, region_packing, attention, a.get("regions")),
+            self.text_layer(text2, text_unpadding, attention, a.get("text")),
+            self.region_layer(regions2, region_unpadding, attention, a.get("regions")),
         )
 
 
-def _pad(packing: Unpadding, x: torch.Tensor) -> torch.Tensor:
+def _pad(unpadding: Unpadding, x: torch.Tensor) -> torch.Tensor:
     """[N, H] -> [B, S, H] with zeros at padding, also where the stream ran dense (its padded rows computed)."""
-    out = packing.pad(x)
-    if packing.indices is None and packing.mask is not None:
-        out = out.masked_fill(~packing.mask[..., None], 0.0)
+    out = unpadding.pad(x)
+    if unpadding.indices is None and unpadding.mask is not None:
+        out = out.masked_fill(~unpadding.mask[..., None], 0.0)
     return out
 
 
 class TwoStreamEncoder(nn.Module):
     """``text``: a :class:`BertEncoder` of ``l_layers`` layers (LXMERT's ``layer``), ``regions``: one of
     ``r_layers`` (``r_layers``), then ``cross_layers``: ``x_layers`` :class:`CrossModalityLayer` (``x_layers``).
-    The two :class:`BertEncoder` lend their layers, their kernel choice and their packing rule; this class runs
-    them, each stream packed once before its first layer and padded once after the last."""
+    The two :class:`BertEncoder` lend their layers, their kernel choice and their unpadding rule; this class runs
+    them, each stream unpadded once before its first layer and padded once after the last."""
 
     def __init__(self, config: VLBertConfig):
         super().__init__()
@@ -141,7 +143,7 @@ class TwoStreamEncoder(nn.Module):
             return torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
         return layer(*args)
 
-    def _packing(
+    def _unpadding(
         self,
         stream: BertEncoder,
         mask,
@@ -152,31 +154,31 @@ class TwoStreamEncoder(nn.Module):
         dense: bool,
         given: Unpadding | None,
     ) -> tuple[Unpadding, str]:
-        """A stream's layout and kernel: :meth:`BertEncoder.packing` of the collator's layout ``given`` (no host
+        """A stream's layout and kernel: :meth:`BertEncoder.unpadding` of the collator's layout ``given`` (no host
         sync), else ``dense`` (every position computed, padding masked: no host sync; a kernel declared
-        ``packed`` gives way to ``sdpa``, as ``BertEncoder.unpad = False`` does), else read from the mask (one
+        ``unpadded`` gives way to ``sdpa``, as ``BertEncoder.unpad = False`` does), else read from the mask (one
         ``nonzero``)."""
         if dense and given is None:
             return Unpadding.dense(batch, seq, device, mask), (
-                "sdpa" if ATTENTION_FUNCTIONS[attention].layout == "packed" else attention
+                "sdpa" if ATTENTION_FUNCTIONS[attention].layout == "unpadded" else attention
             )
-        return stream.packing(mask, batch, seq, attention, given, device)
+        return stream.unpadding(mask, batch, seq, attention, given, device)
 
     def _unpaddings(self, text, regions, text_mask, region_mask, layout: Layout, output_attentions: bool):
         """(text :class:`Unpadding`, region :class:`Unpadding`, kernel) of a forward (arguments as :meth:`forward`):
         the kernel the config names where it can run, each stream on its :class:`StreamLayouts` entry, padded for a
-        joint :class:`UnpaddedLayout`, else read from its mask (:meth:`_packing`)."""
+        joint :class:`UnpaddedLayout`, else read from its mask (:meth:`_unpadding`)."""
         (b, t), r = text.shape[:2], regions.shape[1]
         dense = isinstance(layout, UnpaddedLayout)
         given = (None, None)
         if isinstance(layout, StreamLayouts):
             given = (layout.text.unpadding(text_mask), layout.regions.unpadding(region_mask))
         attention = self.text.select_attention(text, output_attentions)
-        text_packing, attention = self._packing(self.text, text_mask, b, t, attention, text.device, dense, given[0])
-        region_packing, attention = self._packing(
+        text_unpadding, attention = self._unpadding(self.text, text_mask, b, t, attention, text.device, dense, given[0])
+        region_unpadding, attention = self._unpadding(
             self.regions, region_mask, b, r, attention, text.device, dense, given[1]
         )
-        return text_packing, region_packing, attention
+        return text_unpadding, region_unpadding, attention
 
     def forward(
         self,
@@ -201,31 +203,31 @@ class TwoStreamEncoder(nn.Module):
         (:func:`~vlbert.layers.unpadded.stream_layouts`): each stream runs on its own with no host sync, on the
         config's kernel (flash varlen on CUDA in bf16), cross-attention included. Given the single-stream
         :class:`~vlbert.layers.unpadded.UnpaddedLayout` of [text ; regions], which the streams cannot use, both run
-        padded (no host sync, a ``packed`` kernel gives way to ``sdpa``); given None, each is unpadded by its mask
+        padded (no host sync, an ``unpadded`` kernel gives way to ``sdpa``); given None, each is unpadded by its mask
         (one ``nonzero``).
         Raises ValueError: a stream's layout does not describe its mask."""
-        text_packing, region_packing, attention = self._unpaddings(
+        text_unpadding, region_unpadding, attention = self._unpaddings(
             text, regions, text_mask, region_mask, layout, output_attentions
         )
         lists = {k: [] for k in ("text", "regions", "cross", "region_cross")} if output_attentions else None
         states = {"text": [text], "regions": [regions]} if output_hidden_states else None
-        x, y = text_packing.unpad(text), region_packing.unpad(regions)
+        x, y = text_unpadding.unpad(text), region_unpadding.unpad(regions)
         if torch.is_autocast_enabled(x.device.type):  # the residual stream in the autocast dtype (BertEncoder)
             x, y = (z.to(torch.get_autocast_dtype(x.device.type)) for z in (x, y))
         for layer in self.text.layers:
-            x = self._run(layer, x, text_packing, attention, lists and lists["text"])
+            x = self._run(layer, x, text_unpadding, attention, lists and lists["text"])
             if states:
-                states["text"].append(_pad(text_packing, x))
+                states["text"].append(_pad(text_unpadding, x))
         for layer in self.regions.layers:
-            y = self._run(layer, y, region_packing, attention, lists and lists["regions"])
+            y = self._run(layer, y, region_unpadding, attention, lists and lists["regions"])
             if states:
-                states["regions"].append(_pad(region_packing, y))
+                states["regions"].append(_pad(region_unpadding, y))
         for layer in self.cross_layers:
-            x, y = self._run(layer, x, y, text_packing, region_packing, attention, lists)
+            x, y = self._run(layer, x, y, text_unpadding, region_unpadding, attention, lists)
             if states:
-                states["text"].append(_pad(text_packing, x))
-                states["regions"].append(_pad(region_packing, y))
-        out = EncoderOutput(last_hidden_state=torch.cat([_pad(text_packing, x), _pad(region_packing, y)], 1))
+                states["text"].append(_pad(text_unpadding, x))
+                states["regions"].append(_pad(region_unpadding, y))
+        out = EncoderOutput(last_hidden_state=torch.cat([_pad(text_unpadding, x), _pad(region_unpadding, y)], 1))
         if states:
             k = 1 + len(self.text.layers)
             m = 1 + len(self.regions.layers)

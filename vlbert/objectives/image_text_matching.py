@@ -36,7 +36,7 @@ class ImageTextMatching(Objective):
     caption of another image with different content (the dataset guarantees it), and ``content_id``. With hard
     negatives the batch keeps every item's own caption and adds ``itm_content`` int64 [B] and ``itm_draw`` float
     [B] (each row's uniform number in [0, 1), from its own seed); the model replaces the texts of the label-0
-    rows before encoding (:meth:`before_encoder`), and the collator gives such a batch no packed layout."""
+    rows before encoding (:meth:`before_encoder`), and the collator gives such a batch no unpadded layout."""
 
     name, metric, head, inputs = "itm", "itm_accuracy", "itm", ("itm_label",)
     chance = 0.5  # half the pairs are positive

@@ -12,9 +12,9 @@ from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareC
 
 
 class MaskedLanguageModeling(Objective):
-    """``labels`` int64 [B, T]: the original id at masked positions, -100 elsewhere; with a packed text collator
-    also ``masked_lm_positions`` int64 [N], their flat positions (row * T + column), so the loss needs no host
-    sync. The label and position keys are :attr:`inputs` [0] and :attr:`optional_inputs` [0]: a unit that masks
+    """``labels`` int64 [B, T]: the original id at masked positions, -100 elsewhere; with a text collator that
+    computes the unpadded layout also ``masked_lm_positions`` int64 [N], their flat positions (row * T + column), so
+    the loss needs no host sync. The label and position keys are :attr:`inputs` [0] and :attr:`optional_inputs` [0]: a unit that masks
     differently (:class:`~vlbert.objectives.whole_word_masking.WholeWordMasking`) subclasses this one with its own
     keys and :meth:`choose`, and shares the head."""
 

@@ -15,7 +15,7 @@ from vlbert.objectives.masked_lm import MaskedLanguageModeling
 
 
 class WholeWordMasking(MaskedLanguageModeling):
-    """``wwm_labels`` int64 [B, T] (the original id at chosen pieces, -100 elsewhere) and, packed,
+    """``wwm_labels`` int64 [B, T] (the original id at chosen pieces, -100 elsewhere) and, with the unpadded layout,
     ``wwm_positions`` int64 [N]; text models only. Needs the collator's ``word_continuation`` table
     (:meth:`~vlbert.data.pretraining.MaskingCollator.from_tokenizer`)."""
 

@@ -404,7 +404,7 @@ def build_model(ctx: RunContext, data: VLPretrainingData) -> VLBertForPreTrainin
             f"the shards hold {data.feature_dim}-d region features but model.region_feature_dim is "
             f"{model.config.region_feature_dim}; make them equal"
         )
-    data.collator.two_stream = model.config.encoder == "two-stream"  # the packed layout per stream (VLCollator)
+    data.collator.two_stream = model.config.encoder == "two-stream"  # the unpadded layout per stream (VLCollator)
     return model
 
 

@@ -105,7 +105,7 @@ COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException,)
 
 def compile_layers(model: nn.Module, **options) -> list[nn.Module]:
     """Regional compilation: ``torch.compile`` each encoder layer of ``model`` in place (``nn.Module.compile``,
-    dynamic shapes: the packed length changes every batch; parameter names and checkpoints unchanged), as
+    dynamic shapes: the unpadded length changes every batch; parameter names and checkpoints unchanged), as
     torch's regional-compilation recipe does for repeated blocks: every layer has the same code, so dynamo traces
     one and reuses it, and compile time stays that of one layer instead of the whole model. Inductor fuses inside
     each layer (bias + GELU, dropout + residual + LayerNorm). ``options`` go to ``torch.compile``.
