@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from vlbert.data.grounded_text import GroundedCollator
-from vlbert.data.images import DEFAULT_PREPROCESSING, ImagePreprocessing, image_preprocessing, with_image
+from vlbert.data.images import ImagePreprocessing, backbone_preprocessing, with_image
 from vlbert.data.padding import pad_text
 from vlbert.data.regions import pad_regions, region_item
 from vlbert.detectors.config import DetectorConfig
@@ -223,14 +223,13 @@ class VLProcessor:
         to ``config.id2label``, ``max_text_length`` to the tokenizer's ``model_max_length`` within the model's
         positions, ``max_regions`` to 36; a model with regions takes ``detector`` as the one they came from (None:
         images must be given as :class:`Regions`); a model with a ``visual_backbone`` reads pixels through its
-        backbone kind's preprocessing (:data:`~vlbert.data.images.DEFAULT_PREPROCESSING`)."""
+        backbone kind's preprocessing (:func:`~vlbert.data.images.backbone_preprocessing`)."""
         id2label = getattr(config, "id2label", None)
         if labels is None and id2label:
             labels = [id2label[k] for k in sorted(id2label)]
         positions = int(getattr(config, "max_position_embeddings", 512))
         dim = getattr(config, "region_feature_dim", None)
         backbone = getattr(config, "visual_backbone", None)
-        name = DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet") if backbone else None
         processor = cls(
             tokenizer,
             task=task,
@@ -238,7 +237,7 @@ class VLProcessor:
             max_text_length=max_text_length or min(int(getattr(tokenizer, "model_max_length", positions)), positions),
             max_regions=max_regions or DEFAULT_MAX_REGIONS,
             region_source=RegionSource.of_detector(detector, dim) if dim else None,
-            image_preprocessing=image_preprocessing(name) if name else None,
+            image_preprocessing=backbone_preprocessing(backbone) if backbone else None,
         )
         processor.detector = detector
         return processor

@@ -19,7 +19,7 @@ from vlbert import checkpoint as ckpt
 from vlbert.common.typed_config import Range
 from vlbert.data.easy_vqa import easy_vqa_shards, image_paths
 from vlbert.data.grounded_text import GroundedTextDataset
-from vlbert.data.images import DEFAULT_PREPROCESSING, ImagePreprocessing, ImageReader, image_files, image_preprocessing
+from vlbert.data.images import ImagePreprocessing, ImageReader, backbone_preprocessing, image_files, image_preprocessing
 from vlbert.detectors.store import MergedRegions, RegionStore
 from vlbert.evaluation.classification import predict_labels
 from vlbert.models.visual_backbone import RegionFeatureExtractor
@@ -190,7 +190,7 @@ def task_images(data, backbone: dict, image_ids, trained=None) -> ImageReader:
     ``image_ids`` (easy-VQA without ``data.image_dir``: the package's images; else :func:`image_files` under
     ``data.image_dir``), preprocessed by ``data.image_preprocessing`` (default: ``trained``, the preprocessing
     ``init_from`` recorded (:func:`trained_preprocessing`; an :class:`ImagePreprocessing` or its record), else the backbone kind's,
-    :data:`~vlbert.data.images.DEFAULT_PREPROCESSING`) with ``data.image_short_side`` / ``image_max_side``.
+    :func:`~vlbert.data.images.backbone_preprocessing`) with ``data.image_short_side`` / ``image_max_side``.
 
     Raises:
         ValueError: no ``data.image_dir`` for a dataset other than easy-VQA, or easy-VQA images the package lacks
@@ -203,8 +203,9 @@ def task_images(data, backbone: dict, image_ids, trained=None) -> ImageReader:
             base.name, data.image_short_side or base.short_side or -1, data.image_max_side or base.max_side or -1
         )
     else:
-        name = data.image_preprocessing or DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet")
-        preprocessing = image_preprocessing(name, data.image_short_side, data.image_max_side)
+        preprocessing = backbone_preprocessing(
+            backbone, data.image_preprocessing, data.image_short_side, data.image_max_side
+        )
     if data.image_dir:
         return ImageReader(image_files(image_ids, data.image_dir), preprocessing)
     if data.dataset != "easy-vqa":
