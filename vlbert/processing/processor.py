@@ -105,8 +105,9 @@ class VLProcessor:
     # ------------------------------------------------------------------------------------------------ the record
     @classmethod
     def from_record(cls, record: dict[str, Any], tokenizer=None, name_or_path=None) -> "VLProcessor":
-        """The processor a record describes (a saved ``processor.json``, an older ``inference.json``, or what a
-        recipe's ``inference_info`` returns): a record without a ``detector`` entry is text-only.
+        """The processor a record describes (a saved ``processor.json``, an older ``inference.json``, or a text
+        task's record: :func:`vlbert.recipes.runner.run_processor`): a record without a ``detector`` entry is
+        text-only.
 
         Raises:
             ValueError: a bad ``image_preprocessing`` entry.
