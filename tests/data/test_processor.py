@@ -90,26 +90,33 @@ def test_the_recipes_training_batches_are_the_saved_processors(doc_runs, easy, t
     config = {
         "init_from": str(doc_runs["vl-default"]),
         "detector": asdict(EASY_DETECTOR),
-        "data": {"dataset": "vqa-v2", "shards": str(easy.shards), **vqa_v2_files(tmp_path, questions)},
+        "data": {
+            "dataset": "vqa-v2",
+            "shards": str(easy.shards),
+            "max_text_length": 9,  # the long question is cut
+            "max_regions": 6,  # and the images with more regions
+            **vqa_v2_files(tmp_path, questions),
+        },
         "training": {"output_dir": str(out), "max_steps": 1, "batch_size": 5, "warmup_steps": 1, "progress_bar": False},
     }
     run(replace(RECIPES["vqa"], build_data=build_data), config)
     data = built["data"]
     saved = VLProcessor.from_pretrained(out)
     assert saved.to_dict() == data.processor.to_dict() and saved.task == "vqa" and saved.labels == data.answer_vocab
-    assert saved.max_text_length == 32 and saved.max_regions == 16  # VQA's defaults, recorded
+    assert saved.max_text_length == 9 and saved.max_regions == 6
     assert isinstance(data.collator, GroundedCollator) and data.tokenizer is data.processor.tokenizer
-    batches = list(data.train_batches(epoch=0, start=0, rank=0, world_size=1))
+    batches, kept = list(data.train_batches(epoch=0, start=0, rank=0, world_size=1)), []
     assert sum(len(b["index"]) for b in batches) == 10  # batch_size 5, the last partial batch dropped
     for training in batches:
         examples = [data.train.examples[i] for i in training["index"].tolist()]
         served = saved(text=[ex.question for ex in examples], regions=[easy.store[ex.image_id] for ex in examples])
         assert_same_batch(served, {k: v for k, v in training.items() if k not in ("answer_targets", "index")})
-        assert served["region_mask"].sum(1).tolist() == [
-            min(easy.store[ex.image_id].num_regions, 16) for ex in examples
-        ]
-    lengths = {len(ex.question) for b in batches for ex in (data.train.examples[i] for i in b["index"].tolist())}
-    assert len(lengths) > 1  # texts of several lengths were padded together
+        counts = [easy.store[ex.image_id].num_regions for ex in examples]
+        assert served["region_mask"].sum(1).tolist() == [min(n, 6) for n in counts]
+        kept += counts
+    lengths = torch.cat([b["attention_mask"].sum(1) for b in batches])
+    assert set(lengths.tolist()) == {5, 8, 9}  # "what shape?", "what color is the shape?", the long one cut to 9
+    assert min(kept) < 6 < max(kept)  # images with fewer regions padded beside images cut to 6
 
 
 def test_check_compatible_refuses_another_detector_and_accepts_text_only(easy):
