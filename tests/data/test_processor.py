@@ -1,5 +1,5 @@
 """The processor saved with every model (vlbert.processing.VLProcessor): its save / load round trip, its batch equal
-to the training collator's on the same sample, the fine-tuning compatibility check between two region sources, and
+to the one a recipe's training loader gave for the same samples, the fine-tuning compatibility check between two region sources, and
 run directories written before it (inference.json only) still loading."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from dataclasses import asdict, is_dataclass, replace
 
 import pytest
 import torch
-from helpers.builders import EASY_DETECTOR
+from helpers.builders import EASY_DETECTOR, N_EASY_IMAGES
 
 from vlbert.data.grounded_text import GroundedCollator
-from vlbert.data.vqa import VQADataset, VQAExample
 from vlbert.inference import VQAPipeline, pipeline
 from vlbert.processing import RegionSource, VLProcessor
+from vlbert.recipes import RECIPES, Recipe, run
+from vlbert.recipes.vqa import VQAData
 
 QUESTIONS = ["what color is the shape?", "is there a circle in the image of this long question about shapes?"]
 
@@ -60,19 +61,62 @@ def test_save_and_load_give_the_same_processor_and_batches(doc_runs, easy, tmp_p
         again(text=QUESTIONS, regions=regions)
 
 
-def test_the_processors_batch_is_the_training_collators(doc_runs, easy):
-    """The same (question, image) pairs through the VQA training dataset + collator and through the processor give
-    the same input tensors, the unpadded layout included."""
-    processor = VLProcessor.from_pretrained(doc_runs["vqa-easy-vqa"])
-    examples = [VQAExample(str(k), str(k), q, ("red",)) for k, q in enumerate(QUESTIONS)]
-    dataset = VQADataset(
-        examples, easy.store, processor.tokenizer, ["red", "blue"], processor.max_text_length, processor.max_regions
-    )
-    training = GroundedCollator(processor.tokenizer, ("answer_targets",))([dataset[0], dataset[1]])
-    inputs = {k: v for k, v in training.items() if k not in ("answer_targets", "index")}
-    served = processor(text=QUESTIONS, regions=[easy.store["0"], easy.store["1"]])
-    assert_same_batch(served, inputs)
-    assert served["region_mask"].sum(1).tolist() == [min(easy.store[k].num_regions, 16) for k in ("0", "1")]
+def vqa_v2_files(root, questions: list[tuple[int, str, str, str]]) -> dict[str, str]:
+    """VQA v2 question and annotation files (the fields :func:`vlbert.data.vqa.load_vqa_v2` reads) of ``questions``:
+    (question id, image id in `easy`, question, answer), one split used for training and evaluation."""
+    qs = [{"question_id": q, "image_id": int(image), "question": text} for q, image, text, _ in questions]
+    anns = [{"question_id": q, "answers": [{"answer": a}] * 10} for q, _, _, a in questions]
+    (root / "questions.json").write_text(json.dumps({"questions": qs}))
+    (root / "annotations.json").write_text(json.dumps({"annotations": anns}))
+    files = {"questions": str(root / "questions.json"), "annotations": str(root / "annotations.json")}
+    return {f"{split}_{kind}": path for split in ("train", "eval") for kind, path in files.items()}
+
+
+def test_the_recipes_training_batches_are_the_saved_processors(doc_runs, easy, tmp_path):
+    """A VQA run (one step from the tiny VL run, on the `easy` regions): every batch its training loader gave equals
+    what the processor saved with the run makes of the same questions and images (input tensors and unpadded layout,
+    bit for bit, questions of different lengths and images of different region counts padded together); the run
+    trained with the processor it saved (the same record, the collator its own)."""
+    questions = [
+        (k + 1, str(k), QUESTIONS[k % 2] if k % 3 else "what shape?", ("red", "blue", "circle")[k % 3])
+        for k in range(N_EASY_IMAGES)
+    ]
+    out, built = tmp_path / "run", {}
+
+    def build_data(ctx):
+        built["data"] = VQAData(ctx)
+        return built["data"]
+
+    config = {
+        "init_from": str(doc_runs["vl-default"]),
+        "detector": asdict(EASY_DETECTOR),
+        "data": {
+            "dataset": "vqa-v2",
+            "shards": str(easy.shards),
+            "max_text_length": 9,  # the long question is cut
+            "max_regions": 6,  # and the images with more regions
+            **vqa_v2_files(tmp_path, questions),
+        },
+        "training": {"output_dir": str(out), "max_steps": 1, "batch_size": 5, "warmup_steps": 1, "progress_bar": False},
+    }
+    run(replace(RECIPES["vqa"], build_data=build_data), config)
+    data = built["data"]
+    saved = VLProcessor.from_pretrained(out)
+    assert saved.to_dict() == data.processor.to_dict() and saved.task == "vqa" and saved.labels == data.answer_vocab
+    assert saved.max_text_length == 9 and saved.max_regions == 6
+    assert isinstance(data.collator, GroundedCollator) and data.tokenizer is data.processor.tokenizer
+    batches, kept = list(data.train_batches(epoch=0, start=0, rank=0, world_size=1)), []
+    assert sum(len(b["index"]) for b in batches) == 10  # batch_size 5, the last partial batch dropped
+    for training in batches:
+        examples = [data.train.examples[i] for i in training["index"].tolist()]
+        served = saved(text=[ex.question for ex in examples], regions=[easy.store[ex.image_id] for ex in examples])
+        assert_same_batch(served, {k: v for k, v in training.items() if k not in ("answer_targets", "index")})
+        counts = [easy.store[ex.image_id].num_regions for ex in examples]
+        assert served["region_mask"].sum(1).tolist() == [min(n, 6) for n in counts]
+        kept += counts
+    lengths = torch.cat([b["attention_mask"].sum(1) for b in batches])
+    assert set(lengths.tolist()) == {5, 8, 9}  # "what shape?", "what color is the shape?", the long one cut to 9
+    assert min(kept) < 6 < max(kept)  # images with fewer regions padded beside images cut to 6
 
 
 def test_check_compatible_refuses_another_detector_and_accepts_text_only(easy):
@@ -119,3 +163,15 @@ def test_a_run_written_before_processor_json_still_loads(doc_runs, easy, tmp_pat
     assert json.loads((old / "processor.json").read_text())["processor_class"] == "VLProcessor"
     with pytest.raises(FileNotFoundError, match="processor.json does not exist"):
         VLProcessor.from_pretrained(tmp_path / "nothing-here")
+
+
+def test_a_recipe_written_with_inference_info_still_gives_its_processor_fields():
+    """``Recipe(inference_info=...)``, the former name of ``processor_fields``, still sets them (with a
+    DeprecationWarning naming the new one); both names at once are refused."""
+    vqa = RECIPES["vqa"]
+    with pytest.warns(DeprecationWarning, match="processor_fields"):
+        old = Recipe("old", vqa.data_config, vqa.build_data, vqa.build_model, inference_info=vqa.processor_fields)
+    assert old.processor_fields is vqa.processor_fields and old.inference_info is None
+    assert replace(old, name="again").processor_fields is vqa.processor_fields  # no second warning, no conflict
+    with pytest.raises(ValueError, match="both processor_fields and inference_info"):
+        replace(vqa, inference_info=lambda ctx, data: {})

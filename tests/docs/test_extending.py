@@ -22,7 +22,7 @@ from vlbert.layers.losses import classification_loss
 from vlbert.models.vl_classification import VLBertForSequenceClassification
 from vlbert.objectives import OBJECTIVES, Objective, ObjectiveResult
 from vlbert.recipes import TASKS, Recipe, Task, load_model
-from vlbert.recipes.regions import DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate, region_task_info
+from vlbert.recipes.regions import DatasetBuilder, RegionTaskData, RegionTaskDataConfig, evaluate
 
 
 class CaptionLength(Objective):
@@ -211,7 +211,7 @@ def colour_recipe(easy) -> Recipe:
         ),
         evaluate=evaluate,
         uses_regions=True,
-        inference_info=lambda ctx, data: region_task_info(ctx, data, labels=list(COLORS)),
+        processor_fields=lambda ctx, data: {"labels": list(COLORS)},
         pipeline="shape-colour",
     )
 

@@ -136,6 +136,20 @@ def image_preprocessing(name: str, short_side: int = 0, max_side: int = 0) -> Im
     return replace(chosen, **changes)
 
 
+def backbone_preprocessing(
+    backbone: Mapping, name: str = "", short_side: int = 0, max_side: int = 0
+) -> ImagePreprocessing:
+    """The preprocessing of the images of a model whose ``visual_backbone`` section is ``backbone``: the entry
+    ``name`` (a :data:`PREPROCESSING` key; "" = the backbone kind's, :data:`DEFAULT_PREPROCESSING`; an unknown kind:
+    "imagenet"), its sides replaced as :func:`image_preprocessing` replaces them.
+
+    Raises:
+        ValueError: an unknown name (the known ones named).
+    """
+    name = name or DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet")
+    return image_preprocessing(name, short_side, max_side)
+
+
 def _image_files_in(folder: Path) -> dict[str, Path]:
     """name without its ending -> file, for the image files directly in ``folder`` (:func:`vlbert.detectors.images.
     is_image_file`; the first in sorted order where two share a name), {} for a folder that does not exist."""
@@ -250,6 +264,7 @@ __all__ = [
     "PREPROCESSING",
     "DEFAULT_PREPROCESSING",
     "image_preprocessing",
+    "backbone_preprocessing",
     "image_files",
     "ImageReader",
     "pad_images",

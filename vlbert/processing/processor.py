@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from vlbert.data.grounded_text import GroundedCollator
-from vlbert.data.images import DEFAULT_PREPROCESSING, ImagePreprocessing, image_preprocessing, with_image
+from vlbert.data.images import ImagePreprocessing, backbone_preprocessing, with_image
 from vlbert.data.padding import pad_text
 from vlbert.data.regions import pad_regions, region_item
 from vlbert.detectors.config import DetectorConfig
@@ -105,8 +105,9 @@ class VLProcessor:
     # ------------------------------------------------------------------------------------------------ the record
     @classmethod
     def from_record(cls, record: dict[str, Any], tokenizer=None, name_or_path=None) -> "VLProcessor":
-        """The processor a record describes (a saved ``processor.json``, an older ``inference.json``, or what a
-        recipe's ``inference_info`` returns): a record without a ``detector`` entry is text-only.
+        """The processor a record describes (a saved ``processor.json``, an older ``inference.json``, or a text
+        task's record: :func:`vlbert.recipes.runner.run_processor`): a record without a ``detector`` entry is
+        text-only.
 
         Raises:
             ValueError: a bad ``image_preprocessing`` entry.
@@ -149,6 +150,25 @@ class VLProcessor:
         if self.image_preprocessing is not None:
             out["image_preprocessing"] = self.image_preprocessing.record()
         return {**out, **self.extra}
+
+    def update(self, fields: dict[str, Any]) -> "VLProcessor":
+        """Set the record ``fields`` on this processor, read as :meth:`from_record` reads them (``labels``, ``task``,
+        a ``detector`` entry replaces the region source, an unknown key goes to ``extra``); the fields not named
+        are kept. What the runner does with a recipe's ``processor_fields`` on the processor its training data
+        built (:class:`~vlbert.recipes.regions.RegionTaskData`), so that the run saves the object it trained
+        with. Returns self.
+
+        Raises:
+            ValueError: a bad ``image_preprocessing`` entry (from :meth:`from_record`).
+        """
+        merged = type(self).from_record({**self.to_dict(), **fields}, self._tokenizer, self.name_or_path)
+        for name in ("task", "pipeline", "labels", "max_text_length", "max_regions", "extra"):
+            setattr(self, name, getattr(merged, name))
+        if merged.region_source != self.region_source:
+            self.region_source, self._detector_chosen, self._extractor = merged.region_source, False, None
+        if merged.image_preprocessing != self.image_preprocessing:
+            self.image_preprocessing = merged.image_preprocessing
+        return self
 
     @property
     def info(self) -> dict[str, Any]:
@@ -204,14 +224,13 @@ class VLProcessor:
         to ``config.id2label``, ``max_text_length`` to the tokenizer's ``model_max_length`` within the model's
         positions, ``max_regions`` to 36; a model with regions takes ``detector`` as the one they came from (None:
         images must be given as :class:`Regions`); a model with a ``visual_backbone`` reads pixels through its
-        backbone kind's preprocessing (:data:`~vlbert.data.images.DEFAULT_PREPROCESSING`)."""
+        backbone kind's preprocessing (:func:`~vlbert.data.images.backbone_preprocessing`)."""
         id2label = getattr(config, "id2label", None)
         if labels is None and id2label:
             labels = [id2label[k] for k in sorted(id2label)]
         positions = int(getattr(config, "max_position_embeddings", 512))
         dim = getattr(config, "region_feature_dim", None)
         backbone = getattr(config, "visual_backbone", None)
-        name = DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet") if backbone else None
         processor = cls(
             tokenizer,
             task=task,
@@ -219,7 +238,7 @@ class VLProcessor:
             max_text_length=max_text_length or min(int(getattr(tokenizer, "model_max_length", positions)), positions),
             max_regions=max_regions or DEFAULT_MAX_REGIONS,
             region_source=RegionSource.of_detector(detector, dim) if dim else None,
-            image_preprocessing=image_preprocessing(name) if name else None,
+            image_preprocessing=backbone_preprocessing(backbone) if backbone else None,
         )
         processor.detector = detector
         return processor

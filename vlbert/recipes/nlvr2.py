@@ -21,7 +21,6 @@ from vlbert.recipes.regions import (
     RegionTaskDataConfig,
     evaluate,
     majority_baseline,
-    region_task_info,
 )
 from vlbert.recipes.runner import Recipe, RunContext, load_model
 
@@ -91,9 +90,9 @@ def build_model(ctx: RunContext, data: NLVR2Data) -> VLBertForImagePairClassific
     return load_model(VLBertForImagePairClassification, ctx, num_labels=2, region_feature_dim=data.feature_dim)
 
 
-def inference_info(ctx: RunContext, data: NLVR2Data) -> dict:
-    """Label names (index 1 = the statement is true), the maximum lengths and the regions' detector."""
-    return region_task_info(ctx, data, labels=["False", "True"])
+def processor_fields(ctx: RunContext, data: NLVR2Data) -> dict:
+    """The processor's label names (index 1 = the statement is true)."""
+    return {"labels": ["False", "True"]}
 
 
 RECIPE = Recipe(
@@ -104,7 +103,7 @@ RECIPE = Recipe(
     evaluate=evaluate,
     baselines=majority_baseline,
     uses_regions=True,
-    inference_info=inference_info,
+    processor_fields=processor_fields,
     pipeline="visual-reasoning",
 )
 

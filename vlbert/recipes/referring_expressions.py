@@ -27,7 +27,6 @@ from vlbert.recipes.regions import (
     RegionTaskDataConfig,
     TextLength,
     evaluate,
-    region_task_info,
     task_regions,
 )
 from vlbert.recipes.runner import Recipe, RunContext, load_model
@@ -96,6 +95,12 @@ class ReferringData(RegionTaskData):
         composites = self.extra[0]
         return task_regions(ctx) if composites is None else _easy_vqa_regions(ctx, *composites)
 
+    def region_source(self, ctx: RunContext) -> RegionSource:
+        """The composites' regions are always extracted with the run's detector, whatever data.shards says."""
+        if self.extra[0] is None:
+            return super().region_source(ctx)
+        return RegionSource.from_store(self.regions, ctx.detector)
+
     @staticmethod
     def hit(example, box: np.ndarray) -> bool:
         """Whether ``box`` (float [4], pixels xyxy: a region of the example's image) has IoU >= 0.5 with the
@@ -144,18 +149,11 @@ def baselines(ctx: RunContext, data: ReferringData, model) -> dict:
     return {"accuracy_majority_position_baseline": hits / len(data.eval)}
 
 
-def inference_info(ctx: RunContext, data: ReferringData) -> dict:
-    """The maximum lengths, the regions' detector and whether its boxes were given (the easy-VQA tiles, ``boxes:
-    gt``: inference then needs the candidate boxes too) or detected."""
-    if ctx.data.dataset != "easy-vqa":
-        return region_task_info(ctx, data, boxes="detector")
-    # The composites' regions are always extracted with the run's detector, whatever data.shards says.
-    return region_task_info(
-        ctx,
-        data,
-        boxes="given" if ctx.data.boxes == "gt" else "detector",
-        detector=RegionSource.from_store(data.regions, ctx.detector).record(),
-    )
+def processor_fields(ctx: RunContext, data: ReferringData) -> dict:
+    """Whether the regions' boxes were given (the easy-VQA tiles, ``boxes: gt``: inference then needs the candidate
+    boxes too) or detected."""
+    given = ctx.data.dataset == "easy-vqa" and ctx.data.boxes == "gt"
+    return {"boxes": "given" if given else "detector"}
 
 
 RECIPE = Recipe(
@@ -166,7 +164,7 @@ RECIPE = Recipe(
     evaluate=evaluate,
     baselines=baselines,
     uses_regions=True,
-    inference_info=inference_info,
+    processor_fields=processor_fields,
     pipeline="referring-expression-comprehension",
 )
 

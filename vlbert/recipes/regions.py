@@ -1,6 +1,6 @@
 """What the region tasks (VQA, retrieval, NLVR2, visual entailment, referring expressions) share on the data side:
 one data config (:class:`RegionTaskDataConfig`, extended per task), one data class (:class:`RegionTaskData`:
-examples -> regions -> datasets -> collator -> feature size), a table of dataset builders per task (LAVIS's
+examples -> regions -> the run's processor -> datasets -> the processor's collator -> feature size), a table of dataset builders per task (LAVIS's
 dataset builders, as plain typed entries: :class:`DatasetBuilder`, :func:`load_examples`), and the regions they
 read: the shards the config names, or the embedded easy-VQA images extracted with the run's ``detector`` section
 (cached); either way a :class:`vlbert.detectors.store.RegionStore`, which reads each image's regions from disk when asked
@@ -18,8 +18,8 @@ import torch
 from vlbert import checkpoint as ckpt
 from vlbert.common.typed_config import Range
 from vlbert.data.easy_vqa import easy_vqa_shards, image_paths
-from vlbert.data.grounded_text import GroundedCollator, GroundedTextDataset
-from vlbert.data.images import DEFAULT_PREPROCESSING, ImagePreprocessing, ImageReader, image_files, image_preprocessing
+from vlbert.data.grounded_text import GroundedTextDataset
+from vlbert.data.images import ImagePreprocessing, ImageReader, backbone_preprocessing, image_files, image_preprocessing
 from vlbert.detectors.store import MergedRegions, RegionStore
 from vlbert.evaluation.classification import predict_labels
 from vlbert.models.visual_backbone import RegionFeatureExtractor
@@ -144,22 +144,27 @@ def task_regions(ctx, image_ids: list[str] | None = None) -> RegionStore:
     return region_store(data.shards, data.dataset, data.cache_dir, ctx.detector, image_ids)
 
 
+def region_task_processor(ctx, source: RegionSource) -> VLProcessor:
+    """The run's processor, built once its regions are known (:class:`RegionTaskData`, the retrieval and VL
+    pretraining data): the run's tokenizer, ``data.max_text_length`` and ``data.max_regions`` (a vision-language
+    ``init_from``'s where the config sets none: :func:`~vlbert.recipes.runner.checkpoint_limits_decide`) and the
+    regions' ``source``. The task's datasets, collator and evaluation take their tokenizer and limits from it;
+    :func:`attach_images` tells it the images' preprocessing; the runner adds the task's own record fields
+    (:attr:`~vlbert.recipes.runner.Recipe.processor_fields`) and saves it as processor.json."""
+    return VLProcessor(
+        ctx.tokenizer,
+        max_text_length=ctx.data.max_text_length,
+        max_regions=ctx.data.max_regions,
+        region_source=source,
+    )
+
+
 def region_task_info(ctx, data, **extra) -> dict:
-    """A region task's processor record (what :class:`~vlbert.processing.VLProcessor` saves as processor.json): the
-    maximum lengths, the region feature size (``data.feature_dim``), the regions' source (:func:`task_region_source`
-    of ``data.regions``), for a model with a visual backbone its images' ``image_preprocessing``
-    (:meth:`~vlbert.data.images.ImagePreprocessing.record`), and the task's ``extra`` fields (label names, ...; an
-    ``extra`` key replaces a common one)."""
-    images = getattr(data, "images", None)
-    preprocessing = {"image_preprocessing": images.preprocessing.record()} if images is not None else {}
-    return {
-        "max_text_length": ctx.data.max_text_length,
-        "max_regions": ctx.data.max_regions,
-        "region_feature_dim": data.feature_dim,
-        "detector": task_region_source(ctx, data.regions).record(),
-        **preprocessing,
-        **extra,
-    }
+    """The whole processor record of a region task's ``data`` (its :attr:`RegionTaskData.processor`'s fields) with
+    the task's ``extra`` fields (label names, ...; an ``extra`` key replaces a common one). Kept for recipes
+    written before :attr:`~vlbert.recipes.runner.Recipe.processor_fields`, which need only return their ``extra``.
+    """
+    return {**data.processor.to_dict(), **extra}
 
 
 def run_visual_backbone(ctx) -> dict | None:
@@ -185,7 +190,7 @@ def task_images(data, backbone: dict, image_ids, trained=None) -> ImageReader:
     ``image_ids`` (easy-VQA without ``data.image_dir``: the package's images; else :func:`image_files` under
     ``data.image_dir``), preprocessed by ``data.image_preprocessing`` (default: ``trained``, the preprocessing
     ``init_from`` recorded (:func:`trained_preprocessing`; an :class:`ImagePreprocessing` or its record), else the backbone kind's,
-    :data:`~vlbert.data.images.DEFAULT_PREPROCESSING`) with ``data.image_short_side`` / ``image_max_side``.
+    :func:`~vlbert.data.images.backbone_preprocessing`) with ``data.image_short_side`` / ``image_max_side``.
 
     Raises:
         ValueError: no ``data.image_dir`` for a dataset other than easy-VQA, or easy-VQA images the package lacks
@@ -198,8 +203,9 @@ def task_images(data, backbone: dict, image_ids, trained=None) -> ImageReader:
             base.name, data.image_short_side or base.short_side or -1, data.image_max_side or base.max_side or -1
         )
     else:
-        name = data.image_preprocessing or DEFAULT_PREPROCESSING.get(backbone.get("kind", "caffe-resnet"), "imagenet")
-        preprocessing = image_preprocessing(name, data.image_short_side, data.image_max_side)
+        preprocessing = backbone_preprocessing(
+            backbone, data.image_preprocessing, data.image_short_side, data.image_max_side
+        )
     if data.image_dir:
         return ImageReader(image_files(image_ids, data.image_dir), preprocessing)
     if data.dataset != "easy-vqa":
@@ -219,10 +225,13 @@ def task_images(data, backbone: dict, image_ids, trained=None) -> ImageReader:
     return ImageReader({i: files[i] for i in dict.fromkeys(image_ids)}, preprocessing)
 
 
-def attach_images(ctx, datasets, image_ids: Callable[[Any], list[str]]) -> ImageReader | None:
+def attach_images(
+    ctx, datasets, image_ids: Callable[[Any], list[str]], processor: VLProcessor | None = None
+) -> ImageReader | None:
     """For a run whose model has a visual backbone (:func:`run_visual_backbone`): the :func:`task_images` reader of
     every image the ``datasets`` name (``image_ids(dataset)``; None entries skipped), set as each dataset's
-    ``image_reader`` so that its items carry their pixels. None (nothing changed) for a model without one.
+    ``image_reader`` so that its items carry their pixels; the run's ``processor`` (where given) takes the
+    reader's preprocessing and the backbone's region feature size. None (nothing changed) for a model without one.
 
     Raises:
         ValueError, FileNotFoundError: from :func:`task_images`.
@@ -234,6 +243,9 @@ def attach_images(ctx, datasets, image_ids: Callable[[Any], list[str]]) -> Image
     reader = task_images(ctx.data, backbone, [i for d in datasets for i in image_ids(d)], trained_preprocessing(ctx))
     for d in datasets:
         d.image_reader = reader
+    if processor is not None:
+        dim = backbone_feature_dim(backbone)
+        processor.update({"image_preprocessing": reader.preprocessing.record(), "region_feature_dim": dim})
     return reader
 
 
@@ -246,18 +258,22 @@ def backbone_feature_dim(backbone: dict) -> int:
 
 class RegionTaskData(TaskData):
     """A region task's data, built in one order: the examples (the task's :attr:`datasets` table, cut to
-    ``data.max_train_examples`` / ``max_eval_examples``), the regions (:meth:`load_regions`), the training and
-    evaluation datasets (:meth:`dataset`), one :class:`~vlbert.data.grounded_text.GroundedCollator` told the task's
-    :attr:`target_keys`, and the region feature size.
+    ``data.max_train_examples`` / ``max_eval_examples``), the regions (:meth:`load_regions`), the run's
+    :class:`~vlbert.processing.VLProcessor` (:func:`region_task_processor` of the regions' source,
+    :meth:`region_source`), the training and evaluation datasets (:meth:`dataset`, with the processor's tokenizer
+    and limits), the processor's collator (:meth:`~vlbert.processing.VLProcessor.collator`, a
+    :class:`~vlbert.data.grounded_text.GroundedCollator` told the task's :attr:`target_keys`: the batches
+    ``processor(...)`` makes at inference), and the region feature size.
 
     A task sets :attr:`datasets`, :attr:`dataset_class` (a :class:`~vlbert.data.grounded_text.GroundedTextDataset`)
-    and :attr:`target_keys`; it overrides :meth:`load_regions` where a dataset brings its own images, and
-    :meth:`dataset` where its dataset class takes more than the common arguments.
+    and :attr:`target_keys`; it overrides :meth:`load_regions` (and :meth:`region_source`) where a dataset brings
+    its own images, and :meth:`dataset` where its dataset class takes more than the common arguments.
 
-    Attributes (after ``__init__``): ``train``, ``eval``, ``regions`` (image id -> Regions), ``collator``,
-    ``feature_dim`` (the backbone's for a model with a ``visual_backbone``), ``images`` (None, or for such a model
-    the :class:`~vlbert.data.images.ImageReader` whose pixels every item carries: :func:`attach_images`),
-    ``extra`` (what the dataset builder returned after the train and eval examples).
+    Attributes (after ``__init__``): ``train``, ``eval``, ``regions`` (image id -> Regions), ``processor``,
+    ``tokenizer`` (the processor's), ``collator``, ``feature_dim`` (the backbone's for a model with a
+    ``visual_backbone``), ``images`` (None, or for such a model the :class:`~vlbert.data.images.ImageReader` whose
+    pixels every item carries: :func:`attach_images`), ``extra`` (what the dataset builder returned after the train
+    and eval examples).
     Raises:
         ValueError: from :func:`load_examples` (unknown dataset, missing files) and the dataset class (an image
             without regions).
@@ -271,28 +287,33 @@ class RegionTaskData(TaskData):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.data, self.tokenizer = ctx.data, ctx.tokenizer
+        self.data = ctx.data
         train, held_out, *self.extra = load_examples(self.datasets, ctx.data, self.seed)
         self.regions = self.load_regions(ctx)
+        self.processor = region_task_processor(ctx, self.region_source(ctx))
+        self.tokenizer = self.processor.tokenizer
         self.train = self.dataset(train[: ctx.data.max_train_examples or None], training=True)
         self.eval = self.dataset(held_out[: ctx.data.max_eval_examples or None], training=False)
-        self.collator = GroundedCollator(ctx.tokenizer, self.target_keys, self.dataset_class.images_per_text)
-        self.feature_dim = next(iter(self.regions.values())).feature_dim
+        self.collator = self.processor.collator(self.target_keys, self.dataset_class.images_per_text)
         # a model with a visual backbone computes the region features from the images under the shards' boxes
         self.images = attach_images(
-            ctx, (self.train, self.eval), lambda d: [i for ex in d.examples for i in d.images(ex)]
+            ctx, (self.train, self.eval), lambda d: [i for ex in d.examples for i in d.images(ex)], self.processor
         )
-        if self.images is not None:
-            self.feature_dim = backbone_feature_dim(run_visual_backbone(ctx))
+        self.feature_dim = self.processor.region_source.feature_dim
 
     def load_regions(self, ctx):
         """Image id -> Regions of every image the examples name: :func:`task_regions` (shards or easy-VQA)."""
         return task_regions(ctx)
 
+    def region_source(self, ctx) -> RegionSource:
+        """What made :attr:`regions` (:func:`task_region_source`: the shards' detector.json, else the run's
+        ``detector`` section where it extracted them)."""
+        return task_region_source(ctx, self.regions)
+
     def dataset(self, examples: list, training: bool):
-        """:attr:`dataset_class` over ``examples`` with the run's regions, tokenizer and limits."""
+        """:attr:`dataset_class` over ``examples`` with the run's regions and the processor's tokenizer and limits."""
         return self.dataset_class(
-            examples, self.regions, self.tokenizer, self.data.max_text_length, self.data.max_regions
+            examples, self.regions, self.tokenizer, self.processor.max_text_length, self.processor.max_regions
         )
 
     def predict(self, model) -> tuple[list[dict], dict[str, float]]:
@@ -339,6 +360,7 @@ __all__ = [
     "task_regions",
     "region_store",
     "region_task_info",
+    "region_task_processor",
     "task_region_source",
     "trained_preprocessing",
 ]

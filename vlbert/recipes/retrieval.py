@@ -22,10 +22,9 @@ from vlbert.recipes.regions import (
     RegionTaskDataConfig,
     TextLength,
     attach_images,
-    backbone_feature_dim,
     load_examples,
-    region_task_info,
-    run_visual_backbone,
+    region_task_processor,
+    task_region_source,
     task_regions,
 )
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
@@ -64,7 +63,9 @@ class RetrievalData(TaskData):
     """Training pairs and evaluation images (evaluated by Recall@K at the end, not by held-out batches). For a model
     with a ``visual_backbone``, ``images`` is the :class:`~vlbert.data.images.ImageReader` of the training and
     evaluation images (:func:`attach_images`: the pairs carry their pixels, the evaluation reads them) and
-    ``feature_dim`` the backbone's; else ``images`` is None.
+    ``feature_dim`` the backbone's; else ``images`` is None. ``processor``: the run's
+    (:func:`~vlbert.recipes.regions.region_task_processor`), whose tokenizer and limits the pairs and the
+    evaluation take.
 
     Raises:
         ValueError: an unknown dataset, karpathy without ``captions_file``; from :func:`attach_images` (images
@@ -78,15 +79,16 @@ class RetrievalData(TaskData):
         self.train_images = train_images[: data.max_train_images] if data.max_train_images else train_images
         self.eval_images = eval_images[: data.max_eval_images] if data.max_eval_images else eval_images
         self.regions = task_regions(ctx)
+        self.processor = processor = region_task_processor(ctx, task_region_source(ctx, self.regions))
         self.train = RetrievalPairs(
-            self.train_images, self.regions, ctx.tokenizer, data.max_text_length, data.max_regions
+            self.train_images, self.regions, processor.tokenizer, processor.max_text_length, processor.max_regions
         )
-        self.collator = RetrievalCollator(ctx.tokenizer)
-        self.feature_dim = next(iter(self.regions.values())).feature_dim
+        self.collator = RetrievalCollator(processor.tokenizer)
         eval_ids = [im.image_id for im in self.eval_images]
-        self.images = attach_images(ctx, (self.train,), lambda d: [im.image_id for im, _, _ in d.pairs] + eval_ids)
-        if self.images is not None:
-            self.feature_dim = backbone_feature_dim(run_visual_backbone(ctx))
+        self.images = attach_images(
+            ctx, (self.train,), lambda d: [im.image_id for im, _, _ in d.pairs] + eval_ids, processor
+        )
+        self.feature_dim = processor.region_source.feature_dim
 
 
 def build_model(ctx: RunContext, data: RetrievalData) -> VLBertForImageTextRetrieval:
@@ -98,17 +100,17 @@ def evaluate(ctx: RunContext, data: RetrievalData, model) -> dict:
         model,
         data.eval_images,
         data.regions,
-        ctx.tokenizer,
+        data.processor.tokenizer,
         shortlist=ctx.data.shortlist,
-        max_regions=ctx.data.max_regions,
-        max_text_length=ctx.data.max_text_length,
+        max_regions=data.processor.max_regions,
+        max_text_length=data.processor.max_text_length,
         image_reader=data.images,
     )
 
 
-def inference_info(ctx: RunContext, data: RetrievalData) -> dict:
-    """The maximum lengths, the shortlist and the regions' detector."""
-    return region_task_info(ctx, data, shortlist=ctx.data.shortlist)
+def processor_fields(ctx: RunContext, data: RetrievalData) -> dict:
+    """The shortlist (candidates per query the cross-encoder re-ranks)."""
+    return {"shortlist": ctx.data.shortlist}
 
 
 RECIPE = Recipe(
@@ -118,7 +120,7 @@ RECIPE = Recipe(
     build_model,
     evaluate=evaluate,
     uses_regions=True,
-    inference_info=inference_info,
+    processor_fields=processor_fields,
     pipeline="image-text-retrieval",
 )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -92,11 +93,19 @@ class Recipe:
         uses_regions: the run config has a ``detector`` section.
         default_init: ``init_from`` when the config names none (None: a fresh model from the ``model`` section).
         sections: top-level keys the recipe reads besides :data:`COMMON_SECTIONS`.
-        inference_info: ``(RunContext, TaskData) -> dict``, the fields of the run's processor record (the regions'
-            source, label names, maximum lengths: :meth:`vlbert.processing.VLProcessor.from_record`), whose
-            processor is saved as ``processor.json`` in the output directory (the pipelines read it), or None.
+        processor_fields: ``(RunContext, TaskData) -> dict``, the task's own fields of the run's processor record
+            (label names, retrieval's shortlist, ...: read as :meth:`vlbert.processing.VLProcessor.from_record`
+            reads a record), or None. Where the task's data built the run's processor (``data.processor``: the
+            region tasks, whose datasets and collator it made) they are set on it; else they are the whole record
+            (a text task: maximum length, labels). The processor is saved as ``processor.json`` in the output
+            directory (the pipelines read it): :func:`run_processor`.
         pipeline: the name of the task's inference pipeline (a key of :data:`vlbert.inference.PIPELINES`),
             recorded in ``processor.json``; None where the task has none.
+        inference_info: the former name of ``processor_fields``, still read (with a DeprecationWarning) from
+            recipes written before it; reads as None once moved.
+
+    Raises:
+        ValueError: both ``processor_fields`` and ``inference_info`` given.
     """
 
     name: str
@@ -108,8 +117,26 @@ class Recipe:
     uses_regions: bool = False
     default_init: str | None = "minilm"
     sections: tuple[str, ...] = field(default=())
-    inference_info: Callable | None = None
+    processor_fields: Callable | None = None
     pipeline: str | None = None
+    inference_info: Callable | None = None
+
+    def __post_init__(self):
+        if self.inference_info is None:
+            return
+        if self.processor_fields is not None and self.processor_fields is not self.inference_info:
+            raise ValueError(
+                f"recipe {self.name!r} gives both processor_fields and inference_info (its former name): pass "
+                "processor_fields only"
+            )
+        warnings.warn(
+            f"Recipe(inference_info=...) is now Recipe(processor_fields=...) (recipe {self.name!r}); the old name "
+            "will go",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        object.__setattr__(self, "processor_fields", self.inference_info)
+        object.__setattr__(self, "inference_info", None)
 
 
 class TaskData:
@@ -269,6 +296,23 @@ def _saved_config(init_from: str) -> dict[str, Any]:
     return read_run_file(path) if path.is_file() else {}
 
 
+def run_processor(recipe: Recipe, ctx: RunContext, data: TaskData) -> VLProcessor | None:
+    """The run's processor, saved as processor.json: the one the task's data built (``data.processor``: a region
+    task's, whose tokenizer, limits and collator its datasets and batches use) told the recipe's name, pipeline and
+    :attr:`Recipe.processor_fields`; for data without one, the processor of the record those fields make (a text
+    task's), or None where the recipe has none.
+
+    Raises:
+        ValueError: a bad record field (from :meth:`~vlbert.processing.VLProcessor.from_record`).
+    """
+    own = getattr(data, "processor", None)
+    fields = recipe.processor_fields(ctx, data) if recipe.processor_fields is not None else None
+    if own is None and fields is None:
+        return None
+    record = {"task": recipe.name, "pipeline": recipe.pipeline, **(fields or {})}
+    return VLProcessor.from_record(record, ctx.tokenizer) if own is None else own.update(record)
+
+
 def check_init_regions(ctx: RunContext, processor: VLProcessor) -> None:
     """Refuse to fine-tune a vision-language ``init_from`` (one of our runs, or a converted published checkpoint)
     on regions of another detector than its own, unless the config says ``allow_other_detector: true``: its saved
@@ -347,10 +391,8 @@ def run(
     ctx = RunContext(config, training, data_config, detector, tokenizer, init_from, tuple(command_line_keys))
     checkpoint_limits_decide(ctx)
     data = recipe.build_data(ctx)
-    info = recipe.inference_info(ctx, data) if recipe.inference_info is not None else None
-    processor = None
-    if info is not None:
-        processor = VLProcessor.from_record({"task": recipe.name, "pipeline": recipe.pipeline, **info}, tokenizer)
+    processor = run_processor(recipe, ctx, data)
+    if processor is not None:
         check_init_regions(ctx, processor)
     set_seed(training.seed)  # initial weights depend on the seed alone
     model = recipe.build_model(ctx, data)
@@ -410,6 +452,7 @@ __all__ = [
     "RESUMABLE_CHANGES",
     "RunKeys",
     "check_init_regions",
+    "run_processor",
     "checkpoint_limits_decide",
     "write_output_file",
     "read_run_file",

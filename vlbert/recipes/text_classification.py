@@ -395,7 +395,7 @@ def build_model(ctx: RunContext, data: TextTaskData):
     return load_model(HEADS[data.config.type], ctx, num_labels=data.num_labels, id2label=names)
 
 
-def inference_info(ctx: RunContext, data: TextTaskData) -> dict:
+def processor_fields(ctx: RunContext, data: TextTaskData) -> dict:
     """The task type, label names and maximum length, for :class:`vlbert.inference.TextClassificationPipeline`."""
     return {"type": data.config.type, "labels": data.label_names, "max_text_length": data.config.max_seq_length}
 
@@ -408,7 +408,7 @@ RECIPE = Recipe(
     evaluate=evaluate,
     baselines=majority_baseline,
     sections=("implementation",),
-    inference_info=inference_info,
+    processor_fields=processor_fields,
     pipeline="text-classification",
 )
 

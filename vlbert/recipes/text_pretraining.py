@@ -163,7 +163,7 @@ def baselines(ctx: RunContext, data: TextPretrainingData, model) -> dict:
     return {f"eval_{masking[0].metric}_majority_baseline": data.majority_baseline_accuracy()}
 
 
-def inference_info(ctx: RunContext, data: TextPretrainingData) -> dict:
+def processor_fields(ctx: RunContext, data: TextPretrainingData) -> dict:
     """The maximum length, for :class:`vlbert.inference.TextFillMaskPipeline`."""
     return {"max_text_length": ctx.data.max_seq_length}
 
@@ -175,7 +175,7 @@ RECIPE = Recipe(
     build_model,
     baselines=baselines,
     default_init=None,
-    inference_info=inference_info,
+    processor_fields=processor_fields,
     pipeline="text-fill-mask",
 )
 

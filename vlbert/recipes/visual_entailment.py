@@ -18,7 +18,6 @@ from vlbert.recipes.regions import (
     RegionTaskDataConfig,
     evaluate,
     majority_baseline,
-    region_task_info,
 )
 from vlbert.recipes.runner import Recipe, RunContext, load_model
 
@@ -81,9 +80,9 @@ def build_model(ctx: RunContext, data: EntailmentData) -> VLBertForSequenceClass
     return load_model(VLBertForSequenceClassification, ctx, num_labels=len(LABELS), region_feature_dim=data.feature_dim)
 
 
-def inference_info(ctx: RunContext, data: EntailmentData) -> dict:
-    """Label names, the maximum lengths and the regions' detector."""
-    return region_task_info(ctx, data, labels=list(LABELS))
+def processor_fields(ctx: RunContext, data: EntailmentData) -> dict:
+    """The processor's label names."""
+    return {"labels": list(LABELS)}
 
 
 RECIPE = Recipe(
@@ -94,7 +93,7 @@ RECIPE = Recipe(
     evaluate=evaluate,
     baselines=majority_baseline,
     uses_regions=True,
-    inference_info=inference_info,
+    processor_fields=processor_fields,
     pipeline="visual-entailment",
 )
 

@@ -38,9 +38,8 @@ from vlbert.recipes.regions import (
     Positive,
     TextLength,
     attach_images,
-    backbone_feature_dim,
     region_store,
-    run_visual_backbone,
+    region_task_processor,
 )
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
 from vlbert.utils import evaluation
@@ -249,15 +248,17 @@ class VLPretrainingData(TaskData):
                 source_pairs = [replace(p, image_id=f"{source.name}/{p.image_id}") for p in source_pairs]
             pairs += _weighted(source_pairs, source.weight, random.Random(f"mix-{self.seed}-{source.name}"))
         self.regions = stores[sources[0].name] if len(sources) == 1 else NamespacedRegions(stores)
+        # the run's processor: the regions' source, the tokenizer and the limits every dataset takes
+        source = RegionSource.from_store(self.regions, ctx.detector if self.extracted_by_detector else None)
+        self.processor = region_task_processor(ctx, source)
         any_regions = next(iter(self.regions.values()))
-        self.feature_dim = any_regions.feature_dim
         self.num_classes = any_regions.class_probs.shape[1] if any_regions.class_probs is not None else 0
         if not self.num_classes and {"mrc", "mrc_kl"} & set(self.objectives.active):
             raise ValueError(
                 "data.objectives has mrc/mrc_kl but the regions have no class distributions; extract "
                 "with a detector that writes them or set their weight to 0"
             )
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer = self.processor.tokenizer
         self.qa_answers = (
             qa_vocabulary(pairs, ctx.model_section.get("num_qa_labels") or 0) if "qa" in self.objectives.active else []
         )
@@ -275,22 +276,17 @@ class VLPretrainingData(TaskData):
         self.eval_pairs = [p for p in pairs if p.image_id in held]
         self.text = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability, unpadded=True)
         self.collator = VLCollator(self.text, data.region_mask_probability, self.objectives, data.itm_negatives)
-        self.train = VLPretrainingDataset(
-            train_pairs, self.regions, tokenizer, data.max_text_length, data.max_regions, self.seed, self.qa_answers
-        )
+        limits = self.processor.max_text_length, self.processor.max_regions
+        self.train = VLPretrainingDataset(train_pairs, self.regions, tokenizer, *limits, self.seed, self.qa_answers)
         if len(self.eval_pairs) >= 2:
             self.eval = VLPretrainingDataset(
-                self.eval_pairs,
-                self.regions,
-                tokenizer,
-                data.max_text_length,
-                data.max_regions,
-                self.seed + 1,
-                self.qa_answers,
+                self.eval_pairs, self.regions, tokenizer, *limits, self.seed + 1, self.qa_answers
             )
-        self.images = attach_images(ctx, (self.train, self.eval), lambda d: [c.image_id for c in d.captions])
+        self.images = attach_images(
+            ctx, (self.train, self.eval), lambda d: [c.image_id for c in d.captions], self.processor
+        )
+        self.feature_dim = self.processor.region_source.feature_dim
         if self.images is not None:
-            self.feature_dim = backbone_feature_dim(run_visual_backbone(ctx))
             if "mrfr" in self.objectives.active:
                 raise ValueError(
                     "data.objectives has mrfr, which regresses the detector's features, but "
@@ -436,21 +432,11 @@ def _weighted(pairs: list[Caption], weight: float, rng: random.Random) -> list[C
     return pairs * whole + (rng.sample(pairs, round(part * len(pairs))) if part else [])
 
 
-def inference_info(ctx: RunContext, data: VLPretrainingData) -> dict:
-    """The maximum lengths and the regions' detector (for fill-mask on an image, :mod:`vlbert.inference`); with
-    the ``qa`` unit, its answers in label order (``qa_answers``); for a model with a visual backbone its images'
-    ``image_preprocessing``."""
-    images = {"image_preprocessing": data.images.preprocessing.record()} if data.images is not None else {}
-    return {
-        "max_text_length": ctx.data.max_text_length,
-        "max_regions": ctx.data.max_regions,
-        "region_feature_dim": data.feature_dim,
-        "detector": RegionSource.from_store(
-            data.regions, ctx.detector if data.extracted_by_detector else None
-        ).record(),
-        **images,
-        **({"qa_answers": data.qa_answers} if data.qa_answers else {}),
-    }
+def processor_fields(ctx: RunContext, data: VLPretrainingData) -> dict:
+    """With the ``qa`` unit, its answers in label order (``qa_answers``); the rest of the run's processor record
+    (limits, the regions' source, a visual backbone's image preprocessing: what fill-mask on an image needs,
+    :mod:`vlbert.inference`) is ``data.processor``'s own."""
+    return {"qa_answers": data.qa_answers} if data.qa_answers else {}
 
 
 RECIPE = Recipe(
@@ -462,7 +448,7 @@ RECIPE = Recipe(
     baselines=baselines,
     uses_regions=True,
     default_init=None,
-    inference_info=inference_info,
+    processor_fields=processor_fields,
     pipeline="fill-mask",
 )
 

@@ -32,7 +32,6 @@ from vlbert.recipes.regions import (
     RegionTaskData,
     RegionTaskDataConfig,
     TextLength,
-    region_task_info,
     task_regions,
 )
 from vlbert.recipes.runner import Recipe, RunContext, load_model, write_output_file
@@ -133,8 +132,8 @@ class VQAData(RegionTaskData):
             self.regions,
             self.tokenizer,
             self.answer_vocab,
-            self.data.max_text_length,
-            self.data.max_regions,
+            self.processor.max_text_length,
+            self.processor.max_regions,
             unknown=unknown,
         )
 
@@ -192,9 +191,9 @@ def majority_baseline(ctx: RunContext, data: VQAData, model) -> dict:
     return {f"{metric}_majority_baseline": sum(scored) / len(scored)} if scored else {}
 
 
-def inference_info(ctx: RunContext, data: VQAData) -> dict:
-    """The answer vocabulary (the model's output order), the maximum lengths and the regions' detector."""
-    return region_task_info(ctx, data, labels=list(data.answer_vocab))
+def processor_fields(ctx: RunContext, data: VQAData) -> dict:
+    """The processor's label names: the answer vocabulary (the model's output order)."""
+    return {"labels": list(data.answer_vocab)}
 
 
 RECIPE = Recipe(
@@ -205,7 +204,7 @@ RECIPE = Recipe(
     evaluate=evaluate,
     baselines=majority_baseline,
     uses_regions=True,
-    inference_info=inference_info,
+    processor_fields=processor_fields,
     pipeline="visual-question-answering",
 )
 

@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 
 from vlbert.data.easy_vqa import image_paths, load_questions
+from vlbert.data.images import image_preprocessing
 from vlbert.detectors.backbone import load_efficientnet_lite0
 from vlbert.detectors.proposals import felzenszwalb_proposals
 from vlbert.models.vqa import VLBertForVQA
@@ -36,11 +37,10 @@ from vlbert.training.training_config import parameter_groups
 
 
 def load_images(paths, size):
-    """uint8 RGB images -> float [N, 3, size, size] normalised with ImageNet's mean and std."""
-    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
-    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
-    pixels = np.stack([np.asarray(Image.open(p).convert("RGB").resize((size, size), Image.BILINEAR)) for p in paths])
-    return (torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 255.0 - mean) / std
+    """The easy-VQA images (squares) -> float32 [N, 3, size, size] through the recipes' "imagenet" preprocessing
+    (:func:`vlbert.data.images.image_preprocessing`: RGB in [0, 1], ImageNet's mean and std), short side ``size``."""
+    preprocessing = image_preprocessing("imagenet", size, -1)
+    return torch.stack([preprocessing(p) for p in paths])
 
 
 def proposals(paths, max_regions):
