@@ -40,7 +40,7 @@ from vlbert.detectors.extract import extract_regions
 from vlbert.detectors.images import read_image
 from vlbert.detectors.regions import Regions
 from vlbert.processing.record import load_processor_record, local_run_dir, record_pipeline
-from vlbert.processing.region_source import RegionSource
+from vlbert.processing.region_source import RegionSource, choose_detector
 from vlbert.run_files import read_processor_record, write_processor_record
 from vlbert.tokenization import load_tokenizer, save_tokenizer
 
@@ -321,35 +321,11 @@ class VLProcessor:
                 ``detector`` or with a record that names no detector.
             FileNotFoundError: ``detector_weights`` does not exist.
         """
-        source = self.region_source or RegionSource()
-        own = source.detector()
         self.allow_other_detector, self.device, self._extractor = allow_other_detector, device, None
         self._weights_checked = detector_weights is not None
-        if detector_weights is not None:
-            if detector is not None:
-                raise ValueError(
-                    "detector_weights locates the run's own detector's weights; a detector of your own "
-                    "names its weights itself (its weights field): pass one of the two"
-                )
-            if own is None:
-                raise ValueError(
-                    f"the run's regions were imported from precomputed features ({source.extractor}) and name no "
-                    "detector, so detector_weights has nothing to apply to: pass the images' Regions"
-                )
-            self.detector = own.with_weights(detector_weights)
-            return self
-        if detector is None:
-            self.detector = own
-            return self
-        why = own.difference(detector) if own is not None else "the run records no detector"
-        if why is not None and not allow_other_detector:
-            raise ValueError(
-                f"the run was trained on regions of detector {source.fingerprint} ({source.extractor}), but the "
-                f"given detector is {detector.fingerprint()} ({detector.backend}): {why}; features of another "
-                "extractor silently degrade every prediction: leave detector unset to use the run's own, or pass "
-                "allow_other_detector=True (--allow-other-detector) to override"
-            )
-        self.detector = detector
+        self.detector = choose_detector(
+            self.region_source or RegionSource(), detector, allow_other_detector, detector_weights
+        )
         return self
 
     @property

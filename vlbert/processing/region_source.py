@@ -6,6 +6,7 @@ tell them apart (:meth:`RegionSource.difference`), and the one place that reads 
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -102,4 +103,47 @@ class RegionSource:
         return None
 
 
-__all__ = ["RegionSource"]
+def choose_detector(
+    source: RegionSource,
+    detector: DetectorConfig | None = None,
+    allow_other_detector: bool = False,
+    detector_weights: str | os.PathLike | None = None,
+) -> DetectorConfig | None:
+    """The detector that extracts regions for a processor whose regions came from ``source``
+    (:meth:`~vlbert.processing.VLProcessor.use_detector`): the record's own, reading its weights from
+    ``detector_weights`` where given; or ``detector`` when it extracts the same features or ``allow_other_detector``
+    is set; None where neither exists (imported features, no ``detector`` given).
+
+    Raises:
+        ValueError: ``detector`` differs from the record's (both fingerprints named, and what differs) and
+            ``allow_other_detector`` is False; ``detector_weights`` come with ``detector`` or with a record that names
+            no detector, or are other weights.
+        FileNotFoundError: ``detector_weights`` does not exist.
+    """
+    own = source.detector()
+    if detector_weights is not None:
+        if detector is not None:
+            raise ValueError(
+                "detector_weights locates the run's own detector's weights; a detector of your own "
+                "names its weights itself (its weights field): pass one of the two"
+            )
+        if own is None:
+            raise ValueError(
+                f"the run's regions were imported from precomputed features ({source.extractor}) and name no "
+                "detector, so detector_weights has nothing to apply to: pass the images' Regions"
+            )
+        return own.with_weights(detector_weights)
+    if detector is None:
+        return own
+    why = own.difference(detector) if own is not None else "the run records no detector"
+    if why is not None and not allow_other_detector:
+        raise ValueError(
+            f"the run was trained on regions of detector {source.fingerprint} ({source.extractor}), but the "
+            f"given detector is {detector.fingerprint()} ({detector.backend}): {why}; features of another "
+            "extractor silently degrade every prediction: leave detector unset to use the run's own, or pass "
+            "allow_other_detector=True (--allow-other-detector) to override"
+        )
+    return detector
+
+
+__all__ = ["RegionSource", "choose_detector"]
