@@ -44,13 +44,10 @@ def test_every_subcommand_and_script_has_a_parser(capsys):
 
 
 def test_a_script_in_tools_runs_its_command_as_a_process():
-    """The shim itself: ``python tools/finetune_vqa.py`` is ``vlbert finetune --task vqa`` (its --help, and a text
-    flag refused under the error rule: one line, status 2); ``python -m vlbert`` is the same command line."""
+    """The shim itself: ``python tools/finetune_vqa.py`` is ``vlbert finetune --task vqa`` (a text flag refused
+    under the error rule: one line naming the task, status 2); ``python -m vlbert`` is the same command line. (Each
+    process costs an interpreter start: the scripts' parsers are checked in-process by test_docs.)"""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    shown = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "finetune_vqa.py"), "--help"], capture_output=True, text=True, env=env
-    )
-    assert shown.returncode == 0 and "--task" in shown.stdout and "--dataset" in shown.stdout
     refused = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "finetune_vqa.py"), "--type", "qa"],
         capture_output=True,
