@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.builders import write_easy_vqa_shards
 from helpers.fake_cuda import FLASH, FakeCuda, placement_errors
 
 from vlbert.recipes import RECIPES, run
@@ -136,18 +137,7 @@ def run_on_fake_gpu(recipe: str, config: dict, capability=(9, 0)) -> tuple[Probe
 def region_shards(tmp_path_factory):
     """Region shards of 16 easy-VQA training images and 4 test images (the fine-tuning recipes' held-out data),
     extracted on the CPU (outside the fake GPU)."""
-    from PIL import Image
-    from vlbert.detectors.config import DetectorConfig
-    from vlbert.detectors.shards import write_shards
-
-    from vlbert.data.easy_vqa import color_and_shape, image_paths
-
-    ids = list(color_and_shape("train"))[:N_IMAGES] + list(color_and_shape("test"))[:4]
-    paths = {**image_paths("train"), **image_paths("test")}
-    extractor = DetectorConfig(options={"input_size": 64, "max_proposals": 6}).build()
-    shards = tmp_path_factory.mktemp("regions") / "shards"
-    write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), shards)
-    return shards
+    return write_easy_vqa_shards(tmp_path_factory.mktemp("regions") / "shards", N_IMAGES, test=4)
 
 
 def assert_gpu_step(probe: Probe, gpu: FakeCuda, flash: bool = True) -> None:

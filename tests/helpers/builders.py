@@ -7,7 +7,9 @@ import random
 from pathlib import Path
 
 import torch
+from PIL import Image
 from vlbert.detectors.config import DetectorConfig
+from vlbert.detectors.shards import write_shards
 
 from vlbert.commands.scripts import script_main
 
@@ -138,3 +140,16 @@ N_EASY_IMAGES = 12
 
 
 EASY_DETECTOR = DetectorConfig(options={"input_size": 96, "max_proposals": 8})
+
+
+def write_easy_vqa_shards(directory: Path, train: int, test: int = 0) -> Path:
+    """Region shards in ``directory`` of the first ``train`` captioned easy-VQA training images and the first
+    ``test`` captioned test images, extracted on the CPU by a tiny detector (64-pixel input, 6 proposals) and written
+    without a detector.json, as a user's imported features are. Returns ``directory``."""
+    from vlbert.data.easy_vqa import color_and_shape, image_paths
+
+    ids = list(color_and_shape("train"))[:train] + (list(color_and_shape("test"))[:test] if test else [])
+    paths = {**image_paths("train"), **(image_paths("test") if test else {})}
+    extractor = DetectorConfig(options={"input_size": 64, "max_proposals": 6}).build()
+    write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), directory)
+    return directory

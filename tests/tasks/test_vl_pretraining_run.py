@@ -235,7 +235,7 @@ def test_grounding_with_regions_beats_without(cache_dir, tmp_path):
 
 def test_imported_shards_are_not_credited_to_the_detector_section(tmp_path):
     """Easy-VQA captions over imported shards (no detector.json): the run's ``detector`` section did not make those
-    features, so inference.json records no fingerprint for them (it used to name the section's)."""
+    features, so the run's processor.json records no fingerprint for them (it used to name the section's)."""
     from PIL import Image
     from vlbert.detectors.config import DetectorConfig
     from vlbert.detectors.shards import write_shards

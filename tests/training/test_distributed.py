@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.builders import write_easy_vqa_shards
 from helpers.distributed import DDP_WORKER, config, env, free_port, losses, reference_run
 
 
@@ -72,18 +73,7 @@ def test_two_processes_stopped_and_resumed_equal_the_uninterrupted_run(small_cor
 @pytest.fixture(scope="module")
 def easy_vqa_shards(tmp_path_factory) -> Path:
     """Region shards of 32 easy-VQA training images (a tiny detector: 64-pixel input, 6 proposals)."""
-    from PIL import Image
-    from vlbert.detectors.config import DetectorConfig
-    from vlbert.detectors.shards import write_shards
-
-    from vlbert.data.easy_vqa import color_and_shape, image_paths
-
-    ids = list(color_and_shape("train"))[:32]
-    paths = image_paths("train")
-    extractor = DetectorConfig(options={"input_size": 64, "max_proposals": 6}).build()
-    shards = tmp_path_factory.mktemp("easy-vqa") / "shards"
-    write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), shards)
-    return shards
+    return write_easy_vqa_shards(tmp_path_factory.mktemp("easy-vqa") / "shards", 32)
 
 
 @pytest.mark.slow

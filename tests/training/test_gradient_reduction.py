@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers.builders import write_easy_vqa_shards
 from torch import nn
 
 from vlbert.training.master_weights import MasterWeights
@@ -167,18 +168,7 @@ def test_reducing_before_the_last_micro_batch_is_refused():
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
     """Region shards of 16 easy-VQA training images (a tiny detector: 64-pixel input, 6 proposals)."""
-    from PIL import Image
-    from vlbert.detectors.config import DetectorConfig
-    from vlbert.detectors.shards import write_shards
-
-    from vlbert.data.easy_vqa import color_and_shape, image_paths
-
-    ids = list(color_and_shape("train"))[:16]
-    paths = image_paths("train")
-    extractor = DetectorConfig(options={"input_size": 64, "max_proposals": 6}).build()
-    out = tmp_path_factory.mktemp("reduction-regions") / "shards"
-    write_shards(extractor.extract_batch([Image.open(paths[i]).convert("RGB") for i in ids], ids), out)
-    return out
+    return write_easy_vqa_shards(tmp_path_factory.mktemp("reduction-regions") / "shards", 16)
 
 
 def _trainer_worker(rank: int, port: int, config: dict, out: str) -> None:
