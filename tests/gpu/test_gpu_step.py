@@ -349,8 +349,13 @@ def test_a_training_step_reads_nothing_back_from_the_device(modality):
 
 @pytest.mark.slow
 def test_the_whole_model_compiles_in_one_graph_and_equals_eager():
-    """``torch.compile(model, fullgraph=True)`` of the training forward: one graph, no break (dynamo's explain),
-    and the compiled forward + backward equal eager's (dropout 0 so both draw nothing)."""
+    """``torch.compile(model, fullgraph=True)`` of the training forward: one graph, no break (``fullgraph`` raises
+    at a break, naming its reason), and the compiled forward + backward equal eager's (dropout 0 so both draw nothing). On the CPU the graph goes
+    through everything of inductor's path but its code generation (AOTAutograd's functionalisation, inductor's
+    decompositions and the forward/backward partition, then run op by op: the ``aot_eager_decomp_partition``
+    backend), which is where this model's code could break; inductor's C++ kernels would cost a minute of
+    compilation on a cold cache for what torch's own tests cover. The GPU test compiles with inductor:
+    tests/gpu/test_cuda.py."""
     ids, mask, labels = ragged_text()
     batch = dict(
         input_ids=ids,
@@ -365,10 +370,8 @@ def test_the_whole_model_compiles_in_one_graph_and_equals_eager():
     model = vlbert.BertForPreTraining(
         text_config(num_hidden_layers=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     ).train()
-    explained = torch._dynamo.explain(model)(**batch)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
     hidden, loss, grads = run(model, batch)
-    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager_decomp_partition")
     c_hidden, c_loss, c_grads = run(compiled, batch)
     torch.testing.assert_close(c_loss, loss, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(c_hidden, hidden, atol=1e-5, rtol=1e-5)

@@ -1,17 +1,20 @@
-"""The multi-process tests' shared pieces: a free port, a tiny text-pretraining config, the losses a run logged, the single-process reference run and the workers' environment."""
+"""The multi-process tests' shared pieces: a free port, a tiny text-pretraining config, the losses a run logged, the
+single-process reference run, the workers' environment, and :func:`launch`, torch's elastic launcher (torchrun's
+agent) starting its workers by fork from this already-imported process."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import uuid
 from pathlib import Path
 
 from helpers.builders import like_a_worker
 
-HERE = Path(__file__).resolve().parent  # tests/helpers: ddp_worker.py
+HERE = Path(__file__).resolve().parent  # tests/helpers
 ROOT = HERE.parents[1]
-DDP_WORKER = HERE / "ddp_worker.py"  # one process of a torchrun comparison
 
 
 def free_port() -> int:
@@ -61,7 +64,7 @@ def losses(out: Path) -> dict[int, float]:
 
 
 def reference_run(run_config: dict, recipe: str = "text-pretraining", resume: bool = False) -> None:
-    """What ``ddp_worker.py`` does alone (float64, one thread), in this process: the single-process side of a
+    """What a :func:`launch` worker does (float64, one thread), alone in this process: the single-process side of a
     comparison, or a resume that is not itself under test."""
     from vlbert.recipes import RECIPES, run
 
@@ -78,3 +81,86 @@ def env():
         "CUDA_VISIBLE_DEVICES": "",
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
     }
+
+
+def _as_a_new_process() -> None:
+    """What a forked worker must not inherit from this process: accelerate's process state (a single-process run
+    here made it; a new process under a launcher reads its rank and world size from the environment), and this
+    process's threads (one, as ``OMP_NUM_THREADS=1``)."""
+    import torch
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    torch.set_num_threads(1)
+    os.environ.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+
+
+def _fresh_entrypoint(entrypoint, *args):
+    _as_a_new_process()
+    return entrypoint(*args)
+
+
+def _forked_worker(rank: int, worker, *args) -> None:
+    _as_a_new_process()
+    worker(rank, *args)
+
+
+def _run_in_worker(runs: list, float64: bool) -> None:
+    """One forked worker (one thread, float64 by default, as :func:`reference_run`), every run in turn.
+    ``runs``: ``[recipe, run config]`` or ``[recipe, run config, resume]``."""
+    import torch
+
+    _as_a_new_process()
+    if float64:
+        torch.set_default_dtype(torch.float64)
+    from vlbert.recipes import RECIPES, run
+
+    for name, run_config, *resume in runs:
+        run(RECIPES[name], run_config, resume=bool(resume and resume[0]))
+
+
+def launch(runs: list, nproc: int = 2, float64: bool = True, entrypoint=None, args: tuple = ()) -> dict:
+    """Run ``runs`` (``[recipe, run config(, resume)]`` each, in turn) on ``nproc`` processes as torchrun does:
+    torch's elastic agent (:func:`torch.distributed.launcher.api.elastic_launch`, what ``torchrun`` runs) with a
+    c10d rendezvous on a free port, setting RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, ... for each worker.
+    The workers are forked from this process, which has imported torch, transformers and vlbert already: a
+    torchrun launch costs each worker an interpreter's start and those imports (about 8 s of CPU each on the CI
+    machine's cores), which was most of the distributed tests' time. The tests that are about the process itself
+    (signals, separate nodes, a tool's command line) keep real ``torchrun`` (tests/training/test_multinode.py,
+    tests/regions/test_extraction.py). ``entrypoint(*args)`` replaces the runs where given. Returns each rank's
+    return value; a failed worker raises torch's ``ChildFailedError`` with its traceback. This process's signal
+    handlers (which the agent replaces) are restored after."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    import vlbert.recipes  # noqa: F401  (imported once here, not in every worker)
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        max_restarts=0,
+        monitor_interval=0.05,
+        start_method="fork",
+    )
+    try:
+        if entrypoint is None:
+            return elastic_launch(config, _run_in_worker)(runs, float64)
+        return elastic_launch(config, _fresh_entrypoint)(entrypoint, *args)
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+
+
+def forked(worker, *args, nproc: int = 2) -> None:
+    """``worker(rank, *args)`` on ``nproc`` processes forked from this one (torch.multiprocessing, as ``mp.spawn``
+    but without each process's interpreter start and imports); the workers set up their own process group. A
+    failed worker raises ``ProcessRaisedException`` with its traceback."""
+    import torch.multiprocessing as mp
+
+    import vlbert.recipes  # noqa: F401  (imported once here, not in every worker)
+
+    mp.start_processes(_forked_worker, args=(worker, *args), nprocs=nproc, join=True, start_method="fork")

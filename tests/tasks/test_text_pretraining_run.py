@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from helpers.builders import tool
+from helpers.tool_errors import one_line_error
 
 import vlbert
+from vlbert.commands import run_tool
 from vlbert.recipes import RECIPES, run
 from vlbert.training.trainer import Trainer
 
@@ -155,70 +158,38 @@ def test_empty_corpus_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow
-@pytest.mark.integration
-def test_cli_runs_with_flags(small_corpus, tmp_path):
+def test_cli_runs_with_flags(small_corpus, tmp_path, capsys):
+    """``tools/pretrain.py``'s command with flags and ``--set`` overrides, in this process (the script itself as a
+    process: tests/commands/test_cli.py)."""
     out = tmp_path / "cli"
-    cmd = [
-        sys.executable,
-        str(ROOT / "tools" / "pretrain.py"),
-        "--modality",
-        "text",
-        "--output-dir",
-        str(out),
-        "--max-steps",
-        "2",
-        "--log-every",
-        "1",
-        "--seed",
-        "3",
-        "--set",
+    argv = ["--modality", "text", "--output-dir", str(out), "--max-steps", "2", "--log-every", "1", "--seed", "3"]
+    for override in (
         f"data.corpus={small_corpus}",
-        "--set",
         "model.num_hidden_layers=1",
-        "--set",
         "model.hidden_size=32",
-        "--set",
         "model.num_attention_heads=2",
-        "--set",
         "model.intermediate_size=64",
-        "--set",
         "training.batch_size=4",
-        "--set",
         "data.max_eval_batches=2",
-        "--set",
         "training.progress_bar=false",
-    ]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "final metrics" in result.stdout
+    ):
+        argv += ["--set", override]
+    assert run_tool(tool("pretrain"), argv) == 0
+    assert "final metrics" in capsys.readouterr().out
     assert json.loads((out / "metrics.json").read_text())["step"] == 2
     assert (out / "model.safetensors").is_file() and (out / "vocab.txt").is_file()
 
 
-def test_a_run_directory_is_never_overwritten_silently(small_corpus, tmp_path):
+def test_a_run_directory_is_never_overwritten_silently(small_corpus, tmp_path, capsys):
     out = tmp_path / "run"
     run_text_pretraining(tiny_run_config(small_corpus, out, max_steps=2))
     before = (out / "log.jsonl").read_text()
     with pytest.raises(FileExistsError, match="--resume .* --overwrite"):
         run_text_pretraining(tiny_run_config(small_corpus, out, max_steps=2))
     assert (out / "log.jsonl").read_text() == before
-    cli = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "pretrain.py"),
-            "--modality",
-            "text",
-            "--output-dir",
-            str(out),
-            "--set",
-            f"data.corpus={small_corpus}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert cli.returncode != 0 and "already holds a run" in cli.stderr and "Traceback" not in cli.stderr
+    argv = ["--modality", "text", "--output-dir", str(out), "--set", f"data.corpus={small_corpus}"]
+    assert "already holds a run" in one_line_error(capsys, "pretrain", argv)
+    assert (out / "log.jsonl").read_text() == before
     run_text_pretraining(tiny_run_config(small_corpus, out, max_steps=3), overwrite=True)
     assert [r["step"] for r in read_log(out) if r["split"] == "train"] == [1, 2, 3]
 

@@ -1,4 +1,5 @@
-"""Multi-process training: 2 CPU processes (gloo, torchrun) at per-process batch b give the same per-step losses
+"""Multi-process training: 2 CPU processes (gloo, torch's elastic agent as torchrun runs it, the workers forked:
+:func:`helpers.distributed.launch`) at per-process batch b give the same per-step losses
 as 1 process at batch 2b; and a 2-process run with dropout, stopped and resumed, gives the uninterrupted run's
 losses (every rank's random streams restored)."""
 
@@ -6,37 +7,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from helpers.builders import write_easy_vqa_shards
-from helpers.distributed import DDP_WORKER, config, env, free_port, losses, reference_run
-
-
-def torchrun(run_config: dict, *extra: str, **popen) -> subprocess.Popen:
-    """ddp_worker.py under torchrun on 2 processes (stderr kept for the failure message)."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(free_port()),
-            str(DDP_WORKER),
-            json.dumps(run_config),
-            *extra,
-        ],
-        env=env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        **popen,
-    )
+from helpers.distributed import config, launch, losses, reference_run
 
 
 @pytest.mark.slow
@@ -54,16 +30,14 @@ def test_two_processes_stopped_and_resumed_equal_the_uninterrupted_run(small_cor
         run_config["model"].update(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
         return run_config
 
-    first = torchrun(dropout_config(reference))
-    assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
+    launch([["text-pretraining", dropout_config(reference)]])
     state = torch.load(reference / "checkpoints" / "step-8" / "training_state.pt", weights_only=True)
     assert len(state["rng"]) == 2 and not torch.equal(state["rng"][0]["torch"], state["rng"][1]["torch"])
     (stopped / "checkpoints").mkdir(parents=True)
     shutil.copytree(reference / "checkpoints" / "step-8", stopped / "checkpoints" / "step-8")
     lines = (reference / "log.jsonl").read_text().splitlines()
     (stopped / "log.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= 10))
-    resumed = torchrun(dropout_config(stopped), "--resume")
-    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-3000:]
+    launch([["text-pretraining", dropout_config(stopped), "resume"]])
     a, b = losses(reference), losses(stopped)
     assert sorted(b) == list(range(1, steps + 1))
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-6, (a, b)
@@ -119,24 +93,7 @@ def test_vl_pretraining_two_processes_equal_one_without_unused_parameter_search(
     vqa = backbone_vqa_config(easy_vqa_shards, tmp_path)  # the same launch also trains a visual backbone
     reference_run(vqa(tmp_path / "vqa-one", 8), "vqa")
     runs = [["vl-pretraining", vl_config(two, 4)], ["vqa", vqa(tmp_path / "vqa-two", 4)]]
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(free_port()),
-            str(DDP_WORKER),
-            json.dumps(runs),
-        ],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    launch(runs)
     check_backbone_vqa(vqa, tmp_path)
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, 9))
@@ -341,8 +298,7 @@ def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_sha
 
     one, two, stopped = tmp_path / "one", tmp_path / "two", tmp_path / "stopped"
     reference_run(two_stream_config(one, 8), "vl-pretraining")
-    first = torchrun(two_stream_config(two, 4), "vl-pretraining")
-    assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
+    launch([["vl-pretraining", two_stream_config(two, 4)]])
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, 7))
     assert a[1] == b[1] and max(abs(a[s] - b[s]) for s in a) <= 2e-4, (a, b)
@@ -401,25 +357,7 @@ def test_text_fine_tuning_on_three_processes_with_a_short_last_batch(tmp_path):
 
     one, three = tmp_path / "one", tmp_path / "three"
     reference_run(text_config(one, 24), "text")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "3",
-            "--master_port",
-            str(free_port()),
-            str(DDP_WORKER),
-            json.dumps(text_config(three, 8)),
-            "text",
-        ],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    launch([["text", text_config(three, 8)]], nproc=3)
     a, b = losses(one), losses(three)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)

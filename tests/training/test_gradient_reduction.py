@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from helpers.builders import write_easy_vqa_shards
+from helpers.distributed import forked
 from torch import nn
 
 from vlbert.training.master_weights import MasterWeights
@@ -116,7 +116,7 @@ def test_buckets_are_all_reduced_during_the_backward_and_equal_the_one_shot_redu
     idle (``ObjectiveOutput.unused_parameters``, as the trainer passes them), it holds no bucket back, also in a step
     where it had no gradient at all (its slice, the previous step's sum, is zeroed before it goes)."""
     out = str(tmp_path / "rank{rank}.json")
-    mp.spawn(_worker, args=(str(tmp_path / "store"), out), nprocs=2, join=True)
+    forked(_worker, str(tmp_path / "store"), out)
     ranks = [json.loads(Path(out.format(rank=r)).read_text()) for r in range(2)]
     buckets = ranks[0]["all used"]["buckets"]
     assert buckets == LAYERS // 2 + 1  # about 2 layers each (the heads with the last layer)
@@ -237,7 +237,7 @@ def test_vl_pretraining_on_two_processes_reduces_every_bucket_during_the_backwar
         },
     }
     out = str(tmp_path / "rank{rank}.json")
-    mp.spawn(_trainer_worker, args=(port, config, out), nprocs=2, join=True)
+    forked(_trainer_worker, port, config, out)
     for rank in range(2):
         seen = json.loads(Path(out.format(rank=rank)).read_text())
         assert len(seen) == 6 and all(buckets > 10 for _, buckets in seen), seen
