@@ -1,6 +1,6 @@
 """One node's process of the two-node tests (tests/training/test_multinode.py): text pretraining in float64 (as
-helpers.distributed.launch's workers) run under the tools' error rule (``run_tool``: one ``error:`` line, exit 1 / 2, 143 after SIGTERM),
-each optimizer step held ``VLBERT_TEST_STEP_SECONDS`` seconds longer (a slow step, to be preempted during one).
+helpers.distributed.launch's workers) run under the tools' error rule (``run_tool``: one ``error:`` line, exit 1 / 2,
+143 after SIGTERM), each optimizer step held ``VLBERT_TEST_STEP_SECONDS`` seconds longer (a slow step, to be preempted during one).
 Arguments: a JSON run config, then optionally --resume."""
 
 import json
