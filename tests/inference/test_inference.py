@@ -480,9 +480,13 @@ def test_fine_tuning_from_a_run_refuses_another_detectors_regions(easy, vqa_run,
     assert info["detector"]["fingerprint"] == other.fingerprint()  # the new run records its own regions
 
 
-def _bad_input_cases(tmp):
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory) -> dict:
+    """case -> (predict's flags, the name its one-line refusal must give), over files written once for the module
+    (the 400-megapixel PNG alone takes about a second to write)."""
     from PIL import Image
 
+    tmp = tmp_path_factory.mktemp("bad-inputs")
     (tmp / "notes.txt").write_text("not an image")
     (tmp / "a-folder.png").mkdir()
     good = tmp / "good.png"
@@ -527,8 +531,8 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
-def test_predict_refuses_bad_input_in_one_line_and_keeps_the_output(vqa_run, tmp_path, capsys, case):
-    argv, named = _bad_input_cases(tmp_path)[case]
+def test_predict_refuses_bad_input_in_one_line_and_keeps_the_output(vqa_run, bad_inputs, tmp_path, capsys, case):
+    argv, named = bad_inputs[case]
     output = tmp_path / "results.jsonl"
     output.write_text("an earlier run's results\n")
     capsys.readouterr()

@@ -81,7 +81,7 @@ def test_an_input_bound_run_shows_its_data_wait(tmp_path):
 
     def slow(epoch, start, rank, world):
         for _ in range(start, 100):
-            time.sleep(0.02)  # a loader far slower than this model's step
+            time.sleep(0.1)  # a loader far slower than this model's step (a few ms, more on a busy machine)
             x = torch.randn(8, 4)
             yield {"x": x, "y": x.sum(-1), "attention_mask": torch.ones(8, 5, dtype=torch.long)}
 
@@ -93,8 +93,8 @@ def test_an_input_bound_run_shows_its_data_wait(tmp_path):
     train = [r for r in records if r["split"] == "train"]
     assert [r["step"] for r in train] == [5, 10]
     for r in train:
-        assert r["data_wait_fraction"] > 0.7, r  # nearly all of the 20 ms per step is the loader's
-        assert 0.015 < r["step_time_s"] < 0.2, r
+        assert r["data_wait_fraction"] > 0.7, r  # nearly all of the 100 ms per step is the loader's
+        assert 0.09 < r["step_time_s"] < 0.5, r
         assert abs(r["tokens_per_s"] - 40 / r["step_time_s"]) < 1e-6 * r["tokens_per_s"] + 1e-3, r  # 8 x 5 tokens
 
 

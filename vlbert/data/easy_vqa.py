@@ -8,6 +8,7 @@ which gives a caption per image ("a blue circle") for image-text pretraining.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,15 +55,28 @@ def load_questions(split: str) -> list[Question]:
     """
     if split not in SPLITS:
         raise ValueError(f"easy-VQA split must be one of {SPLITS}, got {split!r}")
+    return list(_questions(split))
+
+
+@functools.lru_cache(maxsize=None)
+def _questions(split: str) -> tuple[Question, ...]:
+    """The package's questions of ``split``, read once per process (the package's files do not change; the
+    questions are frozen): a run reads them several times, and so do the tests."""
     raw = json.loads((easy_vqa_dir() / split / "questions.json").read_text())
-    return [Question(q, a, f"{split}/{i}") for q, a, i in raw]
+    return tuple(Question(q, a, f"{split}/{i}") for q, a, i in raw)
 
 
 def image_paths(split: str) -> dict[str, Path]:
-    """image id -> PNG path for ``split``, in numeric order."""
+    """image id -> PNG path for ``split``, in numeric order (a new dict each call; the folder is listed once per
+    process)."""
+    return dict(_image_paths(split))
+
+
+@functools.lru_cache(maxsize=None)
+def _image_paths(split: str) -> tuple[tuple[str, Path], ...]:
     folder = easy_vqa_dir() / split / "images"
     paths = {f"{split}/{p.stem}": p for p in folder.glob("*.png")}
-    return dict(sorted(paths.items(), key=lambda kv: int(kv[0].split("/")[1])))
+    return tuple(sorted(paths.items(), key=lambda kv: int(kv[0].split("/")[1])))
 
 
 def first_images(split: str, count: int = 0) -> list[str]:
@@ -139,13 +153,20 @@ def image_attributes(questions: list[Question]) -> dict[str, dict[str, str]]:
 
 
 def color_and_shape(split: str, attributes: dict[str, dict[str, str]] | None = None) -> dict[str, tuple[str, str]]:
-    """image id -> (colour, shape) for the images of ``split`` whose colour and shape are both known."""
-    attributes = attributes if attributes is not None else image_attributes(load_questions(split))
+    """image id -> (colour, shape) for the images of ``split`` whose colour and shape are both known (a new dict each
+    call; from the split's own questions, computed once per process, unless ``attributes`` are given)."""
+    if attributes is None:
+        return dict(_split_color_and_shape(split))
     return {
         i: (a["color"], a["shape"])
         for i, a in attributes.items()
         if "color" in a and "shape" in a and i.startswith(split + "/")
     }
+
+
+@functools.lru_cache(maxsize=None)
+def _split_color_and_shape(split: str) -> tuple[tuple[str, tuple[str, str]], ...]:
+    return tuple(color_and_shape(split, image_attributes(load_questions(split))).items())
 
 
 __all__ = [
