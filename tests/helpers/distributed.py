@@ -83,7 +83,7 @@ def env():
     }
 
 
-def _as_a_new_process() -> None:
+def as_a_new_process() -> None:
     """What a forked worker must not inherit from this process: accelerate's process state (a single-process run
     here made it; a new process under a launcher reads its rank and world size from the environment), and this
     process's threads (one, as ``OMP_NUM_THREADS=1``)."""
@@ -96,12 +96,12 @@ def _as_a_new_process() -> None:
 
 
 def _fresh_entrypoint(entrypoint, *args):
-    _as_a_new_process()
+    as_a_new_process()
     return entrypoint(*args)
 
 
 def _forked_worker(rank: int, worker, *args) -> None:
-    _as_a_new_process()
+    as_a_new_process()
     worker(rank, *args)
 
 
@@ -110,7 +110,7 @@ def _run_in_worker(runs: list, float64: bool) -> None:
     ``runs``: ``[recipe, run config]`` or ``[recipe, run config, resume]``."""
     import torch
 
-    _as_a_new_process()
+    as_a_new_process()
     if float64:
         torch.set_default_dtype(torch.float64)
     from vlbert.recipes import RECIPES, run

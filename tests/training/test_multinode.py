@@ -1,69 +1,112 @@
-"""Two machines without and with a shared output directory, as a cluster gives them: two torchrun launches on
-loopback, one process each, joined by c10d rendezvous (gloo). Separate output directories (each node's scratch
+"""Two machines without and with a shared output directory, as a cluster gives them: two nodes on loopback, each
+torch's elastic agent (torchrun's) over one process, joined by c10d rendezvous (gloo): :class:`Node`. Separate output directories (each node's scratch
 disk) stop both nodes in one line before any training, within a bounded time; on a shared one, SIGTERM to one node
 during a slow step (1 s) stops both after that step with its checkpoint, and ``--resume`` on two processes continues
 with the uninterrupted run's losses."""
 
 from __future__ import annotations
 
-import json
+import multiprocessing
+import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 from helpers.builders import wait_for_log_lines
-from helpers.distributed import config, env, free_port, launch, losses, reference_run
-
-HERE = Path(__file__).resolve().parent
+from helpers.distributed import config, free_port, launch, losses, reference_run
 
 
-def two_nodes(run_configs: list[dict], *extra: str, step_seconds: float = 0.0) -> list[subprocess.Popen]:
-    """Two torchrun launches (``--nnodes 2``, one process each, c10d rendezvous on 127.0.0.1), node k running
-    ``run_configs[k]``."""
+class Node:
+    """One machine of a two-node job, as torchrun is on it: a process running torch's elastic agent (what
+    ``torchrun --nnodes 2 --nproc_per_node 1 --rdzv_backend c10d`` runs) over one worker, both forked (the node from
+    this process, the worker from the node: no interpreter start and imports, which took 4 processes x 4-9 s of
+    CPU a test). The node's standard error, which its worker shares as under torchrun, goes to a file. SIGTERM to
+    the node reaches the agent's handler, which passes it to the worker, as torchrun does."""
+
+    def __init__(self, run_config: dict, endpoint: str, stderr: Path, step_seconds: float):
+        self.stderr_path = stderr
+        context = multiprocessing.get_context("fork")
+        self.process = context.Process(target=_node, args=(run_config, endpoint, str(stderr), step_seconds))
+        self.process.start()
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.process.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        self.process.join(timeout)
+        assert self.process.exitcode is not None, f"node {self.process.pid} still runs after {timeout} s"
+        return self.process.exitcode
+
+
+def _node(run_config: dict, endpoint: str, stderr: str, step_seconds: float) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 2)  # this node's stderr, and its worker's
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    config = LaunchConfig(
+        min_nodes=2,
+        max_nodes=2,
+        nproc_per_node=1,
+        run_id="vlbert-test",
+        rdzv_backend="c10d",
+        rdzv_endpoint=endpoint,
+        max_restarts=0,
+        monitor_interval=0.05,
+        start_method="fork",
+    )
+    try:
+        elastic_launch(config, _node_worker)(run_config, step_seconds)
+    except ChildFailedError:
+        os._exit(1)
+    os._exit(0)
+
+
+def _node_worker(run_config: dict, step_seconds: float) -> None:
+    """The node's one process: text pretraining in float64 under the tools' error rule (one ``error:`` line, exit
+    1 / 2, 143 after SIGTERM), each optimizer step held ``step_seconds`` longer (a slow step, to be preempted
+    during one)."""
+    import torch
+    from helpers.distributed import as_a_new_process
+
+    from vlbert.commands import run_tool
+    from vlbert.recipes import RECIPES, run
+    from vlbert.training.hooks import TrainerHook
+
+    as_a_new_process()
+    torch.set_default_dtype(torch.float64)
+
+    class SlowSteps(TrainerHook):
+        """Sleep before each step (a signal handler runs during the sleep, which then goes on: PEP 475)."""
+
+        def before_step(self, trainer) -> None:
+            time.sleep(step_seconds)
+
+    sys.exit(run_tool(lambda argv: run(RECIPES["text-pretraining"], run_config, hooks=[SlowSteps()]), []))
+
+
+def two_nodes(run_configs: list[dict], root: Path, step_seconds: float = 0.0) -> list[Node]:
+    """Two nodes (:class:`Node`) joined by c10d rendezvous on 127.0.0.1, node k running ``run_configs[k]``, its
+    standard error in ``root/node<k>.stderr``."""
     endpoint = f"127.0.0.1:{free_port()}"
-    return [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes",
-                "2",
-                "--nproc_per_node",
-                "1",
-                "--rdzv_backend",
-                "c10d",
-                "--rdzv_endpoint",
-                endpoint,
-                "--rdzv_id",
-                "vlbert-test",
-                "--max_restarts",
-                "0",
-                str(HERE.parent / "helpers" / "multinode_worker.py"),
-                json.dumps(c),
-                *extra,
-            ],
-            env={**env(), "VLBERT_TEST_STEP_SECONDS": str(step_seconds)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for c in run_configs
-    ]
+    return [Node(c, endpoint, root / f"node{k}.stderr", step_seconds) for k, c in enumerate(run_configs)]
 
 
-def finish(procs: list[subprocess.Popen], timeout: float = 180) -> list[tuple[int, str]]:
-    return [(p.wait(timeout=timeout), p.stderr.read()) for p in procs]
+def finish(nodes: list[Node], timeout: float = 180) -> list[tuple[int, str]]:
+    return [(n.wait(timeout=timeout), n.stderr_path.read_text()) for n in nodes]
 
 
 @pytest.mark.slow
 @pytest.mark.integration
 def test_nodes_without_a_shared_output_directory_stop_in_one_line(small_corpus, tmp_path):
     started = time.time()
-    ends = finish(two_nodes([config(small_corpus, tmp_path / f"node{k}" / "run", 4) for k in range(2)]))
+    ends = finish(two_nodes([config(small_corpus, tmp_path / f"node{k}" / "run", 4) for k in range(2)], tmp_path))
     for code, stderr in ends:
         ours = [line for line in stderr.splitlines() if line.startswith("error: ")]
         assert code != 0 and len(ours) == 1 and "must be on storage that every node sees" in ours[0], stderr[-3000:]
@@ -77,7 +120,7 @@ def test_sigterm_on_one_node_stops_both_after_the_same_step_and_both_resume(smal
     steps = 4
     reference, shared = tmp_path / "reference", tmp_path / "shared"
     reference_run(config(small_corpus, reference, 8, steps))  # one process at twice the batch = two at 4
-    nodes = two_nodes([config(small_corpus, shared, 4, steps)] * 2, step_seconds=1.0)
+    nodes = two_nodes([config(small_corpus, shared, 4, steps)] * 2, tmp_path, step_seconds=1.0)
     wait_for_log_lines(nodes[0], shared / "log.jsonl", 1, timeout=120)
     nodes[1].send_signal(signal.SIGTERM)  # as a cluster preempting one machine: torchrun passes it to its worker
     ends = finish(nodes)
