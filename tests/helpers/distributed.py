@@ -124,10 +124,10 @@ def launch(runs: list, nproc: int = 2, float64: bool = True, entrypoint=None, ar
     torch's elastic agent (:func:`torch.distributed.launcher.api.elastic_launch`, what ``torchrun`` runs) with a
     c10d rendezvous on a free port, setting RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, ... for each worker.
     The workers are forked from this process, which has imported torch, transformers and vlbert already: a
-    torchrun launch costs each worker an interpreter's start and those imports (about 8 s of CPU each on the CI
-    machine's cores), which was most of the distributed tests' time. The tests that are about the process itself
-    (signals, separate nodes, a tool's command line) keep real ``torchrun`` (tests/training/test_multinode.py,
-    tests/regions/test_extraction.py). ``entrypoint(*args)`` replaces the runs where given. Returns each rank's
+    torchrun launch costs each worker an interpreter's start and those imports (4-9 s of CPU each on 2-core VMs),
+    which was most of the distributed tests' time. What this leaves untested is torchrun's own command-line parsing
+    (torch's); the two-node tests run two such agents in forked node processes (tests/training/test_multinode.py).
+    ``entrypoint(*args)`` replaces the runs where given (a tool's ``main``: tests/regions/test_extraction.py). Returns each rank's
     return value; a failed worker raises torch's ``ChildFailedError`` with its traceback. This process's signal
     handlers (which the agent replaces) are restored after."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
