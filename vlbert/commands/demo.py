@@ -28,7 +28,11 @@ from vlbert.inference import PIPELINES, pipeline
 from vlbert.processing import load_processor_record
 
 #: The demo's tabs: pipeline task -> the tab's title. A run gets the tabs whose pipeline accepts it.
-TABS = {"vqa": "Ask a question", "image-text-matching": "Match captions", "vl-pretraining": "Fill [MASK]"}
+TABS = {
+    "visual-question-answering": "Ask a question",
+    "image-text-matching": "Match captions",
+    "fill-mask": "Fill [MASK]",
+}
 
 
 class DemoSession:
@@ -69,7 +73,10 @@ class DemoSession:
 
     def answer(self, image, question: str, top_k: int = 5) -> dict[str, float]:
         """VQA: answer -> score (sigmoid) of the ``top_k`` best answers."""
-        return {r["answer"]: r["score"] for r in self.pipelines["vqa"](self._regions_of(image), question, top_k=top_k)}
+        return {
+            r["answer"]: r["score"]
+            for r in self.pipelines["visual-question-answering"](self._regions_of(image), question, top_k=top_k)
+        }
 
     def match(self, image, captions: str) -> dict[str, float]:
         """Image-text matching: each line of ``captions`` -> P(match)."""
@@ -79,7 +86,7 @@ class DemoSession:
 
     def fill(self, image, text: str, top_k: int = 5) -> dict[str, float]:
         """Fill-mask given the image: filler -> probability for the first [MASK] of ``text``."""
-        results = self.pipelines["vl-pretraining"](self._regions_of(image), text, top_k=top_k)
+        results = self.pipelines["fill-mask"](self._regions_of(image), text, top_k=top_k)
         first = results[0] if results and isinstance(results[0], list) else results
         return {r["token_str"]: r["score"] for r in first}
 
@@ -153,8 +160,8 @@ def build_app(session: DemoSession):
     with gr.Blocks(title=f"vlbert demo: {session.task} run") as app:
         gr.Markdown(f"## vlbert: a {session.task} run\nUpload an image; regions come from the run's own detector.")
         image = gr.Image(type="pil", label="image", height=260)
-        if "vqa" in session.pipelines:
-            with gr.Tab(TABS["vqa"]):
+        if "visual-question-answering" in session.pipelines:
+            with gr.Tab(TABS["visual-question-answering"]):
                 question = gr.Textbox(label="question", value="what color is the shape?")
                 answers = gr.Label(label="answers", num_top_classes=5)
                 gr.Button("Answer").click(session.answer, [image, question], answers, api_name="answer")
@@ -163,8 +170,8 @@ def build_app(session: DemoSession):
                 captions = gr.Textbox(label="captions, one per line", lines=3, value="a red circle\na blue square")
                 matches = gr.Label(label="P(match)")
                 gr.Button("Match").click(session.match, [image, captions], matches, api_name="match")
-        if "vl-pretraining" in session.pipelines:
-            with gr.Tab(TABS["vl-pretraining"]):
+        if "fill-mask" in session.pipelines:
+            with gr.Tab(TABS["fill-mask"]):
                 masked = gr.Textbox(label="text with [MASK]", value="a [MASK] circle")
                 fillers = gr.Label(label="fillers")
                 gr.Button("Fill").click(session.fill, [image, masked], fillers, api_name="fill")
