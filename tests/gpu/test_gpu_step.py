@@ -350,12 +350,12 @@ def test_a_training_step_reads_nothing_back_from_the_device(modality):
 @pytest.mark.slow
 def test_the_whole_model_compiles_in_one_graph_and_equals_eager():
     """``torch.compile(model, fullgraph=True)`` of the training forward: one graph, no break (``fullgraph`` raises
-    at a break, naming its reason), and the compiled forward + backward equal eager's (dropout 0 so both draw nothing). On the CPU the graph goes
-    through everything of inductor's path but its code generation (AOTAutograd's functionalisation, inductor's
-    decompositions and the forward/backward partition, then run op by op: the ``aot_eager_decomp_partition``
-    backend), which is where this model's code could break; inductor's C++ kernels would cost a minute of
-    compilation on a cold cache for what torch's own tests cover. The GPU test compiles with inductor:
-    tests/gpu/test_cuda.py."""
+    at a break, naming its reason), and the compiled forward + backward equal eager's (dropout 0 so both draw
+    nothing). On the CPU the graph goes through everything of inductor's path but its code generation
+    (AOTAutograd's functionalisation, inductor's decompositions and the forward/backward partition, then run op by
+    op: the ``aot_eager_decomp_partition`` backend), which is where this model's code could break; inductor's C++
+    kernels would cost a minute of compilation on a cold cache for what torch's own tests cover. The GPU test
+    compiles with inductor: tests/gpu/test_cuda.py."""
     ids, mask, labels = ragged_text()
     batch = dict(
         input_ids=ids,

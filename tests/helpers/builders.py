@@ -96,8 +96,8 @@ def write_jsonl(path, records: list[dict]):
 @contextlib.contextmanager
 def like_a_worker(float64: bool = False):
     """Run in-process as a test's worker subprocess runs (one thread, as ``OMP_NUM_THREADS=1``; float64 as
-    helpers.distributed.launch's workers), both restored after: the reference runs of the distributed and preemption tests, whose own
-    process is not under test, need no interpreter of their own."""
+    helpers.distributed.launch's workers), both restored after: the reference runs of the distributed and preemption
+    tests, whose own process is not under test, need no interpreter of their own."""
     threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
     torch.set_num_threads(1)
     if float64:

@@ -1,6 +1,6 @@
 """The multi-process tests' shared pieces: a free port, a tiny text-pretraining config, the losses a run logged, the
-single-process reference run, the workers' environment, and :func:`launch`, torch's elastic launcher (torchrun's
-agent) starting its workers by fork from this already-imported process."""
+single-process reference run, and :func:`launch`, torch's elastic launcher (torchrun's agent) starting its workers by
+fork from this already-imported process (:func:`agent_config`, :func:`forked`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,6 @@ import uuid
 from pathlib import Path
 
 from helpers.builders import like_a_worker
-
-HERE = Path(__file__).resolve().parent  # tests/helpers
-ROOT = HERE.parents[1]
 
 
 def free_port() -> int:
@@ -72,17 +69,6 @@ def reference_run(run_config: dict, recipe: str = "text-pretraining", resume: bo
         run(RECIPES[recipe], run_config, resume=resume)
 
 
-def env():
-    # PYTHONPATH extended, not replaced: a machine may need what it holds. CUDA_VISIBLE_DEVICES empty: these
-    # compare CPU float32 runs (gloo), whatever GPUs the machine has.
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-    }
-
-
 def as_a_new_process() -> None:
     """What a forked worker must not inherit from this process: accelerate's process state (a single-process run
     here made it; a new process under a launcher reads its rank and world size from the environment), and this
@@ -110,7 +96,6 @@ def _run_in_worker(runs: list, float64: bool) -> None:
     ``runs``: ``[recipe, run config]`` or ``[recipe, run config, resume]``."""
     import torch
 
-    as_a_new_process()
     if float64:
         torch.set_default_dtype(torch.float64)
     from vlbert.recipes import RECIPES, run
@@ -127,32 +112,40 @@ def launch(runs: list, nproc: int = 2, float64: bool = True, entrypoint=None, ar
     torchrun launch costs each worker an interpreter's start and those imports (4-9 s of CPU each on 2-core VMs),
     which was most of the distributed tests' time. What this leaves untested is torchrun's own command-line parsing
     (torch's); the two-node tests run two such agents in forked node processes (tests/training/test_multinode.py).
-    ``entrypoint(*args)`` replaces the runs where given (a tool's ``main``: tests/regions/test_extraction.py). Returns each rank's
-    return value; a failed worker raises torch's ``ChildFailedError`` with its traceback. This process's signal
-    handlers (which the agent replaces) are restored after."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    ``entrypoint(*args)`` replaces the runs where given (a tool's ``main``: tests/regions/test_extraction.py).
+    Returns each rank's return value; a failed worker raises torch's ``ChildFailedError`` with its traceback. This
+    process's signal handlers (which the agent replaces) are restored after."""
+    from torch.distributed.launcher.api import elastic_launch
 
     import vlbert.recipes  # noqa: F401  (imported once here, not in every worker)
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+    if entrypoint is None:
+        entrypoint, args = _run_in_worker, (runs, float64)
+    try:
+        return elastic_launch(agent_config(nproc), _fresh_entrypoint)(entrypoint, *args)
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+
+
+def agent_config(nproc: int, nodes: int = 1, endpoint: str | None = None, run_id: str | None = None):
+    """torch's elastic agent's ``LaunchConfig`` as ``torchrun --nnodes <nodes> --nproc_per_node <nproc>
+    --rdzv_backend c10d --rdzv_endpoint <endpoint> --max_restarts 0`` makes it (a free port on 127.0.0.1 when no
+    ``endpoint`` is given), its workers forked."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(
+        min_nodes=nodes,
+        max_nodes=nodes,
         nproc_per_node=nproc,
-        run_id=uuid.uuid4().hex,
+        run_id=run_id or uuid.uuid4().hex,
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        rdzv_endpoint=endpoint or f"127.0.0.1:{free_port()}",
         max_restarts=0,
         monitor_interval=0.05,
         start_method="fork",
     )
-    try:
-        if entrypoint is None:
-            return elastic_launch(config, _run_in_worker)(runs, float64)
-        return elastic_launch(config, _fresh_entrypoint)(entrypoint, *args)
-    finally:
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
 
 
 def forked(worker, *args, nproc: int = 2) -> None:

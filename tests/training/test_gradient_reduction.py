@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from helpers.builders import write_easy_vqa_shards
-from helpers.distributed import forked
+from helpers.distributed import forked, launch
 from torch import nn
 
 from vlbert.training.master_weights import MasterWeights
@@ -59,7 +59,6 @@ def _step(master: MasterWeights, model: Chain, batches, sides, overlap: bool, ev
 
 
 def _worker(rank: int, store: str, out: str) -> None:
-    torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     events: list = []
     launch = dist.all_reduce
@@ -171,22 +170,14 @@ def shards(tmp_path_factory) -> Path:
     return write_easy_vqa_shards(tmp_path_factory.mktemp("reduction-regions") / "shards", 16)
 
 
-def _trainer_worker(rank: int, port: int, config: dict, out: str) -> None:
+def _trainer_worker(config: dict, out: str) -> None:
+    """One rank of a :func:`helpers.distributed.launch` (its rank, world and rendezvous from the agent)."""
     import os
 
     from vlbert.recipes import RECIPES, run
     from vlbert.training import reduction
 
-    torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        LOCAL_WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        CUDA_VISIBLE_DEVICES="",
-    )
+    rank = int(os.environ["RANK"])
     reduction.BUCKET_BYTES = 16 * 2**10  # many buckets in a tiny model
     seen = []  # per last micro-batch: (buckets launched during its backward, buckets)
     accumulate = MasterWeights.accumulate_gradients
@@ -208,11 +199,6 @@ def test_vl_pretraining_on_two_processes_reduces_every_bucket_during_the_backwar
     (MLM, MRFR, MRC-kl, ITM): the heads of the other objectives get their zero gradient in the backward (the idle
     term), so every bucket is launched before the last micro-batch's backward returns, in every step, on both
     ranks. (A parameter without a gradient would hold its bucket, and every bucket after it, to the end.)"""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     config = {
         "modality": "vl",
         "tokenizer": "minilm",
@@ -237,7 +223,7 @@ def test_vl_pretraining_on_two_processes_reduces_every_bucket_during_the_backwar
         },
     }
     out = str(tmp_path / "rank{rank}.json")
-    forked(_trainer_worker, port, config, out)
+    launch([], entrypoint=_trainer_worker, args=(config, out))
     for rank in range(2):
         seen = json.loads(Path(out.format(rank=rank)).read_text())
         assert len(seen) == 6 and all(buckets > 10 for _, buckets in seen), seen

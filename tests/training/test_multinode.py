@@ -1,8 +1,8 @@
 """Two machines without and with a shared output directory, as a cluster gives them: two nodes on loopback, each
-torch's elastic agent (torchrun's) over one process, joined by c10d rendezvous (gloo): :class:`Node`. Separate output directories (each node's scratch
-disk) stop both nodes in one line before any training, within a bounded time; on a shared one, SIGTERM to one node
-during a slow step (1 s) stops both after that step with its checkpoint, and ``--resume`` on two processes continues
-with the uninterrupted run's losses."""
+torch's elastic agent (torchrun's) over one process, joined by c10d rendezvous (gloo): :class:`Node`. Separate
+output directories (each node's scratch disk) stop both nodes in one line before any training, within a bounded
+time; on a shared one, SIGTERM to one node during a slow step (1 s) stops both after that step with its checkpoint,
+and ``--resume`` on two processes continues with the uninterrupted run's losses."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from helpers.builders import wait_for_log_lines
-from helpers.distributed import config, free_port, launch, losses, reference_run
+from helpers.distributed import agent_config, config, free_port, launch, losses, reference_run
 
 
 class Node:
@@ -45,22 +45,12 @@ class Node:
 
 def _node(run_config: dict, endpoint: str, stderr: str, step_seconds: float) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)  # this node's stderr, and its worker's
     sys.stderr = open(2, "w", buffering=1, closefd=False)
-    config = LaunchConfig(
-        min_nodes=2,
-        max_nodes=2,
-        nproc_per_node=1,
-        run_id="vlbert-test",
-        rdzv_backend="c10d",
-        rdzv_endpoint=endpoint,
-        max_restarts=0,
-        monitor_interval=0.05,
-        start_method="fork",
-    )
+    config = agent_config(1, nodes=2, endpoint=endpoint, run_id="vlbert-test")
     try:
         elastic_launch(config, _node_worker)(run_config, step_seconds)
     except ChildFailedError:
