@@ -10,7 +10,7 @@ from types import ModuleType
 def checkout_root() -> Path | None:
     """The source checkout this code runs from (an editable install or a clone on ``sys.path``: the directory
     holding ``pyproject.toml`` beside the package), or None for an installed wheel."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # <root>/vlbert/common/dependencies.py
     return root if (root / "pyproject.toml").is_file() and (root / "vlbert").is_dir() else None
 
 
