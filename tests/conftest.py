@@ -5,19 +5,22 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
-from helpers.builders import (
-    EASY_DETECTOR,
-    N_EASY_IMAGES,
-)
-from helpers.doc_runs import write_tiny_runs
 
-from vlbert.data.corpus import load_bbc_news
-from vlbert.tokenization import load_tokenizer, packaged_minilm_dir
+# Nothing heavy is imported at the top of this file: under pytest-xdist the controlling process loads it too, before
+# it starts the workers, and torch, transformers and vlbert cost it 6-10 s there (serial time, before any worker
+# runs); each worker imports them with its test modules anyway.
 
-# Two threads per test process; under pytest-xdist (-n N) the machine's cores are shared between the N workers.
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-torch.set_num_threads(max(1, (os.cpu_count() or 2) // _WORKERS) if _WORKERS > 1 else 2)
+
+def pytest_configure(config):
+    """Two threads per test process; under pytest-xdist (-n N) each worker gets its share of the cores. (The
+    controlling process runs no test and sets nothing.)"""
+    if getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
+        return  # pytest-xdist's controlling process
+    import torch
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // workers) if workers > 1 else 2)
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -39,6 +42,8 @@ def cpu_unless_marked_gpu(request, monkeypatch):
     (``python -m pytest -m gpu``) see the GPU. Nothing changes on a machine without one. (accelerate's
     process-wide state needs no reset between tests: every Trainer makes its own, see
     :func:`vlbert.training.trainer.own_accelerator`.)"""
+    import torch
+
     if torch.cuda.is_available() and "gpu" not in request.keywords:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # and the processes it starts
@@ -47,17 +52,23 @@ def cpu_unless_marked_gpu(request, monkeypatch):
 
 @pytest.fixture(scope="session")
 def minilm_dir():
+    from vlbert.tokenization import packaged_minilm_dir
+
     return packaged_minilm_dir()
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
+    from vlbert.tokenization import load_tokenizer
+
     return load_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def small_corpus(tmp_path_factory):
     """40 real BBC News articles as a directory of .txt files (one document each)."""
+    from vlbert.data.corpus import load_bbc_news
+
     root = tmp_path_factory.mktemp("corpus")
     records = load_bbc_news()
     for r in records[::55][:40]:
@@ -83,6 +94,7 @@ def easy(tmp_path_factory):
     from dataclasses import asdict, replace
     from types import SimpleNamespace
 
+    from helpers.builders import EASY_DETECTOR, N_EASY_IMAGES
     from vlbert.detectors.extract import extract_regions
     from vlbert.detectors.shards import write_detector_info, write_shards
     from vlbert.detectors.store import RegionStore
@@ -117,4 +129,20 @@ def easy(tmp_path_factory):
 def doc_runs(easy, tokenizer, tmp_path_factory):
     """name -> directory of a tiny untrained run of every pipeline's task over the `easy` regions
     (:func:`doc_runs.write_tiny_runs`): what the documentation's examples and the demo run on."""
+    from helpers.builders import EASY_DETECTOR
+    from helpers.doc_runs import write_tiny_runs
+
     return write_tiny_runs(tmp_path_factory.mktemp("doc-runs"), easy, EASY_DETECTOR, tokenizer)
+
+
+def pytest_collection_finish(session):
+    """Stop at once where ``--dist loadgroup`` would not keep an ``xdist_group`` module in one worker (pytest
+    9.2 with pytest-xdist 3.8: pytest-dev/pytest-xdist#1386): its tests would each rebuild the module's fixtures."""
+    if not getattr(session.config.option, "loadgroup", False):  # set in xdist workers only
+        return
+    lost = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"--dist loadgroup lost the xdist_group of {len(lost)} tests ({lost[0]}, ...): this pytest and "
+            "pytest-xdist do not work together; install the versions pyproject.toml's dev extra names"
+        )

@@ -138,6 +138,15 @@ def test_configs_resolve_by_name_from_the_package(tmp_path, monkeypatch, capsys)
     assert command_main("configs")([]) == 0 and "vl/uniter-base\n" in capsys.readouterr().out
 
 
+def test_a_checkout_is_told_to_install_its_extras_in_place():
+    """This checkout (an editable install) is told ``pip install -e '.[extra]'`` in its own directory; a wheel is
+    told ``pip install 'vlbert[extra]'`` (the wheel test below). It had said the wheel's advice in a checkout since
+    the module moved to vlbert/common."""
+    from vlbert.common.dependencies import extra_install
+
+    assert extra_install("demo", "easy-vqa") == f"pip install -e '.[demo]' in {ROOT}  (or pip install easy-vqa)"
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_the_wheel_runs_outside_the_checkout(tmp_path):
@@ -191,23 +200,21 @@ def test_the_wheel_runs_outside_the_checkout(tmp_path):
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    where = subprocess.run(
-        [python, "-c", "import importlib.util; print(importlib.util.find_spec('vlbert').origin)"],
-        cwd=empty,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    # Which vlbert the venv imports, and the install advice its dependencies module gives (that module executed on
+    # its own: importing the package would start torch in a third interpreter, for one string).
+    probe = (
+        "import importlib.util as u, pathlib\n"
+        "origin = u.find_spec('vlbert').origin\n"
+        "spec = u.spec_from_file_location('d', pathlib.Path(origin).parent / 'common' / 'dependencies.py')\n"
+        "d = u.module_from_spec(spec)\n"
+        "spec.loader.exec_module(d)\n"
+        "print(origin)\n"
+        "print(d.extra_install('demo', 'easy-vqa'))\n"
+    )
+    where, advice = subprocess.run(
+        [python, "-c", probe], cwd=empty, env=env, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     assert where.startswith(str(env_dir))  # the wheel's code ran, not the checkout's
-    advice = subprocess.run(
-        [python, "-c", "from vlbert.common.dependencies import extra_install as e; print(e('demo', 'easy-vqa'))"],
-        cwd=empty,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
     assert advice.startswith("pip install 'vlbert[demo]'")  # a wheel is not told to `pip install -e .`
     assert (empty / "runs" / "text-default" / "model.safetensors").is_file() and "final metrics" in done.stdout
     # the end-of-run table (NSP beside its chance level) and the held-out evaluation printed as it happens

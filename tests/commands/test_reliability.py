@@ -59,8 +59,10 @@ def test_random_bytes_are_refused_as_checkpoints_whatever_the_unpickler_raises(t
             load_torch_file(path)
 
 
-def _visualbert_dir(tmp_path, cls=transformers.VisualBertForQuestionAnswering, num_labels=3):
+def _visualbert_dir(tmp_path, num_labels=3):
+    # transformers' VisualBERT is looked up here, not at import: that lookup costs every xdist worker 2-3 s
     config = transformers.VisualBertConfig(**VB_SIZES["small"], num_labels=num_labels)
+    cls = transformers.VisualBertForQuestionAnswering
     torch.manual_seed(0)
     source = tmp_path / "visualbert"
     cls(config).save_pretrained(source)

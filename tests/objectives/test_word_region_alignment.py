@@ -4,7 +4,6 @@ POT package's ot.emd2), padding, gradients to both modalities, bfloat16, and the
 from __future__ import annotations
 
 import numpy as np
-import ot
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -23,6 +22,8 @@ def problems(count=12, seed=0):
 
 
 def exact(x, y) -> float:
+    import ot  # here, not at the top: POT imports scikit-learn (1.8 s), which every xdist worker would pay at collection
+
     m, n = x.shape[1], y.shape[1]
     return float(ot.emd2(np.full(m, 1 / m), np.full(n, 1 / n), cosine_cost(x, y)[0].double().numpy()))
 

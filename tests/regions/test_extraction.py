@@ -5,23 +5,19 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers.builders import tool
-from helpers.distributed import launch
+from helpers.distributed import launch, tool_process
 from PIL import Image
 from vlbert.detectors.images import ImageDecodeError, load_image, shape_groups, to_rgb_array
 from vlbert.detectors.shards import read_shards, shard_paths
 
 from vlbert.commands import run_tool
 
-ROOT = Path(__file__).resolve().parents[2]
-TOOL = [sys.executable, str(ROOT / "tools" / "extract_regions.py")]
 FAST = ["--input-size", "64", "--max-proposals", "4"]
 
 
@@ -97,9 +93,8 @@ def test_a_killed_extraction_resumes_to_the_same_shards(tmp_path):
     args = ["--images", str(folder), *FAST, "--batch-size", "4", "--samples-per-shard", "8"]
     assert run_tool(tool("extract_regions"), [*args, "--output-dir", str(tmp_path / "whole")]) == 0
     killed = tmp_path / "killed"
-    process = subprocess.Popen(
-        [*TOOL, *args, "--output-dir", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    # a process of its own, forked from this one (no interpreter start), killed mid-way
+    process = tool_process("extract_regions", [*args, "--output-dir", str(killed)])
     deadline = time.time() + 300
     while time.time() < deadline and len(list(killed.glob("*.tar"))) < 2:
         time.sleep(0.02)

@@ -4,8 +4,6 @@ and refusals of bad configuration before anything is written."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +16,6 @@ import vlbert
 from vlbert.commands import run_tool
 from vlbert.recipes import RECIPES, run
 from vlbert.training.trainer import Trainer
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_text_pretraining(config: dict, resume: bool = False, overwrite: bool = False) -> dict:
@@ -206,26 +202,21 @@ def test_init_from_minilm_alias_for_text_pretraining(small_corpus, tmp_path):
 @pytest.mark.integration
 def test_sigterm_checkpoints_and_resume_continues_the_same_losses(small_corpus, tmp_path):
     """SIGTERM (cluster preemption) mid-run: the step in progress finishes, a checkpoint is written, the tool
-    exits with 143, and --resume gives the uninterrupted run's per-step losses."""
-    import os
+    exits with 143, and --resume gives the uninterrupted run's per-step losses. The stopped run is a process of its
+    own, forked from this one (helpers.distributed.tool_process: the signal's target, without an interpreter's
+    start; tests/commands/test_cli.py runs a ``tools/`` script as a real process)."""
     import signal
 
     from helpers.builders import like_a_worker, tool, wait_for_log_lines
+    from helpers.distributed import tool_process
 
     steps = 40
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",  # extend PYTHONPATH: a GPU machine may need what it holds
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-    }
-
     empty = tmp_path / "empty.yaml"
     empty.write_text("modality: text\n")
 
-    def cmd(out):
+    def argv(out):
+        sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
         return [
-            sys.executable,
-            str(ROOT / "tools" / "pretrain.py"),
             "--modality",
             "text",
             "--config",
@@ -236,47 +227,36 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_losses(small_corpus, 
             str(steps),
             "--log-every",
             "1",
-            "--set",
-            f"data.corpus={small_corpus}",
-            "--set",
-            "tokenizer=minilm",
-            "--set",
-            "model.hidden_size=32",
-            "--set",
-            "model.num_hidden_layers=2",
-            "--set",
-            "model.num_attention_heads=2",
-            "--set",
-            "model.intermediate_size=64",
-            "--set",
-            "model.max_position_embeddings=64",
-            "--set",
-            "data.max_seq_length=64",
-            "--set",
-            "data.eval_fraction=0.0",
-            "--set",
-            "training.batch_size=4",
-            "--set",
-            "training.learning_rate=1e-3",
-            "--set",
-            "training.warmup_steps=1",
-            "--set",
-            "training.progress_bar=false",
+            *[f"--set=model.{k}={v}" for k, v in sizes.items()],
+            *[
+                f"--set={key}"
+                for key in (
+                    f"data.corpus={small_corpus}",
+                    "tokenizer=minilm",
+                    "model.max_position_embeddings=64",
+                    "data.max_seq_length=64",
+                    "data.eval_fraction=0.0",
+                    "training.batch_size=4",
+                    "training.learning_rate=1e-3",
+                    "training.warmup_steps=1",
+                    "training.progress_bar=false",
+                )
+            ],
         ]
 
     reference, stopped = tmp_path / "reference", tmp_path / "stopped"
     with like_a_worker():  # the reference and the resume run in this process (theirs is not under test)
-        assert tool("pretrain")(cmd(reference)[2:]) in (0, None)
-    proc = subprocess.Popen(cmd(stopped), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        assert tool("pretrain")(argv(reference)) in (0, None)
+    proc = tool_process("pretrain", argv(stopped), stderr=tmp_path / "stopped.err")
     wait_for_log_lines(proc, stopped / "log.jsonl", 10)
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 143, stderr[-2000:]
+    stderr = (tmp_path / "stopped.err").read_text() if proc.wait(120) is not None else ""
+    assert proc.poll() == 143, stderr[-2000:]
     assert "--resume" in stderr
     stopped_at = len(read_log(stopped))
     assert stopped_at < steps and (stopped / "checkpoints" / f"step-{stopped_at}" / "training_state.pt").is_file()
     with like_a_worker():
-        assert tool("pretrain")(cmd(stopped)[2:] + ["--resume"]) in (0, None)
+        assert tool("pretrain")(argv(stopped) + ["--resume"]) in (0, None)
     a = {r["step"]: r["loss"] for r in read_log(reference)}
     b = {r["step"]: r["loss"] for r in read_log(stopped)}
     assert sorted(b) == list(range(1, steps + 1))

@@ -6,8 +6,6 @@ and ``--resume`` on two processes continues with the uninterrupted run's losses.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import signal
 import sys
 import time
@@ -15,10 +13,10 @@ from pathlib import Path
 
 import pytest
 from helpers.builders import wait_for_log_lines
-from helpers.distributed import agent_config, config, free_port, launch, losses, reference_run
+from helpers.distributed import ForkedProcess, agent_config, config, free_port, launch, losses, reference_run
 
 
-class Node:
+class Node(ForkedProcess):
     """One machine of a two-node job, as torchrun is on it: a process running torch's elastic agent (what
     ``torchrun --nnodes 2 --nproc_per_node 1 --rdzv_backend c10d`` runs) over one worker, both forked (the node from
     this process, the worker from the node: no interpreter start and imports, which took 4 processes x 4-9 s of
@@ -27,35 +25,19 @@ class Node:
 
     def __init__(self, run_config: dict, endpoint: str, stderr: Path, step_seconds: float):
         self.stderr_path = stderr
-        context = multiprocessing.get_context("fork")
-        self.process = context.Process(target=_node, args=(run_config, endpoint, str(stderr), step_seconds))
-        self.process.start()
-
-    def poll(self) -> int | None:
-        return self.process.exitcode
-
-    def send_signal(self, sig: int) -> None:
-        os.kill(self.process.pid, sig)
-
-    def wait(self, timeout: float) -> int:
-        self.process.join(timeout)
-        assert self.process.exitcode is not None, f"node {self.process.pid} still runs after {timeout} s"
-        return self.process.exitcode
+        super().__init__(_node, run_config, endpoint, step_seconds, stderr=stderr)
 
 
-def _node(run_config: dict, endpoint: str, stderr: str, step_seconds: float) -> None:
+def _node(run_config: dict, endpoint: str, step_seconds: float) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(fd, 2)  # this node's stderr, and its worker's
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
     config = agent_config(1, nodes=2, endpoint=endpoint, run_id="vlbert-test")
     try:
         elastic_launch(config, _node_worker)(run_config, step_seconds)
     except ChildFailedError:
-        os._exit(1)
-    os._exit(0)
+        return 1
+    return 0
 
 
 def _node_worker(run_config: dict, step_seconds: float) -> None:
