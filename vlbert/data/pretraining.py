@@ -79,11 +79,12 @@ class MaskingCollator:
     def from_tokenizer(cls, tokenizer, **kwargs) -> "MaskingCollator":
         """The collator for a Hugging Face tokenizer (its vocabulary size, [MASK], [PAD], special ids and which
         wordpieces continue a word: those spelled ``##...``, WordPiece's convention)."""
-        continuation = torch.zeros(len(tokenizer), dtype=torch.bool)
-        pieces = [i for token, i in tokenizer.get_vocab().items() if token.startswith("##") and i < len(tokenizer)]
+        size = len(tokenizer)  # once: transformers recounts the added tokens on every call
+        continuation = torch.zeros(size, dtype=torch.bool)
+        pieces = [i for token, i in tokenizer.get_vocab().items() if token.startswith("##") and i < size]
         continuation[pieces] = True
         return cls(
-            vocab_size=len(tokenizer),
+            vocab_size=size,
             mask_token_id=tokenizer.mask_token_id,
             pad_token_id=tokenizer.pad_token_id,
             special_token_ids=tuple(tokenizer.all_special_ids),
