@@ -145,8 +145,10 @@ def save_tokenizer(tokenizer, directory: str | os.PathLike) -> None:
     tokenizer.save_pretrained(str(directory))
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if not (directory / "vocab.txt").exists() and backend is not None and type(backend.model).__name__ == "WordPiece":
-        pieces = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-        (directory / "vocab.txt").write_text("".join(piece + "\n" for piece, _ in pieces), encoding="utf-8")
+        pieces = [backend.id_to_token(i) for i in range(backend.get_vocab_size(with_added_tokens=True))]
+        if None in pieces:  # ids without a piece: the pieces that have one, in id order
+            pieces = [piece for piece, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
+        (directory / "vocab.txt").write_text("".join(piece + "\n" for piece in pieces), encoding="utf-8")
 
 
 __all__ = ["load_tokenizer", "save_tokenizer", "check_tokenizer_matches", "packaged_minilm_dir", "resolve_model_path"]

@@ -387,7 +387,7 @@ def tiny_trainer(tmp_path, corpus, tokenizer, precision, **training):
         max_length=32,
         model=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
         **{
-            "max_steps": 60,
+            "max_steps": 45,
             "batch_size": 8,
             "warmup_steps": 5,
             "learning_rate": 3e-3,
@@ -399,7 +399,7 @@ def tiny_trainer(tmp_path, corpus, tokenizer, precision, **training):
 
 
 def test_bf16_weights_with_float32_masters_train_as_float32(tmp_path, small_token_corpus, tokenizer):
-    """training.mixed_precision=bf16-params: 60 steps track float32 (loss and MLM accuracy of the last log
+    """training.mixed_precision=bf16-params: 45 steps track float32 (loss and MLM accuracy of the last log
     windows within bf16's noise), the weights are bf16 while the optimizer steps float32 masters, and checkpoints
     hold the masters: float32 values, which resume exactly."""
     from safetensors.torch import load_file
@@ -419,7 +419,7 @@ def test_bf16_weights_with_float32_masters_train_as_float32(tmp_path, small_toke
     first = runs["no"][0]
     # it learns (the comparison below is not of two flat lines; noisy at batch 8)
     assert min(r["loss"] for r in runs["no"]) < first["loss"] - 1.0
-    assert len(runs["no"]) == len(runs["bf16-params"]) == 4
+    assert len(runs["no"]) == len(runs["bf16-params"]) == 3
     for fp32, bf16 in zip(runs["no"], runs["bf16-params"]):  # here: within 0.003 and equal accuracies
         assert abs(bf16["loss"] - fp32["loss"]) < 0.01 * fp32["loss"], (fp32, bf16)
         assert abs(bf16["mlm_accuracy"] - fp32["mlm_accuracy"]) <= 0.03, (fp32, bf16)
