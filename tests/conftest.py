@@ -19,7 +19,6 @@ def pytest_configure(config):
     import torch
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // workers) if workers > 1 else 2)
 
 

@@ -133,8 +133,8 @@ def _forked_process(target, args: tuple, stderr: str) -> None:
     code = 1
     try:
         code = target(*args) or 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+    except SystemExit as e:  # sys.exit(): None is success, as for an interpreter
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
     except BaseException:
         import traceback
 
@@ -148,17 +148,20 @@ def _forked_process(target, args: tuple, stderr: str) -> None:
 def tool_process(name: str, argv: list, stderr: Path | None = None) -> ForkedProcess:
     """``tools/<name>.py argv`` as a :class:`ForkedProcess`: the script's command under the tools' error rule (one
     ``error:`` line and status 1 / 2; 143 after SIGTERM), without an interpreter's start."""
-    return ForkedProcess(_run_tool, name, list(argv), stderr=stderr)
+    return ForkedProcess(tool_status, name, list(argv), stderr=stderr)
 
 
-def _run_tool(name: str, argv: list) -> int:
+def tool_status(name: str, argv: list) -> int:
+    """The exit status of ``tools/<name>.py argv`` run in this process under the tools' error rule (what a forked
+    tool process or a launched rank runs)."""
     from helpers.builders import tool
     from vlbert.commands import run_tool
 
     return run_tool(tool(name), argv)
 
 
-def _fresh_entrypoint(entrypoint, *args):
+def in_a_new_process(entrypoint, *args):
+    """``entrypoint(*args)`` after :func:`as_a_new_process`: what each forked worker of an elastic agent runs."""
     as_a_new_process()
     return entrypoint(*args)
 
@@ -200,7 +203,7 @@ def launch(runs: list, nproc: int = 2, float64: bool = True, entrypoint=None, ar
     if entrypoint is None:
         entrypoint, args = _run_in_worker, (runs, float64)
     try:
-        return elastic_launch(agent_config(nproc), _fresh_entrypoint)(entrypoint, *args)
+        return elastic_launch(agent_config(nproc), in_a_new_process)(entrypoint, *args)
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.builders import tool
-from helpers.distributed import launch, tool_process
+from helpers.distributed import launch, tool_process, tool_status
 from PIL import Image
 from vlbert.detectors.images import ImageDecodeError, load_image, shape_groups, to_rgb_array
 from vlbert.detectors.shards import read_shards, shard_paths
@@ -116,7 +116,9 @@ def test_two_processes_split_the_images_into_one_store(tmp_path, capsys):
     args = ["--images", str(folder), *FAST, "--samples-per-shard", "10"]
     assert run_tool(tool("extract_regions"), [*args, "--output-dir", str(tmp_path / "one")]) == 0
     # torchrun's agent, the workers forked from this process (helpers.distributed.launch)
-    statuses = launch([], entrypoint=_extract_regions, args=([*args, "--output-dir", str(tmp_path / "two")],))
+    statuses = launch(
+        [], entrypoint=tool_status, args=("extract_regions", [*args, "--output-dir", str(tmp_path / "two")])
+    )
     assert statuses == {0: 0, 1: 0}
     assert {p.name.split("-")[1] for p in shard_paths(tmp_path / "two")} == {"rank0000", "rank0001"}
     assert_same_store(regions_by_id(tmp_path / "two"), regions_by_id(tmp_path / "one"))
@@ -127,11 +129,6 @@ def test_two_processes_split_the_images_into_one_store(tmp_path, capsys):
     other = [*args, "--max-proposals", "5", "--output-dir", str(tmp_path / "two")]
     assert run_tool(tool("extract_regions"), other) == 2
     assert "holds shards of another detector" in capsys.readouterr().err
-
-
-def _extract_regions(argv: list[str]) -> int:
-    """One rank of a 2-process extraction: the tool's command under its error rule."""
-    return run_tool(tool("extract_regions"), argv)
 
 
 def test_butd_selection_equals_one_nms_per_class():

@@ -250,8 +250,9 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_losses(small_corpus, 
     proc = tool_process("pretrain", argv(stopped), stderr=tmp_path / "stopped.err")
     wait_for_log_lines(proc, stopped / "log.jsonl", 10)
     proc.send_signal(signal.SIGTERM)
-    stderr = (tmp_path / "stopped.err").read_text() if proc.wait(120) is not None else ""
-    assert proc.poll() == 143, stderr[-2000:]
+    code = proc.wait(120)
+    stderr = (tmp_path / "stopped.err").read_text()
+    assert code == 143, stderr[-2000:]
     assert "--resume" in stderr
     stopped_at = len(read_log(stopped))
     assert stopped_at < steps and (stopped / "checkpoints" / f"step-{stopped_at}" / "training_state.pt").is_file()

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 from helpers.builders import wait_for_log_lines
-from helpers.distributed import ForkedProcess, agent_config, config, free_port, launch, losses, reference_run
+from helpers.distributed import (
+    ForkedProcess,
+    agent_config,
+    config,
+    free_port,
+    in_a_new_process,
+    launch,
+    losses,
+    reference_run,
+)
 
 
 class Node(ForkedProcess):
@@ -34,7 +43,7 @@ def _node(run_config: dict, endpoint: str, step_seconds: float) -> int:
 
     config = agent_config(1, nodes=2, endpoint=endpoint, run_id="vlbert-test")
     try:
-        elastic_launch(config, _node_worker)(run_config, step_seconds)
+        elastic_launch(config, in_a_new_process)(_node_worker, run_config, step_seconds)
     except ChildFailedError:
         return 1
     return 0
@@ -45,13 +54,11 @@ def _node_worker(run_config: dict, step_seconds: float) -> None:
     1 / 2, 143 after SIGTERM), each optimizer step held ``step_seconds`` longer (a slow step, to be preempted
     during one)."""
     import torch
-    from helpers.distributed import as_a_new_process
 
     from vlbert.commands import run_tool
     from vlbert.recipes import RECIPES, run
     from vlbert.training.hooks import TrainerHook
 
-    as_a_new_process()
     torch.set_default_dtype(torch.float64)
 
     class SlowSteps(TrainerHook):
