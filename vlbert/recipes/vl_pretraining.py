@@ -29,7 +29,7 @@ from vlbert.data.regions import pad_regions
 from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset, caption_content
 from vlbert.detectors.store import NamespacedRegions, RegionStore
 from vlbert.models.vl import VLBertForPreTraining
-from vlbert.objectives import ObjectiveMix, units_for
+from vlbert.objectives import OBJECTIVES, ObjectiveMix, units_for
 from vlbert.objectives.image_text_matching import NEGATIVES
 from vlbert.processing import RegionSource
 from vlbert.recipes.regions import (
@@ -404,16 +404,26 @@ def build_model(ctx: RunContext, data: VLPretrainingData) -> VLBertForPreTrainin
     return model
 
 
+def _probes_grounding(data: VLPretrainingData) -> bool:
+    """Whether the run reports the colour/shape grounding probe: held-out easy-VQA captions, and a masked-word
+    objective in the mix (the probe reads the masked-LM head, which a run of only ITM or region objectives leaves
+    untrained)."""
+    masks_words = any(OBJECTIVES[name].output == "prediction_logits" for name in data.objectives.active)
+    return data.eval is not None and data.easy_vqa_only and masks_words
+
+
 def baselines(ctx: RunContext, data: VLPretrainingData, model) -> dict:
+    """The captions left out for want of regions (per source) and the grounding probe before training."""
     out = {f"captions_without_regions_{name}": count for name, count in data.skipped.items()}
-    if data.eval is None or not data.easy_vqa_only:
+    if not _probes_grounding(data):
         return out
     return {**out, **{k + "_before": v for k, v in data.grounding_accuracy(model).items()}}
 
 
 def evaluate(ctx: RunContext, data: VLPretrainingData, model) -> dict:
-    """The colour/shape grounding probe on easy-VQA data; other sources report the trainer's held-out losses."""
-    return data.grounding_accuracy(model) if data.eval is not None and data.easy_vqa_only else {}
+    """The colour/shape grounding probe on easy-VQA data with a masked-word objective
+    (:meth:`VLPretrainingData.grounding_accuracy`); other runs report the trainer's held-out losses."""
+    return data.grounding_accuracy(model) if _probes_grounding(data) else {}
 
 
 def qa_vocabulary(pairs: list[Caption], limit: int = 0) -> list[str]:
