@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accelerate.utils import gather, gather_object, pad_across_processes
+from accelerate.utils import gather, pad_across_processes
 
 
 def evaluation(fn):
@@ -55,18 +55,6 @@ def all_gather_padded(tensors: list) -> list:
         parts = gather(padded).split(padded.shape[0])
         out.append(torch.cat([part[:n] for part, n in zip(parts, rows)]))
     return out
-
-
-def sorted_by_index(rows: list[tuple]) -> list[tuple]:
-    """``rows`` of ``(dataset index, ...)`` from every process (accelerate's ``gather_object``), ordered by the index."""
-    return sorted(gather_object(list(rows)), key=lambda row: row[0])
-
-
-def gathered_columns(*columns: list) -> tuple[list, ...]:
-    """Per-example columns (the first: dataset indices) of this process's share of an evaluation, joined with every
-    other process's and ordered by the index: the columns a single process would have, in dataset order."""
-    rows = sorted_by_index(list(zip(*columns)))
-    return tuple(list(column) for column in zip(*rows)) if rows else tuple([] for _ in columns)
 
 
 def glibc():

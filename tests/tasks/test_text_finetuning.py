@@ -6,6 +6,7 @@ on data in ``datasets``' glue layout; BBC News learnt; the transformers implemen
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import json
 import shutil
@@ -204,6 +205,38 @@ def test_span_qa_jsonl(tmp_path, tiny_checkpoint):
             tiny_checkpoint,
             {"task": "custom", "type": "qa", "train": str(tmp_path / "bad.jsonl"), "eval": str(tmp_path / "q.jsonl")},
         )
+
+
+def test_the_final_held_out_pass_gives_the_predictions(tmp_path, tiny_checkpoint):
+    """At the end of a run one forward per held-out batch gives both the held-out loss and the task's predictions
+    (they were two passes), and those predictions are the ones a pass of their own gives."""
+    recipe, seen = RECIPES["text"], {"forwards": 0}
+
+    def build_model(ctx, data):
+        model = recipe.build_model(ctx, data)
+        seen.update(model=model, data=data)
+        model.register_forward_pre_hook(
+            lambda module, args: seen.update(forwards=seen["forwards"] + (not module.training))
+        )
+        return model
+
+    context = "The Eiffel Tower is in Paris. It was finished in 1889."
+    answer = {"text": ["Paris"], "answer_start": [context.index("Paris")]}
+    lines = [{"question": f"Where is tower {k}?", "context": context, "answers": answer} for k in range(10)]
+    write_jsonl(tmp_path / "q.jsonl", lines)
+    out = tmp_path / "run"
+    config = {
+        "init_from": str(tiny_checkpoint),
+        "data": {"task": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl")},
+        "training": {"output_dir": str(out), "max_steps": 3, "batch_size": 4, "progress_bar": False},
+    }
+    metrics = run_recipe(dataclasses.replace(recipe, build_model=build_model), config)
+    held_out_batches = len(list(seen["data"].eval_batches()))
+    assert held_out_batches == 2 and seen["forwards"] == held_out_batches  # 10 windows in batches of 8
+    files, again = seen["data"].predict(seen["model"])  # nothing kept now: a pass of its own
+    assert seen["forwards"] == 2 * held_out_batches
+    assert again == {k: metrics[k] for k in again}
+    assert files == {name: (out / name).read_text() for name in files}
 
 
 def test_glue_mrpc_config_on_data_in_the_datasets_glue_layout(tmp_path, tiny_checkpoint):

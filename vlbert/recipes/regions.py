@@ -21,12 +21,11 @@ from vlbert.data.easy_vqa import easy_vqa_shards, image_paths
 from vlbert.data.grounded_text import GroundedTextDataset
 from vlbert.data.images import ImagePreprocessing, ImageReader, backbone_preprocessing, image_files, image_preprocessing
 from vlbert.detectors.store import MergedRegions, RegionStore
-from vlbert.evaluation.classification import predict_labels
+from vlbert.evaluation.classification import kept_labels
 from vlbert.models.visual_backbone import RegionFeatureExtractor
 from vlbert.processing import RegionSource, VLProcessor
 from vlbert.recipes.runner import TaskData, write_output_file
 from vlbert.run_files import read_run_file
-from vlbert.utils import gathered_columns
 
 #: The field types the region tasks' data configs share (the typed reading: :mod:`vlbert.common.typed_config`).
 #: wordpieces per text, [CLS] and [SEP] included
@@ -325,11 +324,21 @@ class RegionTaskData(TaskData):
         """The predictions file's text: one JSON object per row (a task with a benchmark format overrides it)."""
         return "".join(json.dumps(r) + "\n" for r in rows)
 
+    def keep(self, batch: dict, output) -> list[tuple[int, tuple]]:
+        """Each held-out example's (gold label, predicted label) (:func:`~vlbert.evaluation.classification.kept_labels`
+        over :attr:`target_keys`)."""
+        return kept_labels(batch, output, self.target_keys)
+
+    def prediction_inputs(self, batch: dict) -> dict:
+        """The model's inputs of a held-out batch: all but ``index`` and the targets (no loss to compute)."""
+        return {k: v for k, v in batch.items() if k != "index" and k not in self.target_keys}
+
     def predict_labels(self, model) -> tuple[list[int], list[int], list[int]]:
         """(dataset indices, gold labels (None where the targets are not one class per item), predicted labels) of
-        every evaluation example, gathered from every process in dataset order
-        (:func:`~vlbert.evaluation.classification.predict_labels`)."""
-        return gathered_columns(*predict_labels(model, self.rank_eval_batches(), self.target_keys))
+        every evaluation example, gathered from every process in dataset order: from the trainer's final held-out
+        pass at the end of a run, else from a pass of ``model`` (:meth:`~vlbert.recipes.runner.TaskData.predictions`)."""
+        kept = self.predictions(model)
+        return list(kept), [g for g, _ in kept.values()], [p for _, p in kept.values()]
 
 
 def evaluate(ctx, data: RegionTaskData, model) -> dict:

@@ -25,6 +25,7 @@ from vlbert import checkpoint as ckpt
 from vlbert.common.files import write_text_atomically
 from vlbert.config import BertConfig
 from vlbert.data.loading import eval_loader, train_loader
+from vlbert.evaluation.predictions import HeldOutPredictions, Keep
 from vlbert.processing import VLProcessor
 from vlbert.recipes.config_reading import (
     COMMON_SECTIONS,
@@ -186,6 +187,33 @@ class TaskData:
         runs on 1/N of the items per rank and gathers the results (accelerate's ``gather_object``)."""
         rank, world_size = process_position()
         return self.eval_batches(rank, world_size)
+
+    # A task whose evaluation reads the model's outputs on the held-out batches defines ``keep`` (and, where the
+    # model takes other inputs than the batch minus its ``index``, ``prediction_inputs``); it then reads them with
+    # :meth:`predictions`, which takes them from the trainer's final held-out pass: one forward per batch at the
+    # end of a run serves the objectives' held-out losses and the task's predictions.
+    keep: Keep | None = None
+    _final_pass: HeldOutPredictions | None = None
+
+    def prediction_inputs(self, batch: dict) -> dict:
+        """What the model is given of a held-out ``batch`` in a pass of :meth:`predictions`' own: every entry but
+        the bookkeeping ``index``."""
+        return {k: v for k, v in batch.items() if k != "index"}
+
+    def held_out_predictions(self) -> HeldOutPredictions | None:
+        """A collector of :attr:`keep`'s values for the trainer to fill during its final held-out pass, read by the
+        next :meth:`predictions`; None where the task keeps nothing."""
+        self._final_pass = HeldOutPredictions(self.keep) if self.keep is not None else None
+        return self._final_pass
+
+    def predictions(self, model) -> dict[int, Any]:
+        """:attr:`keep`'s value for every held-out example, gathered from every process, by dataset index: those
+        the trainer's final held-out pass kept (:meth:`held_out_predictions`; read once), else from a pass of
+        ``model`` over :meth:`rank_eval_batches` (in eval mode, without gradients)."""
+        kept, self._final_pass = self._final_pass, None
+        if kept is None or not kept.finished:
+            kept = HeldOutPredictions(self.keep).run(model, self.rank_eval_batches(), self.prediction_inputs)
+        return kept.gathered()
 
 
 def write_output_file(ctx: "RunContext", name: str, text: str) -> Path:
@@ -426,7 +454,8 @@ def run(
             processor.save_pretrained(training.output_dir, save_tokenizer_files=False)
         extra = recipe.baselines(ctx, data, trainer.unwrapped) if recipe.baselines else {}
         final = (lambda model: recipe.evaluate(ctx, data, model)) if recipe.evaluate else None
-        return trainer.train(extra_metrics=extra, final_metrics=final)
+        kept = data.held_out_predictions() if recipe.evaluate and data.eval is not None else None
+        return trainer.train(extra_metrics=extra, final_metrics=final, final_outputs=kept)
     except (ValueError, OSError, ModuleNotFoundError):
         # Refused before its first step: the directory this run made holds no run (nothing to resume), so it goes,
         # and the corrected command is not refused with "already holds a run".

@@ -29,7 +29,6 @@ from collections import Counter
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object
 
 from vlbert import checkpoint as ckpt
 from vlbert.data.finetuning import (
@@ -45,7 +44,6 @@ from vlbert.data.finetuning import (
 from vlbert.evaluation import text as text_metrics
 from vlbert.models import heads
 from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
-from vlbert.utils import evaluation
 
 logger = logging.getLogger(__name__)
 
@@ -190,32 +188,39 @@ class TextTaskData(TaskData):
     def num_labels(self) -> int:
         return {"regression": 1, "qa": 2}.get(self.config.type) or len(self.labels)
 
-    @evaluation
+    def keep(self, batch: dict, output) -> list[tuple[int, Any]]:
+        """What the evaluation reads of one held-out batch's output, per window: the best spans (qa), each word's
+        tag (tagging), the value (regression) or the class (classification)."""
+        index, kind = batch["index"].tolist(), self.config.type
+        if kind == "qa":
+            return [
+                (
+                    i,
+                    self._window_spans(
+                        output.start_logits[row].float().cpu(), output.end_logits[row].float().cpu(), self.eval.items[i]
+                    ),
+                )
+                for row, i in enumerate(index)
+            ]
+        if kind == "tagging":
+            best = output.logits.argmax(-1).cpu()
+            return [
+                (i, [(w, int(best[row, p])) for w, p in self.eval.items[i]["words"]]) for row, i in enumerate(index)
+            ]
+        if kind == "regression":
+            return list(zip(index, output.logits.squeeze(-1).float().cpu().tolist()))
+        return list(zip(index, output.logits.argmax(-1).cpu().tolist()))
+
+    def prediction_inputs(self, batch: dict) -> dict:
+        """A held-out batch's inputs without its targets (no loss to compute) and ``index``."""
+        return {k: v for k, v in batch.items() if k not in ("index", "labels", "start_positions", "end_positions")}
+
     def predict(self, model) -> tuple[dict[str, str], dict[str, Any]]:
         """({file name: text} of the predictions files, the task's metrics) on the whole evaluation set (see module
-        docstring); each process predicts its share of the windows and the results are gathered."""
-        device = next(model.parameters()).device
-        kind = self.config.type
-        outputs: dict[int, Any] = {}
-        for batch in self.rank_eval_batches():
-            index = batch.pop("index").tolist()
-            inputs = {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
-            out = model(**inputs)
-            if kind == "qa":
-                for row, i in enumerate(index):
-                    outputs[i] = self._window_spans(
-                        out.start_logits[row].float().cpu(), out.end_logits[row].float().cpu(), self.eval.items[i]
-                    )
-            elif kind == "tagging":
-                best = out.logits.argmax(-1).cpu()
-                for row, i in enumerate(index):
-                    outputs[i] = [(w, int(best[row, p])) for w, p in self.eval.items[i]["words"]]
-            elif kind == "regression":
-                outputs.update(zip(index, out.logits.squeeze(-1).float().cpu().tolist()))
-            else:
-                outputs.update(zip(index, out.logits.argmax(-1).cpu().tolist()))
-        outputs = dict(gather_object(list(outputs.items())))  # each rank predicted its share
-        return {"qa": self._qa, "tagging": self._tagging}.get(kind, self._sentences)(outputs)
+        docstring), from every process's share of the windows: those the trainer's final held-out pass kept, else
+        a pass of ``model`` (:meth:`~vlbert.recipes.runner.TaskData.predictions`)."""
+        outputs = self.predictions(model)
+        return {"qa": self._qa, "tagging": self._tagging}.get(self.config.type, self._sentences)(outputs)
 
     def _sentences(self, outputs: dict[int, Any]) -> tuple[dict[str, str], dict[str, Any]]:
         items = self.eval.items

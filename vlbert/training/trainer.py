@@ -173,11 +173,15 @@ class Trainer:
         self,
         extra_metrics: dict[str, Any] | None = None,
         final_metrics: Callable[[torch.nn.Module], dict[str, Any]] | None = None,
+        final_outputs=None,
     ) -> dict[str, Any]:
         """Run until ``max_steps``; returns the final metrics, also written to metrics.json together with
         ``extra_metrics`` (e.g. a baseline the task computed) and ``final_metrics(model)`` (task-specific
-        evaluations of the trained model). Each step: hooks' ``before_step``, :meth:`run_step` (which sets
-        :attr:`stats`), hooks' ``after_step`` (logging is one: :class:`~vlbert.training.log_hook.LogHook`)."""
+        evaluations of the trained model, after the final held-out pass: ``final_outputs``, an object with
+        ``update(batch, output)`` and ``finish()``, is given every held-out batch and its output in that pass, so
+        that the task's evaluation need not run the model again). Each step: hooks' ``before_step``,
+        :meth:`run_step` (which sets :attr:`stats`), hooks' ``after_step`` (logging is one:
+        :class:`~vlbert.training.log_hook.LogHook`)."""
         if self.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             self._write_run_config(self.output_dir)
@@ -203,7 +207,7 @@ class Trainer:
         finally:
             preempted.restore()
             self.log_hook.stop()
-        return self._finish(extra_metrics, final_metrics, time.perf_counter() - start_time, start_step)
+        return self._finish(extra_metrics, final_metrics, final_outputs, time.perf_counter() - start_time, start_step)
 
     def run_step(self, stream) -> StepStats:
         """One optimizer step over ``grad_accum_steps`` micro-batches from ``stream``: forward, backward, clipping,
@@ -275,9 +279,9 @@ class Trainer:
             return torch.nn.utils.clip_grad_norm_(self.master.masters, cfg.max_grad_norm)
         return acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
 
-    def _finish(self, extra_metrics, final_metrics, elapsed: float, start_step: int) -> dict[str, Any]:
+    def _finish(self, extra_metrics, final_metrics, final_outputs, elapsed: float, start_step: int) -> dict[str, Any]:
         """The final evaluation, metrics.json and the final model (after the hooks' ``after_train``)."""
-        last_eval = self.last_eval = self.evaluate() if self.eval_batches is not None else self.last_eval
+        last_eval = self.last_eval = self.evaluate(final_outputs) if self.eval_batches is not None else self.last_eval
         if last_eval:
             self.log({"step": self.step, **last_eval}, "eval")
         recent = torch.stack(self._recent_losses).cpu() if self._recent_losses else torch.zeros(0)
@@ -371,15 +375,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, outputs=None) -> dict[str, float]:
         """Every objective's loss and metric over the held-out batches, all ranks (see
-        :func:`~vlbert.training.evaluation.evaluate_objectives`); {} without held-out batches."""
+        :func:`~vlbert.training.evaluation.evaluate_objectives`, which gives ``outputs`` every batch and its
+        output); {} without held-out batches."""
         if self.eval_batches is None:
             return {}
         acc = self.accelerator
-        batches = (self._to_device(b) for b in self.eval_batches(rank=acc.process_index, world_size=acc.num_processes))
+        batches = self.eval_batches(rank=acc.process_index, world_size=acc.num_processes)
         # the unwrapped model: no DDP collective in an evaluation forward, ranks may run different counts
-        return evaluate_objectives(self.unwrapped, batches, self.autocast)
+        return evaluate_objectives(self.unwrapped, batches, self.autocast, self._to_device, outputs)
 
     # ------------------------------------------------------------------ logging
     def log(self, record: dict, split: str) -> None:
