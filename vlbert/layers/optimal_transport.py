@@ -65,7 +65,9 @@ def ipot(
     with torch.autocast(cost.device.type, enabled=False):  # float32 whatever the caller's autocast
         if graph is None:
             graph = CapturedIPOT.usable(cost)
-        if graph:
+        # never inside torch.compile: dynamo drops this branch as it traces (is_compiling() is True there) and
+        # compiles the loop, instead of importing torch._dynamo at import time for a torch.compiler.disable
+        if graph and not torch.compiler.is_compiling():
             return _CAPTURED(cost, x_mask, y_mask, beta, iterations, k)
         return ipot_loop(cost, x_mask, y_mask, beta, iterations, k)
 
@@ -129,7 +131,6 @@ class CapturedIPOT:
             and not torch.cuda.is_current_stream_capturing()
         )
 
-    @torch.compiler.disable
     def __call__(self, cost, x_mask, y_mask, beta: float, iterations: int, k: int) -> torch.Tensor:
         b, m, n = cost.shape
         key = (

@@ -34,8 +34,6 @@ from __future__ import annotations
 import torch
 import torch.utils.checkpoint
 from torch import nn
-from torchvision.models import resnet as torchvision_resnet
-from torchvision.ops import roi_align
 
 from vlbert.common.dependencies import require
 from vlbert.config import VisualBackboneConfig
@@ -171,6 +169,8 @@ class TimmLevels(nn.Module):
 
 
 def _torchvision_c4(depth: int, pretrained: bool) -> tuple[nn.Module, nn.Module]:
+    from torchvision.models import resnet as torchvision_resnet  # here: torchvision.ops imports torch._dynamo (2 s)
+
     net = getattr(torchvision_resnet, f"resnet{depth}")(weights="DEFAULT" if pretrained else None)
     body = nn.Sequential()
     for name in ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3"):
@@ -197,6 +197,11 @@ class RegionFeatureExtractor(OwnLearningRate, nn.Module):
 
     def __init__(self, options: dict):
         super().__init__()
+        # torchvision's RoIAlign, imported with the first backbone built: torchvision.ops imports torch._dynamo
+        # (2 s), which ``import vlbert`` need not pay
+        from torchvision.ops import roi_align
+
+        self.roi_align = roi_align
         self.options = VisualBackboneConfig.options(options)  # types and ranges checked, defaults filled
         kind = self.options["kind"]
         if kind == "caffe-resnet":
@@ -277,7 +282,7 @@ class RegionFeatureExtractor(OwnLearningRate, nn.Module):
         rois = torch.cat([(index // r).to(pixels.dtype)[:, None], pixels.flatten(0, 1)[index]], 1)
         fmap = self.feature_map(images)
         size = self.options["roi_size"]
-        pooled = roi_align(
+        pooled = self.roi_align(
             fmap.float(),
             rois.float(),
             (size, size),

@@ -97,10 +97,14 @@ def compiled_layer_classes() -> tuple[type, ...]:
     return (BertLayer,)
 
 
-#: What a failed compilation raises (dynamo's refusals, a backend or inductor failing): torch 2.14
-#: ``torch/_dynamo/exc.py`` (``Unsupported``, ``BackendCompilerFailed`` and ``torch._inductor.exc.InductorError``
-#: derive from ``TorchDynamoException``).
-COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException,)
+def compile_errors() -> tuple[type[Exception], ...]:
+    """What a failed compilation raises (dynamo's refusals, a backend or inductor failing): torch 2.14
+    ``torch/_dynamo/exc.py`` (``Unsupported``, ``BackendCompilerFailed`` and ``torch._inductor.exc.InductorError``
+    derive from ``TorchDynamoException``). Read when a compiled call fails: importing torch._dynamo costs 2 s,
+    which a run that compiles nothing (and every ``vlbert`` command's start) need not pay."""
+    import torch._dynamo.exc
+
+    return (torch._dynamo.exc.TorchDynamoException,)
 
 
 def compile_layers(model: nn.Module, **options) -> list[nn.Module]:
@@ -110,7 +114,7 @@ def compile_layers(model: nn.Module, **options) -> list[nn.Module]:
     one and reuses it, and compile time stays that of one layer instead of the whole model. Inductor fuses inside
     each layer (bias + GELU, dropout + residual + LayerNorm). ``options`` go to ``torch.compile``.
 
-    Compilation happens at a layer's first call; if it fails (:data:`COMPILE_ERRORS`) every layer goes back to eager
+    Compilation happens at a layer's first call; if it fails (:func:`compile_errors`) every layer goes back to eager
     with one warning and the call is run eagerly, so a machine without a working compiler trains as without
     ``training.compile``. Returns the compiled layers."""
     layers = [m for m in model.modules() if isinstance(m, compiled_layer_classes())]
@@ -130,7 +134,9 @@ def _falling_back(compiled, layer: nn.Module, layers: list[nn.Module], state: di
             return layer._call_impl(*args, **kwargs)
         try:
             return compiled(*args, **kwargs)
-        except COMPILE_ERRORS as error:
+        except Exception as error:
+            if not isinstance(error, compile_errors()):
+                raise
             state["failed"] = True
             for other in layers:
                 other._compiled_call_impl = None
@@ -153,5 +159,5 @@ __all__ = [
     "use_tf32",
     "compile_layers",
     "compiled_layer_classes",
-    "COMPILE_ERRORS",
+    "compile_errors",
 ]
