@@ -72,13 +72,21 @@ def reference_run(run_config: dict, recipe: str = "text-pretraining", resume: bo
 def as_a_new_process() -> None:
     """What a forked worker must not inherit from this process: accelerate's process state (a single-process run
     here made it; a new process under a launcher reads its rank and world size from the environment), and this
-    process's threads (one, as ``OMP_NUM_THREADS=1``)."""
+    process's threads (one, as ``OMP_NUM_THREADS=1``), and tqdm's write lock: its default holds a multiprocessing
+    semaphore that a fork shares, so a child killed while drawing a progress bar left it taken and the test
+    process's next bar waited for ever (the killed-extraction test hung so once)."""
+    import threading
+
     import torch
+    import tqdm.auto
+    import tqdm.std
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)
     torch.set_num_threads(1)
     os.environ.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    for bar in {tqdm.std.tqdm, tqdm.auto.tqdm}:
+        bar.set_lock(threading.RLock())
 
 
 def import_before_forking() -> None:
