@@ -137,6 +137,36 @@ def test_vl_checkpoint_round_trip_and_init_from_bert(tmp_path, minilm_dir):
         assert n == m and torch.equal(p, q)
 
 
+@pytest.mark.parametrize("region_embedding", ["uniter", "vl-bert"])
+def test_from_pretrained_draws_only_what_the_checkpoint_lacks(minilm_dir, region_embedding):
+    """from_pretrained builds the model without drawing its initial weights (transformers' no_init_weights) and
+    initialises only what the checkpoint lacks: every tensor the checkpoint holds is the checkpoint's, every other
+    is a fresh model's in distribution (N(0, 0.02) weights, zero biases, identity LayerNorms, VL-BERT's zero
+    gammas), nothing left as torch.empty gave it."""
+    from vlbert import checkpoint as ckpt
+
+    model = VLBertForPreTraining.from_pretrained(
+        minilm_dir, region_feature_dim=12, num_region_classes=5, region_embedding=region_embedding
+    )
+    torch.manual_seed(0)
+    fresh = VLBertForPreTraining(model.config).state_dict()  # init_weights over every module
+    checkpoint = ckpt.hf_to_vlbert(ckpt.read_state_dict(minilm_dir))
+    drawn = []
+    for name, value in model.state_dict().items():
+        if name in checkpoint:
+            assert torch.equal(value, checkpoint[name]), name
+        elif fresh[name].unique().numel() == 1:  # zeros, ones
+            assert torch.equal(value, fresh[name]), name
+        else:  # N(0, initializer_range), a padding row zero as in the fresh model; 5 standard errors of the std
+            drawn.append(name)
+            real, std = value[fresh[name] != 0], model.config.initializer_range
+            assert torch.equal(value.eq(0).all(-1), fresh[name].eq(0).all(-1)), name  # (a draw may be exactly 0)
+            assert abs(real.std() - std) < 5 * std / (2 * real.numel()) ** 0.5 and real.abs().max() < 6 * std, name
+    assert any("region_embeddings" in n for n in drawn) and any(n.startswith("masked_lm") for n in drawn), drawn
+    if region_embedding == "vl-bert":  # its own initialisation ran after the generic one: LN_text's gamma 0
+        assert not model.bert.region_embeddings.visual_ln_text.weight.any()
+
+
 def test_region_input_errors():
     model = VLBertModel(vl_config()).eval()
     ids, types, mask = padded_batch(model.config.vocab_size)

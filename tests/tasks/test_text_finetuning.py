@@ -49,7 +49,7 @@ def tiny_checkpoint(tmp_path_factory, tokenizer):
 STEPS = 200  # enough for the tiny model to fit the few training rows, which are also the evaluation rows
 
 
-def run(tmp_path, init, data, steps=3):
+def run(tmp_path, init, data, steps=3, learning_rate=1e-3):
     out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"  # a new run directory per call
     config = {
         "init_from": str(init),
@@ -58,7 +58,7 @@ def run(tmp_path, init, data, steps=3):
             "output_dir": str(out),
             "max_steps": steps,
             "batch_size": 4,
-            "learning_rate": 1e-3,
+            "learning_rate": learning_rate,
             "warmup_steps": 1,
             "log_every": 1,
             "progress_bar": False,
@@ -184,6 +184,7 @@ def test_span_qa_jsonl(tmp_path, tiny_checkpoint):
         tiny_checkpoint,
         {"task": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl")},
         steps=STEPS,
+        learning_rate=2e-3,  # measured: exact match 50 at training.seed 0, 1, 2 (at 1e-3: 0, 50, 50)
     )
     untrained = run(
         tmp_path,

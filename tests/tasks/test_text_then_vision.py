@@ -78,8 +78,8 @@ def loaded_states(monkeypatch) -> list[tuple[str, str, dict]]:
     seen = []
     original = pretrained.PreTrainedModel.load_converted_state_dict
 
-    def spy(self, state, source="checkpoint", strict=False):
-        info = original(self, state, source, strict)
+    def spy(self, state, source="checkpoint", strict=False, **options):
+        info = original(self, state, source, strict, **options)
         seen.append((type(self).__name__, str(source), {k: v.detach().clone() for k, v in self.state_dict().items()}))
         return info
 

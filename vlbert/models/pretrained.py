@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -57,6 +58,39 @@ def _parts(keys: list[str], base: str) -> str:
     return ", ".join(f"{name} ({count})" for name, count in sorted(counts.items()))
 
 
+#: The layers whose constructor draws weights that :meth:`PreTrainedModel.init_weights` draws again: built without
+#: those draws inside :func:`_initial_weights_drawn_later`.
+_REDRAWN_LAYERS = (nn.Linear, nn.Embedding, nn.LayerNorm)
+_drawing_later = False
+
+
+@contextlib.contextmanager
+def _initial_weights_drawn_later():
+    """Build models without drawing the initial weights of their Linear, Embedding and LayerNorm layers (their
+    ``reset_parameters`` and :meth:`PreTrainedModel.init_weights` do nothing; the parameters hold whatever
+    ``torch.empty`` gave): :meth:`PreTrainedModel.from_pretrained` then draws only those the checkpoint lacks, as
+    transformers' ``from_pretrained`` does (``no_init_weights``). Not thread-safe: it patches the layers' classes
+    while a model is built."""
+    global _drawing_later
+    saved = {cls: cls.__dict__["reset_parameters"] for cls in _REDRAWN_LAYERS}
+    for cls in _REDRAWN_LAYERS:
+        cls.reset_parameters = lambda self: None
+    _drawing_later = True
+    try:
+        yield
+    finally:
+        _drawing_later = False
+        for cls, method in saved.items():
+            cls.reset_parameters = method
+
+
+def _children_first(module: nn.Module, prefix: str = ""):
+    """(name, module) of ``module`` and every submodule, each after its children (``nn.Module.apply``'s order)."""
+    for name, child in module.named_children():
+        yield from _children_first(child, f"{prefix}{name}.")
+    yield prefix.rstrip("."), module
+
+
 class PreTrainedModel(nn.Module):
     """Base class: weight initialisation, loading from and saving to Hugging Face BERT checkpoint directories.
 
@@ -95,8 +129,22 @@ class PreTrainedModel(nn.Module):
             own(std)
 
     def init_weights(self) -> None:
-        """Initialise as BERT / transformers: N(0, initializer_range) weights, zero biases, LayerNorm = identity."""
-        self.apply(self._init_module)
+        """Initialise as BERT / transformers: N(0, initializer_range) weights, zero biases, LayerNorm = identity
+        (nothing while :meth:`from_pretrained` builds the model: it draws what the checkpoint lacks)."""
+        if not _drawing_later:
+            self.apply(self._init_module)
+
+    def _init_missing(self, missing: list[str]) -> None:
+        """Initialise the parameters named in ``missing`` as :meth:`init_weights` would have (for a model built
+        without its initial weights): the modules holding them, then the own initialisation of every module above
+        them that has one, children first."""
+        owners = {k.rpartition(".")[0] for k in missing}
+        for name, module in _children_first(self):
+            above = callable(getattr(module, "_init_own_weights", None)) and any(
+                not name or o == name or o.startswith(name + ".") for o in owners
+            )
+            if name in owners or above:
+                self._init_module(module)
 
     def learning_rates(self) -> dict[int, float]:
         """``id(parameter)`` -> its own learning rate, for parameters that have one: those of every submodule
@@ -157,15 +205,24 @@ class PreTrainedModel(nn.Module):
             ):
                 config_overrides["id2label"] = None  # another head: the checkpoint's label names do not apply
             config = dataclasses.replace(config, **config_overrides)
-        model = cls(config)
+        with _initial_weights_drawn_later():  # the checkpoint sets them: drawn only where it has none
+            model = cls(config)
         state = ckpt.hf_to_vlbert(ckpt.read_state_dict(directory))
-        model.loading_info = model.load_converted_state_dict(state, source=str(directory), strict=strict)
+        model.loading_info = model.load_converted_state_dict(
+            state, source=str(directory), strict=strict, init_missing=True
+        )
         return model
 
     def load_converted_state_dict(
-        self, state: dict[str, torch.Tensor], source: str = "checkpoint", strict: bool = False
+        self,
+        state: dict[str, torch.Tensor],
+        source: str = "checkpoint",
+        strict: bool = False,
+        init_missing: bool = False,
     ) -> ckpt.LoadingInfo:
-        """Load a state dict already in our names (encoder under ``bert.``) into this model.
+        """Load a state dict already in our names (encoder under ``bert.``) into this model; ``init_missing``: first
+        initialise the parameters ``state`` lacks (a model built without its initial weights, as
+        :meth:`from_pretrained` builds it).
 
         Returns the :class:`~vlbert.checkpoint.LoadingInfo`; raises ``ValueError`` as :meth:`from_pretrained`.
         """
@@ -212,6 +269,8 @@ class PreTrainedModel(nn.Module):
         unexpected = sorted(k.removeprefix("<head>.") for k in state if k not in own)
         if strict and (missing or unexpected):
             raise ValueError(f"loading {source} strictly: missing {missing}, unexpected {unexpected}")
+        if init_missing:
+            self._init_missing(missing)  # before loading: a module's own initialisation may touch loaded tensors
         self.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
         pathway = _new_region_pathway(own, state, missing, base)
         if pathway:
