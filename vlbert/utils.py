@@ -29,6 +29,15 @@ def evaluation(fn):
     return wrapper
 
 
+def forward_arguments(model) -> set[str]:
+    """The batch keys ``model``'s ``forward`` takes: its named parameters (the collator's ``layout`` among them) and
+    its ``label_names`` (a model whose forward reads its labels as keyword arguments). What the trainer and a task's
+    own prediction pass give the model of a batch; bookkeeping entries (``index``, the objective's name) stay out."""
+    import inspect
+
+    return {*inspect.signature(model.forward).parameters, *getattr(model, "label_names", ())}
+
+
 def process_position() -> tuple[int, int]:
     """(rank, world size) of this process in data-parallel training; (0, 1) when not distributed."""
     import torch.distributed as dist

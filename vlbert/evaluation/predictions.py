@@ -5,12 +5,11 @@ same logits to ``compute_metrics``."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Iterable
 
 from accelerate.utils import gather_object
 
-from vlbert.utils import evaluation
+from vlbert.utils import evaluation, forward_arguments
 
 #: ``keep(batch, output) -> [(dataset index, value), ...]``: what a task keeps of one held-out batch (``batch``: the
 #: collator's dict on the host, with its ``index`` int64 [B] and targets; ``output``: the model's output for it).
@@ -43,8 +42,7 @@ class HeldOutPredictions:
         """Fill from a pass of its own: ``model(**inputs(batch))`` on the model's device for every batch (the
         entries its ``forward`` names, as the trainer gives them), in eval mode without gradients (the model is
         given back in the mode it was in). Returns ``self``."""
-        device = next(model.parameters()).device
-        named = inspect.signature(model.forward).parameters
+        device, named = next(model.parameters()).device, forward_arguments(model)
         for batch in batches:
             arguments = {k: v.to(device) for k, v in inputs(batch).items() if k in named}
             self.update(batch, model(**arguments))

@@ -329,10 +329,6 @@ class RegionTaskData(TaskData):
         over :attr:`target_keys`)."""
         return kept_labels(batch, output, self.target_keys)
 
-    def prediction_inputs(self, batch: dict) -> dict:
-        """The model's inputs of a held-out batch: all but ``index`` and the targets (no loss to compute)."""
-        return {k: v for k, v in batch.items() if k != "index" and k not in self.target_keys}
-
     def predict_labels(self, model) -> tuple[list[int], list[int], list[int]]:
         """(dataset indices, gold labels (None where the targets are not one class per item), predicted labels) of
         every evaluation example, gathered from every process in dataset order: from the trainer's final held-out

@@ -188,17 +188,19 @@ class TaskData:
         rank, world_size = process_position()
         return self.eval_batches(rank, world_size)
 
-    # A task whose evaluation reads the model's outputs on the held-out batches defines ``keep`` (and, where the
-    # model takes other inputs than the batch minus its ``index``, ``prediction_inputs``); it then reads them with
-    # :meth:`predictions`, which takes them from the trainer's final held-out pass: one forward per batch at the
-    # end of a run serves the objectives' held-out losses and the task's predictions.
+    # A task whose evaluation reads the model's outputs on the held-out batches defines ``keep`` (and names its
+    # batches' ``target_keys``); it then reads them with :meth:`predictions`, which takes them from the trainer's
+    # final held-out pass: one forward per batch at the end of a run serves the objectives' held-out losses and the
+    # task's predictions.
     keep: Keep | None = None
+    #: the batch keys that hold the targets (labels), left out of a prediction pass of :meth:`predictions`' own
+    target_keys: tuple[str, ...] = ()
     _final_pass: HeldOutPredictions | None = None
 
     def prediction_inputs(self, batch: dict) -> dict:
         """What the model is given of a held-out ``batch`` in a pass of :meth:`predictions`' own: every entry but
-        the bookkeeping ``index``."""
-        return {k: v for k, v in batch.items() if k != "index"}
+        the bookkeeping ``index`` and the :attr:`target_keys` (no loss to compute)."""
+        return {k: v for k, v in batch.items() if k != "index" and k not in self.target_keys}
 
     def held_out_predictions(self) -> HeldOutPredictions | None:
         """A collector of :attr:`keep`'s values for the trainer to fill during its final held-out pass, read by the

@@ -211,9 +211,11 @@ class TextTaskData(TaskData):
             return list(zip(index, output.logits.squeeze(-1).float().cpu().tolist()))
         return list(zip(index, output.logits.argmax(-1).cpu().tolist()))
 
-    def prediction_inputs(self, batch: dict) -> dict:
-        """A held-out batch's inputs without its targets (no loss to compute) and ``index``."""
-        return {k: v for k, v in batch.items() if k not in ("index", "labels", "start_positions", "end_positions")}
+    @property
+    def target_keys(self) -> tuple[str, ...]:
+        """The batch keys of the targets (:class:`~vlbert.data.finetuning.TextTaskCollator`): the answer span's
+        positions (qa), else ``labels``."""
+        return ("start_positions", "end_positions") if self.config.type == "qa" else ("labels",)
 
     def predict(self, model) -> tuple[dict[str, str], dict[str, Any]]:
         """({file name: text} of the predictions files, the task's metrics) on the whole evaluation set (see module

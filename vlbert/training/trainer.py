@@ -9,7 +9,6 @@ whose ``loss`` it minimises and whose ``losses``/``metrics``/``counts`` it logs.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
 import time
@@ -39,7 +38,7 @@ from vlbert.training.training_config import (
     seed_process_streams,
     set_seed,
 )
-from vlbert.utils import keep_freed_memory_in_process
+from vlbert.utils import forward_arguments, keep_freed_memory_in_process
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +104,7 @@ class Trainer:
         # On its device before the float32 masters and the optimizer are made: they live where the parameters do.
         model.to(self.device)
         prepare_compute(model, self.device, self.precision, config)  # compile (regional on CUDA), TF32
-        # forward's named arguments (the collator's ``layout`` among them) and its label_names
-        parameters = inspect.signature(model.forward).parameters
-        self.forward_arguments = {*parameters, *getattr(model, "label_names", ())}
+        self.forward_arguments = forward_arguments(model)
         # Fused AdamW (one kernel over all parameters) on CUDA and, since torch 2.4, on CPU.
         fused = self.device.type in ("cuda", "cpu")
         groups = parameter_groups(model, config.weight_decay)
