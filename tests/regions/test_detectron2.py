@@ -19,7 +19,7 @@ pytest.importorskip("detectron2", reason="detectron2 is not installed (see docs/
 from helpers.builders import tool  # noqa: E402
 from helpers.detectron2 import SMALL, random_weights
 from vlbert.detectors.config import DetectorConfig  # noqa: E402
-from vlbert.detectors.detectron2_detector import Detectron2RegionDetector  # noqa: E402
+from vlbert.detectors.detectron2_detector import Detectron2RegionDetector, read_checkpoint  # noqa: E402
 
 from vlbert.commands import run_tool  # noqa: E402
 
@@ -60,6 +60,8 @@ def sample_images():
 def test_batched_extraction_equals_one_image_at_a_time(tmp_path, config_file, layout):
     weights = random_weights(config_file, SMALL, tmp_path / f"w.{'pkl' if layout.endswith('pkl') else layout}", layout)
     detector = Detectron2RegionDetector(config_file, weights, overrides=SMALL, min_boxes=4, max_boxes=12)
+    saved, _ = read_checkpoint(weights)  # built without initial draws: every tensor is the file's
+    assert all(torch.equal(value, saved[name]) for name, value in detector.model.state_dict().items())
     images = sample_images()
     ids = [i for i, _ in images]
     batched = detector.extract_batch([a for _, a in images], ids, batch_size=8)
