@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import socket
-import sys
 import uuid
 from pathlib import Path
 
@@ -99,23 +98,6 @@ def import_before_forking() -> None:
     from transformers import AutoTokenizer  # noqa: F401
 
     import vlbert.recipes  # noqa: F401
-
-
-def name_rendezvous_events_from_the_frame() -> None:
-    """torch's c10d rendezvous names every event it records after the method that recorded it, which it finds with
-    ``inspect.stack()`` (``get_method_name`` in torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, torch
-    2.14); that reads the source lines of every frame on the stack, and under pytest the stack is deep: about 24 s
-    of the suite's CPU, a fifth of the multi-process tests' time. The same name, read from the frame itself. Only
-    the event's name changes hands; the tests read none. Idempotent; forked children inherit it."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    def get_method_name(depth: int = 2) -> str:
-        try:  # depth 0 is this function, as inspect.stack()[0] is in torch's
-            return sys._getframe(depth).f_code.co_name
-        except ValueError:
-            return "no_method_name"
-
-    dynamic_rendezvous.get_method_name = get_method_name
 
 
 class ForkedProcess:
@@ -224,7 +206,6 @@ def launch(runs: list, nproc: int = 2, float64: bool = True, entrypoint=None, ar
     from torch.distributed.launcher.api import elastic_launch
 
     import_before_forking()
-    name_rendezvous_events_from_the_frame()
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     if entrypoint is None:

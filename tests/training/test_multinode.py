@@ -21,7 +21,6 @@ from helpers.distributed import (
     in_a_new_process,
     launch,
     losses,
-    name_rendezvous_events_from_the_frame,
     reference_run,
 )
 
@@ -42,7 +41,6 @@ def _node(run_config: dict, endpoint: str, step_seconds: float) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    name_rendezvous_events_from_the_frame()
     config = agent_config(1, nodes=2, endpoint=endpoint, run_id="vlbert-test")
     try:
         elastic_launch(config, in_a_new_process)(_node_worker, run_config, step_seconds)
