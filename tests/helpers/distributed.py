@@ -92,12 +92,18 @@ def as_a_new_process() -> None:
 def import_before_forking() -> None:
     """Import here what every forked run imports, so that the children inherit it instead of each importing it:
     vlbert's recipes, transformers' tokenizer classes (its lazy module: 1.6 s), ``datasets`` (1.0 s) and
-    TensorBoard's writer. Once per test process; 2-3 s of CPU saved per child."""
+    TensorBoard's writer; and measure the CPU's matmul peak that each run's MFU divides by (measured once per
+    process and kept: :func:`vlbert.training.mfu.device_peak_flops`, 0.3-0.5 s). Once per test process; 2-3 s of
+    CPU saved per child."""
     import datasets  # noqa: F401
+    import torch
     import torch.utils.tensorboard  # noqa: F401
     from transformers import AutoTokenizer  # noqa: F401
 
     import vlbert.recipes  # noqa: F401
+    from vlbert.training.mfu import device_peak_flops
+
+    device_peak_flops(torch.device("cpu"), False)
 
 
 class ForkedProcess:
@@ -168,9 +174,30 @@ def tool_status(name: str, argv: list) -> int:
     return run_tool(tool(name), argv)
 
 
-def in_a_new_process(entrypoint, *args):
-    """``entrypoint(*args)`` after :func:`as_a_new_process`: what each forked worker of an elastic agent runs."""
+def all_forked(ranks: int):
+    """What :func:`in_a_new_process` waits on: a barrier of the ``ranks`` workers of a launch (all nodes' workers
+    for several nodes), made in this process before any of them is forked.
+
+    Why the workers wait: each worker's first act is to connect to the agent's TCPStore, whose server thread runs
+    in the process that forks the next worker, and the server names each connection it accepts through
+    ``getnameinfo``, under glibc's resolver lock. A worker forked while that thread held the lock inherits it held,
+    with no thread to release it, and its own connect waited in ``__resolv_context_get`` for ever (the
+    three-process test hung so twice in 2026-11; a fork-with-threads hazard). Connecting only once every worker
+    exists leaves no fork during a connection."""
+    import multiprocessing
+
+    return multiprocessing.get_context("fork").Barrier(ranks)
+
+
+def in_a_new_process(forked_all, entrypoint, *args):
+    """``entrypoint(*args)`` after :func:`as_a_new_process`, once every worker of the launch is forked
+    (``forked_all``: :func:`all_forked`): what each forked worker of an elastic agent runs.
+
+    Raises:
+        threading.BrokenBarrierError: some worker of the launch did not start within 120 s.
+    """
     as_a_new_process()
+    forked_all.wait(timeout=120)
     return entrypoint(*args)
 
 
@@ -194,9 +221,9 @@ def _run_in_worker(runs: list, float64: bool) -> None:
 
 def launch(runs: list, nproc: int = 2, float64: bool = True, entrypoint=None, args: tuple = ()) -> dict:
     """Run ``runs`` (``[recipe, run config(, resume)]`` each, in turn) on ``nproc`` processes as torchrun does:
-    torch's elastic agent (:func:`torch.distributed.launcher.api.elastic_launch`, what ``torchrun`` runs) with a
-    c10d rendezvous on a free port, setting RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, ... for each worker.
-    The workers are forked from this process, which has imported torch, transformers and vlbert already: a
+    torch's elastic agent (:func:`torch.distributed.launcher.api.elastic_launch`, what ``torchrun`` runs) with its
+    default static rendezvous on a free port (:func:`agent_config`), setting RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT, ... for each worker. The workers are forked from this process, which has imported torch, transformers and vlbert already: a
     torchrun launch costs each worker an interpreter's start and those imports (4-9 s of CPU each on 2-core VMs),
     which was most of the distributed tests' time. What this leaves untested is torchrun's own command-line parsing
     (torch's); the two-node tests run two such agents in forked node processes (tests/training/test_multinode.py).
@@ -211,25 +238,32 @@ def launch(runs: list, nproc: int = 2, float64: bool = True, entrypoint=None, ar
     if entrypoint is None:
         entrypoint, args = _run_in_worker, (runs, float64)
     try:
-        return elastic_launch(agent_config(nproc), in_a_new_process)(entrypoint, *args)
+        return elastic_launch(agent_config(nproc), in_a_new_process)(all_forked(nproc), entrypoint, *args)
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
 
 
 def agent_config(nproc: int, nodes: int = 1, endpoint: str | None = None, run_id: str | None = None):
-    """torch's elastic agent's ``LaunchConfig`` as ``torchrun --nnodes <nodes> --nproc_per_node <nproc>
-    --rdzv_backend c10d --rdzv_endpoint <endpoint> --max_restarts 0`` makes it (a free port on 127.0.0.1 when no
-    ``endpoint`` is given), its workers forked."""
+    """torch's elastic agent's ``LaunchConfig`` as torchrun makes it, its workers forked and ``--max_restarts 0``.
+    One node (no ``endpoint``): ``torchrun --nproc_per_node <nproc> --master_addr 127.0.0.1 --master_port <free>``,
+    torchrun's default static rendezvous (a TCPStore on the master port, no rendezvous threads). Several nodes:
+    ``torchrun --nnodes <nodes> --nproc_per_node <nproc> --rdzv_backend c10d --rdzv_endpoint <endpoint>``, the
+    elastic form clusters use.
+
+    Why one node is not launched with c10d as well: c10d's rendezvous names each of its events through
+    ``inspect.stack()``, which is deep under pytest (about 24 s of the suite's CPU went there)."""
     from torch.distributed.launcher.api import LaunchConfig
 
+    static = nodes == 1 and endpoint is None
     return LaunchConfig(
         min_nodes=nodes,
         max_nodes=nodes,
         nproc_per_node=nproc,
         run_id=run_id or uuid.uuid4().hex,
-        rdzv_backend="c10d",
+        rdzv_backend="static" if static else "c10d",
         rdzv_endpoint=endpoint or f"127.0.0.1:{free_port()}",
+        rdzv_configs={"rank": 0, "timeout": 900} if static else {"timeout": 900},
         max_restarts=0,
         monitor_interval=0.05,
         start_method="fork",

@@ -16,6 +16,7 @@ from helpers.builders import wait_for_log_lines
 from helpers.distributed import (
     ForkedProcess,
     agent_config,
+    all_forked,
     config,
     free_port,
     in_a_new_process,
@@ -32,18 +33,18 @@ class Node(ForkedProcess):
     CPU a test). The node's standard error, which its worker shares as under torchrun, goes to a file. SIGTERM to
     the node reaches the agent's handler, which passes it to the worker, as torchrun does."""
 
-    def __init__(self, run_config: dict, endpoint: str, stderr: Path, step_seconds: float):
+    def __init__(self, run_config: dict, endpoint: str, stderr: Path, step_seconds: float, forked_all):
         self.stderr_path = stderr
-        super().__init__(_node, run_config, endpoint, step_seconds, stderr=stderr)
+        super().__init__(_node, run_config, endpoint, step_seconds, forked_all, stderr=stderr)
 
 
-def _node(run_config: dict, endpoint: str, step_seconds: float) -> int:
+def _node(run_config: dict, endpoint: str, step_seconds: float, forked_all) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
     config = agent_config(1, nodes=2, endpoint=endpoint, run_id="vlbert-test")
     try:
-        elastic_launch(config, in_a_new_process)(_node_worker, run_config, step_seconds)
+        elastic_launch(config, in_a_new_process)(forked_all, _node_worker, run_config, step_seconds)
     except ChildFailedError:
         return 1
     return 0
@@ -73,8 +74,8 @@ def _node_worker(run_config: dict, step_seconds: float) -> None:
 def two_nodes(run_configs: list[dict], root: Path, step_seconds: float = 0.0) -> list[Node]:
     """Two nodes (:class:`Node`) joined by c10d rendezvous on 127.0.0.1, node k running ``run_configs[k]``, its
     standard error in ``root/node<k>.stderr``."""
-    endpoint = f"127.0.0.1:{free_port()}"
-    return [Node(c, endpoint, root / f"node{k}.stderr", step_seconds) for k, c in enumerate(run_configs)]
+    endpoint, forked_all = f"127.0.0.1:{free_port()}", all_forked(len(run_configs))  # one worker a node
+    return [Node(c, endpoint, root / f"node{k}.stderr", step_seconds, forked_all) for k, c in enumerate(run_configs)]
 
 
 def finish(nodes: list[Node], timeout: float = 180) -> list[tuple[int, str]]:
