@@ -17,11 +17,10 @@ from vlbert.objectives.region_targets import pad_class_probs
 from vlbert.recipes import RECIPES, run
 from vlbert.recipes.vl_pretraining import VLDataConfig, VLPretrainingData
 
-N_IMAGES = 48
-
-
-# The learning runs share the module's region cache (the first 528 easy-VQA training images extracted once, whose
-# first 480 captioned images they train on): one xdist process.
+# Every test of the module reads one region cache, the first 528 easy-VQA training images extracted once (the
+# learning runs train on its first 480 captioned images): one xdist process. (The collator tests and the smoke run
+# had a 48-image cache of their own, 2-3 s more extraction.)
+N_IMAGES = 528
 pytestmark = pytest.mark.xdist_group("vl-pretraining-region-cache")
 
 
@@ -90,7 +89,7 @@ def test_conditional_masking_per_objective(data, tokenizer):
     assert ((top != -100) == mrc["masked_regions"]).all()
     assert torch.equal(top[mrc["masked_regions"]], probs[mrc["masked_regions"]].float().argmax(-1))
     labels = []
-    for start in range(0, len(data.train) - 8, 8):
+    for start in range(0, 32, 8):
         batch_items = [data.train[i] for i in range(start, start + 8)]
         itm = collate(data, batch_items, "itm")
         for row, item in enumerate(batch_items):
@@ -166,7 +165,7 @@ def test_smoke_vl_run_draws_one_objective_per_step(cache_dir, tmp_path):
         "data": {
             "max_images": N_IMAGES,
             "cache_dir": str(cache_dir),
-            "eval_fraction": 0.25,
+            "eval_fraction": 0.05,
             "objectives": {"mlm": 1, "mrfr": 1, "mrc": 1, "mrc_kl": 1, "itm": 1},
         },
         "training": {
@@ -243,7 +242,7 @@ def test_grounding_with_regions_beats_without(cache_dir, minilm_on_caption_words
         "modality": "vl",
         "init_from": str(minilm_on_caption_words),
         "detector": {"input_size": 96, "max_proposals": 16},
-        "data": {"max_images": 528, "cache_dir": str(cache_dir), "eval_fraction": 0.2, "objectives": {"mlm": 1}},
+        "data": {"max_images": N_IMAGES, "cache_dir": str(cache_dir), "eval_fraction": 0.2, "objectives": {"mlm": 1}},
         "training": {
             "output_dir": str(out),
             "max_steps": 120,
@@ -303,7 +302,7 @@ def test_word_region_alignment_separates_matched_from_mismatched_pairs(cache_dir
         "init_from": "minilm",
         "detector": {"input_size": 96, "max_proposals": 16},
         "data": {
-            "max_images": 528,
+            "max_images": N_IMAGES,
             "cache_dir": str(cache_dir),
             "eval_fraction": 0.2,
             "objectives": {"itm": 1, "wra": 1},
