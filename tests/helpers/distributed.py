@@ -223,9 +223,9 @@ def launch(runs: list, nproc: int = 2, float64: bool = True, entrypoint=None, ar
     """Run ``runs`` (``[recipe, run config(, resume)]`` each, in turn) on ``nproc`` processes as torchrun does:
     torch's elastic agent (:func:`torch.distributed.launcher.api.elastic_launch`, what ``torchrun`` runs) with its
     default static rendezvous on a free port (:func:`agent_config`), setting RANK, LOCAL_RANK, WORLD_SIZE,
-    MASTER_ADDR/PORT, ... for each worker. The workers are forked from this process, which has imported torch, transformers and vlbert already: a
-    torchrun launch costs each worker an interpreter's start and those imports (4-9 s of CPU each on 2-core VMs),
-    which was most of the distributed tests' time. What this leaves untested is torchrun's own command-line parsing
+    MASTER_ADDR/PORT, ... for each worker. The workers are forked from this process, which has imported torch,
+    transformers and vlbert already: a torchrun launch costs each worker an interpreter's start and those imports
+    (4-9 s of CPU each on 2-core VMs), which was most of the distributed tests' time. What this leaves untested is torchrun's own command-line parsing
     (torch's); the two-node tests run two such agents in forked node processes (tests/training/test_multinode.py).
     ``entrypoint(*args)`` replaces the runs where given (a tool's ``main``: tests/regions/test_extraction.py).
     Returns each rank's return value; a failed worker raises torch's ``ChildFailedError`` with its traceback. This
