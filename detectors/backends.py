@@ -12,8 +12,10 @@ Backends:
   * ``timm``: Felzenszwalb proposals + the whole image, RoI-aligned on any timm ImageNet backbone
     (:mod:`vlbert.detectors.backbone`; offline with the packaged EfficientNet-Lite0 weights);
   * ``torchvision``: Faster R-CNN R50-FPN with BUTD's box selection (:mod:`vlbert.detectors.torchvision_detector`);
-  * ``detectron2``: any detectron2 Faster R-CNN, the BUTD Visual Genome model included
-    (:mod:`vlbert.detectors.detectron2_options`; needs detectron2).
+  * ``butd``: BUTD's Visual Genome Faster R-CNN (UNITER's and LXMERT's features) in plain PyTorch
+    (:mod:`vlbert.detectors.butd_vg`); its regions are the detectron2 backend's with ``config_file: butd-vg``, and
+    are named as those (``same_features_as``);
+  * ``detectron2``: any other detectron2 Faster R-CNN (:mod:`vlbert.detectors.detectron2_options`; needs detectron2).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from vlbert.detectors.backbone import (
     build_timm_extractor,
     write_random_timm_weights,
 )
+from vlbert.detectors.butd_vg import ButdOptions, build_butd_detector, write_random_butd_weights
 from vlbert.detectors.detectron2_options import (
     Detectron2Options,
+    as_detectron2_options,
     build_detectron2_detector,
     config_file_identity,
     write_random_detectron2_weights,
@@ -56,6 +60,9 @@ class DetectorBackend:
         pools_given_boxes: the extractor pools boxes it is given (``extract_batch(images, ids, boxes)``) instead of
             detecting its own.
         random_weights: ``(options, path) -> None`` writing seeded random weights, for benchmarks; None = none.
+        same_features_as: ``options -> (backend, its options)``: another backend's line that computes the same
+            features; fingerprints and comparisons are that one's, so a model trained on regions of either accepts
+            the other's. None = its own.
     """
 
     options: type
@@ -66,6 +73,7 @@ class DetectorBackend:
     unrecorded: dict[str, Any] = field(default_factory=dict)
     pools_given_boxes: bool = False
     random_weights: Callable[[Any, str], None] | None = None
+    same_features_as: Callable[[Any], tuple[str, Any]] | None = None
 
     def option_names(self) -> tuple[str, ...]:
         """The names of the options fields, in order."""
@@ -89,17 +97,33 @@ DETECTOR_BACKENDS: dict[str, DetectorBackend] = {
         "torchvision's Faster R-CNN R50-FPN, BUTD's box selection",
         random_weights=write_random_torchvision_weights,
     ),
+    "butd": DetectorBackend(
+        ButdOptions,
+        build_butd_detector,
+        ("min_boxes", "max_boxes", "score_threshold", "nms_iou"),
+        "BUTD's Visual Genome Faster R-CNN with attributes (UNITER's, LXMERT's features), plain PyTorch",
+        random_weights=write_random_butd_weights,
+        same_features_as=lambda options: ("detectron2", as_detectron2_options(options)),
+    ),
     "detectron2": DetectorBackend(
         Detectron2Options,
         build_detectron2_detector,
         ("config_file", "min_boxes", "max_boxes", "score_threshold", "nms_iou", "overrides"),
-        "a detectron2 Faster R-CNN (BUTD's Visual Genome model: butd-vg); needs detectron2",
+        "any detectron2 Faster R-CNN (config_file butd-vg: the butd backend's model); needs detectron2",
         identities={"config_file": config_file_identity},
         random_weights=write_random_detectron2_weights,
     ),
 }
 #: The backend of a config that names none: the one that runs offline.
 DEFAULT_BACKEND = "timm"
+
+
+def backend_list(names) -> str:
+    """Backend names in words: "the timm backend", "the torchvision, butd and detectron2 backends"."""
+    names = list(names)
+    if len(names) == 1:
+        return f"{names[0]} backend"
+    return f"{', '.join(names[:-1])} and {names[-1]} backends"
 
 
 def detector_backend(name: str) -> DetectorBackend:
@@ -113,4 +137,4 @@ def detector_backend(name: str) -> DetectorBackend:
     return DETECTOR_BACKENDS[name]
 
 
-__all__ = ["DetectorBackend", "DETECTOR_BACKENDS", "DEFAULT_BACKEND", "detector_backend"]
+__all__ = ["DetectorBackend", "DETECTOR_BACKENDS", "DEFAULT_BACKEND", "detector_backend", "backend_list"]

@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from vlbert.detectors.backends import DEFAULT_BACKEND, DETECTOR_BACKENDS, detector_backend
-from vlbert.detectors.detectron2_options import Detectron2Options
+from vlbert.detectors.backends import DEFAULT_BACKEND, DETECTOR_BACKENDS, backend_list, detector_backend
+from vlbert.detectors.butd_vg import ButdOptions
 from vlbert.detectors.files import file_sha256
 
 from vlbert.common.typed_config import check_value, field_types
@@ -154,7 +154,7 @@ class DetectorConfig:
                 options[key] = values[key]
             elif strict and owners:
                 raise ValueError(
-                    f"{section}.{key} is an option of the {' and '.join(owners)} backend, not of "
+                    f"{section}.{key} is an option of the {backend_list(owners)}, not of "
                     f"{backend}; drop it or change {section}.backend"
                 )
             elif strict:
@@ -225,10 +225,22 @@ class DetectorConfig:
             )
         return candidate
 
+    def canonical(self) -> "DetectorConfig":
+        """This config in the terms that name its features: itself, or for a backend whose table line computes
+        another's features (``same_features_as``: ``butd`` is detectron2's ``butd-vg``) that backend's config with
+        the same weights."""
+        entry = DETECTOR_BACKENDS[self.backend]
+        if entry.same_features_as is None:
+            return self
+        backend, options = entry.same_features_as(self.options)
+        return DetectorConfig(backend, self.weights, self.weights_sha256, options)
+
     def feature_values(self, recorded_only: bool = False) -> dict[str, Any]:
         """The options that change the features (the backend's ``feature_fields``, in order), each by its
         identity (a config file by its content); ``recorded_only``: those at their ``unrecorded`` value left out
-        (the fingerprint's)."""
+        (the fingerprint's). Of :meth:`canonical`'s backend."""
+        if DETECTOR_BACKENDS[self.backend].same_features_as is not None:
+            return self.canonical().feature_values(recorded_only)
         entry = DETECTOR_BACKENDS[self.backend]
         values = {}
         for name in entry.feature_fields:
@@ -241,8 +253,10 @@ class DetectorConfig:
     def difference(self, other: "DetectorConfig") -> str | None:
         """None where ``self`` and ``other`` extract the same features, else the first difference in words
         ("max_boxes 100 vs 36"). Compared: the backend, its :meth:`feature_values` and the weights: by sha256
-        where both know it, else by file name."""
-        if self.backend != other.backend:
+        where both know it, else by file name; each as :meth:`canonical` names it (``butd`` and detectron2's
+        ``butd-vg`` with the same weights extract the same features)."""
+        mine_canonical, theirs_canonical = self.canonical(), other.canonical()
+        if mine_canonical.backend != theirs_canonical.backend:
             return f"backend {self.backend} vs {other.backend}"
         theirs = other.feature_values()
         for name, value in self.feature_values().items():
@@ -261,8 +275,8 @@ class DetectorConfig:
 
     def fingerprint(self) -> str:
         """10 hex digits naming what this config extracts: the backend, :meth:`feature_values` and
-        :meth:`weights_identity` (no directory, no vocabulary file; empty values left out)."""
-        values = {"backend": self.backend, "weights": self.weights_identity(), **self.feature_values(True)}
+        :meth:`weights_identity` (no directory, no vocabulary file; empty values left out), of :meth:`canonical`."""
+        values = {"backend": self.canonical().backend, "weights": self.weights_identity(), **self.feature_values(True)}
         values = {k: v for k, v in values.items() if v not in ("", {})}
         return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:10]
 
@@ -274,9 +288,9 @@ class DetectorConfig:
 #: ``tools/generate_npz.py``).
 NAMED_DETECTORS: dict[str, DetectorConfig] = {
     "butd-vg": DetectorConfig(
-        backend="detectron2",
+        backend="butd",
         weights="faster_rcnn_from_caffe_attr.pkl",
-        options=Detectron2Options(config_file="butd-vg", min_boxes=10, max_boxes=100, score_threshold=0.2),
+        options=ButdOptions(min_boxes=10, max_boxes=100, score_threshold=0.2),
     ),
 }
 

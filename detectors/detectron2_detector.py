@@ -5,7 +5,7 @@ Per image (Anderson et al. 2018, section 3.1; the authors' ``generate_tsv.py``):
 feature (C4: the res5 output mean-pooled, 2048-d; FPN: the box head's last fc, 1024-d) and class distribution,
 then :mod:`vlbert.detectors.selection`: per-class NMS (0.3) over the proposals, confidence threshold (0.2), 10..100 boxes.
 The regions are the kept proposals themselves (as in ``generate_tsv.py``), so each feature is exactly its box's.
-With an attribute head (:mod:`vlbert.detectors.butd`) each region also gets its attribute distribution.
+With an attribute head (:mod:`vlbert.detectors.detectron2_butd`) each region also gets its attribute distribution.
 
 Batches hold only images of the same resized size (:func:`vlbert.detectors.images.shape_groups`): padding one image to
 another's size changes the convolutions near its border, and so the proposals and features. Batched extraction
@@ -25,16 +25,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from vlbert.detectors.images import boxes_to_pixels, run_in_shape_groups, to_rgb_array
+from vlbert.detectors.detectron2_checkpoint import read_checkpoint
+from vlbert.detectors.images import run_in_shape_groups, to_rgb_array
 from vlbert.detectors.regions import Regions
-from vlbert.detectors.selection import per_class_nms_confidence, select_regions
+from vlbert.detectors.selection import BoxSelection, butd_regions
 
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = (
     "detectron2 is not on PyPI: install it from source with `pip install --no-build-isolation "
     "'git+https://github.com/facebookresearch/detectron2.git'` (then `pip install fvcore iopath "
-    "pycocotools omegaconf hydra-core`), or use the torchvision or timm backend"
+    "pycocotools omegaconf hydra-core`); BUTD's Visual Genome model (butd-vg) needs no detectron2: --backend butd"
 )
 
 
@@ -46,7 +47,7 @@ def _require_detectron2():
 
 
 def resolve_config_file(config_file: str | os.PathLike) -> Path:
-    """A config path: a file, ``butd-vg`` (:data:`vlbert.detectors.butd.BUTD_VG_CONFIG`), or a model-zoo name such as
+    """A config path: a file, ``butd-vg`` (:data:`vlbert.detectors.detectron2_butd.BUTD_VG_CONFIG`), or a model-zoo name such as
     ``COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml`` found among the configs installed with detectron2.
 
     Raises:
@@ -54,7 +55,7 @@ def resolve_config_file(config_file: str | os.PathLike) -> Path:
     """
     _require_detectron2()
     import detectron2
-    from vlbert.detectors.butd import BUTD_VG_CONFIG
+    from vlbert.detectors.detectron2_butd import BUTD_VG_CONFIG
 
     if str(config_file) == "butd-vg":
         return BUTD_VG_CONFIG
@@ -80,7 +81,7 @@ def load_config(config_file: str | os.PathLike, overrides: dict | None = None):
     """
     _require_detectron2()
     from detectron2.config import get_cfg
-    from vlbert.detectors.butd import add_butd_config
+    from vlbert.detectors.detectron2_butd import add_butd_config
 
     path = resolve_config_file(config_file)
     cfg = add_butd_config(get_cfg())
@@ -106,61 +107,6 @@ def load_config(config_file: str | os.PathLike, overrides: dict | None = None):
     cfg.MODEL.DEVICE = "cpu"
     cfg.MODEL.WEIGHTS = ""
     return cfg
-
-
-def read_checkpoint(weights: str | os.PathLike) -> tuple[dict[str, torch.Tensor], bool]:
-    """The state dict of a detectron2 checkpoint file, read without running code from it.
-
-    ``.pkl``: detectron2 model-zoo format ({"model": {name: ndarray}, "__author__": ...}) or Caffe2/Detectron
-    ({"blobs": ...} or a flat dict; names converted with detectron2's ``align_and_update_state_dicts`` at load);
-    ``.pth``/``.pt``: ``torch.load(weights_only=True)`` of a state dict or {"model": state dict};
-    ``.safetensors``: a state dict. py-bottom-up-attention's attribute keys are renamed
-    (:data:`vlbert.detectors.butd.ATTRIBUTE_KEY_RENAMES`).
-
-    Returns:
-        (name -> tensor, whether the names are Caffe2/Detectron's and still need matching).
-    Raises:
-        FileNotFoundError: no such file. ValueError: another extension, a pickle that asks for code (see
-            :func:`vlbert.detectors.safe_pickle.load_plain_pickle`), or a file that holds no state dict.
-    """
-    from vlbert.detectors.butd import ATTRIBUTE_KEY_RENAMES
-    from vlbert.detectors.safe_pickle import load_plain_pickle
-
-    path = Path(weights).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"detectron2 weights file {path} does not exist (detector.weights / --weights)")
-    caffe2 = False
-    if path.suffix == ".pkl":
-        data = load_plain_pickle(path, numpy_arrays=True)
-        if not isinstance(data, dict):
-            raise ValueError(f"{path} holds a {type(data).__name__}, not a checkpoint dict")
-        if "model" in data and "__author__" in data:
-            state = data["model"]
-            caffe2 = bool(data.get("matching_heuristics")) or data["__author__"] == "Caffe2"
-        else:
-            state = data.get("blobs", data)
-            state = {k: v for k, v in state.items() if not k.endswith("_momentum")}
-            caffe2 = True
-    elif path.suffix in (".pth", ".pt"):
-        data = torch.load(path, map_location="cpu", weights_only=True)
-        state = data.get("model", data) if isinstance(data, dict) else None
-    elif path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        state = load_file(str(path))
-    else:
-        raise ValueError(f"weights file {path}: unknown extension {path.suffix!r}; use .pkl, .pth or .safetensors")
-    if not isinstance(state, dict) or not state:
-        raise ValueError(f"{path} holds no state dict (name -> array)")
-    out = {}
-    for name, value in state.items():
-        if not isinstance(value, (np.ndarray, torch.Tensor)):
-            continue  # e.g. a stray step counter
-        for old, new in ATTRIBUTE_KEY_RENAMES.items():
-            if name.startswith(old):
-                name = new + name[len(old) :]
-        out[name] = torch.as_tensor(np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value)
-    return out, caffe2
 
 
 @contextlib.contextmanager
@@ -296,8 +242,7 @@ class Detectron2RegionDetector:
         self.device = torch.device(device)
         self.resize = T.ResizeShortestEdge([cfg.INPUT.MIN_SIZE_TEST] * 2, cfg.INPUT.MAX_SIZE_TEST)
         self.bgr = cfg.INPUT.FORMAT == "BGR"
-        self.min_boxes, self.max_boxes = min_boxes, max_boxes
-        self.score_threshold, self.nms_iou = score_threshold, nms_iou
+        self.selection = BoxSelection(min_boxes, max_boxes, score_threshold, nms_iou)
         self.c4 = isinstance(model.roi_heads, Res5ROIHeads)
         self.attributes = getattr(model.roi_heads, "attribute_predictor", None)
         self.class_names = self._names(class_names, self.num_classes, "class", cfg)
@@ -389,30 +334,19 @@ class Detectron2RegionDetector:
         out, start = [], 0
         for proposal_boxes, size, image_id, resized_size in zip(boxes, sizes, image_ids, images.image_sizes):
             n = len(proposal_boxes)
-            p, feats, b = probs[start : start + n], pooled[start : start + n], proposal_boxes.tensor
+            span = slice(start, start + n)
             start += n
-            confidence = per_class_nms_confidence(b, p, self.nms_iou)
-            keep = select_regions(confidence, self.score_threshold, self.min_boxes, self.max_boxes)
-            if len(keep) == 0:
-                raise RuntimeError(f"image {image_id!r}: the RPN proposed no box; check the weights")
-            objects = p[keep] / p[keep].sum(-1, keepdim=True).clamp_min(1e-12)
-            attribute_probs = None
-            if self.attributes is not None:
-                attribute_logits = self.attributes(feats[keep], p[keep].argmax(-1))
-                attribute_probs = attribute_logits.softmax(-1)[:, :-1].cpu().numpy()
-            pixel_boxes = boxes_to_pixels(b[keep], resized_size, size)
-            h, w = size
             out.append(
-                Regions(
+                butd_regions(
                     image_id,
-                    h,
-                    w,
-                    pixel_boxes.cpu().numpy(),
-                    feats[keep].float().cpu().numpy(),
-                    confidence[keep].cpu().numpy(),
-                    objects.float().cpu().numpy(),
+                    size,
+                    tuple(resized_size),
+                    proposal_boxes.tensor,
+                    probs[span],
+                    pooled[span],
                     self.name,
-                    attribute_probs=attribute_probs,
+                    self.selection,
+                    self.attributes,
                 )
             )
         return out

@@ -4,14 +4,24 @@ Visual Genome model with attributes as ``config_file: butd-vg`` (:mod:`vlbert.de
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from vlbert.detectors.butd_vg import ButdOptions, build_butd_detector
 from vlbert.detectors.detectron2_detector import Detectron2RegionDetector, extractor_name, load_config
 from vlbert.detectors.files import BUTD_VG_CONFIG_FILE, file_sha256
 from vlbert.detectors.selection import check_box_selection
+
+logger = logging.getLogger(__name__)
+
+
+def _has_detectron2() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("detectron2") is not None
 
 
 def config_file_identity(config_file: str) -> str:
@@ -83,11 +93,18 @@ class Detectron2Options:
 def build_detectron2_detector(
     options: Detectron2Options, weights: str, device: str = "cpu"
 ) -> Detectron2RegionDetector:
-    """The ``detectron2`` backend's build: :class:`Detectron2RegionDetector` of the options.
+    """The ``detectron2`` backend's build: :class:`Detectron2RegionDetector` of the options. Where detectron2 is
+    not installed and the options are BUTD's model as packaged (``config_file: butd-vg``, no overrides), the
+    ``butd`` backend's detector, which extracts the same regions without detectron2 (a run recorded before the
+    ``butd`` backend existed answers on a machine without detectron2).
 
     Raises:
         ModuleNotFoundError, FileNotFoundError, ValueError: from :class:`Detectron2RegionDetector`.
     """
+    if config_file_identity(options.config_file) == "butd-vg" and not options.overrides and not _has_detectron2():
+        logger.info("detectron2 is not installed: BUTD's butd-vg model runs on the butd backend (the same regions)")
+        same = {name: getattr(options, name) for name in ButdOptions.__dataclass_fields__}
+        return build_butd_detector(ButdOptions(**same), weights, device)
     return Detectron2RegionDetector(
         options.config_file,
         weights,
@@ -120,4 +137,24 @@ def write_random_detectron2_weights(options: Detectron2Options, path: str | os.P
     torch.save(state, path)
 
 
-__all__ = ["Detectron2Options", "build_detectron2_detector", "config_file_identity", "write_random_detectron2_weights"]
+def as_detectron2_options(options: ButdOptions) -> Detectron2Options:
+    """The detectron2 backend's options that extract the same features (``config_file: butd-vg``, the same box
+    selection): what the ``butd`` line's fingerprint and comparisons are made of."""
+    return Detectron2Options(
+        config_file="butd-vg",
+        min_boxes=options.min_boxes,
+        max_boxes=options.max_boxes,
+        score_threshold=options.score_threshold,
+        nms_iou=options.nms_iou,
+        class_names=options.class_names,
+        attribute_names=options.attribute_names,
+    )
+
+
+__all__ = [
+    "as_detectron2_options",
+    "Detectron2Options",
+    "build_detectron2_detector",
+    "config_file_identity",
+    "write_random_detectron2_weights",
+]

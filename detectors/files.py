@@ -7,7 +7,7 @@ import hashlib
 import os
 from pathlib import Path
 
-#: The config file of the BUTD Visual Genome model (:mod:`vlbert.detectors.butd`), named ``butd-vg``.
+#: The config file of the BUTD Visual Genome model (:mod:`vlbert.detectors.detectron2_butd`), named ``butd-vg``.
 BUTD_VG_CONFIG_FILE = Path(__file__).parent / "configs" / "butd-vg-R101-C4-attr.yaml"
 
 

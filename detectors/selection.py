@@ -5,7 +5,12 @@ confidence, every proposal at or above a threshold, at least ``min_boxes`` and a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
+from vlbert.detectors.images import boxes_to_pixels
+from vlbert.detectors.regions import Regions
 
 
 def per_class_nms_confidence(
@@ -71,4 +76,64 @@ def check_box_selection(min_boxes: int, max_boxes: int, score_threshold: float) 
         raise ValueError(f"detector.options.score_threshold must be in [0, 1], got {score_threshold}")
 
 
-__all__ = ["per_class_nms_confidence", "select_regions", "check_box_selection"]
+@dataclass(frozen=True)
+class BoxSelection:
+    """BUTD's box selection settings: at least ``min_boxes`` and at most ``max_boxes`` proposals, those with a
+    confidence >= ``score_threshold`` after per-class NMS at ``nms_iou`` (BUTD: 10, 100, 0.2, 0.3)."""
+
+    min_boxes: int = 10
+    max_boxes: int = 100
+    score_threshold: float = 0.2
+    nms_iou: float = 0.3
+
+
+def butd_regions(
+    image_id: str,
+    size: tuple[int, int],
+    resized_size: tuple[int, int],
+    boxes: torch.Tensor,
+    class_probs: torch.Tensor,
+    features: torch.Tensor,
+    name: str,
+    selection: BoxSelection,
+    attribute_head: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> Regions:
+    """One image's :class:`~vlbert.detectors.regions.Regions` from its proposals, as ``generate_tsv.py`` makes them:
+    :func:`per_class_nms_confidence`, :func:`select_regions`, the kept proposals' own boxes and features (no box
+    regression), the class distribution renormalised over the object classes, and the attribute head's
+    distribution on the kept boxes (its "no attribute" column left out, not renormalised).
+
+    Args:
+        size, resized_size: (height, width) of the image and of the resized image the boxes are in.
+        boxes: float [R, 4] proposals in the resized image's pixels (x1, y1, x2, y2).
+        class_probs: float [R, C] softmax over the object classes with the background column removed.
+        features: float [R, D] the proposals' pooled features.
+        name: the extractor's name, written into the record.
+        attribute_head: ``(features [K, D], class ids int64 [K]) -> logits [K, A + 1]``, or None.
+    Raises:
+        RuntimeError: no proposal at all (the weights are not a detector's).
+    """
+    confidence = per_class_nms_confidence(boxes, class_probs, selection.nms_iou)
+    keep = select_regions(confidence, selection.score_threshold, selection.min_boxes, selection.max_boxes)
+    if len(keep) == 0:
+        raise RuntimeError(f"image {image_id!r}: the RPN proposed no box; check the weights")
+    kept = class_probs[keep]
+    objects = kept / kept.sum(-1, keepdim=True).clamp_min(1e-12)
+    attribute_probs = None
+    if attribute_head is not None:
+        attribute_probs = attribute_head(features[keep], kept.argmax(-1)).softmax(-1)[:, :-1].float().cpu().numpy()
+    h, w = size
+    return Regions(
+        image_id,
+        h,
+        w,
+        boxes_to_pixels(boxes[keep], resized_size, size).cpu().numpy(),
+        features[keep].float().cpu().numpy(),
+        confidence[keep].cpu().numpy(),
+        objects.float().cpu().numpy(),
+        name,
+        attribute_probs=attribute_probs,
+    )
+
+
+__all__ = ["per_class_nms_confidence", "select_regions", "check_box_selection", "BoxSelection", "butd_regions"]

@@ -28,7 +28,7 @@ def _module_name(rel: str) -> str:
     return "vlbert." + name if name.split(".")[0] == "detectors" else name
 
 
-# detectron2_detector's own helpers (vlbert.detectors.butd) need detectron2 installed, which is optional: they are imported
+# detectron2_detector's own helpers (vlbert.detectors.detectron2_butd) need detectron2 installed, which is optional: they are imported
 # when a detectron2 backend is built. Every other backend module is imported with the table (detectors/backends.py).
 LAZY_ALLOWED = {"detectors/detectron2_detector.py"}
 

@@ -1,16 +1,17 @@
 """The README's path from a published model to answers about your own images, every guard on (issue 39): a
 UNITER-shaped VQA checkpoint (UNITER's key names, float16) converted with its ans2label; regions of the user's
-image files made by the BUTD detector, extracted by detectron2 (``butd-vg``, random weights saved as
-``faster_rcnn_from_caffe_attr.pkl`` away from the working directory) or imported from a bottom-up-attention TSV
+image files made by the BUTD detector, extracted by the ``butd`` backend with detectron2 hidden (random weights saved
+as ``faster_rcnn_from_caffe_attr.pkl`` away from the working directory) or imported from a bottom-up-attention TSV
 with ``--extracted-with butd-vg``; ``tools/finetune_vqa.py --dataset vqa-v2 --init-from`` it on VQA v2 files with
 ``allow_other_detector`` unset, on the checkpoint's own 100 regions and 60 wordpieces; answers through
 ``pipeline(run, detector_weights=...)``. Regions the checkpoint was not trained on are refused: timm's, and an import
-that does not say what made it. The detectron2 half skips without detectron2; the TSV half runs everywhere."""
+that does not say what made it. Everything runs without detectron2."""
 
 from __future__ import annotations
 
 import json
 import logging
+import pickle
 import re
 import shutil
 
@@ -213,7 +214,7 @@ def test_regions_the_checkpoint_was_not_trained_on_are_refused(tmp_path, user, e
     # another backend.
     with pytest.raises(ValueError, match="has regions of timm.* trained on regions of detectron2:butd-vg"):
         pipeline(published, device="cpu")(easy.store["0"], "what color is the shape?")
-    with pytest.raises(ValueError, match="was trained on regions of detector .*backend detectron2 vs timm"):
+    with pytest.raises(ValueError, match="was trained on regions of detector .*backend butd vs timm"):
         finetune(finetune_argv(root, published, easy.shards, tmp_path / "run"))
     assert not (tmp_path / "run" / "model.safetensors").exists()
 
@@ -295,46 +296,47 @@ def test_region_cuts_are_said_once(quiet_cuts, caplog):
     assert len(said) == 1 and "max_regions=4 keeps the first 4 of image 'a''s 6 regions" in said[0]
 
 
-# ------------------------------------------------------------------------------------------- with detectron2
-def test_the_readme_path_with_detectron2(tmp_path, user, monkeypatch, quiet_cuts, caplog, capsys):
-    pytest.importorskip(
-        "detectron2", reason="detectron2 is not installed (see docs/regions.md: the detectron2 backend)"
-    )
-    import vlbert.detectors.detectron2_detector as d2
-    from helpers.detectron2 import SMALL, random_weights
+# ------------------------------------------------------------------------------------------- the README's path
+def test_the_readme_path_with_a_plain_pip_install(tmp_path, user, monkeypatch, quiet_cuts, caplog, capsys):
+    """The README's commands with nothing but `pip install -e .`: BUTD regions from image files (the ``butd``
+    backend, detectron2 hidden), a converted UNITER fine-tuned on them, answers from image files."""
+    import sys
 
+    import vlbert.detectors.butd_model as butd_model
+    from vlbert.detectors.butd_model import ButdArchitecture, ButdSettings, random_butd_state
+
+    monkeypatch.setitem(sys.modules, "detectron2", None)  # not installed
     root, _ = user
     published = convert_uniter_vqa(tmp_path / "published", feature_dim=512)
-    # A CPU-sized BUTD model: a quarter-width R50 at 96-160 pixels with 24 proposals (512-d features), 16 classes
-    # and 8 attributes. The shrink lives in the model's build, not in the command's --opts, so the command and
-    # detector.json are the README's (butd-vg, no overrides).
-    shrink = {
-        **SMALL,
-        "MODEL.RESNETS.DEPTH": 50,
-        "MODEL.RESNETS.STEM_OUT_CHANNELS": 16,
-        "MODEL.RESNETS.WIDTH_PER_GROUP": 16,
-        "MODEL.RESNETS.RES2_OUT_CHANNELS": 64,
-        "MODEL.ROI_HEADS.NUM_CLASSES": 16,
-        "MODEL.ROI_ATTRIBUTE_HEAD.NUM_ATTRIBUTES": 8,
-    }
-    load_config = d2.load_config
+    # A CPU-sized BUTD model (one block a stage at a quarter of the width: 512-d features, 16 classes, 8
+    # attributes; its sizes are read from the file as the real pkl's are) at 96-160 pixels with 24 proposals. The
+    # sizes live in the module's settings, so the command and detector.json are the README's.
     monkeypatch.setattr(
-        d2, "load_config", lambda name, overrides=None: load_config(name, {**shrink, **(overrides or {})})
+        butd_model,
+        "BUTD_VG_SETTINGS",
+        ButdSettings.from_config_file(
+            overrides={
+                "INPUT.MIN_SIZE_TEST": 96,
+                "INPUT.MAX_SIZE_TEST": 160,
+                "MODEL.RPN.PRE_NMS_TOPK_TEST": 200,
+                "MODEL.RPN.POST_NMS_TOPK_TEST": 24,
+            }
+        ),
     )
     models, work = tmp_path / "models", tmp_path / "work"
     models.mkdir()
     work.mkdir()
     monkeypatch.chdir(work)
-    weights = random_weights("butd-vg", shrink, models / "faster_rcnn_from_caffe_attr.pkl", "butd-pkl")
+    tiny = ButdArchitecture((1, 1, 1), 1, 16, 16, 12, 16, (8, 16, 32))
+    weights = models / "faster_rcnn_from_caffe_attr.pkl"
+    weights.write_bytes(pickle.dumps({"model": random_butd_state(tiny), "__author__": "test"}))
     (models / "objects_vocab.txt").write_text("".join(f"object{i}\n" for i in range(16)))
     (models / "attributes_vocab.txt").write_text("".join(f"attribute{i}\n" for i in range(8)))
     args = [
         "--images",
         str(root / "images"),
         "--backend",
-        "detectron2",
-        "--config-file",
-        "butd-vg",
+        "butd",
         "--weights",
         str(weights),
         "--class-names",

@@ -160,7 +160,7 @@ def test_bad_backend_flags_are_refused_in_one_line(tmp_path, photos, mobilenet_w
             "--weights",
             str(mobilenet_weights),
         ],
-        "--min-boxes is an option of the torchvision and detectron2 backend, not of timm; drop it": [
+        "--min-boxes is an option of the torchvision, butd and detectron2 backends, not of timm; drop it": [
             "--min-boxes",
             "5",
         ],

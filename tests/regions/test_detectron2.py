@@ -96,7 +96,7 @@ def test_torchvision_batched_extraction_equals_one_image_at_a_time():
 
 
 def test_butd_attribute_model_extracts_shards_with_names_and_vl_pretraining_runs_on_them(tmp_path):
-    from vlbert.detectors.butd import BUTD_VG_CONFIG
+    from vlbert.detectors.detectron2_butd import BUTD_VG_CONFIG
     from vlbert.detectors.shards import read_detector_info, read_shards, shard_paths
 
     from vlbert.recipes import RECIPES, run

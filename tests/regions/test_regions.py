@@ -226,8 +226,11 @@ def test_features_are_identified_by_what_changes_them(tmp_path):
     (tmp_path / "c" / "w.pkl").write_bytes(b"other weights")
     butd = NAMED_DETECTORS["butd-vg"]  # weights named faster_rcnn_from_caffe_attr.pkl, sha256 unknown
     here = replace(butd.with_options(class_names="objects.txt"), weights=str(tmp_path / "a" / "w.pkl")).identified()
-    moved = replace(butd.with_options(config_file=str(BUTD_VG_CONFIG_FILE)), weights=str(tmp_path / "b" / "w.pkl"))
-    moved = moved.identified()
+    # The same model on the detectron2 backend, its config file given by a path: the same features.
+    from vlbert.detectors.detectron2_options import Detectron2Options
+
+    by_path = Detectron2Options(config_file=str(BUTD_VG_CONFIG_FILE))
+    moved = DetectorConfig("detectron2", str(tmp_path / "b" / "w.pkl"), options=by_path).identified()
     other = replace(butd, weights=str(tmp_path / "c" / "w.pkl")).identified()
     assert len(here.weights_sha256) == 64 and here.weights_sha256 == moved.weights_sha256
     assert here.fingerprint() == moved.fingerprint() != other.fingerprint()  # content, not directory or names
@@ -298,12 +301,14 @@ def test_the_flat_layout_reads_with_its_fingerprint_and_sections_are_checked(tmp
         config = DetectorConfig.from_record(record)
         assert config.fingerprint() == fingerprint
         assert DetectorConfig.from_record(asdict(config)) == config  # the sections layout reads back
-    assert DetectorConfig.from_record(FLAT_RECORDS["5cb19239ea"]) == NAMED_DETECTORS["butd-vg"]
+    # detectron2's butd-vg, as UNITER's record said before the butd backend: the butd backend's features.
+    assert DetectorConfig.from_record(FLAT_RECORDS["5cb19239ea"]).difference(NAMED_DETECTORS["butd-vg"]) is None
+    assert NAMED_DETECTORS["butd-vg"].fingerprint() == "5cb19239ea"
     assert DetectorConfig.from_record(FLAT_RECORDS["3fa4ad0779"]).options.input_size == 96
     (tmp_path / "flat.yaml").write_text("detector: {backend: timm, input_size: '96', max_proposals: 8}\n")
     assert named_detector(str(tmp_path / "flat.yaml")).fingerprint() == "3fa4ad0779"
     refusals = {
-        "min_boxes is an option of the torchvision and detectron2 backend, not of timm": {
+        "min_boxes is an option of the torchvision, butd and detectron2 backends, not of timm": {
             "backend": "timm",
             "min_boxes": 5,
         },
@@ -313,7 +318,7 @@ def test_the_flat_layout_reads_with_its_fingerprint_and_sections_are_checked(tmp
             "options": {"input_size": 128},
         },
         "detector.options.max_proposals must be an int, got 8.5": {"options": {"max_proposals": 8.5}},
-        "detector.backend must be one of timm, torchvision, detectron2": {"backend": "yolo"},
+        "detector.backend must be one of timm, torchvision, butd, detectron2": {"backend": "yolo"},
     }
     for message, section in refusals.items():
         with pytest.raises(ValueError, match=message):

@@ -12,7 +12,7 @@ from dataclasses import MISSING, Field, fields
 
 import yaml
 
-from vlbert.detectors.backends import DEFAULT_BACKEND, DETECTOR_BACKENDS
+from vlbert.detectors.backends import DEFAULT_BACKEND, DETECTOR_BACKENDS, backend_list
 from vlbert.detectors.config import DetectorConfig, typed_options
 
 _TYPES = {"int": int, "float": float, "str": str}
@@ -76,7 +76,7 @@ def detector_options(args: argparse.Namespace, default_backend: str = DEFAULT_BA
         owners = option_fields()[name][1]
         if backend not in owners:
             raise ValueError(
-                f"{option_flag(name)} is an option of the {' and '.join(owners)} backend, not of "
+                f"{option_flag(name)} is an option of the {backend_list(owners)}, not of "
                 f"{backend}; drop it, or pass --backend {owners[0]}"
             )
         if option_fields()[name][0].type == "dict":

@@ -2,7 +2,7 @@
 
     python tools/extract_regions.py --images skimage --output-dir runs/regions-photos --draw runs/photos.png
     python tools/extract_regions.py --images my_photos/ --backend torchvision --weights frcnn.pth --output-dir out/
-    python tools/extract_regions.py --images coco/train2014 --backend detectron2 --config-file butd-vg \
+    python tools/extract_regions.py --images coco/train2014 --backend butd \
         --weights faster_rcnn_from_caffe_attr.pkl --class-names objects_vocab.txt \
         --attribute-names attributes_vocab.txt --output-dir regions/coco-butd            # BUTD 10-100 boxes
     torchrun --nproc_per_node 8 tools/extract_regions.py ... --device cuda              # one shard set per process

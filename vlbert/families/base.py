@@ -110,7 +110,7 @@ class CheckpointFamily:
 
 
 def detector_features(detector, max_regions: int, description: str) -> dict[str, Any]:
-    """A family's ``features`` for regions of one of our detectron2 detectors (a
+    """A family's ``features`` for regions of one of our BUTD detectors (a
     :class:`~vlbert.detectors.config.DetectorConfig`): the name that backend writes into its regions, the fingerprint, the
     configuration record, ``max_regions`` and ``description``, all derived from the one config."""
     return {

@@ -27,7 +27,7 @@ Keys -> ours (``bert.encoder`` is :class:`~vlbert.models.two_stream.TwoStreamEnc
 LXMERT's object head shares one transform among its three decoders; ours keeps one per unit, so the converted
 copies compute LXMERT's outputs exactly and drift apart only if pretraining continues. Tokenizer:
 bert-base-uncased. Features: BUTD Caffe ResNet-101 on Visual Genome, exactly 36 boxes per image (LXMERT's
-``*_obj36.tsv``), which our detectron2 ``butd-vg`` backend gives with ``--min-boxes 36 --max-boxes 36``.
+``*_obj36.tsv``), which our ``butd`` backend gives with ``--min-boxes 36 --max-boxes 36``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Keys (``model/model.py``, ``model/pretrain.py``, ``model/vqa.py``) -> ours:
 The architecture comes from the tensors' shapes (head size 64, as both published configs); tensors are upcast from
 float16. Tokenizer: bert-base-cased (28,996 pieces; ``prepro.py``). Regions: BUTD Caffe ResNet-101 on Visual
 Genome, 10-100 boxes at confidence >= 0.2, 2048-d (BUTD-UNITER-NLVR2 ``tools/generate_npz.py``), which our
-detectron2 ``butd-vg`` backend reproduces with py-bottom-up-attention's ``faster_rcnn_from_caffe_attr.pkl``.
+``butd`` backend reproduces (no detectron2 needed) with py-bottom-up-attention's ``faster_rcnn_from_caffe_attr.pkl``.
 """
 
 from __future__ import annotations

@@ -38,73 +38,11 @@ from torch import nn
 from vlbert.common.dependencies import require
 from vlbert.config import VisualBackboneConfig
 from vlbert.detectors.backbone import load_efficientnet_lite0, read_state_dict
+from vlbert.detectors.caffe_resnet import CaffeBottleneck, CaffeResNetC4, caffe_stage
 from vlbert.models.pretrained import OwnLearningRate
 
 #: The fields' defaults (their types and ranges: :class:`vlbert.config.VisualBackboneConfig`).
 DEFAULTS = VisualBackboneConfig.options(None)
-
-
-class CaffeBottleneck(nn.Module):
-    """ResNet bottleneck with the stride in the first 1x1 convolution (Caffe / MSRA ResNet, VL-BERT's
-    ``stride_in_1x1``) and an optional dilation of the 3x3; parameter names as torchvision's and VL-BERT's."""
-
-    expansion = 4
-
-    def __init__(self, inplanes: int, planes: int, stride: int = 1, dilation: int = 1, stride_in_1x1: bool = True):
-        super().__init__()
-        s1, s3 = (stride, 1) if stride_in_1x1 else (1, stride)
-        self.conv1 = nn.Conv2d(inplanes, planes, 1, stride=s1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, stride=s3, padding=dilation, dilation=dilation, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
-        self.bn3 = nn.BatchNorm2d(planes * 4)
-        self.relu = nn.ReLU(inplace=True)
-        self.downsample = None
-        if stride != 1 or inplanes != planes * 4:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(inplanes, planes * 4, 1, stride=stride, bias=False), nn.BatchNorm2d(planes * 4)
-            )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """float [N, inplanes, h, w] -> [N, 4 * planes, h / stride, w / stride]."""
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        return self.relu(out + (self.downsample(x) if self.downsample is not None else x))
-
-
-def caffe_stage(inplanes: int, planes: int, blocks: int, stride: int, dilation: int = 1) -> nn.Sequential:
-    """One ResNet stage of :class:`CaffeBottleneck` (VL-BERT ``ResNet._make_layer``: only the first block strides;
-    every block has the stage's dilation; only the first has ``stride_in_1x1``, which is moot without stride)."""
-    first = CaffeBottleneck(inplanes, planes, stride, dilation)
-    return nn.Sequential(first, *(CaffeBottleneck(planes * 4, planes, 1, dilation) for _ in range(blocks - 1)))
-
-
-class CaffeResNetC4(nn.Module):
-    """conv1 (7x7/2) + BN + ReLU + max-pool (3x3/2), then res2-res4 (``layer1``-``layer3``): float [B, 3, H, W] ->
-    C4 [B, 1024, H/16, W/16] (VL-BERT ``resnet101(expose_stages=[4], stride_in_1x1=True)``'s ``body4``; parameter
-    names as VL-BERT's ``image_feature_extractor.backbone``)."""
-
-    def __init__(self, layers=(3, 4, 23)):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
-        self.layer1 = caffe_stage(64, 64, layers[0], 1)
-        self.layer2 = caffe_stage(256, 128, layers[1], 2)
-        self.layer3 = caffe_stage(512, 256, layers[2], 2)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(images))))
-        return self.layer3(self.layer2(self.layer1(x)))
-
-    def stages(self) -> list[list[nn.Parameter]]:
-        """Parameters per stage in order (VL-BERT's numbering: 1 = the stem, 2 = res2, ...)."""
-        return [[*self.conv1.parameters(), *self.bn1.parameters()]] + [
-            list(m.parameters()) for m in (self.layer1, self.layer2, self.layer3)
-        ]
 
 
 class TimmLevels(nn.Module):

@@ -18,15 +18,10 @@ from detectron2.modeling import BACKBONE_REGISTRY, ROI_HEADS_REGISTRY
 from detectron2.modeling.backbone.resnet import BasicStem, build_resnet_backbone
 from detectron2.modeling.roi_heads import Res5ROIHeads
 from torch import nn
+from vlbert.detectors.detectron2_checkpoint import ATTRIBUTE_KEY_RENAMES
 from vlbert.detectors.files import BUTD_VG_CONFIG_FILE
 
 BUTD_VG_CONFIG = BUTD_VG_CONFIG_FILE
-
-#: Checkpoint keys of py-bottom-up-attention, which keeps the attribute layers inside the box predictor.
-ATTRIBUTE_KEY_RENAMES = {
-    f"roi_heads.box_predictor.{name}.": f"roi_heads.attribute_predictor.{name}."
-    for name in ("cls_embedding", "attr_linear1", "attr_linear2")
-}
 
 
 def add_butd_config(cfg: CfgNode) -> CfgNode:
