@@ -13,6 +13,7 @@ trained run answers about raw images through :func:`pipeline` (:mod:`vlbert.infe
 question)``).
 """
 
+import vlbert._source_tree  # noqa: F401  (first: detectors/ as vlbert.detectors in a checkout)
 from vlbert.config import BertConfig, VLBertConfig
 from vlbert.inference import pipeline
 from vlbert.models import (

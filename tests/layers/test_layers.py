@@ -162,3 +162,16 @@ def test_files_and_functions_stay_small():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 110:
                 long_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert long_files == [] and long_functions == []
+
+
+def test_a_checkout_imports_without_installing(tmp_path):
+    """The repository's root on PYTHONPATH, nothing installed (a machine without a package index, such as the GPU
+    machine): ``vlbert.detectors`` is the folder detectors/ beside the package, as setup.py installs it."""
+    code = (
+        "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+        "sys.modules.pop('vlbert', None); sys.path.insert(0, sys.argv[1])\n"
+        "import vlbert.detectors.regions as r; print(r.__file__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(ROOT / "detectors" / "regions.py")
