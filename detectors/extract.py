@@ -92,9 +92,8 @@ def decoded_images(
 
     Args:
         sources: (image id, file or array) pairs.
-        num_workers: processes decoding ahead of the caller (a :class:`torch.utils.data.DataLoader`'s workers,
-            forked; the pixels come back through shared memory); 0 = decode in this process, one image at a time
-            as the caller asks.
+        num_workers: processes decoding ahead of the caller (a :class:`torch.utils.data.DataLoader`'s workers);
+            0 = decode in this process, one image at a time as the caller asks.
         ahead: with workers, about how many images are decoded ahead of the caller at most.
     Raises:
         FileNotFoundError, vlbert.detectors.images.ImageDecodeError: an image that cannot be read (the message
@@ -107,17 +106,26 @@ def decoded_images(
         for image_id, source in sources:
             yield image_id, _decode(source)
         return
-    import torch
     from torch.utils.data import DataLoader
 
     workers = min(num_workers, len(sources))
     loader = DataLoader(
-        _Decoding(sources), batch_size=None, num_workers=workers, prefetch_factor=max(2, -(-ahead // workers))
+        _Decoding(sources),
+        batch_size=None,
+        num_workers=workers,
+        prefetch_factor=max(2, -(-ahead // workers)),
+        collate_fn=_as_decoded,
     )
     for image_id, image in loader:
         if isinstance(image, BaseException):
             raise image
-        yield image_id, image.numpy() if isinstance(image, torch.Tensor) else image
+        yield image_id, image
+
+
+def _as_decoded(item):
+    """The DataLoader's per-item conversion: none (its default makes tensors of the arrays, read-only ones among
+    them, which torch warns about); the arrays travel pickled."""
+    return item
 
 
 def extract_regions(
