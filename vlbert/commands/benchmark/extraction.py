@@ -170,7 +170,11 @@ def weights_label(config: DetectorConfig, tmp: Path) -> str:
 
 def time_extraction(extractor, sources, batch_size: int, num_workers: int, device: str) -> tuple[float, int]:
     """(seconds, regions) of extracting ``sources`` (id, file) with :func:`extract_regions` as the tool does,
-    ``batch_size`` images a batch, ``num_workers`` decoding processes; CUDA work waited for before and after."""
+    ``batch_size`` images a batch, ``num_workers`` decoding processes; CUDA work waited for before and after.
+
+    Raises:
+        what :func:`extract_regions` and the extractor raise (an image that cannot be read; CUDA out of memory...).
+    """
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.synchronize(device)
@@ -335,4 +339,15 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__ = ["COCO_SIZES", "coco_like_images", "write_jpegs", "benchmark_config", "time_extraction", "main"]
+__all__ = [
+    "COCO_SIZES",
+    "coco_like_images",
+    "write_jpegs",
+    "parse_size",
+    "size_counts",
+    "backend_options",
+    "benchmark_config",
+    "time_extraction",
+    "print_table",
+    "main",
+]
