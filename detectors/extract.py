@@ -17,6 +17,7 @@ import logging
 import os
 import re
 from collections import Counter
+from itertools import islice
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -41,36 +42,162 @@ logger = logging.getLogger(__name__)
 ImageSource = tuple[str, "str | os.PathLike | np.ndarray"]
 
 
+#: :func:`extract_regions` groups equal-size images over this many batches' images before it cuts batches, so that
+#: on images of mixed sizes the backends that batch only equal sizes (detectron2, torchvision) get fuller batches
+#: than within one batch's images; docs/performance.md "Region extraction" gives the batch sizes that come of it.
+GROUP_WINDOW_BATCHES = 8
+
+
+def default_num_workers() -> int:
+    """Decoding processes for one extraction process: one less than its share of the CPUs (the CPUs this process
+    may run on over torchrun's ``LOCAL_WORLD_SIZE``), at most 4 and at least 0 (0: decode in this process)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    per_process = cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(0, min(4, per_process - 1))
+
+
+def _decode(source) -> np.ndarray:
+    """uint8 [H, W, 3] RGB of a file (:func:`load_image`) or an array (:func:`to_rgb_array`)."""
+    return to_rgb_array(source) if isinstance(source, np.ndarray) else load_image(source)
+
+
+class _Decoding:
+    """A map-style dataset over image sources for a :class:`torch.utils.data.DataLoader`: item k is (image id,
+    uint8 [H, W, 3] RGB, or the exception decoding it raised). The exception travels as a value so that the main
+    process raises it as it was (type and one-line message); the DataLoader's own re-raise would wrap it in a
+    multi-line message from torch's code."""
+
+    def __init__(self, sources: Sequence[ImageSource]):
+        self.sources = sources
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, index: int):
+        image_id, source = self.sources[index]
+        try:
+            return image_id, _decode(source)
+        except Exception as e:  # raised again, as it is, in the main process
+            return image_id, e
+
+
+def decoded_images(
+    sources: Sequence[ImageSource], num_workers: int = 0, ahead: int = 8
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(image id, uint8 [H, W, 3] RGB) of each source in order: files read, EXIF orientation applied and converted
+    (:func:`vlbert.detectors.images.load_image`), arrays converted (:func:`to_rgb_array`).
+
+    Args:
+        sources: (image id, file or array) pairs.
+        num_workers: processes decoding ahead of the caller (a :class:`torch.utils.data.DataLoader`'s workers);
+            0 = decode in this process, one image at a time as the caller asks.
+        ahead: with workers, about how many images are decoded ahead of the caller at most.
+    Raises:
+        FileNotFoundError, vlbert.detectors.images.ImageDecodeError: an image that cannot be read (the message
+            names it), when the caller reaches it: the images before it are yielded first.
+        ValueError: ``num_workers`` < 0.
+    """
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0 (0: decode in this process), got {num_workers}")
+    if num_workers == 0 or len(sources) < 2:
+        for image_id, source in sources:
+            yield image_id, _decode(source)
+        return
+    from torch.utils.data import DataLoader
+
+    workers = min(num_workers, len(sources))
+    loader = DataLoader(
+        _Decoding(sources),
+        batch_size=None,
+        num_workers=workers,
+        prefetch_factor=max(2, -(-ahead // workers)),
+        collate_fn=_as_decoded,
+    )
+    for image_id, image in loader:
+        if isinstance(image, BaseException):
+            raise image
+        yield image_id, image
+
+
+def _as_decoded(item):
+    """The DataLoader's per-item conversion: none (its default makes tensors of the arrays, read-only ones among
+    them, which torch warns about); the arrays travel pickled."""
+    return item
+
+
 def extract_regions(
     extractor,
     sources: Sequence[ImageSource],
     batch_size: int = 8,
     boxes: dict[str, np.ndarray] | None = None,
     progress: bool = True,
+    num_workers: int = 0,
 ) -> Iterator[Regions]:
-    """Yield the regions of each (image id, file or uint8 array) in order, ``batch_size`` images per
+    """Yield the regions of each (image id, file or uint8 array) in input order, ``batch_size`` images per
     ``extractor.extract_batch`` call where the extractor has one.
+
+    Images are decoded ahead of the model (:func:`decoded_images`) and taken :data:`GROUP_WINDOW_BATCHES` batches at a
+    time; within such a window, images of equal size are put next to each other (in order of each size's first
+    image) before the window is cut into batches, so that the backends that batch only equal sizes get fuller
+    batches; the regions are then yielded in input order.
 
     Args:
         extractor: a backend from :meth:`vlbert.detectors.config.DetectorConfig.build`.
+        sources: (image id, file or array) pairs.
+        batch_size: images per ``extract_batch`` call (>= 1).
         boxes: image id -> float32 [R, 4] pixel boxes to pool instead of detecting (timm backend only).
+        progress: show a progress bar.
+        num_workers: processes decoding the images ahead of the model (:func:`default_num_workers` is a machine's
+            sensible number); 0 = in this process, between forward passes. Pipelines that extract a few images per
+            call keep 0: forking workers per call costs more than it saves, and forking a process whose other threads
+            hold locks is unsafe.
     Raises:
         FileNotFoundError, vlbert.detectors.images.ImageDecodeError: an image that cannot be read (the message names it).
+        ValueError: ``batch_size`` < 1 or ``num_workers`` < 0.
     """
     from tqdm.auto import tqdm
 
-    with tqdm(total=len(sources), desc="extract regions", unit="img", dynamic_ncols=True, disable=not progress) as bar:
-        for start in range(0, len(sources), batch_size):
-            chunk = sources[start : start + batch_size]
-            ids = [image_id for image_id, _ in chunk]
-            arrays = [to_rgb_array(src) if isinstance(src, np.ndarray) else load_image(src) for _, src in chunk]
-            if boxes is not None:
-                yield from extractor.extract_batch(arrays, ids, [boxes[i] for i in ids])
-            elif hasattr(extractor, "extract_batch"):
-                yield from extractor.extract_batch(arrays, ids)
-            else:
-                yield from (extractor(a, i) for a, i in zip(arrays, ids))
-            bar.update(len(chunk))
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    window = batch_size * GROUP_WINDOW_BATCHES
+    decoded = decoded_images(sources, num_workers, ahead=window)
+    try:
+        with tqdm(
+            total=len(sources), desc="extract regions", unit="img", dynamic_ncols=True, disable=not progress
+        ) as bar:
+            while block := list(islice(decoded, window)):
+                yield from _extract_window(extractor, block, batch_size, boxes)
+                bar.update(len(block))
+    finally:
+        decoded.close()  # the decoding workers stop with the caller, also when it stops early
+
+
+def _extract_window(
+    extractor, block: list[tuple[str, np.ndarray]], batch_size: int, boxes: dict[str, np.ndarray] | None
+) -> list[Regions]:
+    """The regions of ``block``'s decoded images in its order, equal sizes batched together (see
+    :func:`extract_regions`)."""
+    first: dict[tuple[int, ...], int] = {}
+    for _, array in block:
+        first.setdefault(array.shape, len(first))
+    order = sorted(range(len(block)), key=lambda k: first[block[k][1].shape])  # stable: input order within a size
+    out: list[Regions | None] = [None] * len(block)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        ids = [block[k][0] for k in chunk]
+        arrays = [block[k][1] for k in chunk]
+        if boxes is not None:
+            results = extractor.extract_batch(arrays, ids, [boxes[i] for i in ids])
+        elif hasattr(extractor, "extract_batch"):
+            results = extractor.extract_batch(arrays, ids)
+        else:
+            results = [extractor(a, i) for a, i in zip(arrays, ids)]
+        for k, regions in zip(chunk, results):
+            out[k] = regions
+    return out
 
 
 def distributed_rank() -> tuple[int, int]:
@@ -214,6 +341,7 @@ def extract_to_shards(
     world_size: int = 1,
     batch_size: int = 8,
     samples_per_shard: int = 1000,
+    num_workers: int | None = None,
 ) -> list[Path]:
     """Extract this process's share of ``sources`` into ``output_dir``, skipping images already in complete shards
     (:func:`pending_sources`: a damaged shard is set aside as ``.corrupt`` and its images extracted again). Each
@@ -228,10 +356,13 @@ def extract_to_shards(
         rank, world_size: this process and the number of processes (:func:`distributed_rank`).
         batch_size: images per forward pass (the detectron2 and torchvision backends batch only equal sizes).
         samples_per_shard: images per shard.
+        num_workers: processes decoding images ahead of the model (:func:`extract_regions`); None =
+            :func:`default_num_workers`, 0 = this process.
     Returns:
         the shards this call wrote.
     Raises:
         ValueError, vlbert.detectors.shards.ShardError: see :func:`pending_sources`.
+        FileNotFoundError, vlbert.detectors.images.ImageDecodeError: an image that cannot be read (named).
     """
     mine = pending_sources(sources, output_dir, info, rank, world_size)
     directory = Path(output_dir)
@@ -250,7 +381,13 @@ def extract_to_shards(
     ]
     by_id = dict(mine)
     return write_shards(
-        extract_regions(extractor, mine, batch_size, progress=rank == 0),
+        extract_regions(
+            extractor,
+            mine,
+            batch_size,
+            progress=rank == 0,
+            num_workers=default_num_workers() if num_workers is None else num_workers,
+        ),
         directory,
         prefix=prefix,
         max_samples_per_shard=samples_per_shard,
@@ -259,4 +396,13 @@ def extract_to_shards(
     )
 
 
-__all__ = ["extract_regions", "extract_to_shards", "pending_sources", "distributed_rank", "source_provenance"]
+__all__ = [
+    "GROUP_WINDOW_BATCHES",
+    "decoded_images",
+    "default_num_workers",
+    "extract_regions",
+    "extract_to_shards",
+    "pending_sources",
+    "distributed_rank",
+    "source_provenance",
+]

@@ -51,16 +51,73 @@ def test_shape_groups_never_mix_sizes():
     assert shape_groups(shapes, max_batch=2) == [[0, 2], [3], [1, 4]]
 
 
-def test_the_tool_names_an_image_it_cannot_decode(tmp_path, capsys):
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_the_tool_names_an_image_it_cannot_decode(tmp_path, capsys, workers):
     images = tmp_path / "images"
     images.mkdir()
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(images / "good.png")
     (images / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
-    # One line naming the file, exit status 2 (a traceback would propagate out of run_tool and fail the test).
-    args = ["--images", str(images), "--output-dir", str(tmp_path / "out"), *FAST]
+    # One line naming the file, exit status 2 (a traceback would propagate out of run_tool and fail the test), the
+    # same whether the images are decoded in the tool's process or in its decoding workers.
+    args = ["--images", str(images), "--output-dir", str(tmp_path / "out"), *FAST, "--num-workers", workers]
     assert run_tool(tool("extract_regions"), args) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "bad.png" in errors[0]
+    assert errors[0].startswith("error: cannot decode image ") and "Caught" not in errors[0]
+
+
+def test_decoding_workers_and_size_groups_keep_the_regions_and_their_order(tmp_path):
+    """Real easy-VQA files, some copied at two other sizes and interleaved: decoded by 2 worker processes the regions
+    equal (to the bit) those decoded in this process, and both come in input order with the regions each image gets
+    alone (one image per forward pass), although within a window equal sizes were batched together out of order."""
+    from vlbert.detectors.config import DetectorConfig
+    from vlbert.detectors.extract import decoded_images, extract_regions
+
+    from vlbert.data.easy_vqa import image_paths
+
+    sources = []
+    for k, (image_id, path) in enumerate(list(image_paths("train").items())[:10]):
+        if k % 3:
+            sources.append((image_id, path))
+        else:  # 64 x 64 PNGs; every third one at 80 x 48 or 48 x 80 instead
+            resized = tmp_path / f"{k}.png"
+            Image.open(path).resize((80, 48) if k % 2 else (48, 80)).save(resized)
+            sources.append((image_id, resized))
+    extractor = DetectorConfig(options={"input_size": 64, "max_proposals": 4}).build()
+    shapes = [a.shape for _, a in decoded_images(sources, num_workers=2)]
+    assert shapes == [load_image(path).shape for _, path in sources] and len(set(shapes)) == 3
+    main = list(extract_regions(extractor, sources, batch_size=4, progress=False, num_workers=0))
+    workers = list(extract_regions(extractor, sources, batch_size=4, progress=False, num_workers=2))
+    alone = list(extract_regions(extractor, sources, batch_size=1, progress=False))
+    assert [r.image_id for r in main] == [r.image_id for r in workers] == [i for i, _ in sources]
+    for a, b, c in zip(main, workers, alone):
+        assert (a.height, a.width) == (b.height, b.width) == (c.height, c.width)
+        np.testing.assert_array_equal(a.boxes, b.boxes)
+        np.testing.assert_array_equal(a.features, b.features)
+        np.testing.assert_array_equal(a.boxes, c.boxes)
+        np.testing.assert_allclose(a.features.astype(np.float32), c.features.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def test_decoding_workers_raise_an_undecodable_image_as_it_is_and_in_order(tmp_path):
+    """The images before a bad one come out, then its error: the type and one-line message that decoding it in this
+    process gives (not the DataLoader's multi-line re-raise); a missing file likewise."""
+    from vlbert.detectors.extract import decoded_images
+
+    good = tmp_path / "good.png"
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(good)
+    (tmp_path / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    for bad, error in ((tmp_path / "bad.png", ImageDecodeError), (tmp_path / "gone.png", FileNotFoundError)):
+        sources = [("a", good), ("b", good), ("bad", bad), ("c", good)]
+        with pytest.raises(error) as in_process:
+            load_image(bad)
+        seen = []
+        with pytest.raises(error) as in_worker:
+            for image_id, _ in decoded_images(sources, num_workers=2):
+                seen.append(image_id)
+        assert seen == ["a", "b"]
+        assert str(in_worker.value) == str(in_process.value) and bad.name in str(in_worker.value)
+    with pytest.raises(ValueError, match="num_workers must be >= 0"):
+        next(decoded_images([("a", good)], num_workers=-1))
 
 
 def easy_vqa_folder(tmp_path, count):

@@ -13,10 +13,11 @@
 .png, .webp, .bmp, ...), "skimage" (the real photos shipped with scikit-image) or "easy-vqa". The detector flags are
 made from the backends' table (detectors/backends.py): --backend chooses one, each backend option is a flag
 (--architecture resnet50 --weights resnet50.safetensors for another timm backbone). --draw writes the first images
-with their boxes (and top class) to one PNG. Running the same command again after a crash or kill skips the images
-already in complete shards, and repairs a shard damaged since (cut off by a copy: set aside as .corrupt, its images
-extracted again); an image id the store holds from another picture (a second folder's cat.jpg; each sample records
-its file's sha256) is refused (detectors/extract.py).
+with their boxes (and top class) to one PNG. Images are decoded ahead of the model by --num-workers processes, and
+images of equal size are batched together (up to --batch-size) over a window of 8 batches' images. Running the same
+command again after a crash or kill skips the images already in complete shards, and repairs a shard damaged since
+(cut off by a copy: set aside as .corrupt, its images extracted again); an image id the store holds from another
+picture (a second folder's cat.jpg; each sample records its file's sha256) is refused (detectors/extract.py).
 
 detector.json beside the shards says what made them: the detector's config with the sha256 of its weights file
 (extraction), or for imported features the detector --extracted-with names (``butd-vg``: UNITER's and LXMERT's
@@ -179,6 +180,12 @@ def main(argv=None) -> int:
     p.add_argument("--output-dir", required=True, help="where the shards go")
     add_detector_arguments(p)
     p.add_argument("--batch-size", type=int, default=8, help="images per forward pass (equal sizes only)")
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        help="processes decoding images ahead of the model (default: one less than this process's share of the "
+        "CPUs, at most 4; 0: decode in this process, between forward passes)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--draw", help="PNG to draw the first images' boxes into")
     p.add_argument("--draw-count", type=int, default=4)
@@ -224,7 +231,15 @@ def main(argv=None) -> int:
                 ),
             }
             shards = extract_to_shards(
-                extractor, sources, args.output_dir, info, rank, world, args.batch_size, args.samples_per_shard
+                extractor,
+                sources,
+                args.output_dir,
+                info,
+                rank,
+                world,
+                args.batch_size,
+                args.samples_per_shard,
+                num_workers=args.num_workers,
             )
         if args.draw and rank == 0:
             draw_first(args, extractor, read_detector_info(args.output_dir) or {}, dict(sources))

@@ -2,7 +2,7 @@
 
     vlbert benchmark train [--bf16] [--device cuda] [--trainer]   # train step vs transformers (default)
     vlbert benchmark inference runs/vqa-easy-vqa --images 256      # images/s of VQA from files
-    vlbert benchmark extraction --config-file butd-vg               # region extraction, batched vs one at a time
+    vlbert benchmark extraction --images 8                          # region extraction, every backend side by side
     vlbert benchmark region-store --images 5000 50000               # peak RSS vs the region store's size
     vlbert benchmark text-corpus --copies 2 200                     # text pretraining on ~10 MB and ~1 GB
     vlbert benchmark visual-backbone --steps 300                    # trainable vs frozen backbone in the model
