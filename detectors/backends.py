@@ -36,6 +36,7 @@ from vlbert.detectors.detectron2_options import (
     config_file_identity,
     write_random_detectron2_weights,
 )
+from vlbert.detectors.grid import GridOptions, build_grid_extractor, write_random_grid_weights
 from vlbert.detectors.torchvision_detector import (
     TorchvisionOptions,
     build_torchvision_detector,
@@ -112,6 +113,13 @@ DETECTOR_BACKENDS: dict[str, DetectorBackend] = {
         "any detectron2 Faster R-CNN (config_file butd-vg: the butd backend's model); needs detectron2",
         identities={"config_file": config_file_identity},
         random_weights=write_random_detectron2_weights,
+    ),
+    "grid": DetectorBackend(
+        GridOptions,
+        build_grid_extractor,
+        ("backbone", "architecture", "input_size", "grid_size", "low_level_stage"),
+        "grid features: a backbone's feature map cut into grid_size x grid_size cells (offline default)",
+        random_weights=write_random_grid_weights,
     ),
 }
 #: The backend of a config that names none: the one that runs offline.

@@ -318,7 +318,7 @@ def test_the_flat_layout_reads_with_its_fingerprint_and_sections_are_checked(tmp
             "options": {"input_size": 128},
         },
         "detector.options.max_proposals must be an int, got 8.5": {"options": {"max_proposals": 8.5}},
-        "detector.backend must be one of timm, torchvision, butd, detectron2": {"backend": "yolo"},
+        "detector.backend must be one of timm, torchvision, butd, detectron2, grid": {"backend": "yolo"},
     }
     for message, section in refusals.items():
         with pytest.raises(ValueError, match=message):
