@@ -309,6 +309,18 @@ class ButdVisualGenomeModel(nn.Module):
         class_probs = self.cls_score(features).softmax(-1)[:, :-1]  # background is the last column
         return proposals, features, class_probs
 
+    @torch.no_grad()
+    def feature_map(self, images: torch.Tensor) -> torch.Tensor:
+        """res5 over the whole image's res4 map: C5, the detector's grid features (Jiang et al. 2020, section 3:
+        a C4 detector's res5 applied to the whole map rather than to pooled boxes).
+
+        Args:
+            images: float32 [B, 3, h, w], BGR 0-255, resized, not normalised (as :meth:`forward`).
+        Returns:
+            float [B, 32 * width, ~h / 32, ~w / 32] (2048 channels for ResNet-101).
+        """
+        return self.res5(self.backbone((images - self.pixel_mean) / self.pixel_std))
+
     @property
     def box_coder(self):
         """torchvision's ``BoxCoder`` with weights (1, 1, 1, 1) and detectron2's clamp of log(1000 / 16)."""

@@ -190,6 +190,47 @@ class ButdRegionDetector:
         return out
 
 
+class ButdGridBackbone:
+    """BUTD's detector as a grid backbone (the ``butd`` line of :data:`vlbert.detectors.grid.GRID_BACKBONES`): its
+    res5 over the whole image (:meth:`~vlbert.detectors.butd_model.ButdVisualGenomeModel.feature_map`, 2048-d,
+    stride 32) at the config's sizes (shortest side 600, longest at most 1000), its object classifier over the 1600
+    Visual Genome classes (background left out) as the cells' class distribution.
+
+    Args:
+        options: the grid options (only ``backbone`` applies; the architecture is the weights file's).
+        weights: BUTD's weights (``faster_rcnn_from_caffe_attr.pkl``).
+        device: where it runs.
+    Raises:
+        FileNotFoundError, ValueError: from :func:`~vlbert.detectors.butd_model.load_butd_model`.
+    """
+
+    def __init__(self, options, weights: str, device: str | torch.device = "cpu"):
+        self.settings = butd_model.BUTD_VG_SETTINGS
+        self.model = load_butd_model(weights, self.settings, device)
+        self.device = torch.device(device)
+        self.feature_dim = self.model.feature_dim
+        self.num_classes = self.model.architecture.num_classes
+        self.classifier = lambda pooled: self.model.cls_score(pooled)[:, :-1]
+        self.name = f"butd-vg:res5(weights={Path(str(weights)).name})"
+
+    def input_shape(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) an image is resized to (:func:`resized_shape`)."""
+        return resized_shape(height, width, self.settings.min_size_test, self.settings.max_size_test)
+
+    def forward(self, images: list[np.ndarray]) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
+        """uint8 [H, W, 3] RGB arrays of one :meth:`input_shape` -> ([C5 float32 [B, 2048, h, w]], their resized
+        (height, width))."""
+        s = self.settings
+        resized = [resize_shortest_edge(a, s.min_size_test, s.max_size_test) for a in images]
+        batch = torch.stack(
+            [
+                torch.as_tensor(np.ascontiguousarray(r[:, :, ::-1].transpose(2, 0, 1)), dtype=torch.float32)
+                for r in resized
+            ]
+        )
+        return [self.model.feature_map(batch.to(self.device))], [r.shape[:2] for r in resized]
+
+
 def butd_extractor_name(weights: str | os.PathLike, selection: BoxSelection) -> str:
     """The name BUTD regions carry, the detectron2 backend's for ``config_file: butd-vg``:
     ``detectron2:butd-vg(weights=<file name>,thr=..,boxes=min-max,nms=..)``. It names the features (the published
@@ -271,6 +312,7 @@ __all__ = [
     "resized_shape",
     "resize_shortest_edge",
     "ButdRegionDetector",
+    "ButdGridBackbone",
     "butd_extractor_name",
     "ButdOptions",
     "build_butd_detector",

@@ -51,6 +51,7 @@ from vlbert.detectors.backbone import (
     packaged_efficientnet_lite0_weights,
     write_random_timm_weights,
 )
+from vlbert.detectors.butd_vg import ButdGridBackbone, write_random_butd_weights
 from vlbert.detectors.images import run_in_shape_groups, to_rgb_array
 from vlbert.detectors.regions import Regions
 
@@ -114,11 +115,13 @@ class TimmGridBackbone:
 #: (the interface in the module's docstring).
 GRID_BACKBONES: dict[str, Callable[..., Any]] = {
     "timm": TimmGridBackbone,
+    "butd": ButdGridBackbone,
 }
 
 #: Seeded random weights of a grid backbone, for benchmarks: name -> ``(options, path) -> None``.
 GRID_RANDOM_WEIGHTS: dict[str, Callable[[Any, str | os.PathLike], None]] = {
     "timm": write_random_timm_weights,
+    "butd": write_random_butd_weights,
 }
 
 
@@ -168,6 +171,11 @@ class GridOptions:
         if self.grid_size < 1:
             raise ValueError(
                 f"detector.options.grid_size must be >= 1 (cells per side; 1 = the whole image), got {self.grid_size}"
+            )
+        if self.backbone == "butd" and not weights:
+            raise ValueError(
+                "the grid backend's butd backbone needs BUTD's weights: detector.weights (--weights), "
+                "py-bottom-up-attention's faster_rcnn_from_caffe_attr.pkl"
             )
         if self.backbone == "timm":
             TimmOptions(

@@ -34,6 +34,8 @@ def test_butd_on_the_gpu_extracts_the_cpus_regions(tmp_path):
         ours = cpu(array, image_id)
         assert ours.num_regions == theirs.num_regions
         np.testing.assert_allclose(theirs.boxes, ours.boxes, atol=1e-2)
-        np.testing.assert_allclose(theirs.class_probs.astype(np.float32), ours.class_probs.astype(np.float32), atol=2e-3)
+        np.testing.assert_allclose(
+            theirs.class_probs.astype(np.float32), ours.class_probs.astype(np.float32), atol=2e-3
+        )
         a, b = theirs.features.astype(np.float32), ours.features.astype(np.float32)
         assert (np.linalg.norm(a - b, axis=1) / np.maximum(np.linalg.norm(b, axis=1), 1e-6)).max() < 1e-2

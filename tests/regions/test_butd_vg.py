@@ -243,3 +243,29 @@ def test_the_tool_extracts_butd_regions_without_detectron2(tmp_path, monkeypatch
     assert_same(
         again(np.asarray(Image.open(folder / "1.png")), "1"), regions[1], rtol=2e-3, atol=1e-3
     )  # float16 shards
+
+
+def test_grid_features_of_the_butd_detector_are_its_res5_map(tmp_path, monkeypatch):
+    """The grid backend over BUTD's backbone (Jiang et al. 2020's grid features of the same detector): one cell is
+    the mean of res5 over the whole image, its class distribution the detector's object head on it."""
+    import vlbert.detectors.butd_model as butd_model
+
+    monkeypatch.setattr(butd_model, "BUTD_VG_SETTINGS", ButdSettings.from_config_file(overrides=SMALL))
+    weights = write_pkl(tmp_path / "faster_rcnn_from_caffe_attr.pkl", random_butd_state(TINY))
+    with pytest.raises(ValueError, match="the grid backend's butd backbone needs BUTD's weights"):
+        DetectorConfig("grid", options={"backbone": "butd"})
+    config = DetectorConfig("grid", str(weights), options={"backbone": "butd", "grid_size": 1})
+    (array,) = images([(100, 64)])
+    whole = config.build()(array, "0")
+    model = ButdRegionDetector(weights).model
+    c5 = model.feature_map(ButdRegionDetector(weights)._prepare(array)[None])
+    assert c5.shape[1] == 512 and whole.boxes.tolist() == [[0.0, 0.0, 100.0, 64.0]]
+    np.testing.assert_allclose(whole.features.astype(np.float32)[0], c5.mean(dim=(2, 3))[0].numpy(), rtol=2e-3, atol=1e-6)
+    expected = model.cls_score(c5.mean(dim=(2, 3)))[:, :-1].softmax(-1)[0].detach().numpy()
+    np.testing.assert_allclose(whole.class_probs.astype(np.float32)[0], expected, atol=1e-3)
+    six = DetectorConfig("grid", str(weights), options={"backbone": "butd", "grid_size": 3}).build()(array, "0")
+    assert (
+        six.num_regions == 9
+        and config.fingerprint()
+        != DetectorConfig("grid", str(weights), options={"backbone": "butd", "grid_size": 3}).fingerprint()
+    )

@@ -210,6 +210,8 @@ def test_butd_selection_equals_one_nms_per_class():
     assert len(keep) == passing and confidence[keep].min() >= 0.3 and (confidence[keep].diff() <= 0).all()
     assert len(select_regions(confidence, 0.95, 10, 100)) == 10  # topped up to min_boxes by confidence
     assert len(select_regions(confidence, 0.0, 10, 36)) == 36  # cut to max_boxes
+    # A confidence equal to the threshold is kept (>=, as generate_tsv.py); the kept come most confident first.
+    assert select_regions(torch.tensor([0.1, 0.2, 0.5, 0.19]), 0.2, 1, 10).tolist() == [2, 1]
 
 
 def test_a_damaged_shard_is_repaired_by_rerunning_the_command_and_another_picture_under_an_id_is_refused(

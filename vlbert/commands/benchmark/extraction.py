@@ -41,7 +41,7 @@ import torch
 
 from vlbert.commands.detector_flags import add_detector_arguments, option_fields, option_flag
 from vlbert.data.easy_vqa import image_paths
-from vlbert.detectors.backends import DETECTOR_BACKENDS
+from vlbert.detectors.backends import DETECTOR_BACKENDS, backend_list
 from vlbert.detectors.config import DetectorConfig, typed_options
 from vlbert.detectors.extract import default_num_workers, extract_regions
 
@@ -122,7 +122,7 @@ def backend_options(args: argparse.Namespace, backends: list[str]) -> dict[str, 
         field, owners = option_fields()[name]
         if not set(owners) & set(backends):
             raise ValueError(
-                f"{option_flag(name)} is an option of the {' and '.join(owners)} backend, none of those timed "
+                f"{option_flag(name)} is an option of the {backend_list(owners)}, none of those timed "
                 f"({', '.join(backends)}); drop it, or add --backends {owners[0]}"
             )
         if field.type == "dict":
@@ -221,6 +221,31 @@ def print_table(rows: list[dict]) -> None:
         print(line(c))
 
 
+def checked_backends(args) -> list[str]:
+    """The backends to time, from ``--backend`` / ``--backends`` (default: every line of the table), after checking
+    the run's flags.
+
+    Raises:
+        ValueError: both --backend and --backends, --weights with several backends, a count below its minimum,
+            or a CUDA device where there is none (each in one line naming the flag).
+    """
+    if args.backend and args.backends:
+        raise ValueError("--backend X is --backends X: give one of them")
+    backends = [args.backend] if args.backend else list(dict.fromkeys(args.backends or DETECTOR_BACKENDS))
+    if args.weights and len(backends) != 1:
+        raise ValueError(f"--weights is one backend's file; name that backend alone with --backends (not {backends})")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    for device in args.device:
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: no CUDA device here")
+    if args.num_workers is not None and args.num_workers < 0:
+        raise ValueError(f"--num-workers must be >= 0 (0: decode in this process), got {args.num_workers}")
+    if args.images is not None and args.images < 1:
+        raise ValueError(f"--images must be >= 1, got {args.images}")
+    return backends
+
+
 def main(argv=None) -> int:
     """Run the tool with ``argv`` (default: ``sys.argv[1:]``; see the module docstring); returns the exit
     status (0; a backend that cannot run here is a row saying why). Errors in the flags propagate for
@@ -255,20 +280,7 @@ def main(argv=None) -> int:
         help="processes decoding the images (default: tools/extract_regions.py's, one less than the CPUs, at most 4)",
     )
     args = p.parse_args(argv)
-    if args.backend and args.backends:
-        raise ValueError("--backend X is --backends X: give one of them")
-    backends = [args.backend] if args.backend else list(dict.fromkeys(args.backends or DETECTOR_BACKENDS))
-    if args.weights and len(backends) != 1:
-        raise ValueError(f"--weights is one backend's file; name that backend alone with --backends (not {backends})")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    for device in args.device:
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"--device {device}: no CUDA device here")
-    if args.num_workers is not None and args.num_workers < 0:
-        raise ValueError(f"--num-workers must be >= 0 (0: decode in this process), got {args.num_workers}")
-    if args.images is not None and args.images < 1:
-        raise ValueError(f"--images must be >= 1, got {args.images}")
+    backends = checked_backends(args)
     sizes = [parse_size(size) for size in args.sizes] if args.sizes else None
     options = backend_options(args, backends)
     num_workers = default_num_workers() if args.num_workers is None else args.num_workers
@@ -349,5 +361,6 @@ __all__ = [
     "benchmark_config",
     "time_extraction",
     "print_table",
+    "checked_backends",
     "main",
 ]
