@@ -112,7 +112,9 @@ def test_the_extraction_benchmark_times_each_backend_side_by_side_and_says_why_o
 
     assert run_tool(benchmark_main, ["extraction", "--backends", "timm", "--max-boxes", "5"]) == 2
     error = capsys.readouterr().err.strip()
-    assert error.startswith("error: --max-boxes is an option of the torchvision, butd and detectron2 backends, none of those")
+    assert error.startswith(
+        "error: --max-boxes is an option of the torchvision, butd and detectron2 backends, none of those"
+    )
 
 
 @pytest.mark.parametrize("given", [["--backend", "timm", "--backends", "timm"], ["--weights", "w.pth"]])

@@ -260,7 +260,9 @@ def test_grid_features_of_the_butd_detector_are_its_res5_map(tmp_path, monkeypat
     model = ButdRegionDetector(weights).model
     c5 = model.feature_map(ButdRegionDetector(weights)._prepare(array)[None])
     assert c5.shape[1] == 512 and whole.boxes.tolist() == [[0.0, 0.0, 100.0, 64.0]]
-    np.testing.assert_allclose(whole.features.astype(np.float32)[0], c5.mean(dim=(2, 3))[0].numpy(), rtol=2e-3, atol=1e-6)
+    np.testing.assert_allclose(
+        whole.features.astype(np.float32)[0], c5.mean(dim=(2, 3))[0].numpy(), rtol=2e-3, atol=1e-6
+    )
     expected = model.cls_score(c5.mean(dim=(2, 3)))[:, :-1].softmax(-1)[0].detach().numpy()
     np.testing.assert_allclose(whole.class_probs.astype(np.float32)[0], expected, atol=1e-3)
     six = DetectorConfig("grid", str(weights), options={"backbone": "butd", "grid_size": 3}).build()(array, "0")
