@@ -118,12 +118,6 @@ GRID_BACKBONES: dict[str, Callable[..., Any]] = {
     "butd": ButdGridBackbone,
 }
 
-#: Seeded random weights of a grid backbone, for benchmarks: name -> ``(options, path) -> None``.
-GRID_RANDOM_WEIGHTS: dict[str, Callable[[Any, str | os.PathLike], None]] = {
-    "timm": write_random_timm_weights,
-    "butd": write_random_butd_weights,
-}
-
 
 @dataclass
 class GridOptions:
@@ -307,20 +301,24 @@ def build_grid_extractor(options: GridOptions, weights: str, device: str = "cpu"
 
 
 def write_random_grid_weights(options: GridOptions, path: str | os.PathLike) -> None:
-    """Write seeded random weights of ``options.backbone`` to ``path`` (:data:`GRID_RANDOM_WEIGHTS`): the weights
-    a benchmark times with, never features to learn from.
+    """Write seeded random weights of the backbone to ``path``: the ``timm`` backbone's ``options.architecture``
+    (:func:`vlbert.detectors.backbone.write_random_timm_weights`) or BUTD's detector
+    (:func:`vlbert.detectors.butd_vg.write_random_butd_weights`): the weights a benchmark times with, never
+    features to learn from.
 
     Raises:
-        ValueError: the backbone has no random weights.
+        ValueError: a backbone with no random weights here.
     """
-    if options.backbone not in GRID_RANDOM_WEIGHTS:
+    if options.backbone == "butd":
+        write_random_butd_weights(options, path)
+    elif options.backbone == "timm":
+        write_random_timm_weights(options, path)
+    else:
         raise ValueError(f"the grid backbone {options.backbone!r} has no random weights for benchmarks")
-    GRID_RANDOM_WEIGHTS[options.backbone](options, path)
 
 
 __all__ = [
     "GRID_BACKBONES",
-    "GRID_RANDOM_WEIGHTS",
     "GridExtractor",
     "GridOptions",
     "TimmGridBackbone",

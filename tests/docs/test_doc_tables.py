@@ -21,6 +21,7 @@ TABLES = [
     ("vlbert.families.registry", "FAMILIES"),
     ("vlbert.layers.attention", "ATTENTION_FUNCTIONS"),
     ("vlbert.detectors.backends", "DETECTOR_BACKENDS"),
+    ("vlbert.detectors.grid", "GRID_BACKBONES"),
     ("vlbert.commands.benchmark", "BENCHMARKS"),
     ("vlbert.recipes.vqa", "DATASETS"),
     ("vlbert.recipes.retrieval", "DATASETS"),
