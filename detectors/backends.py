@@ -15,7 +15,8 @@ Backends:
   * ``butd``: BUTD's Visual Genome Faster R-CNN (UNITER's and LXMERT's features) in plain PyTorch
     (:mod:`vlbert.detectors.butd_vg`); its regions are the detectron2 backend's with ``config_file: butd-vg``, and
     are named as those (``same_features_as``);
-  * ``detectron2``: any other detectron2 Faster R-CNN (:mod:`vlbert.detectors.detectron2_options`; needs detectron2).
+  * ``detectron2``: any other detectron2 Faster R-CNN (:mod:`vlbert.detectors.detectron2_options`; needs detectron2);
+  * ``grid``: grid features, a backbone's feature map cut into cells (:mod:`vlbert.detectors.grid`; timm's or BUTD's).
 """
 
 from __future__ import annotations

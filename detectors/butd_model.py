@@ -311,7 +311,7 @@ class ButdVisualGenomeModel(nn.Module):
 
     @torch.no_grad()
     def feature_map(self, images: torch.Tensor) -> torch.Tensor:
-        """res5 over the whole image's res4 map: C5, the detector's grid features (Jiang et al. 2020, section 3:
+        """res5 over the whole image's res4 map: C5, the detector's grid features (Jiang et al. 2020:
         a C4 detector's res5 applied to the whole map rather than to pooled boxes).
 
         Args:

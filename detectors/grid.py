@@ -1,7 +1,7 @@
 """Grid features: a backbone's feature map over the whole image, cut into grid_size x grid_size cells, each cell a
 region (the ``grid`` detector backend, :data:`vlbert.detectors.backends.DETECTOR_BACKENDS`).
 
-Jiang et al. 2020, "In Defense of Grid Features for Visual Question Answering" (CVPR 2020, section 3): the
+Jiang et al. 2020, "In Defense of Grid Features for Visual Question Answering" (CVPR 2020): the
 convolutional feature map of a detector's or classifier's backbone, taken over the whole image with no proposals
 and no RoI pooling, serves as the visual tokens and matches region features on VQA at a fraction of the extraction
 cost. Here the final map [C, h, w] is adaptive-average-pooled to ``grid_size`` x ``grid_size`` cells (the paper

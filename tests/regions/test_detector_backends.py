@@ -88,7 +88,7 @@ def test_another_timm_architecture_extracts_through_the_tool(tmp_path, photos, m
 
 
 @dataclass
-class GridOptions:
+class TilesOptions:
     """A toy backend's options: the image cut into cells x cells boxes."""
 
     cells: int = field(default=2, metadata={"help": "boxes per side"})
@@ -98,13 +98,13 @@ class GridOptions:
             raise ValueError(f"detector.options.cells must be >= 1, got {self.cells}")
 
 
-class GridExtractor:
+class TilesExtractor:
     """Each cell's mean colour (0..1) as its feature: a detector with no model at all."""
 
     feature_dim = 3
 
-    def __init__(self, options: GridOptions):
-        self.cells, self.name = options.cells, f"grid{options.cells}"
+    def __init__(self, options: TilesOptions):
+        self.cells, self.name = options.cells, f"tiles{options.cells}"
 
     def extract_batch(self, images, image_ids, boxes=None):
         out = []
@@ -122,17 +122,17 @@ class GridExtractor:
 def test_a_new_backend_is_one_module_and_one_table_line(tmp_path, photos, monkeypatch, capsys):
     monkeypatch.setitem(
         DETECTOR_BACKENDS,
-        "grid",
+        "tiles",
         DetectorBackend(
-            GridOptions, lambda options, weights, device: GridExtractor(options), ("cells",), "a grid of boxes"
+            TilesOptions, lambda options, weights, device: TilesExtractor(options), ("cells",), "a grid of boxes"
         ),
     )
     with pytest.raises(SystemExit):
         tool("extract_regions")(["--help"])
     text = capsys.readouterr().out
-    assert "grid: a grid of boxes" in text and "--cells CELLS" in text and "grid: boxes per side" in text
-    out = tmp_path / "grid"
-    argv = ["--images", str(photos), "--backend", "grid", "--cells", "3", "--output-dir", str(out)]
+    assert "tiles: a grid of boxes" in text and "--cells CELLS" in text and "tiles: boxes per side" in text
+    out = tmp_path / "tiles"
+    argv = ["--images", str(photos), "--backend", "tiles", "--cells", "3", "--output-dir", str(out)]
     assert run_tool(tool("extract_regions"), argv) == 0
     regions = {r.image_id: r for r in read_shards(shard_paths(out))}
     photo = np.asarray(Image.open(photos / "coffee.png"), dtype=np.float32) / 255  # 96 x 72: cells of 32 x 24
@@ -140,7 +140,7 @@ def test_a_new_backend_is_one_module_and_one_table_line(tmp_path, photos, monkey
         regions["coffee"].features[4].astype(np.float32), photo[24:48, 32:64].mean((0, 1)), atol=1e-3
     )
     info = json.loads((out / "detector.json").read_text())
-    assert info["config"] == {"backend": "grid", "weights": "", "weights_sha256": "", "options": {"cells": 3}}
+    assert info["config"] == {"backend": "tiles", "weights": "", "weights_sha256": "", "options": {"cells": 3}}
     assert info["fingerprint"] == DetectorConfig.from_record(info["config"]).fingerprint()
 
 
