@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import tarfile
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Iterator
@@ -108,7 +109,9 @@ class RegionStore(Mapping):
         if index is None:
             index = build_index(self.paths)
             if cache_index and os.access(self.directory, os.W_OK):
-                tmp = self.directory / (INDEX + ".tmp.npz")
+                # A name of this process's own: several processes (the ranks of one run) may index the same
+                # directory at once, and each replaces the file with the same content.
+                tmp = self.directory / f"{INDEX}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp.npz"
                 np.savez(tmp, key=np.array(key), **index)
                 os.replace(tmp, index_path)
         self.ids, self.shard, self.offset, self.size = index["ids"], index["shard"], index["offset"], index["size"]

@@ -4,6 +4,7 @@ the real ImageNet backbone."""
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 
 import numpy as np
@@ -323,3 +324,25 @@ def test_the_flat_layout_reads_with_its_fingerprint_and_sections_are_checked(tmp
     for message, section in refusals.items():
         with pytest.raises(ValueError, match=message):
             DetectorConfig.from_section(section)
+
+
+def test_processes_indexing_one_store_at_once_both_succeed(tmp_path, monkeypatch):
+    """The ranks of a run open the same shard directory at once and each writes its index: a second process that
+    writes and renames its index while the first is between writing and renaming leaves the first's rename intact
+    (with one shared temporary name the first found its file gone: a two-process test failed so)."""
+    import vlbert.detectors.store as store
+    from vlbert.detectors.shards import write_shards
+
+    write_shards([make_regions(f"img-{i}") for i in range(3)], tmp_path)
+    real_replace, nested, started = os.replace, [], []
+
+    def replace_after_another_process(src, dst):
+        if not started:  # the other process runs whole, between this one's write and rename
+            started.append(True)
+            nested.append(store.RegionStore(tmp_path))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(store.os, "replace", replace_after_another_process)
+    first = store.RegionStore(tmp_path)
+    assert list(first.ids) == list(nested[0].ids) == ["img-0", "img-1", "img-2"]
+    assert sorted(p.name for p in tmp_path.iterdir() if "index" in p.name) == ["index.npz"]
