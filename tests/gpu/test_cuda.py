@@ -3,7 +3,9 @@ give finite per-step losses equal to the CPU float32 run of the same config with
 
 The CPU reference runs in a child process with ``CUDA_VISIBLE_DEVICES`` empty (the trainer takes the GPU whenever
 one is visible); dropout is off so both runs compute the same function on the same batches and masks (drawn on the
-host from per-sample seeds)."""
+host from per-sample seeds). Both runs also train the same objective at every step: the VL mix draws each step's
+objective from ``data.objectives`` in the order its entries are written (:meth:`vlbert.objectives.ObjectiveMix.draw`),
+so the child's YAML keeps the config's key order, and the two logs' objectives are compared before their losses."""
 
 from __future__ import annotations
 
@@ -25,17 +27,30 @@ STEPS = 4
 
 
 def train_losses(out: Path) -> list[float]:
-    return [r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if r["split"] == "train"]
+    return [r["loss"] for r in train_records(out)]
+
+
+def train_records(out: Path) -> list[dict]:
+    """The training lines of ``out/log.jsonl``, one dict per logged step."""
+    return [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if r["split"] == "train"]
+
+
+def train_objectives(out: Path) -> list[list[str]]:
+    """Per logged training step, the objectives whose losses the line holds (the step's objective in a VL mix)."""
+    from vlbert.objectives import OBJECTIVES
+
+    return [sorted(k for k in r if k in OBJECTIVES) for r in train_records(out)]
 
 
 def cpu_reference(config: dict, out: Path) -> list[float]:
-    """The same run in float32 on the CPU, in a child process that sees no GPU."""
+    """The same run in float32 on the CPU, in a child process that sees no GPU. The YAML keeps ``config``'s key order
+    (``sort_keys=False``): ``yaml.safe_dump`` sorts keys by default, which reorders ``data.objectives`` and with it
+    the objective drawn at each step."""
     path = out.with_suffix(".yaml")
     import yaml
 
-    path.write_text(
-        yaml.safe_dump({**config, "training": {**config["training"], "output_dir": str(out), "mixed_precision": "no"}})
-    )
+    cpu_config = {**config, "training": {**config["training"], "output_dir": str(out), "mixed_precision": "no"}}
+    path.write_text(yaml.safe_dump(cpu_config, sort_keys=False))
     env = {
         **os.environ,
         "CUDA_VISIBLE_DEVICES": "",
@@ -132,6 +147,7 @@ def test_vl_pretraining_in_bf16_on_cuda_equals_cpu_float32(tmp_path):
         RECIPES["vl-pretraining"],
         {**config, "training": {**config["training"], "output_dir": str(tmp_path / "gpu"), "mixed_precision": "bf16"}},
     )
+    assert train_objectives(tmp_path / "gpu") == train_objectives(tmp_path / "cpu")  # the same objective each step
     assert_close_in_bf16(train_losses(tmp_path / "gpu"), cpu)
 
 
