@@ -102,15 +102,17 @@ def ipot_loop(
 
 class CapturedIPOT:
     """:func:`ipot_loop` captured once per problem size as a CUDA graph (``torch.cuda.CUDAGraph``) and replayed:
-    the 50 iterations' ~350 kernels launched by one call, with the eager loop's kernels and numbers.
+    the 50 iterations' ~350 kernels launched by one call, the eager loop's kernels in its order at the graph's size.
 
-    Sizes are rounded up (M and N to a multiple of ``multiple``; padded rows and columns carry no mass, so the
-    plan on the real ones is the same) to bound the number of graphs; the ``max_graphs`` most recently used are
-    kept (each holds a few [B, M, N] float32 buffers: ~50 MB at 320 pairs x 64 words x 112 regions). A call
-    copies the inputs into the graph's static buffers, replays it and clones the plan's real part out: 7 launches
-    and one replay. A capture that fails (a driver, a debugging mode) logs once and leaves this process on the
-    eager loop. Sources: PyTorch's CUDA
-    Graphs notes ("Whole-network capture" and "Partial-network capture", torch 2.14).
+    Sizes are rounded up (M and N to a multiple of ``multiple``) to bound the number of graphs; the added rows and
+    columns carry no mass, so the plan on the real ones is the exact size's up to float32 rounding: the replay equals
+    the eager loop on the zero-padded problem bit for bit, and the eager loop at the exact size within rounding (a
+    matrix-vector kernel chosen for the longer rows may sum the same terms in another order). The ``max_graphs`` most
+    recently used are kept (each holds a few [B, M, N] float32 buffers: ~50 MB at 320 pairs x 64 words x 112
+    regions). A call copies the inputs into the graph's static buffers, replays it and clones the plan's real part
+    out: 7 launches and one replay. A capture that fails (a driver, a debugging mode) logs once and leaves this
+    process on the eager loop. Sources: PyTorch's CUDA Graphs notes ("Whole-network capture" and "Partial-network
+    capture", torch 2.14).
     """
 
     def __init__(self, multiple: int = 16, max_graphs: int = 32):

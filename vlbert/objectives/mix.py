@@ -61,8 +61,11 @@ class ObjectiveMix:
         return [name for name in self.paired if OBJECTIVES[name].paired_with == objective]
 
     def draw(self, seed: int, epoch: int, step: int) -> str:
-        """The objective of optimizer step ``step`` of ``epoch``: a function of (seed, epoch, step) only, so every
-        rank, and a resumed run, draws the same."""
+        """The objective of optimizer step ``step`` of ``epoch``: a function of (seed, epoch, step) and of the
+        weights in their configuration order (the order of :attr:`active`), so every rank, and a resumed run, draws
+        the same. The same weights written in another order draw another schedule (``{mlm: 1, itm: 1}`` is not
+        ``{itm: 1, mlm: 1}``): a config passed through a writer that sorts keys (``yaml.safe_dump``'s default)
+        trains other objectives at the same steps."""
         names = self.active
         return random.Random(f"objective-{seed}-{epoch}-{step}").choices(
             names, weights=[self.weights[n] for n in names]
