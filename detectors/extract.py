@@ -49,8 +49,8 @@ GROUP_WINDOW_BATCHES = 8
 
 
 def default_num_workers() -> int:
-    """Decoding processes for one extraction process: one less than its share of the CPUs (the CPUs this process
-    may run on over torchrun's ``LOCAL_WORLD_SIZE``), at most 4 and at least 0 (0: decode in this process)."""
+    """Decoding threads for one extraction process: one less than its share of the CPUs (the CPUs this process
+    may run on over torchrun's ``LOCAL_WORLD_SIZE``), at most 4 and at least 0 (0: decode in the model's thread)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -64,68 +64,54 @@ def _decode(source) -> np.ndarray:
     return to_rgb_array(source) if isinstance(source, np.ndarray) else load_image(source)
 
 
-class _Decoding:
-    """A map-style dataset over image sources for a :class:`torch.utils.data.DataLoader`: item k is (image id,
-    uint8 [H, W, 3] RGB, or the exception decoding it raised). The exception travels as a value so that the main
-    process raises it as it was (type and one-line message); the DataLoader's own re-raise would wrap it in a
-    multi-line message from torch's code."""
-
-    def __init__(self, sources: Sequence[ImageSource]):
-        self.sources = sources
-
-    def __len__(self) -> int:
-        return len(self.sources)
-
-    def __getitem__(self, index: int):
-        image_id, source = self.sources[index]
-        try:
-            return image_id, _decode(source)
-        except Exception as e:  # raised again, as it is, in the main process
-            return image_id, e
-
-
 def decoded_images(
     sources: Sequence[ImageSource], num_workers: int = 0, ahead: int = 8
 ) -> Iterator[tuple[str, np.ndarray]]:
     """(image id, uint8 [H, W, 3] RGB) of each source in order: files read, EXIF orientation applied and converted
     (:func:`vlbert.detectors.images.load_image`), arrays converted (:func:`to_rgb_array`).
 
+    With workers, images are decoded by a pool of threads ahead of the caller, at most ``ahead`` (or
+    ``num_workers``) images in flight: Pillow's decoders release the GIL, and threads share the caller's memory, so
+    nothing is pickled and no process is forked (a process forked from one that holds multiprocessing queues, a
+    test's or a launcher's, can hang at exit on the queues' threads it inherits).
+
     Args:
         sources: (image id, file or array) pairs.
-        num_workers: processes decoding ahead of the caller (a :class:`torch.utils.data.DataLoader`'s workers);
-            0 = decode in this process, one image at a time as the caller asks.
-        ahead: with workers, about how many images are decoded ahead of the caller at most.
+        num_workers: threads decoding ahead of the caller; 0 = decode in this thread, one image at a time as the
+            caller asks.
+        ahead: with workers, how many images are decoded ahead of the caller at most.
     Raises:
         FileNotFoundError, vlbert.detectors.images.ImageDecodeError: an image that cannot be read (the message
             names it), when the caller reaches it: the images before it are yielded first.
         ValueError: ``num_workers`` < 0.
     """
     if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0 (0: decode in this process), got {num_workers}")
+        raise ValueError(f"num_workers must be >= 0 (0: decode in this thread), got {num_workers}")
     if num_workers == 0 or len(sources) < 2:
         for image_id, source in sources:
             yield image_id, _decode(source)
         return
-    from torch.utils.data import DataLoader
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
 
-    workers = min(num_workers, len(sources))
-    loader = DataLoader(
-        _Decoding(sources),
-        batch_size=None,
-        num_workers=workers,
-        prefetch_factor=max(2, -(-ahead // workers)),
-        collate_fn=_as_decoded,
-    )
-    for image_id, image in loader:
-        if isinstance(image, BaseException):
-            raise image
-        yield image_id, image
+    pool = ThreadPoolExecutor(max_workers=min(num_workers, len(sources)), thread_name_prefix="vlbert-decode")
+    remaining, pending = iter(sources), deque()
 
+    def submit_next() -> None:
+        item = next(remaining, None)
+        if item is not None:
+            pending.append((item[0], pool.submit(_decode, item[1])))
 
-def _as_decoded(item):
-    """The DataLoader's per-item conversion: none (its default makes tensors of the arrays, read-only ones among
-    them, which torch warns about); the arrays travel pickled."""
-    return item
+    try:
+        for _ in range(max(ahead, num_workers)):
+            submit_next()
+        while pending:
+            image_id, future = pending.popleft()
+            image = future.result()  # a decoding error is raised here, as it was raised
+            submit_next()
+            yield image_id, image
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # the decoding stops with the caller, also when it stops early
 
 
 def extract_regions(
@@ -150,10 +136,9 @@ def extract_regions(
         batch_size: images per ``extract_batch`` call (>= 1).
         boxes: image id -> float32 [R, 4] pixel boxes to pool instead of detecting (timm backend only).
         progress: show a progress bar.
-        num_workers: processes decoding the images ahead of the model (:func:`default_num_workers` is a machine's
-            sensible number); 0 = in this process, between forward passes. Pipelines that extract a few images per
-            call keep 0: forking workers per call costs more than it saves, and forking a process whose other threads
-            hold locks is unsafe.
+        num_workers: threads decoding the images ahead of the model (:func:`default_num_workers` is a machine's
+            sensible number); 0 = in this thread, between forward passes. Pipelines that extract a few images per
+            call keep 0.
     Raises:
         FileNotFoundError, vlbert.detectors.images.ImageDecodeError: an image that cannot be read (the message names it).
         ValueError: ``batch_size`` < 1 or ``num_workers`` < 0.
@@ -356,8 +341,8 @@ def extract_to_shards(
         rank, world_size: this process and the number of processes (:func:`distributed_rank`).
         batch_size: images per forward pass (the detectron2 and torchvision backends batch only equal sizes).
         samples_per_shard: images per shard.
-        num_workers: processes decoding images ahead of the model (:func:`extract_regions`); None =
-            :func:`default_num_workers`, 0 = this process.
+        num_workers: threads decoding images ahead of the model (:func:`extract_regions`); None =
+            :func:`default_num_workers`, 0 = the model's thread.
     Returns:
         the shards this call wrote.
     Raises:

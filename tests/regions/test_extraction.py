@@ -67,8 +67,8 @@ def test_the_tool_names_an_image_it_cannot_decode(tmp_path, capsys, workers):
 
 
 def test_decoding_workers_and_size_groups_keep_the_regions_and_their_order(tmp_path):
-    """Real easy-VQA files, some copied at two other sizes and interleaved: decoded by 2 worker processes the regions
-    equal (to the bit) those decoded in this process, and both come in input order with the regions each image gets
+    """Real easy-VQA files, some copied at two other sizes and interleaved: decoded by 2 worker threads the regions
+    equal (to the bit) those decoded in the model's thread, and both come in input order with the regions each image gets
     alone (one image per forward pass), although within a window equal sizes were batched together out of order."""
     from vlbert.detectors.config import DetectorConfig
     from vlbert.detectors.extract import decoded_images, extract_regions
@@ -100,7 +100,7 @@ def test_decoding_workers_and_size_groups_keep_the_regions_and_their_order(tmp_p
 
 def test_decoding_workers_raise_an_undecodable_image_as_it_is_and_in_order(tmp_path):
     """The images before a bad one come out, then its error: the type and one-line message that decoding it in this
-    process gives (not the DataLoader's multi-line re-raise); a missing file likewise."""
+    the caller's thread gives; a missing file likewise."""
     from vlbert.detectors.extract import decoded_images
 
     good = tmp_path / "good.png"

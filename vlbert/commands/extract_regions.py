@@ -13,7 +13,7 @@
 .png, .webp, .bmp, ...), "skimage" (the real photos shipped with scikit-image) or "easy-vqa". The detector flags are
 made from the backends' table (detectors/backends.py): --backend chooses one, each backend option is a flag
 (--architecture resnet50 --weights resnet50.safetensors for another timm backbone). --draw writes the first images
-with their boxes (and top class) to one PNG. Images are decoded ahead of the model by --num-workers processes, and
+with their boxes (and top class) to one PNG. Images are decoded ahead of the model by --num-workers threads, and
 images of equal size are batched together (up to --batch-size) over a window of 8 batches' images. Running the same
 command again after a crash or kill skips the images already in complete shards, and repairs a shard damaged since
 (cut off by a copy: set aside as .corrupt, its images extracted again); an image id the store holds from another
@@ -183,8 +183,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--num-workers",
         type=int,
-        help="processes decoding images ahead of the model (default: one less than this process's share of the "
-        "CPUs, at most 4; 0: decode in this process, between forward passes)",
+        help="threads decoding images ahead of the model (default: one less than this process's share of the "
+        "CPUs, at most 4; 0: decode in the model's thread, between forward passes)",
     )
     p.add_argument("--device", default="cpu")
     p.add_argument("--draw", help="PNG to draw the first images' boxes into")

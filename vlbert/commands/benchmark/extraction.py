@@ -17,7 +17,7 @@ weights of the one backend listed.
 
 The images are the easy-VQA pictures resized to COCO's commonest sizes (640x480, 480x640, 640x427, 500x375, 4:2:1:1;
 ``--sizes`` for others), written as JPEG files and read as tools/extract_regions.py reads them: decoded by
-``--num-workers`` processes ahead of the model, equal sizes batched together (detectors/extract.py). Each backend is
+``--num-workers`` threads ahead of the model, equal sizes batched together (detectors/extract.py). Each backend is
 warmed up on one image, then timed over all of them one image at a time and ``--batch-size`` at a time.
 
 Prints one JSON line per (backend, device, batch size) with the input sizes, torch's thread count, the decoding
@@ -170,7 +170,7 @@ def weights_label(config: DetectorConfig, tmp: Path) -> str:
 
 def time_extraction(extractor, sources, batch_size: int, num_workers: int, device: str) -> tuple[float, int]:
     """(seconds, regions) of extracting ``sources`` (id, file) with :func:`extract_regions` as the tool does,
-    ``batch_size`` images a batch, ``num_workers`` decoding processes; CUDA work waited for before and after.
+    ``batch_size`` images a batch, ``num_workers`` decoding threads; CUDA work waited for before and after.
 
     Raises:
         what :func:`extract_regions` and the extractor raise (an image that cannot be read; CUDA out of memory...).
@@ -240,7 +240,7 @@ def checked_backends(args) -> list[str]:
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"--device {device}: no CUDA device here")
     if args.num_workers is not None and args.num_workers < 0:
-        raise ValueError(f"--num-workers must be >= 0 (0: decode in this process), got {args.num_workers}")
+        raise ValueError(f"--num-workers must be >= 0 (0: decode in the model's thread), got {args.num_workers}")
     if args.images is not None and args.images < 1:
         raise ValueError(f"--images must be >= 1, got {args.images}")
     return backends
