@@ -435,6 +435,15 @@ def test_referring_pipeline_boxes_as_the_evaluation(easy, tmp_path):
         referring(files[examples[0].image_id], examples[0].expression)
     extracted = referring.regions([files[examples[0].image_id]], boxes=[tiles[examples[0].image_id]])[0]
     np.testing.assert_array_equal(extracted.boxes, regions[examples[0].image_id].boxes)
+    # One file given twice with two sets of boxes: each pools its own (both pooled the last set before).
+    file, own = files[examples[0].image_id], tiles[examples[0].image_id]
+    twice = referring.regions([file, file], boxes=[own, own[::-1][:2]])
+    np.testing.assert_array_equal(twice[0].boxes, own)
+    np.testing.assert_array_equal(twice[1].boxes, own[::-1][:2])  # a reversed view: any array of boxes will do
+    a, b = twice[0].features.astype(np.float32), extracted.features.astype(np.float32)
+    np.testing.assert_allclose(a, b, rtol=2e-3, atol=1e-3)  # float16 features of another batch
+    np.testing.assert_allclose(twice[1].features.astype(np.float32), a[::-1][:2], rtol=2e-3, atol=1e-3)
+    assert twice[0].image_id == twice[1].image_id == str(file)
     result = referring(files[examples[0].image_id], examples[0].expression, boxes=tiles[examples[0].image_id])
     picture = referring.draw(files[examples[0].image_id], result)
     x1, y1 = (int(v) for v in result["box"][:2])

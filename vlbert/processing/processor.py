@@ -24,6 +24,7 @@ predict read them from one place:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -384,7 +385,7 @@ class VLProcessor:
                 self.check_regions(image)
                 out[k] = image
                 continue
-            given = None if boxes is None or boxes[k] is None else np.asarray(boxes[k], dtype=np.float32)
+            given = None if boxes is None or boxes[k] is None else np.ascontiguousarray(boxes[k], dtype=np.float32)
             if isinstance(image, (str, os.PathLike)):
                 name, source = str(image), image
             else:  # an array, or a PIL image
@@ -394,17 +395,20 @@ class VLProcessor:
         for with_boxes in (False, True):
             group = [p for p in pending.values() if (p[2] is not None) == with_boxes]
             if group:
-                given = {name: b for name, _, b, _ in group} if with_boxes else None
+                # Each entry is extracted under an id of its own: a file given twice with two sets of boxes is two
+                # entries, and keyed by its name the second set of boxes would pool both.
+                ids = [f"{positions[0]}:{name}" for name, _, _, positions in group]
+                given = {i: b for i, (_, _, b, _) in zip(ids, group)} if with_boxes else None
                 extracted = extract_regions(
                     self.extractor,
-                    [(name, source) for name, source, _, _ in group],
+                    [(i, source) for i, (_, source, _, _) in zip(ids, group)],
                     batch_size,
                     boxes=given,
                     progress=False,
                 )
-                for (_, _, _, positions), regions in zip(group, extracted):
+                for (name, _, _, positions), regions in zip(group, extracted):
                     for k in positions:
-                        out[k] = regions
+                        out[k] = dataclasses.replace(regions, image_id=name)
         if self.image_preprocessing is None:
             return out
         return [  # each image's pixels through the preprocessing (given Regions already carry theirs)
