@@ -37,7 +37,7 @@ def read_checkpoint(weights: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
     """
     path = Path(weights).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"detectron2 weights file {path} does not exist (detector.weights / --weights)")
+        raise FileNotFoundError(f"detector weights file {path} does not exist (detector.weights / --weights)")
     caffe2 = False
     if path.suffix == ".pkl":
         data = load_plain_pickle(path, numpy_arrays=True)
