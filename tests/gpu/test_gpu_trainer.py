@@ -364,8 +364,8 @@ def test_runs_of_any_precision_and_device_follow_each_other_in_one_process(
 
 def test_a_float32_cuda_run_uses_tf32_and_gpu_runs_compile_their_layers(small_token_corpus, tokenizer, tmp_path):
     """On the (fake) GPU: a float32 run (mixed_precision no) turns TF32 on for its matmuls (as transformers' tf32
-    flag; its MFU is reported against the TF32 peak), a bf16-params run and ``training.tf32: false`` leave float32
-    as it was, a CPU run too; ``training.compile`` (auto) compiles each encoder layer on the GPU (regional
+    flag; its MFU is reported against the TF32 peak), a bf16-params run and a CPU run leave float32 as it was,
+    ``training.tf32: false`` sets full float32 (also after a run that turned TF32 on); ``training.compile`` (auto) compiles each encoder layer on the GPU (regional
     compilation), nothing on the CPU, and ``false`` nothing anywhere; another value is refused (bad-input row
     102)."""
     from helpers.builders import tiny_text_trainer
@@ -405,6 +405,16 @@ def test_a_float32_cuda_run_uses_tf32_and_gpu_runs_compile_their_layers(small_to
             "float32": ("high", [True, True]),
         }, seen
         assert torch.backends.cudnn.allow_tf32 and compiled(cpu) == [False, False]
+        # A float32 run with tf32 off after one with it on, in the same process: full float32 (it kept "high").
+        with FakeCuda():
+            build("on", mixed_precision="no")
+            build("off", mixed_precision="no", tf32=False)
+        assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
+        # When a run ends, the flags it replaced come back (the run on the CPU carries a CUDA run's record).
+        done = build("done", mixed_precision="no", max_steps=1, eval_every=0)
+        done._tf32_replaced = ("medium", True)
+        done.train()
+        assert torch.get_float32_matmul_precision() == "medium" and torch.backends.cudnn.allow_tf32
         with pytest.raises(
             ValueError, match=r"training.compile must be a bool .*'auto', 'model', 'layers', got 'fast'"
         ):

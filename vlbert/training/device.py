@@ -34,16 +34,17 @@ def resolve_precision(mixed_precision: str) -> tuple[str, bool]:
     return mixed, use_cpu
 
 
-def prepare_compute(model: nn.Module, device: torch.device, precision: str, config) -> None:
+def prepare_compute(model: nn.Module, device: torch.device, precision: str, config) -> tuple[str, bool] | None:
     """Before the optimizer is made: ``training.compile`` (:meth:`~vlbert.training.training_config.TrainingConfig.
     compile_mode`: the encoder layers (:func:`compile_layers`), the whole model
-    (:func:`~vlbert.models.bert.compile_model`) or nothing) and ``training.tf32`` (:func:`use_tf32`)."""
+    (:func:`~vlbert.models.bert.compile_model`) or nothing) and ``training.tf32`` (:func:`use_tf32`; returns the
+    flags it replaced, for :func:`restore_tf32`)."""
     mode = config.compile_mode(device.type)
     if mode == "model":
         compile_model(model)
     elif mode == "layers":
         compile_layers(model)
-    use_tf32(device, precision, config.tf32)
+    return use_tf32(device, precision, config.tf32)
 
 
 def own_accelerator(cpu: bool):
@@ -76,18 +77,33 @@ def own_accelerator(cpu: bool):
     return Accelerator(mixed_precision="no", cpu=cpu)
 
 
-def use_tf32(device: torch.device, precision: str, enabled: bool = True) -> bool:
+def use_tf32(device: torch.device, precision: str, enabled: bool = True) -> tuple[str, bool] | None:
     """Let float32 matmuls and convolutions on CUDA run on the tensor cores in TF32 (10-bit mantissa inputs, float32
     accumulation), as transformers' ``tf32`` training flag does (``torch.backends.cuda.matmul.allow_tf32``, here
-    through ``torch.set_float32_matmul_precision("high")``, and ``torch.backends.cudnn.allow_tf32``): for a
-    float32 run (``precision`` ``no``) on a CUDA ``device`` when ``enabled`` (``training.tf32``). Its MFU is
-    reported against the TF32 peak (:func:`~vlbert.training.mfu.device_peak_flops`); without TF32 an H100 runs
-    float32 matmuls at about 1/15 of it. Process-wide, as torch's flags are. Returns whether it was turned on."""
-    if not (enabled and device.type == "cuda" and precision == "no"):
-        return False
-    torch.set_float32_matmul_precision("high")
-    torch.backends.cudnn.allow_tf32 = True
-    return True
+    through ``torch.set_float32_matmul_precision("high")``, and ``torch.backends.cudnn.allow_tf32``), or keep them
+    in full float32 (``"highest"``, cuDNN's TF32 off) when not ``enabled`` (``training.tf32: false``): for a
+    float32 run (``precision`` ``no``) on a CUDA ``device``, set either way, so that a run never inherits another
+    run's choice in the same process. Its MFU is reported against the TF32 peak
+    (:func:`~vlbert.training.mfu.device_peak_flops`); without TF32 an H100 runs float32 matmuls at about 1/15 of it.
+    Process-wide, as torch's flags are: :func:`restore_tf32` puts back what it replaced when the run ends.
+
+    Returns:
+        the flags it replaced, (matmul precision, cuDNN's ``allow_tf32``), or None where it changed nothing (a bf16
+        run, a CPU run).
+    """
+    if not (device.type == "cuda" and precision == "no"):
+        return None
+    replaced = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = bool(enabled)
+    return replaced
+
+
+def restore_tf32(replaced: tuple[str, bool] | None) -> None:
+    """Put back the flags :func:`use_tf32` replaced (nothing for None)."""
+    if replaced is not None:
+        torch.set_float32_matmul_precision(replaced[0])
+        torch.backends.cudnn.allow_tf32 = replaced[1]
 
 
 def compiled_layer_classes() -> tuple[type, ...]:
@@ -157,6 +173,7 @@ __all__ = [
     "resolve_precision",
     "prepare_compute",
     "use_tf32",
+    "restore_tf32",
     "compile_layers",
     "compiled_layer_classes",
     "compile_errors",

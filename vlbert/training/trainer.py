@@ -20,7 +20,7 @@ import yaml
 
 from vlbert.training import checkpointing
 from vlbert.training.checkpointing import CHECKPOINTS_DIR, STATE_NAME, latest_checkpoints
-from vlbert.training.device import own_accelerator, prepare_compute, resolve_precision
+from vlbert.training.device import own_accelerator, prepare_compute, resolve_precision, restore_tf32
 from vlbert.training.distributed import global_batch_loss
 from vlbert.training.evaluation import evaluate_objectives
 from vlbert.training.feed import device_batches, moves_to_device
@@ -103,7 +103,7 @@ class Trainer:
         self.unwrapped = model
         # On its device before the float32 masters and the optimizer are made: they live where the parameters do.
         model.to(self.device)
-        prepare_compute(model, self.device, self.precision, config)  # compile (regional on CUDA), TF32
+        self._tf32_replaced = prepare_compute(model, self.device, self.precision, config)  # compile, TF32
         self.forward_arguments = forward_arguments(model)
         # Fused AdamW (one kernel over all parameters) on CUDA and, since torch 2.4, on CPU.
         fused = self.device.type in ("cuda", "cpu")
@@ -191,6 +191,18 @@ class Trainer:
         for hook in self.hooks:
             hook.before_train(self)
         try:
+            self._run_steps(stream, preempted)
+            return self._finish(
+                extra_metrics, final_metrics, final_outputs, time.perf_counter() - start_time, start_step
+            )
+        finally:
+            restore_tf32(self._tf32_replaced)  # the process's own TF32 flags again once the run ends
+            self._tf32_replaced = None
+
+    def _run_steps(self, stream, preempted: SigtermFlag) -> None:
+        """Steps until ``max_steps``, or until ``preempted`` saw a SIGTERM (a checkpoint, then
+        :class:`TrainingPreempted`); then the non-finite check of the run's last losses."""
+        try:
             while self.step < self.config.max_steps:
                 if self._preemption_requested(preempted):
                     checkpoint = self.save_checkpoint()
@@ -204,7 +216,6 @@ class Trainer:
         finally:
             preempted.restore()
             self.log_hook.stop()
-        return self._finish(extra_metrics, final_metrics, final_outputs, time.perf_counter() - start_time, start_step)
 
     def run_step(self, stream) -> StepStats:
         """One optimizer step over ``grad_accum_steps`` micro-batches from ``stream``: forward, backward, clipping,
