@@ -188,6 +188,16 @@ def test_a_run_directory_is_never_overwritten_silently(small_corpus, tmp_path, c
     assert (out / "log.jsonl").read_text() == before
     run_text_pretraining(tiny_run_config(small_corpus, out, max_steps=3), overwrite=True)
     assert [r["step"] for r in read_log(out) if r["split"] == "train"] == [1, 2, 3]
+    # A directory of someone's own files is no run: refused with any flag, and nothing in it replaced or deleted.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "predictions.json").write_text("[1, 2]")
+    argv = ["--modality", "text", "--output-dir", str(mine), "--set", f"data.corpus={small_corpus}"]
+    for flags in ([], ["--overwrite"], ["--resume"]):
+        assert "holds files that no run wrote (predictions.json)" in one_line_error(capsys, "pretrain", argv + flags)
+    assert [p.name for p in mine.iterdir()] == ["predictions.json"] and (
+        mine / "predictions.json"
+    ).read_text() == "[1, 2]"
 
 
 def test_init_from_minilm_alias_for_text_pretraining(small_corpus, tmp_path):

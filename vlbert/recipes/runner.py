@@ -230,17 +230,29 @@ def write_output_file(ctx: "RunContext", name: str, text: str) -> Path:
 def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> None:
     """Apply the run-directory policy: a directory holding a run is continued (``resume``), replaced
     (``overwrite``: everything in it is deleted, the files that mark a finished run first, so an interrupted
-    overwrite never leaves a mixture that looks finished) or refused; a new directory is left to the trainer.
+    overwrite never leaves a mixture that looks finished) or refused; a new or empty directory is left to the
+    trainer; a directory holding other files (no run's: a user's ``predictions.json``) is refused whatever the flags,
+    so that nothing a run did not write is replaced or deleted (hidden files such as ``.DS_Store`` aside).
 
     Raises:
-        RunExistsError: the directory holds a run and neither flag is set (the message names both flags).
+        RunExistsError: the directory holds a run and neither flag is set (the message names both flags), or it
+            holds files no run wrote.
         ValueError: both flags are set.
     """
     if resume and overwrite:
         raise ValueError("--resume continues the run in --output-dir and --overwrite replaces it: pass one")
     directory = Path(output_dir)
     found = [name for name in RUN_MARKERS if (directory / name).exists()]
-    if not found or resume:
+    if not found:
+        others = sorted(p.name for p in directory.iterdir() if not p.name.startswith(".")) if directory.is_dir() else []
+        if others:  # the run would write among files it did not write, and --overwrite would delete them
+            shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+            raise RunExistsError(
+                f"{directory} holds files that no run wrote ({shown}); a run writes only into a new or empty "
+                "directory: choose another --output-dir"
+            )
+        return
+    if resume:
         return
     if not overwrite:
         raise RunExistsError(
