@@ -236,6 +236,11 @@ def test_resume_refuses_a_changed_config_and_never_rewrites_config_yaml(
     assert "data.objectives: {'mlm': 1, 'nsp': 1} -> {'mlm': 1}" in line, line
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing touched
 
+    # A finished run resumed as it was: refused, nothing retrained or rewritten (it retrained step 2).
+    line = one_line_error(capsys, "pretrain", [*argv, "--resume"])
+    assert "--resume: the run in" in line and "finished at step 2" in line and "raise --max-steps" in line, line
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
     assert run_tool(tool("pretrain"), [*common, "--max-steps", "3", "--resume"]) == 0
     assert (out / "config.yaml").read_bytes() == recorded
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]

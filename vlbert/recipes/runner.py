@@ -271,6 +271,29 @@ def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) ->
     PartialState().wait_for_everyone()
 
 
+def refuse_resuming_a_finished_run(output_dir: str | Path, max_steps: int) -> None:
+    """``--resume`` continues an unfinished run: a run whose ``metrics.json`` (written when it finished) says it
+    reached ``max_steps`` is refused, before anything is trained or rewritten (it retrained the steps after its last
+    checkpoint and rewrote ``metrics.json`` and ``log.jsonl``).
+
+    Raises:
+        RunExistsError: the run finished at a step >= ``max_steps`` (the message says how to train further).
+    """
+    import json
+
+    path = Path(output_dir) / "metrics.json"
+    try:
+        step = json.loads(path.read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError, AttributeError):
+        return  # no finished run's record: resume as usual (a damaged file is the trainer's to rewrite)
+    if isinstance(step, int) and step >= max_steps:
+        raise RunExistsError(
+            f"--resume: the run in {output_dir} finished at step {step} (metrics.json) and training.max_steps is "
+            f"{max_steps}: nothing is left to train; raise --max-steps to train it further, or pass --overwrite "
+            "to start again"
+        )
+
+
 def checkpoint_architecture_decides(ctx: RunContext) -> dict[str, Any]:
     """The ``model`` section without the architecture entries that conflict with ``ctx.init_from``'s config.json.
 
@@ -429,6 +452,8 @@ def run(
     check_shared_output_dir(training.output_dir, control_plane(training.collective_timeout))
     prepare_output_dir(training.output_dir, resume, overwrite)
     changes = resume_changes(recipe, config, training.output_dir) if resume else {}
+    if resume:
+        refuse_resuming_a_finished_run(training.output_dir, training.max_steps)
     tokenizer = load_tokenizer(resolve_model_path(config.get("tokenizer") or init_from))
     ctx = RunContext(config, training, data_config, detector, tokenizer, init_from, tuple(command_line_keys))
     checkpoint_limits_decide(ctx)
