@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import vlbert.detectors.butd_model as butd_model
 from vlbert.detectors.butd_model import ButdSettings, load_butd_model, random_butd_state
+from vlbert.detectors.files import read_vocabulary
 from vlbert.detectors.images import run_in_shape_groups, to_rgb_array
 from vlbert.detectors.regions import Regions
 from vlbert.detectors.selection import BoxSelection, butd_regions, check_box_selection
@@ -55,6 +56,13 @@ def resized_shape(height: int, width: int, short: int, max_size: int) -> tuple[i
     return int(h + 0.5), int(w + 0.5)
 
 
+def butd_input(array: np.ndarray, settings: ButdSettings) -> torch.Tensor:
+    """uint8 [H, W, 3] RGB -> the network's input: float32 [3, h, w], BGR 0-255, resized as ``settings`` say
+    (:func:`resize_shortest_edge`), not normalised (the model subtracts the means)."""
+    resized = resize_shortest_edge(array, settings.min_size_test, settings.max_size_test)
+    return torch.as_tensor(np.ascontiguousarray(resized[:, :, ::-1].transpose(2, 0, 1)), dtype=torch.float32)
+
+
 def resize_shortest_edge(array: np.ndarray, short: int, max_size: int) -> np.ndarray:
     """uint8 [H, W, 3] -> uint8 [h, w, 3] (:func:`resized_shape`) by Pillow's bilinear resize, as detectron2's
     ``ResizeTransform.apply_image`` resizes uint8 images."""
@@ -67,19 +75,6 @@ def resize_shortest_edge(array: np.ndarray, short: int, max_size: int) -> np.nda
 
 
 # ------------------------------------------------------------------------------------------------ the extractor
-def _read_names(path: str | os.PathLike, count: int, kind: str) -> list[str]:
-    """One name per line (Visual Genome's vocab files: synonyms after commas, the first kept); ``count`` of them.
-
-    Raises:
-        ValueError: another count.
-    """
-    names = [line.split(",")[0].strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
-    names = [n for n in names if n]
-    if len(names) != count:
-        raise ValueError(f"{path} lists {len(names)} {kind} names; the model has {count}")
-    return names
-
-
 class ButdRegionDetector:
     """Image -> :class:`~vlbert.detectors.regions.Regions` with BUTD's Visual Genome detector in plain PyTorch
     (module docstring): the regions the detectron2 backend gives with ``config_file: butd-vg`` and the same weights.
@@ -113,7 +108,7 @@ class ButdRegionDetector:
         self.selection = selection
         a = self.model.architecture
         self.class_names = (
-            _read_names(class_names, a.num_classes, "class")
+            read_vocabulary(class_names, a.num_classes, "class")
             if class_names
             else [f"class_{i}" for i in range(a.num_classes)]
         )
@@ -121,7 +116,7 @@ class ButdRegionDetector:
         if a.attributes is not None:
             count = a.attributes[0]
             self.attribute_names = (
-                _read_names(attribute_names, count, "attribute")
+                read_vocabulary(attribute_names, count, "attribute")
                 if attribute_names
                 else [f"attribute_{i}" for i in range(count)]
             )
@@ -143,9 +138,8 @@ class ButdRegionDetector:
         }
 
     def _prepare(self, array: np.ndarray) -> torch.Tensor:
-        """uint8 [H, W, 3] RGB -> float32 [3, h, w] BGR 0-255, resized as the config says."""
-        resized = resize_shortest_edge(array, self.settings.min_size_test, self.settings.max_size_test)
-        return torch.as_tensor(np.ascontiguousarray(resized[:, :, ::-1].transpose(2, 0, 1)), dtype=torch.float32)
+        """uint8 [H, W, 3] RGB -> float32 [3, h, w] BGR 0-255, resized as the config says (:func:`butd_input`)."""
+        return butd_input(array, self.settings)
 
     def __call__(self, image, image_id: str) -> Regions:
         """One image (PIL image or uint8 array, any mode :func:`vlbert.detectors.images.to_rgb_array` converts)."""
@@ -220,15 +214,8 @@ class ButdGridBackbone:
     def forward(self, images: list[np.ndarray]) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
         """uint8 [H, W, 3] RGB arrays of one :meth:`input_shape` -> ([C5 float32 [B, 2048, h, w]], their resized
         (height, width))."""
-        s = self.settings
-        resized = [resize_shortest_edge(a, s.min_size_test, s.max_size_test) for a in images]
-        batch = torch.stack(
-            [
-                torch.as_tensor(np.ascontiguousarray(r[:, :, ::-1].transpose(2, 0, 1)), dtype=torch.float32)
-                for r in resized
-            ]
-        )
-        return [self.model.feature_map(batch.to(self.device))], [r.shape[:2] for r in resized]
+        batch = torch.stack([butd_input(a, self.settings) for a in images])
+        return [self.model.feature_map(batch.to(self.device))], [tuple(batch.shape[-2:])] * len(images)
 
 
 def butd_extractor_name(weights: str | os.PathLike, selection: BoxSelection) -> str:
@@ -275,9 +262,7 @@ class ButdOptions:
                 "the butd backend needs the detector's weights: detector.weights (--weights), "
                 "py-bottom-up-attention's faster_rcnn_from_caffe_attr.pkl"
             )
-        check_box_selection(self.min_boxes, self.max_boxes, self.score_threshold)
-        if not 0.0 < self.nms_iou <= 1.0:
-            raise ValueError(f"detector.options.nms_iou must be in (0, 1], got {self.nms_iou}")
+        check_box_selection(self.min_boxes, self.max_boxes, self.score_threshold, self.nms_iou)
 
 
 def build_butd_detector(options: ButdOptions, weights: str, device: str = "cpu") -> ButdRegionDetector:
@@ -311,6 +296,7 @@ def write_random_butd_weights(options: ButdOptions, path: str | os.PathLike) -> 
 __all__ = [
     "resized_shape",
     "resize_shortest_edge",
+    "butd_input",
     "ButdRegionDetector",
     "ButdGridBackbone",
     "butd_extractor_name",

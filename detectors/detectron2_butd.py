@@ -17,7 +17,7 @@ from detectron2.config import CfgNode, configurable
 from detectron2.modeling import BACKBONE_REGISTRY, ROI_HEADS_REGISTRY
 from detectron2.modeling.backbone.resnet import BasicStem, build_resnet_backbone
 from detectron2.modeling.roi_heads import Res5ROIHeads
-from torch import nn
+from vlbert.detectors.butd_model import AttributePredictor
 from vlbert.detectors.detectron2_checkpoint import ATTRIBUTE_KEY_RENAMES
 from vlbert.detectors.files import BUTD_VG_CONFIG_FILE
 
@@ -50,32 +50,6 @@ def build_butd_resnet_backbone(cfg: CfgNode, input_shape):
         in_channels=input_shape.channels, out_channels=cfg.MODEL.RESNETS.STEM_OUT_CHANNELS, norm=cfg.MODEL.RESNETS.NORM
     )
     return backbone
-
-
-class AttributePredictor(nn.Module):
-    """BUTD's attribute head: the embedding of the box's predicted object class concatenated with its pooled
-    feature, a 512-d ReLU layer, and scores over the attributes plus a last "no attribute" column.
-
-    Args:
-        feature_dim: the pooled box feature (2048 for C4).
-        num_classes: object classes (the embedding has one more row, for background, the last index).
-        num_attributes: 400 for Visual Genome.
-        class_embed_dim, fc_dim: 256 and 512 in BUTD.
-    """
-
-    def __init__(
-        self, feature_dim: int, num_classes: int, num_attributes: int, class_embed_dim: int = 256, fc_dim: int = 512
-    ):
-        super().__init__()
-        self.cls_embedding = nn.Embedding(num_classes + 1, class_embed_dim)
-        self.attr_linear1 = nn.Linear(feature_dim + class_embed_dim, fc_dim)
-        self.attr_linear2 = nn.Linear(fc_dim, num_attributes + 1)
-        self.num_attributes = num_attributes
-
-    def forward(self, features: torch.Tensor, class_ids: torch.Tensor) -> torch.Tensor:
-        """features float [N, D], class_ids int64 [N] (the predicted class) -> logits float [N, A + 1]."""
-        hidden = self.attr_linear1(torch.cat([features, self.cls_embedding(class_ids)], dim=-1))
-        return self.attr_linear2(F.relu(hidden))
 
 
 @ROI_HEADS_REGISTRY.register()

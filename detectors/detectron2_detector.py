@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from vlbert.detectors.detectron2_checkpoint import read_checkpoint
+from vlbert.detectors.files import read_vocabulary
 from vlbert.detectors.images import run_in_shape_groups, to_rgb_array
 from vlbert.detectors.regions import Regions
 from vlbert.detectors.selection import BoxSelection, butd_regions
@@ -170,12 +171,6 @@ def load_weights(model: torch.nn.Module, weights: str | os.PathLike) -> None:
     model.load_state_dict({k: v for k, v in state.items() if k in model_state}, strict=True)
 
 
-def _read_names(path: str | os.PathLike) -> list[str]:
-    """One name per line (Visual Genome vocab files: synonyms after commas; the first is kept)."""
-    names = [line.split(",")[0].strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
-    return [n for n in names if n]
-
-
 def extractor_name(
     config_file: str | os.PathLike,
     weights: str | os.PathLike,
@@ -256,10 +251,7 @@ class Detectron2RegionDetector:
     @staticmethod
     def _names(path, count: int, kind: str, cfg) -> list[str]:
         if path is not None:
-            names = _read_names(path)
-            if len(names) != count:
-                raise ValueError(f"{path} lists {len(names)} {kind} names; the model has {count}")
-            return names
+            return read_vocabulary(path, count, kind)
         if cfg is not None and cfg.DATASETS.TEST:
             from detectron2.data import MetadataCatalog
 

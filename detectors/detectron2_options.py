@@ -80,9 +80,7 @@ class Detectron2Options:
                 "the detectron2 backend needs a config file and weights: detector.options.config_file "
                 "and detector.weights (--config-file and --weights)"
             )
-        check_box_selection(self.min_boxes, self.max_boxes, self.score_threshold)
-        if not 0.0 < self.nms_iou <= 1.0:
-            raise ValueError(f"detector.options.nms_iou must be in (0, 1], got {self.nms_iou}")
+        check_box_selection(self.min_boxes, self.max_boxes, self.score_threshold, self.nms_iou)
         if not isinstance(self.overrides, dict):
             raise ValueError(
                 f"detector.options.overrides must be a mapping of detectron2 config keys to values, "

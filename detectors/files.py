@@ -24,4 +24,19 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["BUTD_VG_CONFIG_FILE", "file_sha256"]
+def read_vocabulary(path: str | os.PathLike, count: int, kind: str) -> list[str]:
+    """The names of a detector's vocabulary file: one a line (Visual Genome's ``objects_vocab.txt`` /
+    ``attributes_vocab.txt``: synonyms after commas, the first kept; blank lines skipped), ``count`` of them.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: another count than the model's (``kind``: "class" or
+            "attribute", for the message).
+    """
+    names = [line.split(",")[0].strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    names = [n for n in names if n]
+    if len(names) != count:
+        raise ValueError(f"{path} lists {len(names)} {kind} names; the model has {count}")
+    return names
+
+
+__all__ = ["BUTD_VG_CONFIG_FILE", "file_sha256", "read_vocabulary"]

@@ -37,7 +37,7 @@ padding) and the input (height, width) of each image. Optional: ``label(index) -
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -119,6 +119,9 @@ GRID_BACKBONES: dict[str, Callable[..., Any]] = {
 }
 
 
+_TIMM = {f.name: f for f in fields(TimmOptions)}
+
+
 @dataclass
 class GridOptions:
     """The ``grid`` backend's options (``detector.options``; each field's ``help`` is its
@@ -132,14 +135,9 @@ class GridOptions:
         default="timm",
         metadata={"help": f"what makes the feature map: one of {', '.join(GRID_BACKBONES)}"},
     )
-    architecture: str = field(
-        default=PACKAGED_ARCHITECTURE,
-        metadata={
-            "help": "the timm model (timm.list_models(); a convolutional one with feature levels, e.g. resnet50); "
-            "another than efficientnet_lite0 needs --weights"
-        },
-    )
-    input_size: int = field(default=224, metadata={"help": "the backbone's square input in pixels"})
+    # The timm backbone's fields are the timm backend's (one default, one flag and one help for both backends).
+    architecture: str = field(default=PACKAGED_ARCHITECTURE, metadata=_TIMM["architecture"].metadata)
+    input_size: int = field(default=_TIMM["input_size"].default, metadata=_TIMM["input_size"].metadata)
     grid_size: int = field(
         default=6,
         metadata={
@@ -148,12 +146,7 @@ class GridOptions:
             "the map's side (7 for a stride-32 backbone at 224 pixels)"
         },
     )
-    low_level_stage: int = field(
-        default=2,
-        metadata={
-            "help": "also pool this early feature level (timm's feature_info index; keeps colour); -1 = final only"
-        },
-    )
+    low_level_stage: int = field(default=_TIMM["low_level_stage"].default, metadata=_TIMM["low_level_stage"].metadata)
 
     def validate(self, weights: str) -> None:
         """Raise ``ValueError`` for an unknown backbone, sizes out of range, or (backbone ``timm``) another

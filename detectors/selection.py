@@ -64,9 +64,10 @@ def select_regions(
     return confidence.argsort(descending=True, stable=True)[:count]
 
 
-def check_box_selection(min_boxes: int, max_boxes: int, score_threshold: float) -> None:
+def check_box_selection(min_boxes: int, max_boxes: int, score_threshold: float, nms_iou: float | None = None) -> None:
     """Raise ``ValueError`` naming the field (``detector.options.*``) where BUTD's box selection settings are out of
-    range: at least 1 box, ``min_boxes`` <= ``max_boxes``, a confidence threshold in [0, 1]."""
+    range: at least 1 box, ``min_boxes`` <= ``max_boxes``, a confidence threshold in [0, 1], and where the backend
+    has one (not None) a per-class NMS IoU in (0, 1]."""
     for name, value in (("min_boxes", min_boxes), ("max_boxes", max_boxes)):
         if value < 1:
             raise ValueError(f"detector.options.{name} must be >= 1, got {value}")
@@ -74,6 +75,8 @@ def check_box_selection(min_boxes: int, max_boxes: int, score_threshold: float) 
         raise ValueError(f"detector.options.min_boxes={min_boxes} exceeds max_boxes={max_boxes}")
     if not 0.0 <= score_threshold <= 1.0:
         raise ValueError(f"detector.options.score_threshold must be in [0, 1], got {score_threshold}")
+    if nms_iou is not None and not 0.0 < nms_iou <= 1.0:
+        raise ValueError(f"detector.options.nms_iou must be in (0, 1], got {nms_iou}")
 
 
 @dataclass(frozen=True)

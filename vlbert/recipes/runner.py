@@ -14,6 +14,7 @@ build its data, model and evaluation); :func:`run` does the wiring every task sh
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import warnings
@@ -279,8 +280,6 @@ def refuse_resuming_a_finished_run(output_dir: str | Path, max_steps: int) -> No
     Raises:
         RunExistsError: the run finished at a step >= ``max_steps`` (the message says how to train further).
     """
-    import json
-
     path = Path(output_dir) / "metrics.json"
     try:
         step = json.loads(path.read_text(encoding="utf-8")).get("step")
