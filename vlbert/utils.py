@@ -30,12 +30,16 @@ def evaluation(fn):
 
 
 def forward_arguments(model) -> set[str]:
-    """The batch keys ``model``'s ``forward`` takes: its named parameters (the collator's ``layout`` among them) and
-    its ``label_names`` (a model whose forward reads its labels as keyword arguments). What the trainer and a task's
-    own prediction pass give the model of a batch; bookkeeping entries (``index``, the objective's name) stay out."""
+    """The batch keys ``model``'s ``forward`` takes: its parameters by name (the collator's ``layout`` among them),
+    its ``input_names`` (a vision-language model's: the fields of :class:`~vlbert.models.inputs.VLInputs`, taken as
+    keywords) and its ``label_names`` (a model whose forward reads its labels as keyword arguments). What the trainer
+    and a task's own prediction pass give the model of a batch; bookkeeping entries (``index``, the objective's
+    name) stay out."""
     import inspect
 
-    return {*inspect.signature(model.forward).parameters, *getattr(model, "label_names", ())}
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = [p.name for p in inspect.signature(model.forward).parameters.values() if p.kind in named]
+    return {*params, *getattr(model, "input_names", ()), *getattr(model, "label_names", ())}
 
 
 def process_position() -> tuple[int, int]:

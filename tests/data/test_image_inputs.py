@@ -365,9 +365,7 @@ def test_retrieval_trains_the_backbone_and_evaluates_on_the_pixels(easy, e2e_run
     text = tokenizer([captions[i] for i in shortlisted], padding=True, return_tensors="pt")
     with torch.no_grad():
         scores = model.match_scores(
-            text["input_ids"],
-            text["token_type_ids"],
-            text["attention_mask"],
+            **text,
             images=pixels.expand(2, -1, -1, -1),
             region_boxes=boxes.expand(2, -1, -1),
         )
@@ -422,9 +420,7 @@ def test_explain_reads_a_backbone_runs_pixels_and_refuses_what_feeds_features(e2
     enc = tok(text, return_tensors="pt")
     with torch.no_grad():
         attentions = model.bert(
-            enc["input_ids"],
-            enc["token_type_ids"],
-            enc["attention_mask"],
+            **enc,
             region_boxes=boxes[None],
             images=pixels,
             output_attentions=True,

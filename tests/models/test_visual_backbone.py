@@ -125,11 +125,9 @@ def test_the_backbone_trains_in_its_own_parameter_group_and_the_model_runs_on_im
     ids = torch.tensor([[2, 7, 8, 3], [2, 9, 3, 0]])
     out = model(
         ids,
-        None,
-        (ids > 0).long(),
-        None,
-        boxes,
-        mask,
+        attention_mask=(ids > 0).long(),
+        region_boxes=boxes,
+        region_mask=mask,
         images=images,
         image_sizes=sizes,
         answer_targets=torch.tensor([[1.0, 0, 0], [0, 0, 1.0]]),
@@ -141,8 +139,22 @@ def test_the_backbone_trains_in_its_own_parameter_group_and_the_model_runs_on_im
     assert not loaded.loading_info.missing_keys and loaded.config.visual_backbone == config.visual_backbone
     with torch.no_grad():
         torch.testing.assert_close(
-            loaded(ids, None, (ids > 0).long(), None, boxes, mask, images=images, image_sizes=sizes).logits,
-            model.eval()(ids, None, (ids > 0).long(), None, boxes, mask, images=images, image_sizes=sizes).logits,
+            loaded(
+                ids,
+                attention_mask=(ids > 0).long(),
+                region_boxes=boxes,
+                region_mask=mask,
+                images=images,
+                image_sizes=sizes,
+            ).logits,
+            model.eval()(
+                ids,
+                attention_mask=(ids > 0).long(),
+                region_boxes=boxes,
+                region_mask=mask,
+                images=images,
+                image_sizes=sizes,
+            ).logits,
         )
 
 

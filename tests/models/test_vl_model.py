@@ -44,8 +44,17 @@ def test_permuting_regions_permutes_outputs_and_keeps_text():
     feats, boxes, rmask = region_inputs()
     perm = torch.tensor([3, 0, 4, 1, 2])
     with torch.no_grad():
-        a = model(ids, types, mask, feats, boxes, rmask).last_hidden_state
-        b = model(ids, types, mask, feats[:, perm], boxes[:, perm], rmask[:, perm]).last_hidden_state
+        a = model(
+            ids, token_type_ids=types, attention_mask=mask, region_features=feats, region_boxes=boxes, region_mask=rmask
+        ).last_hidden_state
+        b = model(
+            ids,
+            token_type_ids=types,
+            attention_mask=mask,
+            region_features=feats[:, perm],
+            region_boxes=boxes[:, perm],
+            region_mask=rmask[:, perm],
+        ).last_hidden_state
     t = ids.shape[1]
     real_text = mask.bool()
     torch.testing.assert_close(b[:, :t][real_text], a[:, :t][real_text], atol=1e-5, rtol=0)
@@ -62,7 +71,14 @@ def test_all_regions_masked_equals_text_bert():
     ids, types, mask = padded_batch(vl.config.vocab_size, seed=2)
     feats, boxes, _ = region_inputs(seed=3)
     with torch.no_grad():
-        joint = vl(ids, types, mask, feats, boxes, torch.zeros(4, 5, dtype=torch.long))
+        joint = vl(
+            ids,
+            token_type_ids=types,
+            attention_mask=mask,
+            region_features=feats,
+            region_boxes=boxes,
+            region_mask=torch.zeros(4, 5, dtype=torch.long),
+        )
         text = bert(ids, types, mask)
     real = mask.bool()
     torch.testing.assert_close(
@@ -82,11 +98,11 @@ def test_objectives_match_their_definitions():
     probs = torch.softmax(torch.randn(4, 5, 5), -1)
     out = model(
         ids,
-        types,
-        mask,
-        feats,
-        boxes,
-        rmask,
+        token_type_ids=types,
+        attention_mask=mask,
+        region_features=feats,
+        region_boxes=boxes,
+        region_mask=rmask,
         masked_regions=masked,
         region_targets=targets,
         region_labels=probs,
@@ -115,9 +131,27 @@ def test_heads_answer_without_labels_as_with_them():
     labels = torch.full_like(ids, -100)
     labels[0, 1] = labels[2, 2] = 7
     with torch.no_grad():
-        bare = model(ids, types, mask, feats, boxes, rmask)
-        itm = model(ids, types, mask, feats, boxes, rmask, itm_label=torch.tensor([1, 0, 1, 0]))
-        mlm = model(ids, types, mask, feats, boxes, rmask, labels=labels)
+        bare = model(
+            ids, token_type_ids=types, attention_mask=mask, region_features=feats, region_boxes=boxes, region_mask=rmask
+        )
+        itm = model(
+            ids,
+            token_type_ids=types,
+            attention_mask=mask,
+            region_features=feats,
+            region_boxes=boxes,
+            region_mask=rmask,
+            itm_label=torch.tensor([1, 0, 1, 0]),
+        )
+        mlm = model(
+            ids,
+            token_type_ids=types,
+            attention_mask=mask,
+            region_features=feats,
+            region_boxes=boxes,
+            region_mask=rmask,
+            labels=labels,
+        )
     assert bare.loss is None and bare.seq_relationship_logits.shape == (4, 2)
     torch.testing.assert_close(bare.seq_relationship_logits, itm.seq_relationship_logits, rtol=0, atol=0)
     torch.testing.assert_close(bare.prediction_logits[labels != -100], mlm.prediction_logits, atol=1e-5, rtol=0)
@@ -172,11 +206,32 @@ def test_region_input_errors():
     ids, types, mask = padded_batch(model.config.vocab_size)
     feats, boxes, rmask = region_inputs()
     with pytest.raises(ValueError, match="region_feature_dim=12"):
-        model(ids, types, mask, torch.zeros(4, 5, 7), boxes, rmask)
+        model(
+            ids,
+            token_type_ids=types,
+            attention_mask=mask,
+            region_features=torch.zeros(4, 5, 7),
+            region_boxes=boxes,
+            region_mask=rmask,
+        )
     with pytest.raises(ValueError, match="zero regions"):
-        model(ids, types, mask, feats[:, :0], boxes[:, :0], rmask[:, :0])
+        model(
+            ids,
+            token_type_ids=types,
+            attention_mask=mask,
+            region_features=feats[:, :0],
+            region_boxes=boxes[:, :0],
+            region_mask=rmask[:, :0],
+        )
     with pytest.raises(ValueError, match="region_boxes"):
-        model(ids, types, mask, feats, boxes[..., :2], rmask)
+        model(
+            ids,
+            token_type_ids=types,
+            attention_mask=mask,
+            region_features=feats,
+            region_boxes=boxes[..., :2],
+            region_mask=rmask,
+        )
 
 
 def test_shard_feature_size_must_match_the_config(tokenizer):
@@ -208,7 +263,16 @@ def test_mrc_cross_entropy_variant():
     masked[0, 1] = masked[3, 2] = True
     probs = torch.softmax(torch.randn(4, 5, 5), -1)
     top = probs.argmax(-1).masked_fill(~masked, -100)
-    out = model(ids, types, mask, feats, boxes, rmask, masked_regions=masked, region_class_labels=top)
+    out = model(
+        ids,
+        token_type_ids=types,
+        attention_mask=mask,
+        region_features=feats,
+        region_boxes=boxes,
+        region_mask=rmask,
+        masked_regions=masked,
+        region_class_labels=top,
+    )
     assert set(out.losses) == {"mrc"}
     hidden = out.last_hidden_state[:, ids.shape[1] :][masked]
     expected = F.cross_entropy(model.mrc(hidden), probs[masked].argmax(-1))

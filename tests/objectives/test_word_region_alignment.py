@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import vlbert
 from vlbert.layers.optimal_transport import cosine_cost, ipot, ipot_loop, wasserstein_distance
+from vlbert.models.inputs import VLInputs
 
 
 def problems(count=12, seed=0):
@@ -215,9 +216,8 @@ def test_hard_negatives_replace_only_the_negative_rows_with_other_content():
     }
     draws = []
     for _ in range(2):
-        inputs = {"input_ids": ids.clone(), "token_type_ids": None, "attention_mask": mask.clone(), **regions}
-        ImageTextMatching().before_encoder(model, inputs, labels)
-        draws.append(inputs["input_ids"])
+        inputs = VLInputs(input_ids=ids.clone(), attention_mask=mask.clone(), **regions)
+        draws.append(ImageTextMatching().before_encoder(model, inputs, labels).input_ids)
     assert torch.equal(draws[0], draws[1])
     new = draws[0]
     for i in range(b):

@@ -80,7 +80,15 @@ def test_pretraining_heads_and_streams_equal_transformers(pretraining):
     ids, tt, tm, feats, boxes, rm = inputs(hf.config)
     ref = reference(hf, ids, tt, tm, feats, boxes, rm, output_hidden_states=True)
     with torch.no_grad():
-        out = ours(ids, tt, tm, feats, boxes, rm, output_hidden_states=True)
+        out = ours(
+            ids,
+            token_type_ids=tt,
+            attention_mask=tm,
+            region_features=feats,
+            region_boxes=boxes,
+            region_mask=rm,
+            output_hidden_states=True,
+        )
         regions = out.last_hidden_state[:, ids.shape[1] :]
         heads = {"obj": ours.mrc(regions), "attr": ours.attr(regions), "feat": ours.mrfr(regions)}
         answers = ours.qa(out.pooler_output)
@@ -95,13 +103,13 @@ def test_pretraining_heads_and_streams_equal_transformers(pretraining):
         close(logits, visual[name], rm)
     # text alone (retrieval's text embedding, ITM's hard-negative draw): the language layers, LXMERT's BERT
     with torch.no_grad():
-        alone = ours.bert(ids, tt, tm, output_hidden_states=True)
+        alone = ours.bert(ids, token_type_ids=tt, attention_mask=tm, output_hidden_states=True)
     assert alone.last_hidden_state.shape == (*ids.shape, hf.config.hidden_size) and len(alone.hidden_states) == 3
     close(alone.last_hidden_state, ref.language_hidden_states[hf.config.l_layers - 1], tm)  # no embeddings there
     from vlbert.layers.unpadded import stream_layouts
 
     with torch.no_grad():  # the collator's per-stream layout: the text stream's is the one text alone uses
-        unpadded = ours.bert(ids, tt, tm, layout=stream_layouts(tm, rm)).last_hidden_state
+        unpadded = ours.bert(ids, token_type_ids=tt, attention_mask=tm, layout=stream_layouts(tm, rm)).last_hidden_state
     close(unpadded, alone.last_hidden_state, tm)
 
 
@@ -119,7 +127,7 @@ def test_base_sized_lxmert_model_equals_transformers(tmp_path):
     ids, tt, tm, feats, boxes, rm = inputs(hf.config, seed=3)
     ref = reference(hf, ids, tt, tm, feats, boxes, rm)
     with torch.no_grad():
-        out = ours(ids, tt, tm, feats, boxes, rm)
+        out = ours(ids, token_type_ids=tt, attention_mask=tm, region_features=feats, region_boxes=boxes, region_mask=rm)
     t = ids.shape[1]
     assert out.last_hidden_state.shape == (3, t + 5, hf.config.hidden_size)
     close(out.last_hidden_state[:, :t], ref.language_output, tm)
@@ -154,7 +162,9 @@ def test_question_answering_head_equals_transformers_and_names_answers(tmp_path)
     ids, tt, tm, feats, boxes, rm = inputs(hf.config, seed=5)
     ref = reference(hf, ids, tt, tm, feats, boxes, rm).question_answering_score
     with torch.no_grad():
-        out = ours(ids, tt, tm, feats, boxes, rm).logits
+        out = ours(
+            ids, token_type_ids=tt, attention_mask=tm, region_features=feats, region_boxes=boxes, region_mask=rm
+        ).logits
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     info = json.loads((tmp_path / "out" / "processor.json").read_text())
     assert info["task"] == "vqa" and info["labels"] == ANSWERS and info["max_regions"] == 36
@@ -256,7 +266,9 @@ def test_airsplay_pth_with_module_prefixes_converts_to_the_same_model(pretrainin
     ids, tt, tm, feats, boxes, rm = inputs(cfg, seed=7)
     with torch.no_grad():
         torch.testing.assert_close(
-            vqa(ids, tt, tm, feats, boxes, rm).logits,
+            vqa(
+                ids, token_type_ids=tt, attention_mask=tm, region_features=feats, region_boxes=boxes, region_mask=rm
+            ).logits,
             reference(hf, ids, tt, tm, feats, boxes, rm).question_answering_score,
             atol=1e-5,
             rtol=1e-5,
@@ -346,8 +358,22 @@ def test_attribute_and_question_answering_units():
     model = VLBertForPreTraining(config).eval()
     ids, mask = ragged_text(3, 5, 30, [5, 4, 3])
     feats, boxes, rm = ragged_regions(3, 4, 6, [4, 2, 3])
-    full = model(ids, None, mask, feats, boxes, rm, qa_label=torch.tensor([-100, 2, -100]))
-    alone = model(ids[1:2], None, mask[1:2], feats[1:2], boxes[1:2], rm[1:2], qa_label=torch.tensor([2]))
+    full = model(
+        ids,
+        attention_mask=mask,
+        region_features=feats,
+        region_boxes=boxes,
+        region_mask=rm,
+        qa_label=torch.tensor([-100, 2, -100]),
+    )
+    alone = model(
+        ids[1:2],
+        attention_mask=mask[1:2],
+        region_features=feats[1:2],
+        region_boxes=boxes[1:2],
+        region_mask=rm[1:2],
+        qa_label=torch.tensor([2]),
+    )
     torch.testing.assert_close(full.losses["qa"], alone.losses["qa"])
     assert full.metrics["qa_accuracy"] == alone.metrics["qa_accuracy"]
     assert int(full.counts["qa"]) == int(alone.counts["qa"]) == 1  # DDP weighs each rank by its question rows
@@ -397,7 +423,9 @@ def test_text_with_every_region_masked_reads_nothing_of_them(kernel):
     none, some = torch.zeros(2, 3, dtype=torch.long), torch.tensor([[1, 1, 0], [0, 0, 0]])
     with torch.no_grad():
         a, b, c = (
-            model(ids, None, mask, f, boxes, m).last_hidden_state[:, :5]
+            model(ids, attention_mask=mask, region_features=f, region_boxes=boxes, region_mask=m).last_hidden_state[
+                :, :5
+            ]
             for f, m in ((feats, none), (torch.randn(2, 3, 6), none), (feats, some))
         )
     assert torch.isfinite(a).all()

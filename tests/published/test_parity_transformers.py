@@ -135,8 +135,24 @@ def test_vl_attentions_cover_text_and_regions():
     boxes = torch.tensor([0.0, 0.0, 0.5, 0.5]).expand(4, 3, 4)
     region_mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
     with torch.no_grad():
-        out = model(ids, types, mask, feats, boxes, region_mask, output_attentions=True)
-        text_only = model(ids, types, mask, feats, boxes, torch.zeros_like(region_mask), output_attentions=True)
+        out = model(
+            ids,
+            token_type_ids=types,
+            attention_mask=mask,
+            region_features=feats,
+            region_boxes=boxes,
+            region_mask=region_mask,
+            output_attentions=True,
+        )
+        text_only = model(
+            ids,
+            token_type_ids=types,
+            attention_mask=mask,
+            region_features=feats,
+            region_boxes=boxes,
+            region_mask=torch.zeros_like(region_mask),
+            output_attentions=True,
+        )
         bert = vlbert.BertModel(vlbert.BertConfig.from_dict(random_hf_config(1).to_dict())).eval()
         bert.load_converted_state_dict({"bert." + k: v for k, v in model.state_dict().items()})
         plain = bert(ids, types, mask, output_attentions=True)

@@ -82,7 +82,14 @@ def test_visualbert_model_equals_transformers(tmp_path, size):
                 visual_attention_mask=rm,
                 visual_token_type_ids=types,
             )
-            out = ours(ids, tt, tm, feats, None, rm, region_token_type_ids=types)
+            out = ours(
+                ids,
+                token_type_ids=tt,
+                attention_mask=tm,
+                region_features=feats,
+                region_mask=rm,
+                region_token_type_ids=types,
+            )
         torch.testing.assert_close(
             valid_rows(out.last_hidden_state, tm, rm), valid_rows(ref.last_hidden_state, tm, rm), atol=1e-5, rtol=1e-5
         )
@@ -103,7 +110,9 @@ def test_visualbert_pretraining_heads_equal_transformers(tmp_path):
             visual_attention_mask=rm,
             visual_token_type_ids=types,
         )
-        out = ours(ids, tt, tm, feats, boxes, rm)  # the converted config's default region type is 0
+        out = ours(
+            ids, token_type_ids=tt, attention_mask=tm, region_features=feats, region_boxes=boxes, region_mask=rm
+        )  # the converted config's default region type is 0
         itm = ours.itm(out.pooler_output)
     t = ids.shape[1]
     torch.testing.assert_close(
@@ -128,7 +137,15 @@ def test_visualbert_vqa_head_reads_the_mask_position(tmp_path):
             visual_attention_mask=rm,
             visual_token_type_ids=types,
         ).logits
-        out = ours(ids, tt, tm, feats, boxes, rm, region_token_type_ids=types).logits
+        out = ours(
+            ids,
+            token_type_ids=tt,
+            attention_mask=tm,
+            region_features=feats,
+            region_boxes=boxes,
+            region_mask=rm,
+            region_token_type_ids=types,
+        ).logits
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     info = json.loads((tmp_path / "out" / "processor.json").read_text())
     assert info["task"] == "vqa" and info["labels"] == answers and info["detector"]["fingerprint"] is None
@@ -150,7 +167,15 @@ def test_visualbert_nlvr2_head_types_the_two_images(tmp_path):
             visual_attention_mask=pair[2].flatten(1, 2),
             visual_token_type_ids=torch.tensor([0] * 4 + [1] * 4).expand(3, -1),
         ).logits
-        out = ours(ids, tt, tm, *pair).logits
+        features, boxes, region_mask = pair
+        out = ours(
+            ids,
+            token_type_ids=tt,
+            attention_mask=tm,
+            region_features=features,
+            region_boxes=boxes,
+            region_mask=region_mask,
+        ).logits
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -178,7 +203,7 @@ def test_uniter_equals_its_reference_forward(uniter_converted, counts):
     lengths = tm.sum(1).tolist()
     with torch.no_grad():
         seq, pooled = uniter_forward(state, ids, lengths, feats, region_location_features(boxes), counts, 2, 4)
-        out = ours(ids, None, tm, feats, boxes, rm)
+        out = ours(ids, attention_mask=tm, region_features=feats, region_boxes=boxes, region_mask=rm)
         hidden = out.last_hidden_state
     t = ids.shape[1]
     for row, (tl, nb) in enumerate(zip(lengths, counts)):
@@ -205,8 +230,10 @@ def test_uniter_mask_embedding_is_added_to_masked_regions(uniter_converted):
     shifted = feats.clone()
     shifted[:, 1] += state["uniter.img_embeddings.mask_embedding.weight"][1].float()
     with torch.no_grad():
-        a = ours(ids, None, tm, feats, boxes, rm, masked_regions=masked).last_hidden_state
-        b = ours(ids, None, tm, shifted, boxes, rm).last_hidden_state
+        a = ours(
+            ids, attention_mask=tm, region_features=feats, region_boxes=boxes, region_mask=rm, masked_regions=masked
+        ).last_hidden_state
+        b = ours(ids, attention_mask=tm, region_features=shifted, region_boxes=boxes, region_mask=rm).last_hidden_state
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
@@ -228,7 +255,7 @@ def test_uniter_vqa_checkpoint_answers_with_its_labels(tmp_path):
     with torch.no_grad():
         _, pooled = uniter_forward(state, ids, [7, 5], feats, region_location_features(boxes), [12, 10], 2, 4)
         torch.testing.assert_close(
-            ours(ids, None, tm, feats, boxes, rm).logits,
+            ours(ids, attention_mask=tm, region_features=feats, region_boxes=boxes, region_mask=rm).logits,
             uniter_heads(state, None, None, pooled)["vqa"],
             atol=1e-5,
             rtol=1e-5,
@@ -271,7 +298,7 @@ def test_uniter_entailment_and_retrieval_heads_equal_their_reference(uniter_fine
     with torch.no_grad():
         _, pooled = uniter_forward(state, ids, [9, 6, 3], feats, pos7, counts, 2, 4)
         torch.testing.assert_close(
-            ve(ids, None, tm, feats, boxes, rm).logits,
+            ve(ids, attention_mask=tm, region_features=feats, region_boxes=boxes, region_mask=rm).logits,
             uniter_heads(state, None, None, pooled)["vqa"],
             atol=1e-5,
             rtol=1e-5,
@@ -285,7 +312,7 @@ def test_uniter_entailment_and_retrieval_heads_equal_their_reference(uniter_fine
     with torch.no_grad():
         _, pooled = uniter_forward(state, ids, [9, 6, 3], feats, pos7, counts, 2, 4)
         torch.testing.assert_close(
-            retrieval(ids, None, tm, feats, boxes, rm).scores,
+            retrieval(ids, attention_mask=tm, region_features=feats, region_boxes=boxes, region_mask=rm).scores,
             uniter_heads(state, None, None, pooled)["rank"],
             atol=1e-5,
             rtol=1e-5,
@@ -328,7 +355,12 @@ def test_uniter_nlvr2_heads_equal_their_reference(uniter_fine_tuned, head, regio
             else uniter_heads(state, None, None, pooled)["nlvr2"]
         )
         torch.testing.assert_close(
-            ours(ids, None, tm, pairs(feats), pairs(boxes), pairs(rm)).logits, ref, atol=1e-5, rtol=1e-5
+            ours(
+                ids, attention_mask=tm, region_features=pairs(feats), region_boxes=pairs(boxes), region_mask=pairs(rm)
+            ).logits,
+            ref,
+            atol=1e-5,
+            rtol=1e-5,
         )
 
 
@@ -373,7 +405,7 @@ def test_oscar_and_vinvl_equal_their_reference(tmp_path, vinvl):
         seq, pooled = oscar_forward(
             state, config, ids, tt, tm, torch.cat([feats, region_location_features(boxes, 6)], -1), rm
         )
-        out = ours(ids, tt, tm, feats, boxes, rm)
+        out = ours(ids, token_type_ids=tt, attention_mask=tm, region_features=feats, region_boxes=boxes, region_mask=rm)
     torch.testing.assert_close(valid_rows(out.last_hidden_state, tm, rm), valid_rows(seq, tm, rm), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.pooler_output, pooled, atol=1e-5, rtol=1e-5)
 

@@ -96,11 +96,10 @@ def test_prec_checkpoint_equals_its_reference_forward(prec):
         ref = vl_bert_forward(state, ids, tm, boxes, wh, region_mask, masked.long(), heads, features=feats)
         out = ours(
             ids,
-            None,
-            tm,
-            feats.masked_fill(masked[..., None], 0.0),
-            boxes / wh.repeat(1, 2)[:, None],
-            region_mask,
+            attention_mask=tm,
+            region_features=feats.masked_fill(masked[..., None], 0.0),
+            region_boxes=boxes / wh.repeat(1, 2)[:, None],
+            region_mask=region_mask,
             masked_regions=masked,
         )
     assert out.last_hidden_state.shape == (b, 9 + r, ours.config.hidden_size)  # [END] is not an output row
@@ -116,8 +115,10 @@ def test_regions_share_one_position_so_their_order_does_not_matter(prec):
     feats = torch.randn(2, 5, 24, generator=torch.Generator().manual_seed(4))
     order = torch.tensor([0, 3, 1, 4, 2])  # the whole-image box stays first: it also feeds every text token
     with torch.no_grad():
-        a = ours.bert(ids, None, tm, feats, boxes).last_hidden_state
-        b = ours.bert(ids, None, tm, feats[:, order], boxes[:, order]).last_hidden_state
+        a = ours.bert(ids, attention_mask=tm, region_features=feats, region_boxes=boxes).last_hidden_state
+        b = ours.bert(
+            ids, attention_mask=tm, region_features=feats[:, order], region_boxes=boxes[:, order]
+        ).last_hidden_state
     torch.testing.assert_close(b[:, :6], a[:, :6], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b[:, 6:], a[:, 6:][:, order], atol=1e-5, rtol=1e-5)
 
@@ -146,7 +147,11 @@ def test_e2e_checkpoint_runs_its_backbone_and_equals_its_reference(tmp_path):
     with torch.no_grad():
         ref = vl_bert_forward(state, ids, tm, boxes, wh, torch.ones(2, 2), torch.zeros(2, 2), 4, images=images)
         out = ours(
-            ids, None, tm, None, boxes / wh.repeat(1, 2)[:, None], None, images=images, image_sizes=wh.flip(-1).long()
+            ids,
+            attention_mask=tm,
+            region_boxes=boxes / wh.repeat(1, 2)[:, None],
+            images=images,
+            image_sizes=wh.flip(-1).long(),
         )
     assert_rows_equal(ours, out.last_hidden_state, ref, 7)
 

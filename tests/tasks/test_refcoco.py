@@ -98,7 +98,7 @@ def test_region_scores_ignore_padding_and_train_towards_the_target():
     target = torch.tensor([2, 1, 0, 0])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(30):
-        out = model(ids, None, None, feats, boxes, mask, target_region=target)
+        out = model(ids, region_features=feats, region_boxes=boxes, region_mask=mask, target_region=target)
         out.loss.backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -133,7 +133,10 @@ def word_region_transport(
     config = model.bert.config
     with torch.no_grad():
         out = model.bert(
-            input_ids, None, torch.ones_like(input_ids), **regions, output_hidden_states=below_last_layer(config)
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            **regions,
+            output_hidden_states=below_last_layer(config),
         )
         t = input_ids.shape[1]
         words, region_states = alignment_states(

@@ -111,9 +111,9 @@ class DemoSession:
             raise ValueError(f"word {word} is not a position of the text (0..{num_text - 1})")
         with torch.no_grad():
             attentions = pipe.model.bert(
-                batch["input_ids"],
-                batch["token_type_ids"],
-                batch["attention_mask"],
+                input_ids=batch["input_ids"],
+                token_type_ids=batch["token_type_ids"],
+                attention_mask=batch["attention_mask"],
                 region_features=batch["region_features"],
                 region_boxes=batch["region_boxes"],
                 region_mask=batch["region_mask"],

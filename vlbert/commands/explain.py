@@ -203,9 +203,7 @@ def regions_command(args, out: Path) -> None:
         title = f"{args.text!r}, word-region transport plan (distance {distance:.3f})"
     else:
         with torch.no_grad():
-            output = model.bert(
-                enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], **padded, output_attentions=True
-            )
+            output = model.bert(**enc, **padded, output_attentions=True)
         cross = output.cross_attentions is not None  # a two-stream model: its cross-modality layers' maps
         attentions = output.cross_attentions if cross else output.attentions
         layer = args.layer if args.layer >= 0 else len(attentions) - 1

@@ -106,7 +106,13 @@ class SelfAttention(nn.Module):
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
         y, probs = ATTENTION_FUNCTIONS[attention](
-            q, k, v, unpadding, self.dropout_p, self.training, attentions is not None
+            q,
+            k,
+            v,
+            unpadding=unpadding,
+            dropout_p=self.dropout_p,
+            training=self.training,
+            output_attentions=attentions is not None,
         )
         if attentions is not None:
             attentions.append(probs)

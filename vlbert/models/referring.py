@@ -30,10 +30,11 @@ class VLBertForReferringExpressions(VLBertForTask):
         h = config.hidden_size
         self.region_scorer = mlp_head(h, h, 1, config.layer_norm_eps)
 
-    def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
-        scores = upcast(self.region_scorer(encoding.last_hidden_state[:, input_ids.shape[1] :]).squeeze(-1))
-        if region_mask is not None:
-            scores = scores.masked_fill(region_mask == 0, torch.finfo(scores.dtype).min)
+    def head(self, encoding, inputs) -> torch.Tensor:
+        t = inputs.input_ids.shape[1]
+        scores = upcast(self.region_scorer(encoding.last_hidden_state[:, t:]).squeeze(-1))
+        if inputs.region_mask is not None:
+            scores = scores.masked_fill(inputs.region_mask == 0, torch.finfo(scores.dtype).min)
         return scores
 
     def add_loss(self, out: ClassificationOutput, target_region: torch.Tensor) -> None:

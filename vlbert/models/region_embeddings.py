@@ -52,6 +52,7 @@ from vlbert.layers.kernels import Dropout
 if TYPE_CHECKING:
     from vlbert.config import VLBertConfig
     from vlbert.models.bert import BertEmbeddings
+    from vlbert.models.inputs import VLInputs
 
 
 def region_location_features(boxes: torch.Tensor, size: int = 7) -> torch.Tensor:
@@ -102,38 +103,22 @@ class RegionEmbedding(nn.Module):
                 f"to {cls.location_dim}"
             )
 
-    def forward(
-        self,
-        region_features: torch.Tensor,
-        region_boxes: torch.Tensor,
-        region_token_type_ids: torch.Tensor | None,
-        text: BertEmbeddings,
-        masked_regions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, inputs: VLInputs, text: BertEmbeddings) -> torch.Tensor:
+        """The region rows float [B, R, H] of ``inputs`` (its ``region_features``, ``region_boxes``,
+        ``region_token_type_ids``, ``masked_regions``: :class:`~vlbert.models.inputs.VLInputs`); ``text``: the
+        model's text embeddings, whose tables some pathways share."""
         raise NotImplementedError
 
-    def join(
-        self,
-        text: BertEmbeddings,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        region_features: torch.Tensor,
-        region_boxes: torch.Tensor | None,
-        region_mask: torch.Tensor | None,
-        region_token_type_ids: torch.Tensor | None = None,
-        masked_regions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def join(self, text: BertEmbeddings, inputs: VLInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The encoder's input: (embeddings float [B, T + R + extra_tokens, H], mask int64 [B, T + R +
         extra_tokens]), text rows first. Default: the text embeddings, then :meth:`forward`'s region rows."""
-        x = text(input_ids, token_type_ids)
-        regions = self(region_features, region_boxes, region_token_type_ids, text, masked_regions)
-        b, t, r = input_ids.shape[0], input_ids.shape[1], region_features.shape[1]
-        text_mask = attention_mask if attention_mask is not None else input_ids.new_ones(b, t)
-        reg_mask = region_mask if region_mask is not None else input_ids.new_ones(b, r)
+        x = text(inputs.input_ids, inputs.token_type_ids)
+        regions = self(inputs, text)
+        b, r = inputs.input_ids.shape[0], inputs.region_features.shape[1]
+        reg_mask = inputs.region_mask if inputs.region_mask is not None else inputs.input_ids.new_ones(b, r)
         return (
             torch.cat([x, regions.to(x.dtype)], dim=1),
-            torch.cat([text_mask.to(torch.long), reg_mask.to(torch.long)], dim=1),
+            torch.cat([inputs.text_mask.to(torch.long), reg_mask.to(torch.long)], dim=1),
         )
 
 
@@ -155,17 +140,17 @@ class UniterRegionEmbeddings(RegionEmbedding):
         self.norm = nn.LayerNorm(h, eps=eps)
         self.mask_embedding = nn.Embedding(2, config.region_feature_dim, padding_idx=0)
 
-    def forward(self, region_features, region_boxes, region_token_type_ids, text, masked_regions=None):
+    def forward(self, inputs: VLInputs, text: BertEmbeddings) -> torch.Tensor:
         dtype = self.feature_proj.weight.dtype
-        f = region_features.to(dtype)
-        if masked_regions is not None:
-            f = f + self.mask_embedding(masked_regions.long())
+        f = inputs.region_features.to(dtype)
+        if inputs.masked_regions is not None:
+            f = f + self.mask_embedding(inputs.masked_regions.long())
         x = self.feature_norm(self.feature_proj(f))
-        x = x + self.location_norm(self.location_proj(region_location_features(region_boxes.to(dtype), 7)))
-        if region_token_type_ids is None:
+        x = x + self.location_norm(self.location_proj(region_location_features(inputs.region_boxes.to(dtype), 7)))
+        if inputs.region_token_type_ids is None:
             x = x + text.token_type_embeddings.weight[self.default_token_type]
         else:
-            x = x + text.token_type_embeddings(region_token_type_ids)
+            x = x + text.token_type_embeddings(inputs.region_token_type_ids)
         return self.dropout(self.norm(x))
 
 
@@ -184,12 +169,13 @@ class VisualBertRegionEmbeddings(RegionEmbedding):
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, h)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, h)
 
-    def forward(self, region_features, region_boxes, region_token_type_ids, text, masked_regions=None):
-        x = self.feature_proj(region_features.to(self.feature_proj.weight.dtype)) + self.position_embeddings.weight[0]
-        if region_token_type_ids is None:
+    def forward(self, inputs: VLInputs, text: BertEmbeddings) -> torch.Tensor:
+        features = inputs.region_features.to(self.feature_proj.weight.dtype)
+        x = self.feature_proj(features) + self.position_embeddings.weight[0]
+        if inputs.region_token_type_ids is None:
             x = x + self.token_type_embeddings.weight[self.default_token_type]
         else:
-            x = x + self.token_type_embeddings(region_token_type_ids)
+            x = x + self.token_type_embeddings(inputs.region_token_type_ids)
         return self.dropout(text.norm(x))
 
 
@@ -205,9 +191,10 @@ class OscarRegionEmbeddings(RegionEmbedding):
         self.proj = nn.Linear(config.region_feature_dim + 6, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if self.layer_norm else None
 
-    def forward(self, region_features, region_boxes, region_token_type_ids, text, masked_regions=None):
+    def forward(self, inputs: VLInputs, text: BertEmbeddings) -> torch.Tensor:
         dtype = self.proj.weight.dtype
-        x = self.proj(torch.cat([region_features.to(dtype), region_location_features(region_boxes.to(dtype), 6)], -1))
+        location = region_location_features(inputs.region_boxes.to(dtype), 6)
+        x = self.proj(torch.cat([inputs.region_features.to(dtype), location], -1))
         return self.dropout(self.norm(x) if self.norm is not None else x)
 
 
@@ -302,23 +289,15 @@ class VLBertRegionEmbeddings(RegionEmbedding):
         pooled = self.visual(mean, whole)
         return torch.where(is_whole_image(boxes[:, 0]).unsqueeze(-1), first, pooled)
 
-    def join(
-        self,
-        text: BertEmbeddings,
-        input_ids,
-        token_type_ids,
-        attention_mask,
-        region_features,
-        region_boxes,
-        region_mask,
-        region_token_type_ids=None,
-        masked_regions=None,
-    ):
+    def join(self, text: BertEmbeddings, inputs: VLInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole sequence [text T ; regions R ; END 1] -> (embeddings float [B, T + R + 1, H], mask int64
         [B, T + R + 1]). ``region_features`` None: text alone (R = 0), as VL-BERT's text-only corpus."""
+        input_ids, token_type_ids, region_features = inputs.input_ids, inputs.token_type_ids, inputs.region_features
+        region_boxes, region_mask, masked_regions = inputs.region_boxes, inputs.region_mask, inputs.masked_regions
+        region_token_type_ids = inputs.region_token_type_ids
         b, t = input_ids.shape
         device = input_ids.device
-        text_mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        text_mask = inputs.text_mask
         n_text = text_mask.sum(1)
         region_type = (
             torch.full((b, 1), self.default_token_type, device=device)
@@ -367,7 +346,7 @@ class VLBertRegionEmbeddings(RegionEmbedding):
         mask = torch.cat([text_mask.long(), region_mask.long(), text_mask.new_ones(b, 1).long()], 1)
         return text.dropout(text.norm(x)), mask
 
-    def forward(self, region_features, region_boxes, region_token_type_ids, text, masked_regions=None):
+    def forward(self, inputs: VLInputs, text: BertEmbeddings) -> torch.Tensor:
         raise TypeError("VL-BERT's pathway embeds text and regions together: call join()")
 
 
@@ -388,10 +367,10 @@ class LxmertRegionEmbeddings(RegionEmbedding):
         self.location_proj = nn.Linear(4, h)
         self.location_norm = nn.LayerNorm(h, eps=eps)
 
-    def forward(self, region_features, region_boxes, region_token_type_ids, text, masked_regions=None):
+    def forward(self, inputs: VLInputs, text: BertEmbeddings) -> torch.Tensor:
         dtype = self.feature_proj.weight.dtype
-        x = self.feature_norm(self.feature_proj(region_features.to(dtype)))
-        y = self.location_norm(self.location_proj(region_boxes.to(dtype)))
+        x = self.feature_norm(self.feature_proj(inputs.region_features.to(dtype)))
+        y = self.location_norm(self.location_proj(inputs.region_boxes.to(dtype)))
         return self.dropout((x + y) / 2)
 
 

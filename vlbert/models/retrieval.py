@@ -13,6 +13,7 @@ from vlbert.layers.losses import classification_loss
 from vlbert.layers.sampling import draw_by_similarity
 from vlbert.layers.unpadded import UnpaddedLayout
 from vlbert.models.bert import run_padded
+from vlbert.models.inputs import VL_INPUT_NAMES, VLInputs
 from vlbert.models.outputs import ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.vl import VLBertModel
@@ -61,6 +62,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
 
     config_class = VLBertConfig
     base_model_prefix = "bert"
+    input_names = VL_INPUT_NAMES
     objectives = ("itc", "itm")
 
     def __init__(self, config: VLBertConfig):
@@ -72,92 +74,51 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         self.init_weights()
         self.log_temperature = nn.Parameter(torch.tensor(0.07).log())
 
-    def embed_text(
-        self, input_ids, token_type_ids=None, attention_mask=None, layout: UnpaddedLayout | None = None
-    ) -> torch.Tensor:
-        """Args: text [B, T]; ``layout``: optionally the text mask's unpadded layout (:meth:`VLBertModel.forward`,
-        no host sync). Returns float [B, P], unit length."""
-        enc = self.bert(input_ids, token_type_ids, attention_mask, layout=layout)
+    def embed_text(self, inputs: VLInputs | torch.Tensor | None = None, /, **fields) -> torch.Tensor:
+        """The text alone through the encoder: ``inputs`` a :class:`~vlbert.models.inputs.VLInputs` of text [B, T]
+        or its fields as keywords (``layout``: the text mask's unpadded layout, no host sync). Returns float [B, P],
+        unit length."""
+        enc = self.bert(VLInputs.take(inputs, fields))
         return F.normalize(self.text_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
 
     def embed_image(
-        self,
-        region_features=None,
-        region_boxes=None,
-        region_mask=None,
-        *,
-        cls_sep: tuple[int, int] | torch.Tensor,
-        images=None,
-        image_sizes=None,
-        layout: UnpaddedLayout | None = None,
+        self, inputs: VLInputs | None = None, /, *, cls_sep: tuple[int, int] | torch.Tensor, **fields
     ) -> torch.Tensor:
-        """Args: regions as :class:`VLBertModel` (``region_features``, or for a model with a visual backbone
-        ``images`` float [B, 3, H, W] and ``image_sizes`` int64 [B, 2] under ``region_boxes``); cls_sep: the
-        tokenizer's ([CLS], [SEP]) ids, two ints or an int64 [2] tensor on the model's device (the collator's
-        ``cls_sep_ids``: never read back); ``layout``: optionally the unpadded layout of ``[CLS] [SEP]`` + regions
-        ([B, 2 + R]). Returns float [B, P], unit length."""
-        b, device = region_boxes.shape[0], region_boxes.device
+        """``[CLS] [SEP]`` and the regions through the encoder: ``inputs`` a :class:`~vlbert.models.inputs.VLInputs`
+        of regions (no text; ``region_features``, or for a model with a visual backbone ``images`` and
+        ``image_sizes`` under ``region_boxes``; ``layout``: the unpadded layout of ``[CLS] [SEP]`` + regions,
+        [B, 2 + R]) or its fields as keywords; cls_sep: the tokenizer's ([CLS], [SEP]) ids, two ints or an int64
+        [2] tensor on the model's device (the collator's ``cls_sep_ids``: never read back).
+        Returns float [B, P], unit length."""
+        inputs = VLInputs.take(inputs, fields)
+        b, device = inputs.region_boxes.shape[0], inputs.region_boxes.device
         if torch.is_tensor(cls_sep):
             ids = cls_sep.to(device, non_blocking=True).expand(b, 2)
         else:  # made on the device (a host tensor would be a copy the host waits for)
             ids = torch.full((b, 2), cls_sep[1], dtype=torch.long, device=device)
             ids[:, 0] = cls_sep[0]
-        enc = self.bert(
-            ids,
-            None,
-            None,
-            region_features,
-            region_boxes,
-            region_mask,
-            images=images,
-            image_sizes=image_sizes,
-            layout=layout,
-        )
+        enc = self.bert(inputs.replace(input_ids=ids, token_type_ids=None, attention_mask=None))
         return F.normalize(self.image_proj(enc.last_hidden_state[:, 0]).float(), dim=-1)
 
-    def match_scores(
-        self,
-        input_ids,
-        token_type_ids,
-        attention_mask,
-        region_features=None,
-        region_boxes=None,
-        region_mask=None,
-        images=None,
-        image_sizes=None,
-    ) -> torch.Tensor:
-        """Cross-encoder score of each (text, image) pair: ITM logit margin, float [B]. Regions as
-        :meth:`embed_image`."""
-        logits = self.itm(
-            self.bert(
-                input_ids,
-                token_type_ids,
-                attention_mask,
-                region_features,
-                region_boxes,
-                region_mask,
-                images=images,
-                image_sizes=image_sizes,
-            ).pooler_output
-        ).float()
+    def match_scores(self, inputs: VLInputs | torch.Tensor | None = None, /, **fields) -> torch.Tensor:
+        """Cross-encoder score of each (text, image) pair of ``inputs`` (a :class:`~vlbert.models.inputs.VLInputs`
+        or its fields as keywords; regions as :meth:`embed_image`): ITM logit margin, float [B]."""
+        logits = self.itm(self.bert(VLInputs.take(inputs, fields)).pooler_output).float()
         return logits[:, 1] - logits[:, 0]
 
     def forward(
         self,
-        input_ids,
-        token_type_ids=None,
-        attention_mask=None,
-        region_features=None,
-        region_boxes=None,
-        region_mask=None,
-        group_ids=None,
-        cls_sep_ids=None,
-        images=None,
-        image_sizes=None,
+        inputs: VLInputs | torch.Tensor | None = None,
+        /,
+        *,
+        group_ids: torch.Tensor | None = None,
+        cls_sep_ids: torch.Tensor | None = None,
         text_layout: UnpaddedLayout | None = None,
         image_layout: UnpaddedLayout | None = None,
+        **fields,
     ) -> RetrievalOutput:
-        """Without ``group_ids``: the cross-encoder scores of the given pairs. With ``group_ids`` (int64 [B]; equal
+        """Without ``group_ids``: the cross-encoder scores of the given pairs (``inputs``: a
+        :class:`~vlbert.models.inputs.VLInputs` or its fields as keywords). With ``group_ids`` (int64 [B]; equal
         ids = interchangeable texts/images, never each other's negatives) and ``cls_sep_ids`` (int64 [2]): the
         training losses ``itc`` and ``itm`` (with ``itc_accuracy``/``itm_accuracy``).
 
@@ -165,24 +126,21 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         (:class:`~vlbert.data.retrieval.RetrievalCollator`), so that neither reads a mask on the device. The ITM
         pass pairs texts and images drawn on the device (the hard negatives), whose layout the host cannot know
         without waiting: it runs on the padded batch with its masks (a padded attention kernel), so the step never
-        waits on the host (:meth:`itm_on_hard_negatives`).
-
-        ``images`` (float [B, 3, H, W]) and ``image_sizes`` (int64 [B, 2]), for a model with a visual backbone:
-        the region features are computed from them once (:meth:`VLBertModel.extract_regions`, under
-        ``region_boxes``) and shared by the contrastive pass and the ITM pairs, so both losses train the backbone.
-        Raises ValueError: training on fewer than 2 pairs."""
-        if images is not None:
-            region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes)
+        waits on the host (:meth:`itm_on_hard_negatives`). Pixels (a model with a visual backbone) become features
+        once, shared by the contrastive pass and the ITM pairs, so both losses train the backbone.
+        Raises TypeError: a keyword that is not an input; ValueError: training on fewer than 2 pairs."""
+        inputs = VLInputs.take(inputs, fields)
+        if fields:
+            raise TypeError(f"{type(self).__name__}.forward got unknown keyword(s) {sorted(fields)}")
+        inputs = self.bert.with_region_features(inputs)
         if group_ids is None:
-            scores = self.match_scores(
-                input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask
-            )
-            return RetrievalOutput(scores=scores)
-        b = input_ids.shape[0]
+            return RetrievalOutput(scores=self.match_scores(inputs))
+        b = inputs.input_ids.shape[0]
         if b < 2:
             raise ValueError("retrieval training needs at least 2 pairs per batch (negatives come from the batch)")
-        t = self.embed_text(input_ids, token_type_ids, attention_mask, text_layout)
-        v = self.embed_image(region_features, region_boxes, region_mask, cls_sep=cls_sep_ids, layout=image_layout)
+        t = self.embed_text(inputs.text_only().replace(layout=text_layout))
+        image = inputs.replace(input_ids=None, token_type_ids=None, attention_mask=None, layout=image_layout)
+        v = self.embed_image(image, cls_sep=cls_sep_ids)
         same = group_ids[:, None] == group_ids[None, :]
         logits = t @ v.T / self.log_temperature.exp()
         target = same.float() / same.float().sum(1, keepdim=True)
@@ -195,8 +153,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
             itc_acc = same.gather(1, logits.argmax(1, keepdim=True)).float().mean()
             negatives = hard_negatives(logits, same)
         out.add("itc", itc, "itc_accuracy", itc_acc, b)
-        pairs = (input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask)
-        out.add("itm", *self.itm_on_hard_negatives(pairs, *negatives))
+        out.add("itm", *self.itm_on_hard_negatives(inputs, *negatives))
         out.add_unused(*self.idle_modules())
         return out
 
@@ -205,30 +162,16 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         under DDP): the region pathway's masked-region modules (no region is masked in retrieval)."""
         return self.bert.idle_modules()
 
-    def itm_on_hard_negatives(self, pairs: tuple, neg_text: torch.Tensor, neg_image: torch.Tensor) -> tuple:
-        """ITM over the B positive ``pairs`` (input_ids, token_type_ids, attention_mask, region_features,
-        region_boxes, region_mask, as :meth:`forward`), each image with its hard negative text ``neg_text`` [B] and
-        each text with its hard negative image ``neg_image`` [B] (:func:`hard_negatives`), on the padded batch
-        (:func:`~vlbert.models.bert.run_padded`). Returns (loss, "itm_accuracy", accuracy, count) for
-        ``ObjectiveOutput.add``."""
-        input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask = pairs
-        b = input_ids.shape[0]
-        idx = torch.arange(b, device=input_ids.device)
-        text_rows = torch.cat([idx, neg_text, idx])
-        image_rows = torch.cat([idx, idx, neg_image])
-        tt = None if token_type_ids is None else token_type_ids[text_rows]
-        am = None if attention_mask is None else attention_mask[text_rows]
+    def itm_on_hard_negatives(self, pairs: VLInputs, neg_text: torch.Tensor, neg_image: torch.Tensor) -> tuple:
+        """ITM over the B positive ``pairs`` (text and region features, as :meth:`forward`), each image with its
+        hard negative text ``neg_text`` [B] and each text with its hard negative image ``neg_image`` [B]
+        (:func:`hard_negatives`), on the padded batch (:func:`~vlbert.models.bert.run_padded`). Returns (loss,
+        "itm_accuracy", accuracy, count) for ``ObjectiveOutput.add``."""
+        b = pairs.input_ids.shape[0]
+        idx = torch.arange(b, device=pairs.input_ids.device)
+        rows = pairs.rows(torch.cat([idx, neg_text, idx]), torch.cat([idx, idx, neg_image]))
         with run_padded(self.bert.encoder):
-            logits_itm = self.itm(
-                self.bert(
-                    input_ids[text_rows],
-                    tt,
-                    am,
-                    region_features[image_rows],
-                    region_boxes[image_rows],
-                    None if region_mask is None else region_mask[image_rows],
-                ).pooler_output
-            ).float()
+            logits_itm = self.itm(self.bert(rows).pooler_output).float()
         labels = (torch.arange(3 * b, device=logits_itm.device) < b).long()  # b matches, then 2b non-matches
         loss, acc, n = classification_loss(logits_itm, labels)
         return loss, "itm_accuracy", acc, n

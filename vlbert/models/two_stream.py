@@ -72,7 +72,14 @@ class CrossAttention(nn.Module):
         k, v = self.kv(context).view(-1, 2, self.num_heads, self.head_dim).unbind(1)
         kernel = attention if ATTENTION_FUNCTIONS[attention].cross_attention else "sdpa"
         y, probs = ATTENTION_FUNCTIONS[kernel](
-            q, k, v, x_unpadding, self.dropout_p, self.training, attentions is not None, kv_unpadding=context_unpadding
+            q,
+            k,
+            v,
+            unpadding=x_unpadding,
+            dropout_p=self.dropout_p,
+            training=self.training,
+            output_attentions=attentions is not None,
+            kv_unpadding=context_unpadding,
         )
         if attentions is not None:
             attentions.append(probs)

@@ -38,7 +38,7 @@ class VLBertForVisualEntailment(VLBertForSequenceClassification):
         h = config.hidden_size
         self.vqa_head = mlp_head(h, 2 * h, config.num_labels, config.layer_norm_eps)
 
-    def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
+    def head(self, encoding, inputs) -> torch.Tensor:
         return self.vqa_head(encoding.pooler_output)
 
 
@@ -62,34 +62,13 @@ class VLBertForNLVR2Paired(VLBertForImagePairClassification):
             )
         self.nlvr2_output = nn.Linear(2 * config.hidden_size, config.num_labels)
 
-    def encode(
-        self,
-        input_ids,
-        token_type_ids,
-        attention_mask,
-        region_features,
-        region_boxes,
-        region_mask,
-        region_token_type_ids,
-        layout=None,
-    ):
-        if region_token_type_ids is None and region_features is not None and region_features.dim() == 4:
-            b, two, r = region_features.shape[:3]
-            types = torch.arange(two, device=region_features.device) + self.config.region_token_type
-            region_token_type_ids = types.repeat_interleave(r).view(1, two, r).expand(b, -1, -1)
-        return super().encode(
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            region_features,
-            region_boxes,
-            region_mask,
-            region_token_type_ids,
-            layout,
-        )
+    def pair_region_types(self) -> tuple[int, int]:
+        """UNITER's ``use_img_type``: the left image's regions of ``config.region_token_type``, the right's of the
+        next type."""
+        return (self.config.region_token_type, self.config.region_token_type + 1)
 
-    def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
-        return self.nlvr2_output(encoding.pooler_output.reshape(input_ids.shape[0], -1))
+    def head(self, encoding, inputs) -> torch.Tensor:
+        return self.nlvr2_output(encoding.pooler_output.reshape(inputs.input_ids.shape[0], -1))
 
 
 class AttentionPool(nn.Module):
@@ -130,11 +109,11 @@ class VLBertForNLVR2PairedAttention(VLBertForNLVR2Paired):
         self.fc = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), Dropout(config.hidden_dropout_prob))
         self.attn_pool = AttentionPool(h, config.attention_probs_dropout_prob)
 
-    def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
-        b, t = input_ids.shape
+    def head(self, encoding, inputs) -> torch.Tensor:
+        b, t = inputs.input_ids.shape
         hidden = encoding.last_hidden_state.view(b, 2, -1, encoding.last_hidden_state.shape[-1])
-        text = attention_mask if attention_mask is not None else input_ids.new_ones(b, t)
-        regions = region_mask if region_mask is not None else input_ids.new_ones(b, 2, hidden.shape[2] - t)
+        text = inputs.text_mask
+        regions = inputs.region_mask if inputs.region_mask is not None else text.new_ones(b, 2, hidden.shape[2] - t)
         padding = torch.cat([text[:, None].expand(-1, 2, -1), regions], -1) == 0  # [B, 2, T + R]
         left, right = hidden[:, 0], hidden[:, 1]
         l2r, _ = self.attn1(left, right, right, key_padding_mask=padding[:, 1], need_weights=False)

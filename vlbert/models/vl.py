@@ -9,35 +9,19 @@ BERT. Regions carry no position ids, so the encoder treats them as an unordered 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from vlbert.config import VLBertConfig
-from vlbert.layers.unpadded import Layout, StreamLayouts, pop_legacy_layout, unpadding
-from vlbert.models.bert import BertEncoder, BertModel, check_text_inputs
+from vlbert.layers.unpadded import StreamLayouts, unpadding
+from vlbert.models.bert import BertEncoder, BertModel
+from vlbert.models.inputs import VL_INPUT_NAMES, VLInputs, check_text_inputs
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.region_embeddings import build_region_embedding, region_location_features
 from vlbert.models.two_stream import TwoStreamEncoder
 from vlbert.models.visual_backbone import RegionFeatureExtractor
 from vlbert.objectives import Encoded
-
-
-@dataclass
-class VLInputs:
-    """One forward's text and region inputs, as :meth:`VLBertModel.forward` takes them (shapes there; region fields
-    None for text alone)."""
-
-    input_ids: torch.Tensor
-    token_type_ids: torch.Tensor | None = None
-    attention_mask: torch.Tensor | None = None
-    region_features: torch.Tensor | None = None
-    region_boxes: torch.Tensor | None = None
-    region_mask: torch.Tensor | None = None
-    region_token_type_ids: torch.Tensor | None = None
-    masked_regions: torch.Tensor | None = None
 
 
 class SingleStream:
@@ -47,7 +31,7 @@ class SingleStream:
 
     encoder_class = BertEncoder
 
-    def encode(self, model: "VLBertModel", inputs: VLInputs, layout: Layout, hidden: bool, attentions: bool):
+    def encode(self, model: "VLBertModel", inputs: VLInputs, hidden: bool, attentions: bool):
         """Embeddings -> encoder -> :class:`EncoderOutput` (no pooler) of ``model``; ``hidden`` / ``attentions``:
         output_hidden_states / output_attentions. Tokens a pathway adds after the regions (VL-BERT's [END]) take
         part in attention, extend the layout on the device, and are dropped from the states."""
@@ -55,8 +39,8 @@ class SingleStream:
         if inputs.region_features is None and not extra:  # text alone: BERT's embeddings
             x, mask = model.embeddings(inputs.input_ids, inputs.token_type_ids), inputs.attention_mask
         else:
-            x, mask = model.region_embeddings.join(model.embeddings, *vars(inputs).values())  # join's order
-        unpadded = unpadding(layout, mask[:, : mask.shape[1] - extra] if extra else mask)
+            x, mask = model.region_embeddings.join(model.embeddings, inputs)
+        unpadded = unpadding(inputs.layout, mask[:, : mask.shape[1] - extra] if extra else mask)
         if extra and unpadded is not None:  # VL-BERT's [END] after the regions, added on the device
             unpadded = unpadded.append(extra)
         out = model.encoder(x, mask, hidden, attentions, unpadded)
@@ -78,21 +62,15 @@ class TwoStream:
 
     encoder_class = TwoStreamEncoder
 
-    def encode(self, model: "VLBertModel", inputs: VLInputs, layout: Layout, hidden: bool, attentions: bool):
+    def encode(self, model: "VLBertModel", inputs: VLInputs, hidden: bool, attentions: bool):
         """Embeddings -> encoder -> :class:`EncoderOutput` (no pooler; each stream's states and attention maps
         besides the joint ones)."""
-        text = model.embeddings(inputs.input_ids, inputs.token_type_ids)
+        text, layout = model.embeddings(inputs.input_ids, inputs.token_type_ids), inputs.layout
         if inputs.region_features is None:  # the language layers alone, on the text stream's layout
             text_layout = layout.text if isinstance(layout, StreamLayouts) else layout
             mask = inputs.attention_mask
             return model.encoder.text(text, mask, hidden, attentions, unpadding(text_layout, mask))
-        regions = model.region_embeddings(
-            inputs.region_features,
-            inputs.region_boxes,
-            inputs.region_token_type_ids,
-            model.embeddings,
-            inputs.masked_regions,
-        )
+        regions = model.region_embeddings(inputs, model.embeddings)
         return model.encoder(
             text, regions.to(text.dtype), inputs.attention_mask, inputs.region_mask, hidden, attentions, layout
         )
@@ -121,6 +99,7 @@ class VLBertModel(BertModel):
     """
 
     config_class = VLBertConfig
+    input_names = VL_INPUT_NAMES
 
     def add_inputs(self, config: VLBertConfig) -> None:
         """The region pathway (:data:`~vlbert.models.region_embeddings.REGION_EMBEDDINGS`) and, when the config has
@@ -214,41 +193,37 @@ class VLBertModel(BertModel):
             if t is not None and t.shape != (b, r):
                 raise ValueError(f"{name} must be [{b}, {r}], got {tuple(t.shape)}")
 
+    def with_region_features(self, inputs: VLInputs) -> VLInputs:
+        """Pixels to region features, the one place: ``inputs`` with ``region_features`` computed from its
+        ``images`` under its ``region_boxes`` (:meth:`extract_regions`; masked regions' pixels hidden there) and the
+        pixels dropped; ``inputs`` itself where it carries no pixels.
+
+        Raises:
+            ValueError: as :meth:`extract_regions`."""
+        if inputs.images is None:
+            return inputs
+        features = self.extract_regions(
+            inputs.images, inputs.region_boxes, inputs.region_mask, inputs.image_sizes, inputs.masked_regions
+        )
+        return inputs.replace(region_features=features, images=None, image_sizes=None)
+
     def forward(
         self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        region_features: torch.Tensor | None = None,
-        region_boxes: torch.Tensor | None = None,
-        region_mask: torch.Tensor | None = None,
+        inputs: VLInputs | torch.Tensor | None = None,
+        /,
+        *,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
-        region_token_type_ids: torch.Tensor | None = None,
-        masked_regions: torch.Tensor | None = None,
-        images: torch.Tensor | None = None,
-        image_sizes: torch.Tensor | None = None,
-        layout: Layout = None,
+        **fields,
     ) -> EncoderOutput:
         """Encode text and regions jointly.
 
         Args:
-            input_ids, token_type_ids, attention_mask: text, [B, T] (as :meth:`BertModel.forward`).
-            region_features: float [B, R, region_feature_dim] RoI features (float16 accepted).
-            region_boxes: float [B, R, 4], (x1, y1, x2, y2) normalised to [0, 1] by image width/height.
-            region_mask: [B, R], 1 = real region, 0 = padding (default all 1).
+            inputs: a :class:`~vlbert.models.inputs.VLInputs` (shapes and units there), or its fields as keywords
+                (``model(**batch)``; ``input_ids`` may come by position). Text alone (no region fields) is BERT.
             output_hidden_states: also return per-layer hidden states over all T + R positions.
             output_attentions: also return each layer's attention probabilities [B, heads, T + R, T + R] (text
                 positions first: rows/columns T.. are the regions).
-            region_token_type_ids: int64 [B, R], each region's token type (default ``config.region_token_type``;
-                VisualBERT's NLVR2 types the two images' regions 0 and 1).
-            masked_regions: bool [B, R], regions masked for masked region modelling (UNITER adds its
-                ``mask_embedding`` there; the other pathways ignore it).
-            layout: optionally the collator's unpadded layout (no host sync): of the [B, T + R] mask, text then regions
-                (:func:`~vlbert.layers.unpadded.unpadded_layout`); for a two-stream model each stream's
-                (:func:`~vlbert.layers.unpadded.stream_layouts`).
-            images, image_sizes: instead of ``region_features``, float [B, 3, H, W] images (and int64 [B, 2] their
-                (height, width) in a padded batch) for the model's visual backbone (:meth:`extract_regions`).
         Returns:
             :class:`EncoderOutput`, last_hidden_state [B, T + R, H] (text rows first), pooler_output [B, H].
             Without regions this is exactly :class:`BertModel` (VL-BERT's pathway: its text-only embedding); for a
@@ -256,25 +231,20 @@ class VLBertModel(BertModel):
             Tokens a pathway adds (VL-BERT's [END]) take part in attention and are dropped from
             ``last_hidden_state`` and ``hidden_states``; ``attentions`` keep them ([B, heads, S, S], S = T + R + 1).
         Raises:
+            TypeError: a keyword that is not a field of VLInputs, or no input_ids.
             ValueError: text input errors (see BertModel), feature size other than config.region_feature_dim,
                 zero regions, or mismatched box/mask shapes; a per-stream layout for a single-stream model.
         The path (:data:`ENCODERS`: :class:`SingleStream` or :class:`TwoStream`) was chosen at construction.
         """
-        check_text_inputs(self.config, input_ids, token_type_ids, attention_mask)
-        if images is not None:
-            region_features = self.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
-        inputs = VLInputs(
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            region_features,
-            region_boxes,
-            region_mask,
-            region_token_type_ids,
-            masked_regions,
-        )
+        inputs = VLInputs.take(inputs, fields)
+        if fields or inputs.input_ids is None:
+            raise TypeError(
+                f"{type(self).__name__}.forward takes the fields of VLInputs; got {sorted(fields) or 'no input_ids'}"
+            )
+        check_text_inputs(self.config, inputs.input_ids, inputs.token_type_ids, inputs.attention_mask)
+        inputs = self.with_region_features(inputs)
         self.check_region_inputs(inputs)
-        out = self.path.encode(self, inputs, layout, output_hidden_states, output_attentions)
+        out = self.path.encode(self, inputs, output_hidden_states, output_attentions)
         out.pooler_output = self.pooler(out.last_hidden_state) if self.pooler is not None else None
         return out
 
@@ -304,6 +274,7 @@ class VLBertForPreTraining(UnitPreTrainingModel):
 
     config_class = VLBertConfig
     base_model_prefix = "bert"
+    input_names = VL_INPUT_NAMES
     modality = "vl"
 
     def __init__(self, config: VLBertConfig):
@@ -314,45 +285,30 @@ class VLBertForPreTraining(UnitPreTrainingModel):
 
     def forward(
         self,
-        input_ids,
-        token_type_ids=None,
-        attention_mask=None,
-        region_features=None,
-        region_boxes=None,
-        region_mask=None,
-        masked_regions=None,
+        inputs: VLInputs | torch.Tensor | None = None,
+        /,
+        *,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
-        images=None,
-        image_sizes=None,
-        layout: Layout = None,
         **labels,
     ) -> PreTrainingOutput:
-        """Run the encoder and every objective whose labels are given (``labels``: the keys of
-        :attr:`label_names`, e.g. ``labels`` for MLM, ``itm_label``). Shapes as the class docstring; returns a
-        :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives' losses and per-objective
-        ``losses``/``metrics``/``counts``; ``seq_relationship_logits`` holds the ITM logits [B, 2]. Without any
-        labels (inference), every head that has an output field fills it (:meth:`Objective.predict`):
-        ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size], and
-        ``seq_relationship_logits`` the ITM logits [B, 2] (column 1 = the text matches the image), as
-        transformers' ``*ForPreTraining`` return every head's logits.
-        ``layout``: the collator's unpadded layout (:meth:`VLBertModel.forward`); ``labels`` also takes the MLM
-        unit's ``masked_lm_positions`` (no host sync). A batch whose text a unit rewrites before the encoder (ITM's
-        hard negatives) carries no layout: the collator cannot know it.
-        ``images``, ``image_sizes``: pixels for the model's visual backbone instead of ``region_features``
-        (:meth:`VLBertModel.extract_regions`; masked regions' pixels are hidden there)."""
-        layout = pop_legacy_layout(layout, labels)
-        given = self.given_labels(labels, masked_regions=masked_regions)
-        if images is not None:
-            region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes, masked_regions)
-        inputs = VLInputs(
-            input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask, None, masked_regions
-        )
-        self.before_encoder(inputs, given, layout)
+        """Run the encoder and every objective whose labels are given.
+
+        ``inputs``: a :class:`~vlbert.models.inputs.VLInputs` or its fields as keywords (:meth:`VLBertModel.forward`;
+        masked regions' features already zeroed, pixels hidden by the backbone); ``labels``: the keys of
+        :attr:`label_names` (e.g. ``labels`` for MLM with its ``masked_lm_positions``, ``itm_label``; shapes in the
+        class docstring). Returns a :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives'
+        losses and per-objective ``losses``/``metrics``/``counts``; ``seq_relationship_logits`` holds the ITM logits
+        [B, 2]. Without any labels (inference), every head that has an output field fills it
+        (:meth:`Objective.predict`): ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size],
+        as transformers' ``*ForPreTraining`` return every head's logits. A batch whose text a unit rewrites before
+        the encoder (ITM's hard negatives) carries no layout: the collator cannot know it.
+        Raises: TypeError for a label no unit reads; ValueError as :meth:`VLBertModel.forward`."""
+        inputs = VLInputs.take(inputs, labels)
+        given = self.given_labels(labels, masked_regions=inputs.masked_regions)
+        inputs = self.before_encoder(self.bert.with_region_features(inputs), given)
         keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in self.running(given))
-        enc = self.bert(
-            **vars(inputs), output_hidden_states=keep_hidden, output_attentions=output_attentions, layout=layout
-        )
+        enc = self.bert(inputs, output_hidden_states=keep_hidden, output_attentions=output_attentions)
         out = PreTrainingOutput(
             last_hidden_state=enc.last_hidden_state,
             pooler_output=enc.pooler_output,
@@ -361,39 +317,36 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         )
         return self.run_units(out, self.encoded(enc, inputs), given)
 
-    def before_encoder(self, inputs: VLInputs, given: dict, layout: Layout) -> None:
-        """Let the units that build their examples from the model (ITM's hard negatives: unit.before_encoder)
-        rewrite ``inputs`` in place. Raises ValueError when one rewrote the text of a batch that carries a layout
-        (which then no longer describes it)."""
-        names = ("input_ids", "token_type_ids", "attention_mask", "region_features", "region_boxes", "region_mask")
-        fields = {k: getattr(inputs, k) for k in names}
+    def before_encoder(self, inputs: VLInputs, given: dict) -> VLInputs:
+        """``inputs`` as the units that build their examples from the model rewrite them (ITM's hard negatives:
+        ``Objective.before_encoder``).
+
+        Raises:
+            ValueError: a unit rewrote the text of a batch that carries a layout (which then no longer describes
+                it)."""
+        rewritten = inputs
         for unit in self.units:
             if all(given[k] is not None for k in unit.inputs):
-                unit.before_encoder(self, fields, given)
-        if fields["input_ids"] is not inputs.input_ids and layout is not None:
+                rewritten = unit.before_encoder(self, rewritten, given)
+        if rewritten.input_ids is not inputs.input_ids and inputs.layout is not None:
             raise ValueError(
                 "a unit rewrote the text before the encoder (ITM's hard negatives), so the batch's unpadded "
                 "layout does not describe it; such batches carry no layout"
             )
-        inputs.input_ids, inputs.token_type_ids = fields["input_ids"], fields["token_type_ids"]
-        inputs.attention_mask = fields["attention_mask"]
+        return rewritten
 
     def encoded(self, enc: EncoderOutput, inputs: VLInputs) -> Encoded:
         """What the units' losses read of the encoder pass ``enc`` over ``inputs``: text and region states
         split at T, the pooled [CLS], both masks (all real where not given), the hidden states, the tied MLM
         decoder weight."""
         t = inputs.input_ids.shape[1]
-        text_mask = inputs.attention_mask if inputs.attention_mask is not None else torch.ones_like(inputs.input_ids)
-        region_mask = inputs.region_mask
-        if region_mask is None and inputs.region_features is not None:
-            region_mask = torch.ones_like(inputs.region_features[..., 0])
         return Encoded(
             self,
             enc.last_hidden_state[:, :t],
             enc.last_hidden_state[:, t:],
             enc.pooler_output,
-            text_mask,
-            region_mask,
+            inputs.text_mask,
+            inputs.regions_mask,
             enc.hidden_states,
             self.bert.embeddings.word_embeddings.weight,
         )

@@ -10,7 +10,6 @@ from vlbert.config import VLBertConfig
 from vlbert.layers.kernels import Dropout
 from vlbert.layers.losses import classification_loss
 from vlbert.layers.mlp_head import mlp_head
-from vlbert.layers.unpadded import UnpaddedLayout
 from vlbert.models.heads import ClassificationOutput
 from vlbert.models.vl_task import VLBertForTask
 
@@ -30,7 +29,7 @@ class VLBertForSequenceClassification(VLBertForTask):
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
+    def head(self, encoding, inputs) -> torch.Tensor:
         return self.classifier(self.dropout(encoding.pooler_output))
 
     def add_loss(self, out: ClassificationOutput, labels: torch.Tensor) -> None:
@@ -56,44 +55,19 @@ class VLBertForImagePairClassification(VLBertForTask):
         h = config.hidden_size
         self.classifier = mlp_head(2 * h, 2 * h, config.num_labels, config.layer_norm_eps)
 
-    def encode(
-        self,
-        input_ids,
-        token_type_ids,
-        attention_mask,
-        region_features,
-        region_boxes,
-        region_mask,
-        region_token_type_ids,
-        layout: UnpaddedLayout | None = None,
-    ):
+    def pair_region_types(self) -> tuple[int, int] | None:
+        """Each image's region token type (left, right), or None for the inputs' own (default: every region
+        ``config.region_token_type``)."""
+        return None
+
+    def encode(self, inputs):
         """Each statement encoded once with each image: [2B, T + R, H] (rows 2i, 2i + 1: statement i with its
-        left, right image); ``layout``: the collator's unpadded layout of those 2B rows (:class:`~vlbert.data.grounded_text.
-        GroundedCollator` with two images per text)."""
-        if (
-            region_features is None
-            or region_features.dim() != 4
-            or region_features.shape[:2] != (input_ids.shape[0], 2)
-        ):
-            shape = None if region_features is None else tuple(region_features.shape)
-            raise ValueError(f"region_features must be [batch, 2, regions, dim] (left and right image), got {shape}")
+        left, right image: :meth:`~vlbert.models.inputs.VLInputs.image_pairs`); the collator's unpadded layout is
+        of those 2B rows (:class:`~vlbert.data.grounded_text.GroundedCollator` with two images per text)."""
+        return self.bert(inputs.image_pairs(self.pair_region_types(), joined=False))
 
-        def twice(t):  # [B, ...] -> [2B, ...]: each statement once per image
-            return None if t is None else t.repeat_interleave(2, dim=0)
-
-        return self.bert(
-            twice(input_ids),
-            twice(token_type_ids),
-            twice(attention_mask),
-            region_features.flatten(0, 1),
-            region_boxes.flatten(0, 1),
-            None if region_mask is None else region_mask.flatten(0, 1),
-            region_token_type_ids=None if region_token_type_ids is None else region_token_type_ids.flatten(0, 1),
-            layout=layout,
-        )
-
-    def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
-        return self.classifier(encoding.pooler_output.reshape(input_ids.shape[0], -1))
+    def head(self, encoding, inputs) -> torch.Tensor:
+        return self.classifier(encoding.pooler_output.reshape(inputs.input_ids.shape[0], -1))
 
 
 class VLBertForVisualReasoning(VLBertForSequenceClassification):
@@ -104,34 +78,12 @@ class VLBertForVisualReasoning(VLBertForSequenceClassification):
     [B, 2, R, D], ...), or regions already joined [B, R', ...] with ``region_token_type_ids`` [B, R'].
     """
 
-    def encode(
-        self,
-        input_ids,
-        token_type_ids,
-        attention_mask,
-        region_features,
-        region_boxes,
-        region_mask,
-        region_token_type_ids,
-        layout: UnpaddedLayout | None = None,
-    ):
-        if region_features is not None and region_features.dim() == 4:
-            layout = None  # the pair collator's layout is of the 2B rows, not of this one joined sequence
-            b, two, r = region_features.shape[:3]
-            region_token_type_ids = torch.arange(two, device=region_features.device).repeat_interleave(r).expand(b, -1)
-            region_features = region_features.flatten(1, 2)
-            region_boxes = None if region_boxes is None else region_boxes.flatten(1, 2)
-            region_mask = None if region_mask is None else region_mask.flatten(1, 2)
-        return super().encode(
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            region_features,
-            region_boxes,
-            region_mask,
-            region_token_type_ids,
-            layout,
-        )
+    def encode(self, inputs):
+        """Pairs [B, 2, R, ...] joined into one sequence, the left image's regions of token type 0 and the right's
+        of type 1 (:meth:`~vlbert.models.inputs.VLInputs.image_pairs`); regions already joined as given."""
+        if inputs.region_features is not None and inputs.region_features.dim() == 4:
+            inputs = inputs.image_pairs((0, 1), joined=True)
+        return self.bert(inputs)
 
 
 __all__ = ["VLBertForSequenceClassification", "VLBertForImagePairClassification", "VLBertForVisualReasoning"]

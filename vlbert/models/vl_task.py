@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from vlbert.config import VLBertConfig
-from vlbert.layers.unpadded import UnpaddedLayout
 from vlbert.models.heads import ClassificationOutput
+from vlbert.models.inputs import VL_INPUT_NAMES, VLInputs
 from vlbert.models.outputs import EncoderOutput, ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.vl import VLBertModel
@@ -32,6 +32,7 @@ class VLBertForTask(PreTrainedModel):
 
     config_class = VLBertConfig
     base_model_prefix = "bert"
+    input_names = VL_INPUT_NAMES
     output_class: ClassVar[type] = ClassificationOutput
     label_names: ClassVar[tuple[str, ...]] = ("labels",)
     reads_pooler: ClassVar[bool] = True
@@ -46,90 +47,38 @@ class VLBertForTask(PreTrainedModel):
         """Add the head's modules (their names are the checkpoint names)."""
         raise NotImplementedError
 
-    def encode(
-        self,
-        input_ids,
-        token_type_ids,
-        attention_mask,
-        region_features,
-        region_boxes,
-        region_mask,
-        region_token_type_ids,
-        layout: UnpaddedLayout | None = None,
-    ) -> EncoderOutput:
-        """The joint encoding [B, T + R, H] of text and regions (:meth:`VLBertModel.forward`); ``layout``: the
-        collator's unpadded layout of [text ; regions] (a subclass whose regions come in another layout says what
-        its collator's layout describes)."""
-        return self.bert(
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            region_features,
-            region_boxes,
-            region_mask,
-            region_token_type_ids=region_token_type_ids,
-            layout=layout,
-        )
+    def encode(self, inputs: VLInputs) -> EncoderOutput:
+        """The joint encoding [B, T + R, H] of text and regions (:meth:`VLBertModel.forward`); a subclass whose
+        regions come in another layout (image pairs) says what its collator's layout describes."""
+        return self.bert(inputs)
 
-    def head(
-        self,
-        encoding: EncoderOutput,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        region_mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """The task's logits from the encoding (the text inputs and region mask as given to :meth:`forward`)."""
+    def head(self, encoding: EncoderOutput, inputs: VLInputs) -> torch.Tensor:
+        """The task's logits from the encoding of ``inputs`` (as given to :meth:`forward`)."""
         raise NotImplementedError
 
     def add_loss(self, out: ObjectiveOutput, **targets: torch.Tensor) -> None:
         """Add the task's loss and metric to ``out`` (``out.add``), from ``out.logits`` and the given targets."""
         raise NotImplementedError
 
-    def forward(
-        self,
-        input_ids,
-        token_type_ids=None,
-        attention_mask=None,
-        region_features=None,
-        region_boxes=None,
-        region_mask=None,
-        region_token_type_ids=None,
-        images=None,
-        image_sizes=None,
-        layout: UnpaddedLayout | None = None,
-        **targets,
-    ) -> ObjectiveOutput:
-        """Args: text int64 [B, T] and regions as :meth:`VLBertModel.forward` (region_features [B, R, D],
-        region_boxes float [B, R, 4] normalised xyxy, region_mask [B, R]; the class docstring says where a head
-        takes another layout); ``targets``: the keys of :attr:`label_names` (shapes in the class docstring);
-        ``layout``: the collator's unpadded layout (:meth:`VLBertModel.forward`);
-        ``images``, ``image_sizes``: pixels instead of ``region_features`` for the model's visual backbone
-        (:meth:`VLBertModel.extract_regions`).
+    def forward(self, inputs: VLInputs | torch.Tensor | None = None, /, **fields) -> ObjectiveOutput:
+        """Args: ``inputs``: a :class:`~vlbert.models.inputs.VLInputs` or its fields as keywords (shapes there;
+        the class docstring says where a head takes another layout; pixels become features once, in
+        :meth:`VLBertModel.with_region_features`); the other keywords: the targets of :attr:`label_names`.
         Returns :attr:`output_class` with ``logits``; with targets, the loss and metric of the task.
-        Raises: TypeError for a target key the head does not read (its keys named); ValueError as
-        :meth:`VLBertModel.forward`.
+        Raises: TypeError for a keyword that is neither an input nor a target the head reads (its keys named);
+        ValueError as :meth:`VLBertModel.forward`.
         """
-        unknown = sorted(set(targets) - set(self.label_names))
+        inputs = VLInputs.take(inputs, fields)
+        unknown = sorted(set(fields) - set(self.label_names))
         if unknown:
             raise TypeError(
                 f"{type(self).__name__}.forward got unknown target(s) {unknown}; it reads {list(self.label_names)}"
             )
-        if images is not None:
-            region_features = self.bert.extract_regions(images, region_boxes, region_mask, image_sizes)
-        enc = self.encode(
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            region_features,
-            region_boxes,
-            region_mask,
-            region_token_type_ids,
-            layout,
-        )
-        out = self.output_class(logits=self.head(enc, input_ids, attention_mask, region_mask))
-        given = {k: v for k, v in targets.items() if v is not None}
-        if given:
-            self.add_loss(out, **given)
+        inputs = self.bert.with_region_features(inputs)
+        out = self.output_class(logits=self.head(self.encode(inputs), inputs))
+        targets = {k: v for k, v in fields.items() if v is not None}
+        if targets:
+            self.add_loss(out, **targets)
         out.add_unused(*self.idle_modules())
         return out
 

@@ -42,7 +42,7 @@ class VLBertForVQA(VLBertForTask):
         h = config.hidden_size
         self.vqa_head = mlp_head(h, 2 * h, config.num_labels, config.layer_norm_eps)
 
-    def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
+    def head(self, encoding, inputs) -> torch.Tensor:
         return self.vqa_head(encoding.pooler_output)
 
     def add_loss(self, out: VQAOutput, answer_targets: torch.Tensor) -> None:
@@ -78,13 +78,10 @@ class VLBertForMaskedTokenVQA(VLBertForVQA):
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def head(self, encoding, input_ids, attention_mask, region_mask) -> torch.Tensor:
-        lengths = (
-            attention_mask.sum(1)
-            if attention_mask is not None
-            else input_ids.new_full((input_ids.shape[0],), input_ids.shape[1])
-        )
-        at_mask = encoding.last_hidden_state[torch.arange(input_ids.shape[0], device=input_ids.device), lengths - 2]
+    def head(self, encoding, inputs) -> torch.Tensor:
+        lengths = inputs.text_mask.sum(1)
+        rows = torch.arange(lengths.shape[0], device=lengths.device)
+        at_mask = encoding.last_hidden_state[rows, lengths - 2]
         return self.classifier(self.dropout(at_mask))
 
 

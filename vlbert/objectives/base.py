@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from vlbert.models.inputs import VLInputs
 
 
 @dataclass
@@ -142,10 +145,11 @@ class Objective:
         its batches; WRA below the last layer). Default: False."""
         return False
 
-    def before_encoder(self, model: nn.Module, inputs: dict, labels: dict) -> None:
-        """Model side, before the encoder pass of a batch carrying this unit's labels: rewrite ``inputs``
-        (input_ids, token_type_ids, attention_mask, region_features, region_boxes, region_mask) in place where
-        the unit builds its examples from the model itself (ITM's hard negatives). Default: nothing."""
+    def before_encoder(self, model: nn.Module, inputs: VLInputs, labels: dict) -> VLInputs:
+        """Model side, before the encoder pass of a batch carrying this unit's labels: ``inputs``
+        (:class:`~vlbert.models.inputs.VLInputs`) as the unit rewrites them where it builds its examples from the
+        model itself (ITM's hard negatives; a new object, ``inputs`` unchanged). Default: ``inputs``."""
+        return inputs
 
     def predict(self, encoded: Encoded) -> torch.Tensor | None:
         """The head's logits without labels (inference), as transformers' ``*ForPreTraining`` return every head's

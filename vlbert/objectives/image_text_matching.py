@@ -13,6 +13,7 @@ them), computed without gradient before the joint pass.
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,9 @@ from vlbert.layers.losses import classification_loss
 from vlbert.layers.sampling import draw_by_similarity
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
 from vlbert.utils import all_gather_padded
+
+if TYPE_CHECKING:
+    from vlbert.models.inputs import VLInputs
 
 NEGATIVES = ("random", "hard")
 
@@ -64,38 +68,30 @@ class ImageTextMatching(Objective):
             batch["itm_content"] = torch.tensor([x["content_id"] for x in items], dtype=torch.long)
             batch["itm_draw"] = torch.cat([torch.rand(1, generator=g) for g in generators])
 
-    def before_encoder(self, model, inputs: dict, labels: dict) -> None:
-        """Hard negatives: replace the text of every label-0 row with a caption drawn from the global batch in
-        proportion to its similarity to the row's image (other content only), in place in ``inputs``
-        (input_ids, token_type_ids, attention_mask [B, T'], T' the global batch's longest text). Draws
+    def before_encoder(self, model, inputs: VLInputs, labels: dict) -> VLInputs:
+        """Hard negatives: ``inputs`` with the text of every label-0 row replaced by a caption drawn from the
+        global batch in proportion to its similarity to the row's image (other content only): input_ids,
+        token_type_ids, attention_mask [B, T'], T' the global batch's longest text. Draws
         (:func:`~vlbert.layers.sampling.draw_by_similarity`, no host sync) depend only on each row's ``itm_draw``
         and the global batch, so N processes at batch b draw as 1 process at N x b."""
         if labels.get("itm_content") is None or labels.get("itm_label") is None:
-            return
-        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+            return inputs
+        ids, mask = inputs.input_ids, inputs.attention_mask
         b = ids.shape[0]
         rows = torch.arange(b, device=ids.device)
         with torch.no_grad():
-            text = F.normalize(model.bert(ids, None, mask).last_hidden_state[:, 0].float(), dim=-1)
+            text = F.normalize(model.bert(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0].float(), dim=-1)
             cls_sep = torch.stack([ids[:, 0], ids[rows, mask.sum(1) - 1]], 1)
-            image = F.normalize(
-                model.bert(
-                    cls_sep, None, None, inputs["region_features"], inputs["region_boxes"], inputs["region_mask"]
-                )
-                .last_hidden_state[:, 0]
-                .float(),
-                dim=-1,
-            )
+            regions = inputs.replace(input_ids=cls_sep, token_type_ids=None, attention_mask=None, layout=None)
+            image = F.normalize(model.bert(regions).last_hidden_state[:, 0].float(), dim=-1)
             all_text, all_ids, all_mask, all_content = all_gather_padded([text, ids, mask, labels["itm_content"]])
             same = labels["itm_content"][:, None] == all_content[None, :]
             chosen = draw_by_similarity(image @ all_text.T / self.temperature, same, labels["itm_draw"])
         negative = labels["itm_label"] == 0
         width = all_ids.shape[1]  # the global batch's longest text (no host read of the new lengths)
-        inputs["input_ids"] = torch.where(negative[:, None], all_ids[chosen], F.pad(ids, (0, width - ids.shape[1])))
-        inputs["attention_mask"] = torch.where(
-            negative[:, None], all_mask[chosen], F.pad(mask, (0, width - ids.shape[1]))
-        )
-        inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
+        new_ids = torch.where(negative[:, None], all_ids[chosen], F.pad(ids, (0, width - ids.shape[1])))
+        new_mask = torch.where(negative[:, None], all_mask[chosen], F.pad(mask, (0, width - ids.shape[1])))
+        return inputs.replace(input_ids=new_ids, attention_mask=new_mask, token_type_ids=torch.zeros_like(new_ids))
 
     def predict(self, encoded: Encoded) -> torch.Tensor:
         """float [B, 2], the ITM logits of each (text, image) row (column 1 = the text matches the image)."""
