@@ -2,7 +2,9 @@
 directories mapped onto them): ``configs/`` as ``vlbert.configs``, so an installed vlbert finds its run configs by
 name (``vlbert pretrain --config vl/uniter-base``; vlbert.training.run_config.config_dir), and ``detectors/`` (the
 region layer, the design card's top-level folder) as ``vlbert.detectors``, a name that cannot collide with another
-distribution's ``detectors``. Everything else is in pyproject.toml."""
+distribution's ``detectors``. The repository's tools stay out of the wheel: ``benchmarks/`` (``python -m benchmarks``
+from a clone; ``vlbert benchmark`` runs it there), ``tools/`` and ``tests/``. Everything else is in
+pyproject.toml."""
 
 from setuptools import find_packages, setup
 

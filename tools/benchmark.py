@@ -1,10 +1,15 @@
 #!/usr/bin/env python
-"""``vlbert benchmark [train]`` as a script: ``python tools/benchmark.py --help`` (the code: ``vlbert/commands/benchmark``)."""
+"""``python -m benchmarks [train]`` as a script: ``python tools/benchmark.py --help``
+(the code: ``benchmarks/train.py``).
+The repository's benchmarks are not part of the vlbert package: the checkout's root goes on sys.path first."""
 
 import sys
+from pathlib import Path
 
-from vlbert.commands.benchmark.train import bbc_news_pairs  # noqa: F401  (../shared/gpu/roofline.py reads it here)
-from vlbert.commands.scripts import run_script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import run_script  # noqa: E402
+from benchmarks.train import bbc_news_pairs  # noqa: F401, E402  (../shared/gpu/roofline.py reads it here)
 
 if __name__ == "__main__":
     sys.exit(run_script(__file__))

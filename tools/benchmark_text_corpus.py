@@ -1,9 +1,14 @@
 #!/usr/bin/env python
-"""``vlbert benchmark text-corpus`` as a script: ``python tools/benchmark_text_corpus.py --help`` (the code: ``vlbert/commands/benchmark/text_corpus``)."""
+"""``python -m benchmarks text-corpus`` as a script: ``python tools/benchmark_text_corpus.py --help``
+(the code: ``benchmarks/text_corpus.py``).
+The repository's benchmarks are not part of the vlbert package: the checkout's root goes on sys.path first."""
 
 import sys
+from pathlib import Path
 
-from vlbert.commands.scripts import run_script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import run_script  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(run_script(__file__))

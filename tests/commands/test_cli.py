@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -28,17 +29,23 @@ def test_help_lists_every_subcommand(capsys):
 
 
 def test_every_subcommand_and_script_has_a_parser(capsys):
-    """Each subcommand prints its own help; each tools/*.py script runs the same main as its subcommand."""
+    """Each subcommand prints its own help; each tools/*.py script runs the same main as its subcommand. (``vlbert
+    benchmark --help`` is the benchmarks' own, printed by a child process, and the benchmark scripts run the
+    benchmarks package: tests/benchmarks.)"""
     for name in COMMANDS:
+        if name == "benchmark":
+            continue
         try:
             status = command_main(name)(["--help"])
         except SystemExit as done:  # argparse's --help
             status = done.code
         assert status == 0 and capsys.readouterr().out.startswith("usage: "), name
-    for script in ROOT.joinpath("tools").glob("*.py"):  # every script is a command line of vlbert.commands
+    for script in ROOT.joinpath("tools").glob("*.py"):  # every other script is a command line of vlbert.commands
+        if script.stem.startswith("benchmark"):
+            assert script.stem not in SCRIPTS
+            continue
         assert SCRIPTS[script.stem][0] in COMMANDS, script
         assert "run_script(__file__)" in script.read_text(), f"{script} is not a thin script over vlbert.commands"
-    assert SCRIPTS["benchmark_inference"] == ("benchmark", "inference")
     assert SCRIPTS["finetune_vqa"] == ("finetune", "--task", "vqa") and SCRIPTS["pretrain"] == ("pretrain",)
     capsys.readouterr()
 
@@ -65,6 +72,71 @@ def test_a_script_in_tools_runs_its_command_as_a_process(monkeypatch, capsys):
     with pytest.raises(SystemExit) as listed:
         runpy.run_module("vlbert", run_name="__main__")
     assert listed.value.code == 0 and "\n  finetune " in capsys.readouterr().out
+
+
+def _checkout(root: Path, main: str | None) -> Path:
+    """A stand-in checkout at ``root``: pyproject.toml, vlbert/ and, with ``main``, benchmarks/__main__.py."""
+    (root / "vlbert").mkdir(parents=True)
+    (root / "pyproject.toml").write_text("")
+    if main is not None:
+        (root / "benchmarks").mkdir()
+        (root / "benchmarks" / "__init__.py").write_text("")
+        (root / "benchmarks" / "__main__.py").write_text(main)
+    return root
+
+
+def test_vlbert_benchmark_runs_the_checkouts_benchmarks_in_a_child_process(tmp_path, monkeypatch, capfd):
+    """In a checkout, ``vlbert benchmark ARGS`` is ``python -m benchmarks ARGS`` run with this Python, the checkout's
+    root first on the child's PYTHONPATH (its benchmarks, not another on the path), from the user's directory; the
+    child's exit status is the command's. (A stand-in checkout whose benchmarks print where they run.)"""
+    from vlbert.commands.benchmark import CHECKOUT, benchmarks_folder
+    from vlbert.commands.benchmark import main as launch
+
+    assert CHECKOUT == ROOT and benchmarks_folder() == ROOT / "benchmarks"
+    fake = _checkout(
+        tmp_path / "clone",
+        "import os, sys, benchmarks\nprint(sys.argv[1:], benchmarks.__file__, os.getcwd())\nsys.exit(3)\n",
+    )
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the real benchmarks on the path too: the checkout's come first
+    monkeypatch.chdir(tmp_path)
+    assert launch(["train", "--device", "cuda", "--json"], root=fake) == 3
+    argv, where, cwd = capfd.readouterr().out.rsplit(" ", 2)
+    assert argv == "['train', '--device', 'cuda', '--json']"
+    assert where == str(fake / "benchmarks" / "__init__.py") and cwd.strip() == str(tmp_path)
+
+
+def test_without_a_checkout_vlbert_benchmark_says_where_the_benchmarks_are(tmp_path, capsys):
+    """An installed wheel (no benchmarks/ beside the package; a ``benchmarks`` package of another distribution in
+    site-packages is not a checkout's): one line saying where the benchmarks live and how to run them, status 2."""
+    from vlbert.commands.benchmark import benchmarks_folder
+    from vlbert.commands.benchmark import main as launch
+
+    site = tmp_path / "site-packages"
+    (site / "vlbert").mkdir(parents=True)
+    (site / "benchmarks").mkdir()
+    (site / "benchmarks" / "__main__.py").write_text("raise SystemExit(0)\n")
+    assert benchmarks_folder(site) is None
+    assert run_tool(lambda argv: launch(argv, root=site), ["train"]) == 2
+    line = capsys.readouterr().err
+    assert len(line.splitlines()) == 1
+    assert line.startswith("error: the benchmarks are not part of the installed vlbert package: they live in the ")
+    assert "repository's benchmarks/ folder; in a clone of it, run python -m benchmarks <name> [flags]" in line
+
+
+@pytest.mark.integration
+def test_vlbert_benchmark_in_this_checkout_is_python_m_benchmarks(tmp_path):
+    """The GPU check's spelling, ``python -m vlbert benchmark ...``, from another directory: this checkout's
+    benchmark runs, and its refusal (one ``error:`` line, status 2) comes back unchanged. The command itself imports
+    no benchmark (tests/layers/test_layers.py)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "vlbert", "benchmark", "extraction", "--weights", "w.pth"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.startswith("error: --weights is one backend's file") and len(done.stderr.splitlines()) == 1
 
 
 def test_text_fine_tuning_is_finetune_task_text_and_the_old_spelling_still_runs(monkeypatch):
@@ -152,15 +224,18 @@ def test_a_checkout_is_told_to_install_its_extras_in_place():
 def test_the_wheel_runs_outside_the_checkout(tmp_path):
     """Build the wheel, install it into a fresh virtual environment that reuses the installed dependencies (a
     .pth line naming this interpreter's site-packages), and run ``vlbert pretrain --modality text --max-steps 2``
-    from an empty directory, without PYTHONPATH: the code, the configs and the defaults come from the wheel."""
+    from an empty directory, without PYTHONPATH: the code, the configs and the defaults come from the wheel. The
+    repository's benchmarks/ and tools/ stay out of it, and its ``vlbert benchmark`` says where they are."""
     source = tmp_path / "src"
-    for name in ("vlbert", "detectors", "configs"):
+    for name in ("vlbert", "detectors", "configs", "benchmarks", "tools"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", source], check=True)
     wheel = next((tmp_path / "dist").glob("vlbert-*.whl"))
+    top = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert top == {"vlbert", wheel.name.split("-py")[0] + ".dist-info"}, top  # no benchmarks/, no tools/
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
@@ -221,6 +296,11 @@ def test_the_wheel_runs_outside_the_checkout(tmp_path):
     nsp = [line for line in done.stdout.splitlines() if line.startswith("eval_nsp_accuracy ")]
     assert len(nsp) == 1 and "0.5000 chance" in nsp[0], done.stdout
     assert "held-out at step 2: mlm_accuracy" in done.stderr
+    told = subprocess.run(
+        [env_dir / "bin" / "vlbert", "benchmark", "train"], cwd=empty, env=env, capture_output=True, text=True
+    )
+    assert told.returncode == 2 and len(told.stderr.splitlines()) == 1, told.stderr
+    assert "they live in the repository's benchmarks/ folder" in told.stderr
 
 
 def test_demo_refusals_are_one_line(doc_runs, monkeypatch, capsys):

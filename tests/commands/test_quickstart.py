@@ -5,7 +5,6 @@ configs are named beside the quick-start ones."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -129,47 +128,3 @@ def test_quick_start_configs_share_their_images_and_name_the_full_ones():
     assert vl_full["data"]["max_images"] == 0 and vqa_full["data"]["max_train_images"] == 0
     assert vqa_full["training"]["max_steps"] == 2400 and vqa_full["init_from"] == vl_full["training"]["output_dir"]
     assert vl_full["detector"] == vqa_full["detector"] == vl["detector"]
-
-
-def test_the_quickstart_benchmark_runs_each_repeat_clean_and_reports_min_median_max(monkeypatch, tmp_path, capsys):
-    """`vlbert benchmark quickstart --commands vqa --repeats 2`: each repeat in a new directory with its own cache,
-    the ``vl`` run that ``vqa`` needs made first and left out of the figures, the README's command lines with only
-    the cache moved; one table row with the runs' min / median / max. (The child processes are stood in for.)"""
-    import subprocess
-
-    from vlbert.commands.benchmark import main as benchmark_main
-    from vlbert.commands.benchmark import quickstart
-
-    calls = []
-
-    def fake_run(argv, cwd, **kwargs):
-        calls.append((Path(cwd), argv[3:]))
-        return subprocess.CompletedProcess(argv, 0, stdout=f"ran {argv[3]}\n")
-
-    monkeypatch.setattr(quickstart.subprocess, "run", fake_run)
-    assert (
-        benchmark_main(
-            ["quickstart", "--commands", "vqa", "--repeats", "2", "--workdir", str(tmp_path), "--show-output"]
-        )
-        == 0
-    )
-    out = capsys.readouterr().out
-    assert [argv[:2] for _, argv in calls] == [["pretrain", "--modality"], ["finetune", "--task"]] * 2
-    first, second = calls[0][0], calls[2][0]
-    assert first != second and calls[1][0] == first and not first.exists()  # a clean directory each, removed
-    assert calls[1][1] == [
-        "finetune",
-        "--task",
-        "vqa",
-        "--dataset",
-        "easy-vqa",
-        "--init-from",
-        "runs/vl-default",
-        "--set",
-        f"data.cache_dir={first / 'cache'}/regions",
-    ]
-    [header, rule, row, *rest] = out.splitlines()
-    assert header.split()[:5] == ["command", "runs", "min", "median", "max"] and set(rule) <= {"-", " "}
-    assert (
-        row.split()[:5] == ["vqa", "2", "0:00", "0:00", "0:00"] and "ran finetune" in out and "ran pretrain" not in out
-    )

@@ -22,7 +22,7 @@ TABLES = [
     ("vlbert.layers.attention", "ATTENTION_FUNCTIONS"),
     ("vlbert.detectors.backends", "DETECTOR_BACKENDS"),
     ("vlbert.detectors.grid", "GRID_BACKBONES"),
-    ("vlbert.commands.benchmark", "BENCHMARKS"),
+    ("benchmarks", "BENCHMARKS"),
     ("vlbert.recipes.vqa", "DATASETS"),
     ("vlbert.recipes.retrieval", "DATASETS"),
     ("vlbert.recipes.nlvr2", "DATASETS"),

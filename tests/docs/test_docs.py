@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from helpers.builders import ROOT, tool
 
+from benchmarks import main as benchmarks_main
+from benchmarks import script_arguments
 from vlbert.commands import command_main
 from vlbert.commands import main as vlbert_main
 from vlbert.processing import VLProcessor
@@ -101,6 +103,8 @@ def _tool_words(words: list[str]):
         return ("vlbert", words[1], words[2:]) if not words[1].startswith("-") else ("vlbert", "", words[1:])
     if words[:3] == ["python", "-m", "vlbert"] and len(words) > 3:
         return "vlbert", words[3], words[4:]
+    if words[:3] == ["python", "-m", "benchmarks"]:
+        return "benchmarks", "", words[3:]
     return None
 
 
@@ -124,10 +128,15 @@ def parse_only(monkeypatch):
 
     def parse(command: str):
         kind, name, argv = _tool_words(shlex.split(command))
-        main = tool(name) if kind == "tools" else command_main(name) if name else vlbert_main
+        if kind == "benchmarks" or (kind, name) == ("vlbert", "benchmark"):  # in a clone: python -m benchmarks
+            main = benchmarks_main
+        elif kind == "tools" and name.startswith("benchmark"):  # tools/benchmark*.py: the benchmarks package's
+            main = lambda argv, fixed=script_arguments(f"{name}.py"): benchmarks_main([*fixed, *argv])
+        else:
+            main = tool(name) if kind == "tools" else command_main(name) if name else vlbert_main
         argv = [w for w in argv if not w.startswith("...")]  # "...": the rest of a command said elsewhere
-        if main is vlbert_main:  # `vlbert --help`: the command's own usage, no parser
-            assert main(argv) == 0
+        if main is vlbert_main or (main is benchmarks_main and argv in (["-h"], ["--help"])):
+            assert main(argv) == 0  # `vlbert --help`, `python -m benchmarks --help`: the usage, no parser
             return None
         with pytest.raises(Parsed) as parsed:
             main(argv)

@@ -450,14 +450,6 @@ def test_referring_pipeline_boxes_as_the_evaluation(easy, tmp_path):
     assert picture.size == (128, 128) and picture.getpixel((x1, y1)) == (255, 0, 0)
 
 
-def test_smoke_inference_benchmark_prints_its_figures(vqa_run, capsys):
-    assert (
-        run_tool(tool("benchmark_inference"), [str(vqa_run.dir), "--images", "4", "--batch-size", "2", "--json"]) == 0
-    )
-    figures = json.loads(capsys.readouterr().out)
-    assert figures["images"] == 4 and figures["end_to_end_images_per_s"] > 0
-
-
 def test_fine_tuning_from_a_run_refuses_another_detectors_regions(easy, vqa_run, tmp_path):
     """The timm detector at another input size gives features of the same size: fine-tuning from a run trained on
     the first on regions of the second used to pass silently. Refused naming both; allowed when asked."""

@@ -18,6 +18,7 @@ from vlbert.training.mfu import (
     device_peak_flops,
     estimate_flops_per_token,
     estimate_step_flops,
+    measure_matmul_peak,
 )
 
 # (torch.cuda.get_device_name as NVIDIA's drivers report it, the table entry it must take)
@@ -156,3 +157,38 @@ def test_two_stream_flops_count_each_stream_and_the_cross_attention():
     estimated = estimate_step_flops(config, tokens, sequences, regions, masked_fraction=5 / 34)
     print(f"counted {counted:.4g}, estimated {estimated:.4g} ({estimated / counted - 1:+.1%})")
     assert abs(estimated / counted - 1) < 0.05
+
+
+def test_flops_estimate_equals_counted_forward_flops():
+    """The per-token estimate (the numerator of every MFU the trainer and the benchmarks print) equals PyTorch's own
+    count of the matmul FLOPs of a real text forward pass."""
+    # A vocabulary of a multiple of 64: the MLM head pads others to one (MaskedLMHead.vocab_multiple), and the
+    # padded rows' FLOPs are work the model does but the estimate (useful FLOPs) leaves out.
+    config = vlbert.BertConfig(
+        vocab_size=320,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    )
+    # Training mode on CPU: attention runs as two counted matmuls (the CPU dropout path); SDPA's fused CPU
+    # kernel is not counted by FlopCounterMode.
+    model = vlbert.BertForPreTraining(config).train()
+    batch, seq_len = 4, 40
+    ids = torch.randint(5, 300, (batch, seq_len))
+    labels = torch.full_like(ids, -100)
+    labels[:, :6] = ids[:, :6]  # 6 of 40 positions = the estimate's 15% masked fraction
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(ids, labels=labels, next_sentence_label=torch.zeros(batch, dtype=torch.long))
+    estimated_forward = estimate_flops_per_token(config, seq_len) / 3 * batch * seq_len
+    assert abs(counter.get_total_flops() - estimated_forward) <= 1e-9 * estimated_forward
+
+
+def test_measuring_the_peak_leaves_the_global_random_generator_alone():
+    """The trainer measures the CPU matmul peak at its first log line: drawing from the global generator there moved
+    every later dropout mask, and a resumed run (which measures at another step) no longer matched."""
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    assert measure_matmul_peak(torch.device("cpu"), torch.float32, size=64, repeats=1, trials=1) > 0
+    assert torch.equal(torch.get_rng_state(), state)

@@ -4,12 +4,12 @@
     vlbert --help                       # the subcommands
     vlbert pretrain --modality text     # = python tools/pretrain.py --modality text
     vlbert finetune --task vqa --init-from runs/vl-default
-    vlbert benchmark inference runs/vqa-easy-vqa
+    vlbert benchmark inference runs/vqa-easy-vqa   # in a clone: python -m benchmarks inference (benchmarks/)
 
 This is the one implementation of vlbert's command line: ``python -m vlbert`` is this ``main``, and every script in
-``tools/`` is a command here with some flags fixed (:data:`vlbert.commands.scripts.SCRIPTS`). Each subcommand's
-module is imported when it is run; every subcommand runs under :func:`run_tool`: a user error is one ``error: ...``
-line with exit status 2.
+``tools/`` but the benchmark scripts (which run the repository's ``benchmarks/``, not part of vlbert) is a command
+here with some flags fixed (:data:`vlbert.commands.scripts.SCRIPTS`). Each subcommand's module is imported when it
+is run; every subcommand runs under :func:`run_tool`: a user error is one ``error: ...`` line with exit status 2.
 
 The training commands (``pretrain``, ``finetune``) share one shape, defined here: common flags
 (:func:`training_parser`), config loading with overrides, the run through :func:`vlbert.recipes.run` and the final
@@ -26,8 +26,8 @@ Library callers keep the exception types (``ValueError``, ``FileNotFoundError``,
 
 * ``ValueError`` and its subclasses (``RegionError``, ``ShardError``, ``ImageDecodeError``), ``OSError`` and its
   subclasses (``FileNotFoundError``, ``RunExistsError``) and ``ModuleNotFoundError`` raised by vlbert's own code
-  (``vlbert/``, ``detectors/``, ``tools/``): vlbert raises these only after checking what it
-  was given, with a message that names the input; the same types raised deep inside torch or numpy are not
+  (``vlbert/``, ``detectors/``, ``tools/``, a checkout's ``benchmarks/``): vlbert raises these only after checking
+  what it was given, with a message that names the input; the same types raised deep inside torch or numpy are not
   checked input, so they keep their traceback;
 * an ``OSError`` about a named file (``FileNotFoundError``, ``IsADirectoryError``, ``PermissionError``, ... with a
   ``filename``), wherever it is raised: the message names the file.
@@ -54,7 +54,9 @@ from vlbert.training.run_config import load_run_config
 from vlbert.training.trainer import NonFiniteLossError, TrainingPreempted
 
 #: The directories whose code raises checked-input errors on purpose.
-_OWN_CODE = tuple(str(Path(__file__).resolve().parents[2] / name) + os.sep for name in ("vlbert", "detectors", "tools"))
+_OWN_CODE = tuple(
+    str(Path(__file__).resolve().parents[2] / name) + os.sep for name in ("vlbert", "detectors", "tools", "benchmarks")
+)
 USAGE_ERROR = 2
 FAILED_RUN = 1
 PREEMPTED = 143
@@ -197,7 +199,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("vlbert.commands.explain", "fill-mask, attention, word-region pictures, generation, probes"),
     "benchmark": (
         "vlbert.commands.benchmark",
-        "speed: train | inference | extraction | region-store | text-corpus | quickstart",
+        "in a clone, python -m benchmarks: train | inference | extraction | region-store | text-corpus | ...",
     ),
     "demo": ("vlbert.commands.demo", "a web page over a run: VQA, caption matching, fill-mask, attention"),
     "prepare-corpus": ("vlbert.commands.prepare_corpus", "tokenise a text corpus once into on-disk token arrays"),

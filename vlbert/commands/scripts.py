@@ -3,10 +3,10 @@
 
     python tools/pretrain.py --modality text      = vlbert pretrain --modality text
     python tools/finetune_vqa.py --init-from DIR  = vlbert finetune --task vqa --init-from DIR
-    python tools/benchmark_inference.py RUN       = vlbert benchmark inference RUN
 
 The task scripts (``finetune_vqa`` ...) come from the task table (:attr:`vlbert.recipes.Task.script`); a flag the
-user gives after the fixed ones wins (argparse keeps the last).
+user gives after the fixed ones wins (argparse keeps the last). The benchmark scripts (``tools/benchmark*.py``) run
+the repository's ``benchmarks`` package instead (:func:`benchmarks.run_script`), which is not part of vlbert.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from vlbert.commands import command_main, main
-from vlbert.commands.benchmark import BENCHMARKS
 from vlbert.recipes import TASKS
 
 #: tools/<name>.py -> the ``vlbert`` arguments it stands for.
@@ -29,8 +28,6 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "explain": ("explain",),
     "prepare_corpus": ("prepare-corpus",),
     "train_tokenizer": ("train-tokenizer",),
-    "benchmark": ("benchmark",),
-    **{f"benchmark_{name.replace('-', '_')}": ("benchmark", name) for name in BENCHMARKS if name != "train"},
     **{task.script: task.command_line for task in TASKS.values() if task.script},
 }
 

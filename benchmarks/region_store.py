@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from vlbert.detectors.config import DetectorConfig
 from vlbert.detectors.regions import Regions
 from vlbert.detectors.shards import write_shards
+
 from vlbert.recipes import RECIPES
 from vlbert.recipes.runner import RunContext
 from vlbert.recipes.vl_pretraining import VLDataConfig

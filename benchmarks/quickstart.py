@@ -1,9 +1,9 @@
 """The README's quick start, timed: each command run as a newcomer runs it, from a clean output directory and a cold
 cache, several times; min / median / max wall time and the load average while it ran.
 
-    vlbert benchmark quickstart --repeats 3                        # every quick-start command, 3 times each
-    vlbert benchmark quickstart --commands vl vqa --repeats 1      # the image-text path once
-    taskset -c 0,1 vlbert benchmark quickstart --json              # on 2 cores of a larger machine
+    python -m benchmarks quickstart --repeats 3                    # every quick-start command, 3 times each
+    python -m benchmarks quickstart --commands vl vqa --repeats 1  # the image-text path once
+    taskset -c 0,1 python -m benchmarks quickstart --json          # on 2 cores of a larger machine
 
 Each repeat runs, in a new temporary directory (its working directory, so ``runs/`` starts empty) and with a new
 region and corpus cache in it (``--set data.cache_dir=...`` / ``data.corpus_cache_dir=...``, the only change to the

@@ -1,10 +1,10 @@
 """Images/s of region extraction, every detector backend side by side in one run, one image at a time and batched.
 
-    vlbert benchmark extraction                                   # every backend of the table, on the CPU
-    vlbert benchmark extraction --images 32 --device cpu cuda     # the GPU figure beside the CPU's
-    vlbert benchmark extraction --backends timm torchvision --images 16 --batch-size 16
-    vlbert benchmark extraction --backends detectron2 --config-file COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml
-    vlbert benchmark extraction --backends timm --architecture resnet50 --weights resnet50.safetensors
+    python -m benchmarks extraction                                # every backend of the table, on the CPU
+    python -m benchmarks extraction --images 32 --device cpu cuda  # the GPU figure beside the CPU's
+    python -m benchmarks extraction --backends timm torchvision --images 16 --batch-size 16
+    python -m benchmarks extraction --backends detectron2 --config-file COCO-Detection/faster_rcnn_R_50_FPN_3x.yaml
+    python -m benchmarks extraction --backends timm --architecture resnet50 --weights resnet50.safetensors
 
 Each backend of detectors/backends.py (``--backends``, default: every line of the table) is built with its default
 options and its table line's seeded random weights (``random_weights``): the time does not depend on what the
@@ -38,12 +38,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from vlbert.commands.detector_flags import add_detector_arguments, option_fields, option_flag
-from vlbert.data.easy_vqa import image_paths
 from vlbert.detectors.backends import DETECTOR_BACKENDS, backend_list
 from vlbert.detectors.config import DetectorConfig, typed_options
 from vlbert.detectors.extract import default_num_workers, extract_regions
+
+from vlbert.commands.detector_flags import add_detector_arguments, option_fields, option_flag
+from vlbert.data.easy_vqa import image_paths
 
 #: COCO's commonest image sizes (width, height).
 COCO_SIZES = [(640, 480), (480, 640), (640, 427), (500, 375)]

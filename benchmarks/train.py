@@ -36,6 +36,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+from vlbert.detectors.regions import Regions
+from vlbert.detectors.shards import read_shards, write_shards
 
 from vlbert import BertConfig, BertForPreTraining, VLBertConfig
 from vlbert.checkpoint import vlbert_to_hf
@@ -44,8 +46,6 @@ from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES
 from vlbert.data.pretraining import MaskingCollator
 from vlbert.data.regions import pad_regions
 from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
-from vlbert.detectors.regions import Regions
-from vlbert.detectors.shards import read_shards, write_shards
 from vlbert.models.bert import compile_model
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.recipes import RECIPES, run

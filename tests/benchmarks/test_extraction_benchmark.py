@@ -1,5 +1,5 @@
-"""The benchmark's model-FLOPs estimate (the numerator of every MFU it prints) against PyTorch's own count of
-the matmul FLOPs of a real forward pass; ``vlbert benchmark extraction``'s backends side by side."""
+"""``python -m benchmarks extraction`` (benchmarks/extraction.py): every detector backend side by side, a backend that
+cannot run given a row saying why, and the flags that do not fit refused in one line."""
 
 from __future__ import annotations
 
@@ -8,46 +8,9 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-from vlbert import BertConfig, BertForPreTraining
-
-
-def test_flops_estimate_equals_counted_forward_flops():
-    from vlbert.training.mfu import estimate_flops_per_token
-
-    # A vocabulary of a multiple of 64: the MLM head pads others to one (MaskedLMHead.vocab_multiple), and the
-    # padded rows' FLOPs are work the model does but the estimate (useful FLOPs) leaves out.
-    config = BertConfig(
-        vocab_size=320,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=64,
-    )
-    # Training mode on CPU: attention runs as two counted matmuls (the CPU dropout path); SDPA's fused CPU
-    # kernel is not counted by FlopCounterMode.
-    model = BertForPreTraining(config).train()
-    batch, seq_len = 4, 40
-    ids = torch.randint(5, 300, (batch, seq_len))
-    labels = torch.full_like(ids, -100)
-    labels[:, :6] = ids[:, :6]  # 6 of 40 positions = the estimate's 15% masked fraction
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(ids, labels=labels, next_sentence_label=torch.zeros(batch, dtype=torch.long))
-    estimated_forward = estimate_flops_per_token(config, seq_len) / 3 * batch * seq_len
-    assert abs(counter.get_total_flops() - estimated_forward) <= 1e-9 * estimated_forward
-
-
-def test_measuring_the_peak_leaves_the_global_random_generator_alone():
-    """The trainer measures the CPU matmul peak at its first log line: drawing from the global generator there moved
-    every later dropout mask, and a resumed run (which measures at another step) no longer matched."""
-    from vlbert.training.mfu import measure_matmul_peak
-
-    torch.manual_seed(0)
-    state = torch.get_rng_state()
-    assert measure_matmul_peak(torch.device("cpu"), torch.float32, size=64, repeats=1, trials=1) > 0
-    assert torch.equal(torch.get_rng_state(), state)
+from benchmarks import main as benchmarks_main
+from vlbert.commands import run_tool
 
 
 @dataclass
@@ -74,16 +37,13 @@ def test_the_extraction_benchmark_times_each_backend_side_by_side_and_says_why_o
     the timed backends has is refused in one line."""
     from vlbert.detectors.backends import DETECTOR_BACKENDS, DetectorBackend
 
-    from vlbert.commands import run_tool
-    from vlbert.commands.benchmark import main as benchmark_main
-
     monkeypatch.setitem(
         DETECTOR_BACKENDS, "absent", DetectorBackend(_Options, _unbuildable, (), "toy", random_weights=_absent_package)
     )
     monkeypatch.setitem(DETECTOR_BACKENDS, "norandom", DetectorBackend(_Options, _unbuildable, (), "toy"))
     argv = ["extraction", "--backends", "timm", "absent", "norandom", "--input-size", "64", "--max-proposals", "4"]
     argv += ["--images", "3", "--sizes", "96x72", "72x96", "--batch-size", "2", "--device", "cpu", "--num-workers", "1"]
-    assert benchmark_main(argv) == 0
+    assert benchmarks_main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = [json.loads(line) for line in lines if line.startswith("{")]
     assert [(r["backend"], r.get("batch_size")) for r in rows] == [
@@ -110,7 +70,7 @@ def test_the_extraction_benchmark_times_each_backend_side_by_side_and_says_why_o
     assert all(float(row[3]) > 0 for row in cells[1:3])
     assert cells[3][3].startswith("not run: ModuleNotFoundError") and cells[4][3].startswith("not run: ValueError")
 
-    assert run_tool(benchmark_main, ["extraction", "--backends", "timm", "--max-boxes", "5"]) == 2
+    assert run_tool(benchmarks_main, ["extraction", "--backends", "timm", "--max-boxes", "5"]) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith(
         "error: --max-boxes is an option of the torchvision, butd and detectron2 backends, none of those"
@@ -119,9 +79,6 @@ def test_the_extraction_benchmark_times_each_backend_side_by_side_and_says_why_o
 
 @pytest.mark.parametrize("given", [["--backend", "timm", "--backends", "timm"], ["--weights", "w.pth"]])
 def test_the_extraction_benchmark_refuses_flags_that_do_not_fit_in_one_line(given, capsys):
-    from vlbert.commands import run_tool
-    from vlbert.commands.benchmark import main as benchmark_main
-
-    assert run_tool(benchmark_main, ["extraction", *given]) == 2
+    assert run_tool(benchmarks_main, ["extraction", *given]) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("error: ") and ("--backend X is --backends X" in error or "--weights is one" in error)

@@ -7,7 +7,7 @@ the whole image): one with the backbone trainable under VL-BERT's policy (stages
 own learning rate), one with it frozen whole. They train on the same batches for the same number of steps, one step
 of each in turn (so both see the same machine load); printed: the test accuracy of each and the median step time.
 
-    vlbert benchmark visual-backbone --steps 300 --batch-size 32 --json   # or python tools/benchmark_visual_backbone.py
+    python -m benchmarks visual-backbone --steps 300 --batch-size 32 --json  # or tools/benchmark_visual_backbone.py
 
 Not the recipes' runner: images go into the model here directly. The same comparison through the fine-tuning tool
 (the loader reads each image beside the region shards' boxes): configs/finetune/e2e-easy-vqa.yaml, docs/vl-bert.md.
@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from vlbert.detectors.backbone import load_efficientnet_lite0
+from vlbert.detectors.proposals import felzenszwalb_proposals
 
 from vlbert.data.easy_vqa import image_paths, load_questions
 from vlbert.data.images import image_preprocessing
-from vlbert.detectors.backbone import load_efficientnet_lite0
-from vlbert.detectors.proposals import felzenszwalb_proposals
 from vlbert.models.vqa import VLBertForVQA
 from vlbert.tokenization import load_tokenizer, packaged_minilm_dir
 from vlbert.training.training_config import parameter_groups
