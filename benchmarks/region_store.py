@@ -32,6 +32,7 @@ from vlbert.recipes.vl_pretraining import VLDataConfig
 from vlbert.tokenization import load_tokenizer, resolve_model_path
 from vlbert.training.run_config import dataclass_from_section
 from vlbert.training.trainer import TrainingConfig
+from vlbert.utils import forward_arguments
 
 
 def synthetic_store(directory: Path, count: int, regions: int = 36, dim: int = 2048, classes: int = 1600) -> None:
@@ -90,7 +91,6 @@ def run_config(root: Path, steps: int) -> dict:
 
 def loader_rate(root: Path, batches: int = 30) -> dict:
     """Samples/s of dataset items + collation in this process (what one worker does)."""
-    import inspect
 
     import torch
 
@@ -115,7 +115,7 @@ def loader_rate(root: Path, batches: int = 30) -> dict:
     item_rate = n / (time.perf_counter() - start)
     model = recipe.build_model(ctx, data)
     batch = data.collator([dict(data.train[k], objective="mlm") for k in range(32)])
-    accepted = inspect.signature(model.forward).parameters
+    accepted = forward_arguments(model)
     batch = {k: v for k, v in batch.items() if k in accepted}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     for i in range(4):
