@@ -158,14 +158,6 @@ def region_task_processor(ctx, source: RegionSource) -> VLProcessor:
     )
 
 
-def region_task_info(ctx, data, **extra) -> dict:
-    """The whole processor record of a region task's ``data`` (its :attr:`RegionTaskData.processor`'s fields) with
-    the task's ``extra`` fields (label names, ...; an ``extra`` key replaces a common one). Kept for recipes
-    written before :attr:`~vlbert.recipes.runner.Recipe.processor_fields`, which need only return their ``extra``.
-    """
-    return {**data.processor.to_dict(), **extra}
-
-
 def run_visual_backbone(ctx) -> dict | None:
     """The ``visual_backbone`` section of the model this run trains: ``init_from``'s own where its config.json has
     the field (a checkpoint decides its architecture), else the run's ``model`` section's (None: no backbone)."""
@@ -364,7 +356,6 @@ __all__ = [
     "load_examples",
     "task_regions",
     "region_store",
-    "region_task_info",
     "region_task_processor",
     "task_region_source",
     "trained_preprocessing",
