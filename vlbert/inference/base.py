@@ -73,8 +73,6 @@ class Pipeline:
     #: the pipeline's name: its key in :data:`~vlbert.inference.pipelines.PIPELINES`, what a recipe's ``pipeline``
     #: and a run's processor record name.
     name: ClassVar[str] = ""
-    #: earlier names of the pipeline (runs written under them, ``pipeline("vqa", ...)``), which still select it.
-    aliases: ClassVar[tuple[str, ...]] = ()
     #: the run tasks (the processor record's ``task``) the pipeline loads besides those whose recipe names it (a task
     #: that every run of some kinds answers, e.g. image-text matching from pretraining and retrieval runs).
     run_tasks: ClassVar[tuple[str, ...]] = ()
@@ -117,12 +115,10 @@ class Pipeline:
         self.device = torch.device(device or _default_device())
         self.processor = VLProcessor.from_pretrained(model)
         self.processor.use_detector(detector, allow_other_detector, detector_weights, str(self.device))
-        task = self.processor.task
-        if record_pipeline(self.processor.info) not in (self.name, *self.aliases) and task not in self.run_tasks:
+        if not self.takes(self.processor.info):
             raise ValueError(
-                f"{model} is a {task!r} run; {type(self).__name__} takes "
-                f"{' or '.join(self.accepted_runs())} runs: use vlbert.inference.pipeline("
-                f"{str(model)!r}), which picks the task's own"
+                f"{model} is a {self.processor.task!r} run; {type(self).__name__} takes "
+                f"{self.accepted_runs()}: use vlbert.inference.pipeline({str(model)!r}), which picks the run's own"
             )
         self.processor.max_text_length = max_text_length or self.processor.max_text_length
         self.processor.max_regions = max_regions or self.processor.max_regions
@@ -150,11 +146,18 @@ class Pipeline:
         self.labels = self.processor.labels
 
     @classmethod
-    def accepted_runs(cls) -> tuple[str, ...]:
-        """The kinds of run (processor.json's ``task``) this pipeline loads: :attr:`run_tasks`, else the runs whose
-        recipe names it: the task a renamed pipeline was named after (its first alias: ``vqa`` for
-        ``visual-question-answering``), else the task of its own :attr:`name`."""
-        return cls.run_tasks or cls.aliases[:1] or (cls.name,)
+    def takes(cls, record: dict[str, Any]) -> bool:
+        """Whether this pipeline loads the run of processor ``record``: the record names it as its pipeline
+        (:func:`~vlbert.processing.record_pipeline`), or the run's ``task`` is one of :attr:`run_tasks`."""
+        return record_pipeline(record) == cls.name or record.get("task") in cls.run_tasks
+
+    @classmethod
+    def accepted_runs(cls) -> str:
+        """The runs :meth:`takes` accepts, in words for messages: ``"vl-pretraining or retrieval runs"`` (its
+        :attr:`run_tasks`), else ``"runs whose pipeline is visual-question-answering"``."""
+        if cls.run_tasks:
+            return f"{' or '.join(cls.run_tasks)} runs"
+        return f"runs whose pipeline is {cls.name}"
 
     def architecture(self) -> type:
         """The model class to load: the one config.json names when it is among :attr:`model_classes` (a converted

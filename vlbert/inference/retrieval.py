@@ -91,7 +91,6 @@ class RetrievalPipeline(Pipeline):
     """
 
     name = "image-text-retrieval"
-    aliases = ("retrieval",)
     model_class = VLBertForImageTextRetrieval
     input_fields = {"image": ("image",), "text": ("text", "query", "caption")}
     optional_fields = ("image", "text")

@@ -19,7 +19,6 @@ class TextClassificationPipeline(Pipeline):
     """
 
     name = "text-classification"
-    aliases = ("text",)
     model_class = BertForSequenceClassification
     input_fields = {"text": ("text", "sentence", "sentence1"), "text_pair": ("text_pair", "sentence2")}
     image_fields = ()
