@@ -43,7 +43,7 @@ class Pipeline:
     :attr:`image_fields`, :attr:`optional_fields`, :attr:`id_field`,
     :attr:`parameters` and :attr:`formats`, and implements :meth:`postprocess` (and :meth:`preprocess` /
     :meth:`_forward` where the default, one image and one text per example through the model's logits, does not
-    fit). ``tools/predict.py`` reads only these: it knows no task by name.
+    fit). ``vlbert predict`` reads only these: it knows no task by name.
 
     Args:
         model: a run's output directory (``config.json``, ``model.safetensors``, tokenizer, ``processor.json``) or a
@@ -79,7 +79,7 @@ class Pipeline:
     model_class: ClassVar[type] = VLBertForVQA
     #: other model classes a run of the task may hold (config.json's ``architectures`` decides).
     model_classes: ClassVar[tuple[type, ...]] = ()
-    #: the call's inputs in order: name -> the names a JSONL record may give it under (tools/predict.py).
+    #: the call's inputs in order: name -> the names a JSONL record may give it under (vlbert predict).
     input_fields: ClassVar[dict[str, tuple[str, ...]]] = {"image": ("image",), "text": ("text",)}
     #: inputs that are images (file paths in records are read relative to the record's file).
     image_fields: ClassVar[tuple[str, ...]] = ("image",)
@@ -92,7 +92,7 @@ class Pipeline:
     #: output formats besides ``jsonl``: name -> (rows -> the file's text), each row ``{id_field, ...,
     #: prediction fields}``; raises ValueError for a row the format cannot write.
     formats: ClassVar[dict[str, Callable[[list[dict]], str]]] = {}
-    #: tools/predict.py flags besides the parameters that this task reads in :meth:`predict_records` (e.g. ``draw``).
+    #: vlbert predict flags besides the parameters that this task reads in :meth:`predict_records` (e.g. ``draw``).
     tool_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
@@ -266,7 +266,7 @@ class Pipeline:
         raise NotImplementedError
 
     def predict_records(self, records: list[dict], **options) -> list[dict]:
-        """tools/predict.py's call: one prediction dict per record (records keyed by :attr:`input_fields`), each
+        """vlbert predict's call: one prediction dict per record (records keyed by :attr:`input_fields`), each
         made flat for a JSONL row by :meth:`row`; ``options`` are the tool's flags (``top_k``, ...), of which the
         task's :attr:`parameters` are passed on (and the :attr:`tool_options` a task reads itself)."""
         params = {k: v for k, v in options.items() if k in self.parameters}
@@ -313,7 +313,7 @@ def _flag(cls, name: str) -> str:
 
 
 def read_captions(path: str) -> list[str]:
-    """The non-empty lines of a text file of candidate captions (tools/predict.py's ``--captions``), stripped.
+    """The non-empty lines of a text file of candidate captions (vlbert predict's ``--captions``), stripped.
 
     Raises:
         FileNotFoundError: no such file. ValueError: a file without captions.

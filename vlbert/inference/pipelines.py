@@ -147,7 +147,7 @@ class ReferringPipeline(Pipeline):
 
     Runs trained on given candidate boxes (its processor record: ``"boxes": "given"``, e.g. the easy-VQA composites'
     tiles) need them at inference too: ``boxes=`` float [N, 4] pixel boxes per image (a list of them for a list of
-    images; a JSONL record's ``boxes`` field). :meth:`draw` returns the image with the box drawn; tools/predict.py's
+    images; a JSONL record's ``boxes`` field). :meth:`draw` returns the image with the box drawn; vlbert predict's
     ``--draw FILE`` saves it.
     """
 
@@ -180,7 +180,7 @@ class ReferringPipeline(Pipeline):
         ):
             raise ValueError(
                 "this run was trained on given candidate boxes, not the detector's: pass boxes=[[x1, y1, "
-                'x2, y2], ...] (pixels) for each image (tools/predict.py: a "boxes" field per line)'
+                'x2, y2], ...] (pixels) for each image (vlbert predict: a "boxes" field per line)'
             )
         return super().preprocess(examples, **parameters)
 

@@ -1,4 +1,4 @@
-"""Text classification from a fine-tuned text run (``tools/finetune_text.py``): transformers'
+"""Text classification from a fine-tuned text run (``vlbert finetune --task text``): transformers'
 ``pipeline("text-classification")`` shape, with the run's label names."""
 
 from __future__ import annotations

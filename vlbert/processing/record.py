@@ -36,7 +36,7 @@ def load_processor_record(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{directory / PROCESSOR_FILE} does not exist, and its older form inference.json does not exist either: "
             f"{run_dir} is not the output directory of a finished run or conversion (vlbert finetune, vlbert "
-            "pretrain and vlbert convert-checkpoint write it)"
+            "pretrain and vlbert convert write it)"
         )
     if "task" not in record:
         raise ValueError(f"{processor_record_file(directory)} names no task; train the run again to rewrite it")

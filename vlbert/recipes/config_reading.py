@@ -56,7 +56,7 @@ class RunKeys:
     """The top-level values of a run config besides its sections (``model``, ``data``, ``training``, ``detector``,
     each read by its own type), read through the typed layer like every other value.
 
-    task: the recipe's name (tools/finetune.py); modality: "text" or "vl" (tools/pretrain.py); init_from: a
+    task: the recipe's name (vlbert finetune); modality: "text" or "vl" (vlbert pretrain); init_from: a
     checkpoint directory, hub name or ``minilm``; tokenizer: a tokenizer directory or hub name (default: the one
     saved with init_from); allow_other_detector: fine-tune a vision-language init_from on regions of another
     detector than its own (:func:`check_init_regions`).

@@ -1,4 +1,4 @@
-"""Text fine-tuning (``tools/finetune_text.py``): one output layer on the pretrained encoder, the whole network
+"""Text fine-tuning (``vlbert finetune --task text``): one output layer on the pretrained encoder, the whole network
 fine-tuned (BERT section 4; recipe of appendix A.3: 2-4 epochs, batch 16-32, lr 2e-5..5e-5, warmup).
 
 Every figure is the field's own on the whole evaluation set (:mod:`vlbert.evaluation.text`; docs/metrics.md
