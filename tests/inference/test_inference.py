@@ -33,7 +33,7 @@ from vlbert.inference import (
     VQAPipeline,
     pipeline,
 )
-from vlbert.recipes import RECIPES, run
+from vlbert.recipes import RECIPES, TASKS, Task, run
 from vlbert.run_files import PIPELINES_BY_EARLIER_NAME
 
 TRAINING = {"max_steps": 2, "batch_size": 4, "warmup_steps": 1, "progress_bar": False, "log_every": 1}
@@ -138,11 +138,13 @@ def test_a_vqa_model_in_memory_answers_as_its_run(easy, vqa_run):
         pipeline("visual-entailment", from_run.model, tokenizer=from_run.tokenizer)
 
 
-def test_the_recipe_names_its_pipeline_and_older_runs_keep_theirs(vqa_run, tmp_path):
+def test_the_task_names_its_pipeline_and_older_runs_keep_theirs(vqa_run, tmp_path):
     info = json.loads((vqa_run.dir / "processor.json").read_text())
-    assert info["pipeline"] == RECIPES["vqa"].pipeline == "visual-question-answering"
-    named = {name: r.pipeline for name, r in RECIPES.items()}
-    assert all(p in PIPELINES for p in named.values()), named  # every recipe's pipeline exists
+    assert TASKS["vqa"].pipeline is VQAPipeline and info["pipeline"] == VQAPipeline.name == "visual-question-answering"
+    for name, task in TASKS.items():  # every task's pipeline is in the catalogue, its name given to the recipe
+        assert PIPELINES[task.pipeline.name] is task.pipeline and RECIPES[name].pipeline == task.pipeline.name
+    with pytest.raises(ValueError, match="does not hold under its name 'mine'"):
+        Task(RECIPES["vqa"], type("Mine", (VQAPipeline,), {"name": "mine"}), "finetune/vqa-easy-vqa")
     old = tmp_path / "old"  # a run written before inference.json named the pipeline: its task did
     shutil.copytree(vqa_run.dir, old, ignore=shutil.ignore_patterns("checkpoints", "tensorboard", "processor.json"))
     (old / "inference.json").write_text(json.dumps({k: v for k, v in info.items() if k != "pipeline"}))

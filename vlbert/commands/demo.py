@@ -54,7 +54,7 @@ class DemoSession:
         self.pipelines = {tab: pipeline(tab, run_dir, **options) for tab in TABS if PIPELINES[tab].takes(record)}
         if not self.pipelines:
             accepted = sorted(
-                {name for name, task in TASKS.items() if task.pipeline in TABS}
+                {name for name, task in TASKS.items() if task.pipeline and task.pipeline.name in TABS}
                 | {name for tab in TABS for name in PIPELINES[tab].run_tasks}
             )
             raise ValueError(

@@ -37,8 +37,8 @@ class Pipeline:
     gradients; bf16 autocast on a CUDA device, the outputs read back in float32) -> :meth:`postprocess` on each;
     one input of each kind gives one result, lists give a list.
 
-    A task sets :attr:`name` (its :data:`~vlbert.inference.pipelines.PIPELINES` key, which a recipe's
-    ``pipeline`` names; :attr:`run_tasks` where it answers runs of other tasks too), :attr:`model_class`,
+    A task sets :attr:`name` (its :data:`~vlbert.inference.pipelines.PIPELINES` key, which a run's processor
+    records; :attr:`run_tasks` where it answers runs of other tasks too), :attr:`model_class`,
     :attr:`input_fields` (its inputs in call order, each with the names a JSONL record may give it under),
     :attr:`image_fields`, :attr:`optional_fields`, :attr:`id_field`,
     :attr:`parameters` and :attr:`formats`, and implements :meth:`postprocess` (and :meth:`preprocess` /
@@ -70,10 +70,10 @@ class Pipeline:
             memory of another class than the pipeline's, or without a tokenizer.
     """
 
-    #: the pipeline's name: its key in :data:`~vlbert.inference.pipelines.PIPELINES`, what a recipe's ``pipeline``
-    #: and a run's processor record name.
+    #: the pipeline's name: its key in :data:`~vlbert.inference.pipelines.PIPELINES`, what the runs of a task whose
+    #: entry in the task table names this class (:attr:`vlbert.recipes.Task.pipeline`) record in their processor.
     name: ClassVar[str] = ""
-    #: the run tasks (the processor record's ``task``) the pipeline loads besides those whose recipe names it (a task
+    #: the run tasks (the processor record's ``task``) the pipeline loads besides those whose entry names it (a task
     #: that every run of some kinds answers, e.g. image-text matching from pretraining and retrieval runs).
     run_tasks: ClassVar[tuple[str, ...]] = ()
     model_class: ClassVar[type] = VLBertForVQA

@@ -10,7 +10,8 @@ as the task's dataset prepares them (same tokenizer, truncation, ``region_item``
 regions a pipeline gives the recipe's evaluation outputs (tests/inference/test_inference.py checks every task).
 
 Images: a file path, a PIL image, a uint8 array [H, W, 3] (RGB) or the image's :class:`~vlbert.detectors.regions.Regions`.
-A new task is a Pipeline subclass and one line in :data:`PIPELINES` (docs/extending.md).
+A new task's pipeline is a Pipeline subclass and one line in :data:`PIPELINES`, named by its task's entry in
+:data:`vlbert.recipes.TASKS` (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -215,10 +216,11 @@ class ReferringPipeline(Pipeline):
 
 
 #: pipeline name -> its class, named by what it does as transformers names its pipelines (``fill-mask``,
-#: ``visual-question-answering``, ``text-classification``). A recipe names its pipeline
-#: (:attr:`vlbert.recipes.Recipe.pipeline`, the task table :data:`vlbert.recipes.TASKS`), which the run's saved
-#: processor records (a record on disk with an earlier name is read with today's:
-#: :func:`vlbert.run_files.read_processor_record`); a new pipeline is a :class:`Pipeline` subclass and one line here.
+#: ``visual-question-answering``, ``text-classification``). A task's entry in the task table names its pipeline
+#: class (:attr:`vlbert.recipes.Task.pipeline`, which must be here), and the run's saved processor records the
+#: class's name (a record on disk with an earlier name is read with today's:
+#: :func:`vlbert.run_files.read_processor_record`). The catalogue that ``vlbert.inference`` reads a run with, without
+#: the recipes: a new pipeline is a :class:`Pipeline` subclass and one line here.
 PIPELINES: dict[str, type[Pipeline]] = {
     cls.name: cls
     for cls in (

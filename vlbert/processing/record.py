@@ -45,7 +45,7 @@ def load_processor_record(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 def record_pipeline(record: dict[str, Any]) -> str:
     """The pipeline (a :data:`~vlbert.inference.pipelines.PIPELINES` key) a processor record names: its
-    ``pipeline`` (the recipe's, :attr:`vlbert.recipes.Recipe.pipeline`; a record on disk that gave an earlier name,
+    ``pipeline`` (the task's, :attr:`vlbert.recipes.Task.pipeline`; a record on disk that gave an earlier name,
     or its task only, is read with today's name: :func:`vlbert.run_files.read_processor_record`), else its
     ``task`` (a processor made for a model in memory: :meth:`~vlbert.processing.VLProcessor.for_model` is told the
     pipeline's name).

@@ -165,7 +165,6 @@ RECIPE = Recipe(
     baselines=baselines,
     uses_regions=True,
     processor_fields=processor_fields,
-    pipeline="referring-expression-comprehension",
 )
 
 __all__ = ["RECIPE", "ReferringDataConfig", "ReferringData"]

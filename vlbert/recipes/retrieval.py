@@ -121,7 +121,6 @@ RECIPE = Recipe(
     evaluate=evaluate,
     uses_regions=True,
     processor_fields=processor_fields,
-    pipeline="image-text-retrieval",
 )
 
 __all__ = ["RECIPE", "RetrievalDataConfig", "RetrievalData"]

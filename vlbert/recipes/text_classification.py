@@ -416,7 +416,6 @@ RECIPE = Recipe(
     baselines=majority_baseline,
     sections=("implementation",),
     processor_fields=processor_fields,
-    pipeline="text-classification",
 )
 
 __all__ = ["RECIPE", "TextTaskData", "TransformersAdapter", "evaluate", "GLUE_HUB_NAME"]

@@ -176,7 +176,6 @@ RECIPE = Recipe(
     baselines=baselines,
     default_init=None,
     processor_fields=processor_fields,
-    pipeline="text-fill-mask",
 )
 
 __all__ = ["RECIPE", "TextDataConfig", "TextPretrainingData"]

@@ -94,7 +94,6 @@ RECIPE = Recipe(
     baselines=majority_baseline,
     uses_regions=True,
     processor_fields=processor_fields,
-    pipeline="visual-entailment",
 )
 
 __all__ = ["RECIPE", "EntailmentDataConfig", "EntailmentData"]

@@ -458,7 +458,6 @@ RECIPE = Recipe(
     uses_regions=True,
     default_init=None,
     processor_fields=processor_fields,
-    pipeline="fill-mask",
 )
 
 __all__ = ["RECIPE", "VLDataConfig", "CaptionSource", "VLPretrainingData", "easy_vqa_captions", "qa_vocabulary"]

@@ -205,7 +205,6 @@ RECIPE = Recipe(
     baselines=majority_baseline,
     uses_regions=True,
     processor_fields=processor_fields,
-    pipeline="visual-question-answering",
 )
 
 __all__ = ["RECIPE", "VQADataConfig", "VQAData", "RESULTS_FILES", "evaluate"]
