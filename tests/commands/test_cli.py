@@ -87,7 +87,7 @@ def test_text_fine_tuning_is_finetune_task_text(monkeypatch):
         assert runs(argv) == 0
         assert seen["task"] == "text" and seen["config"] == "finetune/bbc-news", argv
         assert {k: v for k, v in seen["extra"].items() if v is not None} == {
-            "data.task": "glue",
+            "data.dataset": "glue",
             "data.glue_task": "mrpc",
             "data.type": "classification",
         }, argv

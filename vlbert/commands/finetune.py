@@ -53,7 +53,7 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--dataset",
-        help="the task's data reader (its config's data.dataset; data.task of --task text): e.g. easy-vqa, vqa-v2, "
+        help="the task's data reader (its config's data.dataset): e.g. easy-vqa, vqa-v2, "
         "nlvr2, karpathy; bbc-news, glue, custom",
     )
     text = p.add_argument_group("text tasks (--task text)")
@@ -88,7 +88,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = args.task or load_run_config(args.config).get("task")
     if chosen not in TASKS:
         raise ValueError(f"{args.config} names task {chosen!r}; pass --task with one of {', '.join(TASKS)}")
-    task = TASKS[chosen]
     text_flags = [(key, getattr(args, dest)) for dest, key in TEXT_FLAGS]
     if chosen != "text":
         given = [dest for dest, _ in TEXT_FLAGS if getattr(args, dest) is not None]
@@ -96,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             flag = "--" + given[0].replace("_", "-")
             raise ValueError(f"{flag} is a flag of text tasks, not of {chosen}; leave it out or pass --task text")
         text_flags = []
-    run_from_args(args, chosen, extra=((task.dataset_flag_key, args.dataset), *text_flags))
+    run_from_args(args, chosen, extra=(("data.dataset", args.dataset), *text_flags))
     return 0
 
 

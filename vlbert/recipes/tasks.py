@@ -59,7 +59,6 @@ class Task:
         command: the ``vlbert`` command that trains it (``finetune`` or ``pretrain``).
         argv: that command's flags that select this task (``--task vqa``, ``--modality text``).
         script: the script in ``tools/`` (file name without ``.py``) that is ``vlbert <command> <argv>``, or None.
-        dataset_flag_key: the ``data`` config key that ``--dataset`` sets for this task (its data reader).
 
     Raises:
         ValueError: a ``pipeline`` that :data:`vlbert.inference.PIPELINES` does not hold under its name (a run's
@@ -72,7 +71,6 @@ class Task:
     command: str = "finetune"
     argv: tuple[str, ...] = ()
     script: str | None = None
-    dataset_flag_key: str = "data.dataset"
 
     def __post_init__(self):
         named = None if self.pipeline is None else self.pipeline.name
@@ -106,9 +104,7 @@ TASKS: dict[str, Task] = {
     for t in (
         Task(TEXT_PRETRAINING, TextFillMaskPipeline, "text/default", "pretrain", ("--modality", "text")),
         Task(VL_PRETRAINING, FillMaskPipeline, "vl/default", "pretrain", ("--modality", "vl")),
-        Task(
-            TEXT, TextClassificationPipeline, "finetune/bbc-news", script="finetune_text", dataset_flag_key="data.task"
-        ),
+        Task(TEXT, TextClassificationPipeline, "finetune/bbc-news", script="finetune_text"),
         Task(VQA, VQAPipeline, "finetune/vqa-easy-vqa", script="finetune_vqa"),
         Task(RETRIEVAL, RetrievalPipeline, "finetune/retrieval-easy-vqa", script="finetune_retrieval"),
         Task(VISUAL_ENTAILMENT, EntailmentPipeline, "finetune/snli-ve-easy-vqa"),
