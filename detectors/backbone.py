@@ -40,7 +40,7 @@ PACKAGED_ARCHITECTURE = "efficientnet_lite0"
 @dataclass
 class TimmOptions:
     """The ``timm`` backend's options (``detector.options``; each field's ``help`` is its
-    ``tools/extract_regions.py`` flag's text). What changes the features is listed in the backend's table line.
+    ``vlbert extract`` flag's text). What changes the features is listed in the backend's table line.
 
     Raises:
         ValueError: from :meth:`validate`, naming the field and the fix.

@@ -5,7 +5,7 @@ and ``validate(weights)``), a build function ``(options, weights, device) -> ext
 ``(image, image_id) -> Regions`` with ``extract_batch(images, image_ids)``, ``name`` and ``feature_dim``), and its
 line in :data:`DETECTOR_BACKENDS` naming the options fields that change the features (the fingerprint's). The
 config (:class:`vlbert.detectors.config.DetectorConfig`), the run configs' ``detector`` section and the flags of
-``tools/extract_regions.py`` and ``vlbert benchmark extraction`` all read this table; docs/extending.md
+``vlbert extract`` and ``vlbert benchmark extraction`` all read this table; docs/extending.md
 "A detector backend" walks adding one.
 
 Backends:

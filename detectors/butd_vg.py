@@ -231,7 +231,7 @@ def butd_extractor_name(weights: str | os.PathLike, selection: BoxSelection) -> 
 # ------------------------------------------------------------------------------------------------ the backend
 @dataclass
 class ButdOptions:
-    """The ``butd`` backend's options (``detector.options``; each field's ``help`` is its ``tools/extract_regions.py``
+    """The ``butd`` backend's options (``detector.options``; each field's ``help`` is its ``vlbert extract``
     flag's text). The model is fixed (``butd-vg``); these are BUTD's box selection and the vocabulary files, which
     do not change the features.
 

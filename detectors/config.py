@@ -1,5 +1,5 @@
 """One detector configuration for every place that extracts regions: the ``detector`` section of the VL run
-configs, the region cache, and ``tools/extract_regions.py`` (whose flags map onto these fields).
+configs, the region cache, and ``vlbert extract`` (whose flags map onto these fields).
 
 A config is the backend's name (a line of :data:`vlbert.detectors.backends.DETECTOR_BACKENDS`), the weights file and its
 sha256, and the backend's own options (its dataclass)::
@@ -60,7 +60,7 @@ def typed_options(options_class: type, values: dict[str, Any], section: str = "d
 
 @dataclass
 class DetectorConfig:
-    """How images become regions (YAML section ``detector``; ``tools/extract_regions.py`` flags).
+    """How images become regions (YAML section ``detector``; ``vlbert extract`` flags).
 
     Attributes:
         backend: a key of :data:`vlbert.detectors.backends.DETECTOR_BACKENDS` (``timm``, ``torchvision``, ``detectron2``).
@@ -281,7 +281,7 @@ class DetectorConfig:
         return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:10]
 
 
-#: Detectors by name, for ``tools/extract_regions.py --extracted-with NAME`` (what made imported features) and
+#: Detectors by name, for ``vlbert extract --extracted-with NAME`` (what made imported features) and
 #: the families' records. ``butd-vg``: bottom-up attention's Caffe ResNet-101 Faster R-CNN on Visual Genome with
 #: attributes (py-bottom-up-attention's ``faster_rcnn_from_caffe_attr.pkl``, sha256 not published), 10-100 boxes
 #: at confidence >= 0.2: the features of UNITER and LXMERT (Anderson et al. 2018; BUTD-UNITER-NLVR2

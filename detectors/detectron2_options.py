@@ -40,7 +40,7 @@ def config_file_identity(config_file: str) -> str:
 @dataclass
 class Detectron2Options:
     """The ``detectron2`` backend's options (``detector.options``; each field's ``help`` is its
-    ``tools/extract_regions.py`` flag's text). ``class_names`` and ``attribute_names`` do not change the features,
+    ``vlbert extract`` flag's text). ``class_names`` and ``attribute_names`` do not change the features,
     so the backend's table line leaves them out of the fingerprint.
 
     Raises:

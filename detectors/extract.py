@@ -1,6 +1,6 @@
 """Images -> region shards at the users' size: batched, split across processes, resumable.
 
-``torchrun --nproc_per_node N tools/extract_regions.py ...`` (or one process per machine with ``--nnodes``) sets
+``torchrun --nproc_per_node N -m vlbert extract ...`` (or one process per machine with ``--nnodes``) sets
 ``RANK`` and ``WORLD_SIZE``; process r takes images r, r + N, r + 2N, ... and writes its own shards
 (``regions-rank<r>-<k>.tar``) into the one output directory. Shards are written under a temporary name and renamed
 when complete (:func:`vlbert.detectors.shards.write_shards`), so a killed extraction leaves no half shard that reads as

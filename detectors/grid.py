@@ -125,7 +125,7 @@ _TIMM = {f.name: f for f in fields(TimmOptions)}
 @dataclass
 class GridOptions:
     """The ``grid`` backend's options (``detector.options``; each field's ``help`` is its
-    ``tools/extract_regions.py`` flag's text). All of them change the features (the backend's table line).
+    ``vlbert extract`` flag's text). All of them change the features (the backend's table line).
 
     Raises:
         ValueError: from :meth:`validate`, naming the field and the fix.

@@ -39,7 +39,7 @@ class ShardError(ValueError):
 
 #: What to do about a corrupt or truncated shard, said by every refusal of one: the command that wrote it repairs it.
 DAMAGED_SHARD_FIX = (
-    "run the command that wrote it again: tools/extract_regions.py with the same --images and "
+    "run the command that wrote it again: vlbert extract with the same --images and "
     "--output-dir sets a damaged shard aside (.corrupt) and extracts only its images, an import "
     "(--from-tsv / --from-npz) rewrites every shard; for a cache under data.cache_dir, delete that "
     "directory and the next run extracts it again"
@@ -272,7 +272,7 @@ def shard_paths(directory: str | os.PathLike) -> list[Path]:
     if not paths:
         raise FileNotFoundError(
             f"no region shards (*.tar) in {directory}; write them with "
-            "tools/extract_regions.py (--images, --from-tsv or --from-npz)"
+            "vlbert extract (--images, --from-tsv or --from-npz)"
         )
     return paths
 

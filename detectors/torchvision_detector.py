@@ -21,7 +21,7 @@ from vlbert.detectors.selection import check_box_selection
 @dataclass
 class TorchvisionOptions:
     """The ``torchvision`` backend's options (``detector.options``): BUTD's box selection (each field's ``help``
-    is its ``tools/extract_regions.py`` flag's text).
+    is its ``vlbert extract`` flag's text).
 
     Raises:
         ValueError: from :meth:`validate`, naming the field.

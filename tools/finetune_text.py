@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""``vlbert finetune --task text`` (was ``vlbert finetune-text``) as a script: ``python tools/finetune_text.py --help`` (the code:
-``vlbert/commands/finetune``; ``--task bbc-news|glue|custom`` still means ``--dataset``)."""
+"""``vlbert finetune --task text`` as a script: ``python tools/finetune_text.py --help`` (the code:
+``vlbert/commands/finetune``; ``--dataset bbc-news|glue|custom`` picks the text data)."""
 
 import sys
 

@@ -323,7 +323,7 @@ class VLBertConfig(BertConfig):
             uses the top class (``mrc``) or the distribution (``mrc_kl``) is the objective mix's choice.
         projection_dim: size of the contrastive (ITC) embeddings of image-text retrieval (ALBEF: 256).
         wra_layer: the hidden states word-region alignment (the ``wra`` objective, and the plans
-            ``tools/explain.py alignment`` draws) transports between: -1 the last layer's (UNITER section 3.2), 0
+            ``vlbert explain alignment`` draws) transports between: -1 the last layer's (UNITER section 3.2), 0
             the embeddings (the first layer's input, before any word has seen a region), k the output of layer k.
             In a single-stream encoder the last layer's word and region states both know whether the pair
             matches, and on easy-VQA captions WRA there is met by making them all alike (docs/experiments.md);

@@ -3,7 +3,7 @@
 read back as the local snapshot directory every loader takes (``snapshot_download``, which honours
 ``HF_HUB_OFFLINE`` and reads the local cache, ``HF_HUB_CACHE``, first).
 
-    model.push_to_hub("org/uniter-base-vqa")            # or: tools/convert_checkpoint.py ... --push-to-hub org/name
+    model.push_to_hub("org/uniter-base-vqa")            # or: vlbert convert ... --push-to-hub org/name
     VLBertForVQA.from_pretrained("org/uniter-base-vqa")  # pipeline("org/uniter-base-vqa"), --init-from org/name
 """
 

@@ -1,7 +1,8 @@
 """The run-directory format below both the recipes (which write it) and inference (which reads it): the name of
 the processor's file (``processor.json``, beside ``config.json``) and of its older form (``inference.json``, what
-runs and conversions wrote before the processor existed), the one reader that falls back to the older file, its
-writer, and the reader of a run or model directory's JSON files that refuses a damaged file in one line."""
+runs and conversions wrote before the processor existed), the one reader that falls back to the older file and
+reads earlier records' pipeline names as today's, its writer, and the reader of a run or model directory's JSON
+files that refuses a damaged file in one line."""
 
 from __future__ import annotations
 
@@ -18,6 +19,20 @@ PROCESSOR_FILE = "processor.json"
 LEGACY_PROCESSOR_FILE = "inference.json"
 #: The version of the record's fields (1: inference.json; 2: processor.json, the same fields plus processor_class).
 PROCESSOR_FORMAT_VERSION = 2
+#: Pipeline names as records on disk give them -> today's names (:data:`vlbert.inference.PIPELINES`). Each was its
+#: task's name: runs written before the pipelines were named by what they do record ``"pipeline": "vqa"``; runs
+#: written before recipes named their pipeline, and conversions (``vlbert convert``), record only ``"task": "vqa"``.
+#: :func:`read_processor_record` reads them under today's names.
+PIPELINES_BY_EARLIER_NAME = {
+    "vqa": "visual-question-answering",
+    "retrieval": "image-text-retrieval",
+    "nlvr2": "visual-reasoning",
+    "snli-ve": "visual-entailment",
+    "refcoco": "referring-expression-comprehension",
+    "vl-pretraining": "fill-mask",
+    "text": "text-classification",
+    "text-pretraining": "text-fill-mask",
+}
 
 
 def write_processor_record(output_dir: str | Path, record: dict[str, Any]) -> Path:
@@ -40,13 +55,21 @@ def processor_record_file(directory: str | Path) -> Path | None:
 
 
 def read_processor_record(directory: str | Path) -> dict[str, Any] | None:
-    """``directory``'s processor record as a dict (:func:`processor_record_file`; None where it has none).
+    """``directory``'s processor record as a dict (:func:`processor_record_file`; None where it has none), its
+    pipeline under today's name: a ``pipeline`` (else, where it names none, a ``task``) of
+    :data:`PIPELINES_BY_EARLIER_NAME` is read as the pipeline it names now.
 
     Raises:
         UserFileError (a ``ValueError``): a damaged file (see :func:`read_run_file`).
     """
     path = processor_record_file(directory)
-    return None if path is None else read_run_file(path)
+    if path is None:
+        return None
+    record = read_run_file(path)
+    earlier = record.get("pipeline") or record.get("task")
+    if earlier in PIPELINES_BY_EARLIER_NAME:
+        record["pipeline"] = PIPELINES_BY_EARLIER_NAME[earlier]
+    return record
 
 
 def read_run_file(path: str | Path) -> dict[str, Any]:
@@ -66,6 +89,7 @@ __all__ = [
     "PROCESSOR_FILE",
     "LEGACY_PROCESSOR_FILE",
     "PROCESSOR_FORMAT_VERSION",
+    "PIPELINES_BY_EARLIER_NAME",
     "write_processor_record",
     "processor_record_file",
     "read_processor_record",

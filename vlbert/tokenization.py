@@ -116,7 +116,7 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None):
     except (OSError, ValueError) as e:
         raise FileNotFoundError(
             f"could not load a tokenizer from {path!r} ({type(e).__name__}: {e}); a BERT tokenizer directory holds "
-            "vocab.txt and/or tokenizer.json (train one with tools/train_tokenizer.py)"
+            "vocab.txt and/or tokenizer.json (train one with vlbert train-tokenizer)"
         ) from e
     missing = [name for name in REQUIRED_SPECIAL_TOKENS if getattr(tokenizer, name, None) is None]
     if missing:

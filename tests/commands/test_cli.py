@@ -139,9 +139,9 @@ def test_vlbert_benchmark_in_this_checkout_is_python_m_benchmarks(tmp_path):
     assert done.stderr.startswith("error: --weights is one backend's file") and len(done.stderr.splitlines()) == 1
 
 
-def test_text_fine_tuning_is_finetune_task_text_and_the_old_spelling_still_runs(monkeypatch):
-    """--task names a task everywhere and --dataset the task's data reader; finetune-text (tools/finetune_text.py)
-    is finetune --task text, where --task bbc-news|glue|custom still means the text dataset."""
+def test_text_fine_tuning_is_finetune_task_text(monkeypatch):
+    """--task names a task everywhere and --dataset the task's data reader; tools/finetune_text.py is finetune
+    --task text. A text dataset given as --task is no task: argparse's usage error."""
     import vlbert.commands.finetune as finetune
 
     seen = {}
@@ -150,27 +150,25 @@ def test_text_fine_tuning_is_finetune_task_text_and_the_old_spelling_still_runs(
         "run_from_args",
         lambda args, task, extra=(): seen.update(task=task, config=str(args.config), extra=dict(extra)),
     )
-    new = ["--task", "text", "--dataset", "glue", "--glue-task", "mrpc", "--type", "classification"]
+    glue = ["--dataset", "glue", "--glue-task", "mrpc", "--type", "classification"]
     for argv, runs in (
-        (new, command_main("finetune")),
-        (["--task", "glue", "--glue-task", "mrpc", "--type", "classification"], command_main("finetune-text")),
-        (["--task", "glue", "--glue-task", "mrpc", "--type", "classification"], tool("finetune_text")),
-        (["--dataset", "glue", "--glue-task", "mrpc", "--type", "classification"], tool("finetune_text")),
+        (["--task", "text", *glue], command_main("finetune")),
+        (glue, tool("finetune_text")),
     ):
         seen.clear()
         assert runs(argv) == 0
         assert seen["task"] == "text" and seen["config"] == "finetune/bbc-news", argv
         assert {k: v for k, v in seen["extra"].items() if v is not None} == {
-            "data.task": "glue",
+            "data.dataset": "glue",
             "data.glue_task": "mrpc",
             "data.type": "classification",
         }, argv
     with pytest.raises(ValueError, match="--train is a flag of text tasks, not of vqa"):
         command_main("finetune")(["--task", "vqa", "--train", "train.csv"])
-    with pytest.raises(SystemExit):  # not a task, not a text dataset: argparse's usage error
-        command_main("finetune")(["--task", "bbc"])
-    with pytest.raises(SystemExit):  # two meanings at once
-        command_main("finetune")(["--task", "glue", "--dataset", "custom"])
+    for not_a_task in ("bbc", "glue"):  # argparse's usage error
+        with pytest.raises(SystemExit):
+            command_main("finetune")(["--task", not_a_task])
+    assert "finetune-text" not in COMMANDS
 
 
 def test_task_tools_are_finetune_with_their_task_and_config(monkeypatch):

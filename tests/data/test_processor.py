@@ -15,7 +15,7 @@ from helpers.builders import EASY_DETECTOR, N_EASY_IMAGES
 from vlbert.data.grounded_text import GroundedCollator
 from vlbert.inference import VQAPipeline, pipeline
 from vlbert.processing import RegionSource, VLProcessor
-from vlbert.recipes import RECIPES, Recipe, run
+from vlbert.recipes import RECIPES, run
 from vlbert.recipes.vqa import VQAData
 
 QUESTIONS = ["what color is the shape?", "is there a circle in the image of this long question about shapes?"]
@@ -163,15 +163,3 @@ def test_a_run_written_before_processor_json_still_loads(doc_runs, easy, tmp_pat
     assert json.loads((old / "processor.json").read_text())["processor_class"] == "VLProcessor"
     with pytest.raises(FileNotFoundError, match="processor.json does not exist"):
         VLProcessor.from_pretrained(tmp_path / "nothing-here")
-
-
-def test_a_recipe_written_with_inference_info_still_gives_its_processor_fields():
-    """``Recipe(inference_info=...)``, the former name of ``processor_fields``, still sets them (with a
-    DeprecationWarning naming the new one); both names at once are refused."""
-    vqa = RECIPES["vqa"]
-    with pytest.warns(DeprecationWarning, match="processor_fields"):
-        old = Recipe("old", vqa.data_config, vqa.build_data, vqa.build_model, inference_info=vqa.processor_fields)
-    assert old.processor_fields is vqa.processor_fields and old.inference_info is None
-    assert replace(old, name="again").processor_fields is vqa.processor_fields  # no second warning, no conflict
-    with pytest.raises(ValueError, match="both processor_fields and inference_info"):
-        replace(vqa, inference_info=lambda ctx, data: {})

@@ -212,7 +212,6 @@ def colour_recipe(easy) -> Recipe:
         evaluate=evaluate,
         uses_regions=True,
         processor_fields=lambda ctx, data: {"labels": list(COLORS)},
-        pipeline="shape-colour",
     )
 
 
@@ -231,8 +230,9 @@ class ColourPipeline(Pipeline):  # the pipeline: its inputs, id, output and resu
 def test_a_new_region_task_trains_and_predicts_through_the_tools_with_a_data_module_recipe_and_pipeline(
     easy, tmp_path, monkeypatch
 ):
-    monkeypatch.setitem(TASKS, "shape-colour", Task(colour_recipe(easy), "finetune/vqa-easy-vqa"))  # its task line
-    monkeypatch.setitem(PIPELINES, "shape-colour", ColourPipeline)  # the pipeline's table line
+    monkeypatch.setitem(PIPELINES, "shape-colour", ColourPipeline)  # the pipeline's line
+    task = Task(colour_recipe(easy), ColourPipeline, "finetune/vqa-easy-vqa")  # its task line names it
+    monkeypatch.setitem(TASKS, "shape-colour", task)
     config = {
         "task": "shape-colour",
         "init_from": "minilm",

@@ -238,7 +238,13 @@ def finetuning_config(task: str, output_dir, init, shards, tmp_path) -> dict:
         rows = [{"text": f"row {i} is about {'sport' if i % 2 else 'money'}", "label": "ab"[i % 2]} for i in range(16)]
         path = tmp_path / "rows.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        data = {"task": "custom", "type": "classification", "train": str(path), "eval": str(path), "max_seq_length": 32}
+        data = {
+            "dataset": "custom",
+            "type": "classification",
+            "train": str(path),
+            "eval": str(path),
+            "max_seq_length": 32,
+        }
     else:
         data = {
             "dataset": "easy-vqa",

@@ -96,15 +96,11 @@ def test_the_upload_sends_the_model_directory(converted, tmp_path):
 
     model = VLBertForVisualEntailment.from_pretrained(out)
     RecordingApi.calls = []
-    with pytest.MonkeyPatch.context() as mp:  # model.push_to_hub: save_pretrained + processor.json + card
+    # model.push_to_hub: save_pretrained + card (no processor.json: the model alone)
+    with pytest.MonkeyPatch.context() as mp:
         mp.setattr(huggingface_hub, "HfApi", RecordingApi)
-        files = model.push_to_hub("org/ve-copy", inference_info={"task": "snli-ve"})
-    assert files == RecordingApi.calls[1][2] and {
-        "config.json",
-        "model.safetensors",
-        "processor.json",
-        "README.md",
-    } == set(files)
+        files = model.push_to_hub("org/ve-copy")
+    assert files == RecordingApi.calls[1][2] and {"config.json", "model.safetensors", "README.md"} == set(files)
     assert (
         run_tool(
             tool("convert_checkpoint"),

@@ -29,10 +29,12 @@ from vlbert.inference import (
     ImagePairPipeline,
     ReferringPipeline,
     RetrievalPipeline,
+    VLProcessor,
     VQAPipeline,
     pipeline,
 )
-from vlbert.recipes import RECIPES, run
+from vlbert.recipes import RECIPES, TASKS, Task, run
+from vlbert.run_files import PIPELINES_BY_EARLIER_NAME
 
 TRAINING = {"max_steps": 2, "batch_size": 4, "warmup_steps": 1, "progress_bar": False, "log_every": 1}
 
@@ -133,14 +135,16 @@ def test_a_vqa_model_in_memory_answers_as_its_run(easy, vqa_run):
         [a["answer"] for a in row] for row in expected
     ]
     with pytest.raises(ValueError, match="runs VLBertForSequenceClassification"):
-        pipeline("snli-ve", from_run.model, tokenizer=from_run.tokenizer)
+        pipeline("visual-entailment", from_run.model, tokenizer=from_run.tokenizer)
 
 
-def test_the_recipe_names_its_pipeline_and_older_runs_keep_theirs(vqa_run, tmp_path):
+def test_the_task_names_its_pipeline_and_older_runs_keep_theirs(vqa_run, tmp_path):
     info = json.loads((vqa_run.dir / "processor.json").read_text())
-    assert info["pipeline"] == RECIPES["vqa"].pipeline == "visual-question-answering"
-    named = {name: r.pipeline for name, r in RECIPES.items()}
-    assert all(p in PIPELINES for p in named.values()), named  # every recipe's pipeline exists
+    assert TASKS["vqa"].pipeline is VQAPipeline and info["pipeline"] == VQAPipeline.name == "visual-question-answering"
+    for name, task in TASKS.items():  # every task's pipeline is in the catalogue, its name given to the recipe
+        assert PIPELINES[task.pipeline.name] is task.pipeline and RECIPES[name].pipeline == task.pipeline.name
+    with pytest.raises(ValueError, match="does not hold under its name 'mine'"):
+        Task(RECIPES["vqa"], type("Mine", (VQAPipeline,), {"name": "mine"}), "finetune/vqa-easy-vqa")
     old = tmp_path / "old"  # a run written before inference.json named the pipeline: its task did
     shutil.copytree(vqa_run.dir, old, ignore=shutil.ignore_patterns("checkpoints", "tensorboard", "processor.json"))
     (old / "inference.json").write_text(json.dumps({k: v for k, v in info.items() if k != "pipeline"}))
@@ -148,7 +152,12 @@ def test_the_recipe_names_its_pipeline_and_older_runs_keep_theirs(vqa_run, tmp_p
     renamed = tmp_path / "renamed"  # a run written before the pipelines were renamed: "pipeline": "vqa"
     shutil.copytree(old, renamed)
     (renamed / "inference.json").write_text(json.dumps({**info, "pipeline": "vqa"}))
-    assert type(pipeline(renamed, device="cpu")) is type(pipeline("vqa", renamed, device="cpu")) is VQAPipeline
+    assert VLProcessor.from_pretrained(renamed).pipeline == "visual-question-answering"  # read with today's name
+    assert type(pipeline(renamed, device="cpu")) is VQAPipeline
+    assert type(pipeline("visual-question-answering", renamed, device="cpu")) is VQAPipeline
+    with pytest.raises(ValueError, match="no pipeline for task 'vqa'"):  # code names today's pipelines only
+        pipeline("vqa", renamed, device="cpu")
+    assert set(PIPELINES_BY_EARLIER_NAME.values()) <= set(PIPELINES)
 
 
 def test_image_files_are_extracted_with_the_runs_own_detector(easy, vqa_run):
@@ -633,8 +642,12 @@ def test_image_text_matching_pipeline_scores_as_the_model(easy, pretraining_run)
     assert isinstance(single, dict) and single["score"] == pytest.approx(images[1]["score"], abs=1e-5)
     with pytest.raises(ValueError, match="has no text"):
         itm(easy.store["0"])
-    with pytest.raises(ValueError, match="is a 'vl-pretraining' run, but vqa takes vqa runs"):
-        pipeline("vqa", pretraining_run)
+    with pytest.raises(
+        ValueError,
+        match="is a 'vl-pretraining' run, but visual-question-answering takes runs whose pipeline is "
+        "visual-question-answering",
+    ):
+        pipeline("visual-question-answering", pretraining_run)
 
 
 def test_predict_tool_takes_the_image_text_matching_task(easy, pretraining_run, vqa_run, tmp_path, capsys):

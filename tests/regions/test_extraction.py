@@ -237,7 +237,7 @@ def test_a_damaged_shard_is_repaired_by_rerunning_the_command_and_another_pictur
     whole = regions_by_id(out)
     damaged = shard_paths(out)[1]
     damaged.write_bytes(damaged.read_bytes()[:1500])
-    with pytest.raises(ShardError, match="run the command that wrote it again: tools/extract_regions.py with the same"):
+    with pytest.raises(ShardError, match="run the command that wrote it again: vlbert extract with the same"):
         RegionStore(out)
     capsys.readouterr()
     assert run_tool(tool("extract_regions"), args) == 0

@@ -78,7 +78,7 @@ def test_sentence_pair_classification_csv(tmp_path, tiny_checkpoint):
         tmp_path,
         tiny_checkpoint,
         {
-            "task": "custom",
+            "dataset": "custom",
             "type": "classification",
             "train": str(tmp_path / "train.csv"),
             "eval": str(tmp_path / "dev.csv"),
@@ -135,7 +135,12 @@ def test_regression_jsonl(tmp_path, tiny_checkpoint):
     metrics = run(
         tmp_path,
         tiny_checkpoint,
-        {"task": "custom", "type": "regression", "train": str(tmp_path / "r.jsonl"), "eval": str(tmp_path / "r.jsonl")},
+        {
+            "dataset": "custom",
+            "type": "regression",
+            "train": str(tmp_path / "r.jsonl"),
+            "eval": str(tmp_path / "r.jsonl"),
+        },
         steps=STEPS,
     )
     assert metrics["pearson"] > 0.8, metrics
@@ -155,7 +160,7 @@ def test_tagging_jsonl(tmp_path, tiny_checkpoint):
     metrics = run(
         tmp_path,
         tiny_checkpoint,
-        {"task": "custom", "type": "tagging", "train": str(tmp_path / "t.jsonl"), "eval": str(tmp_path / "t.jsonl")},
+        {"dataset": "custom", "type": "tagging", "train": str(tmp_path / "t.jsonl"), "eval": str(tmp_path / "t.jsonl")},
         steps=STEPS,
     )
     assert metrics["token_accuracy"] == 1.0 and metrics["entity_f1"] == 1.0, metrics
@@ -182,14 +187,14 @@ def test_span_qa_jsonl(tmp_path, tiny_checkpoint):
     metrics = run(
         tmp_path,
         tiny_checkpoint,
-        {"task": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl")},
+        {"dataset": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl")},
         steps=STEPS,
         learning_rate=2e-3,  # measured: exact match 50 at training.seed 0, 1, 2 (at 1e-3: 0, 50, 50)
     )
     untrained = run(
         tmp_path,
         tiny_checkpoint,
-        {"task": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl")},
+        {"dataset": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl")},
         steps=1,
     )
     assert untrained["exact_match"] == 0.0
@@ -204,7 +209,12 @@ def test_span_qa_jsonl(tmp_path, tiny_checkpoint):
         run(
             tmp_path,
             tiny_checkpoint,
-            {"task": "custom", "type": "qa", "train": str(tmp_path / "bad.jsonl"), "eval": str(tmp_path / "q.jsonl")},
+            {
+                "dataset": "custom",
+                "type": "qa",
+                "train": str(tmp_path / "bad.jsonl"),
+                "eval": str(tmp_path / "q.jsonl"),
+            },
         )
 
 
@@ -228,7 +238,12 @@ def test_the_final_held_out_pass_gives_the_predictions(tmp_path, tiny_checkpoint
     out = tmp_path / "run"
     config = {
         "init_from": str(tiny_checkpoint),
-        "data": {"task": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl")},
+        "data": {
+            "dataset": "custom",
+            "type": "qa",
+            "train": str(tmp_path / "q.jsonl"),
+            "eval": str(tmp_path / "q.jsonl"),
+        },
         "training": {"output_dir": str(out), "max_steps": 3, "batch_size": 4, "progress_bar": False},
     }
     metrics = run_recipe(dataclasses.replace(recipe, build_model=build_model), config)
@@ -312,7 +327,7 @@ def test_bbc_news_learns(tmp_path):
     # with 48 wordpieces 0.76 at 8 steps, 0.81 at 12, 0.56 at 6).
     config = {
         "init_from": "minilm",
-        "data": {"task": "bbc-news", "max_seq_length": 32, "eval_fraction": 0.1},
+        "data": {"dataset": "bbc-news", "max_seq_length": 32, "eval_fraction": 0.1},
         "training": {
             "output_dir": str(tmp_path / "bbc"),
             "max_steps": 8,
@@ -348,7 +363,7 @@ def test_the_transformers_implementation_fits_and_keeps_the_label_names(tmp_path
         "init_from": str(tiny_checkpoint),
         "implementation": "transformers",
         "data": {
-            "task": "custom",
+            "dataset": "custom",
             "type": "classification",
             "train": str(tmp_path / "topics.jsonl"),
             "eval": str(tmp_path / "topics.jsonl"),
@@ -387,7 +402,7 @@ def test_unknown_label_in_eval_data(tmp_path, tiny_checkpoint):
             tmp_path,
             tiny_checkpoint,
             {
-                "task": "custom",
+                "dataset": "custom",
                 "type": "classification",
                 "train": str(tmp_path / "tr.jsonl"),
                 "eval": str(tmp_path / "ev.jsonl"),
@@ -402,7 +417,7 @@ def test_tags_and_words_must_align(tmp_path, tiny_checkpoint):
             tmp_path,
             tiny_checkpoint,
             {
-                "task": "custom",
+                "dataset": "custom",
                 "type": "tagging",
                 "train": str(tmp_path / "t.jsonl"),
                 "eval": str(tmp_path / "t.jsonl"),
@@ -422,7 +437,7 @@ def test_a_transformers_run_resumes(tmp_path, tiny_checkpoint):
             "implementation": "transformers",
             "model": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
             "data": {
-                "task": "custom",
+                "dataset": "custom",
                 "type": "classification",
                 "train": str(tmp_path / "t.jsonl"),
                 "eval": str(tmp_path / "t.jsonl"),

@@ -113,7 +113,7 @@ def test_tagging_scores_every_word_of_long_sentences_as_conlleval(tmp_path, toke
     ctx, data = recipe_data(
         tmp_path,
         tokenizer,
-        {"task": "custom", "type": "tagging", "train": path, "eval": path, "max_seq_length": 32, "doc_stride": 8},
+        {"dataset": "custom", "type": "tagging", "train": path, "eval": path, "max_seq_length": 32, "doc_stride": 8},
     )
     names = data.labels
     truth = {
@@ -212,7 +212,7 @@ def test_squad_v1_official_semantics_through_the_recipe(tmp_path, tokenizer):
         tmp_path,
         tokenizer,
         {
-            "task": "custom",
+            "dataset": "custom",
             "type": "qa",
             "train": str(tmp_path / "q.jsonl"),
             "eval": str(tmp_path / "q.jsonl"),
@@ -259,7 +259,7 @@ def test_squad_v2_null_score_rule_and_official_threshold_through_the_recipe(tmp_
     records = squad_v2_fixture()
     write_jsonl(tmp_path / "q.jsonl", records)
     section = {
-        "task": "custom",
+        "dataset": "custom",
         "type": "qa",
         "train": str(tmp_path / "q.jsonl"),
         "eval": str(tmp_path / "q.jsonl"),
@@ -327,7 +327,7 @@ def test_a_squad_v1_evaluation_question_without_an_answer_is_refused(tmp_path, t
         recipe_data(
             tmp_path,
             tokenizer,
-            {"task": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl")},
+            {"dataset": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl")},
         )
 
 
@@ -358,7 +358,9 @@ def test_an_undefined_correlation_is_nan_with_one_warning(tmp_path, tokenizer, c
     rows = [{"text": f"pair {i}", "label": float(i % 4)} for i in range(8)]
     write_jsonl(tmp_path / "r.jsonl", rows)
     path = str(tmp_path / "r.jsonl")
-    ctx, data = recipe_data(tmp_path, tokenizer, {"task": "custom", "type": "regression", "train": path, "eval": path})
+    ctx, data = recipe_data(
+        tmp_path, tokenizer, {"dataset": "custom", "type": "regression", "train": path, "eval": path}
+    )
     constant = RuleModel(lambda input_ids, attention_mask: {"logits": torch.full((input_ids.shape[0], 1), 2.5)})
     with caplog.at_level(logging.WARNING):
         metrics = evaluate(ctx, data, constant)
@@ -383,7 +385,7 @@ def test_text_data_refusals(tmp_path, tokenizer):
     """docs/bad-input.md rows 102-105 and 115: settings and records the text recipe cannot evaluate as the benchmark
     would, refused before any training with the fix named."""
     write_jsonl(tmp_path / "q.jsonl", [qa_record("a", "where is it ?", "It stands in Paris", ["Paris"])] * 2)
-    qa = {"task": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl")}
+    qa = {"dataset": "custom", "type": "qa", "train": str(tmp_path / "q.jsonl"), "eval": str(tmp_path / "q.jsonl")}
     with pytest.raises(ValueError, match="share the id 'a'"):
         recipe_data(tmp_path, tokenizer, qa)
     write_jsonl(tmp_path / "one.jsonl", [qa_record("a", "where is it ?", "It stands in Paris", ["Paris"])])
@@ -403,4 +405,4 @@ def test_text_data_refusals(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="record 0: the context has no wordpiece"):
         recipe_data(tmp_path, tokenizer, {**qa, "eval": str(tmp_path / "empty.jsonl"), "version_2_with_negative": True})
     with pytest.raises(ValueError, match="data.glue_task must name a GLUE task, one of .*'mrpc'"):
-        recipe_data(tmp_path, tokenizer, {"task": "glue", "glue_task": "mrcp"})
+        recipe_data(tmp_path, tokenizer, {"dataset": "glue", "glue_task": "mrcp"})

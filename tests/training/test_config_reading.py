@@ -18,6 +18,9 @@ from helpers.tool_errors import TINY_MODEL, one_line_error
 
 from vlbert.commands import run_tool
 from vlbert.common.typed_config import Range, check_value
+from vlbert.recipes import RECIPES
+from vlbert.recipes.config_reading import read_run_config, resume_changes
+from vlbert.training.checkpointing import STATE_NAME
 from vlbert.training.run_config import config_dir, load_run_config
 
 
@@ -248,3 +251,26 @@ def test_resume_refuses_a_changed_config_and_never_rewrites_config_yaml(
     assert {"split": "config", "step": 1, "changed": {"training.max_steps": [2, 3]}} in log  # resumed at step 1
     # the checkpoints written after the resume record the config they were trained with
     assert yaml.safe_load((out / "checkpoints" / "step-2" / "config.yaml").read_text())["training"]["max_steps"] == 3
+
+
+def test_a_renamed_key_is_refused_in_a_config_and_read_in_a_resumed_runs_record(tmp_path):
+    """data.task, text fine-tuning's data reader until it became data.dataset as every task's (issue 64): a config
+    that gives it is refused in one line naming the new key; a run's config.yaml written before the rename (never
+    rewritten) is read under today's name, so --resume of that run compares its data reader as the same."""
+    text = RECIPES["text"]
+    with pytest.raises(
+        ValueError, match=r"^data.task is now data.dataset: rename it in the config \(data.dataset: glue\)$"
+    ):
+        read_run_config(text, {"task": "text", "data": {"task": "glue"}})
+    config = {
+        "task": "text",
+        "data": {"dataset": "bbc-news", "max_seq_length": 32},
+        "training": {"output_dir": str(tmp_path), "max_steps": 4},
+    }
+    recorded = {**config, "data": {"task": "bbc-news", "max_seq_length": 32}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(recorded))
+    (tmp_path / "checkpoints" / "step-2").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-2" / STATE_NAME).write_bytes(b"")
+    assert resume_changes(text, config, tmp_path) == {}
+    with pytest.raises(ValueError, match="data.dataset: 'bbc-news' -> 'glue'"):
+        resume_changes(text, {**config, "data": {"dataset": "glue", "max_seq_length": 32}}, tmp_path)

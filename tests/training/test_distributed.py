@@ -343,7 +343,7 @@ def test_text_fine_tuning_on_three_processes_with_a_short_last_batch(tmp_path):
             "task": "text",
             "init_from": str(tmp_path / "tiny"),
             "model": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
-            "data": {"task": "bbc-news", "max_seq_length": 24, "max_train_examples": 28, "eval_fraction": 0.01},
+            "data": {"dataset": "bbc-news", "max_seq_length": 24, "max_train_examples": 28, "eval_fraction": 0.01},
             "training": {
                 "output_dir": str(out),
                 "max_steps": 4,

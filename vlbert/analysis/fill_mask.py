@@ -2,7 +2,7 @@
 regions, as transformers' ``pipeline("fill-mask")`` returns them (for text models: tests/inference/test_analysis.py).
 
 The computation is inference's (:func:`vlbert.inference.fill_mask.fill_masks`, batched); this is the one-text form
-that ``tools/explain.py fill-mask`` and notebooks call with a model in memory.
+that ``vlbert explain fill-mask`` and notebooks call with a model in memory.
 """
 
 from __future__ import annotations

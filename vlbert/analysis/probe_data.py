@@ -72,7 +72,7 @@ def easy_vqa(
     batch_size: int = 64,
 ):
     """Features of easy-VQA questions (train / test) with their image's first ``max_regions`` regions, extracted
-    with ``detector`` (the model's own: tools/explain.py reads it from the run's saved processor), labels = the
+    with ``detector`` (the model's own: vlbert explain reads it from the run's saved processor), labels = the
     answer (colour questions only with ``colour_only``)."""
     path = resolve_model_path(model_path)
     model, tok = vlbert.VLBertModel.from_pretrained(path), load_tokenizer(path)

@@ -187,12 +187,10 @@ def run_from_args(args: argparse.Namespace, task: str, extra: tuple[tuple[str, A
     return metrics
 
 
-#: subcommand -> (module with ``main(argv)``, or ``module:function`` for another function, one line of help). A new
-#: command is one module and one line here.
+#: subcommand -> (module with ``main(argv)``, one line of help). A new command is one module and one line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "pretrain": ("vlbert.commands.pretrain", "pretrain BERT on text (MLM + NSP) or a VL BERT on image-text pairs"),
     "finetune": ("vlbert.commands.finetune", "fine-tune a task: --task vqa|retrieval|nlvr2|snli-ve|refcoco|text"),
-    "finetune-text": ("vlbert.commands.finetune:text_main", "= finetune --task text (BBC News, GLUE, your text data)"),
     "predict": ("vlbert.commands.predict", "answers, labels, boxes or matches from a trained run about images"),
     "extract": ("vlbert.commands.extract_regions", "images -> region shards (or import TSV / npz features)"),
     "convert": ("vlbert.commands.convert_checkpoint", "a published UNITER / VisualBERT / Oscar checkpoint -> a model"),
@@ -226,8 +224,7 @@ def command_main(name: str):
     Raises:
         KeyError: no such subcommand.
     """
-    module, _, function = COMMANDS[name][0].partition(":")
-    return getattr(importlib.import_module(module), function or "main")
+    return importlib.import_module(COMMANDS[name][0]).main
 
 
 def main(argv: Sequence[str] | None = None) -> int:

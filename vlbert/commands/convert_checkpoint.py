@@ -1,11 +1,11 @@
 """Convert a published vision-language checkpoint into a vlbert model directory, which every tool then takes with
 ``--init-from DIR`` and ``vlbert.inference.pipeline(DIR)`` answers with.
 
-    python tools/convert_checkpoint.py --from uniter uniter-base.pt --output-dir models/uniter-base
-    python tools/convert_checkpoint.py --from uniter vqa-ft.pt --labels ans2label.json --output-dir models/uniter-vqa
-    python tools/convert_checkpoint.py --from visualbert visualbert-vqa/ --labels answers.txt --output-dir models/vb-vqa
-    python tools/convert_checkpoint.py --from oscar vinvl-base/ --output-dir models/vinvl-base
-    python tools/convert_checkpoint.py --from uniter uniter-base.pt --output-dir models/uniter-base \
+    vlbert convert --from uniter uniter-base.pt --output-dir models/uniter-base
+    vlbert convert --from uniter vqa-ft.pt --labels ans2label.json --output-dir models/uniter-vqa
+    vlbert convert --from visualbert visualbert-vqa/ --labels answers.txt --output-dir models/vb-vqa
+    vlbert convert --from oscar vinvl-base/ --output-dir models/vinvl-base
+    vlbert convert --from uniter uniter-base.pt --output-dir models/uniter-base \
         --push-to-hub my-org/uniter-base      # then: --init-from my-org/uniter-base, pipeline("my-org/uniter-base")
 
 SRC: UNITER's ``.pt`` file (its ``config/uniter-*.json`` with ``--config`` for other head counts than 64 per head);

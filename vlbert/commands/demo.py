@@ -26,8 +26,9 @@ from vlbert.analysis.attention_maps import word_region_attention
 from vlbert.detectors.images import read_pil_image
 from vlbert.inference import PIPELINES, pipeline
 from vlbert.processing import load_processor_record
+from vlbert.recipes import TASKS
 
-#: The demo's tabs: pipeline task -> the tab's title. A run gets the tabs whose pipeline accepts it.
+#: The demo's tabs: pipeline name -> the tab's title. A run gets the tabs whose pipeline takes it.
 TABS = {
     "visual-question-answering": "Ask a question",
     "image-text-matching": "Match captions",
@@ -47,13 +48,15 @@ class DemoSession:
     """
 
     def __init__(self, run_dir, device: str | None = None, detector_weights=None, allow_other_detector=False):
-        self.task = load_processor_record(run_dir)["task"]
+        record = load_processor_record(run_dir)
+        self.task = record["task"]
         options = {"device": device, "detector_weights": detector_weights, "allow_other_detector": allow_other_detector}
-        self.pipelines = {
-            task: pipeline(task, run_dir, **options) for task in TABS if self.task in PIPELINES[task].accepted_runs()
-        }
+        self.pipelines = {tab: pipeline(tab, run_dir, **options) for tab in TABS if PIPELINES[tab].takes(record)}
         if not self.pipelines:
-            accepted = sorted({t for task in TABS for t in PIPELINES[task].accepted_runs()})
+            accepted = sorted(
+                {name for name, task in TASKS.items() if task.pipeline and task.pipeline.name in TABS}
+                | {name for tab in TABS for name in PIPELINES[tab].run_tasks}
+            )
             raise ValueError(
                 f"{run_dir} is a {self.task!r} run; the demo shows runs of {', '.join(accepted)} "
                 "(use vlbert predict for the others)"

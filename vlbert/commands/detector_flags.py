@@ -1,4 +1,4 @@
-"""The detector flags of the commands that build a detector (``vlbert extract`` / ``tools/extract_regions.py``,
+"""The detector flags of the commands that build a detector (``vlbert extract``,
 ``vlbert benchmark extraction``), generated from :data:`vlbert.detectors.backends.DETECTOR_BACKENDS`: ``--backend`` with
 the table's names as choices, ``--weights``, ``--weights-sha256``, and one flag per backend option (an option that
 several backends have is one flag; a field's metadata gives its ``help`` and may rename its ``flag``; a mapping

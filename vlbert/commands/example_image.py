@@ -3,7 +3,7 @@ shape), with the questions the dataset asks about it and their answers.
 
     vlbert example-image                        # -> photo.png: test/0, its questions and answers printed
     vlbert example-image red-circle.png --color red --shape circle
-    python tools/predict.py runs/vqa-easy-vqa --image photo.png --text "what color is the shape?"
+    vlbert predict runs/vqa-easy-vqa --image photo.png --text "what color is the shape?"
 
 The image is a test-split picture, so no quick-start run trained on it.
 """

@@ -1,15 +1,15 @@
 """Look inside a model: fill-mask, attention pictures, generation from the masked LM, layer probes.
 
-    python tools/explain.py fill-mask --model runs/vl-default --text "a [MASK] circle" --easy-vqa-image test/0
-    python tools/explain.py attention --model minilm --text "The markets fell. Shares closed lower." --out docs/
-    python tools/explain.py regions --model runs/vl-default --easy-vqa-image test/3 --text "a blue circle" \\
+    vlbert explain fill-mask --model runs/vl-default --text "a [MASK] circle" --easy-vqa-image test/0
+    vlbert explain attention --model minilm --text "The markets fell. Shares closed lower." --out docs/
+    vlbert explain regions --model runs/vl-default --easy-vqa-image test/3 --text "a blue circle" \\
         --word blue --out docs/
-    python tools/explain.py alignment --model runs/vl-wra --easy-vqa-image test/3 --text "a blue circle" \\
+    vlbert explain alignment --model runs/vl-wra --easy-vqa-image test/3 --text "a blue circle" \\
         --word blue --out docs/      # the word-region transport plan (UNITER's WRA) instead of attention
-    python tools/explain.py alignment-share --model runs/vl-wra --images 800   # its mass on the shape's regions
-    python tools/explain.py generate --model runs/vl-default --easy-vqa-split test --images 500 --length 3
-    python tools/explain.py probe --task bbc-news --model minilm --out docs/
-    python tools/explain.py probe --task easy-vqa-color --model runs/vl-default --out docs/
+    vlbert explain alignment-share --model runs/vl-wra --images 800   # its mass on the shape's regions
+    vlbert explain generate --model runs/vl-default --easy-vqa-split test --images 500 --length 3
+    vlbert explain probe --task bbc-news --model minilm --out docs/
+    vlbert explain probe --task easy-vqa-color --model runs/vl-default --out docs/
 
 --model takes a checkpoint directory or "minilm". Images with --easy-vqa-image are read with the run's own detector
 (its saved processor; the VL default run's settings for a checkpoint without one), extracted and cached on first
@@ -58,7 +58,7 @@ def load(model_path: str, vl: bool):
     if vl and config.get("model_type") != "vlbert":
         raise ValueError(
             f"{model_path} is a text model (model_type {config.get('model_type')!r}); this command reads "
-            "an image's regions: give a vision-language run (tools/pretrain.py --modality vl, a VL "
+            "an image's regions: give a vision-language run (vlbert pretrain --modality vl, a VL "
             "fine-tuning run) or a converted UNITER / VisualBERT / Oscar model"
         )
     cls = vlbert.VLBertForPreTraining if vl or config.get("model_type") == "vlbert" else vlbert.BertForPreTraining
@@ -85,7 +85,7 @@ def run_detector(model_path: str):
     if not processor.uses_regions:
         raise ValueError(
             f"{model_path} is a {processor.task} run without regions; this command reads an image's "
-            "regions: give a vision-language run (tools/pretrain.py --modality vl, a VL fine-tuning run)"
+            "regions: give a vision-language run (vlbert pretrain --modality vl, a VL fine-tuning run)"
         )
     if processor.detector is None:
         raise ValueError(

@@ -1,13 +1,13 @@
 """Images -> region shards (webdataset tar, schema in detectors/shards.py), or precomputed features -> shards.
 
-    python tools/extract_regions.py --images skimage --output-dir runs/regions-photos --draw runs/photos.png
-    python tools/extract_regions.py --images my_photos/ --backend torchvision --weights frcnn.pth --output-dir out/
-    python tools/extract_regions.py --images coco/train2014 --backend butd \
+    vlbert extract --images skimage --output-dir runs/regions-photos --draw runs/photos.png
+    vlbert extract --images my_photos/ --backend torchvision --weights frcnn.pth --output-dir out/
+    vlbert extract --images coco/train2014 --backend butd \
         --weights faster_rcnn_from_caffe_attr.pkl --class-names objects_vocab.txt \
         --attribute-names attributes_vocab.txt --output-dir regions/coco-butd            # BUTD 10-100 boxes
-    torchrun --nproc_per_node 8 tools/extract_regions.py ... --device cuda              # one shard set per process
-    python tools/extract_regions.py --from-tsv trainval_obj36.tsv --extracted-with butd-vg --output-dir out/
-    python tools/extract_regions.py --from-npz features_dir/ --extracted-with my-detector.yaml --output-dir out/
+    torchrun --nproc_per_node 8 -m vlbert extract ... --device cuda              # one shard set per process
+    vlbert extract --from-tsv trainval_obj36.tsv --extracted-with butd-vg --output-dir out/
+    vlbert extract --from-npz features_dir/ --extracted-with my-detector.yaml --output-dir out/
 
 --images takes files, directories (the image files inside, of the endings vlbert.detectors.images.IMAGE_SUFFIXES: .jpg,
 .png, .webp, .bmp, ...), "skimage" (the real photos shipped with scikit-image) or "easy-vqa". The detector flags are

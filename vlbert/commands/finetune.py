@@ -17,11 +17,6 @@ BBC News topic classification (embedded, the default), a GLUE task or your own C
         --set data.text_field=sentence --set data.text_pair_field=sentence2 --output-dir runs/pairs
     vlbert finetune --task text --dataset custom --type tagging --train conll_train.jsonl --eval conll_dev.jsonl
     vlbert finetune --task text --dataset custom --type qa --train squad_train.jsonl --eval squad_dev.jsonl
-
-Earlier spellings still run: ``vlbert finetune-text`` (and ``tools/finetune_text.py``) is ``vlbert finetune --task
-text``, and there ``--task bbc-news|glue|custom`` (a text dataset, which names no task) means ``--task text
---dataset ...``. ``python tools/finetune.py`` is this command; ``tools/finetune_vqa.py``, ``finetune_nlvr2.py``,
-``finetune_retrieval.py`` and ``finetune_text.py`` are it with --task fixed (the task table's ``script``).
 """
 
 from __future__ import annotations
@@ -37,9 +32,6 @@ from vlbert.training.run_config import load_run_config
 #: The shipped config each task runs without --config (names under configs/, see vlbert.training.run_config): a
 #: view of the task table.
 DEFAULT_CONFIGS: TaskView = TaskView(lambda task: task.default_config)
-
-#: The text task's data readers (``data.task`` of its config), which ``--task`` of ``vlbert finetune-text`` named.
-TEXT_DATASETS = ("bbc-news", "glue", "custom")
 
 #: Flags of the text task: (flag's dest, config key).
 TEXT_FLAGS = (
@@ -61,7 +53,7 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--dataset",
-        help="the task's data reader (its config's data.dataset; data.task of --task text): e.g. easy-vqa, vqa-v2, "
+        help="the task's data reader (its config's data.dataset): e.g. easy-vqa, vqa-v2, "
         "nlvr2, karpathy; bbc-news, glue, custom",
     )
     text = p.add_argument_group("text tasks (--task text)")
@@ -87,10 +79,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     p = parser()
     args = p.parse_args(argv)
-    if args.task in TEXT_DATASETS:  # the earlier spelling: finetune-text's --task named the text dataset
-        if args.dataset not in (None, args.task):
-            p.error(f"--task {args.task} is --task text --dataset {args.task}, but --dataset says {args.dataset}")
-        args.task, args.dataset = "text", args.task
     if args.task is not None and args.task not in TASKS:
         p.error(f"argument --task: unknown task {args.task!r}; choose one of {', '.join(TASKS)}")
     if args.config is None:
@@ -100,7 +88,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = args.task or load_run_config(args.config).get("task")
     if chosen not in TASKS:
         raise ValueError(f"{args.config} names task {chosen!r}; pass --task with one of {', '.join(TASKS)}")
-    task = TASKS[chosen]
     text_flags = [(key, getattr(args, dest)) for dest, key in TEXT_FLAGS]
     if chosen != "text":
         given = [dest for dest, _ in TEXT_FLAGS if getattr(args, dest) is not None]
@@ -108,13 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             flag = "--" + given[0].replace("_", "-")
             raise ValueError(f"{flag} is a flag of text tasks, not of {chosen}; leave it out or pass --task text")
         text_flags = []
-    run_from_args(args, chosen, extra=((task.dataset_flag_key, args.dataset), *text_flags))
+    run_from_args(args, chosen, extra=(("data.dataset", args.dataset), *text_flags))
     return 0
 
 
-def text_main(argv: Sequence[str] | None = None) -> int:
-    """``vlbert finetune-text``, the earlier door of text fine-tuning: ``vlbert finetune --task text``."""
-    return main(["--task", "text", *(argv or [])])
-
-
-__all__ = ["main", "text_main", "parser", "DEFAULT_CONFIGS", "TEXT_DATASETS"]
+__all__ = ["main", "parser", "DEFAULT_CONFIGS"]

@@ -1,20 +1,20 @@
 """Answer with a trained run about image files: one example from flags, or many from a JSONL file.
 
-    python tools/predict.py runs/vqa --image photo.png --text "what color is the shape?" --top-k 3
-    python tools/predict.py runs/vqa --input questions.jsonl --output results.json --format vqa-v2
-    python tools/predict.py runs/lxmert-gqa --input testdev.jsonl --output testdev_predict.json --format gqa
-    python tools/predict.py runs/nlvr2 --image left.png --image2 right.png --text "both images show a circle"
-    python tools/predict.py runs/nlvr2 --input dev.jsonl --output predictions.csv --format nlvr2
-    python tools/predict.py runs/snli-ve --image photo.png --text "there is a red circle"
-    python tools/predict.py runs/refcoco --image photo.png --text "the blue triangle" --draw boxed.png
-    python tools/predict.py runs/retrieval --index photos.index --images photos/ --text "a red circle" --top-k 5
-    python tools/predict.py runs/retrieval --image photo.png --captions captions.txt --top-k 5
-    python tools/predict.py runs/vl-default --image photo.png --text "a [MASK] circle"
-    python tools/predict.py models/uniter-base --task image-text-matching --image photo.png --text "a red circle"
-    python tools/predict.py models/uniter-base --task image-text-matching --image photo.png --captions captions.txt
+    vlbert predict runs/vqa --image photo.png --text "what color is the shape?" --top-k 3
+    vlbert predict runs/vqa --input questions.jsonl --output results.json --format vqa-v2
+    vlbert predict runs/lxmert-gqa --input testdev.jsonl --output testdev_predict.json --format gqa
+    vlbert predict runs/nlvr2 --image left.png --image2 right.png --text "both images show a circle"
+    vlbert predict runs/nlvr2 --input dev.jsonl --output predictions.csv --format nlvr2
+    vlbert predict runs/snli-ve --image photo.png --text "there is a red circle"
+    vlbert predict runs/refcoco --image photo.png --text "the blue triangle" --draw boxed.png
+    vlbert predict runs/retrieval --index photos.index --images photos/ --text "a red circle" --top-k 5
+    vlbert predict runs/retrieval --image photo.png --captions captions.txt --top-k 5
+    vlbert predict runs/vl-default --image photo.png --text "a [MASK] circle"
+    vlbert predict models/uniter-base --task image-text-matching --image photo.png --text "a red circle"
+    vlbert predict models/uniter-base --task image-text-matching --image photo.png --captions captions.txt
 
-    python tools/predict.py runs/bbc-news --text "Shares rose sharply after the results"
-    python tools/predict.py runs/text-default --text "the capital of france is [MASK]."
+    vlbert predict runs/bbc-news --text "Shares rose sharply after the results"
+    vlbert predict runs/text-default --text "the capital of france is [MASK]."
 
 The run directory's task (its saved processor, processor.json) picks the pipeline (vlbert.inference.PIPELINES), or --task names
 another one the run answers (image-text-matching: a VL pretraining or retrieval run scores (image, caption)

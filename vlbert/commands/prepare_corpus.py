@@ -1,8 +1,8 @@
 """Tokenise a text corpus once into on-disk token arrays (vlbert/data/token_corpus.py), ahead of a text
 pretraining run on it (the run prepares it itself otherwise; both use the same cache).
 
-    python tools/prepare_corpus.py --corpus wiki_dir/ --num-proc 8
-    python tools/prepare_corpus.py --corpus books.jsonl --text-field text --tokenizer bert-base-uncased
+    vlbert prepare-corpus --corpus wiki_dir/ --num-proc 8
+    vlbert prepare-corpus --corpus books.jsonl --text-field text --tokenizer bert-base-uncased
 
 Prints the prepared directory, its counts and the throughput in MB of text per second.
 """

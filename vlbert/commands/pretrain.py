@@ -1,9 +1,9 @@
 """Pretrain BERT on text (MLM + NSP) or a vision-language BERT on image-text pairs (MLM, MRFR, MRC, ITM).
 
-    python tools/pretrain.py --modality text                 # embedded default: small BERT on BBC News
-    python tools/pretrain.py --modality vl                   # embedded default: MiniLM + regions on easy-VQA
-    python tools/pretrain.py --modality text --config configs/text/bert-base-128.yaml --set data.corpus=my.txt
-    python tools/pretrain.py --modality text --output-dir runs/x --save-every 100 --resume
+    vlbert pretrain --modality text                 # embedded default: small BERT on BBC News
+    vlbert pretrain --modality vl                   # embedded default: MiniLM + regions on easy-VQA
+    vlbert pretrain --modality text --config configs/text/bert-base-128.yaml --set data.corpus=my.txt
+    vlbert pretrain --modality text --output-dir runs/x --save-every 100 --resume
 
 Every flag overrides the config file; --set section.key=value overrides any other entry.
 """

@@ -1,7 +1,7 @@
 """Train a WordPiece (default) or BPE vocabulary on a corpus.
 
-    python tools/train_tokenizer.py --output-dir runs/tokenizer                      # BBC News, 30,000 pieces
-    python tools/train_tokenizer.py --corpus my_docs/ --vocab-size 32000 --model bpe --output-dir runs/bpe
+    vlbert train-tokenizer --output-dir runs/tokenizer                      # BBC News, 30,000 pieces
+    vlbert train-tokenizer --corpus my_docs/ --vocab-size 32000 --model bpe --output-dir runs/bpe
 
 Use the result with pretraining: --set tokenizer=runs/tokenizer
 """

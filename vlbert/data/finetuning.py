@@ -63,7 +63,7 @@ GLUE_TASKS: dict[str, GlueTask] = {
 class TextTaskConfig:
     """Fine-tuning data (YAML section ``data``).
 
-    task: "bbc-news" (embedded: 5-way topic classification, fixed 80/20 split of the 2,127 distinct articles),
+    dataset: "bbc-news" (embedded: 5-way topic classification, fixed 80/20 split of the 2,127 distinct articles),
         "glue" (``glue_task`` names the GLUE task: its columns, labels and metrics; ``train``/``eval`` default to
         the hub's ``nyu-mll/glue``, or give local copies in its layout) or "custom". For custom: ``type`` (one of
         TASK_TYPES), ``train``/``eval`` (a .csv/.json/.jsonl/.parquet file, a ``save_to_disk`` directory or a
@@ -81,7 +81,7 @@ class TextTaskConfig:
         ``evaluate-v2.0.py``'s ``best_f1_thresh``.
     """
 
-    task: str = "bbc-news"
+    dataset: str = "bbc-news"
     glue_task: str = ""
     type: str = "classification"
     train: str = ""

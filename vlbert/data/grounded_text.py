@@ -69,7 +69,7 @@ class GroundedTextDataset(Dataset):
                 if image not in regions:
                     raise ValueError(
                         f"{self.kind} {getattr(ex, self.id_field)} is about image {image!r}, which has no "
-                        "regions; extract its regions (tools/extract_regions.py) or check "
+                        "regions; extract its regions (vlbert extract) or check "
                         "data.image_id_format"
                     )
         self.examples, self.regions, self.max_regions = list(examples), regions, max_regions

@@ -165,7 +165,7 @@ def _image_files_in(folder: Path) -> dict[str, Path]:
 
 
 def image_files(image_ids: Sequence[str], directory: str | os.PathLike) -> dict[str, Path]:
-    """image id -> its file under ``directory``, by extraction's rule (``tools/extract_regions.py --images
+    """image id -> its file under ``directory``, by extraction's rule (``vlbert extract --images
     DIRECTORY`` names each image by its path under the directory without its ending): ``<directory>/<id>`` itself
     when that is a file, else ``<directory>/<id><ending>`` for an ending of :data:`vlbert.detectors.images.IMAGE_SUFFIXES`
     in any case (``.webp``, ``.JPG``, ...). So ``data.image_dir`` set to the folder the regions were extracted from

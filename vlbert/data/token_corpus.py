@@ -1,7 +1,7 @@
 """A text corpus tokenised once into flat on-disk arrays, for pretraining on corpora of any size.
 
 Preparation (:func:`prepare_corpus`, automatic on first use and cached by corpus + tokenizer, or ahead of time
-with ``tools/prepare_corpus.py``): the documents are read with ``datasets`` (memory-mapped Arrow, never a Python
+with ``vlbert prepare-corpus``): the documents are read with ``datasets`` (memory-mapped Arrow, never a Python
 list of the corpus), split into sentences (:func:`vlbert.data.corpus.split_sentences`) and tokenised with the
 fast tokenizer in ``datasets.map(batched=True, num_proc=N)``; the result is streamed into three flat files:
 
@@ -308,7 +308,7 @@ class TokenCorpus:
         if not (self.directory / MARKER).is_file():
             raise FileNotFoundError(
                 f"{self.directory} is not a complete prepared corpus (no {MARKER}); prepare it "
-                "with tools/prepare_corpus.py or let the run do it"
+                "with vlbert prepare-corpus or let the run do it"
             )
         self.meta = json.loads((self.directory / "meta.json").read_text())
         self.dtype = np.dtype(self.meta["dtype"])

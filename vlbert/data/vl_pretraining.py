@@ -88,7 +88,7 @@ class VLPretrainingDataset(Dataset):
         if missing:
             raise ValueError(
                 f"{len(missing)} captioned images have no regions (e.g. {missing[:3]}); extract regions "
-                "for them (tools/extract_regions.py) or drop their captions"
+                "for them (vlbert extract) or drop their captions"
             )
         if len({c.content for c in captions}) < 2:
             raise ValueError("every caption has the same content; image-text matching needs captions that differ")

@@ -52,7 +52,7 @@ class CheckpointFamily:
     """One published family: its name, the region pathway its weights need, its tokenizer and its features.
 
     Attributes:
-        name: the family's key in :data:`vlbert.families.FAMILIES` (``--from`` of tools/convert_checkpoint.py).
+        name: the family's key in :data:`vlbert.families.FAMILIES` (``--from`` of vlbert convert).
         region_embedding: the key of :data:`vlbert.models.region_embeddings.REGION_EMBEDDINGS` it uses.
         tokenizer: the hub name of the tokenizer it was trained with.
         cased: whether that tokenizer keeps case (a tokenizer that lower-cases is refused for a cased family).

@@ -1,4 +1,4 @@
-"""``FAMILIES``: every published checkpoint family by its name (``--from`` of tools/convert_checkpoint.py)."""
+"""``FAMILIES``: every published checkpoint family by its name (``--from`` of vlbert convert)."""
 
 from __future__ import annotations
 

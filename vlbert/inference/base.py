@@ -37,13 +37,13 @@ class Pipeline:
     gradients; bf16 autocast on a CUDA device, the outputs read back in float32) -> :meth:`postprocess` on each;
     one input of each kind gives one result, lists give a list.
 
-    A task sets :attr:`name` (its :data:`~vlbert.inference.pipelines.PIPELINES` key, which a recipe's
-    ``pipeline`` names; :attr:`run_tasks` where it answers runs of other tasks too), :attr:`model_class`,
+    A task sets :attr:`name` (its :data:`~vlbert.inference.pipelines.PIPELINES` key, which a run's processor
+    records; :attr:`run_tasks` where it answers runs of other tasks too), :attr:`model_class`,
     :attr:`input_fields` (its inputs in call order, each with the names a JSONL record may give it under),
     :attr:`image_fields`, :attr:`optional_fields`, :attr:`id_field`,
     :attr:`parameters` and :attr:`formats`, and implements :meth:`postprocess` (and :meth:`preprocess` /
     :meth:`_forward` where the default, one image and one text per example through the model's logits, does not
-    fit). ``tools/predict.py`` reads only these: it knows no task by name.
+    fit). ``vlbert predict`` reads only these: it knows no task by name.
 
     Args:
         model: a run's output directory (``config.json``, ``model.safetensors``, tokenizer, ``processor.json``) or a
@@ -70,18 +70,16 @@ class Pipeline:
             memory of another class than the pipeline's, or without a tokenizer.
     """
 
-    #: the pipeline's name: its key in :data:`~vlbert.inference.pipelines.PIPELINES`, what a recipe's ``pipeline``
-    #: and a run's processor record name.
+    #: the pipeline's name: its key in :data:`~vlbert.inference.pipelines.PIPELINES`, what the runs of a task whose
+    #: entry in the task table names this class (:attr:`vlbert.recipes.Task.pipeline`) record in their processor.
     name: ClassVar[str] = ""
-    #: earlier names of the pipeline (runs written under them, ``pipeline("vqa", ...)``), which still select it.
-    aliases: ClassVar[tuple[str, ...]] = ()
-    #: the run tasks (the processor record's ``task``) the pipeline loads besides those whose recipe names it (a task
+    #: the run tasks (the processor record's ``task``) the pipeline loads besides those whose entry names it (a task
     #: that every run of some kinds answers, e.g. image-text matching from pretraining and retrieval runs).
     run_tasks: ClassVar[tuple[str, ...]] = ()
     model_class: ClassVar[type] = VLBertForVQA
     #: other model classes a run of the task may hold (config.json's ``architectures`` decides).
     model_classes: ClassVar[tuple[type, ...]] = ()
-    #: the call's inputs in order: name -> the names a JSONL record may give it under (tools/predict.py).
+    #: the call's inputs in order: name -> the names a JSONL record may give it under (vlbert predict).
     input_fields: ClassVar[dict[str, tuple[str, ...]]] = {"image": ("image",), "text": ("text",)}
     #: inputs that are images (file paths in records are read relative to the record's file).
     image_fields: ClassVar[tuple[str, ...]] = ("image",)
@@ -94,7 +92,7 @@ class Pipeline:
     #: output formats besides ``jsonl``: name -> (rows -> the file's text), each row ``{id_field, ...,
     #: prediction fields}``; raises ValueError for a row the format cannot write.
     formats: ClassVar[dict[str, Callable[[list[dict]], str]]] = {}
-    #: tools/predict.py flags besides the parameters that this task reads in :meth:`predict_records` (e.g. ``draw``).
+    #: vlbert predict flags besides the parameters that this task reads in :meth:`predict_records` (e.g. ``draw``).
     tool_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
@@ -117,12 +115,10 @@ class Pipeline:
         self.device = torch.device(device or _default_device())
         self.processor = VLProcessor.from_pretrained(model)
         self.processor.use_detector(detector, allow_other_detector, detector_weights, str(self.device))
-        task = self.processor.task
-        if record_pipeline(self.processor.info) not in (self.name, *self.aliases) and task not in self.run_tasks:
+        if not self.takes(self.processor.info):
             raise ValueError(
-                f"{model} is a {task!r} run; {type(self).__name__} takes "
-                f"{' or '.join(self.accepted_runs())} runs: use vlbert.inference.pipeline("
-                f"{str(model)!r}), which picks the task's own"
+                f"{model} is a {self.processor.task!r} run; {type(self).__name__} takes "
+                f"{self.accepted_runs()}: use vlbert.inference.pipeline({str(model)!r}), which picks the run's own"
             )
         self.processor.max_text_length = max_text_length or self.processor.max_text_length
         self.processor.max_regions = max_regions or self.processor.max_regions
@@ -150,11 +146,18 @@ class Pipeline:
         self.labels = self.processor.labels
 
     @classmethod
-    def accepted_runs(cls) -> tuple[str, ...]:
-        """The kinds of run (processor.json's ``task``) this pipeline loads: :attr:`run_tasks`, else the runs whose
-        recipe names it: the task a renamed pipeline was named after (its first alias: ``vqa`` for
-        ``visual-question-answering``), else the task of its own :attr:`name`."""
-        return cls.run_tasks or cls.aliases[:1] or (cls.name,)
+    def takes(cls, record: dict[str, Any]) -> bool:
+        """Whether this pipeline loads the run of processor ``record``: the record names it as its pipeline
+        (:func:`~vlbert.processing.record_pipeline`), or the run's ``task`` is one of :attr:`run_tasks`."""
+        return record_pipeline(record) == cls.name or record.get("task") in cls.run_tasks
+
+    @classmethod
+    def accepted_runs(cls) -> str:
+        """The runs :meth:`takes` accepts, in words for messages: ``"vl-pretraining or retrieval runs"`` (its
+        :attr:`run_tasks`), else ``"runs whose pipeline is visual-question-answering"``."""
+        if cls.run_tasks:
+            return f"{' or '.join(cls.run_tasks)} runs"
+        return f"runs whose pipeline is {cls.name}"
 
     def architecture(self) -> type:
         """The model class to load: the one config.json names when it is among :attr:`model_classes` (a converted
@@ -263,7 +266,7 @@ class Pipeline:
         raise NotImplementedError
 
     def predict_records(self, records: list[dict], **options) -> list[dict]:
-        """tools/predict.py's call: one prediction dict per record (records keyed by :attr:`input_fields`), each
+        """vlbert predict's call: one prediction dict per record (records keyed by :attr:`input_fields`), each
         made flat for a JSONL row by :meth:`row`; ``options`` are the tool's flags (``top_k``, ...), of which the
         task's :attr:`parameters` are passed on (and the :attr:`tool_options` a task reads itself)."""
         params = {k: v for k, v in options.items() if k in self.parameters}
@@ -310,7 +313,7 @@ def _flag(cls, name: str) -> str:
 
 
 def read_captions(path: str) -> list[str]:
-    """The non-empty lines of a text file of candidate captions (tools/predict.py's ``--captions``), stripped.
+    """The non-empty lines of a text file of candidate captions (vlbert predict's ``--captions``), stripped.
 
     Raises:
         FileNotFoundError: no such file. ValueError: a file without captions.

@@ -96,7 +96,6 @@ class FillMaskPipeline(Pipeline):
     with and without an image)."""
 
     name = "fill-mask"
-    aliases = ("vl-pretraining",)
     model_class = VLBertForPreTraining
     optional_fields = ("image",)
     parameters = {"top_k": 5}
@@ -144,7 +143,6 @@ class TextFillMaskPipeline(FillMaskPipeline):
     :class:`FillMaskPipeline` without an image (BERT's masked LM, section 3.1)."""
 
     name = "text-fill-mask"
-    aliases = ("text-pretraining",)
     model_class = BertForPreTraining
     input_fields = {"text": ("text",)}
     image_fields = ()

@@ -78,7 +78,7 @@ class ImageTextMatchingPipeline(Pipeline):
     def predict_records(
         self, records: list[dict], top_k: int | None = None, captions: str | None = None, **options
     ) -> list[dict]:
-        """tools/predict.py's call: a record with ``text`` -> its pair's ``score`` and ``match``; a record without,
+        """vlbert predict's call: a record with ``text`` -> its pair's ``score`` and ``match``; a record without,
         given ``captions`` (a file of candidate captions, one per line) -> ``{"captions": [...]}``, the ``top_k``
         best of them (default all), best first.
 

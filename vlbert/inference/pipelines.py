@@ -10,7 +10,8 @@ as the task's dataset prepares them (same tokenizer, truncation, ``region_item``
 regions a pipeline gives the recipe's evaluation outputs (tests/inference/test_inference.py checks every task).
 
 Images: a file path, a PIL image, a uint8 array [H, W, 3] (RGB) or the image's :class:`~vlbert.detectors.regions.Regions`.
-A new task is a Pipeline subclass and one line in :data:`PIPELINES` (docs/extending.md).
+A new task's pipeline is a Pipeline subclass and one line in :data:`PIPELINES`, named by its task's entry in
+:data:`vlbert.recipes.TASKS` (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -69,7 +70,6 @@ class VQAPipeline(Pipeline):
     """
 
     name = "visual-question-answering"
-    aliases = ("vqa",)
     model_class = VLBertForVQA
     model_classes = (VLBertForMaskedTokenVQA,)
     input_fields = {"image": ("image",), "text": ("text", "question")}
@@ -96,7 +96,6 @@ class EntailmentPipeline(Pipeline):
     rows carry the ``pairID`` and ``prediction``."""
 
     name = "visual-entailment"
-    aliases = ("snli-ve",)
     model_class = VLBertForSequenceClassification
     model_classes = (VLBertForVisualEntailment,)
     input_fields = {"image": ("image",), "text": ("text", "hypothesis", "sentence2")}
@@ -121,7 +120,6 @@ class ImagePairPipeline(Pipeline):
     left first)."""
 
     name = "visual-reasoning"
-    aliases = ("nlvr2",)
     model_class = VLBertForImagePairClassification
     model_classes = (VLBertForVisualReasoning, VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention)
     input_fields = {"left": ("left", "image"), "right": ("right", "image2"), "text": ("text", "sentence", "statement")}
@@ -150,12 +148,11 @@ class ReferringPipeline(Pipeline):
 
     Runs trained on given candidate boxes (its processor record: ``"boxes": "given"``, e.g. the easy-VQA composites'
     tiles) need them at inference too: ``boxes=`` float [N, 4] pixel boxes per image (a list of them for a list of
-    images; a JSONL record's ``boxes`` field). :meth:`draw` returns the image with the box drawn; tools/predict.py's
+    images; a JSONL record's ``boxes`` field). :meth:`draw` returns the image with the box drawn; vlbert predict's
     ``--draw FILE`` saves it.
     """
 
     name = "referring-expression-comprehension"
-    aliases = ("refcoco",)
     model_class = VLBertForReferringExpressions
     input_fields = {"image": ("image",), "text": ("text", "expression"), "boxes": ("boxes",)}
     optional_fields = ("boxes",)
@@ -184,7 +181,7 @@ class ReferringPipeline(Pipeline):
         ):
             raise ValueError(
                 "this run was trained on given candidate boxes, not the detector's: pass boxes=[[x1, y1, "
-                'x2, y2], ...] (pixels) for each image (tools/predict.py: a "boxes" field per line)'
+                'x2, y2], ...] (pixels) for each image (vlbert predict: a "boxes" field per line)'
             )
         return super().preprocess(examples, **parameters)
 
@@ -218,38 +215,14 @@ class ReferringPipeline(Pipeline):
         return picture
 
 
-class PipelineRegistry(dict):
-    """pipeline name -> its :class:`Pipeline` class, a dict whose lookups also take each class's
-    :attr:`~Pipeline.aliases` (the names runs and code written before the pipelines were renamed use:
-    ``PIPELINES["vqa"]`` is ``PIPELINES["visual-question-answering"]``). Iteration, ``keys()`` and ``len`` give the
-    names only."""
-
-    def canonical(self, name: str) -> str | None:
-        """``name`` itself where it is a key, the name it is an alias of, or None."""
-        if dict.__contains__(self, name):
-            return name
-        return next((key for key, cls in self.items() if name in cls.aliases), None)
-
-    def __missing__(self, name: str) -> type[Pipeline]:
-        key = self.canonical(name)
-        if key is None:
-            raise KeyError(name)
-        return dict.__getitem__(self, key)
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and self.canonical(name) is not None
-
-    def get(self, name, default=None):
-        return self[name] if name in self else default
-
-
 #: pipeline name -> its class, named by what it does as transformers names its pipelines (``fill-mask``,
-#: ``visual-question-answering``, ``text-classification``; an earlier name, such as ``vqa`` or ``vl-pretraining``,
-#: still selects it). A recipe names its pipeline (:attr:`vlbert.recipes.Recipe.pipeline`, the task table
-#: :data:`vlbert.recipes.TASKS`), which the run's saved processor records; a new pipeline is a :class:`Pipeline`
-#: subclass and one line here.
-PIPELINES: PipelineRegistry = PipelineRegistry(
-    (cls.name, cls)
+#: ``visual-question-answering``, ``text-classification``). A task's entry in the task table names its pipeline
+#: class (:attr:`vlbert.recipes.Task.pipeline`, which must be here), and the run's saved processor records the
+#: class's name (a record on disk with an earlier name is read with today's:
+#: :func:`vlbert.run_files.read_processor_record`). The catalogue that ``vlbert.inference`` reads a run with, without
+#: the recipes: a new pipeline is a :class:`Pipeline` subclass and one line here.
+PIPELINES: dict[str, type[Pipeline]] = {
+    cls.name: cls
     for cls in (
         VQAPipeline,
         RetrievalPipeline,
@@ -261,7 +234,7 @@ PIPELINES: PipelineRegistry = PipelineRegistry(
         TextFillMaskPipeline,
         ImageTextMatchingPipeline,
     )
-)
+}
 
 
 def _known() -> str:
@@ -269,7 +242,7 @@ def _known() -> str:
 
 
 def _named(task: str) -> type[Pipeline]:
-    """``PIPELINES[task]`` (a name or an alias); raises ValueError naming the pipelines that exist."""
+    """``PIPELINES[task]``; raises ValueError naming the pipelines that exist."""
     if task not in PIPELINES:
         raise ValueError(f"no pipeline for task {task!r}; pipelines exist for {_known()}")
     return PIPELINES[task]
@@ -291,10 +264,10 @@ def pipeline_class(run_dir: str | os.PathLike, task: str | None = None) -> type[
             raise ValueError(f"{run_dir} is a {run_task!r} run, which has no pipeline; pipelines exist for {_known()}")
         return PIPELINES[own]
     cls = _named(task)
-    if own not in (cls.name, *cls.aliases) and run_task not in cls.run_tasks:
+    if not cls.takes(info):
         raise ValueError(
-            f"{run_dir} is a {run_task!r} run, but {task} takes {' or '.join(cls.accepted_runs())} "
-            f"runs; leave the task out to use the run's own ({own})"
+            f"{run_dir} is a {run_task!r} run, but {task} takes {cls.accepted_runs()}; leave the task out to use "
+            f"the run's own ({own})"
         )
     return cls
 
@@ -365,7 +338,6 @@ __all__ = [
     "ImageIndex",
     "ImageTextMatchingPipeline",
     "PIPELINES",
-    "PipelineRegistry",
     "pipeline",
     "pipeline_class",
     "label_result",

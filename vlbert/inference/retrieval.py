@@ -91,7 +91,6 @@ class RetrievalPipeline(Pipeline):
     """
 
     name = "image-text-retrieval"
-    aliases = ("retrieval",)
     model_class = VLBertForImageTextRetrieval
     input_fields = {"image": ("image",), "text": ("text", "query", "caption")}
     optional_fields = ("image", "text")
@@ -114,7 +113,7 @@ class RetrievalPipeline(Pipeline):
         captions: str | None = None,
         **options,
     ) -> list[dict]:
-        """tools/predict.py's call: a record with ``text`` (and no image) -> ``{"images": [...]}`` from the index
+        """vlbert predict's call: a record with ``text`` (and no image) -> ``{"images": [...]}`` from the index
         (``index``: a saved index directory, else built from the ``images`` folder and saved there when
         ``index`` is given); a record with ``image`` -> ``{"captions": [...]}`` ranked among the lines of the
         ``captions`` file.

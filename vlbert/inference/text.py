@@ -1,4 +1,4 @@
-"""Text classification from a fine-tuned text run (``tools/finetune_text.py``): transformers'
+"""Text classification from a fine-tuned text run (``vlbert finetune --task text``): transformers'
 ``pipeline("text-classification")`` shape, with the run's label names."""
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ class TextClassificationPipeline(Pipeline):
     """
 
     name = "text-classification"
-    aliases = ("text",)
     model_class = BertForSequenceClassification
     input_fields = {"text": ("text", "sentence", "sentence1"), "text_pair": ("text_pair", "sentence2")}
     image_fields = ()

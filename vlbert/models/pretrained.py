@@ -16,7 +16,6 @@ from torch import nn
 from vlbert import checkpoint as ckpt
 from vlbert.config import BertConfig
 from vlbert.hub import push_model_directory
-from vlbert.run_files import write_processor_record
 from vlbert.tokenization import save_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -325,16 +324,15 @@ class PreTrainedModel(nn.Module):
         self,
         repo_id: str,
         tokenizer=None,
-        inference_info: dict | None = None,
         private: bool = False,
         token: str | None = None,
         license: str = "other",
     ) -> list[str]:
         """Upload this model to the hub repository ``repo_id`` (``org/name``, created if needed), as transformers'
-        ``push_to_hub``: :meth:`save_pretrained` (with ``tokenizer``) into a temporary directory, plus
-        its processor record (``processor.json``) from ``inference_info`` where given (what :func:`vlbert.inference.pipeline` needs) and a
-        model card (:func:`vlbert.hub.model_card`). ``from_pretrained(repo_id)`` reads it back. To upload a run or
-        converted directory as it is, use :func:`vlbert.hub.push_model_directory`.
+        ``push_to_hub``: :meth:`save_pretrained` (with ``tokenizer``) into a temporary directory, plus a
+        model card (:func:`vlbert.hub.model_card`). ``from_pretrained(repo_id)`` reads it back. The model alone has
+        no processor (``processor.json``, what :func:`vlbert.inference.pipeline` reads): to upload a run or
+        converted directory with its processor, as it is, use :func:`vlbert.hub.push_model_directory`.
 
         Returns:
             the uploaded files' names.
@@ -344,6 +342,4 @@ class PreTrainedModel(nn.Module):
         with tempfile.TemporaryDirectory() as tmp:
             directory = Path(tmp) / repo_id.split("/")[-1]
             self.save_pretrained(directory, tokenizer=tokenizer)
-            if inference_info is not None:
-                write_processor_record(directory, inference_info)
             return push_model_directory(directory, repo_id, private=private, token=token, license=license)

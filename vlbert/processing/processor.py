@@ -276,7 +276,7 @@ class VLProcessor:
             raise ValueError(
                 f"{where} was trained on regions of {trained.extractor}, but this run's regions "
                 f"({here.extractor}) were imported without saying what extracted them: re-import them with "
-                "tools/extract_regions.py --from-tsv/--from-npz F --extracted-with NAME (e.g. butd-vg) if that "
+                "vlbert extract --from-tsv/--from-npz F --extracted-with NAME (e.g. butd-vg) if that "
                 "detector made them, or set allow_other_detector: true (--set allow_other_detector=true)"
             )
         why = trained.difference(here)
@@ -347,7 +347,7 @@ class VLProcessor:
             if self.detector.weights not in ("", "DEFAULT") and not weights.is_file():
                 raise FileNotFoundError(
                     f"the run's detector reads weights {self.detector.weights}, which are not on this machine: pass "
-                    f"where you keep {weights.name}: pipeline(run, detector_weights=PATH) (tools/predict.py "
+                    f"where you keep {weights.name}: pipeline(run, detector_weights=PATH) (vlbert predict "
                     "--detector-weights PATH)"
                 )
             # the recorded sha256 checked (detector_weights were checked when given)

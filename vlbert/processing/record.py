@@ -36,7 +36,7 @@ def load_processor_record(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{directory / PROCESSOR_FILE} does not exist, and its older form inference.json does not exist either: "
             f"{run_dir} is not the output directory of a finished run or conversion (vlbert finetune, vlbert "
-            "pretrain and vlbert convert-checkpoint write it)"
+            "pretrain and vlbert convert write it)"
         )
     if "task" not in record:
         raise ValueError(f"{processor_record_file(directory)} names no task; train the run again to rewrite it")
@@ -45,6 +45,12 @@ def load_processor_record(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 def record_pipeline(record: dict[str, Any]) -> str:
     """The pipeline (a :data:`~vlbert.inference.pipelines.PIPELINES` key) a processor record names: its
-    ``pipeline`` (the recipe's, :attr:`vlbert.recipes.Recipe.pipeline`), else its ``task``: runs and conversions
-    written before recipes named their pipeline, when every pipeline was named after its task."""
+    ``pipeline`` (the task's, :attr:`vlbert.recipes.Task.pipeline`; a record on disk that gave an earlier name,
+    or its task only, is read with today's name: :func:`vlbert.run_files.read_processor_record`), else its
+    ``task`` (a processor made for a model in memory: :meth:`~vlbert.processing.VLProcessor.for_model` is told the
+    pipeline's name).
+
+    Raises:
+        KeyError: a record with neither (:func:`load_processor_record` refuses one without a task).
+    """
     return record.get("pipeline") or record["task"]

@@ -36,7 +36,7 @@ class RegionSource:
     def from_store(cls, store, detector: DetectorConfig | None = None) -> "RegionSource":
         """The source of the regions of ``store`` (a :class:`~vlbert.detectors.store.RegionStore`, or a
         :class:`~vlbert.detectors.store.MergedRegions` of them): the shard directory's ``detector.json`` decides when it
-        has one (``tools/extract_regions.py`` writes it, with the weights' sha256; for imported features, the
+        has one (``vlbert extract`` writes it, with the weights' sha256; for imported features, the
         detector its ``--extracted-with`` named); else ``detector`` (the run's ``detector`` section where it
         extracted the regions: the cached easy-VQA images; its weights file is hashed); imported features that
         named no detector have neither: fingerprint and config are None (unknown). ``feature_dim``: the first

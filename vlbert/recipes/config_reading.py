@@ -49,6 +49,11 @@ RESUMABLE_CHANGES = (
     "data.corpus_cache_dir",
     "data.cache_dir",
 )
+#: Config keys renamed since a run's ``config.yaml`` may have been written: the key as it was -> today's. A config
+#: given now that uses the old key is refused in one line naming the new one (:func:`read_run_config`); a run's own
+#: ``config.yaml``, which is never rewritten, is read under today's names when the run resumes
+#: (:func:`resume_changes`), so that a run started before the rename continues.
+RENAMED_KEYS = {"data.task": "data.dataset"}  # text fine-tuning's data reader: data.dataset, as every task's
 
 
 @dataclass
@@ -56,7 +61,7 @@ class RunKeys:
     """The top-level values of a run config besides its sections (``model``, ``data``, ``training``, ``detector``,
     each read by its own type), read through the typed layer like every other value.
 
-    task: the recipe's name (tools/finetune.py); modality: "text" or "vl" (tools/pretrain.py); init_from: a
+    task: the recipe's name (vlbert finetune); modality: "text" or "vl" (vlbert pretrain); init_from: a
     checkpoint directory, hub name or ``minilm``; tokenizer: a tokenizer directory or hub name (default: the one
     saved with init_from); allow_other_detector: fine-tune a vision-language init_from on regions of another
     detector than its own (:func:`check_init_regions`).
@@ -67,6 +72,26 @@ class RunKeys:
     init_from: str | None = None
     tokenizer: str | None = None
     allow_other_detector: bool = False
+
+
+def _renamed_given(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (old, today's) pairs of :data:`RENAMED_KEYS` whose old key ``config`` sets."""
+    return [
+        (old, new)
+        for old, new in RENAMED_KEYS.items()
+        if isinstance(config.get(old.split(".")[0]), dict) and old.split(".")[1] in config[old.split(".")[0]]
+    ]
+
+
+def with_todays_names(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``config`` (a run's recorded ``config.yaml``) with each key of :data:`RENAMED_KEYS` it sets under
+    today's name (where both are set, today's is kept)."""
+    out = dict(config)
+    for old, new in _renamed_given(config):
+        (section, key), (new_section, new_key) = old.split("."), new.split(".")
+        out[section] = {k: v for k, v in out[section].items() if k != key}
+        out[new_section] = {new_key: config[section][key], **(out.get(new_section) or {})}
+    return out
 
 
 def same_value(a, b) -> bool:
@@ -95,8 +120,12 @@ def read_run_config(recipe: Recipe, config: dict[str, Any]) -> tuple[TrainingCon
         (training config, data config, detector config or None).
     Raises:
         ValueError: an unknown key, a value of the wrong type or out of range: one line naming the key, what it
-            got and what it takes.
+            got and what it takes; a key of :data:`RENAMED_KEYS` under its old name (today's named).
     """
+    renamed = _renamed_given(config)
+    if renamed:
+        (old, new), (section, key) = renamed[0], renamed[0][0].split(".")
+        raise ValueError(f"{old} is now {new}: rename it in the config ({new}: {config[section][key]})")
     check_sections(config, COMMON_SECTIONS + (("detector",) if recipe.uses_regions else ()) + recipe.sections)
     keys = {f.name for f in dataclasses.fields(RunKeys)}
     check_mapping(RunKeys, {k: v for k, v in config.items() if k in keys}, "")
@@ -139,7 +168,7 @@ def resume_changes(recipe: Recipe, config: dict[str, Any], output_dir: str | Pat
     """What ``config`` changes against the run it resumes: its ``config.yaml`` (written when the run started, and
     never rewritten), where the output directory holds one and a checkpoint to resume from. The keys of
     :data:`RESUMABLE_CHANGES` may change (returned, ``key -> (recorded, now)``, for the run's log); any other
-    difference is refused, since the checkpoint's steps were trained with the recorded values and the run would
+    difference (a recorded key of :data:`RENAMED_KEYS` compared under today's name) is refused, since the checkpoint's steps were trained with the recorded values and the run would
     mix two recipes under one record.
 
     Raises:
@@ -160,7 +189,7 @@ def resume_changes(recipe: Recipe, config: dict[str, Any], output_dir: str | Pat
             f"{path} must hold a YAML mapping (the run's config), got {type(recorded).__name__}; "
             "restore it from a checkpoint's config.yaml"
         )
-    before, now = _effective(recipe, recorded), _effective(recipe, config)
+    before, now = _effective(recipe, with_todays_names(recorded)), _effective(recipe, config)
     missing = "(not set)"
     changed = {
         k: (before.get(k, missing), now.get(k, missing))
@@ -201,9 +230,11 @@ __all__ = [
     "COMMON_SECTIONS",
     "RUN_CONFIG_FILE",
     "RESUMABLE_CHANGES",
+    "RENAMED_KEYS",
     "RunKeys",
     "model_config_class",
     "same_value",
+    "with_todays_names",
     "read_run_config",
     "resume_changes",
     "record_resume_changes",

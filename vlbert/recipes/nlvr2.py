@@ -104,7 +104,6 @@ RECIPE = Recipe(
     baselines=majority_baseline,
     uses_regions=True,
     processor_fields=processor_fields,
-    pipeline="visual-reasoning",
 )
 
 __all__ = ["RECIPE", "NLVR2DataConfig", "NLVR2Data"]

@@ -1,4 +1,4 @@
-"""Referring expression comprehension (``tools/finetune.py --task refcoco``): pick the region an expression
+"""Referring expression comprehension (``vlbert finetune --task refcoco``): pick the region an expression
 names; accuracy = the chosen region's box has IoU >= 0.5 with the referred object's box (UNITER section 4),
 reported with ground-truth boxes as regions (``data.boxes: gt``) or with the detector's (``detector``).
 
@@ -165,7 +165,6 @@ RECIPE = Recipe(
     baselines=baselines,
     uses_regions=True,
     processor_fields=processor_fields,
-    pipeline="referring-expression-comprehension",
 )
 
 __all__ = ["RECIPE", "ReferringDataConfig", "ReferringData"]

@@ -44,7 +44,7 @@ class RegionTaskDataConfig:
 
     dataset: a name in the task's table of :class:`DatasetBuilder` s: "easy-vqa" (the embedded demonstration,
     its regions extracted with the run's ``detector`` section and cached under ``cache_dir``) or the public
-    benchmark's files (their regions in ``shards``, a directory written by tools/extract_regions.py).
+    benchmark's files (their regions in ``shards``, a directory written by vlbert extract).
     image_id_format: how the dataset's image ids become the shards' ids ("" = the dataset's default, e.g.
     ``"COCO_train2014_{image_id:012d}"`` for LXMERT's features). max_text_length: wordpieces per text with
     [CLS]/[SEP]. max_regions: regions kept per image. max_train_examples / max_eval_examples: only the first N
@@ -100,7 +100,7 @@ def load_examples(datasets: dict[str, DatasetBuilder], data, seed: int):
     if missing:
         raise ValueError(
             f"dataset {data.dataset} needs {', '.join(missing)}; set them in the config's data "
-            "section or with --set (regions: tools/extract_regions.py writes shards)"
+            "section or with --set (regions: vlbert extract writes shards)"
         )
     data.image_id_format = data.image_id_format or builder.image_id_format
     return builder.load(data, seed)
@@ -123,7 +123,7 @@ def region_store(
     if dataset != "easy-vqa":
         raise ValueError(
             f"data.dataset={dataset!r} needs data.shards: a directory of region shards "
-            "(tools/extract_regions.py writes them from images or imports BUTD TSV / npz features)"
+            "(vlbert extract writes them from images or imports BUTD TSV / npz features)"
         )
 
     directories = dict.fromkeys(path.parent for path in easy_vqa_shards(detector, cache_dir, image_ids))
@@ -156,14 +156,6 @@ def region_task_processor(ctx, source: RegionSource) -> VLProcessor:
         max_regions=ctx.data.max_regions,
         region_source=source,
     )
-
-
-def region_task_info(ctx, data, **extra) -> dict:
-    """The whole processor record of a region task's ``data`` (its :attr:`RegionTaskData.processor`'s fields) with
-    the task's ``extra`` fields (label names, ...; an ``extra`` key replaces a common one). Kept for recipes
-    written before :attr:`~vlbert.recipes.runner.Recipe.processor_fields`, which need only return their ``extra``.
-    """
-    return {**data.processor.to_dict(), **extra}
 
 
 def run_visual_backbone(ctx) -> dict | None:
@@ -364,7 +356,6 @@ __all__ = [
     "load_examples",
     "task_regions",
     "region_store",
-    "region_task_info",
     "region_task_processor",
     "task_region_source",
     "trained_preprocessing",

@@ -1,4 +1,4 @@
-"""Image-text retrieval fine-tuning (``tools/finetune_retrieval.py``): contrastive + ITM with hard negatives on
+"""Image-text retrieval fine-tuning (``vlbert finetune --task retrieval``): contrastive + ITM with hard negatives on
 :class:`~vlbert.models.retrieval.VLBertForImageTextRetrieval`, Recall@1/5/10 both ways and their mean (UNITER's
 ``r_mean``) with a shortlist re-ranked by the cross-encoder (see
 :func:`vlbert.evaluation.retrieval.evaluate_retrieval`).
@@ -121,7 +121,6 @@ RECIPE = Recipe(
     evaluate=evaluate,
     uses_regions=True,
     processor_fields=processor_fields,
-    pipeline="image-text-retrieval",
 )
 
 __all__ = ["RECIPE", "RetrievalDataConfig", "RetrievalData"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -103,11 +102,6 @@ class Recipe:
             directory (the pipelines read it): :func:`run_processor`.
         pipeline: the name of the task's inference pipeline (a key of :data:`vlbert.inference.PIPELINES`),
             recorded in ``processor.json``; None where the task has none.
-        inference_info: the former name of ``processor_fields``, still read (with a DeprecationWarning) from
-            recipes written before it; reads as None once moved.
-
-    Raises:
-        ValueError: both ``processor_fields`` and ``inference_info`` given.
     """
 
     name: str
@@ -121,24 +115,6 @@ class Recipe:
     sections: tuple[str, ...] = field(default=())
     processor_fields: Callable | None = None
     pipeline: str | None = None
-    inference_info: Callable | None = None
-
-    def __post_init__(self):
-        if self.inference_info is None:
-            return
-        if self.processor_fields is not None and self.processor_fields is not self.inference_info:
-            raise ValueError(
-                f"recipe {self.name!r} gives both processor_fields and inference_info (its former name): pass "
-                "processor_fields only"
-            )
-        warnings.warn(
-            f"Recipe(inference_info=...) is now Recipe(processor_fields=...) (recipe {self.name!r}); the old name "
-            "will go",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        object.__setattr__(self, "processor_fields", self.inference_info)
-        object.__setattr__(self, "inference_info", None)
 
 
 class TaskData:

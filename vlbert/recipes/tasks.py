@@ -1,23 +1,38 @@
 """The task table: one :class:`Task` per task, the one place a task is keyed.
 
 A task's entry names its recipe (data config type, data / model builders, evaluation: :class:`Recipe`), the
-inference pipeline its runs answer with (the recipe's ``pipeline``, a key of
-:data:`vlbert.inference.PIPELINES`), the shipped config it runs without ``--config``, the ``vlbert`` command that
-trains it and the script in ``tools/`` that is that command with the task fixed. The other tables are views of
-this one: :data:`vlbert.recipes.RECIPES` (task -> recipe), :data:`vlbert.commands.finetune.DEFAULT_CONFIGS`
-(task -> default config) and :data:`vlbert.commands.SCRIPTS` (tools/ script -> command line).
+inference pipeline class its runs answer with, the shipped config it runs without ``--config``, the ``vlbert``
+command that trains it and the script in ``tools/`` that is that command with the task fixed. The other tables are
+views of this one: :data:`vlbert.recipes.RECIPES` (task -> recipe), :data:`vlbert.commands.finetune.DEFAULT_CONFIGS`
+(task -> default config) and :data:`vlbert.commands.SCRIPTS` (tools/ script -> command line); the name the run's
+processor.json records is the pipeline class's own (:attr:`Pipeline.name`), given to the recipe by its entry.
 
 A new task is one recipe module (``vlbert/recipes/<task>.py`` with its ``RECIPE``) and one line in :data:`TASKS`
-(docs/extending.md). The table sits at the recipes' level (tools -> commands -> recipes): it names commands and
-pipelines by their names only, and imports neither.
+(docs/extending.md). The table sits at the recipes' level (tools -> commands -> recipes -> inference): it names
+commands by their names only, and imports the pipeline classes from :mod:`vlbert.inference`, which imports neither
+the recipes nor the trainer. So :data:`vlbert.inference.PIPELINES` cannot be a view of this table: it is the
+catalogue of pipelines by name that ``vlbert.inference`` reads a run's processor.json with on its own, and a task's
+pipeline must be in it (:class:`Task` checks).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
+from vlbert.inference import (
+    PIPELINES,
+    EntailmentPipeline,
+    FillMaskPipeline,
+    ImagePairPipeline,
+    Pipeline,
+    ReferringPipeline,
+    RetrievalPipeline,
+    TextClassificationPipeline,
+    TextFillMaskPipeline,
+    VQAPipeline,
+)
 from vlbert.recipes.nlvr2 import RECIPE as NLVR2
 from vlbert.recipes.referring_expressions import RECIPE as REFCOCO
 from vlbert.recipes.retrieval import RECIPE as RETRIEVAL
@@ -35,32 +50,47 @@ class Task:
 
     Attributes:
         recipe: the task's :class:`Recipe` (its ``name`` is the task's name: the ``task:`` key of a run config,
-            ``--task`` of ``vlbert finetune``, the ``task`` of the run's processor.json).
+            ``--task`` of ``vlbert finetune``, the ``task`` of the run's processor.json), as the table runs it: with
+            ``pipeline`` set to :attr:`pipeline`'s name, which the runner records in processor.json.
+        pipeline: the :class:`~vlbert.inference.Pipeline` subclass its runs answer with (``pipeline(run)`` picks
+            it by the recorded name), or None where the task has none.
         default_config: the shipped config (a name under ``configs/``, see :mod:`vlbert.training.run_config`) the
             task runs without ``--config``.
         command: the ``vlbert`` command that trains it (``finetune`` or ``pretrain``).
         argv: that command's flags that select this task (``--task vqa``, ``--modality text``).
         script: the script in ``tools/`` (file name without ``.py``) that is ``vlbert <command> <argv>``, or None.
-        dataset_flag_key: the ``data`` config key that ``--dataset`` sets for this task (its data reader).
+
+    Raises:
+        ValueError: a ``pipeline`` that :data:`vlbert.inference.PIPELINES` does not hold under its name (a run's
+            processor.json could not be answered), or a recipe that names another pipeline than the entry.
     """
 
     recipe: Recipe
+    pipeline: type[Pipeline] | None
     default_config: str
     command: str = "finetune"
     argv: tuple[str, ...] = ()
     script: str | None = None
-    dataset_flag_key: str = "data.dataset"
+
+    def __post_init__(self):
+        named = None if self.pipeline is None else self.pipeline.name
+        if self.pipeline is not None and PIPELINES.get(named) is not self.pipeline:
+            raise ValueError(
+                f"task {self.name!r} answers with {self.pipeline.__name__}, which vlbert.inference.PIPELINES does "
+                f"not hold under its name {named!r}: add its line there (pipeline(run) finds a run's pipeline by "
+                "the name its processor.json records)"
+            )
+        if self.recipe.pipeline not in (None, named):
+            raise ValueError(
+                f"task {self.name!r}: its recipe names pipeline {self.recipe.pipeline!r}, its entry {named!r}; "
+                "name the pipeline in the task's entry only"
+            )
+        object.__setattr__(self, "recipe", replace(self.recipe, pipeline=named))
 
     @property
     def name(self) -> str:
         """The task's name: its recipe's."""
         return self.recipe.name
-
-    @property
-    def pipeline(self) -> str | None:
-        """The name of the inference pipeline its runs answer with (a key of :data:`vlbert.inference.PIPELINES`,
-        recorded in the run's processor.json), or None where it has none."""
-        return self.recipe.pipeline
 
     @property
     def command_line(self) -> tuple[str, ...]:
@@ -72,14 +102,14 @@ class Task:
 TASKS: dict[str, Task] = {
     t.name: t
     for t in (
-        Task(TEXT_PRETRAINING, "text/default", "pretrain", ("--modality", "text")),
-        Task(VL_PRETRAINING, "vl/default", "pretrain", ("--modality", "vl")),
-        Task(TEXT, "finetune/bbc-news", script="finetune_text", dataset_flag_key="data.task"),
-        Task(VQA, "finetune/vqa-easy-vqa", script="finetune_vqa"),
-        Task(RETRIEVAL, "finetune/retrieval-easy-vqa", script="finetune_retrieval"),
-        Task(VISUAL_ENTAILMENT, "finetune/snli-ve-easy-vqa"),
-        Task(NLVR2, "finetune/nlvr2-easy-vqa", script="finetune_nlvr2"),
-        Task(REFCOCO, "finetune/refcoco-easy-vqa"),
+        Task(TEXT_PRETRAINING, TextFillMaskPipeline, "text/default", "pretrain", ("--modality", "text")),
+        Task(VL_PRETRAINING, FillMaskPipeline, "vl/default", "pretrain", ("--modality", "vl")),
+        Task(TEXT, TextClassificationPipeline, "finetune/bbc-news", script="finetune_text"),
+        Task(VQA, VQAPipeline, "finetune/vqa-easy-vqa", script="finetune_vqa"),
+        Task(RETRIEVAL, RetrievalPipeline, "finetune/retrieval-easy-vqa", script="finetune_retrieval"),
+        Task(VISUAL_ENTAILMENT, EntailmentPipeline, "finetune/snli-ve-easy-vqa"),
+        Task(NLVR2, ImagePairPipeline, "finetune/nlvr2-easy-vqa", script="finetune_nlvr2"),
+        Task(REFCOCO, ReferringPipeline, "finetune/refcoco-easy-vqa"),
     )
 }
 

@@ -1,10 +1,10 @@
-"""Text fine-tuning (``tools/finetune_text.py``): one output layer on the pretrained encoder, the whole network
+"""Text fine-tuning (``vlbert finetune --task text``): one output layer on the pretrained encoder, the whole network
 fine-tuned (BERT section 4; recipe of appendix A.3: 2-4 epochs, batch 16-32, lr 2e-5..5e-5, warmup).
 
 Every figure is the field's own on the whole evaluation set (:mod:`vlbert.evaluation.text`; docs/metrics.md
 "Text tasks"), and the predictions it was computed from are written to the run directory:
 
-* classification: ``accuracy`` and ``macro_f1`` (over the task's whole label set); a GLUE task (``data.task:
+* classification: ``accuracy`` and ``macro_f1`` (over the task's whole label set); a GLUE task (``data.dataset:
   glue``): GLUE's metrics under GLUE's names (cola ``matthews_correlation``, mrpc/qqp ``accuracy`` and ``f1``, ...).
   regression: ``pearson`` and ``spearmanr``. File ``predictions.jsonl``: ``{"id", "label", "prediction"}`` per
   example.
@@ -54,7 +54,7 @@ HEADS = {
     "qa": heads.BertForQuestionAnswering,
 }
 
-#: The hub's copy of GLUE, in ``datasets``' glue layout (``data.task: glue`` reads it unless train/eval are given).
+#: The hub's copy of GLUE, in ``datasets``' glue layout (``data.dataset: glue`` reads it unless train/eval are given).
 GLUE_HUB_NAME = "nyu-mll/glue"
 
 
@@ -111,12 +111,12 @@ class TextTaskData(TaskData):
         super().__init__(ctx)
         config, tokenizer = ctx.data, ctx.tokenizer
         self.glue_task = None
-        if config.task == "bbc-news":
+        if config.dataset == "bbc-news":
             config.type = "classification"
             train, evaluation, names = bbc_news_split(seed=0, eval_fraction=config.eval_fraction)
             labels = list(range(len(names)))
             self.label_names = names
-        elif config.task == "glue":
+        elif config.dataset == "glue":
             if config.glue_task not in GLUE_TASKS:
                 raise ValueError(
                     f"data.glue_task must name a GLUE task, one of {sorted(GLUE_TASKS)}; got {config.glue_task!r}"
@@ -133,7 +133,7 @@ class TextTaskData(TaskData):
             evaluation = load_records(config.eval or GLUE_HUB_NAME, eval_split, name)
             labels = list(range(len(glue.label_names))) if glue.label_names else None
             self.label_names = list(glue.label_names) if glue.label_names else None
-        elif config.task == "custom":
+        elif config.dataset == "custom":
             if not (config.train and config.eval):
                 raise ValueError("a custom task needs data.train and data.eval (files or datasets names)")
             train = load_records(config.train, config.train_split, config.dataset_config)
@@ -146,7 +146,7 @@ class TextTaskData(TaskData):
                 labels = None
             self.label_names = [str(x) for x in labels] if labels else None
         else:
-            raise ValueError(f"data.task must be 'bbc-news', 'glue' or 'custom', got {config.task!r}")
+            raise ValueError(f"data.dataset must be 'bbc-news', 'glue' or 'custom', got {config.dataset!r}")
         # (doc_stride, max_answer_length and the threshold's type: the typed reading of the data section)
         if config.null_score_diff_threshold is not None and not config.version_2_with_negative:
             raise ValueError(
@@ -416,7 +416,6 @@ RECIPE = Recipe(
     baselines=majority_baseline,
     sections=("implementation",),
     processor_fields=processor_fields,
-    pipeline="text-classification",
 )
 
 __all__ = ["RECIPE", "TextTaskData", "TransformersAdapter", "evaluate", "GLUE_HUB_NAME"]

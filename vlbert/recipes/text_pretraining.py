@@ -1,4 +1,4 @@
-"""Text pretraining (``tools/pretrain.py --modality text``): BERT's MLM + NSP on a document corpus, or any set of
+"""Text pretraining (``vlbert pretrain --modality text``): BERT's MLM + NSP on a document corpus, or any set of
 text objective units (``data.objectives``: ``{mlm: 1}`` is RoBERTa's recipe without NSP; ``sop``, ``wwm``).
 
 corpus -> (prepared once: sentences -> wordpieces in on-disk arrays) -> segment pairs drawn at load time ->
@@ -29,7 +29,7 @@ class TextDataConfig:
 
     corpus: "bbc-news", a local .txt/.jsonl file or directory, or a ``datasets`` hub name. It is tokenised once
         into on-disk arrays read by position (cached under ``corpus_cache_dir`` by corpus and tokenizer;
-        ``tools/prepare_corpus.py`` does it ahead of a run) and pairs are drawn from them at load time.
+        ``vlbert prepare-corpus`` does it ahead of a run) and pairs are drawn from them at load time.
     text_field: the text column of JSONL or ``datasets`` corpora.
     eval_fraction: share of documents held out for evaluation (whole documents, so no leakage).
     max_seq_length: wordpieces per pair including [CLS] and two [SEP] (BERT: 128, then 512).
@@ -176,7 +176,6 @@ RECIPE = Recipe(
     baselines=baselines,
     default_init=None,
     processor_fields=processor_fields,
-    pipeline="text-fill-mask",
 )
 
 __all__ = ["RECIPE", "TextDataConfig", "TextPretrainingData"]

@@ -1,4 +1,4 @@
-"""Visual entailment (``tools/finetune.py --task snli-ve``): image + hypothesis -> entailment / neutral /
+"""Visual entailment (``vlbert finetune --task snli-ve``): image + hypothesis -> entailment / neutral /
 contradiction from the joint [CLS] (SNLI-VE; UNITER section 4), accuracy on the evaluation split.
 
 Datasets: ``easy-vqa`` (the embedded demonstration, see :func:`vlbert.data.visual_entailment.easy_vqa_entailment`)
@@ -94,7 +94,6 @@ RECIPE = Recipe(
     baselines=majority_baseline,
     uses_regions=True,
     processor_fields=processor_fields,
-    pipeline="visual-entailment",
 )
 
 __all__ = ["RECIPE", "EntailmentDataConfig", "EntailmentData"]

@@ -1,4 +1,4 @@
-"""Vision-language pretraining (``tools/pretrain.py --modality vl``): MLM conditioned on regions, masked region
+"""Vision-language pretraining (``vlbert pretrain --modality vl``): MLM conditioned on regions, masked region
 modelling (MRFR, MRC, MRC-kl) and image-text matching on one shared encoder initialised from BERT (UNITER
 section 3), one objective per step drawn from ``data.objectives``.
 
@@ -94,8 +94,7 @@ class CaptionSource:
             raise ValueError(f"{where}.format must be one of {SOURCE_FORMATS}, got {self.format!r}")
         if self.format != "easy-vqa" and not (self.path and self.shards):
             raise ValueError(
-                f"{where} needs path (the caption file) and shards (its images' region shards, from "
-                "tools/extract_regions.py)"
+                f"{where} needs path (the caption file) and shards (its images' region shards, from vlbert extract)"
             )
         if not self.weight > 0:
             raise ValueError(f"{where}.weight must be > 0, got {self.weight}")
@@ -459,7 +458,6 @@ RECIPE = Recipe(
     uses_regions=True,
     default_init=None,
     processor_fields=processor_fields,
-    pipeline="fill-mask",
 )
 
 __all__ = ["RECIPE", "VLDataConfig", "CaptionSource", "VLPretrainingData", "easy_vqa_captions", "qa_vocabulary"]

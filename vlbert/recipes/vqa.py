@@ -1,4 +1,4 @@
-"""VQA fine-tuning (``tools/finetune_vqa.py``): :class:`~vlbert.models.vqa.VLBertForVQA` on question + regions,
+"""VQA fine-tuning (``vlbert finetune --task vqa``): :class:`~vlbert.models.vqa.VLBertForVQA` on question + regions,
 soft-score binary cross-entropy, and the official VQA accuracy over every question of the evaluation split.
 
 Datasets: ``easy-vqa`` (embedded: regions extracted into the same cached shards as VL pretraining),
@@ -205,7 +205,6 @@ RECIPE = Recipe(
     baselines=majority_baseline,
     uses_regions=True,
     processor_fields=processor_fields,
-    pipeline="visual-question-answering",
 )
 
 __all__ = ["RECIPE", "VQADataConfig", "VQAData", "RESULTS_FILES", "evaluate"]
