@@ -44,10 +44,10 @@ from vlbert.checkpoint import vlbert_to_hf
 from vlbert.data.corpus_pairs import CorpusPairsDataset
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES
 from vlbert.data.pretraining import MaskingCollator
-from vlbert.data.regions import pad_regions
 from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
 from vlbert.models.bert import compile_model
 from vlbert.models.vl import VLBertForPreTraining
+from vlbert.processing.regions import pad_regions
 from vlbert.recipes import RECIPES, run
 from vlbert.tokenization import load_tokenizer
 from vlbert.training.mfu import (

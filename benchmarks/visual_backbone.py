@@ -30,15 +30,15 @@ from vlbert.detectors.backbone import load_efficientnet_lite0
 from vlbert.detectors.proposals import felzenszwalb_proposals
 
 from vlbert.data.easy_vqa import image_paths, load_questions
-from vlbert.data.images import image_preprocessing
 from vlbert.models.vqa import VLBertForVQA
+from vlbert.processing.images import image_preprocessing
 from vlbert.tokenization import load_tokenizer, packaged_minilm_dir
 from vlbert.training.training_config import parameter_groups
 
 
 def load_images(paths, size):
     """The easy-VQA images (squares) -> float32 [N, 3, size, size] through the recipes' "imagenet" preprocessing
-    (:func:`vlbert.data.images.image_preprocessing`: RGB in [0, 1], ImageNet's mean and std), short side ``size``."""
+    (:func:`vlbert.processing.images.image_preprocessing`: RGB in [0, 1], ImageNet's mean and std), short side ``size``."""
     preprocessing = image_preprocessing("imagenet", size, -1)
     return torch.stack([preprocessing(p) for p in paths])
 

@@ -1,6 +1,6 @@
 """Images in: the one reader of image files and images in memory (:func:`read_image`: upright, 8-bit RGB, the
 file endings of :data:`IMAGE_SUFFIXES`, one error for a file it cannot decode), which extraction, a visual
-backbone's preprocessing (``vlbert.data.images``), the pipelines, the demo and ``vlbert explain`` all use, so the
+backbone's preprocessing (``vlbert.processing.images``), the pipelines, the demo and ``vlbert explain`` all use, so the
 pixels a model reads are the pixels its boxes were found on; and grouping images by shape so that a batch never
 pads one image to another's size (padding changes convolution outputs near the border, and so the features).
 """

@@ -1,4 +1,4 @@
-"""Images through the recipes and pipelines for a model with a visual backbone (issue 43, vlbert/data/images.py):
+"""Images through the recipes and pipelines for a model with a visual backbone (issue 43, vlbert/processing/images.py):
 VL-BERT's preprocessing equals its own transforms; a VQA run reads each question's image file beside the shards'
 boxes, records its preprocessing, and its pipeline answers from image files as the model's forward on the same
 pixels and boxes (and as the run's own evaluation); missing images and Regions-only inputs are refused."""
@@ -19,8 +19,8 @@ from helpers.tool_errors import one_line_error
 from PIL import Image
 
 from vlbert.data.easy_vqa import load_questions
-from vlbert.data.images import PREPROCESSING, image_preprocessing, pad_images
 from vlbert.inference import VQAPipeline, pipeline
+from vlbert.processing.images import PREPROCESSING, image_preprocessing, pad_images
 from vlbert.recipes import RECIPES, run
 from vlbert.recipes.regions import task_images
 
@@ -352,7 +352,7 @@ def test_retrieval_trains_the_backbone_and_evaluates_on_the_pixels(easy, e2e_run
         SimpleNamespace(**{**data, "image_preprocessing": "", "image_max_side": 0}), TIMM, [im.image_id for im in test]
     )
     again, i2t, t2i = evaluate_retrieval(
-        model, test, easy.store, tokenizer, shortlist=2, max_regions=6, return_scores=True, image_reader=reader
+        model, test, easy.store, retrieval.processor, shortlist=2, return_scores=True, image_reader=reader
     )
     assert again == {k: v for k, v in metrics.items() if k in again}
     mean, std = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)

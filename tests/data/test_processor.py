@@ -12,9 +12,9 @@ import pytest
 import torch
 from helpers.builders import EASY_DETECTOR, N_EASY_IMAGES
 
-from vlbert.data.grounded_text import GroundedCollator
 from vlbert.inference import VQAPipeline, pipeline
 from vlbert.processing import RegionSource, VLProcessor
+from vlbert.processing.collator import GroundedCollator
 from vlbert.recipes import RECIPES, run
 from vlbert.recipes.vqa import VQAData
 

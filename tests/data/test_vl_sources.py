@@ -13,6 +13,7 @@ from helpers.builders import tool
 
 from vlbert.commands import run_tool
 from vlbert.data.captions import load_caption_jsonl, load_caption_tsv, load_coco_captions, load_karpathy_split
+from vlbert.processing import VLProcessor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -319,7 +320,7 @@ def test_lxmert_json_questions_train_the_qa_unit(easy, tokenizer, tmp_path):
     assert image.image_id == "0" and image.answers == ((), ((color, 1.0),), ((shape, 0.9), ("1", 0.0)))
     caption, question = (Caption("0", [1], text, answers) for text, answers in zip(("c", "q"), image.answers[::2]))
     data = VLPretrainingDataset(
-        [caption, question, Caption("1", [1], "x")], easy.store, tokenizer, qa_answers=["1", shape]
+        [caption, question, Caption("1", [1], "x")], easy.store, VLProcessor(tokenizer), qa_answers=["1", shape]
     )
     assert "answer_label" not in data[0] and data[1]["answer_label"] == 1  # "1" scores 0: never drawn
     (tmp_path / "bad.json").write_text(json.dumps([{"img_id": "0", "sentf": {"vqa": ["why?"]}, "labelf": {"vqa": []}}]))

@@ -657,8 +657,8 @@ def test_the_pair_collators_layout_is_what_the_pair_model_encodes():
     from the device (0886c57: the layout read from the mask) and gives the logits and loss of the mask's layout."""
     from types import SimpleNamespace
 
-    from vlbert.data.grounded_text import GroundedCollator
     from vlbert.models.vl_classification import VLBertForImagePairClassification
+    from vlbert.processing.collator import GroundedCollator
 
     g = torch.Generator().manual_seed(0)
 

@@ -386,7 +386,7 @@ def test_retrieval_pipeline_ranks_as_the_evaluation_and_its_index_reloads(easy, 
     assert retrieval.shortlist == 3
     test = load_karpathy_split(tmp_path / "captions.json", "test")
     _, i2t, t2i = evaluate_retrieval(
-        retrieval.model, test, easy.store, retrieval.tokenizer, shortlist=3, max_regions=16, return_scores=True
+        retrieval.model, test, easy.store, retrieval.processor, shortlist=3, return_scores=True
     )
     captions = [c for im in test for c in im.captions]
     ids = [im.image_id for im in test]

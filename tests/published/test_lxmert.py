@@ -314,8 +314,8 @@ def test_two_stream_refusals_name_the_fix(pretraining, tmp_path, capsys):
 def test_attribute_and_question_answering_units():
     """``attr`` labels each masked region with the detector's top attribute (-100 elsewhere) and zeroes its feature;
     ``qa`` rows without an answer (captions) change nothing: the loss of a batch equals that of its question rows."""
-    from vlbert.data.regions import pad_regions
     from vlbert.objectives import OBJECTIVES, PrepareContext
+    from vlbert.processing.regions import pad_regions
 
     g = torch.Generator().manual_seed(0)
     items = [

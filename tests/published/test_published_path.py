@@ -155,10 +155,10 @@ def assert_trained_on_the_checkpoints_settings(run_dir, caplog):
 
 @pytest.fixture()
 def quiet_cuts(monkeypatch):
-    """Forget which region cuts this process already reported (vlbert.data.regions says each once)."""
-    import vlbert.data.regions
+    """Forget which region cuts this process already reported (vlbert.processing.regions says each once)."""
+    import vlbert.processing.regions
 
-    monkeypatch.setattr(vlbert.data.regions, "_CUTS_REPORTED", set())
+    monkeypatch.setattr(vlbert.processing.regions, "_CUTS_REPORTED", set())
 
 
 def test_imported_butd_features_fine_tune_a_converted_uniter_and_answer(tmp_path, user, quiet_cuts, caplog):
@@ -276,7 +276,7 @@ def test_import_and_extraction_refusals_are_one_line(tmp_path, user, capsys):
 
 
 def test_region_cuts_are_said_once(quiet_cuts, caplog):
-    from vlbert.data.regions import region_item
+    from vlbert.processing.regions import region_item
 
     regions = Regions(
         "a",

@@ -14,9 +14,9 @@ from helpers.vl_bert_files import OPTIMIZER, write_model_file
 from helpers.vl_bert_reference import vl_bert_forward, vl_bert_state
 
 from vlbert.config import VLBertConfig
-from vlbert.data.images import PREPROCESSING, ImagePreprocessing
 from vlbert.families import convert_checkpoint
 from vlbert.models.vl import VLBertForPreTraining
+from vlbert.processing.images import PREPROCESSING, ImagePreprocessing
 
 SIZES = {
     "tiny": dict(hidden=32, layers=2, intermediate=48, vocab=60, feature_dim=24),

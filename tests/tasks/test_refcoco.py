@@ -13,6 +13,7 @@ import torch
 from vlbert.detectors.safe_pickle import load_plain_pickle
 
 from vlbert.data.refcoco import box_iou, easy_vqa_composites, load_refcoco
+from vlbert.processing import VLProcessor
 
 
 class Payload:
@@ -137,8 +138,8 @@ def test_images_without_regions_are_named(tokenizer):
 
     regions = {"a": Regions("a", 10, 10, [[0, 0, 10, 10]], np.zeros((1, 4)), [1.0])}
     with pytest.raises(ValueError, match="pair p1 is about image 'b', which has no regions"):
-        EntailmentDataset([EntailmentExample("p1", "b", "x", 0)], regions, tokenizer)
+        EntailmentDataset([EntailmentExample("p1", "b", "x", 0)], regions, VLProcessor(tokenizer))
     with pytest.raises(ValueError, match="statement s1 is about image 'b', which has no regions"):
-        ImagePairDataset([ImagePairExample("s1", "x", "a", "b", 1)], regions, tokenizer)
+        ImagePairDataset([ImagePairExample("s1", "x", "a", "b", 1)], regions, VLProcessor(tokenizer))
     with pytest.raises(ValueError, match="expression r1 is about image 'b', which has no regions"):
-        ReferringDataset([ReferringExample("r1", "b", "x", (0, 0, 1, 1))], regions, tokenizer)
+        ReferringDataset([ReferringExample("r1", "b", "x", (0, 0, 1, 1))], regions, VLProcessor(tokenizer))

@@ -12,9 +12,11 @@ import torch
 from vlbert.detectors.regions import Regions
 
 import vlbert
-from vlbert.data.retrieval import CaptionedImage, RetrievalCollator, RetrievalPairs, load_karpathy_split
+from vlbert.data.retrieval import CaptionedImage, RetrievalPairs, load_karpathy_split
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
+from vlbert.processing import VLProcessor
+from vlbert.processing.collator import RetrievalCollator
 
 
 def test_karpathy_reader(tmp_path):
@@ -61,7 +63,7 @@ def setup(tokenizer):
 
 def test_training_losses(setup, tokenizer):
     model, images, regions = setup
-    pairs = RetrievalPairs(images, regions, tokenizer)
+    pairs = RetrievalPairs(images, regions, VLProcessor(tokenizer))
     batch = RetrievalCollator(tokenizer)([pairs[i] for i in range(len(pairs))])
     assert batch["group_ids"].tolist()[:4] == [batch["group_ids"][0]] * 2 + [batch["group_ids"][2]] * 2
     out = model.train()(**batch)
@@ -72,11 +74,13 @@ def test_training_losses(setup, tokenizer):
 
 def test_shortlist_matches_full_scoring(setup, tokenizer):
     model, images, regions = setup
-    full, i2t, t2i = evaluate_retrieval(model, images, regions, tokenizer, shortlist=100, ks=(1, 5), return_scores=True)
+    full, i2t, t2i = evaluate_retrieval(
+        model, images, regions, VLProcessor(tokenizer, max_text_length=32), shortlist=100, ks=(1, 5), return_scores=True
+    )
     assert full["cross_encoder_pairs"] == 2 * full["all_pairs"]  # shortlist covers everything: both directions
     # Brute force: cross-encoder on every pair.
     from vlbert.data.pretraining import MaskingCollator
-    from vlbert.data.regions import pad_regions
+    from vlbert.processing.regions import pad_regions
 
     caps = [(k, c) for k, im in enumerate(images) for c in im.captions]
     text = MaskingCollator.from_tokenizer(tokenizer)
@@ -92,7 +96,7 @@ def test_shortlist_matches_full_scoring(setup, tokenizer):
             scores[i] = model.match_scores(**batch)
     torch.testing.assert_close(i2t, scores, atol=1e-5, rtol=0)
     torch.testing.assert_close(t2i, scores.T, atol=1e-5, rtol=0)
-    small = evaluate_retrieval(model, images, regions, tokenizer, shortlist=3)
+    small = evaluate_retrieval(model, images, regions, VLProcessor(tokenizer, max_text_length=32), shortlist=3)
     assert small["cross_encoder_pairs"] == (len(images) + len(caps)) * 3
 
 

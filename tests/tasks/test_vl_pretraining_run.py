@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from vlbert.data.easy_vqa import color_and_shape, image_attributes, load_questions
-from vlbert.data.regions import pad_regions
 from vlbert.data.vl_pretraining import VLCollator
 from vlbert.layers.unpadded import StreamLayouts
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives.region_targets import pad_class_probs
+from vlbert.processing.regions import pad_regions
 from vlbert.recipes import RECIPES, run
 from vlbert.recipes.vl_pretraining import VLDataConfig, VLPretrainingData
 
@@ -192,8 +192,8 @@ def test_smoke_vl_run_draws_one_objective_per_step(cache_dir, tmp_path):
     # The run's fill-mask pipeline on an image file: the analysis function on the regions of the run's detector.
     from vlbert.analysis.fill_mask import fill_mask
     from vlbert.data.easy_vqa import image_paths
-    from vlbert.data.regions import region_item
     from vlbert.inference import FillMaskPipeline, pipeline
+    from vlbert.processing.regions import region_item
 
     fill = pipeline(out, device="cpu")
     assert isinstance(fill, FillMaskPipeline) and fill.processor.detector.options.input_size == 96

@@ -13,6 +13,7 @@ from vlbert.detectors.regions import Regions
 from vlbert.data.vqa import VQADataset, VQAExample, build_answer_vocab, load_vqa_v2
 from vlbert.data.vqa_answers import answer_targets, normalize_answer, soft_score
 from vlbert.evaluation.vqa import vqa_accuracy
+from vlbert.processing import VLProcessor
 
 
 # Hand-worked from vqaEval.py at GT-Vision-Lab/VQA master (commit a013f00), one rule per group.
@@ -157,15 +158,17 @@ def test_vqa_dataset_errors(tokenizer):
     no_regions = VQAExample("2", "other", "what shape?", ("circle",))
     unknown = VQAExample("3", "img", "what shape?", ("hexagon",))
     with pytest.raises(ValueError, match="no regions"):
-        VQADataset([ok, no_regions], regions, tokenizer, ["circle"])
+        VQADataset([ok, no_regions], regions, VLProcessor(tokenizer), ["circle"])
     with pytest.raises(ValueError, match="none of which is in the 1-answer vocabulary"):
-        VQADataset([ok, unknown], regions, tokenizer, ["circle"])
-    dropped = VQADataset([ok, unknown], regions, tokenizer, ["circle"], unknown="drop")
+        VQADataset([ok, unknown], regions, VLProcessor(tokenizer), ["circle"])
+    dropped = VQADataset([ok, unknown], regions, VLProcessor(tokenizer), ["circle"], unknown="drop")
     assert len(dropped) == 1 and dropped.unanswerable == 1
-    kept = VQADataset([ok, unknown], regions, tokenizer, ["circle"], unknown="keep")  # evaluation: every question
+    kept = VQADataset(
+        [ok, unknown], regions, VLProcessor(tokenizer), ["circle"], unknown="keep"
+    )  # evaluation: every question
     assert len(kept) == 2 and kept.unanswerable == 1 and kept[1]["answer_targets"].tolist() == [0.0]
     with pytest.raises(ValueError, match="unknown must be one of 'error', 'drop', 'keep'"):
-        VQADataset([ok], regions, tokenizer, ["circle"], unknown="skip")
+        VQADataset([ok], regions, VLProcessor(tokenizer), ["circle"], unknown="skip")
 
 
 @pytest.mark.slow

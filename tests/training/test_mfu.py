@@ -8,9 +8,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import vlbert
-from vlbert.data.padding import pad_text
-from vlbert.data.regions import pad_regions
 from vlbert.layers.unpadded import unpadded_layout
+from vlbert.processing.padding import pad_text
+from vlbert.processing.regions import pad_regions
 from vlbert.training.mfu import (
     DATASHEET_PEAK_FLOPS,
     count_positions,

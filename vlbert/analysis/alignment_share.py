@@ -18,8 +18,8 @@ import torch
 from torchvision.ops import box_iou
 
 from vlbert.analysis.attention_maps import word_region_transport
-from vlbert.data.regions import pad_regions, region_item
 from vlbert.detectors.regions import Regions
+from vlbert.processing.regions import pad_regions, region_item
 
 
 def object_box(image: np.ndarray, threshold: int = 60, min_pixels: int = 20) -> np.ndarray | None:

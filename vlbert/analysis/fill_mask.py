@@ -19,7 +19,7 @@ def fill_mask(model, tokenizer, text: str, top_k: int = 5, regions: dict | None 
         tokenizer: the model's tokenizer (its mask token is written ``[MASK]`` in ``text``).
         text: one sentence with at least one [MASK].
         top_k: fillers per mask.
-        regions: an image's region item (``vlbert.data.regions.region_item(regions, max_regions)``), for VL models.
+        regions: an image's region item (``vlbert.processing.regions.region_item(regions, max_regions)``), for VL models.
     Returns:
         one list per [MASK], in order, of ``top_k`` dicts ``{"score": probability, "token": id, "token_str":
         wordpiece, "sequence": the text with this filler}``, best first (transformers' fill-mask fields).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from vlbert.data.regions import pad_regions
+from vlbert.processing.regions import pad_regions
 
 
 def _logits(model, ids: torch.Tensor, extra: dict) -> torch.Tensor:
@@ -52,7 +52,7 @@ def mask_predict(
         model: a BertForPreTraining or VLBertForPreTraining (eval mode is set for the call).
         length: wordpieces between [CLS] and [SEP].
         iterations: T, the number of parallel decoding passes (T = 1: one pass, argmax everywhere).
-        regions: for a VL model, one region item per text (``vlbert.data.regions.region_item``); ``batch`` is then
+        regions: for a VL model, one region item per text (``vlbert.processing.regions.region_item``); ``batch`` is then
             ``len(regions)``.
         mask_regions: give the regions but mask them all out (the same model without the image).
     Returns:

@@ -9,10 +9,10 @@ import torch
 import vlbert
 from vlbert.data.easy_vqa import COLORS, answers, easy_vqa_shards, load_questions
 from vlbert.data.finetuning import bbc_news_split
-from vlbert.data.padding import pad_text
-from vlbert.data.regions import pad_regions, region_item
 from vlbert.detectors.config import DetectorConfig
 from vlbert.detectors.shards import load_regions
+from vlbert.processing.padding import pad_text
+from vlbert.processing.regions import pad_regions, region_item
 from vlbert.tokenization import load_tokenizer, resolve_model_path
 
 

@@ -38,12 +38,12 @@ from vlbert.analysis.probe_data import probe_features
 from vlbert.analysis.probing import plot_probe, probe_layers
 from vlbert.common.user_files import read_json
 from vlbert.data.easy_vqa import color_and_shape, easy_vqa_shards, image_paths
-from vlbert.data.images import ImagePreprocessing, with_image
-from vlbert.data.regions import pad_regions, region_item
 from vlbert.detectors.config import DetectorConfig
 from vlbert.detectors.images import load_image, read_pil_image
 from vlbert.detectors.shards import load_regions
 from vlbert.processing import VLProcessor
+from vlbert.processing.images import ImagePreprocessing, with_image
+from vlbert.processing.regions import pad_regions, region_item
 from vlbert.tokenization import load_tokenizer, resolve_model_path
 from vlbert.training.run_config import load_run_config
 
@@ -123,7 +123,7 @@ def easy_vqa_regions(split: str, cache_dir: str, detector=None, image_ids: list[
 
 def image_regions(args):
     """(regions, maximum regions) of ``--easy-vqa-image`` read with the ``--model`` run's detector; for a run whose
-    model has a visual backbone, :class:`~vlbert.data.images.ImageRegions` with the image's pixels as the run
+    model has a visual backbone, :class:`~vlbert.processing.images.ImageRegions` with the image's pixels as the run
     preprocesses them.
 
     Raises:

@@ -17,12 +17,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from vlbert.data.padding import pad_text
 from vlbert.layers.losses import IGNORE_INDEX, masked_positions  # noqa: F401 (masked_positions: read here by
 from vlbert.layers.unpadded import legacy_fields, unpadded_layout
 
 # ../shared/gpu/roofline.py, as before the MLM unit computed the positions itself)
 from vlbert.objectives import PrepareContext, units_for
+from vlbert.processing.padding import pad_text
 
 IS_NEXT, IS_RANDOM = 0, 1  # next_sentence_label values, as transformers: 0 = B continues A
 

@@ -157,7 +157,7 @@ class ReferringDataset(GroundedTextDataset):
     def targets(self, example, regions) -> dict:
         r = regions[0]
         scale = np.array([r.width, r.height, r.width, r.height], dtype=np.float32)
-        target = int(box_iou(np.array([example.box]), r.boxes[: self.max_regions]).argmax())
+        target = int(box_iou(np.array([example.box]), r.boxes[: self.processor.max_regions]).argmax())
         return {"target_region": target, "target_box": np.array(example.box, dtype=np.float32) / scale}
 
 

@@ -16,12 +16,13 @@ from typing import Sequence
 from torch.utils.data import Dataset
 
 from vlbert.data.pretraining import MaskingCollator
-from vlbert.data.regions import pad_regions, region_item, with_pixels
 from vlbert.detectors.regions import Regions
 from vlbert.detectors.store import region_count
 from vlbert.layers.unpadded import stream_layouts, unpadded_layout
 from vlbert.objectives import OBJECTIVES, PrepareContext
 from vlbert.objectives.image_text_matching import content_id
+from vlbert.processing import VLProcessor
+from vlbert.processing.regions import pad_regions
 
 #: Words that carry no content when comparing captions (articles, copulas, "image"-type framing).
 _FRAMING_WORDS = frozenset(
@@ -54,9 +55,9 @@ class VLPretrainingDataset(Dataset):
     Args:
         captions: the image-text pairs (one image may have several captions).
         regions: image id -> :class:`~vlbert.detectors.regions.Regions` (any mapping: a region store).
-        tokenizer: for [CLS]/[SEP].
-        max_text_length: wordpieces including [CLS] and [SEP].
-        max_regions: keep at most this many regions per image (the detector's order).
+        processor: the run's :class:`~vlbert.processing.VLProcessor`, whose rules make every item (the captions'
+            [CLS]/[SEP] and truncation, :meth:`~vlbert.processing.VLProcessor.wrap_ids`; the region limit,
+            :meth:`~vlbert.processing.VLProcessor.region_item`).
         seed: for ITM negatives and masking.
         qa_answers: the answer vocabulary of the ``qa`` unit (empty: no answer labels).
     Items: dict with input_ids (list), negative_input_ids (a caption of another image with other content),
@@ -68,7 +69,7 @@ class VLPretrainingDataset(Dataset):
         ValueError: no captions, a caption's image has no regions, or all captions say the same thing.
     """
 
-    #: for a model with a visual backbone: image id -> pixels (:class:`~vlbert.data.images.ImageReader`); items then
+    #: for a model with a visual backbone: image id -> pixels (:class:`~vlbert.processing.images.ImageReader`); items then
     #: carry ``pixels`` and the collator pads them into ``images`` / ``image_sizes`` in place of region_features.
     image_reader = None
 
@@ -76,9 +77,7 @@ class VLPretrainingDataset(Dataset):
         self,
         captions: Sequence[Caption],
         regions: dict[str, Regions],
-        tokenizer,
-        max_text_length: int = 40,
-        max_regions: int = 36,
+        processor: VLProcessor,
         seed: int = 0,
         qa_answers: Sequence[str] = (),
     ):
@@ -94,8 +93,7 @@ class VLPretrainingDataset(Dataset):
             raise ValueError("every caption has the same content; image-text matching needs captions that differ")
         self.captions = list(captions)
         self.regions = regions
-        self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-        self.max_text_length, self.max_regions, self.seed = max_text_length, max_regions, seed
+        self.processor, self.seed = processor, seed
         self.answer_ids = {a: i for i, a in enumerate(qa_answers)}
         self.epoch = 0
 
@@ -106,12 +104,14 @@ class VLPretrainingDataset(Dataset):
         return len(self.captions)
 
     def text_ids(self, caption: Caption) -> list[int]:
-        return [self.cls_id, *caption.token_ids[: self.max_text_length - 2], self.sep_id]
+        """The caption's wordpiece ids with [CLS]/[SEP], truncated by the processor."""
+        return self.processor.wrap_ids(caption.token_ids)
 
     def lengths(self) -> list[int]:
         """Text + region positions of every item (for length-grouped batching)."""
         return [
-            len(self.text_ids(c)) + min(region_count(self.regions, c.image_id), self.max_regions) for c in self.captions
+            len(self.text_ids(c)) + self.processor.kept_regions(region_count(self.regions, c.image_id))
+            for c in self.captions
         ]
 
     def negative_for(self, index: int, rng: random.Random) -> Caption:
@@ -139,9 +139,7 @@ class VLPretrainingDataset(Dataset):
         item = {
             "input_ids": self.text_ids(caption),
             "negative_input_ids": self.text_ids(self.negative_for(index, rng)),
-            **with_pixels(
-                region_item(self.regions[caption.image_id], self.max_regions), caption.image_id, self.image_reader
-            ),
+            **self.processor.region_item(self.regions[caption.image_id], caption.image_id, self.image_reader),
             "sample_seed": seed,
             "content_id": content_id(caption.content),
         }

@@ -15,6 +15,7 @@ from vlbert.data.easy_vqa import load_questions
 from vlbert.data.grounded_text import GroundedTextDataset
 from vlbert.data.vqa_answers import answer_targets, reference_forms
 from vlbert.detectors.regions import Regions
+from vlbert.processing import VLProcessor
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,8 @@ class VQADataset(GroundedTextDataset):
     Args:
         examples: the questions.
         regions: image id -> :class:`~vlbert.detectors.regions.Regions`.
-        tokenizer: WordPiece tokenizer.
+        processor: the run's processor (:class:`~vlbert.data.grounded_text.GroundedTextDataset`).
         answer_vocab: the answers the model can output.
-        max_question_length: wordpieces incl. [CLS]/[SEP]; max_regions: regions per image.
         unknown: what becomes of a labelled question none of whose answers is in the vocabulary (an
             *unanswerable* question): ``"error"`` (refused), ``"drop"`` (left out: for training, where such a
             question has no target to learn) or ``"keep"`` (kept with all-zero targets: for evaluation, where the
@@ -120,10 +120,8 @@ class VQADataset(GroundedTextDataset):
         self,
         examples: Sequence[VQAExample],
         regions: dict[str, Regions],
-        tokenizer,
+        processor: VLProcessor,
         answer_vocab: Sequence[str],
-        max_question_length: int = 32,
-        max_regions: int = 36,
         unknown: str = "error",
     ):
         if unknown not in UNKNOWN_QUESTIONS:
@@ -144,7 +142,7 @@ class VQADataset(GroundedTextDataset):
                 if unknown == "drop":
                     continue
             kept.append(ex)
-        super().__init__(kept, regions, tokenizer, max_question_length, max_regions)
+        super().__init__(kept, regions, processor)
 
     def targets(self, example, regions) -> dict:
         scores = torch.zeros(len(self.answer_vocab))

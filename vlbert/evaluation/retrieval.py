@@ -8,14 +8,15 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from vlbert.data.padding import pad_text
-from vlbert.data.regions import pad_regions, region_item, with_pixels
+from vlbert.processing.padding import pad_text
+from vlbert.processing.regions import pad_regions, with_pixels
 from vlbert.utils import evaluation
 
 if TYPE_CHECKING:
     from vlbert.data.captions import CaptionedImage
-    from vlbert.data.images import ImageReader
     from vlbert.detectors.regions import Regions
+    from vlbert.processing import VLProcessor
+    from vlbert.processing.images import ImageReader
 
 
 def recall_at_k(
@@ -122,11 +123,11 @@ def backbone_regions(
     Args:
         model: a retrieval model whose ``bert`` has a visual backbone (:meth:`VLBertModel.extract_regions`), in
             eval mode (dropout off: the features are those each pair's own forward computes).
-        items: per image, :func:`~vlbert.data.regions.region_item` (its boxes; features unused).
-        image_ids: per image, its id for ``image_reader`` (:class:`~vlbert.data.images.ImageReader`: the pixels).
+        items: per image, :func:`~vlbert.processing.regions.region_item` (its boxes; features unused).
+        image_ids: per image, its id for ``image_reader`` (:class:`~vlbert.processing.images.ImageReader`: the pixels).
     Returns:
         per image ``{"region_features": float32 [R, D] on the CPU, "region_boxes": float32 [R, 4]}`` (R its kept
-        regions), padded by :func:`~vlbert.data.regions.pad_regions` with ``feature_dtype=torch.float32``.
+        regions), padded by :func:`~vlbert.processing.regions.pad_regions` with ``feature_dtype=torch.float32``.
     Raises:
         KeyError: an image without a file (from the reader).
     """
@@ -154,13 +155,11 @@ def evaluate_retrieval(
     model,
     images: Sequence[CaptionedImage],
     regions: dict[str, Regions],
-    tokenizer,
+    processor: VLProcessor,
     shortlist: int = 16,
     batch_size: int = 128,
-    max_regions: int = 36,
     ks: Sequence[int] = (1, 5, 10),
     return_scores: bool = False,
-    max_text_length: int = 32,
     image_reader: ImageReader | None = None,
 ):
     """Recall@K for image->text and text->image: contrastive scores over all pairs pick a ``shortlist`` per
@@ -171,8 +170,9 @@ def evaluate_retrieval(
     over both directions and every K: with the default ``ks``, UNITER's ``r_mean`` of ChenRocks/UNITER@1dbfa62
     ``utils/itm_eval.py``, whose ``txt_r{K}`` is ``i2t_r{K}`` here and ``img_r{K}`` is ``t2i_r{K}``), the same with
     ``_group`` (any caption/image of the same group counts), and ``cross_encoder_pairs``. With
-    ``return_scores``, also the final (image x caption) and (caption x image) score matrices. Captions are
-    truncated to ``max_text_length`` wordpieces ([CLS]/[SEP] included).
+    ``return_scores``, also the final (image x caption) and (caption x image) score matrices. Captions and regions
+    are items of the run's ``processor`` (:meth:`~vlbert.processing.VLProcessor.text_ids`,
+    :meth:`~vlbert.processing.VLProcessor.region_item`: its truncation and region limit).
 
     ``image_reader`` (a model with a visual backbone; :func:`vlbert.recipes.regions.attach_images`): each image's
     pixels under its regions' boxes; the backbone computes each image's region features once
@@ -180,8 +180,9 @@ def evaluate_retrieval(
     """
     device = next(model.parameters()).device
     captions = [(k, c) for k, im in enumerate(images) for c in im.captions]
-    ids = tokenizer([c for _, c in captions], truncation=True, max_length=max_text_length)["input_ids"]
-    items = [region_item(regions[im.image_id], max_regions) for im in images]
+    ids = processor.text_ids([c for _, c in captions])
+    items = [processor.region_item(regions[im.image_id]) for im in images]
+    tokenizer = processor.tokenizer
     feature_dtype = torch.float16
     if image_reader is not None:
         items = backbone_regions(model, items, [im.image_id for im in images], image_reader, batch_size)

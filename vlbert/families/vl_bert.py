@@ -170,7 +170,7 @@ class VLBertFamily(CheckpointFamily):
                 "frozen_bn": bool(network.get("IMAGE_FROZEN_BN", True)),
                 "mask_pixels": mask_visual is None and bool(network.get("MASK_RAW_PIXELS", True)),
             }
-        info = {"image_preprocessing": "vl-bert"} if e2e else {}  # vlbert.data.images.PREPROCESSING's entry
+        info = {"image_preprocessing": "vl-bert"} if e2e else {}  # vlbert.processing.images.PREPROCESSING's entry
         return Converted(config, state, "VLBertForPreTraining", "vl-pretraining", info=info)
 
 

@@ -14,6 +14,7 @@ from vlbert.common.user_files import read_json
 from vlbert.detectors.regions import Regions
 from vlbert.models.vqa import VLBertForVQA
 from vlbert.processing import ImageInput, VLProcessor, record_pipeline
+from vlbert.processing.detection import Detection
 
 
 def _default_device() -> str:
@@ -50,7 +51,7 @@ class Pipeline:
             hub id, or a model in memory (an instance of :attr:`model_class` or :attr:`model_classes`; then
             ``tokenizer`` is required, and ``detector`` is the detector its regions came from; a model with a
             ``visual_backbone`` reads each image's pixels through its backbone kind's preprocessing,
-            :data:`vlbert.data.images.DEFAULT_PREPROCESSING`: a run directory records its own).
+            :data:`vlbert.processing.images.DEFAULT_PREPROCESSING`: a run directory records its own).
         device: "cpu", "cuda", ... (default: CUDA when available; a model in memory stays where it is unless
             ``device`` is given).
         detector: a :class:`~vlbert.detectors.config.DetectorConfig` to extract with instead of the run's own (refused
@@ -140,7 +141,7 @@ class Pipeline:
         self.processor = VLProcessor.for_model(
             model.config, tokenizer, self.name, labels, max_text_length, max_regions, detector
         )
-        self.processor.device = str(self.device)
+        self.processor.detection = Detection(detector, str(self.device))
         self.run_dir = None
         self.model = model.to(self.device).eval()
         self.labels = self.processor.labels

@@ -9,10 +9,10 @@ from typing import Any, Sequence
 
 import torch
 
-from vlbert.data.regions import pad_regions
 from vlbert.inference.base import Pipeline
 from vlbert.models.bert import BertForPreTraining
 from vlbert.models.vl import VLBertForPreTraining
+from vlbert.processing.regions import pad_regions
 
 
 @torch.no_grad()
@@ -32,7 +32,7 @@ def fill_masks(
         tokenizer: the model's tokenizer (its mask token is written ``[MASK]`` in the texts).
         texts: B texts, each with at least one [MASK].
         top_k: fillers per mask.
-        regions: one region item per text (:func:`vlbert.data.regions.region_item`: region_features float16 [R, D],
+        regions: one region item per text (:func:`vlbert.processing.regions.region_item`: region_features float16 [R, D],
             region_boxes float32 [R, 4] normalised xyxy), or None.
         max_length: truncate the texts to this many wordpieces ([CLS]/[SEP] included), as the run's dataset did;
             None: no truncation.

@@ -209,7 +209,7 @@ class RetrievalPipeline(Pipeline):
         """Each image's first ``max_regions`` regions with the model's visual backbone's features in place of the
         detector's (float16, as shards store features: a search scores them as the evaluation's cached features,
         :func:`vlbert.evaluation.retrieval.backbone_regions`, up to that rounding), from its pixels
-        (:class:`~vlbert.data.images.ImageRegions`)."""
+        (:class:`~vlbert.processing.images.ImageRegions`)."""
         batch = self.processor.region_batch(regions, self.device)
         features = (
             self.model.bert.extract_regions(
@@ -221,7 +221,7 @@ class RetrievalPipeline(Pipeline):
         )
         out = []
         for r, f in zip(regions, features):
-            n = min(r.num_regions, self.processor.max_regions)
+            n = self.processor.kept_regions(r.num_regions)
             cut = [None if x is None else x[:n] for x in (r.class_probs, r.attribute_probs)]
             out.append(
                 Regions(r.image_id, r.height, r.width, r.boxes[:n], f[:n], r.scores[:n], cut[0], r.detector, cut[1])

@@ -123,7 +123,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         training losses ``itc`` and ``itm`` (with ``itc_accuracy``/``itm_accuracy``).
 
         ``text_layout`` and ``image_layout``: the collator's unpadded layouts of the text pass and of the image pass
-        (:class:`~vlbert.data.retrieval.RetrievalCollator`), so that neither reads a mask on the device. The ITM
+        (:class:`~vlbert.processing.collator.RetrievalCollator`), so that neither reads a mask on the device. The ITM
         pass pairs texts and images drawn on the device (the hard negatives), whose layout the host cannot know
         without waiting: it runs on the padded batch with its masks (a padded attention kernel), so the step never
         waits on the host (:meth:`itm_on_hard_negatives`). Pixels (a model with a visual backbone) become features

@@ -25,7 +25,7 @@ backbone (VL-BERT's "e2e"; Su et al., ICLR 2020, section 3.3; jackroos/VL-BERT a
 The torchvision head is its ``layer4`` as built (stride 2, not dilated: a 14x14 RoI becomes 7x7 before pooling).
 
 Images are float [B, 3, H, W], already normalised as the backbone was trained (VL-BERT: BGR, means subtracted,
-short side 600, long side <= 1000: :data:`vlbert.data.images.PREPROCESSING`, which the recipes and pipelines apply); ``image_sizes`` int [B, 2] (height, width) says where each image lies in a padded
+short side 600, long side <= 1000: :data:`vlbert.processing.images.PREPROCESSING`, which the recipes and pipelines apply); ``image_sizes`` int [B, 2] (height, width) says where each image lies in a padded
 batch (top-left); boxes are normalised (x1, y1, x2, y2) of that image.
 """
 

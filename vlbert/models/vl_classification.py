@@ -63,7 +63,7 @@ class VLBertForImagePairClassification(VLBertForTask):
     def encode(self, inputs):
         """Each statement encoded once with each image: [2B, T + R, H] (rows 2i, 2i + 1: statement i with its
         left, right image: :meth:`~vlbert.models.inputs.VLInputs.image_pairs`); the collator's unpadded layout is
-        of those 2B rows (:class:`~vlbert.data.grounded_text.GroundedCollator` with two images per text)."""
+        of those 2B rows (:class:`~vlbert.processing.collator.GroundedCollator` with two images per text)."""
         return self.bert(inputs.image_pairs(self.pair_region_types(), joined=False))
 
     def head(self, encoding, inputs) -> torch.Tensor:

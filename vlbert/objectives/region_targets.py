@@ -1,5 +1,5 @@
 """The masked-region objectives' targets padded into the batch: each image's detector class (or attribute)
-distribution, as :func:`vlbert.data.regions.region_item` slices it, under the model's region padding."""
+distribution, as :func:`vlbert.processing.regions.region_item` slices it, under the model's region padding."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ predict read them from one place:
 - the tokenizer and ``max_text_length`` (wordpieces per text, [CLS]/[SEP] included);
 - the region source record (:class:`~vlbert.processing.region_source.RegionSource`: the detector's configuration
   with its weights' sha256, its fingerprint, the extractor's name, the feature size) and ``max_regions``;
-- for a model with a visual backbone, the image preprocessing (:class:`~vlbert.data.images.ImagePreprocessing`,
+- for a model with a visual backbone, the image preprocessing (:class:`~vlbert.processing.images.ImagePreprocessing`,
   over :func:`vlbert.detectors.images.read_image`, the one image reader: EXIF orientation, bit depth, modes);
 - the task, its pipeline and its label names (VQA's answer vocabulary, ...), and the task's further fields
   (retrieval's ``shortlist``, referring expressions' ``boxes``, ...);
@@ -32,16 +32,16 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from vlbert.data.grounded_text import GroundedCollator
-from vlbert.data.images import ImagePreprocessing, backbone_preprocessing, with_image
-from vlbert.data.padding import pad_text
-from vlbert.data.regions import pad_regions, region_item
 from vlbert.detectors.config import DetectorConfig
-from vlbert.detectors.extract import extract_regions
 from vlbert.detectors.images import read_image
 from vlbert.detectors.regions import Regions
+from vlbert.processing.collator import GroundedCollator
+from vlbert.processing.detection import Detection
+from vlbert.processing.images import ImagePreprocessing, backbone_preprocessing, with_image
+from vlbert.processing.padding import pad_text
 from vlbert.processing.record import load_processor_record, local_run_dir, record_pipeline
-from vlbert.processing.region_source import RegionSource, choose_detector
+from vlbert.processing.region_source import RegionSource
+from vlbert.processing.regions import pad_regions, region_item, with_pixels
 from vlbert.run_files import read_processor_record, write_processor_record
 from vlbert.tokenization import load_tokenizer, save_tokenizer
 
@@ -72,8 +72,8 @@ class VLProcessor:
             features only.
         extra: the task's further record fields (``shortlist``, ``boxes``, ``qa_answers``, ``converted_from``, ...).
         name_or_path: where it was read from (messages, and the tokenizer when none is given).
-
-    Detection (images given as files or pixels) uses the record's detector, or the one :meth:`use_detector` sets.
+        detection: how images become regions on this machine (:class:`~vlbert.processing.detection.Detection`:
+            detector, weights, device); None: the record's own detector on the CPU, built when first needed.
     """
 
     def __init__(
@@ -89,6 +89,7 @@ class VLProcessor:
         image_preprocessing: ImagePreprocessing | None = None,
         extra: dict[str, Any] | None = None,
         name_or_path: str | os.PathLike | None = None,
+        detection: Detection | None = None,
     ):
         if tokenizer is None and name_or_path is None:
             raise ValueError("a VLProcessor needs its tokenizer (or the directory to load it from: name_or_path)")
@@ -100,8 +101,7 @@ class VLProcessor:
         self.image_preprocessing = image_preprocessing
         self.extra = dict(extra or {})
         self.name_or_path = name_or_path
-        self.allow_other_detector, self.device = False, "cpu"
-        self._detector, self._detector_chosen, self._weights_checked, self._extractor = None, False, False, None
+        self._detection = detection
 
     # ------------------------------------------------------------------------------------------------ the record
     @classmethod
@@ -166,7 +166,7 @@ class VLProcessor:
         for name in ("task", "pipeline", "labels", "max_text_length", "max_regions", "extra"):
             setattr(self, name, getattr(merged, name))
         if merged.region_source != self.region_source:
-            self.region_source, self._detector_chosen, self._extractor = merged.region_source, False, None
+            self.region_source = merged.region_source
         if merged.image_preprocessing != self.image_preprocessing:
             self.image_preprocessing = merged.image_preprocessing
         return self
@@ -225,7 +225,7 @@ class VLProcessor:
         to ``config.id2label``, ``max_text_length`` to the tokenizer's ``model_max_length`` within the model's
         positions, ``max_regions`` to 36; a model with regions takes ``detector`` as the one they came from (None:
         images must be given as :class:`Regions`); a model with a ``visual_backbone`` reads pixels through its
-        backbone kind's preprocessing (:func:`~vlbert.data.images.backbone_preprocessing`)."""
+        backbone kind's preprocessing (:func:`~vlbert.processing.images.backbone_preprocessing`)."""
         id2label = getattr(config, "id2label", None)
         if labels is None and id2label:
             labels = [id2label[k] for k in sorted(id2label)]
@@ -240,8 +240,8 @@ class VLProcessor:
             max_regions=max_regions or DEFAULT_MAX_REGIONS,
             region_source=RegionSource.of_detector(detector, dim) if dim else None,
             image_preprocessing=backbone_preprocessing(backbone) if backbone else None,
+            detection=Detection(detector),
         )
-        processor.detector = detector
         return processor
 
     @property
@@ -290,17 +290,21 @@ class VLProcessor:
 
     # ---------------------------------------------------------------------------------------------- detection
     @property
-    def detector(self) -> DetectorConfig | None:
-        """The detector that extracts regions from images: the one :meth:`use_detector` chose, else the record's
-        own (read on first use), or None (imported features, a text-only processor)."""
-        if not self._detector_chosen:
-            self._detector = self.region_source.detector() if self.region_source is not None else None
-            self._detector_chosen = True
-        return self._detector
+    def detection(self) -> Detection:
+        """How images become regions (:class:`~vlbert.processing.detection.Detection`): the one given
+        (:meth:`use_detector`, or the constructor's), else the record's own detector on the CPU."""
+        if self._detection is None:
+            self._detection = Detection.for_source(self.region_source)
+        return self._detection
 
-    @detector.setter
-    def detector(self, value: DetectorConfig | None) -> None:
-        self._detector, self._detector_chosen, self._extractor = value, True, None
+    @detection.setter
+    def detection(self, value: Detection) -> None:
+        self._detection = value
+
+    @property
+    def detector(self) -> DetectorConfig | None:
+        """The detector that extracts regions from images (:attr:`detection`'s), or None (imported features)."""
+        return self.detection.detector
 
     def use_detector(
         self,
@@ -309,51 +313,12 @@ class VLProcessor:
         detector_weights: str | os.PathLike | None = None,
         device: str = "cpu",
     ) -> "VLProcessor":
-        """Choose the detector that extracts regions from images: the record's own, reading its weights from
-        ``detector_weights`` where given (the file where the user keeps it, checked against the recorded sha256,
-        or where none is recorded the file name: :meth:`~vlbert.detectors.config.DetectorConfig.with_weights`); or
-        ``detector`` when it extracts the same features (:meth:`~vlbert.detectors.config.DetectorConfig.difference`) or
-        ``allow_other_detector`` is set. None where neither exists (regions imported from precomputed features,
-        no ``detector`` given): then images must be given as :class:`Regions`. Returns self.
-
-        Raises:
-            ValueError: ``detector`` differs from the record's (both fingerprints named, and what differs) and
-                ``allow_other_detector`` is False; ``detector_weights`` are other weights, or come with
-                ``detector`` or with a record that names no detector.
-            FileNotFoundError: ``detector_weights`` does not exist.
-        """
-        self.allow_other_detector, self.device, self._extractor = allow_other_detector, device, None
-        self._weights_checked = detector_weights is not None
-        self.detector = choose_detector(
-            self.region_source or RegionSource(), detector, allow_other_detector, detector_weights
+        """Give this processor the :class:`~vlbert.processing.detection.Detection` of its record (arguments and
+        errors: :meth:`Detection.for_source <vlbert.processing.detection.Detection.for_source>`). Returns self."""
+        self.detection = Detection.for_source(
+            self.region_source, detector, allow_other_detector, detector_weights, device
         )
         return self
-
-    @property
-    def extractor(self):
-        """The detector backend, built on first use (loading weights is the slow part).
-
-        Raises:
-            ValueError: no detector (imported features). FileNotFoundError: its weights are not on this machine.
-        """
-        if self._extractor is None:
-            if self.detector is None:
-                raise ValueError(
-                    f"the run's regions were imported from precomputed features "
-                    f"({(self.region_source or RegionSource()).extractor}), so no detector can be rebuilt from it: "
-                    "pass the images' Regions, or a detector with allow_other_detector=True"
-                )
-            weights = Path(self.detector.weights).expanduser()
-            if self.detector.weights not in ("", "DEFAULT") and not weights.is_file():
-                raise FileNotFoundError(
-                    f"the run's detector reads weights {self.detector.weights}, which are not on this machine: pass "
-                    f"where you keep {weights.name}: pipeline(run, detector_weights=PATH) (vlbert predict "
-                    "--detector-weights PATH)"
-                )
-            # the recorded sha256 checked (detector_weights were checked when given)
-            detector = self.detector if self._weights_checked else self.detector.identified()
-            self._extractor = detector.build(self.device)
-        return self._extractor
 
     def regions(
         self, images: Sequence[ImageInput], boxes: Sequence[np.ndarray | None] | None = None, batch_size: int = 16
@@ -370,7 +335,7 @@ class VLProcessor:
                 image; a :class:`Regions` without pixels for a model with a visual backbone.
         Returns:
             one :class:`Regions` per image; with an image preprocessing (a model with a visual backbone),
-            :class:`~vlbert.data.images.ImageRegions` carrying the image's pixels too.
+            :class:`~vlbert.processing.images.ImageRegions` carrying the image's pixels too.
         """
         out: list[Regions | None] = [None] * len(images)
         pending: dict = {}  # key -> (name, source, boxes or None, positions): a file asked about twice is read once
@@ -399,13 +364,8 @@ class VLProcessor:
                 # entries, and keyed by its name the second set of boxes would pool both.
                 ids = [f"{positions[0]}:{name}" for name, _, _, positions in group]
                 given = {i: b for i, (_, _, b, _) in zip(ids, group)} if with_boxes else None
-                extracted = extract_regions(
-                    self.extractor,
-                    [(i, source) for i, (_, source, _, _) in zip(ids, group)],
-                    batch_size,
-                    boxes=given,
-                    progress=False,
-                )
+                sources = [(i, source) for i, (_, source, _, _) in zip(ids, group)]
+                extracted = self.detection.extract(sources, given, batch_size)
                 for (name, _, _, positions), regions in zip(group, extracted):
                     for k in positions:
                         out[k] = dataclasses.replace(regions, image_id=name)
@@ -430,7 +390,8 @@ class VLProcessor:
         """
         source = self.region_source or RegionSource()
         expected = source.extractor
-        if expected and regions.detector and regions.detector != expected and not self.allow_other_detector:
+        allowed = self._detection is not None and self._detection.allow_other_detector
+        if expected and regions.detector and regions.detector != expected and not allowed:
             raise ValueError(
                 f"image {regions.image_id!r} has regions of {regions.detector}, but the run was trained "
                 f"on regions of {expected} (detector {source.fingerprint}); extract "
@@ -444,13 +405,34 @@ class VLProcessor:
             )
 
     # ------------------------------------------------------------------------------------------------ batches
+    def region_item(self, regions: Regions, image_id: str | None = None, image_reader=None) -> dict:
+        """One image's first ``max_regions`` regions as an item (:func:`vlbert.processing.regions.region_item`):
+        region_features float16 [R, D], region_boxes float32 [R, 4] normalised xyxy, class_probs where the shards
+        have them; with an ``image_reader`` (:class:`~vlbert.processing.images.ImageReader`, a model with a visual
+        backbone) also the ``pixels`` of ``image_id`` (:func:`~vlbert.processing.regions.with_pixels`). Every
+        dataset's items come from here: the one home of the region limit."""
+        return with_pixels(region_item(regions, self.max_regions), image_id, image_reader)
+
     def region_items(self, regions: Sequence[Regions]) -> list[dict]:
-        """Each image's first ``max_regions`` regions as dataset items (:func:`vlbert.data.regions.region_item`)."""
-        return [region_item(r, self.max_regions) for r in regions]
+        """:meth:`region_item` of each image."""
+        return [self.region_item(r) for r in regions]
+
+    def kept_regions(self, count: int) -> int:
+        """How many of an image's ``count`` regions an item keeps (``max_regions`` at most)."""
+        return min(count, self.max_regions)
 
     def text_ids(self, texts: Sequence[str]) -> list[list[int]]:
-        """Wordpiece ids of each text with [CLS]/[SEP], truncated to ``max_text_length`` (as the datasets do)."""
+        """Wordpiece ids of each text with [CLS]/[SEP], truncated to ``max_text_length``: the one home of the
+        truncation rule (the datasets, the evaluation and the pipelines all tokenise here)."""
+        if not texts:
+            return []
         return self.tokenizer(list(texts), truncation=True, max_length=self.max_text_length)["input_ids"]
+
+    def wrap_ids(self, token_ids: Sequence[int]) -> list[int]:
+        """Wordpiece ids already tokenised (no special tokens: a caption cache) under the same rule as
+        :meth:`text_ids`: [CLS], the first ``max_text_length`` - 2, [SEP]."""
+        tokenizer = self.tokenizer
+        return [tokenizer.cls_token_id, *token_ids[: self.max_text_length - 2], tokenizer.sep_token_id]
 
     def text_batch(self, texts: Sequence[str], device=None) -> dict[str, torch.Tensor]:
         """``texts`` tokenised (:meth:`text_ids`) and padded (:func:`pad_text`): input_ids, token_type_ids,
@@ -461,7 +443,7 @@ class VLProcessor:
     def region_batch(self, regions: Sequence[Regions], device=None) -> dict[str, torch.Tensor]:
         """Each image's first ``max_regions`` regions, padded (:func:`pad_regions`): region_features float16
         [B, R, D], region_boxes float32 [B, R, 4] normalised, region_mask int64 [B, R]; for regions with pixels
-        (:class:`~vlbert.data.images.ImageRegions`) images float32 [B, 3, H, W] and image_sizes int64 [B, 2] in
+        (:class:`~vlbert.processing.images.ImageRegions`) images float32 [B, 3, H, W] and image_sizes int64 [B, 2] in
         place of region_features; on ``device`` (None: the CPU)."""
         return _to(pad_regions(self.region_items(regions)), device)
 
@@ -470,7 +452,7 @@ class VLProcessor:
         return {**self.text_batch(texts, device), **self.region_batch(regions, device)}
 
     def collator(self, target_keys: Sequence[str] = (), images_per_text: int = 1) -> GroundedCollator:
-        """The training collator of this processor's items (:class:`~vlbert.data.grounded_text.GroundedCollator`),
+        """The training collator of this processor's items (:class:`~vlbert.processing.collator.GroundedCollator`),
         told the task's ``target_keys``: what :meth:`__call__` pads with, so that a batch is the same in training
         and inference, the unpadded layout included."""
         return GroundedCollator(self.tokenizer, target_keys, images_per_text)
@@ -495,7 +477,7 @@ class VLProcessor:
             text only: input_ids, token_type_ids, attention_mask int64 [B, T]; with images or regions also
             region_features float16 [B, R, D] (or images / image_sizes for a visual backbone), region_boxes
             float32 [B, R, 4], region_mask int64 [B, R] and the unpadded layout of [text ; regions]
-            (:class:`~vlbert.data.grounded_text.GroundedCollator`'s).
+            (:class:`~vlbert.processing.collator.GroundedCollator`'s).
         Raises:
             ValueError: nothing given, both ``images`` and ``regions``, different numbers of texts and images,
                 images for a text-only processor; errors of :meth:`regions`.

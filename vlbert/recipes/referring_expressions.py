@@ -127,7 +127,7 @@ class ReferringData(RegionTaskData):
             )
         reachable = 0
         for example in self.eval.examples:
-            n = min(region_count(self.regions, example.image_id), self.eval.max_regions)
+            n = self.processor.kept_regions(region_count(self.regions, example.image_id))
             reachable += bool((box_iou(np.array([example.box]), self.regions[example.image_id].boxes[:n]) >= 0.5).any())
         return rows, {
             "accuracy": sum(r["hit"] for r in rows) / len(self.eval),

@@ -19,11 +19,17 @@ from vlbert import checkpoint as ckpt
 from vlbert.common.typed_config import Range
 from vlbert.data.easy_vqa import easy_vqa_shards, image_paths
 from vlbert.data.grounded_text import GroundedTextDataset
-from vlbert.data.images import ImagePreprocessing, ImageReader, backbone_preprocessing, image_files, image_preprocessing
 from vlbert.detectors.store import MergedRegions, RegionStore
 from vlbert.evaluation.classification import kept_labels
 from vlbert.models.visual_backbone import RegionFeatureExtractor
 from vlbert.processing import RegionSource, VLProcessor
+from vlbert.processing.images import (
+    ImagePreprocessing,
+    ImageReader,
+    backbone_preprocessing,
+    image_files,
+    image_preprocessing,
+)
 from vlbert.recipes.runner import TaskData, write_output_file
 from vlbert.run_files import read_run_file
 
@@ -52,7 +58,7 @@ class RegionTaskDataConfig:
 
     Images, read only when the model has a ``visual_backbone`` (:func:`task_images`): image_dir (the directory of
     the images whose regions the shards hold, each ``<image id>`` or ``<image id>.jpg/.png``; easy-VQA: the
-    package's own images), image_preprocessing (a name in :data:`vlbert.data.images.PREPROCESSING`; "" = the
+    package's own images), image_preprocessing (a name in :data:`vlbert.processing.images.PREPROCESSING`; "" = the
     backbone kind's: "vl-bert" for caffe-resnet, else "imagenet"), image_short_side / image_max_side (0 = the
     entry's; -1 = not resized / no limit).
     """
@@ -181,7 +187,7 @@ def task_images(data, backbone: dict, image_ids, trained=None) -> ImageReader:
     ``image_ids`` (easy-VQA without ``data.image_dir``: the package's images; else :func:`image_files` under
     ``data.image_dir``), preprocessed by ``data.image_preprocessing`` (default: ``trained``, the preprocessing
     ``init_from`` recorded (:func:`trained_preprocessing`; an :class:`ImagePreprocessing` or its record), else the backbone kind's,
-    :func:`~vlbert.data.images.backbone_preprocessing`) with ``data.image_short_side`` / ``image_max_side``.
+    :func:`~vlbert.processing.images.backbone_preprocessing`) with ``data.image_short_side`` / ``image_max_side``.
 
     Raises:
         ValueError: no ``data.image_dir`` for a dataset other than easy-VQA, or easy-VQA images the package lacks
@@ -253,7 +259,7 @@ class RegionTaskData(TaskData):
     :class:`~vlbert.processing.VLProcessor` (:func:`region_task_processor` of the regions' source,
     :meth:`region_source`), the training and evaluation datasets (:meth:`dataset`, with the processor's tokenizer
     and limits), the processor's collator (:meth:`~vlbert.processing.VLProcessor.collator`, a
-    :class:`~vlbert.data.grounded_text.GroundedCollator` told the task's :attr:`target_keys`: the batches
+    :class:`~vlbert.processing.collator.GroundedCollator` told the task's :attr:`target_keys`: the batches
     ``processor(...)`` makes at inference), and the region feature size.
 
     A task sets :attr:`datasets`, :attr:`dataset_class` (a :class:`~vlbert.data.grounded_text.GroundedTextDataset`)
@@ -262,7 +268,7 @@ class RegionTaskData(TaskData):
 
     Attributes (after ``__init__``): ``train``, ``eval``, ``regions`` (image id -> Regions), ``processor``,
     ``tokenizer`` (the processor's), ``collator``, ``feature_dim`` (the backbone's for a model with a
-    ``visual_backbone``), ``images`` (None, or for such a model the :class:`~vlbert.data.images.ImageReader` whose
+    ``visual_backbone``), ``images`` (None, or for such a model the :class:`~vlbert.processing.images.ImageReader` whose
     pixels every item carries: :func:`attach_images`), ``extra`` (what the dataset builder returned after the train
     and eval examples).
     Raises:
@@ -302,10 +308,8 @@ class RegionTaskData(TaskData):
         return task_region_source(ctx, self.regions)
 
     def dataset(self, examples: list, training: bool):
-        """:attr:`dataset_class` over ``examples`` with the run's regions and the processor's tokenizer and limits."""
-        return self.dataset_class(
-            examples, self.regions, self.tokenizer, self.processor.max_text_length, self.processor.max_regions
-        )
+        """:attr:`dataset_class` over ``examples`` with the run's regions and processor."""
+        return self.dataset_class(examples, self.regions, self.processor)
 
     def predict(self, model) -> tuple[list[dict], dict[str, float]]:
         """(one row per evaluation example: its benchmark id and the prediction, the task's metrics): every task's

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlbert.data.retrieval import RetrievalCollator, RetrievalPairs, easy_vqa_captioned, load_karpathy_split
+from vlbert.data.retrieval import RetrievalPairs, easy_vqa_captioned, load_karpathy_split
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
+from vlbert.processing.collator import RetrievalCollator
 from vlbert.recipes.regions import (
     Count,
     DatasetBuilder,
@@ -61,7 +62,7 @@ DATASETS = {
 
 class RetrievalData(TaskData):
     """Training pairs and evaluation images (evaluated by Recall@K at the end, not by held-out batches). For a model
-    with a ``visual_backbone``, ``images`` is the :class:`~vlbert.data.images.ImageReader` of the training and
+    with a ``visual_backbone``, ``images`` is the :class:`~vlbert.processing.images.ImageReader` of the training and
     evaluation images (:func:`attach_images`: the pairs carry their pixels, the evaluation reads them) and
     ``feature_dim`` the backbone's; else ``images`` is None. ``processor``: the run's
     (:func:`~vlbert.recipes.regions.region_task_processor`), whose tokenizer and limits the pairs and the
@@ -80,9 +81,7 @@ class RetrievalData(TaskData):
         self.eval_images = eval_images[: data.max_eval_images] if data.max_eval_images else eval_images
         self.regions = task_regions(ctx)
         self.processor = processor = region_task_processor(ctx, task_region_source(ctx, self.regions))
-        self.train = RetrievalPairs(
-            self.train_images, self.regions, processor.tokenizer, processor.max_text_length, processor.max_regions
-        )
+        self.train = RetrievalPairs(self.train_images, self.regions, processor)
         self.collator = RetrievalCollator(processor.tokenizer)
         eval_ids = [im.image_id for im in self.eval_images]
         self.images = attach_images(
@@ -100,10 +99,8 @@ def evaluate(ctx: RunContext, data: RetrievalData, model) -> dict:
         model,
         data.eval_images,
         data.regions,
-        data.processor.tokenizer,
+        data.processor,
         shortlist=ctx.data.shortlist,
-        max_regions=data.processor.max_regions,
-        max_text_length=data.processor.max_text_length,
         image_reader=data.images,
     )
 

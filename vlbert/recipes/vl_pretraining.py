@@ -25,13 +25,13 @@ from vlbert.data import captions as caption_files
 from vlbert.data.corpus import train_eval_split
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES, color_and_shape, first_images, load_questions
 from vlbert.data.pretraining import MaskingCollator
-from vlbert.data.regions import pad_regions
 from vlbert.data.vl_pretraining import Caption, VLCollator, VLPretrainingDataset, caption_content
 from vlbert.detectors.store import NamespacedRegions, RegionStore
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives import OBJECTIVES, ObjectiveMix, units_for
 from vlbert.objectives.image_text_matching import NEGATIVES
 from vlbert.processing import RegionSource
+from vlbert.processing.regions import pad_regions
 from vlbert.recipes.regions import (
     Count,
     ImageSide,
@@ -275,11 +275,10 @@ class VLPretrainingData(TaskData):
         self.eval_pairs = [p for p in pairs if p.image_id in held]
         self.text = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability, unpadded=True)
         self.collator = VLCollator(self.text, data.region_mask_probability, self.objectives, data.itm_negatives)
-        limits = self.processor.max_text_length, self.processor.max_regions
-        self.train = VLPretrainingDataset(train_pairs, self.regions, tokenizer, *limits, self.seed, self.qa_answers)
+        self.train = VLPretrainingDataset(train_pairs, self.regions, self.processor, self.seed, self.qa_answers)
         if len(self.eval_pairs) >= 2:
             self.eval = VLPretrainingDataset(
-                self.eval_pairs, self.regions, tokenizer, *limits, self.seed + 1, self.qa_answers
+                self.eval_pairs, self.regions, self.processor, self.seed + 1, self.qa_answers
             )
         self.images = attach_images(
             ctx, (self.train, self.eval), lambda d: [c.image_id for c in d.captions], self.processor

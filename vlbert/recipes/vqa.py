@@ -127,15 +127,7 @@ class VQAData(RegionTaskData):
         """Training: questions without an answer in the vocabulary are dropped (vqa-v2, gqa) or refused (easy-VQA,
         whose vocabulary is every answer); evaluation: every question is kept (``VQADataset(unknown="keep")``)."""
         unknown = "keep" if not training else "drop" if self.extra[1] else "error"
-        return VQADataset(
-            examples,
-            self.regions,
-            self.tokenizer,
-            self.answer_vocab,
-            self.processor.max_text_length,
-            self.processor.max_regions,
-            unknown=unknown,
-        )
+        return VQADataset(examples, self.regions, self.processor, self.answer_vocab, unknown=unknown)
 
     def predict(self, model) -> tuple[list[dict], dict[str, float]]:
         """(the top answer for every evaluation question, with its accuracy when answers are known; the metrics).

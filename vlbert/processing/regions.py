@@ -15,8 +15,8 @@ import logging
 import numpy as np
 import torch
 
-from vlbert.data.images import ImageReader, pad_images
 from vlbert.detectors.regions import Regions
+from vlbert.processing.images import ImageReader, pad_images
 
 logger = logging.getLogger(__name__)
 #: the ``max_regions`` values whose cut was already reported in this process (one line each, not one per image).
@@ -33,7 +33,7 @@ def region_item(regions: Regions, max_regions: int) -> dict:
     Returns:
         dict with ``region_features`` float16 [R, D], ``region_boxes`` float32 [R, 4] normalised xyxy and
         ``class_probs`` float16 [R, C] or None, ``attribute_probs`` float16 [R, A] or None (BUTD's attribute
-        head), and for :class:`~vlbert.data.images.ImageRegions` their ``pixels``; R = min(num_regions,
+        head), and for :class:`~vlbert.processing.images.ImageRegions` their ``pixels``; R = min(num_regions,
         max_regions). The first image cut for a
         ``max_regions`` value is reported with one warning line per process (the cut is never silent).
     Raises:
@@ -74,7 +74,7 @@ def pad_regions(items: list[dict], feature_dtype: torch.dtype = torch.float16) -
         region_mask int64 [B, R] (1 = real region), R = the largest R_i. Items that carry their image's
         ``pixels`` (float [3, h, w], for a model with a visual backbone: :func:`with_pixels`) give ``images``
         float32 [B, 3, H, W] and ``image_sizes`` int64 [B, 2] (height, width) in place of ``region_features``
-        (:func:`vlbert.data.images.pad_images`); the boxes stay the shards'.
+        (:func:`vlbert.processing.images.pad_images`); the boxes stay the shards'.
     Raises:
         ValueError: an empty list, or items whose feature sizes differ.
     """

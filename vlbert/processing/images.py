@@ -226,7 +226,7 @@ class ImageReader:
 class ImageRegions(Regions):
     """An image's :class:`~vlbert.detectors.regions.Regions` with its preprocessed ``pixels`` (float32 [3, h, w]): what a
     pipeline over a model with a visual backbone builds per image, so the boxes (the run's detector's) and the pixels
-    (the run's preprocessing) travel together into :func:`vlbert.data.regions.region_item`."""
+    (the run's preprocessing) travel together into :func:`vlbert.processing.regions.region_item`."""
 
     pixels: torch.Tensor | None = None
 
