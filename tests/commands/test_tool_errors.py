@@ -272,7 +272,8 @@ def test_init_from_a_checkpoint_with_the_default_config(tmp_path, caplog):
     """``--init-from minilm`` with the default text config: the checkpoint's architecture (L6 H384) wins over the
     config's model section (L4 H256), reported in one warning line; the other entries still apply."""
     from vlbert.models.bert import BertForPreTraining
-    from vlbert.recipes.runner import RunContext, load_model
+    from vlbert.recipes.init_from import load_model
+    from vlbert.recipes.runner import RunContext
     from vlbert.tokenization import resolve_model_path
     from vlbert.training.run_config import load_run_config
 

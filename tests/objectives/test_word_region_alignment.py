@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import vlbert
 from vlbert.layers.optimal_transport import cosine_cost, ipot, ipot_loop, wasserstein_distance
 from vlbert.models.inputs import VLInputs
+from vlbert.processing import VLProcessor
 
 
 def problems(count=12, seed=0):
@@ -260,7 +261,9 @@ def test_alignment_share_counts_the_mass_on_the_named_objects_regions(monkeypatc
     aligned = np.full((n_tokens, 5), 0.2)
     aligned[:, [0, 2]], aligned[:, 1] = 0.45, 0.0  # every word: all its object + background mass on the object
     monkeypatch.setattr(measure, "word_region_transport", lambda model, ids, padded: (aligned, 0.0))
-    result = measure.alignment_share(None, tokenizer, [(caption, regions, box, ("red", "rectangle", "purple"))], 5)
+    result = measure.alignment_share(
+        None, VLProcessor(tokenizer, max_regions=5), [(caption, regions, box, ("red", "rectangle", "purple"))]
+    )
     assert result == {
         "words": 2,
         "share": 1.0,
@@ -270,13 +273,15 @@ def test_alignment_share_counts_the_mass_on_the_named_objects_regions(monkeypatc
     }  # "purple": absent
     blind = np.full((n_tokens, 5), 0.2)
     monkeypatch.setattr(measure, "word_region_transport", lambda model, ids, padded: (blind, 0.0))
-    result = measure.alignment_share(None, tokenizer, [(caption, regions, box, ("red",))], 5)
+    result = measure.alignment_share(None, VLProcessor(tokenizer, max_regions=5), [(caption, regions, box, ("red",))])
     assert result["share"] == pytest.approx(result["uniform"]) == pytest.approx(2 / 3)
     # one word aligned, the other blind: each word's share apart, their mean as the share
     mixed = blind.copy()
     mixed[2, [0, 2]], mixed[2, 1] = 0.45, 0.0  # "red" (row 2 after [CLS] a) on the object
     monkeypatch.setattr(measure, "word_region_transport", lambda model, ids, padded: (mixed, 0.0))
-    result = measure.alignment_share(None, tokenizer, [(caption, regions, box, ("red", "rectangle"))], 5)
+    result = measure.alignment_share(
+        None, VLProcessor(tokenizer, max_regions=5), [(caption, regions, box, ("red", "rectangle"))]
+    )
     assert result["by_word"] == [1.0, pytest.approx(2 / 3)] and result["share"] == pytest.approx(5 / 6)
 
 

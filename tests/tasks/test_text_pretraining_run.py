@@ -278,7 +278,7 @@ def test_overwrite_leaves_nothing_of_the_old_run(tmp_path, monkeypatch):
     """--overwrite used to keep the old final model, config, tokenizer, inference.json and predictions beside the
     new log: an interrupted overwrite then looked finished. Now the directory is emptied, finished-run markers
     first."""
-    from vlbert.recipes.runner import prepare_output_dir
+    from vlbert.training.run_directory import prepare_output_dir
 
     out = tmp_path / "run"
     out.mkdir()

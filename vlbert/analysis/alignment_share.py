@@ -19,7 +19,8 @@ from torchvision.ops import box_iou
 
 from vlbert.analysis.attention_maps import word_region_transport
 from vlbert.detectors.regions import Regions
-from vlbert.processing.regions import pad_regions, region_item
+from vlbert.processing import VLProcessor
+from vlbert.processing.regions import pad_regions
 
 
 def object_box(image: np.ndarray, threshold: int = 60, min_pixels: int = 20) -> np.ndarray | None:
@@ -46,17 +47,16 @@ def region_roles(regions: Regions, box: np.ndarray, max_regions: int) -> tuple[n
 
 
 def alignment_share(
-    model, tokenizer, examples: Iterable[tuple[str, Regions, np.ndarray, tuple[str, ...]]], max_regions: int = 36
+    model, processor: VLProcessor, examples: Iterable[tuple[str, Regions, np.ndarray, tuple[str, ...]]]
 ) -> dict[str, float]:
     """The mean share of each named word's transported mass on its object's regions.
 
     Args:
         model: a :class:`vlbert.VLBertForPreTraining` (eval mode).
-        tokenizer: its tokenizer.
+        processor: its :class:`~vlbert.processing.VLProcessor` (its tokenizer; the regions it keeps per image).
         examples: (caption, the image's regions, the object's pixel box, the caption's words that name the object;
             a word of several wordpieces counts with the mean of their rows); a word not in the caption, or an image
             without object or background regions, is skipped.
-        max_regions: regions read per image (the run's).
     Returns:
         ``{"words": n, "share": the mean share on the object's regions, "uniform": the mean share of a plan blind
         to content, "images": images used, "by_word": [the mean share of the examples' first named word, of their
@@ -64,12 +64,13 @@ def alignment_share(
     """
     shares, uniform, images, by_word = [], [], 0, {}
     for caption, regions, box, words in examples:
-        on_object, background = region_roles(regions, box, max_regions)
+        tokenizer = processor.tokenizer
+        on_object, background = region_roles(regions, box, processor.max_regions)
         if not on_object.any() or not background.any():
             continue
         enc = tokenizer(caption, return_tensors="pt")
         tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0])
-        plan, _ = word_region_transport(model, enc["input_ids"], pad_regions([region_item(regions, max_regions)]))
+        plan, _ = word_region_transport(model, enc["input_ids"], pad_regions([processor.region_item(regions)]))
         images += 1
         for k, word in enumerate(words):
             by_word.setdefault(k, [])

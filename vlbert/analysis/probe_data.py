@@ -9,10 +9,10 @@ import torch
 import vlbert
 from vlbert.data.easy_vqa import COLORS, answers, easy_vqa_shards, load_questions
 from vlbert.data.finetuning import bbc_news_split
-from vlbert.detectors.config import DetectorConfig
 from vlbert.detectors.shards import load_regions
+from vlbert.processing import VLProcessor
 from vlbert.processing.padding import pad_text
-from vlbert.processing.regions import pad_regions, region_item
+from vlbert.processing.regions import pad_regions
 from vlbert.tokenization import load_tokenizer, resolve_model_path
 
 
@@ -65,18 +65,17 @@ def easy_vqa(
     model_path: str,
     cache_dir: str,
     colour_only: bool,
-    detector: DetectorConfig,
-    max_regions: int = 16,
+    processor: VLProcessor,
     max_train: int = 3000,
     max_eval: int = 1000,
     batch_size: int = 64,
 ):
-    """Features of easy-VQA questions (train / test) with their image's first ``max_regions`` regions, extracted
-    with ``detector`` (the model's own: vlbert explain reads it from the run's saved processor), labels = the
+    """Features of easy-VQA questions (train / test) with their image's regions as the model's ``processor``
+    keeps them, extracted with its detector (vlbert explain reads it from the run's saved processor), labels = the
     answer (colour questions only with ``colour_only``)."""
     path = resolve_model_path(model_path)
     model, tok = vlbert.VLBertModel.from_pretrained(path), load_tokenizer(path)
-    regions = load_regions(easy_vqa_shards(detector, cache_dir))
+    regions = load_regions(easy_vqa_shards(processor.detector, cache_dir))
     names = list(COLORS) if colour_only else answers()
     out = []
     for split, limit in (("train", max_train), ("test", max_eval)):
@@ -86,9 +85,9 @@ def easy_vqa(
             for s in range(0, len(questions), batch_size):
                 chunk = questions[s : s + batch_size]
                 batch = pad_text(
-                    [{"input_ids": ids} for ids in tok([q.question for q in chunk])["input_ids"]], tok.pad_token_id
+                    [{"input_ids": ids} for ids in processor.text_ids([q.question for q in chunk])], tok.pad_token_id
                 )
-                batch.update(pad_regions([region_item(regions[q.image_id], max_regions) for q in chunk]))
+                batch.update(pad_regions([processor.region_item(regions[q.image_id]) for q in chunk]))
                 yield {**batch, "pool": "cls"}
 
         out += [layer_features(model, batches()), torch.tensor([names.index(q.answer) for q in questions])]
@@ -100,21 +99,20 @@ def probe_features(
     task: str,
     model_path: str,
     cache_dir: str = "~/.cache/vlbert/regions",
-    detector: DetectorConfig | None = None,
-    max_regions: int = 16,
+    processor: VLProcessor | None = None,
 ):
     """(train_x, train_y, eval_x, eval_y, title) for ``task`` in "bbc-news", "easy-vqa-color", "easy-vqa-answer";
-    the easy-VQA tasks read regions made by ``detector`` (the model's own), ``max_regions`` per image.
+    the easy-VQA tasks read regions made by the model's ``processor``'s detector, as many per image as it keeps.
 
     Raises:
-        ValueError: an unknown task; an easy-VQA task without a detector.
+        ValueError: an unknown task; an easy-VQA task without a processor that names a detector.
     """
     if task == "bbc-news":
         return bbc_news(model_path)
     if task in ("easy-vqa-color", "easy-vqa-answer"):
-        if detector is None:
-            raise ValueError(f"probe task {task} reads regions: pass the detector the model was trained with")
-        return easy_vqa(model_path, cache_dir, task == "easy-vqa-color", detector, max_regions)
+        if processor is None or processor.detector is None:
+            raise ValueError(f"probe task {task} reads regions: pass the processor of the model, with its detector")
+        return easy_vqa(model_path, cache_dir, task == "easy-vqa-color", processor)
     raise ValueError(f"unknown probe task {task!r}; use bbc-news, easy-vqa-color or easy-vqa-answer")
 
 

@@ -41,9 +41,9 @@ from vlbert.data.easy_vqa import color_and_shape, easy_vqa_shards, image_paths
 from vlbert.detectors.config import DetectorConfig
 from vlbert.detectors.images import load_image, read_pil_image
 from vlbert.detectors.shards import load_regions
-from vlbert.processing import VLProcessor
+from vlbert.processing import Detection, VLProcessor
 from vlbert.processing.images import ImagePreprocessing, with_image
-from vlbert.processing.regions import pad_regions, region_item
+from vlbert.processing.regions import pad_regions
 from vlbert.tokenization import load_tokenizer, resolve_model_path
 from vlbert.training.run_config import load_run_config
 
@@ -70,18 +70,21 @@ def easy_vqa_detector():
     return DetectorConfig.from_section(load_run_config(EASY_VQA_DETECTOR_CONFIG)["detector"])
 
 
-def run_detector(model_path: str):
-    """(detector configuration, maximum regions) the run at ``model_path`` was trained with: its saved
-    processor's (:class:`~vlbert.processing.VLProcessor`), or the VL default run's settings for a checkpoint
-    without one.
+def run_processor(model_path: str) -> VLProcessor:
+    """The processor the run at ``model_path`` was trained with (:class:`~vlbert.processing.VLProcessor`: its
+    detector, the regions it keeps per image, its tokenizer), or for a checkpoint without one the VL default run's
+    settings (the easy-VQA detector, its regions per image).
 
     Raises:
         ValueError: a text-only run, or one whose regions were imported (no detector to rebuild): explain cannot
             extract images for it.
     """
-    processor = VLProcessor.saved(resolve_model_path(model_path))
+    path = resolve_model_path(model_path)
+    processor = VLProcessor.saved(path)
     if processor is None:
-        return easy_vqa_detector(), EASY_VQA_MAX_REGIONS
+        return VLProcessor(
+            name_or_path=path, max_regions=EASY_VQA_MAX_REGIONS, detection=Detection(easy_vqa_detector())
+        )
     if not processor.uses_regions:
         raise ValueError(
             f"{model_path} is a {processor.task} run without regions; this command reads an image's "
@@ -92,7 +95,7 @@ def run_detector(model_path: str):
             f"{model_path} was trained on imported regions ({processor.region_source.extractor})"
             ": no detector can be rebuilt to read easy-VQA images for it"
         )
-    return processor.detector, processor.max_regions
+    return processor
 
 
 def run_preprocessing(model_path: str) -> ImagePreprocessing | None:
@@ -122,7 +125,7 @@ def easy_vqa_regions(split: str, cache_dir: str, detector=None, image_ids: list[
 
 
 def image_regions(args):
-    """(regions, maximum regions) of ``--easy-vqa-image`` read with the ``--model`` run's detector; for a run whose
+    """(regions, the run's processor) of ``--easy-vqa-image`` read with the ``--model`` run's detector; for a run whose
     model has a visual backbone, :class:`~vlbert.processing.images.ImageRegions` with the image's pixels as the run
     preprocesses them.
 
@@ -132,7 +135,7 @@ def image_regions(args):
     if not args.easy_vqa_image or "/" not in args.easy_vqa_image:
         raise ValueError(f"{args.what} needs --easy-vqa-image SPLIT/N, e.g. test/3")
 
-    detector, max_regions = run_detector(args.model)
+    processor = run_processor(args.model)
     split = args.easy_vqa_image.split("/")[0]
     known = image_paths(split) if split in ("train", "test") else {}
     if args.easy_vqa_image not in known:
@@ -140,11 +143,11 @@ def image_regions(args):
             f"--easy-vqa-image {args.easy_vqa_image}: no such easy-VQA image (ids are train/N or test/N, "
             f"N < {len(known) or 'the split size'})"
         )
-    found = easy_vqa_regions(split, args.cache_dir, detector, [args.easy_vqa_image])[args.easy_vqa_image]
+    found = easy_vqa_regions(split, args.cache_dir, processor.detector, [args.easy_vqa_image])[args.easy_vqa_image]
     preprocessing = run_preprocessing(args.model)  # a visual backbone: the boxes, and the pixels under them
     if preprocessing is not None:
         found = with_image(found, preprocessing.read(known[args.easy_vqa_image]))
-    return found, max_regions
+    return found, processor
 
 
 def require_text(args) -> str:
@@ -157,7 +160,11 @@ def fill_mask_command(args, out: Path) -> None:
     """fill-mask: the top fillers of each [MASK] in --text (with an image's regions when given)."""
     text = require_text(args)
     model, tok = load(args.model, vl=bool(args.easy_vqa_image))
-    regions = region_item(*image_regions(args)) if args.easy_vqa_image else None
+    if args.easy_vqa_image:
+        found, processor = image_regions(args)
+        regions = processor.region_item(found)
+    else:
+        regions = None
     for k, fillers in enumerate(fill_mask(model, tok, text, args.top_k, regions)):
         print(f"[MASK] {k}: " + ", ".join(f"{f['token_str']} {f['score']:.3f}" for f in fillers))
 
@@ -186,7 +193,7 @@ def regions_command(args, out: Path) -> None:
     import torch
 
     text = require_text(args)
-    r, max_regions = image_regions(args)
+    r, processor = image_regions(args)
     split = args.easy_vqa_image.split("/")[0]
     model, tok = load(args.model, vl=True)
     enc = tok(text, return_tensors="pt")
@@ -197,7 +204,7 @@ def regions_command(args, out: Path) -> None:
             f"{[t for t in tokens if t not in (tok.cls_token, tok.sep_token)]}"
         )
     word = tokens.index(args.word)
-    padded = pad_regions([region_item(r, max_regions)])
+    padded = pad_regions([processor.region_item(r)])
     if args.what == "alignment":  # the optimal transport plan of word-region alignment, row-normalised
         matrix, distance = word_region_transport(model, enc["input_ids"], padded)
         title = f"{args.text!r}, word-region transport plan (distance {distance:.3f})"
@@ -235,11 +242,11 @@ def alignment_share_command(args, out: Path) -> None:
     """alignment-share: over --images easy-VQA images, the share of the colour and shape words' transported mass
     (WRA's plan) on the shape's regions, against a plan blind to content (vlbert.analysis.alignment_share)."""
     refuse_visual_backbone(args)
-    detector, max_regions = run_detector(args.model)
-    model, tok = load(args.model, vl=True)
+    processor = run_processor(args.model)
+    model, _ = load(args.model, vl=True)
     truth = color_and_shape(args.easy_vqa_split)
     ids = list(truth)[: args.images]
-    regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir, detector, ids)
+    regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir, processor.detector, ids)
     paths = image_paths(args.easy_vqa_split)
 
     def examples():
@@ -249,7 +256,7 @@ def alignment_share_command(args, out: Path) -> None:
                 color, shape = truth[i]
                 yield f"a {color} {shape}", regions[i], box, (color, shape)
 
-    result = alignment_share(model, tok, examples(), max_regions)
+    result = alignment_share(model, processor, examples())
     colour, shape = result.pop("by_word", None) or (None, None)
     print(json.dumps({**result, "colour": colour, "shape": shape}))
 
@@ -257,9 +264,9 @@ def alignment_share_command(args, out: Path) -> None:
 def generate_command(args, out: Path) -> None:
     """generate: captions from regions (mask-predict and Gibbs), with and without the regions."""
     refuse_visual_backbone(args)
-    detector, max_regions = run_detector(args.model)
+    processor = run_processor(args.model)
     model, tok = load(args.model, vl=True)
-    regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir, detector)
+    regions = easy_vqa_regions(args.easy_vqa_split, args.cache_dir, processor.detector)
     truth = color_and_shape(args.easy_vqa_split)
     ids = [i for i in truth if i in regions][: args.images]
     report = {}
@@ -267,7 +274,7 @@ def generate_command(args, out: Path) -> None:
         for masked in (False, True):
             texts = []
             for start in range(0, len(ids), 64):
-                chunk = [region_item(regions[i], max_regions) for i in ids[start : start + 64]]
+                chunk = [processor.region_item(regions[i]) for i in ids[start : start + 64]]
                 if method == "mask_predict":
                     texts += mask_predict(model, tok, args.length, args.iterations, chunk, mask_regions=masked)
                 else:
@@ -287,10 +294,8 @@ def probe_command(args, out: Path) -> None:
     """probe: per-layer linear probes of a task's labels."""
     if args.task.startswith("easy-vqa"):
         refuse_visual_backbone(args)
-    detector, max_regions = run_detector(args.model) if args.task.startswith("easy-vqa") else (None, 16)
-    train_x, train_y, eval_x, eval_y, title = probe_features(
-        args.task, args.model, args.cache_dir, detector, max_regions
-    )
+    processor = run_processor(args.model) if args.task.startswith("easy-vqa") else None
+    train_x, train_y, eval_x, eval_y, title = probe_features(args.task, args.model, args.cache_dir, processor)
     result = probe_layers(train_x, train_y, eval_x, eval_y)
     path = out / f"probe-{args.task}.png"
     plot_probe(result, title, path)

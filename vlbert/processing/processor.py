@@ -152,25 +152,6 @@ class VLProcessor:
             out["image_preprocessing"] = self.image_preprocessing.record()
         return {**out, **self.extra}
 
-    def update(self, fields: dict[str, Any]) -> "VLProcessor":
-        """Set the record ``fields`` on this processor, read as :meth:`from_record` reads them (``labels``, ``task``,
-        a ``detector`` entry replaces the region source, an unknown key goes to ``extra``); the fields not named
-        are kept. What the runner does with a recipe's ``processor_fields`` on the processor its training data
-        built (:class:`~vlbert.recipes.regions.RegionTaskData`), so that the run saves the object it trained
-        with. Returns self.
-
-        Raises:
-            ValueError: a bad ``image_preprocessing`` entry (from :meth:`from_record`).
-        """
-        merged = type(self).from_record({**self.to_dict(), **fields}, self._tokenizer, self.name_or_path)
-        for name in ("task", "pipeline", "labels", "max_text_length", "max_regions", "extra"):
-            setattr(self, name, getattr(merged, name))
-        if merged.region_source != self.region_source:
-            self.region_source = merged.region_source
-        if merged.image_preprocessing != self.image_preprocessing:
-            self.image_preprocessing = merged.image_preprocessing
-        return self
-
     @property
     def info(self) -> dict[str, Any]:
         """:meth:`to_dict` (the record's fields by name: ``info["boxes"]``, ``info.get("shortlist")``)."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from vlbert.data.nlvr2 import ImagePairDataset, easy_vqa_image_pairs, load_nlvr2
 from vlbert.evaluation.nlvr2 import nlvr2_scores
 from vlbert.models.vl_classification import VLBertForImagePairClassification
+from vlbert.recipes.init_from import load_model
 from vlbert.recipes.regions import (
     Count,
     DatasetBuilder,
@@ -22,7 +23,7 @@ from vlbert.recipes.regions import (
     evaluate,
     majority_baseline,
 )
-from vlbert.recipes.runner import Recipe, RunContext, load_model
+from vlbert.recipes.runner import Recipe, RunContext
 
 
 @dataclass

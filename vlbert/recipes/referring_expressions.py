@@ -20,6 +20,7 @@ from vlbert.detectors.cache import cached_shards
 from vlbert.detectors.store import RegionStore, region_count
 from vlbert.models.referring import VLBertForReferringExpressions
 from vlbert.processing import RegionSource
+from vlbert.recipes.init_from import load_model
 from vlbert.recipes.regions import (
     DatasetBuilder,
     Positive,
@@ -29,7 +30,7 @@ from vlbert.recipes.regions import (
     evaluate,
     task_regions,
 )
-from vlbert.recipes.runner import Recipe, RunContext, load_model
+from vlbert.recipes.runner import Recipe, RunContext
 
 
 @dataclass

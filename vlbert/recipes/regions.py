@@ -13,25 +13,18 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, ClassVar
 
-import torch
-
-from vlbert import checkpoint as ckpt
 from vlbert.common.typed_config import Range
 from vlbert.data.easy_vqa import easy_vqa_shards, image_paths
 from vlbert.data.grounded_text import GroundedTextDataset
 from vlbert.detectors.store import MergedRegions, RegionStore
 from vlbert.evaluation.classification import kept_labels
-from vlbert.models.visual_backbone import RegionFeatureExtractor
 from vlbert.processing import RegionSource, VLProcessor
 from vlbert.processing.images import (
-    ImagePreprocessing,
     ImageReader,
-    backbone_preprocessing,
     image_files,
-    image_preprocessing,
 )
+from vlbert.recipes.run_processor import build_run_processor, run_visual_backbone, task_preprocessing
 from vlbert.recipes.runner import TaskData, write_output_file
-from vlbert.run_files import read_run_file
 
 #: The field types the region tasks' data configs share (the typed reading: :mod:`vlbert.common.typed_config`).
 #: wordpieces per text, [CLS] and [SEP] included
@@ -149,60 +142,18 @@ def task_regions(ctx, image_ids: list[str] | None = None) -> RegionStore:
     return region_store(data.shards, data.dataset, data.cache_dir, ctx.detector, image_ids)
 
 
-def region_task_processor(ctx, source: RegionSource) -> VLProcessor:
-    """The run's processor, built once its regions are known (:class:`RegionTaskData`, the retrieval and VL
-    pretraining data): the run's tokenizer, ``data.max_text_length`` and ``data.max_regions`` (a vision-language
-    ``init_from``'s where the config sets none: :func:`~vlbert.recipes.runner.checkpoint_limits_decide`) and the
-    regions' ``source``. The task's datasets, collator and evaluation take their tokenizer and limits from it;
-    :func:`attach_images` tells it the images' preprocessing; the runner adds the task's own record fields
-    (:attr:`~vlbert.recipes.runner.Recipe.processor_fields`) and saves it as processor.json."""
-    return VLProcessor(
-        ctx.tokenizer,
-        max_text_length=ctx.data.max_text_length,
-        max_regions=ctx.data.max_regions,
-        region_source=source,
-    )
-
-
-def run_visual_backbone(ctx) -> dict | None:
-    """The ``visual_backbone`` section of the model this run trains: ``init_from``'s own where its config.json has
-    the field (a checkpoint decides its architecture), else the run's ``model`` section's (None: no backbone)."""
-    if ctx.init_from:
-        config = ckpt.resolve_checkpoint_dir(ctx.init_from) / ckpt.CONFIG_NAME
-        saved = read_run_file(config) if config.is_file() else {}
-        if "visual_backbone" in saved:
-            return saved["visual_backbone"]
-    return ctx.model_section.get("visual_backbone")
-
-
-def trained_preprocessing(ctx) -> ImagePreprocessing | None:
-    """The image preprocessing ``init_from``'s saved processor records (a run or conversion whose model has a
-    visual backbone: how its backbone saw images), or None."""
-    trained = VLProcessor.saved(ckpt.resolve_checkpoint_dir(ctx.init_from)) if ctx.init_from else None
-    return trained.image_preprocessing if trained is not None else None
-
-
 def task_images(data, backbone: dict, image_ids, trained=None) -> ImageReader:
     """The image reader of a run whose model has a visual ``backbone`` (its config section): the files of
     ``image_ids`` (easy-VQA without ``data.image_dir``: the package's images; else :func:`image_files` under
-    ``data.image_dir``), preprocessed by ``data.image_preprocessing`` (default: ``trained``, the preprocessing
-    ``init_from`` recorded (:func:`trained_preprocessing`; an :class:`ImagePreprocessing` or its record), else the backbone kind's,
-    :func:`~vlbert.processing.images.backbone_preprocessing`) with ``data.image_short_side`` / ``image_max_side``.
+    ``data.image_dir``), preprocessed by :func:`task_preprocessing` (``trained``: ``init_from``'s recorded
+    preprocessing, or None).
 
     Raises:
         ValueError: no ``data.image_dir`` for a dataset other than easy-VQA, or easy-VQA images the package lacks
             (a task's own composites); an unknown preprocessing name.
         FileNotFoundError: an image without a file (from :func:`image_files`).
     """
-    if trained and not data.image_preprocessing:  # init_from's own, its sizes overridable
-        base = trained if isinstance(trained, ImagePreprocessing) else ImagePreprocessing.from_record(trained)
-        preprocessing = image_preprocessing(
-            base.name, data.image_short_side or base.short_side or -1, data.image_max_side or base.max_side or -1
-        )
-    else:
-        preprocessing = backbone_preprocessing(
-            backbone, data.image_preprocessing, data.image_short_side, data.image_max_side
-        )
+    preprocessing = task_preprocessing(data, backbone, trained)
     if data.image_dir:
         return ImageReader(image_files(image_ids, data.image_dir), preprocessing)
     if data.dataset != "easy-vqa":
@@ -222,13 +173,11 @@ def task_images(data, backbone: dict, image_ids, trained=None) -> ImageReader:
     return ImageReader({i: files[i] for i in dict.fromkeys(image_ids)}, preprocessing)
 
 
-def attach_images(
-    ctx, datasets, image_ids: Callable[[Any], list[str]], processor: VLProcessor | None = None
-) -> ImageReader | None:
-    """For a run whose model has a visual backbone (:func:`run_visual_backbone`): the :func:`task_images` reader of
-    every image the ``datasets`` name (``image_ids(dataset)``; None entries skipped), set as each dataset's
-    ``image_reader`` so that its items carry their pixels; the run's ``processor`` (where given) takes the
-    reader's preprocessing and the backbone's region feature size. None (nothing changed) for a model without one.
+def attach_images(ctx, datasets, image_ids: Callable[[Any], list[str]], processor: VLProcessor) -> ImageReader | None:
+    """For a run whose model has a visual backbone (:func:`run_visual_backbone`): the reader of every image the
+    ``datasets`` name (``image_ids(dataset)``; None entries skipped) through the run ``processor``'s image
+    preprocessing, set as each dataset's ``image_reader`` so that its items carry their pixels. None (nothing
+    changed) for a model without one.
 
     Raises:
         ValueError, FileNotFoundError: from :func:`task_images`.
@@ -237,26 +186,17 @@ def attach_images(
     if not backbone:
         return None
     datasets = [d for d in datasets if d is not None]
-    reader = task_images(ctx.data, backbone, [i for d in datasets for i in image_ids(d)], trained_preprocessing(ctx))
+    ids = [i for d in datasets for i in image_ids(d)]
+    reader = task_images(ctx.data, backbone, ids, processor.image_preprocessing)
     for d in datasets:
         d.image_reader = reader
-    if processor is not None:
-        dim = backbone_feature_dim(backbone)
-        processor.update({"image_preprocessing": reader.preprocessing.record(), "region_feature_dim": dim})
     return reader
-
-
-def backbone_feature_dim(backbone: dict) -> int:
-    """The region feature size of a ``visual_backbone`` section, from the extractor built on the meta device (no
-    weights allocated). Raises ValueError for a bad section (:class:`RegionFeatureExtractor`)."""
-    with torch.device("meta"):
-        return RegionFeatureExtractor(backbone).feature_dim
 
 
 class RegionTaskData(TaskData):
     """A region task's data, built in one order: the examples (the task's :attr:`datasets` table, cut to
     ``data.max_train_examples`` / ``max_eval_examples``), the regions (:meth:`load_regions`), the run's
-    :class:`~vlbert.processing.VLProcessor` (:func:`region_task_processor` of the regions' source,
+    :class:`~vlbert.processing.VLProcessor` (:func:`~vlbert.recipes.run_processor.build_run_processor` of the regions' source,
     :meth:`region_source`), the training and evaluation datasets (:meth:`dataset`, with the processor's tokenizer
     and limits), the processor's collator (:meth:`~vlbert.processing.VLProcessor.collator`, a
     :class:`~vlbert.processing.collator.GroundedCollator` told the task's :attr:`target_keys`: the batches
@@ -287,7 +227,7 @@ class RegionTaskData(TaskData):
         self.data = ctx.data
         train, held_out, *self.extra = load_examples(self.datasets, ctx.data, self.seed)
         self.regions = self.load_regions(ctx)
-        self.processor = region_task_processor(ctx, self.region_source(ctx))
+        self.processor = build_run_processor(ctx, self, self.region_source(ctx))
         self.tokenizer = self.processor.tokenizer
         self.train = self.dataset(train[: ctx.data.max_train_examples or None], training=True)
         self.eval = self.dataset(held_out[: ctx.data.max_eval_examples or None], training=False)
@@ -350,9 +290,7 @@ def majority_baseline(ctx, data: RegionTaskData, model) -> dict:
 __all__ = [
     "RegionTaskDataConfig",
     "RegionTaskData",
-    "run_visual_backbone",
     "task_images",
-    "backbone_feature_dim",
     "attach_images",
     "evaluate",
     "majority_baseline",
@@ -360,7 +298,5 @@ __all__ = [
     "load_examples",
     "task_regions",
     "region_store",
-    "region_task_processor",
     "task_region_source",
-    "trained_preprocessing",
 ]

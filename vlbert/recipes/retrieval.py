@@ -16,6 +16,7 @@ from vlbert.data.retrieval import RetrievalPairs, easy_vqa_captioned, load_karpa
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
 from vlbert.processing.collator import RetrievalCollator
+from vlbert.recipes.init_from import load_model
 from vlbert.recipes.regions import (
     Count,
     DatasetBuilder,
@@ -24,11 +25,11 @@ from vlbert.recipes.regions import (
     TextLength,
     attach_images,
     load_examples,
-    region_task_processor,
     task_region_source,
     task_regions,
 )
-from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+from vlbert.recipes.run_processor import build_run_processor
+from vlbert.recipes.runner import Recipe, RunContext, TaskData
 
 
 @dataclass
@@ -65,7 +66,7 @@ class RetrievalData(TaskData):
     with a ``visual_backbone``, ``images`` is the :class:`~vlbert.processing.images.ImageReader` of the training and
     evaluation images (:func:`attach_images`: the pairs carry their pixels, the evaluation reads them) and
     ``feature_dim`` the backbone's; else ``images`` is None. ``processor``: the run's
-    (:func:`~vlbert.recipes.regions.region_task_processor`), whose tokenizer and limits the pairs and the
+    (:func:`~vlbert.recipes.run_processor.build_run_processor`), whose tokenizer and limits the pairs and the
     evaluation take.
 
     Raises:
@@ -80,7 +81,7 @@ class RetrievalData(TaskData):
         self.train_images = train_images[: data.max_train_images] if data.max_train_images else train_images
         self.eval_images = eval_images[: data.max_eval_images] if data.max_eval_images else eval_images
         self.regions = task_regions(ctx)
-        self.processor = processor = region_task_processor(ctx, task_region_source(ctx, self.regions))
+        self.processor = processor = build_run_processor(ctx, self, task_region_source(ctx, self.regions))
         self.train = RetrievalPairs(self.train_images, self.regions, processor)
         self.collator = RetrievalCollator(processor.tokenizer)
         eval_ids = [im.image_id for im in self.eval_images]

@@ -14,16 +14,13 @@ build its data, model and evaluation); :func:`run` does the wiring every task sh
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from vlbert import checkpoint as ckpt
 from vlbert.common.files import write_text_atomically
-from vlbert.config import BertConfig
 from vlbert.data.loading import eval_loader, train_loader
 from vlbert.evaluation.predictions import HeldOutPredictions, Keep
 from vlbert.processing import VLProcessor
@@ -34,24 +31,16 @@ from vlbert.recipes.config_reading import (
     read_run_config,
     record_resume_changes,
     resume_changes,
-    same_value,
 )
-from vlbert.run_files import LEGACY_PROCESSOR_FILE, PROCESSOR_FILE, read_run_file
+from vlbert.recipes.run_processor import build_run_processor
+from vlbert.run_files import read_run_file
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
 from vlbert.training.processes import check_shared_output_dir, collective_failure, control_plane, start_processes
+from vlbert.training.run_directory import prepare_output_dir, refuse_resuming_a_finished_run
 from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig, set_seed
 from vlbert.utils import process_position
 
 logger = logging.getLogger(__name__)
-
-#: Files and folders whose presence means a directory holds a run.
-RUN_MARKERS = ("log.jsonl", "metrics.json", CHECKPOINTS_DIR, "model.safetensors")
-#: What a finished run leaves last: an overwrite deletes these before anything else.
-FINISHED_MARKERS = ("metrics.json", "model.safetensors", PROCESSOR_FILE, LEGACY_PROCESSOR_FILE)
-
-
-class RunExistsError(FileExistsError):
-    """The output directory already holds a run and neither resume nor overwrite was asked for."""
 
 
 @dataclass
@@ -64,6 +53,8 @@ class RunContext:
             :class:`vlbert.detectors.config.DetectorConfig` for recipes with regions, else None.
         tokenizer: the fast WordPiece tokenizer; init_from: the resolved checkpoint path, or None (from scratch).
         command_line_keys: the dotted config keys the user set on the command line (flags and ``--set``).
+        recipe: the task's :class:`Recipe` (its name, pipeline and processor fields: the run's processor,
+            :func:`~vlbert.recipes.run_processor.build_run_processor`), or None (data built outside a run).
     """
 
     config: dict[str, Any]
@@ -73,6 +64,7 @@ class RunContext:
     tokenizer: Any
     init_from: str | None
     command_line_keys: tuple[str, ...] = ()
+    recipe: Any = None
 
     @property
     def model_section(self) -> dict[str, Any]:
@@ -204,200 +196,17 @@ def write_output_file(ctx: "RunContext", name: str, text: str) -> Path:
     return path
 
 
-def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> None:
-    """Apply the run-directory policy: a directory holding a run is continued (``resume``), replaced
-    (``overwrite``: everything in it is deleted, the files that mark a finished run first, so an interrupted
-    overwrite never leaves a mixture that looks finished) or refused; a new or empty directory is left to the
-    trainer; a directory holding other files (no run's: a user's ``predictions.json``) is refused whatever the flags,
-    so that nothing a run did not write is replaced or deleted (hidden files such as ``.DS_Store`` aside).
+def run_processor(ctx: RunContext, data: TaskData) -> VLProcessor | None:
+    """The processor the run saves as processor.json: the one its data was built with (``data.processor``: every
+    vision-language task's), else, for a task whose recipe has :attr:`Recipe.processor_fields` (the text tasks),
+    :func:`~vlbert.recipes.run_processor.build_run_processor` of them; None where it has neither.
 
     Raises:
-        RunExistsError: the directory holds a run and neither flag is set (the message names both flags), or it
-            holds files no run wrote.
-        ValueError: both flags are set.
-    """
-    if resume and overwrite:
-        raise ValueError("--resume continues the run in --output-dir and --overwrite replaces it: pass one")
-    directory = Path(output_dir)
-    found = [name for name in RUN_MARKERS if (directory / name).exists()]
-    if not found:
-        others = sorted(p.name for p in directory.iterdir() if not p.name.startswith(".")) if directory.is_dir() else []
-        if others:  # the run would write among files it did not write, and --overwrite would delete them
-            shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
-            raise RunExistsError(
-                f"{directory} holds files that no run wrote ({shown}); a run writes only into a new or empty "
-                "directory: choose another --output-dir"
-            )
-        return
-    if resume:
-        return
-    if not overwrite:
-        raise RunExistsError(
-            f"{directory} already holds a run ({', '.join(found)}); pass --resume to continue it, "
-            "--overwrite to replace it, or choose another --output-dir"
-        )
-    from accelerate import PartialState
-
-    if PartialState().is_main_process:
-        finished = [directory / name for name in FINISHED_MARKERS]
-        for path in finished + sorted(p for p in directory.iterdir() if p not in finished):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            elif path.exists() or path.is_symlink():
-                path.unlink()
-    PartialState().wait_for_everyone()
-
-
-def refuse_resuming_a_finished_run(output_dir: str | Path, max_steps: int) -> None:
-    """``--resume`` continues an unfinished run: a run whose ``metrics.json`` (written when it finished) says it
-    reached ``max_steps`` is refused, before anything is trained or rewritten (it retrained the steps after its last
-    checkpoint and rewrote ``metrics.json`` and ``log.jsonl``).
-
-    Raises:
-        RunExistsError: the run finished at a step >= ``max_steps`` (the message says how to train further).
-    """
-    path = Path(output_dir) / "metrics.json"
-    try:
-        step = json.loads(path.read_text(encoding="utf-8")).get("step")
-    except (OSError, ValueError, AttributeError):
-        return  # no finished run's record: resume as usual (a damaged file is the trainer's to rewrite)
-    if isinstance(step, int) and step >= max_steps:
-        raise RunExistsError(
-            f"--resume: the run in {output_dir} finished at step {step} (metrics.json) and training.max_steps is "
-            f"{max_steps}: nothing is left to train; raise --max-steps to train it further, or pass --overwrite "
-            "to start again"
-        )
-
-
-def checkpoint_architecture_decides(ctx: RunContext) -> dict[str, Any]:
-    """The ``model`` section without the architecture entries that conflict with ``ctx.init_from``'s config.json.
-
-    Continuing from a checkpoint is the common case, so the checkpoint's architecture
-    (:attr:`~vlbert.config.BertConfig.ARCHITECTURE_FIELDS`) wins over a config file's ``model`` section: the
-    conflicting entries are dropped with one warning line. Other entries (dropout, num_labels) still apply.
-
-    Raises:
-        ValueError: a conflicting entry was set on the command line (``--set model.hidden_size=...``): the
-            message names the keys, both values and the fix.
-    """
-    section = ctx.model_section
-    config_file = ckpt.resolve_checkpoint_dir(ctx.init_from) / ckpt.CONFIG_NAME
-    if not section or not config_file.is_file():
-        return section
-    saved = read_run_file(config_file)
-    conflicts = {
-        k: (section[k], saved[k])
-        for k in BertConfig.ARCHITECTURE_FIELDS
-        if k in section and k in saved and not same_value(section[k], saved[k])
-    }
-    given = [k for k in conflicts if f"model.{k}" in ctx.command_line_keys]
-    if given:
-        raise ValueError(
-            f"--set {', '.join(f'model.{k}={conflicts[k][0]}' for k in given)} conflicts with the architecture of "
-            f"init_from {ctx.init_from} ({', '.join(f'{k}={conflicts[k][1]}' for k in given)}); a checkpoint "
-            "decides its own architecture: drop those --set flags, or train a fresh model without --init-from"
-        )
-    if conflicts:
-        logger.warning(
-            "init_from %s decides the architecture: ignoring the config's model entries %s",
-            ctx.init_from,
-            ", ".join(f"{k}={v} (checkpoint: {c})" for k, (v, c) in conflicts.items()),
-        )
-    return {k: v for k, v in section.items() if k not in conflicts}
-
-
-def load_model(cls, ctx: RunContext, **defaults):
-    """``cls`` from ``ctx.init_from`` with ``defaults`` and the ``model`` section as config overrides (the
-    checkpoint's architecture deciding: :func:`checkpoint_architecture_decides`), or a fresh model from them
-    (vocab_size and pad_token_id from the tokenizer) when there is no ``init_from``.
-
-    Raises:
-        ValueError: ``defaults`` has a ``region_feature_dim`` other than that of a vision-language ``init_from``
-            (the regions come from another detector than the one its region pathway was trained on).
-    """
-    if ctx.init_from:
-        saved = _saved_config(ctx.init_from)
-        dim = defaults.get("region_feature_dim")
-        if dim is not None and saved.get("model_type") == "vlbert" and saved.get("region_feature_dim", dim) != dim:
-            raise ValueError(
-                f"this run's regions have {dim}-d features, but init_from {ctx.init_from} reads "
-                f"{saved['region_feature_dim']}-d region features: extract the regions with the detector it was trained "
-                "on (its processor.json names it), or start from a text BERT"
-            )
-        return cls.from_pretrained(ctx.init_from, **{**defaults, **checkpoint_architecture_decides(ctx)})
-    values = {**defaults, **ctx.model_section}
-    values.setdefault("vocab_size", len(ctx.tokenizer))
-    values.setdefault("pad_token_id", ctx.tokenizer.pad_token_id)
-    return cls(cls.config_class.from_dict(values, strict=True))
-
-
-def _saved_config(init_from: str) -> dict[str, Any]:
-    path = Path(init_from) / ckpt.CONFIG_NAME
-    return read_run_file(path) if path.is_file() else {}
-
-
-def run_processor(recipe: Recipe, ctx: RunContext, data: TaskData) -> VLProcessor | None:
-    """The run's processor, saved as processor.json: the one the task's data built (``data.processor``: a region
-    task's, whose tokenizer, limits and collator its datasets and batches use) told the recipe's name, pipeline and
-    :attr:`Recipe.processor_fields`; for data without one, the processor of the record those fields make (a text
-    task's), or None where the recipe has none.
-
-    Raises:
-        ValueError: a bad record field (from :meth:`~vlbert.processing.VLProcessor.from_record`).
-    """
+        ValueError: from :func:`~vlbert.recipes.run_processor.build_run_processor`."""
     own = getattr(data, "processor", None)
-    fields = recipe.processor_fields(ctx, data) if recipe.processor_fields is not None else None
-    if own is None and fields is None:
-        return None
-    record = {"task": recipe.name, "pipeline": recipe.pipeline, **(fields or {})}
-    return VLProcessor.from_record(record, ctx.tokenizer) if own is None else own.update(record)
-
-
-def check_init_regions(ctx: RunContext, processor: VLProcessor) -> None:
-    """Refuse to fine-tune a vision-language ``init_from`` (one of our runs, or a converted published checkpoint)
-    on regions of another detector than its own, unless the config says ``allow_other_detector: true``: its saved
-    processor's :meth:`~vlbert.processing.VLProcessor.check_compatible` with this run's ``processor``. An
-    ``init_from`` without a saved processor (the packaged MiniLM, a converted text BERT) or with a text-only one
-    never saw a region, so any detector's regions may start its region pathway.
-
-    Raises:
-        ValueError: from :meth:`~vlbert.processing.VLProcessor.check_compatible`.
-    """
-    if not ctx.init_from or ctx.config.get("allow_other_detector"):
-        return
-    trained = VLProcessor.saved(ctx.init_from)
-    if trained is not None:
-        trained.check_compatible(processor)
-
-
-#: The data limits a vision-language checkpoint was trained with, read from its saved processor.
-CHECKPOINT_LIMITS = ("max_regions", "max_text_length")
-
-
-def checkpoint_limits_decide(ctx: RunContext) -> None:
-    """Set ``ctx.data``'s :data:`CHECKPOINT_LIMITS` to those of a vision-language ``init_from`` (its saved
-    processor reads regions: one of our VL runs or a converted published model, e.g. UNITER's 100 regions and 60
-    wordpieces) where the run config does not set them (the ``data`` section, from a file or ``--set``); where it
-    sets one below the checkpoint's, one warning line says so. A text checkpoint's lengths are another task's and
-    are not taken."""
-    processor = VLProcessor.saved(ctx.init_from)
-    if processor is None or not processor.uses_regions:
-        return
-    trained = {name: getattr(processor, name) for name in CHECKPOINT_LIMITS}
-    given = ctx.config.get("data") or {}
-    cuts = []
-    for name in CHECKPOINT_LIMITS:
-        if hasattr(ctx.data, name) and trained.get(name):
-            if name not in given:
-                setattr(ctx.data, name, int(trained[name]))
-            elif getattr(ctx.data, name) < int(trained[name]):
-                cuts.append(f"data.{name}={getattr(ctx.data, name)} (init_from: {trained[name]})")
-    if cuts:
-        logger.warning(
-            "the config cuts below what init_from %s was trained on: %s; leave them unset to use the checkpoint's",
-            ctx.init_from,
-            ", ".join(cuts),
-        )
+    if own is not None or ctx.recipe is None or ctx.recipe.processor_fields is None:
+        return own
+    return build_run_processor(ctx, data)
 
 
 def run(
@@ -416,7 +225,7 @@ def run(
         ValueError / FileNotFoundError: bad config keys or values (:func:`read_run_config`), a ``resume`` whose
             config differs from the run's (:func:`resume_changes`), missing data, a tokenizer that does not fit
             the model, ...: all raised before any file is written.
-        RunExistsError: see :func:`prepare_output_dir`.
+        RunExistsError: see :func:`~vlbert.training.run_directory.prepare_output_dir`.
         vlbert.training.trainer.TrainingPreempted: SIGTERM; a checkpoint was written.
     """
     training, data_config, detector = read_run_config(recipe, config)
@@ -430,12 +239,9 @@ def run(
     if resume:
         refuse_resuming_a_finished_run(training.output_dir, training.max_steps)
     tokenizer = load_tokenizer(resolve_model_path(config.get("tokenizer") or init_from))
-    ctx = RunContext(config, training, data_config, detector, tokenizer, init_from, tuple(command_line_keys))
-    checkpoint_limits_decide(ctx)
+    ctx = RunContext(config, training, data_config, detector, tokenizer, init_from, tuple(command_line_keys), recipe)
     data = recipe.build_data(ctx)
-    processor = run_processor(recipe, ctx, data)
-    if processor is not None:
-        check_init_regions(ctx, processor)
+    processor = run_processor(ctx, data)
     set_seed(training.seed)  # initial weights depend on the seed alone
     model = recipe.build_model(ctx, data)
     if getattr(model, "config", None) is not None:  # vlbert models (not the transformers comparison adapter)
@@ -488,15 +294,10 @@ __all__ = [
     "RunContext",
     "TaskData",
     "run",
-    "load_model",
-    "prepare_output_dir",
-    "RunExistsError",
     "COMMON_SECTIONS",
     "RESUMABLE_CHANGES",
     "RunKeys",
-    "check_init_regions",
     "run_processor",
-    "checkpoint_limits_decide",
     "write_output_file",
     "read_run_file",
 ]

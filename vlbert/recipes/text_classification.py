@@ -43,7 +43,8 @@ from vlbert.data.finetuning import (
 )
 from vlbert.evaluation import text as text_metrics
 from vlbert.models import heads
-from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model, write_output_file
+from vlbert.recipes.init_from import load_model
+from vlbert.recipes.runner import Recipe, RunContext, TaskData, write_output_file
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ from vlbert.data.pretraining import MaskingCollator, text_units
 from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
 from vlbert.layers.losses import IGNORE_INDEX
 from vlbert.models.bert import BertForPreTraining
-from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+from vlbert.recipes.init_from import load_model
+from vlbert.recipes.runner import Recipe, RunContext, TaskData
 
 
 @dataclass
@@ -140,7 +141,7 @@ class TextPretrainingData(TaskData):
 
 def build_model(ctx: RunContext, data) -> BertForPreTraining:
     """A fresh BERT from the ``model`` section (vocab_size from the tokenizer), or ``init_from`` (its architecture
-    decides; other ``model`` entries apply: :func:`vlbert.recipes.runner.load_model`).
+    decides; other ``model`` entries apply: :func:`vlbert.recipes.init_from.load_model`).
 
     Raises:
         ValueError: ``data.max_seq_length`` beyond the model's ``max_position_embeddings``.

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from vlbert.data.visual_entailment import LABELS, EntailmentDataset, easy_vqa_entailment, load_snli_ve
 from vlbert.models.vl_classification import VLBertForSequenceClassification
+from vlbert.recipes.init_from import load_model
 from vlbert.recipes.regions import (
     DatasetBuilder,
     RegionTaskData,
@@ -19,7 +20,7 @@ from vlbert.recipes.regions import (
     evaluate,
     majority_baseline,
 )
-from vlbert.recipes.runner import Recipe, RunContext, load_model
+from vlbert.recipes.runner import Recipe, RunContext
 
 
 @dataclass

@@ -32,6 +32,7 @@ from vlbert.objectives import OBJECTIVES, ObjectiveMix, units_for
 from vlbert.objectives.image_text_matching import NEGATIVES
 from vlbert.processing import RegionSource
 from vlbert.processing.regions import pad_regions
+from vlbert.recipes.init_from import load_model
 from vlbert.recipes.regions import (
     Count,
     ImageSide,
@@ -39,9 +40,9 @@ from vlbert.recipes.regions import (
     TextLength,
     attach_images,
     region_store,
-    region_task_processor,
 )
-from vlbert.recipes.runner import Recipe, RunContext, TaskData, load_model
+from vlbert.recipes.run_processor import build_run_processor
+from vlbert.recipes.runner import Recipe, RunContext, TaskData
 from vlbert.utils import evaluation
 
 logger = logging.getLogger(__name__)
@@ -247,9 +248,6 @@ class VLPretrainingData(TaskData):
                 source_pairs = [replace(p, image_id=f"{source.name}/{p.image_id}") for p in source_pairs]
             pairs += _weighted(source_pairs, source.weight, random.Random(f"mix-{self.seed}-{source.name}"))
         self.regions = stores[sources[0].name] if len(sources) == 1 else NamespacedRegions(stores)
-        # the run's processor: the regions' source, the tokenizer and the limits every dataset takes
-        source = RegionSource.from_store(self.regions, ctx.detector if self.extracted_by_detector else None)
-        self.processor = region_task_processor(ctx, source)
         any_regions = next(iter(self.regions.values()))
         self.num_classes = any_regions.class_probs.shape[1] if any_regions.class_probs is not None else 0
         if not self.num_classes and {"mrc", "mrc_kl"} & set(self.objectives.active):
@@ -257,7 +255,6 @@ class VLPretrainingData(TaskData):
                 "data.objectives has mrc/mrc_kl but the regions have no class distributions; extract "
                 "with a detector that writes them or set their weight to 0"
             )
-        self.tokenizer = tokenizer = self.processor.tokenizer
         self.qa_answers = (
             qa_vocabulary(pairs, ctx.model_section.get("num_qa_labels") or 0) if "qa" in self.objectives.active else []
         )
@@ -268,6 +265,10 @@ class VLPretrainingData(TaskData):
                 "data/lxmert/*.json; on the embedded easy-VQA data set "
                 "data.easy_vqa_questions: 1), or set qa's weight to 0"
             )
+        # the run's processor: the regions' source, the tokenizer and the limits every dataset takes
+        source = RegionSource.from_store(self.regions, ctx.detector if self.extracted_by_detector else None)
+        self.processor = build_run_processor(ctx, self, source)
+        self.tokenizer = tokenizer = self.processor.tokenizer
         # Held out by image (all captions of an image on one side), images in order of first appearance.
         _, eval_images = train_eval_split(list(dict.fromkeys(p.image_id for p in pairs)), data.eval_fraction, self.seed)
         held = set(eval_images)

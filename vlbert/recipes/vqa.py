@@ -26,6 +26,7 @@ from vlbert.data.vqa import VQADataset, build_answer_vocab, easy_vqa_examples, l
 from vlbert.data.vqa_answers import reference_forms
 from vlbert.evaluation.vqa import gqa_accuracy, gqa_predictions_json, vqa_accuracy, vqa_results_json
 from vlbert.models.vqa import VLBertForVQA
+from vlbert.recipes.init_from import load_model
 from vlbert.recipes.regions import (
     Count,
     DatasetBuilder,
@@ -34,7 +35,7 @@ from vlbert.recipes.regions import (
     TextLength,
     task_regions,
 )
-from vlbert.recipes.runner import Recipe, RunContext, load_model, write_output_file
+from vlbert.recipes.runner import Recipe, RunContext, write_output_file
 
 logger = logging.getLogger(__name__)
 
