@@ -289,52 +289,51 @@ class VLBertRegionEmbeddings(RegionEmbedding):
         pooled = self.visual(mean, whole)
         return torch.where(is_whole_image(boxes[:, 0]).unsqueeze(-1), first, pooled)
 
+    def objects(
+        self, text: BertEmbeddings, inputs: VLInputs, region_type: torch.Tensor, n_text: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the image's visual embedding float [B, H] that every word adds, the object rows float [B, R, H], the
+        region mask [B, R]) of ``inputs``; R = 0 without regions (the text-only embedding). ``region_type``: int64
+        [B, R] or [B, 1]; ``n_text``: int64 [B], each text's length (the objects share the position after it)."""
+        b, word_table = inputs.input_ids.shape[0], text.word_embeddings.weight
+        if inputs.region_features is None:
+            image = self.aux_text_visual_embedding.weight.expand(b, -1)
+            return image, word_table.new_zeros(b, 0, word_table.shape[1]), inputs.text_mask.new_zeros(b, 0)
+        r = inputs.region_features.shape[1]
+        region_mask = inputs.region_mask if inputs.region_mask is not None else inputs.text_mask.new_ones(b, r)
+        masked = inputs.masked_regions
+        masked = masked.bool() if masked is not None else region_mask.new_zeros(b, r).bool()
+        features = inputs.region_features.to(self.visual_proj.weight.dtype)
+        if self.replace_masked_features:
+            features = torch.where(masked.unsqueeze(-1), self.mask_visual_embedding.to(features.dtype), features)
+        # the text-only embedding enters with weight zero: every parameter is in every graph (DDP)
+        image = (
+            self.image_visual(features, inputs.region_boxes, region_mask, masked)
+            + 0.0 * self.aux_text_visual_embedding.weight
+        )
+        word = torch.where(masked.unsqueeze(-1), self.object_mask_embedding.weight[0], self.object_embedding.weight[0])
+        objects = (
+            word
+            + self.visual_ln_object(self.visual(features, inputs.region_boxes))
+            + text.position_embeddings(n_text)[:, None]
+            + text.token_type_embeddings(region_type.expand(b, r))
+        )
+        return image, objects, region_mask
+
     def join(self, text: BertEmbeddings, inputs: VLInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole sequence [text T ; regions R ; END 1] -> (embeddings float [B, T + R + 1, H], mask int64
         [B, T + R + 1]). ``region_features`` None: text alone (R = 0), as VL-BERT's text-only corpus."""
-        input_ids, token_type_ids, region_features = inputs.input_ids, inputs.token_type_ids, inputs.region_features
-        region_boxes, region_mask, masked_regions = inputs.region_boxes, inputs.region_mask, inputs.masked_regions
-        region_token_type_ids = inputs.region_token_type_ids
-        b, t = input_ids.shape
-        device = input_ids.device
-        text_mask = inputs.text_mask
+        (b, t), device, text_mask = inputs.input_ids.shape, inputs.input_ids.device, inputs.text_mask
         n_text = text_mask.sum(1)
-        region_type = (
-            torch.full((b, 1), self.default_token_type, device=device)
-            if region_token_type_ids is None
-            else region_token_type_ids
-        )
-        if region_features is None:
-            image = self.aux_text_visual_embedding.weight.expand(b, -1)
-            objects = text.word_embeddings.weight.new_zeros(b, 0, text.word_embeddings.weight.shape[1])
-            region_mask = text_mask.new_zeros(b, 0)
-        else:
-            r = region_features.shape[1]
-            region_mask = region_mask if region_mask is not None else text_mask.new_ones(b, r)
-            masked = masked_regions.bool() if masked_regions is not None else region_mask.new_zeros(b, r).bool()
-            features = region_features.to(self.visual_proj.weight.dtype)
-            if self.replace_masked_features:
-                features = torch.where(masked.unsqueeze(-1), self.mask_visual_embedding.to(features.dtype), features)
-            visual = self.visual(features, region_boxes)
-            # the text-only embedding enters with weight zero: every parameter is in every graph (DDP)
-            image = (
-                self.image_visual(features, region_boxes, region_mask, masked)
-                + 0.0 * self.aux_text_visual_embedding.weight
-            )
-            word = torch.where(
-                masked.unsqueeze(-1), self.object_mask_embedding.weight[0], self.object_embedding.weight[0]
-            )
-            objects = (
-                word
-                + self.visual_ln_object(visual)
-                + text.position_embeddings(n_text)[:, None]
-                + text.token_type_embeddings(region_type.expand(b, r))
-            )
-        words = text.word_embeddings(input_ids) + self.visual_ln_text(image)[:, None]
+        region_type = inputs.region_token_type_ids
+        if region_type is None:
+            region_type = torch.full((b, 1), self.default_token_type, device=device)
+        image, objects, region_mask = self.objects(text, inputs, region_type, n_text)
+        words = text.word_embeddings(inputs.input_ids) + self.visual_ln_text(image)[:, None]
         words = words + text.position_embeddings(torch.arange(t, device=device))
         words = words + (
-            text.token_type_embeddings(token_type_ids)
-            if token_type_ids is not None
+            text.token_type_embeddings(inputs.token_type_ids)
+            if inputs.token_type_ids is not None
             else text.token_type_embeddings.weight[0]
         )
         end = (

@@ -46,6 +46,21 @@ def hard_negatives(
     return draw_by_similarity(logits.T, same.T, uniforms[0]), draw_by_similarity(logits, same, uniforms[1])
 
 
+def contrastive_loss(logits: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
+    """InfoNCE both ways with every item of a group a positive (ALBEF ``model_retrieval.py``: the soft targets of
+    ``sim_targets`` over the group): the mean of the text -> image and image -> text cross-entropies.
+
+    Args:
+        logits: float [B, B], text i x image j similarity / temperature.
+        same: bool [B, B], True where text i and image j belong to the same group.
+    Returns: float [] (the loss)."""
+    target = same.float() / same.float().sum(1, keepdim=True)
+    return (
+        torch.sum(-target * F.log_softmax(logits, 1), 1).mean()
+        + torch.sum(-target * F.log_softmax(logits.T, 1), 1).mean()
+    ) / 2
+
+
 class VLBertForImageTextRetrieval(PreTrainedModel):
     """Image-text retrieval: a cross-encoder ITM head re-ranks a shortlist from a contrastive (dual-encoder)
     stage that shares the same encoder (ALBEF, Li et al. 2021, section 3; UNITER section 4 for ITM fine-tuning
@@ -143,11 +158,7 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         v = self.embed_image(image, cls_sep=cls_sep_ids)
         same = group_ids[:, None] == group_ids[None, :]
         logits = t @ v.T / self.log_temperature.exp()
-        target = same.float() / same.float().sum(1, keepdim=True)
-        itc = (
-            torch.sum(-target * F.log_softmax(logits, 1), 1).mean()
-            + torch.sum(-target * F.log_softmax(logits.T, 1), 1).mean()
-        ) / 2
+        itc = contrastive_loss(logits, same)
         out = RetrievalOutput()
         with torch.no_grad():
             itc_acc = same.gather(1, logits.argmax(1, keepdim=True)).float().mean()
@@ -177,4 +188,4 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         return loss, "itm_accuracy", acc, n
 
 
-__all__ = ["VLBertForImageTextRetrieval", "RetrievalOutput", "hard_negatives"]
+__all__ = ["VLBertForImageTextRetrieval", "RetrievalOutput", "hard_negatives", "contrastive_loss"]
