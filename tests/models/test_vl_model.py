@@ -114,7 +114,8 @@ def test_objectives_match_their_definitions():
     kl = (probs[masked] * (probs[masked].log() - F.log_softmax(model.mrc(hidden), -1))).sum(-1).mean()
     torch.testing.assert_close(out.losses["mrc_kl"], kl, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(out.loss, out.losses["mrfr"] + out.losses["mrc_kl"] + out.losses["itm"])
-    assert out.unused_parameters == list(model.masked_lm.parameters())  # the one head no objective used
+    # the heads no objective used (MLM's and ITC's)
+    assert out.unused_parameters == list(model.masked_lm.parameters()) + list(model.itc.parameters())
     out.loss.backward()
     assert model.bert.region_embeddings.feature_proj.weight.grad.abs().sum() > 0
     assert all(p.grad is None for p in out.unused_parameters)  # declared, not in the loss: the trainer adds them

@@ -263,6 +263,10 @@ class VLBertForPreTraining(UnitPreTrainingModel):
       * ``itm``: image-text matching on the pooled [CLS] (``itm_label`` [B], 1 = the text matches the image);
       * ``wra``: word-region alignment on the same batch (``itm_label`` and ``wra_weight`` [], its loss weight):
         the optimal-transport distance between the pair's words and regions, no parameters.
+      * ``itc``: image-text contrastive learning (ALBEF section 3.2) on the unimodal [CLS] of the caption alone and
+        of ``[CLS] [SEP]`` + the regions alone (``itc_content`` [B], the captions' content ids; equal content =
+        positives), InfoNCE both ways over the global batch; it reads no joint pass, so a step of ITC alone runs
+        only its two unimodal passes (:attr:`Objective.reads_joint`).
     ``mrc`` and ``mrc_kl`` share the ``mrc`` head, which exists when ``config.num_region_classes`` > 0. Masked
     regions' features must already be zeroed in the input (the collator does this).
 
@@ -307,7 +311,11 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         inputs = VLInputs.take(inputs, labels)
         given = self.given_labels(labels, masked_regions=inputs.masked_regions)
         inputs = self.before_encoder(self.bert.with_region_features(inputs), given)
-        keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in self.running(given))
+        running = self.running(given)
+        keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in running)
+        if running and not (output_hidden_states or output_attentions) and not any(u.reads_joint for u in running):
+            # no running unit reads the joint pass (ITC alone: its own unimodal passes): it is not run
+            return self.run_units(PreTrainingOutput(), self.encoded(None, inputs), given)
         enc = self.bert(inputs, output_hidden_states=keep_hidden, output_attentions=output_attentions)
         out = PreTrainingOutput(
             last_hidden_state=enc.last_hidden_state,
@@ -335,20 +343,21 @@ class VLBertForPreTraining(UnitPreTrainingModel):
             )
         return rewritten
 
-    def encoded(self, enc: EncoderOutput, inputs: VLInputs) -> Encoded:
+    def encoded(self, enc: EncoderOutput | None, inputs: VLInputs) -> Encoded:
         """What the units' losses read of the encoder pass ``enc`` over ``inputs``: text and region states
         split at T, the pooled [CLS], both masks (all real where not given), the hidden states, the tied MLM
-        decoder weight."""
+        decoder weight and ``inputs`` themselves. ``enc`` None (the joint pass skipped): no joint states."""
         t = inputs.input_ids.shape[1]
         return Encoded(
             self,
-            enc.last_hidden_state[:, :t],
-            enc.last_hidden_state[:, t:],
-            enc.pooler_output,
+            enc.last_hidden_state[:, :t] if enc is not None else None,
+            enc.last_hidden_state[:, t:] if enc is not None else None,
+            enc.pooler_output if enc is not None else None,
             inputs.text_mask,
             inputs.regions_mask,
-            enc.hidden_states,
+            enc.hidden_states if enc is not None else None,
             self.bert.embeddings.word_embeddings.weight,
+            inputs,
         )
 
 

@@ -5,6 +5,7 @@ up here. The units build their heads from :mod:`vlbert.layers` and import no mod
 """
 
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+from vlbert.objectives.contrastive import ImageTextContrastive
 from vlbert.objectives.image_text_matching import ImageTextMatching
 from vlbert.objectives.masked_lm import MaskedLanguageModeling
 from vlbert.objectives.masked_regions import (
@@ -28,6 +29,7 @@ __all__ = [
     "MaskedLanguageModeling",
     "NextSentencePrediction",
     "ImageTextMatching",
+    "ImageTextContrastive",
     "MaskedRegionFeatureRegression",
     "MaskedRegionClassification",
     "MaskedRegionClassificationKL",

@@ -34,6 +34,11 @@ class Encoded:
             embeddings), kept when a running unit reads them (:meth:`Objective.reads_hidden_states`); else None.
         word_embeddings: float [vocab_size, H], the input word embedding matrix: the tied decoder weight of the
             masked-LM heads (BERT section 3.1; transformers ties ``cls.predictions.decoder.weight`` to it).
+        inputs: the :class:`~vlbert.models.inputs.VLInputs` the encoder was given (after the units'
+            :meth:`Objective.before_encoder`), for a unit that runs passes of its own (ITC's unimodal passes); None
+            for a text model.
+    The joint states (``text``, ``regions``, ``pooled``) are None where no running unit reads them
+    (:attr:`Objective.reads_joint`) and the model skipped the joint pass.
     """
 
     model: nn.Module
@@ -44,6 +49,7 @@ class Encoded:
     region_mask: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     word_embeddings: torch.Tensor | None = None
+    inputs: VLInputs | None = None
 
 
 @dataclass
@@ -111,7 +117,11 @@ class Objective:
             None.
         chance: the metric of a model that guesses, where the unit's labels fix it (0.5 for NSP, SOP and ITM,
             whose pairs are drawn half positive), else None; the end-of-run table
-            (:mod:`vlbert.recipes.report`) compares the held-out metric with it.
+            (:mod:`vlbert.recipes.report`) compares the held-out metric with it. A unit whose chance depends on the
+            batch (ITC: about 1 / the global batch) reports it as a metric ``<metric>_chance`` instead.
+        reads_joint: whether the loss reads the joint encoder pass (:attr:`Encoded.text`, ``regions``, ``pooled``,
+            ``hidden_states``); a model skips that pass where no running unit does (ITC alone: its own unimodal
+            passes).
     """
 
     name: str = ""
@@ -124,6 +134,7 @@ class Objective:
     modalities: tuple[str, ...] = ("vl",)
     output: str | None = None
     chance: float | None = None
+    reads_joint: bool = True
 
     def footprint(self) -> tuple[str, ...]:
         """The submodules (dotted names) whose parameters only this unit's loss reaches (a unit without
@@ -135,6 +146,11 @@ class Objective:
         builds under the same :attr:`head` name, e.g. SOP NSP's) or cannot run with this config (MRC without
         region classes); a model runs it where a head of that name exists."""
         raise NotImplementedError
+
+    def unsupported(self, config) -> str | None:
+        """Why a model of ``config`` cannot run the unit (one line, for the run's configuration check), or None.
+        Default: None."""
+        return None
 
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
         """Collator side: mask ``batch``'s inputs in place and add this unit's labels (keys :attr:`inputs`)."""

@@ -4,6 +4,7 @@ the objective mix look units up here."""
 from __future__ import annotations
 
 from vlbert.objectives.base import Objective
+from vlbert.objectives.contrastive import ImageTextContrastive
 from vlbert.objectives.image_text_matching import ImageTextMatching
 from vlbert.objectives.lxmert_units import AttributeClassification, PretrainingQuestionAnswering
 from vlbert.objectives.masked_lm import MaskedLanguageModeling
@@ -33,6 +34,7 @@ OBJECTIVES: dict[str, Objective] = {
         AttributeClassification(),
         PretrainingQuestionAnswering(),
         WholeWordMasking(),
+        ImageTextContrastive(),
     )
 }
 

@@ -4,7 +4,8 @@ A training tool's final metrics are a flat dict (``metrics.json``): held-out obj
 task metrics (``vqa_accuracy``, ``entity_f1``), bookkeeping (``train_seconds``) and the baselines the recipes compute
 beside them (``<metric>_majority_baseline``, ``<metric>_majority_position_baseline``, ``<metric>_before`` for the
 same measure on the untrained model). A pretraining unit's chance level (NSP, SOP and ITM: balanced yes/no pairs,
-0.5) is its :attr:`vlbert.objectives.base.Objective.chance`. :func:`results_table` lines each result up with its
+0.5) is its :attr:`vlbert.objectives.base.Objective.chance`; one that depends on the batch is a metric of its own
+(``eval_itc_accuracy_chance``, a uniform guess's ITC accuracy on the same batches). :func:`results_table` lines each result up with its
 baseline and says whether it beat it by :data:`MARGIN`; :func:`chance_notes` says, in one line a result, what a
 result still at its baseline means.
 """
@@ -25,6 +26,7 @@ BASELINE_SUFFIXES = (
     ("_majority_baseline", "majority class"),
     ("_majority_position_baseline", "majority position"),
     ("_before", "before training"),
+    ("_chance", "chance"),
 )
 
 #: Bookkeeping entries that are no result (left out of the table; still in metrics.json).

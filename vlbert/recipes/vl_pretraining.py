@@ -388,7 +388,9 @@ def build_model(ctx: RunContext, data: VLPretrainingData) -> VLBertForPreTrainin
     from the shards. The collator then packs as the model runs: one layout per stream for a two-stream model.
 
     Raises:
-        ValueError: ``model.region_feature_dim`` differs from the shards' feature size.
+        ValueError: ``model.region_feature_dim`` differs from the shards' feature size; an objective of the mix
+            that this model cannot run (:meth:`~vlbert.objectives.base.Objective.unsupported`: ITC on a two-stream
+            model).
     """
     answers = {"num_qa_labels": len(data.qa_answers)} if data.qa_answers else {}
     model = load_model(
@@ -399,6 +401,10 @@ def build_model(ctx: RunContext, data: VLPretrainingData) -> VLBertForPreTrainin
             f"the shards hold {data.feature_dim}-d region features but model.region_feature_dim is "
             f"{model.config.region_feature_dim}; make them equal"
         )
+    for name in data.objectives.active + data.objectives.paired:
+        problem = OBJECTIVES[name].unsupported(model.config)
+        if problem:
+            raise ValueError(f"data.objectives has {name}: {problem}")
     data.collator.two_stream = model.config.encoder == "two-stream"  # the unpadded layout per stream (VLCollator)
     return model
 

@@ -1,0 +1,196 @@
+"""Image-text contrastive learning (ITC; ALBEF, Li et al. 2021, section 3.2; ``models/model_pretrain.py`` at
+salesforce/ALBEF@b9727e4): each caption and each image is embedded on its own (a unimodal [CLS] projected to
+``config.projection_dim`` and L2-normalised), and InfoNCE both ways pulls a pair's embeddings together against every
+other caption and image of the global batch.
+
+Unimodal embeddings. ALBEF has unimodal encoders before its fusion: the first 6 BERT layers run on the text alone and
+a ViT on the image alone; ITC reads their [CLS]. A single-stream model has one encoder for both modalities, so each
+modality alone through it is its unimodal encoder: the caption alone (its [CLS]), and ``[CLS] [SEP]`` followed by the
+regions (that [CLS]), the passes :class:`~vlbert.models.retrieval.VLBertForImageTextRetrieval` embeds with and ITM's
+hard negatives draw by (:mod:`vlbert.objectives.image_text_matching`). (The first K layers alone would be ALBEF's
+split more literally; the whole encoder is what retrieval's dual-encoder stage reads, so a pretrained ITC head serves
+it as trained.) A two-stream model (LXMERT) would take its language and region streams before the cross-modality
+layers; its region stream has no [CLS] and no pass runs it alone, so ITC refuses two-stream models
+(:meth:`ImageTextContrastive.unsupported`).
+
+Targets. Captions of equal content (``content_id``) are positives of each other and never negatives, each positive
+weighted equally (the soft targets of retrieval's :func:`~vlbert.models.retrieval.contrastive_loss`); with distinct
+contents this is ALBEF's ``loss_ita`` at ``alpha`` = 0 without the queue (``sim_targets`` the identity).
+
+Across processes. Every rank's embeddings are gathered with the gradient
+(``torch.distributed.nn.functional.all_gather``, whose backward sums each column's gradient over the ranks that
+read it); each rank's loss is over its own rows against the global batch's columns. With the trainer's weighting
+(:func:`~vlbert.training.distributed.global_batch_loss`: each rank's loss times its share of the rows, the
+gradients averaged over ranks), N processes at batch b train exactly as one at N x b. Training batches are equal
+on every rank (the training loader drops an incomplete global batch), so the gather needs no sizes and reads
+nothing back; without gradient (evaluation, whose last batch may be uneven) the rows are gathered by
+:func:`~vlbert.utils.all_gather_padded`, which reads the sizes.
+
+Temperature. Learned, starting at 0.07 and clamped to [0.001, 0.5] before each use, in place as ALBEF does (so the
+parameter itself stays in range; under bfloat16 master weights the clamp acts on the computing copy and each step
+restores the master's value, so the value used is the master's clamped).
+
+Not here yet (issue 65): the momentum encoder and its distillation targets (``alpha``), the feature queue, ITM
+negatives mined by this similarity.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlbert.layers.unpadded import unpadded_layout
+from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+from vlbert.utils import all_gather_padded, process_position
+
+if TYPE_CHECKING:
+    from vlbert.models.inputs import VLInputs
+
+#: ALBEF's temperature: its start (``configs/Pretrain.yaml`` ``temp``) and its clamp (``model_pretrain.py``).
+TEMPERATURE, TEMPERATURE_RANGE = 0.07, (0.001, 0.5)
+
+
+class ContrastiveHead(nn.Module):
+    """``text_proj``, ``image_proj``: Linear(hidden_size, projection_dim) on each modality's [CLS]; ``temperature``:
+    a learned scalar (:data:`TEMPERATURE`, clamped to :data:`TEMPERATURE_RANGE` by :meth:`clamped_temperature`)."""
+
+    def __init__(self, hidden_size: int, projection_dim: int):
+        super().__init__()
+        self.text_proj = nn.Linear(hidden_size, projection_dim)
+        self.image_proj = nn.Linear(hidden_size, projection_dim)
+        self.temperature = nn.Parameter(torch.tensor(TEMPERATURE))
+
+    def _init_own_weights(self, std: float) -> None:
+        with torch.no_grad():
+            self.temperature.fill_(TEMPERATURE)
+
+    def clamped_temperature(self) -> torch.Tensor:
+        """The temperature after clamping it in place to :data:`TEMPERATURE_RANGE` (ALBEF: ``temp.clamp_``)."""
+        with torch.no_grad():
+            self.temperature.clamp_(*TEMPERATURE_RANGE)
+        return self.temperature
+
+
+def gather_columns(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Every process's ``tensors`` concatenated along dim 0 in rank order (the tensors themselves in one process).
+    With gradient enabled: ``torch.distributed.nn.functional.all_gather`` (differentiable, no host read; every rank
+    must hold as many rows); without: :func:`~vlbert.utils.all_gather_padded` (ranks may differ in rows)."""
+    _, world = process_position()
+    if world == 1:
+        return list(tensors)
+    if not torch.is_grad_enabled():
+        return all_gather_padded(list(tensors))
+    from torch.distributed.nn.functional import all_gather
+
+    return [torch.cat(all_gather(t), 0) if t.is_floating_point() else _gather_plain(t) for t in tensors]
+
+
+def _gather_plain(t: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts, 0)
+
+
+def contrastive_rows(
+    text: torch.Tensor,
+    image: torch.Tensor,
+    all_text: torch.Tensor,
+    all_image: torch.Tensor,
+    same: torch.Tensor,
+    temperature: torch.Tensor | float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """InfoNCE both ways of this process's rows against the global batch's columns.
+
+    Args:
+        text, image: float [b, P], this process's unit-length text and image embeddings (row i: item i's pair).
+        all_text, all_image: float [n, P], the global batch's (this process's rows among them).
+        same: bool [b, n], True where row i's caption and column j's have equal content (row i's own pair too).
+        temperature: the softmax temperature.
+    Returns:
+        (loss: float [], the mean of the text -> image and image -> text cross-entropies over the b rows, each
+        row's positives weighted equally; accuracy: float [] detached, the fraction of the 2b rows whose top column
+        is a positive; chance: float [], that fraction for a uniform guess, the mean share of positives).
+    """
+    target = same.float() / same.float().sum(1, keepdim=True)
+    t2i = text @ all_image.T / temperature
+    i2t = image @ all_text.T / temperature
+    loss = (
+        torch.sum(-target * F.log_softmax(t2i, 1), 1).mean() + torch.sum(-target * F.log_softmax(i2t, 1), 1).mean()
+    ) / 2
+    with torch.no_grad():
+        hits = torch.cat([same.gather(1, t2i.argmax(1, keepdim=True)), same.gather(1, i2t.argmax(1, keepdim=True))])
+        chance = same.float().mean(1).mean()
+    return loss, hits.float().mean(), chance
+
+
+class ImageTextContrastive(Objective):
+    """``itc_content`` int64 [B]: each item's caption content id (the batch keeps every item's own caption and
+    image); with a packed text collator also ``itc_text_layout`` (the text alone) and ``itc_image_layout``
+    (``[CLS] [SEP]`` + regions), so neither unimodal pass reads a mask on the device. The joint pass is not read
+    (:attr:`reads_joint` False): a step of ITC alone runs only the two unimodal passes. Metric ``itc_accuracy``
+    (top-1 both ways) and ``itc_accuracy_chance``, a uniform guess's accuracy on the same batch (about 1 / the
+    global batch; the end-of-run table's baseline)."""
+
+    name, metric, head, inputs = "itc", "itc_accuracy", "itc", ("itc_content",)
+    optional_inputs = ("itc_text_layout", "itc_image_layout")
+    reads_joint = False
+
+    def build_head(self, config) -> ContrastiveHead | None:
+        """The head, or None for a model that cannot run the unit (:meth:`unsupported`: two-stream), which then
+        has no ``itc`` parameters."""
+        return None if self.unsupported(config) else ContrastiveHead(config.hidden_size, config.projection_dim)
+
+    def unsupported(self, config) -> str | None:
+        if getattr(config, "encoder", "single-stream") != "single-stream":
+            return (
+                "the itc objective needs a single-stream model (config.encoder: single-stream); a two-stream "
+                "model's unimodal streams are not run alone yet"
+            )
+        return None
+
+    def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
+        batch["itc_content"] = torch.tensor([x["content_id"] for x in items], dtype=torch.long)
+        if getattr(ctx.text, "lays_out", False):
+            batch["itc_text_layout"] = unpadded_layout(batch["attention_mask"])
+            cls_sep = torch.ones(len(items), 2, dtype=batch["region_mask"].dtype)
+            batch["itc_image_layout"] = unpadded_layout(cls_sep, batch["region_mask"])
+
+    def embed(self, model: nn.Module, inputs: VLInputs, labels: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(text, image) float [B, P], unit length: the caption alone and ``[CLS] [SEP]`` + the regions through
+        ``model``'s encoder, each [CLS] through its projection. [CLS] and [SEP] are read from each caption (its
+        first and last real token) on the device."""
+        head = getattr(model, self.head)
+        ids, mask = inputs.input_ids, inputs.text_mask
+        text = model.bert(inputs.text_only().replace(layout=labels.get("itc_text_layout"))).last_hidden_state[:, 0]
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        cls_sep = torch.stack([ids[:, 0], ids[rows, mask.sum(1) - 1]], 1)
+        regions = inputs.replace(
+            input_ids=cls_sep, token_type_ids=None, attention_mask=None, layout=labels.get("itc_image_layout")
+        )
+        image = model.bert(regions).last_hidden_state[:, 0]
+        return (
+            F.normalize(head.text_proj(text).float(), dim=-1),
+            F.normalize(head.image_proj(image).float(), dim=-1),
+        )
+
+    def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
+        model = encoded.model
+        problem = self.unsupported(model.config)
+        if problem:
+            raise ValueError(problem)
+        text, image = self.embed(model, encoded.inputs, labels)
+        content = labels["itc_content"]
+        all_text, all_image, all_content = gather_columns([text, image, content])
+        same = content[:, None] == all_content[None, :]
+        temperature = getattr(model, self.head).clamped_temperature()
+        loss, accuracy, chance = contrastive_rows(text, image, all_text, all_image, same, temperature)
+        b = content.shape[0]
+        return ObjectiveResult(loss, accuracy, b, extra_metrics={f"{self.metric}_chance": (chance, b)})
+
+
+__all__ = ["ImageTextContrastive", "ContrastiveHead", "contrastive_rows", "gather_columns"]
