@@ -259,3 +259,20 @@ def test_a_vl_pretraining_run_trains_itc(tmp_path):
     assert math.isfinite(metrics["eval_itc_loss"]) and 0 < metrics["eval_itc_accuracy_chance"] < 1
     model = vlbert.VLBertForPreTraining.from_pretrained(out)
     assert model.loading_info.missing_keys == [] and model.config.projection_dim == 256
+
+
+def test_the_collators_layouts_of_the_unimodal_passes_give_the_same_loss():
+    from types import SimpleNamespace
+
+    from vlbert.objectives.base import PrepareContext
+
+    model = tiny_vl_model().eval()
+    batch = pairs(4, seed=3)
+    items = [{"content_id": c} for c in (1, 2, 3, 1)]
+    laid_out = dict(batch)
+    OBJECTIVES["itc"].prepare(laid_out, items, PrepareContext(text=SimpleNamespace(lays_out=True)))
+    assert {"itc_text_layout", "itc_image_layout"} <= set(laid_out)
+    plain = dict(batch)
+    OBJECTIVES["itc"].prepare(plain, items, PrepareContext(text=SimpleNamespace(lays_out=False)))
+    assert "itc_text_layout" not in plain
+    torch.testing.assert_close(model(**laid_out).loss, model(**plain).loss, rtol=0, atol=1e-6)
