@@ -322,6 +322,9 @@ class VLBertConfig(BertConfig):
             without a background class (1600 for Visual Genome bottom-up-attention; 0 disables MRC). Whether MRC
             uses the top class (``mrc``) or the distribution (``mrc_kl``) is the objective mix's choice.
         projection_dim: size of the contrastive (ITC) embeddings of image-text retrieval (ALBEF: 256).
+        contrastive_head: build the ``itc`` pretraining head (ALBEF's image-text contrastive projections and
+            temperature, :mod:`vlbert.objectives.contrastive`); the VL pretraining recipe sets it where its objective
+            mix has ``itc``, so models that never train ITC (a converted UNITER) carry no such head.
         wra_layer: the hidden states word-region alignment (the ``wra`` objective, and the plans
             ``vlbert explain alignment`` draws) transports between: -1 the last layer's (UNITER section 3.2), 0
             the embeddings (the first layer's input, before any word has seen a region), k the output of layer k.
@@ -350,6 +353,7 @@ class VLBertConfig(BertConfig):
     region_embedding: str = "uniter"
     region_token_type: Annotated[int, Range(ge=0)] = 1
     projection_dim: Annotated[int, Range(ge=1)] = 256
+    contrastive_head: bool = False
     wra_layer: Annotated[int, Range(ge=-1)] = -1
     region_head_norm: bool = True
     visual_backbone: (

@@ -114,8 +114,7 @@ def test_objectives_match_their_definitions():
     kl = (probs[masked] * (probs[masked].log() - F.log_softmax(model.mrc(hidden), -1))).sum(-1).mean()
     torch.testing.assert_close(out.losses["mrc_kl"], kl, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(out.loss, out.losses["mrfr"] + out.losses["mrc_kl"] + out.losses["itm"])
-    # the heads no objective used (MLM's and ITC's)
-    assert out.unused_parameters == list(model.masked_lm.parameters()) + list(model.itc.parameters())
+    assert out.unused_parameters == list(model.masked_lm.parameters())  # the one head no objective used
     out.loss.backward()
     assert model.bert.region_embeddings.feature_proj.weight.grad.abs().sum() > 0
     assert all(p.grad is None for p in out.unused_parameters)  # declared, not in the loss: the trainer adds them
@@ -252,7 +251,8 @@ def test_shard_feature_size_must_match_the_config(tokenizer):
     }
     ctx = RunContext(run, None, None, None, tokenizer, None)
     with pytest.raises(ValueError, match="1280-d region features but model.region_feature_dim is 2048"):
-        build_model(ctx, SimpleNamespace(feature_dim=1280, num_classes=1000, qa_answers=[]))
+        mix = SimpleNamespace(active=["mlm"], paired=[])
+        build_model(ctx, SimpleNamespace(feature_dim=1280, num_classes=1000, qa_answers=[], objectives=mix))
 
 
 def test_mrc_cross_entropy_variant():

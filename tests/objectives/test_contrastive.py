@@ -77,6 +77,7 @@ def tiny_vl_model(**fields):
         region_feature_dim=12,
         num_region_classes=0,
         projection_dim=16,
+        contrastive_head=True,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
         **fields,
@@ -151,7 +152,7 @@ def test_the_temperature_is_clamped_as_albef_and_two_stream_models_are_refused()
     with torch.no_grad():
         model.itc.temperature.fill_(-1.0)
     assert model.itc.clamped_temperature().item() == pytest.approx(0.001)
-    two_stream = vlbert.VLBertConfig(encoder="two-stream", hidden_size=32, num_attention_heads=2)
+    two_stream = vlbert.VLBertConfig(encoder="two-stream", hidden_size=32, num_attention_heads=2, contrastive_head=True)
     assert "single-stream" in OBJECTIVES["itc"].unsupported(two_stream)
     assert OBJECTIVES["itc"].unsupported(model.config) is None and OBJECTIVES["itc"].build_head(two_stream) is None
 

@@ -141,9 +141,11 @@ class ImageTextContrastive(Objective):
     reads_joint = False
 
     def build_head(self, config) -> ContrastiveHead | None:
-        """The head, or None for a model that cannot run the unit (:meth:`unsupported`: two-stream), which then
-        has no ``itc`` parameters."""
-        return None if self.unsupported(config) else ContrastiveHead(config.hidden_size, config.projection_dim)
+        """The head where ``config.contrastive_head`` asks for it, or None (a model that does not train ITC, or
+        cannot run the unit: :meth:`unsupported`), which then has no ``itc`` parameters."""
+        if not getattr(config, "contrastive_head", False) or self.unsupported(config):
+            return None
+        return ContrastiveHead(config.hidden_size, config.projection_dim)
 
     def unsupported(self, config) -> str | None:
         if getattr(config, "encoder", "single-stream") != "single-stream":

@@ -393,6 +393,8 @@ def build_model(ctx: RunContext, data: VLPretrainingData) -> VLBertForPreTrainin
             model).
     """
     answers = {"num_qa_labels": len(data.qa_answers)} if data.qa_answers else {}
+    if "itc" in data.objectives.active:  # the ITC head (projections, temperature): only where the mix trains it
+        answers["contrastive_head"] = True
     model = load_model(
         VLBertForPreTraining, ctx, region_feature_dim=data.feature_dim, num_region_classes=data.num_classes, **answers
     )
