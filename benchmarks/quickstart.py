@@ -224,7 +224,7 @@ def main(argv=None) -> int:
         ]
         widths = [max(len(row[i]) for row in table) for i in range(len(head))]
         for k, row in enumerate(table):
-            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
             if k == 0:
                 print("  ".join("-" * w for w in widths))
     if args.show_output:

@@ -324,7 +324,9 @@ class Detectron2RegionDetector:
         logits, _ = heads.box_predictor(pooled)
         probs = logits.softmax(-1)[:, :-1]  # detectron2 puts background last
         out, start = [], 0
-        for proposal_boxes, size, image_id, resized_size in zip(boxes, sizes, image_ids, images.image_sizes):
+        for proposal_boxes, size, image_id, resized_size in zip(
+            boxes, sizes, image_ids, images.image_sizes, strict=True
+        ):
             n = len(proposal_boxes)
             span = slice(start, start + n)
             start += n

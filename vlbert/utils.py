@@ -66,7 +66,7 @@ def all_gather_padded(tensors: list) -> list:
     for t in tensors:
         padded = pad_across_processes(pad_across_processes(t, dim=1) if t.dim() > 1 else t, dim=0)
         parts = gather(padded).split(padded.shape[0])
-        out.append(torch.cat([part[:n] for part, n in zip(parts, rows)]))
+        out.append(torch.cat([part[:n] for part, n in zip(parts, rows, strict=True)]))
     return out
 
 

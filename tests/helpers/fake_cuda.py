@@ -182,7 +182,7 @@ def fake_backward(
             ]
             outs = node.apply(*args) if hasattr(node, "_forward_cls") else node(*args)
             outs = outs if isinstance(outs, tuple) else (outs,)
-            for (nxt, slot), g in zip(node.next_functions, outs):
+            for (nxt, slot), g in zip(node.next_functions, outs, strict=True):
                 if nxt is None:
                     continue
                 if g is not None:

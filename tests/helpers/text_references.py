@@ -50,7 +50,7 @@ def conlleval(sentences: list[tuple[list[str], list[str]]]) -> dict[str, float]:
     lines = []
     for gold, guessed in sentences:
         assert len(gold) == len(guessed)
-        lines += [("w", g, p) for g, p in zip(gold, guessed)] + [("-X-", "O", "O")]
+        lines += [("w", g, p) for g, p in zip(gold, guessed, strict=True)] + [("-X-", "O", "O")]
     correct_chunk = found_correct = found_guessed = correct_tags = tokens = 0
     in_correct = False
     last_correct, last_guessed, last_correct_type, last_guessed_type = "O", "O", "", ""
@@ -210,7 +210,7 @@ def squad_dataset(records: list[dict]) -> list[dict]:
                             "question": r["question"],
                             "answers": [
                                 {"text": t, "answer_start": s}
-                                for t, s in zip(r["answers"]["text"], r["answers"]["answer_start"])
+                                for t, s in zip(r["answers"]["text"], r["answers"]["answer_start"], strict=True)
                             ],
                         }
                     ],

@@ -248,7 +248,7 @@ def _prepare(
         docs.write(np.zeros(1, np.int64).tobytes())
         for batch in tokenized.iter(batch_size=1000):
             arrays = []
-            for ids, lengths in zip(batch["input_ids"], batch["sentence_lengths"]):
+            for ids, lengths in zip(batch["input_ids"], batch["sentence_lengths"], strict=True):
                 if not lengths:
                     continue
                 array = np.asarray(ids, dtype=dtype)
@@ -337,7 +337,10 @@ class TokenCorpus:
         first, end = self.sentences(index)
         offsets = self._read("sentence_offsets", np.int64, first, end + 1)
         tokens = self._read("tokens", self.dtype, int(offsets[0]), int(offsets[-1])).tolist()
-        return [tokens[a - offsets[0] : b - offsets[0]] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+        return [
+            tokens[a - offsets[0] : b - offsets[0]]
+            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
+        ]
 
     def token_counts(self, vocab_size: int, chunk: int = 1 << 22) -> np.ndarray:
         """int64 [vocab_size]: how often each id occurs (counted during preparation; else read in chunks)."""

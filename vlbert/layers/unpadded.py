@@ -212,7 +212,7 @@ LEGACY_KEYS = ("packed_indices", "cu_seqlens")
 def legacy_fields(*masks: torch.Tensor) -> dict[str, torch.Tensor]:
     """:func:`unpadded_layout` under the batch keys of before issue 51 (:data:`LEGACY_KEYS`)."""
     layout = unpadded_layout(*masks)
-    return dict(zip(LEGACY_KEYS, (layout.indices, layout.cu_seqlens)))
+    return dict(zip(LEGACY_KEYS, (layout.indices, layout.cu_seqlens), strict=True))
 
 
 def pop_legacy_layout(layout: Layout, keywords: dict) -> Layout:

@@ -208,8 +208,8 @@ class TextTaskData(TaskData):
                 (i, [(w, int(best[row, p])) for w, p in self.eval.items[i]["words"]]) for row, i in enumerate(index)
             ]
         if kind == "regression":
-            return list(zip(index, output.logits.squeeze(-1).float().cpu().tolist()))
-        return list(zip(index, output.logits.argmax(-1).cpu().tolist()))
+            return list(zip(index, output.logits.squeeze(-1).float().cpu().tolist(), strict=True))
+        return list(zip(index, output.logits.argmax(-1).cpu().tolist(), strict=True))
 
     @property
     def target_keys(self) -> tuple[str, ...]:

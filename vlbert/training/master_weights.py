@@ -58,7 +58,7 @@ class MasterWeights:
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, bucket_bytes: int | None = None):
         self.params = list(model.parameters())
         self.masters = [p.detach().clone().float().requires_grad_(p.requires_grad) for p in self.params]
-        self._by_id = {id(p): m for p, m in zip(self.params, self.masters)}
+        self._by_id = {id(p): m for p, m in zip(self.params, self.masters, strict=True)}
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.grad_buffer: torch.Tensor | None = None  # float32 [sum of numels], allocated at the first gradient
         self._views: list[torch.Tensor] = []
@@ -99,7 +99,8 @@ class MasterWeights:
             )
         self.grad_buffer = torch.zeros(sum(m.numel() for m in self.masters), dtype=torch.float32, device=devices.pop())
         self._views = [
-            v.view_as(m) for v, m in zip(self.grad_buffer.split([m.numel() for m in self.masters]), self.masters)
+            v.view_as(m)
+            for v, m in zip(self.grad_buffer.split([m.numel() for m in self.masters]), self.masters, strict=True)
         ]
 
     @torch.no_grad()
@@ -242,7 +243,7 @@ class MasterWeights:
         """Masters, master gradients and optimizer states that are not on their parameter's device (one line
         each; empty when all is in place). Reads devices only: no synchronisation."""
         errors = []
-        for i, (p, m) in enumerate(zip(self.params, self.masters)):
+        for i, (p, m) in enumerate(zip(self.params, self.masters, strict=True)):
             for what, t in (
                 ("master", m),
                 ("master gradient", m.grad),
@@ -265,11 +266,11 @@ class MasterWeights:
         masters, loading writes into them. On exit the weights are the masters rounded to the model's dtype."""
         kept = [p.data for p in self.params]
         try:
-            for p, m in zip(self.params, self.masters):
+            for p, m in zip(self.params, self.masters, strict=True):
                 p.data = m.data
             yield
         finally:
-            for p, data in zip(self.params, kept):
+            for p, data in zip(self.params, kept, strict=True):
                 p.data = data
             self.masters_to_model()
 
