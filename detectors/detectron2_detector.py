@@ -346,11 +346,4 @@ class Detectron2RegionDetector:
         return out
 
 
-__all__ = [
-    "Detectron2RegionDetector",
-    "load_config",
-    "read_checkpoint",
-    "load_weights",
-    "resolve_config_file",
-    "INSTALL_HINT",
-]
+__all__ = ["Detectron2RegionDetector", "load_config", "load_weights", "resolve_config_file", "INSTALL_HINT"]

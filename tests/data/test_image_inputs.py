@@ -306,7 +306,7 @@ def test_retrieval_trains_the_backbone_and_evaluates_on_the_pixels(easy, e2e_run
     ``match_scores`` on pixels made here (PIL bilinear to 32 x 32, ImageNet mean/std)."""
     from safetensors.torch import load_file
 
-    from vlbert.data.retrieval import load_karpathy_split
+    from vlbert.data.captions import load_karpathy_split
     from vlbert.evaluation.retrieval import evaluate_retrieval
     from vlbert.inference import RetrievalPipeline
 

@@ -360,7 +360,7 @@ def test_entailment_pipeline_labels_as_the_evaluation(easy, tmp_path):
 
 
 def test_retrieval_pipeline_ranks_as_the_evaluation_and_its_index_reloads(easy, tmp_path):
-    from vlbert.data.retrieval import load_karpathy_split
+    from vlbert.data.captions import load_karpathy_split
     from vlbert.evaluation.retrieval import evaluate_retrieval
 
     images = [

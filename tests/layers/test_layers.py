@@ -202,6 +202,46 @@ def test_a_module_holds_one_idea():
     assert over == {}, f"modules over {MAX_PUBLIC_DEFINITIONS} public definitions: {over} (largest: {largest})"
 
 
+def _defined_names(tree: ast.Module) -> set[str]:
+    """The names a module defines at its top level (classes, functions, assignments, also under ``if``/``try``);
+    not the names it imports."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def _all_names(tree: ast.Module) -> list[str] | None:
+    """The module's literal ``__all__``, or None where it has none."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    return None
+
+
+def test_all_names_the_modules_own_api():
+    """``__all__`` names the real API: a module's lists only names the module itself defines (no ``_private``
+    helper, no name imported from another module: each name is exported once, by the module that defines it). A
+    package's ``__init__`` is its facade: it gathers its modules' names, and only ``_private`` ones are refused
+    there. A name a module imports for others to import from it is not its API; where one is kept for an importer
+    it says so (``import x as x``)."""
+    wrong = []
+    for path in _source_files():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = _all_names(tree)
+        if names is None:
+            continue
+        defined = _defined_names(tree)
+        for name in names:
+            private = name.startswith("_") and not name.startswith("__")
+            if private or (path.name != "__init__.py" and name not in defined):
+                wrong.append(f"{path.relative_to(ROOT)}: {name}")
+    assert wrong == [], "\n".join(wrong)
+
+
 def test_a_checkout_imports_without_installing(tmp_path):
     """The repository's root on PYTHONPATH, nothing installed (a machine without a package index, such as the GPU
     machine): ``vlbert.detectors`` is the folder detectors/ beside the package, as setup.py installs it."""

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from helpers.builders import padded_batch, random_hf_config
 
 import vlbert
-from vlbert.models.vl import VLBertForPreTraining, VLBertModel, region_location_features
+from vlbert.models.region_embeddings import region_location_features
+from vlbert.models.vl import VLBertForPreTraining, VLBertModel
 
 
 def vl_config(seed=0, **kw):

@@ -27,7 +27,7 @@ from vlbert.evaluation.vqa import gqa_predictions_json, vqa_results_json
 from vlbert.inference.base import Pipeline, label_result, label_row
 from vlbert.inference.fill_mask import FillMaskPipeline, TextFillMaskPipeline
 from vlbert.inference.matching import ImageTextMatchingPipeline
-from vlbert.inference.retrieval import ImageIndex, RetrievalPipeline
+from vlbert.inference.retrieval import RetrievalPipeline
 from vlbert.inference.text import TextClassificationPipeline
 from vlbert.models.referring import VLBertForReferringExpressions
 from vlbert.models.uniter_heads import VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention, VLBertForVisualEntailment
@@ -326,20 +326,11 @@ def pipeline(
 
 
 __all__ = [
-    "Pipeline",
     "VQAPipeline",
     "EntailmentPipeline",
     "ImagePairPipeline",
     "ReferringPipeline",
-    "FillMaskPipeline",
-    "RetrievalPipeline",
-    "TextClassificationPipeline",
-    "TextFillMaskPipeline",
-    "ImageIndex",
-    "ImageTextMatchingPipeline",
     "PIPELINES",
     "pipeline",
     "pipeline_class",
-    "label_result",
-    "label_row",
 ]

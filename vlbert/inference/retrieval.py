@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from vlbert.checkpoint import write_safetensors
 from vlbert.common.files import write_text_atomically
 from vlbert.common.user_files import expect, read_json
-from vlbert.detectors.images import IMAGE_SUFFIXES, is_image_file
+from vlbert.detectors.images import is_image_file
 from vlbert.detectors.regions import Regions
 from vlbert.detectors.shards import write_shards
 from vlbert.detectors.store import RegionStore
@@ -297,4 +297,4 @@ def _top(row: torch.Tensor, k: int, make) -> list[dict]:
     return [make(n, s) for n, s in zip(ids.tolist(), scores.tolist(), strict=True)]
 
 
-__all__ = ["ImageIndex", "RetrievalPipeline", "INDEX_FILE", "EMBEDDINGS_FILE", "IMAGE_SUFFIXES"]
+__all__ = ["ImageIndex", "RetrievalPipeline", "INDEX_FILE", "EMBEDDINGS_FILE"]

@@ -431,6 +431,5 @@ __all__ = [
     "SelfAttention",
     "BertPooler",
     "LayerNorm",
-    "check_text_inputs",
     "compile_model",
 ]
