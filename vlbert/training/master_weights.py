@@ -4,9 +4,8 @@ Source: Micikevicius et al. 2018, "Mixed precision training", section 3.1 (an FP
 receives the update; the model computes in half precision); MosaicBERT and most large-model trainers keep bf16
 weights the same way. Compared with autocast over float32 parameters, nothing is cast inside the step: autocast
 casts every weight and bias before each Linear and LayerNorm and their gradients back (four extra operations per
-Linear: half of a BERT layer's operations, each costing the host ~30 us to launch on the GPU). Predicted by
-../shared/gpu/roofline.py for BERT-base 256 x 128 on an H100: 46.8 ms with bf16 parameters vs 49.5 ms with autocast;
-for the UNITER-sized VL step 572 vs 896 operations.
+Linear: half of a BERT layer's operations, each costing the host ~30 us to launch on the GPU); what that saves on
+an H100, as predicted: docs/performance.md, "The H100 step, predicted".
 
 The optimizer holds the float32 masters (its state is theirs, so checkpoints and exact resume are as in float32
 training). They live on the parameters' device: build :class:`MasterWeights` after the model is on its device (the
