@@ -168,7 +168,9 @@ def fake_backward(
                 if g is not None:
                     leaf.grad = g if leaf.grad is None else leaf.grad + g
                 continue
-            for (nxt, slot), g in zip(node.next_functions, _node_backward(node, grads), strict=True):
+            # strict=False: a Python Function's backward gives one gradient per forward argument, None for those
+            # that are not tensors (_FlashVarlen's maximum lengths, its dropout), which next_functions does not list
+            for (nxt, slot), g in zip(node.next_functions, _node_backward(node, grads), strict=False):
                 if nxt is None:
                     continue
                 if g is not None:
