@@ -128,7 +128,7 @@ def backend_options(args: argparse.Namespace, backends: list[str]) -> dict[str, 
         if field.type == "dict":
             if len(value) % 2:
                 raise ValueError(f"{option_flag(name)} takes KEY VALUE pairs, got {len(value)} words")
-            given[name] = {k: yaml.safe_load(v) for k, v in zip(value[::2], value[1::2])}
+            given[name] = {k: yaml.safe_load(v) for k, v in zip(value[::2], value[1::2], strict=True)}
     out = {}
     for backend in backends:
         entry = DETECTOR_BACKENDS[backend]
@@ -211,9 +211,10 @@ def print_table(rows: list[dict]) -> None:
     widths[:3] = [max([widths[k]] + [len(c[k]) for c in cells]) for k in range(3)]
 
     def line(values) -> str:
-        first = [v.ljust(w) for v, w in zip(values[:2], widths)]
-        rest = [v.rjust(w) for v, w in zip(values[2 : len(header)], widths[2:])]
-        return " | ".join(first + rest) if len(values) == len(header) else " | ".join(first + [values[2], values[3]])
+        first = [v.ljust(w) for v, w in zip(values[:2], widths[:2], strict=True)]
+        if len(values) != len(header):  # a row that did not run: why, unaligned
+            return " | ".join(first + [values[2], values[3]])
+        return " | ".join(first + [v.rjust(w) for v, w in zip(values[2:], widths[2:], strict=True)])
 
     print(line(header))
     print("-+-".join("-" * w for w in widths))

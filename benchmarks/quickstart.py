@@ -143,6 +143,86 @@ def minutes(seconds: float) -> str:
     return f"{m}:{s:02d}"
 
 
+def time_commands(
+    timed: list[str], repeats: int, workdir: str | None = None, keep: bool = False
+) -> tuple[dict[str, list[tuple[float, float, float]]], dict[str, str]]:
+    """Run the quick-start commands ``timed`` (and those they need first) ``repeats`` times, each repeat in a clean
+    directory under ``workdir`` (removed unless ``keep``), reporting each run on stderr.
+
+    Returns:
+        (command -> one (seconds, mean load, max load) per repeat, command -> what it printed in the last repeat).
+    Raises:
+        RuntimeError: a quick-start command failed.
+    """
+    needed = [n for n in COMMANDS if n in timed or any(n in COMMANDS[t][1] for t in timed)]
+    results: dict[str, list[tuple[float, float, float]]] = {n: [] for n in timed}
+    outputs: dict[str, str] = {}
+    for repeat in range(repeats):
+        directory = Path(tempfile.mkdtemp(prefix=f"quickstart-{repeat}-", dir=workdir))
+        try:
+            for name in needed:
+                seconds, mean_load, max_load, output = run_command(name, directory, directory / "cache")
+                if name in results:
+                    results[name].append((seconds, mean_load, max_load))
+                    outputs[name] = output
+                    print(
+                        f"repeat {repeat + 1}/{repeats}: {name} {seconds:.0f} s (load {mean_load:.1f} mean, "
+                        f"{max_load:.1f} max)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        finally:
+            if keep:
+                print(f"kept {directory}", file=sys.stderr)
+            else:
+                shutil.rmtree(directory, ignore_errors=True)
+    return results, outputs
+
+
+def summary(results: dict[str, list[tuple[float, float, float]]]) -> list[dict]:
+    """One row per command of :func:`time_commands`' results: its runs, min / median / max seconds, the 1-minute
+    load's mean and max, the CPU count and every run's seconds."""
+    rows = []
+    for name, runs in results.items():
+        seconds = [s for s, _, _ in runs]
+        rows.append(
+            {
+                "command": name,
+                "runs": len(seconds),
+                "min_s": round(min(seconds), 1),
+                "median_s": round(statistics.median(seconds), 1),
+                "max_s": round(max(seconds), 1),
+                "load_mean": round(statistics.fmean(m for _, m, _ in runs), 1),
+                "load_max": round(max(x for _, _, x in runs), 1),
+                "cpus": os.cpu_count(),
+                "seconds": [round(s, 1) for s in seconds],
+            }
+        )
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    """The :func:`summary` rows as a plain table, times as minutes:seconds."""
+    head = ("command", "runs", "min", "median", "max", "load (1 min) mean / max", "CPUs")
+    table = [head] + [
+        (
+            r["command"],
+            str(r["runs"]),
+            minutes(r["min_s"]),
+            minutes(r["median_s"]),
+            minutes(r["max_s"]),
+            f"{r['load_mean']:.1f} / {r['load_max']:.1f}",
+            str(r["cpus"]),
+        )
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for k, row in enumerate(table):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        if k == 0:
+            print("  ".join("-" * w for w in widths))
+
+
 def main(argv=None) -> int:
     """Run the tool with ``argv`` (default: ``sys.argv[1:]``; the module docstring); returns 0.
 
@@ -166,71 +246,17 @@ def main(argv=None) -> int:
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
     timed = [n for n in COMMANDS if n in args.commands]
-    needed = [n for n in COMMANDS if n in timed or any(n in COMMANDS[t][1] for t in timed)]
-    results: dict[str, list[tuple[float, float, float]]] = {n: [] for n in timed}
-    outputs: dict[str, str] = {}
-    for repeat in range(args.repeats):
-        workdir = Path(tempfile.mkdtemp(prefix=f"quickstart-{repeat}-", dir=args.workdir))
-        try:
-            for name in needed:
-                seconds, mean_load, max_load, output = run_command(name, workdir, workdir / "cache")
-                if name in results:
-                    results[name].append((seconds, mean_load, max_load))
-                    outputs[name] = output
-                    print(
-                        f"repeat {repeat + 1}/{args.repeats}: {name} {seconds:.0f} s (load {mean_load:.1f} mean, "
-                        f"{max_load:.1f} max)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-        finally:
-            if args.keep:
-                print(f"kept {workdir}", file=sys.stderr)
-            else:
-                shutil.rmtree(workdir, ignore_errors=True)
-    cpus = os.cpu_count()
-    rows = []
-    for name in timed:
-        seconds = [s for s, _, _ in results[name]]
-        rows.append(
-            {
-                "command": name,
-                "runs": len(seconds),
-                "min_s": round(min(seconds), 1),
-                "median_s": round(statistics.median(seconds), 1),
-                "max_s": round(max(seconds), 1),
-                "load_mean": round(statistics.fmean(m for _, m, _ in results[name]), 1),
-                "load_max": round(max(x for _, _, x in results[name]), 1),
-                "cpus": cpus,
-                "seconds": [round(s, 1) for s in seconds],
-            }
-        )
+    results, outputs = time_commands(timed, args.repeats, args.workdir, args.keep)
+    rows = summary(results)
     if args.json:
         for row in rows:
             print(json.dumps(row))
     else:
-        head = ("command", "runs", "min", "median", "max", "load (1 min) mean / max", "CPUs")
-        table = [head] + [
-            (
-                r["command"],
-                str(r["runs"]),
-                minutes(r["min_s"]),
-                minutes(r["median_s"]),
-                minutes(r["max_s"]),
-                f"{r['load_mean']:.1f} / {r['load_max']:.1f}",
-                str(cpus),
-            )
-            for r in rows
-        ]
-        widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-        for k, row in enumerate(table):
-            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-            if k == 0:
-                print("  ".join("-" * w for w in widths))
+        print_table(rows)
     if args.show_output:
         for name in timed:
             print(f"\n--- {name} (last repeat) ---\n{outputs[name]}")
     return 0
 
 
-__all__ = ["COMMANDS", "LoadMonitor", "run_command", "main"]
+__all__ = ["COMMANDS", "LoadMonitor", "run_command", "time_commands", "summary", "print_table", "main"]

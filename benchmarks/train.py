@@ -408,6 +408,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def model_pair(name: str, args: argparse.Namespace, tokenizer):
+    """The ``"text"`` (:func:`text_pair` of ``args.config``) or ``"vl"`` (:func:`vl_pair`) pair: (vlbert model,
+    transformers model, their batches, the config, the batch's real tokens, its sequence length, the FLOPs of one
+    training step on it: per real token for text, over every position for VL as the trainer's MFU counts them)."""
+    if name == "text":
+        ours, hf, ours_batch, hf_batch, config, real = text_pair(
+            load_run_config(args.config), tokenizer, args.batch_size
+        )
+        seq_len = ours_batch["input_ids"].shape[1]
+        return ours, hf, ours_batch, hf_batch, config, real, seq_len, estimate_flops_per_token(config, seq_len) * real
+    ours, hf, ours_batch, hf_batch, config, real = vl_pair(tokenizer, args.batch_size)
+    tokens, regions, sequences = count_positions(ours_batch)
+    flops = estimate_step_flops(config, tokens, sequences, regions)
+    return ours, hf, ours_batch, hf_batch, config, real, config.seq_len, flops
+
+
+def add_rates(results: dict, real: int, flops: float, peak: float, datasheet_peak: float | None = None) -> None:
+    """Add to each timing of :func:`time_train_steps` its real tokens per second and its MFU: ``flops`` per step
+    over the measured matmul ``peak`` (FLOP/s), and over ``datasheet_peak`` where given (``mfu_datasheet``)."""
+    for r in results.values():
+        r["real_tokens_per_s"] = real / (r["ms_per_step"] / 1e3)
+        r["mfu"] = flops / (r["ms_per_step"] / 1e3) / peak
+        if datasheet_peak is not None:
+            r["mfu_datasheet"] = flops / (r["ms_per_step"] / 1e3) / datasheet_peak
+
+
 def main(argv=None) -> int:
     """Run the tool with ``argv`` (default: ``sys.argv[1:]``; see the module docstring); returns the exit
     status (0). Errors propagate for :func:`vlbert.commands.run_tool` to report."""
@@ -425,21 +451,8 @@ def main(argv=None) -> int:
     for name in ("text", "vl"):
         if name not in wanted:
             continue
-        if name == "text":
-            ours, hf, ours_batch, hf_batch, config, real = text_pair(
-                load_run_config(args.config), tokenizer, args.batch_size
-            )
-            seq_len = ours_batch["input_ids"].shape[1]
-        else:
-            ours, hf, ours_batch, hf_batch, config, real = vl_pair(tokenizer, args.batch_size)
-            seq_len = config.seq_len
+        ours, hf, ours_batch, hf_batch, config, real, seq_len, flops = model_pair(name, args, tokenizer)
         padded = ours_batch["input_ids"].shape[0] * seq_len
-        tokens, regions, sequences = count_positions(ours_batch)  # VL: every position, as the trainer's MFU
-        flops = (
-            estimate_flops_per_token(config, seq_len) * real
-            if name == "text"
-            else estimate_step_flops(config, tokens, sequences, regions)
-        )
         if args.compile:
             compile_model(ours)
         results = time_train_steps(
@@ -451,11 +464,7 @@ def main(argv=None) -> int:
             args.steps,
             args.warmup,
         )
-        for r in results.values():
-            r["real_tokens_per_s"] = real / (r["ms_per_step"] / 1e3)
-            r["mfu"] = flops / (r["ms_per_step"] / 1e3) / peak
-            if datasheet:
-                r["mfu_datasheet"] = flops / (r["ms_per_step"] / 1e3) / datasheet_peak
+        add_rates(results, real, flops, peak, datasheet_peak if datasheet else None)
         hf.cpu()
         ours.cpu()
         record = {

@@ -144,7 +144,7 @@ def load_efficientnet_lite0(weights: str | os.PathLike | None = None) -> torch.n
             "it is not an EfficientNet-Lite0 checkpoint"
         )
     mapped = {}
-    for (src_key, tensor), tgt_key in zip(src_items, tgt_keys):
+    for (src_key, tensor), tgt_key in zip(src_items, tgt_keys, strict=True):
         if tensor.shape != target[tgt_key].shape:
             raise ValueError(
                 f"{weights}: {src_key} {tuple(tensor.shape)} does not fit {tgt_key} "
@@ -333,11 +333,11 @@ class BackboneRegionExtractor:
         if boxes is None:
             boxes = [self.proposals(a) for a in arrays]
         boxes = [np.asarray(b, dtype=np.float32).reshape(-1, 4) for b in boxes]
-        for a, b, image_id in zip(arrays, boxes, image_ids):  # validate before any work
+        for a, b, image_id in zip(arrays, boxes, image_ids, strict=True):  # validate before any work
             Regions(image_id, a.shape[0], a.shape[1], b, np.zeros((len(b), 1)), np.ones(len(b)))
         fmaps, low = self.feature_maps(arrays)
         resized = []
-        for a, b in zip(arrays, boxes):
+        for a, b in zip(arrays, boxes, strict=True):
             h, w = a.shape[:2]
             scale = torch.tensor([self.input_size / w, self.input_size / h] * 2)
             resized.append((torch.from_numpy(b) * scale).to(self.device))
@@ -358,7 +358,7 @@ class BackboneRegionExtractor:
         if low is not None:
             pooled = torch.cat([pooled, grid(low).mean(dim=(2, 3))], dim=1)
         out, start = [], 0
-        for a, b, image_id in zip(arrays, boxes, image_ids):
+        for a, b, image_id in zip(arrays, boxes, image_ids, strict=True):
             n = len(b)
             p = probs[start : start + n]
             out.append(

@@ -165,7 +165,7 @@ class ButdRegionDetector:
         proposals, features, class_probs = self.model(images)
         resized = tuple(images.shape[-2:])
         out, start = [], 0
-        for boxes, size, image_id in zip(proposals, sizes, image_ids):
+        for boxes, size, image_id in zip(proposals, sizes, image_ids, strict=True):
             span = slice(start, start + len(boxes))
             start += len(boxes)
             out.append(

@@ -18,7 +18,6 @@ from detectron2.modeling import BACKBONE_REGISTRY, ROI_HEADS_REGISTRY
 from detectron2.modeling.backbone.resnet import BasicStem, build_resnet_backbone
 from detectron2.modeling.roi_heads import Res5ROIHeads
 from vlbert.detectors.butd_model import AttributePredictor
-from vlbert.detectors.detectron2_checkpoint import ATTRIBUTE_KEY_RENAMES
 from vlbert.detectors.files import BUTD_VG_CONFIG_FILE
 
 BUTD_VG_CONFIG = BUTD_VG_CONFIG_FILE
@@ -77,10 +76,8 @@ class ButdAttributeRes5ROIHeads(Res5ROIHeads):
 
 __all__ = [
     "BUTD_VG_CONFIG",
-    "ATTRIBUTE_KEY_RENAMES",
     "add_butd_config",
     "CaffeMaxPoolStem",
     "build_butd_resnet_backbone",
-    "AttributePredictor",
     "ButdAttributeRes5ROIHeads",
 ]

@@ -27,7 +27,7 @@ def read_checkpoint(weights: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
     ({"blobs": ...} or a flat dict; names converted with detectron2's ``align_and_update_state_dicts`` at load);
     ``.pth``/``.pt``: ``torch.load(weights_only=True)`` of a state dict or {"model": state dict};
     ``.safetensors``: a state dict. py-bottom-up-attention's attribute keys are renamed
-    (:data:`vlbert.detectors.detectron2_butd.ATTRIBUTE_KEY_RENAMES`).
+    (:data:`ATTRIBUTE_KEY_RENAMES`).
 
     Returns:
         (name -> tensor, whether the names are Caffe2/Detectron's and still need matching).

@@ -113,9 +113,9 @@ def load_config(config_file: str | os.PathLike, overrides: dict | None = None):
 @contextlib.contextmanager
 def _initial_weights_not_drawn():
     """``torch.nn.init``'s in-place fills do nothing while a model is built whose every tensor a strict load then
-    sets (:func:`load_weights`): a ResNet-101 detector is built in 0.05 s instead of 1.9 s on one core. As
+    sets (:func:`load_weights`), so building a detector draws no initial weights (docs/performance.md). As
     transformers' ``no_init_weights`` (transformers/initialization.py), without its import of transformers'
-    modeling code (2 s). Not thread-safe: it patches the module while a model is built."""
+    modeling code. Not thread-safe: it patches the module while a model is built."""
     fills = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_")
     fills += ("xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_")
     saved = {name: getattr(torch.nn.init, name) for name in fills}
@@ -324,7 +324,9 @@ class Detectron2RegionDetector:
         logits, _ = heads.box_predictor(pooled)
         probs = logits.softmax(-1)[:, :-1]  # detectron2 puts background last
         out, start = [], 0
-        for proposal_boxes, size, image_id, resized_size in zip(boxes, sizes, image_ids, images.image_sizes):
+        for proposal_boxes, size, image_id, resized_size in zip(
+            boxes, sizes, image_ids, images.image_sizes, strict=True
+        ):
             n = len(proposal_boxes)
             span = slice(start, start + n)
             start += n
@@ -344,11 +346,4 @@ class Detectron2RegionDetector:
         return out
 
 
-__all__ = [
-    "Detectron2RegionDetector",
-    "load_config",
-    "read_checkpoint",
-    "load_weights",
-    "resolve_config_file",
-    "INSTALL_HINT",
-]
+__all__ = ["Detectron2RegionDetector", "load_config", "load_weights", "resolve_config_file", "INSTALL_HINT"]

@@ -179,8 +179,8 @@ def _extract_window(
         elif hasattr(extractor, "extract_batch"):
             results = extractor.extract_batch(arrays, ids)
         else:
-            results = [extractor(a, i) for a, i in zip(arrays, ids)]
-        for k, regions in zip(chunk, results):
+            results = [extractor(a, i) for a, i in zip(arrays, ids, strict=True)]
+        for k, regions in zip(chunk, results, strict=True):
             out[k] = regions
     return out
 

@@ -263,7 +263,7 @@ class GridExtractor:
             final = pooled[0]
             probs = self.backbone.classifier(final.reshape(n * g * g, -1)).float().softmax(-1).reshape(n, g * g, -1)
         out = []
-        for k, (a, image_id) in enumerate(zip(arrays, image_ids)):
+        for k, (a, image_id) in enumerate(zip(arrays, image_ids, strict=True)):
             height, width = a.shape[:2]
             p = probs[k].cpu().numpy() if probs is not None else None
             out.append(

@@ -139,7 +139,7 @@ def run_in_shape_groups(shapes: Sequence[Hashable], max_batch: int | None, run: 
     back in input order: one output per shape, as if each had been run alone."""
     out: list = [None] * len(shapes)
     for group in shape_groups(shapes, max_batch or max(1, len(shapes))):
-        for i, result in zip(group, run(group)):
+        for i, result in zip(group, run(group), strict=True):
             out[i] = result
     return out
 

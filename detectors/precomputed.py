@@ -64,10 +64,10 @@ def read_butd_tsv(path: str | os.PathLike, detector: str = "butd-tsv") -> Iterat
             if not row:
                 continue
             if len(row) == len(LXMERT_FIELDS):
-                rec = dict(zip(LXMERT_FIELDS, row))
+                rec = dict(zip(LXMERT_FIELDS, row, strict=True))
                 image_id, h, w = rec["img_id"], rec["img_h"], rec["img_w"]
             elif len(row) == len(BUTD_FIELDS):
-                rec = dict(zip(BUTD_FIELDS, row))
+                rec = dict(zip(BUTD_FIELDS, row, strict=True))
                 image_id, h, w = rec["image_id"], rec["image_h"], rec["image_w"]
             else:
                 raise RegionError(

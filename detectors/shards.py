@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
-from vlbert.detectors.regions import RegionError, Regions
+from vlbert.detectors.regions import Regions
 
 from vlbert.common.files import write_text_atomically
 
@@ -366,7 +366,6 @@ __all__ = [
     "write_detector_info",
     "read_detector_info",
     "ShardError",
-    "RegionError",
     "SCHEMA_VERSION",
     "sample_key",
     "DAMAGED_SHARD_FIX",

@@ -131,7 +131,7 @@ class RegionStore(Mapping):
         path = self.paths[self.shard[row]]
         fields = {
             name: self._files.read(path, offset, size)
-            for name, offset, size in zip(FIELDS, self.offset[row], self.size[row])
+            for name, offset, size in zip(FIELDS, self.offset[row], self.size[row], strict=True)
             if offset >= 0
         }
         return decode_sample(str(image_id), fields, str(self.paths[self.shard[row]]))

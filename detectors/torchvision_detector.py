@@ -129,7 +129,7 @@ class TorchvisionRegionDetector:
         proposals, _ = m.rpn(images, features)
         detections, _ = m.roi_heads(features, proposals, images.image_sizes)
         kept = []
-        for det, (rh, rw) in zip(detections, images.image_sizes):
+        for det, (rh, rw) in zip(detections, images.image_sizes, strict=True):
             boxes, scores = det["boxes"], det["scores"]
             order = scores.argsort(descending=True)
             n = int((scores >= self.score_threshold).sum().clamp(self.min_boxes, self.max_boxes))
@@ -145,7 +145,7 @@ class TorchvisionRegionDetector:
         probs = class_logits[:, 1:].softmax(-1)
         top = class_logits.softmax(-1)[:, 1:].max(-1).values
         out, start = [], 0
-        for boxes, size, resized_size, image_id in zip(kept, sizes, images.image_sizes, image_ids):
+        for boxes, size, resized_size, image_id in zip(kept, sizes, images.image_sizes, image_ids, strict=True):
             n = len(boxes)
             pixel_boxes = boxes_to_pixels(boxes, resized_size, size)  # back to the original image's pixels
             h, w = size

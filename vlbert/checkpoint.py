@@ -131,7 +131,7 @@ def vlbert_to_hf(state_dict: dict[str, torch.Tensor], base_prefix: str = "bert")
         inner = key[len(prefix) :]
         m = _QKV_OURS.match(inner)
         if m:
-            for part, piece in zip(QKV_PARTS, tensor.chunk(3, dim=0)):
+            for part, piece in zip(QKV_PARTS, tensor.chunk(3, dim=0), strict=True):
                 out[prefix + QKV_HF.format(i=m.group("i"), part=part) + "." + m.group("param")] = piece
             continue
         out[prefix + (_rename(inner, _ENC_TO_HF) or inner)] = tensor

@@ -66,7 +66,7 @@ def all_gather_padded(tensors: list) -> list:
     for t in tensors:
         padded = pad_across_processes(pad_across_processes(t, dim=1) if t.dim() > 1 else t, dim=0)
         parts = gather(padded).split(padded.shape[0])
-        out.append(torch.cat([part[:n] for part, n in zip(parts, rows)]))
+        out.append(torch.cat([part[:n] for part, n in zip(parts, rows, strict=True)]))
     return out
 
 
@@ -90,12 +90,11 @@ def keep_freed_memory_in_process() -> bool:
 
     glibc serves every allocation above ``M_MMAP_THRESHOLD`` (at most 32 MiB) with a fresh ``mmap`` and unmaps it
     on free, so each training step page-faults its large activations (e.g. the [masked tokens, 30,522] MLM logits)
-    in again and the kernel zero-fills every page: measured on a 2-core Xeon, ``torch.exp`` of a 37 MB tensor
-    took 19.6 ms that way and 4.8 ms with freed memory kept. This sets ``M_MMAP_MAX = 0`` (serve large blocks
-    from the heap too) and ``M_TRIM_THRESHOLD = 1 GiB`` (do not shrink the heap), the runtime equivalent of the
+    in again and the kernel zero-fills every page. This sets ``M_MMAP_MAX = 0`` (serve large blocks from the heap
+    too) and ``M_TRIM_THRESHOLD = 1 GiB`` (do not shrink the heap), the runtime equivalent of the
     ``MALLOC_MMAP_MAX_`` / ``MALLOC_TRIM_THRESHOLD_`` environment variables; PyTorch's CPU tuning guide reaches
-    the same end by preloading jemalloc or tcmalloc. The cost: freed memory stays reserved by the process (150
-    steps of the default text pretraining: peak RSS 1.92 GB instead of 1.81 GB, 5,922 instead of 5,419 tokens/s).
+    the same end by preloading jemalloc or tcmalloc. The cost: freed memory stays reserved by the process
+    (docs/performance.md has both sides measured).
 
     Returns True when the settings were applied, False where the C library is not glibc (no change made).
     Affects every allocation made afterwards in this process (the CUDA caching allocator is unaffected).

@@ -44,7 +44,7 @@ class CountingExtractor:
                 None,
                 self.name,
             )
-            for a, i in zip(arrays, ids)
+            for a, i in zip(arrays, ids, strict=True)
         ]
 
 

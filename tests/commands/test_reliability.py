@@ -231,7 +231,7 @@ def test_damaged_vl_bert_files_are_one_line_whatever_the_unpickler_raises(capsys
     data = path.read_bytes()
     g = torch.Generator().manual_seed(0)
     seen = set()
-    for i in range(40):
+    for _ in range(40):
         cut = data[: int(torch.randint(1, len(data), (1,), generator=g))]
         flipped = bytearray(data[: len(cut)])
         for k in torch.randint(0, len(cut), (3,), generator=g).tolist():

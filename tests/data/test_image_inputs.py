@@ -82,7 +82,8 @@ def e2e_run(easy, tmp_path_factory):
     ]
     (root / "questions.json").write_text(json.dumps({"questions": records}))
     annotations = [
-        {"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10} for r, q in zip(records, questions)
+        {"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10}
+        for r, q in zip(records, questions, strict=True)
     ]
     (root / "annotations.json").write_text(json.dumps({"annotations": annotations}))
     (root / "images").mkdir()
@@ -139,7 +140,7 @@ def test_a_backbone_run_reads_images_and_its_pipeline_answers_as_the_forward(eas
         r["question_id"]: r["answer"]
         for r in map(json.loads, (e2e_run.dir / "predictions.jsonl").read_text().splitlines())
     }
-    assert {str(q["question_id"]): a[0]["answer"] for q, a in zip(qs, answers)} == evaluated
+    assert {str(q["question_id"]): a[0]["answer"] for q, a in zip(qs, answers, strict=True)} == evaluated
     # The model's forward on pixels made here (PIL bilinear to 80 x 80, ImageNet mean/std) and the stored boxes.
     mean, std = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
     rows = qs[:4]
@@ -305,7 +306,7 @@ def test_retrieval_trains_the_backbone_and_evaluates_on_the_pixels(easy, e2e_run
     ``match_scores`` on pixels made here (PIL bilinear to 32 x 32, ImageNet mean/std)."""
     from safetensors.torch import load_file
 
-    from vlbert.data.retrieval import load_karpathy_split
+    from vlbert.data.captions import load_karpathy_split
     from vlbert.evaluation.retrieval import evaluate_retrieval
     from vlbert.inference import RetrievalPipeline
 
@@ -346,7 +347,7 @@ def test_retrieval_trains_the_backbone_and_evaluates_on_the_pixels(easy, e2e_run
     ]
     # One AdamW step of the backbone's learning rate (1e-3) from init_from's weights: each moves, by about that much.
     steps = [float((p.detach() - before[n]).abs().max()) for n, p in trainable]
-    assert trainable and 0 < min(steps) and max(steps) < 1e-2
+    assert trainable and min(steps) > 0 and max(steps) < 1e-2
     test = load_karpathy_split(tmp_path / "captions.json", "test")
     reader = task_images(
         SimpleNamespace(**{**data, "image_preprocessing": "", "image_max_side": 0}), TIMM, [im.image_id for im in test]
@@ -468,7 +469,7 @@ def test_boxes_and_pixels_come_from_one_reader(e2e_vqa, tmp_path):  # row 106
             np.testing.assert_allclose(values[y1:y2, x1:x2], seen[y1:y2, x1:x2], atol=1e-3)
 
     vqa = e2e_vqa
-    found = dict(zip(files, vqa.processor.regions([str(p) for p in files.values()])))
+    found = dict(zip(files, vqa.processor.regions([str(p) for p in files.values()]), strict=True))
     for image_id, regions in found.items():
         same_under_boxes(regions.pixels, regions, load_image(files[image_id]))
     np.testing.assert_array_equal(load_image(files["deep"])[:, :, 0], np.round(ramp / 65535 * 255))  # not all 255

@@ -318,7 +318,9 @@ def test_lxmert_json_questions_train_the_qa_unit(easy, tokenizer, tmp_path):
     image = load_lxmert_json(tmp_path / "mscoco_train.json")[0]
     color, shape = easy.truth["0"]
     assert image.image_id == "0" and image.answers == ((), ((color, 1.0),), ((shape, 0.9), ("1", 0.0)))
-    caption, question = (Caption("0", [1], text, answers) for text, answers in zip(("c", "q"), image.answers[::2]))
+    caption, question = (
+        Caption("0", [1], text, answers) for text, answers in zip(("c", "q"), image.answers[::2], strict=True)
+    )
     data = VLPretrainingDataset(
         [caption, question, Caption("1", [1], "x")], easy.store, VLProcessor(tokenizer), qa_answers=["1", shape]
     )

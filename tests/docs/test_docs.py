@@ -131,7 +131,8 @@ def parse_only(monkeypatch):
         if kind == "benchmarks" or (kind, name) == ("vlbert", "benchmark"):  # in a clone: python -m benchmarks
             main = benchmarks_main
         elif kind == "tools" and name.startswith("benchmark"):  # tools/benchmark*.py: the benchmarks package's
-            main = lambda argv, fixed=script_arguments(f"{name}.py"): benchmarks_main([*fixed, *argv])
+            fixed = script_arguments(f"{name}.py")
+            main = lambda argv: benchmarks_main([*fixed, *argv])
         else:
             main = tool(name) if kind == "tools" else command_main(name) if name else vlbert_main
         argv = [w for w in argv if not w.startswith("...")]  # "...": the rest of a command said elsewhere

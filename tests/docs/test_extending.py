@@ -193,9 +193,9 @@ class ColourData(RegionTaskData):  # the recipe: data, model, evaluation, what i
         index, gold, predicted = self.predict_labels(model)
         rows = [
             {"question_id": self.eval.examples[i].question_id, "prediction": COLORS[p]}
-            for i, p in zip(index, predicted)
+            for i, p in zip(index, predicted, strict=True)
         ]
-        return rows, {"accuracy": sum(g == p for g, p in zip(gold, predicted)) / len(gold)}
+        return rows, {"accuracy": sum(g == p for g, p in zip(gold, predicted, strict=True)) / len(gold)}
 
 
 def colour_recipe(easy) -> Recipe:

@@ -70,7 +70,7 @@ def cpu_reference(config: dict, out: Path) -> list[float]:
 def assert_close_in_bf16(gpu: list[float], cpu: list[float]) -> None:
     assert len(gpu) == len(cpu) == STEPS
     assert all(math.isfinite(x) for x in gpu)
-    for g, c in zip(gpu, cpu):
+    for g, c in zip(gpu, cpu, strict=True):
         assert abs(g - c) <= 0.03 * abs(c) + 0.02, (gpu, cpu)  # bf16 keeps 8 bits of mantissa
 
 
@@ -385,7 +385,7 @@ def test_bf16_params_on_cuda_track_float32(small_corpus, tmp_path, accumulation)
         )
         windows[precision] = train_losses(out)
     assert len(windows["no"]) == len(windows["bf16-params"]) == 5
-    for fp32, bf16 in zip(windows["no"], windows["bf16-params"]):
+    for fp32, bf16 in zip(windows["no"], windows["bf16-params"], strict=True):
         assert math.isfinite(bf16) and abs(bf16 - fp32) <= 0.03 * fp32, windows
 
 
@@ -407,7 +407,7 @@ def test_a_poisoned_step_is_skipped_on_cuda(small_corpus, tmp_path):
 
         def after_step(self, trainer):
             if trainer.step == 3:
-                assert all(torch.equal(a, b) for a, b in zip(self.before, trainer.master.masters))
+                assert all(torch.equal(a, b) for a, b in zip(self.before, trainer.master.masters, strict=True))
 
     config = _gpu_text_config(small_corpus, tmp_path / "run", max_steps=6, on_nonfinite="skip", log_every=1)
     metrics = run(RECIPES["text-pretraining"], config, hooks=[Poison()])
@@ -479,7 +479,7 @@ def test_compile_on_cuda_equals_eager(small_corpus, tmp_path):
         out = tmp_path / str(compiled)
         run(RECIPES["text-pretraining"], _gpu_text_config(small_corpus, out, max_steps=20, compile=compiled))
         losses[compiled] = train_losses(out)
-    for a, b in zip(losses[False], losses[True]):
+    for a, b in zip(losses[False], losses[True], strict=True):
         assert abs(a - b) <= 0.03 * a, losses
 
 
@@ -522,7 +522,7 @@ def test_two_gpus_over_nccl_equal_one_at_twice_the_batch(small_corpus, tmp_path)
         timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    for a, b in zip(train_losses(one), train_losses(two)):
+    for a, b in zip(train_losses(one), train_losses(two), strict=True):
         assert abs(a - b) <= 0.03 * a + 0.01
 
 

@@ -30,7 +30,7 @@ def test_butd_on_the_gpu_extracts_the_cpus_regions(tmp_path):
     arrays = [(rs.rand(h, w, 3) * 255).astype(np.uint8) for h, w in ((480, 640), (640, 480), (480, 640))]
     ids = ["a", "b", "c"]
     on_gpu = gpu.extract_batch(arrays, ids, batch_size=2)
-    for array, image_id, theirs in zip(arrays, ids, on_gpu):
+    for array, image_id, theirs in zip(arrays, ids, on_gpu, strict=True):
         ours = cpu(array, image_id)
         assert ours.num_regions == theirs.num_regions
         np.testing.assert_allclose(theirs.boxes, ours.boxes, atol=1e-2)

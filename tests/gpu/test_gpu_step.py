@@ -7,6 +7,7 @@ the cross-entropy, and bf16 weights with float32 masters train as float32 does. 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import sys
 import traceback
@@ -420,7 +421,7 @@ def test_bf16_weights_with_float32_masters_train_as_float32(tmp_path, small_toke
     # it learns (the comparison below is not of two flat lines; noisy at batch 8)
     assert min(r["loss"] for r in runs["no"]) < first["loss"] - 1.0
     assert len(runs["no"]) == len(runs["bf16-params"]) == 3
-    for fp32, bf16 in zip(runs["no"], runs["bf16-params"]):  # here: within 0.003 and equal accuracies
+    for fp32, bf16 in zip(runs["no"], runs["bf16-params"], strict=True):  # here: within 0.003 and equal accuracies
         assert abs(bf16["loss"] - fp32["loss"]) < 0.01 * fp32["loss"], (fp32, bf16)
         assert abs(bf16["mlm_accuracy"] - fp32["mlm_accuracy"]) <= 0.03, (fp32, bf16)
 
@@ -437,7 +438,7 @@ def test_bf16_weights_with_float32_masters_train_as_float32(tmp_path, small_toke
     resumed = tiny_trainer(tmp_path / "part", small_token_corpus, tokenizer, "bf16-params", max_steps=6, save_every=3)
     assert resumed.resume()
     resumed.train()
-    for a, b in zip(whole.master.masters, resumed.master.masters):
+    for a, b in zip(whole.master.masters, resumed.master.masters, strict=True):
         assert torch.equal(a, b)
 
 
@@ -452,7 +453,7 @@ def test_a_kernel_registered_as_unpadded_always_gets_the_unpadded_tokens():
         bounds = unpadding.cu_seqlens.tolist()
         rows = [
             _explicit(*(t[a:b].transpose(0, 1)[None] for t in (q, k, v)), None, 0.0, False, False)[0]
-            for a, b in zip(bounds[:-1], bounds[1:])
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
         ]
         return torch.cat([r[0].transpose(0, 1) for r in rows]), None
 
@@ -568,7 +569,7 @@ def test_bf16_params_accumulate_micro_batches_in_float32(tmp_path, small_token_c
         group_by_length=False,
     )
     model = trainer.unwrapped
-    batches = [trainer._to_device(b) for _, b in zip(range(4), trainer.train_batches(0, 0, 0, 1))]
+    batches = [trainer._to_device(b) for b in itertools.islice(trainer.train_batches(0, 0, 0, 1), 4)]
     grads = []
     for batch in batches:  # each micro-batch's gradient alone, as the bf16 model computes it
         model.zero_grad(set_to_none=True)
@@ -588,8 +589,8 @@ def test_bf16_params_accumulate_micro_batches_in_float32(tmp_path, small_token_c
     trainer._clip_gradients = capture
     trainer.train()
     scale = max(float(e.abs().max()) for e in exact)
-    ours = max(float((m.double() - e).abs().max()) for m, e in zip(seen["masters"], exact))
-    bf16 = max(float((b.double() - e).abs().max()) for b, e in zip(in_bf16, exact))
+    ours = max(float((m.double() - e).abs().max()) for m, e in zip(seen["masters"], exact, strict=True))
+    bf16 = max(float((b.double() - e).abs().max()) for b, e in zip(in_bf16, exact, strict=True))
     assert ours <= 4 * 2.0**-24 * scale, (ours, scale)  # float32 rounding of a sum of 4
     assert bf16 > 100 * ours, (bf16, ours)
 

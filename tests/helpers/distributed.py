@@ -141,8 +141,8 @@ def _forked_process(target, args: tuple, stderr: str) -> None:
     fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the process's streams until os._exit)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     as_a_new_process()
     code = 1
     try:

@@ -154,14 +154,7 @@ def fake_backward(
     start = root.grad_fn
     if start is None:
         raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
-    consumers, stack, seen = collections.Counter(), [start], {start}
-    while stack:
-        for node, _ in stack.pop().next_functions:
-            if node is not None:
-                consumers[node] += 1
-                if node not in seen:
-                    seen.add(node)
-                    stack.append(node)
+    consumers = _consumers(start)
     pending = {start: {0: torch.ones_like(root) if gradient is None else gradient}}
     ready = [(-start._sequence_nr(), 0, start)]
     order = 1
@@ -175,14 +168,9 @@ def fake_backward(
                 if g is not None:
                     leaf.grad = g if leaf.grad is None else leaf.grad + g
                 continue
-            meta = node._input_metadata
-            args = [
-                grads[i] if grads.get(i) is not None else torch.zeros(m.shape, dtype=m.dtype, device=m.device)
-                for i, m in enumerate(meta)
-            ]
-            outs = node.apply(*args) if hasattr(node, "_forward_cls") else node(*args)
-            outs = outs if isinstance(outs, tuple) else (outs,)
-            for (nxt, slot), g in zip(node.next_functions, outs):
+            # strict=False: a Python Function's backward gives one gradient per forward argument, None for those
+            # that are not tensors (_FlashVarlen's maximum lengths, its dropout), which next_functions does not list
+            for (nxt, slot), g in zip(node.next_functions, _node_backward(node, grads), strict=False):
                 if nxt is None:
                     continue
                 if g is not None:
@@ -194,6 +182,31 @@ def fake_backward(
                 if consumers[nxt] == 0:
                     heapq.heappush(ready, (-nxt._sequence_nr(), order, nxt))
                     order += 1
+
+
+def _consumers(start) -> collections.Counter:
+    """Each autograd node below ``start`` -> how many edges of the graph lead into it (the gradients it waits for
+    before it runs)."""
+    consumers, stack, seen = collections.Counter(), [start], {start}
+    while stack:
+        for node, _ in stack.pop().next_functions:
+            if node is not None:
+                consumers[node] += 1
+                if node not in seen:
+                    seen.add(node)
+                    stack.append(node)
+    return consumers
+
+
+def _node_backward(node, grads: dict[int, torch.Tensor]) -> tuple:
+    """The gradients an autograd ``node`` gives its inputs (one per ``next_functions`` entry) for the gradients
+    ``grads`` of its outputs (output index -> gradient; zeros where an output received none)."""
+    args = [
+        grads[i] if grads.get(i) is not None else torch.zeros(m.shape, dtype=m.dtype, device=m.device)
+        for i, m in enumerate(node._input_metadata)
+    ]
+    outs = node.apply(*args) if hasattr(node, "_forward_cls") else node(*args)
+    return outs if isinstance(outs, tuple) else (outs,)
 
 
 @dataclasses.dataclass

@@ -171,15 +171,15 @@ def uniter_forward(
     transformed_im = layer_norm(linear(img_feat, s, f"{i}.img_linear"), s, f"{i}.img_layer_norm")
     transformed_pos = layer_norm(linear(img_pos7, s, f"{i}.pos_linear"), s, f"{i}.pos_layer_norm")
     img = layer_norm(transformed_im + transformed_pos + img_type, s, f"{i}.LayerNorm")
-    out_size = int(max(tl + nb for tl, nb in zip(text_lengths, num_boxes)))
+    out_size = int(max(tl + nb for tl, nb in zip(text_lengths, num_boxes, strict=True)))
     gather_index = torch.arange(out_size).repeat(b, 1)
-    for row, (tl, nb) in enumerate(zip(text_lengths, num_boxes)):
+    for row, (tl, nb) in enumerate(zip(text_lengths, num_boxes, strict=True)):
         gather_index[row, tl : tl + nb] = torch.arange(t_max, t_max + nb)
     joint = torch.cat([text, img], 1)
     joint = torch.cat([joint, joint.new_zeros(b, max(0, out_size - joint.shape[1]), joint.shape[2])], 1)
     embedded = joint.gather(1, gather_index[..., None].expand(-1, -1, joint.shape[2]))
     attn = torch.zeros(b, out_size)
-    for row, (tl, nb) in enumerate(zip(text_lengths, num_boxes)):
+    for row, (tl, nb) in enumerate(zip(text_lengths, num_boxes, strict=True)):
         attn[row, : tl + nb] = 1
     additive = (1.0 - attn)[:, None, None, :] * -10000.0
     sequence = bert_encoder(embedded, additive, s, "uniter.encoder", num_layers, num_heads)

@@ -50,7 +50,7 @@ def conlleval(sentences: list[tuple[list[str], list[str]]]) -> dict[str, float]:
     lines = []
     for gold, guessed in sentences:
         assert len(gold) == len(guessed)
-        lines += [("w", g, p) for g, p in zip(gold, guessed)] + [("-X-", "O", "O")]
+        lines += [("w", g, p) for g, p in zip(gold, guessed, strict=True)] + [("-X-", "O", "O")]
     correct_chunk = found_correct = found_guessed = correct_tags = tokens = 0
     in_correct = False
     last_correct, last_guessed, last_correct_type, last_guessed_type = "O", "O", "", ""
@@ -131,25 +131,22 @@ def squad_v1(dataset: list[dict], predictions: dict[str, str]) -> dict[str, floa
     return {"exact_match": 100.0 * exact_match / total, "f1": 100.0 * f1 / total}
 
 
-def squad_v2(
-    dataset: list[dict], preds: dict[str, str], na_probs: dict[str, float] | None = None, na_prob_thresh: float = 1.0
-) -> dict:
-    """evaluate-v2.0.py's ``main`` (``--na-prob-file`` given as ``na_probs``, ``--na-prob-thresh``)."""
-    qid_to_has_ans = {qa["id"]: bool(qa["answers"]) for a in dataset for p in a["paragraphs"] for qa in p["qas"]}
+def _get_tokens(s):
+    return _normalize(s).split() if s else []
 
-    def get_tokens(s):
-        return _normalize(s).split() if s else []
 
-    def compute_f1(a_gold, a_pred):
-        gold_toks, pred_toks = get_tokens(a_gold), get_tokens(a_pred)
-        num_same = sum((collections.Counter(gold_toks) & collections.Counter(pred_toks)).values())
-        if len(gold_toks) == 0 or len(pred_toks) == 0:
-            return int(gold_toks == pred_toks)
-        if num_same == 0:
-            return 0
-        precision, recall = num_same / len(pred_toks), num_same / len(gold_toks)
-        return 2 * precision * recall / (precision + recall)
+def _compute_f1(a_gold, a_pred):
+    gold_toks, pred_toks = _get_tokens(a_gold), _get_tokens(a_pred)
+    num_same = sum((collections.Counter(gold_toks) & collections.Counter(pred_toks)).values())
+    if len(gold_toks) == 0 or len(pred_toks) == 0:
+        return int(gold_toks == pred_toks)
+    if num_same == 0:
+        return 0
+    precision, recall = num_same / len(pred_toks), num_same / len(gold_toks)
+    return 2 * precision * recall / (precision + recall)
 
+
+def _get_raw_scores(dataset, preds):
     exact_raw, f1_raw = {}, {}
     for a in dataset:
         for p in a["paragraphs"]:
@@ -158,40 +155,55 @@ def squad_v2(
                 if qa["id"] not in preds:
                     continue
                 exact_raw[qa["id"]] = max(int(_normalize(g) == _normalize(preds[qa["id"]])) for g in golds)
-                f1_raw[qa["id"]] = max(compute_f1(g, preds[qa["id"]]) for g in golds)
+                f1_raw[qa["id"]] = max(_compute_f1(g, preds[qa["id"]]) for g in golds)
+    return exact_raw, f1_raw
+
+
+def _make_eval_dict(exact, f1, qids=None):
+    qids = qids or list(exact)
+    return {
+        "exact": 100.0 * sum(exact[k] for k in qids) / len(qids),
+        "f1": 100.0 * sum(f1[k] for k in qids) / len(qids),
+        "total": len(qids),
+    }
+
+
+def _find_best_thresh(preds, scores, na_probs, qid_to_has_ans):
+    cur = best = sum(1 for k in qid_to_has_ans if not qid_to_has_ans[k])
+    thresh = 0.0
+    for qid in sorted(na_probs, key=lambda k: na_probs[k]):
+        if qid not in scores:
+            continue
+        diff = scores[qid] if qid_to_has_ans[qid] else (-1 if preds[qid] else 0)
+        cur += diff
+        if cur > best:
+            best, thresh = cur, na_probs[qid]
+    return 100.0 * best / len(scores), thresh
+
+
+def squad_v2(
+    dataset: list[dict], preds: dict[str, str], na_probs: dict[str, float] | None = None, na_prob_thresh: float = 1.0
+) -> dict:
+    """evaluate-v2.0.py's ``main`` (``--na-prob-file`` given as ``na_probs``, ``--na-prob-thresh``), over its
+    functions (``get_tokens``, ``compute_f1``, ``get_raw_scores``, ``make_eval_dict``, ``find_best_thresh``)."""
+    qid_to_has_ans = {qa["id"]: bool(qa["answers"]) for a in dataset for p in a["paragraphs"] for qa in p["qas"]}
+    exact_raw, f1_raw = _get_raw_scores(dataset, preds)
     probs = na_probs if na_probs is not None else {k: 0.0 for k in preds}
 
-    def apply(scores):
+    def apply(scores):  # apply_no_ans_threshold
         return {q: float(not qid_to_has_ans[q]) if probs[q] > na_prob_thresh else s for q, s in scores.items()}
 
-    def eval_dict(exact, f1, qids=None):
-        qids = qids or list(exact)
-        return {
-            "exact": 100.0 * sum(exact[k] for k in qids) / len(qids),
-            "f1": 100.0 * sum(f1[k] for k in qids) / len(qids),
-            "total": len(qids),
-        }
-
     exact_t, f1_t = apply(exact_raw), apply(f1_raw)
-    out = eval_dict(exact_t, f1_t)
+    out = _make_eval_dict(exact_t, f1_t)
     has = [k for k, v in qid_to_has_ans.items() if v]
     no = [k for k, v in qid_to_has_ans.items() if not v]
     if has:
-        out.update({f"HasAns_{k}": v for k, v in eval_dict(exact_t, f1_t, has).items()})
+        out.update({f"HasAns_{k}": v for k, v in _make_eval_dict(exact_t, f1_t, has).items()})
     if no:
-        out.update({f"NoAns_{k}": v for k, v in eval_dict(exact_t, f1_t, no).items()})
+        out.update({f"NoAns_{k}": v for k, v in _make_eval_dict(exact_t, f1_t, no).items()})
     if na_probs is not None:
         for name, scores in (("exact", exact_raw), ("f1", f1_raw)):
-            cur = best = sum(1 for k in qid_to_has_ans if not qid_to_has_ans[k])
-            thresh = 0.0
-            for qid in sorted(na_probs, key=lambda k: na_probs[k]):
-                if qid not in scores:
-                    continue
-                diff = scores[qid] if qid_to_has_ans[qid] else (-1 if preds[qid] else 0)
-                cur += diff
-                if cur > best:
-                    best, thresh = cur, na_probs[qid]
-            out[f"best_{name}"], out[f"best_{name}_thresh"] = 100.0 * best / len(scores), thresh
+            out[f"best_{name}"], out[f"best_{name}_thresh"] = _find_best_thresh(preds, scores, na_probs, qid_to_has_ans)
     return out
 
 
@@ -210,7 +222,7 @@ def squad_dataset(records: list[dict]) -> list[dict]:
                             "question": r["question"],
                             "answers": [
                                 {"text": t, "answer_start": s}
-                                for t, s in zip(r["answers"]["text"], r["answers"]["answer_start"])
+                                for t, s in zip(r["answers"]["text"], r["answers"]["answer_start"], strict=True)
                             ],
                         }
                     ],

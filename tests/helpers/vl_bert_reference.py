@@ -132,7 +132,7 @@ def _write_backbone(state, layers, rand):
     state[f"{b}.conv1.weight"] = rand(64, 3, 7, 7, scale=0.05)
     _bn(state, f"{b}.bn1", 64, rand)
     inplanes = 64
-    for stage, (planes, blocks) in enumerate(zip((64, 128, 256), layers), 1):
+    for stage, (planes, blocks) in enumerate(zip((64, 128, 256), layers, strict=True), 1):
         for i in range(blocks):
             _bottleneck(state, f"{b}.layer{stage}.{i}", inplanes, planes, rand, i == 0)
             inplanes = planes * 4

@@ -43,7 +43,7 @@ def test_fill_mask_equals_the_transformers_pipeline(saved_bert, tokenizer):
         expected = [expected] if isinstance(expected[0], dict) else expected
         got = fill_mask(ours, tokenizer, text, top_k=5)
         assert len(got) == len(expected)
-        for g, e in zip(got, expected):
+        for g, e in zip(got, expected, strict=True):
             assert [x["token"] for x in g] == [x["token"] for x in e]
             assert [x["token_str"] for x in g] == [x["token_str"] for x in e]
             assert [x["score"] for x in g] == pytest.approx([x["score"] for x in e], abs=1e-6)
@@ -70,7 +70,7 @@ def test_fill_mask_pipeline_over_a_model_in_memory_batches_as_transformers(saved
         tokenizer=transformers.AutoTokenizer.from_pretrained(saved_bert),
         top_k=3,
     )
-    for text, fillers in zip(texts, got):
+    for text, fillers in zip(texts, got, strict=True):
         expected = reference(text)
         assert isinstance(fillers[0], dict) == isinstance(expected[0], dict)  # transformers' shape: one mask, a list
         fillers, expected = ([fillers], [expected]) if isinstance(expected[0], dict) else (fillers, expected)

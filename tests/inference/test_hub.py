@@ -132,7 +132,9 @@ def test_a_hub_name_loads_from_the_cache_offline(converted, tmp_path, monkeypatc
 
     from_hub = VLBertForVisualEntailment.from_pretrained("org/uniter-ve")
     local = VLBertForVisualEntailment.from_pretrained(out)
-    assert all(torch.equal(a, b) for a, b in zip(from_hub.state_dict().values(), local.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(from_hub.state_dict().values(), local.state_dict().values(), strict=True)
+    )
     assert resolve_model_path("org/uniter-ve") == str(repo / "snapshots" / sha)  # what --init-from reads
     g = np.random.default_rng(0)
     regions = Regions(

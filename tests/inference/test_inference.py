@@ -61,7 +61,8 @@ def vqa_run(easy):
     ]
     (easy.root / "questions.json").write_text(json.dumps({"questions": records}))
     annotations = [
-        {"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10} for r, q in zip(records, questions)
+        {"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10}
+        for r, q in zip(records, questions, strict=True)
     ]
     (easy.root / "annotations.json").write_text(json.dumps({"annotations": annotations}))
     out = easy.root / "vqa"
@@ -94,7 +95,7 @@ def test_vqa_pipeline_answers_as_the_evaluation(easy, vqa_run):
     vqa = VQAPipeline(vqa_run.dir, device="cpu", batch_size=5)
     qs = vqa_run.questions
     answers = vqa([easy.store[str(q["image_id"])] for q in qs], [q["question"] for q in qs], top_k=3)
-    assert {str(q["question_id"]): a[0]["answer"] for q, a in zip(qs, answers)} == evaluated
+    assert {str(q["question_id"]): a[0]["answer"] for q, a in zip(qs, answers, strict=True)} == evaluated
     for a in answers:  # top-k: distinct answers, best first, sigmoid scores
         assert len({x["answer"] for x in a}) == 3 and a[0]["score"] >= a[1]["score"] >= a[2]["score"] > 0
     one = vqa(easy.store[str(qs[0]["image_id"])], qs[0]["question"])
@@ -165,7 +166,7 @@ def test_image_files_are_extracted_with_the_runs_own_detector(easy, vqa_run):
     from PIL import Image
 
     images = [easy.files["3"], Image.open(easy.files["4"]), np.asarray(Image.open(easy.files["5"]).convert("RGB"))]
-    for image_id, regions in zip("345", vqa.regions(images)):
+    for image_id, regions in zip("345", vqa.regions(images), strict=True):
         stored = easy.store[image_id]
         assert regions.detector == stored.detector
         np.testing.assert_array_equal(regions.boxes, stored.boxes)
@@ -276,7 +277,7 @@ def test_nlvr2_pipeline_and_results_file_as_the_evaluation(easy, tmp_path):
         [easy.store[f"{s}-img1"] for s in stem],
         [r["sentence"] for r in records],
     )
-    assert {r["identifier"]: x["label"] for r, x in zip(records, results)} == evaluated
+    assert {r["identifier"]: x["label"] for r, x in zip(records, results, strict=True)} == evaluated
     assert all(x["scores"][x["label"]] == x["score"] >= 0.5 for x in results)
 
     lines = [
@@ -286,7 +287,7 @@ def test_nlvr2_pipeline_and_results_file_as_the_evaluation(easy, tmp_path):
             "right": str(easy.files[str(2 * int(s.split("-")[1]) + 1)]),
             "sentence": r["sentence"],
         }
-        for r, s in zip(records, stem)
+        for r, s in zip(records, stem, strict=True)
     ]
     write_jsonl(tmp_path / "input.jsonl", lines)
     assert (
@@ -354,12 +355,12 @@ def test_entailment_pipeline_labels_as_the_evaluation(easy, tmp_path):
     entailment = pipeline(out, device="cpu")
     assert isinstance(entailment, EntailmentPipeline)
     results = entailment([easy.store[r["Flickr30K_ID"]] for r in records], [r["sentence2"] for r in records])
-    assert {r["pairID"]: x["label"] for r, x in zip(records, results)} == evaluated
+    assert {r["pairID"]: x["label"] for r, x in zip(records, results, strict=True)} == evaluated
     assert all(abs(sum(x["scores"].values()) - 1) < 1e-5 for x in results)
 
 
 def test_retrieval_pipeline_ranks_as_the_evaluation_and_its_index_reloads(easy, tmp_path):
-    from vlbert.data.retrieval import load_karpathy_split
+    from vlbert.data.captions import load_karpathy_split
     from vlbert.evaluation.retrieval import evaluate_retrieval
 
     images = [
@@ -397,7 +398,7 @@ def test_retrieval_pipeline_ranks_as_the_evaluation_and_its_index_reloads(easy, 
     # Each query's full ranking with the evaluation's scores (identical captions of look-alike images tie exactly,
     # so the scores, not the order among ties, are compared), best first.
     for matrix, results, key in ((t2i, found, lambda h: ids.index(h["image_id"])), (i2t, ranked, lambda h: h["index"])):
-        for row, hits in zip(matrix, results):
+        for row, hits in zip(matrix, results, strict=True):
             assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
             torch.testing.assert_close(
                 torch.tensor([h["score"] for h in hits]), row[[key(h) for h in hits]], atol=1e-4, rtol=0

@@ -82,7 +82,7 @@ def test_pixel_masking_zeroes_the_pixels_vl_bert_zeroes():
     masked = torch.tensor([[True, False], [True, True]])
     expected = images.clone()
     for i in range(2):
-        for box, hide in zip(boxes[i], masked[i]):
+        for box, hide in zip(boxes[i], masked[i], strict=True):
             if hide:
                 x1, y1, x2, y2 = (int(v) for v in box)
                 expected[i, :, y1 : y2 + 1, x1 : x2 + 1] = 0
@@ -100,7 +100,7 @@ def test_activation_checkpointing_gives_the_same_gradients(extractor):
         grads.append([p.grad.clone() for p in extractor.parameters() if p.grad is not None])
     extractor.options["checkpointing"] = False
     assert len(grads[0]) == len(grads[1]) > 0
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b)
 
 

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from helpers.builders import padded_batch, random_hf_config
 
 import vlbert
-from vlbert.models.vl import VLBertForPreTraining, VLBertModel, region_location_features
+from vlbert.models.region_embeddings import region_location_features
+from vlbert.models.vl import VLBertForPreTraining, VLBertModel
 
 
 def vl_config(seed=0, **kw):
@@ -167,7 +168,7 @@ def test_vl_checkpoint_round_trip_and_init_from_bert(tmp_path, minilm_dir):
     again = VLBertForPreTraining.from_pretrained(tmp_path)
     assert again.loading_info.missing_keys == [] and again.loading_info.unexpected_keys == []
     assert again.config == model.config
-    for (n, p), (m, q) in zip(model.state_dict().items(), again.state_dict().items()):
+    for (n, p), (m, q) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
         assert n == m and torch.equal(p, q)
 
 

@@ -38,7 +38,7 @@ def test_pretraining_outputs_match_transformers(seed):
         b = ours(ids, types, mask, output_hidden_states=True)
     assert len(a.hidden_states) == len(b.hidden_states) == hf_config.num_hidden_layers + 1
     real = mask.bool()
-    for ha, hb in zip(a.hidden_states, b.hidden_states):
+    for ha, hb in zip(a.hidden_states, b.hidden_states, strict=True):
         torch.testing.assert_close(hb[real], ha[real], atol=ATOL, rtol=0)
     torch.testing.assert_close(b.prediction_logits[real], a.prediction_logits[real], atol=ATOL, rtol=0)
     torch.testing.assert_close(b.seq_relationship_logits, a.seq_relationship_logits, atol=ATOL, rtol=0)
@@ -85,7 +85,7 @@ def test_packaged_minilm_matches_transformers(minilm_dir, tokenizer):
         a = hf(**enc, output_hidden_states=True)
         b = ours(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], output_hidden_states=True)
     real = enc["attention_mask"].bool()
-    for ha, hb in zip(a.hidden_states, b.hidden_states):
+    for ha, hb in zip(a.hidden_states, b.hidden_states, strict=True):
         torch.testing.assert_close(hb[real], ha[real], atol=ATOL, rtol=0)
     torch.testing.assert_close(b.pooler_output, a.pooler_output, atol=ATOL, rtol=0)
 
@@ -119,7 +119,7 @@ def test_attentions_match_transformers_eager(seed):
         b = ours(ids, types, mask, output_attentions=True)
     assert len(b.attentions) == hf_config.num_hidden_layers
     real = mask.bool()
-    for pa, pb in zip(a.attentions, b.attentions):
+    for pa, pb in zip(a.attentions, b.attentions, strict=True):
         assert pb.shape == (4, hf_config.num_attention_heads, 16, 16)
         torch.testing.assert_close(pb.transpose(1, 2)[real], pa.transpose(1, 2)[real], atol=1e-6, rtol=0)
     torch.testing.assert_close(b.prediction_logits[real], a.prediction_logits[real], atol=ATOL, rtol=0)
@@ -164,7 +164,9 @@ def test_vl_attentions_cover_text_and_regions():
         )
         assert (p.transpose(1, 3)[~keys] == 0).all()  # padded text and regions receive nothing
     real = mask.bool()
-    for pv, pt in zip(text_only.attentions, plain.attentions):  # regions masked out: BERT's attention on the text
+    for pv, pt in zip(
+        text_only.attentions, plain.attentions, strict=True
+    ):  # regions masked out: BERT's attention on the text
         torch.testing.assert_close(
             pv[:, :, :10, :10].transpose(1, 2)[real], pt.transpose(1, 2)[real], atol=1e-6, rtol=0
         )

@@ -206,7 +206,7 @@ def test_uniter_equals_its_reference_forward(uniter_converted, counts):
         out = ours(ids, attention_mask=tm, region_features=feats, region_boxes=boxes, region_mask=rm)
         hidden = out.last_hidden_state
     t = ids.shape[1]
-    for row, (tl, nb) in enumerate(zip(lengths, counts)):
+    for row, (tl, nb) in enumerate(zip(lengths, counts, strict=True)):
         torch.testing.assert_close(hidden[row, :tl], seq[row, :tl], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(hidden[row, t : t + nb], seq[row, tl : tl + nb], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.pooler_output, pooled, atol=1e-5, rtol=1e-5)

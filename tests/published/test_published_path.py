@@ -88,7 +88,7 @@ def user(tmp_path_factory):
             {
                 "annotations": [
                     {"question_id": r["question_id"], "answers": [{"answer": q.answer}] * 10}
-                    for r, q in zip(records, asked)
+                    for r, q in zip(records, asked, strict=True)
                 ]
             }
         )
@@ -178,7 +178,7 @@ def test_imported_butd_features_fine_tune_a_converted_uniter_and_answer(tmp_path
     questions = json.loads((root / "q.json").read_text())["questions"]
     vqa = pipeline(tmp_path / "run", device="cpu")
     answers = vqa([store[str(q["image_id"])] for q in questions], [q["question"] for q in questions])
-    assert {str(q["question_id"]): a[0]["answer"] for q, a in zip(questions, answers)} == evaluated
+    assert {str(q["question_id"]): a[0]["answer"] for q, a in zip(questions, answers, strict=True)} == evaluated
     # It trained from UNITER's weights (2 small steps move them little), in UNITER's architecture.
     start, trained = VLBertForVQA.from_pretrained(published), VLBertForVQA.from_pretrained(tmp_path / "run")
     assert trained.config.region_embedding == "uniter" and trained.config.hidden_size == 32

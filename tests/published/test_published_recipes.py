@@ -115,7 +115,7 @@ def fixtures(tmp_path_factory):
 
     questions = [
         {"question_id": 10 * n + q, "image_id": n, "question": text}
-        for n, (c, s) in zip(numbers, attrs)
+        for n, (c, s) in zip(numbers, attrs, strict=True)
         for q, text in enumerate(("what color is it?", "what shape?"))
     ]
     (root / "q.json").write_text(json.dumps({"questions": questions}))
@@ -124,7 +124,7 @@ def fixtures(tmp_path_factory):
             {
                 "annotations": [
                     {"question_id": r["question_id"], "answers": [{"answer": a[r["question_id"] % 10]}] * 10}
-                    for r, a in zip(questions, [a for a in attrs for _ in (0, 1)])
+                    for r, a in zip(questions, [a for a in attrs for _ in (0, 1)], strict=True)
                 ]
             }
         )
@@ -138,7 +138,7 @@ def fixtures(tmp_path_factory):
                         "split": "train" if k < 5 else "test",
                         "sentences": [{"raw": f"a {c} {s}"}],
                     }
-                    for k, (n, (c, s)) in enumerate(zip(numbers, attrs))
+                    for k, (n, (c, s)) in enumerate(zip(numbers, attrs, strict=True))
                 ]
             }
         )
@@ -162,7 +162,7 @@ def fixtures(tmp_path_factory):
                 "sentence2": f"there is a {c} {s}",
                 "gold_label": "entailment" if k % 2 else "contradiction",
             }
-            for k, (n, (c, s)) in enumerate(zip(numbers, attrs))
+            for k, (n, (c, s)) in enumerate(zip(numbers, attrs, strict=True))
         ],
     )
     refs = [
@@ -173,13 +173,13 @@ def fixtures(tmp_path_factory):
             "split": "train" if k < 6 else "val",
             "sentences": [{"sent": f"the {c} {s}"}],
         }
-        for k, (n, (c, s)) in enumerate(zip(numbers, attrs))
+        for k, (n, (c, s)) in enumerate(zip(numbers, attrs, strict=True))
     ]
     (root / "gqa.json").write_text(
         json.dumps(
             {  # GQA's balanced-split layout, image ids as strings
                 str(10 * n + q): {"imageId": str(n), "question": text, "answer": a[q]}
-                for n, a in zip(numbers, attrs)
+                for n, a in zip(numbers, attrs, strict=True)
                 for q, text in enumerate(("what color is it?", "what shape?"))
             }
         )
@@ -229,7 +229,7 @@ def fixtures(tmp_path_factory):
         detected=root / "detected",
         tiny=root / "tiny",
         tiny_lxmert=root / "tiny-lxmert",
-        files={str(n): paths[i] for n, (i, _) in zip(numbers, truth)},
+        files={str(n): paths[i] for n, (i, _) in zip(numbers, truth, strict=True)},
     )
 
 

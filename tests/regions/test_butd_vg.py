@@ -96,17 +96,17 @@ def test_butd_equals_the_detectron2_backend_bit_for_bit(both):
     # no resize (96 x 160 already)
     arrays = images([(100, 64), (64, 120), (97, 97), (500, 333), (60, 200), (160, 96)])
     ids = [f"image{i}" for i in range(len(arrays))]
-    expected = [reference(a, i) for a, i in zip(arrays, ids)]
+    expected = [reference(a, i) for a, i in zip(arrays, ids, strict=True)]
     assert {r.num_regions for r in expected} != {SELECTION.min_boxes}  # the threshold, not only min_boxes, chose
-    for a, i, theirs in zip(arrays, ids, expected):
+    for a, i, theirs in zip(arrays, ids, expected, strict=True):
         assert_same(ours(a, i), theirs)
     # Batched (equal sizes share a forward pass): equal to one at a time, and to detectron2 batched.
     twice = arrays + [images([(100, 64), (97, 97)])[k] for k in (0, 1)]
     batched = ours.extract_batch(twice, ids + ["again0", "again1"], batch_size=4)
     theirs = reference.extract_batch(twice, ids + ["again0", "again1"], batch_size=4)
-    for r, t in zip(batched, theirs):
+    for r, t in zip(batched, theirs, strict=True):
         assert_same(r, t)
-    for r, alone in zip(batched, expected):
+    for r, alone in zip(batched[: len(expected)], expected, strict=True):
         assert_same(r, alone, rtol=2e-3, atol=1e-4)  # a batched convolution sums in another order
     # Before the float16 of the shards: proposals, features and class distributions of detectron2's own modules.
     image = ours._prepare(arrays[3])[None]

@@ -108,7 +108,7 @@ class TilesExtractor:
 
     def extract_batch(self, images, image_ids, boxes=None):
         out = []
-        for image, image_id in zip(images, image_ids):
+        for image, image_id in zip(images, image_ids, strict=True):
             a = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image, dtype=np.float32) / 255
             h, w, n = a.shape[0], a.shape[1], self.cells
             cells = [(x * w // n, y * h // n, (x + 1) * w // n, (y + 1) * h // n) for y in range(n) for x in range(n)]

@@ -52,7 +52,8 @@ def sample_images():
     paths = list(image_paths("train").items())[:6]
     sizes = [(64, 64), (96, 64), (64, 64), (50, 120), (96, 64), (200, 150)]
     return [
-        (image_id, np.asarray(Image.open(p).convert("RGB").resize(size))) for (image_id, p), size in zip(paths, sizes)
+        (image_id, np.asarray(Image.open(p).convert("RGB").resize(size)))
+        for (image_id, p), size in zip(paths, sizes, strict=True)
     ]
 
 
@@ -66,7 +67,7 @@ def test_batched_extraction_equals_one_image_at_a_time(tmp_path, config_file, la
     ids = [i for i, _ in images]
     batched = detector.extract_batch([a for _, a in images], ids, batch_size=8)
     assert [r.image_id for r in batched] == ids
-    for (image_id, array), together in zip(images, batched):
+    for (image_id, array), together in zip(images, batched, strict=True):
         alone = detector(array, image_id)
         assert alone.num_regions >= 4
         assert_same_regions(together, alone)
@@ -87,7 +88,7 @@ def test_torchvision_batched_extraction_equals_one_image_at_a_time():
     images = sample_images()
     ids = [i for i, _ in images]
     batched = detector.extract_batch([a for _, a in images], ids)
-    for (image_id, array), together in zip(images, batched):
+    for (image_id, array), together in zip(images, batched, strict=True):
         alone = detector(array, image_id)
         np.testing.assert_allclose(together.boxes, alone.boxes, atol=1e-2)  # pixels; float rounding
         np.testing.assert_allclose(

@@ -90,7 +90,7 @@ def test_decoding_workers_and_size_groups_keep_the_regions_and_their_order(tmp_p
     workers = list(extract_regions(extractor, sources, batch_size=4, progress=False, num_workers=2))
     alone = list(extract_regions(extractor, sources, batch_size=1, progress=False))
     assert [r.image_id for r in main] == [r.image_id for r in workers] == [i for i, _ in sources]
-    for a, b, c in zip(main, workers, alone):
+    for a, b, c in zip(main, workers, alone, strict=True):
         assert (a.height, a.width) == (b.height, b.width) == (c.height, c.width)
         np.testing.assert_array_equal(a.boxes, b.boxes)
         np.testing.assert_array_equal(a.features, b.features)

@@ -110,11 +110,11 @@ def test_batched_extraction_equals_one_image_at_a_time(backbone):
     images = [photo(*size, index=i) for i, size in enumerate([(64, 64), (96, 64), (64, 64), (50, 120), (41, 77)])]
     ids = [f"im{i}" for i in range(len(images))]
     extractor = GridExtractor(backbone, 3)
-    alone = [extractor(image, image_id) for image, image_id in zip(images, ids)]
+    alone = [extractor(image, image_id) for image, image_id in zip(images, ids, strict=True)]
     for batch_size in (None, 2):
         together = extractor.extract_batch(images, ids, batch_size=batch_size)
         assert [r.image_id for r in together] == ids
-        for a, b in zip(together, alone):
+        for a, b in zip(together, alone, strict=True):
             assert (a.height, a.width) == (b.height, b.width)
             np.testing.assert_array_equal(a.boxes, b.boxes)
             x, y = a.features.astype(np.float32), b.features.astype(np.float32)
@@ -146,9 +146,9 @@ def test_a_backbone_that_reads_each_size_gets_batches_of_one_size_and_cells_alig
     extractor = GridExtractor(pixels, 3)
     regions = extractor.extract_batch(images, ["a", "b", "c", "d"])
     assert all(len(shapes) == 1 for shapes in pixels.batches) and len(pixels.batches) == 2  # never mixed sizes
-    for image, r in zip(images, regions):
+    for image, r in zip(images, regions, strict=True):
         assert r.class_probs is None and (r.scores == 1).all()
-        for box, feature in zip(r.boxes.astype(int), r.features):
+        for box, feature in zip(r.boxes.astype(int), r.features, strict=True):
             x1, y1, x2, y2 = box
             close(feature, image[y1:y2, x1:x2].reshape(-1, 3).mean(0) / 255)  # the pixels under the box
     # a new backbone is one line of GRID_BACKBONES

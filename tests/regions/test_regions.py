@@ -52,7 +52,7 @@ def test_shard_round_trip(tmp_path):
     assert [p.name for p in paths] == ["regions-000000.tar", "regions-000001.tar", "regions-000002.tar"]
     back = list(read_shards(paths))
     assert [r.image_id for r in back] == [r.image_id for r in originals]
-    for a, b in zip(originals, back):
+    for a, b in zip(originals, back, strict=True):
         assert b.features.dtype == np.float16 and b.class_probs.dtype == np.float16
         for name in ("boxes", "features", "scores", "class_probs"):
             assert np.array_equal(getattr(a, name), getattr(b, name))
@@ -100,7 +100,7 @@ def test_butd_tsv_fixture_reads_back_exactly(tmp_path):
     originals = [make_regions(f"COCO_{i}", seed=i) for i in range(3)]
     write_butd_tsv(originals, tmp_path / "feats.tsv")
     back = list(read_butd_tsv(tmp_path / "feats.tsv"))
-    for a, b in zip(originals, back):
+    for a, b in zip(originals, back, strict=True):
         assert (b.image_id, b.height, b.width) == (a.image_id, a.height, a.width)
         assert np.array_equal(a.boxes, b.boxes) and np.array_equal(a.features, b.features)
 

@@ -12,7 +12,8 @@ import torch
 from vlbert.detectors.regions import Regions
 
 import vlbert
-from vlbert.data.retrieval import CaptionedImage, RetrievalPairs, load_karpathy_split
+from vlbert.data.captions import CaptionedImage, load_karpathy_split
+from vlbert.data.retrieval import RetrievalPairs
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
 from vlbert.processing import VLProcessor

@@ -119,7 +119,7 @@ def test_tagging_scores_every_word_of_long_sentences_as_conlleval(tmp_path, toke
     truth = {
         tokenizer.convert_tokens_to_ids(w): names.index(t)
         for r in records
-        for w, t in zip(r["tokens"], r["tags"])
+        for w, t in zip(r["tokens"], r["tags"], strict=True)
         if w not in ("\u00ad", "\u200b")
     }
 

@@ -68,7 +68,7 @@ def test_smoke_snli_ve_fixture_runs_through_the_generic_tool(tmp_path):
     extractor = DetectorConfig(options={"input_size": 96, "max_proposals": 8}).build()
     write_shards(extractor.extract_batch(images, ids), tmp_path / "shards")
     records = []
-    for image, (_, (color, shape)) in zip(ids, truth):
+    for image, (_, (color, shape)) in zip(ids, truth, strict=True):
         records += [
             {"Flickr30K_ID": image, "sentence2": f"there is a {color} {shape}", "gold_label": "entailment"},
             {"Flickr30K_ID": image, "sentence2": f"the {shape} is made of wood", "gold_label": "neutral"},

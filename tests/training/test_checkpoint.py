@@ -41,7 +41,7 @@ def test_save_load_round_trip_is_exact(tmp_path):
     ours.save_pretrained(tmp_path)
     again = vlbert.BertForPreTraining.from_pretrained(tmp_path)
     assert again.loading_info.missing_keys == [] and again.loading_info.unexpected_keys == []
-    for (n, p), (m, q) in zip(ours.state_dict().items(), again.state_dict().items()):
+    for (n, p), (m, q) in zip(ours.state_dict().items(), again.state_dict().items(), strict=True):
         assert n == m and torch.equal(p, q)
 
 

@@ -43,7 +43,7 @@ def _step(master: MasterWeights, model: Chain, batches, sides, overlap: bool, ev
     """One optimizer step's gradient: 2 micro-batches; with ``overlap`` the last one's backward reduces. With
     ``declare``, a micro-batch without the side head keeps it in the graph with weight zero (the trainer's idle
     term) and, with ``overlap``, declares it idle."""
-    for micro, (x, side) in enumerate(zip(batches, sides)):
+    for micro, (x, side) in enumerate(zip(batches, sides, strict=True)):
         events.append(f"micro-batch {micro}")
         idle = list(model.side.parameters()) if declare and not side else []
         master.begin_backward(reduce=overlap and micro == len(batches) - 1, idle=idle if overlap else ())

@@ -97,7 +97,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", crash)
     with pytest.raises(OSError):
         trainer.save_checkpoint()
-    from vlbert.training.trainer import latest_checkpoints
+    from vlbert.training.checkpointing import latest_checkpoints
 
     assert [p.name for p in latest_checkpoints(tmp_path)] == ["step-2"], "a half-written step-4 is never complete"
 

@@ -85,9 +85,9 @@ def test_an_ema_hook_resumed_after_a_kill_equals_the_uninterrupted_run(tmp_path,
     assert resumed.resume() and resumed.step == 3 and resumed_ema.updates == 3
     resumed.train()
     assert resumed_ema.updates == whole.updates == 6
-    for a, b in zip(resumed_ema.shadow, whole.shadow):
+    for a, b in zip(resumed_ema.shadow, whole.shadow, strict=True):
         assert torch.equal(a, b)
     weights = [p.detach() for p in resumed.unwrapped.parameters()]
-    assert any(not torch.equal(s, w) for s, w in zip(resumed_ema.shadow, weights))
+    assert any(not torch.equal(s, w) for s, w in zip(resumed_ema.shadow, weights, strict=True))
     with pytest.raises(ValueError, match=r"EMA decay must be in \[0, 1\)"):
         EMAHook(1.0)

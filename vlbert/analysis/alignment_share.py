@@ -1,5 +1,5 @@
-"""How much of a word's word-region-alignment transport goes to the regions of the object it names: the
-measurement of issue 32 (UNITER section 3.2 shows WRA's plan aligning words with regions; this counts it).
+"""How much of a word's word-region-alignment transport goes to the regions of the object it names (UNITER
+section 3.2 shows WRA's plan aligning words with regions; this counts it).
 
 On easy-VQA images (one shape on a plain background) the object's box is found from the pixels
 (:func:`object_box`); a region is the object's when its box has IoU >= 0.5 with it and background when IoU < 0.1

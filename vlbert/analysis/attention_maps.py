@@ -55,7 +55,7 @@ def plot_head_statistics(stats: dict[str, np.ndarray], path) -> None:
     """Four heat maps (layer x head) of :func:`head_statistics` in one PNG."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(12, 2.8), dpi=110, layout="constrained")
-    for ax, (name, values) in zip(axes, stats.items()):
+    for ax, (name, values) in zip(axes, stats.items(), strict=True):
         image = ax.imshow(values, vmin=0, vmax=1, cmap="viridis")
         ax.set_title(f"attention to {name}", fontsize=9)
         ax.set_xlabel("head")
@@ -174,7 +174,7 @@ def plot_word_regions(
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), dpi=120, gridspec_kw={"width_ratios": [1, 1.4]})
     left.imshow(image)
     weights = word_region[word] / max(float(word_region[word].max()), 1e-12)
-    for box, w in sorted(zip(boxes, weights), key=lambda bw: bw[1]):
+    for box, w in sorted(zip(boxes, weights, strict=True), key=lambda bw: bw[1]):
         x1, y1, x2, y2 = box
         left.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=True, alpha=0.35 * w, color="red"))
         left.add_patch(

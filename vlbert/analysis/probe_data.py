@@ -38,26 +38,26 @@ def bbc_news(model_path: str, max_length: int = 128, batch_size: int = 32):
     """(train features, train labels, test features, test labels) of the fixed BBC News topic split."""
     path = resolve_model_path(model_path)
     model, tok = vlbert.BertModel.from_pretrained(path), load_tokenizer(path)
+
+    def batches(records):
+        for s in range(0, len(records), batch_size):
+            enc = tok(
+                [r["text"] for r in records[s : s + batch_size]],
+                truncation=True,
+                max_length=max_length,
+                padding=True,
+                return_tensors="pt",
+            )
+            yield {
+                "input_ids": enc["input_ids"],
+                "token_type_ids": enc["token_type_ids"],
+                "attention_mask": enc["attention_mask"],
+                "pool": "mean",
+            }
+
     out = []
     for records in bbc_news_split()[:2]:
-
-        def batches():
-            for s in range(0, len(records), batch_size):
-                enc = tok(
-                    [r["text"] for r in records[s : s + batch_size]],
-                    truncation=True,
-                    max_length=max_length,
-                    padding=True,
-                    return_tensors="pt",
-                )
-                yield {
-                    "input_ids": enc["input_ids"],
-                    "token_type_ids": enc["token_type_ids"],
-                    "attention_mask": enc["attention_mask"],
-                    "pool": "mean",
-                }
-
-        out += [layer_features(model, batches()), torch.tensor([r["label"] for r in records])]
+        out += [layer_features(model, batches(records)), torch.tensor([r["label"] for r in records])]
     return (*out, "BBC News topic, MiniLM layers" if model_path == "minilm" else f"BBC News topic, {model_path}")
 
 
@@ -77,20 +77,20 @@ def easy_vqa(
     model, tok = vlbert.VLBertModel.from_pretrained(path), load_tokenizer(path)
     regions = load_regions(easy_vqa_shards(processor.detector, cache_dir))
     names = list(COLORS) if colour_only else answers()
+
+    def batches(questions):
+        for s in range(0, len(questions), batch_size):
+            chunk = questions[s : s + batch_size]
+            batch = pad_text(
+                [{"input_ids": ids} for ids in processor.text_ids([q.question for q in chunk])], tok.pad_token_id
+            )
+            batch.update(pad_regions([processor.region_item(regions[q.image_id]) for q in chunk]))
+            yield {**batch, "pool": "cls"}
+
     out = []
     for split, limit in (("train", max_train), ("test", max_eval)):
         questions = [q for q in load_questions(split) if q.answer in names][:limit]
-
-        def batches():
-            for s in range(0, len(questions), batch_size):
-                chunk = questions[s : s + batch_size]
-                batch = pad_text(
-                    [{"input_ids": ids} for ids in processor.text_ids([q.question for q in chunk])], tok.pad_token_id
-                )
-                batch.update(pad_regions([processor.region_item(regions[q.image_id]) for q in chunk]))
-                yield {**batch, "pool": "cls"}
-
-        out += [layer_features(model, batches()), torch.tensor([names.index(q.answer) for q in questions])]
+        out += [layer_features(model, batches(questions)), torch.tensor([names.index(q.answer) for q in questions])]
     what = "the colour" if colour_only else "the answer"
     return (*out, f"easy-VQA: which layer knows {what}? ({model_path})")
 

@@ -135,7 +135,7 @@ def draw_region_weights(image: Image.Image, boxes: np.ndarray, weights: np.ndarr
     layer = Image.new("RGBA", base.size, (0, 0, 0, 0))
     draw = ImageDraw.Draw(layer)
     top = max(float(weights.max()), 1e-12)
-    for box, w in sorted(zip(boxes, weights), key=lambda bw: bw[1]):
+    for box, w in sorted(zip(boxes, weights, strict=True), key=lambda bw: bw[1]):
         share = float(w) / top
         x1, y1, x2, y2 = (float(v) * scale for v in box)
         draw.rectangle(

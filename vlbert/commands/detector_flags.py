@@ -82,7 +82,7 @@ def detector_options(args: argparse.Namespace, default_backend: str = DEFAULT_BA
         if option_fields()[name][0].type == "dict":
             if len(value) % 2:
                 raise ValueError(f"{option_flag(name)} takes KEY VALUE pairs, got {len(value)} words")
-            given[name] = {k: yaml.safe_load(v) for k, v in zip(value[::2], value[1::2])}
+            given[name] = {k: yaml.safe_load(v) for k, v in zip(value[::2], value[1::2], strict=True)}
     return backend, typed_options(entry.options, given, "the detector flags")
 
 

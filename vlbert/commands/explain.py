@@ -282,10 +282,10 @@ def generate_command(args, out: Path) -> None:
             words = [set(t.split()) for t in texts]
             key = f"{method}_{'without' if masked else 'with'}_regions"
             report[key] = {
-                "color": sum(truth[i][0] in w for i, w in zip(ids, words)) / len(ids),
-                "shape": sum(truth[i][1] in w for i, w in zip(ids, words)) / len(ids),
-                "both": sum(truth[i][0] in w and truth[i][1] in w for i, w in zip(ids, words)) / len(ids),
-                "examples": [f"{truth[i][0]} {truth[i][1]}: {t}" for i, t in zip(ids[:5], texts[:5])],
+                "color": sum(truth[i][0] in w for i, w in zip(ids, words, strict=True)) / len(ids),
+                "shape": sum(truth[i][1] in w for i, w in zip(ids, words, strict=True)) / len(ids),
+                "both": sum(truth[i][0] in w and truth[i][1] in w for i, w in zip(ids, words, strict=True)) / len(ids),
+                "examples": [f"{truth[i][0]} {truth[i][1]}: {t}" for i, t in zip(ids[:5], texts[:5], strict=True)],
             }
     print(json.dumps(report, indent=2))
 

@@ -144,7 +144,7 @@ def tool_options(args, pipeline_class) -> dict:
 def rows(examples: list[dict], predictions: list[dict], pipeline_class) -> list[dict]:
     """One output row per example: its id (when given), its text and image-path inputs, and the prediction."""
     out = []
-    for example, prediction in zip(examples, predictions):
+    for example, prediction in zip(examples, predictions, strict=True):
         key = next((k for k in (pipeline_class.id_field, "id") if k in example), None)
         identity = {key: example[key]} if key else {}
         inputs = {k: v for k, v in example.items() if k in pipeline_class.input_fields and isinstance(v, str)}

@@ -3,6 +3,7 @@ and atomic text writes (run metadata, predictions, shard metadata)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -37,10 +38,8 @@ class PositionalFiles:
     def __del__(self):
         if getattr(self, "_pid", None) == os.getpid():
             for fd in self._fds.values():
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> Path:

@@ -29,6 +29,7 @@ Standard library only; nothing here imports vlbert or detectors.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -178,101 +179,138 @@ def check_value(value: Any, tp: Any, key: str) -> Any:
         ConfigValueError: not of the type (an element's key named where an element is wrong), or out of range.
         ValueError: a nested section's unknown key or its own ``__post_init__`` refusal.
     """
-    origin, args = get_origin(tp), get_args(tp)
+    origin = get_origin(tp)
     if origin is Annotated:
-        base, meta = args[0], args[1:]
-        mapping = next((m.cls for m in meta if isinstance(m, AsMapping)), None)
-        try:
-            if mapping is not None:
-                if not isinstance(value, dict):
-                    raise ConfigValueError(key, value, describe(tp))
-                out = check_mapping(mapping, value, key)
-                mapping(**out)  # the section's own rules (__post_init__)
-            else:
-                out = check_value(value, base, key)
-        except ConfigValueError as e:
-            if e.key == key:  # this value (not one of its elements): say what the field takes, in its words
-                raise ConfigValueError(key, e.value, describe(tp)) from None
-            raise
-        for m in meta:
-            if isinstance(m, Range) and not m.contains(out):
-                raise ConfigValueError(key, out, describe(tp))  # the number read ("-1e-4" -> -0.0001)
-        return out
+        return _check_annotated(value, tp, key)
     if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        members = [a for a in args if a is not type(None)]
-        got = value
-        for member in members:
-            try:
-                return check_value(value, member, key)
-            except ConfigValueError as e:
-                if len(members) == 1 and e.key != key:
-                    raise  # an element of the one kind it can be: name the element
-                got = e.value  # (a number read from its text where a range refused it)
-        raise ConfigValueError(key, got, describe(tp))
+        return _check_union(value, tp, key)
     if origin is Literal:
-        for option in args:
-            try:
-                if check_value(value, type(option), key) == option:
-                    return option
-            except ConfigValueError:
-                pass
-        if isinstance(value, bool) and ("no" if not value else "yes") in args:  # YAML 1.1: no/off -> False
-            return "no" if not value else "yes"
-        raise ConfigValueError(key, value, describe(tp))
+        return _check_literal(value, tp, key)
     if origin in (list, tuple) or tp in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigValueError(key, value, describe(tp))
-        element = args[0] if args else Any
+        element = get_args(tp)[0] if get_args(tp) else Any
         return [check_value(v, element, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigValueError(key, value, describe(tp))
-        if not args:
-            return dict(value)
-        return {
-            check_value(k, args[0], f"{key} (a key)"): check_value(v, args[1], f"{key}.{k}") for k, v in value.items()
-        }
+        return _check_dict(value, tp, key)
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, dict):
             raise ConfigValueError(key, value, describe(tp))
         return from_section(tp, value, key)
+    return _check_plain(value, tp, key)
+
+
+def _check_annotated(value: Any, tp: Any, key: str) -> Any:
+    """:func:`check_value` of ``Annotated[T, ...]``: ``value`` read as T (or, with ``AsMapping(Cls)``, a mapping
+    checked as ``Cls``), then its ``Range`` bounds; a refusal of the value itself says what the field takes."""
+    base, meta = get_args(tp)[0], get_args(tp)[1:]
+    mapping = next((m.cls for m in meta if isinstance(m, AsMapping)), None)
+    try:
+        if mapping is not None:
+            if not isinstance(value, dict):
+                raise ConfigValueError(key, value, describe(tp))
+            out = check_mapping(mapping, value, key)
+            mapping(**out)  # the section's own rules (__post_init__)
+        else:
+            out = check_value(value, base, key)
+    except ConfigValueError as e:
+        if e.key == key:  # this value (not one of its elements): say what the field takes, in its words
+            raise ConfigValueError(key, e.value, describe(tp)) from None
+        raise
+    for m in meta:
+        if isinstance(m, Range) and not m.contains(out):
+            raise ConfigValueError(key, out, describe(tp))  # the number read ("-1e-4" -> -0.0001)
+    return out
+
+
+def _check_union(value: Any, tp: Any, key: str) -> Any:
+    """:func:`check_value` of a union (``float | None``): the first member that takes ``value``."""
+    args = get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    members = [a for a in args if a is not type(None)]
+    got = value
+    for member in members:
+        try:
+            return check_value(value, member, key)
+        except ConfigValueError as e:
+            if len(members) == 1 and e.key != key:
+                raise  # an element of the one kind it can be: name the element
+            got = e.value  # (a number read from its text where a range refused it)
+    raise ConfigValueError(key, got, describe(tp))
+
+
+def _check_literal(value: Any, tp: Any, key: str) -> Any:
+    """:func:`check_value` of ``Literal[...]``: the option ``value`` equals once read as that option's type;
+    YAML 1.1's unquoted no/off (False) and yes/on (True) as ``"no"`` / ``"yes"`` where those are options."""
+    args = get_args(tp)
+    for option in args:
+        with contextlib.suppress(ConfigValueError):
+            if check_value(value, type(option), key) == option:
+                return option
+    if isinstance(value, bool) and ("no" if not value else "yes") in args:
+        return "no" if not value else "yes"
+    raise ConfigValueError(key, value, describe(tp))
+
+
+def _check_dict(value: Any, tp: Any, key: str) -> dict:
+    """:func:`check_value` of ``dict`` / ``dict[K, V]``: a mapping, its keys and values checked one by one."""
+    if not isinstance(value, dict):
+        raise ConfigValueError(key, value, describe(tp))
+    args = get_args(tp)
+    if not args:
+        return dict(value)
+    return {check_value(k, args[0], f"{key} (a key)"): check_value(v, args[1], f"{key}.{k}") for k, v in value.items()}
+
+
+def _read_bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _read_int(value: Any) -> int | None:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    number = _number(value)
+    return int(number) if number is not None and number.is_integer() else None
+
+
+def _read_float(value: Any) -> float | None:
+    number = _number(value)
+    if number is None:
+        return None
+    return number if isinstance(value, str) else value  # a whole number stays as written (weights {mlm: 1})
+
+
+def _read_str(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    return str(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
+
+
+#: The plain types :func:`check_value` converts: each reader gives the value read, or None for a refusal.
+_READERS = ((bool, _read_bool), (int, _read_int), (float, _read_float), (str, _read_str))
+
+
+def _check_plain(value: Any, tp: Any, key: str) -> Any:
+    """:func:`check_value` of a plain annotation: ``Any``, ``None``, bool / int / float / str (:data:`_READERS`),
+    another class (an instance of it); any other annotation (a Callable, a TypeVar) takes the value as given."""
     if tp is Any:
         return value
     if tp is type(None):
         if value is None:
             return None
         raise ConfigValueError(key, value, "null")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
+    for plain, read in _READERS:
+        if tp is plain:
+            out = read(value)
+            if out is None:
+                raise ConfigValueError(key, value, describe(tp))
+            return out
+    if isinstance(tp, type) and not isinstance(value, tp):
         raise ConfigValueError(key, value, describe(tp))
-    if tp is int:
-        number = _number(value)
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-            return int(value)
-        if number is not None and number.is_integer():
-            return int(number)
-        raise ConfigValueError(key, value, describe(tp))
-    if tp is float:
-        number = _number(value)
-        if number is None:
-            raise ConfigValueError(key, value, describe(tp))
-        return number if isinstance(value, str) else value  # a whole number stays as written (weights {mlm: 1})
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigValueError(key, value, describe(tp))
-    if isinstance(tp, type):
-        if isinstance(value, tp):
-            return value
-        raise ConfigValueError(key, value, describe(tp))
-    return value  # an annotation this layer does not read (a Callable, a TypeVar): as given
+    return value
 
 
 def check_mapping(cls: type, values: Any, section: str) -> dict[str, Any]:

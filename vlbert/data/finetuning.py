@@ -246,7 +246,7 @@ class TextTaskDataset(torch.utils.data.Dataset):
         enc = tokenizer(texts, pairs or None, truncation=True, max_length=c.max_seq_length)
         return [
             {"input_ids": i, "token_type_ids": t, "labels": y, "record": k}
-            for k, (i, t, y) in enumerate(zip(enc["input_ids"], enc["token_type_ids"], labels))
+            for k, (i, t, y) in enumerate(zip(enc["input_ids"], enc["token_type_ids"], labels, strict=True))
         ]
 
     def _label(self, value, where: str):

@@ -86,7 +86,9 @@ class GroundedTextDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         ex = self.examples[index]
         regions = [self.regions[i] for i in self.images(ex)]  # a store reads each from disk: once per item
-        items = [self.processor.region_item(r, i, self.image_reader) for r, i in zip(regions, self.images(ex))]
+        items = [
+            self.processor.region_item(r, i, self.image_reader) for r, i in zip(regions, self.images(ex), strict=True)
+        ]
         padded = items[0] if self.images_per_text == 1 else {"images": items}
         return {"input_ids": self.input_ids[index], **padded, **self.targets(ex, regions), "index": index}
 
@@ -94,7 +96,7 @@ class GroundedTextDataset(Dataset):
         """Positions of every example (wordpieces + regions kept, for length-grouped batching)."""
         return [
             len(ids) + sum(self.processor.kept_regions(region_count(self.regions, i)) for i in self.images(ex))
-            for ids, ex in zip(self.input_ids, self.examples)
+            for ids, ex in zip(self.input_ids, self.examples, strict=True)
         ]
 
 

@@ -155,7 +155,7 @@ class MaskingCollator:
         ``choose``: as :meth:`mask`. Returns (masked input_ids, labels), both int64 [B, T]."""
         input_ids = input_ids.clone()
         labels = torch.full_like(input_ids, IGNORE_INDEX)
-        for row, (generator, n) in enumerate(zip(generators, lengths)):
+        for row, (generator, n) in enumerate(zip(generators, lengths, strict=True)):
             input_ids[row : row + 1, :n], labels[row : row + 1, :n] = self.mask(
                 input_ids[row : row + 1, :n], generator, choose
             )

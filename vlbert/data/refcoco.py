@@ -115,7 +115,7 @@ def easy_vqa_composites(
         file = directory / f"{image_id}.png"
         if not file.is_file():
             canvas = Image.new("RGB", (2 * TILE, 2 * TILE), "white")
-            for source, (x, y) in zip(chosen, places):
+            for source, (x, y) in zip(chosen, places, strict=True):
                 canvas.paste(Image.open(paths[source]).convert("RGB"), (x, y))
             tmp = file.with_suffix(".tmp.png")
             canvas.save(tmp)
@@ -123,7 +123,7 @@ def easy_vqa_composites(
         files[image_id] = file
         tiles[image_id] = np.array([[x, y, x + TILE, y + TILE] for x, y in places], dtype=np.float32)
         names = [truth[s] for s in chosen]
-        for (color, shape), (x, y) in zip(names, places):
+        for (color, shape), (x, y) in zip(names, places, strict=True):
             if names.count((color, shape)) == 1:
                 examples.append(
                     ReferringExample(

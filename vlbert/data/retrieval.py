@@ -7,7 +7,9 @@ from typing import Sequence
 
 import torch
 
-from vlbert.data.captions import CaptionedImage, load_karpathy_split
+from vlbert.data.captions import CaptionedImage
+
+# recipes/retrieval.py imports it from here
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, color_and_shape
 from vlbert.detectors.regions import Regions
 from vlbert.processing import VLProcessor
@@ -57,4 +59,4 @@ class RetrievalPairs(torch.utils.data.Dataset):
         return {"input_ids": self.input_ids[index], **regions, "group": group}
 
 
-__all__ = ["CaptionedImage", "easy_vqa_captioned", "load_karpathy_split", "RetrievalPairs"]
+__all__ = ["easy_vqa_captioned", "RetrievalPairs"]

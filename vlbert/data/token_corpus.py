@@ -55,34 +55,16 @@ def corpus_dataset(source: str | os.PathLike, text_field: str = "text", split: s
     if source_str == BBC_NEWS:
         return datasets.Dataset.from_dict({"text": [r["text"] for r in load_bbc_news()]})
     path = Path(source_str).expanduser()
-
-    def local(builder: str, files, **kwargs):
-        try:
-            return datasets.load_dataset(builder, data_files=files, split="train", **kwargs)
-        except datasets.exceptions.DatasetGenerationError as e:
-            cause = e.__cause__ or e.__context__
-            if isinstance(cause, UnicodeDecodeError):
-                bad, where = _first_undecodable([files] if isinstance(files, str) else files)
-                raise ValueError(
-                    f"corpus file {bad} is not valid UTF-8 text (byte {where}); re-encode it, e.g. "
-                    f"iconv -f latin1 -t utf-8"
-                ) from None
-            raise ValueError(f"could not read corpus {source_str!r} ({type(cause or e).__name__}: {cause or e})") from e
-        except ValueError as e:
-            if "corresponds to no data" in str(e):
-                raise ValueError(f"corpus {source_str!r} is empty: it holds no document with text") from e
-            raise ValueError(f"could not read corpus {source_str!r} ({type(e).__name__}: {e})") from e
-
     if path.is_dir():
         files = sorted(str(f) for f in path.rglob("*.txt"))
         if not files:
             raise ValueError(f"corpus directory {path} contains no .txt files; put one document per .txt file")
-        return local("text", files, sample_by="document")
+        return _local_corpus(source_str, "text", files, sample_by="document")
     if path.is_file():
         if path.suffix in (".json", ".jsonl"):
-            ds = local("json", str(path))
+            ds = _local_corpus(source_str, "json", str(path))
         else:
-            ds = local("text", str(path), sample_by="paragraph")
+            ds = _local_corpus(source_str, "text", str(path), sample_by="paragraph")
             text_field = "text"
     elif path.suffix in (".txt", ".json", ".jsonl") or os.sep in source_str:
         raise FileNotFoundError(
@@ -99,6 +81,32 @@ def corpus_dataset(source: str | os.PathLike, text_field: str = "text", split: s
         if text_field != "text"
         else ds.select_columns(["text"])
     )
+
+
+def _local_corpus(source: str, builder: str, files: str | list[str], **options):
+    """``datasets.load_dataset(builder, data_files=files, split="train", **options)``: the local corpus ``source``
+    (its files ``files``) as a ``datasets.Dataset``.
+
+    Raises:
+        ValueError: a file that is not UTF-8 (named, with its first bad byte), an empty corpus, or another reading
+            error of ``datasets`` (its type and message).
+    """
+    import datasets
+
+    try:
+        return datasets.load_dataset(builder, data_files=files, split="train", **options)
+    except datasets.exceptions.DatasetGenerationError as e:
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, UnicodeDecodeError):
+            bad, where = _first_undecodable([files] if isinstance(files, str) else files)
+            raise ValueError(
+                f"corpus file {bad} is not valid UTF-8 text (byte {where}); re-encode it, e.g. iconv -f latin1 -t utf-8"
+            ) from None
+        raise ValueError(f"could not read corpus {source!r} ({type(cause or e).__name__}: {cause or e})") from e
+    except ValueError as e:
+        if "corresponds to no data" in str(e):
+            raise ValueError(f"corpus {source!r} is empty: it holds no document with text") from e
+        raise ValueError(f"could not read corpus {source!r} ({type(e).__name__}: {e})") from e
 
 
 def _first_undecodable(files, chunk: int = 1 << 22) -> tuple[str, int]:
@@ -248,7 +256,7 @@ def _prepare(
         docs.write(np.zeros(1, np.int64).tobytes())
         for batch in tokenized.iter(batch_size=1000):
             arrays = []
-            for ids, lengths in zip(batch["input_ids"], batch["sentence_lengths"]):
+            for ids, lengths in zip(batch["input_ids"], batch["sentence_lengths"], strict=True):
                 if not lengths:
                     continue
                 array = np.asarray(ids, dtype=dtype)
@@ -337,7 +345,10 @@ class TokenCorpus:
         first, end = self.sentences(index)
         offsets = self._read("sentence_offsets", np.int64, first, end + 1)
         tokens = self._read("tokens", self.dtype, int(offsets[0]), int(offsets[-1])).tolist()
-        return [tokens[a - offsets[0] : b - offsets[0]] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+        return [
+            tokens[a - offsets[0] : b - offsets[0]]
+            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
+        ]
 
     def token_counts(self, vocab_size: int, chunk: int = 1 << 22) -> np.ndarray:
         """int64 [vocab_size]: how often each id occurs (counted during preparation; else read in chunks)."""

@@ -15,7 +15,7 @@ def kept_labels(batch: dict, output, target_keys: Sequence[str] = ("labels",)) -
     targets = batch[target_keys[0]] if target_keys else None
     gold = targets.tolist() if targets is not None and targets.dim() == 1 else [None] * len(index)
     predicted = output.logits.argmax(-1).tolist()
-    return list(zip(index, zip(gold, predicted)))
+    return list(zip(index, zip(gold, predicted, strict=True), strict=True))
 
 
 __all__ = ["kept_labels"]

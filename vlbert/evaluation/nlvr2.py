@@ -36,7 +36,7 @@ def nlvr2_scores(identifiers: Sequence[str], correct: Sequence[bool]) -> dict[st
     if len(identifiers) != len(correct):
         raise ValueError(f"{len(identifiers)} identifiers but {len(correct)} correctness values")
     consistent: dict[str, bool] = {}
-    for identifier, ok in zip(identifiers, correct):
+    for identifier, ok in zip(identifiers, correct, strict=True):
         key = sentence_key(identifier)
         consistent[key] = consistent.get(key, True) and bool(ok)
     n = len(identifiers)

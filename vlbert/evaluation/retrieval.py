@@ -81,8 +81,8 @@ def rerank_shortlist(
     final = scores.clone()
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
-        image_rows, caption_rows = zip(*(image_and_caption(q, n) for q, n in chunk))
-        for (q, n), value in zip(chunk, cross_scores(list(image_rows), list(caption_rows)).tolist()):
+        image_rows, caption_rows = zip(*(image_and_caption(q, n) for q, n in chunk), strict=True)
+        for (q, n), value in zip(chunk, cross_scores(list(image_rows), list(caption_rows)).tolist(), strict=True):
             final[q, n] = value
     listed = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, top, True)
     if not listed.all():  # everything outside the shortlist ranks after it, in contrastive order

@@ -209,7 +209,7 @@ def tag_accuracy(predictions: Sequence[Sequence[str]], references: Sequence[Sequ
 def _sentences(predictions, references) -> None:
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predicted sentences but {len(references)} references")
-    for k, (p, r) in enumerate(zip(predictions, references)):
+    for k, (p, r) in enumerate(zip(predictions, references, strict=True)):
         if len(p) != len(r):
             raise ValueError(f"sentence {k}: {len(p)} predicted tags but {len(r)} reference tags")
 

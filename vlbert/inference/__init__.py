@@ -16,7 +16,6 @@ from vlbert.inference.pipelines import (
     PIPELINES,
     EntailmentPipeline,
     FillMaskPipeline,
-    ImageIndex,
     ImagePairPipeline,
     ImageTextMatchingPipeline,
     Pipeline,
@@ -28,6 +27,7 @@ from vlbert.inference.pipelines import (
     pipeline,
     pipeline_class,
 )
+from vlbert.inference.retrieval import ImageIndex
 from vlbert.processing import VLProcessor, load_processor_record, record_pipeline
 
 __all__ = [

@@ -202,7 +202,7 @@ class Pipeline:
         names = list(self.input_fields)
         if len(inputs) > len(names):
             raise TypeError(f"{type(self).__name__} takes {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")
-        values = dict(zip(names, inputs))
+        values = dict(zip(names, inputs, strict=False))  # fewer inputs than fields: the last fields not given
         single = {k: self._single(k, v) for k, v in values.items()}
         lengths = {len(v) for k, v in values.items() if not single[k]}
         if len(lengths) > 1:
@@ -331,7 +331,7 @@ def label_result(probabilities: torch.Tensor, labels: Sequence[str]) -> dict[str
     return {
         "label": labels[k],
         "score": float(probabilities[k]),
-        "scores": {name: float(p) for name, p in zip(labels, probabilities)},
+        "scores": {name: float(p) for name, p in zip(labels, probabilities, strict=True)},
     }
 
 

@@ -49,7 +49,7 @@ def fill_masks(
         list(texts), padding=True, truncation=max_length is not None, max_length=max_length, return_tensors="pt"
     )
     is_mask = enc["input_ids"] == tokenizer.mask_token_id
-    for text, row in zip(texts, is_mask):
+    for text, row in zip(texts, is_mask, strict=True):
         if not row.any():
             raise ValueError(f"no {tokenizer.mask_token} in {text!r}; write the word to fill as {tokenizer.mask_token}")
     device = next(model.parameters()).device
@@ -69,11 +69,13 @@ def fill_masks(
     rows, positions = is_mask.nonzero(as_tuple=True)
     scores, ids = logits[rows.to(device), positions.to(device)].float().softmax(-1).topk(top_k, dim=-1)
     results: list[list[list[dict]]] = [[] for _ in texts]
-    for row, position, row_scores, row_ids in zip(rows.tolist(), positions.tolist(), scores.tolist(), ids.tolist()):
+    for row, position, row_scores, row_ids in zip(
+        rows.tolist(), positions.tolist(), scores.tolist(), ids.tolist(), strict=True
+    ):
         length = int(enc["attention_mask"][row].sum())
         single = int(is_mask[row].sum()) == 1  # as transformers: with other masks left, keep the special tokens
         fillers = []
-        for score, token in zip(row_scores, row_ids):
+        for score, token in zip(row_scores, row_ids, strict=True):
             filled = enc["input_ids"][row, :length].clone()
             filled[position] = token
             fillers.append(
@@ -103,7 +105,9 @@ class FillMaskPipeline(Pipeline):
     def preprocess(self, examples: list[dict], **parameters) -> dict[str, Any]:
         """Each example's text and region item (None without an image), and ``top_k``."""
         images = [k for k, ex in enumerate(examples) if ex.get("image") is not None]
-        items = dict(zip(images, self.processor.region_items(self.regions([examples[k]["image"] for k in images]))))
+        items = dict(
+            zip(images, self.processor.region_items(self.regions([examples[k]["image"] for k in images])), strict=True)
+        )
         return {
             "texts": [ex["text"] for ex in examples],
             "items": [items.get(k) for k in range(len(examples))],
@@ -125,7 +129,7 @@ class FillMaskPipeline(Pipeline):
                     [items[k] for k in group] if with_image else None,
                     self.processor.max_text_length,
                 )
-                for k, result in zip(group, found):
+                for k, result in zip(group, found, strict=True):
                     fillers[k] = result
         return {"fillers": fillers}
 

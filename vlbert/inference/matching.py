@@ -67,7 +67,7 @@ class ImageTextMatchingPipeline(Pipeline):
 
     def postprocess(self, outputs, examples, top_k: int | None = None) -> list[dict]:
         out = []
-        for example, probabilities in zip(examples, outputs["logits"].softmax(-1)):
+        for example, probabilities in zip(examples, outputs["logits"].softmax(-1), strict=True):
             score = float(probabilities[1])
             result = {"text": example["text"], "score": score, "match": score > 0.5}
             if isinstance(example["image"], (str, Path)):

@@ -27,7 +27,7 @@ from vlbert.evaluation.vqa import gqa_predictions_json, vqa_results_json
 from vlbert.inference.base import Pipeline, label_result, label_row
 from vlbert.inference.fill_mask import FillMaskPipeline, TextFillMaskPipeline
 from vlbert.inference.matching import ImageTextMatchingPipeline
-from vlbert.inference.retrieval import ImageIndex, RetrievalPipeline
+from vlbert.inference.retrieval import RetrievalPipeline
 from vlbert.inference.text import TextClassificationPipeline
 from vlbert.models.referring import VLBertForReferringExpressions
 from vlbert.models.uniter_heads import VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention, VLBertForVisualEntailment
@@ -82,8 +82,8 @@ class VQAPipeline(Pipeline):
         scores, ids = logits.sigmoid().topk(min(top_k, logits.shape[1]), dim=-1)
         names = self.label_names(logits.shape[1])
         return [
-            [{"answer": names[i], "score": s} for s, i in zip(row_s, row_i)]
-            for row_s, row_i in zip(scores.tolist(), ids.tolist())
+            [{"answer": names[i], "score": s} for s, i in zip(row_s, row_i, strict=True)]
+            for row_s, row_i in zip(scores.tolist(), ids.tolist(), strict=True)
         ]
 
     def row(self, result: list[dict]) -> dict:
@@ -171,7 +171,7 @@ class ReferringPipeline(Pipeline):
             per_image = [boxes] * len(examples) if self._single("image", image) else list(boxes)
             if len(per_image) != len(examples):
                 raise ValueError(f"{len(per_image)} boxes lists for {len(examples)} images: pass one per image")
-            for example, given in zip(examples, per_image):
+            for example, given in zip(examples, per_image, strict=True):
                 example["boxes"] = given
         return examples, single
 
@@ -187,7 +187,7 @@ class ReferringPipeline(Pipeline):
 
     def postprocess(self, outputs, examples) -> list[dict]:
         out = []
-        for row, r in zip(outputs["logits"].softmax(-1), outputs["regions"]):
+        for row, r in zip(outputs["logits"].softmax(-1), outputs["regions"], strict=True):
             k = int(row.argmax())
             out.append({"box": [float(v) for v in r.boxes[k]], "score": float(row[k]), "region": k})
         return out
@@ -326,20 +326,11 @@ def pipeline(
 
 
 __all__ = [
-    "Pipeline",
     "VQAPipeline",
     "EntailmentPipeline",
     "ImagePairPipeline",
     "ReferringPipeline",
-    "FillMaskPipeline",
-    "RetrievalPipeline",
-    "TextClassificationPipeline",
-    "TextFillMaskPipeline",
-    "ImageIndex",
-    "ImageTextMatchingPipeline",
     "PIPELINES",
     "pipeline",
     "pipeline_class",
-    "label_result",
-    "label_row",
 ]

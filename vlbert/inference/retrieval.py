@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from vlbert.checkpoint import write_safetensors
 from vlbert.common.files import write_text_atomically
 from vlbert.common.user_files import expect, read_json
-from vlbert.detectors.images import IMAGE_SUFFIXES, is_image_file
+from vlbert.detectors.images import is_image_file
 from vlbert.detectors.regions import Regions
 from vlbert.detectors.shards import write_shards
 from vlbert.detectors.store import RegionStore
@@ -190,7 +190,7 @@ class RetrievalPipeline(Pipeline):
             chunk = self.regions(images[start : start + self.batch_size])
             if self.processor.preprocessing is not None:  # a visual backbone: the index keeps its features
                 chunk = self._backbone_regions(chunk)
-            for image_id, r in zip(ids[start : start + self.batch_size], chunk):
+            for image_id, r in zip(ids[start : start + self.batch_size], chunk, strict=True):
                 regions[image_id] = Regions(
                     image_id,
                     r.height,
@@ -220,7 +220,7 @@ class RetrievalPipeline(Pipeline):
             .numpy()
         )
         out = []
-        for r, f in zip(regions, features):
+        for r, f in zip(regions, features, strict=True):
             n = self.processor.kept_regions(r.num_regions)
             cut = [None if x is None else x[:n] for x in (r.class_probs, r.attribute_probs)]
             out.append(
@@ -294,7 +294,7 @@ class _LazyRegions:
 
 def _top(row: torch.Tensor, k: int, make) -> list[dict]:
     scores, ids = row.topk(min(k, row.shape[0]))
-    return [make(n, s) for n, s in zip(ids.tolist(), scores.tolist())]
+    return [make(n, s) for n, s in zip(ids.tolist(), scores.tolist(), strict=True)]
 
 
-__all__ = ["ImageIndex", "RetrievalPipeline", "INDEX_FILE", "EMBEDDINGS_FILE", "IMAGE_SUFFIXES"]
+__all__ = ["ImageIndex", "RetrievalPipeline", "INDEX_FILE", "EMBEDDINGS_FILE"]

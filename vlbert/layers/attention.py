@@ -182,7 +182,9 @@ def varlen_attention(
             ), None
     queries, keys = unpadding.cu_seqlens.tolist(), kv.cu_seqlens.tolist()
     outs = []
-    for (q0, q1), (k0, k1) in zip(zip(queries[:-1], queries[1:]), zip(keys[:-1], keys[1:])):
+    for (q0, q1), (k0, k1) in zip(
+        zip(queries[:-1], queries[1:], strict=True), zip(keys[:-1], keys[1:], strict=True), strict=True
+    ):
         seq = lambda t, a, b: t[a:b].transpose(0, 1)[None]  # [1, heads, L, d]
         outs.append(
             _explicit(seq(q, q0, q1), seq(k, k0, k1), seq(v, k0, k1), None, p, training, False)[0][0].transpose(0, 1)

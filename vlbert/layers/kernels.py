@@ -11,7 +11,7 @@ from torch import nn
 class _CpuDropout(torch.autograd.Function):
     """Inverted dropout with the keep mask drawn as 31-bit integers (one ``random_`` pass and a compare).
 
-    On CPU ``torch.bernoulli_`` is about three times slower than drawing integers, and dropout runs thirteen
+    On CPU ``torch.bernoulli_`` is slower than drawing integers (docs/performance.md), and dropout runs thirteen
     times per step in a 4-layer BERT (embeddings, then attention probabilities, attention output and
     feed-forward output per layer). The keep probability is (2^31 - round(p 2^31)) / 2^31, within 5e-10 of
     1 - p; the random stream is the default CPU generator's, so ``torch.manual_seed`` and checkpointed RNG

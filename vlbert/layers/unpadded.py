@@ -210,14 +210,14 @@ LEGACY_KEYS = ("packed_indices", "cu_seqlens")
 
 
 def legacy_fields(*masks: torch.Tensor) -> dict[str, torch.Tensor]:
-    """:func:`unpadded_layout` under the batch keys of before issue 51 (:data:`LEGACY_KEYS`)."""
+    """:func:`unpadded_layout` under the legacy batch keys (:data:`LEGACY_KEYS`)."""
     layout = unpadded_layout(*masks)
-    return dict(zip(LEGACY_KEYS, (layout.indices, layout.cu_seqlens)))
+    return dict(zip(LEGACY_KEYS, (layout.indices, layout.cu_seqlens), strict=True))
 
 
 def pop_legacy_layout(layout: Layout, keywords: dict) -> Layout:
     """``layout``, or the :class:`UnpaddedLayout` of the :data:`LEGACY_KEYS` taken out of ``keywords`` (a
-    pretraining forward's label keywords) where a caller of before issue 51 passed those instead.
+    pretraining forward's label keywords) where a caller passed those instead.
 
     Raises:
         ValueError: only one of the two keys, or both those and ``layout``."""

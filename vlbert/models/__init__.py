@@ -13,10 +13,10 @@ from vlbert.models.heads import (
 from vlbert.models.outputs import EncoderOutput, ObjectiveOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.referring import VLBertForReferringExpressions
-from vlbert.models.region_embeddings import REGION_EMBEDDINGS
+from vlbert.models.region_embeddings import REGION_EMBEDDINGS, region_location_features
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
 from vlbert.models.uniter_heads import VLBertForNLVR2Paired, VLBertForNLVR2PairedAttention, VLBertForVisualEntailment
-from vlbert.models.vl import VLBertForPreTraining, VLBertModel, region_location_features
+from vlbert.models.vl import VLBertForPreTraining, VLBertModel
 from vlbert.models.vl_classification import (
     VLBertForImagePairClassification,
     VLBertForSequenceClassification,

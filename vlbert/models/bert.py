@@ -150,7 +150,7 @@ class BertEncoder(nn.Module):
     zeros. The layout comes from the collator (:class:`~vlbert.layers.unpadded.UnpaddedLayout`: no host sync) or is
     read from the mask here (one ``nonzero``). With the padded kernels (``sdpa``, ``eager``) and less than
     ``min_padding_to_unpad`` (5%) padding the batch runs as is (the per-layer gathers would cost more than the
-    padded rows they save: default text batch on a CPU, 310 ms vs 296 ms per step), padded positions then carry
+    padded rows they save: docs/performance.md), padded positions then carry
     values nothing reads, as in transformers. ``unpad = False`` keeps every position computed (a head whose loss
     reads padded positions); it implies a padded kernel.
     """
@@ -267,7 +267,7 @@ def compile_model(model: nn.Module, **options) -> nn.Module:
     unchanged), with dynamic shapes since unpadded batches vary in length. With the collator's unpadded layout and
     masked positions the training forward is one graph (tests/gpu/test_gpu_step.py): inductor then fuses bias + GELU
     and dropout + residual + LayerNorm, which the eager step cannot. Off by default (``training.compile``): on a
-    2-core CPU compiled layers were slower than eager (text default: 352-379 ms vs 325 ms per step).
+    CPU compiled layers were slower than eager (docs/performance.md).
     ``options`` go to ``torch.compile`` (default ``dynamic=True``). Returns ``model``.
     """
     model.compile(**{"dynamic": True, **options})
@@ -431,6 +431,5 @@ __all__ = [
     "SelfAttention",
     "BertPooler",
     "LayerNorm",
-    "check_text_inputs",
     "compile_model",
 ]

@@ -240,7 +240,7 @@ class TwoStreamEncoder(nn.Module):
             m = 1 + len(self.regions.layers)
             out.text_hidden_states, out.region_hidden_states = tuple(states["text"]), tuple(states["regions"])
             out.hidden_states = (torch.cat([text, regions], 1),) + tuple(
-                torch.cat(pair, 1) for pair in zip(states["text"][k:], states["regions"][m:])
+                torch.cat(pair, 1) for pair in zip(states["text"][k:], states["regions"][m:], strict=True)
             )
         if lists:
             out.text_attentions, out.region_attentions = tuple(lists["text"]), tuple(lists["regions"])

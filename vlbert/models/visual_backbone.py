@@ -38,7 +38,7 @@ from torch import nn
 from vlbert.common.dependencies import require
 from vlbert.config import VisualBackboneConfig
 from vlbert.detectors.backbone import load_efficientnet_lite0, read_state_dict
-from vlbert.detectors.caffe_resnet import CaffeBottleneck, CaffeResNetC4, caffe_stage
+from vlbert.detectors.caffe_resnet import CaffeResNetC4, caffe_stage
 from vlbert.models.pretrained import OwnLearningRate
 
 #: The fields' defaults (their types and ranges: :class:`vlbert.config.VisualBackboneConfig`).
@@ -254,4 +254,4 @@ def mask_pixels(images: torch.Tensor, pixel_boxes: torch.Tensor, masked: torch.T
     return images.masked_fill(hidden[:, None], 0.0)
 
 
-__all__ = ["RegionFeatureExtractor", "CaffeResNetC4", "CaffeBottleneck", "caffe_stage", "mask_pixels", "DEFAULTS"]
+__all__ = ["RegionFeatureExtractor", "mask_pixels", "DEFAULTS"]

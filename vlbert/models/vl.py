@@ -18,7 +18,7 @@ from vlbert.models.bert import BertEncoder, BertModel
 from vlbert.models.inputs import VL_INPUT_NAMES, VLInputs, check_text_inputs
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
-from vlbert.models.region_embeddings import build_region_embedding, region_location_features
+from vlbert.models.region_embeddings import build_region_embedding
 from vlbert.models.two_stream import TwoStreamEncoder
 from vlbert.models.visual_backbone import RegionFeatureExtractor
 from vlbert.objectives import Encoded
@@ -361,12 +361,4 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         )
 
 
-__all__ = [
-    "VLBertModel",
-    "VLBertForPreTraining",
-    "VLInputs",
-    "SingleStream",
-    "TwoStream",
-    "ENCODERS",
-    "region_location_features",
-]
+__all__ = ["VLBertModel", "VLBertForPreTraining", "SingleStream", "TwoStream", "ENCODERS"]

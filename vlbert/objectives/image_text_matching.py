@@ -59,7 +59,7 @@ class ImageTextMatching(Objective):
             ctx.text.pad(
                 [
                     {"input_ids": x["input_ids"] if m or hard else x["negative_input_ids"]}
-                    for x, m in zip(items, is_match)
+                    for x, m in zip(items, is_match, strict=True)
                 ]
             )
         )

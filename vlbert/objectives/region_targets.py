@@ -32,7 +32,7 @@ def masked_class_probs(items: list[dict], masked: torch.Tensor, key: str = "clas
     Raises ValueError as :func:`pad_class_probs`."""
     if any(x.get(key) is None for x in items):
         pad_class_probs(items, masked.shape[1], key)  # raises, naming the fix
-    rows = [torch.from_numpy(np.asarray(x[key]))[m[: len(x[key])]] for x, m in zip(items, masked)]
+    rows = [torch.from_numpy(np.asarray(x[key]))[m[: len(x[key])]] for x, m in zip(items, masked, strict=True)]
     return torch.cat(rows).to(torch.float16)
 
 

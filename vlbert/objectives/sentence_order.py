@@ -54,7 +54,7 @@ class SentenceOrderPrediction(NextSentencePrediction):
                 "objectives choose segment B differently)"
             )
         swapped = [bool(torch.rand(1, generator=ctx.generator(x, self.name)) < 0.5) for x in items]
-        batch.update(ctx.text.pad([swap_segments(x) if s else x for x, s in zip(items, swapped)]))
+        batch.update(ctx.text.pad([swap_segments(x) if s else x for x, s in zip(items, swapped, strict=True)]))
         batch["sentence_order_label"] = torch.tensor([SWAPPED if s else IN_ORDER for s in swapped], dtype=torch.long)
 
 

@@ -268,7 +268,6 @@ __all__ = [
     "image_files",
     "ImageReader",
     "pad_images",
-    "IMAGE_SUFFIXES",
     "ImageRegions",
     "with_image",
 ]

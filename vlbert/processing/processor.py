@@ -39,7 +39,7 @@ from vlbert.processing.collator import GroundedCollator
 from vlbert.processing.detection import Detection
 from vlbert.processing.images import ImagePreprocessing, backbone_preprocessing, with_image
 from vlbert.processing.padding import pad_text
-from vlbert.processing.record import load_processor_record, local_run_dir, record_pipeline
+from vlbert.processing.record import load_processor_record, local_run_dir
 from vlbert.processing.region_source import RegionSource
 from vlbert.processing.regions import pad_regions, region_item, with_pixels
 from vlbert.run_files import read_processor_record, write_processor_record
@@ -344,17 +344,17 @@ class VLProcessor:
                 # Each entry is extracted under an id of its own: a file given twice with two sets of boxes is two
                 # entries, and keyed by its name the second set of boxes would pool both.
                 ids = [f"{positions[0]}:{name}" for name, _, _, positions in group]
-                given = {i: b for i, (_, _, b, _) in zip(ids, group)} if with_boxes else None
-                sources = [(i, source) for i, (_, source, _, _) in zip(ids, group)]
+                given = {i: b for i, (_, _, b, _) in zip(ids, group, strict=True)} if with_boxes else None
+                sources = [(i, source) for i, (_, source, _, _) in zip(ids, group, strict=True)]
                 extracted = self.detection.extract(sources, given, batch_size)
-                for (name, _, _, positions), regions in zip(group, extracted):
+                for (name, _, _, positions), regions in zip(group, extracted, strict=True):
                     for k in positions:
                         out[k] = dataclasses.replace(regions, image_id=name)
         if self.image_preprocessing is None:
             return out
         return [  # each image's pixels through the preprocessing (given Regions already carry theirs)
             found if isinstance(image, Regions) else with_image(found, self.image_preprocessing.read(image))
-            for image, found in zip(images, out)
+            for image, found in zip(images, out, strict=True)
         ]
 
     @property
@@ -485,7 +485,7 @@ class VLProcessor:
             raise ValueError(f"{len(texts)} texts and {len(found)} images: pass one image per text, or one for all")
         items = [
             {"input_ids": ids, **item, "index": k}
-            for k, (ids, item) in enumerate(zip(self.text_ids(texts), self.region_items(found)))
+            for k, (ids, item) in enumerate(zip(self.text_ids(texts), self.region_items(found), strict=True))
         ]
         batch = self.collator()(items)
         del batch["index"]
@@ -502,9 +502,6 @@ def _to(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
 __all__ = [
     "VLProcessor",
     "ImageInput",
-    "local_run_dir",
-    "load_processor_record",
-    "record_pipeline",
     "DEFAULT_MAX_REGIONS",
     "DEFAULT_MAX_TEXT_LENGTH",
 ]

@@ -6,6 +6,7 @@ config the run started with (its ``config.yaml``, which is never rewritten). Use
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -17,8 +18,9 @@ from vlbert.common.typed_config import check_mapping
 from vlbert.common.user_files import read_yaml
 from vlbert.config import BertConfig, VLBertConfig
 from vlbert.detectors.config import DetectorConfig
+from vlbert.training.checkpointing import latest_checkpoints
 from vlbert.training.run_config import check_sections, dataclass_from_section
-from vlbert.training.trainer import TrainingConfig, latest_checkpoints
+from vlbert.training.trainer import TrainingConfig
 from vlbert.utils import process_position
 
 if TYPE_CHECKING:  # annotations only: the runner imports this module
@@ -152,10 +154,8 @@ def _effective(recipe: Recipe, config: dict[str, Any]) -> dict[str, Any]:
     for key in sorted(set(config) | set(readers) - {"model"}):
         value = config.get(key)
         if key in readers:
-            try:
+            with contextlib.suppress(ValueError, TypeError):
                 value = readers[key](value)
-            except (ValueError, TypeError):
-                pass
         if isinstance(value, dict) and key in readers:
             out.update({f"{key}.{k}": v for k, v in value.items()})
         else:

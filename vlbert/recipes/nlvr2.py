@@ -76,9 +76,10 @@ class NLVR2Data(RegionTaskData):
         ``nlvr2/eval/metrics.py``)."""
         index, gold, predicted = self.predict_labels(model)
         rows = [
-            {"identifier": self.eval.examples[i].identifier, "prediction": bool(p)} for i, p in zip(index, predicted)
+            {"identifier": self.eval.examples[i].identifier, "prediction": bool(p)}
+            for i, p in zip(index, predicted, strict=True)
         ]
-        scores = nlvr2_scores([r["identifier"] for r in rows], [g == p for g, p in zip(gold, predicted)])
+        scores = nlvr2_scores([r["identifier"] for r in rows], [g == p for g, p in zip(gold, predicted, strict=True)])
         return rows, {**scores, "eval_statements": len(rows)}
 
     def predictions_text(self, rows: list[dict]) -> str:

@@ -113,7 +113,7 @@ class ReferringData(RegionTaskData):
         its ``box`` in pixels (x1, y1, x2, y2), ``hit`` (IoU >= 0.5 with the referred box); the accuracy and its
         upper bound: the share of expressions whose image has any region with IoU >= 0.5)."""
         rows = []
-        for i, choice in zip(*self.predict_labels(model)[::2]):
+        for i, choice in zip(*self.predict_labels(model)[::2], strict=True):
             ex = self.eval.examples[i]
             box = self.regions[ex.image_id].boxes[choice]  # one read of the image's regions per expression
             rows.append(

@@ -99,7 +99,7 @@ def results_table(metrics: Mapping[str, Any]) -> str:
             rows.append((key, _number(value), f"{base[0]:.4f} {base[1]}", verdict(float(value), base[0])))
     table = [("result", "value", "baseline", f"beats it by > {MARGIN}?")] + rows + rest
     widths = [max(len(r[i]) for r in table) for i in range(4)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines + chance_notes(metrics))
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlbert.data.retrieval import RetrievalPairs, easy_vqa_captioned, load_karpathy_split
+from vlbert.data.captions import load_karpathy_split
+from vlbert.data.retrieval import RetrievalPairs, easy_vqa_captioned
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
 from vlbert.processing.collator import RetrievalCollator

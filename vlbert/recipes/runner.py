@@ -25,19 +25,16 @@ from vlbert.data.loading import eval_loader, train_loader
 from vlbert.evaluation.predictions import HeldOutPredictions, Keep
 from vlbert.processing import VLProcessor
 from vlbert.recipes.config_reading import (
-    COMMON_SECTIONS,
-    RESUMABLE_CHANGES,
-    RunKeys,
     read_run_config,
     record_resume_changes,
     resume_changes,
 )
 from vlbert.recipes.run_processor import build_run_processor
-from vlbert.run_files import read_run_file
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
 from vlbert.training.processes import check_shared_output_dir, collective_failure, control_plane, start_processes
 from vlbert.training.run_directory import prepare_output_dir, refuse_resuming_a_finished_run
-from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig, set_seed
+from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig
+from vlbert.training.training_config import set_seed
 from vlbert.utils import process_position
 
 logger = logging.getLogger(__name__)
@@ -294,10 +291,6 @@ __all__ = [
     "RunContext",
     "TaskData",
     "run",
-    "COMMON_SECTIONS",
-    "RESUMABLE_CHANGES",
-    "RunKeys",
     "run_processor",
     "write_output_file",
-    "read_run_file",
 ]

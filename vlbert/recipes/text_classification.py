@@ -118,34 +118,9 @@ class TextTaskData(TaskData):
             labels = list(range(len(names)))
             self.label_names = names
         elif config.dataset == "glue":
-            if config.glue_task not in GLUE_TASKS:
-                raise ValueError(
-                    f"data.glue_task must name a GLUE task, one of {sorted(GLUE_TASKS)}; got {config.glue_task!r}"
-                )
-            glue = GLUE_TASKS[config.glue_task]
-            self.glue_task = config.glue_task
-            # GLUE's columns, label and id in datasets' glue layout.
-            config.type = "regression" if glue.label_names is None else "classification"
-            config.text_field, config.text_pair_field = (*glue.text_fields, "")[:2]
-            config.label_field, config.id_field = "label", "idx"
-            eval_split = glue.eval_split if config.eval_split == "validation" else config.eval_split
-            name = config.dataset_config or config.glue_task
-            train = load_records(config.train or GLUE_HUB_NAME, config.train_split, name)
-            evaluation = load_records(config.eval or GLUE_HUB_NAME, eval_split, name)
-            labels = list(range(len(glue.label_names))) if glue.label_names else None
-            self.label_names = list(glue.label_names) if glue.label_names else None
+            train, evaluation, labels = self._glue_records(config)
         elif config.dataset == "custom":
-            if not (config.train and config.eval):
-                raise ValueError("a custom task needs data.train and data.eval (files or datasets names)")
-            train = load_records(config.train, config.train_split, config.dataset_config)
-            evaluation = load_records(config.eval, config.eval_split, config.dataset_config)
-            if config.type == "classification":
-                labels = label_space(train, config.label_field)
-            elif config.type == "tagging":
-                labels = sorted({t for r in train for t in r[config.tags_field]})
-            else:
-                labels = None
-            self.label_names = [str(x) for x in labels] if labels else None
+            train, evaluation, labels = self._custom_records(config)
         else:
             raise ValueError(f"data.dataset must be 'bbc-news', 'glue' or 'custom', got {config.dataset!r}")
         # (doc_stride, max_answer_length and the threshold's type: the typed reading of the data section)
@@ -162,13 +137,52 @@ class TextTaskData(TaskData):
         self.collator = TextTaskCollator(tokenizer, config.type)
         self.ids = self._ids(evaluation)
         if config.type == "qa" and not config.version_2_with_negative:
-            for k, record in enumerate(evaluation):
-                if not record[config.answers_field]["text"]:
-                    raise ValueError(
-                        f"evaluation record {k} (id {self.ids[k]!r}) has no answer: SQuAD v1.1 scores "
-                        "every question against its answers; for unanswerable questions set "
-                        "data.version_2_with_negative: true"
-                    )
+            self._check_answered(evaluation)
+
+    def _glue_records(self, config) -> tuple[list[dict], list[dict], list[int] | None]:
+        """(train records, evaluation records, label indices; None for a regression) of ``data.glue_task``; sets
+        the data section's type and fields to GLUE's columns, label and id in ``datasets``' glue layout."""
+        if config.glue_task not in GLUE_TASKS:
+            raise ValueError(
+                f"data.glue_task must name a GLUE task, one of {sorted(GLUE_TASKS)}; got {config.glue_task!r}"
+            )
+        glue = GLUE_TASKS[config.glue_task]
+        self.glue_task = config.glue_task
+        config.type = "regression" if glue.label_names is None else "classification"
+        config.text_field, config.text_pair_field = (*glue.text_fields, "")[:2]
+        config.label_field, config.id_field = "label", "idx"
+        eval_split = glue.eval_split if config.eval_split == "validation" else config.eval_split
+        name = config.dataset_config or config.glue_task
+        train = load_records(config.train or GLUE_HUB_NAME, config.train_split, name)
+        evaluation = load_records(config.eval or GLUE_HUB_NAME, eval_split, name)
+        self.label_names = list(glue.label_names) if glue.label_names else None
+        return train, evaluation, list(range(len(glue.label_names))) if glue.label_names else None
+
+    def _custom_records(self, config) -> tuple[list[dict], list[dict], list | None]:
+        """(train records, evaluation records, the label space: the train records' labels or tags; None for
+        regression and QA) of a custom task's ``data.train`` / ``data.eval``."""
+        if not (config.train and config.eval):
+            raise ValueError("a custom task needs data.train and data.eval (files or datasets names)")
+        train = load_records(config.train, config.train_split, config.dataset_config)
+        evaluation = load_records(config.eval, config.eval_split, config.dataset_config)
+        if config.type == "classification":
+            labels = label_space(train, config.label_field)
+        elif config.type == "tagging":
+            labels = sorted({t for r in train for t in r[config.tags_field]})
+        else:
+            labels = None
+        self.label_names = [str(x) for x in labels] if labels else None
+        return train, evaluation, labels
+
+    def _check_answered(self, evaluation: list[dict]) -> None:
+        """Raise ValueError for an evaluation record without an answer (SQuAD v1.1 scores every question)."""
+        for k, record in enumerate(evaluation):
+            if not record[self.config.answers_field]["text"]:
+                raise ValueError(
+                    f"evaluation record {k} (id {self.ids[k]!r}) has no answer: SQuAD v1.1 scores "
+                    "every question against its answers; for unanswerable questions set "
+                    "data.version_2_with_negative: true"
+                )
 
     def _ids(self, records) -> list:
         """Each evaluation record's id (``data.id_field``; its position where it has none), checked unique."""
@@ -209,8 +223,8 @@ class TextTaskData(TaskData):
                 (i, [(w, int(best[row, p])) for w, p in self.eval.items[i]["words"]]) for row, i in enumerate(index)
             ]
         if kind == "regression":
-            return list(zip(index, output.logits.squeeze(-1).float().cpu().tolist()))
-        return list(zip(index, output.logits.argmax(-1).cpu().tolist()))
+            return list(zip(index, output.logits.squeeze(-1).float().cpu().tolist(), strict=True))
+        return list(zip(index, output.logits.argmax(-1).cpu().tolist(), strict=True))
 
     @property
     def target_keys(self) -> tuple[str, ...]:

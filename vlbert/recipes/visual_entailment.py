@@ -69,9 +69,9 @@ class EntailmentData(RegionTaskData):
                 "prediction": LABELS[p],
                 "gold_label": LABELS[g],
             }
-            for i, g, p in zip(index, gold, predicted)
+            for i, g, p in zip(index, gold, predicted, strict=True)
         ]
-        hits, totals = Counter(g for g, p in zip(gold, predicted) if g == p), Counter(gold)
+        hits, totals = Counter(g for g, p in zip(gold, predicted, strict=True) if g == p), Counter(gold)
         out = {"accuracy": sum(hits.values()) / max(len(gold), 1)}
         out.update({f"accuracy_{LABELS[k]}": hits[k] / totals[k] for k in sorted(totals)})
         return rows, out

@@ -206,7 +206,8 @@ def easy_vqa_captions(
         [t for _, t, _, _ in texts], add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False
     )["input_ids"]
     return [
-        Caption(image_id, token_ids, content, answers) for (image_id, _, content, answers), token_ids in zip(texts, ids)
+        Caption(image_id, token_ids, content, answers)
+        for (image_id, _, content, answers), token_ids in zip(texts, ids, strict=True)
     ]
 
 
@@ -285,13 +286,12 @@ class VLPretrainingData(TaskData):
             ctx, (self.train, self.eval), lambda d: [c.image_id for c in d.captions], self.processor
         )
         self.feature_dim = self.processor.region_source.feature_dim
-        if self.images is not None:
-            if "mrfr" in self.objectives.active:
-                raise ValueError(
-                    "data.objectives has mrfr, which regresses the detector's features, but "
-                    "model.visual_backbone computes its own from the images; set mrfr's weight to 0 "
-                    "(VL-BERT pretrains its e2e model with mlm and mrc_kl)"
-                )
+        if self.images is not None and "mrfr" in self.objectives.active:
+            raise ValueError(
+                "data.objectives has mrfr, which regresses the detector's features, but "
+                "model.visual_backbone computes its own from the images; set mrfr's weight to 0 "
+                "(VL-BERT pretrains its e2e model with mlm and mrc_kl)"
+            )
 
     def _load_source(self, ctx: RunContext, source: CaptionSource) -> tuple[list[Caption], object]:
         """A source's captions (tokenized; its first ``max_images`` images) and its region store; captions whose
@@ -321,7 +321,7 @@ class VLPretrainingData(TaskData):
             )["input_ids"]
             pairs = [
                 Caption(image_id, token_ids, caption_content(text), answers)
-                for (image_id, text, answers), token_ids in zip(texts, ids)
+                for (image_id, text, answers), token_ids in zip(texts, ids, strict=True)
                 if token_ids
             ]
         absent = {i for i in {p.image_id for p in pairs} if i not in store}  # one lookup per image

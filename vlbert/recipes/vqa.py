@@ -139,7 +139,7 @@ class VQAData(RegionTaskData):
         none of whose answers is in the vocabulary). NaN accuracy when no question has answers (a test split)."""
         metric, score = SCORES.get(self.data.dataset, ("vqa_accuracy", vqa_accuracy))
         rows = []
-        for i, a in zip(*self.predict_labels(model)[::2]):
+        for i, a in zip(*self.predict_labels(model)[::2], strict=True):
             ex = self.eval.examples[i]
             row = {"question_id": ex.question_id, "question": ex.question, "answer": self.answer_vocab[a]}
             if ex.answers:

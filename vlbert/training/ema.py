@@ -54,7 +54,7 @@ class EMAHook(TrainerHook):
     @torch.no_grad()
     def copy_to(self, model: torch.nn.Module) -> None:
         """Write the average into ``model``'s parameters (same architecture), e.g. to evaluate or save it."""
-        for p, s in zip(model.parameters(), self.shadow):
+        for p, s in zip(model.parameters(), self.shadow, strict=True):
             p.copy_(s)
 
 

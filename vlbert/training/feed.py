@@ -1,10 +1,10 @@
 """Batches onto the device ahead of the step that needs them.
 
 On CUDA each batch is copied from the loader's pinned memory on a side stream while the step before it computes,
-so the copy (131 MB of region features a batch at the UNITER recipe's 320 pairs: 3-7 ms at PCIe rates) leaves the
-compute stream; the compute stream waits for the copy's event only when the batch is used, and every copied tensor
-is recorded on the compute stream (``Tensor.record_stream``) so the caching allocator does not hand its memory to
-the side stream before the step that reads it is done. This is the prefetcher of NVIDIA's reference trainers
+so the copy (mostly region features: docs/distributed.md has its size and time) leaves the compute stream; the
+compute stream waits for the copy's event only when the batch is used, and every copied tensor is recorded on the
+compute stream (``Tensor.record_stream``) so the caching allocator does not hand its memory to the side stream
+before the step that reads it is done. This is the prefetcher of NVIDIA's reference trainers
 (NVIDIA/DeepLearningExamples ``PyTorch/Classification/ConvNets/image_classification/dataloaders.py``,
 ``PrefetchedWrapper``) and torchtitan's; the bookkeeping of which batch was consumed stays the trainer's.
 Elsewhere (CPU) the copy is the tensors themselves.

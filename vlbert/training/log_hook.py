@@ -44,7 +44,7 @@ class LogHook(TrainerHook):
         if not trainer.is_main:
             return
         self.writer = _tensorboard(trainer.output_dir)
-        self.file = open(trainer.output_dir / "log.jsonl", "a", encoding="utf-8")
+        self.file = open(trainer.output_dir / "log.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (close() closes it)
         if trainer.config.progress_bar:
             from tqdm.auto import tqdm
 

@@ -4,9 +4,8 @@ Source: Micikevicius et al. 2018, "Mixed precision training", section 3.1 (an FP
 receives the update; the model computes in half precision); MosaicBERT and most large-model trainers keep bf16
 weights the same way. Compared with autocast over float32 parameters, nothing is cast inside the step: autocast
 casts every weight and bias before each Linear and LayerNorm and their gradients back (four extra operations per
-Linear: half of a BERT layer's operations, each costing the host ~30 us to launch on the GPU). Predicted by
-../shared/gpu/roofline.py for BERT-base 256 x 128 on an H100: 46.8 ms with bf16 parameters vs 49.5 ms with autocast;
-for the UNITER-sized VL step 572 vs 896 operations.
+Linear: half of a BERT layer's operations, each costing the host ~30 us to launch on the GPU); what that saves on
+an H100, as predicted: docs/performance.md, "The H100 step, predicted".
 
 The optimizer holds the float32 masters (its state is theirs, so checkpoints and exact resume are as in float32
 training). They live on the parameters' device: build :class:`MasterWeights` after the model is on its device (the
@@ -58,7 +57,7 @@ class MasterWeights:
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, bucket_bytes: int | None = None):
         self.params = list(model.parameters())
         self.masters = [p.detach().clone().float().requires_grad_(p.requires_grad) for p in self.params]
-        self._by_id = {id(p): m for p, m in zip(self.params, self.masters)}
+        self._by_id = {id(p): m for p, m in zip(self.params, self.masters, strict=True)}
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.grad_buffer: torch.Tensor | None = None  # float32 [sum of numels], allocated at the first gradient
         self._views: list[torch.Tensor] = []
@@ -99,7 +98,8 @@ class MasterWeights:
             )
         self.grad_buffer = torch.zeros(sum(m.numel() for m in self.masters), dtype=torch.float32, device=devices.pop())
         self._views = [
-            v.view_as(m) for v, m in zip(self.grad_buffer.split([m.numel() for m in self.masters]), self.masters)
+            v.view_as(m)
+            for v, m in zip(self.grad_buffer.split([m.numel() for m in self.masters]), self.masters, strict=True)
         ]
 
     @torch.no_grad()
@@ -242,7 +242,7 @@ class MasterWeights:
         """Masters, master gradients and optimizer states that are not on their parameter's device (one line
         each; empty when all is in place). Reads devices only: no synchronisation."""
         errors = []
-        for i, (p, m) in enumerate(zip(self.params, self.masters)):
+        for i, (p, m) in enumerate(zip(self.params, self.masters, strict=True)):
             for what, t in (
                 ("master", m),
                 ("master gradient", m.grad),
@@ -265,11 +265,11 @@ class MasterWeights:
         masters, loading writes into them. On exit the weights are the masters rounded to the model's dtype."""
         kept = [p.data for p in self.params]
         try:
-            for p, m in zip(self.params, self.masters):
+            for p, m in zip(self.params, self.masters, strict=True):
                 p.data = m.data
             yield
         finally:
-            for p, data in zip(self.params, kept):
+            for p, data in zip(self.params, kept, strict=True):
                 p.data = data
             self.masters_to_model()
 

@@ -5,10 +5,9 @@ With bf16 weights the processes average the float32 sums of the micro-batches' g
 overlap does not apply. Here the flat float32 gradient buffer is cut into buckets of about 25 MB, the last
 parameters first (DDP's default cap and order: a backward gives the last layers' gradients first); during the
 backward of a step's last micro-batch each bucket's all-reduce is launched (asynchronously) as soon as the backward
-has filled it, and the step waits for all of them only before clipping and the optimizer step. On one 8-GPU node
-the 463 MB buffer of the UNITER-base-sized model takes about 2 ms to all-reduce, 8-16 ms across nodes; all of it
-but the embeddings' buckets (20-26%, filled when the backward ends) now runs under the backward
-(docs/distributed.md).
+has filled it, and the step waits for all of them only before clipping and the optimizer step. Every bucket's
+all-reduce but the embeddings' (filled when the backward ends) runs under the backward; docs/distributed.md has
+the sizes and times.
 
 Buckets are launched in bucket order on every process, whatever order this process's backward filled them in (as
 DDP's reducer does): processes whose batches take different paths through the model (an objective one rank has and

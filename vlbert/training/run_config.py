@@ -3,6 +3,7 @@ plus ``--set section.key=value`` overrides from the command line."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from pathlib import Path
@@ -168,10 +169,8 @@ def set_dotted(config: dict[str, Any], assignment: str) -> None:
     except yaml.YAMLError:
         raise ValueError(f"--set {assignment}: the value is not valid YAML; quote it, e.g. {key}='\"...\"'") from None
     if isinstance(value, str):  # YAML 1.1 reads 5e-4 (no dot) as a string
-        try:
+        with contextlib.suppress(ValueError):
             value = float(value)
-        except ValueError:
-            pass
     _set_path(config, key, value)
 
 

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from vlbert.training import checkpointing
-from vlbert.training.checkpointing import CHECKPOINTS_DIR, STATE_NAME, latest_checkpoints
+from vlbert.training.checkpointing import CHECKPOINTS_DIR
 from vlbert.training.device import own_accelerator, prepare_compute, resolve_precision, restore_tf32
 from vlbert.training.distributed import global_batch_loss
 from vlbert.training.evaluation import evaluate_objectives
@@ -31,13 +31,7 @@ from vlbert.training.log_hook import LogHook
 from vlbert.training.master_weights import MasterWeights, check_placement
 from vlbert.training.mfu import device_peak_flops, estimate_step_flops
 from vlbert.training.processes import control_plane, start_processes
-from vlbert.training.training_config import (
-    TrainingConfig,
-    linear_schedule,
-    parameter_groups,
-    seed_process_streams,
-    set_seed,
-)
+from vlbert.training.training_config import TrainingConfig, linear_schedule, parameter_groups, seed_process_streams
 from vlbert.utils import forward_arguments, keep_freed_memory_in_process
 
 logger = logging.getLogger(__name__)
@@ -428,16 +422,4 @@ class Trainer:
         return checkpointing.resume(self, checkpoint)
 
 
-__all__ = [
-    "Trainer",
-    "TrainingConfig",
-    "NonFiniteLossError",
-    "TrainingPreempted",
-    "parameter_groups",
-    "linear_schedule",
-    "latest_checkpoints",
-    "set_seed",
-    "STATE_NAME",
-    "CHECKPOINTS_DIR",
-    "StepStats",
-]
+__all__ = ["Trainer"]
