@@ -21,8 +21,15 @@ module is the tests' own, smaller version. Two things a driver-less process cann
 * the CUDA random generator and ``torch.cuda.synchronize``, which need a driver: the generator's state is a
   host-side byte tensor here; a synchronize is recorded as a host sync.
 
+Two more calls need a driver on torch 2.11 (the lowest torch pyproject.toml allows), because they follow
+``torch.cuda.is_available()``, which is patched to True here, where torch 2.13 and 2.14 ask ``torch.accelerator``,
+which is not: a FakeTensor on a CUDA device initialised CUDA (``init_gpu_context``: ``torch.empty(1,
+device="cuda")``, for the sake of autograd's engine, which :func:`fake_backward` replaces), and every optimizer step
+asks ``torch.cuda.is_current_stream_capturing()``: "Found no NVIDIA driver" on a CPU machine. The first is switched
+off, the second answers False.
+
 Source: torch 2.14 ``torch/_subclasses/fake_tensor.py``, ``torch/csrc/autograd/engine.cpp`` (evaluate_function,
-validate_outputs).
+validate_outputs); torch 2.11 ``fake_tensor.py`` (``init_gpu_context``, called from ``FakeTensor.__new__``).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
@@ -313,6 +321,17 @@ class FakeCuda:
     def _record_stream(self, tensor, stream) -> None:
         self.stream_log.append(("record", stream.name, tensor.numel() * tensor.element_size()))
 
+    def _stream_class(self) -> type:
+        """``torch.cuda.Stream`` here: a class, not a function, as a module first imported inside the fake GPU may
+        write ``torch.cuda.Stream | None`` in a signature (transformers 5.17's continuous batching does)."""
+        owner = self
+
+        class Stream(_Stream):
+            def __init__(self, device=None, priority=0):
+                super().__init__(owner)
+
+        return Stream
+
     def _synchronize(self, device=None) -> None:
         self.host_syncs.append(f"torch.cuda.synchronize at {project_line()}")
 
@@ -328,6 +347,8 @@ class FakeCuda:
             "torch.cuda.get_device_properties": lambda device=None: props,
             "torch.cuda.get_device_name": lambda device=None: self.name,
             "torch.cuda.synchronize": self._synchronize,
+            # torch 2.11's optimizers ask before each step (module docstring)
+            "torch.cuda.is_current_stream_capturing": lambda: False,
             "torch.cuda.get_rng_state": lambda device="cuda": rng.clone(),
             "torch.cuda.get_rng_state_all": lambda: [rng.clone()],
             "torch.cuda.set_rng_state": lambda state, device="cuda": None,
@@ -335,12 +356,14 @@ class FakeCuda:
             "torch.cuda.manual_seed": lambda seed: None,
             "torch.cuda.manual_seed_all": lambda seed: None,
             "torch.Tensor.backward": fake_backward,
-            "torch.cuda.Stream": lambda device=None, priority=0: _Stream(self),
+            "torch.cuda.Stream": self._stream_class(),
             "torch.cuda.stream": self._use_stream,
             "torch.cuda.Event": _Event,
             "torch.cuda.current_stream": lambda device=None: _Stream(self, self.stream),
             "torch.Tensor.record_stream": lambda tensor, stream: self._record_stream(tensor, stream),
         }
+        if hasattr(fake_tensor, "init_gpu_context"):  # torch 2.11 would initialise CUDA (module docstring)
+            patches["torch._subclasses.fake_tensor.init_gpu_context"] = lambda device: None
         for target, new in patches.items():
             self._stack.enter_context(mock.patch(target, new))
         fake = _DriverlessFakeMode(allow_non_fake_inputs=True)
