@@ -75,6 +75,8 @@ def test_a_typed_input_with_keyword_fields_or_an_unknown_keyword_is_refused():
         model(**vars(inputs.replace(region_mask=None)), region_maks=inputs.region_mask)
     with pytest.raises(TypeError, match="input_ids given twice"):
         model(inputs.input_ids, input_ids=inputs.input_ids)
+    with pytest.raises(TypeError, match=r"not dict; pass a batch dict as keywords: model\(\*\*batch\)"):
+        model(vars(inputs))
 
 
 def test_image_pairs_as_rows_and_joined():

@@ -54,7 +54,13 @@ class VLInputs:
         LEGACY_KEYS`) are read into ``layout`` here, the one place.
 
         Raises:
-            TypeError: a :class:`VLInputs` and fields as keywords both, or ``input_ids`` twice."""
+            TypeError: a :class:`VLInputs` and fields as keywords both, ``input_ids`` twice, or a first argument that
+                is neither (a batch dict: pass it as keywords, ``model(**batch)``)."""
+        if inputs is not None and not isinstance(inputs, (VLInputs, torch.Tensor)):
+            raise TypeError(
+                f"a forward's first argument is a VLInputs or the input_ids tensor, not {type(inputs).__name__}; "
+                "pass a batch dict as keywords: model(**batch)"
+            )
         names = {f.name for f in dataclasses.fields(cls)}
         given = {k: keywords.pop(k) for k in list(keywords) if k in names}
         if isinstance(inputs, VLInputs):
