@@ -195,6 +195,13 @@ def unpadded_layout(*masks: torch.Tensor) -> UnpaddedLayout:
     return UnpaddedLayout(unpadding.indices, unpadding.cu_seqlens)
 
 
+def regions_alone_layout(region_mask: torch.Tensor) -> UnpaddedLayout:
+    """:func:`unpadded_layout` of an image's unimodal pass, ``[CLS] [SEP]`` + its regions ([B, 2 + R]), from
+    ``region_mask`` [B, R]: what a collator hands the model for retrieval's and ITC's image pass."""
+    cls_sep = torch.ones(region_mask.shape[0], 2, dtype=region_mask.dtype)
+    return unpadded_layout(cls_sep, region_mask)
+
+
 def stream_layouts(text_mask: torch.Tensor, region_mask: torch.Tensor) -> StreamLayouts:
     """:func:`unpadded_layout` for a two-stream model (LXMERT), which unpads each stream by its own mask: the text
     layout of ``text_mask`` [B, T] and the region layout of ``region_mask`` [B, R]."""
@@ -256,6 +263,7 @@ __all__ = [
     "Layout",
     "unpadded_layout",
     "stream_layouts",
+    "regions_alone_layout",
     "unpadding",
     "LEGACY_KEYS",
     "legacy_fields",

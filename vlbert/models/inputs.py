@@ -82,6 +82,16 @@ class VLInputs:
         """The text fields alone (regions, pixels and the joint layout dropped)."""
         return VLInputs(self.input_ids, self.token_type_ids, self.attention_mask)
 
+    def regions_alone(self, layout: Layout = None) -> VLInputs:
+        """The regions after each caption's own [CLS] and [SEP] (its first and last real token, read on the device:
+        no host sync), no other text: the image's unimodal pass of the shared encoder (ITM's hard negatives, ITC).
+        ``layout``: the unpadded layout of [CLS] [SEP] + regions, [B, 2 + R]
+        (:func:`~vlbert.layers.unpadded.regions_alone_layout`), or None."""
+        ids = self.input_ids
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        cls_sep = torch.stack([ids[:, 0], ids[rows, self.text_mask.sum(1) - 1]], 1)
+        return self.replace(input_ids=cls_sep, token_type_ids=None, attention_mask=None, layout=layout)
+
     def rows(self, text_rows: torch.Tensor, image_rows: torch.Tensor) -> VLInputs:
         """Pairs of another batch's rows: text row ``text_rows[i]`` with the regions of ``image_rows[i]`` (int64
         [N] each; ITM's negatives). No layout: the host cannot know the new rows' without waiting."""

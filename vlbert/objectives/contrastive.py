@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlbert.layers.unpadded import unpadded_layout
+from vlbert.layers.unpadded import regions_alone_layout, unpadded_layout
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
 from vlbert.utils import all_gather_padded, process_position
 
@@ -159,22 +159,15 @@ class ImageTextContrastive(Objective):
         batch["itc_content"] = torch.tensor([x["content_id"] for x in items], dtype=torch.long)
         if getattr(ctx.text, "lays_out", False):
             batch["itc_text_layout"] = unpadded_layout(batch["attention_mask"])
-            cls_sep = torch.ones(len(items), 2, dtype=batch["region_mask"].dtype)
-            batch["itc_image_layout"] = unpadded_layout(cls_sep, batch["region_mask"])
+            batch["itc_image_layout"] = regions_alone_layout(batch["region_mask"])
 
     def embed(self, model: nn.Module, inputs: VLInputs, labels: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(text, image) float [B, P], unit length: the caption alone and ``[CLS] [SEP]`` + the regions through
         ``model``'s encoder, each [CLS] through its projection. [CLS] and [SEP] are read from each caption (its
         first and last real token) on the device."""
         head = getattr(model, self.head)
-        ids, mask = inputs.input_ids, inputs.text_mask
         text = model.bert(inputs.text_only().replace(layout=labels.get("itc_text_layout"))).last_hidden_state[:, 0]
-        rows = torch.arange(ids.shape[0], device=ids.device)
-        cls_sep = torch.stack([ids[:, 0], ids[rows, mask.sum(1) - 1]], 1)
-        regions = inputs.replace(
-            input_ids=cls_sep, token_type_ids=None, attention_mask=None, layout=labels.get("itc_image_layout")
-        )
-        image = model.bert(regions).last_hidden_state[:, 0]
+        image = model.bert(inputs.regions_alone(labels.get("itc_image_layout"))).last_hidden_state[:, 0]
         return (
             F.normalize(head.text_proj(text).float(), dim=-1),
             F.normalize(head.image_proj(image).float(), dim=-1),

@@ -77,13 +77,9 @@ class ImageTextMatching(Objective):
         if labels.get("itm_content") is None or labels.get("itm_label") is None:
             return inputs
         ids, mask = inputs.input_ids, inputs.attention_mask
-        b = ids.shape[0]
-        rows = torch.arange(b, device=ids.device)
         with torch.no_grad():
             text = F.normalize(model.bert(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0].float(), dim=-1)
-            cls_sep = torch.stack([ids[:, 0], ids[rows, mask.sum(1) - 1]], 1)
-            regions = inputs.replace(input_ids=cls_sep, token_type_ids=None, attention_mask=None, layout=None)
-            image = F.normalize(model.bert(regions).last_hidden_state[:, 0].float(), dim=-1)
+            image = F.normalize(model.bert(inputs.regions_alone()).last_hidden_state[:, 0].float(), dim=-1)
             all_text, all_ids, all_mask, all_content = all_gather_padded([text, ids, mask, labels["itm_content"]])
             same = labels["itm_content"][:, None] == all_content[None, :]
             chosen = draw_by_similarity(image @ all_text.T / self.temperature, same, labels["itm_draw"])

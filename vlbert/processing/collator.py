@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from vlbert.layers.unpadded import unpadded_layout
+from vlbert.layers.unpadded import regions_alone_layout, unpadded_layout
 from vlbert.processing.padding import pad_text
 from vlbert.processing.regions import pad_regions
 
@@ -74,8 +74,7 @@ class RetrievalCollator:
         batch["group_ids"] = torch.tensor([x["group"] for x in items])
         batch["cls_sep_ids"] = self.cls_sep
         batch["text_layout"] = unpadded_layout(batch["attention_mask"])
-        cls_sep = torch.ones(len(items), 2, dtype=batch["region_mask"].dtype)
-        batch["image_layout"] = unpadded_layout(cls_sep, batch["region_mask"])
+        batch["image_layout"] = regions_alone_layout(batch["region_mask"])
         return batch
 
 
