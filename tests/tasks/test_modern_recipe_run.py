@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from vlbert.checkpoint import read_state_dict
+from vlbert.models.bert import BertForPreTraining
 from vlbert.recipes import RECIPES, run
 from vlbert.training.checkpointing import STATE_NAME, latest_checkpoints
 from vlbert.training.end_of_stable import END_OF_STABLE
@@ -107,3 +108,6 @@ def test_a_wsd_stable_adamw_run_resumed_in_the_decay_equals_the_uninterrupted_on
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     final = read_state_dict(reference)
     assert any(not torch.equal(a[k], final[k]) for k in a)  # the decay's two steps moved the weights
+    # A new run's --init-from: the weights load as a model (the crashed run resumed from the same files, step-4).
+    model = BertForPreTraining.from_pretrained(reference / "checkpoints" / END_OF_STABLE)
+    assert torch.equal(model.bert.embeddings.word_embeddings.weight, a["bert.embeddings.word_embeddings.weight"])

@@ -35,9 +35,9 @@ class TrainingConfig:
     adam_beta2: Annotated[float, Range(ge=0, lt=1)] = 0.999
     adam_epsilon: Annotated[float, Range(gt=0)] = 1e-6
     warmup_steps: Annotated[int, Range(ge=0)] = 100
-    # The 2024-26 encoder recipe as options (docs/configuration.md, "Optimizer and schedule"). optimizer: a key of
-    # vlbert.training.optimizers.OPTIMIZERS: adamw (torch's, lr-scaled decoupled weight decay; BERT) or
-    # stable_adamw (torch-optimi's StableAdamW with fully decoupled weight decay: ModernBERT's
+    # The 2024-26 encoder recipe as options (docs/configuration.md, "Optimizer, schedule and masking rate").
+    # optimizer: a key of vlbert.training.optimizers.OPTIMIZERS: adamw (torch's, lr-scaled decoupled weight decay;
+    # BERT) or stable_adamw (torch-optimi's StableAdamW with fully decoupled weight decay: ModernBERT's
     # decoupled_stableadamw, AnswerDotAI/ModernBERT yamls/modernbert/modernbert-base-pretrain.yaml).
     optimizer: str = "adamw"
     # schedule: a key of vlbert.training.schedules.SCHEDULES: linear (warmup, linear decay to 0; BERT) or wsd
