@@ -114,6 +114,9 @@ class TaskData:
     train_drop_last = True
     eval_batch_factor = 2  # evaluation needs no gradients: larger batches
     objectives = None
+    #: ``optimizer step -> dict`` of fields every item of that step's training batches carries (text pretraining:
+    #: the masking rate of a schedule; :func:`~vlbert.data.loading.train_loader`), or None
+    step_fields = None
 
     def __init__(self, ctx: RunContext):
         self.batch_size, self.seed = ctx.training.batch_size, ctx.training.seed
@@ -134,6 +137,7 @@ class TaskData:
             world_size,
             drop_last=self.train_drop_last,
             objectives=self.objectives,
+            step_fields=self.step_fields,
             **self.loader_options,
         )
 
