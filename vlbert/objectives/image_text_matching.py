@@ -27,7 +27,7 @@ from vlbert.utils import all_gather_padded
 if TYPE_CHECKING:
     from vlbert.models.inputs import VLInputs
 
-NEGATIVES = ("random", "hard")
+NEGATIVES = ("random", "hard", "itc")
 
 
 def content_id(content: str) -> int:
