@@ -255,7 +255,7 @@ def test_n_processes_at_b_train_as_one_at_n_times_b(tmp_path, world, momentum):
     assert abs(many["loss"] - loss) < 1e-6
     assert set(many["grads"]) == set(grads) and "itc.temperature" in grads and any(".encoder." in n for n in grads)
     for name, g in grads.items():
-        torch.testing.assert_close(many["grads"][name], g, rtol=0, atol=1e-6, msg=lambda m: name + m)
+        torch.testing.assert_close(many["grads"][name], g, rtol=0, atol=1e-6, msg=name)
     if momentum:
         for a, b_ in zip(many["queue"], _queue(teacher), strict=True):
             torch.testing.assert_close(a, b_, rtol=0, atol=1e-6)

@@ -148,3 +148,113 @@ def test_held_out_passes_use_no_teacher_and_leave_the_queue_alone():
         attach(model, None)
         plain = model(**batch, itc_content=content).loss
     assert float(held_out) == float(plain) and torch.equal(teacher.text_queue, queue) and teacher.pointer == 0
+
+
+def momentum_run_config(shards, out) -> dict:
+    return {
+        "modality": "vl",
+        "tokenizer": "minilm",
+        "model": {
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "projection_dim": 16,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+        },
+        "data": {
+            "shards": str(shards),
+            "max_images": 24,
+            "eval_fraction": 0.0,
+            "objectives": {"itc": 2, "mlm": 1, "itm": 1},
+            "itm_negatives": "itc",
+            "itc": {"momentum": 0.9, "queue_size": 8, "alpha": 0.4, "mlm_alpha": 0.4, "alpha_ramp_steps": 2},
+        },
+        "training": {
+            "output_dir": str(out),
+            "max_steps": 6,
+            "batch_size": 4,
+            "learning_rate": 1e-3,
+            "warmup_steps": 1,
+            "log_every": 1,
+            "save_every": 2,
+            "save_total_limit": 0,
+            "progress_bar": False,
+        },
+    }
+
+
+@pytest.mark.slow
+def test_a_run_with_momentum_and_queue_stopped_and_resumed_equals_the_uninterrupted_run(tmp_path):
+    """A VL run of ITC (queue of 8, ramped alpha), distilled MLM and ITM on ITC-mined negatives, stopped after step
+    4 (its checkpoint and log) and resumed, gives the uninterrupted run's losses for steps 5 and 6 (ITC, ITM): the
+    momentum weights and the queue travel in training_state.pt (not in the model's weights)."""
+    from helpers.builders import write_easy_vqa_shards
+    from helpers.distributed import losses, reference_run
+
+    shards = write_easy_vqa_shards(tmp_path / "shards", 24)
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    reference_run(momentum_run_config(shards, whole), "vl-pretraining")
+    state = torch.load(whole / "checkpoints" / "step-4" / "training_state.pt", weights_only=False)
+    hook = next(v for k, v in state["hooks"].items() if k.endswith("MomentumDistillation"))
+    assert hook["updates"] == 4 and hook["queues"]["text_queue"].shape == (8, 16) and hook["pointer"] > 0
+    (stopped / "checkpoints").mkdir(parents=True)
+    shutil.copytree(whole / "checkpoints" / "step-4", stopped / "checkpoints" / "step-4")
+    lines = (whole / "log.jsonl").read_text().splitlines()
+    (stopped / "log.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= 4))
+    reference_run(momentum_run_config(shards, stopped), "vl-pretraining", resume=True)
+    a, b = losses(whole), losses(stopped)
+    assert sorted(b) == list(range(1, 7)) and max(abs(a[s] - b[s]) for s in a) <= 1e-6, (a, b)
+    from safetensors import safe_open
+
+    with safe_open(whole / "model.safetensors", "pt") as saved:  # the model's weights: no momentum copy, no queue
+        assert not [k for k in saved.keys() if "momentum" in k or "queue" in k]  # noqa: SIM118 (safe_open)
+    later = [json.loads(line) for line in lines if json.loads(line)["step"] > 4]
+    assert {"itc", "itm"} <= {k for r in later for k in r}  # the queue of step 4 read at step 5
+
+
+def test_itm_negatives_mined_by_itc_are_albefs_draw():
+    """``itm_negatives: itc``: the b pairs become ALBEF's 3b rows (pairs; caption i with a drawn image; a drawn
+    caption with image i; labels 1, 0, 0), and over a grid of uniform numbers each row's draws fall on the other
+    items in proportion to ALBEF's weights: softmax(sim / temp) with the items of the same content set to 0."""
+    from vlbert.objectives.base import PrepareContext
+
+    model = tiny_vl_model()
+    batch, content = pairs(4, seed=4), torch.tensor([1, 2, 1, 3])
+    inputs = VLInputs(**batch)
+    itm = OBJECTIVES["itm"]
+    text, image = OBJECTIVES["itc"].embed(model, inputs, {})
+    with torch.no_grad():
+        weights_t2i = F.softmax(text @ image.t() / 0.07, dim=1).masked_fill(content[:, None] == content[None, :], 0)
+        weights_i2t = F.softmax(image @ text.t() / 0.07, dim=1).masked_fill(content[:, None] == content[None, :], 0)
+    grid = 40
+    counts_image, counts_text = torch.zeros(4, 4), torch.zeros(4, 4)
+    for k in range(grid):
+        u = torch.full((4, 2), (k + 0.5) / grid)
+        rows = itm.before_encoder(model, inputs, {"itm_label": torch.ones(4), "itm_content": content, "itm_draw": u})
+        assert rows.input_ids.shape[0] == 12 and torch.equal(rows.input_ids[:4], batch["input_ids"])
+        assert torch.equal(rows.input_ids[4:8], batch["input_ids"])  # each caption with a drawn image
+        assert torch.equal(rows.region_features[8:], batch["region_features"])  # each image with a drawn caption
+        for i in range(4):
+            drawn_image = [j for j in range(4) if torch.equal(rows.region_features[4 + i], batch["region_features"][j])]
+            drawn_text = [j for j in range(4) if torch.equal(rows.input_ids[8 + i], batch["input_ids"][j])]
+            counts_image[i, drawn_image[0]] += 1
+            counts_text[i, drawn_text[0]] += 1
+    for counts, weights in ((counts_image, weights_t2i), (counts_text, weights_i2t)):
+        expected = weights / weights.sum(1, keepdim=True)
+        assert (counts / grid - expected).abs().max() <= 1.5 / grid, (counts / grid, expected)
+    # the collator's side: every item keeps its caption (label 1), two uniform numbers each
+    from types import SimpleNamespace
+
+    prepared = {}
+    text_side = SimpleNamespace(
+        pad=lambda rows: {"input_ids": torch.stack([torch.tensor(r["input_ids"]) for r in rows])}
+    )
+    items = [
+        {"input_ids": [2, 5, 3], "negative_input_ids": [2, 6, 3], "content_id": c, "sample_seed": c} for c in (1, 2)
+    ]
+    itm.prepare(prepared, items, PrepareContext(text=text_side, itm_negatives="itc"))
+    assert prepared["itm_label"].tolist() == [1, 1] and prepared["itm_draw"].shape == (2, 2)
+    out = model(**batch, itm_label=torch.ones(4, dtype=torch.long), itm_content=content, itm_draw=u)
+    assert out.counts["itm"] == 12 and out.seq_relationship_logits.shape == (12, 2)
