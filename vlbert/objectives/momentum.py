@@ -83,12 +83,17 @@ class MomentumTeacher:
     def __init__(self, model: nn.Module, options: MomentumOptions, seed: int = 0):
         self.options = options
         self.module = nn.Module()
-        for name in PARTS:
-            part = getattr(model, name, None)
-            if part is not None:
-                setattr(self.module, name, copy.deepcopy(part))
-        for m in self.module.modules():
-            m._compiled_call_impl = None  # a compiled layer's copy would call the original's forward
+        compiled = {m: m._compiled_call_impl for m in model.modules() if m._compiled_call_impl is not None}
+        try:  # copied without the compiled forwards (a copy would call the original's), which do not copy
+            for m in compiled:
+                m._compiled_call_impl = None
+            for name in PARTS:
+                part = getattr(model, name, None)
+                if part is not None:
+                    setattr(self.module, name, _copy(part))
+        finally:
+            for m, call in compiled.items():
+                m._compiled_call_impl = call
         self.module.requires_grad_(False)
         self.names = [n for n, _ in self.module.named_parameters()]
         self.shadow = [p.detach().float() for p in self.module.parameters()]  # the parameters where float32
@@ -174,6 +179,14 @@ class MomentumTeacher:
             if value is not None:
                 getattr(self, key).copy_(value)
         self.pointer, self.updates = state["pointer"], state["updates"]
+
+
+def _copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` whose parameters and buffers are plain clones (a tensor's own attributes, which
+    the trainer or a fake device may have set, are not copied)."""
+    memo = {id(p): nn.Parameter(p.detach().clone(), requires_grad=False) for p in module.parameters()}
+    memo.update({id(b): b.detach().clone() for b in module.buffers()})
+    return copy.deepcopy(module, memo)
 
 
 def teacher_of(model: nn.Module) -> MomentumTeacher | None:
