@@ -30,8 +30,10 @@ Temperature. Learned, starting at 0.07 and clamped to [0.001, 0.5] before each u
 parameter itself stays in range; under bfloat16 master weights the clamp acts on the computing copy and each step
 restores the master's value, so the value used is the master's clamped).
 
-Not here yet (issue 65): the momentum encoder and its distillation targets (``alpha``), the feature queue, ITM
-negatives mined by this similarity.
+Momentum distillation (ALBEF section 3.3): with a momentum teacher on the model
+(:mod:`vlbert.objectives.momentum`), the columns are the teacher's features of the global batch (gathered without
+gradient) followed by its queue, the targets mix in the teacher's softmax with weight ``alpha``, and the global
+batch's teacher features are then enqueued (:meth:`ImageTextContrastive.distilled`).
 """
 
 from __future__ import annotations
