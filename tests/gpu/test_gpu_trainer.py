@@ -451,3 +451,15 @@ def test_a_float32_cuda_run_uses_tf32_and_gpu_runs_compile_their_layers(small_to
     finally:
         torch.set_float32_matmul_precision(before[0])
         torch.backends.cudnn.allow_tf32 = before[1]
+
+
+def test_an_itc_step_with_momentum_and_queue_makes_the_host_wait_for_nothing(region_shards, tmp_path):
+    """Steps 2 and 3 of ITC alone with ALBEF's momentum model (its update after each step: two foreach operations
+    on the float32 shadows and the bf16 copy), its queue (written at rows chosen on the device) and soft targets:
+    no host synchronisation, nothing read back; the momentum copy and its queue live on the GPU."""
+    config = vl_config(tmp_path / "run", region_shards, 1)
+    config["data"]["objectives"] = {"itc": 1}
+    config["data"]["itc"] = {"momentum": 0.995, "queue_size": 16, "alpha": 0.4, "alpha_ramp_steps": 2}
+    probe, gpu = run_on_fake_gpu("vl-pretraining", config)
+    assert_gpu_step(probe, gpu)
+    assert gpu.ops["aten._foreach_lerp_"] == 2 and gpu.ops["aten.index_copy_"] == 3 * 2, dict(gpu.ops)  # 3 queues

@@ -91,6 +91,8 @@ class Recipe:
             directory (the pipelines read it): :func:`run_processor`.
         pipeline: the name of the task's inference pipeline (a key of :data:`vlbert.inference.PIPELINES`),
             recorded in ``processor.json``; None where the task has none.
+        hooks: ``(RunContext, TaskData, model) -> list of TrainerHook`` the task's config asks for (VL
+            pretraining's momentum model), run before the caller's; or None.
     """
 
     name: str
@@ -104,6 +106,7 @@ class Recipe:
     sections: tuple[str, ...] = field(default=())
     processor_fields: Callable | None = None
     pipeline: str | None = None
+    hooks: Callable | None = None
 
 
 class TaskData:
@@ -263,7 +266,7 @@ def run(
             data.eval_batches if data.eval is not None else None,
             run_config=config,
             tokenizer=tokenizer,
-            hooks=hooks,
+            hooks=[*(recipe.hooks(ctx, data, model) if recipe.hooks else ()), *hooks],
         )
         if resume and not trainer.resume():
             logger.warning(
