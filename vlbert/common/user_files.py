@@ -139,9 +139,7 @@ def expect(value: Any, kind: type | tuple[type, ...], where: str, description: s
         {dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number"}.get(k, k.__name__)
         for k in kinds
     )
-    raise UserFileError(
-        f"{where}: {description} must be {names}, got {type(value).__name__} {repr(value)[:60]}; {fix}"
-    )
+    raise UserFileError(f"{where}: {description} must be {names}, got {type(value).__name__} {repr(value)[:60]}; {fix}")
 
 
 __all__ = ["UserFileError", "parse_json", "read_json", "read_jsonl", "read_yaml", "expect"]
