@@ -124,3 +124,25 @@ def test_overwrite_replaces_a_run_never_a_users_file_and_a_long_warmup_is_warned
         "training.warmup_steps (100) is larger than training.max_steps (1): the learning rate never reaches "
         "training.learning_rate (it peaks at 1% of it); lower it, e.g. --set training.warmup_steps=1"
     ]
+
+
+def test_convert_and_train_tokenizer_never_replace_a_users_file(capsys, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "vocab.txt").write_text("[PAD]\nmine\n")
+    (out / "predictions.json").write_text("{}\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    source = tmp_path / "uniter.pt"
+    source.write_bytes(b"not read: refused before")
+    argv = ["--from", "uniter", str(source), "--output-dir", str(out), "--overwrite"]
+    line = one_line_error(capsys, "convert_checkpoint", argv)
+    assert line == (
+        f"error: {out} holds files that are not a converted model's (predictions.json); --overwrite replaces a model "
+        "directory, never other files: choose another --output-dir"
+    )
+    line = one_line_error(capsys, "train_tokenizer", ["--corpus", str(source), "--output-dir", str(out)])
+    assert (
+        line
+        == f"error: {out} already holds vocab.txt; train-tokenizer never replaces a file: choose another --output-dir"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
