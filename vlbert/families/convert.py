@@ -197,7 +197,9 @@ def convert_checkpoint(
     if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
         raise FileExistsError(f"{output_dir} is not empty; choose another --output-dir or pass --overwrite")
     if overwrite and output_dir.is_dir():  # --overwrite replaces a model directory, never a user's files
-        foreign = sorted(p.name for p in output_dir.iterdir() if not p.name.startswith(".") and p.name not in MODEL_FILES)
+        foreign = sorted(
+            p.name for p in output_dir.iterdir() if not p.name.startswith(".") and p.name not in MODEL_FILES
+        )
         if foreign:
             raise FileExistsError(
                 f"{output_dir} holds files that are not a converted model's ({', '.join(foreign[:4])}); --overwrite "
