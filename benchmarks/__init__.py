@@ -18,6 +18,7 @@ This package imports vlbert; vlbert never imports it (tests/layers/test_layers.p
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -46,7 +47,11 @@ BENCHMARKS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``python -m benchmarks [<what>] [flags]``: ``<what>`` one of :data:`BENCHMARKS`, default ``train``."""
+    """Run ``python -m benchmarks [<what>] [flags]``: ``<what>`` one of :data:`BENCHMARKS`, default ``train``.
+
+    Raises:
+        ValueError: a first word that names no benchmark (the closest named), instead of running another.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv in (["-h"], ["--help"]):
         print(
@@ -56,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if argv and argv[0] in BENCHMARKS:
         return BENCHMARKS[argv[0]].main(argv[1:])
+    if argv and not argv[0].startswith("-"):  # a misspelt subcommand: not the train-step benchmark's flags
+        close = difflib.get_close_matches(argv[0], list(BENCHMARKS), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ValueError(f"unknown benchmark {argv[0]!r}; {hint}the benchmarks are {', '.join(BENCHMARKS)}")
     return train.main(argv)
 
 

@@ -123,6 +123,7 @@ def read_run_config(recipe: Recipe, config: dict[str, Any]) -> tuple[TrainingCon
     Raises:
         ValueError: an unknown key, a value of the wrong type or out of range: one line naming the key, what it
             got and what it takes; a key of :data:`RENAMED_KEYS` under its old name (today's named).
+        (A warm-up longer than the run is warned of, not refused: :func:`warn_of_a_warmup_past_the_end`.)
     """
     renamed = _renamed_given(config)
     if renamed:
@@ -132,11 +133,27 @@ def read_run_config(recipe: Recipe, config: dict[str, Any]) -> tuple[TrainingCon
     keys = {f.name for f in dataclasses.fields(RunKeys)}
     check_mapping(RunKeys, {k: v for k, v in config.items() if k in keys}, "")
     training = TrainingConfig.from_dict(config.get("training"))
+    warn_of_a_warmup_past_the_end(training)
     data_config = dataclass_from_section(recipe.data_config, config.get("data"), "data")
     detector = DetectorConfig.from_section(config.get("detector")) if recipe.uses_regions else None
     if config.get("implementation", "vlbert") != "transformers":
         check_mapping(model_config_class(recipe), config.get("model"), "model")
     return training, data_config, detector
+
+
+def warn_of_a_warmup_past_the_end(training: TrainingConfig) -> None:
+    """Log one warning where ``training.warmup_steps`` exceeds ``training.max_steps``: the learning rate then never
+    reaches ``training.learning_rate`` (the linear warm-up is cut off at max_steps / warmup_steps of it)."""
+    warmup, steps = getattr(training, "warmup_steps", 0), training.max_steps
+    if warmup > steps and process_position()[0] == 0:
+        logger.warning(
+            "training.warmup_steps (%d) is larger than training.max_steps (%d): the learning rate never reaches "
+            "training.learning_rate (it peaks at %.0f%% of it); lower it, e.g. --set training.warmup_steps=%d",
+            warmup,
+            steps,
+            100 * steps / warmup,
+            max(1, steps // 10),
+        )
 
 
 def _effective(recipe: Recipe, config: dict[str, Any]) -> dict[str, Any]:
@@ -236,6 +253,7 @@ __all__ = [
     "same_value",
     "with_todays_names",
     "read_run_config",
+    "warn_of_a_warmup_past_the_end",
     "resume_changes",
     "record_resume_changes",
 ]
