@@ -13,17 +13,24 @@ import json
 from dataclasses import replace
 
 import pytest
+import test_gpu_trainer
+import torch
+import torch.nn.functional as F
 from helpers.fake_cuda import FakeCuda
-from test_gpu_trainer import (  # noqa: F401 (region_shards, tiny_bert: the module's fixtures)
-    assert_gpu_step,
-    finetuning_config,
-    region_shards,
-    run_on_fake_gpu,
-    tiny_bert,
-    vl_config,
-)
+from test_gpu_trainer import assert_gpu_step, finetuning_config, run_on_fake_gpu, vl_config
+from vlbert.detectors.cache import cached_shards
 from vlbert.detectors.shards import write_shards
 from vlbert.detectors.store import RegionStore
+
+import vlbert
+from vlbert.models.inputs import VLInputs
+from vlbert.objectives.image_text_matching import ImageTextMatching
+from vlbert.recipes import RECIPES
+from vlbert.recipes.config_reading import read_run_config
+from vlbert.recipes.referring_expressions import DATASETS as REFCOCO_DATASETS
+
+#: the fixtures of tests/gpu/test_gpu_trainer.py (module-scoped: set up once here too)
+region_shards, tiny_bert = test_gpu_trainer.region_shards, test_gpu_trainer.tiny_bert
 
 
 def assert_no_wait(probe, gpu: FakeCuda, flash: bool = True) -> None:
@@ -37,11 +44,15 @@ def _nlvr2(config: dict, shards, tmp_path) -> dict:
     """NLVR2's public layout over 8 statement pairs of the easy-VQA images: shards aliasing the images under the
     NLVR2 names (``train-<set>-<pair>-img<k>``), a JSONL file of 16 statements, half true."""
     store = RegionStore(shards)
-    ids = sorted(store, key=lambda i: (not i.startswith("train"), i))[:16]
+    ids = list(store)
     aliases = tmp_path / "nlvr2-shards"
     stems = [f"train-{p // 4}-{p % 4}" for p in range(8)]
     write_shards(
-        [replace(store[ids[2 * p + k]], image_id=f"{stem}-img{k}") for p, stem in enumerate(stems) for k in (0, 1)],
+        [
+            replace(store[ids[(p + k) % len(ids)]], image_id=f"{stem}-img{k}")
+            for p, stem in enumerate(stems)
+            for k in (0, 1)
+        ],
         aliases,
     )
     rows = [
@@ -63,7 +74,7 @@ def _nlvr2(config: dict, shards, tmp_path) -> dict:
 
 def _gqa(config: dict, shards, tmp_path) -> dict:
     """GQA's balanced-split questions over the easy-VQA training images of the shards (one answer each)."""
-    ids = [i for i in RegionStore(shards) if i.startswith("train")][:8]
+    ids = list(RegionStore(shards))
     answers = ["red", "blue", "circle", "yes"]
     questions = {
         str(100 + k): {"imageId": ids[k % len(ids)], "question": f"what is shape {k}?", "answer": answers[k % 4]}
@@ -105,3 +116,66 @@ def test_itm_on_hard_negatives_makes_the_host_wait_for_nothing(region_shards, tm
     probe, gpu = run_on_fake_gpu("vl-pretraining", config)
     assert_no_wait(probe, gpu, flash=False)
     assert gpu.ops["aten.searchsorted"] == 2, dict(gpu.ops)  # one draw a step, on the device
+
+
+def test_the_padded_hard_negative_pass_equals_the_unpadded_one():
+    """The padded passes of a hard-negative ITM batch (the fix above) compute what the encoder reading its layout
+    from the mask computed (ragged texts and regions, so that the reference unpads): the same ITM logits (so the same
+    drawn texts) and loss to float32 rounding, on the CPU."""
+    torch.manual_seed(0)
+    config = vlbert.VLBertConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=48,
+        region_feature_dim=12,
+        num_region_classes=0,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    model = vlbert.VLBertForPreTraining(config).eval()
+    b = 8
+    lengths = torch.tensor([6, 3, 5, 4, 6, 2, 5, 3])
+    ids = torch.randint(5, 60, (b, 6)) * (torch.arange(6) < lengths[:, None])
+    mask = (ids != 0).long()
+    region_mask = (torch.arange(5) < torch.tensor([5, 2, 3, 5, 1, 4, 5, 2])[:, None]).long()
+    inputs = VLInputs(
+        input_ids=ids,
+        attention_mask=mask,
+        region_features=torch.randn(b, 5, 12),
+        region_boxes=torch.rand(b, 5, 4),
+        region_mask=region_mask,
+    )
+    labels = {
+        "itm_label": torch.tensor([1, 0, 1, 0, 0, 1, 0, 1]),
+        "itm_content": torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]),
+        "itm_draw": torch.linspace(0.05, 0.95, b),
+    }
+    with torch.no_grad():
+        out = model(inputs, **labels)
+        rewritten = ImageTextMatching().before_encoder(model, inputs, labels)  # unpadded: its layout from the mask
+        reference = model.itm(model.bert(rewritten).pooler_output)
+    assert model.bert.encoder.unpad  # run_padded gave the setting back
+    assert torch.allclose(out.seq_relationship_logits, reference, atol=1e-5), (out.seq_relationship_logits, reference)
+    assert torch.allclose(out.losses["itm"], F.cross_entropy(reference, labels["itm_label"]), atol=1e-5)
+
+
+def refcoco_config(output_dir, init, tmp_path) -> dict:
+    """RefCOCO on 12 + 4 easy-VQA composites with the tiles as regions (``boxes: gt``), their regions extracted
+    here, on the CPU, into the run's cache (the fake GPU computes no features)."""
+    config = finetuning_config("vqa", output_dir, init, None, tmp_path)
+    config["task"] = "refcoco"
+    config["detector"] = {"input_size": 96, "max_proposals": 8}
+    config["data"] = {"cache_dir": str(tmp_path / "cache"), "train_images": 12, "eval_images": 4, "max_regions": 6}
+    training, data, detector = read_run_config(RECIPES["refcoco"], config)
+    files, tiles = REFCOCO_DATASETS["easy-vqa"].load(data, training.seed)[2]
+    cached_shards(detector, files, data.cache_dir, "refcoco-composites", boxes=tiles)
+    return config
+
+
+def test_a_refcoco_step_makes_the_host_wait_for_nothing(tiny_bert, tmp_path):
+    """RefCOCO's default run from a one-layer BERT (one region chosen among each composite's tiles): steps 2 and 3
+    wait on nothing."""
+    probe, gpu = run_on_fake_gpu("refcoco", refcoco_config(tmp_path / "run", tiny_bert, tmp_path))
+    assert_no_wait(probe, gpu)
