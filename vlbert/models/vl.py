@@ -9,12 +9,14 @@ BERT. Regions carry no position ids, so the encoder treats them as an unordered 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
 from vlbert.config import VLBertConfig
 from vlbert.layers.unpadded import StreamLayouts, unpadding
-from vlbert.models.bert import BertEncoder, BertModel
+from vlbert.models.bert import BertEncoder, BertModel, run_padded
 from vlbert.models.inputs import VL_INPUT_NAMES, VLInputs, check_text_inputs
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
@@ -312,18 +314,22 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         [B, 2]. Without any labels (inference), every head that has an output field fills it
         (:meth:`Objective.predict`): ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size],
         as transformers' ``*ForPreTraining`` return every head's logits. A batch whose text a unit rewrites before
-        the encoder (ITM's hard negatives) carries no layout: the collator cannot know it.
+        the encoder (ITM's hard negatives) carries no layout: the collator cannot know it; its joint pass and the
+        unit's own passes run on the padded batch (:func:`~vlbert.models.bert.run_padded`: no host read of a mask).
         Raises: TypeError for a label no unit reads; ValueError as :meth:`VLBertModel.forward`."""
         inputs = VLInputs.take(inputs, labels)
         # the features as given, before the masked regions' are zeroed: MRFR's targets
         given = self.given_labels(labels, masked_regions=inputs.masked_regions, region_features=inputs.region_features)
-        inputs = self.before_encoder(self.bert.with_region_features(inputs), given)
+        zeroed = self.bert.with_region_features(inputs)
+        inputs = self.before_encoder(zeroed, given)
         running = self.running(given)
         keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in running)
         if running and not (output_hidden_states or output_attentions) and not any(u.reads_joint for u in running):
             # no running unit reads the joint pass (ITC alone: its own unimodal passes): it is not run
             return self.run_units(PreTrainingOutput(), self.encoded(None, inputs), given)
-        enc = self.bert(inputs, output_hidden_states=keep_hidden, output_attentions=output_attentions)
+        # text rewritten on the device (ITM's hard negatives): its layout is unknown to the host, the pass runs padded
+        with run_padded(self.bert.encoder) if inputs.input_ids is not zeroed.input_ids else contextlib.nullcontext():
+            enc = self.bert(inputs, output_hidden_states=keep_hidden, output_attentions=output_attentions)
         out = PreTrainingOutput(
             last_hidden_state=enc.last_hidden_state,
             pooler_output=enc.pooler_output,
@@ -340,9 +346,11 @@ class VLBertForPreTraining(UnitPreTrainingModel):
             ValueError: a unit rewrote the text of a batch that carries a layout (which then no longer describes
                 it)."""
         rewritten = inputs
-        for unit in self.units:
-            if all(given[k] is not None for k in unit.inputs):
-                rewritten = unit.before_encoder(self, rewritten, given)
+        # a unit's own passes (ITM's unimodal [CLS] of hard negatives) carry no layout: padded, no host read of the mask
+        with run_padded(self.bert.encoder):
+            for unit in self.units:
+                if all(given[k] is not None for k in unit.inputs):
+                    rewritten = unit.before_encoder(self, rewritten, given)
         if rewritten.input_ids is not inputs.input_ids and inputs.layout is not None:
             raise ValueError(
                 "a unit rewrote the text before the encoder (ITM's hard negatives), so the batch's unpadded "
