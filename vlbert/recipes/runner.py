@@ -91,6 +91,9 @@ class Recipe:
             directory (the pipelines read it): :func:`run_processor`.
         pipeline: the name of the task's inference pipeline (a key of :data:`vlbert.inference.PIPELINES`),
             recorded in ``processor.json``; None where the task has none.
+        read_model_section: ``model section -> dict``, the recipe's own reading of its ``model`` section (its
+            given keys checked and converted; text pretraining: the architecture it names, then that
+            architecture's config fields), or None: the fields of :func:`~vlbert.recipes.config_reading.model_config_class`.
     """
 
     name: str
@@ -104,6 +107,7 @@ class Recipe:
     sections: tuple[str, ...] = field(default=())
     processor_fields: Callable | None = None
     pipeline: str | None = None
+    read_model_section: Callable | None = None
 
 
 class TaskData:
