@@ -8,6 +8,7 @@ timm keep theirs): ``benchmarks/`` is not part of the ``vlbert`` wheel. From a c
     python -m benchmarks text-corpus --copies 2 200                     # text pretraining on ~10 MB and ~1 GB
     python -m benchmarks visual-backbone --steps 300                    # trainable vs frozen backbone in the model
     python -m benchmarks quickstart --repeats 3                         # the README's quick start, clean, timed
+    python -m benchmarks text-encoders --steps 600                      # BERT vs ModernBERT at the default budget
 
 Without a subcommand the train-step benchmark runs (``python tools/benchmark.py --bf16`` as before); the scripts
 ``tools/benchmark_inference.py`` ... run their subcommand (:func:`run_script`), and in a checkout ``vlbert benchmark
@@ -28,6 +29,7 @@ from benchmarks import (
     quickstart,
     region_store,
     text_corpus,
+    text_encoders,
     train,
     visual_backbone,
 )
@@ -42,6 +44,7 @@ BENCHMARKS = {
     "text-corpus": text_corpus,
     "visual-backbone": visual_backbone,
     "quickstart": quickstart,
+    "text-encoders": text_encoders,
 }
 
 
