@@ -38,3 +38,11 @@ def test_both_encoders_are_evaluated_at_the_same_masking_rate(small_corpus, tmp_
     assert all(0 <= r["eval_mlm_accuracy"] <= 1 and r["steps_per_s"] > 0 for r in (bert, modern))
     table = "\n".join(out[2:])
     assert table.count("\n| bert |") == 1 and table.count("\n| modernbert |") == 1
+
+
+def test_the_roofline_benchmark_says_where_the_proxy_is_missing(tmp_path):
+    """The proxy lives beside a developer's checkout (../shared/gpu/roofline.py), not in the repository."""
+    from benchmarks import text_encoder_roofline
+
+    with pytest.raises(FileNotFoundError, match="no roofline proxy at .*; pass its path with --roofline"):
+        text_encoder_roofline.main(["--roofline", str(tmp_path / "roofline.py")])
