@@ -8,6 +8,8 @@ timm keep theirs): ``benchmarks/`` is not part of the ``vlbert`` wheel. From a c
     python -m benchmarks text-corpus --copies 2 200                     # text pretraining on ~10 MB and ~1 GB
     python -m benchmarks visual-backbone --steps 300                    # trainable vs frozen backbone in the model
     python -m benchmarks quickstart --repeats 3                         # the README's quick start, clean, timed
+    python -m benchmarks text-encoders --steps 600                      # BERT vs ModernBERT at the default budget
+    python -m benchmarks text-encoder-roofline                          # their base sizes' predicted H100 step
 
 Without a subcommand the train-step benchmark runs (``python tools/benchmark.py --bf16`` as before); the scripts
 ``tools/benchmark_inference.py`` ... run their subcommand (:func:`run_script`), and in a checkout ``vlbert benchmark
@@ -29,6 +31,8 @@ from benchmarks import (
     quickstart,
     region_store,
     text_corpus,
+    text_encoder_roofline,
+    text_encoders,
     train,
     visual_backbone,
 )
@@ -43,6 +47,8 @@ BENCHMARKS = {
     "text-corpus": text_corpus,
     "visual-backbone": visual_backbone,
     "quickstart": quickstart,
+    "text-encoders": text_encoders,
+    "text-encoder-roofline": text_encoder_roofline,
 }
 
 

@@ -111,6 +111,18 @@ def model_config_class(recipe: Recipe) -> type:
     return VLBertConfig if recipe.uses_regions else BertConfig
 
 
+def read_model_section(recipe: Recipe, section: Any) -> dict[str, Any]:
+    """The given keys of ``recipe``'s ``model`` section, checked and converted: by the recipe's own reader
+    (:attr:`~vlbert.recipes.runner.Recipe.read_model_section`), else as :func:`model_config_class`'s fields.
+
+    Raises:
+        ValueError: an unknown key, a value of the wrong type or out of range (one line naming the key).
+    """
+    if recipe.read_model_section is not None:
+        return recipe.read_model_section(section)
+    return check_mapping(model_config_class(recipe), section, "model")
+
+
 def read_run_config(recipe: Recipe, config: dict[str, Any]) -> tuple[TrainingConfig, Any, Any]:
     """Read every value of ``config`` through its type (:mod:`vlbert.common.typed_config`), building nothing: the
     top-level keys (:class:`RunKeys`, and none unknown), ``training``, ``data`` (the recipe's data config),
@@ -137,7 +149,7 @@ def read_run_config(recipe: Recipe, config: dict[str, Any]) -> tuple[TrainingCon
     data_config = dataclass_from_section(recipe.data_config, config.get("data"), "data")
     detector = DetectorConfig.from_section(config.get("detector")) if recipe.uses_regions else None
     if config.get("implementation", "vlbert") != "transformers":
-        check_mapping(model_config_class(recipe), config.get("model"), "model")
+        read_model_section(recipe, config.get("model"))
     return training, data_config, detector
 
 
@@ -163,7 +175,7 @@ def _effective(recipe: Recipe, config: dict[str, Any]) -> dict[str, Any]:
     readers = {
         "training": lambda v: dataclasses.asdict(TrainingConfig.from_dict(v)),
         "data": lambda v: dataclasses.asdict(dataclass_from_section(recipe.data_config, v, "data")),
-        "model": lambda v: check_mapping(model_config_class(recipe), v, "model"),
+        "model": lambda v: read_model_section(recipe, v),
     }
     if recipe.uses_regions:
         readers["detector"] = lambda v: dataclasses.asdict(DetectorConfig.from_section(v))
@@ -250,6 +262,7 @@ __all__ = [
     "RENAMED_KEYS",
     "RunKeys",
     "model_config_class",
+    "read_model_section",
     "same_value",
     "with_todays_names",
     "read_run_config",

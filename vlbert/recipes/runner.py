@@ -95,6 +95,9 @@ class Recipe:
             recorded in ``processor.json``; None where the task has none.
         hooks: ``(RunContext, TaskData, model) -> list of TrainerHook`` the task's config asks for (VL
             pretraining's momentum model), run before the caller's; or None.
+        read_model_section: ``model section -> dict``, the recipe's own reading of its ``model`` section (its
+            given keys checked and converted; text pretraining: the architecture it names, then that
+            architecture's config fields), or None: the fields of :func:`~vlbert.recipes.config_reading.model_config_class`.
     """
 
     name: str
@@ -109,6 +112,7 @@ class Recipe:
     processor_fields: Callable | None = None
     pipeline: str | None = None
     hooks: Callable | None = None
+    read_model_section: Callable | None = None
 
 
 class TaskData:
