@@ -103,6 +103,9 @@ class VLBertModel(BertModel):
 
     Initialise the shared encoder from any BERT checkpoint with ``VLBertModel.from_pretrained(dir,
     region_feature_dim=...)``: the region embeddings are then newly initialised (listed in ``loading_info``).
+    ``config.text_tower`` picks the text embeddings and single-stream encoder from
+    :data:`~vlbert.models.text_towers.TEXT_TOWERS` (BERT, or ModernBERT: what a ModernBERT directory given to
+    ``from_pretrained`` chooses; how regions join it is said there).
 
     ``config.encoder`` picks the encoder from :data:`ENCODERS`: "single-stream" (the above) or "two-stream"
     (LXMERT: :class:`~vlbert.models.two_stream.TwoStreamEncoder`, text and regions in their own layers, then
