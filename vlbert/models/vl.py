@@ -16,22 +16,28 @@ from torch import nn
 
 from vlbert.config import VLBertConfig
 from vlbert.layers.unpadded import StreamLayouts, unpadding
-from vlbert.models.bert import BertEncoder, BertModel, run_padded
+from vlbert.models.bert import BertModel, run_padded
 from vlbert.models.inputs import VL_INPUT_NAMES, VLInputs, check_text_inputs
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.region_embeddings import build_region_embedding
+from vlbert.models.text_towers import TEXT_TOWERS
 from vlbert.models.two_stream import TwoStreamEncoder
 from vlbert.models.visual_backbone import RegionFeatureExtractor
 from vlbert.objectives import Encoded
 
 
 class SingleStream:
-    """``config.encoder = "single-stream"``: one :class:`~vlbert.models.bert.BertEncoder` over [text ; regions],
-    embedded together by the region pathway (``RegionEmbedding.join``; text alone: the BERT embeddings), unpadded by
-    the collator's :class:`~vlbert.layers.unpadded.UnpaddedLayout` of the joint mask (else read from the mask)."""
+    """``config.encoder = "single-stream"``: one encoder over [text ; regions], the text tower's
+    (:data:`~vlbert.models.text_towers.TEXT_TOWERS`: BERT's :class:`~vlbert.models.bert.BertEncoder` or ModernBERT's),
+    embedded together by the region pathway (``RegionEmbedding.join``; text alone: the tower's text embeddings),
+    unpadded by the collator's :class:`~vlbert.layers.unpadded.UnpaddedLayout` of the joint mask (else read from the
+    mask)."""
 
-    encoder_class = BertEncoder
+    @staticmethod
+    def build(config: VLBertConfig) -> nn.Module:
+        """The text tower's encoder for ``config``."""
+        return TEXT_TOWERS[config.text_tower].encoder(config)
 
     def encode(self, model: "VLBertModel", inputs: VLInputs, hidden: bool, attentions: bool):
         """Embeddings -> encoder -> :class:`EncoderOutput` (no pooler) of ``model``; ``hidden`` / ``attentions``:
@@ -45,7 +51,10 @@ class SingleStream:
         unpadded = unpadding(inputs.layout, mask[:, : mask.shape[1] - extra] if extra else mask)
         if extra and unpadded is not None:  # VL-BERT's [END] after the regions, added on the device
             unpadded = unpadded.append(extra)
-        out = model.encoder(x, mask, hidden, attentions, unpadded)
+        text_length = inputs.input_ids.shape[1] if x.shape[1] > inputs.input_ids.shape[1] else None
+        out = TEXT_TOWERS[model.config.text_tower].encode(
+            model.encoder, x, mask, hidden, attentions, unpadded, text_length
+        )
         if extra:
             keep = x.shape[1] - extra
             out.last_hidden_state = out.last_hidden_state[:, :keep]
@@ -62,7 +71,10 @@ class TwoStream:
     unpadded by its own mask (one ``nonzero`` each). Text alone runs the language layers (LXMERT's language
     encoder, a BERT)."""
 
-    encoder_class = TwoStreamEncoder
+    @staticmethod
+    def build(config: VLBertConfig) -> nn.Module:
+        """LXMERT's :class:`~vlbert.models.two_stream.TwoStreamEncoder` for ``config`` (a BERT text tower)."""
+        return TwoStreamEncoder(config)
 
     def encode(self, model: "VLBertModel", inputs: VLInputs, hidden: bool, attentions: bool):
         """Embeddings -> encoder -> :class:`EncoderOutput` (no pooler; each stream's states and attention maps
@@ -93,6 +105,9 @@ class VLBertModel(BertModel):
 
     Initialise the shared encoder from any BERT checkpoint with ``VLBertModel.from_pretrained(dir,
     region_feature_dim=...)``: the region embeddings are then newly initialised (listed in ``loading_info``).
+    ``config.text_tower`` picks the text embeddings and single-stream encoder from
+    :data:`~vlbert.models.text_towers.TEXT_TOWERS` (BERT, or ModernBERT: what a ModernBERT directory given to
+    ``from_pretrained`` chooses; how regions join it is said there).
 
     ``config.encoder`` picks the encoder from :data:`ENCODERS`: "single-stream" (the above) or "two-stream"
     (LXMERT: :class:`~vlbert.models.two_stream.TwoStreamEncoder`, text and regions in their own layers, then
@@ -119,7 +134,12 @@ class VLBertModel(BertModel):
         """``ENCODERS[config.encoder]``'s encoder (one over [text ; regions], or LXMERT's two streams); the path
         that runs it is kept as ``self.path`` (:class:`SingleStream` or :class:`TwoStream`)."""
         self.path = ENCODERS[config.encoder]()
-        return self.path.encoder_class(config)
+        return self.path.build(config)
+
+    def build_embeddings(self, config: VLBertConfig) -> nn.Module:
+        """The text tower's embeddings (:data:`~vlbert.models.text_towers.TEXT_TOWERS`): BERT's, or ModernBERT's
+        with the regions' modality table."""
+        return TEXT_TOWERS[config.text_tower].embeddings(config)
 
     def idle_modules(self, masked_regions: torch.Tensor | None = None) -> list[nn.Module]:
         """Submodules a forward without ``masked_regions`` never uses: those the region pathway declares
