@@ -16,7 +16,7 @@ NSP) or ``data.max_text_length`` tokens and ``data.max_regions`` regions (VL; th
 text masked.
 
 The largest batch: the peak is linear in the batch size (fixed + per sequence x B) through two traced sizes where
-the activations make it (:func:`line_traces`: 2B, doubled while the peak is still where the backward ends), solved for each GPU, whose memory is taken as N GiB (what the device reports is within 2% of it: an "80 GB" H100
+the activations make it, near the smallest GPU's limit (:func:`line_traces`), solved for each GPU, whose memory is taken as N GiB (what the device reports is within 2% of it: an "80 GB" H100
 has 79.6 GiB), of which ``USABLE`` is left to the step (the rest: the CUDA context, about 0.5 GiB, and the
 caching allocator's fragmentation).
 
@@ -109,13 +109,17 @@ def trace(config: BertConfig, run: dict, batch_size: int) -> StepMemory:
 
 
 def line_traces(config: BertConfig, run: dict, first: StepMemory) -> tuple[StepMemory, StepMemory]:
-    """Two traces on the peak's line in the batch size: ``first`` and one at twice its batch, doubled again (up to
-    ``MAX_BATCH``) while the second's peak rose by less than ``LINEAR`` of the first's activations. At a small batch
-    the peak is where the backward ends (the last gradients, the word embedding's float32 copy among them), not
-    where the activations are: the same for every batch, no line through it."""
+    """Two traces on the peak's line in the batch size near where the smallest GPU runs out. The peak is the
+    largest of a few lines in the batch size (where the backward ends: the same for every batch; its start: the
+    steepest), so the line is taken where the activations make the peak: ``first`` and twice its batch, doubled
+    again (up to ``MAX_BATCH``) while the second's peak rose by less than ``LINEAR`` of the first's activations;
+    then, where that line's largest batch for ``GPU_GB[0]`` is further out, half that batch and that batch."""
     small, large = first, trace(config, run, 2 * first.batch_size)
     while large.peak - small.peak < LINEAR * small.activations and large.batch_size < MAX_BATCH:
         small, large = large, trace(config, run, 2 * large.batch_size)
+    far = largest_batches(small, large, gpus=GPU_GB[:1])[GPU_GB[0]]
+    if far > 2 * large.batch_size:
+        small, large = trace(config, run, far // 2), trace(config, run, far)
     return small, large
 
 

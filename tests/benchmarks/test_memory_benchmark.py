@@ -92,3 +92,21 @@ def test_bad_input_is_one_line(capsys, argv, says):
     assert run_tool(benchmarks_main, ["memory", *argv]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("\n") == 1 and err.startswith("error: ") and says in err, err
+
+
+def test_the_line_is_taken_where_the_activations_make_the_peak(monkeypatch):
+    """A peak that is the end of the backward's (4 GiB) up to 64 sequences and then grows 0.1 GiB a sequence, less
+    steeply below 200: the traces move past the flat part and then to the 24 GB GPU's limit, on the steepest line."""
+    gib = 2**30
+
+    def fake_trace(config, run, batch):
+        peak = max(4 * gib, 0.05 * gib * batch + 0.8 * gib, 0.1 * gib * batch - 9.2 * gib)
+        return StepMemory(batch, 0, 0, 0, 0, int(peak - 3 * gib), int(peak), 3 * gib)
+
+    monkeypatch.setattr(memory, "trace", fake_trace)
+    small, large = memory.line_traces(None, None, fake_trace(None, None, 8))
+    assert (small.batch_size, large.batch_size) == (
+        208,
+        416,
+    )  # 8, 16, 32 flat; 64 -> 128 at 0.05; then 416 = its 24 GB batch
+    assert memory.largest_batches(small, large, gpus=(24,)) == {24: int((24 * 0.9 + 9.2) / 0.1)}
