@@ -10,6 +10,7 @@ timm keep theirs): ``benchmarks/`` is not part of the ``vlbert`` wheel. From a c
     python -m benchmarks quickstart --repeats 3                         # the README's quick start, clean, timed
     python -m benchmarks text-encoders --steps 600                      # BERT vs ModernBERT at the default budget
     python -m benchmarks text-encoder-roofline                          # their base sizes' predicted H100 step
+    python -m benchmarks memory --config text/bert-base-128 --batch-size 32  # peak GPU memory, largest batch
 
 Without a subcommand the train-step benchmark runs (``python tools/benchmark.py --bf16`` as before); the scripts
 ``tools/benchmark_inference.py`` ... run their subcommand (:func:`run_script`), and in a checkout ``vlbert benchmark
@@ -28,6 +29,7 @@ from typing import Sequence
 from benchmarks import (
     extraction,
     inference,
+    memory,
     quickstart,
     region_store,
     text_corpus,
@@ -49,6 +51,7 @@ BENCHMARKS = {
     "quickstart": quickstart,
     "text-encoders": text_encoders,
     "text-encoder-roofline": text_encoder_roofline,
+    "memory": memory,
 }
 
 
