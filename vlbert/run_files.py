@@ -14,6 +14,9 @@ from vlbert.common.files import write_text_atomically
 from vlbert.common.typed_config import ConfigValueError, Range, Takes, check_value
 from vlbert.common.user_files import UserFileError, expect, read_json
 
+#: The folder of a run directory that holds its checkpoints (``checkpoints/step-N``).
+CHECKPOINTS_DIR = "checkpoints"
+
 #: The processor's record (:class:`vlbert.processing.VLProcessor`): task, labels, lengths, the region source.
 PROCESSOR_FILE = "processor.json"
 #: The same record as runs and conversions wrote it before ``processor.json``: read when no processor.json exists.
@@ -125,6 +128,7 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
 
 
 __all__ = [
+    "CHECKPOINTS_DIR",
     "PROCESSOR_FILE",
     "LEGACY_PROCESSOR_FILE",
     "PROCESSOR_FORMAT_VERSION",

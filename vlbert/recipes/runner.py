@@ -32,10 +32,11 @@ from vlbert.recipes.config_reading import (
 )
 from vlbert.recipes.run_data import data_fingerprint, refuse_changed_data, write_data_record
 from vlbert.recipes.run_processor import build_run_processor
+from vlbert.run_files import CHECKPOINTS_DIR
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
 from vlbert.training.processes import check_shared_output_dir, collective_failure, control_plane, start_processes
 from vlbert.training.run_directory import prepare_output_dir, refuse_resuming_a_finished_run
-from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig
+from vlbert.training.trainer import Trainer, TrainingConfig
 from vlbert.training.training_config import set_seed
 from vlbert.utils import process_position
 

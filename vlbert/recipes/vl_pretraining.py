@@ -44,6 +44,7 @@ from vlbert.recipes.regions import (
 )
 from vlbert.recipes.run_processor import build_run_processor
 from vlbert.recipes.runner import Recipe, RunContext, TaskData
+from vlbert.training.momentum import MomentumDistillation
 from vlbert.utils import evaluation
 
 logger = logging.getLogger(__name__)
@@ -468,8 +469,6 @@ def _weighted(pairs: list[Caption], weight: float, rng: random.Random) -> list[C
 def hooks(ctx: RunContext, data: VLPretrainingData, model) -> list:
     """ALBEF's momentum model where ``data.itc.momentum`` asks for it
     (:class:`~vlbert.training.momentum.MomentumDistillation`), else none."""
-    from vlbert.training.momentum import MomentumDistillation
-
     options = ctx.data.itc
     return [MomentumDistillation(options, ctx.training.seed)] if options.enabled else []
 

@@ -66,4 +66,4 @@ class MomentumDistillation(TrainerHook):
             self.teacher.load_state_dict(state)
 
 
-__all__ = ["MomentumDistillation", "MomentumOptions"]
+__all__ = ["MomentumDistillation"]

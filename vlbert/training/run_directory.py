@@ -9,8 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from vlbert.run_files import LEGACY_PROCESSOR_FILE, PROCESSOR_FILE
-from vlbert.training.trainer import CHECKPOINTS_DIR
+from vlbert.run_files import CHECKPOINTS_DIR, LEGACY_PROCESSOR_FILE, PROCESSOR_FILE
 
 #: Files and folders whose presence means a directory holds a run.
 RUN_MARKERS = ("log.jsonl", "metrics.json", CHECKPOINTS_DIR, "model.safetensors")
