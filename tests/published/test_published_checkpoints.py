@@ -220,7 +220,8 @@ def test_uniter_equals_its_reference_forward(uniter_converted, counts):
 
 
 def test_uniter_mask_embedding_is_added_to_masked_regions(uniter_converted):
-    """MRM: UNITER adds mask_embedding[1] to a masked region's raw feature (row 0, unmasked, is zero)."""
+    """MRM: a masked region's feature is zeroed (UNITER's data/mrm.py zeroes it in the dataset; vlbert's model zeroes
+    it on the device, the features travelling once) and mask_embedding[1] added (row 0, unmasked, is zero)."""
     state, out_dir, _ = uniter_converted
     ours = VLBertModel.from_pretrained(out_dir).eval()
     ids, tm = ragged_text(2, 5, 60, [5, 4])
@@ -228,7 +229,7 @@ def test_uniter_mask_embedding_is_added_to_masked_regions(uniter_converted):
     masked = torch.zeros(2, 6, dtype=torch.bool)
     masked[:, 1] = True
     shifted = feats.clone()
-    shifted[:, 1] += state["uniter.img_embeddings.mask_embedding.weight"][1].float()
+    shifted[:, 1] = state["uniter.img_embeddings.mask_embedding.weight"][1].float()
     with torch.no_grad():
         a = ours(
             ids, attention_mask=tm, region_features=feats, region_boxes=boxes, region_mask=rm, masked_regions=masked
