@@ -272,3 +272,44 @@ def test_two_processes_evaluate_as_one(setup, tokenizer, tmp_path):
         torch.testing.assert_close(rank["t2i"], t2i, atol=1e-5, rtol=0)
     pairs = one["cross_encoder_pairs"]
     assert sorted(r["scored"] for r in ranks) == [pairs // 2, pairs - pairs // 2]
+
+
+def test_a_model_pretrained_with_itc_shortlists_by_its_itc_similarity(setup, tokenizer, tmp_path):
+    """A VL-pretrained checkpoint's ``itc`` head (text_proj, image_proj, temperature) loads into the retrieval
+    model's shortlist: nothing missing, the projections equal, the temperature its log, and the evaluation's
+    image x caption similarity (and so its shortlist) is the ITC unit's own on the same captions and images."""
+    from vlbert.evaluation.retrieval import RetrievalCandidates, embed_candidates, shortlist_indices
+    from vlbert.models.inputs import VLInputs
+    from vlbert.objectives import OBJECTIVES
+    from vlbert.processing.padding import pad_text
+    from vlbert.processing.regions import pad_regions
+
+    _, _, regions = setup
+    images = [CaptionedImage(f"img{i}", (f"a {c} thing {i}", f"the {c} object")) for i, c in enumerate(COLOURS)]
+    torch.manual_seed(0)
+    config = vlbert.VLBertConfig(
+        **TINY, vocab_size=len(tokenizer), initializer_range=0.3, projection_dim=16, contrastive_head=True
+    )
+    pretrained = vlbert.VLBertForPreTraining(config).eval()
+    with torch.no_grad():
+        pretrained.itc.temperature.fill_(0.05)
+    pretrained.save_pretrained(tmp_path)
+    model = VLBertForImageTextRetrieval.from_pretrained(tmp_path).eval()
+    assert model.loading_info.missing_keys == []
+    assert torch.equal(model.text_proj.weight, pretrained.itc.text_proj.weight)
+    assert torch.equal(model.image_proj.bias, pretrained.itc.image_proj.bias)
+    assert abs(float(model.log_temperature.detach().exp()) - 0.05) < 1e-6
+
+    processor = VLProcessor(tokenizer, max_text_length=32)
+    ids = processor.text_ids([c for im in images for c in im.captions])
+    items = [processor.region_item(regions[im.image_id]) for im in images]
+    with torch.no_grad():
+        image_emb, text_emb = embed_candidates(model, RetrievalCandidates.build(ids, items, tokenizer), batch_size=4)
+        # the ITC unit on the pairs (caption c, its image): text rows for every caption, image rows once per image
+        batch = pad_text([{"input_ids": x} for x in ids], tokenizer.pad_token_id)
+        batch.update(pad_regions([items[c // 2] for c in range(len(ids))]))
+        text, image = OBJECTIVES["itc"].embed(pretrained, VLInputs(**batch), {})
+    similarity, itc = image_emb @ text_emb.T, image[::2] @ text.T
+    torch.testing.assert_close(similarity, itc, atol=1e-5, rtol=0)
+    assert torch.equal(shortlist_indices(similarity, 3), shortlist_indices(itc, 3))
+    assert torch.equal(shortlist_indices(similarity.T, 3), shortlist_indices(itc.T, 3))
