@@ -8,6 +8,7 @@ timm keep theirs): ``benchmarks/`` is not part of the ``vlbert`` wheel. From a c
     python -m benchmarks text-corpus --copies 2 200                     # text pretraining on ~10 MB and ~1 GB
     python -m benchmarks visual-backbone --steps 300                    # trainable vs frozen backbone in the model
     python -m benchmarks quickstart --repeats 3                         # the README's quick start, clean, timed
+    python -m benchmarks retrieval --images 1000 5000                   # shortlist vs full re-rank: time, R@K
 
 Without a subcommand the train-step benchmark runs (``python tools/benchmark.py --bf16`` as before); the scripts
 ``tools/benchmark_inference.py`` ... run their subcommand (:func:`run_script`), and in a checkout ``vlbert benchmark
@@ -27,6 +28,7 @@ from benchmarks import (
     inference,
     quickstart,
     region_store,
+    retrieval,
     text_corpus,
     train,
     visual_backbone,
@@ -42,6 +44,7 @@ BENCHMARKS = {
     "text-corpus": text_corpus,
     "visual-backbone": visual_backbone,
     "quickstart": quickstart,
+    "retrieval": retrieval,
 }
 
 
