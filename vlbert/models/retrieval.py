@@ -89,7 +89,8 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
     Training (:meth:`forward` with ``group_ids``): ITC over the batch (InfoNCE both ways, temperature learned,
     items of the same group are all positives) + ITM on each positive pair, one hard negative text per image and
     one hard negative image per text, drawn in proportion to their contrastive similarity.
-    The ``itm`` head has the pretraining head's name and shape, so a VL-pretrained checkpoint initialises it.
+    The ``itm`` head has the pretraining head's name and shape, so a VL-pretrained checkpoint initialises it; its
+    ``itc`` head, where it was pretrained with ITC, initialises the shortlist (:data:`FROM_PRETRAINING`).
     """
 
     config_class = VLBertConfig
