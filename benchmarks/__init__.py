@@ -11,6 +11,7 @@ timm keep theirs): ``benchmarks/`` is not part of the ``vlbert`` wheel. From a c
     python -m benchmarks text-encoders --steps 600                      # BERT vs ModernBERT at the default budget
     python -m benchmarks text-encoder-roofline                          # their base sizes' predicted H100 step
     python -m benchmarks memory --config text/bert-base-128 --batch-size 32  # peak GPU memory, largest batch
+    python -m benchmarks retrieval --images 1000 5000                   # shortlist vs full re-rank: time, R@K
 
 Without a subcommand the train-step benchmark runs (``python tools/benchmark.py --bf16`` as before); the scripts
 ``tools/benchmark_inference.py`` ... run their subcommand (:func:`run_script`), and in a checkout ``vlbert benchmark
@@ -32,6 +33,7 @@ from benchmarks import (
     memory,
     quickstart,
     region_store,
+    retrieval,
     text_corpus,
     text_encoder_roofline,
     text_encoders,
@@ -52,6 +54,7 @@ BENCHMARKS = {
     "text-encoders": text_encoders,
     "text-encoder-roofline": text_encoder_roofline,
     "memory": memory,
+    "retrieval": retrieval,
 }
 
 

@@ -36,6 +36,17 @@ def test_karpathy_reader(tmp_path):
         load_karpathy_split(tmp_path / "d.json", "val")
 
 
+COLOURS = ["red", "blue", "yellow", "green", "teal", "black"]
+TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "region_feature_dim": 12,
+    "num_region_classes": 0,
+}
+
+
 @pytest.fixture()
 def setup(tokenizer):
     torch.manual_seed(0)
@@ -50,15 +61,7 @@ def setup(tokenizer):
         CaptionedImage(f"img{i}", (f"a {c} thing", f"the {c} object"), group=c)
         for i, c in enumerate(["red", "blue", "red", "green", "teal", "black"])
     ]
-    config = vlbert.VLBertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        region_feature_dim=12,
-        num_region_classes=0,
-    )
+    config = vlbert.VLBertConfig(vocab_size=len(tokenizer), **TINY)
     return VLBertForImageTextRetrieval(config).eval(), images, regions
 
 
@@ -78,7 +81,7 @@ def test_shortlist_matches_full_scoring(setup, tokenizer):
     full, i2t, t2i = evaluate_retrieval(
         model, images, regions, VLProcessor(tokenizer, max_text_length=32), shortlist=100, ks=(1, 5), return_scores=True
     )
-    assert full["cross_encoder_pairs"] == 2 * full["all_pairs"]  # shortlist covers everything: both directions
+    assert full["cross_encoder_pairs"] == full["all_pairs"]  # shortlist covers everything: each pair scored once
     # Brute force: cross-encoder on every pair.
     from vlbert.data.pretraining import MaskingCollator
     from vlbert.processing.regions import pad_regions
@@ -97,8 +100,12 @@ def test_shortlist_matches_full_scoring(setup, tokenizer):
             scores[i] = model.match_scores(**batch)
     torch.testing.assert_close(i2t, scores, atol=1e-5, rtol=0)
     torch.testing.assert_close(t2i, scores.T, atol=1e-5, rtol=0)
-    small = evaluate_retrieval(model, images, regions, VLProcessor(tokenizer, max_text_length=32), shortlist=3)
-    assert small["cross_encoder_pairs"] == (len(images) + len(caps)) * 3
+    processor = VLProcessor(tokenizer, max_text_length=32)
+    assert evaluate_retrieval(model, images, regions, processor, shortlist=0, ks=(1, 5)) == full  # 0: every pair
+    small, i2t, t2i = evaluate_retrieval(model, images, regions, processor, shortlist=3, return_scores=True)
+    # the distinct pairs of both directions' shortlists, each scored once: those the final scores took from `scores`
+    listed = torch.isclose(i2t, scores, atol=1e-5, rtol=0) | torch.isclose(t2i.T, scores, atol=1e-5, rtol=0)
+    assert small["cross_encoder_pairs"] == int(listed.sum()) < (len(images) + len(caps)) * 3
 
 
 def test_retrieval_model_round_trip(setup, tmp_path):
@@ -224,3 +231,85 @@ def test_rerank_keeps_the_contrastive_order_outside_the_shortlist():
     )
     assert pairs == 2 and final[0, [0, 4]].tolist() == [-50.0, -50.0]
     assert final[0].argsort(descending=True).tolist()[2:] == [3, 2, 1] and final[0, 3] < -50
+
+
+def _evaluate_as_rank(rank: int, store: str, out: str, model, images, regions, processor) -> None:
+    """One of two gloo processes: the evaluation with its share of the embeddings and cross-encoder pairs, counting
+    the pairs this rank's cross-encoder scored."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        scored = []
+        match_scores = model.match_scores
+        model.match_scores = lambda **batch: scored.append(len(batch["input_ids"])) or match_scores(**batch)
+        metrics, i2t, t2i = evaluate_retrieval(
+            model, images, regions, processor, shortlist=3, batch_size=5, return_scores=True
+        )
+        torch.save({"metrics": metrics, "i2t": i2t, "t2i": t2i, "scored": sum(scored)}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_two_processes_evaluate_as_one(setup, tokenizer, tmp_path):
+    """Two gloo processes, each embedding its half of the images and captions and scoring its half of the
+    shortlisted pairs: both return the figures and final scores of one process, and the pairs were split."""
+    from helpers.distributed import forked
+
+    _, _, regions = setup
+    # distinct captions and weights drawn wide: no two candidates tie, so float rounding cannot reorder them
+    images = [CaptionedImage(f"img{i}", (f"a {c} thing {i}", f"the {c} object")) for i, c in enumerate(COLOURS)]
+    torch.manual_seed(0)
+    model = VLBertForImageTextRetrieval(vlbert.VLBertConfig(**TINY, vocab_size=len(tokenizer), initializer_range=0.3))
+    processor = VLProcessor(tokenizer, max_text_length=32)
+    one, i2t, t2i = evaluate_retrieval(model, images, regions, processor, shortlist=3, return_scores=True)
+    forked(_evaluate_as_rank, str(tmp_path / "store"), str(tmp_path / "out"), model, images, regions, processor)
+    ranks = [torch.load(tmp_path / f"out.{r}") for r in (0, 1)]
+    for rank in ranks:
+        assert rank["metrics"] == one
+        torch.testing.assert_close(rank["i2t"], i2t, atol=1e-5, rtol=0)
+        torch.testing.assert_close(rank["t2i"], t2i, atol=1e-5, rtol=0)
+    pairs = one["cross_encoder_pairs"]
+    assert sorted(r["scored"] for r in ranks) == [pairs // 2, pairs - pairs // 2]
+
+
+def test_a_model_pretrained_with_itc_shortlists_by_its_itc_similarity(setup, tokenizer, tmp_path):
+    """A VL-pretrained checkpoint's ``itc`` head (text_proj, image_proj, temperature) loads into the retrieval
+    model's shortlist: nothing missing, the projections equal, the temperature its log, and the evaluation's
+    image x caption similarity (and so its shortlist) is the ITC unit's own on the same captions and images."""
+    from vlbert.evaluation.retrieval import RetrievalCandidates, embed_candidates, shortlist_indices
+    from vlbert.models.inputs import VLInputs
+    from vlbert.objectives import OBJECTIVES
+    from vlbert.processing.padding import pad_text
+    from vlbert.processing.regions import pad_regions
+
+    _, _, regions = setup
+    images = [CaptionedImage(f"img{i}", (f"a {c} thing {i}", f"the {c} object")) for i, c in enumerate(COLOURS)]
+    torch.manual_seed(0)
+    config = vlbert.VLBertConfig(
+        **TINY, vocab_size=len(tokenizer), initializer_range=0.3, projection_dim=16, contrastive_head=True
+    )
+    pretrained = vlbert.VLBertForPreTraining(config).eval()
+    with torch.no_grad():
+        pretrained.itc.temperature.fill_(0.05)
+    pretrained.save_pretrained(tmp_path)
+    model = VLBertForImageTextRetrieval.from_pretrained(tmp_path).eval()
+    assert model.loading_info.missing_keys == []
+    assert torch.equal(model.text_proj.weight, pretrained.itc.text_proj.weight)
+    assert torch.equal(model.image_proj.bias, pretrained.itc.image_proj.bias)
+    assert abs(float(model.log_temperature.detach().exp()) - 0.05) < 1e-6
+
+    processor = VLProcessor(tokenizer, max_text_length=32)
+    ids = processor.text_ids([c for im in images for c in im.captions])
+    items = [processor.region_item(regions[im.image_id]) for im in images]
+    with torch.no_grad():
+        image_emb, text_emb = embed_candidates(model, RetrievalCandidates.build(ids, items, tokenizer), batch_size=4)
+        # the ITC unit on the pairs (caption c, its image): text rows for every caption, image rows once per image
+        batch = pad_text([{"input_ids": x} for x in ids], tokenizer.pad_token_id)
+        batch.update(pad_regions([items[c // 2] for c in range(len(ids))]))
+        text, image = OBJECTIVES["itc"].embed(pretrained, VLInputs(**batch), {})
+    similarity, itc = image_emb @ text_emb.T, image[::2] @ text.T
+    torch.testing.assert_close(similarity, itc, atol=1e-5, rtol=0)
+    assert torch.equal(shortlist_indices(similarity, 3), shortlist_indices(itc, 3))
+    assert torch.equal(shortlist_indices(similarity.T, 3), shortlist_indices(itc.T, 3))

@@ -17,6 +17,23 @@ from vlbert.models.inputs import VL_INPUT_NAMES, VLInputs
 from vlbert.models.outputs import ObjectiveOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.vl import VLBertModel
+from vlbert.objectives.contrastive import TEMPERATURE_RANGE
+
+
+def _log_clamped(temperature: torch.Tensor) -> torch.Tensor:
+    return temperature.float().clamp(*TEMPERATURE_RANGE).log()
+
+
+#: A VL-pretrained checkpoint's ITC head (:class:`~vlbert.objectives.contrastive.ContrastiveHead`, ``itc.*``) as
+#: this model's shortlist: checkpoint key -> (own key, conversion or None). The temperature is kept as its log here,
+#: of the value ITC would use (clamped to ALBEF's range, as ITC clamps it before each use).
+FROM_PRETRAINING = {
+    "itc.text_proj.weight": ("text_proj.weight", None),
+    "itc.text_proj.bias": ("text_proj.bias", None),
+    "itc.image_proj.weight": ("image_proj.weight", None),
+    "itc.image_proj.bias": ("image_proj.bias", None),
+    "itc.temperature": ("log_temperature", _log_clamped),
+}
 
 
 @dataclass
@@ -72,7 +89,8 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
     Training (:meth:`forward` with ``group_ids``): ITC over the batch (InfoNCE both ways, temperature learned,
     items of the same group are all positives) + ITM on each positive pair, one hard negative text per image and
     one hard negative image per text, drawn in proportion to their contrastive similarity.
-    The ``itm`` head has the pretraining head's name and shape, so a VL-pretrained checkpoint initialises it.
+    The ``itm`` head has the pretraining head's name and shape, so a VL-pretrained checkpoint initialises it; its
+    ``itc`` head, where it was pretrained with ITC, initialises the shortlist (:data:`FROM_PRETRAINING`).
     """
 
     config_class = VLBertConfig
@@ -168,6 +186,20 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         out.add_unused(*self.idle_modules())
         return out
 
+    def load_converted_state_dict(self, state: dict[str, torch.Tensor], *args, **kwargs):
+        """:meth:`PreTrainedModel.load_converted_state_dict` after mapping a VL-pretrained checkpoint's ITC head onto
+        the shortlist (:data:`FROM_PRETRAINING`: ``itc.text_proj`` / ``itc.image_proj`` -> ``text_proj`` /
+        ``image_proj``, ``itc.temperature`` -> ``log_temperature``), so a model pretrained with ITC
+        (:mod:`vlbert.objectives.contrastive`) shortlists with its trained projections: the same unimodal passes
+        and projections, hence the ITC similarity's ranking. A key the checkpoint already has under this model's
+        own name (a retrieval checkpoint) is kept as it is."""
+        state = dict(state)
+        for key, (own, convert) in FROM_PRETRAINING.items():
+            if key in state and own not in state:
+                value = state.pop(key)
+                state[own] = convert(value) if convert else value
+        return super().load_converted_state_dict(state, *args, **kwargs)
+
     def idle_modules(self) -> list[nn.Module]:
         """The submodules a training forward leaves without gradient, declared here once (the trainer applies them
         under DDP): the region pathway's masked-region modules (no region is masked in retrieval)."""
@@ -188,4 +220,4 @@ class VLBertForImageTextRetrieval(PreTrainedModel):
         return loss, "itm_accuracy", acc, n
 
 
-__all__ = ["VLBertForImageTextRetrieval", "RetrievalOutput", "hard_negatives", "contrastive_loss"]
+__all__ = ["VLBertForImageTextRetrieval", "RetrievalOutput", "hard_negatives", "contrastive_loss", "FROM_PRETRAINING"]

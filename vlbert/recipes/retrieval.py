@@ -21,7 +21,6 @@ from vlbert.recipes.init_from import load_model
 from vlbert.recipes.regions import (
     Count,
     DatasetBuilder,
-    Positive,
     RegionTaskDataConfig,
     TextLength,
     attach_images,
@@ -38,14 +37,14 @@ class RetrievalDataConfig(RegionTaskDataConfig):
     """Retrieval data (YAML section ``data``): :class:`RegionTaskDataConfig` (dataset "easy-vqa" or "karpathy",
     the Karpathy split's ``captions_file``, image ids from its ``{filename}`` by default). eval_split: the split
     evaluated; max_train_images / max_eval_images: only the first N (0 = all). shortlist: candidates per query
-    re-ranked by the cross-encoder. max_text_length: of a caption."""
+    re-ranked by the cross-encoder (0 = every candidate, UNITER's full re-rank). max_text_length: of a caption."""
 
     captions_file: str = ""
     eval_split: str = "test"
     max_train_images: Count = 0
     max_eval_images: Count = 500
     max_text_length: TextLength = 32
-    shortlist: Positive = 16
+    shortlist: Count = 16
 
 
 #: dataset name -> (training images, evaluation images), each with its captions.
@@ -110,7 +109,7 @@ def evaluate(ctx: RunContext, data: RetrievalData, model) -> dict:
 
 
 def processor_fields(ctx: RunContext, data: RetrievalData) -> dict:
-    """The shortlist (candidates per query the cross-encoder re-ranks)."""
+    """The shortlist (candidates per query the cross-encoder re-ranks; 0: every candidate)."""
     return {"shortlist": ctx.data.shortlist}
 
 
