@@ -69,6 +69,18 @@ def reference_run(run_config: dict, recipe: str = "text-pretraining", resume: bo
         run(RECIPES[recipe], run_config, resume=resume)
 
 
+def forked_reference_run(run_config: dict, recipe: str = "text-pretraining", resume: bool = False) -> None:
+    """:func:`reference_run` in a forked child (:class:`ForkedProcess`): for a bf16-params run, whose backward
+    through FSDP2's DTensors starts autograd's device threads, after which a fork of this process can run no
+    backward (torch: "Unable to handle autograd's threading in combination with fork-based multiprocessing"), so
+    the launches after it would fail. Raises AssertionError if the run fails."""
+    import tempfile
+
+    log = Path(tempfile.mkdtemp()) / "stderr"
+    process = ForkedProcess(reference_run, run_config, recipe, resume, stderr=log)
+    assert process.wait() == 0, f"the forked reference run of {recipe} failed:\n{log.read_text()[-3000:]}"
+
+
 def as_a_new_process() -> None:
     """What a forked worker must not inherit from this process: accelerate's process state (a single-process run
     here made it; a new process under a launcher reads its rank and world size from the environment), and this
