@@ -63,7 +63,6 @@ _REDRAWN_LAYERS = (nn.Linear, nn.Embedding, nn.LayerNorm)
 _drawing_later = False
 
 
-@contextlib.contextmanager
 def _load_tensors(model: nn.Module, state: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> None:
     """Copy ``state`` (whole tensors, the model's names, a subset of ``own``, its state dict) into ``model``; into a
     model sharded by FSDP2 (its state DTensors) through torch.distributed.checkpoint's ``set_model_state_dict``,
@@ -76,6 +75,7 @@ def _load_tensors(model: nn.Module, state: dict[str, torch.Tensor], own: dict[st
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
 
 
+@contextlib.contextmanager
 def _initial_weights_drawn_later():
     """Build models without drawing the initial weights of their Linear, Embedding and LayerNorm layers (their
     ``reset_parameters`` and :meth:`PreTrainedModel.init_weights` do nothing; the parameters hold whatever
