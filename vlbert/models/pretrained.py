@@ -241,6 +241,8 @@ class PreTrainedModel(nn.Module):
         if not prefix:  # bare encoder: take what is under "bert.", everything else is unexpected
             state = {k[len("bert.") :] if k.startswith("bert.") else "<head>." + k: v for k, v in state.items()}
         own = self.state_dict()
+        # a 0-d parameter that bf16-params holds as one element (training/sharding.py) loads a 0-d checkpoint's
+        state = {k: v.reshape(1) if k in own and v.dim() == 0 and own[k].shape == (1,) else v for k, v in state.items()}
         base = prefix + "." if prefix else ""
         if getattr(self.config, "encoder", None) == "two-stream":
             state = _bert_layers_to_text_stream(state, base)

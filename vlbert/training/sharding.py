@@ -35,15 +35,27 @@ COMPUTE_DTYPE = torch.bfloat16
 _LOCAL = {"group": False}
 
 
+def local_backend() -> str:
+    """The backends of :func:`start_local_group`'s group: gloo for CPU tensors; for CUDA tensors NCCL where this
+    torch has it and a GPU is there (``dist.is_nccl_available() and torch.cuda.is_available()``), gloo otherwise.
+    NCCL starts its communicator at the first CUDA collective only, so a CPU run pays nothing for it, and a CPU run
+    followed by a GPU run in one process (a test session) finds the GPU's backend in the group it already has."""
+    nccl = dist.is_nccl_available() and torch.cuda.is_available()
+    return "cpu:gloo,cuda:nccl" if nccl else "cpu:gloo,cuda:gloo"
+
+
 def start_local_group(device: torch.device) -> None:
-    """Start a process group of one rank (this process) when none is started: gloo on a CPU ``device``; NCCL for
-    CUDA tensors (gloo for CPU ones) on a CUDA ``device``. The store is in memory (``HashStore``): nothing listens
-    on a port. Kept for the life of the process (later trainers reuse it); :func:`release_local_group` ends it
-    when a launcher's process group must replace it."""
+    """Start a process group of one rank (this process) when none is started, for tensors on ``device`` or the
+    CPU (:func:`local_backend`). The store is in memory (``HashStore``): nothing listens on a port. Kept for the
+    life of the process (later trainers reuse it); :func:`release_local_group` ends it when a launcher's process
+    group must replace it.
+
+    Raises ValueError if ``device`` is neither a CPU nor a CUDA device."""
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"bf16-params trains on a CPU or CUDA device, not {device}")
     if dist.is_initialized():
         return
-    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group(local_backend(), store=dist.HashStore(), rank=0, world_size=1)
     _LOCAL["group"] = True
 
 
@@ -81,6 +93,7 @@ def shard_model(model: nn.Module, device: torch.device) -> nn.Module:
     for buffer in model.buffers():
         if buffer.is_floating_point():
             buffer.data = buffer.data.to(COMPUTE_DTYPE)
+    _scalars_as_vectors(model)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     # inputs are left as they come: the model casts its float inputs (region features, pixels) itself
     policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPE, reduce_dtype=torch.float32, cast_forward_inputs=False)
@@ -88,6 +101,35 @@ def shard_model(model: nn.Module, device: torch.device) -> nn.Module:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def _scalars_as_vectors(model: nn.Module) -> None:
+    """Replace each 0-d parameter of ``model`` (retrieval's ``log_temperature``, ITC's ``temperature``) by a
+    one-element one of the same value, which ``fully_shard`` can shard (it refuses scalars); the forwards
+    broadcast it as they did the scalar. Their names are kept in ``model._sharded_scalars``: the whole state dicts
+    (:func:`full_model_state`, :func:`full_optimizer_state`) give them back as 0-d tensors, the checkpoint's
+    layout whatever the precision."""
+    names = []
+    for module_name, module in model.named_modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if p.dim() == 0:
+                setattr(module, name, nn.Parameter(p.detach().reshape(1), requires_grad=p.requires_grad))
+                names.append(f"{module_name}.{name}" if module_name else name)
+    model._sharded_scalars = frozenset(names)
+
+
+def _as_scalars(model: nn.Module, state: dict) -> dict:
+    """``state`` (parameter name -> tensor, or -> dict of tensors) with :func:`_scalars_as_vectors`'s parameters
+    0-d again."""
+    scalars = getattr(model, "_sharded_scalars", frozenset())
+
+    def scalar(t):
+        return t.reshape(()) if torch.is_tensor(t) and t.shape == (1,) else t
+
+    return {
+        k: ({n: scalar(t) for n, t in v.items()} if isinstance(v, dict) else scalar(v)) if k in scalars else v
+        for k, v in state.items()
+    }
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -147,7 +189,8 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     model's own names, on rank 0; {} on the others. Collective: every rank calls it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return _as_scalars(model, full)
 
 
 def _names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -167,7 +210,7 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
         return {}
     index = {name: i for i, name in enumerate(_names(model, optimizer))}
     return {
-        "state": {index[name]: state for name, state in full["state"].items()},
+        "state": {index[name]: state for name, state in _as_scalars(model, full["state"]).items()},
         "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]],
     }
 
@@ -178,8 +221,16 @@ def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     names = _names(model, optimizer)
+    scalars = getattr(model, "_sharded_scalars", frozenset())
+
+    def sharded(name: str, s: dict) -> dict:  # a 0-d parameter's state, one element as the parameter now is
+        return {
+            k: v.reshape(1) if name in scalars and torch.is_tensor(v) and v.dim() == 0 and k != "step" else v
+            for k, v in s.items()
+        }
+
     keyed = {
-        "state": {names[i]: s for i, s in state["state"].items()},
+        "state": {names[i]: sharded(names[i], s) for i, s in state["state"].items()},
         "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
     }
     # strict=False: a parameter no step has given a gradient yet (an idle head) has no state, as in torch's own
@@ -188,6 +239,7 @@ def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer
 
 __all__ = [
     "COMPUTE_DTYPE",
+    "local_backend",
     "start_local_group",
     "release_local_group",
     "sharded_layer_classes",
