@@ -425,7 +425,9 @@ class Trainer:
         process)."""
         if weights is None and self.sharded:
             weights = self.model_state()
-        self.unwrapped.save_pretrained(directory, tokenizer=self.tokenizer, state_dict=weights)
+        # (a model's own weights: no state_dict argument, which a model of another library may not take)
+        extra = {} if weights is None else {"state_dict": weights}
+        self.unwrapped.save_pretrained(directory, tokenizer=self.tokenizer, **extra)
         self._write_run_config(directory)
 
     def training_state(self) -> dict:
