@@ -1,7 +1,10 @@
 """vlbert: vision-language BERT in PyTorch.
 
 Text: :class:`BertModel`, :class:`BertForPreTraining` (MLM + NSP) and the fine-tuning heads, loading any Hugging Face
-BERT checkpoint with ``from_pretrained`` and saving in the Hugging Face layout with ``save_pretrained``.
+BERT checkpoint with ``from_pretrained`` and saving in the Hugging Face layout with ``save_pretrained``; ModernBERT
+beside it (:class:`ModernBertModel`, :class:`ModernBertForMaskedLM`, :class:`ModernBertForSequenceClassification`,
+:class:`ModernBertForTokenClassification`, :class:`ModernBertConfig`), reading and writing transformers' ModernBERT
+directories.
 Vision-language: :class:`VLBertModel` (text + detector regions in one encoder), :class:`VLBertForPreTraining`
 (MLM, MRFR, MRC, MRC-kl, ITM as units of :mod:`vlbert.objectives`), :class:`VLBertForVQA`,
 :class:`VLBertForImageTextRetrieval`, :class:`VLBertForSequenceClassification` and the other task heads, UNITER's
@@ -24,6 +27,10 @@ from vlbert.models import (
     BertForTokenClassification,
     BertModel,
     EncoderOutput,
+    ModernBertForMaskedLM,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+    ModernBertModel,
     ObjectiveOutput,
     PreTrainedModel,
     PreTrainingOutput,
@@ -40,6 +47,7 @@ from vlbert.models import (
     VLBertForVQA,
     VLBertModel,
 )
+from vlbert.modernbert_config import ModernBertConfig
 from vlbert.processing import VLProcessor
 
 __version__ = "0.1.0"
@@ -53,6 +61,11 @@ __all__ = [
     "BertForTokenClassification",
     "BertForQuestionAnswering",
     "BertForMultipleChoice",
+    "ModernBertConfig",
+    "ModernBertModel",
+    "ModernBertForMaskedLM",
+    "ModernBertForSequenceClassification",
+    "ModernBertForTokenClassification",
     "VLBertModel",
     "VLBertForPreTraining",
     "VLBertForVQA",

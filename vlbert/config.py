@@ -242,9 +242,14 @@ class BertConfig:
             values["id2label"] = None  # transformers' placeholder names: no names known
         model_type = values.get("model_type")
         if model_type is not None and model_type not in cls.accepted_model_types():
+            fix = (
+                "load it with vlbert.ModernBertModel / ModernBertForMaskedLM (rotary positions, not BERT's table)"
+                if model_type == "modernbert"
+                else "use a BERT checkpoint (e.g. bert-base-uncased)"
+            )
             raise ValueError(
                 f"this checkpoint's config.json has model_type={model_type!r}, but {cls.__name__} loads "
-                f"{cls.accepted_model_types()} checkpoints; use a BERT checkpoint (e.g. bert-base-uncased)"
+                f"{cls.accepted_model_types()} checkpoints; {fix}"
             )
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)

@@ -252,7 +252,7 @@ def test_bad_sources_are_refused_before_anything_runs(tmp_path):
         VLDataConfig(missing_regions="ignore")
 
 
-@pytest.mark.parametrize("name", ["uniter-base", "visualbert-coco"])
+@pytest.mark.parametrize("name", ["uniter-base", "visualbert-coco", "albef-regions"])
 def test_published_vl_configs_run_on_small_data_in_their_formats(tmp_path, name):
     """The shipped COCO/VG configs, with their sources pointed at small files in the same formats (and a small
     model from the offline MiniLM instead of bert-base-uncased, which needs the network)."""

@@ -689,9 +689,10 @@ def test_the_pair_collators_layout_is_what_the_pair_model_encodes():
 
 
 def test_masked_region_targets_travel_as_the_masked_rows_only():
-    """MRFR's features and MRC-kl's class distributions go to the GPU as the masked regions' rows [M, ...] (the
-    collator's order, ``masked_region_positions``), not as [B, R, ...] copies of every region: the same losses and
-    metrics as the padded targets (float64), at M / (B x R) of their bytes."""
+    """MRC-kl's class distributions go to the GPU as the masked regions' rows [M, ...] (the collator's order,
+    ``masked_region_positions``), not as [B, R, ...] copies of every region; MRFR's targets as those rows or, as the
+    collator sends them, as their positions in the unzeroed features the batch carries (the model zeroes the masked
+    regions' features itself): the same losses and metrics as the padded targets over zeroed features (float64)."""
     ids, mask, _ = ragged_text()
     feats, boxes, region_mask = ragged_regions()
     g = torch.Generator().manual_seed(5)
@@ -719,3 +720,8 @@ def test_masked_region_targets_travel_as_the_masked_rows_only():
         for name in full.losses:
             torch.testing.assert_close(rows.losses[name], full.losses[name], atol=1e-12, rtol=0)
         assert padded[masked].numel() < 0.5 * padded.numel()
+        if key == "region_targets":  # positions into the features as given: gathered on the device
+            given = {**batch, "region_features": feats.double(), key: batch["masked_region_positions"]}
+            gathered = model(**given)
+            torch.testing.assert_close(gathered.losses["mrfr"], full.losses["mrfr"], atol=1e-12, rtol=0)
+            torch.testing.assert_close(gathered.metrics, full.metrics, atol=1e-12, rtol=0)

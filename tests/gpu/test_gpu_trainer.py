@@ -41,6 +41,7 @@ class Probe(TrainerHook):
     def after_step(self, trainer) -> None:
         if trainer.step == 1:
             self.precision, self.device = trainer.precision, trainer.accelerator.device
+            self.config = trainer.unwrapped.config
             self.errors = placement_errors(trainer)
             self.master_dtypes = {p.dtype for g in trainer._optimizer().param_groups for p in g["params"]}
             with trainer.whole_weights():  # what the forward computes with (FSDP2 keeps float32 shards between)
@@ -182,6 +183,28 @@ def test_vl_pretraining_step_lives_on_the_gpu(region_shards, tmp_path, accumulat
     if model:
         assert gpu.ops[FLASH] == gpu.ops["aten._flash_attention_backward"] == 2 * 6, dict(gpu.ops)
         assert not [op for op in gpu.ops if "scaled_dot_product" in op or "efficient_attention" in op], dict(gpu.ops)
+
+
+def assert_regions_travel_once(gpu: FakeCuda, feature_dim: int) -> None:
+    """Every host-to-device copy of region-feature rows (last dimension ``feature_dim``) is a batch's padded
+    ``region_features`` [B, R, D]: no second copy of some of its rows (MRFR's targets are gathered on the device from
+    the features the batch sends)."""
+    rows = [c for c in gpu.host_to_device if c.shape[-1:] == (feature_dim,)]
+    assert rows and all(len(c.shape) == 3 for c in rows), [(c.shape, c.dtype, c.line) for c in rows]
+
+
+@pytest.mark.parametrize("objective", ["mrfr", "mrc_kl"])
+def test_masked_region_steps_send_the_region_features_once(region_shards, tmp_path, objective):
+    """Steps 2 and 3 of VL pretraining on masked-region batches alone: no host wait, and the region features reach
+    the GPU once per batch, unzeroed; the masked regions are zeroed on the device and MRFR regresses the features
+    it gathers there (9312472 and before: MRFR's targets travelled as a second host tensor [M, D], the masked rows
+    of the features)."""
+    config = vl_config(tmp_path / "run", region_shards, 1)
+    config["data"]["objectives"] = {objective: 1}
+    probe, gpu = run_on_fake_gpu("vl-pretraining", config)
+    assert_gpu_step(probe, gpu)
+    assert gpu.ops["aten.mse_loss" if objective == "mrfr" else "aten._log_softmax"] > 0, dict(gpu.ops)
+    assert_regions_travel_once(gpu, probe.config.region_feature_dim)
 
 
 def test_an_older_gpu_runs_sdpa_instead_of_flash(small_corpus, tmp_path):
@@ -430,3 +453,15 @@ def test_a_float32_cuda_run_uses_tf32_and_gpu_runs_compile_their_layers(small_to
     finally:
         torch.set_float32_matmul_precision(before[0])
         torch.backends.cudnn.allow_tf32 = before[1]
+
+
+def test_an_itc_step_with_momentum_and_queue_makes_the_host_wait_for_nothing(region_shards, tmp_path):
+    """Steps 2 and 3 of ITC alone with ALBEF's momentum model (its update after each step: two foreach operations
+    on the float32 shadows and the bf16 copy), its queue (written at rows chosen on the device) and soft targets:
+    no host synchronisation, nothing read back; the momentum copy and its queue live on the GPU."""
+    config = vl_config(tmp_path / "run", region_shards, 1)
+    config["data"]["objectives"] = {"itc": 1}
+    config["data"]["itc"] = {"momentum": 0.995, "queue_size": 16, "alpha": 0.4, "alpha_ramp_steps": 2}
+    probe, gpu = run_on_fake_gpu("vl-pretraining", config)
+    assert_gpu_step(probe, gpu)
+    assert gpu.ops["aten._foreach_lerp_"] == 2 and gpu.ops["aten.index_copy_"] == 3 * 2, dict(gpu.ops)  # 3 queues

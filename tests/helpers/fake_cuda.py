@@ -99,7 +99,14 @@ class _Recorder(TorchDispatchMode):
         if copied is not None:
             source, blocking = copied
             owner.host_to_device.append(
-                Copy(source.numel() * source.element_size(), blocking, project_line(), owner.stream)
+                Copy(
+                    source.numel() * source.element_size(),
+                    blocking,
+                    project_line(),
+                    owner.stream,
+                    tuple(source.shape),
+                    source.dtype,
+                )
             )
             if blocking:  # the copy is queued after every kernel before it, and the host waits for it
                 owner.host_syncs.append(f"{name} (blocking host-to-device copy) at {project_line()}")
@@ -283,13 +290,16 @@ def _node_backward(node, grads: dict[int, torch.Tensor]) -> list:
 
 @dataclasses.dataclass
 class Copy:
-    """One host-to-device copy: its bytes, whether the host waits for it, the project line that made it and the
-    stream it was issued on ("compute", or the name of a :class:`_Stream` made by the code)."""
+    """One host-to-device copy: its bytes, whether the host waits for it, the project line that made it, the
+    stream it was issued on ("compute", or the name of a :class:`_Stream` made by the code), and the host tensor's
+    shape and dtype."""
 
     bytes: int
     blocking: bool
     line: str
     stream: str
+    shape: tuple = ()
+    dtype: torch.dtype | None = None
 
 
 class _Event:

@@ -157,10 +157,23 @@ def test_the_temperature_is_clamped_as_albef_and_two_stream_models_are_refused()
     assert OBJECTIVES["itc"].unsupported(model.config) is None and OBJECTIVES["itc"].build_head(two_stream) is None
 
 
+def perturbed_teacher(model, options, seed: int = 5):
+    """A momentum teacher on ``model`` whose weights differ from the model's (as after some steps of the moving
+    average), its queue's random start from ``seed``."""
+    from vlbert.objectives.momentum import MomentumTeacher, attach
+
+    teacher = MomentumTeacher(model, options, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    teacher.start_from([s + 0.05 * torch.randn(s.shape, generator=g, dtype=s.dtype) for s in teacher.shadow])
+    attach(model, teacher)
+    return teacher
+
+
 class _Reducer:
     """The accelerate ``Accelerator`` surface :func:`~vlbert.training.distributed.global_batch_loss` reads."""
 
-    num_processes = 2
+    def __init__(self, num_processes: int):
+        self.num_processes = num_processes
 
     def reduce(self, t, reduction="sum"):
         import torch.distributed as dist
@@ -187,20 +200,34 @@ def _step(model, batch: dict, content: torch.Tensor, acc=None) -> tuple[float, d
     return global_loss.item(), grads
 
 
-def _two_ranks(rank: int, store: str, out: str, b: int) -> None:
+def _ranks(rank: int, world: int, store: str, out: str, b: int, momentum: bool) -> None:
     import torch.distributed as dist
 
     torch.set_default_dtype(torch.float64)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        model = tiny_vl_model()
-        batch = {k: v[rank * b : (rank + 1) * b] for k, v in pairs(2 * b).items()}
+        model, teacher = _model(momentum)
+        batch = {k: v[rank * b : (rank + 1) * b] for k, v in pairs(world * b).items()}
         content = CONTENT[rank * b : (rank + 1) * b]
-        loss, grads = _step(model, batch, content, _Reducer())
+        loss, grads = _step(model, batch, content, _Reducer(world))
         if rank == 0:
-            torch.save({"loss": loss, "grads": grads}, out)
+            torch.save({"loss": loss, "grads": grads, "queue": _queue(teacher)}, out)
     finally:
         dist.destroy_process_group()
+
+
+def _model(momentum: bool):
+    """The tiny model in train mode, with ALBEF's momentum teacher (queue of 8, alpha 0.4) where asked."""
+    from vlbert.objectives.momentum import MomentumOptions
+
+    model = tiny_vl_model().train()
+    if not momentum:
+        return model, None
+    return model, perturbed_teacher(model, MomentumOptions(momentum=0.995, queue_size=8, alpha=0.4))
+
+
+def _queue(teacher) -> tuple | None:
+    return None if teacher is None else (teacher.text_queue, teacher.image_queue, teacher.content_queue)
 
 
 #: the global batch's content ids: a caption of rank 0 (content 1) has an equal-content positive on rank 1
@@ -209,21 +236,30 @@ CONTENT = torch.tensor([1, 2, 3, 4, 1, 5])
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_two_processes_at_b_train_as_one_at_2b(tmp_path):
+@pytest.mark.parametrize(
+    "world,momentum", [(2, False), (2, True), (3, True)], ids=["2-plain", "2-momentum-queue", "3-momentum-queue"]
+)
+def test_n_processes_at_b_train_as_one_at_n_times_b(tmp_path, world, momentum):
+    """N gloo processes at batch b = 1 process at N x b: the loss, every gradient and (with ALBEF's momentum
+    model, queue and soft targets) the queue after the step, which holds the global batch's momentum features."""
     from helpers.builders import like_a_worker
     from helpers.distributed import forked
 
-    b = 3
+    b = len(CONTENT) // world
     out = tmp_path / "rank0.pt"
-    forked(_two_ranks, str(tmp_path / "store"), str(out), b)
-    two = torch.load(out)
+    forked(_ranks, world, str(tmp_path / "store"), str(out), b, momentum, nproc=world)
+    many = torch.load(out)
     with like_a_worker(float64=True):
-        model = tiny_vl_model()
-        loss, grads = _step(model, pairs(2 * b), CONTENT)
-    assert abs(two["loss"] - loss) < 1e-6
-    assert set(two["grads"]) == set(grads) and "itc.temperature" in grads and any(".encoder." in n for n in grads)
+        model, teacher = _model(momentum)
+        loss, grads = _step(model, pairs(world * b), CONTENT)
+    assert abs(many["loss"] - loss) < 1e-6
+    assert set(many["grads"]) == set(grads) and "itc.temperature" in grads and any(".encoder." in n for n in grads)
     for name, g in grads.items():
-        torch.testing.assert_close(two["grads"][name], g, rtol=0, atol=1e-6, msg=name)
+        torch.testing.assert_close(many["grads"][name], g, rtol=0, atol=1e-6, msg=name)
+    if momentum:
+        for a, b_ in zip(many["queue"], _queue(teacher), strict=True):
+            torch.testing.assert_close(a, b_, rtol=0, atol=1e-6)
+        assert teacher.content_queue[: len(CONTENT)].tolist() == CONTENT.tolist()
 
 
 def test_a_vl_pretraining_run_trains_itc(tmp_path):

@@ -334,9 +334,8 @@ def test_attribute_and_question_answering_units():
     assert masked.sum(1).tolist() == [2, 2] and not masked[1, 3]  # half of the real regions, never padding
     expected = torch.arange(4).remainder(3).expand(2, 4)
     assert torch.equal(labels, expected.masked_fill(~masked, -100))
-    assert (batch["region_features"][masked] == 0).all() and torch.equal(
-        batch["region_features"][~masked], features[~masked]
-    )
+    # the features travel as they are: the model zeroes the masked ones on the device (VLBertModel.with_region_features)
+    assert torch.equal(batch["region_features"], features)
 
     config = VLBertConfig(
         vocab_size=30,

@@ -25,7 +25,7 @@ def test_config_is_valid(path):
     config = BertConfig.from_dict({"vocab_size": 30522, **run["model"]}, strict=True)
     assert data.max_seq_length <= config.max_position_embeddings
     for size, (layers, hidden, heads, params) in PAPER_SIZES.items():
-        if size in path.stem:
+        if path.stem.startswith(f"bert-{size}"):
             assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (layers, hidden, heads)
             with torch.device("meta"):
                 n = BertForPreTraining(config).num_parameters()
@@ -108,3 +108,28 @@ def test_base_includes(tmp_path):
     shared = load_run_config(root / "detectors" / "easy-vqa.yaml")["detector"]
     for path in [root / "vl" / "default.yaml", *sorted((root / "finetune").glob("*easy-vqa.yaml"))]:
         assert load_run_config(path)["detector"] == shared, path
+
+
+def test_the_modernbert_recipe_is_modernberts_yaml():
+    """configs/text/modernbert-base-1024.yaml against AnswerDotAI/ModernBERT at 00220af2,
+    yamls/modernbert/modernbert-base-pretrain.yaml (and the decay run's yaml), steps at 4608 x 1024 tokens."""
+    run = load_run_config(CONFIGS[0].parent / "modernbert-base-1024.yaml")
+    training = TrainingConfig.from_dict(run["training"])
+    data = dataclass_from_section(TextDataConfig, run["data"], "data")
+    tokens_per_step = 4608 * 1024
+    assert training.batch_size * training.grad_accum_steps == 4608 and data.max_seq_length == 1024
+    assert (training.optimizer, training.learning_rate, training.adam_beta1, training.adam_beta2) == (
+        "stable_adamw",
+        8e-4,
+        0.9,
+        0.98,
+    )
+    assert (training.adam_epsilon, training.weight_decay, training.max_grad_norm) == (1e-6, 1e-5, 0.0)
+    assert (training.schedule, training.warmup_steps) == ("wsd", round(3e9 / tokens_per_step))
+    assert training.max_steps - training.decay_steps == round(1.719e12 / tokens_per_step)  # the stable phase ends
+    assert (training.decay_steps, training.decay_shape, training.final_lr_ratio) == (
+        round(50e9 / tokens_per_step),
+        "1-sqrt",
+        0.001,
+    )
+    assert (data.objectives, data.mlm_probability, data.eval_mlm_probability) == ({"mlm": 1}, 0.3, 0.15)

@@ -9,6 +9,7 @@ section 4.1), seeded by the samples themselves so that a run is reproducible and
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import zlib
 from dataclasses import dataclass
@@ -164,12 +165,18 @@ class MaskingCollator:
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
         """Pad, then let each unit of :attr:`objectives` prepare the batch (in registry order: a unit that
         reorders the text, SOP, before the masking one); each sample's masking is drawn from its own
-        ``mask_seed`` (:meth:`~vlbert.objectives.PrepareContext.masking_generator`).
+        ``mask_seed`` (:meth:`~vlbert.objectives.PrepareContext.masking_generator`). Items carrying
+        ``mlm_probability`` (the training loader's tag of a masking schedule's step:
+        :class:`~vlbert.data.masking_schedule.MaskingSchedule`) are masked at that rate instead of :attr:`mlm_probability`
+        (the first item's: a batch serves one step).
 
         Raises:
             ValueError: an objective that is not a text unit; items without a unit's fields (e.g. ``nsp`` over
                 items without ``next_sentence_label``).
         """
+        rate = items[0].get("mlm_probability", self.mlm_probability) if items else self.mlm_probability
+        if rate != self.mlm_probability:  # this step's rate of a masking schedule
+            return dataclasses.replace(self, mlm_probability=rate)(items)
         batch = self.pad(items)
         context = PrepareContext(self)
         names = (

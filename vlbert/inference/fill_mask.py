@@ -11,6 +11,7 @@ import torch
 
 from vlbert.inference.base import Pipeline
 from vlbert.models.bert import BertForPreTraining
+from vlbert.models.modernbert import ModernBertForMaskedLM
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.processing.regions import pad_regions
 
@@ -27,9 +28,11 @@ def fill_masks(
     """The ``top_k`` fillers of every [MASK] of every text, in one forward pass over the padded batch.
 
     Args:
-        model: :class:`vlbert.BertForPreTraining`, or :class:`vlbert.VLBertForPreTraining` (then ``regions`` may be
-            given; without them it reads the texts alone). Run in eval mode (its mode is restored after).
-        tokenizer: the model's tokenizer (its mask token is written ``[MASK]`` in the texts).
+        model: :class:`vlbert.BertForPreTraining` or :class:`vlbert.ModernBertForMaskedLM`, or
+            :class:`vlbert.VLBertForPreTraining` (then ``regions`` may be given; without them it reads the texts
+            alone). Run in eval mode (its mode is restored after).
+        tokenizer: the model's tokenizer (its mask token, e.g. ``[MASK]``, written in the texts; its
+            ``token_type_ids`` passed where it gives them).
         texts: B texts, each with at least one [MASK].
         top_k: fillers per mask.
         regions: one region item per text (:func:`vlbert.processing.regions.region_item`: region_features float16 [R, D],
@@ -53,7 +56,7 @@ def fill_masks(
         if not row.any():
             raise ValueError(f"no {tokenizer.mask_token} in {text!r}; write the word to fill as {tokenizer.mask_token}")
     device = next(model.parameters()).device
-    inputs = {k: enc[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
+    inputs = {k: enc[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask") if k in enc}
     if regions is not None:
         if not hasattr(model.config, "region_feature_dim"):
             raise ValueError(f"{type(model).__name__} reads no regions; use a VLBertForPreTraining")
@@ -144,10 +147,12 @@ class FillMaskPipeline(Pipeline):
 
 class TextFillMaskPipeline(FillMaskPipeline):
     """A text pretraining run's fill-mask: (text with [MASK]) -> per [MASK], the top-k fillers, as
-    :class:`FillMaskPipeline` without an image (BERT's masked LM, section 3.1)."""
+    :class:`FillMaskPipeline` without an image (BERT's masked LM, section 3.1; or ModernBERT's, a run whose
+    config.json names ``ModernBertForMaskedLM``)."""
 
     name = "text-fill-mask"
     model_class = BertForPreTraining
+    model_classes = (ModernBertForMaskedLM,)
     input_fields = {"text": ("text",)}
     image_fields = ()
     optional_fields = ()

@@ -63,10 +63,24 @@ def _explicit(q, k, v, key_mask, dropout_p, training, keep_probs):
     return torch.matmul(probs, v), (probs if keep_probs else None)
 
 
-def _key_mask(unpadding: Unpadding, kv_unpadding: Unpadding | None) -> torch.Tensor | None:
+def _band(length: int, window: int, device) -> torch.Tensor:
+    """bool [L, L]: True where query i may attend to key j, |i - j| <= ``window`` (a bidirectional sliding window of
+    ``window`` positions on each side)."""
+    i = torch.arange(length, device=device)
+    return (i[:, None] - i[None, :]).abs() <= window
+
+
+def _key_mask(unpadding: Unpadding, kv_unpadding: Unpadding | None, window: int | None = None) -> torch.Tensor | None:
     """The padded kernels' key mask: ``unpadding``'s, or for cross-attention the key stream's, where a row with no
     real key (its regions all masked out) attends to its padding instead: zeros where that stream is unpadded, so its
-    output is 0, as the unpadded kernels give a row without keys."""
+    output is 0, as the unpadded kernels give a row without keys. With ``window`` (self-attention only) a bool
+    [B, 1, S, S] mask that also keeps each real query to the keys within ``window`` columns of it; a padded query
+    keeps every real key (its row is never read, and a row without keys would not be finite)."""
+    if window is not None:
+        band = _band(unpadding.seq, window, unpadding.cu_seqlens.device)[None, None]
+        if unpadding.mask is None:
+            return band
+        return unpadding.key_mask() & (band | ~unpadding.mask[:, None, :, None])
     if kv_unpadding is None:
         return unpadding.key_mask()
     mask = kv_unpadding.key_mask()
@@ -82,17 +96,19 @@ def eager_attention(
     training: bool,
     output_attentions: bool = False,
     kv_unpadding: Unpadding | None = None,
+    window: int | None = None,
 ):
     """The reference: scores, softmax, :func:`~vlbert.layers.kernels.dropout`, times v, on the padded batch
     (transformers' eager attention). Returns the probabilities [B, heads, S, S] (after dropout, the weights that
     multiply v, rows of padded queries included) when ``output_attentions``; [B, heads, S, S_kv] for
-    cross-attention (``kv_unpadding``)."""
+    cross-attention (``kv_unpadding``). ``window``: a query attends only to keys at most that many positions away
+    (ModernBERT's local layers; self-attention only)."""
     kv = unpadding if kv_unpadding is None else kv_unpadding
     y, probs = _explicit(
         _padded(q, unpadding),
         _padded(k, kv),
         _padded(v, kv),
-        _key_mask(unpadding, kv_unpadding),
+        _key_mask(unpadding, kv_unpadding, window),
         dropout_p,
         training,
         output_attentions,
@@ -109,17 +125,19 @@ def sdpa_attention(
     training: bool,
     output_attentions: bool = False,
     kv_unpadding: Unpadding | None = None,
+    window: int | None = None,
 ):
-    """``scaled_dot_product_attention`` on the padded batch with a boolean key mask. CPU training with dropout runs
-    :func:`eager_attention` instead (SDPA's CPU dropout path, the math kernel with ``bernoulli_``, is slower)."""
+    """``scaled_dot_product_attention`` on the padded batch with a boolean key mask (with ``window``, the [B, 1, S,
+    S] mask of :func:`eager_attention`'s window). CPU training with dropout runs :func:`eager_attention` instead
+    (SDPA's CPU dropout path, the math kernel with ``bernoulli_``, is slower)."""
     if output_attentions or (training and dropout_p > 0 and q.device.type == "cpu"):
-        return eager_attention(q, k, v, unpadding, dropout_p, training, output_attentions, kv_unpadding)
+        return eager_attention(q, k, v, unpadding, dropout_p, training, output_attentions, kv_unpadding, window)
     kv = unpadding if kv_unpadding is None else kv_unpadding
     y = F.scaled_dot_product_attention(
         _padded(q, unpadding),
         _padded(k, kv),
         _padded(v, kv),
-        attn_mask=_key_mask(unpadding, kv_unpadding),
+        attn_mask=_key_mask(unpadding, kv_unpadding, window),
         dropout_p=dropout_p if training else 0.0,
     )
     return _unpadded(y, unpadding), None
@@ -132,16 +150,18 @@ class _FlashVarlen(torch.autograd.Function):
     them (FlashAttention-2, Dao 2023, section 3.1). Queries and keys have their own ``cu_seqlens`` and maximum
     length (the same for self-attention; a two-stream model's cross-attention: one stream's queries over the
     other's keys; a sequence without keys gets a zero output, the forward kernel exiting early with zeros:
-    Dao-AILab/flash-attention ``csrc/flash_attn/src/flash_fwd_kernel.h``, ``compute_attn_1rowblock``). Needs CUDA
-    (sm80+) and bf16/fp16 inputs."""
+    Dao-AILab/flash-attention ``csrc/flash_attn/src/flash_fwd_kernel.h``, ``compute_attn_1rowblock``). ``window``:
+    keys at most that many positions from the query on either side (the kernels' ``window_size_left`` /
+    ``window_size_right``). Needs CUDA (sm80+) and bf16/fp16 inputs."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, dropout_p):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, window=None):
+        sides = {} if window is None else {"window_size_left": window, "window_size_right": window}
         out, lse, seed, offset, _ = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, False, False
+            q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, False, False, **sides
         )
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seed, offset)
-        ctx.max_q, ctx.max_k, ctx.dropout_p = max_q, max_k, dropout_p
+        ctx.max_q, ctx.max_k, ctx.dropout_p, ctx.sides = max_q, max_k, dropout_p, sides
         return out
 
     @staticmethod
@@ -149,9 +169,23 @@ class _FlashVarlen(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v, out, lse, cu_q, cu_k, seed, offset = ctx.saved_tensors
         dq, dk, dv = torch.ops.aten._flash_attention_backward(
-            grad.contiguous(), q, k, v, out, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.dropout_p, False, seed, offset
+            grad.contiguous(),
+            q,
+            k,
+            v,
+            out,
+            lse,
+            cu_q,
+            cu_k,
+            ctx.max_q,
+            ctx.max_k,
+            ctx.dropout_p,
+            False,
+            seed,
+            offset,
+            **ctx.sides,
         )
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def varlen_attention(
@@ -163,14 +197,16 @@ def varlen_attention(
     training: bool,
     output_attentions: bool = False,
     kv_unpadding: Unpadding | None = None,
+    window: int | None = None,
 ):
     """Attention within each unpadded sequence (``unpadding.cu_seqlens``), never touching padding; with ``kv_unpadding``
     (cross-attention) sequence b's queries attend to the keys ``kv_unpadding.cu_seqlens`` gives sequence b. CUDA:
     flash attention (:class:`_FlashVarlen`, q/k/v in the autocast dtype). Elsewhere: each sequence's
     [1, heads, L, d] attention in turn (:func:`_explicit`, dropout included), the reference of the unpadded layout
-    that the tests compare with ``eager``. With ``output_attentions`` it is :func:`eager_attention`."""
+    that the tests compare with ``eager``. With ``output_attentions`` it is :func:`eager_attention`. ``window``
+    (self-attention): keys at most that many positions from the query."""
     if output_attentions:  # the probabilities exist only in the explicit path, as in transformers
-        return eager_attention(q, k, v, unpadding, dropout_p, training, True, kv_unpadding)
+        return eager_attention(q, k, v, unpadding, dropout_p, training, True, kv_unpadding, window)
     p = dropout_p if training else 0.0
     kv = unpadding if kv_unpadding is None else kv_unpadding
     if q.is_cuda:
@@ -178,7 +214,7 @@ def varlen_attention(
         if dtype in (torch.float16, torch.bfloat16):
             q, k, v = (t.to(dtype) for t in (q, k, v))
             return _FlashVarlen.apply(
-                q, k, v, unpadding.cu_seqlens, kv.cu_seqlens, unpadding.max_seqlen, kv.max_seqlen, p
+                q, k, v, unpadding.cu_seqlens, kv.cu_seqlens, unpadding.max_seqlen, kv.max_seqlen, p, window
             ), None
     queries, keys = unpadding.cu_seqlens.tolist(), kv.cu_seqlens.tolist()
     outs = []
@@ -186,8 +222,9 @@ def varlen_attention(
         zip(queries[:-1], queries[1:], strict=True), zip(keys[:-1], keys[1:], strict=True), strict=True
     ):
         seq = lambda t, a, b: t[a:b].transpose(0, 1)[None]  # [1, heads, L, d]
+        band = None if window is None else _band(q1 - q0, window, q.device)
         outs.append(
-            _explicit(seq(q, q0, q1), seq(k, k0, k1), seq(v, k0, k1), None, p, training, False)[0][0].transpose(0, 1)
+            _explicit(seq(q, q0, q1), seq(k, k0, k1), seq(v, k0, k1), band, p, training, False)[0][0].transpose(0, 1)
         )
     return torch.cat(outs), None
 
@@ -202,13 +239,15 @@ class AttentionRequest:
 
     Attributes: device (where q, k, v live), dtype (the dtype the kernel computes in: the autocast dtype under
     autocast, else the hidden states'), head_dim (int), dropout (the attention-probability dropout this forward
-    applies: 0.0 in eval mode), output_attentions (whether the probabilities are wanted)."""
+    applies: 0.0 in eval mode), output_attentions (whether the probabilities are wanted), window (None, or the
+    sliding window, in positions on each side of a query, that a local layer attends within: ModernBERT's)."""
 
     device: torch.device
     dtype: torch.dtype
     head_dim: int
     dropout: float = 0.0
     output_attentions: bool = False
+    window: int | None = None
 
 
 def _always(request: AttentionRequest) -> str | None:
@@ -232,6 +271,8 @@ class AttentionKernel:
         cross_attention: whether ``function`` takes ``kv_unpadding`` (keys and values in another layout than the
             queries: :class:`~vlbert.models.two_stream.CrossAttention`); one that does not leaves the
             cross-attention to ``sdpa``.
+        sliding_window: whether ``function`` takes ``window`` (a bidirectional sliding window: ModernBERT's local
+            layers); a request with a window hands a kernel without one to its fallback, with one log line.
     Calling the entry calls ``function``.
     """
 
@@ -241,6 +282,7 @@ class AttentionKernel:
     unsupported: Callable[[AttentionRequest], str | None] = _always
     fallback: str | None = "sdpa"
     cross_attention: bool = False
+    sliding_window: bool = False
 
     def __post_init__(self):
         if self.layout not in ("unpadded", "padded"):
@@ -295,11 +337,16 @@ def flash_varlen_unsupported(request: AttentionRequest) -> str | None:
 #: name -> :class:`AttentionKernel` (the config's ``attn_implementation``); see the module docstring.
 ATTENTION_FUNCTIONS: dict[str, AttentionKernel] = {
     "eager": AttentionKernel(
-        eager_attention, "padded", returns_probabilities=True, fallback=None, cross_attention=True
+        eager_attention, "padded", returns_probabilities=True, fallback=None, cross_attention=True, sliding_window=True
     ),
-    "sdpa": AttentionKernel(sdpa_attention, "padded", fallback="eager", cross_attention=True),
+    "sdpa": AttentionKernel(sdpa_attention, "padded", fallback="eager", cross_attention=True, sliding_window=True),
     "varlen": AttentionKernel(
-        varlen_attention, "unpadded", unsupported=flash_varlen_unsupported, fallback="sdpa", cross_attention=True
+        varlen_attention,
+        "unpadded",
+        unsupported=flash_varlen_unsupported,
+        fallback="sdpa",
+        cross_attention=True,
+        sliding_window=True,
     ),
 }
 
@@ -313,20 +360,31 @@ def register_attention(
     unsupported: Callable[[AttentionRequest], str | None] = _always,
     fallback: str | None = "sdpa",
     cross_attention: bool = False,
+    sliding_window: bool = False,
 ) -> AttentionKernel:
     """Add an attention kernel under ``name`` (usable as ``attn_implementation``), declaring its ``layout``
     (``"unpadded"`` if it reads ``cu_seqlens``), whether it ``returns_probabilities``, when it cannot run
-    (``unsupported``), what runs instead (``fallback``) and whether it takes ``kv_unpadding``
-    (``cross_attention``); see :class:`AttentionKernel`. Returns the entry.
+    (``unsupported``), what runs instead (``fallback``), whether it takes ``kv_unpadding`` (``cross_attention``)
+    and ``window`` (``sliding_window``); see :class:`AttentionKernel`. Returns the entry.
     Raises ValueError if the name is taken or the layout unknown."""
     if name in ATTENTION_FUNCTIONS:
         raise ValueError(f"attention implementation {name!r} is already registered")
-    kernel = AttentionKernel(function, layout, returns_probabilities, unsupported, fallback, cross_attention)
+    kernel = AttentionKernel(
+        function, layout, returns_probabilities, unsupported, fallback, cross_attention, sliding_window
+    )
     ATTENTION_FUNCTIONS[name] = kernel
     return kernel
 
 
 _explained: set[str] = set()
+
+
+def _why_not(kernel: AttentionKernel, request: AttentionRequest) -> str | None:
+    """Why ``kernel`` cannot run ``request`` (its own :attr:`AttentionKernel.unsupported`, or a sliding window it
+    does not take), or None."""
+    if request.window is not None and not kernel.sliding_window:
+        return f"it takes no sliding window (a local layer's {request.window} positions each side)"
+    return kernel.unsupported(request)
 
 
 def check_attention_name(name: str | None) -> None:
@@ -352,7 +410,7 @@ def select_attention(name: str | None, request: AttentionRequest) -> str:
     if request.output_attentions and not ATTENTION_FUNCTIONS[chosen].returns_probabilities:
         return "eager"
     tried = set()
-    while (reason := ATTENTION_FUNCTIONS[chosen].unsupported(request)) is not None:
+    while (reason := _why_not(ATTENTION_FUNCTIONS[chosen], request)) is not None:
         tried.add(chosen)
         fallback = ATTENTION_FUNCTIONS[chosen].fallback or "eager"
         if fallback in tried:

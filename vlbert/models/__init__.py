@@ -1,4 +1,5 @@
-"""Models: the BERT encoder and its pretraining heads, the fine-tuning heads, and the vision-language models."""
+"""Models: the BERT and ModernBERT encoders and their pretraining heads, the fine-tuning heads, and the
+vision-language models."""
 
 from vlbert.models.bert import BertForPreTraining, BertModel
 from vlbert.models.heads import (
@@ -10,6 +11,8 @@ from vlbert.models.heads import (
     best_span,
     layer_features,
 )
+from vlbert.models.modernbert import ModernBertForMaskedLM, ModernBertModel
+from vlbert.models.modernbert_heads import ModernBertForSequenceClassification, ModernBertForTokenClassification
 from vlbert.models.outputs import EncoderOutput, ObjectiveOutput, PreTrainingOutput
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.referring import VLBertForReferringExpressions
@@ -34,6 +37,10 @@ __all__ = [
     "ScalarMix",
     "best_span",
     "layer_features",
+    "ModernBertModel",
+    "ModernBertForMaskedLM",
+    "ModernBertForSequenceClassification",
+    "ModernBertForTokenClassification",
     "VLBertModel",
     "VLBertForPreTraining",
     "VLBertForVQA",

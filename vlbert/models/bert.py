@@ -76,7 +76,8 @@ class LayerNorm(nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype in (torch.bfloat16, torch.float16) and torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
-                return F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps)
+                bias = None if self.bias is None else self.bias.to(x.dtype)  # (ModernBERT's norms have none)
+                return F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), bias, self.eps)
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
@@ -167,10 +168,11 @@ class BertEncoder(nn.Module):
         self.attention_dropout = config.attention_probs_dropout_prob
         self.unpad = True
 
-    def select_attention(self, x: torch.Tensor, output_attentions: bool = False) -> str:
+    def select_attention(self, x: torch.Tensor, output_attentions: bool = False, window: int | None = None) -> str:
         """The kernel this forward runs (:func:`~vlbert.layers.attention.select_attention`): the config's
         ``attn_implementation`` where it can run hidden states ``x`` (its device, its compute dtype under
-        autocast, this model's head size and attention dropout), else its fallback, said once in the log."""
+        autocast, this model's head size and attention dropout, and ``window``, a local layer's sliding window),
+        else its fallback, said once in the log."""
         device = x.device
         dtype = (
             torch.get_autocast_dtype(device.type)
@@ -178,7 +180,7 @@ class BertEncoder(nn.Module):
             else x.dtype
         )
         request = AttentionRequest(
-            device, dtype, self.head_dim, self.attention_dropout if self.training else 0.0, output_attentions
+            device, dtype, self.head_dim, self.attention_dropout if self.training else 0.0, output_attentions, window
         )
         return select_attention(self.attn_implementation, request)
 

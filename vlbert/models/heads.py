@@ -83,23 +83,31 @@ class BertForSequenceClassification(PreTrainedModel):
         logits = self.classifier(self.dropout(enc.pooler_output))
         out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
         if labels is not None:
-            n = self.config.num_labels
-            if n == 1:
-                pred = upcast(logits.squeeze(-1))
-                loss = F.mse_loss(pred, labels.to(pred.dtype))
-                out.add("cls", loss, "cls_mse", loss.detach(), labels.numel())
-            elif labels.dtype.is_floating_point:
-                loss = F.binary_cross_entropy_with_logits(upcast(logits), labels.to(upcast(logits).dtype))
-                with torch.no_grad():
-                    acc = ((logits > 0) == (labels > 0.5)).float().mean()
-                out.add("cls", loss, "cls_accuracy", acc, labels.shape[0])
-            else:
-                check_labels(labels, n)
-                loss = F.cross_entropy(upcast(logits), labels)
-                with torch.no_grad():
-                    acc = (logits.argmax(-1) == labels).float().mean()
-                out.add("cls", loss, "cls_accuracy", acc, labels.numel())
+            add_sequence_loss(out, logits, labels, self.config.num_labels)
         return out
+
+
+def add_sequence_loss(out: ClassificationOutput, logits: torch.Tensor, labels: torch.Tensor, num_labels: int) -> None:
+    """Add a sequence head's loss to ``out`` (transformers' ``problem_type`` by the labels): ``num_labels`` == 1:
+    regression, mean squared error on float labels [B] (``losses["cls"]``, ``metrics["cls_mse"]``); float labels
+    [B, num_labels]: multi-label, binary cross-entropy with logits; int64 labels [B]: cross-entropy (both with
+    ``metrics["cls_accuracy"]``). ``logits`` float [B, num_labels]. Raises ValueError for a class label outside
+    [0, num_labels) (:func:`check_labels`)."""
+    if num_labels == 1:
+        pred = upcast(logits.squeeze(-1))
+        loss = F.mse_loss(pred, labels.to(pred.dtype))
+        out.add("cls", loss, "cls_mse", loss.detach(), labels.numel())
+    elif labels.dtype.is_floating_point:
+        loss = F.binary_cross_entropy_with_logits(upcast(logits), labels.to(upcast(logits).dtype))
+        with torch.no_grad():
+            acc = ((logits > 0) == (labels > 0.5)).float().mean()
+        out.add("cls", loss, "cls_accuracy", acc, labels.shape[0])
+    else:
+        check_labels(labels, num_labels)
+        loss = F.cross_entropy(upcast(logits), labels)
+        with torch.no_grad():
+            acc = (logits.argmax(-1) == labels).float().mean()
+        out.add("cls", loss, "cls_accuracy", acc, labels.numel())
 
 
 def check_labels(labels: torch.Tensor, num_labels: int) -> None:
@@ -158,14 +166,21 @@ class BertForTokenClassification(PreTrainedModel):
         logits = self.classifier(self.dropout(enc.last_hidden_state))
         out = ClassificationOutput(logits=logits, hidden_states=enc.hidden_states, attentions=enc.attentions)
         if labels is not None:
-            check_labels(labels, self.config.num_labels)
-            scored = labels != IGNORE_INDEX
-            loss = F.cross_entropy(upcast(logits.flatten(0, 1)), labels.flatten(), ignore_index=IGNORE_INDEX)
-            with torch.no_grad():  # no boolean indexing: on an accelerator its size would be read by the host
-                count = scored.sum()
-                acc = ((logits.argmax(-1) == labels) & scored).sum().float() / count.clamp(min=1)
-            out.add("tag", loss, "tag_accuracy", acc, int(count) if labels.device.type == "cpu" else count)
+            add_token_loss(out, logits, labels, self.config.num_labels)
         return out
+
+
+def add_token_loss(out: ClassificationOutput, logits: torch.Tensor, labels: torch.Tensor, num_labels: int) -> None:
+    """Add a tagging head's loss to ``out``: cross-entropy of ``logits`` float [B, T, num_labels] against int64
+    ``labels`` [B, T] (-100 where nothing is scored), ``losses["tag"]`` and ``metrics["tag_accuracy"]`` over the
+    scored pieces (a 0-d tensor count on an accelerator). Raises ValueError as :func:`check_labels`."""
+    check_labels(labels, num_labels)
+    scored = labels != IGNORE_INDEX
+    loss = F.cross_entropy(upcast(logits.flatten(0, 1)), labels.flatten(), ignore_index=IGNORE_INDEX)
+    with torch.no_grad():  # no boolean indexing: on an accelerator its size would be read by the host
+        count = scored.sum()
+        acc = ((logits.argmax(-1) == labels) & scored).sum().float() / count.clamp(min=1)
+    out.add("tag", loss, "tag_accuracy", acc, int(count) if labels.device.type == "cpu" else count)
 
 
 class BertForQuestionAnswering(PreTrainedModel):
@@ -346,4 +361,6 @@ __all__ = [
     "ClassificationOutput",
     "QuestionAnsweringOutput",
     "check_labels",
+    "add_sequence_loss",
+    "add_token_loss",
 ]

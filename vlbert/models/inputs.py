@@ -23,7 +23,8 @@ class VLInputs:
     Regions (all None for text alone): ``region_features`` float [B, R, D] RoI features (float16 accepted),
     ``region_boxes`` float [B, R, 4] (x1, y1, x2, y2) normalised to [0, 1] by the image's width and height,
     ``region_mask`` [B, R] (1 = real region; default all 1), ``region_token_type_ids`` int64 [B, R] (default
-    ``config.region_token_type``), ``masked_regions`` bool [B, R] (regions masked for masked region modelling).
+    ``config.region_token_type``), ``masked_regions`` bool [B, R] (regions masked for masked region modelling: the
+    model zeroes their features, or hides their pixels).
     Pixels instead of features, for a model with a visual backbone: ``images`` float [B, 3, H, W] and
     ``image_sizes`` int64 [B, 2] (height, width in pixels of each image in a padded batch); the model pools them
     under ``region_boxes`` (:meth:`~vlbert.models.vl.VLBertModel.with_region_features`, the one place).

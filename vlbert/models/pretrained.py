@@ -111,6 +111,8 @@ class PreTrainedModel(nn.Module):
 
     config_class = BertConfig
     base_model_prefix = ""
+    #: the architecture's name in messages (and, lower-cased, its config.json ``model_type``).
+    architecture_name = "BERT"
     #: names of the objectives ``forward`` may report in ``losses`` (fixed order: multi-process loss weighting).
     objectives: tuple[str, ...] = ()
 
@@ -218,11 +220,18 @@ class PreTrainedModel(nn.Module):
             config = dataclasses.replace(config, **config_overrides)
         with _initial_weights_drawn_later():  # the checkpoint sets them: drawn only where it has none
             model = cls(config)
-        state = ckpt.hf_to_vlbert(ckpt.read_state_dict(directory))
+        state = cls.from_hf_state_dict(ckpt.read_state_dict(directory))
         model.loading_info = model.load_converted_state_dict(
             state, source=str(directory), strict=strict, init_missing=True
         )
         return model
+
+    @classmethod
+    def from_hf_state_dict(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A Hugging Face checkpoint's tensors in this model's names, encoder under ``bert.``
+        (:func:`vlbert.checkpoint.hf_to_vlbert` for BERT; another architecture's models override it with their
+        key map, :meth:`hf_state_dict` being its inverse)."""
+        return ckpt.hf_to_vlbert(state)
 
     def load_converted_state_dict(
         self,
@@ -249,9 +258,10 @@ class PreTrainedModel(nn.Module):
         encoder_keys = [k for k in own if k.startswith((base + "embeddings.", base + "encoder."))]
         if not any(k in state for k in encoder_keys):
             sample = ", ".join(sorted(state)[:5])
+            kind = self.architecture_name
             raise ValueError(
-                f"{source} is not a BERT checkpoint: none of its {len(state)} tensors ({sample}, ...) maps onto "
-                f"the BERT encoder. Use a checkpoint of a BERT model (config model_type 'bert')."
+                f"{source} is not a {kind} checkpoint: none of its {len(state)} tensors ({sample}, ...) maps onto "
+                f"the {kind} encoder. Use a checkpoint of a {kind} model (config model_type {kind.lower()!r})."
             )
         mismatched = [
             f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"

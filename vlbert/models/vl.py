@@ -194,14 +194,19 @@ class VLBertModel(BertModel):
                 raise ValueError(f"{name} must be [{b}, {r}], got {tuple(t.shape)}")
 
     def with_region_features(self, inputs: VLInputs) -> VLInputs:
-        """Pixels to region features, the one place: ``inputs`` with ``region_features`` computed from its
-        ``images`` under its ``region_boxes`` (:meth:`extract_regions`; masked regions' pixels hidden there) and the
-        pixels dropped; ``inputs`` itself where it carries no pixels.
+        """The region features the encoder reads, the one place: ``inputs`` with ``region_features`` computed from
+        its ``images`` under its ``region_boxes`` (:meth:`extract_regions`; masked regions' pixels hidden there) and
+        the pixels dropped; given features with the ``masked_regions``' rows zeroed (UNITER section 3.2; on the
+        device, so the batch sends the features once and MRFR gathers its targets from them); ``inputs`` itself
+        where it carries neither pixels nor masked regions.
 
         Raises:
             ValueError: as :meth:`extract_regions`."""
         if inputs.images is None:
-            return inputs
+            features, masked = inputs.region_features, inputs.masked_regions
+            if features is None or masked is None or masked.shape != features.shape[:-1]:
+                return inputs  # a wrong shape: check_region_inputs names it
+            return inputs.replace(region_features=features.masked_fill(masked.bool().unsqueeze(-1), 0.0))
         features = self.extract_regions(
             inputs.images, inputs.region_boxes, inputs.region_mask, inputs.image_sizes, inputs.masked_regions
         )
@@ -256,7 +261,8 @@ class VLBertForPreTraining(UnitPreTrainingModel):
     its loss computed where its labels are given):
       * ``mlm``: masked LM on text conditioned on the regions (``labels`` [B, T], -100 = not masked);
       * ``mrfr``: masked region feature regression (``masked_regions`` bool [B, R], ``region_targets`` [B, R, D],
-        or the masked rows [M, D] as the collator sends them);
+        the masked rows [M, D], or int64 [M], the masked regions' flat positions in ``region_features``, gathered
+        on the device as the collator asks);
       * ``mrc``: masked region classification against the detector's top class (``region_class_labels`` [B, R]);
       * ``mrc_kl``: the same against the detector's class distribution (``region_labels`` float [B, R, C], or the
         masked rows [M, C]);
@@ -268,7 +274,7 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         positives), InfoNCE both ways over the global batch; it reads no joint pass, so a step of ITC alone runs
         only its two unimodal passes (:attr:`Objective.reads_joint`).
     ``mrc`` and ``mrc_kl`` share the ``mrc`` head, which exists when ``config.num_region_classes`` > 0. Masked
-    regions' features must already be zeroed in the input (the collator does this).
+    regions' features are zeroed by the model (:meth:`VLBertModel.with_region_features`): give them as they are.
 
     Multi-process training draws one objective per step for every rank, so the heads of the other objectives
     get no gradient (nor does the pooler, which only ITM reads). DDP needs every parameter in every backward: while
@@ -299,7 +305,7 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         """Run the encoder and every objective whose labels are given.
 
         ``inputs``: a :class:`~vlbert.models.inputs.VLInputs` or its fields as keywords (:meth:`VLBertModel.forward`;
-        masked regions' features already zeroed, pixels hidden by the backbone); ``labels``: the keys of
+        masked regions' features are zeroed there, pixels hidden by the backbone); ``labels``: the keys of
         :attr:`label_names` (e.g. ``labels`` for MLM with its ``masked_lm_positions``, ``itm_label``; shapes in the
         class docstring). Returns a :class:`PreTrainingOutput` with ``loss`` = the sum of the computed objectives'
         losses and per-objective ``losses``/``metrics``/``counts``; ``seq_relationship_logits`` holds the ITM logits
@@ -309,7 +315,8 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         the encoder (ITM's hard negatives) carries no layout: the collator cannot know it.
         Raises: TypeError for a label no unit reads; ValueError as :meth:`VLBertModel.forward`."""
         inputs = VLInputs.take(inputs, labels)
-        given = self.given_labels(labels, masked_regions=inputs.masked_regions)
+        # the features as given, before the masked regions' are zeroed: MRFR's targets
+        given = self.given_labels(labels, masked_regions=inputs.masked_regions, region_features=inputs.region_features)
         inputs = self.before_encoder(self.bert.with_region_features(inputs), given)
         running = self.running(given)
         keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in running)

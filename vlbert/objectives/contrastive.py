@@ -30,8 +30,10 @@ Temperature. Learned, starting at 0.07 and clamped to [0.001, 0.5] before each u
 parameter itself stays in range; under bfloat16 master weights the clamp acts on the computing copy and each step
 restores the master's value, so the value used is the master's clamped).
 
-Not here yet (issue 65): the momentum encoder and its distillation targets (``alpha``), the feature queue, ITM
-negatives mined by this similarity.
+Momentum distillation (ALBEF section 3.3): with a momentum teacher on the model
+(:mod:`vlbert.objectives.momentum`), the columns are the teacher's features of the global batch (gathered without
+gradient) followed by its queue, the targets mix in the teacher's softmax with weight ``alpha``, and the global
+batch's teacher features are then enqueued (:meth:`ImageTextContrastive.distilled`).
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlbert.layers.losses import upcast
 from vlbert.layers.unpadded import regions_alone_layout, unpadded_layout
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+from vlbert.objectives.momentum import teacher_of
 from vlbert.utils import all_gather_padded, process_position
 
 if TYPE_CHECKING:
@@ -88,6 +92,13 @@ def gather_columns(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.cat(all_gather(t), 0) if t.is_floating_point() else _gather_plain(t) for t in tensors]
 
 
+def gather_equal(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Every process's ``tensors`` concatenated along dim 0 in rank order, without gradient and without a host
+    read (every rank must hold as many rows: training batches); the tensors themselves in one process."""
+    _, world = process_position()
+    return list(tensors) if world == 1 else [_gather_plain(t) for t in tensors]
+
+
 def _gather_plain(t: torch.Tensor) -> torch.Tensor:
     import torch.distributed as dist
 
@@ -103,24 +114,34 @@ def contrastive_rows(
     all_image: torch.Tensor,
     same: torch.Tensor,
     temperature: torch.Tensor | float,
+    soft: tuple[torch.Tensor, torch.Tensor] | None = None,
+    alpha: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """InfoNCE both ways of this process's rows against the global batch's columns.
 
     Args:
         text, image: float [b, P], this process's unit-length text and image embeddings (row i: item i's pair).
-        all_text, all_image: float [n, P], the global batch's (this process's rows among them).
+        all_text, all_image: float [n, P], the columns: the global batch's (this process's rows among them; with
+            a momentum model its features, then the queue's).
         same: bool [b, n], True where row i's caption and column j's have equal content (row i's own pair too).
         temperature: the softmax temperature.
+        soft: (text -> image, image -> text) float [b, n] each, the momentum model's softmax over the same
+            columns, or None; mixed into the targets with weight ``alpha`` (ALBEF's ``sim_t2i_targets``,
+            ``sim_i2t_targets``).
     Returns:
         (loss: float [], the mean of the text -> image and image -> text cross-entropies over the b rows, each
         row's positives weighted equally; accuracy: float [] detached, the fraction of the 2b rows whose top column
         is a positive; chance: float [], that fraction for a uniform guess, the mean share of positives).
     """
     target = same.float() / same.float().sum(1, keepdim=True)
+    t2i_target, i2t_target = target, target
+    if soft is not None:
+        t2i_target, i2t_target = (alpha * s + (1 - alpha) * target for s in soft)
     t2i = text @ all_image.T / temperature
     i2t = image @ all_text.T / temperature
     loss = (
-        torch.sum(-target * F.log_softmax(t2i, 1), 1).mean() + torch.sum(-target * F.log_softmax(i2t, 1), 1).mean()
+        torch.sum(-t2i_target * F.log_softmax(t2i, 1), 1).mean()
+        + torch.sum(-i2t_target * F.log_softmax(i2t, 1), 1).mean()
     ) / 2
     with torch.no_grad():
         hits = torch.cat([same.gather(1, t2i.argmax(1, keepdim=True)), same.gather(1, i2t.argmax(1, keepdim=True))])
@@ -169,8 +190,8 @@ class ImageTextContrastive(Objective):
         text = model.bert(inputs.text_only().replace(layout=labels.get("itc_text_layout"))).last_hidden_state[:, 0]
         image = model.bert(inputs.regions_alone(labels.get("itc_image_layout"))).last_hidden_state[:, 0]
         return (
-            F.normalize(head.text_proj(text).float(), dim=-1),
-            F.normalize(head.image_proj(image).float(), dim=-1),
+            F.normalize(upcast(head.text_proj(text)), dim=-1),
+            F.normalize(upcast(head.image_proj(image)), dim=-1),
         )
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
@@ -180,12 +201,40 @@ class ImageTextContrastive(Objective):
             raise ValueError(problem)
         text, image = self.embed(model, encoded.inputs, labels)
         content = labels["itc_content"]
-        all_text, all_image, all_content = gather_columns([text, image, content])
-        same = content[:, None] == all_content[None, :]
         temperature = getattr(model, self.head).clamped_temperature()
-        loss, accuracy, chance = contrastive_rows(text, image, all_text, all_image, same, temperature)
+        teacher = teacher_of(model)
+        if teacher is None:
+            all_text, all_image, all_content = gather_columns([text, image, content])
+            same = content[:, None] == all_content[None, :]
+            loss, accuracy, chance = contrastive_rows(text, image, all_text, all_image, same, temperature)
+        else:
+            loss, accuracy, chance = self.distilled(teacher, text, image, content, encoded.inputs, labels, temperature)
         b = content.shape[0]
         return ObjectiveResult(loss, accuracy, b, extra_metrics={f"{self.metric}_chance": (chance, b)})
 
+    def distilled(self, teacher, text, image, content, inputs, labels, temperature):
+        """ALBEF's ``loss_ita`` with its momentum model (``model_pretrain.py``): the columns are the momentum
+        model's features of the global batch (gathered, no gradient) followed by the queue's; the targets are
+        ``alpha`` times the momentum model's softmax over them plus ``1 - alpha`` times the content targets; then
+        the global batch's momentum features are enqueued. Returns :func:`contrastive_rows`' triple."""
+        with torch.no_grad():
+            text_m, image_m = self.embed(teacher.module, inputs, labels)
+            all_text_m, all_image_m, all_content = gather_equal([text_m, image_m, content])
+            columns_text, columns_image, columns_content = all_text_m, all_image_m, all_content
+            if teacher.text_queue is not None:
+                columns_text = torch.cat([all_text_m, teacher.text_queue])
+                columns_image = torch.cat([all_image_m, teacher.image_queue])
+                columns_content = torch.cat([all_content, teacher.content_queue])
+            same = content[:, None] == columns_content[None, :]
+            alpha = teacher.alpha("itc")
+            soft = None
+            if alpha:
+                t = temperature.detach()
+                soft = (F.softmax(text_m @ columns_image.T / t, 1), F.softmax(image_m @ columns_text.T / t, 1))
+        result = contrastive_rows(text, image, columns_text, columns_image, same, temperature, soft, alpha)
+        if teacher.text_queue is not None:
+            teacher.enqueue(all_text_m, all_image_m, all_content)
+        return result
 
-__all__ = ["ImageTextContrastive", "ContrastiveHead", "contrastive_rows", "gather_columns"]
+
+__all__ = ["ImageTextContrastive", "ContrastiveHead", "contrastive_rows", "gather_columns", "gather_equal"]

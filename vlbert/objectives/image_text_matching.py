@@ -8,6 +8,17 @@ softmax(cos(text, image) / ``temperature``) over the captions of other content. 
 contrastive head, so the similarity is that of the encoder's own unimodal [CLS] vectors (the text alone, the
 regions alone after ``[CLS] [SEP]``, as :class:`~vlbert.models.retrieval.VLBertForImageTextRetrieval` embeds
 them), computed without gradient before the joint pass.
+
+``itc`` (ALBEF's own draw: ``models/model_pretrain.py`` at salesforce/ALBEF@b9727e4): every item keeps its own
+caption, and the batch of b pairs becomes 3b ITM rows, as ALBEF's: the b pairs (label 1), each caption with a
+negative image, and each image with a negative caption (label 0), each negative drawn from the global batch in
+proportion to softmax(similarity / temperature) of the ``itc`` head (its projections and learned temperature;
+ALBEF's ``sim_t2i``, ``sim_i2t``), items of the same content excluded (ALBEF's retrieval fine-tuning excludes equal
+``idx``; its pretraining only the pair itself). ALBEF's similarities are those of its ITC step (the momentum model's
+batch features as columns); here ITM is a step of its own, so both sides are the model's own embeddings, computed
+without gradient. Draws are by each item's own uniform numbers (``itm_draw`` [B, 2]: the image, the caption), so N
+processes at batch b draw as one at N x b. Gathering the other ranks' captions and regions reads their sizes (one
+host read per tensor, as ``hard``); one process reads nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from vlbert.utils import all_gather_padded
 if TYPE_CHECKING:
     from vlbert.models.inputs import VLInputs
 
-NEGATIVES = ("random", "hard")
+NEGATIVES = ("random", "hard", "itc")
 
 
 def content_id(content: str) -> int:
@@ -40,7 +51,9 @@ class ImageTextMatching(Objective):
     caption of another image with different content (the dataset guarantees it), and ``content_id``. With hard
     negatives the batch keeps every item's own caption and adds ``itm_content`` int64 [B] and ``itm_draw`` float
     [B] (each row's uniform number in [0, 1), from its own seed); the model replaces the texts of the label-0
-    rows before encoding (:meth:`before_encoder`), and the collator gives such a batch no unpadded layout."""
+    rows before encoding (:meth:`before_encoder`), and the collator gives such a batch no unpadded layout. With
+    ``itc`` negatives every ``itm_label`` is 1 and ``itm_draw`` is [B, 2]; the model encodes 3B rows
+    (:meth:`mined`) and the loss's labels are the B ones and 2B zeros."""
 
     name, metric, head, inputs = "itm", "itm_accuracy", "itm", ("itm_label",)
     chance = 0.5  # half the pairs are positive
@@ -53,8 +66,9 @@ class ImageTextMatching(Objective):
 
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
         generators = [ctx.generator(x, self.name) for x in items]
-        is_match = [bool(torch.rand(1, generator=g) < 0.5) for g in generators]
-        hard = ctx.itm_negatives == "hard"
+        mined = ctx.itm_negatives == "itc"
+        is_match = [mined or bool(torch.rand(1, generator=g) < 0.5) for g in generators]
+        hard = ctx.itm_negatives in ("hard", "itc")
         batch.update(
             ctx.text.pad(
                 [
@@ -66,7 +80,8 @@ class ImageTextMatching(Objective):
         batch["itm_label"] = torch.tensor(is_match, dtype=torch.long)
         if hard:
             batch["itm_content"] = torch.tensor([x["content_id"] for x in items], dtype=torch.long)
-            batch["itm_draw"] = torch.cat([torch.rand(1, generator=g) for g in generators])
+            batch["itm_draw"] = torch.stack([torch.rand(2 if mined else 1, generator=g) for g in generators])
+            batch["itm_draw"] = batch["itm_draw"] if mined else batch["itm_draw"].squeeze(1)
 
     def before_encoder(self, model, inputs: VLInputs, labels: dict) -> VLInputs:
         """Hard negatives: ``inputs`` with the text of every label-0 row replaced by a caption drawn from the
@@ -76,6 +91,8 @@ class ImageTextMatching(Objective):
         and the global batch, so N processes at batch b draw as 1 process at N x b."""
         if labels.get("itm_content") is None or labels.get("itm_label") is None:
             return inputs
+        if labels["itm_draw"].dim() == 2:
+            return self.mined(model, inputs, labels)
         ids, mask = inputs.input_ids, inputs.attention_mask
         with torch.no_grad():
             text = F.normalize(model.bert(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0].float(), dim=-1)
@@ -89,14 +106,50 @@ class ImageTextMatching(Objective):
         new_mask = torch.where(negative[:, None], all_mask[chosen], F.pad(mask, (0, width - ids.shape[1])))
         return inputs.replace(input_ids=new_ids, attention_mask=new_mask, token_type_ids=torch.zeros_like(new_ids))
 
+    def mined(self, model, inputs: VLInputs, labels: dict) -> VLInputs:
+        """``itc`` negatives: 3b rows, [the b pairs; caption i with a drawn image; a drawn caption with image i],
+        text width and region count those of the global batch (see the module docstring)."""
+        from vlbert.objectives.contrastive import ImageTextContrastive
+
+        content, draw = labels["itm_content"], labels["itm_draw"]
+        texts = {"input_ids": inputs.input_ids, "attention_mask": inputs.text_mask}
+        regions = {"region_mask": inputs.regions_mask}
+        for name in ("region_features", "region_boxes", "region_token_type_ids"):
+            if getattr(inputs, name) is not None:
+                regions[name] = getattr(inputs, name)
+        with torch.no_grad():
+            text, image = ImageTextContrastive().embed(model, inputs, {})
+            gathered = all_gather_padded([text, image, content, *texts.values(), *regions.values()])
+            all_text, all_image, all_content = gathered[:3]
+            every = dict(zip([*texts, *regions], gathered[3:], strict=True))
+            same = content[:, None] == all_content[None, :]
+            temperature = model.itc.clamped_temperature().detach()
+            image_of = draw_by_similarity(text @ all_image.T / temperature, same, draw[:, 0])  # ALBEF's sim_t2i
+            text_of = draw_by_similarity(image @ all_text.T / temperature, same, draw[:, 1])  # sim_i2t
+        rows = {}
+        for name, own in {**texts, **regions}.items():
+            own = _pad_to(own, every[name].shape[1])
+            drawn = every[name][text_of if name in texts else image_of]
+            rows[name] = torch.cat([own, own, drawn] if name in texts else [own, drawn, own])
+        ids = rows["input_ids"]
+        return inputs.replace(**rows, token_type_ids=torch.zeros_like(ids), masked_regions=None, layout=None)
+
     def predict(self, encoded: Encoded) -> torch.Tensor:
         """float [B, 2], the ITM logits of each (text, image) row (column 1 = the text matches the image)."""
         return getattr(encoded.model, self.head)(encoded.pooled)
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
-        logits = self.predict(encoded)
-        loss, accuracy, n = classification_loss(logits, labels["itm_label"])
+        logits, target = self.predict(encoded), labels["itm_label"]
+        if labels.get("itm_draw") is not None and labels["itm_draw"].dim() == 2:  # itc: the pairs, then 2b negatives
+            target = torch.cat([target, target.new_zeros(2 * target.shape[0])])
+        loss, accuracy, n = classification_loss(logits, target)
         return ObjectiveResult(loss, accuracy, n, logits)
+
+
+def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t`` [B, W, ...] right-padded with zeros to [B, width, ...]."""
+    pad = [0, 0] * (t.dim() - 2) + [0, width - t.shape[1]]
+    return F.pad(t, pad)
 
 
 __all__ = ["ImageTextMatching", "NEGATIVES", "content_id"]

@@ -5,10 +5,18 @@ through a head tied to the word embeddings."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from vlbert.layers.losses import masked_lm_loss, masked_positions
+from vlbert.layers.losses import masked_lm_loss, masked_positions, upcast
 from vlbert.layers.pretraining_heads import MaskedLMHead
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+from vlbert.objectives.momentum import teacher_of
+
+
+def distillation_loss(logits: torch.Tensor, soft_labels: torch.Tensor) -> torch.Tensor:
+    """The mean over the N masked positions of the cross-entropy of float [N, V] ``logits`` against float [N, V]
+    ``soft_labels`` (ALBEF's ``loss_distill``: ``models/xbert.py`` ``BertForMaskedLM.forward`` at b9727e4)."""
+    return -torch.sum(F.log_softmax(upcast(logits), -1) * soft_labels, -1).mean()
 
 
 class MaskedLanguageModeling(Objective):
@@ -45,14 +53,31 @@ class MaskedLanguageModeling(Objective):
         return getattr(encoded.model, self.head)(encoded.text, encoded.word_embeddings)
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
+        targets, positions = labels[self.inputs[0]], labels.get(self.optional_inputs[0])
+        teacher = teacher_of(encoded.model) if encoded.inputs is not None else None
+        alpha = teacher.alpha("mlm") if teacher is not None else 0.0
+        if alpha and positions is None:
+            positions = masked_positions(targets)  # read once for both passes
         loss, logits, accuracy, n = masked_lm_loss(
-            getattr(encoded.model, self.head),
-            encoded.word_embeddings,
-            encoded.text,
-            labels[self.inputs[0]],
-            labels.get(self.optional_inputs[0]),
+            getattr(encoded.model, self.head), encoded.word_embeddings, encoded.text, targets, positions
         )
+        if alpha and n:
+            soft = self.momentum_labels(teacher, encoded, positions)
+            loss = (1 - alpha) * loss + alpha * distillation_loss(logits, soft)
         return ObjectiveResult(loss, accuracy, n, logits)
+
+    @torch.no_grad()
+    def momentum_labels(self, teacher, encoded: Encoded, positions: torch.Tensor) -> torch.Tensor:
+        """float [N, vocab_size]: the momentum model's softmax at the masked positions (ALBEF's ``soft_labels =
+        F.softmax(logits_m)``, its momentum encoder run on the same masked text and image)."""
+        module = teacher.module
+        t = encoded.inputs.input_ids.shape[1]
+        hidden = module.bert(encoded.inputs).last_hidden_state[:, :t]
+        words = module.bert.embeddings.word_embeddings.weight
+        padded = getattr(module, self.head)(
+            hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions), words, padded=True
+        )
+        return upcast(padded[:, : words.shape[0]]).softmax(-1)
 
 
 __all__ = ["MaskedLanguageModeling"]

@@ -34,10 +34,12 @@ def choose_masked_regions(
 
 
 class _MaskedRegions(Objective):
-    """Shared collator side: choose each image's masked regions from its own generator and zero their features (a
-    batch of images for a visual backbone has none: the model zeroes the masked regions' pixels instead);
-    subclasses add their targets (taken before zeroing). The model's region pathway may add a learned mask
-    embedding there (UNITER's ``mask_embedding``), which only these units reach: the pathway declares it
+    """Shared collator side: choose each image's masked regions from its own generator (``masked_regions``, and
+    their flat positions); subclasses add their targets. The features travel as they are: the model zeroes the
+    masked regions' features on the device (:meth:`~vlbert.models.vl.VLBertModel.with_region_features`; a batch of
+    images for a visual backbone: their pixels), so MRFR's targets are gathered there from the features the batch
+    already sends. The model's region pathway may add a learned mask embedding there (UNITER's
+    ``mask_embedding``), which only these units reach: the pathway declares it
     (``RegionEmbedding.masked_region_modules``), the model keeps it idle on other batches."""
 
     optional_inputs = ("masked_region_positions",)
@@ -59,8 +61,6 @@ class _MaskedRegions(Objective):
         # their flat positions, found here on the host: selecting them in the step needs no host sync
         batch["masked_region_positions"] = masked.reshape(-1).nonzero().squeeze(1)
         self.add_targets(batch, items, masked)
-        if "region_features" in batch:  # images instead (a visual backbone): the model hides their pixels
-            batch["region_features"] = batch["region_features"].masked_fill(masked[..., None], 0.0)
 
     def add_targets(self, batch: dict, items: list[dict], masked: torch.Tensor) -> None:
         raise NotImplementedError
@@ -86,9 +86,12 @@ def masked_rows(target: torch.Tensor, take: Callable[[torch.Tensor], torch.Tenso
 
 
 class MaskedRegionFeatureRegression(_MaskedRegions):
-    """``masked_regions`` bool [B, R] and ``region_targets`` float: the masked regions' unmasked features [M, D]
-    in ``masked_region_positions`` order (the collator's: 15% of the regions travel twice, not all), or every
-    region's [B, R, D]."""
+    """``masked_regions`` bool [B, R] and ``region_targets``: int64 [M], the masked regions' flat positions (row x R
+    + region) in the batch's own ``region_features`` as given, before the model zeroes them (the collator's: the
+    targets are gathered on the device from the features already sent, nothing travels twice); or float, the
+    masked regions' features [M, D] in ``masked_region_positions`` order, or every region's [B, R, D].
+
+    Raises (loss): ValueError for positions without given ``region_features`` (pixels for a visual backbone)."""
 
     name, metric, head, inputs = "mrfr", "mrfr_mse", "mrfr", ("masked_regions", "region_targets")
 
@@ -96,12 +99,23 @@ class MaskedRegionFeatureRegression(_MaskedRegions):
         return RegionHead(config, config.region_feature_dim)
 
     def add_targets(self, batch, items, masked) -> None:
-        batch["region_targets"] = batch["region_features"][masked]  # [M, D], before the features are zeroed
+        batch["region_targets"] = batch["masked_region_positions"]
 
     def loss(self, encoded: Encoded, labels) -> ObjectiveResult:
         hidden, take = self.selected(encoded, labels)
         pred = upcast(getattr(encoded.model, self.head)(hidden))
-        target = masked_rows(labels["region_targets"], take, 3).to(pred.dtype)
+        target = labels["region_targets"]
+        if target.is_floating_point():
+            target = masked_rows(target, take, 3)
+        else:  # positions into the features as given (the model passes them unzeroed: ``region_features``)
+            features = labels.get("region_features")
+            if features is None:
+                raise ValueError(
+                    "mrfr regresses the given region_features at region_targets' positions, but the batch has "
+                    "none (pixels for a visual backbone); give region features or drop the mrfr objective"
+                )
+            target = features.reshape(-1, features.shape[-1]).index_select(0, target)
+        target = target.to(pred.dtype)
         loss = F.mse_loss(pred, target) if len(pred) else pred.sum() * 0.0
         return ObjectiveResult(loss, loss.detach(), len(pred))
 

@@ -91,6 +91,8 @@ class Recipe:
             directory (the pipelines read it): :func:`run_processor`.
         pipeline: the name of the task's inference pipeline (a key of :data:`vlbert.inference.PIPELINES`),
             recorded in ``processor.json``; None where the task has none.
+        hooks: ``(RunContext, TaskData, model) -> list of TrainerHook`` the task's config asks for (VL
+            pretraining's momentum model), run before the caller's; or None.
     """
 
     name: str
@@ -104,6 +106,7 @@ class Recipe:
     sections: tuple[str, ...] = field(default=())
     processor_fields: Callable | None = None
     pipeline: str | None = None
+    hooks: Callable | None = None
 
 
 class TaskData:
@@ -114,6 +117,9 @@ class TaskData:
     train_drop_last = True
     eval_batch_factor = 2  # evaluation needs no gradients: larger batches
     objectives = None
+    #: ``optimizer step -> dict`` of fields every item of that step's training batches carries (text pretraining:
+    #: the masking rate of a schedule; :func:`~vlbert.data.loading.train_loader`), or None
+    step_fields = None
 
     def __init__(self, ctx: RunContext):
         self.batch_size, self.seed = ctx.training.batch_size, ctx.training.seed
@@ -134,6 +140,7 @@ class TaskData:
             world_size,
             drop_last=self.train_drop_last,
             objectives=self.objectives,
+            step_fields=self.step_fields,
             **self.loader_options,
         )
 
@@ -259,7 +266,7 @@ def run(
             data.eval_batches if data.eval is not None else None,
             run_config=config,
             tokenizer=tokenizer,
-            hooks=hooks,
+            hooks=[*(recipe.hooks(ctx, data, model) if recipe.hooks else ()), *hooks],
         )
         if resume and not trainer.resume():
             logger.warning(

@@ -16,6 +16,7 @@ from accelerate.utils import gather_object
 
 from vlbert.common.typed_config import Range, Takes, check_fields
 from vlbert.data.corpus_pairs import CorpusPairsDataset, split_documents
+from vlbert.data.masking_schedule import MaskingSchedule
 from vlbert.data.pretraining import MaskingCollator, text_units
 from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
 from vlbert.layers.losses import IGNORE_INDEX
@@ -35,13 +36,20 @@ class TextDataConfig:
     eval_fraction: share of documents held out for evaluation (whole documents, so no leakage).
     max_seq_length: wordpieces per pair including [CLS] and two [SEP] (BERT: 128, then 512).
     short_seq_prob: probability of a shorter target length (BERT: 0.1).
-    mlm_probability: share of wordpieces chosen for prediction (BERT: 0.15).
+    mlm_probability: share of wordpieces chosen for prediction (BERT: 0.15; ModernBERT: 0.3, AnswerDotAI/ModernBERT
+        ``yamls/modernbert/modernbert-base-pretrain.yaml``).
+    mlm_probability_schedule: the training rate as a function of the step, ``{step fraction: rate}`` (mmBERT:
+        ``{0: 0.3, 0.767: 0.15, 0.967: 0.05}``; definition and sources:
+        :class:`~vlbert.data.masking_schedule.MaskingSchedule`); empty (the default): ``mlm_probability``
+        throughout.
+    eval_mlm_probability: the held-out batches' rate; None (the default): ``mlm_probability``. ModernBERT always
+        evaluates at 0.15 "for consistent comparison" (its pretraining yaml's ``eval_loader``).
     max_eval_batches: cap on held-out batches per evaluation (0 = all).
     num_proc: processes for the one-time tokenisation (``datasets.map``).
     objectives: the text objective units every batch trains (names in :data:`vlbert.objectives.OBJECTIVES` with
         modality "text": ``mlm``, ``nsp``, ``sop``, ``wwm``), each with weight 1 (on) or 0 (off): BERT sums their
         losses on every batch, so a weight is no frequency. Default ``{mlm: 1, nsp: 1}`` (BERT); ``{mlm: 1}`` is
-        RoBERTa's no-NSP recipe. Pairs draw a random segment B (half the time) only when ``nsp`` is on.
+        MLM without NSP, the recipe of RoBERTa and of ModernBERT, NeoBERT, mmBERT and Ettin. Pairs draw a random segment B (half the time) only when ``nsp`` is on.
 
     Raises:
         ValueError: an unknown or vision-language-only objective, a weight other than 0 or 1, no objective on, or
@@ -55,6 +63,10 @@ class TextDataConfig:
     max_seq_length: Annotated[int, Range(ge=5)] = 128  # [CLS] A [SEP] B [SEP]
     short_seq_prob: Annotated[float, Range(ge=0, le=1)] = 0.1
     mlm_probability: Annotated[float, Range(ge=0, le=1)] = 0.15
+    mlm_probability_schedule: Annotated[
+        dict[float, float], Takes("a mapping of step fraction to masking rate, e.g. {0: 0.3, 0.767: 0.15, 0.967: 0.05}")
+    ] = field(default_factory=dict)
+    eval_mlm_probability: Annotated[float, Range(gt=0, lt=1)] | None = None
     max_eval_batches: Annotated[int, Range(ge=0)] = 0
     num_proc: Annotated[int, Range(ge=1)] = 1
     corpus_cache_dir: str = "~/.cache/vlbert/corpora"
@@ -65,6 +77,7 @@ class TextDataConfig:
     def __post_init__(self) -> None:
         check_fields(self, "data")  # types and ranges (built in Python; a config section was read through them)
         text_units(self.objectives)  # unknown names: ValueError naming the text objectives
+        MaskingSchedule(self.mlm_probability_schedule, 1)  # fractions and rates in range
         bad = {n: w for n, w in self.objectives.items() if isinstance(w, bool) or w not in (0, 1)}
         if bad:
             raise ValueError(
@@ -99,9 +112,13 @@ class TextPretrainingData(TaskData):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         data, tokenizer = ctx.data, ctx.tokenizer
+        held_out_rate = data.eval_mlm_probability or data.mlm_probability  # the collator's own: held-out batches
         self.collator = MaskingCollator.from_tokenizer(
-            tokenizer, mlm_probability=data.mlm_probability, unpadded=True, objectives=data.running
+            tokenizer, mlm_probability=held_out_rate, unpadded=True, objectives=data.running
         )
+        masking = MaskingSchedule(data.mlm_probability_schedule, ctx.training.max_steps, data.mlm_probability)
+        if data.mlm_probability_schedule or held_out_rate != data.mlm_probability:
+            self.step_fields = masking.fields  # each training batch's items carry their step's rate
         self.max_eval_batches = data.max_eval_batches
         corpus = TokenCorpus(
             prepare_corpus(data.corpus, tokenizer, data.corpus_cache_dir, data.text_field, num_proc=data.num_proc)

@@ -30,6 +30,7 @@ from vlbert.detectors.store import NamespacedRegions, RegionStore
 from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives import OBJECTIVES, ObjectiveMix, units_for
 from vlbert.objectives.image_text_matching import NEGATIVES
+from vlbert.objectives.momentum import MomentumOptions
 from vlbert.processing import RegionSource
 from vlbert.processing.regions import pad_regions
 from vlbert.recipes.init_from import load_model
@@ -133,14 +134,18 @@ class VLDataConfig:
     first N images per source (0 = all; easy-VQA: the split's first N, those with a caption, and the regions of all
     N are extracted, the set a VQA run with ``data.max_train_images: N`` reads). easy_vqa_questions: questions per
     image added to the embedded easy-VQA source with their answers (the ``qa`` unit's data; 0 = captions only).
-    itm_negatives: "random" (UNITER) or "hard" (drawn from the global batch by similarity, ALBEF:
-    :mod:`vlbert.objectives.image_text_matching`). image_dir, image_preprocessing, image_short_side,
+    itm_negatives: "random" (UNITER), "hard" (drawn from the global batch by the encoder's own unimodal similarity)
+    or "itc" (ALBEF's: one negative image per caption and one negative caption per image, drawn by the ``itc``
+    head's similarity; :mod:`vlbert.objectives.image_text_matching`). itc: ALBEF's momentum model, queue and
+    distillation weights (:class:`~vlbert.objectives.momentum.MomentumOptions`; all off by default). image_dir, image_preprocessing, image_short_side,
     image_max_side: the images of a model with a ``visual_backbone``, as
     :class:`~vlbert.recipes.regions.RegionTaskDataConfig`'s (with several sources an image is
     ``<image_dir>/<source name>/<image id>``).
     Raises:
         ValueError: a source that is not valid (:class:`CaptionSource`), two with one name, ``missing_regions``
-            other than error/skip, ``itm_negatives`` other than random/hard, a negative ``easy_vqa_questions``.
+            other than error/skip, ``itm_negatives`` other than random/hard/itc, a negative ``easy_vqa_questions``;
+            ``itm_negatives: itc`` without ``itc`` in the mix or with ``wra``; ``data.itc`` as
+            :class:`~vlbert.objectives.momentum.MomentumOptions` refuses.
     """
 
     dataset: str = "easy-vqa"
@@ -159,6 +164,7 @@ class VLDataConfig:
         dict[str, float], Takes("a mapping of objective name to weight (relative frequency), e.g. {mlm: 2, itm: 1}")
     ] = field(default_factory=lambda: {"mlm": 2.0, "mrfr": 1.0, "mrc_kl": 1.0, "itm": 1.0})
     itm_negatives: str = "random"
+    itc: MomentumOptions = field(default_factory=MomentumOptions)
     image_dir: str = ""
     image_preprocessing: str = ""
     image_short_side: ImageSide = 0
@@ -172,6 +178,16 @@ class VLDataConfig:
         check_fields(self, "data")
         if self.itm_negatives not in NEGATIVES:
             raise ValueError(f"data.itm_negatives must be one of {NEGATIVES}, got {self.itm_negatives!r}")
+        if self.itm_negatives == "itc" and not self.objectives.get("itc", 0) > 0:
+            raise ValueError(
+                "data.itm_negatives: itc draws by the itc head's similarity: add itc to data.objectives "
+                "(e.g. {mlm: 1, itm: 1, itc: 1}) or use itm_negatives: hard"
+            )
+        if self.itm_negatives == "itc" and self.objectives.get("wra", 0) > 0:
+            raise ValueError(
+                "data.itm_negatives: itc makes three ITM rows per pair, which wra does not read; set wra's weight "
+                "to 0 or use itm_negatives: hard"
+            )
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise ValueError(f"data.sources names must differ, got {names}")
@@ -449,6 +465,15 @@ def _weighted(pairs: list[Caption], weight: float, rng: random.Random) -> list[C
     return pairs * whole + (rng.sample(pairs, round(part * len(pairs))) if part else [])
 
 
+def hooks(ctx: RunContext, data: VLPretrainingData, model) -> list:
+    """ALBEF's momentum model where ``data.itc.momentum`` asks for it
+    (:class:`~vlbert.training.momentum.MomentumDistillation`), else none."""
+    from vlbert.training.momentum import MomentumDistillation
+
+    options = ctx.data.itc
+    return [MomentumDistillation(options, ctx.training.seed)] if options.enabled else []
+
+
 def processor_fields(ctx: RunContext, data: VLPretrainingData) -> dict:
     """With the ``qa`` unit, its answers in label order (``qa_answers``); the rest of the run's processor record
     (limits, the regions' source, a visual backbone's image preprocessing: what fill-mask on an image needs,
@@ -466,6 +491,7 @@ RECIPE = Recipe(
     uses_regions=True,
     default_init=None,
     processor_fields=processor_fields,
+    hooks=hooks,
 )
 
 __all__ = ["RECIPE", "VLDataConfig", "CaptionSource", "VLPretrainingData", "easy_vqa_captions", "qa_vocabulary"]

@@ -1,5 +1,6 @@
-"""One trainer for pretraining and fine-tuning: AdamW, warmup + linear decay, clipping, accumulation, bf16 on
-CUDA, accelerate for device placement and multi-process, evaluation, logs, checkpoints and exact resume.
+"""One trainer for pretraining and fine-tuning: ``training.optimizer`` and ``training.schedule`` (AdamW, warmup +
+linear decay by default), clipping, accumulation, bf16 on CUDA, accelerate for device placement and multi-process,
+evaluation, logs, checkpoints and exact resume.
 
 The trainer knows nothing about tasks: a model maps a batch dict to an :class:`~vlbert.models.ObjectiveOutput`
 whose ``loss`` it minimises and whose ``losses``/``metrics``/``counts`` it logs. Recipe defaults follow BERT
@@ -29,8 +30,10 @@ from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, StepSt
 from vlbert.training.idle import IdleParameters
 from vlbert.training.log_hook import LogHook
 from vlbert.training.mfu import device_peak_flops, estimate_step_flops
+from vlbert.training.optimizers import build_optimizer
 from vlbert.training.processes import control_plane, start_processes
-from vlbert.training.training_config import TrainingConfig, linear_schedule, parameter_groups, seed_process_streams
+from vlbert.training.schedules import build_scheduler, schedule_hooks
+from vlbert.training.training_config import TrainingConfig, parameter_groups, seed_process_streams
 from vlbert.utils import forward_arguments, keep_freed_memory_in_process
 
 logger = logging.getLogger(__name__)
@@ -102,33 +105,24 @@ class Trainer:
         if self.sharded:
             sharding.shard_model(model, self.device)
         self.forward_arguments = forward_arguments(model)
-        # Fused AdamW (one kernel over all parameters) on CUDA and, since torch 2.4, on CPU.
-        fused = self.device.type in ("cuda", "cpu")
         groups = parameter_groups(model, config.weight_decay)
-        optimizer = torch.optim.AdamW(
-            groups,
-            lr=config.learning_rate,
-            betas=(config.adam_beta1, config.adam_beta2),
-            eps=config.adam_epsilon,
-            fused=fused or None,
-        )
-        # The schedule counts optimizer steps; accelerate's prepared scheduler would advance once per process.
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, linear_schedule(config.warmup_steps, config.max_steps)
-        )
+        optimizer = build_optimizer(groups, config, self.device)
+        self.scheduler = build_scheduler(optimizer, config)  # counts optimizer steps (vlbert.training.schedules)
         # accelerate wraps a float32 or autocast model in DDP; a sharded one reduces its own gradients
         self.model, self.optimizer = (model, optimizer) if self.sharded else self.accelerator.prepare(model, optimizer)
         seed_process_streams(config.seed, self.accelerator.process_index, self.accelerator.num_processes)
         # The fused AdamW skips a step on the device when ``found_inf`` is non-zero (as under AMP's grad scaler),
-        # so a non-finite loss needs no host synchronisation in the step.
-        self._device_skip = bool(fused)
+        # so a non-finite loss needs no host synchronisation in the step; other optimizers are checked on the host.
+        self._device_skip = bool(optimizer.defaults.get("fused"))
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0
         self.skipped_steps = 0
         self.log_hook = LogHook()  # first: a step is logged before it is evaluated or checkpointed
         # user hooks before evaluation and checkpoints: a checkpoint holds their state after the same step
+        # and the schedule's after the periodic checkpoint (wsd: the end-of-stable checkpoint reuses its step-N)
         self.hooks: list[TrainerHook] = [self.log_hook, *hooks, PeriodicEvaluation(), PeriodicCheckpoint()]
+        self.hooks += schedule_hooks(config)
         self.last_eval: dict[str, float] = {}
         self.stats: StepStats | None = None  # the last step's (see run_step)
         self._checks = NonFiniteChecks()

@@ -35,6 +35,21 @@ class TrainingConfig:
     adam_beta2: Annotated[float, Range(ge=0, lt=1)] = 0.999
     adam_epsilon: Annotated[float, Range(gt=0)] = 1e-6
     warmup_steps: Annotated[int, Range(ge=0)] = 100
+    # The 2024-26 encoder recipe as options (docs/configuration.md, "Optimizer, schedule and masking rate").
+    # optimizer: a key of vlbert.training.optimizers.OPTIMIZERS: adamw (torch's, lr-scaled decoupled weight decay;
+    # BERT) or stable_adamw (torch-optimi's StableAdamW with fully decoupled weight decay: ModernBERT's
+    # decoupled_stableadamw, AnswerDotAI/ModernBERT yamls/modernbert/modernbert-base-pretrain.yaml).
+    optimizer: str = "adamw"
+    # schedule: a key of vlbert.training.schedules.SCHEDULES: linear (warmup, linear decay to 0; BERT) or wsd
+    # (warmup-stable-decay, checkpoints/end-of-stable kept; ModernBERT's warmup_stable_decay, vlbert.training.wsd)
+    schedule: str = "linear"
+    # wsd: the decay's length in steps, or as a fraction of max_steps (give one; neither: 0.1, ModernBERT's
+    # default t_decay), its shape (linear as ModernBERT's WSD, or 1-sqrt as its decay run and Hägele et al. 2024)
+    # and the multiplier it ends at (ModernBERT's alpha_f)
+    decay_steps: Annotated[int, Range(ge=0)] | None = None
+    decay_fraction: Annotated[float, Range(ge=0, le=1)] | None = None
+    decay_shape: str = "linear"  # a key of vlbert.training.wsd.DECAY_SHAPES
+    final_lr_ratio: Annotated[float, Range(ge=0, le=1)] = 0.0
     max_grad_norm: Annotated[float, Range(ge=0)] = 1.0  # 0: no clipping
     log_every: Annotated[int, Range(ge=0)] = 10
     eval_every: Annotated[int, Range(ge=0)] = 0  # 0: evaluate at the end only
@@ -62,6 +77,25 @@ class TrainingConfig:
         numbers given as text converted); raise ``ValueError`` naming the bad field, what it got and what it
         takes."""
         check_fields(self, "training")
+        self.check_recipe()
+
+    def __post_init__(self) -> None:
+        self.check_recipe()
+
+    def check_recipe(self) -> None:
+        """Check ``optimizer`` and ``schedule`` against their tables and the schedule's own settings (one line
+        naming the key and the fix; :mod:`vlbert.training.optimizers`, :mod:`vlbert.training.schedules`).
+
+        Raises:
+            ValueError: an unknown optimizer or schedule; settings the schedule refuses (e.g. WSD's warmup and
+                decay longer than ``max_steps``).
+        """
+        from vlbert.training.optimizers import OPTIMIZERS
+        from vlbert.training.schedules import schedule_of
+
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"training.optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
+        schedule_of(self).check(self)
 
     def compile_mode(self, device_type: str) -> str | None:
         """What ``compile`` means on a ``device_type`` device: "layers" (regional compilation of the encoder

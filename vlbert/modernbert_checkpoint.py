@@ -1,0 +1,98 @@
+"""The key map between transformers' ModernBERT checkpoints and this library's ModernBERT parameter names.
+
+transformers' names (``models/modernbert/modeling_modernbert.py`` at v5.24.0, the same at v5.17.0): the encoder
+under ``model.`` (``embeddings.tok_embeddings``, ``embeddings.norm``, ``layers.{i}.attn_norm`` (none in layer 0),
+``layers.{i}.attn.Wqkv``, ``layers.{i}.attn.Wo``, ``layers.{i}.mlp_norm``, ``layers.{i}.mlp.Wi``,
+``layers.{i}.mlp.Wo``, ``final_norm``), the prediction head ``head.dense`` / ``head.norm``, the MLM output bias
+``decoder.bias`` (its weight is the tied word embedding matrix) and the task heads' ``classifier``. Ours keep the
+encoder under ``bert.`` with BERT's module names (:mod:`vlbert.checkpoint`), so the library's text-encoder code reads
+either architecture the same way.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+# (ours inside the encoder, transformers' inside ``model.``); "{i}" is a layer index, ".weight"/".bias" follow.
+ENCODER_NAMES = [
+    ("embeddings.word_embeddings", "embeddings.tok_embeddings"),
+    ("embeddings.norm", "embeddings.norm"),
+    ("encoder.layers.{i}.attention_norm", "layers.{i}.attn_norm"),
+    ("encoder.layers.{i}.attention.qkv", "layers.{i}.attn.Wqkv"),
+    ("encoder.layers.{i}.attention.out", "layers.{i}.attn.Wo"),
+    ("encoder.layers.{i}.ffn_norm", "layers.{i}.mlp_norm"),
+    ("encoder.layers.{i}.ffn_in", "layers.{i}.mlp.Wi"),
+    ("encoder.layers.{i}.ffn_out", "layers.{i}.mlp.Wo"),
+    ("encoder.final_norm", "final_norm"),
+]
+#: The MLM output bias: ours is the head's ``bias`` (the head owns the tied projection, as BERT's), theirs the
+#: decoder's.
+DECODER_BIAS = ("head.bias", "decoder.bias")
+#: transformers' tied decoder weight (the word embeddings again): not read, not written.
+TIED_KEY = "decoder.weight"
+_ENCODER_TOP = ("embeddings.", "layers.", "final_norm.")
+
+
+def _pattern(template: str) -> re.Pattern:
+    return re.compile("^" + re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)") + r"\.(?P<param>\w+)$")
+
+
+_FROM_HF = [(_pattern(theirs), ours) for ours, theirs in ENCODER_NAMES]
+_TO_HF = [(_pattern(ours), theirs) for ours, theirs in ENCODER_NAMES]
+
+
+def _rename(key: str, table) -> str | None:
+    for pattern, template in table:
+        m = pattern.match(key)
+        if m:
+            return template.replace("{i}", m.groupdict().get("i") or "") + "." + m.group("param")
+    return None
+
+
+def modernbert_from_hf(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A transformers ModernBERT state dict (``ModernBertModel``'s keys, or a model with heads: encoder under
+    ``model.``) in our names: the encoder under ``bert.``, ``decoder.bias`` as ``head.bias``, the tied
+    ``decoder.weight`` dropped, other keys (``head.*``, ``classifier.*``) unchanged.
+
+    Raises:
+        ValueError: the state holds learned absolute position embeddings (a BERT checkpoint: ModernBERT's
+            positions are rotary), named with the fix."""
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state_dict.items():
+        if "position_embeddings" in key:
+            raise ValueError(
+                f"the checkpoint holds {key}: it was trained with learned absolute positions, which ModernBERT's "
+                "rotary layers cannot use; load it with vlbert.BertModel / BertForPreTraining instead"
+            )
+        if key == TIED_KEY:
+            continue
+        inner = key.removeprefix("model.")
+        if inner.startswith(_ENCODER_TOP) and (ours := _rename(inner, _FROM_HF)) is not None:
+            out["bert." + ours] = tensor
+        elif key == DECODER_BIAS[1]:
+            out[DECODER_BIAS[0]] = tensor
+        else:
+            out[key] = tensor
+    return out
+
+
+def modernbert_to_hf(state_dict: dict[str, torch.Tensor], base_prefix: str = "bert") -> dict[str, torch.Tensor]:
+    """Inverse of :func:`modernbert_from_hf`: our names -> transformers' (``model.`` before the encoder of a model
+    with heads; none for a bare encoder, ``base_prefix`` "", as transformers saves ``ModernBertModel``). The tied
+    decoder weight is not written (transformers ties it on load)."""
+    prefix = base_prefix + "." if base_prefix else ""
+    hf_prefix = "model." if base_prefix else ""
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state_dict.items():
+        if key.startswith(prefix) and (theirs := _rename(key[len(prefix) :], _TO_HF)) is not None:
+            out[hf_prefix + theirs] = tensor
+        elif key == DECODER_BIAS[0]:
+            out[DECODER_BIAS[1]] = tensor
+        else:
+            out[key] = tensor
+    return out
+
+
+__all__ = ["modernbert_from_hf", "modernbert_to_hf", "ENCODER_NAMES"]

@@ -1,0 +1,207 @@
+"""ALBEF's momentum distillation (Li et al. 2021, section 3.3; salesforce/ALBEF@b9727e4 ``models/model_pretrain.py``
+and ``Pretrain.py``): a momentum copy of the parts ITC and MLM read (the encoder, the ``itc`` projections, the
+``masked_lm`` head), its features' queue for ITC, and the weight ``alpha`` of its soft targets.
+
+The copy follows the weights as an exponential moving average, ``m = decay * m + (1 - decay) * w`` after every
+optimizer step (ALBEF's ``_momentum_update`` before each forward: the same sequence of weights), in float32 (the
+float32 masters where the model's weights are bfloat16), with two foreach operations and no host read. The queue
+holds the momentum features of the last ``queue_size`` captions and images of the global batch, with each caption's
+content id (ALBEF's ``idx_queue`` of retrieval fine-tuning; ``model_pretrain.py`` has none, its captions are all
+negatives of each other), starting as ALBEF's: random unit vectors (content -1, no caption's). ``alpha`` rises
+linearly from 0 over ``alpha_ramp_steps`` steps (ALBEF: ``alpha * min(1, i / len(data_loader))`` over its first
+epoch). Everything is in :meth:`MomentumTeacher.state_dict`, so a resumed run continues exactly.
+
+The units find the teacher on the model (:func:`teacher_of`) while it trains; held-out passes (the model in eval
+mode) use none: their loss is the plain one, comparable between runs with and without distillation.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Annotated
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlbert.common.typed_config import Range
+
+#: the parts of a pretraining model the teacher copies (those ITC and MLM read), where the model has them
+PARTS = ("bert", "itc", "masked_lm")
+#: the model attribute the teacher hangs on (a plain attribute: not a submodule, not in the model's weights)
+ATTRIBUTE = "momentum_teacher"
+
+
+@dataclass
+class MomentumOptions:
+    """ALBEF's momentum distillation (YAML ``data.itc``; ALBEF's values: configs/Pretrain.yaml at b9727e4).
+
+    Attributes:
+        momentum: the EMA decay of the momentum model, in [0, 1); 0 = no momentum model (ALBEF: 0.995).
+        queue_size: features of each modality kept from past global batches as ITC's extra columns, 0 = none
+            (ALBEF: 65,536); at least the global batch.
+        alpha: weight of the momentum model's soft targets in ITC's targets, in [0, 1] (ALBEF: 0.4).
+        mlm_alpha: weight of the momentum model's soft labels in MLM's loss, in [0, 1] (ALBEF uses its one
+            ``alpha`` for both: 0.4).
+        alpha_ramp_steps: steps over which both weights rise linearly from 0 (ALBEF: its first epoch); 0 = none.
+    Raises:
+        ValueError: a queue or an alpha without a momentum model.
+    """
+
+    momentum: Annotated[float, Range(ge=0, lt=1)] = 0.0
+    queue_size: Annotated[int, Range(ge=0)] = 0
+    alpha: Annotated[float, Range(ge=0, le=1)] = 0.0
+    mlm_alpha: Annotated[float, Range(ge=0, le=1)] = 0.0
+    alpha_ramp_steps: Annotated[int, Range(ge=0)] = 0
+
+    def __post_init__(self) -> None:
+        if not self.momentum and (self.queue_size or self.alpha or self.mlm_alpha):
+            raise ValueError(
+                "data.itc.queue_size, alpha and mlm_alpha use the momentum model's features: set data.itc.momentum "
+                "(ALBEF: 0.995) or leave them 0"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a momentum model is kept."""
+        return self.momentum > 0
+
+
+class MomentumTeacher:
+    """The momentum model of ``model`` (its :data:`PARTS`, deep copies without gradient, on its device), the ITC
+    queue and the distillation weights at the current step.
+
+    Attributes:
+        module: nn.Module with the copied parts as attributes (``module.bert``, ``module.itc``, ...).
+        text_queue, image_queue: float32 [queue_size, projection_dim] unit vectors; content_queue: int64
+            [queue_size]; pointer: the next row written (host int).
+        step: optimizer steps done (set by the trainer hook before each step: the ramp reads it).
+        updates: momentum updates done.
+    """
+
+    def __init__(self, model: nn.Module, options: MomentumOptions, seed: int = 0):
+        self.options = options
+        self.module = nn.Module()
+        compiled = {m: m._compiled_call_impl for m in model.modules() if m._compiled_call_impl is not None}
+        try:  # copied without the compiled forwards (a copy would call the original's), which do not copy
+            for m in compiled:
+                m._compiled_call_impl = None
+            for name in PARTS:
+                part = getattr(model, name, None)
+                if part is not None:
+                    setattr(self.module, name, _copy(part))
+        finally:
+            for m, call in compiled.items():
+                m._compiled_call_impl = call
+        self.module.requires_grad_(False)
+        self.names = [n for n, _ in self.module.named_parameters()]
+        self.shadow = [p.detach().float() for p in self.module.parameters()]  # the parameters where float32
+        self.step, self.updates, self.pointer = 0, 0, 0
+        self.text_queue = self.image_queue = self.content_queue = None
+        if options.queue_size:
+            head = getattr(model, "itc", None)
+            if head is None:
+                raise ValueError("data.itc.queue_size needs the itc objective in data.objectives (its projections)")
+            g = torch.Generator().manual_seed(seed)
+            size, dim = options.queue_size, head.text_proj.out_features
+            device = head.text_proj.weight.device
+            self.text_queue = F.normalize(torch.randn(size, dim, generator=g, dtype=torch.float32), dim=-1).to(device)
+            self.image_queue = F.normalize(torch.randn(size, dim, generator=g, dtype=torch.float32), dim=-1).to(device)
+            self.content_queue = torch.full((size,), -1, dtype=torch.long, device=device)
+
+    @torch.no_grad()
+    def start_from(self, weights: list[torch.Tensor]) -> None:
+        """The copy set to ``weights`` (each part's parameters in :attr:`names` order; the float32 masters where
+        the model's weights are bfloat16), as ALBEF's ``copy_params``."""
+        torch._foreach_copy_(self.shadow, [w.float() for w in weights])
+        self._shadow_to_module()
+
+    def alpha(self, which: str = "itc") -> float:
+        """ITC's (``which`` "itc") or MLM's ("mlm") distillation weight at :attr:`step`: the option times
+        ``min(1, step / alpha_ramp_steps)`` (ALBEF ``Pretrain.py``: ``alpha * min(1, i / len(data_loader))`` in
+        the first epoch, ``i`` the iterations done)."""
+        o = self.options
+        weight = o.alpha if which == "itc" else o.mlm_alpha
+        return weight * min(1.0, self.step / o.alpha_ramp_steps) if o.alpha_ramp_steps else weight
+
+    def sync_mode(self, model: nn.Module) -> None:
+        """The copy in ``model``'s train/eval mode (ALBEF's momentum encoders are submodules: they follow it)."""
+        if self.module.training != model.training:
+            self.module.train(model.training)
+
+    @torch.no_grad()
+    def update(self, weights: list[torch.Tensor]) -> None:
+        """``shadow = decay * shadow + (1 - decay) * weights`` (float32 [each part's parameters], in
+        :attr:`names` order), then the copy's parameters from the shadow where they are not float32. No host read."""
+        torch._foreach_lerp_(self.shadow, [w.float() for w in weights], 1.0 - self.options.momentum)
+        self._shadow_to_module()
+        self.updates += 1
+
+    def _shadow_to_module(self) -> None:
+        params = list(self.module.parameters())
+        if any(p.dtype != torch.float32 for p in params):
+            torch._foreach_copy_(params, self.shadow)
+
+    @torch.no_grad()
+    def enqueue(self, text: torch.Tensor, image: torch.Tensor, content: torch.Tensor) -> None:
+        """Write the global batch's momentum features (float [n, P] each) and content ids (int64 [n]) at
+        :attr:`pointer`, wrapping around (ALBEF's ``_dequeue_and_enqueue``). The rows are chosen on the device.
+
+        Raises:
+            ValueError: a global batch larger than the queue."""
+        n, size = text.shape[0], self.options.queue_size
+        if n > size:
+            raise ValueError(f"data.itc.queue_size ({size}) must be at least the global batch ({n} pairs)")
+        rows = (torch.arange(n, device=text.device) + self.pointer) % size
+        self.text_queue.index_copy_(0, rows, text.float())
+        self.image_queue.index_copy_(0, rows, image.float())
+        self.content_queue.index_copy_(0, rows, content)
+        self.pointer = (self.pointer + n) % size
+
+    def state_dict(self) -> dict:
+        """The shadow weights by name, the queues, the pointer and the counters (host copies)."""
+        queues = {k: getattr(self, k) for k in ("text_queue", "image_queue", "content_queue")}
+        return {
+            "shadow": {n: s.cpu() for n, s in zip(self.names, self.shadow, strict=True)},
+            "queues": {k: None if v is None else v.cpu() for k, v in queues.items()},
+            "pointer": self.pointer,
+            "updates": self.updates,
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        """Take back :meth:`state_dict` (the copy's parameters and queues on their devices)."""
+        for name, s in zip(self.names, self.shadow, strict=True):
+            s.copy_(state["shadow"][name])
+        self._shadow_to_module()
+        for key, value in state["queues"].items():
+            if value is not None:
+                getattr(self, key).copy_(value)
+        self.pointer, self.updates = state["pointer"], state["updates"]
+
+
+def _copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` whose parameters and buffers are plain clones (a tensor's own attributes, which
+    the trainer or a fake device may have set, are not copied)."""
+    memo = {id(p): nn.Parameter(p.detach().clone(), requires_grad=False) for p in module.parameters()}
+    memo.update({id(b): b.detach().clone() for b in module.buffers()})
+    return copy.deepcopy(module, memo)
+
+
+def teacher_of(model: nn.Module) -> MomentumTeacher | None:
+    """The momentum teacher on ``model`` while it trains, else None (evaluation: the plain losses)."""
+    teacher = getattr(model, ATTRIBUTE, None)
+    if teacher is None or not model.training:
+        return None
+    teacher.sync_mode(model)
+    return teacher
+
+
+def attach(model: nn.Module, teacher: MomentumTeacher | None) -> None:
+    """Hang ``teacher`` on ``model`` (a plain attribute: not a submodule, not saved with the weights), or take it
+    off (None)."""
+    object.__setattr__(model, ATTRIBUTE, teacher)
+
+
+__all__ = ["MomentumOptions", "MomentumTeacher", "teacher_of", "attach", "PARTS"]
