@@ -105,6 +105,8 @@ class Trainer:
         if self.sharded:
             sharding.shard_model(model, self.device)
         self.forward_arguments = forward_arguments(model)
+        # modules whose weights have a range (ITC's temperature) put them back after every optimizer step
+        self._constraints = [m.constrain_parameters for m in model.modules() if hasattr(m, "constrain_parameters")]
         groups = parameter_groups(model, config.weight_decay)
         optimizer = build_optimizer(groups, config, self.device)
         self.scheduler = build_scheduler(optimizer, config)  # counts optimizer steps (vlbert.training.schedules)
@@ -250,6 +252,8 @@ class Trainer:
             self._optimizer().found_inf = None
         elif self._finite_on_host(stats.loss, stats.grad_norm, checks):
             self.optimizer.step()
+        for constrain in self._constraints:  # the trained (float32, with bf16-params sharded) weights, in place
+            constrain()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
