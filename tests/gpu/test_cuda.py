@@ -153,8 +153,8 @@ def test_vl_pretraining_in_bf16_on_cuda_equals_cpu_float32(tmp_path):
 
 # ---------------------------------------------------------------- the GPU path as the trainer runs it (issue 38)
 # What a CPU machine cannot show: the flash kernels' numbers, their dropout, the fallbacks on real hardware,
-# bf16-params (FSDP2: float32 shards) on the device, the tools' default run, compile and NCCL. (Placement and host traffic
-# of the step are checked everywhere by tests/gpu/test_gpu_trainer.py on a fake GPU.)
+# bf16-params (FSDP2: float32 shards) on the device, the tools' default run, compile and NCCL. (Placement and host
+# traffic of the step are checked everywhere by tests/gpu/test_gpu_trainer.py on a fake GPU.)
 
 
 def _flash_capable() -> bool:
@@ -522,8 +522,8 @@ def test_compile_on_cuda_equals_eager(small_corpus, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_two_gpus_over_nccl_equal_one_at_twice_the_batch(small_corpus, tmp_path):
-    """Two GPUs over NCCL with bf16-params (float32 reduce-scatter of the gradients, FSDP2): per-step losses of 2 GPUs at
-    batch b equal 1 GPU at 2b within bf16's tolerance."""
+    """Two GPUs over NCCL with bf16-params (FSDP2: float32 reduce-scatter of the gradients): per-step losses of 2
+    GPUs at batch b equal 1 GPU at 2b within bf16's tolerance."""
     import socket
 
     with socket.socket() as s:
