@@ -8,6 +8,9 @@ timm keep theirs): ``benchmarks/`` is not part of the ``vlbert`` wheel. From a c
     python -m benchmarks text-corpus --copies 2 200                     # text pretraining on ~10 MB and ~1 GB
     python -m benchmarks visual-backbone --steps 300                    # trainable vs frozen backbone in the model
     python -m benchmarks quickstart --repeats 3                         # the README's quick start, clean, timed
+    python -m benchmarks text-encoders --steps 600                      # BERT vs ModernBERT at the default budget
+    python -m benchmarks text-encoder-roofline                          # their base sizes' predicted H100 step
+    python -m benchmarks memory --config text/bert-base-128 --batch-size 32  # peak GPU memory, largest batch
 
 Without a subcommand the train-step benchmark runs (``python tools/benchmark.py --bf16`` as before); the scripts
 ``tools/benchmark_inference.py`` ... run their subcommand (:func:`run_script`), and in a checkout ``vlbert benchmark
@@ -18,6 +21,7 @@ This package imports vlbert; vlbert never imports it (tests/layers/test_layers.p
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -25,9 +29,12 @@ from typing import Sequence
 from benchmarks import (
     extraction,
     inference,
+    memory,
     quickstart,
     region_store,
     text_corpus,
+    text_encoder_roofline,
+    text_encoders,
     train,
     visual_backbone,
 )
@@ -42,11 +49,18 @@ BENCHMARKS = {
     "text-corpus": text_corpus,
     "visual-backbone": visual_backbone,
     "quickstart": quickstart,
+    "text-encoders": text_encoders,
+    "text-encoder-roofline": text_encoder_roofline,
+    "memory": memory,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``python -m benchmarks [<what>] [flags]``: ``<what>`` one of :data:`BENCHMARKS`, default ``train``."""
+    """Run ``python -m benchmarks [<what>] [flags]``: ``<what>`` one of :data:`BENCHMARKS`, default ``train``.
+
+    Raises:
+        ValueError: a first word that names no benchmark (the closest named), instead of running another.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv in (["-h"], ["--help"]):
         print(
@@ -56,6 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if argv and argv[0] in BENCHMARKS:
         return BENCHMARKS[argv[0]].main(argv[1:])
+    if argv and not argv[0].startswith("-"):  # a misspelt subcommand: not the train-step benchmark's flags
+        close = difflib.get_close_matches(argv[0], list(BENCHMARKS), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ValueError(f"unknown benchmark {argv[0]!r}; {hint}the benchmarks are {', '.join(BENCHMARKS)}")
     return train.main(argv)
 
 

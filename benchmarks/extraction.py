@@ -42,6 +42,7 @@ from vlbert.detectors.backends import DETECTOR_BACKENDS, backend_list
 from vlbert.detectors.config import DetectorConfig, typed_options
 from vlbert.detectors.extract import default_num_workers, extract_regions
 
+from vlbert.commands import flag_types as flags
 from vlbert.commands.detector_flags import add_detector_arguments, option_fields, option_flag
 from vlbert.data.easy_vqa import image_paths
 
@@ -262,22 +263,23 @@ def main(argv=None) -> int:
     add_detector_arguments(p, default_backend="all, as --backends")
     p.add_argument(
         "--images",
-        type=int,
+        type=flags.count,
         help="images per device (default: "
         + ", ".join(f"{n} on {d}" for d, n in DEFAULT_IMAGES.items())
         + ": raise it for steadier figures)",
     )
     p.add_argument("--sizes", nargs="+", metavar="WxH", help="image sizes, in turn (default: COCO's, 4:2:1:1)")
-    p.add_argument("--batch-size", type=int, default=8, help="the batched run's images per batch (default 8)")
+    p.add_argument("--batch-size", type=flags.count, default=8, help="the batched run's images per batch (default 8)")
     p.add_argument(
         "--device",
         nargs="+",
+        type=flags.device,
         default=["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"],
         help="devices to time on (default: cpu, and cuda where there is a GPU)",
     )
     p.add_argument(
         "--num-workers",
-        type=int,
+        type=flags.count_or_zero,
         help="processes decoding the images (default: tools/extract_regions.py's, one less than the CPUs, at most 4)",
     )
     args = p.parse_args(argv)

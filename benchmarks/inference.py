@@ -14,6 +14,7 @@ import argparse
 import json
 import time
 
+from vlbert.commands import flag_types as flags
 from vlbert.data.easy_vqa import image_paths
 from vlbert.inference import VQAPipeline
 
@@ -23,10 +24,10 @@ def main(argv=None) -> int:
     status (0). Errors propagate for :func:`vlbert.commands.run_tool` to report."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", help="a VQA run's output directory")
-    p.add_argument("--images", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--images", type=flags.count, default=256)
+    p.add_argument("--batch-size", type=flags.count, default=16)
+    p.add_argument("--device", type=flags.device, default="cpu")
+    p.add_argument("--threads", type=flags.count_or_zero, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     import torch

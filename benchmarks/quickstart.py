@@ -34,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 
+from vlbert.commands import flag_types as flags
+
 #: name -> (the README's command line(s), as argv after ``python -m vlbert`` (``tools/finetune_vqa.py`` is
 #: ``vlbert finetune --task vqa``); the names of the commands it needs first). ``{cache}``: the repeat's cache.
 COMMANDS = {
@@ -237,7 +239,7 @@ def main(argv=None) -> int:
         default=list(COMMANDS),
         help="which quick-start commands to time (default: all, in the README's order)",
     )
-    p.add_argument("--repeats", type=int, default=3, help="clean runs of each command (default 3)")
+    p.add_argument("--repeats", type=flags.count, default=3, help="clean runs of each command (default 3)")
     p.add_argument("--workdir", help="make the repeats' directories here (default: the system's temporary one)")
     p.add_argument("--keep", action="store_true", help="keep each repeat's directory (runs, caches, outputs)")
     p.add_argument("--show-output", action="store_true", help="print what each command printed (last repeat)")

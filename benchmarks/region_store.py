@@ -26,6 +26,7 @@ from vlbert.detectors.config import DetectorConfig
 from vlbert.detectors.regions import Regions
 from vlbert.detectors.shards import write_shards
 
+from vlbert.commands import flag_types as flags
 from vlbert.recipes import RECIPES
 from vlbert.recipes.runner import RunContext
 from vlbert.recipes.vl_pretraining import VLDataConfig
@@ -136,8 +137,8 @@ def main(argv=None) -> int:
     """Run the tool with ``argv`` (default: ``sys.argv[1:]``; see the module docstring); returns the exit
     status (0). Errors propagate for :func:`vlbert.commands.run_tool` to report."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--images", type=int, nargs="+", default=[5000, 50000])
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--images", type=flags.count, nargs="+", default=[5000, 50000])
+    p.add_argument("--steps", type=flags.count, default=20)
     p.add_argument("--workdir", help="keep the stores here (default: a temporary directory)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:

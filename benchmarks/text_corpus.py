@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from vlbert.commands import flag_types as flags
 from vlbert.data.corpus import load_bbc_news
 
 
@@ -90,9 +91,9 @@ def main(argv=None) -> int:
     """Run the tool with ``argv`` (default: ``sys.argv[1:]``; see the module docstring); returns the exit
     status (0). Errors propagate for :func:`vlbert.commands.run_tool` to report."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--copies", type=int, nargs="+", default=[2, 200])
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--num-proc", type=int, default=2)
+    p.add_argument("--copies", type=flags.count, nargs="+", default=[2, 200])
+    p.add_argument("--steps", type=flags.count, default=30)
+    p.add_argument("--num-proc", type=flags.count, default=2)
     p.add_argument("--prepare-in-run", action="store_true", help="let the run prepare the corpus (no separate step)")
     p.add_argument(
         "--workdir",

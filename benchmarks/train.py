@@ -41,6 +41,7 @@ from vlbert.detectors.shards import read_shards, write_shards
 
 from vlbert import BertConfig, BertForPreTraining, VLBertConfig
 from vlbert.checkpoint import vlbert_to_hf
+from vlbert.commands import flag_types as flags
 from vlbert.data.corpus_pairs import CorpusPairsDataset
 from vlbert.data.easy_vqa import CAPTION_TEMPLATES, COLORS, SHAPES
 from vlbert.data.pretraining import MaskingCollator
@@ -376,10 +377,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="text/default", help="text pair's config")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--steps", type=int, default=16, help="timed steps per implementation (in alternating blocks)")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--device", type=flags.device, default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch-size", type=flags.count, default=32)
+    p.add_argument(
+        "--steps", type=flags.count, default=16, help="timed steps per implementation (in alternating blocks)"
+    )
+    p.add_argument("--warmup", type=flags.count_or_zero, default=3)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (default on CUDA)")
     p.add_argument(
         "--compile",

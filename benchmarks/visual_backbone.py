@@ -29,6 +29,7 @@ from PIL import Image
 from vlbert.detectors.backbone import load_efficientnet_lite0
 from vlbert.detectors.proposals import felzenszwalb_proposals
 
+from vlbert.commands import flag_types as flags
 from vlbert.data.easy_vqa import image_paths, load_questions
 from vlbert.models.vqa import VLBertForVQA
 from vlbert.processing.images import image_preprocessing
@@ -91,12 +92,12 @@ def minilm_dir() -> Path:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--train-images", type=int, default=1500)
-    p.add_argument("--test-questions", type=int, default=1000)
-    p.add_argument("--image-size", type=int, default=160)
-    p.add_argument("--max-regions", type=int, default=8)
+    p.add_argument("--steps", type=flags.count, default=300)
+    p.add_argument("--batch-size", type=flags.count, default=32)
+    p.add_argument("--train-images", type=flags.count, default=1500)
+    p.add_argument("--test-questions", type=flags.count, default=1000)
+    p.add_argument("--image-size", type=flags.count, default=160)
+    p.add_argument("--max-regions", type=flags.count, default=8)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--backbone-lr", type=float, default=2e-4)
     p.add_argument(

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from vlbert.common.typed_config import AsMapping, ConfigValueError, Range, Takes, check_fields, from_section
 from vlbert.common.user_files import expect, read_json
+from vlbert.text_tower_config import modernbert_tower_config, vl_values_from_modernbert
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,8 @@ class BertConfig:
         "x_layers",
         "num_attribute_classes",
         "num_qa_labels",
+        "text_tower",
+        "modernbert",
     )
 
     def __post_init__(self) -> None:
@@ -349,6 +352,14 @@ class VLBertConfig(BertConfig):
         num_attribute_classes: size of the detector's attribute vocabulary for attribute classification (LXMERT's
             400 Visual Genome attributes; 0 disables it).
         num_qa_labels: the answer count of the pretraining ``qa`` objective (LXMERT: 9500; 0 disables it).
+        text_tower: the text encoder under the region pathway, a key of
+            :data:`vlbert.models.text_towers.TEXT_TOWERS`: "bert" (default: BERT's embeddings and post-LN layers,
+            this config's BERT fields) or "modernbert" (Warner et al. 2024: rotary positions, GeGLU, pre-norm; its
+            own fields in ``modernbert``, :mod:`vlbert.text_tower_config`; single-stream only). A ModernBERT
+            ``config.json`` (``model_type`` "modernbert") read as this config chooses it.
+        modernbert: with ``text_tower`` "modernbert", the tower's :class:`~vlbert.modernbert_config.ModernBertConfig`
+            fields other than the sizes this config holds (``local_attention``, ``global_attn_every_n_layers``,
+            ``global_rope_theta``, ``norm_eps``, ...); None: ModernBERT's defaults.
     """
 
     region_feature_dim: Annotated[int, Range(ge=1)] = 2048
@@ -378,6 +389,17 @@ class VLBertConfig(BertConfig):
     x_layers: Annotated[int, Range(ge=0)] = 5
     num_attribute_classes: Annotated[int, Range(ge=0)] = 0
     num_qa_labels: Annotated[int, Range(ge=0)] = 0
+    text_tower: Literal["bert", "modernbert"] = "bert"
+    modernbert: (
+        Annotated[
+            dict,
+            Takes(
+                "a mapping of ModernBERT fields (local_attention, global_attn_every_n_layers, global_rope_theta, "
+                "local_rope_theta, norm_eps, hidden_activation, ...), e.g. {local_attention: 16}"
+            ),
+        ]
+        | None
+    ) = None
 
     model_type = "vlbert"
     #: config.encoder values (the classes are :data:`vlbert.models.two_stream.ENCODERS`).
@@ -400,6 +422,44 @@ class VLBertConfig(BertConfig):
                 "config.x_layers must be >= 1 for encoder='two-stream': without a cross-modality layer "
                 "the text never sees the regions"
             )
+        if self.text_tower == "modernbert":
+            self.check_modernbert_tower()
+
+    def check_modernbert_tower(self) -> None:
+        """Raise ``ValueError`` in one line naming the fix where a ModernBERT text tower cannot serve this config:
+        LXMERT's two streams (their language and cross-modality layers are BERT layers), VL-BERT's pathway (it adds
+        the text's learned position table to the regions, which ModernBERT's rotary positions lack), or tower
+        fields :func:`~vlbert.text_tower_config.modernbert_tower_config` refuses."""
+        if self.encoder == "two-stream":
+            raise ValueError(
+                "config.encoder='two-stream' (LXMERT) takes a BERT text tower only (its language, region and "
+                "cross-modality layers are BERT layers), not text_tower='modernbert'; use encoder 'single-stream' "
+                "with the ModernBERT tower, or --init-from a BERT checkpoint for LXMERT"
+            )
+        if self.region_embedding == "vl-bert":
+            raise ValueError(
+                "config.region_embedding='vl-bert' adds the text's learned position table to the regions, which "
+                "text_tower='modernbert' (rotary positions) has not; use region_embedding 'uniter', 'visualbert', "
+                "'oscar' or 'vinvl' with ModernBERT, or a BERT checkpoint for VL-BERT"
+            )
+        modernbert_tower_config(self)
+
+    def text_config(self):
+        """The text tower's own config: a :class:`~vlbert.modernbert_config.ModernBertConfig` for ``text_tower``
+        "modernbert" (:func:`~vlbert.text_tower_config.modernbert_tower_config`), else this config (BERT's fields
+        are its own)."""
+        return modernbert_tower_config(self) if self.text_tower == "modernbert" else self
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], strict: bool = False) -> "VLBertConfig":
+        """As :meth:`BertConfig.from_dict`; a ModernBERT ``config.json`` (``model_type`` "modernbert") becomes a
+        config with that text tower (:func:`~vlbert.text_tower_config.vl_values_from_modernbert`).
+
+        Raises:
+            ValueError: as :meth:`BertConfig.from_dict`, or as ``vl_values_from_modernbert``."""
+        if values.get("model_type") == "modernbert":
+            values = vl_values_from_modernbert(values)
+        return super().from_dict(values, strict)
 
     @classmethod
     def accepted_model_types(cls) -> tuple[str, ...]:

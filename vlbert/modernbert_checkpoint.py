@@ -95,4 +95,36 @@ def modernbert_to_hf(state_dict: dict[str, torch.Tensor], base_prefix: str = "be
     return out
 
 
-__all__ = ["modernbert_from_hf", "modernbert_to_hf", "ENCODER_NAMES"]
+#: A vision-language model's own tensors beside a ModernBERT tower, kept as they are in both directions (the region
+#: pathway, VisualBERT's ``position_embeddings`` among them, and the regions' modality table).
+_VL_OWN = ("bert.region_embeddings.", "bert.embeddings.token_type_embeddings.")
+#: ModernBERT's prediction head -> a vision-language model's masked-LM head (BERT's MaskedLMHead: the same dense,
+#: activation, norm and tied projection plus bias; its dense and norm biases, which ModernBERT has not, start at 0).
+_MLM_HEAD = (("head.dense.", "masked_lm.dense."), ("head.norm.", "masked_lm.norm."), ("head.bias", "masked_lm.bias"))
+
+
+def modernbert_vl_from_hf(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A vision-language state dict whose text tower is ModernBERT, or a transformers ModernBERT checkpoint to start
+    one from, in our names (encoder under ``bert.``, also for a bare encoder's keys): the tower as
+    :func:`modernbert_from_hf`, the region pathway and the regions' modality table unchanged, and a ``ModernBertForMaskedLM``'s prediction head as the masked-LM head (``masked_lm.*``).
+
+    Raises:
+        ValueError: as :func:`modernbert_from_hf` (a BERT checkpoint's learned positions in the tower)."""
+    if any(k.startswith("embeddings.tok_embeddings.") for k in state_dict):  # a bare encoder's (no prefix)
+        state_dict = {("model." if k.startswith(_ENCODER_TOP) else "bert.") + k: v for k, v in state_dict.items()}
+    own = {k: v for k, v in state_dict.items() if k.startswith(_VL_OWN)}
+    out = modernbert_from_hf({k: v for k, v in state_dict.items() if k not in own})
+    for theirs, ours in _MLM_HEAD:
+        out = {ours + k[len(theirs) :] if k.startswith(theirs) else k: v for k, v in out.items()}
+    return {**out, **own}
+
+
+def modernbert_vl_to_hf(state_dict: dict[str, torch.Tensor], base_prefix: str = "bert") -> dict[str, torch.Tensor]:
+    """Inverse of :func:`modernbert_vl_from_hf` for a vision-language model's own state: the tower under
+    transformers' ModernBERT names (``model.``), everything else (region pathway, pooler, heads) under ours."""
+    prefix = base_prefix + "." if base_prefix else ""
+    own = {k: v for k, v in state_dict.items() if k.startswith(tuple(prefix + p[5:] for p in _VL_OWN))}
+    return {**modernbert_to_hf({k: v for k, v in state_dict.items() if k not in own}, base_prefix), **own}
+
+
+__all__ = ["modernbert_from_hf", "modernbert_to_hf", "modernbert_vl_from_hf", "modernbert_vl_to_hf", "ENCODER_NAMES"]

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from vlbert.common.files import write_text_atomically
-from vlbert.common.user_files import expect, read_json
+from vlbert.common.typed_config import ConfigValueError, Range, Takes, check_value
+from vlbert.common.user_files import UserFileError, expect, read_json
+
+#: The folder of a run directory that holds its checkpoints (``checkpoints/step-N``).
+CHECKPOINTS_DIR = "checkpoints"
 
 #: The processor's record (:class:`vlbert.processing.VLProcessor`): task, labels, lengths, the region source.
 PROCESSOR_FILE = "processor.json"
@@ -33,6 +37,43 @@ PIPELINES_BY_EARLIER_NAME = {
     "text": "text-classification",
     "text-pretraining": "text-fill-mask",
 }
+
+
+_Count = Annotated[int, Range(ge=1)]
+#: The processor record's fields of a known type -> their annotation (read by :func:`check_value`).
+PROCESSOR_FIELD_TYPES: dict[str, Any] = {
+    "task": str,
+    "pipeline": str,
+    "labels": Annotated[list, Takes('a list of the label names in logit order, e.g. ["yes", "no"]')],
+    "max_text_length": _Count | None,
+    "max_regions": _Count | None,
+    "region_feature_dim": _Count | None,
+    "detector": dict | None,
+    "image_preprocessing": dict | None,
+    "shortlist": _Count,
+    "format_version": int,
+}
+
+
+def check_processor_fields(record: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """``record`` (a processor record read from ``path``) with its fields of :data:`PROCESSOR_FIELD_TYPES` checked.
+
+    Raises:
+        UserFileError: a field of another type, named with the file and what it takes (labels edited into an
+            id -> label mapping: the fix says to write the list in logit order).
+    """
+    for name, tp in PROCESSOR_FIELD_TYPES.items():
+        if name not in record:
+            continue
+        value = record[name]
+        fix = f"correct it, or write {Path(path).parent} again (re-run the conversion or the run that made it)"
+        if name == "labels" and isinstance(value, dict):
+            fix = "write the labels as a list in logit order (the mapping's values, ordered by id)"
+        try:
+            check_value(value, tp, name)
+        except ConfigValueError as e:
+            raise UserFileError(f"{path}: field {e.key!r} must be {e.takes}, got {repr(e.value)[:60]}; {fix}") from None
+    return record
 
 
 def write_processor_record(output_dir: str | Path, record: dict[str, Any]) -> Path:
@@ -60,12 +101,13 @@ def read_processor_record(directory: str | Path) -> dict[str, Any] | None:
     :data:`PIPELINES_BY_EARLIER_NAME` is read as the pipeline it names now.
 
     Raises:
-        UserFileError (a ``ValueError``): a damaged file (see :func:`read_run_file`).
+        UserFileError (a ``ValueError``): a damaged file (see :func:`read_run_file`), a field of another type
+            (:func:`check_processor_fields`).
     """
     path = processor_record_file(directory)
     if path is None:
         return None
-    record = read_run_file(path)
+    record = check_processor_fields(read_run_file(path), path)
     earlier = record.get("pipeline") or record.get("task")
     if earlier in PIPELINES_BY_EARLIER_NAME:
         record["pipeline"] = PIPELINES_BY_EARLIER_NAME[earlier]
@@ -86,10 +128,13 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
 
 
 __all__ = [
+    "CHECKPOINTS_DIR",
     "PROCESSOR_FILE",
     "LEGACY_PROCESSOR_FILE",
     "PROCESSOR_FORMAT_VERSION",
     "PIPELINES_BY_EARLIER_NAME",
+    "PROCESSOR_FIELD_TYPES",
+    "check_processor_fields",
     "write_processor_record",
     "processor_record_file",
     "read_processor_record",

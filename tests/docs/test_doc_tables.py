@@ -1,6 +1,6 @@
 """The lists in the docs cannot drift from the code: docs/architecture.md's "The tables" section names every entry of
 every extension table (tasks, pipelines, commands, objectives, region pathways, encoders, checkpoint families,
-attention kernels, optimizers, learning-rate schedules and decay shapes, detector backends, benchmarks, each task's
+attention kernels, text pretraining's architectures, optimizers, learning-rate schedules and decay shapes, detector backends, benchmarks, each task's
 datasets), exactly, and every table is there."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ TABLES = [
     ("vlbert.models.vl", "ENCODERS"),
     ("vlbert.families.registry", "FAMILIES"),
     ("vlbert.layers.attention", "ATTENTION_FUNCTIONS"),
+    ("vlbert.recipes.text_pretraining", "ARCHITECTURES"),
     ("vlbert.training.optimizers", "OPTIMIZERS"),
     ("vlbert.training.schedules", "SCHEDULES"),
     ("vlbert.training.wsd", "DECAY_SHAPES"),

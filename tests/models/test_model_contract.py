@@ -16,6 +16,8 @@ from helpers.batches import B, D, R, T, mlm_labels, regions, text
 
 import vlbert
 import vlbert.models
+from vlbert.models.modernbert import ModernBertPreTrainedModel
+from vlbert.models.modernbert_heads import _ModernBertTaskModel
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.pretrained import PreTrainedModel
 from vlbert.models.region_embeddings import REGION_EMBEDDINGS
@@ -32,6 +34,8 @@ def is_base(cls: type) -> bool:
     own is not enough a rule: the task heads inherit VLBertForTask's forward and are concrete."""
     if issubclass(cls, VLBertForTask):
         return cls.build_head is VLBertForTask.build_head
+    if cls in (ModernBertPreTrainedModel, _ModernBertTaskModel):  # ModernBERT's shared parts: no forward, no head
+        return True
     return issubclass(cls, UnitPreTrainingModel) and not cls.modality
 
 
@@ -61,6 +65,26 @@ def _classification(num_labels: int, pairs: bool = False):
 # class name -> (config extras, batch builder, the logits field and its shape)
 CASES = {
     "BertModel": ({}, text, "last_hidden_state", (B, T, H)),
+    # ModernBERT (vlbert/models/modernbert.py): MLM only, no token types (given, and not read)
+    "ModernBertModel": ({}, text, "last_hidden_state", (B, T, H)),
+    "ModernBertForMaskedLM": (  # with labels: the logits of the masked positions only, one per row here
+        {},
+        lambda: {**(t := text()), "labels": mlm_labels(t)},
+        "prediction_logits",
+        (B, 50),
+    ),
+    "ModernBertForSequenceClassification": (
+        {"num_labels": 3},
+        lambda: {**text(), "labels": torch.tensor([0, 2, 1])},
+        "logits",
+        (B, 3),
+    ),
+    "ModernBertForTokenClassification": (
+        {"num_labels": 4},
+        lambda: {**text(), "labels": torch.randint(4, (B, T), generator=torch.Generator().manual_seed(2))},
+        "logits",
+        (B, T, 4),
+    ),
     "BertForPreTraining": (
         {},
         lambda: {**(t := text()), "labels": mlm_labels(t), "next_sentence_label": torch.tensor([0, 1, 0])},
@@ -176,10 +200,16 @@ def test_the_bases_left_out_cannot_run_by_themselves():
     """What :func:`is_base` leaves out is abstract: built with a config, each base fails to build or to run a forward
     (VLBertForTask: no head; UnitPreTrainingModel: no forward), so no model class escapes the contract as a base."""
     bases = [cls for cls in model_subclasses() if is_base(cls)]
-    assert {cls.__name__ for cls in bases} == {"VLBertForTask", "UnitPreTrainingModel"}
+    assert {cls.__name__ for cls in bases} == {
+        "VLBertForTask",
+        "UnitPreTrainingModel",
+        "ModernBertPreTrainedModel",
+        "_ModernBertTaskModel",
+    }
     for cls in bases:
-        with pytest.raises(NotImplementedError):
-            cls(contract_config(issubclass(cls, VLBertForTask), {}))(*text().values())  # torch's stub takes no keys
+        with pytest.raises((NotImplementedError, TypeError)):  # no forward; _ModernBertTaskModel: no head size
+            config = contract_config(cls.__name__, {})
+            cls(config)(*text().values())  # torch's stub takes no keys
 
 
 #: LXMERT's two-stream encoder (issue 42) under every VL head (retrieval's text embedding: its language layers).
@@ -231,8 +261,9 @@ def test_every_region_pathway_keeps_the_pretraining_contract(pathway, tmp_path):
     assert model.bert.idle_modules(masked) == []
 
 
-def contract_config(vision_language: bool, extras: dict):
-    """A one-layer config of hidden size :data:`H` (a VLBertConfig with regions of :data:`D` features) plus ``extras``."""
+def contract_config(name: str, extras: dict):
+    """A one-layer config of hidden size :data:`H` for the model class ``name`` (a VLBertConfig with regions of
+    :data:`D` features; a ModernBertConfig with a local window of 4, shorter than the batch) plus ``extras``."""
     base = {
         "vocab_size": 50,
         "hidden_size": H,
@@ -241,7 +272,10 @@ def contract_config(vision_language: bool, extras: dict):
         "intermediate_size": 32,
         "max_position_embeddings": 16,
     }
-    if vision_language:
+    if name.startswith("ModernBert") or name == "_ModernBertTaskModel":
+        tokens = {"pad_token_id": 0, "cls_token_id": 2, "sep_token_id": 3, "bos_token_id": 2, "eos_token_id": 3}
+        return vlbert.ModernBertConfig(**base, **tokens, local_attention=4, **extras)
+    if name.startswith("VL"):
         return vlbert.VLBertConfig(**base, region_feature_dim=D, num_region_classes=4, **extras)
     return vlbert.BertConfig(**base, **extras)
 
@@ -249,7 +283,7 @@ def contract_config(vision_language: bool, extras: dict):
 def check_contract(name, tmp_path, encoder: dict, more: dict | None = None):
     extras, build, field, shape = CASES[name]
     cls = model_classes()[name]
-    config = contract_config(name.startswith("VL"), {**extras, **encoder})
+    config = contract_config(name, {**extras, **encoder})
     torch.manual_seed(0)
     model = cls(config).train()
     out = model(**build(), **(more or {}))
@@ -260,9 +294,10 @@ def check_contract(name, tmp_path, encoder: dict, more: dict | None = None):
         assert out.losses and set(out.losses) <= set(model.objectives), (name, out.losses, model.objectives)
         out.loss.backward()
         unused = {id(p) for p in getattr(out, "unused_parameters", None) or ()}
-    else:  # an encoder, no loss: every hidden state and the pooled output feed the backward
-        assert out.pooler_output.shape == (B, H) and torch.isfinite(out.last_hidden_state).all(), name
-        (out.last_hidden_state.sum() + out.pooler_output.sum()).backward()
+    else:  # an encoder, no loss: every hidden state and the pooled output (ModernBERT has none) feed the backward
+        pooled = out.pooler_output if out.pooler_output is not None else torch.zeros(B, H)
+        assert pooled.shape == (B, H) and torch.isfinite(out.last_hidden_state).all(), name
+        (out.last_hidden_state.sum() + pooled.sum()).backward()
         unused = {id(p) for module in model.idle_modules() for p in module.parameters()}
     unreached = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None and id(p) not in unused]
     assert unreached == [], f"{name}: backward never reaches {unreached}"

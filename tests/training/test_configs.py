@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vlbert import BertConfig, BertForPreTraining
-from vlbert.recipes.text_pretraining import TextDataConfig
+from vlbert import BertForPreTraining, ModernBertForMaskedLM
+from vlbert.recipes.text_pretraining import ARCHITECTURES, TextDataConfig, read_model_section
 from vlbert.training.run_config import dataclass_from_section, load_run_config, set_dotted
 from vlbert.training.trainer import TrainingConfig
 
@@ -22,8 +22,12 @@ def test_config_is_valid(path):
     run = load_run_config(path)
     TrainingConfig.from_dict(run["training"]).validate()
     data = dataclass_from_section(TextDataConfig, run["data"], "data")
-    config = BertConfig.from_dict({"vocab_size": 30522, **run["model"]}, strict=True)
+    model = read_model_section(run["model"])
+    cls = ARCHITECTURES[model.pop("architecture")]
+    config = cls.config_class.from_dict({"vocab_size": 30522, **model}, strict=True)
     assert data.max_seq_length <= config.max_position_embeddings
+    if path.stem.startswith("modernbert"):  # MLM only: ModernBERT has no NSP head
+        assert cls is ModernBertForMaskedLM and data.running == ("mlm",)
     for size, (layers, hidden, heads, params) in PAPER_SIZES.items():
         if path.stem.startswith(f"bert-{size}"):
             assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (layers, hidden, heads)
@@ -133,3 +137,21 @@ def test_the_modernbert_recipe_is_modernberts_yaml():
         0.001,
     )
     assert (data.objectives, data.mlm_probability, data.eval_mlm_probability) == ({"mlm": 1}, 0.3, 0.15)
+    model = read_model_section(run["model"])
+    assert model.pop("architecture") == "modernbert"
+    config = ModernBertForMaskedLM.config_class.from_dict({"vocab_size": 50368, **model}, strict=True)
+    assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.num_attention_heads) == (
+        22,
+        768,
+        1152,
+        12,
+    )
+    assert (config.local_attention, config.layer_types[:4]) == (
+        128,
+        ["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    )
+    assert (config.global_rope_theta, config.local_rope_theta) == (10_000.0, 10_000.0)  # 160,000: after extension
+    assert not (config.norm_bias or config.attention_bias or config.mlp_bias) and config.hidden_activation == "gelu"
+    with torch.device("meta"):  # ModernBERT-base: 149M parameters with its 50,368-piece vocabulary (its model card)
+        n = ModernBertForMaskedLM(config).num_parameters()
+    assert abs(n - 149e6) / 149e6 < 0.02, f"{n / 1e6:.1f}M"

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from vlbert.training.schedules import SCHEDULES, build_scheduler, schedule_hooks
-from vlbert.training.training_config import TrainingConfig, linear_schedule
+from vlbert.training.schedules import SCHEDULES, build_scheduler, linear_schedule, schedule_hooks
+from vlbert.training.training_config import TrainingConfig
 from vlbert.training.wsd import decay_start, decay_steps
 
 

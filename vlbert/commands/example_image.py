@@ -21,7 +21,8 @@ def main(argv=None) -> int:
     """Copy the chosen easy-VQA test image to the output path and print its questions and answers.
 
     Raises:
-        ValueError: no test image has the asked colour and shape, or an unknown image id.
+        ValueError: no test image has the asked colour and shape, an unknown image id, or --id with --color or
+            --shape (they cannot both choose).
         FileExistsError: the output path exists (never overwritten; pass another path).
     """
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -30,6 +31,9 @@ def main(argv=None) -> int:
     p.add_argument("--color", choices=COLORS)
     p.add_argument("--shape", choices=SHAPES)
     args = p.parse_args(argv)
+    if args.id is not None and (args.color or args.shape):
+        chooser = "--color" if args.color else "--shape"
+        raise ValueError(f"{chooser} chooses an image and --id names one: give --id alone, or {chooser} without --id")
     output = Path(args.output)
     if output.exists():
         raise FileExistsError(f"{output} exists; pass another path (example-image never overwrites a file)")

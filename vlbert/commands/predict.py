@@ -40,6 +40,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from vlbert.commands import flag_types as flags
 from vlbert.common.files import write_text_atomically
 from vlbert.data.grounded_text import jsonl_records
 from vlbert.inference import PIPELINES, pipeline_class
@@ -70,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
         "--top-k", type=int, help="answers (VQA), images / captions (retrieval), fillers (default: the pipeline's)"
     )
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--device", help="cpu, cuda, ... (default: CUDA when available)")
+    p.add_argument("--device", type=flags.device, help="cpu, cuda, ... (default: CUDA when available)")
     p.add_argument(
         "--allow-other-detector",
         action="store_true",

@@ -83,17 +83,39 @@ def read_jsonl(
             yield f"{path}:{line_no}", parse_json(line, f"{path}:{line_no}", what, fix)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that gives a key twice (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)  # merge keys (<<) first: a key a merge brings in may be given again
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:
+                    continue  # an unhashable key: PyYAML's own error follows
+                if first is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice (first at line {first.line + 1})", key_node.start_mark
+                    )
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | os.PathLike, what: str = "YAML file", fix: str = _DEFAULT_FIX) -> Any:
-    """The YAML value in the file ``path`` (``yaml.safe_load``: plain data only; JSON is YAML too).
+    """The YAML value in the file ``path`` (``yaml.safe_load``'s rules: plain data only; JSON is YAML too), a
+    mapping that gives a key twice refused (a section given twice would keep the last one silently).
 
     Raises:
         FileNotFoundError, IsADirectoryError: as :func:`read_json`. UserFileError: not UTF-8 or not valid YAML
-            (``path:line:column``, the parser's problem and where its context started).
+            (``path:line:column``, the parser's problem and where its context started), or a key given twice in
+            one mapping (``path:line:column: ... (key 'training' is given twice (first at line 3)); <fix>``).
     """
     path = Path(path).expanduser()
     text = _text(path, what)
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
@@ -117,9 +139,7 @@ def expect(value: Any, kind: type | tuple[type, ...], where: str, description: s
         {dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number"}.get(k, k.__name__)
         for k in kinds
     )
-    raise UserFileError(
-        f"{where}: {description} must be {names}, got {type(value).__name__} {str(value)[:60]!r}; {fix}"
-    )
+    raise UserFileError(f"{where}: {description} must be {names}, got {type(value).__name__} {repr(value)[:60]}; {fix}")
 
 
 __all__ = ["UserFileError", "parse_json", "read_json", "read_jsonl", "read_yaml", "expect"]

@@ -24,6 +24,7 @@ from typing import Annotated, Sequence
 import torch
 
 from vlbert.common.typed_config import Range
+from vlbert.common.user_files import UserFileError, expect
 from vlbert.data.corpus import BBC_CLASSES, load_bbc_news, train_eval_split
 from vlbert.layers.losses import IGNORE_INDEX
 from vlbert.layers.unpadded import unpadded_layout
@@ -165,6 +166,41 @@ def _field(record: dict, name: str, where: str):
     return record[name]
 
 
+def _qa_answers(record: dict, config: TextTaskConfig, where: str) -> dict:
+    """A QA record's answers field read as ``{"text": [str, ...], "answer_start": [int, ...]}`` (the datasets
+    layout of SQuAD), checked: SQuAD v1.1 (``version_2_with_negative`` false) has an answer for every question
+    and no ``is_impossible`` one, as its evaluation requires.
+
+    Raises:
+        UserFileError: the field of another type (SQuAD's original list of {text, answer_start}), its lists of
+            unequal length or their elements of another type; ValueError: v1.1 data without an answer.
+    """
+    name = config.answers_field
+    answers, field = _field(record, name, where), f"field {name!r}"
+    fix = 'write it as {"text": ["..."], "answer_start": [0]}, as datasets\' SQuAD does'
+    if isinstance(answers, list):
+        raise UserFileError(
+            f'{where}: {field} must be a mapping of lists {{"text": [...], "answer_start": [...]}}, got a list '
+            f"of {len(answers)} answers ({str(answers)[:60]}, SQuAD's original layout); {fix}"
+        )
+    expect(answers, dict, where, field, fix)
+    texts = expect(answers.get("text"), list, where, f"{field}['text']", fix)
+    starts = expect(answers.get("answer_start"), list, where, f"{field}['answer_start']", fix)
+    if len(texts) != len(starts):
+        raise UserFileError(f"{where}: {field} has {len(texts)} texts but {len(starts)} answer_start; {fix}")
+    for i, (text, start) in enumerate(zip(texts, starts, strict=True)):
+        expect(text, str, where, f"{field}['text'][{i}]", fix)
+        expect(start, int, where, f"{field}['answer_start'][{i}]", fix)
+    if not config.version_2_with_negative and (not texts or record.get("is_impossible") is True):
+        what = "is marked is_impossible" if texts else f"has no answer ({field} is empty)"
+        raise ValueError(
+            f"{where} (id {record.get(config.id_field)!r}) {what}: SQuAD v1.1 trains and scores every question "
+            "against its answers; for unanswerable questions (SQuAD 2.0) set data.version_2_with_negative: true, "
+            "or leave the record out"
+        )
+    return answers
+
+
 def window_spans(length: int, window: int, stride: int) -> list[tuple[int, int]]:
     """(start, length) of the windows over a sequence of ``length`` wordpieces: each at most ``window`` long, each
     starting ``stride`` after the previous one (at most one window length after it, so nothing is skipped), the last
@@ -209,14 +245,25 @@ class TextTaskDataset(torch.utils.data.Dataset):
     wordpieces in the window) and ``home`` (per context wordpiece: this is its max-context window);
     ``doc_offsets[record]`` maps context wordpieces to character spans of the context.
 
+    ``source`` names the records' file (or datasets name and split) in messages: ``<source>: record 3``.
+
     Raises:
-        ValueError: a record lacks a configured field, a label is not in ``labels``, a tag sequence's length
+        ValueError: a record lacks a configured field, QA answers of another layout or type (a ``UserFileError``)
+            or, for SQuAD v1.1 (``version_2_with_negative`` false), a question without an answer, a label is not in ``labels``, a tag sequence's length
             differs from its words', an answer does not occur in its context, a context has no wordpiece, or a
             question leaves no room for context in ``max_seq_length``.
     """
 
-    def __init__(self, records: Sequence[dict], tokenizer, config: TextTaskConfig, labels: list | None = None):
+    def __init__(
+        self,
+        records: Sequence[dict],
+        tokenizer,
+        config: TextTaskConfig,
+        labels: list | None = None,
+        source: str = "",
+    ):
         self.config, self.type = config, config.type
+        self.source = source
         self.labels = labels
         self.records = list(records)
         self.words_without_wordpieces: list[list[int]] = []
@@ -231,12 +278,16 @@ class TextTaskDataset(torch.utils.data.Dataset):
         else:
             raise ValueError(f"data.type must be one of {TASK_TYPES}, got {config.type!r}")
 
+    def _where(self, k: int) -> str:
+        """Record ``k`` as messages name it: ``<source>: record k``."""
+        return f"{self.source}: record {k}" if self.source else f"record {k}"
+
     def _sentences(self, tokenizer) -> list[dict]:
         """Classification / regression records (a text, or a pair) encoded in one batched tokenizer call."""
         c = self.config
         texts, pairs, labels = [], [], []
         for k, record in enumerate(self.records):
-            where = f"record {k}"
+            where = self._where(k)
             texts.append(_field(record, c.text_field, where))
             if c.text_pair_field:
                 pairs.append(_field(record, c.text_pair_field, where))
@@ -262,7 +313,7 @@ class TextTaskDataset(torch.utils.data.Dataset):
         return self.labels.index(value)
 
     def _tagging(self, record, tokenizer, k: int) -> list[dict]:
-        c, where = self.config, f"record {k}"
+        c, where = self.config, self._where(k)
         words, tags = _field(record, c.tokens_field, where), _field(record, c.tags_field, where)
         if len(words) != len(tags):
             raise ValueError(f"{where}: {len(words)} words but {len(tags)} tags")
@@ -300,9 +351,9 @@ class TextTaskDataset(torch.utils.data.Dataset):
         return items
 
     def _qa(self, record, tokenizer, k: int) -> list[dict]:
-        c, where = self.config, f"record {k}"
+        c, where = self.config, self._where(k)
         question, context = _field(record, c.question_field, where), _field(record, c.context_field, where)
-        answers = _field(record, c.answers_field, where)
+        answers = _qa_answers(record, c, where)
         q = tokenizer(question, add_special_tokens=False, verbose=False)["input_ids"]
         enc = tokenizer(context, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         doc, offsets = enc["input_ids"], [tuple(o) for o in enc["offset_mapping"]]

@@ -14,11 +14,13 @@ Two layouts are read:
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from vlbert.common.user_files import expect, read_json
 from vlbert.data.vqa import VQAExample
+
+_FIX = "write LXMERT's layout, a mapping of each answer to its score"
 
 
 def _official(values: dict, path) -> list[VQAExample]:
@@ -30,6 +32,8 @@ def _official(values: dict, path) -> list[VQAExample]:
                 "(balanced split) or LXMERT's gqa/<split>.json?"
             )
         answer = record.get("answer")
+        if answer is not None:
+            expect(answer, str, f"{path}: question {qid!r}", "field 'answer'", "give one answer as a string")
         examples.append(
             VQAExample(str(qid), str(record["imageId"]), record["question"], (answer,) if answer is not None else ())
         )
@@ -42,6 +46,7 @@ def _lxmert(values: list, path) -> list[VQAExample]:
         if not isinstance(record, dict) or not {"img_id", "question_id", "sent"} <= set(record):
             raise ValueError(f"{path}: record {k} lacks img_id/question_id/sent; is this LXMERT's gqa/<split>.json?")
         label = record.get("label") or {}
+        expect(label, dict, f"{path}: record {k}", "field 'label' (answer -> score, e.g. {\"pipe\": 1.0})", _FIX)
         answers = (max(label, key=label.get),) if label else ()  # GQA: one answer, score 1.0
         examples.append(VQAExample(str(record["question_id"]), str(record["img_id"]), record["sent"], answers))
     return examples
@@ -52,13 +57,11 @@ def load_gqa(questions_file: str | os.PathLike, image_id_format: str = "{image_i
     ``image_id_format`` (``{image_id}``: the GQA / Visual Genome image id as the file writes it).
 
     Raises:
-        FileNotFoundError: no such file. ValueError: not JSON, or neither layout (the file and the record named).
+        FileNotFoundError: no such file. ValueError: not JSON, neither layout, or an answer or label of another
+            type (a ``UserFileError``; the file, record and field named).
     """
     path = Path(questions_file)
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); give a GQA questions file") from e
+    values = read_json(path, "GQA questions file", "give a GQA questions file")
     if isinstance(values, dict):
         examples = _official(values, path)
     elif isinstance(values, list):

@@ -46,7 +46,8 @@ def load_refcoco(
         image_id_format: the shard image id from the COCO image id, e.g. ``"COCO_train2014_{image_id:012d}"``.
     Raises:
         FileNotFoundError: a file is missing. ValueError: refs that are not a list of refs, a ref whose ann_id is
-            not in the instances, a bbox that is not [x, y, w, h] with w, h >= 0, or no expression in the split.
+            not in the instances, a bbox that is not [x, y, w, h] with w, h >= 0 or that lies outside its image
+            (the instances' ``images`` sizes), or no expression in the split.
     """
     refs_path = Path(refs_file)
     refs = read_json(refs_path, "RefCOCO refs file") if refs_path.suffix == ".json" else load_plain_pickle(refs_path)
@@ -58,6 +59,7 @@ def load_refcoco(
         read_json(instances_file, "COCO instances file"), dict, str(instances_file), "a COCO instances file"
     )
     boxes = {a["id"]: a["bbox"] for a in instances.get("annotations", [])}
+    sizes = {im.get("id"): (im.get("width"), im.get("height")) for im in instances.get("images", [])}
     out = []
     for ref in refs:
         if ref["split"] != split:
@@ -72,6 +74,7 @@ def load_refcoco(
             raise ValueError(
                 f"annotation {ref['ann_id']} has bbox {[x, y, w, h]}; COCO boxes are [x, y, width, height]"
             )
+        _check_inside((x, y, w, h), sizes.get(ref["image_id"]), f"{instances_file}: annotation {ref['ann_id']}", ref)
         for k, sentence in enumerate(ref["sentences"]):
             out.append(
                 ReferringExample(
@@ -84,6 +87,20 @@ def load_refcoco(
     if not out:
         raise ValueError(f"{refs_file} has no expression in split {split!r}")
     return out
+
+
+def _check_inside(box: tuple, size: tuple | None, where: str, ref: dict) -> None:
+    """Refuse a COCO box ``[x, y, w, h]`` that leaves its image of ``size`` (width, height; None: not listed) by
+    more than a pixel, as the region readers refuse one (docs/bad-input.md row 12)."""
+    if size is None or not all(isinstance(v, (int, float)) for v in size):
+        return
+    x, y, w, h = box
+    if x < -1 or y < -1 or x + w > size[0] + 1 or y + h > size[1] + 1:
+        raise ValueError(
+            f"{where} (field 'bbox', referred to by ref {ref.get('ref_id')}) = {list(box)} lies outside its image "
+            f"{ref['image_id']} ({size[0]}x{size[1]}); COCO boxes are [x, y, width, height] in the image's pixels: "
+            "pair the refs with the instances file of the same dataset, or fix the box"
+        )
 
 
 TILE = 64  # easy-VQA images are 64 x 64 pixels

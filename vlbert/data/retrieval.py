@@ -26,6 +26,34 @@ def easy_vqa_captioned(split: str, seed: int = 0) -> list[CaptionedImage]:
     ]
 
 
+def check_evaluation_images(images: Sequence[CaptionedImage], regions, source: str, split: str) -> None:
+    """Refuse evaluation images Recall@K cannot score as the benchmark does, before any training: an image listed
+    twice in the split (it would be two candidates, one of them always "wrong"), or one without regions.
+
+    Args:
+        images: the split's images in file order; regions: image id -> regions (anything with ``in``).
+        source: the caption file (or dataset) the images come from, for messages; split: its split's name.
+    Raises:
+        ValueError: the image named with its places in the split (or how many lack regions) and the fix.
+    """
+    first: dict[str, int] = {}
+    for k, image in enumerate(images):
+        if image.image_id in first:
+            raise ValueError(
+                f"{source}: image {image.image_id!r} is listed twice in split {split!r} (images {first[image.image_id]}"
+                f" and {k} of the split); Recall@K ranks each image once: list it once, its captions together"
+            )
+        first[image.image_id] = k
+    missing = [(k, im.image_id) for k, im in enumerate(images) if im.image_id not in regions]
+    if missing:
+        k, image_id = missing[0]
+        raise ValueError(
+            f"{source}: image {image_id!r} (image {k} of split {split!r}) has no regions in data.shards "
+            f"({len(missing)} of the split's {len(images)} images have none); extract their regions first "
+            "(vlbert extract), or set data.max_eval_images to leave them out"
+        )
+
+
 class RetrievalPairs(torch.utils.data.Dataset):
     """One item per (image, caption) pair: caption ids, the image's regions (both by the run's ``processor``, a
     :class:`~vlbert.processing.VLProcessor`) and its group id; with an
@@ -59,4 +87,4 @@ class RetrievalPairs(torch.utils.data.Dataset):
         return {"input_ids": self.input_ids[index], **regions, "group": group}
 
 
-__all__ = ["easy_vqa_captioned", "RetrievalPairs"]
+__all__ = ["easy_vqa_captioned", "check_evaluation_images", "RetrievalPairs"]

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from vlbert.common.user_files import read_json
+from vlbert.common.user_files import UserFileError, expect, read_json
 from vlbert.data.easy_vqa import load_questions
 from vlbert.data.grounded_text import GroundedTextDataset
 from vlbert.data.vqa_answers import answer_targets, reference_forms
@@ -48,34 +48,67 @@ def load_vqa_v2(
         image_id_format: how a numeric COCO image id becomes the id used in the region shards, e.g.
             ``"COCO_train2014_{image_id:012d}"``.
     Raises:
-        FileNotFoundError: a file is missing. ValueError: the files lack the expected keys, or an annotation
-            refers to an unknown question.
+        FileNotFoundError: a file is missing. ValueError: the files lack the expected keys, a record's field is
+            missing or of another type (a ``UserFileError``: the file, record and field named), an annotation refers
+            to an unknown question, or (with annotations) a question has no annotation.
     """
     questions = read_json(questions_file, "VQA v2 questions file")
     if not isinstance(questions, dict) or "questions" not in questions:
         raise ValueError(f"{questions_file} has no 'questions' list; is it a VQA v2 questions file?")
-    answers: dict[int, tuple[str, ...]] = {}
-    if annotations_file is not None:
-        annotations = read_json(annotations_file, "VQA v2 annotations file")
-        if not isinstance(annotations, dict) or "annotations" not in annotations:
-            raise ValueError(f"{annotations_file} has no 'annotations' list; is it a VQA v2 annotations file?")
-        answers = {a["question_id"]: tuple(x["answer"] for x in a["answers"]) for a in annotations["annotations"]}
-        known = {q["question_id"] for q in questions["questions"]}
-        stray = [qid for qid in answers if qid not in known]
-        if stray:
-            raise ValueError(
-                f"{annotations_file} annotates {len(stray)} questions not in {questions_file}, "
-                f"e.g. {stray[:3]}; pair files of the same split"
-            )
-    return [
-        VQAExample(
-            str(q["question_id"]),
-            image_id_format.format(image_id=q["image_id"]),
-            q["question"],
-            answers.get(q["question_id"], ()),
+    records = expect(questions["questions"], list, str(questions_file), "field 'questions'")
+    for k, q in enumerate(records):
+        _record(
+            q,
+            f"{questions_file}: record {k} of 'questions'",
+            {"question_id": (int, str), "image_id": (int, str), "question": str},
         )
-        for q in questions["questions"]
-    ]
+    if annotations_file is None:
+        return [_example(q, (), image_id_format) for q in records]
+    answers = _annotated_answers(annotations_file)
+    known = {q["question_id"] for q in records}
+    stray = [qid for qid in answers if qid not in known]
+    if stray:
+        raise ValueError(
+            f"{annotations_file} annotates {len(stray)} questions not in {questions_file}, "
+            f"e.g. {stray[:3]}; pair files of the same split"
+        )
+    bare = [(k, q["question_id"]) for k, q in enumerate(records) if q["question_id"] not in answers]
+    if bare:  # it would be trained on as all-zero targets, or scored against no answer
+        k, qid = bare[0]
+        raise ValueError(
+            f"{questions_file}: record {k} of 'questions' (question_id {qid}) has no annotation in {annotations_file}"
+            f" ({len(bare)} questions have none); pair the questions and annotations files of the same split"
+        )
+    return [_example(q, answers[q["question_id"]], image_id_format) for q in records]
+
+
+def _record(value, where: str, fields: dict[str, type | tuple[type, ...]]) -> dict:
+    """``value`` checked as a mapping holding ``fields`` (name -> type), each named where missing or mistyped."""
+    expect(value, dict, where, "the record")
+    for name, kind in fields.items():
+        if name not in value:
+            raise UserFileError(f"{where}: the record has no field {name!r} (fields: {sorted(value)})")
+        expect(value[name], kind, where, f"field {name!r}")
+    return value
+
+
+def _annotated_answers(annotations_file) -> dict[int, tuple[str, ...]]:
+    """question id -> the annotators' answers, from a VQA v2 annotations file (each record's fields checked)."""
+    annotations = read_json(annotations_file, "VQA v2 annotations file")
+    if not isinstance(annotations, dict) or "annotations" not in annotations:
+        raise ValueError(f"{annotations_file} has no 'annotations' list; is it a VQA v2 annotations file?")
+    out = {}
+    for k, a in enumerate(expect(annotations["annotations"], list, str(annotations_file), "field 'annotations'")):
+        where = f"{annotations_file}: record {k} of 'annotations'"
+        _record(a, where, {"question_id": (int, str), "answers": list})
+        for i, x in enumerate(a["answers"]):
+            _record(x, f"{where}, answers[{i}]", {"answer": str})
+        out[a["question_id"]] = tuple(x["answer"] for x in a["answers"])
+    return out
+
+
+def _example(q: dict, answers: tuple[str, ...], image_id_format: str) -> VQAExample:
+    return VQAExample(str(q["question_id"]), image_id_format.format(image_id=q["image_id"]), q["question"], answers)
 
 
 def build_answer_vocab(examples: Sequence[VQAExample], min_count: int = 1) -> list[str]:

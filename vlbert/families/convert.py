@@ -132,6 +132,22 @@ def sniff_family(source: Path) -> str | None:
     return detect_family(state)
 
 
+#: What a converted model directory holds (weights, configs, processor, tokenizer): ``--overwrite`` replaces a
+#: directory of these, and refuses one holding anything else.
+MODEL_FILES = (
+    "config.json",
+    "model.safetensors",
+    "generation_config.json",
+    "processor.json",
+    "inference.json",
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
+
+
 def convert_checkpoint(
     family: str,
     source: str | os.PathLike,
@@ -168,7 +184,8 @@ def convert_checkpoint(
             or encoder tensors missing; tensors holding NaN or inf (named) without ``allow_nonfinite``; a
             transformers-format directory (VisualBERT, Oscar, LXMERT) without the config.json values its tensors do
             not show (the head count, and the head where the keys fit two).
-        FileExistsError: ``output_dir`` is not empty and ``overwrite`` is not set.
+        FileExistsError: ``output_dir`` is not empty and ``overwrite`` is not set, or (with ``overwrite``) holds a
+            file other than a model directory's (:data:`MODEL_FILES`).
         FileNotFoundError: no source, or no tokenizer there (offline without --tokenizer).
     """
     if family not in FAMILIES:
@@ -179,6 +196,15 @@ def convert_checkpoint(
         raise FileNotFoundError(f"{source} does not exist")
     if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
         raise FileExistsError(f"{output_dir} is not empty; choose another --output-dir or pass --overwrite")
+    if overwrite and output_dir.is_dir():  # --overwrite replaces a model directory, never a user's files
+        foreign = sorted(
+            p.name for p in output_dir.iterdir() if not p.name.startswith(".") and p.name not in MODEL_FILES
+        )
+        if foreign:
+            raise FileExistsError(
+                f"{output_dir} holds files that are not a converted model's ({', '.join(foreign[:4])}); --overwrite "
+                "replaces a model directory, never other files: choose another --output-dir"
+            )
     try:
         state, source_config = fam.read(source)
     except WrongForm as e:  # a directory for a one-file family, or the reverse: which family it is, if any
@@ -317,4 +343,4 @@ def _load(model, state, source, family: str) -> dict[str, Any]:
     return {"missing": missing}
 
 
-__all__ = ["convert_checkpoint", "check_tokenizer_casing", "read_labels", "detect_family"]
+__all__ = ["MODEL_FILES", "convert_checkpoint", "check_tokenizer_casing", "read_labels", "detect_family"]

@@ -299,11 +299,15 @@ class BertModel(PreTrainedModel):
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
-        self.embeddings = BertEmbeddings(config)
+        self.embeddings = self.build_embeddings(config)
         self.add_inputs(config)
         self.encoder = self.build_encoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.init_weights()
+
+    def build_embeddings(self, config: BertConfig) -> nn.Module:
+        """The text embeddings: :class:`BertEmbeddings` (a vision-language model's text tower picks its own)."""
+        return BertEmbeddings(config)
 
     def add_inputs(self, config: BertConfig) -> None:
         """Build the input pathways besides the word embeddings (before the encoder, so parameters keep their

@@ -145,11 +145,17 @@ class ModernBertEncoder(BertEncoder):
     no window), and the RoPE angles of both thetas computed once per forward.
 
     ``hidden_states`` are transformers' L + 1: the embeddings, the first L - 1 layers' outputs, then the final
-    norm's output (``last_hidden_state``)."""
+    norm's output (``last_hidden_state``).
 
-    def __init__(self, config: ModernBertConfig):
+    ``windows=False`` makes every layer attend globally, each keeping its RoPE base (the vision-language models'
+    tower, :mod:`vlbert.models.text_towers`, says why)."""
+
+    def __init__(self, config: ModernBertConfig, windows: bool = True):
         nn.Module.__init__(self)
         self.layers = nn.ModuleList(ModernBertLayer(config, i) for i in range(config.num_hidden_layers))
+        if not windows:  # every layer global (a vision-language model's: see vlbert.models.text_towers)
+            for layer in self.layers:
+                layer.window = None
         self.final_norm = _norm(config)
         self.attn_implementation = config.attn_implementation
         check_attention_name(self.attn_implementation)
@@ -179,14 +185,19 @@ class ModernBertEncoder(BertEncoder):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         unpadding: Unpadding | None = None,
+        text_length: int | None = None,
     ) -> EncoderOutput:
         """Args and returns as :meth:`BertEncoder.forward`: x float [B, S, H] embeddings, mask [B, S] (1 = real) or
         None, the collator's ``unpadding`` or None; last_hidden_state [B, S, H] after the final norm (zeros at
-        padding where the batch ran unpadded). Raises ValueError for an unknown ``attn_implementation``."""
+        padding where the batch ran unpadded). ``text_length``: with regions after the text, T (columns T.. are
+        regions, which RoPE then leaves unrotated: position 0 for all of them); None: every column is a token at
+        its position. Raises ValueError for an unknown ``attn_implementation``."""
         b, s = x.shape[:2]
         kernels = self.kernels(x, output_attentions)
         unpadding = self.layout(mask, b, s, kernels, unpadding, x.device)
         positions = token_positions(unpadding)
+        if text_length is not None:  # the regions: one position, 0 (no rotation), whatever their order
+            positions = torch.where(positions < text_length, positions, 0)
         rotary = {t: rotary_angles(positions, self.head_dim, t) for t in {layer.theta for layer in self.layers}}
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
@@ -211,6 +222,24 @@ class ModernBertEncoder(BertEncoder):
         )
 
 
+def modernbert_init(module: nn.Module, config: ModernBertConfig) -> None:
+    """Initialise ``module``'s own parameters as transformers' ``ModernBertPreTrainedModel._init_weights``: a
+    Linear or Embedding from a normal truncated at ``initializer_cutoff_factor`` standard deviations (its
+    ``init_std``, else ``initializer_range``) with zero bias, a LayerNorm as the identity, the MLM head's bias zero."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        std = getattr(module, "init_std", None) or config.initializer_range
+        cut = config.initializer_cutoff_factor * std
+        nn.init.trunc_normal_(module.weight, mean=0.0, std=std, a=-cut, b=cut)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, ModernBertMaskedLMHead) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
 class ModernBertPreTrainedModel(PreTrainedModel):
     """Base of the ModernBERT models: config, the key map onto transformers' names (``from_pretrained`` of a
     transformers ModernBERT directory, ``save_pretrained`` that transformers loads back), and ModernBERT's
@@ -224,19 +253,7 @@ class ModernBertPreTrainedModel(PreTrainedModel):
     architecture_name = "ModernBERT"
 
     def _init_module(self, module: nn.Module) -> None:
-        config = self.config
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            std = getattr(module, "init_std", None) or config.initializer_range
-            cut = config.initializer_cutoff_factor * std
-            nn.init.trunc_normal_(module.weight, mean=0.0, std=std, a=-cut, b=cut)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, ModernBertMaskedLMHead) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+        modernbert_init(module, self.config)
 
     @classmethod
     def from_hf_state_dict(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -401,4 +418,5 @@ __all__ = [
     "ModernBertEmbeddings",
     "ModernBertPredictionHead",
     "ModernBertMaskedLMHead",
+    "modernbert_init",
 ]

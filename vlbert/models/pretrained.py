@@ -16,6 +16,7 @@ from torch import nn
 from vlbert import checkpoint as ckpt
 from vlbert.config import BertConfig
 from vlbert.hub import push_model_directory
+from vlbert.modernbert_checkpoint import modernbert_vl_from_hf, modernbert_vl_to_hf
 from vlbert.tokenization import save_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,8 @@ class PreTrainedModel(nn.Module):
                     module.weight[module.padding_idx].zero_()
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+            if module.bias is not None:  # (ModernBERT's norms have none)
+                nn.init.zeros_(module.bias)
         own = getattr(module, "_init_own_weights", None)
         if callable(own):  # a module with its own published initialisation (after its children's, apply's order)
             own(std)
@@ -220,7 +222,7 @@ class PreTrainedModel(nn.Module):
             config = dataclasses.replace(config, **config_overrides)
         with _initial_weights_drawn_later():  # the checkpoint sets them: drawn only where it has none
             model = cls(config)
-        state = cls.from_hf_state_dict(ckpt.read_state_dict(directory))
+        state = model.text_tower_state(ckpt.read_state_dict(directory))
         model.loading_info = model.load_converted_state_dict(
             state, source=str(directory), strict=strict, init_missing=True
         )
@@ -232,6 +234,17 @@ class PreTrainedModel(nn.Module):
         (:func:`vlbert.checkpoint.hf_to_vlbert` for BERT; another architecture's models override it with their
         key map, :meth:`hf_state_dict` being its inverse)."""
         return ckpt.hf_to_vlbert(state)
+
+    def text_tower_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A checkpoint's tensors in this model's names: for a vision-language model whose ``config.text_tower`` is
+        "modernbert", :func:`~vlbert.modernbert_checkpoint.modernbert_vl_from_hf` (a ModernBERT directory or such a
+        model's own); else :meth:`from_hf_state_dict`.
+
+        Raises:
+            ValueError: a ModernBERT tower given a BERT checkpoint (its learned positions named with the fix)."""
+        if getattr(self.config, "text_tower", "bert") == "modernbert":
+            return modernbert_vl_from_hf(state)
+        return self.from_hf_state_dict(state)
 
     def load_converted_state_dict(
         self,
@@ -297,11 +310,13 @@ class PreTrainedModel(nn.Module):
         _load_tensors(self, {k: v for k, v in state.items() if k in own}, own)
         pathway = _new_region_pathway(own, state, missing, base)
         if pathway:
+            kind = "ModernBERT" if getattr(self.config, "text_tower", "bert") == "modernbert" else "BERT"
             logger.info(
-                "%s: %s is a text BERT: its BERT weights (%d tensors) loaded; newly initialised, as a text "
-                "BERT has no region pathway: %s",
+                "%s: %s is a text %s: its weights (%d tensors) loaded; newly initialised, as a text encoder has no "
+                "region pathway: %s",
                 type(self).__name__,
                 source,
+                kind,
                 sum(k in state for k in own if k.startswith(base)),
                 _parts(pathway, base),
             )
@@ -317,8 +332,12 @@ class PreTrainedModel(nn.Module):
     # ------------------------------------------------------------------ saving
     def hf_state_dict(self, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """This model's weights (or ``state_dict``, in its names) under Hugging Face BERT names (what
-        ``save_pretrained`` writes)."""
-        return ckpt.vlbert_to_hf(self.state_dict() if state_dict is None else state_dict, self.base_model_prefix)
+        ``save_pretrained`` writes); a ModernBERT text tower's under transformers' ModernBERT names
+        (:func:`~vlbert.modernbert_checkpoint.modernbert_vl_to_hf`)."""
+        state = self.state_dict() if state_dict is None else state_dict
+        if getattr(self.config, "text_tower", "bert") == "modernbert":
+            return modernbert_vl_to_hf(state, self.base_model_prefix)
+        return ckpt.vlbert_to_hf(state, self.base_model_prefix)
 
     def save_pretrained(
         self, directory: str | os.PathLike, tokenizer=None, state_dict: dict[str, torch.Tensor] | None = None

@@ -9,27 +9,35 @@ BERT. Regions carry no position ids, so the encoder treats them as an unordered 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
 from vlbert.config import VLBertConfig
 from vlbert.layers.unpadded import StreamLayouts, unpadding
-from vlbert.models.bert import BertEncoder, BertModel
+from vlbert.models.bert import BertModel, run_padded
 from vlbert.models.inputs import VL_INPUT_NAMES, VLInputs, check_text_inputs
 from vlbert.models.objective_units import UnitPreTrainingModel
 from vlbert.models.outputs import EncoderOutput, PreTrainingOutput
 from vlbert.models.region_embeddings import build_region_embedding
+from vlbert.models.text_towers import TEXT_TOWERS
 from vlbert.models.two_stream import TwoStreamEncoder
 from vlbert.models.visual_backbone import RegionFeatureExtractor
 from vlbert.objectives import Encoded
 
 
 class SingleStream:
-    """``config.encoder = "single-stream"``: one :class:`~vlbert.models.bert.BertEncoder` over [text ; regions],
-    embedded together by the region pathway (``RegionEmbedding.join``; text alone: the BERT embeddings), unpadded by
-    the collator's :class:`~vlbert.layers.unpadded.UnpaddedLayout` of the joint mask (else read from the mask)."""
+    """``config.encoder = "single-stream"``: one encoder over [text ; regions], the text tower's
+    (:data:`~vlbert.models.text_towers.TEXT_TOWERS`: BERT's :class:`~vlbert.models.bert.BertEncoder` or ModernBERT's),
+    embedded together by the region pathway (``RegionEmbedding.join``; text alone: the tower's text embeddings),
+    unpadded by the collator's :class:`~vlbert.layers.unpadded.UnpaddedLayout` of the joint mask (else read from the
+    mask)."""
 
-    encoder_class = BertEncoder
+    @staticmethod
+    def build(config: VLBertConfig) -> nn.Module:
+        """The text tower's encoder for ``config``."""
+        return TEXT_TOWERS[config.text_tower].encoder(config)
 
     def encode(self, model: "VLBertModel", inputs: VLInputs, hidden: bool, attentions: bool):
         """Embeddings -> encoder -> :class:`EncoderOutput` (no pooler) of ``model``; ``hidden`` / ``attentions``:
@@ -43,7 +51,10 @@ class SingleStream:
         unpadded = unpadding(inputs.layout, mask[:, : mask.shape[1] - extra] if extra else mask)
         if extra and unpadded is not None:  # VL-BERT's [END] after the regions, added on the device
             unpadded = unpadded.append(extra)
-        out = model.encoder(x, mask, hidden, attentions, unpadded)
+        text_length = inputs.input_ids.shape[1] if x.shape[1] > inputs.input_ids.shape[1] else None
+        out = TEXT_TOWERS[model.config.text_tower].encode(
+            model.encoder, x, mask, hidden, attentions, unpadded, text_length
+        )
         if extra:
             keep = x.shape[1] - extra
             out.last_hidden_state = out.last_hidden_state[:, :keep]
@@ -60,7 +71,10 @@ class TwoStream:
     unpadded by its own mask (one ``nonzero`` each). Text alone runs the language layers (LXMERT's language
     encoder, a BERT)."""
 
-    encoder_class = TwoStreamEncoder
+    @staticmethod
+    def build(config: VLBertConfig) -> nn.Module:
+        """LXMERT's :class:`~vlbert.models.two_stream.TwoStreamEncoder` for ``config`` (a BERT text tower)."""
+        return TwoStreamEncoder(config)
 
     def encode(self, model: "VLBertModel", inputs: VLInputs, hidden: bool, attentions: bool):
         """Embeddings -> encoder -> :class:`EncoderOutput` (no pooler; each stream's states and attention maps
@@ -91,6 +105,9 @@ class VLBertModel(BertModel):
 
     Initialise the shared encoder from any BERT checkpoint with ``VLBertModel.from_pretrained(dir,
     region_feature_dim=...)``: the region embeddings are then newly initialised (listed in ``loading_info``).
+    ``config.text_tower`` picks the text embeddings and single-stream encoder from
+    :data:`~vlbert.models.text_towers.TEXT_TOWERS` (BERT, or ModernBERT: what a ModernBERT directory given to
+    ``from_pretrained`` chooses; how regions join it is said there).
 
     ``config.encoder`` picks the encoder from :data:`ENCODERS`: "single-stream" (the above) or "two-stream"
     (LXMERT: :class:`~vlbert.models.two_stream.TwoStreamEncoder`, text and regions in their own layers, then
@@ -117,7 +134,12 @@ class VLBertModel(BertModel):
         """``ENCODERS[config.encoder]``'s encoder (one over [text ; regions], or LXMERT's two streams); the path
         that runs it is kept as ``self.path`` (:class:`SingleStream` or :class:`TwoStream`)."""
         self.path = ENCODERS[config.encoder]()
-        return self.path.encoder_class(config)
+        return self.path.build(config)
+
+    def build_embeddings(self, config: VLBertConfig) -> nn.Module:
+        """The text tower's embeddings (:data:`~vlbert.models.text_towers.TEXT_TOWERS`): BERT's, or ModernBERT's
+        with the regions' modality table."""
+        return TEXT_TOWERS[config.text_tower].embeddings(config)
 
     def idle_modules(self, masked_regions: torch.Tensor | None = None) -> list[nn.Module]:
         """Submodules a forward without ``masked_regions`` never uses: those the region pathway declares
@@ -312,18 +334,22 @@ class VLBertForPreTraining(UnitPreTrainingModel):
         [B, 2]. Without any labels (inference), every head that has an output field fills it
         (:meth:`Objective.predict`): ``prediction_logits`` is the MLM over every text position, [B, T, vocab_size],
         as transformers' ``*ForPreTraining`` return every head's logits. A batch whose text a unit rewrites before
-        the encoder (ITM's hard negatives) carries no layout: the collator cannot know it.
+        the encoder (ITM's hard negatives) carries no layout: the collator cannot know it; its joint pass and the
+        unit's own passes run on the padded batch (:func:`~vlbert.models.bert.run_padded`: no host read of a mask).
         Raises: TypeError for a label no unit reads; ValueError as :meth:`VLBertModel.forward`."""
         inputs = VLInputs.take(inputs, labels)
         # the features as given, before the masked regions' are zeroed: MRFR's targets
         given = self.given_labels(labels, masked_regions=inputs.masked_regions, region_features=inputs.region_features)
-        inputs = self.before_encoder(self.bert.with_region_features(inputs), given)
+        zeroed = self.bert.with_region_features(inputs)
+        inputs = self.before_encoder(zeroed, given)
         running = self.running(given)
         keep_hidden = output_hidden_states or any(unit.reads_hidden_states(self.config) for unit in running)
         if running and not (output_hidden_states or output_attentions) and not any(u.reads_joint for u in running):
             # no running unit reads the joint pass (ITC alone: its own unimodal passes): it is not run
             return self.run_units(PreTrainingOutput(), self.encoded(None, inputs), given)
-        enc = self.bert(inputs, output_hidden_states=keep_hidden, output_attentions=output_attentions)
+        # text rewritten on the device (ITM's hard negatives): its layout is unknown to the host, the pass runs padded
+        with run_padded(self.bert.encoder) if inputs.input_ids is not zeroed.input_ids else contextlib.nullcontext():
+            enc = self.bert(inputs, output_hidden_states=keep_hidden, output_attentions=output_attentions)
         out = PreTrainingOutput(
             last_hidden_state=enc.last_hidden_state,
             pooler_output=enc.pooler_output,
@@ -340,9 +366,11 @@ class VLBertForPreTraining(UnitPreTrainingModel):
             ValueError: a unit rewrote the text of a batch that carries a layout (which then no longer describes
                 it)."""
         rewritten = inputs
-        for unit in self.units:
-            if all(given[k] is not None for k in unit.inputs):
-                rewritten = unit.before_encoder(self, rewritten, given)
+        # a unit's own passes (ITM's unimodal [CLS] of hard negatives) carry no layout: padded, no host read of the mask
+        with run_padded(self.bert.encoder):
+            for unit in self.units:
+                if all(given[k] is not None for k in unit.inputs):
+                    rewritten = unit.before_encoder(self, rewritten, given)
         if rewritten.input_ids is not inputs.input_ids and inputs.layout is not None:
             raise ValueError(
                 "a unit rewrote the text before the encoder (ITM's hard negatives), so the batch's unpadded "

@@ -33,6 +33,7 @@ from torch import nn
 from vlbert.layers.losses import classification_loss
 from vlbert.layers.sampling import draw_by_similarity
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+from vlbert.objectives.contrastive import ImageTextContrastive
 from vlbert.utils import all_gather_padded
 
 if TYPE_CHECKING:
@@ -109,8 +110,6 @@ class ImageTextMatching(Objective):
     def mined(self, model, inputs: VLInputs, labels: dict) -> VLInputs:
         """``itc`` negatives: 3b rows, [the b pairs; caption i with a drawn image; a drawn caption with image i],
         text width and region count those of the global batch (see the module docstring)."""
-        from vlbert.objectives.contrastive import ImageTextContrastive
-
         content, draw = labels["itm_content"], labels["itm_draw"]
         texts = {"input_ids": inputs.input_ids, "attention_mask": inputs.text_mask}
         regions = {"region_mask": inputs.regions_mask}

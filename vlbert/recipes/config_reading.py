@@ -111,6 +111,18 @@ def model_config_class(recipe: Recipe) -> type:
     return VLBertConfig if recipe.uses_regions else BertConfig
 
 
+def read_model_section(recipe: Recipe, section: Any) -> dict[str, Any]:
+    """The given keys of ``recipe``'s ``model`` section, checked and converted: by the recipe's own reader
+    (:attr:`~vlbert.recipes.runner.Recipe.read_model_section`), else as :func:`model_config_class`'s fields.
+
+    Raises:
+        ValueError: an unknown key, a value of the wrong type or out of range (one line naming the key).
+    """
+    if recipe.read_model_section is not None:
+        return recipe.read_model_section(section)
+    return check_mapping(model_config_class(recipe), section, "model")
+
+
 def read_run_config(recipe: Recipe, config: dict[str, Any]) -> tuple[TrainingConfig, Any, Any]:
     """Read every value of ``config`` through its type (:mod:`vlbert.common.typed_config`), building nothing: the
     top-level keys (:class:`RunKeys`, and none unknown), ``training``, ``data`` (the recipe's data config),
@@ -123,6 +135,7 @@ def read_run_config(recipe: Recipe, config: dict[str, Any]) -> tuple[TrainingCon
     Raises:
         ValueError: an unknown key, a value of the wrong type or out of range: one line naming the key, what it
             got and what it takes; a key of :data:`RENAMED_KEYS` under its old name (today's named).
+        (A warm-up longer than the run is warned of, not refused: :func:`warn_of_a_warmup_past_the_end`.)
     """
     renamed = _renamed_given(config)
     if renamed:
@@ -132,11 +145,27 @@ def read_run_config(recipe: Recipe, config: dict[str, Any]) -> tuple[TrainingCon
     keys = {f.name for f in dataclasses.fields(RunKeys)}
     check_mapping(RunKeys, {k: v for k, v in config.items() if k in keys}, "")
     training = TrainingConfig.from_dict(config.get("training"))
+    warn_of_a_warmup_past_the_end(training)
     data_config = dataclass_from_section(recipe.data_config, config.get("data"), "data")
     detector = DetectorConfig.from_section(config.get("detector")) if recipe.uses_regions else None
     if config.get("implementation", "vlbert") != "transformers":
-        check_mapping(model_config_class(recipe), config.get("model"), "model")
+        read_model_section(recipe, config.get("model"))
     return training, data_config, detector
+
+
+def warn_of_a_warmup_past_the_end(training: TrainingConfig) -> None:
+    """Log one warning where ``training.warmup_steps`` exceeds ``training.max_steps``: the learning rate then never
+    reaches ``training.learning_rate`` (the linear warm-up is cut off at max_steps / warmup_steps of it)."""
+    warmup, steps = getattr(training, "warmup_steps", 0), training.max_steps
+    if warmup > steps and process_position()[0] == 0:
+        logger.warning(
+            "training.warmup_steps (%d) is larger than training.max_steps (%d): the learning rate never reaches "
+            "training.learning_rate (it peaks at %.0f%% of it); lower it, e.g. --set training.warmup_steps=%d",
+            warmup,
+            steps,
+            100 * steps / warmup,
+            max(1, steps // 10),
+        )
 
 
 def _effective(recipe: Recipe, config: dict[str, Any]) -> dict[str, Any]:
@@ -146,7 +175,7 @@ def _effective(recipe: Recipe, config: dict[str, Any]) -> dict[str, Any]:
     readers = {
         "training": lambda v: dataclasses.asdict(TrainingConfig.from_dict(v)),
         "data": lambda v: dataclasses.asdict(dataclass_from_section(recipe.data_config, v, "data")),
-        "model": lambda v: check_mapping(model_config_class(recipe), v, "model"),
+        "model": lambda v: read_model_section(recipe, v),
     }
     if recipe.uses_regions:
         readers["detector"] = lambda v: dataclasses.asdict(DetectorConfig.from_section(v))
@@ -233,9 +262,11 @@ __all__ = [
     "RENAMED_KEYS",
     "RunKeys",
     "model_config_class",
+    "read_model_section",
     "same_value",
     "with_todays_names",
     "read_run_config",
+    "warn_of_a_warmup_past_the_end",
     "resume_changes",
     "record_resume_changes",
 ]

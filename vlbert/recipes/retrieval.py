@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlbert.data.captions import load_karpathy_split
-from vlbert.data.retrieval import RetrievalPairs, easy_vqa_captioned
+from vlbert.data.retrieval import RetrievalPairs, check_evaluation_images, easy_vqa_captioned
 from vlbert.evaluation.retrieval import evaluate_retrieval
 from vlbert.models.retrieval import VLBertForImageTextRetrieval
 from vlbert.processing.collator import RetrievalCollator
@@ -82,6 +82,8 @@ class RetrievalData(TaskData):
         self.train_images = train_images[: data.max_train_images] if data.max_train_images else train_images
         self.eval_images = eval_images[: data.max_eval_images] if data.max_eval_images else eval_images
         self.regions = task_regions(ctx)
+        source = data.captions_file or f"the {data.dataset} dataset"
+        check_evaluation_images(self.eval_images, self.regions, source, data.eval_split)
         self.processor = processor = build_run_processor(ctx, self, task_region_source(ctx, self.regions))
         self.train = RetrievalPairs(self.train_images, self.regions, processor)
         self.collator = RetrievalCollator(processor.tokenizer)

@@ -4,7 +4,8 @@ build its data, model and evaluation); :func:`run` does the wiring every task sh
 1. check the run config (top-level keys, ``training``, ``data``, ``detector``, ``model``: every value through the
    typed reading of :mod:`vlbert.common.typed_config`) before anything is built or written;
 2. refuse an output directory that holds a run unless ``resume`` or ``overwrite`` says what to do with it, and a
-   ``resume`` whose config differs from the run's own ``config.yaml`` (:func:`resume_changes`);
+   ``resume`` whose config differs from the run's own ``config.yaml`` (:func:`resume_changes`), and (once the data
+   is built) one whose data files or labels differ from the run's record (:mod:`vlbert.recipes.run_data`);
 3. resolve ``init_from`` (``minilm`` = the packaged BERT) and load the tokenizer (``tokenizer``, else the one
    saved with ``init_from``, else the packaged vocabulary);
 4. build the data, seed, build the model and check that the tokenizer fits it;
@@ -29,11 +30,13 @@ from vlbert.recipes.config_reading import (
     record_resume_changes,
     resume_changes,
 )
+from vlbert.recipes.run_data import data_fingerprint, refuse_changed_data, write_data_record
 from vlbert.recipes.run_processor import build_run_processor
+from vlbert.run_files import CHECKPOINTS_DIR
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
 from vlbert.training.processes import check_shared_output_dir, collective_failure, control_plane, start_processes
 from vlbert.training.run_directory import prepare_output_dir, refuse_resuming_a_finished_run
-from vlbert.training.trainer import CHECKPOINTS_DIR, Trainer, TrainingConfig
+from vlbert.training.trainer import Trainer, TrainingConfig
 from vlbert.training.training_config import set_seed
 from vlbert.utils import process_position
 
@@ -93,6 +96,9 @@ class Recipe:
             recorded in ``processor.json``; None where the task has none.
         hooks: ``(RunContext, TaskData, model) -> list of TrainerHook`` the task's config asks for (VL
             pretraining's momentum model), run before the caller's; or None.
+        read_model_section: ``model section -> dict``, the recipe's own reading of its ``model`` section (its
+            given keys checked and converted; text pretraining: the architecture it names, then that
+            architecture's config fields), or None: the fields of :func:`~vlbert.recipes.config_reading.model_config_class`.
     """
 
     name: str
@@ -107,6 +113,7 @@ class Recipe:
     processor_fields: Callable | None = None
     pipeline: str | None = None
     hooks: Callable | None = None
+    read_model_section: Callable | None = None
 
 
 class TaskData:
@@ -227,7 +234,8 @@ def run(
 
     Raises:
         ValueError / FileNotFoundError: bad config keys or values (:func:`read_run_config`), a ``resume`` whose
-            config differs from the run's (:func:`resume_changes`), missing data, a tokenizer that does not fit
+            config differs from the run's (:func:`resume_changes`) or whose data changed
+            (:func:`~vlbert.recipes.run_data.refuse_changed_data`), missing data, a tokenizer that does not fit
             the model, ...: all raised before any file is written.
         RunExistsError: see :func:`~vlbert.training.run_directory.prepare_output_dir`.
         vlbert.training.trainer.TrainingPreempted: SIGTERM; a checkpoint was written.
@@ -246,6 +254,9 @@ def run(
     ctx = RunContext(config, training, data_config, detector, tokenizer, init_from, tuple(command_line_keys), recipe)
     data = recipe.build_data(ctx)
     processor = run_processor(ctx, data)
+    trained_on = data_fingerprint(data_config, processor.labels if processor is not None else None)
+    if resume:  # the data the run started with, or one line naming what changed (before anything is written)
+        refuse_changed_data(training.output_dir, trained_on)
     set_seed(training.seed)  # initial weights depend on the seed alone
     model = recipe.build_model(ctx, data)
     if getattr(model, "config", None) is not None:  # vlbert models (not the transformers comparison adapter)
@@ -276,6 +287,7 @@ def run(
             record_resume_changes(training.output_dir, trainer.step, changes)
         if processor is not None:  # the trainer saves the tokenizer with the weights
             processor.save_pretrained(training.output_dir, save_tokenizer_files=False)
+        write_data_record(training.output_dir, trained_on)
         extra = recipe.baselines(ctx, data, trainer.unwrapped) if recipe.baselines else {}
         final = (lambda model: recipe.evaluate(ctx, data, model)) if recipe.evaluate else None
         kept = data.held_out_predictions() if recipe.evaluate and data.eval is not None else None

@@ -26,6 +26,7 @@ import json
 import logging
 import math
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -135,12 +136,11 @@ class TextTaskData(TaskData):
         if config.max_train_examples:
             train = train[: config.max_train_examples]
         self.config, self.labels = config, labels
-        self.train = TextTaskDataset(train, tokenizer, config, labels)
-        self.eval = TextTaskDataset(evaluation, tokenizer, config, labels)
+        train_source, eval_source = self._sources(config)
+        self.train = TextTaskDataset(train, tokenizer, config, labels, source=train_source)
+        self.eval = TextTaskDataset(evaluation, tokenizer, config, labels, source=eval_source)
         self.collator = TextTaskCollator(tokenizer, config.type)
         self.ids = self._ids(evaluation)
-        if config.type == "qa" and not config.version_2_with_negative:
-            self._check_answered(evaluation)
 
     def _glue_records(self, config) -> tuple[list[dict], list[dict], list[int] | None]:
         """(train records, evaluation records, label indices; None for a regression) of ``data.glue_task``; sets
@@ -177,15 +177,17 @@ class TextTaskData(TaskData):
         self.label_names = [str(x) for x in labels] if labels else None
         return train, evaluation, labels
 
-    def _check_answered(self, evaluation: list[dict]) -> None:
-        """Raise ValueError for an evaluation record without an answer (SQuAD v1.1 scores every question)."""
-        for k, record in enumerate(evaluation):
-            if not record[self.config.answers_field]["text"]:
-                raise ValueError(
-                    f"evaluation record {k} (id {self.ids[k]!r}) has no answer: SQuAD v1.1 scores "
-                    "every question against its answers; for unanswerable questions set "
-                    "data.version_2_with_negative: true"
-                )
+    def _sources(self, config) -> tuple[str, str]:
+        """How messages name the training and evaluation records: the file, or a datasets name and its split."""
+        if config.dataset == "bbc-news":
+            return "BBC News (train split)", "BBC News (test split)"
+        hub = GLUE_HUB_NAME if config.dataset == "glue" else ""
+        names = []
+        for given, split in ((config.train, config.train_split), (config.eval, config.eval_split)):
+            path = Path(given) if given else None
+            local = path is not None and (path.is_file() or path.suffix in (".csv", ".json", ".jsonl", ".parquet"))
+            names.append(str(path) if local else f"{given or hub} ({split} split)")
+        return names[0], names[1]
 
     def _ids(self, records) -> list:
         """Each evaluation record's id (``data.id_field``; its position where it has none), checked unique."""

@@ -2,27 +2,40 @@
 text objective units (``data.objectives``: ``{mlm: 1}`` is RoBERTa's recipe without NSP; ``sop``, ``wwm``).
 
 corpus -> (prepared once: sentences -> wordpieces in on-disk arrays) -> segment pairs drawn at load time ->
-collator (the units prepare the batch) -> :class:`BertForPreTraining`. Every corpus, the embedded default included, takes the prepared
+collator (the units prepare the batch) -> :class:`BertForPreTraining`, or with ``model.architecture: modernbert``
+:class:`~vlbert.models.modernbert.ModernBertForMaskedLM` (MLM only; :data:`ARCHITECTURES`). Every corpus, the embedded default included, takes the prepared
 path (:mod:`vlbert.data.token_corpus`, :mod:`vlbert.data.corpus_pairs`), so no setting makes memory grow with the
 corpus. Source: BERT paper section 3.1 and appendix A.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from accelerate.utils import gather_object
 
-from vlbert.common.typed_config import Range, Takes, check_fields
+from vlbert import checkpoint as ckpt
+from vlbert.common.typed_config import Range, Takes, check_fields, check_mapping
 from vlbert.data.corpus_pairs import CorpusPairsDataset, split_documents
 from vlbert.data.masking_schedule import MaskingSchedule
 from vlbert.data.pretraining import MaskingCollator, text_units
 from vlbert.data.token_corpus import TokenCorpus, prepare_corpus
 from vlbert.layers.losses import IGNORE_INDEX
 from vlbert.models.bert import BertForPreTraining
+from vlbert.models.modernbert import ModernBertForMaskedLM
 from vlbert.recipes.init_from import load_model
 from vlbert.recipes.runner import Recipe, RunContext, TaskData
+from vlbert.run_files import read_run_file
+
+logger = logging.getLogger(__name__)
+
+#: ``model.architecture`` -> the model text pretraining trains: BERT (the default; Devlin et al. 2019) or ModernBERT
+#: (Warner et al. 2024; its fields are :class:`~vlbert.modernbert_config.ModernBertConfig`'s). A model class with a
+#: tuple ``objectives`` trains those alone (ModernBERT: ``mlm``).
+ARCHITECTURES = {"bert": BertForPreTraining, "modernbert": ModernBertForMaskedLM}
 
 
 @dataclass
@@ -156,14 +169,75 @@ class TextPretrainingData(TaskData):
         return sum(h for h, _ in parts) / max(sum(t for _, t in parts), 1)
 
 
-def build_model(ctx: RunContext, data) -> BertForPreTraining:
-    """A fresh BERT from the ``model`` section (vocab_size from the tokenizer), or ``init_from`` (its architecture
-    decides; other ``model`` entries apply: :func:`vlbert.recipes.init_from.load_model`).
+def read_model_section(section: Any) -> dict[str, Any]:
+    """The ``model`` section's given keys, checked and converted: ``architecture`` (a key of :data:`ARCHITECTURES`,
+    default "bert"; always in the result) and the fields of that architecture's config class.
 
     Raises:
-        ValueError: ``data.max_seq_length`` beyond the model's ``max_position_embeddings``.
+        ValueError: an unknown architecture (the known named), an unknown key (the architecture's keys listed), a
+            value of the wrong type or out of range.
     """
-    model = load_model(BertForPreTraining, ctx)
+    values = dict(section) if isinstance(section, dict) else section
+    name = values.pop("architecture", "bert") if isinstance(values, dict) else "bert"
+    if name not in ARCHITECTURES:
+        raise ValueError(f"model.architecture={name!r} is not a text architecture; use one of {sorted(ARCHITECTURES)}")
+    return {"architecture": name, **check_mapping(ARCHITECTURES[name].config_class, values, "model")}
+
+
+def _checkpoint_architecture(init_from: str) -> str | None:
+    """The :data:`ARCHITECTURES` key of the checkpoint at ``init_from`` (from its config.json's ``model_type``), or
+    None where it has no config.json."""
+    path = ckpt.resolve_checkpoint_dir(init_from) / ckpt.CONFIG_NAME
+    if not path.is_file():
+        return None
+    return "modernbert" if read_run_file(path).get("model_type") == "modernbert" else "bert"
+
+
+def _model_section(ctx: RunContext) -> tuple[str, dict[str, Any]]:
+    """(architecture, the ``model`` section without it). An ``init_from`` checkpoint decides the architecture: a
+    section written for the other one is ignored with one warning line, refused where set on the command line."""
+    section = ctx.model_section
+    name = section.pop("architecture", "bert")
+    saved = _checkpoint_architecture(ctx.init_from) if ctx.init_from else None
+    if saved is None or saved == name:
+        return name, section
+    given = sorted(k for k in ctx.command_line_keys if k.startswith("model."))
+    if given:
+        raise ValueError(
+            f"--set {', '.join(given)} sets a {name} model, but init_from {ctx.init_from} is a {saved} checkpoint, "
+            "which decides the architecture: drop those --set flags, or train a fresh model without --init-from"
+        )
+    if section or name != "bert":
+        logger.warning(
+            "init_from %s is a %s checkpoint: ignoring the config's %s model section", ctx.init_from, saved, name
+        )
+    return saved, {}
+
+
+def build_model(ctx: RunContext, data) -> BertForPreTraining | ModernBertForMaskedLM:
+    """A fresh model of ``model.architecture`` (:data:`ARCHITECTURES`) from the ``model`` section (vocab_size and
+    the special token ids from the tokenizer), or ``init_from`` (its architecture decides; other ``model`` entries
+    apply: :func:`vlbert.recipes.init_from.load_model`).
+
+    Raises:
+        ValueError: ``data.max_seq_length`` beyond the model's ``max_position_embeddings``; ``data.objectives``
+            turning on an objective the architecture has no head for (ModernBERT: anything but ``mlm``).
+    """
+    name, section = _model_section(ctx)
+    cls = ARCHITECTURES[name]
+    heads = getattr(cls, "objectives", None)  # a class-level tuple: those alone (BERT's is its units, per config)
+    extra = [o for o in ctx.data.running if isinstance(heads, tuple) and o not in heads]
+    if extra:
+        raise ValueError(
+            f"data.objectives turns on {extra}, but a {cls.architecture_name} model has a head for "
+            f"{list(heads)} only (no NSP); set data.objectives: {{mlm: 1}}"
+        )
+    defaults = {}
+    if cls is ModernBertForMaskedLM and not ctx.init_from:  # the tokenizer's ids, not ModernBERT's tokenizer's
+        tok = ctx.tokenizer
+        ids = {"cls_token_id": tok.cls_token_id, "sep_token_id": tok.sep_token_id}
+        defaults = {**ids, "bos_token_id": tok.cls_token_id, "eos_token_id": tok.sep_token_id}
+    model = load_model(cls, dataclasses.replace(ctx, config={**ctx.config, "model": section}), **defaults)
     if ctx.data.max_seq_length > model.config.max_position_embeddings:
         raise ValueError(
             f"data.max_seq_length={ctx.data.max_seq_length} exceeds the model's "
@@ -194,6 +268,7 @@ RECIPE = Recipe(
     baselines=baselines,
     default_init=None,
     processor_fields=processor_fields,
+    read_model_section=read_model_section,
 )
 
-__all__ = ["RECIPE", "TextDataConfig", "TextPretrainingData"]
+__all__ = ["RECIPE", "ARCHITECTURES", "TextDataConfig", "TextPretrainingData", "read_model_section"]

@@ -44,6 +44,9 @@ from vlbert.recipes.regions import (
 )
 from vlbert.recipes.run_processor import build_run_processor
 from vlbert.recipes.runner import Recipe, RunContext, TaskData
+from vlbert.training.device import resolve_precision
+from vlbert.training.momentum import MomentumDistillation, check_processes
+from vlbert.training.processes import launched_processes
 from vlbert.utils import evaluation
 
 logger = logging.getLogger(__name__)
@@ -471,10 +474,6 @@ def hooks(ctx: RunContext, data: VLPretrainingData, model) -> list:
 
     Raises:
         ValueError: with bf16-params on several processes (:func:`~vlbert.training.momentum.check_processes`)."""
-    from vlbert.training.device import resolve_precision
-    from vlbert.training.momentum import MomentumDistillation, check_processes
-    from vlbert.training.processes import launched_processes
-
     options = ctx.data.itc
     if not options.enabled:
         return []

@@ -15,6 +15,7 @@ import torch
 from accelerate.utils import gather_object
 
 from vlbert import checkpoint as ckpt
+from vlbert.run_files import CHECKPOINTS_DIR
 from vlbert.training import sharding
 from vlbert.training.processes import agree_loaded, agree_on_checkpoint
 from vlbert.training.training_config import seed_process_streams
@@ -22,7 +23,6 @@ from vlbert.training.training_config import seed_process_streams
 logger = logging.getLogger(__name__)
 
 STATE_NAME = "training_state.pt"
-CHECKPOINTS_DIR = "checkpoints"
 
 
 def _numpy_rng_state() -> dict:
@@ -203,4 +203,4 @@ def latest_checkpoints(output_dir: Path) -> list[Path]:
     return [p for p in root.glob("step-*") if (p / STATE_NAME).is_file() and p.name.split("-")[1].isdigit()]
 
 
-__all__ = ["STATE_NAME", "CHECKPOINTS_DIR", "training_state", "save_checkpoint", "resume", "latest_checkpoints"]
+__all__ = ["STATE_NAME", "training_state", "save_checkpoint", "resume", "latest_checkpoints"]

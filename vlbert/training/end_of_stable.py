@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-from vlbert.training.checkpointing import CHECKPOINTS_DIR
+from vlbert.run_files import CHECKPOINTS_DIR
 from vlbert.training.hooks import TrainerHook
 
 END_OF_STABLE = "end-of-stable"

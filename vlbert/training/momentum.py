@@ -99,4 +99,4 @@ def _fsdp_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
-__all__ = ["MomentumDistillation", "MomentumOptions", "check_processes"]
+__all__ = ["MomentumDistillation", "check_processes"]

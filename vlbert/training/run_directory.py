@@ -9,11 +9,33 @@ import json
 import shutil
 from pathlib import Path
 
-from vlbert.run_files import LEGACY_PROCESSOR_FILE, PROCESSOR_FILE
-from vlbert.training.trainer import CHECKPOINTS_DIR
+from vlbert.run_files import CHECKPOINTS_DIR, LEGACY_PROCESSOR_FILE, PROCESSOR_FILE
 
 #: Files and folders whose presence means a directory holds a run.
 RUN_MARKERS = ("log.jsonl", "metrics.json", CHECKPOINTS_DIR, "model.safetensors")
+#: Every name a run writes in its directory (its markers, configs, processor, tokenizer, data record, logs and the
+#: tasks' predictions files): an ``--overwrite`` deletes these, and refuses a directory holding any other file.
+RUN_FILES = RUN_MARKERS + (
+    "config.yaml",
+    "config.json",
+    PROCESSOR_FILE,
+    LEGACY_PROCESSOR_FILE,
+    "trained_on.json",
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "generation_config.json",
+    "tensorboard",
+    "predictions.jsonl",
+    "predictions.csv",
+    "predictions.json",
+    "null_odds.json",
+    "best_non_null_predictions.json",
+    "vqa_results.json",
+    "gqa_predictions.json",
+)
 #: What a finished run leaves last: an overwrite deletes these before anything else.
 FINISHED_MARKERS = ("metrics.json", "model.safetensors", PROCESSOR_FILE, LEGACY_PROCESSOR_FILE)
 
@@ -31,7 +53,7 @@ def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) ->
 
     Raises:
         RunExistsError: the directory holds a run and neither flag is set (the message names both flags), or it
-            holds files no run wrote.
+            holds files no run wrote (with ``overwrite`` too: names outside :data:`RUN_FILES` beside a run).
         ValueError: both flags are set.
     """
     if resume and overwrite:
@@ -53,6 +75,13 @@ def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) ->
         raise RunExistsError(
             f"{directory} already holds a run ({', '.join(found)}); pass --resume to continue it, "
             "--overwrite to replace it, or choose another --output-dir"
+        )
+    foreign = sorted(p.name for p in directory.iterdir() if not p.name.startswith(".") and p.name not in RUN_FILES)
+    if foreign:  # --overwrite replaces a run, not a user's file
+        raise RunExistsError(
+            f"{directory} holds a run and files no run wrote ({', '.join(foreign[:4])}"
+            f"{f' and {len(foreign) - 4} more' if len(foreign) > 4 else ''}); --overwrite replaces a run, never "
+            "other files: move them out of the directory, or choose another --output-dir"
         )
     from accelerate import PartialState
 
@@ -87,4 +116,11 @@ def refuse_resuming_a_finished_run(output_dir: str | Path, max_steps: int) -> No
         )
 
 
-__all__ = ["RUN_MARKERS", "FINISHED_MARKERS", "RunExistsError", "prepare_output_dir", "refuse_resuming_a_finished_run"]
+__all__ = [
+    "RUN_MARKERS",
+    "RUN_FILES",
+    "FINISHED_MARKERS",
+    "RunExistsError",
+    "prepare_output_dir",
+    "refuse_resuming_a_finished_run",
+]

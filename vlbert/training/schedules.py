@@ -3,7 +3,7 @@
 trainer). A new schedule is one module with such functions and one line in :data:`SCHEDULES`.
 
 * ``linear`` (the default): linear warmup over ``warmup_steps``, then linear decay to 0 at ``max_steps`` (BERT,
-  appendix A.2; :func:`~vlbert.training.training_config.linear_schedule`).
+  appendix A.2; :func:`linear_schedule`).
 * ``wsd``: warmup-stable-decay (trapezoidal), with the end-of-stable checkpoint kept (:mod:`vlbert.training.wsd`,
   :mod:`vlbert.training.end_of_stable`; ModernBERT's ``warmup_stable_decay``).
 
@@ -41,9 +41,18 @@ class Schedule:
     hooks: Callable[[TrainingConfig], list] = lambda config: []
 
 
-def _linear(config: TrainingConfig) -> Callable[[int], float]:
-    from vlbert.training.training_config import linear_schedule
+def linear_schedule(warmup_steps: int, max_steps: int) -> Callable[[int], float]:
+    """Learning-rate multiplier: linear warmup from 0 over ``warmup_steps``, then linear decay to 0."""
 
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(1, warmup_steps)
+        return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
+
+    return factor
+
+
+def _linear(config: TrainingConfig) -> Callable[[int], float]:
     return linear_schedule(config.warmup_steps, config.max_steps)
 
 
@@ -76,4 +85,4 @@ def schedule_hooks(config: TrainingConfig) -> list[TrainerHook]:
     return schedule_of(config).hooks(config)
 
 
-__all__ = ["Schedule", "SCHEDULES", "schedule_of", "build_scheduler", "schedule_hooks"]
+__all__ = ["Schedule", "SCHEDULES", "linear_schedule", "schedule_of", "build_scheduler", "schedule_hooks"]

@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import yaml
 
+from vlbert.run_files import CHECKPOINTS_DIR
 from vlbert.training import checkpointing, sharding
-from vlbert.training.checkpointing import CHECKPOINTS_DIR
 from vlbert.training.device import check_placement, own_accelerator, prepare_compute, resolve_precision, restore_tf32
 from vlbert.training.distributed import global_batch_loss
 from vlbert.training.evaluation import evaluate_objectives

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
 
 from vlbert.common.typed_config import Range, check_fields
+from vlbert.training.optimizers import OPTIMIZERS
 from vlbert.training.run_config import dataclass_from_section
+from vlbert.training.schedules import schedule_of
 
 
 @dataclass
@@ -90,9 +92,6 @@ class TrainingConfig:
             ValueError: an unknown optimizer or schedule; settings the schedule refuses (e.g. WSD's warmup and
                 decay longer than ``max_steps``).
         """
-        from vlbert.training.optimizers import OPTIMIZERS
-        from vlbert.training.schedules import schedule_of
-
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"training.optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
         schedule_of(self).check(self)
@@ -156,17 +155,6 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return sorted(out, key=lambda g: ("lr" in g, g["weight_decay"] == 0.0))
 
 
-def linear_schedule(warmup_steps: int, max_steps: int) -> Callable[[int], float]:
-    """Learning-rate multiplier: linear warmup from 0 over ``warmup_steps``, then linear decay to 0."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / max(1, warmup_steps)
-        return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
-
-    return factor
-
-
 def set_seed(seed: int) -> None:
     """Seed Python's, NumPy's and torch's (CPU and every GPU) random generators."""
     from accelerate.utils import set_seed as accelerate_set_seed
@@ -192,4 +180,4 @@ def seed_process_streams(seed: int, rank: int, world_size: int) -> None:
     torch.manual_seed(stream)  # seeds the CUDA generators too (lazily where CUDA is not yet initialised)
 
 
-__all__ = ["TrainingConfig", "parameter_groups", "linear_schedule", "set_seed", "process_seed", "seed_process_streams"]
+__all__ = ["TrainingConfig", "parameter_groups", "set_seed", "process_seed", "seed_process_streams"]
