@@ -9,6 +9,7 @@ import torch
 
 from vlbert.objectives.momentum import MomentumOptions, MomentumTeacher, attach
 from vlbert.training.hooks import TrainerHook
+from vlbert.training.sharding import COMPUTE_DTYPE
 
 
 class MomentumDistillation(TrainerHook):
@@ -39,8 +40,6 @@ class MomentumDistillation(TrainerHook):
         if self.teacher is None:
             dtype = None
             if sharded:
-                from vlbert.training.sharding import COMPUTE_DTYPE
-
                 dtype = COMPUTE_DTYPE
                 for module in _fsdp_modules(trainer.unwrapped):
                     module.reshard()  # the float32 shards registered (a forward before training leaves bf16 ones)

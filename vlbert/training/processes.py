@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from vlbert.training.sharding import release_local_group
+
 logger = logging.getLogger(__name__)
 
 #: The file rank 0 writes into the output directory for the other ranks to read back (removed after the check).
@@ -50,8 +52,6 @@ def start_processes(timeout_s: float) -> None:
     from accelerate import PartialState
 
     if launched_processes() > 1:
-        from vlbert.training.sharding import release_local_group
-
         release_local_group()  # a one-rank group this process started alone before (a forked worker's parent's)
         if not (dist.is_available() and dist.is_initialized()):
             PartialState(cpu=use_cpu_processes(), timeout=timedelta(seconds=timeout_s))

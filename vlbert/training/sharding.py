@@ -29,6 +29,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vlbert.models.bert import BertLayer
+from vlbert.models.modernbert import ModernBertLayer
+
 #: the computing dtype of bf16-params
 COMPUTE_DTYPE = torch.bfloat16
 #: whether this process started the default process group itself, for one rank (:func:`start_local_group`)
@@ -68,10 +71,9 @@ def release_local_group() -> None:
 
 
 def sharded_layer_classes() -> tuple[type, ...]:
-    """The modules sharded one by one (each its own all-gather and reduce-scatter): BERT's layer."""
-    from vlbert.models.bert import BertLayer
-
-    return (BertLayer,)
+    """The modules sharded one by one (each its own all-gather and reduce-scatter): BERT's and ModernBERT's
+    layers."""
+    return (BertLayer, ModernBertLayer)
 
 
 def shard_model(model: nn.Module, device: torch.device) -> nn.Module:
