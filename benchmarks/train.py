@@ -313,7 +313,7 @@ def data_pipeline(tokenizer) -> dict:
 
 def trainer_throughput(config_path: str, batch_size: int, warmup: int, steps: int, precision: str) -> dict:
     """Real tokens/s of the text config through the real trainer at ``training.mixed_precision`` = ``precision``
-    (the tools' ``auto``: bf16 parameters + float32 masters on CUDA) after ``warmup`` steps (the mean of the log
+    (the tools' ``auto``: bf16 computation over float32 FSDP2 shards on CUDA) after ``warmup`` steps (the mean of the log
     windows that follow), its data_wait_fraction there and the MFU it logs (datasheet peak on a known GPU)."""
 
     warmup = max(1, warmup)
@@ -400,7 +400,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--trainer-precision",
         default="auto",
         choices=("auto", "no", "bf16", "bf16-params"),
-        help="of the --trainer run (auto, as the tools: bf16 parameters + float32 masters on CUDA)",
+        help="of the --trainer run (auto, as the tools: bf16 computation over float32 FSDP2 shards on CUDA)",
     )
     p.add_argument(
         "--default-malloc",

@@ -152,9 +152,9 @@ def test_vl_pretraining_in_bf16_on_cuda_equals_cpu_float32(tmp_path):
 
 
 # ---------------------------------------------------------------- the GPU path as the trainer runs it (issue 38)
-# What a CPU machine cannot show: the flash kernels' numbers, their dropout, the fallbacks on real hardware, bf16
-# weights with float32 masters on the device, the tools' default run, compile and NCCL. (Placement and host traffic
-# of the step are checked everywhere by tests/gpu/test_gpu_trainer.py on a fake GPU.)
+# What a CPU machine cannot show: the flash kernels' numbers, their dropout, the fallbacks on real hardware,
+# bf16-params (FSDP2: float32 shards) on the device, the tools' default run, compile and NCCL. (Placement and host
+# traffic of the step are checked everywhere by tests/gpu/test_gpu_trainer.py on a fake GPU.)
 
 
 def _flash_capable() -> bool:
@@ -416,8 +416,8 @@ def _gpu_text_config(corpus, out, **training):
 
 @pytest.mark.parametrize("accumulation", [1, 4])
 def test_bf16_params_on_cuda_track_float32(small_corpus, tmp_path, accumulation):
-    """50 steps of bf16 weights with float32 masters on the GPU track float32 on the GPU (log windows within bf16's
-    noise), masters and optimizer state on the device."""
+    """50 steps of bf16-params (FSDP2: bf16 compute over float32 shards) on the GPU track float32 on the GPU (log
+    windows within bf16's noise), float32 weights and optimizer state on the device."""
     from vlbert.recipes import RECIPES, run
 
     windows = {}
@@ -434,24 +434,27 @@ def test_bf16_params_on_cuda_track_float32(small_corpus, tmp_path, accumulation)
 
 
 def test_a_poisoned_step_is_skipped_on_cuda(small_corpus, tmp_path):
-    """training.on_nonfinite=skip with bf16-params on the GPU: a step whose forward is poisoned (a NaN in a bf16
-    weight) leaves every float32 master as it was (the fused AdamW reads found_inf on the device), the weights are
-    healed from the masters, and the run goes on: one skipped step, finite losses after it."""
+    """training.on_nonfinite=skip with bf16-params on the GPU: a step whose forward is poisoned (NaN embeddings)
+    leaves every float32 weight (FSDP2's shards) as it was (the fused AdamW reads found_inf on the device), and the
+    run goes on: one skipped step, finite losses after it."""
     from vlbert.recipes import RECIPES, run
     from vlbert.training.hooks import TrainerHook
 
+    def float32_weights(trainer):
+        return [p.detach().to_local().clone() for p in trainer.unwrapped.parameters()]
+
     class Poison(TrainerHook):
-        before = None
+        before = handle = None
 
         def before_step(self, trainer):
             if trainer.step == 2:
-                self.before = [m.detach().clone() for m in trainer.master.masters]
-                with torch.no_grad():
-                    next(trainer.unwrapped.parameters()).view(-1)[0] = float("nan")
+                self.before = float32_weights(trainer)
+                self.handle = trainer.unwrapped.bert.embeddings.register_forward_hook(lambda m, i, o: o * float("nan"))
 
         def after_step(self, trainer):
             if trainer.step == 3:
-                assert all(torch.equal(a, b) for a, b in zip(self.before, trainer.master.masters, strict=True))
+                self.handle.remove()
+                assert all(torch.equal(a, b) for a, b in zip(self.before, float32_weights(trainer), strict=True))
 
     config = _gpu_text_config(small_corpus, tmp_path / "run", max_steps=6, on_nonfinite="skip", log_every=1)
     metrics = run(RECIPES["text-pretraining"], config, hooks=[Poison()])
@@ -519,8 +522,8 @@ def test_compile_on_cuda_equals_eager(small_corpus, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_two_gpus_over_nccl_equal_one_at_twice_the_batch(small_corpus, tmp_path):
-    """DDP over NCCL with bf16-params (float32 all-reduce of the masters' gradients): per-step losses of 2 GPUs at
-    batch b equal 1 GPU at 2b within bf16's tolerance."""
+    """Two GPUs over NCCL with bf16-params (FSDP2: float32 reduce-scatter of the gradients): per-step losses of 2
+    GPUs at batch b equal 1 GPU at 2b within bf16's tolerance."""
     import socket
 
     with socket.socket() as s:

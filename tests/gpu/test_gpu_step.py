@@ -24,6 +24,7 @@ from vlbert.layers.attention import ATTENTION_FUNCTIONS, register_attention
 from vlbert.layers.losses import masked_lm_loss, masked_positions
 from vlbert.layers.unpadded import Unpadding, stream_layouts, unpadded_layout
 from vlbert.models.vl import VLBertForPreTraining
+from vlbert.training.sharding import full_tensor
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ("eager", "sdpa", "varlen")
@@ -400,9 +401,9 @@ def tiny_trainer(tmp_path, corpus, tokenizer, precision, **training):
 
 
 def test_bf16_weights_with_float32_masters_train_as_float32(tmp_path, small_token_corpus, tokenizer):
-    """training.mixed_precision=bf16-params: 45 steps track float32 (loss and MLM accuracy of the last log
-    windows within bf16's noise), the weights are bf16 while the optimizer steps float32 masters, and checkpoints
-    hold the masters: float32 values, which resume exactly."""
+    """training.mixed_precision=bf16-params (FSDP2 on one rank): 45 steps track float32 (loss and MLM accuracy of
+    the last log windows within bf16's noise), the forward computes with bf16 weights while the optimizer steps the
+    float32 (sharded) parameters, and checkpoints hold those: float32 values, which resume exactly."""
     from safetensors.torch import load_file
 
     runs = {}
@@ -415,8 +416,9 @@ def test_bf16_weights_with_float32_masters_train_as_float32(tmp_path, small_toke
             if json.loads(line)["split"] == "train"
         ]
         if precision == "bf16-params":
-            assert {p.dtype for p in trainer.unwrapped.parameters()} == {torch.bfloat16}
-            assert {m.dtype for m in trainer.master.masters} == {torch.float32}
+            assert {p.dtype for p in trainer._optimizer().param_groups[0]["params"]} == {torch.float32}
+            with trainer.whole_weights():  # what the forward computes with
+                assert {p.dtype for p in trainer.unwrapped.parameters()} == {torch.bfloat16}
     first = runs["no"][0]
     # it learns (the comparison below is not of two flat lines; noisy at batch 8)
     assert min(r["loss"] for r in runs["no"]) < first["loss"] - 1.0
@@ -438,8 +440,8 @@ def test_bf16_weights_with_float32_masters_train_as_float32(tmp_path, small_toke
     resumed = tiny_trainer(tmp_path / "part", small_token_corpus, tokenizer, "bf16-params", max_steps=6, save_every=3)
     assert resumed.resume()
     resumed.train()
-    for a, b in zip(whole.master.masters, resumed.master.masters, strict=True):
-        assert torch.equal(a, b)
+    for a, b in zip(whole.unwrapped.parameters(), resumed.unwrapped.parameters(), strict=True):
+        assert a.dtype == torch.float32 and torch.equal(full_tensor(a), full_tensor(b))
 
 
 def test_a_kernel_registered_as_unpadded_always_gets_the_unpadded_tokens():
@@ -544,7 +546,7 @@ def test_gradient_checkpointing_gives_the_plain_step(modality):
 
 
 def test_bf16_params_accumulate_micro_batches_in_float32(tmp_path, small_token_corpus, tokenizer):
-    """bf16-params with 4 micro-batches: the float32 master gradient the optimizer sees is the float32 sum of the 4
+    """bf16-params with 4 micro-batches: the float32 gradient the optimizer sees is the float32 sum of the 4
     micro-batch gradients (each the bf16 model's, of loss / 4) within float32 rounding, not bf16's: summing the
     same gradients in bf16, as bf16 .grad accumulation did, is off by orders of magnitude more."""
     trainer = tiny_text_trainer(
@@ -574,7 +576,7 @@ def test_bf16_params_accumulate_micro_batches_in_float32(tmp_path, small_token_c
     for batch in batches:  # each micro-batch's gradient alone, as the bf16 model computes it
         model.zero_grad(set_to_none=True)
         (model(**batch).loss / 4).backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
+        grads.append([full_tensor(p.grad).bfloat16() for p in model.parameters()])  # computed in bf16
     model.zero_grad(set_to_none=True)
     exact = [sum(g[i].double() for g in grads) for i in range(len(grads[0]))]
     in_bf16 = [sum(g[i] for g in grads[1:]) + grads[0][i] for i in range(len(grads[0]))]  # bf16 += bf16
@@ -583,7 +585,7 @@ def test_bf16_params_accumulate_micro_batches_in_float32(tmp_path, small_token_c
     clip = trainer._clip_gradients
 
     def capture():
-        seen["masters"] = [m.grad.clone() if m.grad is not None else None for m in trainer.master.masters]
+        seen["masters"] = [full_tensor(p.grad).clone() for p in trainer.unwrapped.parameters()]
         return clip()
 
     trainer._clip_gradients = capture

@@ -44,7 +44,8 @@ class Probe(TrainerHook):
             self.config = trainer.unwrapped.config
             self.errors = placement_errors(trainer)
             self.master_dtypes = {p.dtype for g in trainer._optimizer().param_groups for p in g["params"]}
-            self.model_dtypes = {p.dtype for p in trainer.unwrapped.parameters()}
+            with trainer.whole_weights():  # what the forward computes with (FSDP2 keeps float32 shards between)
+                self.model_dtypes = {p.dtype for p in trainer.unwrapped.parameters()}
             self.gpu.clear()
         if trainer.step == self.steps:
             raise _Stop
@@ -155,10 +156,11 @@ def assert_fed_ahead(gpu: FakeCuda, batches: int = 2) -> None:
     """The batches of steps 2 and 3 reached the GPU as the feed sends them (vlbert/training/feed.py): every copy
     on a side stream, never the compute stream; the compute stream waits (on the device) for each handed-over
     batch's copy event, recorded on that side stream, and records each of its tensors (so their memory is not
-    reused under it); at least ``batches`` batches."""
+    reused under it); at least ``batches`` batches. (FSDP2's own streams, for its all-gathers and reduce-scatters,
+    wait on the compute stream and it on them: none of them copies from the host.)"""
     streams = {copy.stream for copy in gpu.host_to_device}
     assert gpu.host_to_device and "compute" not in streams, [(c.line, c.stream) for c in gpu.host_to_device]
-    waits = [entry for entry in gpu.stream_log if entry[0] == "wait"]
+    waits = [entry for entry in gpu.stream_log if entry[0] == "wait" and entry[2] in streams]
     assert len(waits) >= batches and all(w[1] == "compute" and w[2] in streams for w in waits), gpu.stream_log
     records = [entry for entry in gpu.stream_log if entry[0] == "record"]
     assert len(records) >= len(waits) and all(r[1] == "compute" for r in records), gpu.stream_log

@@ -69,6 +69,36 @@ def reference_run(run_config: dict, recipe: str = "text-pretraining", resume: bo
         run(RECIPES[recipe], run_config, resume=resume)
 
 
+def forked_reference_run(run_config: dict, recipe: str = "text-pretraining", resume: bool = False) -> None:
+    """:func:`reference_run` in a forked child (:class:`ForkedProcess`): for a bf16-params run, whose backward
+    through FSDP2's DTensors starts autograd's device threads, after which a fork of this process can run no
+    backward (torch: "Unable to handle autograd's threading in combination with fork-based multiprocessing"), so
+    the launches after it would fail. Raises AssertionError if the run fails."""
+    import tempfile
+
+    log = Path(tempfile.mkdtemp()) / "stderr"
+    process = ForkedProcess(reference_run, run_config, recipe, resume, stderr=log)
+    assert process.wait() == 0, f"the forked reference run of {recipe} failed:\n{log.read_text()[-3000:]}"
+
+
+def start_method() -> str:
+    """How this process starts the workers of a test: "fork" (from this already-imported process, the usual case);
+    "forkserver" once this process has trained bf16-params itself (FSDP2 on a one-rank process group, which is
+    the only process group a test process starts: its launches' are the workers'). A backward through FSDP2's
+    DTensors starts autograd's worker threads, after which no forked child can run a backward (torch: "Unable to
+    handle autograd's threading in combination with fork-based multiprocessing"), whatever it runs; a fork
+    server is a fresh interpreter that has run none, started once per test process (its imports
+    :func:`import_before_forking`'s), and every worker is forked from it."""
+    import multiprocessing
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return "fork"
+    multiprocessing.set_forkserver_preload(["helpers.distributed", "vlbert.recipes", "transformers", "datasets"])
+    return "forkserver"
+
+
 def as_a_new_process() -> None:
     """What a forked worker must not inherit from this process: accelerate's process state (a single-process run
     here made it; a new process under a launcher reads its rank and world size from the environment), and this
@@ -118,7 +148,7 @@ class ForkedProcess:
         import multiprocessing
 
         import_before_forking()
-        self.process = multiprocessing.get_context("fork").Process(
+        self.process = multiprocessing.get_context(start_method()).Process(
             target=_forked_process, args=(target, args, str(stderr) if stderr else os.devnull)
         )
         self.process.start()
@@ -186,7 +216,7 @@ def all_forked(ranks: int):
     exists leaves no fork during a connection."""
     import multiprocessing
 
-    return multiprocessing.get_context("fork").Barrier(ranks)
+    return multiprocessing.get_context(start_method()).Barrier(ranks)
 
 
 def in_a_new_process(forked_all, entrypoint, *args):
@@ -266,7 +296,7 @@ def agent_config(nproc: int, nodes: int = 1, endpoint: str | None = None, run_id
         rdzv_configs={"rank": 0, "timeout": 900} if static else {"timeout": 900},
         max_restarts=0,
         monitor_interval=0.05,
-        start_method="fork",
+        start_method=start_method(),
     )
 
 
@@ -278,4 +308,4 @@ def forked(worker, *args, nproc: int = 2) -> None:
 
     import_before_forking()
 
-    mp.start_processes(_forked_worker, args=(worker, *args), nprocs=nproc, join=True, start_method="fork")
+    mp.start_processes(_forked_worker, args=(worker, *args), nprocs=nproc, join=True, start_method=start_method())

@@ -45,6 +45,7 @@ from unittest import mock
 import torch
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, FakeTensorMode
+from torch.autograd.variable import Variable
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
@@ -159,44 +160,97 @@ def _stand_in(func, args):
     raise NotImplementedError(f"no stand-in for the data-dependent {func}")
 
 
+#: what :func:`fake_backward` runs besides the nodes, as autograd's engine does (filled inside :class:`FakeCuda`):
+#: each non-leaf tensor's hooks (``Tensor.register_hook``) by (its node, its output number), each leaf's by the
+#: leaf, and the callbacks queued during a backward (``Variable._execution_engine.queue_callback``)
+_ENGINE: dict = {"hooks": {}, "leaf_hooks": {}, "callbacks": [], "in_backward": False}
+
+
+def _register_hook(original):
+    """``Tensor.register_hook`` that also tells :func:`fake_backward` (FSDP2's pre-backward unshard is one)."""
+
+    def register_hook(tensor, hook):
+        handle = original(tensor, hook)
+        if tensor.grad_fn is not None:
+            _ENGINE["hooks"].setdefault((tensor.grad_fn, tensor.output_nr), []).append(hook)
+        else:
+            _ENGINE["leaf_hooks"].setdefault(tensor, []).append(hook)
+        return handle
+
+    return register_hook
+
+
+class _Engine:
+    """``Variable._execution_engine`` whose ``queue_callback`` queues for :func:`fake_backward` (FSDP2's
+    post-backward final callback, which finishes the reduce-scatters); anything else is torch's engine."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def queue_callback(self, callback) -> None:
+        if not _ENGINE["in_backward"]:
+            raise RuntimeError("Final callbacks can only be installed during backward pass.")
+        _ENGINE["callbacks"].append(callback)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def _with_hooks(hooks: list, grad):
+    for hook in hooks:
+        new = hook(grad)
+        grad = grad if new is None else new
+    return grad
+
+
 def fake_backward(
     root: torch.Tensor, gradient: torch.Tensor | None = None, retain_graph=None, create_graph=False, inputs=None
 ) -> None:
     """``root.backward(gradient)`` without autograd's engine (see the module docstring): leaves' ``.grad`` are set
-    or accumulated into. ``retain_graph``, ``create_graph`` and ``inputs`` are not supported (ignored / refused)."""
+    or accumulated into; tensors' hooks run on their gradients before their node runs (a leaf's before it
+    accumulates), and callbacks queued during the backward run after the graph, as the engine runs them (FSDP2
+    relies on both); ``torch._C._current_graph_task_id()`` is not -1 meanwhile. ``retain_graph``, ``create_graph``
+    and ``inputs`` are not supported (ignored / refused)."""
     if create_graph or inputs is not None:
         raise NotImplementedError("fake_backward computes first-order gradients of every leaf only")
     start = root.grad_fn
     if start is None:
         raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
     consumers = _consumers(start)
-    pending = {start: {0: torch.ones_like(root) if gradient is None else gradient}}
+    pending = {start: {root.output_nr: torch.ones_like(root) if gradient is None else gradient}}
     ready = [(-start._sequence_nr(), 0, start)]
     order = 1
-    with torch.no_grad():
-        while ready:
-            node = heapq.heappop(ready)[2]
-            grads = pending.pop(node, {})
-            leaf = getattr(node, "variable", None)
-            if leaf is not None:  # AccumulateGrad
-                g = grads.get(0)
-                if g is not None:
-                    leaf.grad = g if leaf.grad is None else leaf.grad + g
-                continue
-            # strict=False: a Python Function's backward gives one gradient per forward argument, None for those
-            # that are not tensors (_FlashVarlen's maximum lengths, its dropout), which next_functions does not list
-            for (nxt, slot), g in zip(node.next_functions, _node_backward(node, grads), strict=False):
-                if nxt is None:
+    _ENGINE["in_backward"] = True
+    try:
+        with torch.no_grad():
+            while ready:
+                node = heapq.heappop(ready)[2]
+                grads = pending.pop(node, {})
+                for slot in list(grads):
+                    hooks = _ENGINE["hooks"].pop((node, slot), [])
+                    grads[slot] = _with_hooks(hooks, grads[slot]) if grads[slot] is not None else None
+                leaf = getattr(node, "variable", None)
+                if leaf is not None:  # AccumulateGrad
+                    g = grads.get(0)
+                    if g is not None:
+                        g = _with_hooks(_ENGINE["leaf_hooks"].get(leaf, []), g)
+                        leaf.grad = g if leaf.grad is None else leaf.grad + g
                     continue
-                if g is not None:
-                    m = nxt._input_metadata[slot]
-                    g = (g.sum_to_size(m.shape) if tuple(g.shape) != tuple(m.shape) else g).to(m.dtype)
-                    into = pending.setdefault(nxt, {})
-                    into[slot] = g if into.get(slot) is None else into[slot] + g
-                consumers[nxt] -= 1
-                if consumers[nxt] == 0:
-                    heapq.heappush(ready, (-nxt._sequence_nr(), order, nxt))
-                    order += 1
+                for (nxt, slot), g in _node_backward(node, grads):
+                    if g is not None:
+                        m = nxt._input_metadata[slot]
+                        g = (g.sum_to_size(m.shape) if tuple(g.shape) != tuple(m.shape) else g).to(m.dtype)
+                        into = pending.setdefault(nxt, {})
+                        into[slot] = g if into.get(slot) is None else into[slot] + g
+                    consumers[nxt] -= 1
+                    if consumers[nxt] == 0:
+                        heapq.heappush(ready, (-nxt._sequence_nr(), order, nxt))
+                        order += 1
+            while _ENGINE["callbacks"]:
+                _ENGINE["callbacks"].pop(0)()
+    finally:
+        _ENGINE["in_backward"] = False
+        _ENGINE["callbacks"].clear()
 
 
 def _consumers(start) -> collections.Counter:
@@ -213,15 +267,25 @@ def _consumers(start) -> collections.Counter:
     return consumers
 
 
-def _node_backward(node, grads: dict[int, torch.Tensor]) -> tuple:
-    """The gradients an autograd ``node`` gives its inputs (one per ``next_functions`` entry) for the gradients
-    ``grads`` of its outputs (output index -> gradient; zeros where an output received none)."""
+def _node_backward(node, grads: dict[int, torch.Tensor]) -> list:
+    """(next node, its input slot), gradient for each edge out of the autograd ``node`` that leads to a node, for
+    the gradients ``grads`` of its outputs (output index -> gradient; zeros where an output received none). A
+    Python Function's backward gives one gradient per forward argument (None for those that are not tensors:
+    FSDP2's parameter group before its tensors, _FlashVarlen's maximum lengths after them), while its
+    ``next_functions`` lists its tensor arguments only: the arguments that need a gradient
+    (``needs_input_grad``) are, in order, those whose edge leads to a node."""
     args = [
         grads[i] if grads.get(i) is not None else torch.zeros(m.shape, dtype=m.dtype, device=m.device)
         for i, m in enumerate(node._input_metadata)
     ]
-    outs = node.apply(*args) if hasattr(node, "_forward_cls") else node(*args)
-    return outs if isinstance(outs, tuple) else (outs,)
+    python = hasattr(node, "_forward_cls")
+    outs = node.apply(*args) if python else node(*args)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    edges = [e for e in node.next_functions if e[0] is not None]
+    if python:
+        outs = tuple(g for g, needed in zip(outs, node.needs_input_grad, strict=False) if needed)
+        return list(zip(edges, outs, strict=False))
+    return [(e, g) for e, g in zip(node.next_functions, outs, strict=False) if e[0] is not None]
 
 
 @dataclasses.dataclass
@@ -239,13 +303,28 @@ class Copy:
 
 
 class _Event:
-    """``torch.cuda.Event`` without a driver: remembers the stream it was recorded on."""
+    """``torch.cuda.Event`` without a driver: remembers the stream it was recorded on (the current stream when
+    none is given, as CUDA's); a host wait on it (``synchronize``) is recorded as a host sync."""
+
+    owner: "FakeCuda | None" = None
 
     def __init__(self, *args, **kwargs):
         self.stream = None
 
     def record(self, stream=None):
-        self.stream = stream
+        self.stream = stream if stream is not None or self.owner is None else _Stream(self.owner, self.owner.stream)
+
+    def wait(self, stream=None) -> None:
+        if self.owner is not None:
+            waiting = stream.name if stream is not None else self.owner.stream
+            self.owner.stream_log.append(("wait", waiting, getattr(self.stream, "name", None)))
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        if self.owner is not None:
+            self.owner.host_syncs.append(f"torch.cuda.Event.synchronize at {project_line()}")
 
 
 class _Stream:
@@ -262,6 +341,15 @@ class _Stream:
 
     def wait_event(self, event: _Event) -> None:
         self.owner.stream_log.append(("wait", self.name, getattr(event.stream, "name", None)))
+
+    def wait_stream(self, stream: "_Stream") -> None:
+        self.owner.stream_log.append(("wait", self.name, stream.name))
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        self.owner.host_syncs.append(f"torch.cuda.Stream.synchronize at {project_line()}")
 
     def record_event(self, event: _Event | None = None) -> _Event:
         event = event or _Event()
@@ -368,9 +456,15 @@ class FakeCuda:
             "torch.Tensor.backward": fake_backward,
             "torch.cuda.Stream": self._stream_class(),
             "torch.cuda.stream": self._use_stream,
-            "torch.cuda.Event": _Event,
+            "torch.cuda.Event": type("Event", (_Event,), {"owner": self}),
             "torch.cuda.current_stream": lambda device=None: _Stream(self, self.stream),
             "torch.Tensor.record_stream": lambda tensor, stream: self._record_stream(tensor, stream),
+            # what FSDP2 (bf16-params) asks of autograd's engine, which fake_backward stands in for
+            "torch.Tensor.register_hook": _register_hook(torch.Tensor.register_hook),
+            "torch.autograd.variable.Variable._execution_engine": _Engine(Variable._execution_engine),
+            "torch._C._current_graph_task_id": lambda: 0 if _ENGINE["in_backward"] else -1,
+            # NCCL needs a driver: a one-rank process group takes gloo for the fake GPU's tensors
+            "torch.distributed.is_nccl_available": lambda: False,
         }
         if hasattr(fake_tensor, "init_gpu_context"):  # torch 2.11 would initialise CUDA (module docstring)
             patches["torch._subclasses.fake_tensor.init_gpu_context"] = lambda device: None
@@ -388,6 +482,8 @@ class FakeCuda:
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
+        for registry in ("hooks", "leaf_hooks"):
+            _ENGINE[registry].clear()
 
 
 def placement_errors(trainer) -> list[str]:

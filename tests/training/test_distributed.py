@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.builders import write_easy_vqa_shards
-from helpers.distributed import config, launch, losses, reference_run
+from helpers.distributed import config, forked_reference_run, launch, losses, reference_run
 
 
 @pytest.mark.slow
@@ -297,7 +297,7 @@ def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_sha
         }
 
     one, two, stopped = tmp_path / "one", tmp_path / "two", tmp_path / "stopped"
-    reference_run(two_stream_config(one, 8), "vl-pretraining")
+    forked_reference_run(two_stream_config(one, 8), "vl-pretraining")  # (bf16-params: in a child)
     launch([["vl-pretraining", two_stream_config(two, 4)]])
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == list(range(1, 7))
@@ -312,7 +312,7 @@ def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_sha
     shutil.copytree(one / "checkpoints" / "step-3", stopped / "checkpoints" / "step-3")
     lines = (one / "log.jsonl").read_text().splitlines()
     (stopped / "log.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= 5))
-    reference_run(two_stream_config(stopped, 8), "vl-pretraining", resume=True)
+    forked_reference_run(two_stream_config(stopped, 8), "vl-pretraining", resume=True)
     c = losses(stopped)
     assert sorted(c) == list(range(1, 7))
     assert max(abs(a[s] - c[s]) for s in a) <= 1e-6, (a, c)

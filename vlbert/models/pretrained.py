@@ -64,6 +64,18 @@ _REDRAWN_LAYERS = (nn.Linear, nn.Embedding, nn.LayerNorm)
 _drawing_later = False
 
 
+def _load_tensors(model: nn.Module, state: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> None:
+    """Copy ``state`` (whole tensors, the model's names, a subset of ``own``, its state dict) into ``model``; into a
+    model sharded by FSDP2 (its state DTensors) through torch.distributed.checkpoint's ``set_model_state_dict``,
+    each rank keeping its shard (collective: every rank loads the same ``state``)."""
+    if not any(hasattr(v, "device_mesh") for v in own.values()):
+        model.load_state_dict(state, strict=False)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
 @contextlib.contextmanager
 def _initial_weights_drawn_later():
     """Build models without drawing the initial weights of their Linear, Embedding and LayerNorm layers (their
@@ -251,6 +263,8 @@ class PreTrainedModel(nn.Module):
         if not prefix:  # bare encoder: take what is under "bert.", everything else is unexpected
             state = {k[len("bert.") :] if k.startswith("bert.") else "<head>." + k: v for k, v in state.items()}
         own = self.state_dict()
+        # a 0-d parameter that bf16-params holds as one element (training/sharding.py) loads a 0-d checkpoint's
+        state = {k: v.reshape(1) if k in own and v.dim() == 0 and own[k].shape == (1,) else v for k, v in state.items()}
         base = prefix + "." if prefix else ""
         if getattr(self.config, "encoder", None) == "two-stream":
             state = _bert_layers_to_text_stream(state, base)
@@ -293,7 +307,7 @@ class PreTrainedModel(nn.Module):
             raise ValueError(f"loading {source} strictly: missing {missing}, unexpected {unexpected}")
         if init_missing:
             self._init_missing(missing)  # before loading: a module's own initialisation may touch loaded tensors
-        self.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+        _load_tensors(self, {k: v for k, v in state.items() if k in own}, own)
         pathway = _new_region_pathway(own, state, missing, base)
         if pathway:
             kind = "ModernBERT" if getattr(self.config, "text_tower", "bert") == "modernbert" else "BERT"
@@ -316,14 +330,18 @@ class PreTrainedModel(nn.Module):
         return ckpt.LoadingInfo(missing_keys=missing, unexpected_keys=unexpected)
 
     # ------------------------------------------------------------------ saving
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """This model's weights under Hugging Face BERT names (what ``save_pretrained`` writes); a ModernBERT text
-        tower's under transformers' ModernBERT names (:func:`~vlbert.modernbert_checkpoint.modernbert_vl_to_hf`)."""
+    def hf_state_dict(self, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """This model's weights (or ``state_dict``, in its names) under Hugging Face BERT names (what
+        ``save_pretrained`` writes); a ModernBERT text tower's under transformers' ModernBERT names
+        (:func:`~vlbert.modernbert_checkpoint.modernbert_vl_to_hf`)."""
+        state = self.state_dict() if state_dict is None else state_dict
         if getattr(self.config, "text_tower", "bert") == "modernbert":
-            return modernbert_vl_to_hf(self.state_dict(), self.base_model_prefix)
-        return ckpt.vlbert_to_hf(self.state_dict(), self.base_model_prefix)
+            return modernbert_vl_to_hf(state, self.base_model_prefix)
+        return ckpt.vlbert_to_hf(state, self.base_model_prefix)
 
-    def save_pretrained(self, directory: str | os.PathLike, tokenizer=None) -> Path:
+    def save_pretrained(
+        self, directory: str | os.PathLike, tokenizer=None, state_dict: dict[str, torch.Tensor] | None = None
+    ) -> Path:
         """Write ``config.json`` + ``model.safetensors`` (+ tokenizer files) in the Hugging Face layout.
 
         ``transformers.<HF class>.from_pretrained(directory)`` loads the result with no missing or unexpected
@@ -334,12 +352,14 @@ class PreTrainedModel(nn.Module):
             directory: created if needed.
             tokenizer: a transformers tokenizer to save beside the weights (recommended: the checkpoint is then
                 self-contained).
+            state_dict: the weights to write, in this model's names (whole tensors), instead of its own: those of
+                a sharded model, gathered (the trainer's bf16-params: vlbert/training/sharding.py).
         Returns:
             the directory as a ``Path``.
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        ckpt.write_safetensors(self.hf_state_dict(), directory / ckpt.WEIGHTS_NAME)
+        ckpt.write_safetensors(self.hf_state_dict(state_dict), directory / ckpt.WEIGHTS_NAME)
         architecture = type(self).__name__  # the text models' names are transformers' class names
         tmp = directory / (ckpt.CONFIG_NAME + ".tmp")
         self.config.to_json_file(tmp, architectures=[architecture])

@@ -26,9 +26,15 @@ on every rank (the training loader drops an incomplete global batch), so the gat
 nothing back; without gradient (evaluation, whose last batch may be uneven) the rows are gathered by
 :func:`~vlbert.utils.all_gather_padded`, which reads the sizes.
 
-Temperature. Learned, starting at 0.07 and clamped to [0.001, 0.5] before each use, in place as ALBEF does (so the
-parameter itself stays in range; under bfloat16 master weights the clamp acts on the computing copy and each step
-restores the master's value, so the value used is the master's clamped).
+Temperature. Learned, starting at 0.07 and clamped to [0.001, 0.5] before each use, in place as ALBEF does
+(``self.temp.clamp_(0.001, 0.5)`` under ``no_grad`` at the start of ``forward``): the value used is the clamped
+parameter and its whole gradient reaches the parameter, even at a bound. Where the parameter in the forward is a
+computing copy (bf16-params: FSDP2 all-gathers a bfloat16 copy of the float32 shard), the in-place clamp still gives
+the forward the clamped value and ALBEF's gradient, but it is lost on the float32 weight the optimizer updates; so
+the trainer also clamps the trained weight after every optimizer step (:meth:`ContrastiveHead.constrain_parameters`),
+and the next forward starts from an in-range weight as in ALBEF (clamp, forward, step, clamp, ...: the same
+sequence). A functional clamp (``temperature.clamp(...)`` in the loss, the parameter left free) was not chosen: its
+gradient is zero outside the range, so a weight that overshot a bound would stay past it, unlike ALBEF's.
 
 Momentum distillation (ALBEF section 3.3): with a momentum teacher on the model
 (:mod:`vlbert.objectives.momentum`), the columns are the teacher's features of the global batch (gathered without
@@ -72,10 +78,18 @@ class ContrastiveHead(nn.Module):
             self.temperature.fill_(TEMPERATURE)
 
     def clamped_temperature(self) -> torch.Tensor:
-        """The temperature after clamping it in place to :data:`TEMPERATURE_RANGE` (ALBEF: ``temp.clamp_``)."""
+        """The temperature after clamping it in place to :data:`TEMPERATURE_RANGE` (ALBEF: ``temp.clamp_``): the
+        parameter itself (0-d, or one element under FSDP2), or under FSDP2 its bfloat16 computing copy."""
         with torch.no_grad():
             self.temperature.clamp_(*TEMPERATURE_RANGE)
         return self.temperature
+
+    @torch.no_grad()
+    def constrain_parameters(self) -> None:
+        """Clamp the trained temperature in place to :data:`TEMPERATURE_RANGE`; the trainer calls it after every
+        optimizer step, when the parameter is the trained weight (with bf16-params the float32 DTensor shard,
+        which :meth:`clamped_temperature` inside a forward does not reach). On the device, no host read."""
+        self.temperature.clamp_(*TEMPERATURE_RANGE)
 
 
 def gather_columns(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

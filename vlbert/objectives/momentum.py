@@ -3,8 +3,9 @@ and ``Pretrain.py``): a momentum copy of the parts ITC and MLM read (the encoder
 ``masked_lm`` head), its features' queue for ITC, and the weight ``alpha`` of its soft targets.
 
 The copy follows the weights as an exponential moving average, ``m = decay * m + (1 - decay) * w`` after every
-optimizer step (ALBEF's ``_momentum_update`` before each forward: the same sequence of weights), in float32 (the
-float32 masters where the model's weights are bfloat16), with two foreach operations and no host read. The queue
+optimizer step (ALBEF's ``_momentum_update`` before each forward: the same sequence of weights), in float32 (with
+bf16-params the trainer's float32 FSDP2 weights, whole on one rank; the copy computes in bfloat16 as the model does),
+with two foreach operations and no host read. The queue
 holds the momentum features of the last ``queue_size`` captions and images of the global batch, with each caption's
 content id (ALBEF's ``idx_queue`` of retrieval fine-tuning; ``model_pretrain.py`` has none, its captions are all
 negatives of each other), starting as ALBEF's: random unit vectors (content -1, no caption's). ``alpha`` rises
@@ -72,6 +73,11 @@ class MomentumTeacher:
     """The momentum model of ``model`` (its :data:`PARTS`, deep copies without gradient, on its device), the ITC
     queue and the distillation weights at the current step.
 
+    A part sharded by FSDP2 (the trainer's bf16-params, :mod:`vlbert.training.sharding`) is copied as a plain
+    module of its own class, without FSDP's hooks and state, each parameter whole (the DTensor's local tensor on a
+    one-rank mesh, else ``full_tensor()``: collective) in ``compute_dtype`` (bf16-params: bfloat16, as the model
+    computes); :meth:`start_from` then sets the float32 shadow from the float32 weights.
+
     Attributes:
         module: nn.Module with the copied parts as attributes (``module.bert``, ``module.itc``, ...).
         text_queue, image_queue: float32 [queue_size, projection_dim] unit vectors; content_queue: int64
@@ -80,7 +86,9 @@ class MomentumTeacher:
         updates: momentum updates done.
     """
 
-    def __init__(self, model: nn.Module, options: MomentumOptions, seed: int = 0):
+    def __init__(
+        self, model: nn.Module, options: MomentumOptions, seed: int = 0, compute_dtype: torch.dtype | None = None
+    ):
         self.options = options
         self.module = nn.Module()
         compiled = {m: m._compiled_call_impl for m in model.modules() if m._compiled_call_impl is not None}
@@ -90,7 +98,7 @@ class MomentumTeacher:
             for name in PARTS:
                 part = getattr(model, name, None)
                 if part is not None:
-                    setattr(self.module, name, _copy(part))
+                    setattr(self.module, name, _copy(part, compute_dtype))
         finally:
             for m, call in compiled.items():
                 m._compiled_call_impl = call
@@ -112,8 +120,8 @@ class MomentumTeacher:
 
     @torch.no_grad()
     def start_from(self, weights: list[torch.Tensor]) -> None:
-        """The copy set to ``weights`` (each part's parameters in :attr:`names` order; the float32 masters where
-        the model's weights are bfloat16), as ALBEF's ``copy_params``."""
+        """The copy set to ``weights`` (each part's parameters in :attr:`names` order; with bf16-params the float32
+        weights, not the bfloat16 ones the model computes with), as ALBEF's ``copy_params``."""
         torch._foreach_copy_(self.shadow, [w.float() for w in weights])
         self._shadow_to_module()
 
@@ -172,8 +180,8 @@ class MomentumTeacher:
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
         """Take back :meth:`state_dict` (the copy's parameters and queues on their devices)."""
-        for name, s in zip(self.names, self.shadow, strict=True):
-            s.copy_(state["shadow"][name])
+        for name, s in zip(self.names, self.shadow, strict=True):  # (a 0-d weight is one element under FSDP2)
+            s.copy_(state["shadow"][name].reshape(s.shape))
         self._shadow_to_module()
         for key, value in state["queues"].items():
             if value is not None:
@@ -181,12 +189,68 @@ class MomentumTeacher:
         self.pointer, self.updates = state["pointer"], state["updates"]
 
 
-def _copy(module: nn.Module) -> nn.Module:
+def _copy(module: nn.Module, compute_dtype: torch.dtype | None = None) -> nn.Module:
     """A deep copy of ``module`` whose parameters and buffers are plain clones (a tensor's own attributes, which
-    the trainer or a fake device may have set, are not copied)."""
-    memo = {id(p): nn.Parameter(p.detach().clone(), requires_grad=False) for p in module.parameters()}
+    the trainer or a fake device may have set, are not copied). Where FSDP2 sharded it, the copy is a plain module:
+    each FSDP module of its original class, without FSDP's hooks and state (``fully_shard`` forbids deepcopy), its
+    DTensor parameters whole (:func:`_whole`) in ``compute_dtype`` (None: theirs)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    memo = {id(p): nn.Parameter(_whole(p, compute_dtype), requires_grad=False) for p in module.parameters()}
     memo.update({id(b): b.detach().clone() for b in module.buffers()})
-    return copy.deepcopy(module, memo)
+    for m in module.modules():  # FSDP's state and hooks left behind (its state's slots None until deleted below)
+        memo.update({id(v): None for k, v in vars(m).items() if k.startswith("__composable_api_")})  # dicts
+        fsdp = _fsdp_handles(m)  # hooks and their flags (``*_with_kwargs``, ``always_called``) by handle
+        for d in (getattr(m, name) for name in _HOOK_DICTS):
+            memo[id(d)] = type(d)((k, v) for k, v in d.items() if k not in fsdp)
+    classes = {m: type(m) for m in module.modules() if isinstance(m, FSDPModule)}
+    try:
+        for m, cls in classes.items():
+            m.__class__ = cls.__mro__[cls._orig_cls_mro_index]
+        copied = copy.deepcopy(module, memo)
+    finally:
+        for m, cls in classes.items():
+            m.__class__ = cls
+    for m in copied.modules():
+        for key in [k for k in vars(m) if _is_fsdp_key(k)]:
+            delattr(m, key)
+    return copied
+
+
+#: the hook dictionaries of an ``nn.Module`` that FSDP2 adds to (its forward hooks, its parameters' load hooks)
+_HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_load_state_dict_post_hooks",
+)
+
+
+def _is_fsdp_key(key: str) -> bool:
+    """Whether a module attribute is FSDP2's (its composable state and registry, its managed-module flags)."""
+    return key.startswith("__composable_api_") or key in ("_is_fsdp_managed_module", "_fsdp_use_orig_params")
+
+
+def _fsdp_handles(module: nn.Module) -> set[int]:
+    """The handles of ``module``'s hooks that FSDP2 registered (functions defined in ``torch.distributed.fsdp``)."""
+    return {
+        handle
+        for d in (module._forward_pre_hooks, module._forward_hooks, module._load_state_dict_post_hooks)
+        for handle, hook in d.items()
+        if getattr(hook, "__module__", "").startswith("torch.distributed.fsdp")
+    }
+
+
+def _whole(p: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """A detached clone of ``p``, whole where it is a DTensor (its local tensor on a one-rank mesh, else
+    ``full_tensor()``, collective), in ``dtype`` where given and ``p`` is a DTensor."""
+    p = p.detach()
+    if hasattr(p, "device_mesh"):
+        p = p.to_local() if p.device_mesh.size() == 1 else p.full_tensor()
+        return p.to(dtype or p.dtype, copy=True)
+    return p.clone()
 
 
 def teacher_of(model: nn.Module) -> MomentumTeacher | None:

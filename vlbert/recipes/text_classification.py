@@ -82,8 +82,11 @@ class TransformersAdapter(torch.nn.Module):
             result.add("cls", out.loss, "cls_accuracy", acc, labels.numel())
         return result
 
-    def save_pretrained(self, directory, tokenizer=None):
-        self.model.save_pretrained(str(directory))
+    def save_pretrained(self, directory, tokenizer=None, state_dict=None):
+        """The transformers model's ``save_pretrained`` (``state_dict``: in this adapter's names, ``model.`` first)."""
+        if state_dict is not None:
+            state_dict = {k.removeprefix("model."): v for k, v in state_dict.items()}
+        self.model.save_pretrained(str(directory), state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(directory))
 

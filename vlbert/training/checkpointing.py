@@ -4,7 +4,6 @@ written in a temporary directory and renamed, so a half-written checkpoint never
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -17,6 +16,7 @@ from accelerate.utils import gather_object
 
 from vlbert import checkpoint as ckpt
 from vlbert.run_files import CHECKPOINTS_DIR
+from vlbert.training import sharding
 from vlbert.training.processes import agree_loaded, agree_on_checkpoint
 from vlbert.training.training_config import seed_process_streams
 
@@ -67,13 +67,20 @@ def training_state(trainer, rng_states: list[dict] | None = None) -> dict:
     """Everything besides the weights needed to continue exactly: optimizer, scheduler, every process's random
     streams (``rng``: one :func:`process_rng_state` per rank, ``rng_states`` as gathered by
     :func:`save_checkpoint`; this process's alone when not given), position, and each hook's ``state_dict``
-    (keyed by position and class name)."""
+    (keyed by position and class name). A sharded model's optimizer state is gathered whole, in
+    ``Optimizer.state_dict``'s layout (:func:`~vlbert.training.sharding.full_optimizer_state`): collective, every
+    rank calls it then (its result is the main process's to write)."""
+    optimizer = (
+        sharding.full_optimizer_state(trainer.unwrapped, trainer._optimizer())
+        if trainer.sharded
+        else trainer.optimizer.state_dict()
+    )
     return {
         "step": trainer.step,
         "epoch": trainer.epoch,
         "batch_in_epoch": trainer.batch_in_epoch,
         "skipped_steps": trainer.skipped_steps,
-        "optimizer": trainer.optimizer.state_dict(),
+        "optimizer": optimizer,
         "scheduler": trainer.scheduler.state_dict(),
         "rng": rng_states if rng_states is not None else [process_rng_state(trainer.device)],
         "hooks": {_hook_key(i, hook): hook.state_dict() for i, hook in enumerate(trainer.hooks)},
@@ -86,10 +93,12 @@ def _hook_key(index: int, hook) -> str:
 
 def save_checkpoint(trainer) -> Path | None:
     """Write ``checkpoints/step-N`` atomically (build in a temporary directory, then rename); keep the newest
-    ``save_total_limit``. Only the main process writes; returns the directory (None elsewhere)."""
+    ``save_total_limit``. Every rank gathers its part (random streams, a sharded model's weights and optimizer
+    state, the hooks' states); only the main process writes; returns the directory (None elsewhere)."""
     acc = trainer.accelerator
     mine = [process_rng_state(trainer.device)]
     rng_states = gather_object(mine) if acc.num_processes > 1 else mine  # every rank's streams, in rank order
+    weights, state = trainer.model_state(), training_state(trainer, rng_states)
     acc.wait_for_everyone()
     if not trainer.is_main:
         return None
@@ -98,8 +107,8 @@ def save_checkpoint(trainer) -> Path | None:
     final = root / f"step-{trainer.step}"
     tmp = root / f".tmp-step-{trainer.step}"
     shutil.rmtree(tmp, ignore_errors=True)
-    trainer.save_model(tmp)
-    torch.save(training_state(trainer, rng_states), tmp / STATE_NAME)
+    trainer.save_model(tmp, weights)
+    torch.save(state, tmp / STATE_NAME)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -111,7 +120,7 @@ def save_checkpoint(trainer) -> Path | None:
 
 def resume(trainer, checkpoint: Path | None = None) -> bool:
     """Load the newest complete checkpoint of ``trainer.output_dir`` (or ``checkpoint``) into ``trainer``: weights
-    (into the float32 masters with bf16 parameters), optimizer, scheduler, position, RNGs and the hooks' states.
+    (into the float32 shards with bf16 parameters), optimizer, scheduler, position, RNGs and the hooks' states.
     Returns False if there is none. Also truncates ``log.jsonl`` to the checkpoint's step, so the log continues
     as if never interrupted. Several processes first agree on the checkpoint and then on having loaded it
     (:func:`~vlbert.training.processes.agree_on_checkpoint`): no rank trains from another state.
@@ -137,10 +146,12 @@ def resume(trainer, checkpoint: Path | None = None) -> bool:
 
 def _load(trainer, checkpoint: Path) -> None:
     weights = ckpt.hf_to_vlbert(ckpt.read_state_dict(checkpoint))
-    with trainer.master.float32_model() if trainer.master else contextlib.nullcontext():  # into the masters
-        trainer.unwrapped.load_converted_state_dict(weights, source=str(checkpoint), strict=True)
+    trainer.unwrapped.load_converted_state_dict(weights, source=str(checkpoint), strict=True)
     state = torch.load(checkpoint / STATE_NAME, map_location="cpu", weights_only=True)
-    trainer.optimizer.load_state_dict(state["optimizer"])
+    if trainer.sharded:
+        sharding.load_full_optimizer_state(trainer.unwrapped, trainer._optimizer(), state["optimizer"])
+    else:
+        trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.step, trainer.epoch, trainer.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
     trainer.skipped_steps = state.get("skipped_steps", 0)

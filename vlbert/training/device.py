@@ -10,14 +10,14 @@ import torch
 from torch import nn
 
 from vlbert.models.bert import BertLayer, compile_model
-from vlbert.training.processes import use_cpu_processes
+from vlbert.training.processes import launched_processes, use_cpu_processes
 
 logger = logging.getLogger(__name__)
 
 
 def resolve_precision(mixed_precision: str) -> tuple[str, bool]:
     """(the precision a run trains in, whether it trains on CPU processes) for ``training.mixed_precision``:
-    ``auto`` is bf16 weights with float32 masters on CUDA (the faster GPU step: master_weights.py), float32 on CPU.
+    ``auto`` is bf16 weights with float32 shards on CUDA (the faster GPU step: sharding.py), float32 on CPU.
     On CPU under torchrun also where a machine has fewer GPUs than processes (NCCL cannot put two ranks on one GPU;
     gloo can: :func:`~vlbert.training.processes.use_cpu_processes`), said in one warning."""
     mixed = mixed_precision
@@ -67,7 +67,7 @@ def own_accelerator(cpu: bool):
     from accelerate.state import AcceleratorState, PartialState
 
     state = PartialState._shared_state
-    if state and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if state and launched_processes() == 1:  # (a one-rank process group of bf16-params' is no launcher's)
         wanted = "cuda" if torch.cuda.is_available() and not cpu else "cpu"
         device = state.get("device")
         if device is None or device.type != wanted:
@@ -104,6 +104,27 @@ def restore_tf32(replaced: tuple[str, bool] | None) -> None:
     if replaced is not None:
         torch.set_float32_matmul_precision(replaced[0])
         torch.backends.cudnn.allow_tf32 = replaced[1]
+
+
+def check_placement(model: nn.Module, device: torch.device, optimizer: torch.optim.Optimizer) -> None:
+    """Raise RuntimeError if a parameter of ``model``, its gradient or an optimizer state is not on the training
+    ``device`` (the trainer calls it after its first step; devices are read, nothing copied). A scalar CPU step
+    counter is no copy and is allowed."""
+    errors = [f"parameter {n} on {p.device}" for n, p in model.named_parameters() if p.device.type != device.type]
+    for i, p in enumerate(q for group in optimizer.param_groups for q in group["params"]):
+        for what, t in (
+            ("gradient", p.grad),
+            *((f"optimizer state {k}", v) for k, v in optimizer.state.get(p, {}).items()),
+        ):
+            if torch.is_tensor(t) and t.device.type != device.type and not (t.dim() == 0 and t.device.type == "cpu"):
+                errors.append(f"{what} of parameter {i} {tuple(p.shape)} on {t.device}")
+    if errors:
+        raise RuntimeError(
+            f"training on {device}, but: "
+            + "; ".join(errors[:5])
+            + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "")
+            + ": a bug in the trainer's placement, please report it"
+        )
 
 
 def compiled_layer_classes() -> tuple[type, ...]:
@@ -170,6 +191,7 @@ def _falling_back(compiled, layer: nn.Module, layers: list[nn.Module], state: di
 
 __all__ = [
     "own_accelerator",
+    "check_placement",
     "resolve_precision",
     "prepare_compute",
     "use_tf32",

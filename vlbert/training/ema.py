@@ -7,17 +7,19 @@ from __future__ import annotations
 import torch
 
 from vlbert.training.hooks import TrainerHook
+from vlbert.training.sharding import full_tensor
 
 
 class EMAHook(TrainerHook):
     """After every optimizer step, ``shadow = decay * shadow + (1 - decay) * weights`` (one fused ``lerp`` over
-    all parameters, float32: the masters when the weights are bf16), starting from the weights of the first step
-    this run sees.
+    all parameters, float32: with bf16-params the sharded float32 weights, each rank averaging its shards), starting
+    from the weights of the first step this run sees.
 
     Args:
         decay: in [0, 1), e.g. 0.999 (an average over about 1 / (1 - decay) steps).
     Attributes:
-        shadow: list of float32 tensors in ``model.parameters()`` order (None before training).
+        shadow: list of float32 tensors in ``model.parameters()`` order, placed as the parameters (a sharded
+            model's shards) (None before training).
         updates: the number of steps averaged.
     Raises:
         ValueError: a decay outside [0, 1).
@@ -32,12 +34,14 @@ class EMAHook(TrainerHook):
 
     @staticmethod
     def _weights(trainer) -> list[torch.Tensor]:
-        params = trainer.master.masters if trainer.master else list(trainer.unwrapped.parameters())
-        return [p.detach() for p in params]
+        return [p.detach() for p in trainer.unwrapped.parameters()]
 
     def before_train(self, trainer) -> None:
+        weights = self._weights(trainer)
         if self.shadow is None:
-            self.shadow = [w.float().clone() for w in self._weights(trainer)]
+            self.shadow = [w.float().clone() for w in weights]
+        else:  # a resumed average (whole CPU tensors): placed as the weights, a sharded model's shards taken
+            self.shadow = [_placed_as(s.float(), w) for s, w in zip(self.shadow, weights, strict=True)]
 
     @torch.no_grad()
     def after_step(self, trainer) -> None:
@@ -45,7 +49,9 @@ class EMAHook(TrainerHook):
         self.updates += 1
 
     def state_dict(self) -> dict:
-        return {"shadow": [t.cpu() for t in self.shadow] if self.shadow is not None else None, "updates": self.updates}
+        """The average as whole CPU tensors (a sharded model's gathered: collective, every rank calls it)."""
+        shadow = None if self.shadow is None else [full_tensor(t).cpu() for t in self.shadow]
+        return {"shadow": shadow, "updates": self.updates}
 
     def load_state_dict(self, state: dict) -> None:
         self.updates = state["updates"]
@@ -55,7 +61,17 @@ class EMAHook(TrainerHook):
     def copy_to(self, model: torch.nn.Module) -> None:
         """Write the average into ``model``'s parameters (same architecture), e.g. to evaluate or save it."""
         for p, s in zip(model.parameters(), self.shadow, strict=True):
-            p.copy_(s)
+            p.copy_(_placed_as(full_tensor(s), p))
+
+
+def _placed_as(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``whole`` on ``like``'s device, and sharded as ``like`` where that is a DTensor (every rank keeps its shard of
+    the same whole tensor)."""
+    if hasattr(like, "device_mesh"):
+        from torch.distributed.tensor import distribute_tensor
+
+        return distribute_tensor(whole.to(like.device_mesh.device_type), like.device_mesh, like.placements)
+    return whole.to(like.device)
 
 
 __all__ = ["EMAHook"]

@@ -18,7 +18,7 @@ class IdleParameters:
     :meth:`record` of each micro-batch's declaration, then :meth:`drop_gradients` before the optimizer step."""
 
     def __init__(self):
-        self._idle: dict[int, torch.nn.Parameter] | None = None  # idle in every micro-batch so far
+        self._idle: set[str] | None = None  # the names of those idle in every micro-batch so far
 
     @staticmethod
     def add_to_loss(loss: torch.Tensor, out, num_processes: int) -> torch.Tensor:
@@ -29,17 +29,21 @@ class IdleParameters:
             return loss
         return loss + sum(p.sum() for p in idle) * 0.0
 
-    def record(self, out) -> None:
-        """Keep the parameters ``out`` declares idle that every earlier micro-batch of the step declared too."""
-        ids = {id(p): p for p in getattr(out, "unused_parameters", ())}
-        self._idle = ids if self._idle is None else {k: p for k, p in self._idle.items() if k in ids}
+    def record(self, out, model: torch.nn.Module) -> None:
+        """Keep the parameters ``out`` declares idle that every earlier micro-batch of the step declared too, by their
+        names in ``model`` (read after the forward, before the backward: a model sharded by FSDP2 holds the
+        gathered weights ``out`` declares only until its backward, its shards afterwards)."""
+        idle = {id(p) for p in getattr(out, "unused_parameters", ())}
+        names = {n for n, p in model.named_parameters() if id(p) in idle} if idle else set()
+        self._idle = names if self._idle is None else self._idle & names
 
-    def drop_gradients(self, master=None) -> None:
-        """Set the gradient of every parameter idle in the whole step to None (its float32 master's with bf16
-        parameters, ``master``: :class:`~vlbert.training.master_weights.MasterWeights`), so AdamW skips it: no weight
-        decay, no momentum step."""
-        for p in (self._idle or {}).values():
-            (master.master_of(p) if master else p).grad = None
+    def drop_gradients(self, model: torch.nn.Module) -> None:
+        """Set the gradient of every parameter of ``model`` idle in the whole step to None (a sharded model's float32
+        shards'), so AdamW skips it: no weight decay, no momentum step."""
+        if self._idle:
+            for name, p in model.named_parameters():
+                if name in self._idle:
+                    p.grad = None
 
 
 __all__ = ["IdleParameters"]

@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from vlbert.training.sharding import release_local_group
+
 logger = logging.getLogger(__name__)
 
 #: The file rank 0 writes into the output directory for the other ranks to read back (removed after the check).
@@ -44,11 +46,15 @@ def use_cpu_processes() -> bool:
 
 def start_processes(timeout_s: float) -> None:
     """Start accelerate's process state (``torch.distributed.init_process_group`` under a launcher) with every
-    collective bounded by ``timeout_s`` seconds, unless it is started already. A single process starts nothing."""
+    collective bounded by ``timeout_s`` seconds, unless it is started already (a one-rank group that bf16-params
+    started for this process alone is ended first: :func:`~vlbert.training.sharding.release_local_group`). A single
+    process starts nothing here."""
     from accelerate import PartialState
 
-    if launched_processes() > 1 and not (dist.is_available() and dist.is_initialized()):
-        PartialState(cpu=use_cpu_processes(), timeout=timedelta(seconds=timeout_s))
+    if launched_processes() > 1:
+        release_local_group()  # a one-rank group this process started alone before (a forked worker's parent's)
+        if not (dist.is_available() and dist.is_initialized()):
+            PartialState(cpu=use_cpu_processes(), timeout=timedelta(seconds=timeout_s))
 
 
 class ControlPlane:

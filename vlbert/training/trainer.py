@@ -20,8 +20,8 @@ import torch
 import yaml
 
 from vlbert.run_files import CHECKPOINTS_DIR
-from vlbert.training import checkpointing
-from vlbert.training.device import own_accelerator, prepare_compute, resolve_precision, restore_tf32
+from vlbert.training import checkpointing, sharding
+from vlbert.training.device import check_placement, own_accelerator, prepare_compute, resolve_precision, restore_tf32
 from vlbert.training.distributed import global_batch_loss
 from vlbert.training.evaluation import evaluate_objectives
 from vlbert.training.feed import device_batches, moves_to_device
@@ -29,7 +29,6 @@ from vlbert.training.guards import NonFiniteChecks, NonFiniteLossError, SigtermF
 from vlbert.training.hooks import PeriodicCheckpoint, PeriodicEvaluation, StepStats, TrainerHook
 from vlbert.training.idle import IdleParameters
 from vlbert.training.log_hook import LogHook
-from vlbert.training.master_weights import MasterWeights, check_placement
 from vlbert.training.mfu import device_peak_flops, estimate_step_flops
 from vlbert.training.optimizers import build_optimizer
 from vlbert.training.processes import control_plane, start_processes
@@ -98,15 +97,21 @@ class Trainer:
         self.train_batches = train_batches
         self.eval_batches = eval_batches
         self.unwrapped = model
-        # On its device before the float32 masters and the optimizer are made: they live where the parameters do.
+        # On its device before it is sharded and the optimizer made: they live where the parameters do.
         model.to(self.device)
         self._tf32_replaced = prepare_compute(model, self.device, self.precision, config)  # compile, TF32
+        #: bf16-params: FSDP2 holds float32 shards and computes in bf16 (training/sharding.py)
+        self.sharded = mixed == "bf16-params"
+        if self.sharded:
+            sharding.shard_model(model, self.device)
         self.forward_arguments = forward_arguments(model)
+        # modules whose weights have a range (ITC's temperature) put them back after every optimizer step
+        self._constraints = [m.constrain_parameters for m in model.modules() if hasattr(m, "constrain_parameters")]
         groups = parameter_groups(model, config.weight_decay)
-        self.master = MasterWeights(model) if mixed == "bf16-params" else None
-        optimizer = build_optimizer(self.master.groups(groups) if self.master else groups, config, self.device)
+        optimizer = build_optimizer(groups, config, self.device)
         self.scheduler = build_scheduler(optimizer, config)  # counts optimizer steps (vlbert.training.schedules)
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        # accelerate wraps a float32 or autocast model in DDP; a sharded one reduces its own gradients
+        self.model, self.optimizer = (model, optimizer) if self.sharded else self.accelerator.prepare(model, optimizer)
         seed_process_streams(config.seed, self.accelerator.process_index, self.accelerator.num_processes)
         # The fused AdamW skips a step on the device when ``found_inf`` is non-zero (as under AMP's grad scaler),
         # so a non-finite loss needs no host synchronisation in the step; other optimizers are checked on the host.
@@ -222,27 +227,21 @@ class Trainer:
             if micro == 0:
                 stats.epoch = self.epoch
                 checks.position(self.step + 1, self.epoch, self.batch_in_epoch - 1)
-            # DDP reduces the last micro-batch's gradients; with bf16 parameters never (the float32 masters' are)
-            sync = micro == cfg.grad_accum_steps - 1 and not self.master
-            with contextlib.nullcontext() if sync else acc.no_sync(self.model), self.autocast():
+            # the last micro-batch's backward reduces (DDP: all-reduce; FSDP2: float32 reduce-scatter, which also
+            # ends the step's float32 sum of the micro-batches' gradients)
+            sync = micro == cfg.grad_accum_steps - 1
+            with self._gradient_sync(sync), self.autocast():
                 out = self.model(**batch)
                 if out.loss is None:
                     raise ValueError("the model returned no loss: the batch carries no labels")
                 backward_loss, global_loss = self._global_loss(out)
                 backward_loss = idle.add_to_loss(backward_loss, out, acc.num_processes)
-                if self.master:  # the last micro-batch's backward launches the float32 all-reduce bucket by bucket
-                    last = micro == cfg.grad_accum_steps - 1
-                    self.master.begin_backward(last and acc.num_processes > 1, getattr(out, "unused_parameters", ()))
+                idle.record(out, self.model)  # (before the backward: a sharded model's names are of this forward)
                 acc.backward(backward_loss / cfg.grad_accum_steps)
-            if self.master:  # into the float32 sum at once: micro-batches add up in float32, not in bf16
-                self.master.accumulate_gradients()
             for name, value in {"loss": global_loss, **out.losses, **out.metrics}.items():
                 value = value.detach().float() / cfg.grad_accum_steps
                 stats.sums[name] = stats.sums[name] + value if name in stats.sums else value
-            idle.record(out)
-        if self.master:  # the float32 sums, averaged over the processes in float32
-            self.master.finish_gradients(acc.num_processes)
-        idle.drop_gradients(self.master)  # zero gradients only there for DDP: the optimizer skips None
+        idle.drop_gradients(self.model)  # zero gradients only there for DDP: the optimizer skips None
         stats.grad_norm = self._clip_gradients()
         stats.loss, stats.lr = stats.sums["loss"], self.scheduler.get_last_lr()[0]  # the rate this step uses
         # A non-finite step leaves the weights as they were and is otherwise a step like any other (the schedule
@@ -253,13 +252,13 @@ class Trainer:
             self._optimizer().found_inf = None
         elif self._finite_on_host(stats.loss, stats.grad_norm, checks):
             self.optimizer.step()
-        if self.master:
-            self.master.masters_to_model()
+        for constrain in self._constraints:  # the trained (float32, with bf16-params sharded) weights, in place
+            constrain()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         if not self._placement_checked:  # once the optimizer's state exists; reads devices, copies nothing
-            check_placement(self.unwrapped, self.device, self.master, self._optimizer())
+            check_placement(self.unwrapped, self.device, self._optimizer())
             self._placement_checked = True
         self._recent_losses = (self._recent_losses + [stats.loss])[-50:]
         self._tokens_this_run += stats.tokens
@@ -267,13 +266,23 @@ class Trainer:
         return stats
 
     def _clip_gradients(self) -> torch.Tensor:
-        """Clip to ``max_grad_norm`` (on the float32 masters with bf16 parameters); the norm before clipping."""
+        """Clip to ``max_grad_norm`` (the float32 shards' gradients with bf16 parameters); the norm before
+        clipping."""
         cfg, acc = self.config, self.accelerator
         if cfg.max_grad_norm <= 0:
             return torch.zeros((), device=self.device)
-        if self.master:
-            return torch.nn.utils.clip_grad_norm_(self.master.masters, cfg.max_grad_norm)
+        if self.sharded:
+            return sharding.clip_grad_norm(list(self.model.parameters()), cfg.max_grad_norm)
         return acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+
+    def _gradient_sync(self, sync: bool):
+        """The context of a micro-batch's forward and backward: whether its backward reduces the gradients across
+        the processes (``sync``, the step's last micro-batch) or accumulates them locally."""
+        if sync:
+            return contextlib.nullcontext()
+        if self.sharded:
+            return sharding.gradient_sync(self.model, False)
+        return self.accelerator.no_sync(self.model)
 
     def _finish(self, extra_metrics, final_metrics, final_outputs, elapsed: float, start_step: int) -> dict[str, Any]:
         """The final evaluation, metrics.json and the final model (after the hooks' ``after_train``)."""
@@ -293,11 +302,13 @@ class Trainer:
             **(extra_metrics or {}),
         }
         if final_metrics is not None:
-            metrics.update(final_metrics(self.unwrapped))
+            with self.whole_weights():
+                metrics.update(final_metrics(self.unwrapped))
         for hook in self.hooks:
             hook.after_train(self, metrics)
+        weights = self.model_state()  # (collective when sharded: every rank)
         if self.is_main:
-            self.save_model(self.output_dir)
+            self.save_model(self.output_dir, weights)
             (self.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         self.log_hook.close()
         self.accelerator.wait_for_everyone()
@@ -380,7 +391,14 @@ class Trainer:
         acc = self.accelerator
         batches = self.eval_batches(rank=acc.process_index, world_size=acc.num_processes)
         # the unwrapped model: no DDP collective in an evaluation forward, ranks may run different counts
-        return evaluate_objectives(self.unwrapped, batches, self.autocast, self._to_device, outputs)
+        with self.whole_weights():
+            return evaluate_objectives(self.unwrapped, batches, self.autocast, self._to_device, outputs)
+
+    def whole_weights(self):
+        """The context in which the model's forwards need no collective (each rank may run its own number): a
+        sharded model's bf16 weights gathered once on entry (every rank enters together,
+        :func:`~vlbert.training.sharding.gathered`); nothing to do otherwise."""
+        return sharding.gathered(self.unwrapped) if self.sharded else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ logging
     def log(self, record: dict, split: str) -> None:
@@ -394,11 +412,20 @@ class Trainer:
                 yaml.safe_dump(self.run_config, f, sort_keys=False)
 
     # ------------------------------------------------------------------ checkpoints
-    def save_model(self, directory: Path) -> None:
-        """Write the model (Hugging Face layout) + tokenizer + config.yaml into ``directory`` (with bf16
-        parameters: the float32 masters)."""
-        with self.master.float32_model() if self.master else contextlib.nullcontext():
-            self.unwrapped.save_pretrained(directory, tokenizer=self.tokenizer)
+    def model_state(self) -> dict[str, torch.Tensor] | None:
+        """The weights :meth:`save_model` writes, when the model is sharded: its whole float32 state dict, on the
+        main process ({} elsewhere; collective: every rank calls it). None when the model holds them itself."""
+        return sharding.full_model_state(self.unwrapped) if self.sharded else None
+
+    def save_model(self, directory: Path, weights: dict[str, torch.Tensor] | None = None) -> None:
+        """Write the model (Hugging Face layout) + tokenizer + config.yaml into ``directory``; a sharded model's
+        ``weights`` are :meth:`model_state`'s (its float32 shards gathered), gathered here when not given (one
+        process)."""
+        if weights is None and self.sharded:
+            weights = self.model_state()
+        # (a model's own weights: no state_dict argument, which a model of another library may not take)
+        extra = {} if weights is None else {"state_dict": weights}
+        self.unwrapped.save_pretrained(directory, tokenizer=self.tokenizer, **extra)
         self._write_run_config(directory)
 
     def training_state(self) -> dict:

@@ -60,7 +60,7 @@ class TrainingConfig:
     seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = 0  # numpy's seeds are 32-bit
     # auto = bf16-params on CUDA, fp32 on CPU. fp16 would need loss scaling, whose routine overflow steps the
     # non-finite guard would stop on; bf16 has float32's range and needs none. bf16: autocast over float32 weights;
-    # bf16-params: bf16 weights with float32 masters in the optimizer (vlbert.training.master_weights).
+    # bf16-params: bf16 computation over float32 weights sharded by FSDP2 (vlbert.training.sharding).
     mixed_precision: Literal["auto", "no", "bf16", "bf16-params"] = "auto"
     num_workers: Annotated[int, Range(ge=-1)] = -1  # -1: auto (loader workers on an accelerator, none on CPU)
     on_nonfinite: Literal["stop", "skip"] = "stop"  # "stop" or "skip" the step
