@@ -261,9 +261,10 @@ class ModernBertPreTrainedModel(PreTrainedModel):
         refuses a checkpoint with learned absolute positions)."""
         return modernbert_from_hf(state)
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """This model's weights under transformers' ModernBERT names (what ``save_pretrained`` writes)."""
-        return modernbert_to_hf(self.state_dict(), self.base_model_prefix)
+    def hf_state_dict(self, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """This model's weights (or ``state_dict``, in its names: a sharded model's, gathered) under transformers'
+        ModernBERT names (what ``save_pretrained`` writes)."""
+        return modernbert_to_hf(self.state_dict() if state_dict is None else state_dict, self.base_model_prefix)
 
 
 class ModernBertModel(ModernBertPreTrainedModel):
