@@ -258,3 +258,48 @@ def test_itm_negatives_mined_by_itc_are_albefs_draw():
     assert prepared["itm_label"].tolist() == [1, 1] and prepared["itm_draw"].shape == (2, 2)
     out = model(**batch, itm_label=torch.ones(4, dtype=torch.long), itm_content=content, itm_draw=u)
     assert out.counts["itm"] == 12 and out.seq_relationship_logits.shape == (12, 2)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_run_with_momentum_and_queue_resumes_to_the_same_losses(tmp_path):
+    """SIGTERM (cluster preemption) in a VL run of ITC with queue and momentum, distilled MLM and ITC-mined ITM,
+    through ``tools/pretrain.py``'s entry: the step in progress finishes, a checkpoint is written (the momentum
+    weights and the queue with it), the tool exits with 143, and ``--resume`` gives the uninterrupted run's loss at
+    every step."""
+    import signal
+
+    import yaml
+    from helpers.builders import like_a_worker, tool, wait_for_log_lines, write_easy_vqa_shards
+    from helpers.distributed import tool_process
+
+    steps = 24
+    shards = write_easy_vqa_shards(tmp_path / "shards", 24)
+
+    def argv(out):
+        config = momentum_run_config(shards, out)
+        config["training"].update(max_steps=steps, save_every=0)
+        path = tmp_path / f"{out.name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return ["--modality", "vl", "--config", str(path)]
+
+    reference, stopped = tmp_path / "reference", tmp_path / "stopped"
+    with like_a_worker():
+        assert tool("pretrain")(argv(reference)) in (0, None)
+    proc = tool_process("pretrain", argv(stopped), stderr=tmp_path / "stopped.err")
+    wait_for_log_lines(proc, stopped / "log.jsonl", 6)
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(120)
+    stderr = (tmp_path / "stopped.err").read_text()
+    assert code == 143, stderr[-2000:]
+    stopped_at = max(json.loads(line)["step"] for line in (stopped / "log.jsonl").read_text().splitlines())
+    assert stopped_at < steps and (stopped / "checkpoints" / f"step-{stopped_at}" / "training_state.pt").is_file()
+    with like_a_worker():
+        assert tool("pretrain")([*argv(stopped), "--resume"]) in (0, None)
+
+    def losses(out):
+        rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+    a, b = losses(reference), losses(stopped)
+    assert sorted(b) == list(range(1, steps + 1)), sorted(b)
+    assert max(abs(a[s] - b[s]) for s in a) <= 1e-6, (a, b)
