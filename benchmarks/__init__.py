@@ -30,6 +30,7 @@ from typing import Sequence
 from benchmarks import (
     extraction,
     inference,
+    itc_vs_itm,
     memory,
     quickstart,
     region_store,
@@ -55,6 +56,7 @@ BENCHMARKS = {
     "text-encoder-roofline": text_encoder_roofline,
     "memory": memory,
     "retrieval": retrieval,
+    "itc-vs-itm": itc_vs_itm,
 }
 
 
