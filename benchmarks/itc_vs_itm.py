@@ -177,10 +177,11 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=flags.count, default=32)
     p.add_argument("--output-dir", default="runs/itc-vs-itm")
     p.add_argument("--cache-dir", default="", help="the region cache of every run (default: under --output-dir)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override of every run")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     logging.getLogger("vlbert").setLevel(logging.ERROR)
-    rows = compare(args)
+    rows = compare(args, args.set)
     if args.json:
         for row in rows:
             print(json.dumps({k: v for k, v in row.items() if k not in ("image_ids", "captions")}))
