@@ -12,6 +12,7 @@ timm keep theirs): ``benchmarks/`` is not part of the ``vlbert`` wheel. From a c
     python -m benchmarks text-encoder-roofline                          # their base sizes' predicted H100 step
     python -m benchmarks memory --config text/bert-base-128 --batch-size 32  # peak GPU memory, largest batch
     python -m benchmarks retrieval --images 1000 5000                   # shortlist vs full re-rank: time, R@K
+    python -m benchmarks itc-vs-itm --steps 200 --seeds 0 1 2          # ITC + ITM vs ITM alone: retrieval R@1
 
 Without a subcommand the train-step benchmark runs (``python tools/benchmark.py --bf16`` as before); the scripts
 ``tools/benchmark_inference.py`` ... run their subcommand (:func:`run_script`), and in a checkout ``vlbert benchmark
@@ -30,6 +31,7 @@ from typing import Sequence
 from benchmarks import (
     extraction,
     inference,
+    itc_vs_itm,
     memory,
     quickstart,
     region_store,
@@ -55,6 +57,7 @@ BENCHMARKS = {
     "text-encoder-roofline": text_encoder_roofline,
     "memory": memory,
     "retrieval": retrieval,
+    "itc-vs-itm": itc_vs_itm,
 }
 
 

@@ -2,7 +2,7 @@
 child process.
 
 The benchmarks (train step against transformers, inference, extraction, region store, text corpus, visual
-backbone, the quick-start re-runner, the memory plan, retrieval evaluation) live in the repository's top-level ``benchmarks/`` folder, beside the library
+backbone, the quick-start re-runner, the memory plan, retrieval evaluation, ITC + ITM against ITM alone) live in the repository's top-level ``benchmarks/`` folder, beside the library
 and outside the ``vlbert`` wheel. This command imports none of them: where the package is used from a checkout (an
 editable install, or the clone's root on ``PYTHONPATH``), it finds ``benchmarks/`` beside the package's source and
 runs it with this Python, the checkout's root first on the child's ``PYTHONPATH`` (so the child imports this
