@@ -180,8 +180,13 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override of every run")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    logging.getLogger("vlbert").setLevel(logging.ERROR)
-    rows = compare(args, args.set)
+    log = logging.getLogger("vlbert")
+    level = log.level
+    log.setLevel(logging.ERROR)  # the runs' own lines, for the table's sake; restored for a caller in this process
+    try:
+        rows = compare(args, args.set)
+    finally:
+        log.setLevel(level)
     if args.json:
         for row in rows:
             print(json.dumps({k: v for k, v in row.items() if k not in ("image_ids", "captions")}))
