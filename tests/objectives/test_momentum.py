@@ -258,6 +258,14 @@ def test_itm_negatives_mined_by_itc_are_albefs_draw():
     assert prepared["itm_label"].tolist() == [1, 1] and prepared["itm_draw"].shape == (2, 2)
     out = model(**batch, itm_label=torch.ones(4, dtype=torch.long), itm_content=content, itm_draw=u)
     assert out.counts["itm"] == 12 and out.seq_relationship_logits.shape == (12, 2)
+    # the end-of-run table's baseline: the majority answer ("no match") on 1 pair in 3, not the class's 0.5
+    assert abs(float(out.metrics["itm_accuracy_chance"]) - 2 / 3) < 1e-6
+    from vlbert.recipes.report import baseline_of
+
+    assert baseline_of("eval_itm_accuracy", {"eval_itm_accuracy": 0.7, "eval_itm_accuracy_chance": 2 / 3}) == (
+        2 / 3,
+        "chance",
+    )
 
 
 @pytest.mark.slow

@@ -57,7 +57,7 @@ class ImageTextMatching(Objective):
     (:meth:`mined`) and the loss's labels are the B ones and 2B zeros."""
 
     name, metric, head, inputs = "itm", "itm_accuracy", "itm", ("itm_label",)
-    chance = 0.5  # half the pairs are positive
+    chance = 0.5  # half the pairs are positive (with itc negatives a third: the metric itm_accuracy_chance says so)
     optional_inputs, output = ("itm_content", "itm_draw"), "seq_relationship_logits"
     reads = ("bert.pooler",)
     temperature = 0.1
@@ -141,6 +141,10 @@ class ImageTextMatching(Objective):
         logits, target = self.predict(encoded), labels["itm_label"]
         if labels.get("itm_draw") is not None and labels["itm_draw"].dim() == 2:  # itc: the pairs, then 2b negatives
             target = torch.cat([target, target.new_zeros(2 * target.shape[0])])
+            loss, accuracy, n = classification_loss(logits, target)
+            # a third of the rows match: answering "no match" throughout scores 2/3, not :attr:`chance`'s 0.5
+            chance = torch.full((), 2.0 / 3.0, device=logits.device)
+            return ObjectiveResult(loss, accuracy, n, logits, {f"{self.metric}_chance": (chance, n)})
         loss, accuracy, n = classification_loss(logits, target)
         return ObjectiveResult(loss, accuracy, n, logits)
 
