@@ -35,7 +35,7 @@ from vlbert.recipes.run_processor import build_run_processor
 from vlbert.run_files import CHECKPOINTS_DIR
 from vlbert.tokenization import check_tokenizer_matches, load_tokenizer, resolve_model_path
 from vlbert.training.processes import check_shared_output_dir, collective_failure, control_plane, start_processes
-from vlbert.training.run_directory import prepare_output_dir, refuse_resuming_a_finished_run
+from vlbert.training.run_directory import prepare_output_dir, record_run_files, refuse_resuming_a_finished_run
 from vlbert.training.trainer import Trainer, TrainingConfig
 from vlbert.training.training_config import set_seed
 from vlbert.utils import process_position
@@ -200,10 +200,11 @@ class TaskData:
 
 def write_output_file(ctx: "RunContext", name: str, text: str) -> Path:
     """Write ``text`` to ``name`` in the run's output directory, atomically (a predictions file is never seen half
-    written), once: by the main process only. Returns its path."""
+    written), once: by the main process only, and record it as the run's (``run_files.json``). Returns its path."""
     path = Path(ctx.training.output_dir) / name
     if process_position()[0] == 0:
         write_text_atomically(path, text)
+        record_run_files(ctx.training.output_dir)
     return path
 
 
@@ -288,6 +289,7 @@ def run(
         if processor is not None:  # the trainer saves the tokenizer with the weights
             processor.save_pretrained(training.output_dir, save_tokenizer_files=False)
         write_data_record(training.output_dir, trained_on)
+        record_run_files(training.output_dir)
         extra = recipe.baselines(ctx, data, trainer.unwrapped) if recipe.baselines else {}
         final = (lambda model: recipe.evaluate(ctx, data, model)) if recipe.evaluate else None
         kept = data.held_out_predictions() if recipe.evaluate and data.eval is not None else None

@@ -18,6 +18,7 @@ from vlbert import checkpoint as ckpt
 from vlbert.run_files import CHECKPOINTS_DIR
 from vlbert.training import sharding
 from vlbert.training.processes import agree_loaded, agree_on_checkpoint
+from vlbert.training.run_directory import record_run_files
 from vlbert.training.training_config import seed_process_streams
 
 logger = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ def save_checkpoint(trainer) -> Path | None:
     checkpoints = sorted(latest_checkpoints(trainer.output_dir), key=lambda p: int(p.name.split("-")[1]))
     for old in checkpoints[: -trainer.config.save_total_limit] if trainer.config.save_total_limit else []:
         shutil.rmtree(old, ignore_errors=True)
+    record_run_files(trainer.output_dir)  # the checkpoints, and the log's lines up to this one, are the run's
     return final
 
 

@@ -1,7 +1,11 @@
 """The run-directory policy: what a run may do with its ``--output-dir``. A directory holding a run is continued
 (``--resume``), replaced (``--overwrite``) or refused; a directory holding files no run wrote is refused whatever
 the flags; a finished run is not resumed. Nothing a run did not write is ever replaced or deleted, and an
-interrupted overwrite never leaves a mixture that looks finished."""
+interrupted overwrite never leaves a mixture that looks finished.
+
+Which files are the run's: those its record lists (``run_files.json``, :mod:`vlbert.training.run_manifest`), with
+the content it wrote, kept by :func:`record_run_files` as the run writes. A run written before that record existed
+(a run directory without ``run_files.json``) owns the files named as a run names its files (:data:`RUN_FILES`)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ import shutil
 from pathlib import Path
 
 from vlbert.run_files import CHECKPOINTS_DIR, LEGACY_PROCESSOR_FILE, PROCESSOR_FILE
+from vlbert.training.run_manifest import MANIFEST_FILE, entry_change, read_manifest, write_manifest
+from vlbert.utils import process_position
 
 #: Files and folders whose presence means a directory holds a run.
 RUN_MARKERS = ("log.jsonl", "metrics.json", CHECKPOINTS_DIR, "model.safetensors")
@@ -21,6 +27,7 @@ RUN_FILES = RUN_MARKERS + (
     PROCESSOR_FILE,
     LEGACY_PROCESSOR_FILE,
     "trained_on.json",
+    MANIFEST_FILE,
     "vocab.txt",
     "tokenizer.json",
     "tokenizer_config.json",
@@ -46,15 +53,21 @@ class RunExistsError(FileExistsError):
 
 def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> None:
     """Apply the run-directory policy: a directory holding a run is continued (``resume``), replaced
-    (``overwrite``: everything in it is deleted, the files that mark a finished run first, so an interrupted
-    overwrite never leaves a mixture that looks finished) or refused; a new or empty directory is left to the
-    trainer; a directory holding other files (no run's: a user's ``predictions.json``) is refused whatever the flags,
-    so that nothing a run did not write is replaced or deleted (hidden files such as ``.DS_Store`` aside).
+    (``overwrite``: the run's files are deleted, those that mark a finished run first, so an interrupted overwrite
+    never leaves a mixture that looks finished) or refused; a new or empty directory is left to the trainer; a
+    directory holding other files (no run's: a user's ``predictions.json``) is refused whatever the flags, so that
+    nothing a run did not write is replaced or deleted (hidden files such as ``.DS_Store`` aside, and left alone).
+
+    The run's files are those its ``run_files.json`` lists with the content it wrote (a run written before that
+    record: the names of :data:`RUN_FILES`). ``overwrite`` refuses a directory holding any other file, or one of the
+    run's changed since; ``resume`` refuses such a file only under a name the resumed run writes (it would replace
+    it).
 
     Raises:
         RunExistsError: the directory holds a run and neither flag is set (the message names both flags), or it
-            holds files no run wrote (with ``overwrite`` too: names outside :data:`RUN_FILES` beside a run).
-        ValueError: both flags are set.
+            holds files no run wrote, or a run's file changed since the run wrote it (the file named, and the fix:
+            move it out of the directory, or choose another --output-dir).
+        ValueError: both flags are set; the run's ``run_files.json`` is damaged.
     """
     if resume and overwrite:
         raise ValueError("--resume continues the run in --output-dir and --overwrite replaces it: pass one")
@@ -63,36 +76,86 @@ def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) ->
     if not found:
         others = sorted(p.name for p in directory.iterdir() if not p.name.startswith(".")) if directory.is_dir() else []
         if others:  # the run would write among files it did not write, and --overwrite would delete them
-            shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
             raise RunExistsError(
-                f"{directory} holds files that no run wrote ({shown}); a run writes only into a new or empty "
-                "directory: choose another --output-dir"
+                f"{directory} holds files that no run wrote ({_listed(others)}); a run writes only into a new or "
+                "empty directory: choose another --output-dir"
             )
         return
-    if resume:
-        return
-    if not overwrite:
+    if not (resume or overwrite):
         raise RunExistsError(
             f"{directory} already holds a run ({', '.join(found)}); pass --resume to continue it, "
             "--overwrite to replace it, or choose another --output-dir"
         )
-    foreign = sorted(p.name for p in directory.iterdir() if not p.name.startswith(".") and p.name not in RUN_FILES)
-    if foreign:  # --overwrite replaces a run, not a user's file
-        raise RunExistsError(
-            f"{directory} holds a run and files no run wrote ({', '.join(foreign[:4])}"
-            f"{f' and {len(foreign) - 4} more' if len(foreign) > 4 else ''}); --overwrite replaces a run, never "
-            "other files: move them out of the directory, or choose another --output-dir"
-        )
+    owned = _refuse_files_not_the_runs(directory, overwrite)
+    if resume:
+        return
     from accelerate import PartialState
 
     if PartialState().is_main_process:
-        finished = [directory / name for name in FINISHED_MARKERS]
-        for path in finished + sorted(p for p in directory.iterdir() if p not in finished):
+        for path in _deletion_order(directory, owned):
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             elif path.exists() or path.is_symlink():
                 path.unlink()
     PartialState().wait_for_everyone()
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _refuse_files_not_the_runs(directory: Path, overwrite: bool) -> list[str]:
+    """The names of ``directory``'s entries that are the run's; refuses (:class:`RunExistsError`) an entry that
+    is not (for a resume, only under a name the run writes) or one the run wrote that changed since."""
+    manifest = read_manifest(directory)
+    names = sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
+    if manifest is None:  # a run written before run_files.json: the files named as a run names its files
+        owned = [n for n in names if n in RUN_FILES]
+        changed: list[tuple[str, str]] = []
+    else:
+        owned = [n for n in names if n in manifest or n == MANIFEST_FILE]
+        changed = [(n, why) for n in owned if n in manifest and (why := entry_change(directory / n, manifest[n]))]
+    foreign = [n for n in names if n not in owned and (overwrite or n in RUN_FILES)]
+    flag = "--overwrite replaces a run" if overwrite else "--resume continues a run"
+    if changed:
+        name, why = changed[0]
+        raise RunExistsError(
+            f"{directory / name} {why} (it is not the file {MANIFEST_FILE} records); {flag}, never a file "
+            "someone changed: move it out of the directory, or choose another --output-dir"
+        )
+    if foreign:
+        raise RunExistsError(
+            f"{directory} holds a run and files no run wrote ({_listed(foreign)}); {flag}, never other files: "
+            "move them out of the directory, or choose another --output-dir"
+        )
+    return owned
+
+
+def _deletion_order(directory: Path, owned: list[str]) -> list[Path]:
+    """What an overwrite deletes, in order: the run's files that mark a finished run, its other files, the
+    temporary files of its atomic writes (``.<name>.<pid>.tmp``), and last its record of its files."""
+    first = [n for n in FINISHED_MARKERS if n in owned]
+    temporary = [p.name for p in directory.iterdir() if p.name.startswith(".") and _is_run_temporary(p.name[1:])]
+    rest = [n for n in owned if n not in first and n != MANIFEST_FILE]
+    return [directory / n for n in [*first, *rest, *temporary, MANIFEST_FILE]]
+
+
+def _is_run_temporary(name: str) -> bool:
+    parts = name.rsplit(".", 2)
+    return len(parts) == 3 and parts[0] in RUN_FILES and parts[1].isdigit() and parts[2] == "tmp"
+
+
+def record_run_files(output_dir: str | Path) -> None:
+    """Record the run's files in ``output_dir`` (every entry named as a run names its files: :data:`RUN_FILES`) as
+    the run's, with their content now, in its ``run_files.json`` (main process only; atomically). Called by the
+    run after each write; sound because a run starts only where every such entry is its own
+    (:func:`prepare_output_dir`).
+
+    Raises:
+        OSError: an entry cannot be read, or the record cannot be written.
+    """
+    if process_position()[0] == 0:
+        write_manifest(output_dir, [name for name in RUN_FILES if name != MANIFEST_FILE])
 
 
 def refuse_resuming_a_finished_run(output_dir: str | Path, max_steps: int) -> None:
@@ -122,5 +185,6 @@ __all__ = [
     "FINISHED_MARKERS",
     "RunExistsError",
     "prepare_output_dir",
+    "record_run_files",
     "refuse_resuming_a_finished_run",
 ]

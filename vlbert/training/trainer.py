@@ -32,6 +32,7 @@ from vlbert.training.log_hook import LogHook
 from vlbert.training.mfu import device_peak_flops, estimate_step_flops
 from vlbert.training.optimizers import build_optimizer
 from vlbert.training.processes import control_plane, start_processes
+from vlbert.training.run_directory import record_run_files
 from vlbert.training.schedules import build_scheduler, schedule_hooks
 from vlbert.training.training_config import TrainingConfig, parameter_groups, seed_process_streams
 from vlbert.utils import forward_arguments, keep_freed_memory_in_process
@@ -183,6 +184,8 @@ class Trainer:
         preempted = SigtermFlag()
         for hook in self.hooks:
             hook.before_train(self)
+        if self.is_main:  # config.yaml, and the log and TensorBoard files the log hook opened
+            record_run_files(self.output_dir)
         try:
             self._run_steps(stream, preempted)
             return self._finish(
@@ -310,6 +313,7 @@ class Trainer:
         if self.is_main:
             self.save_model(self.output_dir, weights)
             (self.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+            record_run_files(self.output_dir)
         self.log_hook.close()
         self.accelerator.wait_for_everyone()
         return metrics
