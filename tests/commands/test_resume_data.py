@@ -104,7 +104,11 @@ def test_resume_refuses_a_changed_data_directory_naming_the_files(capsys, tmp_pa
     argv = ["--config", str(tmp_path / "tiny.yaml"), "--output-dir", str(out)]
     assert run_tool(tool("pretrain"), [*argv, "--max-steps", "1"]) == 0
     recorded = json.loads((out / "trained_on.json").read_text())["files"]["data.corpus"]
-    assert recorded["directory"] and recorded["files"] == len(list(corpus.iterdir())) and "corpora" not in json.dumps(recorded)
+    assert (
+        recorded["directory"]
+        and recorded["files"] == len(list(corpus.iterdir()))
+        and "corpora" not in json.dumps(recorded)
+    )
     before = _snapshot(out)
 
     first = sorted(corpus.iterdir())[0]
