@@ -204,7 +204,7 @@ def write_output_file(ctx: "RunContext", name: str, text: str) -> Path:
     path = Path(ctx.training.output_dir) / name
     if process_position()[0] == 0:
         write_text_atomically(path, text)
-        record_run_files(ctx.training.output_dir)
+        record_run_files(ctx.training.output_dir, [name])
     return path
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Iterable
 
 from vlbert.run_files import CHECKPOINTS_DIR, LEGACY_PROCESSOR_FILE, PROCESSOR_FILE
 from vlbert.training.run_manifest import MANIFEST_FILE, entry_change, read_manifest, write_manifest
@@ -145,17 +146,23 @@ def _is_run_temporary(name: str) -> bool:
     return len(parts) == 3 and parts[0] in RUN_FILES and parts[1].isdigit() and parts[2] == "tmp"
 
 
-def record_run_files(output_dir: str | Path) -> None:
-    """Record the run's files in ``output_dir`` (every entry named as a run names its files: :data:`RUN_FILES`) as
-    the run's, with their content now, in its ``run_files.json`` (main process only; atomically). Called by the
-    run after each write; sound because a run starts only where every such entry is its own
-    (:func:`prepare_output_dir`).
+def record_run_files(output_dir: str | Path, written: Iterable[str] = ()) -> None:
+    """Record the run's files in ``output_dir`` as the run's, with their content now, in its ``run_files.json``
+    (main process only; atomically): every entry named as a run names its files (:data:`RUN_FILES`), those the
+    record lists already, and ``written`` (names the caller just wrote). Called by the run after each write; sound
+    because a run starts only where every such entry is its own (:func:`prepare_output_dir`).
 
     Raises:
         OSError: an entry cannot be read, or the record cannot be written.
     """
-    if process_position()[0] == 0:
-        write_manifest(output_dir, [name for name in RUN_FILES if name != MANIFEST_FILE])
+    if process_position()[0] != 0:
+        return
+    try:
+        listed = list(read_manifest(output_dir) or ())
+    except ValueError:  # a damaged record (the run's own, being rewritten): its names are those of RUN_FILES
+        listed = []
+    names = {*RUN_FILES, *listed, *written} - {MANIFEST_FILE}
+    write_manifest(output_dir, names)
 
 
 def refuse_resuming_a_finished_run(output_dir: str | Path, max_steps: int) -> None:
