@@ -17,7 +17,9 @@ from helpers.tool_errors import one_line_error
 def test_an_annotation_file_giving_a_key_twice_is_refused(capsys, tmp_path, doc_runs, easy):
     questions = [{"question_id": q, "image_id": q, "question": "what?"} for q in (1, 2)]
     (tmp_path / "q.json").write_text(json.dumps({"questions": questions}))
-    annotation = '{"question_id": %d, "multiple_choice_answer": "red", "multiple_choice_answer": "blue", "answers": []}'
+    answers = json.dumps([{"answer": "red", "answer_id": k + 1} for k in range(10)])
+    annotation = '{"question_id": %d, "multiple_choice_answer": "red", "multiple_choice_answer": "blue", "answers": '
+    annotation += answers + "}"
     a_file = tmp_path / "a.json"
     a_file.write_text('{"annotations": [%s, %s]}' % (annotation % 1, annotation % 2))
     written = a_file.read_bytes()

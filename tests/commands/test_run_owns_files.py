@@ -69,8 +69,11 @@ def test_overwrite_replaces_the_runs_own_files_and_refuses_a_users_under_a_run_f
     )
     assert _snapshot(out) == before
 
-    # The run's own files as it wrote them: replaced; a hidden file of the user's is left alone
+    # The run's own files as it wrote them (its log grown past its last record, as an interrupted run's is):
+    # replaced; a hidden file of the user's is left alone
     (out / "metrics.json").write_bytes(metrics)
+    with open(out / "log.jsonl", "a") as log:
+        log.write('{"split": "train", "step": 2}\n')
     (out / ".my-settings").write_text("keep\n")
     assert run_tool(tool("pretrain"), [*argv, "--overwrite", "--max-steps", "2"]) == 0
     assert json.loads((out / "metrics.json").read_text())["step"] == 2
