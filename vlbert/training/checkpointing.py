@@ -169,6 +169,7 @@ def _load(trainer, checkpoint: Path) -> None:
             line for line in log.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= trainer.step
         ]
         log.write_text("".join(line + "\n" for line in kept))
+        record_run_files(trainer.output_dir)  # the log, cut back to the checkpoint, is still the run's
 
 
 def _restore_rng(trainer, state: dict) -> None:

@@ -18,8 +18,9 @@ from vlbert.run_files import CHECKPOINTS_DIR, LEGACY_PROCESSOR_FILE, PROCESSOR_F
 from vlbert.training.run_manifest import MANIFEST_FILE, entry_change, read_manifest, write_manifest
 from vlbert.utils import process_position
 
-#: Files and folders whose presence means a directory holds a run.
-RUN_MARKERS = ("log.jsonl", "metrics.json", CHECKPOINTS_DIR, "model.safetensors")
+#: Files and folders whose presence means a directory holds a run (its record of its files among them: a run stopped
+#: before its first log line holds that record, its processor and data record).
+RUN_MARKERS = ("log.jsonl", "metrics.json", CHECKPOINTS_DIR, "model.safetensors", MANIFEST_FILE)
 #: Every name a run writes in its directory (its markers, configs, processor, tokenizer, data record, logs and the
 #: tasks' predictions files): an ``--overwrite`` deletes these, and refuses a directory holding any other file.
 RUN_FILES = RUN_MARKERS + (
@@ -28,7 +29,6 @@ RUN_FILES = RUN_MARKERS + (
     PROCESSOR_FILE,
     LEGACY_PROCESSOR_FILE,
     "trained_on.json",
-    MANIFEST_FILE,
     "vocab.txt",
     "tokenizer.json",
     "tokenizer_config.json",
