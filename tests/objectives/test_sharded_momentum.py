@@ -2,10 +2,9 @@
 is sharded as the model, each rank moving its float32 shards. Through the same sharded code with float32 as the
 computing dtype, 2 processes at batch b give 1 unsharded process at batch 2b's losses, momentum weights and queue
 (ITC with queue and soft targets, distilled MLM); in bfloat16 they agree with 1 sharded process to a tenth of
-bfloat16's own distance from float32. The momentum weights after N steps are the
-exponential moving average of the model's float32 weights after each step, bit for bit. A 2-process run whose
-model and teacher are rebuilt from a checkpoint's state (the teacher's written by rank 0 as training_state.pt
-holds it) continues with the uninterrupted run's losses. ALBEF's recipe (configs/vl/albef-regions.yaml) is accepted
+bfloat16's own distance from float32. The momentum weights after N steps are the exponential moving average of the
+model's float32 weights after each step, bit for bit. Through the trainer, a 2-process bf16-params run resumed from
+its checkpoint gives the uninterrupted run's losses. ALBEF's recipe (configs/vl/albef-regions.yaml) is accepted
 with bf16-params on 2 processes."""
 
 from __future__ import annotations
@@ -40,27 +39,10 @@ def _whole(model) -> dict[str, torch.Tensor]:
     return {n: sharding.full_tensor(p.detach()).clone() for n, p in model.named_parameters()}
 
 
-def _build(sharded: bool, weights: dict | None = None):
-    """The tiny model (its weights from ``weights`` where given: each rank its shards), sharded where asked."""
-    from vlbert.objectives.momentum import _local_shard
-    from vlbert.training import sharding
-
-    model = tiny_vl_model()
-    if sharded:
-        sharding.shard_model(model, torch.device("cpu"))
-    if weights is not None:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                whole = weights[name].reshape(p.shape)
-                (p.to_local() if sharded else p).copy_(_local_shard(whole, p) if sharded else whole)
-    return model.train()
-
-
-def _train(rank: int, world: int, store: str, out: str, sharded: bool, dtype: str, resume_at: int) -> None:
-    """``STEPS`` training steps as the trainer takes them (global-batch loss, SGD, the temperature's clamp, the
-    hook around each step); rank 0 writes the losses, the model's whole weights at the start and after each step,
-    and the teacher's state. ``resume_at`` > 0: after that step the model and the teacher are rebuilt from their
-    states (the teacher's through a file rank 0 wrote) and the run goes on."""
+def _train(rank: int, world: int, store: str, out: str, sharded: bool, dtype: str) -> None:
+    """``STEPS`` training steps of the tiny model (sharded where asked, ``dtype`` its computing dtype) as the
+    trainer takes them (global-batch loss, SGD, the temperature's clamp, the hook around each step); rank 0 writes
+    the losses, the model's whole weights at the start and after each step, and the teacher's state."""
     import torch.distributed as dist
 
     from vlbert.objectives.momentum import MomentumOptions
@@ -71,23 +53,15 @@ def _train(rank: int, world: int, store: str, out: str, sharded: bool, dtype: st
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     sharding.COMPUTE_DTYPE = getattr(torch, dtype)  # (read by shard_model and shard_like at each call)
     try:
-        model, hook = _build(sharded), MomentumDistillation(MomentumOptions(**OPTIONS), seed=3)
+        model = tiny_vl_model()
+        if sharded:
+            sharding.shard_model(model, torch.device("cpu"))
+        model.train()
+        hook = MomentumDistillation(MomentumOptions(**OPTIONS), seed=3)
         trainer = SimpleNamespace(unwrapped=model, sharded=sharded, step=0)
         hook.before_train(trainer)
         record = {"losses": [], "weights": [_whole(model)]}
         for step in range(STEPS):
-            if step == resume_at > 0:
-                state = f"{out}.teacher"
-                if rank == 0:
-                    torch.save(hook.state_dict(), state)
-                else:
-                    hook.state_dict()  # (collective)
-                dist.barrier()
-                model = _build(sharded, record["weights"][-1])
-                hook = MomentumDistillation(MomentumOptions(**OPTIONS), seed=99)  # the queue comes from the state
-                hook.load_state_dict(torch.load(state, weights_only=True))
-                trainer = SimpleNamespace(unwrapped=model, sharded=sharded, step=step)
-                hook.before_train(trainer)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
             trainer.step = step
             hook.before_step(trainer)
@@ -107,11 +81,11 @@ def _train(rank: int, world: int, store: str, out: str, sharded: bool, dtype: st
         dist.destroy_process_group()
 
 
-def _run(tmp_path, name: str, world: int, sharded: bool, dtype: str = "bfloat16", resume_at: int = 0) -> dict:
+def _run(tmp_path, name: str, world: int, sharded: bool, dtype: str = "bfloat16") -> dict:
     from helpers.distributed import forked
 
     out = tmp_path / f"{name}.pt"
-    forked(_train, world, str(tmp_path / f"{name}.store"), str(out), sharded, dtype, resume_at, nproc=world)
+    forked(_train, world, str(tmp_path / f"{name}.store"), str(out), sharded, dtype, nproc=world)
     return torch.load(out, weights_only=True)
 
 
@@ -134,7 +108,7 @@ def _check_ema(run: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_two_sharded_processes_train_with_momentum_as_one_unsharded_process(tmp_path):
+def test_two_sharded_processes_with_momentum_equal_one_in_float32_and_track_it_in_bf16(tmp_path):
     reference = _run(tmp_path, "reference", 1, sharded=False)
     two = _run(tmp_path, "two", 2, sharded=True, dtype="float32")
     assert two["losses"][0] == reference["losses"][0]  # the same float32 weights, the same loss
@@ -150,21 +124,11 @@ def test_two_sharded_processes_train_with_momentum_as_one_unsharded_process(tmp_
     moved = two["teacher"]["shadow"]["itc.text_proj.weight"] - two["weights"][0]["itc.text_proj.weight"]
     assert moved.abs().max() > 1e-3  # the momentum weights did move
     _check_ema(two)
-    # resumed after step 2 from the teacher's saved state (and the model's weights): the same losses
-    resumed = _run(tmp_path, "resumed", 2, sharded=True, dtype="float32", resume_at=2)
-    assert resumed["losses"] == two["losses"], (resumed["losses"], two["losses"])
-    _close(resumed["teacher"]["shadow"], two["teacher"]["shadow"], atol=0)
-
-
-@pytest.mark.slow
-@pytest.mark.integration
-def test_two_bf16_params_processes_with_momentum_track_one(tmp_path):
-    """In bfloat16 the ranks' smaller batches round differently (ITC's temperature of 0.07 magnifies the momentum
-    features' rounding in the soft targets): 2 processes agree with 1 (both sharded) to a tenth of how far
-    bfloat16 is from float32 on the same steps."""
-    reference = _run(tmp_path, "reference", 1, sharded=False)
-    one = _run(tmp_path, "one", 1, sharded=True)
-    two = _run(tmp_path, "two", 2, sharded=True)
+    # bfloat16: the ranks' smaller batches round differently (ITC's temperature of 0.07 magnifies the momentum
+    # features' rounding in the soft targets): 2 processes agree with 1 (both sharded) to a tenth of how far
+    # bfloat16 is from float32 on the same steps
+    one = _run(tmp_path, "one-bf16", 1, sharded=True)
+    two = _run(tmp_path, "two-bf16", 2, sharded=True)
     assert two["losses"][0] == one["losses"][0]
 
     def gap(a: list, b: list) -> float:
@@ -199,3 +163,36 @@ def test_albefs_recipe_is_accepted_with_bf16_params_on_two_processes(monkeypatch
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     hooks = vl_pretraining.hooks(SimpleNamespace(data=data, training=training), None, None)
     assert [type(h) for h in hooks] == [MomentumDistillation]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_two_process_bf16_params_run_with_momentum_resumes_to_the_same_losses(tmp_path):
+    """Through the trainer (tools' recipe, 2 launched processes, bf16-params): the checkpoint of step 2 holds the
+    whole momentum weights and the queue (gathered from the shards), and a run resumed from it on 2 processes gives
+    the uninterrupted run's losses for steps 3 and 4."""
+    import json
+    import shutil
+
+    from helpers.builders import write_easy_vqa_shards
+    from helpers.distributed import launch, losses
+    from objectives.test_momentum import momentum_run_config
+
+    def run_config(out):
+        config = momentum_run_config(shards, out)
+        config["training"].update(max_steps=4, batch_size=2, mixed_precision="bf16-params")
+        return config
+
+    shards = write_easy_vqa_shards(tmp_path / "shards", 24)
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    launch([["vl-pretraining", run_config(whole)]])
+    state = torch.load(whole / "checkpoints" / "step-2" / "training_state.pt", weights_only=False)
+    hook = next(v for k, v in state["hooks"].items() if k.endswith("MomentumDistillation"))
+    assert hook["updates"] == 2 and hook["shadow"]["bert.embeddings.word_embeddings.weight"].shape[1] == 32
+    (stopped / "checkpoints").mkdir(parents=True)
+    shutil.copytree(whole / "checkpoints" / "step-2", stopped / "checkpoints" / "step-2")
+    lines = (whole / "log.jsonl").read_text().splitlines()
+    (stopped / "log.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= 3))
+    launch([["vl-pretraining", run_config(stopped), "resume"]])
+    a, b = losses(whole), losses(stopped)
+    assert sorted(b) == [1, 2, 3, 4] and max(abs(a[s] - b[s]) for s in a) <= 1e-6, (a, b)
