@@ -20,6 +20,7 @@ mode) use none: their loss is the plain one, comparable between runs with and wi
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -93,14 +94,21 @@ class MomentumTeacher:
     Attributes:
         module: :class:`Parts` with the copied parts as attributes (``module.bert``, ``module.itc``, ...); call
             its parts through :meth:`run` (a sharded copy's weights are whole only there).
-        sharded: whether ``module`` is sharded (``shard`` given).
+        sharded: whether ``module`` is sharded (``shard``, a function sharding the copy in place and returning it,
+            was given).
         text_queue, image_queue: float32 [queue_size, projection_dim] unit vectors; content_queue: int64
             [queue_size]; pointer: the next row written (host int).
         step: optimizer steps done (set by the trainer hook before each step: the ramp reads it).
         updates: momentum updates done.
     """
 
-    def __init__(self, model: nn.Module, options: MomentumOptions, seed: int = 0, shard=None):
+    def __init__(
+        self,
+        model: nn.Module,
+        options: MomentumOptions,
+        seed: int = 0,
+        shard: Callable[[nn.Module], nn.Module] | None = None,
+    ):
         self.options = options
         self.module = Parts()
         compiled = {m: m._compiled_call_impl for m in model.modules() if m._compiled_call_impl is not None}
@@ -282,9 +290,10 @@ def _fsdp_handles(module: nn.Module) -> set[int]:
 
 
 def _whole(p: torch.Tensor) -> torch.Tensor:
-    """A detached clone of ``p``, whole where it is a DTensor (``full_tensor()``: collective)."""
+    """A detached clone of ``p``, whole where it is a DTensor (``full_tensor()``: collective; on a one-rank mesh
+    that is the shard itself, hence the clone)."""
     p = p.detach()
-    return p.full_tensor() if hasattr(p, "device_mesh") else p.clone()
+    return (p.full_tensor() if hasattr(p, "device_mesh") else p).clone()
 
 
 def _local_shard(whole: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
