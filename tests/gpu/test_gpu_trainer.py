@@ -456,8 +456,8 @@ def test_a_float32_cuda_run_uses_tf32_and_gpu_runs_compile_their_layers(small_to
 
 
 def test_an_itc_step_with_momentum_and_queue_makes_the_host_wait_for_nothing(region_shards, tmp_path):
-    """Steps 2 and 3 of ITC alone with ALBEF's momentum model (its update after each step: two foreach operations
-    on the float32 shadows and the bf16 copy), its queue (written at rows chosen on the device) and soft targets:
+    """Steps 2 and 3 of ITC alone with ALBEF's momentum model (sharded as the model under bf16-params: its update
+    after each step is one foreach lerp of its float32 shards, its forwards gather bf16 weights), its queue (written at rows chosen on the device) and soft targets:
     no host synchronisation, nothing read back; the momentum copy and its queue live on the GPU."""
     config = vl_config(tmp_path / "run", region_shards, 1)
     config["data"]["objectives"] = {"itc": 1}

@@ -1,8 +1,8 @@
-"""ITC's state under bf16-params (FSDP2 on a one-rank gloo group, on the CPU): ALBEF's momentum copy is a plain
-bfloat16 module built from the whole float32 weights and follows the float32 shards the optimizer updates; the
-temperature's clamp reaches the float32 weight after every optimizer step (inside a forward it reaches only the
-bfloat16 computing copy); the momentum model with bf16-params on several processes is refused in one line, at the
-recipe's start and at the hook's."""
+"""ITC's state under bf16-params (FSDP2 on a one-rank gloo group, on the CPU): ALBEF's momentum copy is sharded as
+the model (float32 shards, gathered in bfloat16 for its forwards), starts from the float32 weights and follows the
+float32 shards the optimizer updates; the temperature's clamp reaches the float32 weight after every optimizer step
+(inside a forward it reaches only the bfloat16 computing copy). Several processes: tests/objectives/
+test_sharded_momentum.py."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 import torch
 from objectives.test_contrastive import pairs, tiny_vl_model
 
+from vlbert.models.inputs import VLInputs
+from vlbert.objectives import OBJECTIVES
 from vlbert.objectives.contrastive import TEMPERATURE_RANGE
 from vlbert.objectives.momentum import MomentumOptions, attach
 from vlbert.training import sharding
-from vlbert.training.momentum import MomentumDistillation, check_processes
-
-REFUSAL = "bf16-params on several processes is not supported yet"
+from vlbert.training.momentum import MomentumDistillation
 
 
 def fake_trainer(model, processes: int = 1, sharded: bool = True):
@@ -42,13 +42,24 @@ def test_the_momentum_copy_of_a_sharded_model_starts_from_its_float32_weights_an
     teacher, weights = hook.teacher, whole_float32(model)
     from torch.distributed.fsdp import FSDPModule
 
-    assert not [m for m in teacher.module.modules() if isinstance(m, FSDPModule)]  # a plain module, FSDP's hooks gone
-    assert not [m for m in teacher.module.modules() if m._forward_pre_hooks or m._forward_hooks]
-    assert {p.dtype for p in teacher.module.parameters()} == {torch.bfloat16}
-    assert not [p for p in teacher.module.parameters() if hasattr(p, "device_mesh")]
-    for name, shadow, p in zip(teacher.names, teacher.shadow, teacher.module.parameters(), strict=True):
+    assert teacher.sharded and isinstance(teacher.module, FSDPModule)  # sharded as the model, its own FSDP root
+    assert {type(m).__name__ for m in teacher.module.modules() if isinstance(m, FSDPModule)} == {
+        "FSDPParts",
+        "FSDPBertLayer",
+    }
+    assert all(p.dtype == torch.float32 and hasattr(p, "device_mesh") for p in teacher.module.parameters())
+    for name, shadow in zip(teacher.names, teacher.shadow, strict=True):
         assert shadow.dtype == torch.float32 and torch.equal(shadow, weights[name])  # exact, not via bfloat16
-        assert torch.equal(p, weights[name].to(torch.bfloat16))
+    # its forward gathers bfloat16 weights: the features of the model's weights in bfloat16 at the start
+    inputs, itc = VLInputs(**pairs(4)), OBJECTIVES["itc"]
+    plain = tiny_vl_model().to(torch.bfloat16)  # the model's weights in bfloat16, unsharded
+    with torch.no_grad():
+        for name, p in plain.named_parameters():
+            p.copy_(weights[name].reshape(p.shape))
+        features = teacher.run(lambda parts: itc.embed(parts, inputs, {}))
+        expected = itc.embed(plain, inputs, {})
+    assert all(torch.equal(a, b) for a, b in zip(features, expected, strict=True))
+    assert all(hasattr(p, "device_mesh") for p in teacher.module.parameters())  # sharded again after it
     # a training step: the sharded model's forward reads the teacher, the optimizer moves the float32 shards
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -85,23 +96,3 @@ def test_the_temperature_clamp_reaches_the_float32_weight_after_each_optimizer_s
         weight.detach().to_local().fill_(-1.0)
     model.itc.constrain_parameters()
     assert float(weight.detach().to_local()) == pytest.approx(TEMPERATURE_RANGE[0])
-
-
-def test_momentum_with_bf16_params_on_several_processes_is_refused_in_one_line(monkeypatch):
-    check_processes(True, 1)
-    check_processes(False, 4)
-    with pytest.raises(ValueError, match=REFUSAL) as refused:
-        check_processes(True, 2)
-    assert "\n" not in str(refused.value) and "training.mixed_precision" in str(refused.value)
-    with pytest.raises(ValueError, match=REFUSAL):  # the hook's start (the Trainer used directly)
-        MomentumDistillation(MomentumOptions(momentum=0.9)).before_train(fake_trainer(tiny_vl_model(), 2))
-    from vlbert.recipes import vl_pretraining
-
-    ctx = SimpleNamespace(data=SimpleNamespace(itc=MomentumOptions(momentum=0.9)), training=SimpleNamespace(seed=0))
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    ctx.training.mixed_precision = "bf16-params"
-    with pytest.raises(ValueError, match=REFUSAL):  # the recipe's start, before any model is sharded
-        vl_pretraining.hooks(ctx, None, None)
-    ctx.training.mixed_precision = "bf16"
-    assert len(vl_pretraining.hooks(ctx, None, None)) == 1

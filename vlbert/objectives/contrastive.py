@@ -232,7 +232,7 @@ class ImageTextContrastive(Objective):
         ``alpha`` times the momentum model's softmax over them plus ``1 - alpha`` times the content targets; then
         the global batch's momentum features are enqueued. Returns :func:`contrastive_rows`' triple."""
         with torch.no_grad():
-            text_m, image_m = self.embed(teacher.module, inputs, labels)
+            text_m, image_m = teacher.run(lambda parts: self.embed(parts, inputs, labels))
             all_text_m, all_image_m, all_content = gather_equal([text_m, image_m, content])
             columns_text, columns_image, columns_content = all_text_m, all_image_m, all_content
             if teacher.text_queue is not None:

@@ -70,14 +70,17 @@ class MaskedLanguageModeling(Objective):
     def momentum_labels(self, teacher, encoded: Encoded, positions: torch.Tensor) -> torch.Tensor:
         """float [N, vocab_size]: the momentum model's softmax at the masked positions (ALBEF's ``soft_labels =
         F.softmax(logits_m)``, its momentum encoder run on the same masked text and image)."""
-        module = teacher.module
         t = encoded.inputs.input_ids.shape[1]
-        hidden = module.bert(encoded.inputs).last_hidden_state[:, :t]
-        words = module.bert.embeddings.word_embeddings.weight
-        padded = getattr(module, self.head)(
-            hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions), words, padded=True
-        )
-        return upcast(padded[:, : words.shape[0]]).softmax(-1)
+
+        def scores(parts):  # (the momentum model's weights gathered: teacher.run)
+            hidden = parts.bert(encoded.inputs).last_hidden_state[:, :t]
+            words = parts.bert.embeddings.word_embeddings.weight
+            padded = getattr(parts, self.head)(
+                hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions), words, padded=True
+            )
+            return padded[:, : words.shape[0]]
+
+        return upcast(teacher.run(scores)).softmax(-1)
 
 
 __all__ = ["MaskedLanguageModeling"]

@@ -3,9 +3,10 @@ and ``Pretrain.py``): a momentum copy of the parts ITC and MLM read (the encoder
 ``masked_lm`` head), its features' queue for ITC, and the weight ``alpha`` of its soft targets.
 
 The copy follows the weights as an exponential moving average, ``m = decay * m + (1 - decay) * w`` after every
-optimizer step (ALBEF's ``_momentum_update`` before each forward: the same sequence of weights), in float32 (with
-bf16-params the trainer's float32 FSDP2 weights, whole on one rank; the copy computes in bfloat16 as the model does),
-with two foreach operations and no host read. The queue
+optimizer step (ALBEF's ``_momentum_update`` before each forward: the same sequence of weights), in float32, with
+foreach operations and no host read. With bf16-params (FSDP2) the copy is sharded as the model is: each rank holds
+and moves the float32 shard of each momentum weight that matches its shard of the model's weight, and the copy's
+forward gathers bfloat16 weights as the model's does. The queue
 holds the momentum features of the last ``queue_size`` captions and images of the global batch, with each caption's
 content id (ALBEF's ``idx_queue`` of retrieval fine-tuning; ``model_pretrain.py`` has none, its captions are all
 negatives of each other), starting as ALBEF's: random unit vectors (content -1, no caption's). ``alpha`` rises
@@ -19,6 +20,7 @@ mode) use none: their loss is the plain one, comparable between runs with and wi
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -69,17 +71,31 @@ class MomentumOptions:
         return self.momentum > 0
 
 
+class Parts(nn.Module):
+    """The momentum model's parts as attributes (``bert``, ``itc``, ``masked_lm``); its forward runs a function of
+    it, ``parts(fn) = fn(parts)``: the one entry through which a sharded copy gathers its weights
+    (:meth:`MomentumTeacher.run`)."""
+
+    def forward(self, fn):
+        return fn(self)
+
+
 class MomentumTeacher:
     """The momentum model of ``model`` (its :data:`PARTS`, deep copies without gradient, on its device), the ITC
     queue and the distillation weights at the current step.
 
-    A part sharded by FSDP2 (the trainer's bf16-params, :mod:`vlbert.training.sharding`) is copied as a plain
-    module of its own class, without FSDP's hooks and state, each parameter whole (the DTensor's local tensor on a
-    one-rank mesh, else ``full_tensor()``: collective) in ``compute_dtype`` (bf16-params: bfloat16, as the model
-    computes); :meth:`start_from` then sets the float32 shadow from the float32 weights.
+    A part sharded by FSDP2 (the trainer's bf16-params, :mod:`vlbert.training.sharding`) is copied as a module of
+    its own class without FSDP's hooks and state, each parameter its whole float32 weight (``full_tensor()``:
+    collective, every rank builds the teacher together); ``shard`` (given with a sharded model:
+    :func:`vlbert.training.sharding.shard_like`) then shards the copy as the model, so each rank keeps the float32
+    shards of its own part of every weight: :attr:`shadow` (the shards' local tensors) is what :meth:`update` moves,
+    and :meth:`run` gathers them, in the model's computing dtype, for each forward.
 
     Attributes:
-        module: nn.Module with the copied parts as attributes (``module.bert``, ``module.itc``, ...).
+        module: :class:`Parts` with the copied parts as attributes (``module.bert``, ``module.itc``, ...); call
+            its parts through :meth:`run` (a sharded copy's weights are whole only there).
+        sharded: whether ``module`` is sharded (``shard``, a function sharding the copy in place and returning it,
+            was given).
         text_queue, image_queue: float32 [queue_size, projection_dim] unit vectors; content_queue: int64
             [queue_size]; pointer: the next row written (host int).
         step: optimizer steps done (set by the trainer hook before each step: the ramp reads it).
@@ -87,10 +103,14 @@ class MomentumTeacher:
     """
 
     def __init__(
-        self, model: nn.Module, options: MomentumOptions, seed: int = 0, compute_dtype: torch.dtype | None = None
+        self,
+        model: nn.Module,
+        options: MomentumOptions,
+        seed: int = 0,
+        shard: Callable[[nn.Module], nn.Module] | None = None,
     ):
         self.options = options
-        self.module = nn.Module()
+        self.module = Parts()
         compiled = {m: m._compiled_call_impl for m in model.modules() if m._compiled_call_impl is not None}
         try:  # copied without the compiled forwards (a copy would call the original's), which do not copy
             for m in compiled:
@@ -98,13 +118,17 @@ class MomentumTeacher:
             for name in PARTS:
                 part = getattr(model, name, None)
                 if part is not None:
-                    setattr(self.module, name, _copy(part, compute_dtype))
+                    setattr(self.module, name, _copy(part))
         finally:
             for m, call in compiled.items():
                 m._compiled_call_impl = call
+        self.sharded = shard is not None
+        if self.sharded:
+            self.module = shard(self.module)
         self.module.requires_grad_(False)
         self.names = [n for n, _ in self.module.named_parameters()]
-        self.shadow = [p.detach().float() for p in self.module.parameters()]  # the parameters where float32
+        # float32 parameters (a sharded copy's always) are their own shadow; others follow a float32 one
+        self._shadow = None if self.sharded else [p.detach().float() for p in self.module.parameters()]
         self.step, self.updates, self.pointer = 0, 0, 0
         self.text_queue = self.image_queue = self.content_queue = None
         if options.queue_size:
@@ -118,10 +142,24 @@ class MomentumTeacher:
             self.image_queue = F.normalize(torch.randn(size, dim, generator=g, dtype=torch.float32), dim=-1).to(device)
             self.content_queue = torch.full((size,), -1, dtype=torch.long, device=device)
 
+    @property
+    def shadow(self) -> list[torch.Tensor]:
+        """The float32 momentum weights in :attr:`names` order: a sharded copy's local shards (views of the
+        weights its forward gathers: read anew at each call), else each parameter or its float32 shadow."""
+        if self.sharded:
+            return [p.detach().to_local() for p in self.module.parameters()]
+        return self._shadow
+
+    def run(self, fn):
+        """``fn(parts)`` (``parts``: :attr:`module`) through the copy's forward: a sharded copy's weights are
+        gathered for it (collective: every rank runs the same forwards, as the units do) and freed after it."""
+        return self.module(fn)
+
     @torch.no_grad()
     def start_from(self, weights: list[torch.Tensor]) -> None:
-        """The copy set to ``weights`` (each part's parameters in :attr:`names` order; with bf16-params the float32
-        weights, not the bfloat16 ones the model computes with), as ALBEF's ``copy_params``."""
+        """The copy set to ``weights`` (each part's parameters in :attr:`names` order, float32 where the model's are;
+        with bf16-params each rank's float32 shards, not the bfloat16 weights the model computes with), as ALBEF's
+        ``copy_params``."""
         torch._foreach_copy_(self.shadow, [w.float() for w in weights])
         self._shadow_to_module()
 
@@ -148,7 +186,7 @@ class MomentumTeacher:
 
     def _shadow_to_module(self) -> None:
         params = list(self.module.parameters())
-        if any(p.dtype != torch.float32 for p in params):
+        if not self.sharded and any(p.dtype != torch.float32 for p in params):
             torch._foreach_copy_(params, self.shadow)
 
     @torch.no_grad()
@@ -168,10 +206,15 @@ class MomentumTeacher:
         self.pointer = (self.pointer + n) % size
 
     def state_dict(self) -> dict:
-        """The shadow weights by name, the queues, the pointer and the counters (host copies)."""
+        """The whole float32 shadow weights by name (a sharded copy's gathered: collective, every rank calls it),
+        the queues, the pointer and the counters (host copies)."""
         queues = {k: getattr(self, k) for k in ("text_queue", "image_queue", "content_queue")}
+        if self.sharded:
+            shadow = [p.detach().full_tensor().cpu() for p in self.module.parameters()]
+        else:
+            shadow = [s.cpu() for s in self.shadow]
         return {
-            "shadow": {n: s.cpu() for n, s in zip(self.names, self.shadow, strict=True)},
+            "shadow": dict(zip(self.names, shadow, strict=True)),
             "queues": {k: None if v is None else v.cpu() for k, v in queues.items()},
             "pointer": self.pointer,
             "updates": self.updates,
@@ -179,9 +222,12 @@ class MomentumTeacher:
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
-        """Take back :meth:`state_dict` (the copy's parameters and queues on their devices)."""
-        for name, s in zip(self.names, self.shadow, strict=True):  # (a 0-d weight is one element under FSDP2)
-            s.copy_(state["shadow"][name].reshape(s.shape))
+        """Take back :meth:`state_dict`, whatever number of processes wrote it (the copy's parameters and queues on
+        their devices; a sharded copy's ranks each keep their shards)."""
+        params = list(self.module.parameters())
+        for name, s, p in zip(self.names, self.shadow, params, strict=True):  # (a 0-d weight is one element sharded)
+            whole = state["shadow"][name].reshape(p.shape)
+            s.copy_(_local_shard(whole, p) if self.sharded else whole)
         self._shadow_to_module()
         for key, value in state["queues"].items():
             if value is not None:
@@ -189,14 +235,14 @@ class MomentumTeacher:
         self.pointer, self.updates = state["pointer"], state["updates"]
 
 
-def _copy(module: nn.Module, compute_dtype: torch.dtype | None = None) -> nn.Module:
+def _copy(module: nn.Module) -> nn.Module:
     """A deep copy of ``module`` whose parameters and buffers are plain clones (a tensor's own attributes, which
     the trainer or a fake device may have set, are not copied). Where FSDP2 sharded it, the copy is a plain module:
     each FSDP module of its original class, without FSDP's hooks and state (``fully_shard`` forbids deepcopy), its
-    DTensor parameters whole (:func:`_whole`) in ``compute_dtype`` (None: theirs)."""
+    DTensor parameters whole (:func:`_whole`)."""
     from torch.distributed.fsdp import FSDPModule
 
-    memo = {id(p): nn.Parameter(_whole(p, compute_dtype), requires_grad=False) for p in module.parameters()}
+    memo = {id(p): nn.Parameter(_whole(p), requires_grad=False) for p in module.parameters()}
     memo.update({id(b): b.detach().clone() for b in module.buffers()})
     for m in module.modules():  # FSDP's state and hooks left behind (its state's slots None until deleted below)
         memo.update({id(v): None for k, v in vars(m).items() if k.startswith("__composable_api_")})  # dicts
@@ -243,14 +289,19 @@ def _fsdp_handles(module: nn.Module) -> set[int]:
     }
 
 
-def _whole(p: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """A detached clone of ``p``, whole where it is a DTensor (its local tensor on a one-rank mesh, else
-    ``full_tensor()``, collective), in ``dtype`` where given and ``p`` is a DTensor."""
+def _whole(p: torch.Tensor) -> torch.Tensor:
+    """A detached clone of ``p``, whole where it is a DTensor (``full_tensor()``: collective; on a one-rank mesh
+    that is the shard itself, hence the clone)."""
     p = p.detach()
-    if hasattr(p, "device_mesh"):
-        p = p.to_local() if p.device_mesh.size() == 1 else p.full_tensor()
-        return p.to(dtype or p.dtype, copy=True)
-    return p.clone()
+    return (p.full_tensor() if hasattr(p, "device_mesh") else p).clone()
+
+
+def _local_shard(whole: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``whole`` as the DTensor ``p`` is laid out (its mesh and placements), without
+    communication (every rank holds ``whole``)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(whole.to(p.device), p.device_mesh, p.placements, src_data_rank=None).to_local()
 
 
 def teacher_of(model: nn.Module) -> MomentumTeacher | None:
@@ -268,4 +319,4 @@ def attach(model: nn.Module, teacher: MomentumTeacher | None) -> None:
     object.__setattr__(model, ATTRIBUTE, teacher)
 
 
-__all__ = ["MomentumOptions", "MomentumTeacher", "teacher_of", "attach", "PARTS"]
+__all__ = ["MomentumOptions", "MomentumTeacher", "Parts", "teacher_of", "attach", "PARTS"]

@@ -44,9 +44,7 @@ from vlbert.recipes.regions import (
 )
 from vlbert.recipes.run_processor import build_run_processor
 from vlbert.recipes.runner import Recipe, RunContext, TaskData
-from vlbert.training.device import resolve_precision
-from vlbert.training.momentum import MomentumDistillation, check_processes
-from vlbert.training.processes import launched_processes
+from vlbert.training.momentum import MomentumDistillation
 from vlbert.utils import evaluation
 
 logger = logging.getLogger(__name__)
@@ -470,14 +468,10 @@ def _weighted(pairs: list[Caption], weight: float, rng: random.Random) -> list[C
 
 def hooks(ctx: RunContext, data: VLPretrainingData, model) -> list:
     """ALBEF's momentum model where ``data.itc.momentum`` asks for it
-    (:class:`~vlbert.training.momentum.MomentumDistillation`), else none.
-
-    Raises:
-        ValueError: with bf16-params on several processes (:func:`~vlbert.training.momentum.check_processes`)."""
+    (:class:`~vlbert.training.momentum.MomentumDistillation`), else none."""
     options = ctx.data.itc
     if not options.enabled:
         return []
-    check_processes(resolve_precision(ctx.training.mixed_precision)[0] == "bf16-params", launched_processes())
     return [MomentumDistillation(options, ctx.training.seed)]
 
 

@@ -1,15 +1,19 @@
 """ALBEF's momentum model as a trainer hook (:class:`~vlbert.objectives.momentum.MomentumTeacher`: the copy, its
 queue, the distillation weights): made from the model's weights when training starts, hung on the model for the
 ``itc`` and ``mlm`` units, moved towards the weights after every optimizer step (foreach operations on the device,
-no host read), and saved in every checkpoint with its queue, so a resumed run continues exactly."""
+no host read), and saved in every checkpoint with its queue, so a resumed run continues exactly. With bf16-params
+(FSDP2, any number of processes) the copy is sharded as the model (:func:`~vlbert.training.sharding.shard_like`):
+each rank moves its float32 shards towards the model's float32 shards of the same elements."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from vlbert.objectives.momentum import MomentumOptions, MomentumTeacher, attach
 from vlbert.training.hooks import TrainerHook
-from vlbert.training.sharding import COMPUTE_DTYPE
+from vlbert.training.sharding import shard_like
 
 
 class MomentumDistillation(TrainerHook):
@@ -26,8 +30,8 @@ class MomentumDistillation(TrainerHook):
         self._state: dict | None = None  # a checkpoint's, taken back before the teacher exists
 
     def _weights(self, trainer) -> list[torch.Tensor]:
-        """The model's float32 weights the teacher follows, in its order: the parameters, or with bf16-params
-        (FSDP2 on one rank) each float32 DTensor's local tensor, which is the whole weight and which the optimizer
+        """The model's float32 weights the teacher follows, in its order: the parameters, or with bf16-params each
+        float32 DTensor's local tensor (this rank's shard, laid out as the sharded teacher's), which the optimizer
         updates in place. Read anew at each call (views, no copy, no host read)."""
         model = trainer.unwrapped
         with torch.no_grad():
@@ -36,14 +40,13 @@ class MomentumDistillation(TrainerHook):
 
     def before_train(self, trainer) -> None:
         sharded = bool(getattr(trainer, "sharded", False))
-        check_processes(sharded, trainer.accelerator.num_processes)
         if self.teacher is None:
-            dtype = None
+            shard = None
             if sharded:
-                dtype = COMPUTE_DTYPE
+                shard = functools.partial(shard_like, model=trainer.unwrapped)
                 for module in _fsdp_modules(trainer.unwrapped):
                     module.reshard()  # the float32 shards registered (a forward before training leaves bf16 ones)
-            self.teacher = MomentumTeacher(trainer.unwrapped, self.options, self.seed, compute_dtype=dtype)
+            self.teacher = MomentumTeacher(trainer.unwrapped, self.options, self.seed, shard=shard)
             if self._state is not None:
                 self.teacher.load_state_dict(self._state)
                 self._state = None
@@ -72,23 +75,8 @@ class MomentumDistillation(TrainerHook):
             self.teacher.load_state_dict(state)
 
 
-def check_processes(sharded: bool, processes: int) -> None:
-    """Refuse ALBEF's momentum model with bf16-params (FSDP2) on several processes: its copy would be built and
-    followed from whole weights, which sharded ones are only through a gather of every parameter each step (not
-    built yet). One process (a one-rank group: each shard is the whole weight) and float32 or bf16-autocast runs on
-    any number of processes are supported.
-
-    Raises:
-        ValueError: ``sharded`` and ``processes`` > 1 (one line naming the settings that work)."""
-    if sharded and processes > 1:
-        raise ValueError(
-            "ALBEF momentum distillation (data.itc.momentum) with training.mixed_precision: bf16-params on several "
-            "processes is not supported yet: set training.mixed_precision: bf16 (or no), or run one process"
-        )
-
-
 def _local(p: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local tensor (a one-rank shard: the whole weight), or ``p``."""
+    """A DTensor's local tensor (this rank's shard), or ``p``."""
     return p.to_local() if hasattr(p, "device_mesh") else p
 
 
@@ -98,4 +86,4 @@ def _fsdp_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
-__all__ = ["MomentumDistillation", "check_processes"]
+__all__ = ["MomentumDistillation"]

@@ -85,7 +85,6 @@ def shard_model(model: nn.Module, device: torch.device) -> nn.Module:
 
     Raises ValueError if the model's parameters are on another device than ``device``."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     elsewhere = sorted({str(p.device) for p in model.parameters() if p.device.type != device.type})
     if elsewhere:
@@ -96,12 +95,36 @@ def shard_model(model: nn.Module, device: torch.device) -> nn.Module:
         if buffer.is_floating_point():
             buffer.data = buffer.data.to(COMPUTE_DTYPE)
     _scalars_as_vectors(model)
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    return _fully_shard(model, init_device_mesh(device.type, (dist.get_world_size(),)))
+
+
+def shard_like(module: nn.Module, model: nn.Module) -> nn.Module:
+    """Shard ``module``, whose parameters are whole float32 weights of the parts of the :func:`shard_model`-sharded
+    ``model`` (a copy of them), as ``model`` is: on its mesh, with its policy, each of its
+    :func:`sharded_layer_classes` then ``module`` itself, so that each parameter's shard on this rank covers the
+    same elements as ``model``'s shard of the same weight (``fully_shard`` splits dim 0 by ``torch.chunk``). The
+    root too gives back its gathered weights after each forward (``reshard_after_forward=True``): a module run
+    without a backward (ALBEF's momentum model) keeps nothing gathered between forwards. Returns ``module``;
+    collective-free (each rank keeps its chunk).
+
+    Raises ValueError if ``model`` is not sharded."""
+    mesh = next((p.device_mesh for p in model.parameters() if hasattr(p, "device_mesh")), None)
+    if mesh is None:
+        raise ValueError("shard_like: the model is not sharded (shard it with shard_model first)")
+    return _fully_shard(module, mesh, reshard_root=True)
+
+
+def _fully_shard(model: nn.Module, mesh, reshard_root: bool | None = None) -> nn.Module:
+    """``fully_shard`` on each of ``model``'s :func:`sharded_layer_classes`, then on ``model`` (its
+    ``reshard_after_forward``: ``reshard_root``, None = FSDP2's default: kept gathered for the backward), with
+    bf16-params' policy, over ``mesh``."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     # inputs are left as they come: the model casts its float inputs (region features, pixels) itself
     policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPE, reduce_dtype=torch.float32, cast_forward_inputs=False)
     for layer in [m for m in model.modules() if isinstance(m, sharded_layer_classes())]:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_root)
     return model
 
 
@@ -246,6 +269,7 @@ __all__ = [
     "release_local_group",
     "sharded_layer_classes",
     "shard_model",
+    "shard_like",
     "is_sharded",
     "gathered",
     "gradient_sync",
