@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
-from vlbert.recipes.report import MARGIN, results_table, verdict
+import pytest
+
+from vlbert.recipes.report import MARGIN, results_table, standard_error, verdict
 from vlbert.training.log_hook import eval_line
 
 # What `tools/pretrain.py --modality text` returns after the quick start's 600 steps (figures of a real run:
@@ -97,3 +99,10 @@ def test_a_loss_beats_its_baseline_by_being_lower():
         )
     )
     assert got["eval_mrfr_loss"][2:6] == ["1.2000", "mean", "feature", "yes"]
+
+
+def test_a_tasks_standard_error_is_the_binomial_one_for_hits():
+    """VQA's and NLVR2's figures (standard_error of their per-item scores): for 0/1 hits sqrt(p(1-p)/n), exactly."""
+    hits = [1.0] * 30 + [0.0] * 15
+    assert standard_error("accuracy", hits) == {"accuracy_n": 45, "accuracy_stderr": pytest.approx(binomial(2 / 3, 45))}
+    assert standard_error("accuracy", []) == {}

@@ -17,7 +17,7 @@ in one line a result, what a result still at its baseline means.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from vlbert.objectives.registry import OBJECTIVES
 
@@ -123,6 +123,19 @@ def _judged(key: str, value: float, metrics: Mapping[str, Any]) -> tuple[float, 
     return base[0], base[1], verdict(value, base[0], stderr, lower), not math.isnan(value) and lead > needed
 
 
+def standard_error(key: str, values: Sequence[float]) -> dict[str, float]:
+    """``{key_n: n, key_stderr: s / sqrt(n)}`` of a result that is the mean of the per-item ``values`` (s: their
+    standard deviation, ddof 0; for 0/1 hits the binomial sqrt(p(1 - p) / n)), the sampling figures the table's
+    verdict reads (a task's own evaluation: VQA's per-question scores, NLVR2's per-statement hits); ``{}`` for no
+    values."""
+    n = len(values)
+    if not n:
+        return {}
+    mean = sum(values) / n
+    variance = max(sum(v * v for v in values) / n - mean * mean, 0.0)
+    return {f"{key}_n": n, f"{key}_stderr": math.sqrt(variance / n)}
+
+
 def results_table(metrics: Mapping[str, Any]) -> str:
     """The end-of-run table of ``metrics`` (a run's final metrics, e.g. ``metrics.json``): one row a result with a
     number (baselines, sampling figures and bookkeeping folded away), those with a baseline first, as
@@ -178,6 +191,7 @@ __all__ = [
     "chance_notes",
     "baseline_of",
     "verdict",
+    "standard_error",
     "MARGIN",
     "Z",
     "LOWER_IS_BETTER",
