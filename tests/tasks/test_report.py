@@ -68,7 +68,15 @@ def test_the_margin_decides_and_an_undefined_metric_is_not_read_as_chance():
 
 def test_a_held_out_evaluation_prints_as_one_line():
     line = eval_line(
-        {"split": "eval", "step": 200, "eval_mlm_loss": 4.10331, "eval_mlm_accuracy": 0.312, "eval_nsp_accuracy": 0.504}
+        {
+            "split": "eval",
+            "step": 200,
+            "eval_mlm_loss": 4.10331,
+            "eval_mlm_accuracy": 0.312,
+            "eval_nsp_accuracy": 0.504,
+            "eval_mlm_accuracy_n": 450,  # sampling figures stay in log.jsonl
+            "eval_mlm_accuracy_stderr": 0.0218,
+        }
     )
     assert line == "held-out at step 200: mlm_accuracy 0.3120, nsp_accuracy 0.5040, mlm_loss 4.1033"
 
