@@ -4,6 +4,7 @@ shapes and symmetry, and a short run of the recipe on a fixture in the public fo
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -222,3 +223,5 @@ def test_accuracy_and_consistency_are_the_official_scripts_on_the_recipes_file(e
     assert metrics["eval_statements"] == 9 and metrics["eval_sentences"] == 4
     assert metrics["accuracy"] != metrics["consistency"]
     assert (metrics["accuracy"], metrics["consistency"]) == (precision, consistency)
+    p = metrics["accuracy"]  # the end-of-run verdict's noise: the binomial standard error over the 9 statements
+    assert metrics["accuracy_n"] == 9 and metrics["accuracy_stderr"] == pytest.approx(math.sqrt(p * (1 - p) / 9))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
-from vlbert.recipes.report import MARGIN, results_table, verdict
+import pytest
+
+from vlbert.recipes.report import MARGIN, results_table, standard_error, verdict
 from vlbert.training.log_hook import eval_line
 
 # What `tools/pretrain.py --modality text` returns after the quick start's 600 steps (figures of a real run:
@@ -66,6 +68,49 @@ def test_the_margin_decides_and_an_undefined_metric_is_not_read_as_chance():
 
 def test_a_held_out_evaluation_prints_as_one_line():
     line = eval_line(
-        {"split": "eval", "step": 200, "eval_mlm_loss": 4.10331, "eval_mlm_accuracy": 0.312, "eval_nsp_accuracy": 0.504}
+        {
+            "split": "eval",
+            "step": 200,
+            "eval_mlm_loss": 4.10331,
+            "eval_mlm_accuracy": 0.312,
+            "eval_nsp_accuracy": 0.504,
+            "eval_mlm_accuracy_n": 450,  # sampling figures stay in log.jsonl
+            "eval_mlm_accuracy_stderr": 0.0218,
+        }
     )
     assert line == "held-out at step 200: mlm_accuracy 0.3120, nsp_accuracy 0.5040, mlm_loss 4.1033"
+
+
+def binomial(p: float, n: int) -> float:
+    return math.sqrt(p * (1 - p) / n)
+
+
+def test_the_same_lead_is_at_baseline_on_45_items_and_beats_it_on_400():
+    """A lead of 0.1 over a 0.5 baseline: inside two binomial standard errors of 45 held-out items (0.146), outside
+    them on 400 (0.049), where the fixed 0.02 called both a win."""
+    metrics = {"eval_itm_accuracy": 0.6, "eval_itm_accuracy_chance": 0.5}
+    few = rows(results_table({**metrics, "eval_itm_accuracy_stderr": binomial(0.6, 45), "eval_itm_accuracy_n": 45}))
+    many = rows(results_table({**metrics, "eval_itm_accuracy_stderr": binomial(0.6, 400), "eval_itm_accuracy_n": 400}))
+    assert few["eval_itm_accuracy"][-2:] == ["at", "baseline"]
+    assert many["eval_itm_accuracy"][4:] == ["yes", "(+0.100,", "2", "s.e.", "0.049)"]
+    assert "eval_itm_accuracy_stderr" not in many and "eval_itm_accuracy_n" not in many  # folded into the verdict
+    assert verdict(0.6, 0.5).startswith("yes")  # without a standard error: the fixed margin
+
+
+def test_a_loss_beats_its_baseline_by_being_lower():
+    assert verdict(1.0, 1.5, stderr=0.1, lower_is_better=True) == "yes (-0.500, 2 s.e. 0.200)"
+    assert verdict(1.1, 1.0, stderr=0.1, lower_is_better=True) == "at baseline"
+    assert verdict(1.5, 1.0, stderr=0.1, lower_is_better=True).startswith("below baseline (+0.500")
+    got = rows(
+        results_table(
+            {"eval_mrfr_loss": 0.8, "eval_mrfr_loss_mean_feature_baseline": 1.2, "eval_mrfr_loss_stderr": 0.05}
+        )
+    )
+    assert got["eval_mrfr_loss"][2:6] == ["1.2000", "mean", "feature", "yes"]
+
+
+def test_a_tasks_standard_error_is_the_binomial_one_for_hits():
+    """VQA's and NLVR2's figures (standard_error of their per-item scores): for 0/1 hits sqrt(p(1-p)/n), exactly."""
+    hits = [1.0] * 30 + [0.0] * 15
+    assert standard_error("accuracy", hits) == {"accuracy_n": 45, "accuracy_stderr": pytest.approx(binomial(2 / 3, 45))}
+    assert standard_error("accuracy", []) == {}

@@ -15,6 +15,7 @@ from vlbert.models.vl import VLBertForPreTraining
 from vlbert.objectives.region_targets import pad_class_probs
 from vlbert.processing.regions import pad_regions
 from vlbert.recipes import RECIPES, run
+from vlbert.recipes.report import results_table
 from vlbert.recipes.vl_pretraining import VLDataConfig, VLPretrainingData
 
 # Every test of the module reads one region cache, the first 528 easy-VQA training images extracted once (the
@@ -189,6 +190,11 @@ def test_smoke_vl_run_draws_one_objective_per_step(cache_dir, tmp_path):
     losses = {k: v for k, v in metrics.items() if k.startswith("eval_") and k.endswith("_loss")}
     assert {"eval_mlm_loss", "eval_mrfr_loss", "eval_mrc_loss", "eval_mrc_kl_loss", "eval_itm_loss"} <= set(losses)
     assert all(math.isfinite(v) for v in losses.values()), losses
+    # every held-out row of the end-of-run table has its baseline (vlbert.recipes.vl_baselines) and a verdict
+    rows = [line.split() for line in results_table(metrics).splitlines()[2:] if not line.startswith("note:")]
+    held_out = [row for row in rows if row[0].startswith("eval_")]
+    assert len(held_out) >= 10 and all(len(row) >= 4 for row in held_out), results_table(metrics)
+    assert metrics["eval_mrfr_loss_stderr"] > 0 and metrics["eval_mlm_accuracy_n"] > 0
     model = VLBertForPreTraining.from_pretrained(out)
     assert model.loading_info.missing_keys == [] and model.config.region_feature_dim == 1320
 

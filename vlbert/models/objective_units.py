@@ -72,6 +72,8 @@ class UnitPreTrainingModel(PreTrainedModel):
         for unit in self.running(given):
             result = unit.loss(encoded, given)
             out.add(unit.name, result.loss, unit.metric, result.metric, result.count)
+            if result.squares is not None:
+                out.squares[unit.name], out.squares[unit.metric] = result.squares
             for metric, (value, count) in (result.extra_metrics or {}).items():
                 out.metrics[metric], out.counts[metric] = value, count
             if unit.output:

@@ -48,6 +48,9 @@ class ObjectiveOutput:
         counts: objective name (and its metric's name) -> number of predictions its loss and metric average
             over (int; transformers' ``num_items_in_batch``, per objective), so that losses are weighted by it
             across ranks and metrics averaged correctly over several batches.
+        squares: objective or metric name -> the mean over its predictions of each one's squared loss or metric
+            value (0-d float; held out, where the objective knows its per-prediction values: the pretraining units),
+            from which evaluation derives the standard error of the mean.
         unused_parameters: parameters this forward did not use (heads of objectives this batch does not train):
             the model declares them, and the trainer keeps them in DDP's graph with weight zero (so DDP needs no
             ``find_unused_parameters`` search) and drops their gradients.
@@ -58,6 +61,7 @@ class ObjectiveOutput:
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     unused_parameters: list = field(default_factory=list)
+    squares: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def add(self, name: str, loss: torch.Tensor, metric_name: str, metric: torch.Tensor, count: int) -> None:
         """Record one objective's loss, its metric and how many predictions they cover."""

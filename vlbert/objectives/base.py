@@ -88,13 +88,27 @@ class ObjectiveResult(NamedTuple):
     """A unit's loss (0-d float), its metric (0-d, detached), the number of predictions both average over (an int,
     or a 0-d integer tensor where only the device knows it: ``qa``'s question rows), the
     logits it computed (for the model's output) and further metrics, name -> (0-d value, the count it averages
-    over); an entry under the unit's own metric name replaces that metric's count (WRA: its matched pairs)."""
+    over); an entry under the unit's own metric name replaces that metric's count (WRA: its matched pairs).
+    ``squares``: where the unit knows its per-prediction values (evaluation only, :func:`item_squares`), the mean
+    over the predictions of each one's squared loss and squared metric (two 0-d floats): with the means they give
+    the held-out standard error (:func:`vlbert.training.evaluation.evaluate_objectives`); else None."""
 
     loss: torch.Tensor
     metric: torch.Tensor
     count: int | torch.Tensor
     logits: torch.Tensor | None = None
     extra_metrics: dict | None = None
+    squares: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def item_squares(losses: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(mean of ``losses`` ** 2, mean of ``values`` ** 2), both 0-d float32, detached: the second moments of a unit's
+    per-prediction losses and metric values (float [N] each; a 0/1 accuracy's are its hits), for
+    :attr:`ObjectiveResult.squares`. None while gradients are on (training: nothing is spent on them) or N = 0."""
+    if torch.is_grad_enabled() or not losses.numel():
+        return None
+    losses, values = losses.detach().float(), values.detach().float()
+    return (losses * losses).mean(), (values * values).mean()
 
 
 class Objective:
@@ -178,4 +192,4 @@ class Objective:
         raise NotImplementedError
 
 
-__all__ = ["Objective", "ObjectiveResult", "Encoded", "PrepareContext"]
+__all__ = ["Objective", "ObjectiveResult", "Encoded", "PrepareContext", "item_squares"]

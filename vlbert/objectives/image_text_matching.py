@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlbert.layers.losses import classification_loss
+from vlbert.layers.losses import classification_loss, upcast
 from vlbert.layers.sampling import draw_by_similarity
-from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext, item_squares
 from vlbert.objectives.contrastive import ImageTextContrastive
 from vlbert.utils import all_gather_padded
 
@@ -144,9 +144,18 @@ class ImageTextMatching(Objective):
             loss, accuracy, n = classification_loss(logits, target)
             # a third of the rows match: answering "no match" throughout scores 2/3, not :attr:`chance`'s 0.5
             chance = torch.full((), 2.0 / 3.0, device=logits.device)
-            return ObjectiveResult(loss, accuracy, n, logits, {f"{self.metric}_chance": (chance, n)})
+            squares = _pair_squares(logits, target)
+            return ObjectiveResult(loss, accuracy, n, logits, {f"{self.metric}_chance": (chance, n)}, squares)
         loss, accuracy, n = classification_loss(logits, target)
-        return ObjectiveResult(loss, accuracy, n, logits)
+        return ObjectiveResult(loss, accuracy, n, logits, squares=_pair_squares(logits, target))
+
+
+def _pair_squares(logits: torch.Tensor, target: torch.Tensor):
+    """:func:`~vlbert.objectives.base.item_squares` of each pair's cross-entropy and hit (held out only)."""
+    if torch.is_grad_enabled():
+        return None
+    logits = upcast(logits.detach())
+    return item_squares(F.cross_entropy(logits, target, reduction="none"), logits.argmax(-1) == target)
 
 
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from vlbert.layers.losses import masked_lm_loss, masked_positions, upcast
 from vlbert.layers.pretraining_heads import MaskedLMHead
-from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext, item_squares
 from vlbert.objectives.momentum import teacher_of
 
 
@@ -64,7 +64,14 @@ class MaskedLanguageModeling(Objective):
         if alpha and n:
             soft = self.momentum_labels(teacher, encoded, positions)
             loss = (1 - alpha) * loss + alpha * distillation_loss(logits, soft)
-        return ObjectiveResult(loss, accuracy, n, logits)
+        squares = None
+        if n and not alpha and not torch.is_grad_enabled():  # held out: each masked wordpiece's loss and hit
+            flat = targets.reshape(-1).index_select(
+                0, positions if positions is not None else masked_positions(targets)
+            )
+            tokens = F.cross_entropy(upcast(logits), flat, reduction="none")
+            squares = item_squares(tokens, logits.argmax(-1) == flat)
+        return ObjectiveResult(loss, accuracy, n, logits, squares=squares)
 
     @torch.no_grad()
     def momentum_labels(self, teacher, encoded: Encoded, positions: torch.Tensor) -> torch.Tensor:

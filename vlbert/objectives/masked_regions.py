@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from vlbert.layers.losses import upcast
 from vlbert.layers.pretraining_heads import RegionHead
-from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
+from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext, item_squares
 from vlbert.objectives.region_targets import masked_class_probs, pad_class_probs
 
 
@@ -117,7 +117,8 @@ class MaskedRegionFeatureRegression(_MaskedRegions):
             target = features.reshape(-1, features.shape[-1]).index_select(0, target)
         target = target.to(pred.dtype)
         loss = F.mse_loss(pred, target) if len(pred) else pred.sum() * 0.0
-        return ObjectiveResult(loss, loss.detach(), len(pred))
+        regions = ((pred.detach() - target) ** 2).mean(-1)  # each masked region's squared error: the loss's items
+        return ObjectiveResult(loss, loss.detach(), len(pred), squares=item_squares(regions, regions))
 
 
 class MaskedRegionClassification(_MaskedRegions):
@@ -145,7 +146,9 @@ class MaskedRegionClassification(_MaskedRegions):
             zero = logits.sum() * 0.0
             return ObjectiveResult(zero, zero.detach(), 0)
         loss = F.cross_entropy(logits, target)
-        return ObjectiveResult(loss, (logits.detach().argmax(-1) == target).float().mean(), len(target), logits)
+        hits = logits.detach().argmax(-1) == target
+        squares = item_squares(F.cross_entropy(logits.detach(), target, reduction="none"), hits)
+        return ObjectiveResult(loss, hits.float().mean(), len(target), logits, squares=squares)
 
 
 class MaskedRegionClassificationKL(_MaskedRegions):
@@ -169,8 +172,9 @@ class MaskedRegionClassificationKL(_MaskedRegions):
             zero = logits.sum() * 0.0
             return ObjectiveResult(zero, zero.detach(), 0)
         loss = F.kl_div(F.log_softmax(logits, -1), target, reduction="batchmean")
-        accuracy = (logits.detach().argmax(-1) == target.argmax(-1)).float().mean()
-        return ObjectiveResult(loss, accuracy, len(target), logits)
+        hits = logits.detach().argmax(-1) == target.argmax(-1)
+        regions = F.kl_div(F.log_softmax(logits.detach(), -1), target, reduction="none").sum(-1)  # each region's KL
+        return ObjectiveResult(loss, hits.float().mean(), len(target), logits, squares=item_squares(regions, hits))
 
 
 __all__ = [

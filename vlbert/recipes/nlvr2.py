@@ -23,6 +23,7 @@ from vlbert.recipes.regions import (
     evaluate,
     majority_baseline,
 )
+from vlbert.recipes.report import standard_error
 from vlbert.recipes.runner import Recipe, RunContext
 
 
@@ -73,14 +74,16 @@ class NLVR2Data(RegionTaskData):
         """(``{"identifier", "prediction": True | False}`` of every evaluation statement; ``accuracy``,
         ``consistency`` (the share of unique sentences whose every example is right), ``eval_statements`` and
         ``eval_sentences``: :func:`~vlbert.evaluation.nlvr2.nlvr2_scores`, lil-lab/nlvr@e6a286a
-        ``nlvr2/eval/metrics.py``)."""
+        ``nlvr2/eval/metrics.py``; ``accuracy_n``, ``accuracy_stderr``: the binomial standard error over the
+        statements, :func:`~vlbert.recipes.report.standard_error`)."""
         index, gold, predicted = self.predict_labels(model)
         rows = [
             {"identifier": self.eval.examples[i].identifier, "prediction": bool(p)}
             for i, p in zip(index, predicted, strict=True)
         ]
-        scores = nlvr2_scores([r["identifier"] for r in rows], [g == p for g, p in zip(gold, predicted, strict=True)])
-        return rows, {**scores, "eval_statements": len(rows)}
+        hits = [g == p for g, p in zip(gold, predicted, strict=True)]
+        scores = nlvr2_scores([r["identifier"] for r in rows], hits)
+        return rows, {**scores, **standard_error("accuracy", [float(h) for h in hits]), "eval_statements": len(rows)}
 
     def predictions_text(self, rows: list[dict]) -> str:
         """The NLVR2 evaluation script's format: ``identifier,True|False`` per line, no header (lil-lab/nlvr@e6a286a

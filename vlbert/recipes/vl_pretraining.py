@@ -44,6 +44,7 @@ from vlbert.recipes.regions import (
 )
 from vlbert.recipes.run_processor import build_run_processor
 from vlbert.recipes.runner import Recipe, RunContext, TaskData
+from vlbert.recipes.vl_baselines import held_out_baselines, itm_loss_chance, training_priors
 from vlbert.training.momentum import MomentumDistillation
 from vlbert.utils import evaluation
 
@@ -437,8 +438,17 @@ def _probes_grounding(data: VLPretrainingData) -> bool:
 
 
 def baselines(ctx: RunContext, data: VLPretrainingData, model) -> dict:
-    """The captions left out for want of regions (per source) and the grounding probe before training."""
+    """The captions left out for want of regions (per source), every held-out objective result's baseline on the
+    held-out batches (:mod:`vlbert.recipes.vl_baselines`: the most frequent wordpiece and the unigram prior, the
+    detector's class prior, the mean region feature, ITM's chance loss) and the grounding probe before training."""
     out = {f"captions_without_regions_{name}": count for name, count in data.skipped.items()}
+    if data.eval is None:
+        return out
+    tokenizer = data.tokenizer
+    priors = training_priors(data.train, len(tokenizer), tokenizer.all_special_ids)
+    out.update(held_out_baselines(data.rank_eval_batches(), priors))
+    if "itm" in data.objectives.active:
+        out["eval_itm_loss_chance"] = itm_loss_chance(ctx.data.itm_negatives)
     if not _probes_grounding(data):
         return out
     return {**out, **{k + "_before": v for k, v in data.grounding_accuracy(model).items()}}

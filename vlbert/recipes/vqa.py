@@ -35,6 +35,7 @@ from vlbert.recipes.regions import (
     TextLength,
     task_regions,
 )
+from vlbert.recipes.report import standard_error
 from vlbert.recipes.runner import Recipe, RunContext, write_output_file
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,9 @@ class VQAData(RegionTaskData):
         Metrics: ``vqa_accuracy`` (``gqa_accuracy`` for GQA: :data:`SCORES`), the mean over every question with
         annotated answers, those without an answer in the vocabulary included (the official evaluators' figure;
         they print it times 100); ``eval_questions`` (questions predicted), ``eval_unanswerable`` (of them, those
-        none of whose answers is in the vocabulary). NaN accuracy when no question has answers (a test split)."""
+        none of whose answers is in the vocabulary); ``<metric>_n`` and ``<metric>_stderr``, the scored questions
+        and the standard error of their mean (:func:`~vlbert.recipes.report.standard_error`). NaN accuracy (and no
+        standard error) when no question has answers (a test split)."""
         metric, score = SCORES.get(self.data.dataset, ("vqa_accuracy", vqa_accuracy))
         rows = []
         for i, a in zip(*self.predict_labels(model)[::2], strict=True):
@@ -156,7 +159,8 @@ class VQAData(RegionTaskData):
             self.eval.unanswerable,
             len(self.answer_vocab),
         )
-        return rows, {metric: value, "eval_questions": len(rows), "eval_unanswerable": self.eval.unanswerable}
+        counts = {"eval_questions": len(rows), "eval_unanswerable": self.eval.unanswerable}
+        return rows, {metric: value, **standard_error(metric, scored), **counts}
 
 
 def evaluate(ctx: RunContext, data: VQAData, model) -> dict:

@@ -121,11 +121,15 @@ class LogHook(TrainerHook):
 
 def eval_line(record: dict) -> str:
     """``"held-out at step 200: mlm_accuracy 0.3120, nsp_accuracy 0.5040, loss 4.1033"``: a held-out ``eval``
-    record's metrics (``eval_`` dropped), then its losses, 4 decimals."""
+    record's metrics (``eval_`` dropped), then its losses, 4 decimals; their sampling figures (``<key>_stderr``,
+    ``<key>_n``) are left to the log file."""
     values = {
         k.removeprefix("eval_"): v
         for k, v in record.items()
-        if k not in ("split", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)
+        if k not in ("split", "step")
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and not (k.endswith(("_stderr", "_n")) and k.rsplit("_", 1)[0] in record)
     }
     ordered = sorted(values, key=lambda k: (k.endswith("loss"), k))
     return f"held-out at step {record.get('step')}: " + ", ".join(f"{k} {values[k]:.4f}" for k in ordered)
