@@ -28,12 +28,20 @@ region_shards, tiny_bert = test_gpu_trainer.region_shards, test_gpu_trainer.tiny
 
 def run_at_two_processes(recipe: str, config: dict) -> tuple[Probe, FakeCuda]:
     """``recipe``'s run of ``config`` as rank 0 of two processes on the fake GPU, stopped after step 3 (steps 2
-    and 3 recorded)."""
+    and 3 recorded). A run that fails otherwise fails the test with the host waits recorded before (a value the host
+    read from the fake GPU is a stand-in, 0, which can break the run after the wait: a size read back)."""
     with FakeCuda() as gpu, fake_processes(2):
         probe = Probe(gpu)
-        with pytest.raises(_Stop):
+        try:
             run(RECIPES[recipe], config, hooks=[probe])
-    return probe, gpu
+        except _Stop:
+            return probe, gpu
+        except Exception as error:
+            waits = "\n".join((gpu.host_syncs + gpu.device_to_host)[-8:])
+            raise AssertionError(
+                f"the run failed ({error!r:.160}) after these host waits (the last 8):\n{waits}"
+            ) from error
+    raise AssertionError("the run did not stop after step 3")
 
 
 def assert_no_wait_at_two(probe: Probe, gpu: FakeCuda, flash: bool = True) -> None:

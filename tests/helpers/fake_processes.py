@@ -71,7 +71,9 @@ def fake_processes(world_size: int = 2):
         stack.enter_context(mock.patch.dict(os.environ, env))
         stack.enter_context(mock.patch.dict(processes._CONTROL, clear=True))
         stack.enter_context(mock.patch("torch.distributed.new_group", _new_group(dist.new_group)))
-        stack.enter_context(mock.patch.object(processes.ControlPlane, "gather", lambda self, value, what="": [value] * self.world))
+        stack.enter_context(
+            mock.patch.object(processes.ControlPlane, "gather", lambda self, value, what="": [value] * self.world)
+        )
         stack.enter_context(mock.patch.object(processes.ControlPlane, "any", lambda self, flag, what="": bool(flag)))
         AcceleratorState._reset_state(reset_partial_state=True)
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
