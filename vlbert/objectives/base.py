@@ -18,6 +18,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from vlbert.models.inputs import VLInputs
+    from vlbert.utils import GatherBounds
 
 
 @dataclass
@@ -64,7 +65,7 @@ class PrepareContext:
     region_mask_probability: float = 0.15
     weights: dict = field(default_factory=dict)
     itm_negatives: str = "random"
-    gather_bounds: Any = None
+    gather_bounds: GatherBounds | None = None
 
     @staticmethod
     def generator(item: dict, name: str) -> torch.Generator:
