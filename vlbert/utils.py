@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accelerate.utils import gather, pad_across_processes
+import dataclasses
 
 
 def evaluation(fn):
@@ -51,23 +51,77 @@ def process_position() -> tuple[int, int]:
     return 0, 1
 
 
-def all_gather_padded(tensors: list) -> list:
-    """Every process's tensors, concatenated along dim 0 in rank order (ranks may hold different batch sizes,
-    and 2-d tensors different lengths along dim 1: those are right-padded with 0 to the longest). The tensors
-    themselves when not distributed. For choices over the global batch (hard negatives). accelerate's
-    ``pad_across_processes`` and ``gather`` do the work (each reads the sizes on the host: a sync per call)."""
-    import torch
+@dataclasses.dataclass(frozen=True)
+class GatherBounds:
+    """What any rank's batch can hold, known on every rank without asking the others: the shapes
+    :func:`all_gather_padded` pads to.
 
-    rank, world = process_position()
+    Attributes:
+        rows: the per-device batch size (every batch a rank collates has at most this many items).
+        text: the text positions of any batch: the collator's maximum text length ([CLS]/[SEP] included) rounded up
+            to its padding multiple.
+        regions: the regions of any batch (the run's ``max_regions``).
+    """
+
+    rows: int
+    text: int
+    regions: int
+
+
+def all_gather_padded(tensors: list, rows: int, widths: list | None = None) -> tuple[list, object]:
+    """Every process's ``tensors``, in rank order, each rank's rows padded to ``rows``, without a host read: for
+    choices over the global batch (hard negatives, contrastive columns of an uneven evaluation batch).
+
+    Args:
+        tensors: each [b, ...] on this rank's device (b the same for all, at most ``rows``); dim 1 may differ
+            between ranks where ``widths`` bounds it.
+        rows: the most rows any rank holds (:attr:`GatherBounds.rows`).
+        widths: per tensor, the length its dim 1 is right-padded to with 0 (:attr:`GatherBounds.text`,
+            :attr:`GatherBounds.regions`), or None where every rank's dim 1 is equal (an embedding size).
+    Returns:
+        (the gathered tensors: [world x rows, ...] each, rank r's rows at ``r * rows``, padding 0; ``valid``: bool
+        [world x rows] on the device, True at the real rows). One process: the tensors themselves and ``valid``
+        all True ([b]). Sizes are the bounds, known to every rank: nothing is read back, and ``valid`` is
+        gathered on the device, so the host waits for nothing (accelerate's ``pad_across_processes`` reads every
+        rank's size first).
+    Raises:
+        ValueError: a tensor with more rows than ``rows`` or longer than its width (the bounds are wrong), or
+            tensors of different row counts.
+    Source: torch.distributed ``all_gather`` (one collective per tensor).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    b = tensors[0].shape[0]
+    device = tensors[0].device
+    if any(t.shape[0] != b for t in tensors):
+        raise ValueError(f"all_gather_padded: tensors of {[t.shape[0] for t in tensors]} rows; they must agree")
+    _, world = process_position()
     if world == 1:
-        return list(tensors)
-    rows = gather(torch.tensor([tensors[0].shape[0]], device=tensors[0].device)).tolist()
+        return list(tensors), torch.ones(b, dtype=torch.bool, device=device)
+    widths = widths or [None] * len(tensors)
+    if b > rows:
+        raise ValueError(f"all_gather_padded: {b} rows, more than the bound {rows} (the per-device batch size)")
     out = []
-    for t in tensors:
-        padded = pad_across_processes(pad_across_processes(t, dim=1) if t.dim() > 1 else t, dim=0)
-        parts = gather(padded).split(padded.shape[0])
-        out.append(torch.cat([part[:n] for part, n in zip(parts, rows, strict=True)]))
-    return out
+    for t, width in zip(tensors, widths, strict=True):
+        pad = [0, 0] * (t.dim() - 1) + [0, rows - b]
+        if width is not None:
+            if t.shape[1] > width:
+                raise ValueError(f"all_gather_padded: dim 1 of {tuple(t.shape)} is longer than its bound {width}")
+            pad[-3] = width - t.shape[1]
+        out.append(_all_gather(F.pad(t, pad), world))
+    valid = torch.arange(rows, device=device) < b
+    return out, _all_gather(valid.to(torch.uint8), world).bool()
+
+
+def _all_gather(t, world: int):
+    """``t`` [n, ...] of every rank concatenated along dim 0 in rank order (every rank's ``t`` of one shape)."""
+    import torch
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts, 0)
 
 
 def glibc():

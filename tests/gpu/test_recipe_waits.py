@@ -104,13 +104,15 @@ def test_a_pair_or_gqa_step_makes_the_host_wait_for_nothing(task, region_shards,
     assert_no_wait(probe, gpu)
 
 
-def test_itm_on_hard_negatives_makes_the_host_wait_for_nothing(region_shards, tmp_path):
+@pytest.mark.parametrize("model", [{}, test_gpu_trainer.TWO_STREAM], ids=["single-stream", "two-stream"])
+def test_itm_on_hard_negatives_makes_the_host_wait_for_nothing(region_shards, tmp_path, model):
     """VL pretraining on ITM with its negatives drawn by similarity from the batch (``data.itm_negatives: hard``,
     vlbert/objectives/image_text_matching.py): the two unimodal passes, the draw on the device and the joint pass
     over the rewritten texts wait on nothing at one process; all three run on the padded batch (no flash varlen: the
     drawn texts' layout is the device's). On fa33627 each of the three read its layout from the mask: 3 ``nonzero``
-    a step (unpadded.py:60 from_mask, under image_text_matching.py:81 and :82 and vl.py's joint pass)."""
-    config = vl_config(tmp_path / "run", region_shards, 1)
+    a step (unpadded.py:60 from_mask, under image_text_matching.py:81 and :82 and vl.py's joint pass); LXMERT's two
+    streams did until run_padded reached them (07caafa: 8 ``nonzero`` in steps 2 and 3, from_mask)."""
+    config = vl_config(tmp_path / "run", region_shards, 1, **model)
     config["data"]["objectives"] = {"itm": 1}
     config["data"]["itm_negatives"] = "hard"
     probe, gpu = run_on_fake_gpu("vl-pretraining", config)

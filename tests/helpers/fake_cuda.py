@@ -110,8 +110,11 @@ class _Recorder(TorchDispatchMode):
             )
             if blocking:  # the copy is queued after every kernel before it, and the host waits for it
                 owner.host_syncs.append(f"{name} (blocking host-to-device copy) at {project_line()}")
-        if func in HOST_SYNCS and any(_on_fake_cuda(t) for t in tensors):
-            owner.host_syncs.append(f"{name} at {project_line()}")
+        if func in HOST_SYNCS and any(isinstance(t, FakeTensor) for t in tensors):
+            # a value read back from the fake GPU (a fake tensor on the host) is read with a stand-in too; the wait
+            # was its device-to-host copy's, recorded there
+            if any(_on_fake_cuda(t) for t in tensors):
+                owner.host_syncs.append(f"{name} at {project_line()}")
             if func is aten._local_scalar_dense.default:  # the run goes on with a stand-in value
                 return False if tensors[0].dtype == torch.bool else 0
             if func is aten.nonzero.default:  # likewise: as if every element were non-zero
@@ -348,6 +351,9 @@ class _Stream:
     def query(self) -> bool:
         return True
 
+    def is_capturing(self) -> bool:  # (torch 2.14's optimizers ask the accelerator's current stream)
+        return False
+
     def synchronize(self) -> None:
         self.owner.host_syncs.append(f"torch.cuda.Stream.synchronize at {project_line()}")
 
@@ -458,6 +464,8 @@ class FakeCuda:
             "torch.cuda.stream": self._use_stream,
             "torch.cuda.Event": type("Event", (_Event,), {"owner": self}),
             "torch.cuda.current_stream": lambda device=None: _Stream(self, self.stream),
+            # FSDP2 waits on a prefetched all-gather no forward used through the accelerator's stream
+            "torch.accelerator.current_stream": lambda device=None: _Stream(self, self.stream),
             "torch.Tensor.record_stream": lambda tensor, stream: self._record_stream(tensor, stream),
             # what FSDP2 (bf16-params) asks of autograd's engine, which fake_backward stands in for
             "torch.Tensor.register_hook": _register_hook(torch.Tensor.register_hook),

@@ -23,6 +23,7 @@ from vlbert.objectives import OBJECTIVES, PrepareContext
 from vlbert.objectives.image_text_matching import content_id
 from vlbert.processing import VLProcessor
 from vlbert.processing.regions import pad_regions
+from vlbert.utils import GatherBounds
 
 #: Words that carry no content when comparing captions (articles, copulas, "image"-type framing).
 _FRAMING_WORDS = frozenset(
@@ -159,7 +160,9 @@ class VLCollator:
     MLM positions (as :class:`~vlbert.data.pretraining.MaskingCollator`), and ``objective`` (str; the trainer
     passes only what ``forward`` takes). ``two_stream``: the model unpads each stream by its own mask (LXMERT,
     ``model.encoder: two-stream``; the recipe sets it from the model's config): the layout is then the text's and
-    the regions' (:func:`~vlbert.layers.unpadded.stream_layouts`) instead of the joint one.
+    the regions' (:func:`~vlbert.layers.unpadded.stream_layouts`) instead of the joint one. ``gather_bounds``: what
+    any rank's batch can hold (:class:`~vlbert.utils.GatherBounds`), put into the batches of the units that gather
+    the global batch (ITM's hard and itc negatives, ITC's evaluation), which several processes need.
 
     Raises:
         ValueError: items without an ``objective``, or one of different objectives.
@@ -172,10 +175,11 @@ class VLCollator:
         objectives=None,
         itm_negatives: str = "random",
         two_stream: bool = False,
+        gather_bounds: GatherBounds | None = None,
     ):
         self.two_stream = two_stream
         self.context = PrepareContext(
-            text, region_mask_probability, dict(objectives.weights) if objectives else {}, itm_negatives
+            text, region_mask_probability, dict(objectives.weights) if objectives else {}, itm_negatives, gather_bounds
         )
         self.objectives = objectives
 

@@ -250,18 +250,19 @@ class BertEncoder(nn.Module):
 
 @contextlib.contextmanager
 def run_padded(encoder: nn.Module):
-    """Inside, ``encoder`` (a :class:`BertEncoder`) runs every forward on the padded batch with its mask
-    (``unpad = False``: a padded attention kernel, no unpadding read from the mask), for a batch whose layout the
-    host cannot know without waiting for the device (rows drawn on the device: hard negatives); an encoder of
-    another kind (LXMERT's two streams) is left as it is."""
-    if not hasattr(encoder, "unpad"):
-        yield
-        return
-    previous, encoder.unpad = encoder.unpad, False
+    """Inside, every :class:`BertEncoder` of ``encoder`` (itself, or LXMERT's text and region streams) runs every
+    forward on the padded batch with its mask (``unpad = False``: a padded attention kernel, no unpadding read from
+    the mask), for a batch whose layout the host cannot know without waiting for the device (rows drawn on the
+    device: hard negatives); a module without such encoders is left as it is."""
+    encoders = [m for m in encoder.modules() if isinstance(getattr(m, "unpad", None), bool)]
+    previous = [m.unpad for m in encoders]
+    for m in encoders:
+        m.unpad = False
     try:
         yield
     finally:
-        encoder.unpad = previous
+        for m, unpad in zip(encoders, previous, strict=True):
+            m.unpad = unpad
 
 
 def compile_model(model: nn.Module, **options) -> nn.Module:

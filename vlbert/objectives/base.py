@@ -18,6 +18,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from vlbert.models.inputs import VLInputs
+    from vlbert.utils import GatherBounds
 
 
 @dataclass
@@ -56,13 +57,15 @@ class Encoded:
 class PrepareContext:
     """What the collator side of a unit needs besides the items: the text masker (``mask_one``/``pad``),
     ``region_mask_probability``, the objective weights (``data.objectives``: a paired unit's loss weight), how ITM
-    draws its negatives (``itm_negatives``: "random" or "hard"), and each item's own random generator
-    (``generator(item, name)``)."""
+    draws its negatives (``itm_negatives``: "random", "hard" or "itc"), the bounds of any rank's batch
+    (``gather_bounds``: a :class:`~vlbert.utils.GatherBounds`, which units that gather the global batch put into
+    theirs; None: one process) and each item's own random generator (``generator(item, name)``)."""
 
     text: Any
     region_mask_probability: float = 0.15
     weights: dict = field(default_factory=dict)
     itm_negatives: str = "random"
+    gather_bounds: GatherBounds | None = None
 
     @staticmethod
     def generator(item: dict, name: str) -> torch.Generator:

@@ -24,7 +24,8 @@ read it); each rank's loss is over its own rows against the global batch's colum
 gradients averaged over ranks), N processes at batch b train exactly as one at N x b. Training batches are equal
 on every rank (the training loader drops an incomplete global batch), so the gather needs no sizes and reads
 nothing back; without gradient (evaluation, whose last batch may be uneven) the rows are gathered by
-:func:`~vlbert.utils.all_gather_padded`, which reads the sizes.
+:func:`~vlbert.utils.all_gather_padded`, padded to the batch's ``gather_bounds`` (read by no rank), and the padded
+columns are masked out of the softmax, the targets and the chance.
 
 Temperature. Learned, starting at 0.07 and clamped to [0.001, 0.5] before each use, in place as ALBEF does
 (``self.temp.clamp_(0.001, 0.5)`` under ``no_grad`` at the start of ``forward``): the value used is the clamped
@@ -92,18 +93,23 @@ class ContrastiveHead(nn.Module):
         self.temperature.clamp_(*TEMPERATURE_RANGE)
 
 
-def gather_columns(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Every process's ``tensors`` concatenated along dim 0 in rank order (the tensors themselves in one process).
-    With gradient enabled: ``torch.distributed.nn.functional.all_gather`` (differentiable, no host read; every rank
-    must hold as many rows); without: :func:`~vlbert.utils.all_gather_padded` (ranks may differ in rows)."""
+def gather_columns(tensors: list[torch.Tensor], rows: int = 0) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """(every process's ``tensors`` concatenated along dim 0 in rank order, the columns that are real rows: bool
+    [n] or None for all). One process: the tensors themselves. With gradient enabled:
+    ``torch.distributed.nn.functional.all_gather`` (differentiable, no host read; every rank must hold as many
+    rows); without: :func:`~vlbert.utils.all_gather_padded` to ``rows`` per rank (ranks may differ in rows; no host
+    read either).
+
+    Raises:
+        ValueError: without gradient across processes, a rank holding more than ``rows`` rows."""
     _, world = process_position()
     if world == 1:
-        return list(tensors)
+        return list(tensors), None
     if not torch.is_grad_enabled():
-        return all_gather_padded(list(tensors))
+        return all_gather_padded(list(tensors), rows)
     from torch.distributed.nn.functional import all_gather
 
-    return [torch.cat(all_gather(t), 0) if t.is_floating_point() else _gather_plain(t) for t in tensors]
+    return [torch.cat(all_gather(t), 0) if t.is_floating_point() else _gather_plain(t) for t in tensors], None
 
 
 def gather_equal(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -130,6 +136,7 @@ def contrastive_rows(
     temperature: torch.Tensor | float,
     soft: tuple[torch.Tensor, torch.Tensor] | None = None,
     alpha: float = 0.0,
+    valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """InfoNCE both ways of this process's rows against the global batch's columns.
 
@@ -142,25 +149,37 @@ def contrastive_rows(
         soft: (text -> image, image -> text) float [b, n] each, the momentum model's softmax over the same
             columns, or None; mixed into the targets with weight ``alpha`` (ALBEF's ``sim_t2i_targets``,
             ``sim_i2t_targets``).
+        valid: bool [n], the columns that are real rows (False: the padding of a rank's smaller batch,
+            :func:`gather_columns`), left out of the softmax, the targets and the chance; None: all are.
     Returns:
         (loss: float [], the mean of the text -> image and image -> text cross-entropies over the b rows, each
         row's positives weighted equally; accuracy: float [] detached, the fraction of the 2b rows whose top column
         is a positive; chance: float [], that fraction for a uniform guess, the mean share of positives).
     """
+    if valid is not None:
+        same = same & valid
     target = same.float() / same.float().sum(1, keepdim=True)
     t2i_target, i2t_target = target, target
     if soft is not None:
         t2i_target, i2t_target = (alpha * s + (1 - alpha) * target for s in soft)
     t2i = text @ all_image.T / temperature
     i2t = image @ all_text.T / temperature
-    loss = (
-        torch.sum(-t2i_target * F.log_softmax(t2i, 1), 1).mean()
-        + torch.sum(-i2t_target * F.log_softmax(i2t, 1), 1).mean()
-    ) / 2
+    if valid is not None:  # padded columns: probability 0, and no 0 x -inf in the cross-entropy
+        t2i, i2t = t2i.masked_fill(~valid, float("-inf")), i2t.masked_fill(~valid, float("-inf"))
+    loss = (_cross_entropy(t2i_target, t2i, valid) + _cross_entropy(i2t_target, i2t, valid)) / 2
     with torch.no_grad():
         hits = torch.cat([same.gather(1, t2i.argmax(1, keepdim=True)), same.gather(1, i2t.argmax(1, keepdim=True))])
-        chance = same.float().mean(1).mean()
+        columns = same.shape[1] if valid is None else valid.sum()
+        chance = (same.float().sum(1) / columns).mean()
     return loss, hits.float().mean(), chance
+
+
+def _cross_entropy(target: torch.Tensor, logits: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """The mean over rows of -sum(target x log_softmax(logits)), columns outside ``valid`` left out."""
+    terms = -target * F.log_softmax(logits, 1)
+    if valid is not None:
+        terms = terms.masked_fill(~valid, 0.0)
+    return terms.sum(1).mean()
 
 
 class ImageTextContrastive(Objective):
@@ -172,7 +191,7 @@ class ImageTextContrastive(Objective):
     global batch; the end-of-run table's baseline)."""
 
     name, metric, head, inputs = "itc", "itc_accuracy", "itc", ("itc_content",)
-    optional_inputs = ("itc_text_layout", "itc_image_layout")
+    optional_inputs = ("itc_text_layout", "itc_image_layout", "gather_bounds")
     reads_joint = False
 
     def build_head(self, config) -> ContrastiveHead | None:
@@ -192,6 +211,8 @@ class ImageTextContrastive(Objective):
 
     def prepare(self, batch: dict, items: list[dict], ctx: PrepareContext) -> None:
         batch["itc_content"] = torch.tensor([x["content_id"] for x in items], dtype=torch.long)
+        if ctx.gather_bounds is not None:
+            batch["gather_bounds"] = ctx.gather_bounds
         if getattr(ctx.text, "lays_out", False):
             batch["itc_text_layout"] = unpadded_layout(batch["attention_mask"])
             batch["itc_image_layout"] = regions_alone_layout(batch["region_mask"])
@@ -218,9 +239,12 @@ class ImageTextContrastive(Objective):
         temperature = getattr(model, self.head).clamped_temperature()
         teacher = teacher_of(model)
         if teacher is None:
-            all_text, all_image, all_content = gather_columns([text, image, content])
+            bounds = labels.get("gather_bounds")
+            (all_text, all_image, all_content), valid = gather_columns(
+                [text, image, content], bounds.rows if bounds is not None else content.shape[0]
+            )
             same = content[:, None] == all_content[None, :]
-            loss, accuracy, chance = contrastive_rows(text, image, all_text, all_image, same, temperature)
+            loss, accuracy, chance = contrastive_rows(text, image, all_text, all_image, same, temperature, valid=valid)
         else:
             loss, accuracy, chance = self.distilled(teacher, text, image, content, encoded.inputs, labels, temperature)
         b = content.shape[0]

@@ -17,8 +17,12 @@ ALBEF's ``sim_t2i``, ``sim_i2t``), items of the same content excluded (ALBEF's r
 ``idx``; its pretraining only the pair itself). ALBEF's similarities are those of its ITC step (the momentum model's
 batch features as columns); here ITM is a step of its own, so both sides are the model's own embeddings, computed
 without gradient. Draws are by each item's own uniform numbers (``itm_draw`` [B, 2]: the image, the caption), so N
-processes at batch b draw as one at N x b. Gathering the other ranks' captions and regions reads their sizes (one
-host read per tensor, as ``hard``); one process reads nothing.
+processes at batch b draw as one at N x b.
+
+Across processes (``hard`` and ``itc``): every rank's captions (and regions) are gathered padded to the run's bounds,
+the collator's ``gather_bounds`` (:class:`~vlbert.utils.GatherBounds`: the per-device batch size, the text length,
+the regions), which every rank knows without asking the others (:func:`~vlbert.utils.all_gather_padded`): nothing is
+read back to the host; the padded rows (a rank's last, smaller batch) are never drawn.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from vlbert.layers.losses import classification_loss, upcast
 from vlbert.layers.sampling import draw_by_similarity
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext, item_squares
 from vlbert.objectives.contrastive import ImageTextContrastive
-from vlbert.utils import all_gather_padded
+from vlbert.utils import GatherBounds, all_gather_padded, process_position
 
 if TYPE_CHECKING:
     from vlbert.models.inputs import VLInputs
@@ -58,7 +62,7 @@ class ImageTextMatching(Objective):
 
     name, metric, head, inputs = "itm", "itm_accuracy", "itm", ("itm_label",)
     chance = 0.5  # half the pairs are positive (with itc negatives a third: the metric itm_accuracy_chance says so)
-    optional_inputs, output = ("itm_content", "itm_draw"), "seq_relationship_logits"
+    optional_inputs, output = ("itm_content", "itm_draw", "gather_bounds"), "seq_relationship_logits"
     reads = ("bert.pooler",)
     temperature = 0.1
 
@@ -83,13 +87,19 @@ class ImageTextMatching(Objective):
             batch["itm_content"] = torch.tensor([x["content_id"] for x in items], dtype=torch.long)
             batch["itm_draw"] = torch.stack([torch.rand(2 if mined else 1, generator=g) for g in generators])
             batch["itm_draw"] = batch["itm_draw"] if mined else batch["itm_draw"].squeeze(1)
+            if ctx.gather_bounds is not None:
+                batch["gather_bounds"] = ctx.gather_bounds
 
     def before_encoder(self, model, inputs: VLInputs, labels: dict) -> VLInputs:
         """Hard negatives: ``inputs`` with the text of every label-0 row replaced by a caption drawn from the
         global batch in proportion to its similarity to the row's image (other content only): input_ids,
         token_type_ids, attention_mask [B, T'], T' the global batch's longest text. Draws
         (:func:`~vlbert.layers.sampling.draw_by_similarity`, no host sync) depend only on each row's ``itm_draw``
-        and the global batch, so N processes at batch b draw as 1 process at N x b."""
+        and the global batch, so N processes at batch b draw as 1 process at N x b; several processes need the
+        batch's ``gather_bounds`` (T' is then their text length).
+
+        Raises:
+            ValueError: several processes and no ``gather_bounds`` (:func:`gather_bounds`)."""
         if labels.get("itm_content") is None or labels.get("itm_label") is None:
             return inputs
         if labels["itm_draw"].dim() == 2:
@@ -98,11 +108,15 @@ class ImageTextMatching(Objective):
         with torch.no_grad():
             text = F.normalize(model.bert(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0].float(), dim=-1)
             image = F.normalize(model.bert(inputs.regions_alone()).last_hidden_state[:, 0].float(), dim=-1)
-            all_text, all_ids, all_mask, all_content = all_gather_padded([text, ids, mask, labels["itm_content"]])
+            bounds = gather_bounds(labels)
+            gathered, valid = all_gather_padded(
+                [text, ids, mask, labels["itm_content"]], bounds.rows, [None, bounds.text, bounds.text, None]
+            )
+            all_text, all_ids, all_mask, all_content = gathered
             same = labels["itm_content"][:, None] == all_content[None, :]
-            chosen = draw_by_similarity(image @ all_text.T / self.temperature, same, labels["itm_draw"])
+            chosen = draw_by_similarity(image @ all_text.T / self.temperature, same, labels["itm_draw"], valid)
         negative = labels["itm_label"] == 0
-        width = all_ids.shape[1]  # the global batch's longest text (no host read of the new lengths)
+        width = all_ids.shape[1]  # the gathered texts' (no host read of the new lengths)
         new_ids = torch.where(negative[:, None], all_ids[chosen], F.pad(ids, (0, width - ids.shape[1])))
         new_mask = torch.where(negative[:, None], all_mask[chosen], F.pad(mask, (0, width - ids.shape[1])))
         return inputs.replace(input_ids=new_ids, attention_mask=new_mask, token_type_ids=torch.zeros_like(new_ids))
@@ -116,15 +130,19 @@ class ImageTextMatching(Objective):
         for name in ("region_features", "region_boxes", "region_token_type_ids"):
             if getattr(inputs, name) is not None:
                 regions[name] = getattr(inputs, name)
+        bounds = gather_bounds(labels)
+        widths = [None] * 3 + [bounds.text] * len(texts) + [bounds.regions] * len(regions)
         with torch.no_grad():
             text, image = ImageTextContrastive().embed(model, inputs, {})
-            gathered = all_gather_padded([text, image, content, *texts.values(), *regions.values()])
+            gathered, valid = all_gather_padded(
+                [text, image, content, *texts.values(), *regions.values()], bounds.rows, widths
+            )
             all_text, all_image, all_content = gathered[:3]
             every = dict(zip([*texts, *regions], gathered[3:], strict=True))
             same = content[:, None] == all_content[None, :]
             temperature = model.itc.clamped_temperature().detach()
-            image_of = draw_by_similarity(text @ all_image.T / temperature, same, draw[:, 0])  # ALBEF's sim_t2i
-            text_of = draw_by_similarity(image @ all_text.T / temperature, same, draw[:, 1])  # sim_i2t
+            image_of = draw_by_similarity(text @ all_image.T / temperature, same, draw[:, 0], valid)  # sim_t2i
+            text_of = draw_by_similarity(image @ all_text.T / temperature, same, draw[:, 1], valid)  # sim_i2t
         rows = {}
         for name, own in {**texts, **regions}.items():
             own = _pad_to(own, every[name].shape[1])
@@ -158,10 +176,28 @@ def _pair_squares(logits: torch.Tensor, target: torch.Tensor):
     return item_squares(F.cross_entropy(logits, target, reduction="none"), logits.argmax(-1) == target)
 
 
+def gather_bounds(labels: dict) -> GatherBounds:
+    """The batch's ``gather_bounds`` (what the collator's context gives: :class:`~vlbert.utils.GatherBounds`); in
+    one process, where nothing is gathered, any (the recipe's collator gives them, a batch made by hand need not).
+
+    Raises:
+        ValueError: several processes and a batch without them (its collator was built without
+            ``gather_bounds``)."""
+    bounds = labels.get("gather_bounds")
+    if bounds is None:
+        if process_position()[1] > 1:
+            raise ValueError(
+                "ITM's hard and itc negatives across processes gather every rank's batch padded to known bounds: "
+                "build the collator with gather_bounds (the VL pretraining recipe does)"
+            )
+        return GatherBounds(0, 0, 0)
+    return bounds
+
+
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
     """``t`` [B, W, ...] right-padded with zeros to [B, width, ...]."""
     pad = [0, 0] * (t.dim() - 2) + [0, width - t.shape[1]]
     return F.pad(t, pad)
 
 
-__all__ = ["ImageTextMatching", "NEGATIVES", "content_id"]
+__all__ = ["ImageTextMatching", "NEGATIVES", "content_id", "gather_bounds"]

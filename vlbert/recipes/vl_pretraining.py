@@ -46,7 +46,7 @@ from vlbert.recipes.run_processor import build_run_processor
 from vlbert.recipes.runner import Recipe, RunContext, TaskData
 from vlbert.recipes.vl_baselines import held_out_baselines, itm_loss_chance, training_priors
 from vlbert.training.momentum import MomentumDistillation
-from vlbert.utils import evaluation
+from vlbert.utils import GatherBounds, evaluation
 
 logger = logging.getLogger(__name__)
 
@@ -294,7 +294,17 @@ class VLPretrainingData(TaskData):
         train_pairs = [p for p in pairs if p.image_id not in held]
         self.eval_pairs = [p for p in pairs if p.image_id in held]
         self.text = MaskingCollator.from_tokenizer(tokenizer, mlm_probability=data.mlm_probability, unpadded=True)
-        self.collator = VLCollator(self.text, data.region_mask_probability, self.objectives, data.itm_negatives)
+        # what any rank's batch holds at most (train and held-out batches alike: eval_batch_factor), for the gathers
+        # of the global batch (ITM's hard and itc negatives, ITC's held-out columns) that read no rank's sizes
+        multiple = self.text.pad_to_multiple_of or 1
+        bounds = GatherBounds(
+            rows=ctx.training.batch_size * self.eval_batch_factor,
+            text=-(-self.processor.max_text_length // multiple) * multiple,
+            regions=self.processor.max_regions,
+        )
+        self.collator = VLCollator(
+            self.text, data.region_mask_probability, self.objectives, data.itm_negatives, gather_bounds=bounds
+        )
         self.train = VLPretrainingDataset(train_pairs, self.regions, self.processor, self.seed, self.qa_answers)
         if len(self.eval_pairs) >= 2:
             self.eval = VLPretrainingDataset(
