@@ -86,6 +86,18 @@ def test_vl_pretraining_at_two_processes_makes_the_host_wait_for_nothing(case, r
     assert gpu.ops["c10d._reduce_scatter_base_"] > 0, dict(gpu.ops)  # FSDP2 over two ranks
 
 
+def test_itc_with_momentum_and_queue_at_two_processes_makes_the_host_wait_for_nothing(region_shards, tmp_path):
+    """ITC with ALBEF's momentum model and queue at two processes: the momentum copy sharded over both ranks as
+    the model (its forwards all-gather bf16 weights, its update one foreach lerp of this rank's float32 shards),
+    the queue written with the gathered global batch's features at rows chosen on the device."""
+    config = _vl(tmp_path, region_shards, {"itc": 1})
+    config["data"]["itc"] = {"momentum": 0.995, "queue_size": 16, "alpha": 0.4, "alpha_ramp_steps": 2}
+    probe, gpu = run_at_two_processes("vl-pretraining", config)
+    assert_no_wait_at_two(probe, gpu)
+    assert gpu.ops["aten._foreach_lerp_"] == 2 and gpu.ops["aten.index_copy_"] == 3 * 2, dict(gpu.ops)
+    assert gpu.ops["c10d._reduce_scatter_base_"] > 0, dict(gpu.ops)
+
+
 def test_text_pretraining_at_two_processes_makes_the_host_wait_for_nothing(small_corpus, tmp_path):
     probe, gpu = run_at_two_processes("text-pretraining", text_config(tmp_path / "run", small_corpus, 2))
     assert_no_wait_at_two(probe, gpu)
