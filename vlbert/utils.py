@@ -68,7 +68,7 @@ class GatherBounds:
     regions: int
 
 
-def all_gather_padded(tensors: list, rows: int, widths: list | None = None) -> tuple[list, object]:
+def all_gather_padded(tensors: list, rows: int, widths: list | None = None, local: bool = False) -> tuple[list, object]:
     """Every process's ``tensors``, in rank order, each rank's rows padded to ``rows``, without a host read: for
     choices over the global batch (hard negatives, contrastive columns of an uneven evaluation batch).
 
@@ -78,6 +78,8 @@ def all_gather_padded(tensors: list, rows: int, widths: list | None = None) -> t
         rows: the most rows any rank holds (:attr:`GatherBounds.rows`).
         widths: per tensor, the length its dim 1 is right-padded to with 0 (:attr:`GatherBounds.text`,
             :attr:`GatherBounds.regions`), or None where every rank's dim 1 is equal (an embedding size).
+        local: this rank's tensors alone, as in one process (evaluation: the trainer deals the held-out batches
+            round-robin, so ranks run different numbers of them and a collective would wait forever).
     Returns:
         (the gathered tensors: [world x rows, ...] each, rank r's rows at ``r * rows``, padding 0; ``valid``: bool
         [world x rows] on the device, True at the real rows). One process: the tensors themselves and ``valid``
@@ -97,7 +99,7 @@ def all_gather_padded(tensors: list, rows: int, widths: list | None = None) -> t
     if any(t.shape[0] != b for t in tensors):
         raise ValueError(f"all_gather_padded: tensors of {[t.shape[0] for t in tensors]} rows; they must agree")
     _, world = process_position()
-    if world == 1:
+    if world == 1 or local:
         return list(tensors), torch.ones(b, dtype=torch.bool, device=device)
     widths = widths or [None] * len(tensors)
     if b > rows:

@@ -8,10 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_contrastive import pairs, tiny_vl_model
 
 from vlbert.layers.sampling import draw_by_similarity
+from vlbert.models.inputs import VLInputs
 from vlbert.objectives.contrastive import contrastive_rows
-from vlbert.utils import all_gather_padded
+from vlbert.objectives.image_text_matching import ImageTextMatching
+from vlbert.utils import GatherBounds, all_gather_padded
 
 #: rank 0 holds 3 rows, rank 1 (its last batch) 2, padded to 4 each
 VALID = torch.tensor([True, True, True, False, True, True, False, False])
@@ -96,3 +99,50 @@ def test_two_ranks_gather_uneven_batches_to_the_bounds_with_a_validity_mask(tmp_
     assert torch.equal(got["ids"], expected)
     assert torch.equal(got["valid"], VALID)
     assert got["emb"][:, 0].tolist() == [1.0, 1.0, 1.0, 0.0, 2.0, 2.0, 0.0, 0.0]
+
+
+def _held_out(model, batch: dict) -> dict:
+    """The eval-mode outputs of ITC over ``batch`` and of ITM's hard-negative draw for it."""
+
+    b = batch["input_ids"].shape[0]
+    with torch.no_grad():
+        out = model(**batch, itc_content=torch.arange(b) % 3)
+        labels = {"itm_label": torch.arange(b) % 2, "itm_content": torch.arange(b) % 3, "itm_draw": torch.rand(b)}
+        labels["gather_bounds"] = GatherBounds(rows=4, text=8, regions=5)
+        inputs = VLInputs(**{k: v for k, v in batch.items() if k != "token_type_ids"})
+        drawn = ImageTextMatching().before_encoder(model, inputs, labels).input_ids
+    return {"itc_loss": out.losses["itc"], "itc_accuracy": out.metrics["itc_accuracy"], "itm_ids": drawn}
+
+
+def _evaluate_uneven(rank: int, store: str, out: str) -> None:
+    """Rank 0 evaluates two held-out batches, rank 1 one (the trainer deals them round-robin)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        model = tiny_vl_model().eval()
+        torch.manual_seed(rank)
+        results = [_held_out(model, pairs(4 if n == 0 else 3, seed=10 * rank + n)) for n in range(2 - rank)]
+        torch.save(results, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_ranks_evaluating_different_numbers_of_batches_gather_nothing(tmp_path):
+    """The trainer deals the held-out batches to the ranks round-robin, so rank 0 may run one more than rank 1:
+    ITC and ITM's hard negatives in eval mode use the rank's own batch (a gather would wait for a rank that has
+    finished), and every held-out batch scores as in one process. On 14efcf9 rank 0's second batch fails in the
+    gather."""
+    from helpers.distributed import forked
+
+    out = tmp_path / "held-out"
+    forked(_evaluate_uneven, str(tmp_path / "store"), str(out), nproc=2)
+    model = tiny_vl_model().eval()
+    for rank, batches in ((0, 2), (1, 1)):
+        got = torch.load(f"{out}.{rank}")
+        torch.manual_seed(rank)
+        for n in range(batches):
+            alone = _held_out(model, pairs(4 if n == 0 else 3, seed=10 * rank + n))
+            for key, value in alone.items():
+                torch.testing.assert_close(got[n][key], value, rtol=0, atol=1e-6)

@@ -23,9 +23,11 @@ read it); each rank's loss is over its own rows against the global batch's colum
 (:func:`~vlbert.training.distributed.global_batch_loss`: each rank's loss times its share of the rows, the
 gradients averaged over ranks), N processes at batch b train exactly as one at N x b. Training batches are equal
 on every rank (the training loader drops an incomplete global batch), so the gather needs no sizes and reads
-nothing back; without gradient (evaluation, whose last batch may be uneven) the rows are gathered by
-:func:`~vlbert.utils.all_gather_padded`, padded to the batch's ``gather_bounds`` (read by no rank), and the padded
-columns are masked out of the softmax, the targets and the chance.
+nothing back; without gradient the rows are gathered by :func:`~vlbert.utils.all_gather_padded`, padded to the
+batch's ``gather_bounds`` (read by no rank), and the padded columns are masked out of the softmax, the targets and
+the chance. Evaluation (the model in eval mode) gathers nothing: the trainer deals the held-out batches to the ranks
+round-robin, so ranks run different numbers of them and a collective would wait forever; each held-out batch is
+scored as one process scores it.
 
 Temperature. Learned, starting at 0.07 and clamped to [0.001, 0.5] before each use, in place as ALBEF does
 (``self.temp.clamp_(0.001, 0.5)`` under ``no_grad`` at the start of ``forward``): the value used is the clamped
@@ -93,9 +95,12 @@ class ContrastiveHead(nn.Module):
         self.temperature.clamp_(*TEMPERATURE_RANGE)
 
 
-def gather_columns(tensors: list[torch.Tensor], rows: int = 0) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+def gather_columns(
+    tensors: list[torch.Tensor], rows: int = 0, local: bool = False
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """(every process's ``tensors`` concatenated along dim 0 in rank order, the columns that are real rows: bool
-    [n] or None for all). One process: the tensors themselves. With gradient enabled:
+    [n] or None for all). One process, or ``local`` (evaluation: see the module docstring): the tensors themselves.
+    With gradient enabled:
     ``torch.distributed.nn.functional.all_gather`` (differentiable, no host read; every rank must hold as many
     rows); without: :func:`~vlbert.utils.all_gather_padded` to ``rows`` per rank (ranks may differ in rows; no host
     read either).
@@ -103,7 +108,7 @@ def gather_columns(tensors: list[torch.Tensor], rows: int = 0) -> tuple[list[tor
     Raises:
         ValueError: without gradient across processes, a rank holding more than ``rows`` rows."""
     _, world = process_position()
-    if world == 1:
+    if world == 1 or local:
         return list(tensors), None
     if not torch.is_grad_enabled():
         return all_gather_padded(list(tensors), rows)
@@ -241,7 +246,7 @@ class ImageTextContrastive(Objective):
         if teacher is None:
             bounds = labels.get("gather_bounds")
             (all_text, all_image, all_content), valid = gather_columns(
-                [text, image, content], bounds.rows if bounds is not None else content.shape[0]
+                [text, image, content], bounds.rows if bounds is not None else content.shape[0], not model.training
             )
             same = content[:, None] == all_content[None, :]
             loss, accuracy, chance = contrastive_rows(text, image, all_text, all_image, same, temperature, valid=valid)

@@ -22,7 +22,9 @@ processes at batch b draw as one at N x b.
 Across processes (``hard`` and ``itc``): every rank's captions (and regions) are gathered padded to the run's bounds,
 the collator's ``gather_bounds`` (:class:`~vlbert.utils.GatherBounds`: the per-device batch size, the text length,
 the regions), which every rank knows without asking the others (:func:`~vlbert.utils.all_gather_padded`): nothing is
-read back to the host; the padded rows (a rank's last, smaller batch) are never drawn.
+read back to the host; the padded rows (a rank's last, smaller batch) are never drawn. Evaluation (the model in eval
+mode) draws from the rank's own batch: the trainer deals the held-out batches round-robin, so ranks run different
+numbers of them and a collective would wait forever; each held-out batch is drawn from as one process draws.
 """
 
 from __future__ import annotations
@@ -110,7 +112,10 @@ class ImageTextMatching(Objective):
             image = F.normalize(model.bert(inputs.regions_alone()).last_hidden_state[:, 0].float(), dim=-1)
             bounds = gather_bounds(labels)
             gathered, valid = all_gather_padded(
-                [text, ids, mask, labels["itm_content"]], bounds.rows, [None, bounds.text, bounds.text, None]
+                [text, ids, mask, labels["itm_content"]],
+                bounds.rows,
+                [None, bounds.text, bounds.text, None],
+                local=not model.training,
             )
             all_text, all_ids, all_mask, all_content = gathered
             same = labels["itm_content"][:, None] == all_content[None, :]
@@ -135,7 +140,7 @@ class ImageTextMatching(Objective):
         with torch.no_grad():
             text, image = ImageTextContrastive().embed(model, inputs, {})
             gathered, valid = all_gather_padded(
-                [text, image, content, *texts.values(), *regions.values()], bounds.rows, widths
+                [text, image, content, *texts.values(), *regions.values()], bounds.rows, widths, not model.training
             )
             all_text, all_image, all_content = gathered[:3]
             every = dict(zip([*texts, *regions], gathered[3:], strict=True))
