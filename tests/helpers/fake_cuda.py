@@ -10,26 +10,16 @@ with ``non_blocking=False``, which waits for every kernel queued before it: ``.t
 ``torch.tensor(..., device=...)``, ``copy_`` from the host) and every device-to-host copy, each with the line of
 project code that made it; every host-to-device copy's bytes are counted (:attr:`FakeCuda.host_to_device`).
 
-The technique is ../shared/gpu/roofline.py's (FakeTensorMode on a CUDA device, a dispatch mode that records); this
-module is the tests' own, smaller version. Two things a driver-less process cannot do are replaced:
+The device itself is benchmarks/fake_device.py's (:func:`~benchmarks.fake_device.fake_gpu`, shared with ``vlbert
+benchmark memory``): FakeTensorMode on a CUDA device that needs no driver, the CUDA random generator as a host
+tensor, and ``Tensor.backward`` as a walk of autograd's graph in the engine's order
+(:class:`~benchmarks.fake_device.GraphWalk`), which here also runs tensors' hooks and the callbacks queued during the
+backward, as the engine does (FSDP2 relies on both). This module adds the recording (the technique of
+../shared/gpu/roofline.py: a dispatch mode above the FakeTensorMode), streams and events without a driver (names;
+what waits on what is logged), and ``torch.cuda.synchronize`` recorded as a host sync.
 
-* ``Tensor.backward``: autograd's C++ engine asks the CUDA driver for the device's primary context
-  (``hasPrimaryContext``) before it runs, so :func:`fake_backward` walks the graph itself, in the engine's order
-  (a node runs once every consumer of its outputs has run, highest sequence number first), with the engine's
-  shape and dtype checks (``validate_outputs``: sum to the input's shape, cast to its dtype) and gradient
-  accumulation into leaves.
-* the CUDA random generator and ``torch.cuda.synchronize``, which need a driver: the generator's state is a
-  host-side byte tensor here; a synchronize is recorded as a host sync.
-
-Two more calls need a driver on torch 2.11 (the lowest torch pyproject.toml allows), because they follow
-``torch.cuda.is_available()``, which is patched to True here, where torch 2.13 and 2.14 ask ``torch.accelerator``,
-which is not: a FakeTensor on a CUDA device initialised CUDA (``init_gpu_context``: ``torch.empty(1,
-device="cuda")``, for the sake of autograd's engine, which :func:`fake_backward` replaces), and every optimizer step
-asks ``torch.cuda.is_current_stream_capturing()``: "Found no NVIDIA driver" on a CPU machine. The first is switched
-off, the second answers False.
-
-Source: torch 2.14 ``torch/_subclasses/fake_tensor.py``, ``torch/csrc/autograd/engine.cpp`` (evaluate_function,
-validate_outputs); torch 2.11 ``fake_tensor.py`` (``init_gpu_context``, called from ``FakeTensor.__new__``).
+Source: torch 2.14 ``torch/_subclasses/fake_tensor.py``, ``torch/utils/_python_dispatch.py`` (``TorchDispatchMode``),
+``aten/src/ATen/native/cuda/Copy.cu`` (``copy_kernel_cuda``).
 """
 
 from __future__ import annotations
@@ -37,17 +27,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import heapq
 import traceback
 from pathlib import Path
-from unittest import mock
 
 import torch
-from torch._subclasses import fake_tensor
-from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, FakeTensorMode
-from torch.autograd.variable import Variable
+from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
+
+from benchmarks.fake_device import DeviceProperties, GraphWalk, fake_gpu
 
 aten = torch.ops.aten
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,134 +151,6 @@ def _stand_in(func, args):
     raise NotImplementedError(f"no stand-in for the data-dependent {func}")
 
 
-#: what :func:`fake_backward` runs besides the nodes, as autograd's engine does (filled inside :class:`FakeCuda`):
-#: each non-leaf tensor's hooks (``Tensor.register_hook``) by (its node, its output number), each leaf's by the
-#: leaf, and the callbacks queued during a backward (``Variable._execution_engine.queue_callback``)
-_ENGINE: dict = {"hooks": {}, "leaf_hooks": {}, "callbacks": [], "in_backward": False}
-
-
-def _register_hook(original):
-    """``Tensor.register_hook`` that also tells :func:`fake_backward` (FSDP2's pre-backward unshard is one)."""
-
-    def register_hook(tensor, hook):
-        handle = original(tensor, hook)
-        if tensor.grad_fn is not None:
-            _ENGINE["hooks"].setdefault((tensor.grad_fn, tensor.output_nr), []).append(hook)
-        else:
-            _ENGINE["leaf_hooks"].setdefault(tensor, []).append(hook)
-        return handle
-
-    return register_hook
-
-
-class _Engine:
-    """``Variable._execution_engine`` whose ``queue_callback`` queues for :func:`fake_backward` (FSDP2's
-    post-backward final callback, which finishes the reduce-scatters); anything else is torch's engine."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def queue_callback(self, callback) -> None:
-        if not _ENGINE["in_backward"]:
-            raise RuntimeError("Final callbacks can only be installed during backward pass.")
-        _ENGINE["callbacks"].append(callback)
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
-
-
-def _with_hooks(hooks: list, grad):
-    for hook in hooks:
-        new = hook(grad)
-        grad = grad if new is None else new
-    return grad
-
-
-def fake_backward(
-    root: torch.Tensor, gradient: torch.Tensor | None = None, retain_graph=None, create_graph=False, inputs=None
-) -> None:
-    """``root.backward(gradient)`` without autograd's engine (see the module docstring): leaves' ``.grad`` are set
-    or accumulated into; tensors' hooks run on their gradients before their node runs (a leaf's before it
-    accumulates), and callbacks queued during the backward run after the graph, as the engine runs them (FSDP2
-    relies on both); ``torch._C._current_graph_task_id()`` is not -1 meanwhile. ``retain_graph``, ``create_graph``
-    and ``inputs`` are not supported (ignored / refused)."""
-    if create_graph or inputs is not None:
-        raise NotImplementedError("fake_backward computes first-order gradients of every leaf only")
-    start = root.grad_fn
-    if start is None:
-        raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
-    consumers = _consumers(start)
-    pending = {start: {root.output_nr: torch.ones_like(root) if gradient is None else gradient}}
-    ready = [(-start._sequence_nr(), 0, start)]
-    order = 1
-    _ENGINE["in_backward"] = True
-    try:
-        with torch.no_grad():
-            while ready:
-                node = heapq.heappop(ready)[2]
-                grads = pending.pop(node, {})
-                for slot in list(grads):
-                    hooks = _ENGINE["hooks"].pop((node, slot), [])
-                    grads[slot] = _with_hooks(hooks, grads[slot]) if grads[slot] is not None else None
-                leaf = getattr(node, "variable", None)
-                if leaf is not None:  # AccumulateGrad
-                    g = grads.get(0)
-                    if g is not None:
-                        g = _with_hooks(_ENGINE["leaf_hooks"].get(leaf, []), g)
-                        leaf.grad = g if leaf.grad is None else leaf.grad + g
-                    continue
-                for (nxt, slot), g in _node_backward(node, grads):
-                    if g is not None:
-                        m = nxt._input_metadata[slot]
-                        g = (g.sum_to_size(m.shape) if tuple(g.shape) != tuple(m.shape) else g).to(m.dtype)
-                        into = pending.setdefault(nxt, {})
-                        into[slot] = g if into.get(slot) is None else into[slot] + g
-                    consumers[nxt] -= 1
-                    if consumers[nxt] == 0:
-                        heapq.heappush(ready, (-nxt._sequence_nr(), order, nxt))
-                        order += 1
-            while _ENGINE["callbacks"]:
-                _ENGINE["callbacks"].pop(0)()
-    finally:
-        _ENGINE["in_backward"] = False
-        _ENGINE["callbacks"].clear()
-
-
-def _consumers(start) -> collections.Counter:
-    """Each autograd node below ``start`` -> how many edges of the graph lead into it (the gradients it waits for
-    before it runs)."""
-    consumers, stack, seen = collections.Counter(), [start], {start}
-    while stack:
-        for node, _ in stack.pop().next_functions:
-            if node is not None:
-                consumers[node] += 1
-                if node not in seen:
-                    seen.add(node)
-                    stack.append(node)
-    return consumers
-
-
-def _node_backward(node, grads: dict[int, torch.Tensor]) -> list:
-    """(next node, its input slot), gradient for each edge out of the autograd ``node`` that leads to a node, for
-    the gradients ``grads`` of its outputs (output index -> gradient; zeros where an output received none). A
-    Python Function's backward gives one gradient per forward argument (None for those that are not tensors:
-    FSDP2's parameter group before its tensors, _FlashVarlen's maximum lengths after them), while its
-    ``next_functions`` lists its tensor arguments only: the arguments that need a gradient
-    (``needs_input_grad``) are, in order, those whose edge leads to a node."""
-    args = [
-        grads[i] if grads.get(i) is not None else torch.zeros(m.shape, dtype=m.dtype, device=m.device)
-        for i, m in enumerate(node._input_metadata)
-    ]
-    python = hasattr(node, "_forward_cls")
-    outs = node.apply(*args) if python else node(*args)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    edges = [e for e in node.next_functions if e[0] is not None]
-    if python:
-        outs = tuple(g for g, needed in zip(outs, node.needs_input_grad, strict=False) if needed)
-        return list(zip(edges, outs, strict=False))
-    return [(e, g) for e, g in zip(node.next_functions, outs, strict=False) if e[0] is not None]
-
-
 @dataclasses.dataclass
 class Copy:
     """One host-to-device copy: its bytes, whether the host waits for it, the project line that made it, the
@@ -363,21 +223,6 @@ class _Stream:
         return event
 
 
-class _DriverlessFakeMode(FakeTensorMode):
-    """FakeTensorMode that never touches a real device, even with ``torch.cuda.is_available()`` patched to True
-    (it would otherwise materialise constants on the device and initialise CUDA)."""
-
-    @property
-    def avoid_device_init(self) -> bool:
-        return True
-
-
-class _Properties:
-    def __init__(self, name: str, capability: tuple[int, int]):
-        self.name, (self.major, self.minor) = name, capability
-        self.total_memory, self.multi_processor_count = 80 * 2**30, 132
-
-
 class FakeCuda:
     """A process with one fake CUDA GPU (see the module docstring).
 
@@ -440,26 +285,9 @@ class FakeCuda:
         self.host_syncs.append(f"torch.cuda.synchronize at {project_line()}")
 
     def __enter__(self) -> "FakeCuda":
-        props = _Properties(self.name, self.capability)
-        rng = torch.zeros(16, dtype=torch.uint8)
+        self.walk = GraphWalk()
         patches = {
-            "torch.cuda.is_available": lambda: True,
-            "torch.cuda.device_count": lambda: 1,
-            "torch.cuda.current_device": lambda: 0,
-            "torch.cuda.set_device": lambda device: None,
-            "torch.cuda.get_device_capability": lambda device=None: self.capability,
-            "torch.cuda.get_device_properties": lambda device=None: props,
-            "torch.cuda.get_device_name": lambda device=None: self.name,
             "torch.cuda.synchronize": self._synchronize,
-            # torch 2.11's optimizers ask before each step (module docstring)
-            "torch.cuda.is_current_stream_capturing": lambda: False,
-            "torch.cuda.get_rng_state": lambda device="cuda": rng.clone(),
-            "torch.cuda.get_rng_state_all": lambda: [rng.clone()],
-            "torch.cuda.set_rng_state": lambda state, device="cuda": None,
-            "torch.cuda.set_rng_state_all": lambda states: None,
-            "torch.cuda.manual_seed": lambda seed: None,
-            "torch.cuda.manual_seed_all": lambda seed: None,
-            "torch.Tensor.backward": fake_backward,
             "torch.cuda.Stream": self._stream_class(),
             "torch.cuda.stream": self._use_stream,
             "torch.cuda.Event": type("Event", (_Event,), {"owner": self}),
@@ -467,31 +295,25 @@ class FakeCuda:
             # FSDP2 waits on a prefetched all-gather no forward used through the accelerator's stream
             "torch.accelerator.current_stream": lambda device=None: _Stream(self, self.stream),
             "torch.Tensor.record_stream": lambda tensor, stream: self._record_stream(tensor, stream),
-            # what FSDP2 (bf16-params) asks of autograd's engine, which fake_backward stands in for
-            "torch.Tensor.register_hook": _register_hook(torch.Tensor.register_hook),
-            "torch.autograd.variable.Variable._execution_engine": _Engine(Variable._execution_engine),
-            "torch._C._current_graph_task_id": lambda: 0 if _ENGINE["in_backward"] else -1,
+            # what FSDP2 (bf16-params) asks of autograd's engine, which the graph walk stands in for
+            **self.walk.engine_patches(),
             # NCCL needs a driver: a one-rank process group takes gloo for the fake GPU's tensors
             "torch.distributed.is_nccl_available": lambda: False,
         }
-        if hasattr(fake_tensor, "init_gpu_context"):  # torch 2.11 would initialise CUDA (module docstring)
-            patches["torch._subclasses.fake_tensor.init_gpu_context"] = lambda device: None
-        for target, new in patches.items():
-            self._stack.enter_context(mock.patch(target, new))
-        fake = _DriverlessFakeMode(allow_non_fake_inputs=True)
+        properties = DeviceProperties(self.name, *self.capability)
+        fake = self._stack.enter_context(fake_gpu(self.walk, properties, patches))
         # Module.to swaps a fake parameter with its cast (torch.utils.swap_tensors), which refuses tensors that
         # something holds weak references to, as the converter's memos do to every tensor it converted and made:
         # strong references instead (kept while the mode lives)
         meta = fake.fake_tensor_converter.meta_converter
         meta.describer.lookup_tensor, meta.tensor_memo = {}, {}
-        self._stack.enter_context(fake)
         self._stack.enter_context(_Recorder(self))
         return self
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
-        for registry in ("hooks", "leaf_hooks"):
-            _ENGINE[registry].clear()
+        self.walk.hooks.clear()
+        self.walk.leaf_hooks.clear()
 
 
 def placement_errors(trainer) -> list[str]:
@@ -517,4 +339,4 @@ def placement_errors(trainer) -> list[str]:
     return errors
 
 
-__all__ = ["FakeCuda", "Copy", "fake_backward", "placement_errors", "FLASH"]
+__all__ = ["FakeCuda", "Copy", "placement_errors", "FLASH"]
