@@ -142,13 +142,15 @@ def run_once(root: Path, key: str, tool: str, argv: list[str]) -> dict:
 
 def experiment(args) -> list[dict]:
     """Extract the regions, then every run of :func:`commands` in order (pretraining first, then the fine-tuning
-    runs seed by seed), each cached. Returns every run's result (:func:`run_once`)."""
+    runs budget by budget, smallest first, and within a budget seed by seed: an experiment stopped early leaves the
+    smaller budget's column complete with its spread), each cached. Returns every run's result (:func:`run_once`)."""
     root = Path(args.cache_dir)
     images = link_images(root, args.train_images, args.test_images)
     script_main("extract_regions")(["--images", str(images), "--output-dir", str(root / "regions"), *DETECTOR])
     runs = commands(args)
     order = [k for k in runs if not k.startswith("vqa-")]
-    order += sorted((k for k in runs if k.startswith("vqa-")), key=lambda k: int(k.rsplit("-s", 1)[1]))
+    tuning = [k for k in runs if k.startswith("vqa-")]  # vqa-<encoder>-<steps>-s<seed>
+    order += sorted(tuning, key=lambda k: (int(k.rsplit("-", 2)[1]), int(k.rsplit("-s", 1)[1])))
     return [run_once(root, key, *runs[key]) for key in order]
 
 
