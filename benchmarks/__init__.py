@@ -13,6 +13,7 @@ timm keep theirs): ``benchmarks/`` is not part of the ``vlbert`` wheel. From a c
     python -m benchmarks memory --config text/bert-base-128 --batch-size 32  # peak GPU memory, largest batch
     python -m benchmarks retrieval --images 1000 5000                   # shortlist vs full re-rank: time, R@K
     python -m benchmarks itc-vs-itm --steps 200 --seeds 0 1 2          # ITC + ITM vs ITM alone: retrieval R@1
+    python -m benchmarks text-then-vision --cache-dir runs/ttv          # each pretraining stage's easy-VQA gain
 
 Without a subcommand the train-step benchmark runs (``python tools/benchmark.py --bf16`` as before); the scripts
 ``tools/benchmark_inference.py`` ... run their subcommand (:func:`run_script`), and in a checkout ``vlbert benchmark
@@ -39,6 +40,7 @@ from benchmarks import (
     text_corpus,
     text_encoder_roofline,
     text_encoders,
+    text_then_vision,
     train,
     visual_backbone,
 )
@@ -58,6 +60,7 @@ BENCHMARKS = {
     "memory": memory,
     "retrieval": retrieval,
     "itc-vs-itm": itc_vs_itm,
+    "text-then-vision": text_then_vision,
 }
 
 
