@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from vlbert.models.vl import VLBertForPreTraining
 from vlbert.recipes.report import results_table
 from vlbert.recipes.runner import RunContext
 from vlbert.recipes.vl_baselines import held_out_baselines, itm_loss_chance, training_priors
-from vlbert.recipes.vl_pretraining import VLDataConfig, VLPretrainingData, baselines
+from vlbert.recipes.vl_pretraining import VLDataConfig, VLPretrainingData, baselines, build_model
 from vlbert.training.evaluation import evaluate_objectives
 from vlbert.training.trainer import TrainingConfig
 from vlbert.utils import forward_arguments
@@ -160,3 +161,38 @@ def test_itm_chance_loss_follows_the_share_of_matching_pairs():
     assert itm_loss_chance("random") == pytest.approx(math.log(2))
     third = 1 / 3
     assert itm_loss_chance("itc") == pytest.approx(-(third * math.log(third) + 2 * third * math.log(2 * third)))
+
+
+def _held_out(model, data) -> dict:
+    takes = forward_arguments(model)
+    return evaluate_objectives(
+        model.eval(), data.eval_batches(), contextlib.nullcontext, lambda b: {k: v for k, v in b.items() if k in takes}
+    )
+
+
+def test_new_region_heads_start_at_the_training_priors_and_loaded_ones_keep_their_weights(data, tokenizer, tmp_path):
+    """The recipe's model starts MRFR's output bias at the training regions' mean feature and the MRC head's at the
+    log class prior: before any step its held-out MRFR loss is within a few percent of the mean-feature baseline
+    (the features here are centred at 0..7, so a zero bias starts over ten times higher) and its MRC-kl KL near
+    the class prior's. A VL checkpoint's trained heads are loaded as they are."""
+    ctx, data = data
+    tiny = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32}
+    torch.manual_seed(0)
+    model = build_model(replace(ctx, config={"model": tiny}), data)
+    base = held_out_baselines(
+        data.eval_batches(), training_priors(data.train, len(tokenizer), tokenizer.all_special_ids)
+    )
+    start = _held_out(model, data)
+    mean_feature = base["eval_mrfr_loss_mean_feature_baseline"]
+    assert start["eval_mrfr_loss"] == pytest.approx(mean_feature, rel=0.1)
+    assert start["eval_mrc_kl_loss"] == pytest.approx(base["eval_mrc_kl_loss_class_prior_baseline"], rel=0.1)
+    with torch.no_grad():
+        model.mrfr.decoder.bias.zero_()
+    assert _held_out(model, data)["eval_mrfr_loss"] > 10 * mean_feature  # what UNITER's zero bias starts from
+
+    with torch.no_grad():
+        model.mrfr.decoder.bias.fill_(3.0)  # "trained" heads of a VL checkpoint
+    model.save_pretrained(tmp_path / "vl")
+    loaded = build_model(replace(ctx, config={}, init_from=str(tmp_path / "vl")), data)
+    assert torch.equal(loaded.mrfr.decoder.bias, torch.full((DIM,), 3.0))
+    assert torch.equal(loaded.mrc.decoder.bias, model.mrc.decoder.bias)

@@ -436,7 +436,40 @@ def build_model(ctx: RunContext, data: VLPretrainingData) -> VLBertForPreTrainin
         if problem:
             raise ValueError(f"data.objectives has {name}: {problem}")
     data.collator.two_stream = model.config.encoder == "two-stream"  # the unpadded layout per stream (VLCollator)
+    fresh = set(model.loading_info.missing_keys) if ctx.init_from and hasattr(model, "loading_info") else None
+    _start_region_heads_at_priors(model, data, fresh)
     return model
+
+
+def _start_region_heads_at_priors(model, data: VLPretrainingData, fresh: set[str] | None) -> None:
+    """Start a newly initialised MRFR head's output bias at the training regions' mean feature and the MRC head's
+    (MRC and MRC-kl share it) at the log of the detector's class prior over them (:func:`training_priors`), where
+    the mix trains them; ``fresh``: the parameters the init checkpoint lacked (None: a model from scratch, all new).
+    A loaded head keeps its weights.
+
+    UNITER starts both biases at zero (``model/pretrain.py``: the heads' ``nn.Linear``); detector features are not
+    centred (a BUTD or timm block may have per-dimension means far from 0), so a zero-bias head must first learn that
+    constant, which AdamW moves by about the learning rate a step: a short run's region losses then end behind the
+    constant baselines the end-of-run table shows (docs/performance.md). Setting the bias to the target's prior
+    is the usual start for an output layer (its loss at step 0 is close to the constant's)."""
+    params = dict(model.named_parameters())
+    wanted = {
+        "mrfr.decoder.bias": "mrfr" in data.objectives.active,
+        "mrc.decoder.bias": bool({"mrc", "mrc_kl"} & set(data.objectives.active)),
+    }
+    todo = [k for k, on in wanted.items() if on and k in params and (fresh is None or k in fresh)]
+    if not todo or data.train is None or not len(data.train):
+        return
+    tokenizer = data.tokenizer
+    priors = training_priors(data.train, len(tokenizer), tokenizer.all_special_ids)
+    starts = {"mrfr.decoder.bias": priors.mean_feature}
+    if priors.class_prior is not None:
+        prior = priors.class_prior.clamp_min(1e-12)
+        starts["mrc.decoder.bias"] = (prior / prior.sum()).log()
+    with torch.no_grad():
+        for name in todo:
+            if starts.get(name) is not None and starts[name].shape == params[name].shape:
+                params[name].copy_(starts[name])
 
 
 def _probes_grounding(data: VLPretrainingData) -> bool:
