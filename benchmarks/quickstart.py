@@ -247,6 +247,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
+    if args.workdir and not Path(args.workdir).is_dir():
+        p.error(f"--workdir {args.workdir} is not a directory: create it, or leave --workdir out (a temporary one)")
     timed = [n for n in COMMANDS if n in args.commands]
     results, outputs = time_commands(timed, args.repeats, args.workdir, args.keep)
     rows = summary(results)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from benchmarks import main as benchmarks_main
 from benchmarks import quickstart
 
@@ -47,3 +49,10 @@ def test_the_quickstart_benchmark_runs_each_repeat_clean_and_reports_min_median_
     assert (
         row.split()[:5] == ["vqa", "2", "0:00", "0:00", "0:00"] and "ran finetune" in out and "ran pretrain" not in out
     )
+
+
+def test_a_missing_workdir_is_refused_naming_it(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        quickstart.main(["--workdir", str(tmp_path / "nowhere"), "--repeats", "1"])
+    assert stopped.value.code == 2
+    assert f"--workdir {tmp_path / 'nowhere'} is not a directory: create it" in capsys.readouterr().err
