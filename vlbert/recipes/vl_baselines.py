@@ -46,6 +46,14 @@ class TrainingPriors:
     top_class_counts: torch.Tensor | None = None
     mean_feature: torch.Tensor | None = None
 
+    def log_class_prior(self) -> torch.Tensor | None:
+        """float64 [C], the log of :attr:`class_prior` normalised (each class at least 1e-12 before), or None: the
+        constant log-distribution MRC-kl's baseline scores and a new MRC head's bias starts at."""
+        if self.class_prior is None:
+            return None
+        prior = self.class_prior.clamp_min(1e-12)
+        return (prior / prior.sum()).log()
+
 
 def training_priors(train, vocab_size: int, special_ids: Iterable[int], max_images: int = MAX_PRIOR_IMAGES):
     """:class:`TrainingPriors` of ``train`` (a :class:`~vlbert.data.vl_pretraining.VLPretrainingDataset`): the
@@ -92,8 +100,7 @@ def _mlm(sums: dict, batch: dict, priors: TrainingPriors) -> None:
 def _mrc_kl(sums: dict, batch: dict, priors: TrainingPriors) -> None:
     target = batch["region_labels"].double()
     target = target.reshape(-1, target.shape[-1])[batch["masked_regions"].reshape(-1)] if target.dim() == 3 else target
-    prior = priors.class_prior.clamp_min(1e-12)
-    log_prior = (prior / prior.sum()).log().expand_as(target)  # as the unit's KL, per region
+    log_prior = priors.log_class_prior().expand_as(target)  # as the unit's KL, per region
     _add(
         sums, "eval_mrc_kl_accuracy_majority_baseline", (target.argmax(-1) == priors.top_class_counts.argmax()).double()
     )

@@ -12,6 +12,7 @@ Embedded default (no ``sources``): the easy-VQA images with one caption per imag
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections import Counter
@@ -44,7 +45,7 @@ from vlbert.recipes.regions import (
 )
 from vlbert.recipes.run_processor import build_run_processor
 from vlbert.recipes.runner import Recipe, RunContext, TaskData
-from vlbert.recipes.vl_baselines import held_out_baselines, itm_loss_chance, training_priors
+from vlbert.recipes.vl_baselines import TrainingPriors, held_out_baselines, itm_loss_chance, training_priors
 from vlbert.training.momentum import MomentumDistillation
 from vlbert.utils import GatherBounds, evaluation
 
@@ -376,6 +377,12 @@ class VLPretrainingData(TaskData):
             raise ValueError(f"source {source.name!r} has no caption with regions")
         return pairs, store
 
+    @functools.cached_property
+    def priors(self) -> TrainingPriors:
+        """The training split's constants (:func:`~vlbert.recipes.vl_baselines.training_priors`), fitted once: new
+        region heads start at them (:func:`build_model`) and the end-of-run baselines read them (:func:`baselines`)."""
+        return training_priors(self.train, len(self.tokenizer), self.tokenizer.all_special_ids)
+
     @evaluation
     def grounding_accuracy(self, model) -> dict[str, float]:
         """Held-out accuracy of predicting a caption's masked colour or shape word, with the image's regions and
@@ -458,14 +465,9 @@ def _start_region_heads_at_priors(model, data: VLPretrainingData, fresh: set[str
         "mrc.decoder.bias": bool({"mrc", "mrc_kl"} & set(data.objectives.active)),
     }
     todo = [k for k, on in wanted.items() if on and k in params and (fresh is None or k in fresh)]
-    if not todo or data.train is None or not len(data.train):
+    if not todo or not len(data.train):
         return
-    tokenizer = data.tokenizer
-    priors = training_priors(data.train, len(tokenizer), tokenizer.all_special_ids)
-    starts = {"mrfr.decoder.bias": priors.mean_feature}
-    if priors.class_prior is not None:
-        prior = priors.class_prior.clamp_min(1e-12)
-        starts["mrc.decoder.bias"] = (prior / prior.sum()).log()
+    starts = {"mrfr.decoder.bias": data.priors.mean_feature, "mrc.decoder.bias": data.priors.log_class_prior()}
     with torch.no_grad():
         for name in todo:
             if starts.get(name) is not None and starts[name].shape == params[name].shape:
@@ -487,9 +489,7 @@ def baselines(ctx: RunContext, data: VLPretrainingData, model) -> dict:
     out = {f"captions_without_regions_{name}": count for name, count in data.skipped.items()}
     if data.eval is None:
         return out
-    tokenizer = data.tokenizer
-    priors = training_priors(data.train, len(tokenizer), tokenizer.all_special_ids)
-    out.update(held_out_baselines(data.rank_eval_batches(), priors))
+    out.update(held_out_baselines(data.rank_eval_batches(), data.priors))
     if "itm" in data.objectives.active:
         out["eval_itm_loss_chance"] = itm_loss_chance(ctx.data.itm_negatives)
     if not _probes_grounding(data):
