@@ -111,16 +111,22 @@ def all_gather_padded(tensors: list, rows: int, widths: list | None = None, loca
             if t.shape[1] > width:
                 raise ValueError(f"all_gather_padded: dim 1 of {tuple(t.shape)} is longer than its bound {width}")
             pad[-3] = width - t.shape[1]
-        out.append(_all_gather(F.pad(t, pad), world))
+        out.append(all_gather_equal(F.pad(t, pad)))
     valid = torch.arange(rows, device=device) < b
-    return out, _all_gather(valid.to(torch.uint8), world).bool()
+    return out, all_gather_equal(valid.to(torch.uint8)).bool()
 
 
-def _all_gather(t, world: int):
-    """``t`` [n, ...] of every rank concatenated along dim 0 in rank order (every rank's ``t`` of one shape)."""
+def all_gather_equal(t):
+    """``t`` [n, ...] of every process concatenated along dim 0 in rank order ([world x n, ...]; every rank's ``t`` of
+    one shape and dtype, on its device), without gradient and without a host read; ``t`` itself in one process.
+
+    Source: ``torch.distributed.all_gather`` (gloo on CPU tensors, NCCL on CUDA ones)."""
     import torch
     import torch.distributed as dist
 
+    _, world = process_position()
+    if world == 1:
+        return t
     parts = [torch.empty_like(t) for _ in range(world)]
     dist.all_gather(parts, t.contiguous())
     return torch.cat(parts, 0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from vlbert.utils import process_position
+from vlbert.utils import all_gather_equal, process_position
 
 
 def share(n: int, rank: int | None = None, world: int | None = None) -> range:
@@ -26,7 +26,7 @@ def gather_shares(part: torch.Tensor, n: int) -> torch.Tensor:
     """Every process's ``part`` (its :func:`share` of ``n`` rows, any trailing shape, on its device; the same
     trailing shape and dtype on every rank) concatenated in rank order: the ``n`` rows a single process would hold.
     Without a process group, ``part`` itself. Each rank pads its part to the largest share and
-    ``torch.distributed.all_gather`` collects them (gloo on CPU, NCCL on CUDA tensors).
+    :func:`~vlbert.utils.all_gather_equal` collects them (gloo on CPU, NCCL on CUDA tensors).
 
     Raises:
         ValueError: ``part`` is not this process's share of ``n`` (another number of rows)."""
@@ -36,13 +36,10 @@ def gather_shares(part: torch.Tensor, n: int) -> torch.Tensor:
         raise ValueError(f"rank {rank} holds {part.shape[0]} rows of {n}, its share is {len(mine)}: pass share(n)'s")
     if world == 1:
         return part
-    import torch.distributed as dist
-
     sizes = [len(share(n, r, world)) for r in range(world)]
     padded = part.new_zeros((max(sizes), *part.shape[1:]))
     padded[: part.shape[0]] = part
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded.contiguous())
+    parts = all_gather_equal(padded).split(max(sizes))
     return torch.cat([p[:k] for p, k in zip(parts, sizes, strict=True)])
 
 

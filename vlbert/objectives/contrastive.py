@@ -57,7 +57,7 @@ from vlbert.layers.losses import upcast
 from vlbert.layers.unpadded import regions_alone_layout, unpadded_layout
 from vlbert.objectives.base import Encoded, Objective, ObjectiveResult, PrepareContext
 from vlbert.objectives.momentum import teacher_of
-from vlbert.utils import all_gather_padded, process_position
+from vlbert.utils import all_gather_equal, all_gather_padded, process_position
 
 if TYPE_CHECKING:
     from vlbert.models.inputs import VLInputs
@@ -114,22 +114,13 @@ def gather_columns(
         return all_gather_padded(list(tensors), rows)
     from torch.distributed.nn.functional import all_gather
 
-    return [torch.cat(all_gather(t), 0) if t.is_floating_point() else _gather_plain(t) for t in tensors], None
+    return [torch.cat(all_gather(t), 0) if t.is_floating_point() else all_gather_equal(t) for t in tensors], None
 
 
 def gather_equal(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Every process's ``tensors`` concatenated along dim 0 in rank order, without gradient and without a host
     read (every rank must hold as many rows: training batches); the tensors themselves in one process."""
-    _, world = process_position()
-    return list(tensors) if world == 1 else [_gather_plain(t) for t in tensors]
-
-
-def _gather_plain(t: torch.Tensor) -> torch.Tensor:
-    import torch.distributed as dist
-
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, t.contiguous())
-    return torch.cat(parts, 0)
+    return [all_gather_equal(t) for t in tensors]
 
 
 def contrastive_rows(
