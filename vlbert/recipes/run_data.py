@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vlbert.common.files import write_text_atomically
+from vlbert.common.fingerprints import ends_sha256, file_sha256
 from vlbert.detectors.store import INDEX as REGION_INDEX
 from vlbert.run_files import read_processor_record
 from vlbert.utils import process_position
@@ -38,21 +39,7 @@ def _file_fingerprint(path: Path) -> dict[str, Any]:
     stat = path.stat()
     if stat.st_size > HASHED_BYTES:
         return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(2**20), b""):
-            digest.update(block)
-    return {"size": stat.st_size, "sha256": digest.hexdigest()}
-
-
-def _sampled_sha256(path: Path, size: int) -> str:
-    """SHA-256 of the first and last :data:`SAMPLED_BYTES` of ``path`` (of all of it, when no longer than both)."""
-    with open(path, "rb") as f:
-        if size <= 2 * SAMPLED_BYTES:
-            return hashlib.sha256(f.read()).hexdigest()
-        head = f.read(SAMPLED_BYTES)
-        f.seek(size - SAMPLED_BYTES)
-        return hashlib.sha256(head + f.read(SAMPLED_BYTES)).hexdigest()
+    return {"size": stat.st_size, "sha256": file_sha256(path)}
 
 
 def directory_fingerprint(directory: str | Path) -> dict[str, Any]:
@@ -79,7 +66,7 @@ def directory_fingerprint(directory: str | Path) -> dict[str, Any]:
             continue
         if path.is_file():
             size = path.stat().st_size
-            rows.append((relative.as_posix(), size, _sampled_sha256(path, size)))
+            rows.append((relative.as_posix(), size, ends_sha256(path, size, SAMPLED_BYTES)))
     digest = hashlib.sha256("".join(f"{name}\t{size}\t{sha}\n" for name, size, sha in rows).encode()).hexdigest()
     record = {"directory": True, "files": len(rows), "bytes": sum(r[1] for r in rows), "sha256": digest}
     if len(rows) <= LISTED_FILES:

@@ -13,12 +13,12 @@ with every save.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, Iterable
 
 from vlbert.common.files import write_text_atomically
+from vlbert.common.fingerprints import ends_sha256, file_sha256
 
 #: The record's file, in the run directory.
 MANIFEST_FILE = "run_files.json"
@@ -27,28 +27,6 @@ WHOLLY_HASHED_BYTES = 64 * 2**20
 #: Files a run appends to while it runs: still the run's while they begin with the recorded bytes.
 GROWING_FILES = ("log.jsonl",)
 _END = 2**20
-
-
-def _sha256(path: Path, limit: int | None = None) -> str:
-    """SHA-256 of ``path``'s bytes (its first ``limit`` bytes where given)."""
-    digest, left = hashlib.sha256(), limit if limit is not None else float("inf")
-    with open(path, "rb") as f:
-        while left > 0:
-            block = f.read(int(min(2**20, left)))
-            if not block:
-                break
-            digest.update(block)
-            left -= len(block)
-    return digest.hexdigest()
-
-
-def _ends_sha256(path: Path, size: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        digest.update(f.read(_END))
-        f.seek(max(size - _END, 0))
-        digest.update(f.read(_END))
-    return digest.hexdigest()
 
 
 def entry_fingerprint(path: str | Path) -> dict[str, Any]:
@@ -64,8 +42,8 @@ def entry_fingerprint(path: str | Path) -> dict[str, Any]:
         return {"directory": True}
     size = path.stat().st_size
     if size > WHOLLY_HASHED_BYTES and path.name not in GROWING_FILES:
-        return {"size": size, "sha256_ends": _ends_sha256(path, size)}
-    return {"size": size, "sha256": _sha256(path)}
+        return {"size": size, "sha256_ends": ends_sha256(path, size, _END)}
+    return {"size": size, "sha256": file_sha256(path)}
 
 
 def entry_change(path: str | Path, recorded: dict[str, Any]) -> str | None:
@@ -79,7 +57,7 @@ def entry_change(path: str | Path, recorded: dict[str, Any]) -> str | None:
         return "is a folder where the run wrote a file"
     size, was = path.stat().st_size, recorded.get("size")
     if path.name in GROWING_FILES and isinstance(was, int) and size >= was:
-        return None if _sha256(path, was) == recorded.get("sha256") else "changed since the run wrote it"
+        return None if file_sha256(path, was) == recorded.get("sha256") else "changed since the run wrote it"
     if size != was:
         return f"changed since the run wrote it ({was} -> {size} bytes)"
     return None if entry_fingerprint(path) == recorded else "changed since the run wrote it (its bytes differ)"
