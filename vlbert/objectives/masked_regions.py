@@ -117,8 +117,11 @@ class MaskedRegionFeatureRegression(_MaskedRegions):
             target = features.reshape(-1, features.shape[-1]).index_select(0, target)
         target = target.to(pred.dtype)
         loss = F.mse_loss(pred, target) if len(pred) else pred.sum() * 0.0
-        regions = ((pred.detach() - target) ** 2).mean(-1)  # each masked region's squared error: the loss's items
-        return ObjectiveResult(loss, loss.detach(), len(pred), squares=item_squares(regions, regions))
+        squares = None
+        if not torch.is_grad_enabled():  # held out: each masked region's squared error, the loss's items
+            regions = ((pred.detach() - target) ** 2).mean(-1)
+            squares = item_squares(regions, regions)
+        return ObjectiveResult(loss, loss.detach(), len(pred), squares=squares)
 
 
 class MaskedRegionClassification(_MaskedRegions):
@@ -147,7 +150,9 @@ class MaskedRegionClassification(_MaskedRegions):
             return ObjectiveResult(zero, zero.detach(), 0)
         loss = F.cross_entropy(logits, target)
         hits = logits.detach().argmax(-1) == target
-        squares = item_squares(F.cross_entropy(logits.detach(), target, reduction="none"), hits)
+        squares = None
+        if not torch.is_grad_enabled():  # held out: each masked region's cross-entropy and hit
+            squares = item_squares(F.cross_entropy(logits.detach(), target, reduction="none"), hits)
         return ObjectiveResult(loss, hits.float().mean(), len(target), logits, squares=squares)
 
 
@@ -173,8 +178,11 @@ class MaskedRegionClassificationKL(_MaskedRegions):
             return ObjectiveResult(zero, zero.detach(), 0)
         loss = F.kl_div(F.log_softmax(logits, -1), target, reduction="batchmean")
         hits = logits.detach().argmax(-1) == target.argmax(-1)
-        regions = F.kl_div(F.log_softmax(logits.detach(), -1), target, reduction="none").sum(-1)  # each region's KL
-        return ObjectiveResult(loss, hits.float().mean(), len(target), logits, squares=item_squares(regions, hits))
+        squares = None
+        if not torch.is_grad_enabled():  # held out: each masked region's KL and hit
+            regions = F.kl_div(F.log_softmax(logits.detach(), -1), target, reduction="none").sum(-1)
+            squares = item_squares(regions, hits)
+        return ObjectiveResult(loss, hits.float().mean(), len(target), logits, squares=squares)
 
 
 __all__ = [
