@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import uuid
@@ -58,6 +59,16 @@ def losses(out: Path) -> dict[int, float]:
         for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())
         if r["split"] == "train"
     }
+
+
+def stopped_copy(run: Path, stopped: Path, checkpoint: int, logged: int) -> None:
+    """Make ``stopped`` the run directory ``run`` would have left had it been stopped after logging step
+    ``logged``: its checkpoint ``step-<checkpoint>`` and the lines of its ``log.jsonl`` up to step ``logged`` (the
+    steps after the checkpoint are retrained on ``--resume``, their lines replaced)."""
+    (stopped / "checkpoints").mkdir(parents=True)
+    shutil.copytree(run / "checkpoints" / f"step-{checkpoint}", stopped / "checkpoints" / f"step-{checkpoint}")
+    lines = (run / "log.jsonl").read_text().splitlines()
+    (stopped / "log.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= logged))
 
 
 def reference_run(run_config: dict, recipe: str = "text-pretraining", resume: bool = False) -> None:

@@ -8,7 +8,6 @@ run."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -191,7 +190,7 @@ def test_a_run_with_momentum_and_queue_stopped_and_resumed_equals_the_uninterrup
     4 (its checkpoint and log) and resumed, gives the uninterrupted run's losses for steps 5 and 6 (ITC, ITM): the
     momentum weights and the queue travel in training_state.pt (not in the model's weights)."""
     from helpers.builders import write_easy_vqa_shards
-    from helpers.distributed import losses, reference_run
+    from helpers.distributed import losses, reference_run, stopped_copy
 
     shards = write_easy_vqa_shards(tmp_path / "shards", 24)
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
@@ -199,10 +198,7 @@ def test_a_run_with_momentum_and_queue_stopped_and_resumed_equals_the_uninterrup
     state = torch.load(whole / "checkpoints" / "step-4" / "training_state.pt", weights_only=False)
     hook = next(v for k, v in state["hooks"].items() if k.endswith("MomentumDistillation"))
     assert hook["updates"] == 4 and hook["queues"]["text_queue"].shape == (8, 16) and hook["pointer"] > 0
-    (stopped / "checkpoints").mkdir(parents=True)
-    shutil.copytree(whole / "checkpoints" / "step-4", stopped / "checkpoints" / "step-4")
-    lines = (whole / "log.jsonl").read_text().splitlines()
-    (stopped / "log.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= 4))
+    stopped_copy(whole, stopped, 4, 4)
     reference_run(momentum_run_config(shards, stopped), "vl-pretraining", resume=True)
     a, b = losses(whole), losses(stopped)
     assert sorted(b) == list(range(1, 7)) and max(abs(a[s] - b[s]) for s in a) <= 1e-6, (a, b)
@@ -210,6 +206,7 @@ def test_a_run_with_momentum_and_queue_stopped_and_resumed_equals_the_uninterrup
 
     with safe_open(whole / "model.safetensors", "pt") as saved:  # the model's weights: no momentum copy, no queue
         assert not [k for k in saved.keys() if "momentum" in k or "queue" in k]  # noqa: SIM118 (safe_open)
+    lines = (whole / "log.jsonl").read_text().splitlines()
     later = [json.loads(line) for line in lines if json.loads(line)["step"] > 4]
     assert {"itc", "itm"} <= {k for r in later for k in r}  # the queue of step 4 read at step 5
 

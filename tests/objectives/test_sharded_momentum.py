@@ -171,11 +171,9 @@ def test_a_two_process_bf16_params_run_with_momentum_resumes_to_the_same_losses(
     """Through the trainer (tools' recipe, 2 launched processes, bf16-params): the checkpoint of step 2 holds the
     whole momentum weights and the queue (gathered from the shards), and a run resumed from it on 2 processes gives
     the uninterrupted run's losses for steps 3 and 4."""
-    import json
-    import shutil
 
     from helpers.builders import write_easy_vqa_shards
-    from helpers.distributed import launch, losses
+    from helpers.distributed import launch, losses, stopped_copy
     from objectives.test_momentum import momentum_run_config
 
     def run_config(out):
@@ -189,10 +187,7 @@ def test_a_two_process_bf16_params_run_with_momentum_resumes_to_the_same_losses(
     state = torch.load(whole / "checkpoints" / "step-2" / "training_state.pt", weights_only=False)
     hook = next(v for k, v in state["hooks"].items() if k.endswith("MomentumDistillation"))
     assert hook["updates"] == 2 and hook["shadow"]["bert.embeddings.word_embeddings.weight"].shape[1] == 32
-    (stopped / "checkpoints").mkdir(parents=True)
-    shutil.copytree(whole / "checkpoints" / "step-2", stopped / "checkpoints" / "step-2")
-    lines = (whole / "log.jsonl").read_text().splitlines()
-    (stopped / "log.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= 3))
+    stopped_copy(whole, stopped, 2, 3)
     launch([["vl-pretraining", run_config(stopped), "resume"]])
     a, b = losses(whole), losses(stopped)
     assert sorted(b) == [1, 2, 3, 4] and max(abs(a[s] - b[s]) for s in a) <= 1e-6, (a, b)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.builders import write_easy_vqa_shards
-from helpers.distributed import config, forked_reference_run, launch, losses, reference_run
+from helpers.distributed import config, forked_reference_run, launch, losses, reference_run, stopped_copy
 
 
 @pytest.mark.slow
@@ -33,10 +33,7 @@ def test_two_processes_stopped_and_resumed_equal_the_uninterrupted_run(small_cor
     launch([["text-pretraining", dropout_config(reference)]])
     state = torch.load(reference / "checkpoints" / "step-8" / "training_state.pt", weights_only=True)
     assert len(state["rng"]) == 2 and not torch.equal(state["rng"][0]["torch"], state["rng"][1]["torch"])
-    (stopped / "checkpoints").mkdir(parents=True)
-    shutil.copytree(reference / "checkpoints" / "step-8", stopped / "checkpoints" / "step-8")
-    lines = (reference / "log.jsonl").read_text().splitlines()
-    (stopped / "log.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= 10))
+    stopped_copy(reference, stopped, 8, 10)
     launch([["text-pretraining", dropout_config(stopped), "resume"]])
     a, b = losses(reference), losses(stopped)
     assert sorted(b) == list(range(1, steps + 1))
@@ -213,10 +210,7 @@ def check_backbone_vqa(config, root: Path) -> None:
     frozen = ("conv_stem", "blocks.0.", ".bn")  # stages 1-2 (the stem, the first level) and every BatchNorm
     assert any("blocks.4" in k for k in moved) and not any(f in k for k in moved for f in frozen), moved
     stopped = root / "vqa-stopped"
-    (stopped / "checkpoints").mkdir(parents=True)
-    shutil.copytree(root / "vqa-one" / "checkpoints" / "step-3", stopped / "checkpoints" / "step-3")
-    lines = (root / "vqa-one" / "log.jsonl").read_text().splitlines()
-    (stopped / "log.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= 5))
+    stopped_copy(root / "vqa-one", stopped, 3, 5)
     reference_run(config(stopped, 8), "vqa", resume=True)
     c = losses(stopped)
     assert sorted(c) == list(range(1, 7)) and max(abs(a[s] - c[s]) for s in a) <= 1e-6, (a, c)
@@ -308,10 +302,7 @@ def test_two_stream_on_two_processes_equals_one_and_resumes_exactly(easy_vqa_sha
         if r["split"] == "train"
     }
     assert len(objectives) >= 3 and {"qa", "itm"} <= objectives, objectives  # the steps did mix the units
-    (stopped / "checkpoints").mkdir(parents=True)
-    shutil.copytree(one / "checkpoints" / "step-3", stopped / "checkpoints" / "step-3")
-    lines = (one / "log.jsonl").read_text().splitlines()
-    (stopped / "log.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= 5))
+    stopped_copy(one, stopped, 3, 5)
     forked_reference_run(two_stream_config(stopped, 8), "vl-pretraining", resume=True)
     c = losses(stopped)
     assert sorted(c) == list(range(1, 7))
